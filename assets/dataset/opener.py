@@ -1,0 +1,100 @@
+"""MNIST-format dataset opener (substratools 1.0).
+
+Self-contained on purpose: Substra ships the opener alone to every task that reads the dataset,
+so it imports nothing from this repository. The sample layout is described in description.md.
+"""
+import hashlib
+import os
+
+import numpy as np
+import substratools as tools
+
+IMAGES_FILE = "images.npy"
+LABELS_FILE = "labels.npy"
+IMAGE_SHAPE = (28, 28)
+NUM_CLASSES = 10
+
+
+class DataSampleError(ValueError):
+    """A data sample that does not follow description.md (printed as one line by the functions)."""
+
+    user_error = True
+
+
+def _load_array(path):
+    if not os.path.isfile(path):
+        raise DataSampleError(f"{path}: file missing; a data sample folder holds {IMAGES_FILE} and {LABELS_FILE}")
+    try:
+        return np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise DataSampleError(f"{path}: not a readable .npy array ({exc})") from None
+
+
+def _images_as_float(images, path):
+    """uint8 pixels are scaled to [0, 1]; float pixels must already be finite and in [0, 1]."""
+    if images.ndim != 3 or images.shape[1:] != IMAGE_SHAPE:
+        raise DataSampleError(f"{path}: images must have shape [n, 28, 28], got {list(images.shape)}")
+    if images.dtype == np.uint8:
+        return images.astype(np.float32) / 255.0
+    if images.dtype.kind != "f":
+        raise DataSampleError(f"{path}: images must be uint8 or float in [0, 1], got dtype {images.dtype}")
+    if not np.isfinite(images).all():
+        raise DataSampleError(f"{path}: images contain NaN or infinite pixels")
+    if images.size and (images.min() < 0 or images.max() > 1):
+        raise DataSampleError(f"{path}: float pixels must lie in [0, 1], found {images.min()}..{images.max()}")
+    return images.astype(np.float32)
+
+
+def _labels_as_int(labels, path, n):
+    if labels.ndim != 1 or labels.dtype.kind not in "iu":
+        raise DataSampleError(f"{path}: labels must be a 1-D integer array, got {labels.dtype} {list(labels.shape)}")
+    if len(labels) != n:
+        raise DataSampleError(f"{path}: {len(labels)} labels for {n} images")
+    if labels.size and (labels.min() < 0 or labels.max() >= NUM_CLASSES):
+        raise DataSampleError(f"{path}: labels must be digits 0-9, found {labels.min()}..{labels.max()}")
+    return labels.astype(np.int64)
+
+
+def _fingerprint(*paths):
+    digest = hashlib.sha256()
+    for path in paths:
+        with open(path, "rb") as f:
+            digest.update(f.read())
+    return digest.hexdigest()
+
+
+def read_sample(folder):
+    """One data sample folder -> (images float32 [n, 28, 28] in [0, 1], labels int64 [n], fingerprint)."""
+    if not os.path.isdir(folder):
+        raise DataSampleError(f"{folder}: data sample folder not found")
+    images_path = os.path.join(folder, IMAGES_FILE)
+    labels_path = os.path.join(folder, LABELS_FILE)
+    images = _images_as_float(_load_array(images_path), images_path)
+    labels = _labels_as_int(_load_array(labels_path), labels_path, len(images))
+    if len(labels) == 0:
+        raise DataSampleError(f"{folder}: data sample holds no example")
+    return images, labels, _fingerprint(images_path, labels_path)
+
+
+def combine(samples):
+    """Concatenate read samples into the dict every function receives as inputs['datasamples']."""
+    return {
+        "images": np.concatenate([s[0] for s in samples]),
+        "labels": np.concatenate([s[1] for s in samples]),
+        # One entry per data sample: the privacy ledger accounts per sample content.
+        "samples": [{"fingerprint": s[2], "n": int(len(s[1]))} for s in samples],
+    }
+
+
+class MnistOpener(tools.Opener):
+    def get_data(self, folders):
+        if not folders:
+            raise DataSampleError("no data sample folder given to the opener")
+        return combine([read_sample(folder) for folder in sorted(folders)])
+
+    def fake_data(self, n_samples=None):
+        n = max(int(n_samples or 1), 1)
+        rng = np.random.default_rng(n)
+        images = rng.random((n, *IMAGE_SHAPE), dtype=np.float32)
+        labels = rng.integers(0, NUM_CLASSES, size=n, dtype=np.int64)
+        return {"images": images, "labels": labels, "samples": [{"fingerprint": f"fake-{n}", "n": n}]}

@@ -1,0 +1,29 @@
+"""The objective: accuracy of predicted labels against the data samples' labels (substratools 1.0)."""
+import sys
+from pathlib import Path
+
+import numpy as np
+import substratools as tools
+
+try:
+    import mnist_dp  # noqa: F401 - inside a function archive it sits next to this file
+except ModuleNotFoundError:  # run from the repository: make the shared package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from mnist_dp import predictions  # noqa: E402
+from mnist_dp.errors import run_cli  # noqa: E402
+
+
+def accuracy(y_true: np.ndarray, y_pred: np.ndarray) -> float:
+    return float(np.mean(y_true == y_pred))
+
+
+@tools.register
+def score(inputs, outputs, task_properties):
+    y_true = inputs["datasamples"]["labels"]
+    y_pred = predictions.load(inputs["predictions"], len(y_true))
+    tools.save_performance(accuracy(y_true, y_pred), outputs["performance"])
+
+
+if __name__ == "__main__":
+    run_cli(tools.execute)

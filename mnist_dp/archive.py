@@ -1,0 +1,108 @@
+"""Self-contained function archives: an asset's files, its function's Dockerfile and the shared modules.
+
+A remote Substra node builds each function archive with Docker, so the archive must hold every
+module of this repository that the asset imports. They are found by reading the asset's imports
+(transitively through `mnist_dp`), not by copying the whole package.
+"""
+from __future__ import annotations
+
+import ast
+import io
+import re
+import tarfile
+from pathlib import Path
+
+from mnist_dp.errors import UserError
+
+PACKAGE = "mnist_dp"
+PACKAGE_DIR = Path(__file__).resolve().parent
+# The same patterns substra's subprocess backend uses to read a Dockerfile's ENTRYPOINT line.
+_SCRIPT_REGEX = r"(?<=\")([^\"]*\.py)(?=\")"
+_FUNCTION_REGEX = r"\"\-\-function-name\"\,\s*\"([^\"]*)\""
+_SKIPPED = {"description.md", "__pycache__"}
+
+
+def dockerfile_path(asset_dir: Path, function: str) -> Path:
+    """Each function of an asset has its own Dockerfile: ``Dockerfile.<function>``."""
+    return Path(asset_dir) / f"Dockerfile.{function}"
+
+
+def parse_entrypoint(dockerfile: Path) -> tuple:
+    """(script, function name) of a Dockerfile's ENTRYPOINT, read as substra's local mode reads it."""
+    lines = [line for line in Path(dockerfile).read_text().splitlines() if "ENTRYPOINT" in line]
+    if len(lines) != 1:
+        raise UserError(f"{dockerfile}: expected exactly one line mentioning ENTRYPOINT, found {len(lines)}")
+    scripts = re.findall(_SCRIPT_REGEX, lines[0])
+    functions = re.findall(_FUNCTION_REGEX, lines[0])
+    if len(scripts) != 1 or len(functions) != 1:
+        raise UserError(f'{dockerfile}: ENTRYPOINT must look like ["python3", "algo.py", "--function-name", "train"]')
+    return scripts[0], functions[0]
+
+
+def _shared_imports(source: str, filename: str) -> set:
+    """Names of `mnist_dp` modules imported by a Python source (``mnist_dp.x`` -> "x")."""
+    found = set()
+    for node in ast.walk(ast.parse(source, filename)):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == PACKAGE and len(parts) > 1 and (PACKAGE_DIR / f"{parts[1]}.py").is_file():
+                found.add(parts[1])
+    return found
+
+
+def shared_modules(asset_files) -> list:
+    """The `mnist_dp` modules the given Python files need, following imports between modules."""
+    todo = set()
+    for path in asset_files:
+        todo |= _shared_imports(Path(path).read_text(), str(path))
+    done = set()
+    while todo:
+        name = todo.pop()
+        done.add(name)
+        module = PACKAGE_DIR / f"{name}.py"
+        todo |= _shared_imports(module.read_text(), str(module)) - done
+    return sorted(done)
+
+
+def build(asset_dir: Path, function: str, dest: Path, replace: dict | None = None) -> Path:
+    """Write ``dest`` (tar.gz): the asset's files, ``Dockerfile`` for `function`, the shared modules.
+
+    `replace` maps an asset file name to new bytes (e.g. a tuned hyperparameters.json).
+    """
+    asset_dir = Path(asset_dir)
+    dockerfile = dockerfile_path(asset_dir, function)
+    if not dockerfile.is_file():
+        raise UserError(f"{dockerfile}: missing; every function needs its own Dockerfile")
+    script, entry_function = parse_entrypoint(dockerfile)
+    if entry_function != function:
+        raise UserError(f"{dockerfile}: ENTRYPOINT runs function {entry_function!r}, expected {function!r}")
+    files = {p.name: p for p in sorted(asset_dir.iterdir())
+             if p.is_file() and p.name not in _SKIPPED and not p.name.startswith("Dockerfile")}
+    if script not in files:
+        raise UserError(f"{dockerfile}: ENTRYPOINT script {script!r} is not in {asset_dir}")
+    replace = dict(replace or {})
+    unknown = set(replace) - set(files)
+    if unknown:
+        raise UserError(f"{asset_dir}: cannot replace {sorted(unknown)}: no such file in the asset")
+
+    contents = {name: replace.get(name) or path.read_bytes() for name, path in files.items()}
+    contents["Dockerfile"] = dockerfile.read_bytes()
+    python_files = [files[name] for name in files if name.endswith(".py")]
+    for name in ["__init__"] + shared_modules(python_files):
+        contents[f"{PACKAGE}/{name}.py"] = (PACKAGE_DIR / f"{name}.py").read_bytes()
+
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(dest, "w:gz") as tar:
+        for name, data in sorted(contents.items()):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            info.mode = 0o644
+            tar.addfile(info, io.BytesIO(data))
+    return dest

@@ -1,0 +1,193 @@
+"""Privacy ledger and accountant: ε is always recomputed from what the training really did.
+
+A model file carries a *ledger*: the list of DP-SGD runs (events) that produced its weights. Each
+event is a Poisson-subsampled Gaussian mechanism composed over the steps really run, on a set of
+data samples identified by content fingerprints. Google's ``dp_accounting`` turns the ledger into ε:
+PLD is the reported figure, RDP is shown beside it.
+
+Accounting unit. Neighbouring datasets differ by adding or removing one example. An example lives in
+one data sample, so the ε of an example composes every event that trained on its sample; the ledger's
+ε is the worst case over samples (events on disjoint samples compose in parallel, not in sequence).
+Samples are identified by the hash of their content, so re-registering the same data under new
+Substra keys cannot reset the account.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Iterable, Sequence
+
+import dp_accounting
+from dp_accounting import pld, rdp
+
+from mnist_dp.errors import UserError
+
+ACCOUNTANTS = ("pld", "rdp")
+REPORTED_ACCOUNTANT = "pld"
+ACCOUNTANT_NAMES = {
+    "pld": "PLD (Google dp_accounting)",
+    "rdp": "RDP (Google dp_accounting)",
+}
+SAMPLING = "Poisson (each example joins each batch independently with probability q)"
+NEIGHBOURING_RELATION = "add or remove one example"
+PER_EXAMPLE = "per-example"
+
+
+@dataclasses.dataclass(frozen=True)
+class DpEvent:
+    """One DP-SGD training run, as it really ran.
+
+    ``noise_multiplier`` is the effective σ relative to the sensitivity of one example: with
+    per-example clipping it is the optimizer's σ; a library that clips microbatches of m > 1
+    examples must record σ/2 (one example can move the clipped sum by 2C). 0 means no noise (no DP).
+    """
+
+    framework: str
+    data: tuple  # content fingerprints of the data samples trained on
+    n: int  # examples in those samples
+    sample_rate: float  # Poisson sampling probability q of each step
+    noise_multiplier: float
+    steps: int
+    clipping: str  # clipping unit, e.g. "per-example"
+    max_grad_norm: float
+
+    @property
+    def is_private(self) -> bool:
+        return self.noise_multiplier > 0
+
+    def to_json(self) -> dict:
+        return {**dataclasses.asdict(self), "data": list(self.data)}
+
+    @classmethod
+    def from_json(cls, record: dict) -> "DpEvent":
+        fields = {f.name for f in dataclasses.fields(cls)}
+        missing = fields - set(record)
+        if missing:
+            raise UserError(f"privacy ledger event is missing {sorted(missing)}")
+        return cls(**{**{k: record[k] for k in fields}, "data": tuple(record["data"])})
+
+    def dp_accounting_event(self) -> dp_accounting.DpEvent:
+        if not self.is_private:
+            return dp_accounting.NonPrivateDpEvent()
+        step = dp_accounting.PoissonSampledDpEvent(
+            self.sample_rate, dp_accounting.GaussianDpEvent(self.noise_multiplier)
+        )
+        return dp_accounting.SelfComposedDpEvent(step, self.steps)
+
+
+def _new_accountant(accountant: str) -> dp_accounting.PrivacyAccountant:
+    if accountant == "pld":
+        return pld.PLDAccountant()
+    if accountant == "rdp":
+        return rdp.RdpAccountant()
+    raise ValueError(f"unknown accountant {accountant!r}, expected one of {ACCOUNTANTS}")
+
+
+def compose_epsilon(events: Sequence[DpEvent], delta: float, accountant: str = REPORTED_ACCOUNTANT) -> float:
+    """ε at δ of the sequential composition of `events` (inf if any is non-private)."""
+    if any(not e.is_private for e in events):
+        return math.inf
+    if not events:
+        return 0.0
+    acc = _new_accountant(accountant)
+    acc.compose(dp_accounting.ComposedDpEvent([e.dp_accounting_event() for e in events]))
+    return float(acc.get_epsilon(delta))
+
+
+class Ledger:
+    """The DP events behind one model, in training order."""
+
+    def __init__(self, events: Iterable[DpEvent] = ()):
+        self.events = list(events)
+
+    def add(self, event: DpEvent) -> None:
+        self.events.append(event)
+
+    def to_json(self) -> list:
+        return [e.to_json() for e in self.events]
+
+    @classmethod
+    def from_json(cls, records) -> "Ledger":
+        if not isinstance(records, list):
+            raise UserError("privacy ledger must be a list of events")
+        return cls(DpEvent.from_json(r) for r in records)
+
+    def accounts(self) -> list:
+        """Group data samples that were trained on by exactly the same events.
+
+        Returns a list of (fingerprints, events): each group's ε is the composition of its events.
+        """
+        touched_by: dict = {}
+        for index, event in enumerate(self.events):
+            for fingerprint in event.data:
+                touched_by.setdefault(fingerprint, []).append(index)
+        groups: dict = {}
+        for fingerprint, indexes in touched_by.items():
+            groups.setdefault(tuple(indexes), set()).add(fingerprint)
+        return [(frozenset(fps), [self.events[i] for i in idx]) for idx, fps in groups.items()]
+
+    def epsilon(self, delta: float, accountant: str = REPORTED_ACCOUNTANT, data: Iterable[str] | None = None) -> float:
+        """Worst-case ε at δ over the data samples (restricted to `data` fingerprints if given)."""
+        wanted = None if data is None else set(data)
+        worst = 0.0
+        for fingerprints, events in self.accounts():
+            if wanted is None or fingerprints & wanted:
+                worst = max(worst, compose_epsilon(events, delta, accountant))
+        return worst
+
+    def steps_on(self, data: Iterable[str]) -> int:
+        wanted = set(data)
+        return sum(e.steps for e in self.events if wanted & set(e.data))
+
+
+def check_delta(delta: float, n: int, where: str = "delta") -> None:
+    """δ must be explicit, positive and below 1/n (else 'release one example at random' is (0, δ)-DP)."""
+    if not isinstance(delta, (int, float)) or not 0 < delta < 1.0 / n:
+        raise UserError(
+            f"{where} = {delta} must be > 0 and < 1/n = {1.0 / n:.3g} for n = {n} training examples; "
+            "choose a smaller delta"
+        )
+
+
+def calibrate_noise_multiplier(
+    target_epsilon: float,
+    delta: float,
+    sample_rate: float,
+    steps: int,
+    prior_events: Sequence[DpEvent] = (),
+    tol: float = 1e-3,
+) -> float:
+    """Smallest σ (within `tol`, rounded up) such that prior_events + this run stay within ε at δ (PLD)."""
+    prior = [e.dp_accounting_event() for e in prior_events]
+    if any(not e.is_private for e in prior_events):
+        raise UserError("cannot calibrate to a target epsilon: the input model was trained without DP (epsilon = inf)")
+    floor = compose_epsilon(prior_events, delta) if prior_events else 0.0
+    if floor >= target_epsilon:
+        raise UserError(
+            f"target_epsilon = {target_epsilon} is already spent by the input model (epsilon = {floor:.3f}); "
+            "raise the target or train from scratch"
+        )
+
+    def make_event(sigma: float) -> dp_accounting.DpEvent:
+        step = dp_accounting.PoissonSampledDpEvent(sample_rate, dp_accounting.GaussianDpEvent(sigma))
+        return dp_accounting.ComposedDpEvent(prior + [dp_accounting.SelfComposedDpEvent(step, steps)])
+
+    def pld_epsilon(sigma: float) -> float:
+        return pld.PLDAccountant().compose(make_event(sigma)).get_epsilon(delta)
+
+    # PLD is very slow for tiny σ, so bracket it with RDP first: RDP over-estimates ε, hence the
+    # RDP-calibrated σ is an upper end for PLD.
+    upper = dp_accounting.calibrate_dp_mechanism(
+        rdp.RdpAccountant, make_event, target_epsilon, delta, dp_accounting.LowerEndpointAndGuess(1e-3, 1.0), tol=tol
+    ) + tol
+    lower = upper / 2
+    while pld_epsilon(lower) <= target_epsilon:
+        upper, lower = lower, lower / 2
+    sigma = dp_accounting.calibrate_dp_mechanism(
+        pld.PLDAccountant, make_event, target_epsilon, delta, dp_accounting.ExplicitBracketInterval(lower, upper), tol=tol
+    )
+    # Brent's method lands within tol of the optimum on either side: step up until the budget holds.
+    sigma = math.ceil(sigma / tol) * tol
+    while pld_epsilon(sigma) > target_epsilon:
+        sigma += tol
+    return round(sigma, 6)

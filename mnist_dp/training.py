@@ -1,0 +1,182 @@
+"""The skeleton every algo asset shares: data -> model -> DP step -> ledger -> save.
+
+An asset supplies only a `Framework` (model, weights (de)serialisation, one training run, prediction);
+everything that decides the privacy figure lives here, once: the sampling plan (Poisson rate q and
+the number of steps), σ (given or calibrated from a target ε), δ checks, the ledger and ε.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Protocol
+
+import numpy as np
+
+from mnist_dp import hyperparameters as hp_file
+from mnist_dp import model_file, predictions
+from mnist_dp.errors import UserError
+from mnist_dp.privacy import (
+    ACCOUNTANT_NAMES,
+    REPORTED_ACCOUNTANT,
+    DpEvent,
+    Ledger,
+    calibrate_noise_multiplier,
+    check_delta,
+    compose_epsilon,
+)
+
+# substratools configures the "substratools" logger (level from --log-level); log under it.
+log = logging.getLogger("substratools.mnist_dp")
+
+
+@dataclass(frozen=True)
+class SamplingPlan:
+    """What one training run will do: `steps` Poisson-sampled batches with probability `sample_rate`."""
+
+    n: int
+    steps_per_epoch: int
+    epochs: int
+
+    @property
+    def sample_rate(self) -> float:
+        # Same convention as Opacus' DPDataLoader: q = 1 / (batches per epoch), expected batch n*q.
+        return 1.0 / self.steps_per_epoch
+
+    @property
+    def steps(self) -> int:
+        return self.steps_per_epoch * self.epochs
+
+    @classmethod
+    def from_hyperparameters(cls, n: int, hp: hp_file.Hyperparameters, where: str) -> "SamplingPlan":
+        if hp.batch_size > n:
+            raise UserError(f"{where}: batch_size = {hp.batch_size} is larger than the {n} training examples")
+        return cls(n=n, steps_per_epoch=math.ceil(n / hp.batch_size), epochs=hp.epochs)
+
+
+@dataclass
+class FitResult:
+    """What a framework's training run really did (it must report, not assume)."""
+
+    steps: int
+    sample_rate: float
+    noise_multiplier: float  # effective σ per example (σ/2 for microbatch clipping)
+    clipping: str
+    library_epsilon: dict = field(default_factory=dict)  # the DP library's own figure, for comparison
+
+
+# Called by a framework after each epoch with the number of steps run so far; returns a short
+# progress text (ε so far) for its progress bar.
+EpochCallback = Callable[[int], str]
+
+
+class Framework(Protocol):
+    name: str
+
+    def new_model(self, seed: int): ...
+
+    def load_model(self, weights: bytes): ...
+
+    def dump_model(self, model) -> bytes: ...
+
+    def fit(self, model, images: np.ndarray, labels: np.ndarray, hp: hp_file.Hyperparameters,
+            plan: SamplingPlan, noise_multiplier: float, on_epoch: EpochCallback) -> FitResult: ...
+
+    def predict(self, model, images: np.ndarray) -> np.ndarray: ...
+
+
+def _load_input_model(framework: Framework, inputs: dict):
+    if inputs.get("model"):
+        saved = model_file.load(inputs["model"], framework.name)
+        log.info("continuing from input model: %d earlier training run(s) in its ledger", len(saved.ledger.events))
+        return framework.load_model(saved.weights), saved.ledger
+    return None, Ledger()
+
+
+def resolve_noise_multiplier(hp: hp_file.Hyperparameters, plan: SamplingPlan, prior: list) -> float:
+    if not hp.dp:
+        return 0.0
+    if hp.noise_multiplier is not None:
+        return float(hp.noise_multiplier)
+    sigma = calibrate_noise_multiplier(hp.target_epsilon, hp.delta, plan.sample_rate, plan.steps, prior)
+    log.info("calibrated noise_multiplier = %.4f for target epsilon %.3g at delta %.1e", sigma, hp.target_epsilon, hp.delta)
+    return sigma
+
+
+def train(framework: Framework, inputs: dict, outputs: dict, hyperparameters_path: Path) -> dict:
+    """The substratools `train` function body. Returns the privacy summary it logged."""
+    data = inputs["datasamples"]
+    images, labels = data["images"], data["labels"]
+    fingerprints = tuple(s["fingerprint"] for s in data["samples"])
+    hp = hp_file.load(hyperparameters_path)
+    check_delta(hp.delta, len(labels), where=f"{hyperparameters_path}: delta")
+    plan = SamplingPlan.from_hyperparameters(len(labels), hp, str(hyperparameters_path))
+
+    model, ledger = _load_input_model(framework, inputs)
+    if model is None:
+        model = framework.new_model(hp.seed)
+    prior = [e for e in ledger.events if set(e.data) & set(fingerprints)]
+    sigma = resolve_noise_multiplier(hp, plan, prior)
+
+    def on_epoch(steps_done: int) -> str:
+        if not hp.dp:
+            return "no DP"
+        partial = DpEvent(framework.name, fingerprints, plan.n, plan.sample_rate, sigma, steps_done, "", hp.max_grad_norm)
+        eps = compose_epsilon(prior + [partial], hp.delta, "rdp")  # RDP: fast enough for every epoch
+        return f"ε(RDP)={eps:.2f} δ={hp.delta:g}"
+
+    result = framework.fit(model, images, labels, hp, plan, sigma, on_epoch)
+    ledger.add(DpEvent(
+        framework=framework.name,
+        data=fingerprints,
+        n=plan.n,
+        sample_rate=result.sample_rate,
+        noise_multiplier=result.noise_multiplier,
+        steps=result.steps,
+        clipping=result.clipping,
+        max_grad_norm=hp.max_grad_norm,
+    ))
+    model_file.save(outputs["model"], model_file.ModelFile(
+        framework=framework.name,
+        weights=framework.dump_model(model),
+        ledger=ledger,
+        hyperparameters={**hp.to_json(), "noise_multiplier": sigma},
+    ))
+    summary = privacy_summary(ledger, hp.delta)
+    summary["library_epsilon"] = result.library_epsilon
+    _save_epsilon(outputs["epsilon"], summary["epsilon"])
+    log.info("trained %d steps, q=%.4g, sigma=%.4g: %s", result.steps, result.sample_rate, result.noise_multiplier,
+             describe(summary))
+    return summary
+
+
+def predict(framework: Framework, inputs: dict, outputs: dict) -> None:
+    """The substratools `predict` function body."""
+    saved = model_file.load(inputs["model"], framework.name)
+    labels = framework.predict(framework.load_model(saved.weights), inputs["datasamples"]["images"])
+    predictions.save(outputs["predictions"], labels)
+
+
+def privacy_summary(ledger: Ledger, delta: float) -> dict:
+    return {
+        "epsilon": ledger.epsilon(delta, REPORTED_ACCOUNTANT),
+        "epsilon_rdp": ledger.epsilon(delta, "rdp"),
+        "delta": delta,
+        "accountant": ACCOUNTANT_NAMES[REPORTED_ACCOUNTANT],
+    }
+
+
+def describe(summary: dict) -> str:
+    text = f"ε = {summary['epsilon']:.3f} at δ = {summary['delta']:g} ({summary['accountant']}; RDP {summary['epsilon_rdp']:.3f})"
+    for name, value in summary.get("library_epsilon", {}).items():
+        text += f"; {name}: {value:.3f}"
+    return text
+
+
+def _save_epsilon(path, epsilon: float) -> None:
+    # Substra's performance file: {"all": value}. A non-private model has ε = inf, written as
+    # JSON's non-standard `Infinity`, which Python's json (and so Substra) reads back as inf.
+    import substratools as tools
+
+    tools.save_performance(float(epsilon), path)
