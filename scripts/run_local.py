@@ -70,15 +70,15 @@ def main(argv=None):
     frameworks = parse_frameworks(args.frameworks)
     overrides = load_overrides(args.hyperparameters)
     data_dir, output = args.data.resolve(), args.output.resolve()
-    if not (data_dir / "train").is_dir():
-        manifest = data.generate(data_dir)
-        print(f"generated {manifest['train_examples']} train / {manifest['test_examples']} test examples in {data_dir}")
     variants = [True] if args.no_baseline else [True, False]
     runs = {}  # run name -> (framework, hyperparameters)
     for framework in frameworks:
         for dp in variants:
             run = framework if dp else f"{framework}-baseline"
             runs[run] = (framework, run_hyperparameters(plan.ALGO_ASSETS[framework], overrides, dp))
+    if not (data_dir / "train").is_dir():
+        manifest = data.generate(data_dir)
+        print(f"generated {manifest['train_examples']} train / {manifest['test_examples']} test examples in {data_dir}")
 
     import substra
 

@@ -1,0 +1,78 @@
+"""Shared fixtures: tiny data, tiny hyperparameters, and running a function the way Substra does."""
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from mnist_dp import archive, data  # noqa: E402
+from mnist_dp.plan import ALGO_ASSETS, DATASET_ASSET, OBJECTIVE_ASSET  # noqa: E402
+
+os.environ.setdefault("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "python")
+FRAMEWORKS = sorted(ALGO_ASSETS)
+# One epoch on a few hundred images: enough to exercise every code path in seconds.
+TINY_HYPERPARAMETERS = {"epochs": 1, "batch_size": 64, "noise_multiplier": 1.0, "target_epsilon": None,
+                        "delta": 1e-4}
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory):
+    """300 train examples in 2 data samples, 100 test examples, from the embedded MNIST subset."""
+    dest = tmp_path_factory.mktemp("data") / "tiny"
+    data.generate(dest, train_size=300, test_size=100, train_samples=2, seed=1)
+    return dest
+
+
+def tiny_hyperparameters(framework, **changes):
+    path = ALGO_ASSETS[framework] / "hyperparameters.json"
+    return {**json.loads(path.read_text()), **TINY_HYPERPARAMETERS, **changes}
+
+
+def extract_function(asset_dir, function, dest, hyperparameters=None):
+    """Build the function's archive as run_local does and unpack it; returns the folder."""
+    replace = None
+    if hyperparameters is not None:
+        replace = {"hyperparameters.json": json.dumps(hyperparameters).encode()}
+    tar_path = archive.build(asset_dir, function, Path(dest) / f"{function}.tar.gz", replace)
+    folder = Path(dest) / function
+    with tarfile.open(tar_path) as tar:
+        tar.extractall(folder, filter="data")
+    return folder
+
+
+def run_function(script, function, inputs, outputs, check=True):
+    """Run a substratools function through its command line, as Substra's subprocess mode does."""
+    def resources(mapping):
+        out = []
+        for identifier, value in mapping.items():
+            values = value if isinstance(value, list) else [value]
+            multiple = identifier == "datasamples"
+            out += [{"id": identifier, "value": str(v), "multiple": multiple} for v in values]
+        return json.dumps(out)
+
+    cmd = [sys.executable, str(script), "--function-name", function,
+           "--inputs", resources(inputs), "--outputs", resources(outputs), "--log-level", "warning"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(script).parent)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{function} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def samples(data_dir, split):
+    return [str(p) for p in data.sample_folders(data_dir, split)]
+
+
+@pytest.fixture
+def opener_path():
+    return str(DATASET_ASSET / "opener.py")
+
+
+@pytest.fixture
+def objective_script():
+    return OBJECTIVE_ASSET / "metrics.py"

@@ -1,0 +1,141 @@
+"""Every algo asset, through the substratools command line, on tiny data (one epoch).
+
+Parametrised by framework: a new algo asset is covered by adding it to mnist_dp.plan.ALGO_ASSETS.
+"""
+import dataclasses
+import json
+import math
+
+import numpy as np
+import pytest
+
+from conftest import (ALGO_ASSETS, FRAMEWORKS, extract_function, run_function, samples, tiny_hyperparameters)
+from mnist_dp import model_file
+from mnist_dp.privacy import Ledger, compose_epsilon
+
+
+def train(tmp_path, framework, data_dir, opener, model=None, name="model", **changes):
+    folder = extract_function(ALGO_ASSETS[framework], "train", tmp_path / f"fn-{name}",
+                              tiny_hyperparameters(framework, **changes))
+    inputs = {"opener": opener, "datasamples": samples(data_dir, "train")}
+    if model:
+        inputs["model"] = model
+    outputs = {"model": tmp_path / name, "epsilon": tmp_path / f"{name}-epsilon.json"}
+    proc = run_function(folder / "algo.py", "train", inputs, outputs, check=False)
+    return proc, outputs
+
+
+def read_epsilon(path):
+    return json.loads(path.read_text())["all"]
+
+
+def assert_one_line_error(proc, *fragments):
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, proc.stderr
+    for fragment in fragments:
+        assert fragment in errors[0]
+
+
+@pytest.fixture(scope="module", params=FRAMEWORKS)
+def trained(request, tmp_path_factory, tiny_data):
+    tmp = tmp_path_factory.mktemp(f"trained-{request.param}")
+    opener = str(ALGO_ASSETS[request.param].parents[0] / "dataset" / "opener.py")
+    proc, outputs = train(tmp, request.param, tiny_data, opener)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return request.param, outputs, tiny_data, opener
+
+
+def test_train_writes_a_model_whose_ledger_is_what_ran(trained):
+    framework, outputs, _, _ = trained
+    saved = model_file.load(outputs["model"], framework)
+    [event] = saved.ledger.events
+    hp = tiny_hyperparameters(framework)
+    steps_per_epoch = math.ceil(300 / hp["batch_size"])
+    assert (event.n, event.steps, event.noise_multiplier) == (300, steps_per_epoch, hp["noise_multiplier"])
+    assert event.sample_rate == pytest.approx(1 / steps_per_epoch)
+    assert event.clipping == "per-example" and len(event.data) == 2  # two train data samples
+    epsilon = read_epsilon(outputs["epsilon"])
+    assert epsilon == pytest.approx(saved.ledger.epsilon(hp["delta"]))
+    assert 0 < epsilon < math.inf
+
+
+def test_predict_then_score_from_the_repository_assets(trained, tmp_path, objective_script):
+    framework, outputs, data_dir, opener = trained
+    test = samples(data_dir, "test")
+    # Run straight from the repository: every asset works alone through the substratools CLI.
+    run_function(ALGO_ASSETS[framework] / "algo.py", "predict",
+                 {"opener": opener, "datasamples": test, "model": outputs["model"]},
+                 {"predictions": tmp_path / "predictions"})
+    predictions = np.load(tmp_path / "predictions")
+    assert predictions.shape == (100,) and predictions.min() >= 0 and predictions.max() <= 9
+    run_function(objective_script, "score",
+                 {"opener": opener, "datasamples": test, "predictions": tmp_path / "predictions"},
+                 {"performance": tmp_path / "performance"})
+    labels = np.load(data_dir / "test" / "0" / "labels.npy")
+    assert read_epsilon(tmp_path / "performance") == pytest.approx(float(np.mean(predictions == labels)))
+
+
+def test_continuing_training_composes_the_ledger(trained, tmp_path):
+    framework, first, data_dir, opener = trained
+    proc, second = train(tmp_path, framework, data_dir, opener, model=first["model"], name="second")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    events = model_file.load(second["model"]).ledger.events
+    assert len(events) == 2
+    delta = tiny_hyperparameters(framework)["delta"]
+    both = read_epsilon(second["epsilon"])
+    assert both == pytest.approx(compose_epsilon(events, delta))
+    assert both > read_epsilon(first["epsilon"]) * 1.2
+    # the same as one run of all the steps together
+    one_long_run = dataclasses.replace(events[0], steps=events[0].steps * 2)
+    assert Ledger(events).epsilon(delta, "rdp") == pytest.approx(compose_epsilon([one_long_run], delta, "rdp"))
+
+
+def test_target_epsilon_is_met(tmp_path, tiny_data, opener_path):
+    framework = FRAMEWORKS[0]
+    proc, outputs = train(tmp_path, framework, tiny_data, opener_path, noise_multiplier=None, target_epsilon=8.0)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert 7.9 < read_epsilon(outputs["epsilon"]) <= 8.0
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_non_private_baseline_reports_infinite_epsilon(framework, tmp_path, tiny_data, opener_path):
+    proc, outputs = train(tmp_path, framework, tiny_data, opener_path, dp=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert read_epsilon(outputs["epsilon"]) == math.inf
+    [event] = model_file.load(outputs["model"]).ledger.events
+    assert event.noise_multiplier == 0 and event.clipping == "none"
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+@pytest.mark.parametrize("changes, fragments", [
+    ({"noise_multiplier": 0.0}, ["noise_multiplier = 0.0", "hyperparameters.json"]),
+    ({"noise_multiplier": -2.0}, ["noise_multiplier = -2.0"]),
+    ({"delta": 0.01}, ["delta = 0.01", "1/n"]),
+    ({"batch_size": 1000}, ["batch_size = 1000", "300 training examples"]),
+])
+def test_bad_hyperparameters_fail_in_one_line(framework, changes, fragments, tmp_path, tiny_data, opener_path):
+    proc, _ = train(tmp_path, framework, tiny_data, opener_path, **changes)
+    assert_one_line_error(proc, *fragments)
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_bad_inputs_fail_in_one_line(framework, tmp_path, tiny_data, opener_path):
+    script = ALGO_ASSETS[framework] / "algo.py"
+    corrupt = tmp_path / "corrupt-model"
+    corrupt.write_bytes(b"garbage")
+    proc = run_function(script, "predict", {"opener": opener_path, "datasamples": samples(tiny_data, "test"),
+                                            "model": corrupt}, {"predictions": tmp_path / "p"}, check=False)
+    assert_one_line_error(proc, str(corrupt), "not a valid model file")
+
+    missing = tmp_path / "no-such-sample"
+    proc = run_function(script, "predict", {"opener": opener_path, "datasamples": [missing], "model": corrupt},
+                        {"predictions": tmp_path / "p"}, check=False)
+    assert_one_line_error(proc, str(missing), "not found")
+
+    empty = tmp_path / "empty-sample"
+    empty.mkdir()
+    proc = run_function(script, "train", {"opener": opener_path, "datasamples": [empty]},
+                        {"model": tmp_path / "m", "epsilon": tmp_path / "e"}, check=False)
+    assert_one_line_error(proc, "images.npy", "file missing")

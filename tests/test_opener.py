@@ -1,0 +1,76 @@
+import importlib.util
+
+import numpy as np
+import pytest
+
+from conftest import DATASET_ASSET
+
+spec = importlib.util.spec_from_file_location("opener", DATASET_ASSET / "opener.py")
+opener = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(opener)
+
+
+def make_sample(folder, images=None, labels=None):
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    np.save(folder / "images.npy", rng.integers(0, 256, (5, 28, 28), dtype=np.uint8) if images is None else images)
+    np.save(folder / "labels.npy", np.arange(5, dtype=np.uint8) if labels is None else labels)
+    return folder
+
+
+def test_reads_and_concatenates_samples(tmp_path):
+    a, b = make_sample(tmp_path / "a"), make_sample(tmp_path / "b", labels=np.full(5, 9))
+    got = opener.MnistOpener().get_data([str(b), str(a)])
+    assert got["images"].shape == (10, 28, 28) and got["images"].dtype == np.float32
+    assert 0 <= got["images"].min() and got["images"].max() <= 1
+    assert got["labels"].dtype == np.int64 and got["labels"].tolist() == list(range(5)) + [9] * 5
+    assert [s["n"] for s in got["samples"]] == [5, 5]
+
+
+def test_fingerprint_depends_on_content_only(tmp_path):
+    a, b = make_sample(tmp_path / "a"), make_sample(tmp_path / "b")
+    c = make_sample(tmp_path / "c", labels=np.array([1, 1, 1, 1, 1]))
+    fp = [s["fingerprint"] for s in opener.MnistOpener().get_data([str(a), str(b), str(c)])["samples"]]
+    assert fp[0] == fp[1] != fp[2]
+
+
+def test_float_pixels_in_range_are_accepted(tmp_path):
+    folder = make_sample(tmp_path / "a", images=np.full((5, 28, 28), 0.5, np.float64))
+    assert opener.MnistOpener().get_data([str(folder)])["images"].dtype == np.float32
+
+
+@pytest.mark.parametrize("images, labels, message", [
+    (np.zeros((5, 28, 27), np.uint8), None, "shape"),
+    (np.zeros((5, 28, 28), np.int32), None, "dtype"),
+    (np.full((5, 28, 28), np.nan, np.float32), None, "NaN"),
+    (np.full((5, 28, 28), 2.0, np.float32), None, r"\[0, 1\]"),
+    (None, np.array([0, 1, 2, 3, 10]), "0-9"),
+    (None, np.array([0, 1, 2, 3, -1]), "0-9"),
+    (None, np.array([0, 1, 2]), "3 labels for 5 images"),
+    (None, np.array([0.0, 1, 2, 3, 4]), "integer"),
+    (np.zeros((0, 28, 28), np.uint8), np.zeros(0, np.uint8), "no example"),
+])
+def test_bad_sample_is_rejected_naming_the_file(tmp_path, images, labels, message):
+    folder = make_sample(tmp_path / "bad", images, labels)
+    with pytest.raises(opener.DataSampleError, match=message) as caught:
+        opener.MnistOpener().get_data([str(folder)])
+    assert str(tmp_path / "bad") in str(caught.value)
+
+
+def test_missing_folder_missing_file_and_pickles(tmp_path):
+    with pytest.raises(opener.DataSampleError, match="not found"):
+        opener.MnistOpener().get_data([str(tmp_path / "nope")])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(opener.DataSampleError, match="images.npy: file missing"):
+        opener.MnistOpener().get_data([str(tmp_path / "empty")])
+    folder = make_sample(tmp_path / "pickled", images=np.array([{"a": 1}], dtype=object))
+    with pytest.raises(opener.DataSampleError, match="not a readable"):
+        opener.MnistOpener().get_data([str(folder)])
+    with pytest.raises(opener.DataSampleError, match="no data sample"):
+        opener.MnistOpener().get_data([])
+
+
+def test_fake_data_has_the_real_form():
+    fake = opener.MnistOpener().fake_data(7)
+    assert fake["images"].shape == (7, 28, 28) and fake["labels"].shape == (7,)
+    assert fake["samples"][0]["n"] == 7

@@ -1,0 +1,87 @@
+import math
+
+import pytest
+
+from mnist_dp.errors import UserError
+from mnist_dp.privacy import DpEvent, Ledger, calibrate_noise_multiplier, check_delta, compose_epsilon
+
+
+def event(n=60000, batch=250, epochs=60, sigma=1.1, data=("a",)):
+    steps_per_epoch = math.ceil(n / batch)
+    return DpEvent("torch", tuple(data), n, 1 / steps_per_epoch, sigma, steps_per_epoch * epochs, "per-example", 1.0)
+
+
+@pytest.mark.parametrize("n, batch, epochs, rdp, pld", [
+    (60000, 250, 60, 2.562, 2.35),  # DESIGN.md reference values, delta 1e-5, sigma 1.1
+    (4000, 250, 3, 3.112, 2.66),
+])
+def test_reference_values(n, batch, epochs, rdp, pld):
+    ledger = Ledger([event(n, batch, epochs)])
+    assert ledger.epsilon(1e-5, "rdp") == pytest.approx(rdp, abs=1e-3)
+    assert ledger.epsilon(1e-5, "pld") == pytest.approx(pld, abs=0.01)
+
+
+def test_pld_is_tighter_than_rdp():
+    ledger = Ledger([event(4000, 250, 3)])
+    assert ledger.epsilon(1e-5, "pld") < ledger.epsilon(1e-5, "rdp")
+
+
+def test_chained_runs_on_same_data_compose_like_one_long_run():
+    two = Ledger([event(4000, 250, 3), event(4000, 250, 3)])
+    one = Ledger([event(4000, 250, 6)])
+    assert two.epsilon(1e-5, "rdp") == pytest.approx(one.epsilon(1e-5, "rdp"), rel=1e-9)
+    assert two.epsilon(1e-5) > Ledger([event(4000, 250, 3)]).epsilon(1e-5)
+
+
+def test_runs_on_disjoint_data_compose_in_parallel():
+    ledger = Ledger([event(4000, 250, 3, data=["a"]), event(4000, 250, 3, data=["b"])])
+    single = Ledger([event(4000, 250, 3)]).epsilon(1e-5)
+    assert ledger.epsilon(1e-5) == pytest.approx(single, rel=1e-6)
+    assert len(ledger.accounts()) == 2
+    assert ledger.epsilon(1e-5, data=["b"]) == pytest.approx(single, rel=1e-6)
+
+
+def test_non_private_event_makes_epsilon_infinite():
+    ledger = Ledger([event(4000, 250, 3), event(4000, 250, 3, sigma=0.0)])
+    assert ledger.epsilon(1e-5) == math.inf
+
+
+def test_ledger_json_round_trip():
+    ledger = Ledger([event(4000, 250, 3, data=["x", "y"])])
+    again = Ledger.from_json(ledger.to_json())
+    assert again.events == ledger.events
+
+
+def test_ledger_json_missing_field_is_a_user_error():
+    record = event().to_json()
+    del record["steps"]
+    with pytest.raises(UserError, match="steps"):
+        Ledger.from_json([record])
+
+
+@pytest.mark.parametrize("delta", [1 / 4000, 0.01, 0, -1e-5])
+def test_delta_must_be_below_one_over_n(delta):
+    with pytest.raises(UserError, match="delta"):
+        check_delta(delta, 4000)
+    check_delta(1e-5, 4000)
+
+
+def test_calibration_hits_the_target_from_below():
+    sigma = calibrate_noise_multiplier(2.0, 1e-5, 1 / 16, 48)
+    spent = compose_epsilon([event(4000, 250, 3, sigma=sigma)], 1e-5)
+    assert spent <= 2.0
+    assert spent > 1.98  # and does not waste budget
+    slightly_less = compose_epsilon([event(4000, 250, 3, sigma=sigma - 0.01)], 1e-5)
+    assert slightly_less > 2.0
+
+
+def test_calibration_counts_the_input_models_steps():
+    prior = [event(4000, 250, 3, sigma=1.1)]
+    sigma = calibrate_noise_multiplier(4.0, 1e-5, 1 / 16, 48, prior)
+    assert compose_epsilon(prior + [event(4000, 250, 3, sigma=sigma)], 1e-5) <= 4.0
+    assert sigma > calibrate_noise_multiplier(4.0, 1e-5, 1 / 16, 48)
+
+
+def test_calibration_refuses_a_spent_budget():
+    with pytest.raises(UserError, match="already spent"):
+        calibrate_noise_multiplier(1.0, 1e-5, 1 / 16, 48, [event(4000, 250, 3, sigma=1.1)])

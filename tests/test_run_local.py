@@ -1,0 +1,66 @@
+"""scripts/run_local.py end to end: one local Substra compute plan on tiny data."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import FRAMEWORKS, REPO, TINY_HYPERPARAMETERS
+from mnist_dp import model_file
+
+SCRIPT = REPO / "scripts" / "run_local.py"
+REQUIRED_KEYS = {"framework", "organization", "test_accuracy", "train_accuracy", "epsilon", "delta", "accountant",
+                 "noise_multiplier", "sample_rate", "steps", "dp"}
+
+
+def run_local(*args, cwd):
+    return subprocess.run([sys.executable, SCRIPT, *map(str, args)], capture_output=True, text=True, cwd=cwd)
+
+
+@pytest.fixture(scope="module")
+def local_run(tmp_path_factory, tiny_data):
+    tmp = tmp_path_factory.mktemp("run_local")
+    (tmp / "hp.json").write_text(json.dumps(TINY_HYPERPARAMETERS))
+    proc = run_local("--data", tiny_data, "--output", tmp / "results", "--hyperparameters", tmp / "hp.json", cwd=tmp)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc, tmp
+
+
+def test_results_json_has_a_record_per_framework_and_baseline(local_run):
+    _, tmp = local_run
+    records = json.loads((tmp / "results" / "results.json").read_text())
+    assert sorted((r["framework"], r["dp"]) for r in records) == sorted(
+        [(f, True) for f in FRAMEWORKS] + [(f, False) for f in FRAMEWORKS])
+    for record in records:
+        assert REQUIRED_KEYS <= set(record)
+        assert 0 <= record["test_accuracy"] <= 1 and 0 <= record["train_accuracy"] <= 1
+        assert record["delta"] == TINY_HYPERPARAMETERS["delta"]
+        assert record["steps"] == 5 and record["sample_rate"] == pytest.approx(1 / 5)  # ceil(300 / 64) steps
+
+
+def test_epsilon_reached_substra_and_matches_the_model_ledger(local_run):
+    _, tmp = local_run
+    for record in json.loads((tmp / "results" / "results.json").read_text()):
+        saved = model_file.load(record["model_file"], record["framework"])
+        if record["dp"]:
+            assert record["epsilon"] == pytest.approx(saved.ledger.epsilon(record["delta"]))
+            assert record["epsilon_in_substra"] == pytest.approx(record["epsilon"])
+            assert record["noise_multiplier"] == TINY_HYPERPARAMETERS["noise_multiplier"]
+        else:
+            assert record["epsilon"] is None and record["epsilon_in_substra"] is None
+            assert record["noise_multiplier"] == 0
+
+
+def test_table_is_printed_and_no_files_leak_into_the_working_directory(local_run):
+    proc, tmp = local_run
+    assert "test acc" in proc.stdout and "ε (PLD)" in proc.stdout
+    assert sorted(p.name for p in tmp.iterdir()) == ["hp.json", "results"]
+
+
+def test_help_and_bad_arguments(tmp_path):
+    assert "--frameworks" in run_local("--help", cwd=tmp_path).stdout
+    proc = run_local("--frameworks", "jax", cwd=tmp_path)
+    assert proc.returncode == 2 and "jax" in proc.stderr and "Traceback" not in proc.stderr
+    (tmp_path / "hp.json").write_text('{"epochs": 0}')
+    proc = run_local("--hyperparameters", tmp_path / "hp.json", "--data", tmp_path / "d", cwd=tmp_path)
+    assert proc.returncode == 2 and "epochs = 0" in proc.stderr and "Traceback" not in proc.stderr
