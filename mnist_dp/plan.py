@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import substra
+from substra.sdk.models import ComputeTaskStatus
 from substra.sdk.schemas import (
     AssetKind,
     ComputePlanSpec,
@@ -59,6 +60,19 @@ CONTRACT = {
         [FunctionOutputSpec(identifier="performance", kind=AssetKind.performance, multiple=False)],
     ),
 }
+
+
+def local_client(backend: str) -> substra.Client:
+    """A local Substra client; with the docker backend, check first that a Docker daemon answers."""
+    if backend == "docker":
+        import docker
+
+        try:
+            docker.from_env().ping()
+        except docker.errors.DockerException as exc:
+            raise UserError(f"--backend docker: no Docker daemon answers ({exc}); "
+                            "start Docker or use --backend subprocess") from None
+    return substra.Client(backend_type=backend)
 
 
 def public() -> Permissions:
@@ -163,10 +177,25 @@ class PlanBuilder:
 
 def run_plan(client: substra.Client, builder: PlanBuilder, name: str):
     """Submit the plan (local backends run it to completion here) and return it."""
+    from substra.sdk.backends.local.compute.spawner.base import BuildError, ExecutionError
+
     try:
         return client.add_compute_plan(builder.spec(name))
-    except substra.exceptions.SDKException as exc:
-        raise UserError(f"compute plan {name!r} failed: {exc}") from None
+    except (substra.exceptions.SDKException, ExecutionError, BuildError) as exc:
+        raise UserError(f"compute plan {name!r} failed in task {failed_task(client, builder)}: {exc} "
+                        "(the task's own output is above)") from None
+
+
+def failed_task(client: substra.Client, builder: PlanBuilder) -> str:
+    """Name the task substra's local backend left 'executing' when its function failed."""
+    for task_id, role in builder.roles.items():
+        try:
+            status = client.get_task(task_id).status
+        except substra.exceptions.NotFound:  # never submitted: the plan stopped before it
+            continue
+        if status in (ComputeTaskStatus.executing, ComputeTaskStatus.failed):
+            return f"'{' '.join(role.values())}' ({task_id})"
+    return "(unknown)"
 
 
 def collect_performances(client: substra.Client, plan_key: str, roles: dict) -> dict:

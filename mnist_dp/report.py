@@ -19,6 +19,7 @@ COLUMNS = [  # (key, header, format)
     ("epsilon", "ε (PLD)", "{:.3f}"),
     ("epsilon_rdp", "ε (RDP)", "{:.3f}"),
     ("delta", "δ", "{:g}"),
+    ("accountant", "accountant", "{}"),
     ("noise_multiplier", "σ", "{:.3f}"),
     ("sample_rate", "q", "{:.4g}"),
     ("steps", "steps", "{}"),

@@ -106,6 +106,7 @@ def resolve_noise_multiplier(hp: hp_file.Hyperparameters, plan: SamplingPlan, pr
 
 def train(framework: Framework, inputs: dict, outputs: dict, hyperparameters_path: Path) -> dict:
     """The substratools `train` function body. Returns the privacy summary it logged."""
+    check_outputs_writable(outputs)
     data = inputs["datasamples"]
     images, labels = data["images"], data["labels"]
     fingerprints = tuple(s["fingerprint"] for s in data["samples"])
@@ -153,9 +154,20 @@ def train(framework: Framework, inputs: dict, outputs: dict, hyperparameters_pat
 
 def predict(framework: Framework, inputs: dict, outputs: dict) -> None:
     """The substratools `predict` function body."""
+    check_outputs_writable(outputs)
     saved = model_file.load(inputs["model"], framework.name)
     labels = framework.predict(framework.load_model(saved.weights), inputs["datasamples"]["images"])
     predictions.save(outputs["predictions"], labels)
+
+
+def check_outputs_writable(outputs: dict) -> None:
+    """Fail before the work, not after it: every output path must be a file we can create."""
+    for identifier, path in outputs.items():
+        path = Path(path)
+        if path.is_dir():
+            raise UserError(f"output {identifier!r}: {path} is a folder; give a file path")
+        if not path.parent.is_dir():
+            raise UserError(f"output {identifier!r}: folder {path.parent} does not exist")
 
 
 def privacy_summary(ledger: Ledger, delta: float) -> dict:

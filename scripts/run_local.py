@@ -76,16 +76,14 @@ def main(argv=None):
         for dp in variants:
             run = framework if dp else f"{framework}-baseline"
             runs[run] = (framework, run_hyperparameters(plan.ALGO_ASSETS[framework], overrides, dp))
-    if not (data_dir / "train").is_dir():
-        manifest = data.generate(data_dir)
-        print(f"generated {manifest['train_examples']} train / {manifest['test_examples']} test examples in {data_dir}")
-
-    import substra
 
     work = output / "substra"
     work.mkdir(parents=True, exist_ok=True)
     with contextlib.chdir(work):  # substra's local backend keeps its files in ./local-worker
-        client = substra.Client(backend_type=args.backend)
+        client = plan.local_client(args.backend)
+        if not (data_dir / "train").is_dir():
+            manifest = data.generate(data_dir)
+            print(f"generated {manifest['train_examples']} train / {manifest['test_examples']} test examples in {data_dir}")
         keys = plan.register_dataset(client, data_dir)
         builder = plan.PlanBuilder(keys)
         score = plan.register_function(client, plan.OBJECTIVE_ASSET, "score", "accuracy", work / "archives")

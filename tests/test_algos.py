@@ -139,3 +139,14 @@ def test_bad_inputs_fail_in_one_line(framework, tmp_path, tiny_data, opener_path
     proc = run_function(script, "train", {"opener": opener_path, "datasamples": [empty]},
                         {"model": tmp_path / "m", "epsilon": tmp_path / "e"}, check=False)
     assert_one_line_error(proc, "images.npy", "file missing")
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_nan_pixels_fail_in_one_line(framework, tmp_path, opener_path):
+    sample = tmp_path / "nan-sample"
+    sample.mkdir()
+    np.save(sample / "images.npy", np.full((4, 28, 28), np.nan, np.float32))
+    np.save(sample / "labels.npy", np.arange(4))
+    proc = run_function(ALGO_ASSETS[framework] / "algo.py", "train", {"opener": opener_path, "datasamples": [sample]},
+                        {"model": tmp_path / "m", "epsilon": tmp_path / "e"}, check=False)
+    assert_one_line_error(proc, str(sample / "images.npy"), "NaN")

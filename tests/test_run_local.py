@@ -64,3 +64,25 @@ def test_help_and_bad_arguments(tmp_path):
     (tmp_path / "hp.json").write_text('{"epochs": 0}')
     proc = run_local("--hyperparameters", tmp_path / "hp.json", "--data", tmp_path / "d", cwd=tmp_path)
     assert proc.returncode == 2 and "epochs = 0" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_docker_backend_without_a_daemon_fails_in_one_line(tmp_path):
+    import docker
+
+    try:
+        docker.from_env().ping()
+        pytest.skip("a Docker daemon answers on this machine")
+    except docker.errors.DockerException:
+        pass
+    proc = run_local("--backend", "docker", "--data", tmp_path / "d", cwd=tmp_path)
+    assert proc.returncode == 2 and "no Docker daemon" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "d").exists()  # failed before generating anything
+
+
+def test_a_failing_task_is_named_and_exits_non_zero(tmp_path, tiny_data):
+    (tmp_path / "hp.json").write_text(json.dumps({**TINY_HYPERPARAMETERS, "batch_size": 1000}))  # > 300 examples
+    proc = run_local("--data", tiny_data, "--output", tmp_path / "out", "--hyperparameters", tmp_path / "hp.json",
+                     "--no-baseline", "--frameworks", FRAMEWORKS[0], cwd=tmp_path)
+    assert proc.returncode == 2
+    assert f"failed in task '{FRAMEWORKS[0]} train'" in proc.stderr
+    assert "batch_size = 1000" in proc.stderr  # the function's own one-line error

@@ -4,6 +4,7 @@ Only framework code lives here; the sampling plan, σ, the ledger and ε come fr
 Run alone:  python assets/algo_torch_dp/algo.py --function-name train --inputs '[...]' --outputs '[...]'
 """
 import io
+import logging
 import os
 import sys
 import warnings
@@ -39,6 +40,8 @@ MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
 # PyTorch note about ghost clipping's backward hooks on inputs that need no gradient.
 warnings.filterwarnings("ignore", message="Secure RNG turned off")
 warnings.filterwarnings("ignore", message="Full backward hook is firing")
+# Importing opacus calls logging.basicConfig(), which would print every substratools log line twice.
+logging.getLogger("substratools").propagate = False
 
 
 class SampleConvNet(nn.Module):
