@@ -10,7 +10,8 @@
 | noise_multiplier | σ (noise std = σ·C); give this **or** target_epsilon, not both           |
 | target_epsilon   | calibrate σ so that the model's ε at delta (PLD) ends at this value      |
 | delta            | δ of the reported (ε, δ); must be < 1/n                                  |
-| seed             | seeds initialisation, sampling and noise                                 |
+| seed             | seeds initialisation, sampling and noise (a continued run: seed + runs   |
+|                  | already in the input model's ledger, so noise is never replayed)         |
 | dp               | false trains the non-private baseline (no clipping, no noise, ε = inf)   |
 """
 from __future__ import annotations

@@ -6,6 +6,7 @@ the number of steps), σ (given or calibrated from a target ε), δ checks, the 
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from dataclasses import dataclass, field
@@ -117,6 +118,9 @@ def train(framework: Framework, inputs: dict, outputs: dict, hyperparameters_pat
     model, ledger = _load_input_model(framework, inputs)
     if model is None:
         model = framework.new_model(hp.seed)
+    # A continued run must not replay the sampling and noise of the run before it (the accountant
+    # assumes fresh randomness at every step), so the seed moves on with the ledger.
+    hp = dataclasses.replace(hp, seed=hp.seed + len(ledger.events))
     prior = [e for e in ledger.events if set(e.data) & set(fingerprints)]
     sigma = resolve_noise_multiplier(hp, plan, prior)
 

@@ -81,8 +81,10 @@ def test_continuing_training_composes_the_ledger(trained, tmp_path):
     framework, first, data_dir, opener = trained
     proc, second = train(tmp_path, framework, data_dir, opener, model=first["model"], name="second")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    events = model_file.load(second["model"]).ledger.events
+    saved = model_file.load(second["model"])
+    events = saved.ledger.events
     assert len(events) == 2
+    assert saved.hyperparameters["seed"] == tiny_hyperparameters(framework)["seed"] + 1  # fresh noise
     delta = tiny_hyperparameters(framework)["delta"]
     both = read_epsilon(second["epsilon"])
     assert both == pytest.approx(compose_epsilon(events, delta))

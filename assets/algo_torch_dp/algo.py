@@ -108,7 +108,8 @@ class TorchOpacus:
                 train_model, optimizer, criterion, loader = private
             else:
                 train_model, optimizer, loader = private
-            assert abs(loader.sample_rate - plan.sample_rate) < 1e-12, (loader.sample_rate, plan.sample_rate)
+            if abs(loader.sample_rate - plan.sample_rate) > 1e-12:  # the ledger would not match the training
+                raise RuntimeError(f"Opacus samples with q={loader.sample_rate}, the plan says {plan.sample_rate}")
         else:
             train_model = model
 
