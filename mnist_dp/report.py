@@ -32,13 +32,12 @@ def model_record(path: Path, framework: str, organization: str) -> dict:
     delta = saved.hyperparameters["delta"]
     last = saved.ledger.events[-1]
     summary = privacy_summary(saved.ledger, delta)
-    private = all(e.is_private for e in saved.ledger.events)
     return {
         "framework": framework,
         "organization": organization,
-        "dp": private,
-        "epsilon": summary["epsilon"] if private else None,  # JSON has no infinity: null = not private
-        "epsilon_rdp": summary["epsilon_rdp"] if private else None,
+        "dp": all(e.is_private for e in saved.ledger.events),
+        "epsilon": summary["epsilon"],
+        "epsilon_rdp": summary["epsilon_rdp"],
         "delta": delta,
         "accountant": summary["accountant"],
         "noise_multiplier": last.noise_multiplier,
@@ -67,6 +66,12 @@ def table(records: list) -> str:
     lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def write_results(path: Path, records: list) -> None:
+    """results.json: JSON has no infinity, so a non-private model's ε is written as null."""
+    write_json(path, [{k: None if isinstance(v, float) and math.isinf(v) else v for k, v in r.items()}
+                      for r in records])
 
 
 def write_json(path: Path, payload) -> None:

@@ -108,16 +108,11 @@ def main(argv=None):
             record["epsilon_in_substra"] = performances[(run, "epsilon")]
             records.append(record)
 
-    report.write_json(output / "results.json", _json_safe(records))
+    report.write_results(output / "results.json", records)
     print()
     print(report.table(records))
     print(f"\nε is for the add/remove-one-example relation, Poisson sampling, per-example clipping; "
           f"results in {output / 'results.json'}")
-
-
-def _json_safe(records):
-    # JSON has no infinity: a non-private model's ε is written as null.
-    return [{k: (None if isinstance(v, float) and v == float("inf") else v) for k, v in r.items()} for r in records]
 
 
 if __name__ == "__main__":
