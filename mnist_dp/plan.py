@@ -36,6 +36,7 @@ OBJECTIVE_ASSET = ASSETS / "objective"
 # framework name -> algo asset folder. A new framework is one more line here.
 ALGO_ASSETS = {
     "torch": ASSETS / "algo_torch_dp",
+    "tf": ASSETS / "algo_tf_dp",
 }
 
 _OPENER = FunctionInputSpec(identifier="opener", kind=AssetKind.data_manager, optional=False, multiple=False)

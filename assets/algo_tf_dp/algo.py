@@ -1,0 +1,274 @@
+"""DP-SGD on MNIST with TensorFlow 2.15 + TensorFlow Privacy, as Substra train / predict functions.
+
+Only framework code lives here; the sampling plan, σ, the ledger and ε come from `mnist_dp.training`.
+Run alone:  python assets/algo_tf_dp/algo.py --function-name train --inputs '[...]' --outputs '[...]'
+
+How the DP step works, and why not TF Privacy's Keras DP optimizers: those compute per-example
+gradients through Conv2D with vectorized_map, ~300x slower than a plain step on a CPU. Instead we
+use TF Privacy's *fast gradient clipping*: exact per-example gradient norms from each layer's
+inputs and output gradients (its layer registry; TF Privacy ships Dense but no Conv2D, so
+`conv2d_layer_computation` below adds one), clip weights min(1, C / norm_i), the clipped sum from
+the same tape (`clipped_gradient_sum`), and TF Privacy's `add_aggregate_noise` for the noise.
+"""
+import io
+import logging
+import os
+import sys
+from pathlib import Path
+
+# Before TensorFlow is imported: quiet its C++ start-up log, and protobuf's pure-Python
+# implementation (DESIGN.md: else MindSpore crashes when TensorFlow was imported first).
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+os.environ.setdefault("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "python")
+
+import numpy as np  # noqa: E402
+import substratools as tools  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+try:
+    import mnist_dp  # noqa: F401 - inside a function archive it sits next to this file
+except ModuleNotFoundError:  # run from the repository: make the shared package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from mnist_dp import training  # noqa: E402
+from mnist_dp.errors import UserError, run_cli  # noqa: E402
+from mnist_dp.privacy import PER_EXAMPLE  # noqa: E402
+
+tf.get_logger().setLevel(logging.ERROR)
+HYPERPARAMETERS = Path(__file__).with_name("hyperparameters.json")
+MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
+BATCH_SPEC = (tf.TensorSpec([None, 28, 28, 1], tf.float32), tf.TensorSpec([None], tf.int64))
+
+
+def build_model(seed):
+    """The TF Privacy tutorial CNN (26,010 parameters), the same network as the torch algo."""
+    tf.keras.utils.set_random_seed(seed)
+    layers = tf.keras.layers
+    model = tf.keras.Sequential([
+        layers.Input((28, 28, 1)),  # [B, 28, 28, 1] in [0, 1]
+        layers.Rescaling(1 / MNIST_STD, offset=-MNIST_MEAN / MNIST_STD),
+        layers.Conv2D(16, 8, strides=2, padding="same", activation="relu"),  # -> [B, 14, 14, 16]
+        layers.MaxPool2D(2, 1),  # -> [B, 13, 13, 16]
+        layers.Conv2D(32, 4, strides=2, padding="valid", activation="relu"),  # -> [B, 5, 5, 32]
+        layers.MaxPool2D(2, 1),  # -> [B, 4, 4, 32]
+        layers.Flatten(),  # -> [B, 512]
+        layers.Dense(32, activation="relu"),  # -> [B, 32]
+        layers.Dense(10),  # -> [B, 10] logits
+    ])
+    # Summed loss: the clipped gradients are then the *sum* of the per-example clipped gradients.
+    model.compile(loss=tf.keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True, reduction=tf.keras.losses.Reduction.SUM))
+    return model
+
+
+def conv2d_layer_computation(layer_instance, input_args, input_kwargs, tape, num_microbatches=None):
+    """TF Privacy layer-registry function for `tf.keras.layers.Conv2D` (fast gradient clipping).
+
+    For example i, the kernel gradient is P_iᵀ G_i, with P_i the input patches [positions, kh·kw·c_in]
+    and G_i the gradient of the summed loss w.r.t. the pre-activation output [positions, c_out];
+    the bias gradient is the sum of G_i over positions. Both are [B, ≤ 8·1024] here, so we form them
+    and return the squared norms.
+    """
+    if input_kwargs or len(input_args) != 1 or num_microbatches is not None:
+        raise NotImplementedError("Conv2D registry function: one input, no kwargs, no microbatches")
+    if layer_instance.groups != 1 or tuple(layer_instance.dilation_rate) != (1, 1) or \
+            layer_instance.data_format != "channels_last":
+        raise NotImplementedError("Conv2D registry function: groups=1, dilation 1, channels_last only")
+    inputs = input_args[0]
+    activation = layer_instance.activation
+    layer_instance.activation = None
+    base_vars = layer_instance(inputs)  # pre-activation output [B, H', W', c_out]
+    tape.watch(base_vars)
+    layer_instance.activation = activation
+    outputs = activation(base_vars) if activation else base_vars
+
+    def sqr_norm_fn(grads):
+        batch = tf.shape(grads)[0]
+        patches = conv_patches(inputs, layer_instance, grads.shape[1:3])
+        patches = tf.reshape(patches, [batch, -1, tf.shape(patches)[-1]])  # [B, P, K]
+        grads = tf.reshape(grads, [batch, -1, tf.shape(grads)[-1]])  # [B, P, c_out]
+        kernel_grads = tf.einsum("bpk,bpc->bkc", patches, grads)  # per-example kernel gradients
+        sqr_norms = tf.reduce_sum(tf.square(kernel_grads), axis=[1, 2])
+        if layer_instance.use_bias:
+            sqr_norms += tf.reduce_sum(tf.square(tf.reduce_sum(grads, axis=1)), axis=1)
+        return sqr_norms
+
+    return base_vars, outputs, sqr_norm_fn
+
+
+def conv_patches(inputs, layer, out_shape):
+    """The input patch under each output position: [B, H', W', kh·kw·c_in] (in some fixed order).
+
+    tf.image.extract_patches is slow on CPU for the first layer (15 ms of a 12 ms training step);
+    when the kernel is a multiple of the stride, space_to_depth plus kh/s · kw/s shifted slices
+    gives the same patches with cheap copies. Only norms are taken, so the order inside K is free.
+    """
+    (kh, kw), (sh, sw) = layer.kernel_size, layer.strides
+    if kh % sh or kw % sw or sh != sw:
+        return tf.image.extract_patches(inputs, [1, kh, kw, 1], [1, sh, sw, 1], [1, 1, 1, 1], layer.padding.upper())
+    out_h, out_w = out_shape
+    span_h, span_w = (out_h - 1) * sh + kh, (out_w - 1) * sw + kw  # input rows/cols the conv reads
+    if layer.padding == "same":
+        in_h, in_w = inputs.shape[1:3]
+        pad_h, pad_w = max(span_h - in_h, 0), max(span_w - in_w, 0)
+        inputs = tf.pad(inputs, [[0, 0], [pad_h // 2, pad_h - pad_h // 2], [pad_w // 2, pad_w - pad_w // 2], [0, 0]])
+    blocks = inputs[:, :span_h, :span_w, :]
+    if sh > 1:
+        blocks = tf.nn.space_to_depth(blocks, sh)  # [B, span/s, span/s, s·s·c_in]
+    return tf.concat([blocks[:, i : i + out_h, j : j + out_w, :]
+                      for i in range(kh // sh) for j in range(kw // sw)], axis=-1)
+
+
+def make_layer_registry():
+    from tensorflow_privacy.privacy.fast_gradient_clipping import layer_registry
+
+    registry = layer_registry.make_default_layer_registry()  # Dense, Embedding
+    registry.insert(tf.keras.layers.Conv2D, conv2d_layer_computation)
+    return registry
+
+
+def clipped_gradient_sum(model, registry, x, y, max_grad_norm):
+    """Σ_i min(1, C / ‖g_i‖) g_i over the batch, with one forward and one backward pass.
+
+    TF Privacy's `compute_clipped_gradients_and_outputs` does this with a second forward and
+    backward pass of a re-weighted loss (3.3x a plain step here). We use the same TF Privacy parts
+    (`model_forward_pass` with the registry generator, registry norm functions, `compute_clip_weights`)
+    but keep the tape: the gradient of Σ_i w_i ℓ_i w.r.t. a layer's pre-activation output Z is w_i
+    times that of Σ_i ℓ_i, so each layer's weight gradient is one vector-Jacobian product from Z
+    ("book-keeping", Bu et al. 2023). Returns the gradients in `model.trainable_variables` order.
+    """
+    from tensorflow_privacy.privacy.fast_gradient_clipping import clip_grads, gradient_clipping_utils
+
+    with tf.GradientTape(persistent=True, watch_accessed_variables=False) as tape:
+        tape.watch(model.trainable_variables)
+        generator = clip_grads.get_registry_generator_fn(tape, registry)
+        logits, layers = gradient_clipping_utils.model_forward_pass(model, x, generator)
+        summed_loss = model.loss(y, logits)  # reduction SUM: Σ_i ℓ_i
+    layers = [layer for layer in layers if layer is not None]  # layers without weights yield None
+    base_vars = [layer[0] for layer in layers]
+    base_grads = tape.gradient(summed_loss, base_vars)
+    sqr_norms = tf.add_n([sqr_norm_fn(g) for (_, sqr_norm_fn, _), g in zip(layers, base_grads)])
+    clip_weights = clip_grads.compute_clip_weights(max_grad_norm, tf.sqrt(sqr_norms))  # min(1, C/‖g_i‖)
+    grads = {}
+    for (base, _, weights), g in zip(layers, base_grads):
+        scaled = g * tf.reshape(clip_weights, [-1] + [1] * (len(g.shape) - 1))
+        for weight, grad in zip(weights, tape.gradient(base, weights, output_gradients=scaled)):
+            grads[weight.ref()] = grad
+    del tape
+    if len(grads) != len(model.trainable_variables):
+        raise RuntimeError("a trainable layer escaped per-example clipping")
+    return [grads[v.ref()] for v in model.trainable_variables]
+
+
+def make_dp_step(model, optimizer, max_grad_norm, noise_multiplier, expected_batch_size):
+    """One DP-SGD step: clip each example's gradient to C, sum, add N(0, σ²C²), divide by E[B]."""
+    from tensorflow_privacy.privacy.fast_gradient_clipping import gradient_clipping_utils
+
+    registry = make_layer_registry()
+
+    @tf.function(input_signature=BATCH_SPEC)
+    def step(x, y):
+        clipped_sum = clipped_gradient_sum(model, registry, x, y, max_grad_norm)
+        noisy_sum = gradient_clipping_utils.add_aggregate_noise(
+            clipped_sum, tf.shape(x)[0], max_grad_norm, noise_multiplier, loss_reduction="sum")
+        # Divide by the *expected* batch size (a constant, as Opacus does): dividing by the realised
+        # size would make the update depend on the data beyond what the mechanism accounts for.
+        optimizer.apply_gradients([(g / expected_batch_size, v) for g, v in zip(noisy_sum, model.trainable_variables)])
+
+    return step
+
+
+def make_plain_step(model, optimizer):
+    """The non-private step: mean loss over the batch, plain gradients."""
+    @tf.function(input_signature=BATCH_SPEC)
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = model.loss(y, model(x, training=True)) / tf.cast(tf.shape(x)[0], tf.float32)
+        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+
+    return step
+
+
+def tf_privacy_statement_epsilon(n, batch_size, epochs, noise_multiplier, delta):
+    """TF Privacy's own statement (RDP, Poisson line), for comparison with our accountant."""
+    from tensorflow_privacy import compute_dp_sgd_privacy_statement
+
+    # used_microbatching=False: we clip each example (its default True would double the sensitivity).
+    statement = compute_dp_sgd_privacy_statement(
+        number_of_examples=n, batch_size=batch_size, num_epochs=epochs, noise_multiplier=noise_multiplier,
+        delta=delta, used_microbatching=False)
+    line = next(line for line in statement.splitlines() if "Poisson sampling" in line)
+    return float(line.split()[-1])
+
+
+class TensorFlowPrivacy:
+    name = "tf"
+
+    def new_model(self, seed):
+        return build_model(seed)
+
+    def load_model(self, weights):
+        model = build_model(0)
+        try:
+            with np.load(io.BytesIO(weights), allow_pickle=False) as arrays:
+                model.set_weights([arrays[f"arr_{i}"] for i in range(len(arrays.files))])
+        except (OSError, ValueError, KeyError) as exc:
+            raise UserError(f"model weights are not this CNN's Keras weights ({exc})") from None
+        return model
+
+    def dump_model(self, model):
+        buffer = io.BytesIO()
+        np.savez(buffer, *model.get_weights())
+        return buffer.getvalue()
+
+    def fit(self, model, images, labels, hp, plan, noise_multiplier, on_epoch):
+        from tqdm import tqdm
+
+        tf.keras.utils.set_random_seed(hp.seed)
+        rng = np.random.default_rng(hp.seed)
+        optimizer = tf.keras.optimizers.SGD(hp.learning_rate, momentum=hp.momentum)
+        images = images[..., None]
+        if hp.dp:
+            step = make_dp_step(model, optimizer, hp.max_grad_norm, noise_multiplier, plan.n * plan.sample_rate)
+        else:
+            step = make_plain_step(model, optimizer)
+        steps = 0
+        with tqdm(total=plan.steps, desc="train (tf)", unit="step", disable=None) as bar:
+            for epoch in range(plan.epochs):
+                for _ in range(plan.steps_per_epoch):
+                    if hp.dp:  # Poisson sampling: each example joins independently with probability q
+                        batch = np.flatnonzero(rng.random(plan.n) < plan.sample_rate)
+                    else:  # the baseline takes shuffled fixed-size batches
+                        batch = rng.choice(plan.n, size=min(hp.batch_size, plan.n), replace=False)
+                    step(tf.constant(images[batch]), tf.constant(labels[batch]))
+                    steps += 1
+                    bar.update()
+                bar.set_postfix_str(f"epoch {epoch + 1}/{plan.epochs} {on_epoch(steps)}")
+        if not hp.dp:
+            return training.FitResult(steps, plan.sample_rate, 0.0, "none")
+        library = {"TF Privacy statement, RDP, Poisson (this run only)": tf_privacy_statement_epsilon(
+            plan.n, plan.n * plan.sample_rate, plan.epochs, noise_multiplier, hp.delta)}
+        return training.FitResult(steps, plan.sample_rate, noise_multiplier, PER_EXAMPLE, library)
+
+    def predict(self, model, images, batch_size=1024):
+        return np.concatenate([
+            np.argmax(model(images[i : i + batch_size, ..., None], training=False).numpy(), axis=1)
+            for i in range(0, len(images), batch_size)
+        ])
+
+
+FRAMEWORK = TensorFlowPrivacy()
+
+
+@tools.register
+def train(inputs, outputs, task_properties):
+    training.train(FRAMEWORK, inputs, outputs, HYPERPARAMETERS)
+
+
+@tools.register
+def predict(inputs, outputs, task_properties):
+    training.predict(FRAMEWORK, inputs, outputs)
+
+
+if __name__ == "__main__":
+    run_cli(tools.execute)

@@ -1,0 +1,197 @@
+"""Speed and memory of a DP-SGD step against a non-private step, then accuracy and ε, per framework.
+
+For each framework, in a fresh child process (so its peak memory is its own):
+1. times optimizer steps (forward + backward + update) of the CNN at the default expected batch
+   size: the non-private step and each DP variant, median over --steps Poisson-sampled batches;
+   prints seconds per step, the ratio to the non-private step measured in the same run, and the
+   process's peak RSS;
+2. trains the asset's default hyperparameters (DP and non-private) on the embedded 4,000 / 1,000
+   MNIST split and prints test accuracy and ε (PLD) at δ, and the accuracy gap to torch.
+
+    python benchmarks/benchmark.py [--frameworks torch,tf] [--steps 30] [--skip-training]
+"""
+import argparse
+import concurrent.futures
+import importlib.util
+import multiprocessing
+import os
+import resource
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+os.environ.setdefault("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "python")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+
+from mnist_dp import data, training  # noqa: E402
+from mnist_dp import hyperparameters as hp_file  # noqa: E402
+from mnist_dp.plan import ALGO_ASSETS  # noqa: E402
+from mnist_dp.privacy import DpEvent, Ledger  # noqa: E402
+
+
+def load_algo(framework):
+    spec = importlib.util.spec_from_file_location(f"algo_{framework}", ALGO_ASSETS[framework] / "algo.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def embedded_split(seed=0):
+    images, labels = data.load_embedded()
+    (tr_x, tr_y), (te_x, te_y) = data.split_train_test(images, labels, 4000, 1000, seed)
+    scale = lambda x: x.astype(np.float32) / 255.0  # noqa: E731 - the opener's scaling
+    return (scale(tr_x), tr_y.astype(np.int64)), (scale(te_x), te_y.astype(np.int64))
+
+
+def median_seconds(step, batches, warmup=3):
+    times = []
+    for x, y in batches:
+        start = time.perf_counter()
+        step(x, y)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[warmup:])
+
+
+def poisson_batches(images, labels, hp, count, seed=0):
+    rng = np.random.default_rng(seed)
+    q = hp.batch_size / len(labels)
+    for _ in range(count):
+        picked = np.flatnonzero(rng.random(len(labels)) < q)
+        yield images[picked], labels[picked]
+
+
+def time_torch(algo, images, labels, hp, steps):
+    import torch
+    from opacus import GradSampleModule
+    from opacus.optimizers import DPOptimizer
+    from opacus.grad_sample import GradSampleModuleFastGradientClipping
+    from opacus.optimizers import DPOptimizerFastGradientClipping
+    from opacus.utils.fast_gradient_clipping_utils import DPLossFastGradientClipping
+
+    def make(mode):
+        model = algo.SampleConvNet()
+        optimizer = torch.optim.SGD(model.parameters(), lr=hp.learning_rate, momentum=hp.momentum)
+        criterion = torch.nn.CrossEntropyLoss()
+        if mode == "hooks":
+            model = GradSampleModule(model)
+            optimizer = DPOptimizer(optimizer, noise_multiplier=1.0, max_grad_norm=hp.max_grad_norm,
+                                    expected_batch_size=hp.batch_size)
+        elif mode == "ghost":
+            model = GradSampleModuleFastGradientClipping(model, max_grad_norm=hp.max_grad_norm, use_ghost_clipping=True)
+            optimizer = DPOptimizerFastGradientClipping(optimizer, noise_multiplier=1.0, max_grad_norm=hp.max_grad_norm,
+                                                        expected_batch_size=hp.batch_size)
+            criterion = DPLossFastGradientClipping(model, optimizer, criterion)
+
+        def step(x, y):
+            optimizer.zero_grad()
+            criterion(model(torch.from_numpy(x[:, None])), torch.from_numpy(y)).backward()
+            optimizer.step()
+        return step
+
+    variants = {"non-private": "plain", "Opacus per-example hooks": "hooks",
+                f"Opacus ghost clipping{' (used)' if algo.GRAD_SAMPLE_MODE == 'ghost' else ''}": "ghost"}
+    return {name: median_seconds(make(mode), poisson_batches(images, labels, hp, steps + 3))
+            for name, mode in variants.items()}
+
+
+def time_tf(algo, images, labels, hp, steps):
+    import tensorflow as tf
+    from tensorflow_privacy.privacy.fast_gradient_clipping import clip_grads
+
+    def run(make_step):
+        model = algo.build_model(0)
+        step = make_step(model, tf.keras.optimizers.SGD(hp.learning_rate, momentum=hp.momentum))
+        return median_seconds(lambda x, y: step(tf.constant(x[..., None]), tf.constant(y)),
+                              poisson_batches(images, labels, hp, steps + 3))
+
+    def two_pass(model, optimizer):  # TF Privacy's own clipped-gradient routine, same noise and update
+        registry = algo.make_layer_registry()
+
+        @tf.function(input_signature=algo.BATCH_SPEC)
+        def step(x, y):
+            grads, _, _ = clip_grads.compute_clipped_gradients_and_outputs(
+                model, hp.max_grad_norm, registry, x, y, clipping_loss=lambda yt, yp, w: model.loss(yt, yp, w))
+            optimizer.apply_gradients(
+                [(g + tf.random.normal(tf.shape(g), stddev=hp.max_grad_norm), v)
+                 for g, v in zip(grads, model.trainable_variables)])
+        return step
+
+    return {
+        "non-private": run(algo.make_plain_step),
+        "TF Privacy compute_clipped_gradients (2 passes)": run(two_pass),
+        "fast clipping + book-keeping (used)": run(
+            lambda m, o: algo.make_dp_step(m, o, hp.max_grad_norm, 1.0, float(hp.batch_size))),
+    }
+
+
+TIMERS = {"torch": time_torch, "tf": time_tf}
+
+
+def train_default(algo, framework, train, test, hp):
+    plan = training.SamplingPlan.from_hyperparameters(len(train[1]), hp, "default")
+    sigma = training.resolve_noise_multiplier(hp, plan, [])
+    model = algo.FRAMEWORK.new_model(hp.seed)
+    start = time.perf_counter()
+    result = algo.FRAMEWORK.fit(model, *train, hp, plan, sigma, lambda steps: "")
+    seconds = time.perf_counter() - start
+    accuracy = float(np.mean(algo.FRAMEWORK.predict(model, test[0]) == test[1]))
+    event = DpEvent(framework, ("train",), plan.n, result.sample_rate, result.noise_multiplier, result.steps,
+                    result.clipping, hp.max_grad_norm)
+    return {"dp": hp.dp, "sigma": sigma, "steps": result.steps, "test_accuracy": accuracy,
+            "epsilon": Ledger([event]).epsilon(hp.delta), "delta": hp.delta, "train_seconds": seconds,
+            "library_epsilon": result.library_epsilon}
+
+
+def measure(framework, steps, skip_training):
+    """Runs in a child process: timings, peak RSS after them, then the default-config training."""
+    warnings.filterwarnings("ignore")
+    algo = load_algo(framework)
+    hp = hp_file.load(ALGO_ASSETS[framework] / hp_file.FILE_NAME)
+    train, test = embedded_split()
+    timings = TIMERS[framework](algo, *train, hp, steps)
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    runs = [] if skip_training else [
+        train_default(algo, framework, train, test, hp_file.parse({**hp.to_json(), "dp": dp}, "default"))
+        for dp in (True, False)]
+    return timings, peak_mb, runs
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--frameworks", default=",".join(ALGO_ASSETS), help="comma-separated (default: %(default)s)")
+    parser.add_argument("--steps", type=int, default=30, help="timed steps per variant (default: %(default)s)")
+    parser.add_argument("--skip-training", action="store_true", help="only time the steps")
+    args = parser.parse_args(argv)
+    frameworks = [f for f in args.frameworks.split(",") if f]
+    accuracy = {}
+    print(f"{os.cpu_count()} CPU(s), median of {args.steps} Poisson-sampled steps per variant, expected batch from "
+          "each asset's hyperparameters.json")
+    for framework in frameworks:
+        with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            timings, peak_mb, runs = pool.submit(measure, framework, args.steps, args.skip_training).result()
+        base = timings["non-private"]
+        print(f"\n[{framework}] peak RSS of the timing process: {peak_mb:.0f} MB")
+        print(f"  {'variant':<50}{'s/step':>9}{'ratio':>8}")
+        for name, seconds in timings.items():
+            print(f"  {name:<50}{seconds:>9.4f}{seconds / base:>8.2f}")
+        for run in runs:
+            extra = "".join(f", {k}: {v:.3f}" for k, v in run["library_epsilon"].items())
+            print(f"  default config, dp={run['dp']}: test accuracy {run['test_accuracy']:.4f}, σ {run['sigma']:.3f}, "
+                  f"{run['steps']} steps, ε (PLD) {run['epsilon']:.3f} at δ {run['delta']:g}{extra}, "
+                  f"{run['train_seconds']:.1f} s")
+            if run["dp"]:
+                accuracy[framework] = run["test_accuracy"]
+    if "torch" in accuracy:
+        for framework, value in accuracy.items():
+            if framework != "torch":
+                print(f"\n{framework} vs torch test accuracy (DP, same hyperparameters and data): "
+                      f"{100 * (value - accuracy['torch']):+.1f} points")
+
+
+if __name__ == "__main__":
+    main()
