@@ -164,6 +164,21 @@ def predict(framework: Framework, inputs: dict, outputs: dict) -> None:
     predictions.save(outputs["predictions"], labels)
 
 
+def register_functions(framework: Framework, hyperparameters_path: Path) -> None:
+    """Register an algo asset's substratools functions `train` and `predict` (the contract's names)."""
+    import substratools as tools
+
+    def train_function(inputs, outputs, task_properties):
+        train(framework, inputs, outputs, hyperparameters_path)
+
+    def predict_function(inputs, outputs, task_properties):
+        predict(framework, inputs, outputs)
+
+    for function, name in ((train_function, "train"), (predict_function, "predict")):
+        function.__name__ = name  # substratools logs it
+        tools.register(function, name)
+
+
 def check_outputs_writable(outputs: dict) -> None:
     """Fail before the work, not after it: every output path must be a file we can create."""
     for identifier, path in outputs.items():

@@ -260,14 +260,7 @@ class TensorFlowPrivacy:
 FRAMEWORK = TensorFlowPrivacy()
 
 
-@tools.register
-def train(inputs, outputs, task_properties):
-    training.train(FRAMEWORK, inputs, outputs, HYPERPARAMETERS)
-
-
-@tools.register
-def predict(inputs, outputs, task_properties):
-    training.predict(FRAMEWORK, inputs, outputs)
+training.register_functions(FRAMEWORK, HYPERPARAMETERS)  # substratools' `train` and `predict`
 
 
 if __name__ == "__main__":

@@ -150,14 +150,7 @@ def run_epochs(model, optimizer, criterion, loader, plan, on_epoch):
 FRAMEWORK = TorchOpacus()
 
 
-@tools.register
-def train(inputs, outputs, task_properties):
-    training.train(FRAMEWORK, inputs, outputs, HYPERPARAMETERS)
-
-
-@tools.register
-def predict(inputs, outputs, task_properties):
-    training.predict(FRAMEWORK, inputs, outputs)
+training.register_functions(FRAMEWORK, HYPERPARAMETERS)  # substratools' `train` and `predict`
 
 
 if __name__ == "__main__":
