@@ -59,7 +59,8 @@ def read_idx(path: Path, magic: int) -> np.ndarray:
 def _find_one(folder: Path, pattern: str) -> Path:
     matches = sorted(folder.glob(pattern))
     if not matches:
-        raise UserError(f"{folder}: no file matching {pattern!r}; expected MNIST IDX files such as {pattern.replace('*', 'train')}")
+        raise UserError(f"{folder}: no file matching {pattern!r}; expected the four MNIST IDX files "
+                        "(train-images-idx3-ubyte[.gz], train-labels-idx1-ubyte[.gz], t10k-...)")
     return matches[0]
 
 
@@ -82,7 +83,7 @@ def load_npz(path: Path):
 
 
 def load_source(source: Path | None):
-    """Load a source and return (images, labels, None) or ((train), (test)) already split."""
+    """(images, labels) for the embedded data; ((train images, labels), (test images, labels)) otherwise."""
     if source is None:
         return load_embedded()
     source = Path(source)

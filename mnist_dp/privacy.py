@@ -135,10 +135,6 @@ class Ledger:
                 worst = max(worst, compose_epsilon(events, delta, accountant))
         return worst
 
-    def steps_on(self, data: Iterable[str]) -> int:
-        wanted = set(data)
-        return sum(e.steps for e in self.events if wanted & set(e.data))
-
 
 def check_delta(delta: float, n: int, where: str = "delta") -> None:
     """δ must be explicit, positive and below 1/n (else 'release one example at random' is (0, δ)-DP)."""

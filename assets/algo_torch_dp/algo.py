@@ -31,7 +31,7 @@ from mnist_dp.privacy import PER_EXAMPLE  # noqa: E402
 HYPERPARAMETERS = Path(__file__).with_name("hyperparameters.json")
 
 # Opacus computes per-example gradient norms by "ghost clipping" (two backward passes, no per-example
-# gradient tensors): the fastest mode on this CPU (see benchmarks/bench_torch.py). Still exact
+# gradient tensors): the fastest mode on this CPU (see benchmarks/benchmark.py). Still exact
 # per-example clipping, so the accounting is unchanged. "hooks" is Opacus' default.
 GRAD_SAMPLE_MODE = "ghost"
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
