@@ -37,6 +37,7 @@ from mnist_dp.privacy import DpEvent, Ledger  # noqa: E402
 def load_algo(framework):
     spec = importlib.util.spec_from_file_location(f"algo_{framework}", ALGO_ASSETS[framework] / "algo.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # MindSpore's graph compiler imports a jitted function's module by name
     spec.loader.exec_module(module)
     return module
 
