@@ -37,6 +37,7 @@ OBJECTIVE_ASSET = ASSETS / "objective"
 ALGO_ASSETS = {
     "torch": ASSETS / "algo_torch_dp",
     "tf": ASSETS / "algo_tf_dp",
+    "mindspore": ASSETS / "algo_mindspore_dp",
 }
 
 _OPENER = FunctionInputSpec(identifier="opener", kind=AssetKind.data_manager, optional=False, multiple=False)
@@ -113,6 +114,9 @@ def register_dataset(client: substra.Client, data_dir: Path, name: str = "MNIST"
 def register_function(client: substra.Client, asset_dir: Path, function: str, name: str, build_dir: Path,
                       hyperparameters: dict | None = None) -> str:
     """Build the function's self-contained archive and register it. Returns the function key."""
+    description = asset_dir / "description.md"
+    if not description.is_file():
+        raise UserError(f"{description}: missing; every asset needs a description.md")
     replace = None
     if hyperparameters is not None:
         replace = {"hyperparameters.json": (json.dumps(hyperparameters, indent=2) + "\n").encode()}
@@ -120,7 +124,7 @@ def register_function(client: substra.Client, asset_dir: Path, function: str, na
     inputs, outputs = CONTRACT[function]
     return client.add_function(FunctionSpec(
         name=name,
-        description=asset_dir / "description.md",
+        description=description,
         file=archive_path,
         permissions=public(),
         inputs=inputs,

@@ -164,9 +164,13 @@ def predict(framework: Framework, inputs: dict, outputs: dict) -> None:
     predictions.save(outputs["predictions"], labels)
 
 
-def register_functions(framework: Framework, hyperparameters_path: Path) -> None:
-    """Register an algo asset's substratools functions `train` and `predict` (the contract's names)."""
+def run_functions(framework: Framework, hyperparameters_path: Path) -> None:
+    """An algo asset's command line: register its substratools functions `train` and `predict` (the
+    contract's names) and run the one asked for. Registering only here keeps several algo modules
+    importable in one process (substratools' registry is global)."""
     import substratools as tools
+
+    from mnist_dp.errors import run_cli
 
     def train_function(inputs, outputs, task_properties):
         train(framework, inputs, outputs, hyperparameters_path)
@@ -177,6 +181,7 @@ def register_functions(framework: Framework, hyperparameters_path: Path) -> None
     for function, name in ((train_function, "train"), (predict_function, "predict")):
         function.__name__ = name  # substratools logs it
         tools.register(function, name)
+    run_cli(tools.execute)
 
 
 def check_outputs_writable(outputs: dict) -> None:

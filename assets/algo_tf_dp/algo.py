@@ -22,7 +22,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "python")
 
 import numpy as np  # noqa: E402
-import substratools as tools  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 try:
@@ -31,7 +30,7 @@ except ModuleNotFoundError:  # run from the repository: make the shared package 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from mnist_dp import training  # noqa: E402
-from mnist_dp.errors import UserError, run_cli  # noqa: E402
+from mnist_dp.errors import UserError  # noqa: E402
 from mnist_dp.privacy import PER_EXAMPLE  # noqa: E402
 
 tf.get_logger().setLevel(logging.ERROR)
@@ -260,8 +259,7 @@ class TensorFlowPrivacy:
 FRAMEWORK = TensorFlowPrivacy()
 
 
-training.register_functions(FRAMEWORK, HYPERPARAMETERS)  # substratools' `train` and `predict`
 
 
 if __name__ == "__main__":
-    run_cli(tools.execute)
+    training.run_functions(FRAMEWORK, HYPERPARAMETERS)  # substratools' `train` and `predict`

@@ -13,7 +13,6 @@ from pathlib import Path
 os.environ.setdefault("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "python")  # see DESIGN.md: before any framework
 
 import numpy as np
-import substratools as tools
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -25,7 +24,7 @@ except ModuleNotFoundError:  # run from the repository: make the shared package 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from mnist_dp import training  # noqa: E402
-from mnist_dp.errors import UserError, run_cli  # noqa: E402
+from mnist_dp.errors import UserError  # noqa: E402
 from mnist_dp.privacy import PER_EXAMPLE  # noqa: E402
 
 HYPERPARAMETERS = Path(__file__).with_name("hyperparameters.json")
@@ -150,8 +149,7 @@ def run_epochs(model, optimizer, criterion, loader, plan, on_epoch):
 FRAMEWORK = TorchOpacus()
 
 
-training.register_functions(FRAMEWORK, HYPERPARAMETERS)  # substratools' `train` and `predict`
 
 
 if __name__ == "__main__":
-    run_cli(tools.execute)
+    training.run_functions(FRAMEWORK, HYPERPARAMETERS)  # substratools' `train` and `predict`
