@@ -87,6 +87,27 @@ class Framework(Protocol):
     def predict(self, model, images: np.ndarray) -> np.ndarray: ...
 
 
+def sampled_batches(plan: SamplingPlan, hp: hp_file.Hyperparameters, on_epoch: EpochCallback, name: str):
+    """Yield the index batch of every step of a run, with a progress bar.
+
+    With DP, Poisson sampling as the accountant assumes: each example joins each batch independently
+    with probability q (batch sizes vary; a batch may be empty and is still a step). The non-private
+    baseline takes shuffled batches of `batch_size`. Opacus does its own Poisson sampling (DPDataLoader).
+    """
+    from tqdm import tqdm
+
+    rng = np.random.default_rng(hp.seed)
+    with tqdm(total=plan.steps, desc=f"train ({name})", unit="step", disable=None) as bar:
+        for epoch in range(plan.epochs):
+            for _ in range(plan.steps_per_epoch):
+                if hp.dp:
+                    yield np.flatnonzero(rng.random(plan.n) < plan.sample_rate)
+                else:
+                    yield rng.choice(plan.n, size=min(hp.batch_size, plan.n), replace=False)
+                bar.update()
+            bar.set_postfix_str(f"epoch {epoch + 1}/{plan.epochs} {on_epoch(bar.n)}")
+
+
 def _load_input_model(framework: Framework, inputs: dict):
     if inputs.get("model"):
         saved = model_file.load(inputs["model"], framework.name)

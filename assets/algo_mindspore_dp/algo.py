@@ -173,36 +173,26 @@ class MindSporeMindArmour:
         return buffer.getvalue()
 
     def fit(self, net, images, labels, hp, plan, noise_multiplier, on_epoch):
-        from tqdm import tqdm
-
         ms.set_seed(hp.seed)
-        rng = np.random.default_rng(hp.seed)
         optimizer = nn.SGD(net.trainable_params(), learning_rate=hp.learning_rate, momentum=hp.momentum)
         net.set_train(True)
         images, labels = images[:, None], labels.astype(np.int32)
-        expected_batch = plan.n * plan.sample_rate
         if hp.dp:
             add_chunk = ClippedGradientSum(net, optimizer.parameters, hp.max_grad_norm)
-            apply = NoisyUpdate(optimizer, hp.max_grad_norm, noise_multiplier, expected_batch, hp.seed)
+            apply = NoisyUpdate(optimizer, hp.max_grad_norm, noise_multiplier, plan.n * plan.sample_rate, hp.seed)
         else:
             plain_step = make_plain_step(net, optimizer)
         steps = 0
-        with tqdm(total=plan.steps, desc="train (mindspore)", unit="step", disable=None) as bar:
-            for epoch in range(plan.epochs):
-                for _ in range(plan.steps_per_epoch):
-                    if hp.dp:  # Poisson sampling: each example joins independently with probability q
-                        batch = np.flatnonzero(rng.random(plan.n) < plan.sample_rate)
-                        total = None
-                        for index, mask in padded_chunks(batch, CHUNK_SIZE):
-                            part = add_chunk(ms.Tensor(images[index]), ms.Tensor(labels[index]), ms.Tensor(mask))
-                            total = part if total is None else tuple(a + b for a, b in zip(total, part))
-                        apply(total)
-                    else:  # the baseline takes shuffled fixed-size batches
-                        batch = rng.choice(plan.n, size=min(hp.batch_size, plan.n), replace=False)
-                        plain_step(ms.Tensor(images[batch]), ms.Tensor(labels[batch]))
-                    steps += 1
-                    bar.update()
-                bar.set_postfix_str(f"epoch {epoch + 1}/{plan.epochs} {on_epoch(steps)}")
+        for batch in training.sampled_batches(plan, hp, on_epoch, self.name):
+            if hp.dp:
+                total = None
+                for index, mask in padded_chunks(batch, CHUNK_SIZE):
+                    part = add_chunk(ms.Tensor(images[index]), ms.Tensor(labels[index]), ms.Tensor(mask))
+                    total = part if total is None else tuple(a + b for a, b in zip(total, part))
+                apply(total)
+            else:
+                plain_step(ms.Tensor(images[batch]), ms.Tensor(labels[batch]))
+            steps += 1
         net.set_train(False)
         if not hp.dp:
             return training.FitResult(steps, plan.sample_rate, 0.0, "none")

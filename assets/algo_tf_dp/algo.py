@@ -221,10 +221,7 @@ class TensorFlowPrivacy:
         return buffer.getvalue()
 
     def fit(self, model, images, labels, hp, plan, noise_multiplier, on_epoch):
-        from tqdm import tqdm
-
         tf.keras.utils.set_random_seed(hp.seed)
-        rng = np.random.default_rng(hp.seed)
         optimizer = tf.keras.optimizers.SGD(hp.learning_rate, momentum=hp.momentum)
         images = images[..., None]
         if hp.dp:
@@ -232,17 +229,9 @@ class TensorFlowPrivacy:
         else:
             step = make_plain_step(model, optimizer)
         steps = 0
-        with tqdm(total=plan.steps, desc="train (tf)", unit="step", disable=None) as bar:
-            for epoch in range(plan.epochs):
-                for _ in range(plan.steps_per_epoch):
-                    if hp.dp:  # Poisson sampling: each example joins independently with probability q
-                        batch = np.flatnonzero(rng.random(plan.n) < plan.sample_rate)
-                    else:  # the baseline takes shuffled fixed-size batches
-                        batch = rng.choice(plan.n, size=min(hp.batch_size, plan.n), replace=False)
-                    step(tf.constant(images[batch]), tf.constant(labels[batch]))
-                    steps += 1
-                    bar.update()
-                bar.set_postfix_str(f"epoch {epoch + 1}/{plan.epochs} {on_epoch(steps)}")
+        for batch in training.sampled_batches(plan, hp, on_epoch, self.name):
+            step(tf.constant(images[batch]), tf.constant(labels[batch]))
+            steps += 1
         if not hp.dp:
             return training.FitResult(steps, plan.sample_rate, 0.0, "none")
         library = {"TF Privacy statement, RDP, Poisson (this run only)": tf_privacy_statement_epsilon(
