@@ -12,7 +12,6 @@ For each framework, in a fresh child process (so its peak memory is its own):
 """
 import argparse
 import concurrent.futures
-import importlib.util
 import multiprocessing
 import os
 import resource
@@ -30,16 +29,12 @@ import numpy as np  # noqa: E402
 
 from mnist_dp import data, training  # noqa: E402
 from mnist_dp import hyperparameters as hp_file  # noqa: E402
-from mnist_dp.plan import ALGO_ASSETS  # noqa: E402
+from mnist_dp.plan import ALGO_ASSETS, load_asset_module  # noqa: E402
 from mnist_dp.privacy import DpEvent, Ledger  # noqa: E402
 
 
 def load_algo(framework):
-    spec = importlib.util.spec_from_file_location(f"algo_{framework}", ALGO_ASSETS[framework] / "algo.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # MindSpore's graph compiler imports a jitted function's module by name
-    spec.loader.exec_module(module)
-    return module
+    return load_asset_module(ALGO_ASSETS[framework] / "algo.py", f"algo_{framework}")
 
 
 def embedded_split(seed=0):

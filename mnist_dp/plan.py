@@ -4,8 +4,10 @@ The function contract (identifiers, kinds, multiplicity) is written once here, i
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
+import sys
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +41,20 @@ ALGO_ASSETS = {
     "tf": ASSETS / "algo_tf_dp",
     "mindspore": ASSETS / "algo_mindspore_dp",
 }
+
+
+
+def load_asset_module(script: Path, name: str):
+    """Import an asset's script (e.g. an algo.py) as module `name`, for tests and benchmarks.
+
+    It is registered in sys.modules: MindSpore's graph compiler re-imports a jitted function's module by name.
+    """
+    spec = importlib.util.spec_from_file_location(name, script)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
 
 _OPENER = FunctionInputSpec(identifier="opener", kind=AssetKind.data_manager, optional=False, multiple=False)
 _SAMPLES = FunctionInputSpec(identifier="datasamples", kind=AssetKind.data_sample, optional=False, multiple=True)

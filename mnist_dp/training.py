@@ -17,7 +17,7 @@ import numpy as np
 
 from mnist_dp import hyperparameters as hp_file
 from mnist_dp import model_file, predictions
-from mnist_dp.errors import UserError
+from mnist_dp.errors import UserError, run_cli
 from mnist_dp.privacy import (
     ACCOUNTANT_NAMES,
     REPORTED_ACCOUNTANT,
@@ -190,8 +190,6 @@ def run_functions(framework: Framework, hyperparameters_path: Path) -> None:
     contract's names) and run the one asked for. Registering only here keeps several algo modules
     importable in one process (substratools' registry is global)."""
     import substratools as tools
-
-    from mnist_dp.errors import run_cli
 
     def train_function(inputs, outputs, task_properties):
         train(framework, inputs, outputs, hyperparameters_path)

@@ -1,19 +1,15 @@
 """The MindSpore algo's DP machinery against naive per-example gradients, and MindArmour's noise."""
-import importlib.util
 import os
-import sys
 
 import numpy as np
 import pytest
 
 from conftest import ALGO_ASSETS
+from mnist_dp.plan import load_asset_module
 
 os.environ.setdefault("GLOG_v", "3")
 ms = pytest.importorskip("mindspore")
-spec = importlib.util.spec_from_file_location("algo_mindspore_dp", ALGO_ASSETS["mindspore"] / "algo.py")
-algo = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = algo  # MindSpore's graph compiler re-imports the module by name
-spec.loader.exec_module(algo)
+algo = load_asset_module(ALGO_ASSETS["mindspore"] / "algo.py", "algo_mindspore_dp")
 
 
 @pytest.fixture(scope="module")

@@ -1,17 +1,15 @@
 """The TF algo's own DP machinery against naive per-example gradients (exactness, not speed)."""
-import importlib.util
 import os
 
 import numpy as np
 import pytest
 
 from conftest import ALGO_ASSETS
+from mnist_dp.plan import load_asset_module
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 tf = pytest.importorskip("tensorflow")
-spec = importlib.util.spec_from_file_location("algo_tf_dp", ALGO_ASSETS["tf"] / "algo.py")
-algo = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(algo)
+algo = load_asset_module(ALGO_ASSETS["tf"] / "algo.py", "algo_tf_dp")
 
 
 @pytest.fixture(scope="module")

@@ -1,13 +1,11 @@
-import importlib.util
 
 import numpy as np
 import pytest
 
 from conftest import DATASET_ASSET
+from mnist_dp.plan import load_asset_module
 
-spec = importlib.util.spec_from_file_location("opener", DATASET_ASSET / "opener.py")
-opener = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(opener)
+opener = load_asset_module(DATASET_ASSET / "opener.py", "opener")
 
 
 def make_sample(folder, images=None, labels=None):
