@@ -7,6 +7,7 @@ module of this repository that the asset imports. They are found by reading the 
 from __future__ import annotations
 
 import ast
+import gzip
 import io
 import re
 import tarfile
@@ -99,7 +100,9 @@ def build(asset_dir: Path, function: str, dest: Path, replace: dict | None = Non
 
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(dest, "w:gz") as tar:
+    # Byte-for-byte reproducible (no timestamps), so an unchanged function is recognised and reused.
+    with open(dest, "wb") as f, gzip.GzipFile(filename="", mode="wb", fileobj=f, mtime=0) as gz, \
+            tarfile.open(fileobj=gz, mode="w") as tar:
         for name, data in sorted(contents.items()):
             info = tarfile.TarInfo(name)
             info.size = len(data)

@@ -11,6 +11,7 @@ A data sample is a folder with ``images.npy`` (uint8, [n, 28, 28]) and ``labels.
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import os
 import shutil
@@ -166,6 +167,20 @@ def sample_folders(dest: Path, split: str) -> list:
     if not folders:
         raise UserError(f"{root}: no data sample folders; run scripts/generate_data.py first")
     return folders
+
+
+def sample_fingerprint(folder: Path) -> str:
+    """The content hash the opener gives a data sample (it keys the privacy ledger): sha256 of
+    images.npy then labels.npy. The opener computes it itself (it must be self-contained)."""
+    digest = hashlib.sha256()
+    for name in (IMAGES_FILE, LABELS_FILE):
+        digest.update((Path(folder) / name).read_bytes())
+    return digest.hexdigest()
+
+
+def sample_size(folder: Path) -> int:
+    """Examples in a data sample folder (read from the labels file's header only)."""
+    return int(np.load(Path(folder) / LABELS_FILE, mmap_mode="r").shape[0])
 
 
 def generate(dest: Path, source: Path | None = None, train_size: int | None = None, test_size: int | None = None,

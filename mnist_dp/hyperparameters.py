@@ -90,3 +90,16 @@ def load(path: Path, overrides: dict | None = None) -> Hyperparameters:
     if not isinstance(values, dict):
         raise UserError(f"{path}: must hold a JSON object of hyperparameters")
     return parse({**values, **(overrides or {})}, str(path))
+
+
+def load_overrides(path: Path | None) -> dict:
+    """A user's JSON file of keys to replace in every algo's hyperparameters (None: no change)."""
+    if path is None:
+        return {}
+    try:
+        overrides = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UserError(f"{path}: cannot read hyperparameters JSON ({exc})") from None
+    if not isinstance(overrides, dict):
+        raise UserError(f"{path}: must hold a JSON object of hyperparameters")
+    return overrides

@@ -1,34 +1,36 @@
-"""Registering the bundle's assets with a Substra client and running train -> predict -> score.
+"""The compute plan: train -> predict -> score, chained across organisations and rounds.
 
 The function contract (identifiers, kinds, multiplicity) is written once here, in `CONTRACT`.
+Outputs get the least privilege that lets the plan run: a model or predictions file is visible to
+the organisation that made it and to the organisations whose tasks consume it (plus any named with
+`share_with`); performances are public, as Substra requires.
 """
 from __future__ import annotations
 
 import importlib.util
-import json
+import os
 import shutil
+import subprocess
 import sys
+import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import substra
-from substra.sdk.models import ComputeTaskStatus
+from substra.sdk.models import ComputePlanStatus, ComputeTaskStatus
 from substra.sdk.schemas import (
     AssetKind,
     ComputePlanSpec,
     ComputePlanTaskSpec,
     ComputeTaskOutputSpec,
-    DataSampleSpec,
-    DatasetSpec,
     FunctionInputSpec,
     FunctionOutputSpec,
-    FunctionSpec,
     InputRef,
     Permissions,
 )
 
-from mnist_dp import archive, data
 from mnist_dp.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -80,19 +82,6 @@ CONTRACT = {
 }
 
 
-def local_client(backend: str) -> substra.Client:
-    """A local Substra client; with the docker backend, check first that a Docker daemon answers."""
-    if backend == "docker":
-        import docker
-
-        try:
-            docker.from_env().ping()
-        except docker.errors.DockerException as exc:
-            raise UserError(f"--backend docker: no Docker daemon answers ({exc}); "
-                            "start Docker or use --backend subprocess") from None
-    return substra.Client(backend_type=backend)
-
-
 def public() -> Permissions:
     return Permissions(public=True, authorized_ids=[])
 
@@ -101,133 +90,205 @@ def owner_only(owner: str) -> Permissions:
     return Permissions(public=False, authorized_ids=[owner])
 
 
-@dataclass
-class DatasetKeys:
-    owner: str
+@dataclass(frozen=True)
+class Share:
+    """Data one organisation holds and trains or evaluates on: its dataset and data sample keys."""
+
+    organization: str
     dataset: str
-    train_samples: list
-    test_samples: list
+    samples: tuple
 
 
-def register_dataset(client: substra.Client, data_dir: Path, name: str = "MNIST") -> DatasetKeys:
-    """Register the opener (dataset) and the train / test data samples written by generate_data."""
-    owner = client.organization_info().organization_id
-    dataset = client.add_dataset(DatasetSpec(
-        name=name,
-        data_opener=DATASET_ASSET / "opener.py",
-        description=DATASET_ASSET / "description.md",
-        permissions=owner_only(owner),
-        logs_permission=owner_only(owner),
-    ))
-
-    def add(split):
-        paths = data.sample_folders(data_dir, split)
-        return client.add_data_samples(DataSampleSpec(paths=paths, data_manager_keys=[dataset]))
-
-    return DatasetKeys(owner, dataset, add("train"), add("test"))
+class PlanFailed(UserError):
+    """A task failed: the message names it and ends with its log; the plan's finished work is kept."""
 
 
-def register_function(client: substra.Client, asset_dir: Path, function: str, name: str, build_dir: Path,
-                      hyperparameters: dict | None = None) -> str:
-    """Build the function's self-contained archive and register it. Returns the function key."""
-    description = asset_dir / "description.md"
-    if not description.is_file():
-        raise UserError(f"{description}: missing; every asset needs a description.md")
-    replace = None
-    if hyperparameters is not None:
-        replace = {"hyperparameters.json": (json.dumps(hyperparameters, indent=2) + "\n").encode()}
-    archive_path = archive.build(asset_dir, function, Path(build_dir) / f"{name.replace(' ', '_')}.tar.gz", replace)
-    inputs, outputs = CONTRACT[function]
-    return client.add_function(FunctionSpec(
-        name=name,
-        description=description,
-        file=archive_path,
-        permissions=public(),
-        inputs=inputs,
-        outputs=outputs,
-    ))
+def describe_role(role: dict) -> str:
+    """e.g. 'torch train, round 1 at MyOrg1MSP' or 'torch score, round 2 at MyOrg1MSP on test'."""
+    text = f"{role['run']} {role['step']}, round {role['round_idx']} at {role['organization']}"
+    return text + (f" on {role['split']}" if role.get("split") else "")
 
 
 @dataclass
 class PlanBuilder:
-    """Accumulates compute plan tasks; remembers what each task is, for the report."""
+    """Accumulates compute plan tasks; remembers what each task is (its role) for the report."""
 
-    keys: DatasetKeys
-    tasks: list = field(default_factory=list)
-    roles: dict = field(default_factory=dict)  # task id -> {"run": ..., "step": ..., "split": ...}
+    share_with: tuple = ()  # organisations also allowed to read every model and predictions output
+    tasks: list = field(default_factory=list)  # dicts, made into specs by `spec()`
+    roles: dict = field(default_factory=dict)  # task id -> {"run", "step", "round_idx", "organization", ...}
 
-    def _data(self, split: str) -> list:
-        samples = self.keys.train_samples if split == "train" else self.keys.test_samples
-        return [InputRef(identifier="opener", asset_key=self.keys.dataset)] + [
-            InputRef(identifier="datasamples", asset_key=k) for k in samples
-        ]
+    @staticmethod
+    def _data(share: Share) -> list:
+        return [InputRef(identifier="opener", asset_key=share.dataset)] + [
+            InputRef(identifier="datasamples", asset_key=k) for k in share.samples]
 
-    def _add(self, function_key: str, inputs: list, outputs: dict, role: dict) -> str:
+    def _add(self, function_key: str, worker: str, inputs: list, outputs: list, role: dict) -> str:
         task_id = str(uuid.uuid4())  # a remote node requires UUID task ids
-        self.tasks.append(ComputePlanTaskSpec(
-            task_id=task_id, function_key=function_key, worker=self.keys.owner, inputs=inputs,
-            outputs={k: ComputeTaskOutputSpec(permissions=p) for k, p in outputs.items()},
-            metadata={k: str(v) for k, v in role.items()},
-        ))
+        self.tasks.append({"task_id": task_id, "function_key": function_key, "worker": worker,
+                           "inputs": inputs, "outputs": outputs})
         self.roles[task_id] = role
         return task_id
 
-    def train(self, run: str, function_key: str, parent: str | None = None) -> str:
-        inputs = self._data("train")
+    def train(self, run: str, function_key: str, share: Share, round_idx: int, parent: str | None = None) -> str:
+        """Train at `share`'s organisation, continuing from the model of task `parent` if given."""
+        inputs = self._data(share)
         if parent:
             inputs.append(InputRef(identifier="model", parent_task_key=parent, parent_task_output_identifier="model"))
-        return self._add(function_key, inputs,
-                         {"model": owner_only(self.keys.owner), "epsilon": public()}, {"run": run, "step": "train"})
+        return self._add(function_key, share.organization, inputs, ["model", "epsilon"],
+                         {"run": run, "step": "train", "round_idx": round_idx, "organization": share.organization})
 
-    def evaluate(self, run: str, train_task: str, predict_key: str, score_key: str, split: str) -> str:
-        """predict on `split` with the model of `train_task`, then score. Returns the score task id."""
-        predict_id = self._add(
-            predict_key,
-            self._data(split) + [InputRef(identifier="model", parent_task_key=train_task,
-                                          parent_task_output_identifier="model")],
-            {"predictions": owner_only(self.keys.owner)}, {"run": run, "step": "predict", "split": split})
-        return self._add(
-            score_key,
-            self._data(split) + [InputRef(identifier="predictions", parent_task_key=predict_id,
-                                          parent_task_output_identifier="predictions")],
-            {"performance": public()}, {"run": run, "step": "score", "split": split})
+    def evaluate(self, train_task: str, predict_key: str, score_key: str, share: Share, split: str) -> str:
+        """Predict on `share` with the model of `train_task`, then score. Returns the score task id."""
+        role = {**self.roles[train_task], "split": split, "train_task": train_task, "organization": share.organization}
+        model = InputRef(identifier="model", parent_task_key=train_task, parent_task_output_identifier="model")
+        predict_id = self._add(predict_key, share.organization, self._data(share) + [model], ["predictions"],
+                               {**role, "step": "predict"})
+        predictions = InputRef(identifier="predictions", parent_task_key=predict_id,
+                               parent_task_output_identifier="predictions")
+        return self._add(score_key, share.organization, self._data(share) + [predictions], ["performance"],
+                         {**role, "step": "score"})
 
-    def spec(self, name: str) -> ComputePlanSpec:
-        return ComputePlanSpec(name=name, tasks=self.tasks)
+    def chain(self, run: str, train_key: str, predict_key: str, score_key: str, stages: list, test: Share) -> list:
+        """Train through `stages` ((round, Share) pairs, in order), each task from the model before it;
+        after every train task, predict and score on its own share ("train") and on `test`.
+        Returns the train task ids."""
+        trained, parent = [], None
+        for round_idx, share in stages:
+            parent = self.train(run, train_key, share, round_idx, parent)
+            self.evaluate(parent, predict_key, score_key, share, "train")
+            self.evaluate(parent, predict_key, score_key, test, "test")
+            trained.append(parent)
+        return trained
+
+    def readers(self) -> dict:
+        """(task id, output) -> organisations that must read it: its own, its consumers', share_with."""
+        readers = {}
+        for task in self.tasks:
+            for output in task["outputs"]:
+                readers[(task["task_id"], output)] = {task["worker"], *self.share_with}
+        for task in self.tasks:
+            for ref in task["inputs"]:
+                if ref.parent_task_key:
+                    readers[(ref.parent_task_key, ref.parent_task_output_identifier)].add(task["worker"])
+        return readers
+
+    def spec(self, name: str, key: str) -> ComputePlanSpec:
+        readers = self.readers()
+        performance = {o.identifier for _, outputs in CONTRACT.values() for o in outputs
+                       if o.kind == AssetKind.performance}
+        tasks = []
+        for task in self.tasks:
+            outputs = {
+                output: ComputeTaskOutputSpec(permissions=public() if output in performance else Permissions(
+                    public=False, authorized_ids=sorted(readers[(task["task_id"], output)])))
+                for output in task["outputs"]}
+            metadata = {k: str(v) for k, v in self.roles[task["task_id"]].items() if k != "train_task"}
+            tasks.append(ComputePlanTaskSpec(task_id=task["task_id"], function_key=task["function_key"],
+                                             worker=task["worker"], inputs=task["inputs"], outputs=outputs,
+                                             metadata=metadata))
+        return ComputePlanSpec(key=key, name=name, tasks=tasks)
 
 
-def run_plan(client: substra.Client, builder: PlanBuilder, name: str):
-    """Submit the plan (local backends run it to completion here) and return it."""
+def new_key() -> str:
+    """A compute plan key chosen before submission, so it can be recorded before anything runs."""
+    return str(uuid.uuid4())
+
+
+def run_plan(client: substra.Client, builder: PlanBuilder, name: str, key: str) -> None:
+    """Submit the plan under `key` and see it to its end. Raises PlanFailed naming the failed task.
+
+    Local backends run the whole plan inside add_compute_plan; a remote node runs it while we poll,
+    with a progress bar.
+    """
     from substra.sdk.backends.local.compute.spawner.base import BuildError, ExecutionError
 
+    spec = builder.spec(name, key)
+    if client.backend_mode != "remote":
+        with OutputTail() as tail:
+            try:
+                client.add_compute_plan(spec)
+            except (substra.exceptions.SDKException, ExecutionError, BuildError) as exc:
+                cause = exc.args[0] if exc.args else None
+                error = (f"its process exited with status {cause.returncode}"
+                         if isinstance(cause, subprocess.CalledProcessError) else f"{type(exc).__name__}: {exc}")
+            else:
+                return
+        raise PlanFailed(_failure(client, builder, name, error, tail.lines()))
+    client.add_compute_plan(spec)
+    compute_plan = _wait(client, spec.key, len(builder.tasks))
+    if compute_plan.status != ComputePlanStatus.done:
+        log = _remote_log(client, compute_plan.failed_task_key)
+        raise PlanFailed(_failure(client, builder, name, f"plan status {compute_plan.status.value}", log))
+
+
+def _wait(client: substra.Client, key: str, task_count: int, polling_period: float = 5.0):
+    from tqdm import tqdm
+
+    finished = (ComputePlanStatus.done, ComputePlanStatus.failed, ComputePlanStatus.canceled)
+    with tqdm(total=task_count, desc="compute plan", unit="task") as bar:
+        while True:
+            compute_plan = client.get_compute_plan(key)
+            bar.update(compute_plan.done_count - bar.n)
+            bar.set_postfix_str(f"{compute_plan.executing_count} executing, {compute_plan.failed_count} failed")
+            if compute_plan.status in finished:
+                return compute_plan
+            time.sleep(polling_period)
+
+
+def _remote_log(client: substra.Client, task_key: str | None) -> list:
+    if not task_key:
+        return []
     try:
-        return client.add_compute_plan(builder.spec(name))
-    except (substra.exceptions.SDKException, ExecutionError, BuildError) as exc:
-        raise UserError(f"compute plan {name!r} failed in task {failed_task(client, builder)}: {exc} "
-                        "(the task's own output is above)") from None
+        return client.get_logs(task_key).splitlines()
+    except substra.exceptions.SDKException as exc:
+        return [f"(its log could not be fetched: {exc})"]
 
 
-def failed_task(client: substra.Client, builder: PlanBuilder) -> str:
-    """Name the task substra's local backend left 'executing' when its function failed."""
+LOG_TAIL_LINES = 15
+
+
+def _failure(client: substra.Client, builder: PlanBuilder, name: str, error: str, log: list) -> str:
+    task_id, role, function = failed_task(client, builder)
+    where = f"task '{describe_role(role)}' ({task_id}), function {function!r}" if task_id else "an unknown task"
+    tail = [line for line in log if line.strip()][-LOG_TAIL_LINES:]
+    return (f"compute plan {name!r} failed in {where}: {error}\n"
+            f"last lines of its log:\n" + "\n".join(f"  | {line}" for line in tail))
+
+
+def failed_task(client: substra.Client, builder: PlanBuilder) -> tuple:
+    """(task id, role, function name) of the failed task; substra's local backend leaves it 'executing'."""
     for task_id, role in builder.roles.items():
         try:
-            status = client.get_task(task_id).status
+            task = client.get_task(task_id)
         except substra.exceptions.NotFound:  # never submitted: the plan stopped before it
             continue
-        if status in (ComputeTaskStatus.executing, ComputeTaskStatus.failed):
-            return f"'{' '.join(role.values())}' ({task_id})"
-    return "(unknown)"
+        if task.status in (ComputeTaskStatus.executing, ComputeTaskStatus.failed):
+            return task_id, role, task.function.name
+    return None, None, None
 
 
-def collect_performances(client: substra.Client, plan_key: str, roles: dict) -> dict:
-    """{(run, metric): value}: accuracy per split ('train_accuracy'/'test_accuracy') and ε."""
-    perfs = client.get_performances(plan_key)
-    found = {}
-    for task_key, identifier, value in zip(perfs.task_key, perfs.identifier, perfs.performance):
-        role = roles[task_key]
-        metric = "epsilon" if identifier == "epsilon" else f"{role['split']}_accuracy"
-        found[(role["run"], metric)] = value
-    return found
+def task_status(client: substra.Client, task_id: str) -> ComputeTaskStatus | None:
+    try:
+        return client.get_task(task_id).status
+    except substra.exceptions.NotFound:
+        return None
+
+
+def performances(client: substra.Client, plan_key: str, roles: dict):
+    """The plan's performances from Substra (get_performances), one row per performance, with the roles."""
+    import pandas as pd
+
+    try:
+        perfs = client.get_performances(plan_key)
+    except substra.exceptions.NotFound:  # the plan was refused before it existed
+        perfs = substra.sdk.models.Performances()
+    frame = pd.DataFrame({"task_key": perfs.task_key, "worker": perfs.worker, "round": perfs.round_idx,
+                          "identifier": perfs.identifier, "performance": perfs.performance})
+    frame["run"] = [roles[k]["run"] for k in frame.task_key]
+    frame["metric"] = [f"{roles[k]['split']}_accuracy" if i == "performance" else i
+                       for k, i in zip(frame.task_key, frame.identifier)]
+    frame["train_task"] = [roles[k].get("train_task", k) for k in frame.task_key]
+    return frame
 
 
 def fetch_model(client: substra.Client, train_task: str, dest: Path) -> Path:
@@ -236,3 +297,49 @@ def fetch_model(client: substra.Client, train_task: str, dest: Path) -> Path:
     tmp = Path(client.download_model_from_task(train_task, "model", dest.parent))
     shutil.move(tmp, dest)
     return dest
+
+
+class OutputTail:
+    """While active, keep the last bytes written to this process's stdout and stderr (still shown).
+
+    Substra's local mode runs each task as a child process writing straight to our terminal and keeps
+    no log (its download_logs raises), so this is the only record of a failed task's output.
+    """
+
+    def __init__(self, keep: int = 64 * 1024):
+        self.keep = keep
+        self.buffer = bytearray()
+
+    def __enter__(self):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self._saved = {fd: os.dup(fd) for fd in (1, 2)}
+        self._read_end, write_end = os.pipe()
+        for fd in (1, 2):
+            os.dup2(write_end, fd)
+        os.close(write_end)
+        self._thread = threading.Thread(target=self._copy, daemon=True)
+        self._thread.start()
+        return self
+
+    def _copy(self):
+        while chunk := os.read(self._read_end, 65536):
+            os.write(self._saved[2], chunk)  # one terminal stream: order is kept
+            self.buffer += chunk
+            del self.buffer[:-self.keep]
+
+    def __exit__(self, *exc):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for fd, saved in self._saved.items():
+            os.dup2(saved, fd)  # closes the pipe's last write ends: the copier sees EOF
+        self._thread.join()
+        os.close(self._read_end)
+        for saved in self._saved.values():
+            os.close(saved)
+        return False
+
+    def lines(self) -> list:
+        """What a terminal would show: progress-bar redraws (carriage returns) keep their last state."""
+        text = self.buffer.decode(errors="replace")
+        return [line.rsplit("\r", 1)[-1] for line in text.split("\n")]

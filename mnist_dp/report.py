@@ -1,19 +1,20 @@
-"""Results of a run: one record per trained model, printed as a table and written to results.json."""
+"""Results of a plan: one record per train task (framework, round, organisation), from the model's
+ledger and Substra's performances; printed as a table and written as results.json, summary.md and
+results.png in the output folder."""
 from __future__ import annotations
 
-import json
 import math
-import os
-import tempfile
 from pathlib import Path
 
-from mnist_dp import model_file
+from mnist_dp import atomic, model_file, plan
 from mnist_dp.privacy import NEIGHBOURING_RELATION, SAMPLING
 from mnist_dp.training import privacy_summary
 
 COLUMNS = [  # (key, header, format)
     ("framework", "framework", "{}"),
     ("dp", "DP", "{}"),
+    ("round", "round", "{}"),
+    ("organization", "trained at", "{}"),
     ("train_accuracy", "train acc", "{:.4f}"),
     ("test_accuracy", "test acc", "{:.4f}"),
     ("epsilon", "ε (PLD)", "{:.3f}"),
@@ -24,20 +25,27 @@ COLUMNS = [  # (key, header, format)
     ("sample_rate", "q", "{:.4g}"),
     ("steps", "steps", "{}"),
 ]
+MULTI_ORGANIZATION_ONLY = ("round", "organization")
+STATEMENT = ("ε is for the add/remove-one-example relation, Poisson sampling and per-example clipping; "
+             "with several organisations each one's ε composes the steps run on its data only, and "
+             "ε (PLD) is the worst of them.")
 
 
-def model_record(path: Path, framework: str, organization: str) -> dict:
-    """Privacy figures recomputed from a saved model's ledger (never copied from a log)."""
+def model_record(path: Path, framework: str, organizations: dict) -> dict:
+    """Privacy figures recomputed from a saved model's ledger (never copied from a log).
+
+    `organizations` maps each organisation to the content fingerprints of its data samples.
+    """
     saved = model_file.load(path, framework)
     delta = saved.hyperparameters["delta"]
     last = saved.ledger.events[-1]
     summary = privacy_summary(saved.ledger, delta)
     return {
         "framework": framework,
-        "organization": organization,
         "dp": all(e.is_private for e in saved.ledger.events),
         "epsilon": summary["epsilon"],
         "epsilon_rdp": summary["epsilon_rdp"],
+        "epsilon_by_organization": {org: saved.ledger.epsilon(delta, data=fps) for org, fps in organizations.items()},
         "delta": delta,
         "accountant": summary["accountant"],
         "noise_multiplier": last.noise_multiplier,
@@ -51,39 +59,204 @@ def model_record(path: Path, framework: str, organization: str) -> dict:
     }
 
 
+def collect(client, builder: plan.PlanBuilder, plan_key: str, frameworks: dict, organizations: dict,
+            models_dir: Path) -> tuple:
+    """(records, performances) of every train task that finished, whether or not the plan did.
+
+    `frameworks` maps run -> framework; `organizations` maps organisation -> its data fingerprints.
+    """
+    performances = plan.performances(client, plan_key, builder.roles)
+    metric = {(row.train_task, row.metric): row.performance for row in performances.itertuples()}
+    records = []
+    for task_id, role in builder.roles.items():
+        if role["step"] != "train" or plan.task_status(client, task_id) != plan.ComputeTaskStatus.done:
+            continue
+        run, round_idx, org = role["run"], role["round_idx"], role["organization"]
+        name = run if _single_stage(builder) else f"{run}-round{round_idx}-{org}"
+        model = plan.fetch_model(client, task_id, models_dir / f"{name}.model")
+        records.append({
+            "run": run, "round": round_idx, "organization": org,
+            **model_record(model, frameworks[run], organizations),
+            "train_accuracy": metric.get((task_id, "train_accuracy")),
+            "test_accuracy": metric.get((task_id, "test_accuracy")),
+            "epsilon_in_substra": metric.get((task_id, "epsilon")),
+        })
+    return records, performances
+
+
+def _single_stage(builder: plan.PlanBuilder) -> bool:
+    stages = {(r["round_idx"], r["organization"]) for r in builder.roles.values() if r["step"] == "train"}
+    return len(stages) == 1
+
+
 def _cell(record: dict, key: str, fmt: str) -> str:
     value = record.get(key)
     if value is None or (isinstance(value, float) and math.isinf(value)):
-        return "∞" if key.startswith("epsilon") else "-"
+        return "∞" if key.startswith("epsilon") and value is not None else "-"
     if key == "dp":
         return "yes" if value else "no"
     return fmt.format(value)
 
 
+def _rows(records: list) -> tuple:
+    organizations = sorted({org for r in records for org in r.get("epsilon_by_organization", {})})
+    multi = len(organizations) > 1 or any(r.get("round", 1) > 1 for r in records)
+    columns = [c for c in COLUMNS if multi or c[0] not in MULTI_ORGANIZATION_ONLY]
+    headers = [header for _, header, _ in columns]
+    rows = [[_cell(r, key, fmt) for key, _, fmt in columns] for r in records]
+    if len(organizations) > 1:
+        at = headers.index("ε (PLD)") + 1
+        headers[at:at] = [f"ε {org}" for org in organizations]
+        for row, record in zip(rows, records):
+            by_org = record.get("epsilon_by_organization", {})
+            row[at:at] = [_cell({"epsilon": by_org.get(org)}, "epsilon", "{:.3f}") for org in organizations]
+    return headers, rows
+
+
 def table(records: list) -> str:
-    rows = [[header for _, header, _ in COLUMNS]] + [[_cell(r, k, f) for k, _, f in COLUMNS] for r in records]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
-    lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in rows]
+    """A plain-text table for the terminal."""
+    if not records:
+        return "(no train task finished)"
+    headers, rows = _rows(records)
+    return text_table(headers, rows)
+
+
+def text_table(headers: list, rows: list) -> str:
+    rows = [headers] + rows
+    widths = [max(len(str(row[i])) for row in rows) for i in range(len(headers))]
+    lines = ["  ".join(str(cell).rjust(w) for cell, w in zip(row, widths)) for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
 
+def markdown_table(headers: list, rows: list) -> str:
+    lines = ["| " + " | ".join(map(str, headers)) + " |", "|" + "---|" * len(headers)]
+    return "\n".join(lines + ["| " + " | ".join(map(str, row)) + " |" for row in rows])
+
+
+def _json_safe(value):
+    """JSON has no infinity: a non-private model's ε is written as null."""
+    if isinstance(value, float) and math.isinf(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    return value
+
+
 def write_results(path: Path, records: list) -> None:
-    """results.json: JSON has no infinity, so a non-private model's ε is written as null."""
-    write_json(path, [{k: None if isinstance(v, float) and math.isinf(v) else v for k, v in r.items()}
-                      for r in records])
+    atomic.write_json(path, [_json_safe(r) for r in records])
 
 
-def write_json(path: Path, payload) -> None:
-    """Write JSON atomically (temporary file + rename): a crash never leaves half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(payload, f, indent=2, allow_nan=False)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+def performance_table(frame) -> tuple:
+    """Substra's performances (from get_performances): one row per run and round, one column per
+    metric and organisation. Returns (headers, rows)."""
+    if frame.empty:
+        return ["run"], []
+    wide = frame.pivot_table(index=["run", "round"], columns=["metric", "worker"], values="performance",
+                             aggfunc="first").sort_index()
+    headers = ["run", "round"] + [f"{metric} @ {worker}" for metric, worker in wide.columns]
+    rows = [[run, rnd] + [_number(v) for v in values] for (run, rnd), values in zip(wide.index, wide.itertuples(index=False))]
+    return headers, rows
+
+
+def _number(value) -> str:
+    if value is None or math.isnan(value):
+        return "-"
+    return "∞" if math.isinf(value) else f"{value:.4f}"
+
+
+def write_summary(path: Path, title: str, facts: list, records: list, performances, plot: Path | None,
+                  failure: str | None = None) -> None:
+    """summary.md: what ran, the results table, the privacy statement, the plot, Substra's performances."""
+    headers, rows = _rows(records)
+    lines = [f"# {title}", ""] + [f"- {fact}" for fact in facts] + [""]
+    if failure:
+        lines += ["## The plan failed", "", "```", failure, "```", "",
+                  "The results below are those of the tasks that finished.", ""]
+    lines += ["## Accuracy and privacy", "", markdown_table(headers, rows), "", STATEMENT, ""]
+    if plot:
+        lines += [f"![test accuracy and ε]({plot.name})", ""]
+    lines += ["## Performances as recorded by Substra (`get_performances`)", "",
+              markdown_table(*performance_table(performances)), ""]
+    atomic.write_text(path, "\n".join(lines))
+
+
+def write_reports(output: Path, title: str, facts: list, records: list, performances,
+                  failure: str | None = None) -> list:
+    """results.json, results.png and summary.md in `output`; returns their paths."""
+    results = output / "results.json"
+    write_results(results, records)
+    png = plot(output / "results.png", records)
+    summary = output / "summary.md"
+    write_summary(summary, title, facts, records, performances, png, failure)
+    return [p for p in (results, summary, png) if p]
+
+
+def plot(path: Path, records: list) -> Path | None:
+    """results.png: test accuracy (left) and ε per organisation (right) after each train task."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if not records:
+        return None
+    runs = list(dict.fromkeys(r["run"] for r in records))
+    stages = list(dict.fromkeys((r["round"], r["organization"]) for r in records))
+    multi = len(stages) > 1
+    labels = [f"round {rnd}\n{org}" for rnd, org in stages]
+    organizations = sorted({org for r in records for org in r["epsilon_by_organization"]})
+    fig, (acc_ax, eps_ax) = plt.subplots(1, 2, figsize=(12, 5.2))
+    colours = {run: f"C{i}" for i, run in enumerate(runs)}  # a run has one colour in both panels
+    hatches = {org: ["", "//", "..", "xx", "\\\\", "++"][i % 6] for i, org in enumerate(organizations)}
+
+    def bars(ax, series: list, title: str, ylabel: str, top: float):
+        """series: (legend label, colour, hatch, values per stage); grouped bars, value on top of each."""
+        width = 0.8 / max(len(series), 1)
+        for i, (name, colour, hatch, values) in enumerate(series):
+            xs = [s + (i - (len(series) - 1) / 2) * width for s in range(len(stages))]
+            drawn = ax.bar(xs, [v or 0 for v in values], width, label=name, color=colour, hatch=hatch,
+                           edgecolor="white")
+            ax.bar_label(drawn, labels=["-" if v is None else f"{v:.2f}" for v in values], fontsize=8)
+        ax.set_xticks(range(len(stages)), labels)
+        ax.set_ylim(0, top)
+        ax.set_title(title)
+        ax.set_ylabel(ylabel)
+        if series:
+            ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14),
+                      ncol=min(len(series), 3), frameon=False)
+
+    def value(run, stage, key):
+        for r in records:
+            if r["run"] == run and (r["round"], r["organization"]) == stage:
+                return r.get(key)
+        return None
+
+    private = [run for run in runs if all(r["dp"] for r in records if r["run"] == run)]
+    eps_title = f"ε (PLD) at δ = {records[0]['delta']:g}" + (" per organisation's data" if len(organizations) > 1 else "")
+    if len(private) < len(runs):
+        eps_title += "\n(non-private baselines: ε = ∞, not drawn)"
+    if not multi:  # one train task per run: one bar per run
+        for ax, shown, key, title, ylabel in ((acc_ax, runs, "test_accuracy", "test accuracy", "accuracy"),
+                                              (eps_ax, private, "epsilon", eps_title, "ε")):
+            values = [value(run, stages[0], key) for run in shown]
+            drawn = ax.bar(shown, [v or 0 for v in values], 0.6, color=[colours[run] for run in shown])
+            ax.bar_label(drawn, labels=["-" if v is None else f"{v:.3f}" for v in values], fontsize=9)
+            ax.set_title(title)
+            ax.set_ylabel(ylabel)
+            ax.tick_params(axis="x", labelrotation=20)
+        acc_ax.set_ylim(0, 1.1)
+        eps_ax.set_ylim(0, max([value(run, stages[0], "epsilon") for run in private] + [1.0]) * 1.15)
+    else:
+        bars(acc_ax, [(run, colours[run], "", [value(run, s, "test_accuracy") for s in stages]) for run in runs],
+             "test accuracy after each train task", "accuracy", 1.1)
+        eps_series = [(run if len(organizations) == 1 else f"{run}: data of {org}", colours[run], hatches[org],
+                       [(value(run, s, "epsilon_by_organization") or {}).get(org) for s in stages])
+                      for run in private for org in organizations]
+        highest = max([v for *_, values in eps_series for v in values if v is not None] + [1.0])
+        bars(eps_ax, eps_series, eps_title, "ε", highest * 1.15)
+    fig.tight_layout()
+    with atomic.replacing(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
+    plt.close(fig)
+    return path

@@ -126,6 +126,22 @@ def resolve_noise_multiplier(hp: hp_file.Hyperparameters, plan: SamplingPlan, pr
     return sigma
 
 
+def noise_for_rounds(hp: hp_file.Hyperparameters, sizes: list, rounds: int) -> hp_file.Hyperparameters:
+    """Fix σ for a plan that trains on the same data `rounds` times.
+
+    A train task calibrates σ from target_epsilon for its own run; in round 2 its data's budget is already
+    spent. So with several rounds σ is calibrated here, once, so that every organisation's data (of the
+    given `sizes`) ends at or below target_epsilon after the last round; the tasks get that σ.
+    """
+    if not hp.dp or hp.target_epsilon is None or rounds == 1:
+        return hp
+    sigmas = []
+    for n in sizes:
+        plan = SamplingPlan.from_hyperparameters(n, hp, "hyperparameters")
+        sigmas.append(calibrate_noise_multiplier(hp.target_epsilon, hp.delta, plan.sample_rate, plan.steps * rounds))
+    return dataclasses.replace(hp, noise_multiplier=max(sigmas), target_epsilon=None)
+
+
 def train(framework: Framework, inputs: dict, outputs: dict, hyperparameters_path: Path) -> dict:
     """The substratools `train` function body. Returns the privacy summary it logged."""
     check_outputs_writable(outputs)

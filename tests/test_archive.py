@@ -1,10 +1,14 @@
+import ast
+import importlib.metadata
+import re
+import sys
 import tarfile
 from pathlib import Path
 
 import pytest
 from substra.sdk.backends.local.compute.spawner.subprocess import _get_entrypoint_from_dockerfile
 
-from conftest import ALGO_ASSETS, OBJECTIVE_ASSET
+from conftest import ALGO_ASSETS, DATASET_ASSET, OBJECTIVE_ASSET, REPO
 from mnist_dp import archive
 from mnist_dp.errors import UserError
 
@@ -54,3 +58,73 @@ def test_bad_entrypoint_is_refused(tmp_path):
         archive.build(tmp_path, "train", tmp_path / "a.tar.gz")
     with pytest.raises(UserError, match="missing"):
         archive.build(tmp_path, "score", Path(tmp_path) / "a.tar.gz")
+
+
+def test_unchanged_archives_are_byte_identical(tmp_path):  # so the keys file recognises them
+    a = archive.build(OBJECTIVE_ASSET, "score", tmp_path / "a.tar.gz").read_bytes()
+    assert archive.build(OBJECTIVE_ASSET, "score", tmp_path / "b.tar.gz").read_bytes() == a
+
+
+# --- Dockerfiles, checked statically (no Docker daemon on CI) ------------------------------------
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def requirement_pins() -> dict:
+    pins = {}
+    for line in (REPO / "requirements.txt").read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if "==" in line:
+            name, version = line.split("==")
+            pins[_canonical(name)] = version.strip()
+    return pins
+
+
+def pip_installs(dockerfile: Path) -> dict:
+    """{package: version} of every `pip install` in a Dockerfile (pins are required: `name==version`)."""
+    text = dockerfile.read_text().replace("\\\n", " ")
+    packages = {}
+    for command in re.findall(r"pip install ([^\n&;]*)", text):
+        for token in command.split():
+            if token.startswith("-") or token.startswith("http"):
+                continue
+            assert "==" in token, f"{dockerfile}: {token} is not pinned"
+            name, version = token.split("==")
+            packages[_canonical(name)] = version
+    return packages
+
+
+def third_party_imports(files) -> set:
+    """Top-level modules imported anywhere in these files (lazy imports too), minus stdlib and local ones."""
+    local = {Path(f).stem for f in files} | {"mnist_dp", "__future__"}
+    found = set()
+    for path in files:
+        for node in ast.walk(ast.parse(Path(path).read_text())):
+            if isinstance(node, ast.Import):
+                found |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                found.add(node.module.split(".")[0])
+    return found - local - set(sys.stdlib_module_names)
+
+
+@pytest.mark.parametrize("asset, function", FUNCTIONS, ids=lambda v: getattr(v, "name", v))
+def test_dockerfile_is_pinned_and_installs_exactly_what_the_function_imports(tmp_path, asset, function):
+    dockerfile = archive.dockerfile_path(asset, function)
+    base = re.search(r"^FROM (\S+)", dockerfile.read_text(), re.M).group(1)
+    assert re.fullmatch(r"python:\d+\.\d+\.\d+-slim-\w+(@sha256:[0-9a-f]{64})?", base), f"{dockerfile}: {base}"
+    installed = pip_installs(dockerfile)
+    pins = requirement_pins()
+    for name, version in installed.items():
+        assert pins.get(name) == version, f"{dockerfile}: {name}=={version} but requirements.txt pins {pins.get(name)}"
+
+    with tarfile.open(archive.build(asset, function, tmp_path / "f.tar.gz")) as tar:
+        tar.extractall(tmp_path / "x", filter="data")
+    # The opener runs in the function's container too.
+    files = list((tmp_path / "x").rglob("*.py")) + [DATASET_ASSET / "opener.py"]
+    distributions = importlib.metadata.packages_distributions()
+    needed = {module: {_canonical(d) for d in distributions.get(module, [module])} for module in third_party_imports(files)}
+    missing = {module for module, dists in needed.items() if not dists & set(installed)}
+    assert not missing, f"{dockerfile}: imported but not installed: {sorted(missing)}"
+    unused = set(installed) - set().union(*needed.values())
+    assert not unused, f"{dockerfile}: installed but imported by nothing in the archive: {sorted(unused)}"

@@ -50,3 +50,15 @@ def test_baseline_ignores_noise_settings(tmp_path):
     values = {**json.loads((ALGO_ASSETS[FRAMEWORKS[0]] / "hyperparameters.json").read_text()),
               "dp": False, "noise_multiplier": None, "target_epsilon": None}
     assert hyperparameters.parse(values, "x").dp is False
+
+
+def test_overrides_file(tmp_path):
+    assert hyperparameters.load_overrides(None) == {}
+    path = tmp_path / "o.json"
+    path.write_text('{"epochs": 2}')
+    assert hyperparameters.load_overrides(path) == {"epochs": 2}
+    path.write_text("[1]")
+    with pytest.raises(UserError, match="JSON object"):
+        hyperparameters.load_overrides(path)
+    with pytest.raises(UserError, match="cannot read"):
+        hyperparameters.load_overrides(tmp_path / "missing.json")

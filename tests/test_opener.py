@@ -72,3 +72,12 @@ def test_fake_data_has_the_real_form():
     fake = opener.MnistOpener().fake_data(7)
     assert fake["images"].shape == (7, 28, 28) and fake["labels"].shape == (7,)
     assert fake["samples"][0]["n"] == 7
+
+
+def test_the_scripts_compute_the_same_fingerprint_and_size_as_the_opener(tmp_path):
+    from mnist_dp import data
+
+    folder = make_sample(tmp_path / "a", labels=np.array([3, 1, 4, 1, 5]))
+    sample = opener.MnistOpener().get_data([str(folder)])["samples"][0]
+    assert data.sample_fingerprint(folder) == sample["fingerprint"]
+    assert data.sample_size(folder) == sample["n"] == 5

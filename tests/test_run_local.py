@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from conftest import FRAMEWORKS, REPO, TINY_HYPERPARAMETERS
-from mnist_dp import model_file
+from mnist_dp import model_file, privacy
 
 SCRIPT = REPO / "scripts" / "run_local.py"
 REQUIRED_KEYS = {"framework", "organization", "test_accuracy", "train_accuracy", "epsilon", "delta", "accountant",
@@ -51,10 +51,39 @@ def test_epsilon_reached_substra_and_matches_the_model_ledger(local_run):
             assert record["noise_multiplier"] == 0
 
 
-def test_table_is_printed_and_no_files_leak_into_the_working_directory(local_run):
+def test_table_and_reports_and_no_files_leak_into_the_working_directory(local_run):
     proc, tmp = local_run
     assert "test acc" in proc.stdout and "ε (PLD)" in proc.stdout
     assert sorted(p.name for p in tmp.iterdir()) == ["hp.json", "results"]
+    assert {"results.json", "summary.md", "results.png", "models"} <= {p.name for p in (tmp / "results").iterdir()}
+    summary = (tmp / "results" / "summary.md").read_text()
+    for framework in FRAMEWORKS:
+        assert f"| {framework} | yes |" in summary and f"| {framework}-baseline | 1 |" in summary
+
+
+def test_two_organisations_train_in_rounds_with_epsilon_per_organisation(tmp_path, tiny_data):
+    (tmp_path / "hp.json").write_text(json.dumps(TINY_HYPERPARAMETERS))
+    proc = run_local("--data", tiny_data, "--output", tmp_path / "out", "--hyperparameters", tmp_path / "hp.json",
+                     "--frameworks", "torch", "--no-baseline", "--organizations", 2, "--rounds", 2, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert [(r["round"], r["organization"]) for r in records] == [
+        (1, "MyOrg1MSP"), (1, "MyOrg2MSP"), (2, "MyOrg1MSP"), (2, "MyOrg2MSP")]
+    # Each organisation holds one of the 2 train samples (150 examples): ceil(150 / 64) = 3 steps per task.
+    one_task = privacy.compose_epsilon([privacy.DpEvent("torch", ("x",), 150, 1 / 3, 1.0, 3, "per-example", 1.0)],
+                                       TINY_HYPERPARAMETERS["delta"])
+    two_tasks = privacy.compose_epsilon([privacy.DpEvent("torch", ("x",), 150, 1 / 3, 1.0, 6, "per-example", 1.0)],
+                                        TINY_HYPERPARAMETERS["delta"])
+    expected = [(one_task, 0.0), (one_task, one_task), (two_tasks, one_task), (two_tasks, two_tasks)]
+    for record, (org1, org2) in zip(records, expected):
+        by_org = record["epsilon_by_organization"]
+        assert by_org["MyOrg1MSP"] == pytest.approx(org1) and by_org["MyOrg2MSP"] == pytest.approx(org2)
+        assert record["epsilon"] == pytest.approx(max(org1, org2))  # worst organisation, not a sequential sum
+        assert 0 <= record["test_accuracy"] <= 1
+    saved = model_file.load(records[-1]["model_file"], "torch")
+    assert len(saved.ledger.events) == 4 and len({e.data for e in saved.ledger.events}) == 2
+    assert "ε MyOrg2MSP" in proc.stdout
+    assert "| torch | yes | 2 | MyOrg2MSP |" in (tmp_path / "out" / "summary.md").read_text()
 
 
 def test_help_and_bad_arguments(tmp_path):
@@ -84,5 +113,9 @@ def test_a_failing_task_is_named_and_exits_non_zero(tmp_path, tiny_data):
     proc = run_local("--data", tiny_data, "--output", tmp_path / "out", "--hyperparameters", tmp_path / "hp.json",
                      "--no-baseline", "--frameworks", FRAMEWORKS[0], cwd=tmp_path)
     assert proc.returncode == 2
-    assert f"failed in task '{FRAMEWORKS[0]} train'" in proc.stderr
-    assert "batch_size = 1000" in proc.stderr  # the function's own one-line error
+    message = proc.stderr[proc.stderr.index("error: compute plan"):]
+    assert f"failed in task '{FRAMEWORKS[0]} train, round 1 at MyOrg1MSP'" in message
+    assert f"function '{FRAMEWORKS[0]} train'" in message
+    assert "last lines of its log" in message and "batch_size = 1000" in message  # the function's own error
+    assert "Traceback" not in proc.stderr
+    assert "The plan failed" in (tmp_path / "out" / "summary.md").read_text()  # reports still written

@@ -1,0 +1,51 @@
+"""Register the dataset (opener), its train / test data samples and the objective (accuracy) on a
+Substra node, and write their keys to a JSON keys file.
+
+The keys file is rewritten atomically after every new key; a re-run reuses the keys of assets that
+are unchanged and still on the node. Then run scripts/add_train_algo_cnn_dp.py. Connection settings
+come from the environment (see --client-name); none is written anywhere.
+"""
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: mnist_dp
+
+from mnist_dp import connection, data, registry  # noqa: E402
+from mnist_dp.errors import run_cli  # noqa: E402
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", type=Path, default=Path("data"),
+                        help="data samples written by scripts/generate_data.py; generated from the embedded "
+                             "MNIST subset if missing (default: %(default)s)")
+    parser.add_argument("--keys-file", type=Path, default=Path("assets_keys.json"),
+                        help="JSON file the keys are written to, and read from on a re-run (default: %(default)s)")
+    parser.add_argument("--folds", type=int, default=1,
+                        help="groups the train data samples into this many folds; add_train_algo_cnn_dp.py "
+                             "trains on them one after the other (default: %(default)s)")
+    connection.add_arguments(parser)
+    return parser
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    keys = registry.KeysFile(args.keys_file)
+    work = args.keys_file.resolve().parent  # a local backend keeps its files in ./local-worker here
+    client = connection.connect(args.backend, args.client_name, work)
+    if not (args.data / "train").is_dir():
+        manifest = data.generate(args.data, train_samples=args.folds)
+        print(f"generated {manifest['train_examples']} train / {manifest['test_examples']} test examples in {args.data}")
+    with tempfile.TemporaryDirectory() as build_dir:
+        registry.register_dataset_objective(client, keys, args.data, args.folds, Path(build_dir))
+    folds = keys.get("train_data_sample_keys")
+    print(f"dataset {keys.get('dataset_key')} at {keys.get('organization_id')}: "
+          f"{sum(map(len, folds))} train data sample(s) in {len(folds)} fold(s), "
+          f"{len(keys.get('test_data_sample_keys'))} test; objective {keys.get('objective_key')}")
+    print(f"keys written to {args.keys_file}")
+
+
+if __name__ == "__main__":
+    run_cli(main)

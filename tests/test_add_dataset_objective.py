@@ -1,0 +1,55 @@
+"""scripts/add_dataset_objective.py against a local client (subprocess backend)."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+from mnist_dp.errors import UserError
+from mnist_dp.plan import load_asset_module
+
+SCRIPT = REPO / "scripts" / "add_dataset_objective.py"
+
+
+def test_writes_the_keys_file_and_a_rerun_reuses_every_key(tmp_path, tiny_data, capsys, monkeypatch):
+    # A node keeps its assets and its organisation between runs; a local client keeps them for its
+    # lifetime, so both runs share one client here (a new local client would be a new organisation).
+    from mnist_dp import connection
+
+    client = connection.connect("subprocess", work_dir=tmp_path)
+    monkeypatch.setattr(connection, "connect", lambda *args: client)
+    script = load_asset_module(SCRIPT, "add_dataset_objective")
+    keys_file = tmp_path / "assets_keys.json"
+    argv = ["--data", str(tiny_data), "--keys-file", str(keys_file), "--folds", "2"]
+    script.main(argv)
+    first = json.loads(keys_file.read_text())
+    assert [len(fold) for fold in first["train_data_sample_keys"]] == [1, 1]
+    assert first["data"] == str(tiny_data) and first["organization_id"] == client.organization_info().organization_id
+    assert all(key in first["fingerprints"] for key in
+               [first["dataset_key"], first["objective_key"], *first["test_data_sample_keys"]])
+    counts = len(client.list_dataset()), len(client.list_data_sample()), len(client.list_function())
+    script.main(argv)
+    assert json.loads(keys_file.read_text()) == first
+    assert (len(client.list_dataset()), len(client.list_data_sample()), len(client.list_function())) == counts
+    assert "keys written to" in capsys.readouterr().out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["assets_keys.json", "local-worker"]  # no temporary left
+
+
+def test_help_and_bad_input(tmp_path, tiny_data):
+    def run(*args):
+        return subprocess.run([sys.executable, SCRIPT, *map(str, args)], capture_output=True, text=True, cwd=tmp_path)
+
+    assert "--keys-file" in run("--help").stdout
+    proc = run("--data", tiny_data, "--folds", 5)
+    assert proc.returncode == 2 and "--folds 5" in proc.stderr and "Traceback" not in proc.stderr
+    (tmp_path / "assets_keys.json").write_text("[")
+    proc = run("--data", tiny_data)
+    assert proc.returncode == 2 and "assets_keys.json: cannot read" in proc.stderr
+    assert (tmp_path / "assets_keys.json").read_text() == "["  # never overwritten
+
+
+def test_missing_keys_file_for_the_train_script(tmp_path):
+    script = load_asset_module(REPO / "scripts" / "add_train_algo_cnn_dp.py", "add_train_algo_cnn_dp")
+    with pytest.raises(UserError, match="run scripts/add_dataset_objective.py first"):
+        script.main(["--keys-file", str(tmp_path / "none.json")])

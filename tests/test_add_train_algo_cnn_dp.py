@@ -1,0 +1,56 @@
+"""scripts/add_train_algo_cnn_dp.py against a local client (subprocess backend), after add_dataset_objective."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, TINY_HYPERPARAMETERS
+from mnist_dp import model_file
+
+SCRIPTS = REPO / "scripts"
+FRAMEWORK = "torch"  # the fastest; every framework runs through run_local's tests
+
+
+def run(script, *args, cwd):
+    return subprocess.run([sys.executable, SCRIPTS / script, *map(str, args)], capture_output=True, text=True, cwd=cwd)
+
+
+@pytest.fixture
+def keys_file(tmp_path, tiny_data):
+    proc = run("add_dataset_objective.py", "--data", tiny_data, "--folds", 2, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return tmp_path / "assets_keys.json"
+
+
+def test_trains_through_the_folds_reports_and_adds_its_keys(tmp_path, keys_file):
+    (tmp_path / "hp.json").write_text(json.dumps(TINY_HYPERPARAMETERS))
+    before = json.loads(keys_file.read_text())
+    proc = run("add_train_algo_cnn_dp.py", "--framework", FRAMEWORK, "--hyperparameters", "hp.json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    keys = json.loads(keys_file.read_text())
+    assert set(keys["algos"][FRAMEWORK]) == {"train", "predict"}
+    tasks = keys["compute_plans"][FRAMEWORK]["tasks"]
+    assert len(tasks) == 2 * 5 and f"{FRAMEWORK} train, round 2 at {keys['organization_id']}" in tasks.values()
+    assert set(before) - {"organization_id"} <= set(keys)
+    records = json.loads((tmp_path / "results" / FRAMEWORK / "results.json").read_text())
+    assert [r["round"] for r in records] == [1, 2]
+    for record in records:  # each fold is trained once: its ε is one task's, folds compose in parallel
+        saved = model_file.load(record["model_file"], FRAMEWORK)
+        assert record["epsilon"] == pytest.approx(saved.ledger.epsilon(TINY_HYPERPARAMETERS["delta"]))
+        assert record["epsilon_in_substra"] == pytest.approx(record["epsilon"])
+    assert records[0]["epsilon"] == pytest.approx(records[1]["epsilon"])
+    assert "test acc" in proc.stdout and "keys added to" in proc.stdout
+    assert {"summary.md", "results.png"} <= {p.name for p in (tmp_path / "results" / FRAMEWORK).iterdir()}
+
+
+def test_a_failing_task_is_named_with_its_log_and_the_keys_are_kept(tmp_path, keys_file):
+    (tmp_path / "bad.json").write_text(json.dumps({**TINY_HYPERPARAMETERS, "batch_size": 1000}))
+    proc = run("add_train_algo_cnn_dp.py", "--framework", FRAMEWORK, "--hyperparameters", "bad.json", cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    message = proc.stderr[proc.stderr.index("error: compute plan"):]
+    assert f"task '{FRAMEWORK} train, round 1 at MyOrg" in message and f"function '{FRAMEWORK} train'" in message
+    assert "last lines of its log" in message and "batch_size = 1000 is larger" in message
+    keys = json.loads(keys_file.read_text())
+    assert keys["compute_plans"][FRAMEWORK]["key"] and keys["algos"][FRAMEWORK]["train"]
+    assert "The plan failed" in (tmp_path / "results" / FRAMEWORK / "summary.md").read_text()

@@ -1,0 +1,71 @@
+import subprocess
+import sys
+
+from mnist_dp import plan
+
+ORG1, ORG2 = plan.Share("Org1", "d1", ("s1",)), plan.Share("Org2", "d2", ("s2",))
+TEST = plan.Share("Org1", "d1", ("t1",))
+
+
+def build(share_with=()):
+    builder = plan.PlanBuilder(share_with=share_with)
+    stages = [(r, share) for r in (1, 2) for share in (ORG1, ORG2)]
+    trained = builder.chain("torch", "train-fn", "predict-fn", "score-fn", stages, TEST)
+    return builder, trained
+
+
+def test_chain_trains_in_rounds_passing_the_model_and_evaluates_after_each_task():
+    builder, trained = build()
+    assert len(trained) == 4 and len(builder.tasks) == 4 * 5  # train + 2 × (predict + score)
+    roles = [builder.roles[t] for t in trained]
+    assert [(r["round_idx"], r["organization"]) for r in roles] == [(1, "Org1"), (1, "Org2"), (2, "Org1"), (2, "Org2")]
+    by_id = {t["task_id"]: t for t in builder.tasks}
+    for parent, child in zip(trained, trained[1:]):
+        (model,) = [ref for ref in by_id[child]["inputs"] if ref.identifier == "model"]
+        assert model.parent_task_key == parent
+    assert not [ref for ref in by_id[trained[0]]["inputs"] if ref.identifier == "model"]
+    assert by_id[trained[1]]["worker"] == "Org2"
+
+
+def test_outputs_get_least_privilege():
+    builder, trained = build()
+    spec = builder.spec("p", plan.new_key())
+    tasks = {t.task_id: t for t in spec.tasks}
+    # Org1's model goes to Org2 (next trainer) and is evaluated at Org1 (test data): both, no one else.
+    assert tasks[trained[0]].outputs["model"].permissions.authorized_ids == ["Org1", "Org2"]
+    # the last model is read only by predict tasks at Org2 (its train share) and Org1 (test)
+    assert tasks[trained[-1]].outputs["model"].permissions.authorized_ids == ["Org1", "Org2"]
+    assert tasks[trained[0]].outputs["epsilon"].permissions.public
+    for task in spec.tasks:
+        if "predictions" in task.outputs:  # scored where they are made
+            assert task.outputs["predictions"].permissions.authorized_ids == [task.worker]
+            assert not task.outputs["predictions"].permissions.public
+        if "performance" in task.outputs:
+            assert task.outputs["performance"].permissions.public
+        assert task.metadata["round_idx"] in ("1", "2")
+
+    single = plan.PlanBuilder()
+    single.chain("tf", "t", "p", "s", [(1, TEST)], TEST)
+    for task in single.spec("p", plan.new_key()).tasks:
+        for output in task.outputs.values():
+            assert output.permissions.public or output.permissions.authorized_ids == ["Org1"]
+
+    shared, trained = build(share_with=("Auditor",))
+    tasks = {t.task_id: t for t in shared.spec("p", plan.new_key()).tasks}
+    assert "Auditor" in tasks[trained[0]].outputs["model"].permissions.authorized_ids
+
+
+def test_describe_role():
+    builder, trained = build()
+    assert plan.describe_role(builder.roles[trained[1]]) == "torch train, round 1 at Org2"
+    scores = [r for r in builder.roles.values() if r["step"] == "score" and r["split"] == "test"]
+    assert plan.describe_role(scores[0]) == "torch score, round 1 at Org1 on test"
+
+
+def test_output_tail_keeps_what_child_processes_print():
+    child = ("import sys; print('hello', flush=True); "
+             "sys.stderr.write('progress 10%\\rprogress 100%\\nerror: bad batch\\n')")
+    with plan.OutputTail() as tail:
+        subprocess.run([sys.executable, "-c", child])
+    # a progress bar's redraws (carriage returns) keep their last state, as on a terminal
+    assert [line for line in tail.lines() if line] == ["hello", "progress 100%", "error: bad batch"]

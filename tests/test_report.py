@@ -1,0 +1,48 @@
+import json
+import math
+
+import pandas as pd
+
+from mnist_dp import report
+
+
+def record(run, round_idx, org, eps_by_org, dp=True, accuracy=0.5):
+    worst = max(eps_by_org.values())
+    return {"run": run, "framework": run.split("-")[0], "round": round_idx, "organization": org, "dp": dp,
+            "train_accuracy": accuracy, "test_accuracy": accuracy, "epsilon": worst, "epsilon_rdp": worst + 0.3,
+            "epsilon_by_organization": eps_by_org, "delta": 1e-5, "accountant": "PLD", "noise_multiplier": 1.0,
+            "sample_rate": 0.1, "steps": 10, "epsilon_in_substra": worst}
+
+
+RECORDS = [
+    record("torch", 1, "Org1", {"Org1": 1.5, "Org2": 0.0}),
+    record("torch", 1, "Org2", {"Org1": 1.5, "Org2": 1.5}),
+    record("torch-baseline", 1, "Org1", {"Org1": math.inf, "Org2": 0.0}, dp=False, accuracy=0.9),
+]
+PERFORMANCES = pd.DataFrame({
+    "task_key": ["a", "b"], "worker": ["Org1", "Org2"], "round": [1, 1], "identifier": ["performance", "epsilon"],
+    "performance": [0.5, math.inf], "run": ["torch", "torch"], "metric": ["test_accuracy", "epsilon"],
+    "train_task": ["t", "t"]})
+
+
+def test_table_shows_round_organisation_and_epsilon_per_organisation():
+    text = report.table(RECORDS)
+    header = text.splitlines()[0]
+    assert "round" in header and "trained at" in header and "ε Org1" in header and "ε Org2" in header
+    assert text.splitlines()[2].split()[6:9] == ["1.500", "1.500", "0.000"]  # worst, Org1, Org2
+    assert "∞" in text.splitlines()[4]
+    single = report.table([record("tf", 1, "Org1", {"Org1": 2.0})])
+    assert "round" not in single and "ε Org1" not in single
+    assert report.table([]) == "(no train task finished)"
+
+
+def test_reports_are_written(tmp_path):
+    written = report.write_reports(tmp_path, "title", ["fact one"], RECORDS, PERFORMANCES, failure="task X failed")
+    assert sorted(p.name for p in written) == ["results.json", "results.png", "summary.md"]
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results[2]["epsilon"] is None and results[2]["epsilon_by_organization"] == {"Org1": None, "Org2": 0.0}
+    summary = (tmp_path / "summary.md").read_text()
+    assert "- fact one" in summary and "task X failed" in summary and "![test accuracy and ε](results.png)" in summary
+    assert "| torch | 1 | ∞ | 0.5000 |" in summary  # Substra's performances, pivoted by metric and worker
+    assert (tmp_path / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json", "results.png", "summary.md"]

@@ -1,0 +1,29 @@
+import pytest
+
+from mnist_dp import hyperparameters, privacy, training
+
+BASE = {"epochs": 2, "batch_size": 50, "learning_rate": 0.1, "momentum": 0.9, "max_grad_norm": 1.0,
+        "noise_multiplier": None, "target_epsilon": 2.0, "delta": 1e-5, "seed": 0, "dp": True}
+
+
+def test_sampling_plan_follows_opacus_convention():
+    plan = training.SamplingPlan.from_hyperparameters(1001, hyperparameters.parse(BASE, "x"), "x")
+    assert plan.steps_per_epoch == 21 and plan.sample_rate == pytest.approx(1 / 21) and plan.steps == 42
+
+
+def test_noise_for_rounds_keeps_every_organisation_within_the_target_after_the_last_round():
+    hp = hyperparameters.parse(BASE, "x")
+    sizes, rounds = [1000, 600], 3
+    fixed = training.noise_for_rounds(hp, sizes, rounds)
+    assert fixed.target_epsilon is None and fixed.noise_multiplier > 0
+    epsilons = []
+    for n in sizes:
+        plan = training.SamplingPlan.from_hyperparameters(n, hp, "x")
+        event = privacy.DpEvent("torch", ("d",), n, plan.sample_rate, fixed.noise_multiplier, plan.steps,
+                                privacy.PER_EXAMPLE, 1.0)
+        epsilons.append(privacy.compose_epsilon([event] * rounds, hp.delta))
+    assert max(epsilons) <= hp.target_epsilon and max(epsilons) == pytest.approx(hp.target_epsilon, abs=0.02)
+    # one round, a fixed σ or no DP: nothing to do (each task calibrates its own run)
+    assert training.noise_for_rounds(hp, sizes, 1) is hp
+    baseline = hyperparameters.parse({**BASE, "dp": False}, "x")
+    assert training.noise_for_rounds(baseline, sizes, 3) is baseline
