@@ -15,6 +15,7 @@ from pathlib import Path
 import substra
 from substra.sdk.client import _get_env_var, get_client_configuration
 
+from mnist_dp import errors
 from mnist_dp.errors import UserError
 
 BACKENDS = ("subprocess", "docker", "remote")
@@ -88,6 +89,31 @@ def connect(backend: str, client_name: str | None = None, work_dir: Path | None 
     except substra.exceptions.SDKException as exc:
         raise UserError(f"{where}: {type(exc).__name__}: {redact(str(exc), secrets)}") from None
     return client
+
+
+def known_secrets() -> list:
+    """Every token and password the environment (or the clients file) holds, to keep out of messages."""
+    secrets = [value for name, value in os.environ.items()
+               if name.startswith("SUBSTRA_") and name.endswith(("_TOKEN", "_PASSWORD"))]
+    try:
+        import yaml
+
+        clients = yaml.safe_load(Path(os.environ[CONFIG_FILE_VARIABLE]).read_text()) or {}
+        secrets += [str(c.get(key)) for c in clients.values() if isinstance(c, dict) for key in _SECRETS if c.get(key)]
+    except Exception:  # noqa: BLE001 - no file, or not one we can read: nothing more to hide
+        pass
+    return secrets
+
+
+def run_cli(main, *args):
+    """errors.run_cli for the scripts that talk to Substra: a node's refusal (HTTP error, timeout...)
+    is a one-line error naming the exception, with any secret masked, not a traceback."""
+    def guarded(*args):
+        try:
+            return main(*args)
+        except substra.exceptions.SDKException as exc:
+            raise UserError(f"Substra refused: {type(exc).__name__}: {redact(str(exc), known_secrets())}") from None
+    return errors.run_cli(guarded, *args)
 
 
 def _check_docker_daemon() -> None:

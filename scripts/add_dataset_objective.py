@@ -13,7 +13,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: mnist_dp
 
 from mnist_dp import connection, data, registry  # noqa: E402
-from mnist_dp.errors import run_cli  # noqa: E402
 
 
 def build_parser():
@@ -48,4 +47,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    connection.run_cli(main)

@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 
 from mnist_dp import connection, plan, registry, report  # noqa: E402
 from mnist_dp import hyperparameters as hp_file  # noqa: E402
-from mnist_dp.errors import UserError, run_cli  # noqa: E402
+from mnist_dp.errors import UserError  # noqa: E402
 
 
 def build_parser():
@@ -83,4 +83,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    connection.run_cli(main)

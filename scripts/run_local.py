@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 
 from mnist_dp import connection, data, plan, registry, report, training  # noqa: E402
 from mnist_dp import hyperparameters as hp_file  # noqa: E402
-from mnist_dp.errors import UserError, run_cli  # noqa: E402
+from mnist_dp.errors import UserError  # noqa: E402
 
 
 def build_parser():
@@ -125,4 +125,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    connection.run_cli(main)

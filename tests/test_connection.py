@@ -71,3 +71,18 @@ def test_every_script_takes_the_backend_and_fails_cleanly_on_bad_settings(tmp_pa
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr
     assert SECRET not in proc.stdout + proc.stderr
+
+
+def test_a_node_refusal_is_one_line_with_secrets_masked(monkeypatch, capsys):
+    import substra
+
+    monkeypatch.setenv("SUBSTRA_NODE_1_TOKEN", SECRET)
+
+    def refused():
+        raise substra.exceptions.AuthorizationError(f"403 for token {SECRET}", 403)
+
+    with pytest.raises(SystemExit) as exit_:
+        connection.run_cli(refused)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.startswith("error: Substra refused: AuthorizationError")
+    assert SECRET not in err and "***" in err
