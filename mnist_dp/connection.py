@@ -70,7 +70,6 @@ def connect(backend: str, client_name: str | None = None, work_dir: Path | None 
     if backend == "docker":
         _check_docker_daemon()
     settings = _configuration(client_name) if client_name else {}
-    secrets = [settings.get(name) for name in _SECRETS]
     if backend == "remote":
         if not client_name:
             raise UserError("--backend remote needs --client-name NAME; the node's URL and credentials come from "
@@ -87,7 +86,7 @@ def connect(backend: str, client_name: str | None = None, work_dir: Path | None 
         if settings.get("url"):
             client.organization_info()  # fail here, clearly, rather than half-way through registering
     except substra.exceptions.SDKException as exc:
-        raise UserError(f"{where}: {type(exc).__name__}: {redact(str(exc), secrets)}") from None
+        raise UserError(f"{where}: {type(exc).__name__}: {redact(str(exc), known_secrets())}") from None
     return client
 
 

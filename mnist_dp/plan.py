@@ -103,6 +103,11 @@ class PlanFailed(UserError):
     """A task failed: the message names it and ends with its log; the plan's finished work is kept."""
 
 
+def id_list(text: str | None) -> tuple:
+    """'a, b' -> ('a', 'b'): organisation ids or client names given on the command line."""
+    return tuple(item.strip() for item in (text or "").split(",") if item.strip())
+
+
 def describe_role(role: dict) -> str:
     """e.g. 'torch train, round 1 at MyOrg1MSP' or 'torch score, round 2 at MyOrg1MSP on test'."""
     text = f"{role['run']} {role['step']}, round {role['round_idx']} at {role['organization']}"
@@ -218,10 +223,14 @@ def run_plan(client: substra.Client, builder: PlanBuilder, name: str, key: str) 
     compute_plan = _wait(client, spec.key, len(builder.tasks))
     if compute_plan.status != ComputePlanStatus.done:
         log = _remote_log(client, compute_plan.failed_task_key)
-        raise PlanFailed(_failure(client, builder, name, f"plan status {compute_plan.status.value}", log))
+        raise PlanFailed(_failure(client, builder, name, f"plan status {compute_plan.status.value}", log,
+                                  compute_plan.failed_task_key))
 
 
-def _wait(client: substra.Client, key: str, task_count: int, polling_period: float = 5.0):
+POLLING_SECONDS = 5.0  # how often a remote plan's progress is asked for
+
+
+def _wait(client: substra.Client, key: str, task_count: int):
     from tqdm import tqdm
 
     finished = (ComputePlanStatus.done, ComputePlanStatus.failed, ComputePlanStatus.canceled)
@@ -232,7 +241,7 @@ def _wait(client: substra.Client, key: str, task_count: int, polling_period: flo
             bar.set_postfix_str(f"{compute_plan.executing_count} executing, {compute_plan.failed_count} failed")
             if compute_plan.status in finished:
                 return compute_plan
-            time.sleep(polling_period)
+            time.sleep(POLLING_SECONDS)
 
 
 def _remote_log(client: substra.Client, task_key: str | None) -> list:
@@ -247,17 +256,21 @@ def _remote_log(client: substra.Client, task_key: str | None) -> list:
 LOG_TAIL_LINES = 15
 
 
-def _failure(client: substra.Client, builder: PlanBuilder, name: str, error: str, log: list) -> str:
-    task_id, role, function = failed_task(client, builder)
+def _failure(client: substra.Client, builder: PlanBuilder, name: str, error: str, log: list,
+             task_key: str | None = None) -> str:
+    task_id, role, function = failed_task(client, builder, task_key)
     where = f"task '{describe_role(role)}' ({task_id}), function {function!r}" if task_id else "an unknown task"
     tail = [line for line in log if line.strip()][-LOG_TAIL_LINES:]
     return (f"compute plan {name!r} failed in {where}: {error}\n"
             f"last lines of its log:\n" + "\n".join(f"  | {line}" for line in tail))
 
 
-def failed_task(client: substra.Client, builder: PlanBuilder) -> tuple:
-    """(task id, role, function name) of the failed task; substra's local backend leaves it 'executing'."""
-    for task_id, role in builder.roles.items():
+def failed_task(client: substra.Client, builder: PlanBuilder, task_key: str | None = None) -> tuple:
+    """(task id, role, function name) of the failed task: `task_key` if the node said which, else the
+    first task found failed (substra's local backend leaves it 'executing')."""
+    candidates = [task_key] if task_key in builder.roles else builder.roles
+    for task_id in candidates:
+        role = builder.roles[task_id]
         try:
             task = client.get_task(task_id)
         except substra.exceptions.NotFound:  # never submitted: the plan stopped before it

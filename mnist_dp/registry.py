@@ -142,6 +142,25 @@ def register_data(client: substra.Client, keys: KeysFile, name: str, train_folde
     return train, test
 
 
+def register_organizations(clients: list, keys: KeysFile, data_dir: Path) -> tuple:
+    """Organisation k (of N clients) registers its own dataset with train data samples k, k+N, ...;
+    the first one also holds the test samples. Returns (train Shares, test Share, {organisation: folders})."""
+    folders = data.sample_folders(data_dir, "train")
+    if len(folders) < len(clients):
+        raise UserError(f"{data_dir}: {len(folders)} train data sample(s) for {len(clients)} organisations; "
+                        f"regenerate with scripts/generate_data.py --train-samples {len(clients)} --force")
+    shares, test, holdings = [], None, {}
+    for k, client in enumerate(clients):
+        own = folders[k::len(clients)]
+        owner = client.organization_info().organization_id
+        share, test_share = register_data(client, keys, f"MNIST ({owner})", own,
+                                          data.sample_folders(data_dir, "test") if k == 0 else ())
+        shares.append(share)
+        test = test or test_share
+        holdings[owner] = own
+    return shares, test, holdings
+
+
 def register_objective(client: substra.Client, keys: KeysFile, build_dir: Path) -> str:
     return register_function(client, keys, OBJECTIVE_ASSET, "score", "accuracy", build_dir)
 

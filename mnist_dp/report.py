@@ -25,7 +25,7 @@ COLUMNS = [  # (key, header, format)
     ("sample_rate", "q", "{:.4g}"),
     ("steps", "steps", "{}"),
 ]
-MULTI_ORGANIZATION_ONLY = ("round", "organization")
+MULTI_STAGE_ONLY = ("round", "organization")
 STATEMENT = ("ε is for the add/remove-one-example relation, Poisson sampling and per-example clipping; "
              "with several organisations each one's ε composes the steps run on its data only, and "
              "ε (PLD) is the worst of them.")
@@ -34,7 +34,7 @@ STATEMENT = ("ε is for the add/remove-one-example relation, Poisson sampling an
 def model_record(path: Path, framework: str, organizations: dict) -> dict:
     """Privacy figures recomputed from a saved model's ledger (never copied from a log).
 
-    `organizations` maps each organisation to the content fingerprints of its data samples.
+    `organizations` maps each organisation to the content fingerprints of its data samples (None: all).
     """
     saved = model_file.load(path, framework)
     delta = saved.hyperparameters["delta"]
@@ -59,11 +59,32 @@ def model_record(path: Path, framework: str, organizations: dict) -> dict:
     }
 
 
+def run_and_report(client, builder: plan.PlanBuilder, name: str, plan_key: str, frameworks: dict,
+                   organizations: dict, output: Path, title: str, facts: list) -> list:
+    """Run the plan, then report whatever finished (models, results.json, summary.md, results.png) and
+    print the table; a failed plan is reported first and raised after. Returns the records."""
+    failure = None
+    try:
+        plan.run_plan(client, builder, name, plan_key)
+    except plan.PlanFailed as exc:
+        failure = exc
+    records, performances = collect(client, builder, plan_key, frameworks, organizations, output / "models")
+    written = write_reports(output, title, [f"compute plan `{plan_key}`"] + facts, records, performances,
+                            str(failure) if failure else None)
+    print()
+    print(table(records))
+    print(f"\n{STATEMENT}\nwritten: {', '.join(map(str, written))}")
+    if failure:
+        raise failure
+    return records
+
+
 def collect(client, builder: plan.PlanBuilder, plan_key: str, frameworks: dict, organizations: dict,
             models_dir: Path) -> tuple:
     """(records, performances) of every train task that finished, whether or not the plan did.
 
-    `frameworks` maps run -> framework; `organizations` maps organisation -> its data fingerprints.
+    `frameworks` maps run -> framework; `organizations` maps organisation -> its data fingerprints
+    (None: all the data in the ledger).
     """
     performances = plan.performances(client, plan_key, builder.roles)
     metric = {(row.train_task, row.metric): row.performance for row in performances.itertuples()}
@@ -101,7 +122,7 @@ def _cell(record: dict, key: str, fmt: str) -> str:
 def _rows(records: list) -> tuple:
     organizations = sorted({org for r in records for org in r.get("epsilon_by_organization", {})})
     multi = len(organizations) > 1 or any(r.get("round", 1) > 1 for r in records)
-    columns = [c for c in COLUMNS if multi or c[0] not in MULTI_ORGANIZATION_ONLY]
+    columns = [c for c in COLUMNS if multi or c[0] not in MULTI_STAGE_ONLY]
     headers = [header for _, header, _ in columns]
     rows = [[_cell(r, key, fmt) for key, _, fmt in columns] for r in records]
     if len(organizations) > 1:

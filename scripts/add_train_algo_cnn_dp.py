@@ -59,27 +59,16 @@ def main(argv=None):
     folds = keys.require("train_data_sample_keys")
     stages = [(i + 1, plan.Share(owner, dataset, tuple(fold))) for i, fold in enumerate(folds)]
     test = plan.Share(owner, dataset, tuple(keys.require("test_data_sample_keys")))
-    builder = plan.PlanBuilder(share_with=tuple(o.strip() for o in args.share_with.split(",") if o.strip()))
+    builder = plan.PlanBuilder(share_with=plan.id_list(args.share_with))
     builder.chain(run, train, predict, keys.require("objective_key"), stages, test)
-    plan_key, failure = plan.new_key(), None
+    plan_key = plan.new_key()
     keys.update(compute_plans={**keys.get("compute_plans", {}), args.framework: {
         "key": plan_key, "tasks": {task: plan.describe_role(role) for task, role in builder.roles.items()}}})
-    try:
-        plan.run_plan(client, builder, f"mnist-dp {run}", plan_key)
-    except plan.PlanFailed as exc:
-        failure = exc  # report what finished first, then fail
-
-    records, performances = report.collect(client, builder, plan_key, {run: args.framework}, {owner: None},
-                                           output / "models")
-    facts = [f"compute plan `{plan_key}` ({args.backend} backend)", f"keys file: {args.keys_file.resolve()}",
-             f"{len(folds)} fold(s) trained one after the other at {owner}"]
-    written = report.write_reports(output, f"mnist-dp: {run} on a Substra node", facts, records, performances,
-                                   str(failure) if failure else None)
-    print()
-    print(report.table(records))
-    print(f"\n{report.STATEMENT}\nkeys added to {args.keys_file}; written: {', '.join(map(str, written))}")
-    if failure:
-        raise failure
+    print(f"algo and compute plan keys added to {args.keys_file}")
+    report.run_and_report(client, builder, f"mnist-dp {run}", plan_key, {run: args.framework}, {owner: None}, output,
+                          f"mnist-dp: {run} on a Substra node",
+                          [f"{args.backend} backend, keys file: {args.keys_file.resolve()}",
+                           f"{len(folds)} fold(s) trained one after the other at {owner}"])
 
 
 if __name__ == "__main__":

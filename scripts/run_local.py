@@ -53,16 +53,12 @@ def parse_frameworks(text: str) -> list:
     return names
 
 
-def split_list(text: str) -> list:
-    return [item.strip() for item in (text or "").split(",") if item.strip()]
-
-
 def main(argv=None):
     args = build_parser().parse_args(argv)
     frameworks = parse_frameworks(args.frameworks)
     if args.organizations < 1 or args.rounds < 1:
         raise UserError("--organizations and --rounds must be at least 1")
-    client_names = split_list(args.client_name) or [None] * args.organizations
+    client_names = plan.id_list(args.client_name) or [None] * args.organizations
     if len(client_names) != args.organizations:
         raise UserError(f"--client-name: give one name per organisation ({args.organizations}), comma-separated")
     overrides = hp_file.load_overrides(args.hyperparameters)
@@ -79,50 +75,25 @@ def main(argv=None):
     if not (data_dir / "train").is_dir():
         manifest = data.generate(data_dir, train_samples=args.organizations)
         print(f"generated {manifest['train_examples']} train / {manifest['test_examples']} test examples in {data_dir}")
-    folders = data.sample_folders(data_dir, "train")
-    if len(folders) < args.organizations:
-        raise UserError(f"{data_dir}: {len(folders)} train data sample(s) for {args.organizations} organisations; "
-                        f"regenerate with scripts/generate_data.py --train-samples {args.organizations} --force")
-
-    # Organisation k holds train samples k, k+N, ...; the first one also holds the test samples.
-    keys = registry.KeysFile()
-    shares, organizations, test = [], {}, None
-    for k, client in enumerate(clients):
-        own = folders[k::args.organizations]
-        owner = client.organization_info().organization_id
-        share, test_share = registry.register_data(client, keys, f"MNIST ({owner})", own,
-                                                   data.sample_folders(data_dir, "test") if k == 0 else ())
-        shares.append(share)
-        test = test or test_share
-        organizations[owner] = [data.sample_fingerprint(f) for f in own]
-    sizes = [sum(data.sample_size(f) for f in folders[k::args.organizations]) for k in range(args.organizations)]
+    keys = registry.KeysFile()  # in memory: a local run starts from an empty backend
+    shares, test, holdings = registry.register_organizations(clients, keys, data_dir)
+    organizations = {org: [data.sample_fingerprint(f) for f in folders] for org, folders in holdings.items()}
+    sizes = [sum(map(data.sample_size, folders)) for folders in holdings.values()]
     stages = [(r, share) for r in range(1, args.rounds + 1) for share in shares]
 
     client = clients[0]  # submits the plan and reads the results
-    builder = plan.PlanBuilder(share_with=tuple(split_list(args.share_with)))
+    builder = plan.PlanBuilder(share_with=plan.id_list(args.share_with))
     score = registry.register_objective(client, keys, work / "archives")
     for run, (framework, hp) in runs.items():
         hp = training.noise_for_rounds(hp, sizes, args.rounds)
         train, predict = registry.register_algo(client, keys, run, framework, hp.to_json(), work / "archives")
         builder.chain(run, train, predict, score, stages, test)
-    name = f"mnist-dp local run ({args.organizations} organisation(s), {args.rounds} round(s))"
-    plan_key, failure = plan.new_key(), None
-    try:
-        plan.run_plan(client, builder, name, plan_key)
-    except plan.PlanFailed as exc:
-        failure = exc  # report what finished first, then fail
-    records, performances = report.collect(client, builder, plan_key, {r: fw for r, (fw, _) in runs.items()},
-                                           organizations, output / "models")
-    facts = [f"compute plan `{plan_key}` ({args.backend} backend)", f"data: {data_dir}",
-             f"{args.organizations} organisation(s), {args.rounds} round(s): {', '.join(organizations)}"]
-    written = report.write_reports(output, "mnist-dp: DP-SGD on MNIST with Substra", facts, records, performances,
-                                   str(failure) if failure else None)
-    print()
-    print(report.table(records))
-    print(f"\n{report.STATEMENT}\nwritten: {', '.join(str(p) for p in written)}")
-    if failure:
-        raise failure
-
+    report.run_and_report(
+        client, builder, f"mnist-dp local run ({args.organizations} organisation(s), {args.rounds} round(s))",
+        plan.new_key(), {run: framework for run, (framework, _) in runs.items()}, organizations, output,
+        "mnist-dp: DP-SGD on MNIST with Substra",
+        [f"{args.backend} backend, data: {data_dir}",
+         f"{args.organizations} organisation(s), {args.rounds} round(s): {', '.join(organizations)}"])
 
 if __name__ == "__main__":
     connection.run_cli(main)

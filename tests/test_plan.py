@@ -1,5 +1,8 @@
 import subprocess
 import sys
+from types import SimpleNamespace
+
+import pytest
 
 from mnist_dp import plan
 
@@ -69,3 +72,49 @@ def test_output_tail_keeps_what_child_processes_print():
         subprocess.run([sys.executable, "-c", child])
     # a progress bar's redraws (carriage returns) keep their last state, as on a terminal
     assert [line for line in tail.lines() if line] == ["hello", "progress 100%", "error: bad batch"]
+
+
+class FakeNode:
+    """What run_plan asks of a remote client: the plan fails at its first train task."""
+
+    backend_mode = "remote"
+
+    def __init__(self, builder):
+        self.failed = next(t for t, r in builder.roles.items() if r["step"] == "train")
+        self.polls = 0
+        self.submitted = None
+
+    def add_compute_plan(self, spec):
+        self.submitted = spec
+
+    def get_compute_plan(self, key):
+        from substra.sdk.models import ComputePlanStatus
+
+        self.polls += 1
+        done = self.polls >= 3
+        return SimpleNamespace(done_count=1 if done else 0, executing_count=0 if done else 1, failed_count=int(done),
+                               status=ComputePlanStatus.failed if done else ComputePlanStatus.doing,
+                               failed_task_key=self.failed if done else None)
+
+    def get_logs(self, task_key):
+        return "\n".join(f"line {i}" for i in range(40)) + "\nerror: batch_size = 1000 is larger than the data\n"
+
+    def get_task(self, task_key):
+        from substra.sdk.models import ComputeTaskStatus
+
+        return SimpleNamespace(status=ComputeTaskStatus.failed, function=SimpleNamespace(name="torch train"))
+
+
+def test_a_remote_plan_is_polled_and_its_failure_names_the_task_and_ends_with_its_log(monkeypatch):
+    monkeypatch.setattr(plan, "POLLING_SECONDS", 0)
+    builder, _ = build()
+    node = FakeNode(builder)
+    key = plan.new_key()
+    with pytest.raises(plan.PlanFailed) as caught:
+        plan.run_plan(node, builder, "p", key)
+    message = str(caught.value)
+    assert node.submitted.key == key and node.polls == 3
+    assert message.startswith(f"compute plan 'p' failed in task 'torch train, round 1 at Org1' ({node.failed}), "
+                              "function 'torch train': plan status PLAN_STATUS_FAILED")
+    tail = message.split("last lines of its log:\n")[1].splitlines()
+    assert len(tail) == plan.LOG_TAIL_LINES and tail[-1] == "  | error: batch_size = 1000 is larger than the data"
