@@ -9,10 +9,14 @@
 | max_grad_norm    | per-example clipping norm C                                              |
 | noise_multiplier | σ (noise std = σ·C); give this **or** target_epsilon, not both           |
 | target_epsilon   | calibrate σ so that the model's ε at delta (PLD) ends at this value      |
+| max_epsilon      | budget (null: none): training stops at the last step that keeps the      |
+|                  | model's ε at delta (input model's steps included) within it              |
 | delta            | δ of the reported (ε, δ); must be < 1/n                                  |
 | seed             | seeds initialisation, sampling and noise (a continued run: seed + runs   |
 |                  | already in the input model's ledger, so noise is never replayed)         |
 | dp               | false trains the non-private baseline (no clipping, no noise, ε = inf)   |
+| secure_mode      | noise for production: unpredictable, float-attack-resistant (torch only; |
+|                  | see the torch asset's description.md for what it does and costs)         |
 """
 from __future__ import annotations
 
@@ -35,9 +39,11 @@ class Hyperparameters:
     max_grad_norm: float
     noise_multiplier: float | None
     target_epsilon: float | None
+    max_epsilon: float | None
     delta: float
     seed: int
     dp: bool
+    secure_mode: bool
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -66,8 +72,9 @@ def parse(values: dict, where: str) -> Hyperparameters:
         raise UserError(f"{where}: momentum = {hp.momentum!r} must be in [0, 1)")
     if not isinstance(hp.seed, int) or isinstance(hp.seed, bool):
         raise UserError(f"{where}: seed = {hp.seed!r} must be an integer")
-    if not isinstance(hp.dp, bool):
-        raise UserError(f"{where}: dp = {hp.dp!r} must be true or false")
+    for name in ("dp", "secure_mode"):
+        if not isinstance(getattr(hp, name), bool):
+            raise UserError(f"{where}: {name} = {getattr(hp, name)!r} must be true or false")
     if hp.dp:
         if (hp.noise_multiplier is None) == (hp.target_epsilon is None):
             raise UserError(f"{where}: give exactly one of noise_multiplier and target_epsilon (the other null)")
@@ -75,6 +82,8 @@ def parse(values: dict, where: str) -> Hyperparameters:
             _positive("noise_multiplier", hp.noise_multiplier, (int, float), where)
         else:
             _positive("target_epsilon", hp.target_epsilon, (int, float), where)
+        if hp.max_epsilon is not None:
+            _positive("max_epsilon", hp.max_epsilon, (int, float), where)
     return hp
 
 

@@ -50,21 +50,25 @@ class DpEvent:
     steps: int
     clipping: str  # clipping unit, e.g. "per-example"
     max_grad_norm: float
+    # The DP library's own ε for this run alone, as (name, value) pairs: shown for comparison, never used.
+    library_epsilon: tuple = ()
 
     @property
     def is_private(self) -> bool:
         return self.noise_multiplier > 0
 
     def to_json(self) -> dict:
-        return {**dataclasses.asdict(self), "data": list(self.data)}
+        return {**dataclasses.asdict(self), "data": list(self.data), "library_epsilon": dict(self.library_epsilon)}
 
     @classmethod
     def from_json(cls, record: dict) -> "DpEvent":
         fields = {f.name for f in dataclasses.fields(cls)}
-        missing = fields - set(record)
+        missing = fields - set(record) - {"library_epsilon"}
         if missing:
             raise UserError(f"privacy ledger event is missing {sorted(missing)}")
-        return cls(**{**{k: record[k] for k in fields}, "data": tuple(record["data"])})
+        values = {k: record[k] for k in fields if k in record}
+        return cls(**{**values, "data": tuple(record["data"]),
+                      "library_epsilon": tuple(sorted(record.get("library_epsilon", {}).items()))})
 
     def dp_accounting_event(self) -> dp_accounting.DpEvent:
         if not self.is_private:
@@ -143,6 +147,21 @@ def check_delta(delta: float, n: int, where: str = "delta") -> None:
             f"{where} = {delta} must be > 0 and < 1/n = {1.0 / n:.3g} for n = {n} training examples; "
             "choose a smaller delta"
         )
+
+
+def steps_within_budget(prior_events: Sequence[DpEvent], next_run: DpEvent, delta: float, max_epsilon: float) -> int:
+    """The most steps of `next_run` (at most its `steps`) after `prior_events` that keep ε at δ (PLD)
+    within `max_epsilon`; 0 when even one step would exceed it."""
+    def fits(steps: int) -> bool:
+        return compose_epsilon([*prior_events, dataclasses.replace(next_run, steps=steps)], delta) <= max_epsilon
+
+    if fits(next_run.steps):
+        return next_run.steps
+    low, high = 0, next_run.steps  # invariant: `high` steps exceed the budget; `low` steps fit (or low = 0)
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low
 
 
 def calibrate_noise_multiplier(

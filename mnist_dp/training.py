@@ -20,12 +20,14 @@ from mnist_dp import model_file, predictions
 from mnist_dp.errors import UserError, run_cli
 from mnist_dp.privacy import (
     ACCOUNTANT_NAMES,
+    PER_EXAMPLE,
     REPORTED_ACCOUNTANT,
     DpEvent,
     Ledger,
     calibrate_noise_multiplier,
     check_delta,
     compose_epsilon,
+    steps_within_budget,
 )
 
 # substratools configures the "substratools" logger (level from --log-level); log under it.
@@ -39,6 +41,7 @@ class SamplingPlan:
     n: int
     steps_per_epoch: int
     epochs: int
+    max_steps: int | None = None  # set when the privacy budget stops training early
 
     @property
     def sample_rate(self) -> float:
@@ -46,8 +49,13 @@ class SamplingPlan:
         return 1.0 / self.steps_per_epoch
 
     @property
-    def steps(self) -> int:
+    def planned_steps(self) -> int:
         return self.steps_per_epoch * self.epochs
+
+    @property
+    def steps(self) -> int:
+        """The steps to run: every epoch's, or fewer if the budget says so (a framework stops there)."""
+        return self.planned_steps if self.max_steps is None else min(self.max_steps, self.planned_steps)
 
     @classmethod
     def from_hyperparameters(cls, n: int, hp: hp_file.Hyperparameters, where: str) -> "SamplingPlan":
@@ -65,6 +73,7 @@ class FitResult:
     noise_multiplier: float  # effective σ per example (σ/2 for microbatch clipping)
     clipping: str
     library_epsilon: dict = field(default_factory=dict)  # the DP library's own figure, for comparison
+    batch_sizes: list = field(default_factory=list)  # examples in each step really taken
 
 
 # Called by a framework after each epoch with the number of steps run so far; returns a short
@@ -98,14 +107,14 @@ def sampled_batches(plan: SamplingPlan, hp: hp_file.Hyperparameters, on_epoch: E
 
     rng = np.random.default_rng(hp.seed)
     with tqdm(total=plan.steps, desc=f"train ({name})", unit="step", disable=None) as bar:
-        for epoch in range(plan.epochs):
-            for _ in range(plan.steps_per_epoch):
-                if hp.dp:
-                    yield np.flatnonzero(rng.random(plan.n) < plan.sample_rate)
-                else:
-                    yield rng.choice(plan.n, size=min(hp.batch_size, plan.n), replace=False)
-                bar.update()
-            bar.set_postfix_str(f"epoch {epoch + 1}/{plan.epochs} {on_epoch(bar.n)}")
+        for step in range(plan.steps):
+            if hp.dp:
+                yield np.flatnonzero(rng.random(plan.n) < plan.sample_rate)
+            else:
+                yield rng.choice(plan.n, size=min(hp.batch_size, plan.n), replace=False)
+            bar.update()
+            if bar.n % plan.steps_per_epoch == 0 or bar.n == plan.steps:
+                bar.set_postfix_str(f"epoch {math.ceil(bar.n / plan.steps_per_epoch)}/{plan.epochs} {on_epoch(bar.n)}")
 
 
 def _load_input_model(framework: Framework, inputs: dict):
@@ -142,6 +151,25 @@ def noise_for_rounds(hp: hp_file.Hyperparameters, sizes: list, rounds: int) -> h
     return dataclasses.replace(hp, noise_multiplier=max(sigmas), target_epsilon=None)
 
 
+def apply_budget(name: str, fingerprints: tuple, hp: hp_file.Hyperparameters, plan: SamplingPlan, sigma: float,
+                 prior: list) -> SamplingPlan:
+    """With max_epsilon: the plan cut at the last step that keeps ε (prior runs on this data included)
+    within budget; refuses to train at all when no step fits."""
+    if not hp.dp or hp.max_epsilon is None:
+        return plan
+    run = DpEvent(name, fingerprints, plan.n, plan.sample_rate, sigma, plan.steps, PER_EXAMPLE, hp.max_grad_norm)
+    allowed = steps_within_budget(prior, run, hp.delta, hp.max_epsilon)
+    if allowed == 0:
+        spent = compose_epsilon(prior, hp.delta)
+        raise UserError(f"max_epsilon = {hp.max_epsilon} is spent: the input model's ε on this data is already "
+                        f"{spent:.3f} at δ = {hp.delta:g} and one more step would exceed the budget; "
+                        "train from scratch or raise max_epsilon")
+    if allowed < plan.steps:
+        log.warning("privacy budget: stopping after %d of %d steps (max_epsilon = %g at delta = %g)",
+                    allowed, plan.steps, hp.max_epsilon, hp.delta)
+    return dataclasses.replace(plan, max_steps=allowed)
+
+
 def train(framework: Framework, inputs: dict, outputs: dict, hyperparameters_path: Path) -> dict:
     """The substratools `train` function body. Returns the privacy summary it logged."""
     check_outputs_writable(outputs)
@@ -160,6 +188,7 @@ def train(framework: Framework, inputs: dict, outputs: dict, hyperparameters_pat
     hp = dataclasses.replace(hp, seed=hp.seed + len(ledger.events))
     prior = [e for e in ledger.events if set(e.data) & set(fingerprints)]
     sigma = resolve_noise_multiplier(hp, plan, prior)
+    plan = apply_budget(framework.name, fingerprints, hp, plan, sigma, prior)
 
     def on_epoch(steps_done: int) -> str:
         if not hp.dp:
@@ -178,12 +207,14 @@ def train(framework: Framework, inputs: dict, outputs: dict, hyperparameters_pat
         steps=result.steps,
         clipping=result.clipping,
         max_grad_norm=hp.max_grad_norm,
+        library_epsilon=tuple(sorted(result.library_epsilon.items())),
     ))
     model_file.save(outputs["model"], model_file.ModelFile(
         framework=framework.name,
         weights=framework.dump_model(model),
         ledger=ledger,
-        hyperparameters={**hp.to_json(), "noise_multiplier": sigma},
+        hyperparameters={**hp.to_json(), "noise_multiplier": sigma, "planned_steps": plan.planned_steps,
+                         "stopped_by_budget": result.steps < plan.planned_steps},
     ))
     summary = privacy_summary(ledger, hp.delta)
     summary["library_epsilon"] = result.library_epsilon

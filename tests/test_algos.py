@@ -9,9 +9,10 @@ import math
 import numpy as np
 import pytest
 
-from conftest import (ALGO_ASSETS, FRAMEWORKS, extract_function, run_function, samples, tiny_hyperparameters)
+from conftest import (ALGO_ASSETS, FRAMEWORKS, TINY_HYPERPARAMETERS, extract_function, run_function, samples,
+                      tiny_hyperparameters)
 from mnist_dp import model_file
-from mnist_dp.privacy import Ledger, compose_epsilon
+from mnist_dp.privacy import PER_EXAMPLE, DpEvent, Ledger, calibrate_noise_multiplier, compose_epsilon
 
 
 def train(tmp_path, framework, data_dir, opener, model=None, name="model", **changes):
@@ -94,11 +95,31 @@ def test_continuing_training_composes_the_ledger(trained, tmp_path):
     assert Ledger(events).epsilon(delta, "rdp") == pytest.approx(compose_epsilon([one_long_run], delta, "rdp"))
 
 
-def test_target_epsilon_is_met(tmp_path, tiny_data, opener_path):
-    framework = FRAMEWORKS[0]
-    proc, outputs = train(tmp_path, framework, tiny_data, opener_path, noise_multiplier=None, target_epsilon=8.0)
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_target_epsilon_gives_the_same_sigma_everywhere_and_the_budget_stops_training(framework, tmp_path, tiny_data,
+                                                                                         opener_path):
+    delta, q, planned = TINY_HYPERPARAMETERS["delta"], 1 / 5, 5  # 300 examples, batch 64: 5 steps per epoch
+    sigma = calibrate_noise_multiplier(8.0, delta, q, planned)
+
+    def epsilon_after(steps):
+        return compose_epsilon([DpEvent(framework, ("x",), 300, q, sigma, steps, PER_EXAMPLE, 1.0)], delta)
+
+    budget = (epsilon_after(3) + epsilon_after(4)) / 2
+    proc, outputs = train(tmp_path, framework, tiny_data, opener_path, noise_multiplier=None, target_epsilon=8.0,
+                          max_epsilon=budget)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert 7.9 < read_epsilon(outputs["epsilon"]) <= 8.0
+    saved = model_file.load(outputs["model"], framework)
+    [event] = saved.ledger.events
+    assert event.noise_multiplier == sigma  # calibrated in the shared skeleton: identical for every framework
+    assert event.steps == 3 and "stopping after 3 of 5 steps" in proc.stderr
+    assert saved.hyperparameters["stopped_by_budget"] and saved.hyperparameters["planned_steps"] == planned
+    assert read_epsilon(outputs["epsilon"]) == pytest.approx(epsilon_after(3)) and epsilon_after(3) <= budget
+    assert event.library_epsilon  # the library's own figure is kept for the privacy statement
+
+    # the 4th step at this σ would exceed the budget: a task continuing from this model refuses to train
+    proc, _ = train(tmp_path, framework, tiny_data, opener_path, model=outputs["model"], name="more",
+                    noise_multiplier=sigma, target_epsilon=None, max_epsilon=budget)
+    assert_one_line_error(proc, f"max_epsilon = {budget} is spent", f"{epsilon_after(3):.3f}")
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)

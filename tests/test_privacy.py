@@ -1,7 +1,9 @@
+import dataclasses
 import math
 
 import pytest
 
+from mnist_dp import privacy
 from mnist_dp.errors import UserError
 from mnist_dp.privacy import DpEvent, Ledger, calibrate_noise_multiplier, check_delta, compose_epsilon
 
@@ -85,3 +87,15 @@ def test_calibration_counts_the_input_models_steps():
 def test_calibration_refuses_a_spent_budget():
     with pytest.raises(UserError, match="already spent"):
         calibrate_noise_multiplier(1.0, 1e-5, 1 / 16, 48, [event(4000, 250, 3, sigma=1.1)])
+
+
+def test_steps_within_budget_is_the_last_step_that_fits():
+    run = privacy.DpEvent("torch", ("a",), 1000, 0.05, 1.0, 400, privacy.PER_EXAMPLE, 1.0)
+    budget = 2.0
+    allowed = privacy.steps_within_budget([], run, 1e-5, budget)
+    assert 0 < allowed < 400
+    assert privacy.compose_epsilon([dataclasses.replace(run, steps=allowed)], 1e-5) <= budget
+    assert privacy.compose_epsilon([dataclasses.replace(run, steps=allowed + 1)], 1e-5) > budget
+    assert privacy.steps_within_budget([], run, 1e-5, 100.0) == 400  # the whole run fits
+    spent = dataclasses.replace(run, steps=allowed)
+    assert privacy.steps_within_budget([spent], run, 1e-5, budget) == 0  # the input model spent it

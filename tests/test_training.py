@@ -3,7 +3,8 @@ import pytest
 from mnist_dp import hyperparameters, privacy, training
 
 BASE = {"epochs": 2, "batch_size": 50, "learning_rate": 0.1, "momentum": 0.9, "max_grad_norm": 1.0,
-        "noise_multiplier": None, "target_epsilon": 2.0, "delta": 1e-5, "seed": 0, "dp": True}
+        "noise_multiplier": None, "target_epsilon": 2.0, "max_epsilon": None, "delta": 1e-5, "seed": 0, "dp": True,
+        "secure_mode": False}
 
 
 def test_sampling_plan_follows_opacus_convention():

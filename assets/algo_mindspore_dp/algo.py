@@ -182,7 +182,7 @@ class MindSporeMindArmour:
             apply = NoisyUpdate(optimizer, hp.max_grad_norm, noise_multiplier, plan.n * plan.sample_rate, hp.seed)
         else:
             plain_step = make_plain_step(net, optimizer)
-        steps = 0
+        batch_sizes = []
         for batch in training.sampled_batches(plan, hp, on_epoch, self.name):
             if hp.dp:
                 total = None
@@ -192,13 +192,14 @@ class MindSporeMindArmour:
                 apply(total)
             else:
                 plain_step(ms.Tensor(images[batch]), ms.Tensor(labels[batch]))
-            steps += 1
+            batch_sizes.append(len(batch))
         net.set_train(False)
         if not hp.dp:
-            return training.FitResult(steps, plan.sample_rate, 0.0, "none")
+            return training.FitResult(len(batch_sizes), plan.sample_rate, 0.0, "none", batch_sizes=batch_sizes)
         library = {"MindArmour RDPMonitor (this run only)": mindarmour_epsilon(
-            plan.n, plan.sample_rate, noise_multiplier, steps, hp.delta)}
-        return training.FitResult(steps, plan.sample_rate, noise_multiplier, PER_EXAMPLE, library)
+            plan.n, plan.sample_rate, noise_multiplier, len(batch_sizes), hp.delta)}
+        return training.FitResult(len(batch_sizes), plan.sample_rate, noise_multiplier, PER_EXAMPLE, library,
+                                  batch_sizes)
 
     def predict(self, net, images, batch_size=1000):
         net.set_train(False)

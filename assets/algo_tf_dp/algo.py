@@ -228,15 +228,16 @@ class TensorFlowPrivacy:
             step = make_dp_step(model, optimizer, hp.max_grad_norm, noise_multiplier, plan.n * plan.sample_rate)
         else:
             step = make_plain_step(model, optimizer)
-        steps = 0
+        batch_sizes = []
         for batch in training.sampled_batches(plan, hp, on_epoch, self.name):
             step(tf.constant(images[batch]), tf.constant(labels[batch]))
-            steps += 1
+            batch_sizes.append(len(batch))
         if not hp.dp:
-            return training.FitResult(steps, plan.sample_rate, 0.0, "none")
+            return training.FitResult(len(batch_sizes), plan.sample_rate, 0.0, "none", batch_sizes=batch_sizes)
         library = {"TF Privacy statement, RDP, Poisson (this run only)": tf_privacy_statement_epsilon(
-            plan.n, plan.n * plan.sample_rate, plan.epochs, noise_multiplier, hp.delta)}
-        return training.FitResult(steps, plan.sample_rate, noise_multiplier, PER_EXAMPLE, library)
+            plan.n, plan.n * plan.sample_rate, len(batch_sizes) / plan.steps_per_epoch, noise_multiplier, hp.delta)}
+        return training.FitResult(len(batch_sizes), plan.sample_rate, noise_multiplier, PER_EXAMPLE, library,
+                                  batch_sizes)
 
     def predict(self, model, images, batch_size=1024):
         return np.concatenate([

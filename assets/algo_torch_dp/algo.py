@@ -112,11 +112,12 @@ class TorchOpacus:
         else:
             train_model = model
 
-        steps = run_epochs(train_model, optimizer, criterion, loader, plan, on_epoch)
+        batch_sizes = run_epochs(train_model, optimizer, criterion, loader, plan, on_epoch)
         if engine is not None:
             library = {"Opacus PRV (this run only)": engine.get_epsilon(hp.delta)}
-            return training.FitResult(steps, plan.sample_rate, noise_multiplier, PER_EXAMPLE, library)
-        return training.FitResult(steps, plan.sample_rate, 0.0, "none")
+            return training.FitResult(len(batch_sizes), plan.sample_rate, noise_multiplier, PER_EXAMPLE, library,
+                                      batch_sizes)
+        return training.FitResult(len(batch_sizes), plan.sample_rate, 0.0, "none", batch_sizes=batch_sizes)
 
     def predict(self, model, images, batch_size=1024):
         model.eval()
@@ -128,22 +129,25 @@ class TorchOpacus:
 
 
 def run_epochs(model, optimizer, criterion, loader, plan, on_epoch):
-    """Plain training loop; returns the number of optimizer steps really taken."""
+    """Plain training loop, stopping after plan.steps (the budget may cut an epoch short).
+    Returns the size of every batch really trained on."""
     from tqdm import tqdm
 
     model.train()
-    steps = 0
+    batch_sizes = []
     with tqdm(total=plan.steps, desc="train (torch)", unit="step", disable=None) as bar:
         for epoch in range(plan.epochs):
             for x, y in loader:
+                if len(batch_sizes) == plan.steps:
+                    return batch_sizes
                 optimizer.zero_grad()
                 loss = criterion(model(x), y)
                 loss.backward()
                 optimizer.step()
-                steps += 1
+                batch_sizes.append(len(y))
                 bar.update()
-            bar.set_postfix_str(f"epoch {epoch + 1}/{plan.epochs} loss {loss.item():.3f} {on_epoch(steps)}")
-    return steps
+            bar.set_postfix_str(f"epoch {epoch + 1}/{plan.epochs} loss {loss.item():.3f} {on_epoch(len(batch_sizes))}")
+    return batch_sizes
 
 
 FRAMEWORK = TorchOpacus()
