@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from mnist_dp import atomic, model_file, plan
+from mnist_dp import atomic, model_file, plan, statement
 from mnist_dp.privacy import NEIGHBOURING_RELATION, SAMPLING
 from mnist_dp.training import privacy_summary
 
@@ -197,6 +197,11 @@ def write_summary(path: Path, title: str, facts: list, records: list, performanc
     lines += ["## Accuracy and privacy", "", markdown_table(headers, rows), "", STATEMENT, ""]
     if plot:
         lines += [f"![test accuracy and ε]({plot.name})", ""]
+    lines += ["## Privacy statements", ""]
+    for record in _last_record_per_run(records):
+        saved = model_file.load(record["model_file"], record["framework"])
+        by_org = record["epsilon_by_organization"] if len(record["epsilon_by_organization"]) > 1 else None
+        lines += [f"### {record['run']}", "", statement.privacy_statement(saved, by_org), ""]
     lines += ["## Performances as recorded by Substra (`get_performances`)", "",
               markdown_table(*performance_table(performances)), ""]
     atomic.write_text(path, "\n".join(lines))
@@ -211,6 +216,10 @@ def write_reports(output: Path, title: str, facts: list, records: list, performa
     summary = output / "summary.md"
     write_summary(summary, title, facts, records, performances, png, failure)
     return [p for p in (results, summary, png) if p]
+
+
+def _last_record_per_run(records: list) -> list:
+    return list({r["run"]: r for r in records}.values())
 
 
 def plot(path: Path, records: list) -> Path | None:

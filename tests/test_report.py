@@ -3,7 +3,7 @@ import math
 
 import pandas as pd
 
-from mnist_dp import report
+from mnist_dp import model_file, privacy, report
 
 
 def record(run, round_idx, org, eps_by_org, dp=True, accuracy=0.5):
@@ -36,8 +36,24 @@ def test_table_shows_round_organisation_and_epsilon_per_organisation():
     assert report.table([]) == "(no train task finished)"
 
 
+def with_model_files(records, folder):
+    """Give each record a real model file whose ledger matches it."""
+    folder.mkdir()
+    out = []
+    for i, r in enumerate(records):
+        sigma = 1.0 if r["dp"] else 0.0
+        event = privacy.DpEvent(r["framework"], ("fp-a",), 100, 0.1, sigma, 10, "per-example", 1.0,
+                                (("Opacus PRV (this run only)", 1.49),))
+        path = folder / f"{i}.model"
+        model_file.save(path, model_file.ModelFile(r["framework"], b"", privacy.Ledger([event]),
+                                                   {"delta": 1e-5, "max_epsilon": None}))
+        out.append({**r, "model_file": str(path)})
+    return out
+
+
 def test_reports_are_written(tmp_path):
-    written = report.write_reports(tmp_path, "title", ["fact one"], RECORDS, PERFORMANCES, failure="task X failed")
+    records = with_model_files(RECORDS, tmp_path / "models")
+    written = report.write_reports(tmp_path, "title", ["fact one"], records, PERFORMANCES, failure="task X failed")
     assert sorted(p.name for p in written) == ["results.json", "results.png", "summary.md"]
     results = json.loads((tmp_path / "results.json").read_text())
     assert results[2]["epsilon"] is None and results[2]["epsilon_by_organization"] == {"Org1": None, "Org2": 0.0}
@@ -45,4 +61,8 @@ def test_reports_are_written(tmp_path):
     assert "- fact one" in summary and "task X failed" in summary and "![test accuracy and ε](results.png)" in summary
     assert "| torch | 1 | ∞ | 0.5000 |" in summary  # Substra's performances, pivoted by metric and worker
     assert (tmp_path / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json", "results.png", "summary.md"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["models", "results.json", "results.png", "summary.md"]
+    # one privacy statement per run, from its last model: per organisation, with the library's figure
+    assert summary.count("### torch\n") == 1 and "### torch-baseline" in summary
+    assert "- Per organisation (ε of the steps run on its data only): Org1: 1.500, Org2: 1.500" in summary
+    assert "Opacus PRV (this run only): ε = 1.490" in summary and "**Not private**" in summary

@@ -1,0 +1,36 @@
+from mnist_dp import model_file, privacy, statement
+
+EVENT = privacy.DpEvent("tf", ("fp-a", "fp-b"), 300, 0.2, 1.0, 5, privacy.PER_EXAMPLE, 1.0,
+                        (("TF Privacy statement, RDP, Poisson (this run only)", 4.5),))
+
+
+def saved(events, **hyperparameters):
+    return model_file.ModelFile("tf", b"", privacy.Ledger(events), {"delta": 1e-4, **hyperparameters})
+
+
+def test_statement_gives_epsilon_with_delta_relation_sampling_clipping_and_exclusions():
+    model = saved([EVENT])
+    text = statement.privacy_statement(model)
+    assert text.startswith(f"**(ε, δ) = ({model.ledger.epsilon(1e-4):.3f}, 0.0001)** by PLD")
+    assert f"RDP (Google dp_accounting): ε = {model.ledger.epsilon(1e-4, 'rdp'):.3f}" in text
+    assert "add or remove one example" in text and "Poisson" in text
+    assert "2 data sample(s), n = 300, q = 0.2, σ = 1, 5 steps, clipping per-example to C = 1" in text
+    assert "TF Privacy statement, RDP, Poisson (this run only): ε = 4.500" in text
+    assert "Not covered: hyperparameter tuning" in text and "Secure noise (secure_mode): off" in text
+
+
+def test_statement_shows_the_budget_and_epsilon_per_data_group():
+    other = privacy.DpEvent("tf", ("fp-c",), 300, 0.2, 2.0, 3, privacy.PER_EXAMPLE, 1.0)
+    model = saved([EVENT, other], max_epsilon=9.0, planned_steps=5, stopped_by_budget=True, secure_mode=True)
+    text = statement.privacy_statement(model)
+    assert "max_epsilon = 9 at δ = 0.0001; training stopped after 3 of 5 planned steps" in text
+    assert f"2 sample(s) fp-a…: {privacy.compose_epsilon([EVENT], 1e-4):.3f}" in text
+    assert f"1 sample(s) fp-c…: {privacy.compose_epsilon([other], 1e-4):.3f}" in text
+    assert "secure_mode): on" in text
+    by_org = statement.privacy_statement(model, {"Org1": 1.25, "Org2": 0.5})
+    assert "Per organisation (ε of the steps run on its data only): Org1: 1.250, Org2: 0.500" in by_org
+
+
+def test_a_non_private_model_says_so():
+    baseline = privacy.DpEvent("tf", ("fp-a",), 300, 0.2, 0.0, 5, "none", 1.0)
+    assert statement.privacy_statement(saved([baseline])).startswith("**Not private**")
