@@ -95,6 +95,9 @@ class Framework(Protocol):
 
     def predict(self, model, images: np.ndarray) -> np.ndarray: ...
 
+    def flat_weights(self, model) -> np.ndarray:
+        """All trainable weights in one vector (the mechanism tests measure updates with it)."""
+
 
 def sampled_batches(plan: SamplingPlan, hp: hp_file.Hyperparameters, on_epoch: EpochCallback, name: str):
     """Yield the index batch of every step of a run, with a progress bar.

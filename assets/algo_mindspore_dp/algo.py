@@ -110,12 +110,16 @@ class NoisyUpdate(nn.Cell):
         NoiseGaussianRandom, _ = import_mindarmour()
         self.optimizer = optimizer
         # MindArmour draws fresh noise at every call; seed 0 would select its secure random source.
-        self.noise = NoiseGaussianRandom(float(max_grad_norm), float(noise_multiplier), seed=seed + 1)
+        # σ = 0 (no noise, clipping only) serves the mechanism tests; MindArmour refuses it.
+        self.noise = (NoiseGaussianRandom(float(max_grad_norm), float(noise_multiplier), seed=seed + 1)
+                      if noise_multiplier > 0 else None)
         # The *expected* batch size, a constant as in Opacus: dividing by the realised size would make
         # the update depend on the data beyond what the mechanism accounts for.
         self.expected_batch_size = float(expected_batch_size)
 
     def construct(self, clipped_sum):
+        if self.noise is None:
+            return self.optimizer(tuple(g / self.expected_batch_size for g in clipped_sum))
         return self.optimizer(tuple((g + self.noise(g)) / self.expected_batch_size for g in clipped_sum))
 
 
@@ -197,9 +201,12 @@ class MindSporeMindArmour:
         if not hp.dp:
             return training.FitResult(len(batch_sizes), plan.sample_rate, 0.0, "none", batch_sizes=batch_sizes)
         library = {"MindArmour RDPMonitor (this run only)": mindarmour_epsilon(
-            plan.n, plan.sample_rate, noise_multiplier, len(batch_sizes), hp.delta)}
+            plan.n, plan.sample_rate, noise_multiplier, len(batch_sizes), hp.delta)} if noise_multiplier > 0 else {}
         return training.FitResult(len(batch_sizes), plan.sample_rate, noise_multiplier, PER_EXAMPLE, library,
                                   batch_sizes)
+
+    def flat_weights(self, net):
+        return np.concatenate([p.asnumpy().ravel() for p in net.trainable_params()])
 
     def predict(self, net, images, batch_size=1000):
         net.set_train(False)

@@ -235,9 +235,13 @@ class TensorFlowPrivacy:
         if not hp.dp:
             return training.FitResult(len(batch_sizes), plan.sample_rate, 0.0, "none", batch_sizes=batch_sizes)
         library = {"TF Privacy statement, RDP, Poisson (this run only)": tf_privacy_statement_epsilon(
-            plan.n, plan.n * plan.sample_rate, len(batch_sizes) / plan.steps_per_epoch, noise_multiplier, hp.delta)}
+            plan.n, plan.n * plan.sample_rate, len(batch_sizes) / plan.steps_per_epoch, noise_multiplier, hp.delta)
+        } if noise_multiplier > 0 else {}
         return training.FitResult(len(batch_sizes), plan.sample_rate, noise_multiplier, PER_EXAMPLE, library,
                                   batch_sizes)
+
+    def flat_weights(self, model):
+        return np.concatenate([v.numpy().ravel() for v in model.trainable_variables])
 
     def predict(self, model, images, batch_size=1024):
         return np.concatenate([

@@ -114,10 +114,13 @@ class TorchOpacus:
 
         batch_sizes = run_epochs(train_model, optimizer, criterion, loader, plan, on_epoch)
         if engine is not None:
-            library = {"Opacus PRV (this run only)": engine.get_epsilon(hp.delta)}
+            library = {"Opacus PRV (this run only)": engine.get_epsilon(hp.delta)} if noise_multiplier > 0 else {}
             return training.FitResult(len(batch_sizes), plan.sample_rate, noise_multiplier, PER_EXAMPLE, library,
                                       batch_sizes)
         return training.FitResult(len(batch_sizes), plan.sample_rate, 0.0, "none", batch_sizes=batch_sizes)
+
+    def flat_weights(self, model):
+        return np.concatenate([p.detach().numpy().ravel() for p in model.parameters()])
 
     def predict(self, model, images, batch_size=1024):
         model.eval()
