@@ -77,10 +77,11 @@ def time_torch(algo, images, labels, hp, steps):
             model = GradSampleModule(model)
             optimizer = DPOptimizer(optimizer, noise_multiplier=1.0, max_grad_norm=hp.max_grad_norm,
                                     expected_batch_size=hp.batch_size)
-        elif mode == "ghost":
+        elif mode.startswith("ghost"):  # "ghost-secure": with the secure_mode noise (4 Gaussian draws per weight)
             model = GradSampleModuleFastGradientClipping(model, max_grad_norm=hp.max_grad_norm, use_ghost_clipping=True)
             optimizer = DPOptimizerFastGradientClipping(optimizer, noise_multiplier=1.0, max_grad_norm=hp.max_grad_norm,
-                                                        expected_batch_size=hp.batch_size)
+                                                        expected_batch_size=hp.batch_size,
+                                                        secure_mode=mode == "ghost-secure")
             criterion = DPLossFastGradientClipping(model, optimizer, criterion)
 
         def step(x, y):
@@ -90,7 +91,8 @@ def time_torch(algo, images, labels, hp, steps):
         return step
 
     variants = {"non-private": "plain", "Opacus per-example hooks": "hooks",
-                f"Opacus ghost clipping{' (used)' if algo.GRAD_SAMPLE_MODE == 'ghost' else ''}": "ghost"}
+                f"Opacus ghost clipping{' (used)' if algo.GRAD_SAMPLE_MODE == 'ghost' else ''}": "ghost",
+                "Opacus ghost clipping, secure_mode noise": "ghost-secure"}
     return {name: median_seconds(make(mode), poisson_batches(images, labels, hp, steps + 3))
             for name, mode in variants.items()}
 

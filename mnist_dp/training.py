@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Protocol
@@ -108,7 +109,8 @@ def sampled_batches(plan: SamplingPlan, hp: hp_file.Hyperparameters, on_epoch: E
     """
     from tqdm import tqdm
 
-    rng = np.random.default_rng(hp.seed)
+    # secure_mode: seeded from the OS's CSPRNG, so the batches can be neither predicted nor replayed.
+    rng = np.random.default_rng(secrets.randbits(128) if hp.secure_mode else hp.seed)
     with tqdm(total=plan.steps, desc=f"train ({name})", unit="step", disable=None) as bar:
         for step in range(plan.steps):
             if hp.dp:

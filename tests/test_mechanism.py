@@ -9,6 +9,7 @@ from scipy import stats
 
 from conftest import ALGO_ASSETS, FRAMEWORKS
 from mnist_dp import hyperparameters, training
+from mnist_dp.errors import UserError
 from mnist_dp.plan import load_asset_module
 
 C = 1.0
@@ -31,8 +32,8 @@ def make_hp(**changes):
         "secure_mode": False, **changes}, "test")
 
 
-def fit(framework, images, labels, sigma, dp=True, seed=0, epochs=1, batch_size=None):
-    hp = make_hp(epochs=epochs, batch_size=batch_size or len(labels), seed=seed, dp=dp)
+def fit(framework, images, labels, sigma, dp=True, seed=0, epochs=1, batch_size=None, secure_mode=False):
+    hp = make_hp(epochs=epochs, batch_size=batch_size or len(labels), seed=seed, dp=dp, secure_mode=secure_mode)
     plan = training.SamplingPlan.from_hyperparameters(len(labels), hp, "test")
     model = framework.new_model(0)
     before = framework.flat_weights(model)
@@ -79,6 +80,18 @@ def test_without_dp_nothing_is_clipped_or_noised_and_with_dp_seeds_differ(framew
     first, _ = fit(framework, IMAGES, LABELS, sigma=1.0, seed=0)
     second, _ = fit(framework, IMAGES, LABELS, sigma=1.0, seed=1)
     assert np.linalg.norm(first - second) > 0.1 * np.linalg.norm(first)
+
+
+def test_secure_mode_noise_cannot_be_replayed_and_keeps_its_size(framework):
+    sigma = 2.0
+    if framework.name == "tf":
+        with pytest.raises(UserError, match="TF Privacy offers no secure noise"):
+            fit(framework, IMAGES, LABELS, sigma=sigma, secure_mode=True)
+        return
+    first, _ = fit(framework, IMAGES, LABELS, sigma=sigma, secure_mode=True)
+    second, _ = fit(framework, IMAGES, LABELS, sigma=sigma, secure_mode=True)  # same seed: still fresh noise
+    difference = first - second  # noise minus independent noise: std √2·σC/E[B]
+    assert np.std(difference) == pytest.approx(np.sqrt(2) * sigma * C / len(LABELS), rel=0.03)
 
 
 def test_realised_batch_sizes_are_the_poisson_samples(framework):

@@ -12,6 +12,7 @@ to C, summed, and MindArmour's `NoiseGaussianRandom` (std σ·C) added once per 
 import io
 import logging
 import os
+import secrets
 import sys
 from pathlib import Path
 
@@ -109,9 +110,10 @@ class NoisyUpdate(nn.Cell):
         super().__init__(auto_prefix=False)
         NoiseGaussianRandom, _ = import_mindarmour()
         self.optimizer = optimizer
-        # MindArmour draws fresh noise at every call; seed 0 would select its secure random source.
-        # σ = 0 (no noise, clipping only) serves the mechanism tests; MindArmour refuses it.
-        self.noise = (NoiseGaussianRandom(float(max_grad_norm), float(noise_multiplier), seed=seed + 1)
+        # MindArmour draws fresh noise at every call; its seed 0 selects its "secure" random source (seed
+        # None here). σ = 0 (no noise, clipping only) serves the mechanism tests; MindArmour refuses it.
+        self.noise = (NoiseGaussianRandom(float(max_grad_norm), float(noise_multiplier),
+                                          seed=0 if seed is None else seed + 1)
                       if noise_multiplier > 0 else None)
         # The *expected* batch size, a constant as in Opacus: dividing by the realised size would make
         # the update depend on the data beyond what the mechanism accounts for.
@@ -177,13 +179,17 @@ class MindSporeMindArmour:
         return buffer.getvalue()
 
     def fit(self, net, images, labels, hp, plan, noise_multiplier, on_epoch):
-        ms.set_seed(hp.seed)
+        # With a global seed set, MindSpore derives even seed-0 ("secure") ops' seeds from it: secure_mode
+        # must not set a replayable one.
+        ms.set_seed(secrets.randbits(31) if hp.secure_mode else hp.seed)
         optimizer = nn.SGD(net.trainable_params(), learning_rate=hp.learning_rate, momentum=hp.momentum)
         net.set_train(True)
         images, labels = images[:, None], labels.astype(np.int32)
         if hp.dp:
             add_chunk = ClippedGradientSum(net, optimizer.parameters, hp.max_grad_norm)
-            apply = NoisyUpdate(optimizer, hp.max_grad_norm, noise_multiplier, plan.n * plan.sample_rate, hp.seed)
+            # secure_mode: MindArmour's own option, seed 0 ("secure random number": a fresh random seed per run)
+            apply = NoisyUpdate(optimizer, hp.max_grad_norm, noise_multiplier, plan.n * plan.sample_rate,
+                                None if hp.secure_mode else hp.seed)
         else:
             plain_step = make_plain_step(net, optimizer)
         batch_sizes = []

@@ -6,6 +6,7 @@ Run alone:  python assets/algo_torch_dp/algo.py --function-name train --inputs '
 import io
 import logging
 import os
+import secrets
 import sys
 import warnings
 from pathlib import Path
@@ -65,6 +66,13 @@ class SampleConvNet(nn.Module):
         return self.fc2(x)  # -> [B, 10] logits
 
 
+def has_torchcsprng() -> bool:
+    """Opacus' full secure_mode draws everything from torchcsprng (a CSPRNG); it has no torch 2.x release."""
+    import importlib.util
+
+    return importlib.util.find_spec("torchcsprng") is not None
+
+
 class TorchOpacus:
     name = "torch"
 
@@ -86,7 +94,8 @@ class TorchOpacus:
         return buffer.getvalue()
 
     def fit(self, model, images, labels, hp, plan, noise_multiplier, on_epoch):
-        generator = torch.Generator().manual_seed(hp.seed)
+        # secure_mode: sampling and noise seeded from the OS's CSPRNG (never replayable), see secure_engine.
+        generator = torch.Generator().manual_seed(secrets.randbits(63) if hp.secure_mode else hp.seed)
         dataset = TensorDataset(torch.from_numpy(images[:, None]), torch.from_numpy(labels))
         # batch_size gives the loader plan.steps_per_epoch batches; Opacus then replaces it by
         # Poisson sampling with q = 1 / len(loader) = plan.sample_rate.
@@ -97,16 +106,19 @@ class TorchOpacus:
         if hp.dp:
             from opacus import PrivacyEngine
 
-            engine = PrivacyEngine(accountant="prv")
+            engine = PrivacyEngine(accountant="prv", secure_mode=hp.secure_mode and has_torchcsprng())
             private = engine.make_private(
                 module=model, optimizer=optimizer, criterion=criterion, data_loader=loader,
                 noise_multiplier=noise_multiplier, max_grad_norm=hp.max_grad_norm,
-                poisson_sampling=True, grad_sample_mode=GRAD_SAMPLE_MODE, noise_generator=generator,
+                poisson_sampling=True, grad_sample_mode=GRAD_SAMPLE_MODE,
+                noise_generator=None if engine.secure_mode else generator,
             )
             if GRAD_SAMPLE_MODE == "ghost":
                 train_model, optimizer, criterion, loader = private
             else:
                 train_model, optimizer, loader = private
+            # Without torchcsprng, secure_mode keeps Opacus' floating-point-attack-resistant noise sampling.
+            optimizer.secure_mode = hp.secure_mode
             if abs(loader.sample_rate - plan.sample_rate) > 1e-12:  # the ledger would not match the training
                 raise RuntimeError(f"Opacus samples with q={loader.sample_rate}, the plan says {plan.sample_rate}")
         else:
