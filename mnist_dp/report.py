@@ -55,6 +55,10 @@ def model_record(path: Path, framework: str, organizations: dict) -> dict:
         "max_grad_norm": last.max_grad_norm,
         "sampling": SAMPLING,
         "neighbouring_relation": NEIGHBOURING_RELATION,
+        "max_epsilon": saved.hyperparameters.get("max_epsilon"),
+        "stopped_by_budget": saved.hyperparameters.get("stopped_by_budget", False),
+        "secure_mode": saved.hyperparameters.get("secure_mode", False),
+        "library_epsilon": {name: value for e in saved.ledger.events for name, value in e.library_epsilon},
         "model_file": str(path),
     }
 
@@ -125,6 +129,11 @@ def _rows(records: list) -> tuple:
     columns = [c for c in COLUMNS if multi or c[0] not in MULTI_STAGE_ONLY]
     headers = [header for _, header, _ in columns]
     rows = [[_cell(r, key, fmt) for key, _, fmt in columns] for r in records]
+    if any(r.get("max_epsilon") is not None for r in records):  # the budget, and whether it stopped training
+        headers.append("max ε")
+        for row, r in zip(rows, records):
+            row.append("-" if r.get("max_epsilon") is None else
+                       f"{r['max_epsilon']:g}{' (stopped)' if r.get('stopped_by_budget') else ''}")
     if len(organizations) > 1:
         at = headers.index("ε (PLD)") + 1
         headers[at:at] = [f"ε {org}" for org in organizations]

@@ -32,7 +32,9 @@ def test_table_shows_round_organisation_and_epsilon_per_organisation():
     assert text.splitlines()[2].split()[6:9] == ["1.500", "1.500", "0.000"]  # worst, Org1, Org2
     assert "∞" in text.splitlines()[4]
     single = report.table([record("tf", 1, "Org1", {"Org1": 2.0})])
-    assert "round" not in single and "ε Org1" not in single
+    assert "round" not in single and "ε Org1" not in single and "max ε" not in single
+    budget = report.table([{**record("tf", 1, "Org1", {"Org1": 2.0}), "max_epsilon": 2.0, "stopped_by_budget": True}])
+    assert budget.splitlines()[0].endswith("max ε") and budget.splitlines()[2].endswith("2 (stopped)")
     assert report.table([]) == "(no train task finished)"
 
 
@@ -46,7 +48,8 @@ def with_model_files(records, folder):
                                 (("Opacus PRV (this run only)", 1.49),))
         path = folder / f"{i}.model"
         model_file.save(path, model_file.ModelFile(r["framework"], b"", privacy.Ledger([event]),
-                                                   {"delta": 1e-5, "max_epsilon": None}))
+                                                   {"delta": 1e-5, "max_epsilon": 2.0, "stopped_by_budget": i == 0,
+                                                    "planned_steps": 12}))
         out.append({**r, "model_file": str(path)})
     return out
 
@@ -66,3 +69,13 @@ def test_reports_are_written(tmp_path):
     assert summary.count("### torch\n") == 1 and "### torch-baseline" in summary
     assert "- Per organisation (ε of the steps run on its data only): Org1: 1.500, Org2: 1.500" in summary
     assert "Opacus PRV (this run only): ε = 1.490" in summary and "**Not private**" in summary
+    assert "max_epsilon = 2 at δ = 1e-05; training stopped after 10 of 12 planned steps" in summary
+
+
+def test_model_record_is_recomputed_from_the_model_file(tmp_path):
+    [with_file] = with_model_files(RECORDS[:1], tmp_path / "models")
+    record = report.model_record(with_file["model_file"], "torch", {"Org1": ["fp-a"], "Org2": ["fp-b"]})
+    saved = model_file.load(with_file["model_file"])
+    assert record["epsilon"] == saved.ledger.epsilon(1e-5) and record["epsilon_by_organization"]["Org2"] == 0.0
+    assert record["max_epsilon"] == 2.0 and record["stopped_by_budget"] is True and record["steps"] == 10
+    assert record["library_epsilon"] == {"Opacus PRV (this run only)": 1.49}
