@@ -48,7 +48,7 @@ def with_model_files(records, folder):
                                 (("Opacus PRV (this run only)", 1.49),))
         path = folder / f"{i}.model"
         model_file.save(path, model_file.ModelFile(r["framework"], b"", privacy.Ledger([event]),
-                                                   {"delta": 1e-5, "max_epsilon": 2.0, "stopped_by_budget": i == 0,
+                                                   {"delta": 1e-5, "max_epsilon": 2.0, "stopped_by_budget": r["dp"],
                                                     "planned_steps": 12}))
         out.append({**r, "model_file": str(path)})
     return out
