@@ -171,7 +171,7 @@ def train_default(algo, framework, train, test, hp):
     start = time.perf_counter()
     result = algo.FRAMEWORK.fit(model, *train, hp, plan, sigma, lambda steps: "")
     seconds = time.perf_counter() - start
-    accuracy = float(np.mean(algo.FRAMEWORK.predict(model, test[0]) == test[1]))
+    accuracy = float(np.mean(training.predicted_labels(algo.FRAMEWORK, model, test[0]) == test[1]))
     event = DpEvent(framework, ("train",), plan.n, result.sample_rate, result.noise_multiplier, result.steps,
                     result.clipping, hp.max_grad_norm)
     return {"dp": hp.dp, "sigma": sigma, "steps": result.steps, "test_accuracy": accuracy,

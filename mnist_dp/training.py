@@ -94,7 +94,8 @@ class Framework(Protocol):
     def fit(self, model, images: np.ndarray, labels: np.ndarray, hp: hp_file.Hyperparameters,
             plan: SamplingPlan, noise_multiplier: float, on_epoch: EpochCallback) -> FitResult: ...
 
-    def predict(self, model, images: np.ndarray) -> np.ndarray: ...
+    def logits(self, model, images: np.ndarray) -> np.ndarray:
+        """Class scores [N, 10] (before softmax); the predicted label is their argmax."""
 
     def flat_weights(self, model) -> np.ndarray:
         """All trainable weights in one vector (the mechanism tests measure updates with it)."""
@@ -164,6 +165,10 @@ def apply_budget(name: str, fingerprints: tuple, hp: hp_file.Hyperparameters, pl
         return plan
     run = DpEvent(name, fingerprints, plan.n, plan.sample_rate, sigma, plan.steps, PER_EXAMPLE, hp.max_grad_norm)
     allowed = steps_within_budget(prior, run, hp.delta, hp.max_epsilon)
+    if allowed == 0 and not prior:
+        one_step = compose_epsilon([dataclasses.replace(run, steps=1)], hp.delta)
+        raise UserError(f"max_epsilon = {hp.max_epsilon} is below the ε of a single step ({one_step:.3f} at "
+                        f"δ = {hp.delta:g}); raise max_epsilon or the noise")
     if allowed == 0:
         spent = compose_epsilon(prior, hp.delta)
         raise UserError(f"max_epsilon = {hp.max_epsilon} is spent: the input model's ε on this data is already "
@@ -233,8 +238,12 @@ def predict(framework: Framework, inputs: dict, outputs: dict) -> None:
     """The substratools `predict` function body."""
     check_outputs_writable(outputs)
     saved = model_file.load(inputs["model"], framework.name)
-    labels = framework.predict(framework.load_model(saved.weights), inputs["datasamples"]["images"])
+    labels = predicted_labels(framework, framework.load_model(saved.weights), inputs["datasamples"]["images"])
     predictions.save(outputs["predictions"], labels)
+
+
+def predicted_labels(framework: Framework, model, images: np.ndarray) -> np.ndarray:
+    return np.argmax(framework.logits(model, images), axis=1).astype(np.int64)
 
 
 def run_functions(framework: Framework, hyperparameters_path: Path) -> None:

@@ -43,7 +43,7 @@ def fit(framework, images, labels, sigma, dp=True, seed=0, epochs=1, batch_size=
 
 def wrong_labels(framework, images):
     """Labels the initial model does not predict: the loss gradient cannot vanish (saturated softmax)."""
-    return (framework.predict(framework.new_model(0), images) + 1) % 10
+    return (training.predicted_labels(framework, framework.new_model(0), images) + 1) % 10
 
 
 def test_every_per_example_contribution_is_clipped_to_c(framework):

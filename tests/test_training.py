@@ -1,6 +1,7 @@
 import pytest
 
 from mnist_dp import hyperparameters, privacy, training
+from mnist_dp.errors import UserError
 
 BASE = {"epochs": 2, "batch_size": 50, "learning_rate": 0.1, "momentum": 0.9, "max_grad_norm": 1.0,
         "noise_multiplier": None, "target_epsilon": 2.0, "max_epsilon": None, "delta": 1e-5, "seed": 0, "dp": True,
@@ -28,3 +29,16 @@ def test_noise_for_rounds_keeps_every_organisation_within_the_target_after_the_l
     assert training.noise_for_rounds(hp, sizes, 1) is hp
     baseline = hyperparameters.parse({**BASE, "dp": False}, "x")
     assert training.noise_for_rounds(baseline, sizes, 3) is baseline
+
+
+def test_budget_cuts_the_plan_or_refuses():
+    hp = hyperparameters.parse({**BASE, "target_epsilon": None, "noise_multiplier": 1.0, "max_epsilon": 2.0}, "x")
+    plan = training.SamplingPlan.from_hyperparameters(1000, hp, "x")
+    cut = training.apply_budget("torch", ("d",), hp, plan, 1.0, [])
+    assert 0 < cut.steps < plan.steps == cut.planned_steps
+    spent = privacy.DpEvent("torch", ("d",), 1000, plan.sample_rate, 1.0, cut.steps, privacy.PER_EXAMPLE, 1.0)
+    with pytest.raises(UserError, match="is spent: the input model's ε on this data is already"):
+        training.apply_budget("torch", ("d",), hp, plan, 1.0, [spent])
+    with pytest.raises(UserError, match="below the ε of a single step"):
+        training.apply_budget("torch", ("d",), hp, plan, 0.4, [])
+    assert training.apply_budget("torch", ("d",), hyperparameters.parse(BASE, "x"), plan, 1.0, []) is plan

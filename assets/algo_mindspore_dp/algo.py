@@ -214,10 +214,10 @@ class MindSporeMindArmour:
     def flat_weights(self, net):
         return np.concatenate([p.asnumpy().ravel() for p in net.trainable_params()])
 
-    def predict(self, net, images, batch_size=1000):
+    def logits(self, net, images, batch_size=1000):
         net.set_train(False)
         return np.concatenate([
-            net(ms.Tensor(images[i : i + batch_size, None])).asnumpy().argmax(1)
+            net(ms.Tensor(images[i : i + batch_size, None])).asnumpy()
             for i in range(0, len(images), batch_size)
         ])
 

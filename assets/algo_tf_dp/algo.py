@@ -246,9 +246,9 @@ class TensorFlowPrivacy:
     def flat_weights(self, model):
         return np.concatenate([v.numpy().ravel() for v in model.trainable_variables])
 
-    def predict(self, model, images, batch_size=1024):
+    def logits(self, model, images, batch_size=1024):
         return np.concatenate([
-            np.argmax(model(images[i : i + batch_size, ..., None], training=False).numpy(), axis=1)
+            model(images[i : i + batch_size, ..., None], training=False).numpy()
             for i in range(0, len(images), batch_size)
         ])
 

@@ -134,11 +134,11 @@ class TorchOpacus:
     def flat_weights(self, model):
         return np.concatenate([p.detach().numpy().ravel() for p in model.parameters()])
 
-    def predict(self, model, images, batch_size=1024):
+    def logits(self, model, images, batch_size=1024):
         model.eval()
         with torch.no_grad():
             return np.concatenate([
-                model(torch.from_numpy(images[i : i + batch_size, None])).argmax(1).numpy()
+                model(torch.from_numpy(images[i : i + batch_size, None])).numpy()
                 for i in range(0, len(images), batch_size)
             ])
 
