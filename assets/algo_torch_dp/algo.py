@@ -119,6 +119,9 @@ class TorchOpacus:
                 train_model, optimizer, loader = private
             # Without torchcsprng, secure_mode keeps Opacus' floating-point-attack-resistant noise sampling.
             optimizer.secure_mode = hp.secure_mode
+            if hp.secure_mode and not engine.secure_mode:
+                training.log.warning("secure_mode without torchcsprng: unpredictable seeds and float-attack-"
+                                     "resistant noise, but PyTorch's generator is not a CSPRNG")
             if abs(loader.sample_rate - plan.sample_rate) > 1e-12:  # the ledger would not match the training
                 raise RuntimeError(f"Opacus samples with q={loader.sample_rate}, the plan says {plan.sample_rate}")
         else:
