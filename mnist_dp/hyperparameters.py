@@ -15,8 +15,8 @@
 | seed             | seeds initialisation, sampling and noise (a continued run: seed + runs   |
 |                  | already in the input model's ledger, so noise is never replayed)         |
 | dp               | false trains the non-private baseline (no clipping, no noise, ε = inf)   |
-| secure_mode      | noise for production: unpredictable, float-attack-resistant (torch only; |
-|                  | see the torch asset's description.md for what it does and costs)         |
+| secure_mode      | unpredictable, never replayed noise and sampling (torch, mindspore; tf   |
+|                  | refuses: TF Privacy has none); see each algo's description.md            |
 """
 from __future__ import annotations
 

@@ -94,7 +94,7 @@ class TorchOpacus:
         return buffer.getvalue()
 
     def fit(self, model, images, labels, hp, plan, noise_multiplier, on_epoch):
-        # secure_mode: sampling and noise seeded from the OS's CSPRNG (never replayable), see secure_engine.
+        # secure_mode: sampling and noise seeded from the OS CSPRNG (never replayable); see description.md.
         generator = torch.Generator().manual_seed(secrets.randbits(63) if hp.secure_mode else hp.seed)
         dataset = TensorDataset(torch.from_numpy(images[:, None]), torch.from_numpy(labels))
         # batch_size gives the loader plan.steps_per_epoch batches; Opacus then replaces it by
