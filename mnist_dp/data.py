@@ -202,6 +202,13 @@ def generate(dest: Path, source: Path | None = None, train_size: int | None = No
     return write_dataset(dest, train, test, train_samples, manifest, force=force)
 
 
+def generate_default_if_missing(dest: Path, train_samples: int) -> None:
+    """The scripts' first run: write the embedded default data to `dest` unless it holds data samples."""
+    if not (Path(dest) / "train").is_dir():
+        manifest = generate(dest, train_samples=train_samples)
+        print(f"generated {manifest['train_examples']} train / {manifest['test_examples']} test examples in {dest}")
+
+
 def _check_images(images, labels, source) -> None:
     if images.ndim != 3 or images.shape[1:] != IMAGE_SHAPE or len(images) != len(labels):
         raise UserError(f"{source}: expected images [n, 28, 28] with n labels, got {images.shape} and {labels.shape}")

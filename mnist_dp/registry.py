@@ -88,9 +88,8 @@ def _exists(client: substra.Client, kind: str, key: str) -> bool:
         return False
 
 
-def register_dataset(client: substra.Client, keys: KeysFile, name: str) -> str:
-    """The opener and its description, owned by and visible to this organisation only."""
-    owner = client.organization_info().organization_id
+def register_dataset(client: substra.Client, keys: KeysFile, name: str, owner: str) -> str:
+    """The opener and its description, owned by and visible to organisation `owner` (the client's) only."""
     spec = DatasetSpec(
         name=name,
         data_opener=DATASET_ASSET / "opener.py",
@@ -132,11 +131,11 @@ def register_function(client: substra.Client, keys: KeysFile, asset_dir: Path, f
     return keys.reuse_or_register(client, "function", made_from, lambda: client.add_function(spec))
 
 
-def register_data(client: substra.Client, keys: KeysFile, name: str, train_folders: list,
+def register_data(client: substra.Client, keys: KeysFile, owner: str, name: str, train_folders: list,
                   test_folders: list = ()) -> tuple:
-    """This organisation's dataset with its train (and test) data samples -> (train Share, test Share)."""
-    owner = client.organization_info().organization_id
-    dataset = register_dataset(client, keys, name)
+    """The dataset of `owner` (the client's organisation) with its train (and test) data samples
+    -> (train Share, test Share)."""
+    dataset = register_dataset(client, keys, name, owner)
     train = Share(owner, dataset, tuple(register_samples(client, keys, dataset, train_folders)))
     test = Share(owner, dataset, tuple(register_samples(client, keys, dataset, test_folders))) if test_folders else None
     return train, test
@@ -153,7 +152,7 @@ def register_organizations(clients: list, keys: KeysFile, data_dir: Path) -> tup
     for k, client in enumerate(clients):
         own = folders[k::len(clients)]
         owner = client.organization_info().organization_id
-        share, test_share = register_data(client, keys, f"MNIST ({owner})", own,
+        share, test_share = register_data(client, keys, owner, f"MNIST ({owner})", own,
                                           data.sample_folders(data_dir, "test") if k == 0 else ())
         shares.append(share)
         test = test or test_share
@@ -190,7 +189,8 @@ def register_dataset_objective(client: substra.Client, keys: KeysFile, data_dir:
     if not 1 <= folds <= len(train_folders):
         raise UserError(f"--folds {folds}: must be between 1 and the {len(train_folders)} train data sample(s) in "
                         f"{data_dir} (scripts/generate_data.py --train-samples K makes more)")
-    train, test = register_data(client, keys, "MNIST", train_folders, data.sample_folders(data_dir, "test"))
+    owner = client.organization_info().organization_id
+    train, test = register_data(client, keys, owner, "MNIST", train_folders, data.sample_folders(data_dir, "test"))
     keys.update(organization_id=train.organization, data=str(Path(data_dir).resolve()), dataset_key=train.dataset,
                 train_data_sample_keys=[list(train.samples[i::folds]) for i in range(folds)],
                 test_data_sample_keys=list(test.samples))

@@ -92,12 +92,12 @@ def collect(client, builder: plan.PlanBuilder, plan_key: str, frameworks: dict, 
     """
     performances = plan.performances(client, plan_key, builder.roles)
     metric = {(row.train_task, row.metric): row.performance for row in performances.itertuples()}
-    records = []
+    records, single_stage = [], _single_stage(builder)
     for task_id, role in builder.roles.items():
         if role["step"] != "train" or plan.task_status(client, task_id) != plan.ComputeTaskStatus.done:
             continue
         run, round_idx, org = role["run"], role["round_idx"], role["organization"]
-        name = run if _single_stage(builder) else f"{run}-round{round_idx}-{org}"
+        name = run if single_stage else f"{run}-round{round_idx}-{org}"
         model = plan.fetch_model(client, task_id, models_dir / f"{name}.model")
         records.append({
             "run": run, "round": round_idx, "organization": org,

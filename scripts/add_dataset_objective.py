@@ -34,9 +34,7 @@ def main(argv=None):
     keys = registry.KeysFile(args.keys_file)
     work = args.keys_file.resolve().parent  # a local backend keeps its files in ./local-worker here
     client = connection.connect(args.backend, args.client_name, work)
-    if not (args.data / "train").is_dir():
-        manifest = data.generate(args.data, train_samples=args.folds)
-        print(f"generated {manifest['train_examples']} train / {manifest['test_examples']} test examples in {args.data}")
+    data.generate_default_if_missing(args.data, train_samples=args.folds)
     with tempfile.TemporaryDirectory() as build_dir:
         registry.register_dataset_objective(client, keys, args.data, args.folds, Path(build_dir))
     folds = keys.get("train_data_sample_keys")

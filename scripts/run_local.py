@@ -72,9 +72,7 @@ def main(argv=None):
     work = output / "substra"  # Substra's local backend keeps its files in <work>/local-worker
     work.mkdir(parents=True, exist_ok=True)
     clients = [connection.connect(args.backend, name, work) for name in client_names]
-    if not (data_dir / "train").is_dir():
-        manifest = data.generate(data_dir, train_samples=args.organizations)
-        print(f"generated {manifest['train_examples']} train / {manifest['test_examples']} test examples in {data_dir}")
+    data.generate_default_if_missing(data_dir, train_samples=args.organizations)
     keys = registry.KeysFile()  # in memory: a local run starts from an empty backend
     shares, test, holdings = registry.register_organizations(clients, keys, data_dir)
     organizations = {org: [data.sample_fingerprint(f) for f in folders] for org, folders in holdings.items()}

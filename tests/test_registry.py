@@ -18,7 +18,8 @@ def test_reuse_or_register_registers_once_per_content(client, tmp_path, tiny_dat
 
     def register():
         calls.append(1)
-        return registry.register_dataset(client, registry.KeysFile(), f"MNIST {len(calls)}")
+        return registry.register_dataset(client, registry.KeysFile(), f"MNIST {len(calls)}",
+                                         client.organization_info().organization_id)
 
     first = keys.reuse_or_register(client, "dataset", "content-a", register)
     assert keys.reuse_or_register(client, "dataset", "content-a", register) == first and len(calls) == 1
