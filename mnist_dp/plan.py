@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -214,11 +215,15 @@ def run_plan(client: substra.Client, builder: PlanBuilder, name: str, key: str) 
                 client.add_compute_plan(spec)
             except (substra.exceptions.SDKException, ExecutionError, BuildError) as exc:
                 cause = exc.args[0] if exc.args else None
-                error = (f"its process exited with status {cause.returncode}"
-                         if isinstance(cause, subprocess.CalledProcessError) else f"{type(exc).__name__}: {exc}")
+                error, log = f"{type(exc).__name__}: {exc}", None
+                if isinstance(cause, subprocess.CalledProcessError):
+                    error = f"its process exited with status {cause.returncode}"
+                elif container := _FAILED_CONTAINER.fullmatch(str(cause)):
+                    error = f"its container exited with status {container['status']}"
+                    log = failed_container_log(container["image"])
             else:
                 return
-        raise PlanFailed(_failure(client, builder, name, error, tail.lines()))
+        raise PlanFailed(_failure(client, builder, name, error, tail.lines() if log is None else log))
     client.add_compute_plan(spec)
     compute_plan = _wait(client, spec.key, len(builder.tasks))
     if compute_plan.status != ComputePlanStatus.done:
@@ -312,6 +317,30 @@ def fetch_model(client: substra.Client, train_task: str, dest: Path) -> Path:
     return dest
 
 
+# How substra's docker backend reports a task whose container failed (it names the function's image).
+_FAILED_CONTAINER = re.compile(r"Container '(?P<image>[^']+)' exited with status code '(?P<status>-?\d+)'")
+
+
+def failed_container_log(image: str) -> list | None:
+    """The log of the newest exited container of `image` (a failed task), which is then removed:
+    substra's docker backend keeps a failed task's container. None if there is none."""
+    import docker
+
+    containers = docker.from_env().containers.list(all=True, filters={"ancestor": image, "status": "exited"})
+    if not containers:
+        return None
+    container = max(containers, key=lambda c: c.attrs["State"]["FinishedAt"])
+    log = container.logs(stdout=True, stderr=True).decode(errors="replace")
+    container.remove()
+    return terminal_lines(log)
+
+
+def terminal_lines(text: str) -> list:
+    """The lines a terminal would show: a progress bar's redraws (carriage returns) keep their last
+    state, and a TTY's CRLF line ends (substra runs containers with a TTY) are plain line ends."""
+    return [line.removesuffix("\r").rsplit("\r", 1)[-1] for line in text.split("\n")]
+
+
 class OutputTail:
     """While active, keep the last bytes written to this process's stdout and stderr (still shown).
 
@@ -353,6 +382,4 @@ class OutputTail:
         return False
 
     def lines(self) -> list:
-        """What a terminal would show: progress-bar redraws (carriage returns) keep their last state."""
-        text = self.buffer.decode(errors="replace")
-        return [line.rsplit("\r", 1)[-1] for line in text.split("\n")]
+        return terminal_lines(self.buffer.decode(errors="replace"))

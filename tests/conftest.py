@@ -22,6 +22,21 @@ TINY_HYPERPARAMETERS = {"epochs": 1, "batch_size": 64, "noise_multiplier": 1.0, 
 
 
 @pytest.fixture(scope="session")
+def docker_daemon():
+    """A Docker daemon to build and run the functions' images. Where none answers the test is skipped
+    (one line, saying how to start one), except on CI (CI=true), where the docker tests must run."""
+    import docker
+
+    try:
+        return docker.from_env().ping()
+    except docker.errors.DockerException as exc:
+        reason = f"no Docker daemon answers ({type(exc).__name__}); bash .ci/docker-up starts one on our machines"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{reason}: on CI the docker tests must run")
+        pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory):
     """300 train examples in 2 data samples, 100 test examples, from the embedded MNIST subset."""
     dest = tmp_path_factory.mktemp("data") / "tiny"

@@ -118,3 +118,50 @@ def test_a_remote_plan_is_polled_and_its_failure_names_the_task_and_ends_with_it
                               "function 'torch train': plan status PLAN_STATUS_FAILED")
     tail = message.split("last lines of its log:\n")[1].splitlines()
     assert len(tail) == plan.LOG_TAIL_LINES and tail[-1] == "  | error: batch_size = 1000 is larger than the data"
+
+
+def test_terminal_lines_read_a_tty_log_as_a_terminal_shows_it():
+    # Substra's docker backend runs containers with a TTY: every line ends in CRLF.
+    log = "epoch 1/2\r\nstep 3%\rstep 100%\r\nerror: bad batch\r\n"
+    assert [line for line in plan.terminal_lines(log) if line] == ["epoch 1/2", "step 100%", "error: bad batch"]
+
+
+BOOM = "print('loading the data', flush=True)\nraise RuntimeError('boom inside the task')\n"
+
+
+@pytest.mark.parametrize("backend", ["subprocess", "docker"])
+def test_a_task_failing_with_a_traceback_is_named_and_ends_with_its_own_log(backend, request, tmp_path, tiny_data):
+    """A function that raises: the plan's error names the task and shows the end of its own output,
+    traceback included; in docker mode that output is the container's log, and the container is removed."""
+    from mnist_dp import connection, registry
+
+    if backend == "docker":
+        import docker
+
+        request.getfixturevalue("docker_daemon")
+        exited_before = {c.id for c in docker.from_env().containers.list(all=True, filters={"status": "exited"})}
+    asset = tmp_path / "boom"
+    asset.mkdir()
+    (asset / "description.md").write_text("A train function that fails on purpose.\n")
+    (asset / "boom.py").write_text(BOOM)
+    (asset / "Dockerfile.train").write_text(  # nothing to install: builds in a second
+        'FROM python:3.11.7-slim-bookworm\nCOPY . .\nENTRYPOINT ["python3", "boom.py", "--function-name", "train"]\n')
+    client = connection.connect(backend, None, tmp_path)
+    keys = registry.KeysFile()
+    (share,), _, _ = registry.register_organizations([client], keys, tiny_data)
+    builder = plan.PlanBuilder()
+    builder.train("boom", registry.register_function(client, keys, asset, "train", "boom train", tmp_path), share, 1)
+
+    with pytest.raises(plan.PlanFailed) as caught:
+        plan.run_plan(client, builder, "p", plan.new_key())
+    message = str(caught.value)
+    status = "its container exited with status 1" if backend == "docker" else "its process exited with status 1"
+    assert message.startswith(f"compute plan 'p' failed in task 'boom train, round 1 at {share.organization}' (")
+    assert f"function 'boom train': {status}\n" in message
+    tail = message.split("last lines of its log:\n")[1].splitlines()
+    assert "  | Traceback (most recent call last):" in tail
+    assert tail[-1] == "  | RuntimeError: boom inside the task"
+    assert "  | loading the data" in tail
+    if backend == "docker":  # the failed task's container was read, then removed
+        exited_after = {c.id for c in docker.from_env().containers.list(all=True, filters={"status": "exited"})}
+        assert exited_after <= exited_before

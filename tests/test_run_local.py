@@ -1,5 +1,6 @@
 """scripts/run_local.py end to end: one local Substra compute plan on tiny data."""
 import json
+import os
 import subprocess
 import sys
 
@@ -96,16 +97,39 @@ def test_help_and_bad_arguments(tmp_path):
 
 
 def test_docker_backend_without_a_daemon_fails_in_one_line(tmp_path):
-    import docker
-
-    try:
-        docker.from_env().ping()
-        pytest.skip("a Docker daemon answers on this machine")
-    except docker.errors.DockerException:
-        pass
-    proc = run_local("--backend", "docker", "--data", tmp_path / "d", cwd=tmp_path)
+    env = {**os.environ, "DOCKER_HOST": f"unix://{tmp_path}/no-daemon.sock"}  # whether or not one runs here
+    proc = subprocess.run([sys.executable, SCRIPT, "--backend", "docker", "--data", tmp_path / "d"],
+                          capture_output=True, text=True, cwd=tmp_path, env=env)
     assert proc.returncode == 2 and "no Docker daemon" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "d").exists()  # failed before generating anything
+
+
+@pytest.fixture(scope="module")
+def docker_run(docker_daemon, tmp_path_factory, tiny_data):
+    """The same plan as `local_run`, in the functions' Docker images (built here on first use)."""
+    tmp = tmp_path_factory.mktemp("run_local_docker")
+    (tmp / "hp.json").write_text(json.dumps(TINY_HYPERPARAMETERS))
+    proc = run_local("--backend", "docker", "--data", tiny_data, "--output", tmp / "results",
+                     "--hyperparameters", tmp / "hp.json", cwd=tmp)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc, tmp
+
+
+def test_docker_backend_gives_the_subprocess_backends_results(local_run, docker_run):
+    """Same data, seeds and code in each function's image as in this environment (same pinned
+    packages): the same accuracies, ε and model weights, bit for bit."""
+    def by_run(run):
+        _, tmp = run
+        return {r["run"]: r for r in json.loads((tmp / "results" / "results.json").read_text())}
+
+    local, docker = by_run(local_run), by_run(docker_run)
+    assert sorted(docker) == sorted(local) and len(local) == 2 * len(FRAMEWORKS)
+    for run, record in local.items():
+        for key in ("train_accuracy", "test_accuracy", "epsilon", "epsilon_rdp", "epsilon_in_substra",
+                    "noise_multiplier", "sample_rate", "steps", "library_epsilon"):
+            assert docker[run][key] == record[key], (run, key)
+        weights = model_file.load(record["model_file"]).weights
+        assert model_file.load(docker[run]["model_file"]).weights == weights, run
 
 
 def test_a_failing_task_is_named_and_exits_non_zero(tmp_path, tiny_data):
