@@ -7,12 +7,14 @@ the organisation that made it and to the organisations whose tasks consume it (p
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import re
 import shutil
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 import uuid
@@ -221,6 +223,11 @@ def run_plan(client: substra.Client, builder: PlanBuilder, name: str, key: str) 
                 elif container := _FAILED_CONTAINER.fullmatch(str(cause)):
                     error = f"its container exited with status {container['status']}"
                     log = failed_container_log(container["image"])
+                elif isinstance(exc, BuildError):  # substra joins the build's output into one line
+                    error = "its Docker image did not build"
+                    log = [part for step in re.split(r"(?=Step \d+/\d+ : |---> )", str(cause))
+                           for part in textwrap.wrap(step, 160)]
+                    remove_failed_build_step(str(cause))
             else:
                 return
         raise PlanFailed(_failure(client, builder, name, error, tail.lines() if log is None else log))
@@ -333,6 +340,17 @@ def failed_container_log(image: str) -> list | None:
     log = container.logs(stdout=True, stderr=True).decode(errors="replace")
     container.remove()
     return terminal_lines(log)
+
+
+def remove_failed_build_step(build_log: str) -> None:
+    """Docker keeps the container of a build step that failed (substra builds without forcerm): the
+    last 'Running in <id>' of the build's output."""
+    import docker
+
+    steps = re.findall(r"---> Running in ([0-9a-f]{12})", build_log)
+    if steps:
+        with contextlib.suppress(docker.errors.NotFound):
+            docker.from_env().containers.get(steps[-1]).remove()
 
 
 def terminal_lines(text: str) -> list:

@@ -65,7 +65,7 @@ def test_unchanged_archives_are_byte_identical(tmp_path):  # so the keys file re
     assert archive.build(OBJECTIVE_ASSET, "score", tmp_path / "b.tar.gz").read_bytes() == a
 
 
-# --- Dockerfiles, checked statically (no Docker daemon on CI) ------------------------------------
+# --- Dockerfiles, checked statically (the docker tests build and run them) -----------------------
 
 def _canonical(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
@@ -128,3 +128,13 @@ def test_dockerfile_is_pinned_and_installs_exactly_what_the_function_imports(tmp
     assert not missing, f"{dockerfile}: imported but not installed: {sorted(missing)}"
     unused = set(installed) - set().union(*needed.values())
     assert not unused, f"{dockerfile}: installed but imported by nothing in the archive: {sorted(unused)}"
+
+
+@pytest.mark.parametrize("dockerfile", [archive.dockerfile_path(a, f) for a, f in FUNCTIONS] + [REPO / "Dockerfile"],
+                         ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_dockerfile_leaves_no_package_caches_or_lists(dockerfile):
+    for run in re.findall(r"^RUN (.*)$", dockerfile.read_text().replace("\\\n", " "), re.M):
+        if "pip install" in run:
+            assert "--no-cache-dir" in run, f"{dockerfile}: {run}"
+        if "apt-get install" in run:
+            assert "--no-install-recommends" in run and "rm -rf /var/lib/apt/lists/*" in run, f"{dockerfile}: {run}"

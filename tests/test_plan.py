@@ -165,3 +165,31 @@ def test_a_task_failing_with_a_traceback_is_named_and_ends_with_its_own_log(back
     if backend == "docker":  # the failed task's container was read, then removed
         exited_after = {c.id for c in docker.from_env().containers.list(all=True, filters={"status": "exited"})}
         assert exited_after <= exited_before
+
+
+def test_a_function_whose_image_does_not_build_is_named_with_the_end_of_the_build(docker_daemon, tmp_path, tiny_data):
+    import docker
+
+    from mnist_dp import connection, registry
+
+    exited_before = {c.id for c in docker.from_env().containers.list(all=True, filters={"status": "exited"})}
+    asset = tmp_path / "unbuildable"
+    asset.mkdir()
+    (asset / "description.md").write_text("A function whose image cannot be built.\n")
+    (asset / "algo.py").write_text("")
+    (asset / "Dockerfile.train").write_text('FROM python:3.11.7-slim-bookworm\nRUN echo "installing the impossible" '
+                                            '&& false\nENTRYPOINT ["python3", "algo.py", "--function-name", "train"]\n')
+    client = connection.connect("docker", None, tmp_path)
+    keys = registry.KeysFile()
+    (share,), _, _ = registry.register_organizations([client], keys, tiny_data)
+    builder = plan.PlanBuilder()
+    builder.train("nope", registry.register_function(client, keys, asset, "train", "nope train", tmp_path), share, 1)
+
+    with pytest.raises(plan.PlanFailed) as caught:
+        plan.run_plan(client, builder, "p", plan.new_key())
+    message = str(caught.value)
+    assert f"task 'nope train, round 1 at {share.organization}'" in message
+    assert "function 'nope train': its Docker image did not build\n" in message
+    assert "installing the impossible" in message.split("last lines of its log:\n")[1]
+    exited_after = {c.id for c in docker.from_env().containers.list(all=True, filters={"status": "exited"})}
+    assert exited_after <= exited_before  # the failed build step's container was removed

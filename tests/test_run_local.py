@@ -1,6 +1,8 @@
 """scripts/run_local.py end to end: one local Substra compute plan on tiny data."""
+import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -130,6 +132,24 @@ def test_docker_backend_gives_the_subprocess_backends_results(local_run, docker_
             assert docker[run][key] == record[key], (run, key)
         weights = model_file.load(record["model_file"]).weights
         assert model_file.load(docker[run]["model_file"]).weights == weights, run
+
+
+def test_function_images_hold_cpu_builds_only(docker_run):
+    """Every image the docker run built (substra names it after its archive's sha256) has no CUDA
+    package, CPU torch only, and none of MindSpore's GPU or Ascend plugins."""
+    import docker
+
+    _, tmp = docker_run
+    client = docker.from_env()
+    archives = sorted((tmp / "results" / "substra" / "archives").glob("*.tar.gz"))
+    assert len(archives) == 1 + 2 * 2 * len(FRAMEWORKS)  # score, and train + predict per run
+    plugins = "/usr/local/lib/python3.11/site-packages/mindspore/lib/plugin"
+    for archive in archives:
+        image = f"function-{hashlib.sha256(archive.read_bytes()).hexdigest()}"
+        listing = client.containers.run(image, ["sh", "-c", f"pip list --format=freeze; ls {plugins} 2>/dev/null"],
+                                        entrypoint=[], remove=True).decode().split()
+        assert not [name for name in listing if re.search(r"nvidia|cuda|gpu|ascend", name, re.I)], archive.name
+        assert all(name.endswith("+cpu") for name in listing if name.startswith("torch==")), archive.name
 
 
 def test_a_failing_task_is_named_and_exits_non_zero(tmp_path, tiny_data):
