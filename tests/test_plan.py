@@ -126,70 +126,59 @@ def test_terminal_lines_read_a_tty_log_as_a_terminal_shows_it():
     assert [line for line in plan.terminal_lines(log) if line] == ["epoch 1/2", "step 100%", "error: bad batch"]
 
 
-BOOM = "print('loading the data', flush=True)\nraise RuntimeError('boom inside the task')\n"
+def failing_plan(backend: str, asset, script: str, docker_lines: str, tiny_data) -> tuple:
+    """Run a one-task plan whose train function is `script` (ENTRYPOINT-run from a Dockerfile made of
+    `docker_lines`) -> (the PlanFailed message, the organisation that trained)."""
+    from mnist_dp import connection, registry
+
+    asset.mkdir()
+    (asset / "description.md").write_text("A train function that fails on purpose.\n")
+    (asset / "algo.py").write_text(script)
+    (asset / "Dockerfile.train").write_text(f"FROM python:3.11.7-slim-bookworm\n{docker_lines}\n"
+                                            'ENTRYPOINT ["python3", "algo.py", "--function-name", "train"]\n')
+    client = connection.connect(backend, None, asset.parent)
+    keys = registry.KeysFile()
+    (share,), _, _ = registry.register_organizations([client], keys, tiny_data)
+    builder = plan.PlanBuilder()
+    builder.train(asset.name, registry.register_function(client, keys, asset, "train", f"{asset.name} train",
+                                                         asset.parent), share, 1)
+    with pytest.raises(plan.PlanFailed) as caught:
+        plan.run_plan(client, builder, "p", plan.new_key())
+    return str(caught.value), share.organization
+
+
+def exited_containers() -> set:
+    import docker
+
+    return {c.id for c in docker.from_env().containers.list(all=True, filters={"status": "exited"})}
 
 
 @pytest.mark.parametrize("backend", ["subprocess", "docker"])
 def test_a_task_failing_with_a_traceback_is_named_and_ends_with_its_own_log(backend, request, tmp_path, tiny_data):
     """A function that raises: the plan's error names the task and shows the end of its own output,
     traceback included; in docker mode that output is the container's log, and the container is removed."""
-    from mnist_dp import connection, registry
-
     if backend == "docker":
-        import docker
-
         request.getfixturevalue("docker_daemon")
-        exited_before = {c.id for c in docker.from_env().containers.list(all=True, filters={"status": "exited"})}
-    asset = tmp_path / "boom"
-    asset.mkdir()
-    (asset / "description.md").write_text("A train function that fails on purpose.\n")
-    (asset / "boom.py").write_text(BOOM)
-    (asset / "Dockerfile.train").write_text(  # nothing to install: builds in a second
-        'FROM python:3.11.7-slim-bookworm\nCOPY . .\nENTRYPOINT ["python3", "boom.py", "--function-name", "train"]\n')
-    client = connection.connect(backend, None, tmp_path)
-    keys = registry.KeysFile()
-    (share,), _, _ = registry.register_organizations([client], keys, tiny_data)
-    builder = plan.PlanBuilder()
-    builder.train("boom", registry.register_function(client, keys, asset, "train", "boom train", tmp_path), share, 1)
-
-    with pytest.raises(plan.PlanFailed) as caught:
-        plan.run_plan(client, builder, "p", plan.new_key())
-    message = str(caught.value)
+        exited_before = exited_containers()
+    message, organization = failing_plan(  # the image has nothing to install: it builds in a second
+        backend, tmp_path / "boom", "print('loading the data', flush=True)\nraise RuntimeError('boom inside the task')\n",
+        "COPY . .", tiny_data)
     status = "its container exited with status 1" if backend == "docker" else "its process exited with status 1"
-    assert message.startswith(f"compute plan 'p' failed in task 'boom train, round 1 at {share.organization}' (")
+    assert message.startswith(f"compute plan 'p' failed in task 'boom train, round 1 at {organization}' (")
     assert f"function 'boom train': {status}\n" in message
     tail = message.split("last lines of its log:\n")[1].splitlines()
     assert "  | Traceback (most recent call last):" in tail
     assert tail[-1] == "  | RuntimeError: boom inside the task"
     assert "  | loading the data" in tail
     if backend == "docker":  # the failed task's container was read, then removed
-        exited_after = {c.id for c in docker.from_env().containers.list(all=True, filters={"status": "exited"})}
-        assert exited_after <= exited_before
+        assert exited_containers() <= exited_before
 
 
 def test_a_function_whose_image_does_not_build_is_named_with_the_end_of_the_build(docker_daemon, tmp_path, tiny_data):
-    import docker
-
-    from mnist_dp import connection, registry
-
-    exited_before = {c.id for c in docker.from_env().containers.list(all=True, filters={"status": "exited"})}
-    asset = tmp_path / "unbuildable"
-    asset.mkdir()
-    (asset / "description.md").write_text("A function whose image cannot be built.\n")
-    (asset / "algo.py").write_text("")
-    (asset / "Dockerfile.train").write_text('FROM python:3.11.7-slim-bookworm\nRUN echo "installing the impossible" '
-                                            '&& false\nENTRYPOINT ["python3", "algo.py", "--function-name", "train"]\n')
-    client = connection.connect("docker", None, tmp_path)
-    keys = registry.KeysFile()
-    (share,), _, _ = registry.register_organizations([client], keys, tiny_data)
-    builder = plan.PlanBuilder()
-    builder.train("nope", registry.register_function(client, keys, asset, "train", "nope train", tmp_path), share, 1)
-
-    with pytest.raises(plan.PlanFailed) as caught:
-        plan.run_plan(client, builder, "p", plan.new_key())
-    message = str(caught.value)
-    assert f"task 'nope train, round 1 at {share.organization}'" in message
-    assert "function 'nope train': its Docker image did not build\n" in message
+    exited_before = exited_containers()
+    message, organization = failing_plan("docker", tmp_path / "unbuildable", "",
+                                         'RUN echo "installing the impossible" && false', tiny_data)
+    assert f"task 'unbuildable train, round 1 at {organization}'" in message
+    assert "function 'unbuildable train': its Docker image did not build\n" in message
     assert "installing the impossible" in message.split("last lines of its log:\n")[1]
-    exited_after = {c.id for c in docker.from_env().containers.list(all=True, filters={"status": "exited"})}
-    assert exited_after <= exited_before  # the failed build step's container was removed
+    assert exited_containers() <= exited_before  # the failed build step's container was removed
