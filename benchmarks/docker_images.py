@@ -21,6 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mnist_dp import archive  # noqa: E402
+from mnist_dp.errors import UserError, run_cli  # noqa: E402
 from mnist_dp.plan import ALGO_ASSETS, OBJECTIVE_ASSET, REPO  # noqa: E402
 
 TAG = "mnist-dp-benchmark"
@@ -28,9 +29,9 @@ SITE_PACKAGES = "/usr/local/lib/python3.11/site-packages"
 FUNCTIONS = {**{name: (asset, "train") for name, asset in ALGO_ASSETS.items()}, "score": (OBJECTIVE_ASSET, "score")}
 
 
-def build(client, context: Path, tag: str, nocache: bool, dockerfile: str = "Dockerfile") -> float:
+def build(client, context: Path, tag: str, nocache: bool) -> float:
     start = time.perf_counter()
-    client.images.build(path=str(context), dockerfile=dockerfile, tag=tag, rm=True, nocache=nocache)
+    client.images.build(path=str(context), tag=tag, rm=True, nocache=nocache)
     return time.perf_counter() - start
 
 
@@ -46,11 +47,11 @@ def own_megabytes(client, tag: str, base: str) -> float:
     return (client.images.get(tag).attrs["Size"] - client.images.get(base).attrs["Size"]) / 1e6
 
 
-def measure(client, name: str, context: Path, dockerfile: str, warm_only: bool) -> dict:
+def measure(client, name: str, context: Path, warm_only: bool) -> dict:
     tag = f"{TAG}:{name}"
-    base = next(line.split()[1] for line in (context / dockerfile).read_text().splitlines() if line.startswith("FROM"))
-    cold = None if warm_only else build(client, context, tag, nocache=True, dockerfile=dockerfile)
-    warm = build(client, context, tag, nocache=False, dockerfile=dockerfile)
+    base = next(line.split()[1] for line in (context / "Dockerfile").read_text().splitlines() if line.startswith("FROM"))
+    cold = None if warm_only else build(client, context, tag, nocache=True)
+    warm = build(client, context, tag, nocache=False)
     size = client.images.get(tag).attrs["Size"] / 1e6
     return {"image": name, "cold": cold, "warm": warm, "size": size, "own": own_megabytes(client, tag, base),
             "largest": largest_packages(client, tag)}
@@ -85,27 +86,24 @@ def main(argv=None):
     names = [n.strip() for n in args.functions.split(",") if n.strip()]
     unknown = sorted(set(names) - set(FUNCTIONS))
     if unknown:
-        parser.error(f"--functions: unknown {unknown}; available: {', '.join(FUNCTIONS)}")
+        raise UserError(f"--functions: unknown {unknown}; available: {', '.join(FUNCTIONS)}")
 
     import docker
+    from tqdm import tqdm
 
     try:
         client = docker.from_env()
         client.ping()
     except docker.errors.DockerException as exc:
-        sys.exit(f"error: no Docker daemon answers ({exc}); start Docker (on our machines: bash .ci/docker-up)")
-    from tqdm import tqdm
-
+        raise UserError(f"no Docker daemon answers ({exc}); start Docker (on our machines: bash .ci/docker-up)") from None
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        jobs = [(n, lambda n=n: (function_context(n, Path(tmp)), "Dockerfile")) for n in names]
-        if args.top_level:
-            jobs.append(("bundle", lambda: (REPO, "Dockerfile")))
-        for name, context in tqdm(jobs, desc="building images", unit="image"):
-            rows.append(measure(client, name, *context(), args.warm_only))
+        for name in tqdm(names + ["bundle"] * args.top_level, desc="building images", unit="image"):
+            context = REPO if name == "bundle" else function_context(name, Path(tmp))
+            rows.append(measure(client, name, context, args.warm_only))
     print()
     print_table(rows)
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)
