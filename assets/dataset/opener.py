@@ -90,7 +90,9 @@ class MnistOpener(tools.Opener):
     def get_data(self, folders):
         if not folders:
             raise DataSampleError("no data sample folder given to the opener")
-        return combine([read_sample(folder) for folder in sorted(folders)])
+        # In content order: Substra names sample folders after random keys, and the order of the
+        # examples decides which ones each seeded Poisson batch draws.
+        return combine(sorted((read_sample(folder) for folder in folders), key=lambda sample: sample[2]))
 
     def fake_data(self, n_samples=None):
         n = max(int(n_samples or 1), 1)
