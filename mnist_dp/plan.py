@@ -223,11 +223,8 @@ def run_plan(client: substra.Client, builder: PlanBuilder, name: str, key: str) 
                 elif container := _FAILED_CONTAINER.fullmatch(str(cause)):
                     error = f"its container exited with status {container['status']}"
                     log = failed_container_log(container["image"])
-                elif isinstance(exc, BuildError):  # substra joins the build's output into one line
-                    error = "its Docker image did not build"
-                    log = [part for step in re.split(r"(?=Step \d+/\d+ : |---> )", str(cause))
-                           for part in textwrap.wrap(step, 160)]
-                    remove_failed_build_step(str(cause))
+                elif isinstance(exc, BuildError):
+                    error, log = "its Docker image did not build", failed_build_log(str(cause))
             else:
                 return
         raise PlanFailed(_failure(client, builder, name, error, tail.lines() if log is None else log))
@@ -342,15 +339,17 @@ def failed_container_log(image: str) -> list | None:
     return terminal_lines(log)
 
 
-def remove_failed_build_step(build_log: str) -> None:
-    """Docker keeps the container of a build step that failed (substra builds without forcerm): the
-    last 'Running in <id>' of the build's output."""
+def failed_build_log(build_log: str) -> list:
+    """A failed image build's output, which substra joins into one line, split back into its steps;
+    the container of the step that failed (the last 'Running in <id>': substra builds without
+    forcerm, so Docker keeps it) is removed."""
     import docker
 
     steps = re.findall(r"---> Running in ([0-9a-f]{12})", build_log)
     if steps:
         with contextlib.suppress(docker.errors.NotFound):
             docker.from_env().containers.get(steps[-1]).remove()
+    return [part for step in re.split(r"(?=Step \d+/\d+ : |---> )", build_log) for part in textwrap.wrap(step, 160)]
 
 
 def terminal_lines(text: str) -> list:
