@@ -54,9 +54,10 @@ def audit_framework(framework, args, dp):
     warnings.filterwarnings("ignore")
     algo = load_asset_module(ALGO_ASSETS[framework] / "algo.py", f"algo_{framework}")
     (train_x, train_y), (canary_x, canary_y), included = canary_set(args.train_size, args.canaries, args.seed)
-    hp = hp_file.load(ALGO_ASSETS[framework] / hp_file.FILE_NAME, {
+    hp = hp_file.load(ALGO_ASSETS[framework] / hp_file.FILE_NAME, hp_file.Overrides({
         "epochs": args.epochs, "batch_size": args.batch_size, "noise_multiplier": None,
-        "target_epsilon": args.target_epsilon, "max_epsilon": None, "delta": args.delta, "seed": args.seed, "dp": dp})
+        "target_epsilon": args.target_epsilon, "max_epsilon": None, "delta": args.delta, "seed": args.seed, "dp": dp},
+        "the audit's options"))
     plan = training.SamplingPlan.from_hyperparameters(len(train_y), hp, "audit")
     sigma = training.resolve_noise_multiplier(hp, plan, [])
     model = algo.FRAMEWORK.new_model(hp.seed)

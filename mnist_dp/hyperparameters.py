@@ -49,66 +49,123 @@ class Hyperparameters:
         return asdict(self)
 
 
-def _positive(name, value, kind, where):
-    if isinstance(value, bool) or not isinstance(value, kind) or not value > 0 or not math.isfinite(value):
-        raise UserError(f"{where}: {name} = {value!r} must be a positive {'integer' if kind is int else 'number'}")
+# Bounds that catch typos and absurd values before any work starts: beyond them a run would take
+# days or hours of accounting (epochs = 10^9), or ε would protect nothing (target_epsilon = 10^9).
+MAX_EPOCHS = 10_000
+MAX_EPSILON = 100.0
+MAX_SEED = 2**31 - 1  # every framework's seed type holds it
+
+# name -> (JSON type, may be null, test of the value, what it must be). Types are exact: 1.0 is not
+# an integer and "false" is not a boolean (a string "false" would be truthy, i.e. DP *on*).
+_RULES = {
+    "epochs": (int, False, lambda v: 1 <= v <= MAX_EPOCHS, f"an integer from 1 to {MAX_EPOCHS:,}"),
+    "batch_size": (int, False, lambda v: v >= 1, "a positive integer"),
+    "learning_rate": (float, False, lambda v: v > 0, "a positive number"),
+    "momentum": (float, False, lambda v: 0 <= v < 1, "a number in [0, 1)"),
+    "max_grad_norm": (float, False, lambda v: v > 0, "a positive number"),
+    "noise_multiplier": (float, True, lambda v: v > 0, "a positive number or null"),
+    "target_epsilon": (float, True, lambda v: 0 < v <= MAX_EPSILON, f"a number in (0, {MAX_EPSILON:g}] or null"),
+    "max_epsilon": (float, True, lambda v: 0 < v <= MAX_EPSILON, f"a number in (0, {MAX_EPSILON:g}] or null"),
+    "delta": (float, False, lambda v: 0 < v < 1, "a number in (0, 1)"),
+    "seed": (int, False, lambda v: 0 <= v <= MAX_SEED, f"an integer from 0 to {MAX_SEED}"),
+    "dp": (bool, False, None, "true or false"),
+    "secure_mode": (bool, False, None, "true or false"),
+}
+_JSON_TYPES = {int: "integer", float: "number", bool: "boolean"}
+_NOISE = ("noise_multiplier", "target_epsilon", "max_epsilon")  # ignored by the non-private baseline
+
+
+def check_value(name: str, value, where: str, check_range: bool = True) -> None:
+    """One hyperparameter's exact JSON type (and range): a UserError naming `where` otherwise."""
+    kind, nullable, test, what = _RULES[name]
+    if value is None and nullable:
+        return
+    if kind is bool:
+        ok = isinstance(value, bool)
+    elif kind is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok:
+        found = "null" if value is None else f"a JSON {type(value).__name__.replace('str', 'string')}"
+        raise UserError(f"{where}: {name} = {json.dumps(value)} is {found}; it must be {what}")
+    if check_range and test is not None and not test(value):
+        raise UserError(f"{where}: {name} = {json.dumps(value)} must be {what}")
+
+
+def check_known(values: dict, where: str) -> None:
+    unknown = set(values) - set(_RULES)
+    if unknown:
+        raise UserError(f"{where}: unknown hyperparameter(s) {sorted(unknown)}; known: {sorted(_RULES)}")
 
 
 def parse(values: dict, where: str) -> Hyperparameters:
     """Validate a dict of hyperparameters; `where` names its source in error messages."""
-    fields = Hyperparameters.__dataclass_fields__
-    unknown = set(values) - set(fields)
-    if unknown:
-        raise UserError(f"{where}: unknown hyperparameter(s) {sorted(unknown)}; known: {sorted(fields)}")
-    missing = set(fields) - set(values)
+    check_known(values, where)
+    missing = set(_RULES) - set(values)
     if missing:
         raise UserError(f"{where}: missing hyperparameter(s) {sorted(missing)}")
+    dp = values["dp"]
+    check_value("dp", dp, where)
+    for name, value in values.items():
+        check_value(name, value, where, check_range=dp or name not in _NOISE)
     hp = Hyperparameters(**values)
-    for name in ("epochs", "batch_size"):
-        _positive(name, getattr(hp, name), int, where)
-    for name in ("learning_rate", "max_grad_norm", "delta"):
-        _positive(name, getattr(hp, name), (int, float), where)
-    if not isinstance(hp.momentum, (int, float)) or not 0 <= hp.momentum < 1:
-        raise UserError(f"{where}: momentum = {hp.momentum!r} must be in [0, 1)")
-    if not isinstance(hp.seed, int) or isinstance(hp.seed, bool):
-        raise UserError(f"{where}: seed = {hp.seed!r} must be an integer")
-    for name in ("dp", "secure_mode"):
-        if not isinstance(getattr(hp, name), bool):
-            raise UserError(f"{where}: {name} = {getattr(hp, name)!r} must be true or false")
-    if hp.dp:
-        if (hp.noise_multiplier is None) == (hp.target_epsilon is None):
-            raise UserError(f"{where}: give exactly one of noise_multiplier and target_epsilon (the other null)")
-        if hp.noise_multiplier is not None:
-            _positive("noise_multiplier", hp.noise_multiplier, (int, float), where)
-        else:
-            _positive("target_epsilon", hp.target_epsilon, (int, float), where)
-        if hp.max_epsilon is not None:
-            _positive("max_epsilon", hp.max_epsilon, (int, float), where)
+    if hp.dp and (hp.noise_multiplier is None) == (hp.target_epsilon is None):
+        raise UserError(f"{where}: give exactly one of noise_multiplier and target_epsilon (the other null)")
     return hp
 
 
-def load(path: Path, overrides: dict | None = None) -> Hyperparameters:
-    """Read a hyperparameters file, optionally with some keys replaced."""
+def load(path: Path, overrides: "Overrides | None" = None) -> Hyperparameters:
+    """Read a hyperparameters file, optionally with some keys replaced (errors in a replaced key name
+    the file it came from)."""
     path = Path(path)
+    values = _read_object(path, "hyperparameters file")
+    if not overrides:
+        return parse(values, str(path))
+    return parse({**values, **overrides.values}, f"{path} with {overrides.source}")
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """Keys a user replaces in every algo's hyperparameters, and where they come from."""
+
+    values: dict
+    source: str
+
+    def __bool__(self) -> bool:
+        return bool(self.values)
+
+    def replace(self, **values) -> "Overrides":
+        return Overrides({**self.values, **values}, self.source)
+
+
+def load_overrides(path: Path | None) -> Overrides:
+    """A user's JSON file of keys to replace in every algo's hyperparameters (None: no change).
+    Each key is checked here (known, exact type, range), so that an error names the user's file."""
+    if path is None:
+        return Overrides({}, "no overrides")
+    values = _read_object(Path(path), "hyperparameters JSON")
+    check_known(values, str(path))
+    dp = values.get("dp", True)
+    check_value("dp", dp, str(path))
+    for name, value in values.items():
+        check_value(name, value, str(path), check_range=dp or name not in _NOISE)
+    return Overrides(values, str(path))
+
+
+def _read_object(path: Path, what: str) -> dict:
     try:
-        values = json.loads(path.read_text())
+        values = json.loads(path.read_bytes().decode("utf-8"))
     except FileNotFoundError:
-        raise UserError(f"{path}: hyperparameters file not found") from None
+        raise UserError(f"{path}: {what} file not found") from None
+    except IsADirectoryError:
+        raise UserError(f"{path}: is a folder; give the path of a JSON file") from None
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read it ({exc.strerror})") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not UTF-8 text; save it as UTF-8 JSON") from None
     except json.JSONDecodeError as exc:
         raise UserError(f"{path}: not valid JSON ({exc})") from None
     if not isinstance(values, dict):
         raise UserError(f"{path}: must hold a JSON object of hyperparameters")
-    return parse({**values, **(overrides or {})}, str(path))
-
-
-def load_overrides(path: Path | None) -> dict:
-    """A user's JSON file of keys to replace in every algo's hyperparameters (None: no change)."""
-    if path is None:
-        return {}
-    try:
-        overrides = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise UserError(f"{path}: cannot read hyperparameters JSON ({exc})") from None
-    if not isinstance(overrides, dict):
-        raise UserError(f"{path}: must hold a JSON object of hyperparameters")
-    return overrides
+    return values

@@ -53,12 +53,44 @@ def test_baseline_ignores_noise_settings(tmp_path):
 
 
 def test_overrides_file(tmp_path):
-    assert hyperparameters.load_overrides(None) == {}
+    assert not hyperparameters.load_overrides(None)
     path = tmp_path / "o.json"
     path.write_text('{"epochs": 2}')
-    assert hyperparameters.load_overrides(path) == {"epochs": 2}
+    assert hyperparameters.load_overrides(path).values == {"epochs": 2}
     path.write_text("[1]")
     with pytest.raises(UserError, match="JSON object"):
         hyperparameters.load_overrides(path)
-    with pytest.raises(UserError, match="cannot read"):
+    with pytest.raises(UserError, match="not found"):
         hyperparameters.load_overrides(tmp_path / "missing.json")
+    with pytest.raises(UserError, match="is a folder"):
+        hyperparameters.load_overrides(tmp_path)
+    path.write_bytes('{"epochs": 2} # é'.encode("latin-1"))
+    with pytest.raises(UserError, match="not UTF-8 text"):
+        hyperparameters.load_overrides(path)
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"dp": "false"}, 'dp = "false" is a JSON string; it must be true or false'),
+    ({"epochs": 2.0}, "epochs = 2.0 is a JSON float; it must be an integer"),
+    ({"seed": True}, "seed = true is a JSON bool"),
+    ({"delta": "1e-5"}, 'delta = "1e-5" is a JSON string'),
+    ({"epochs": 1000000000}, "epochs = 1000000000 must be an integer from 1 to 10,000"),
+    ({"target_epsilon": 1e9, "noise_multiplier": None}, "target_epsilon = 1000000000.0 must be a number in .0, 100]"),
+    ({"seed": -1}, "seed = -1 must be an integer from 0"),
+    ({"delta": 1}, "delta = 1 must be a number in .0, 1."),
+])
+def test_every_hyperparameter_has_its_exact_json_type_and_an_error_names_the_users_file(tmp_path, changes, message):
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps(changes))
+    with pytest.raises(UserError, match=message) as caught:
+        hyperparameters.load_overrides(path)
+    assert str(caught.value).startswith(f"{path}: ")
+
+
+def test_an_error_from_combining_the_users_file_with_the_assets_names_both(tmp_path):
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps({"noise_multiplier": 1.0}))  # the asset's target_epsilon stays: both given
+    asset = ALGO_ASSETS[FRAMEWORKS[0]] / hyperparameters.FILE_NAME
+    with pytest.raises(UserError, match="exactly one") as caught:
+        hyperparameters.load(asset, hyperparameters.load_overrides(path))
+    assert str(caught.value).startswith(f"{asset} with {path}: ")
