@@ -13,6 +13,7 @@ import re
 import tarfile
 from pathlib import Path
 
+from mnist_dp import provenance
 from mnist_dp.errors import UserError
 
 PACKAGE = "mnist_dp"
@@ -72,7 +73,8 @@ def shared_modules(asset_files) -> list:
 
 
 def build(asset_dir: Path, function: str, dest: Path, replace: dict | None = None) -> Path:
-    """Write ``dest`` (tar.gz): the asset's files, ``Dockerfile`` for `function`, the shared modules.
+    """Write ``dest`` (tar.gz): the asset's files, ``Dockerfile`` for `function`, the shared modules
+    and the manifest of them all (provenance.py), whose digest identifies the archive.
 
     `replace` maps an asset file name to new bytes (e.g. a tuned hyperparameters.json).
     """
@@ -97,6 +99,7 @@ def build(asset_dir: Path, function: str, dest: Path, replace: dict | None = Non
     python_files = [files[name] for name in files if name.endswith(".py")]
     for name in ["__init__"] + shared_modules(python_files):
         contents[f"{PACKAGE}/{name}.py"] = (PACKAGE_DIR / f"{name}.py").read_bytes()
+    contents[provenance.MANIFEST_FILE] = provenance.manifest_bytes(contents)
 
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -109,3 +112,9 @@ def build(asset_dir: Path, function: str, dest: Path, replace: dict | None = Non
             info.mode = 0o644
             tar.addfile(info, io.BytesIO(data))
     return dest
+
+
+def archive_digest(path: Path) -> str:
+    """The digest a function running from the archive at `path` records in its ledger events."""
+    with tarfile.open(path) as tar:
+        return provenance.digest(tar.extractfile(provenance.MANIFEST_FILE).read())

@@ -14,6 +14,7 @@ Substra keys cannot reset the account.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from typing import Iterable, Sequence
 
@@ -31,6 +32,42 @@ ACCOUNTANT_NAMES = {
 SAMPLING = "Poisson (each example joins each batch independently with probability q)"
 NEIGHBOURING_RELATION = "add or remove one example"
 PER_EXAMPLE = "per-example"
+NO_CLIPPING = "none"  # the non-private baseline
+CLIPPING_UNITS = (PER_EXAMPLE, NO_CLIPPING)  # the only ones the accountant's sensitivity (C per example) covers
+
+
+def _integer(low: int):
+    return lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= low
+
+
+def _number(test):
+    return lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and test(v)
+
+
+def _text(v) -> bool:
+    return isinstance(v, str) and bool(v)
+
+
+# Every field of a ledger event read from a file: (test, what it must be).
+_EVENT_FIELDS = {
+    "framework": (_text, "a framework name"),
+    "data": (lambda v: isinstance(v, list) and bool(v) and all(map(_text, v)) and len(set(v)) == len(v),
+             "a non-empty list of distinct data sample fingerprints"),
+    "n": (_integer(1), "a positive integer"),
+    "sample_rate": (_number(lambda v: 0 < v <= 1), "a number in (0, 1]"),
+    "noise_multiplier": (_number(lambda v: v >= 0), "a number >= 0"),
+    "steps": (_integer(1), "a positive integer"),
+    "clipping": (lambda v: v in CLIPPING_UNITS, f"one of {list(CLIPPING_UNITS)}"),
+    "max_grad_norm": (_number(lambda v: v > 0), "a positive number"),
+    "library_epsilon": (lambda v: isinstance(v, dict) and all(isinstance(k, str) and _number(lambda x: True)(x)
+                                                              for k, x in v.items()),
+                        "an object of {name: number}"),
+    "batch_size": (_integer(1), "a positive integer"),
+    "planned_steps": (_integer(1), "a positive integer"),
+    "code": (lambda v: isinstance(v, dict) and set(v) == {"function", "archive_digest"} and _text(v["function"])
+             and (v["archive_digest"] is None or _text(v["archive_digest"])),
+             'an object {"function": name, "archive_digest": digest or null}'),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +77,9 @@ class DpEvent:
     ``noise_multiplier`` is the effective σ relative to the sensitivity of one example: with
     per-example clipping it is the optimizer's σ; a library that clips microbatches of m > 1
     examples must record σ/2 (one example can move the clipped sum by 2C). 0 means no noise (no DP).
+    The last three fields are provenance: a ledger read from a model file must have them, so that
+    q, the steps and the code can be checked against each other; an event made only to compute an
+    ε (tests, benchmarks) may leave them out.
     """
 
     framework: str
@@ -48,10 +88,13 @@ class DpEvent:
     sample_rate: float  # Poisson sampling probability q of each step
     noise_multiplier: float
     steps: int
-    clipping: str  # clipping unit, e.g. "per-example"
+    clipping: str  # clipping unit: PER_EXAMPLE, or NO_CLIPPING for the non-private baseline
     max_grad_norm: float
     # The DP library's own ε for this run alone, as (name, value) pairs: shown for comparison, never used.
     library_epsilon: tuple = ()
+    batch_size: int | None = None  # the expected batch size asked for: q = 1 / ceil(n / batch_size)
+    planned_steps: int | None = None  # epochs * ceil(n / batch_size); `steps` is fewer when a budget stopped it
+    code: dict | None = None  # what produced the event: {"function": ..., "archive_digest": ... or None}
 
     @property
     def is_private(self) -> bool:
@@ -61,14 +104,39 @@ class DpEvent:
         return {**dataclasses.asdict(self), "data": list(self.data), "library_epsilon": dict(self.library_epsilon)}
 
     @classmethod
-    def from_json(cls, record: dict) -> "DpEvent":
+    def from_json(cls, record) -> "DpEvent":
+        """A ledger event read from a file, every field checked (type, range, consistency): a figure
+        computed from an edited or damaged ledger must not be printed."""
+        if not isinstance(record, dict):
+            raise UserError(f"privacy ledger event must be a JSON object, got {json.dumps(record)[:40]}")
         fields = {f.name for f in dataclasses.fields(cls)}
-        missing = fields - set(record) - {"library_epsilon"}
-        if missing:
-            raise UserError(f"privacy ledger event is missing {sorted(missing)}")
-        values = {k: record[k] for k in fields if k in record}
-        return cls(**{**values, "data": tuple(record["data"]),
-                      "library_epsilon": tuple(sorted(record.get("library_epsilon", {}).items()))})
+        missing, unknown = fields - set(record), set(record) - fields
+        if missing or unknown:
+            raise UserError(f"privacy ledger event: missing {sorted(missing)}, unknown {sorted(unknown)}")
+        for name, (test, what) in _EVENT_FIELDS.items():
+            if not test(record[name]):
+                raise UserError(f"privacy ledger event: {name} = {json.dumps(record[name])} must be {what}")
+        event = cls(**{**record, "data": tuple(record["data"]),
+                       "library_epsilon": tuple(sorted(record["library_epsilon"].items()))})
+        event.check_consistent()
+        return event
+
+    def check_consistent(self) -> None:
+        """q, steps and clipping must agree with each other as the skeleton makes them."""
+        steps_per_epoch = math.ceil(self.n / self.batch_size)
+        problems = []
+        if self.batch_size > self.n:
+            problems.append(f"batch_size {self.batch_size} > n {self.n}")
+        if not math.isclose(self.sample_rate, 1.0 / steps_per_epoch, rel_tol=1e-12):
+            problems.append(f"q = {self.sample_rate} but 1 / ceil(n / batch_size) = {1.0 / steps_per_epoch}")
+        if self.planned_steps % steps_per_epoch:
+            problems.append(f"planned_steps {self.planned_steps} is not a whole number of epochs of {steps_per_epoch}")
+        if self.steps > self.planned_steps:
+            problems.append(f"steps {self.steps} > planned_steps {self.planned_steps}")
+        if self.clipping == NO_CLIPPING and self.is_private:
+            problems.append("noise without clipping")
+        if problems:
+            raise UserError(f"privacy ledger event ({self.framework}) is inconsistent: {'; '.join(problems)}")
 
     def dp_accounting_event(self) -> dp_accounting.DpEvent:
         if not self.is_private:
@@ -190,6 +258,15 @@ def calibrate_noise_multiplier(
     def pld_epsilon(sigma: float) -> float:
         return pld.PLDAccountant().compose(make_event(sigma)).get_epsilon(delta)
 
+    try:
+        return _calibrate(make_event, pld_epsilon, target_epsilon, delta, tol)
+    except (ValueError, ArithmeticError, RuntimeError) as exc:  # dp_accounting's numerics gave up
+        raise UserError(f"target_epsilon = {target_epsilon}: no noise multiplier found for it at δ = {delta:g} "
+                        f"with q = {sample_rate:.4g} over {steps} steps ({type(exc).__name__}: {exc}); "
+                        "give noise_multiplier instead, or a smaller target_epsilon") from None
+
+
+def _calibrate(make_event, pld_epsilon, target_epsilon: float, delta: float, tol: float) -> float:
     # PLD is very slow for tiny σ, so bracket it with RDP first: RDP over-estimates ε, hence the
     # RDP-calibrated σ is an upper end for PLD.
     upper = dp_accounting.calibrate_dp_mechanism(

@@ -18,6 +18,21 @@ NOT_COVERED = [
 ]
 
 
+SHARED_EXAMPLES = (
+    "an example (image and label) found in two data samples of one organisation is refused when the samples are "
+    "generated, registered, and opened together by a task, since its training would be counted once; in a local run "
+    "every organisation's samples are checked together. Data held by organisations on different Substra nodes "
+    "cannot be compared: an example held by two of them is trained on by both and counted once per organisation.")
+
+
+def _code(code: dict | None) -> str:
+    if not code:
+        return "code not recorded"
+    where = (f"function archive {code['archive_digest']}" if code["archive_digest"]
+             else "no function archive (run from the repository, or its files changed)")
+    return f"ran {code['function']!r} from {where}"
+
+
 def privacy_statement(saved: ModelFile, per_organization: dict | None = None) -> str:
     """Markdown: ε at δ (PLD reported, RDP beside it, each library's own figure), the neighbouring
     relation, sampling, clipping, the runs behind it, the budget, ε per organisation, what is not covered."""
@@ -42,7 +57,7 @@ def privacy_statement(saved: ModelFile, per_organization: dict | None = None) ->
         lines.append(f"  {i}. {e.framework}: {len(e.data)} data sample(s), n = {e.n}, q = {e.sample_rate:.4g}, "
                      f"σ = {e.noise_multiplier:.4g}, {e.steps} steps, clipping {e.clipping} to C = {e.max_grad_norm:g}"
                      + (f" ({library}; a library's figure covers its own run only, with its own conventions)"
-                        if library else ""))
+                        if library else "") + f"; {_code(e.code)}")
     if hp.get("max_epsilon") is not None:
         stopped = (f"training stopped after {ledger.events[-1].steps} of {hp['planned_steps']} planned steps to stay "
                    "within it" if hp.get("stopped_by_budget") else "training ran every planned step within it")
@@ -58,5 +73,6 @@ def privacy_statement(saved: ModelFile, per_organization: dict | None = None) ->
     lines.append(f"- Secure noise (secure_mode): {'on' if hp.get('secure_mode') else 'off'}.")
     lines.append("- Covered: every training step recorded above, on the data samples it names (by content hash); "
                  "the initialisation is data-independent (seeded) and costs nothing.")
+    lines.append("- Examples are told apart by their bytes: " + SHARED_EXAMPLES)
     lines.append("- Not covered: " + "; ".join(NOT_COVERED) + ".")
     return "\n".join(lines)

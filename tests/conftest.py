@@ -44,6 +44,36 @@ def tiny_data(tmp_path_factory):
     return dest
 
 
+# Runs a command as root without the capabilities that let root write anywhere: a folder of mode
+# 0o555 is then read-only to it, as it would be to a user (tests run as root in CI and in the image).
+WITHOUT_WRITE_OVERRIDE = ["setpriv", "--bounding-set=-dac_override,-dac_read_search",
+                          "--inh-caps=-dac_override,-dac_read_search", "--"]
+
+
+def ledger_event(framework="torch", data=("fp-a",), n=100, batch_size=10, sigma=1.0, epochs=1, steps=None,
+                 library_epsilon=(), archive_digest=None):
+    """A ledger event as a train task writes it (provenance included), for tests that build model files."""
+    from mnist_dp import privacy
+
+    steps_per_epoch = -(-n // batch_size)
+    return privacy.DpEvent(framework, tuple(data), n, 1 / steps_per_epoch, sigma, steps or steps_per_epoch * epochs,
+                           privacy.PER_EXAMPLE if sigma else privacy.NO_CLIPPING, 1.0, tuple(library_epsilon),
+                           batch_size, steps_per_epoch * epochs, {"function": "train", "archive_digest": archive_digest})
+
+
+def save_model(path, events, weights=b"weights", **settings):
+    """A model file whose metadata agrees with its last event, as a train task writes it."""
+    from mnist_dp import model_file, privacy
+
+    last = events[-1]
+    hyperparameters = {"delta": 1e-5, "max_epsilon": None, "secure_mode": False, "batch_size": last.batch_size,
+                       "max_grad_norm": last.max_grad_norm, "noise_multiplier": last.noise_multiplier,
+                       "planned_steps": last.planned_steps, "stopped_by_budget": last.steps < last.planned_steps,
+                       **settings}
+    model_file.save(path, model_file.ModelFile(last.framework, weights, privacy.Ledger(events), hyperparameters))
+    return path
+
+
 def tiny_hyperparameters(framework, **changes):
     path = ALGO_ASSETS[framework] / "hyperparameters.json"
     return {**json.loads(path.read_text()), **TINY_HYPERPARAMETERS, **changes}

@@ -1,22 +1,24 @@
+import json
+import zipfile
+
 import pytest
 
+from conftest import ledger_event, save_model
 from mnist_dp import model_file
 from mnist_dp.errors import UserError
-from mnist_dp.privacy import DpEvent, Ledger
 
 
 def test_round_trip_through_an_extensionless_path(tmp_path):
-    ledger = Ledger([DpEvent("torch", ("abc",), 100, 0.1, 1.0, 10, "per-example", 1.0)])
-    path = tmp_path / "model"  # Substra's output paths have no extension
-    model_file.save(path, model_file.ModelFile("torch", b"\x00weights", ledger, {"delta": 1e-5}))
+    events = [ledger_event("torch")]
+    path = save_model(tmp_path / "model", events, weights=b"\x00weights")  # Substra's output paths have no extension
     assert [p.name for p in tmp_path.iterdir()] == ["model"]
     loaded = model_file.load(path, "torch")
-    assert loaded.weights == b"\x00weights" and loaded.ledger.events == ledger.events
-    assert loaded.hyperparameters == {"delta": 1e-5}
+    assert loaded.weights == b"\x00weights" and loaded.ledger.events == events
+    assert loaded.hyperparameters["delta"] == 1e-5
 
 
 def test_wrong_framework_is_refused(tmp_path):
-    model_file.save(tmp_path / "m", model_file.ModelFile("torch", b""))
+    save_model(tmp_path / "m", [ledger_event("torch")])
     with pytest.raises(UserError, match="trained with 'torch'"):
         model_file.load(tmp_path / "m", "tf")
 
@@ -27,3 +29,84 @@ def test_corrupt_file_is_named(tmp_path, content):
     with pytest.raises(UserError, match="not a valid model file") as caught:
         model_file.load(tmp_path / "m")
     assert str(tmp_path / "m") in str(caught.value)
+
+
+def rewrite(path, member, edit):
+    """Edit one JSON member of a model file in place, as a user with a zip tool and an editor would."""
+    with zipfile.ZipFile(path) as archive:
+        members = {name: archive.read(name) for name in archive.namelist()}
+    members[member] = json.dumps(edit(json.loads(members[member]))).encode()
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, content in members.items():
+            archive.writestr(name, content)
+
+
+def ledger_edit(field, value):
+    def edit(ledger):
+        ledger[-1][field] = value
+        return ledger
+    return edit
+
+
+def with_digest(edit_ledger):
+    """Edit the ledger and then update the metadata's digest too, as a careful forger would."""
+    def apply(path):
+        rewrite(path, "ledger.json", edit_ledger)
+        with zipfile.ZipFile(path) as archive:
+            ledger = archive.read("ledger.json")
+        import hashlib
+        rewrite(path, "meta.json", lambda meta: {**meta, "ledger_sha256": hashlib.sha256(ledger).hexdigest()})
+    return apply
+
+
+EDITS = [("steps", 1), ("noise_multiplier", 100.0), ("sample_rate", 0.0), ("n", 10**9),
+         ("clipping", "per-batch"), ("steps", -5), ("steps", "2"), ("data", []), ("code", None)]
+
+
+@pytest.mark.parametrize("field, value", EDITS)
+def test_a_hand_edited_ledger_is_refused_by_its_digest(tmp_path, field, value):
+    path = save_model(tmp_path / "m", [ledger_event(n=100, batch_size=50, epochs=2)])
+    rewrite(path, "ledger.json", ledger_edit(field, value))
+    with pytest.raises(UserError, match="does not match the sha256 recorded in its metadata") as caught:
+        model_file.load(path)
+    assert str(path) in str(caught.value)
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("steps", 1, "steps 1 of 4 planned .metadata: stopped_by_budget False"),
+    ("noise_multiplier", 100.0, "noise_multiplier 100.0 .metadata: 1.0"),
+    ("sample_rate", 0.0, "sample_rate = 0.0 must be a number in .0, 1]"),
+    ("n", 10**9, "q = 0.5 but 1 / ceil.n / batch_size. = 5e-08"),
+    ("clipping", "per-batch", "clipping = \"per-batch\" must be one of"),
+    ("steps", -5, "steps = -5 must be a positive integer"),
+    ("steps", "2", "steps = \"2\" must be a positive integer"),
+    ("batch_size", 60, "batch_size 60 .metadata: 50."),
+    ("framework", "tf", "a 'tf' run in a 'torch' model"),
+    ("surprise", 1, "unknown \\['surprise'\\]"),
+])
+def test_a_ledger_edited_with_its_digest_is_still_caught_by_its_own_fields(tmp_path, field, value, message):
+    path = save_model(tmp_path / "m", [ledger_event(n=100, batch_size=50, epochs=2)])
+    with_digest(ledger_edit(field, value))(path)
+    with pytest.raises(UserError, match=message):
+        model_file.load(path)
+
+
+def test_edited_weights_and_metadata_are_refused(tmp_path):
+    path = save_model(tmp_path / "m", [ledger_event()])
+    with zipfile.ZipFile(path) as archive:
+        members = {name: archive.read(name) for name in archive.namelist()}
+    members["weights.bin"] = b"other weights"
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, content in members.items():
+            archive.writestr(name, content)
+    with pytest.raises(UserError, match="its weights does not match"):
+        model_file.load(path)
+    path = save_model(tmp_path / "n", [ledger_event()])
+    rewrite(path, "meta.json", lambda meta: {**meta, "hyperparameters": {**meta["hyperparameters"], "noise_multiplier": 9.0}})
+    with pytest.raises(UserError, match="ledger disagrees with its metadata: noise_multiplier 1.0 .metadata: 9.0."):
+        model_file.load(path)
+
+
+def test_a_folder_is_not_a_model_file(tmp_path):
+    with pytest.raises(UserError, match="is a folder"):
+        model_file.load(tmp_path)

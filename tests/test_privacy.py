@@ -10,7 +10,8 @@ from mnist_dp.privacy import DpEvent, Ledger, calibrate_noise_multiplier, check_
 
 def event(n=60000, batch=250, epochs=60, sigma=1.1, data=("a",)):
     steps_per_epoch = math.ceil(n / batch)
-    return DpEvent("torch", tuple(data), n, 1 / steps_per_epoch, sigma, steps_per_epoch * epochs, "per-example", 1.0)
+    return DpEvent("torch", tuple(data), n, 1 / steps_per_epoch, sigma, steps_per_epoch * epochs, "per-example", 1.0,
+                   (), batch, steps_per_epoch * epochs, {"function": "train", "archive_digest": None})
 
 
 @pytest.mark.parametrize("n, batch, epochs, rdp, pld", [
@@ -52,6 +53,28 @@ def test_ledger_json_round_trip():
     ledger = Ledger([event(4000, 250, 3, data=["x", "y"])])
     again = Ledger.from_json(ledger.to_json())
     assert again.events == ledger.events
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("clipping", "per-batch", "clipping = .per-batch. must be one of"),  # its sensitivity is not one example's C
+    ("sample_rate", 0, "sample_rate = 0 must be a number in"),
+    ("noise_multiplier", -1, "noise_multiplier = -1 must be a number >= 0"),
+    ("noise_multiplier", float("nan"), "noise_multiplier = NaN must be"),
+    ("steps", 2.0, "steps = 2.0 must be a positive integer"),
+    ("data", ["a", "a"], "distinct data sample fingerprints"),
+    ("n", 10**9, "is inconsistent: q = 0.0625 but 1 / ceil.n / batch_size. = 2.5e-07"),
+    ("steps", 10**6, "steps 1000000 > planned_steps 48"),
+])
+def test_every_ledger_field_is_checked_when_read(field, value, message):
+    record = event(4000, 250, 3).to_json()
+    record[field] = value
+    with pytest.raises(UserError, match=message):
+        Ledger.from_json([record])
+
+
+def test_a_target_epsilon_the_accountant_cannot_reach_is_a_user_error():
+    with pytest.raises(UserError, match="no noise multiplier found"):
+        calibrate_noise_multiplier(1e9, 1e-5, 0.125, 240)
 
 
 def test_ledger_json_missing_field_is_a_user_error():

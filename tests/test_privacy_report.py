@@ -2,8 +2,7 @@
 import subprocess
 import sys
 
-from conftest import REPO
-from mnist_dp import model_file, privacy
+from conftest import REPO, ledger_event, save_model
 
 SCRIPT = REPO / "scripts" / "privacy_report.py"
 FRAMEWORK_MODULES = ("torch", "opacus", "tensorflow", "tensorflow_privacy", "mindspore", "mindarmour")
@@ -23,9 +22,8 @@ def run(*args, cwd):
 
 
 def test_prints_the_statement_of_a_model_file_without_any_framework(tmp_path):
-    event = privacy.DpEvent("mindspore", ("fp",), 4000, 0.125, 2.867, 240, privacy.PER_EXAMPLE, 1.0)
-    path = tmp_path / "model"
-    model_file.save(path, model_file.ModelFile("mindspore", b"weights", privacy.Ledger([event]), {"delta": 1e-5}))
+    event = ledger_event("mindspore", ("fp",), n=4000, batch_size=500, sigma=2.867, epochs=30)
+    path = save_model(tmp_path / "model", [event])
     proc = run(path, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert f"# {path} (mindspore)" in proc.stdout and "**(ε, δ) = (2.998, 1e-05)**" in proc.stdout
@@ -36,3 +34,24 @@ def test_bad_model_file_is_one_line(tmp_path):
     proc = run(tmp_path / "junk", cwd=tmp_path)
     assert proc.returncode == 2 and proc.stderr.startswith("error: ") and "not a valid model file" in proc.stderr
     assert "--help" not in proc.stderr and "model file(s)" in run("--help", cwd=tmp_path).stdout
+
+
+def test_a_folder_or_an_edited_ledger_is_one_line(tmp_path):
+    import json
+    import zipfile
+
+    proc = run(tmp_path, cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr == f"error: {tmp_path}: is a folder; give the path of a model file\n"
+    path = save_model(tmp_path / "model", [ledger_event("torch", n=4000, batch_size=500, sigma=2.867, epochs=30)])
+    for steps in (-5, "2", 1):
+        with zipfile.ZipFile(path) as archive:
+            members = {name: archive.read(name) for name in archive.namelist()}
+        ledger = json.loads(members["ledger.json"])
+        ledger[0]["steps"] = steps
+        members["ledger.json"] = json.dumps(ledger).encode()
+        with zipfile.ZipFile(tmp_path / "edited", "w") as archive:
+            for name, content in members.items():
+                archive.writestr(name, content)
+        proc = run(tmp_path / "edited", cwd=tmp_path)
+        assert proc.returncode == 2 and proc.stdout == "" and proc.stderr.count("\n") == 1, proc.stderr
+        assert "its ledger does not match the sha256 recorded in its metadata" in proc.stderr

@@ -3,6 +3,7 @@ import math
 
 import pandas as pd
 
+from conftest import ledger_event, save_model
 from mnist_dp import model_file, privacy, report
 
 
@@ -43,13 +44,9 @@ def with_model_files(records, folder):
     folder.mkdir()
     out = []
     for i, r in enumerate(records):
-        sigma = 1.0 if r["dp"] else 0.0
-        event = privacy.DpEvent(r["framework"], ("fp-a",), 100, 0.1, sigma, 10, "per-example", 1.0,
-                                (("Opacus PRV (this run only)", 1.49),))
-        path = folder / f"{i}.model"
-        model_file.save(path, model_file.ModelFile(r["framework"], b"", privacy.Ledger([event]),
-                                                   {"delta": 1e-5, "max_epsilon": 2.0, "stopped_by_budget": r["dp"],
-                                                    "planned_steps": 12}))
+        event = ledger_event(r["framework"], n=100, batch_size=10, sigma=1.0 if r["dp"] else 0.0, epochs=2,
+                             steps=10 if r["dp"] else None, library_epsilon=(("Opacus PRV (this run only)", 1.49),))
+        path = save_model(folder / f"{i}.model", [event], max_epsilon=2.0)
         out.append({**r, "model_file": str(path)})
     return out
 
@@ -69,7 +66,7 @@ def test_reports_are_written(tmp_path):
     assert summary.count("### torch\n") == 1 and "### torch-baseline" in summary
     assert "- Per organisation (ε of the steps run on its data only): Org1: 1.500, Org2: 1.500" in summary
     assert "Opacus PRV (this run only): ε = 1.490" in summary and "**Not private**" in summary
-    assert "max_epsilon = 2 at δ = 1e-05; training stopped after 10 of 12 planned steps" in summary
+    assert "max_epsilon = 2 at δ = 1e-05; training stopped after 10 of 20 planned steps" in summary
 
 
 def test_model_record_is_recomputed_from_the_model_file(tmp_path):

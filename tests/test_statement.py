@@ -34,3 +34,14 @@ def test_statement_shows_the_budget_and_epsilon_per_data_group():
 def test_a_non_private_model_says_so():
     baseline = privacy.DpEvent("tf", ("fp-a",), 300, 0.2, 0.0, 5, "none", 1.0)
     assert statement.privacy_statement(saved([baseline])).startswith("**Not private**")
+
+
+def test_each_run_names_the_code_that_made_it_and_what_data_checks_cover():
+    from conftest import ledger_event
+
+    made = ledger_event("tf", archive_digest="sha256:abc")
+    text = statement.privacy_statement(saved([made, ledger_event("tf", data=("fp-b",))]))
+    assert "ran 'train' from function archive sha256:abc" in text
+    assert "ran 'train' from no function archive (run from the repository, or its files changed)" in text
+    assert "code not recorded" in statement.privacy_statement(saved([EVENT]))
+    assert "Data held by organisations on different Substra nodes cannot be compared" in text
