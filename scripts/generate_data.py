@@ -26,7 +26,9 @@ def build_parser():
     parser.add_argument("--train-samples", type=int, default=1,
                         help="number of data-sample folders to split the train set into (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="shuffling and split seed (default: %(default)s)")
-    parser.add_argument("--force", action="store_true", help="overwrite existing data samples in --output")
+    parser.add_argument("--force", action="store_true",
+                        help="replace the data samples generate_data wrote in --output before (its train/, test/ and "
+                             "manifest.json; other files are kept, and a folder it did not write is never touched)")
     return parser
 
 

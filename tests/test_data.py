@@ -1,14 +1,38 @@
 import gzip
+import os
+import shutil
 import struct
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import REPO
+from conftest import REPO, WITHOUT_WRITE_OVERRIDE
 from mnist_dp import data
 from mnist_dp.errors import UserError
+
+
+SCRIPT = REPO / "scripts" / "generate_data.py"
+
+
+def generate_data(*args, **kwargs):
+    return subprocess.run([sys.executable, SCRIPT, *map(str, args)], capture_output=True, text=True, **kwargs)
+
+
+def one_error_line(proc) -> str:
+    """The script's only stderr line, after checking that it failed as a user error (exit 2, no traceback)."""
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    return lines[0]
+
+
+def save_npz(path, x_train, y_train=None):
+    y_train = np.arange(len(x_train)) % 10 if y_train is None else y_train
+    np.savez(path, x_train=x_train, y_train=y_train, x_test=np.zeros((10, 28, 28), np.uint8), y_test=np.arange(10))
+    return path
 
 
 def write_idx(path, array, magic):
@@ -58,10 +82,247 @@ def test_train_set_is_split_into_sample_folders(tmp_path):
 
 def test_refuses_to_overwrite_without_force(tmp_path):
     data.generate(tmp_path / "d", train_size=50, test_size=10, seed=1)
-    with pytest.raises(UserError, match="--force"):
+    before = read_split(tmp_path / "d", "train")
+    with pytest.raises(UserError, match="already holds data samples generate_data wrote; pass --force"):
         data.generate(tmp_path / "d", train_size=50, test_size=10, seed=2)
+    assert np.array_equal(read_split(tmp_path / "d", "train")[0], before[0])
     data.generate(tmp_path / "d", train_size=60, test_size=10, seed=2, force=True)
     assert len(read_split(tmp_path / "d", "train")[1]) == 60
+
+
+def test_force_never_touches_a_folder_generate_data_did_not_write(tmp_path):
+    userdir = tmp_path / "userdir"
+    userdir.mkdir()
+    (userdir / "notes.txt").write_text("mine")
+    line = one_error_line(generate_data("--output", userdir, "--force"))
+    assert line == (f"error: {userdir}: holds files generate_data did not write (notes.txt); "
+                    "choose a new or empty folder")
+    assert [p.name for p in userdir.iterdir()] == ["notes.txt"] and (userdir / "notes.txt").read_text() == "mine"
+    assert [p.name for p in tmp_path.iterdir()] == ["userdir"]  # no temporary folder left either
+
+
+def test_force_replaces_only_train_test_and_manifest_and_keeps_the_users_files(tmp_path):
+    dest = tmp_path / "d"
+    data.generate(dest, train_size=50, test_size=10, seed=1)
+    (dest / "notes.txt").write_text("mine")
+    (dest / "plots").mkdir()
+    manifest = data.generate(dest, train_size=60, test_size=10, train_samples=2, seed=2, force=True)
+    assert sorted(p.name for p in dest.iterdir()) == ["manifest.json", "notes.txt", "plots", "test", "train"]
+    assert (dest / "notes.txt").read_text() == "mine" and (dest / "plots").is_dir()
+    assert data.read_manifest(dest) == manifest and manifest["written_by"] == data.WRITTEN_BY
+    assert [f.name for f in data.sample_folders(dest, "train")] == ["0", "1"]
+    assert len(read_split(dest, "train")[1]) == 60
+    assert [p.name for p in tmp_path.iterdir()] == ["d"]
+
+
+def test_a_folder_of_other_files_is_refused_by_the_scripts_without_telling_them_to_pass_force(tmp_path):
+    dest = tmp_path / "data"
+    dest.mkdir()
+    (dest / "notes.txt").write_text("mine")
+    with pytest.raises(UserError) as caught:
+        data.generate_default_if_missing(dest, train_samples=1)
+    assert str(caught.value) == (f"{dest}: holds no data samples (no train/ folder) but other files (notes.txt); "
+                                 "give --data a folder of data samples written by scripts/generate_data.py, "
+                                 "or a new folder")
+    assert [p.name for p in dest.iterdir()] == ["notes.txt"]
+
+
+def test_an_output_that_is_a_file_is_one_clear_error(tmp_path):
+    path = tmp_path / "data"
+    path.write_text("not a folder")
+    line = one_error_line(generate_data("--output", path))
+    assert line == (f"error: {path}: is a file; the data samples are written to a folder: "
+                    "give the path of a new folder")
+    with pytest.raises(UserError, match="is a file"):
+        data.generate_default_if_missing(path, train_samples=1)
+    assert path.read_text() == "not a folder"
+
+
+@pytest.mark.parametrize("read_only", ["parent folder", "output folder"])
+def test_a_folder_that_cannot_be_written_is_named(tmp_path, read_only):
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o555)
+    output = locked / "data" if read_only == "parent folder" else locked
+    proc = subprocess.run([*WITHOUT_WRITE_OVERRIDE, sys.executable, SCRIPT, "--output", output],
+                          capture_output=True, text=True, cwd=tmp_path)
+    line = one_error_line(proc)
+    assert line == f"error: {locked}: cannot write in this folder (permission denied); choose a folder you can write to"
+    assert list(locked.iterdir()) == []
+
+
+def test_float_images_are_refused_saying_what_was_found_and_what_to_do(tmp_path):
+    images = np.random.default_rng(0).random((50, 28, 28))
+    images[0, 0, :2] = 0.0, 1.0
+    line = one_error_line(generate_data("--source", save_npz(tmp_path / "f.npz", images), "--output", tmp_path / "d"))
+    assert line == (f"error: {tmp_path / 'f.npz'}: train images are float64 with values 0..1; images must be uint8 "
+                    "pixels 0-255: scale them to 0-255 and save them as uint8")
+    assert not (tmp_path / "d").exists()
+
+
+ONE_NAN = np.where(np.arange(50 * 784).reshape(50, 28, 28) == 0, np.nan, 0.5)
+
+
+@pytest.mark.parametrize("images, found", [
+    (np.full((50, 28, 28), 300.0), "float64 with values 300..300"),
+    (ONE_NAN, "float64 with values 0.5..0.5 and NaN"),
+    (np.full((50, 28, 28), 128.0, np.float32), "float32 with values 128..128"),  # integral floats too
+    (np.full((50, 28, 28), 256, np.int64), "int64 with values 256..256"),
+    (np.full((50, 28, 28), -1, np.int16), "int16 with values -1..-1"),
+])
+def test_images_a_cast_to_uint8_would_change_are_refused(tmp_path, images, found):
+    with pytest.raises(UserError, match=f"train images are {found}; images must be uint8"):
+        data.generate(tmp_path / "d", source=save_npz(tmp_path / "s.npz", images))
+    assert not (tmp_path / "d").exists()
+
+
+def test_integer_images_within_0_255_are_cast_exactly(tmp_path):
+    images = np.random.default_rng(0).integers(0, 256, (50, 28, 28)).astype(np.int64)
+    images[0, 0, :2] = 0, 255
+    data.generate(tmp_path / "d", source=save_npz(tmp_path / "s.npz", images))
+    written, _ = read_split(tmp_path / "d", "train")
+    assert written.dtype == np.uint8
+    assert {bytes(i) for i in written} == {bytes(i) for i in images.astype(np.uint8)}
+
+
+@pytest.mark.parametrize("labels, found", [
+    (np.full(50, 1.5), "float64 with values 1.5..1.5"),
+    (np.arange(50) % 10 + 1, "int64 with values 1..10"),
+    (np.ones(50, bool), "bool"),
+])
+def test_labels_must_be_integer_digits(tmp_path, labels, found):
+    images = np.zeros((50, 28, 28), np.uint8)
+    with pytest.raises(UserError, match=f"train labels are {found}; labels must be the digits 0-9 in an integer array"):
+        data.generate(tmp_path / "d", source=save_npz(tmp_path / "s.npz", images, labels))
+
+
+@pytest.mark.parametrize("flag, value", [("--train-size", -5), ("--test-size", 0), ("--train-samples", 0)])
+def test_sizes_must_be_whole_numbers_of_at_least_one_naming_the_flag(tmp_path, flag, value):
+    line = one_error_line(generate_data("--output", tmp_path / "d", flag, value))
+    assert line == f"error: {flag} {value}: must be a whole number, at least 1"
+    with pytest.raises(UserError, match=f"^{flag} 2.5: must be a whole number"):
+        data.generate(tmp_path / "d", **{flag[2:].replace("-", "_"): 2.5})
+
+
+def test_sizes_larger_than_the_source_name_the_flag(tmp_path):
+    source = save_npz(tmp_path / "s.npz", np.zeros((50, 28, 28), np.uint8))
+    with pytest.raises(UserError, match="^--train-size 51: the source has only 50 train examples"):
+        data.generate(tmp_path / "d", source=source, train_size=51)
+    with pytest.raises(UserError, match="^--test-size 11: the source has only 10 test examples"):
+        data.generate(tmp_path / "d", source=source, test_size=11)
+    with pytest.raises(UserError, match="^--train-samples 51: more than the 50 train examples"):
+        data.generate(tmp_path / "d", source=source, train_samples=51)
+
+
+def partial_folders(parent):
+    return sorted(p for p in parent.iterdir() if "-partial-" in p.name)
+
+
+def test_a_killed_run_leaves_a_partial_folder_that_the_next_run_removes(tmp_path):
+    for attempt in range(3):
+        # 4,000 sample folders take about a second to write: the run is killed in the middle.
+        proc = subprocess.Popen([sys.executable, SCRIPT, "--output", tmp_path / f"d{attempt}",
+                                 "--train-samples", "4000"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and time.monotonic() < deadline:
+            if any((p / "train").is_dir() for p in partial_folders(tmp_path)):
+                break
+            time.sleep(0.002)
+        proc.kill()
+        proc.wait()
+        if partial_folders(tmp_path):
+            break
+    else:
+        pytest.fail("generate_data ended each time before it could be killed in the middle of writing")
+    [partial] = partial_folders(tmp_path)
+    assert partial.name.startswith(f".d{attempt}-partial-{proc.pid}-") and (partial / "train").is_dir()
+    assert not (tmp_path / f"d{attempt}").exists()  # the interrupted run left no half dataset
+    data.generate(tmp_path / "next", train_size=50, test_size=10)
+    assert partial_folders(tmp_path) == []
+
+
+def test_partial_folders_of_a_running_writer_or_not_laid_out_as_ours_are_left_alone(tmp_path):
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(gone.stdout)
+    abandoned = tmp_path / f".d-partial-{dead_pid}-0123abcd"
+    running = tmp_path / f".d-partial-{os.getpid()}-0123abcd"  # this test's own process: alive
+    not_ours = tmp_path / f".notes-partial-{dead_pid}-0123abcd"
+    for folder in (abandoned, running):
+        (folder / "train" / "0").mkdir(parents=True)
+    not_ours.mkdir()
+    (not_ours / "diary.txt").write_text("mine")
+    data.generate(tmp_path / "d", train_size=50, test_size=10)
+    assert partial_folders(tmp_path) == sorted([running, not_ours])
+
+
+def test_the_default_data_is_split_again_when_a_script_needs_more_train_samples(tmp_path, capsys):
+    dest = tmp_path / "data"
+    data.generate_default_if_missing(dest, train_samples=1)
+    (dest / "notes.txt").write_text("mine")
+    train, test = read_split(dest, "train"), read_split(dest, "test")
+    capsys.readouterr()
+    data.generate_default_if_missing(dest, train_samples=2)
+    assert capsys.readouterr().out == (f"{dest}: splitting the default data again into 2 train samples "
+                                       "(it had 1; the same examples)\n")
+    assert [f.name for f in data.sample_folders(dest, "train")] == ["0", "1"]
+    for split, before in (("train", train), ("test", test)):
+        after = read_split(dest, split)
+        assert np.array_equal(after[0], before[0]) and np.array_equal(after[1], before[1])
+    assert (dest / "notes.txt").read_text() == "mine"
+    data.generate_default_if_missing(dest, train_samples=1)  # fewer than it holds: left as it is
+    assert len(data.sample_folders(dest, "train")) == 2 and capsys.readouterr().out == ""
+
+
+def test_data_that_is_not_the_unchanged_default_is_never_split_again(tmp_path, capsys):
+    edited, added, other = tmp_path / "edited", tmp_path / "added", tmp_path / "other"
+    for dest in (edited, added):
+        data.generate(dest)  # the default data, as the scripts write it
+    labels = np.load(edited / "train" / "0" / data.LABELS_FILE)
+    labels[0] = (labels[0] + 1) % 10
+    np.save(edited / "train" / "0" / data.LABELS_FILE, labels)
+    shutil.copytree(added / "test" / "0", added / "train" / "1")
+    data.generate(other, train_size=3000, test_size=1000)
+    capsys.readouterr()
+    for dest, held in ((edited, 1), (added, 2), (other, 1)):
+        data.generate_default_if_missing(dest, train_samples=3)
+        assert len(data.sample_folders(dest, "train")) == held
+    assert capsys.readouterr().out == ""
+
+
+def write_sample(folder, images, labels):
+    folder.mkdir(parents=True)
+    np.save(folder / data.IMAGES_FILE, images)
+    np.save(folder / data.LABELS_FILE, labels)
+    return folder
+
+
+def test_check_disjoint_catches_a_shuffled_copy_of_a_sample_in_another_folder(tmp_path):
+    rng = np.random.default_rng(0)
+    images, labels = rng.integers(0, 256, (50, 28, 28), dtype=np.uint8), rng.integers(0, 10, 50, dtype=np.uint8)
+    a = write_sample(tmp_path / "a", images, labels)
+    order = rng.permutation(50)[:20]
+    others = rng.integers(0, 256, (30, 28, 28), dtype=np.uint8)
+    b = write_sample(tmp_path / "b", np.concatenate([others, images[order]]),
+                     np.concatenate([rng.integers(0, 10, 30), labels[order]]).astype(np.int64))
+    with pytest.raises(UserError) as caught:
+        data.check_disjoint([a, b])
+    assert str(caught.value) == (f"{b} and {a} share 20 example(s); an example in two samples is trained on twice "
+                                 "but would be accounted once: remove the copies")
+
+
+def test_check_disjoint_catches_a_byte_identical_copy(tmp_path):
+    data.generate(tmp_path / "d", train_size=100, test_size=20, train_samples=2)
+    first = data.sample_folders(tmp_path / "d", "train")[0]
+    copy = shutil.copytree(first, tmp_path / "copy")
+    with pytest.raises(UserError, match=f"^{copy} and {first} share 50 example"):
+        data.check_disjoint([first, copy])
+
+
+def test_check_disjoint_passes_disjoint_folders_and_tells_examples_apart_by_their_label(tmp_path):
+    data.generate(tmp_path / "d", train_size=100, test_size=20, train_samples=3)
+    folders = data.sample_folders(tmp_path / "d", "train") + data.sample_folders(tmp_path / "d", "test")
+    images, labels = np.load(folders[0] / data.IMAGES_FILE), np.load(folders[0] / data.LABELS_FILE)
+    relabelled = write_sample(tmp_path / "relabelled", images, (labels + 1) % 10)
+    data.check_disjoint([*folders, relabelled])
 
 
 def test_idx_source(idx_folder, tmp_path):

@@ -36,8 +36,9 @@ def test_reads_and_concatenates_samples_in_the_order_of_their_content(tmp_path):
 def test_fingerprint_depends_on_content_only(tmp_path):
     a, b = make_sample(tmp_path / "a"), make_sample(tmp_path / "b")
     c = make_sample(tmp_path / "c", labels=np.array([1, 1, 1, 1, 1]))
-    fp = [s["fingerprint"] for s in opener.MnistOpener().get_data([str(a), str(b), str(c)])["samples"]]
-    assert sorted(fp.count(f) for f in set(fp)) == [1, 2]  # a and b alike, c not
+    # One folder at a time: a and b share every example, so the opener refuses them together.
+    fp = [opener.MnistOpener().get_data([str(f)])["samples"][0]["fingerprint"] for f in (a, b, c)]
+    assert fp[0] == fp[1] != fp[2]
 
 
 def test_float_pixels_in_range_are_accepted(tmp_path):
@@ -74,6 +75,45 @@ def test_missing_folder_missing_file_and_pickles(tmp_path):
         opener.MnistOpener().get_data([str(folder)])
     with pytest.raises(opener.DataSampleError, match="no data sample"):
         opener.MnistOpener().get_data([])
+
+
+def test_a_file_given_as_a_data_sample_is_named_as_a_file(tmp_path):
+    folder = make_sample(tmp_path / "a")
+    path = folder / "images.npy"
+    with pytest.raises(opener.DataSampleError) as caught:
+        opener.MnistOpener().get_data([str(path)])
+    assert str(caught.value) == (f"{path}: is a file, not a data sample folder (a folder holding images.npy "
+                                 "and labels.npy)")
+
+
+def test_samples_sharing_an_example_are_refused_naming_both_folders(tmp_path):
+    rng = np.random.default_rng(1)
+    images, labels = rng.integers(0, 256, (40, 28, 28), dtype=np.uint8), rng.integers(0, 10, 40)
+    a = make_sample(tmp_path / "a", images, labels)
+    shuffled = rng.permutation(40)[:15]
+    others = rng.integers(0, 256, (5, 28, 28), dtype=np.uint8)
+    b = make_sample(tmp_path / "b", np.concatenate([others, images[shuffled]]),
+                    np.concatenate([rng.integers(0, 10, 5), labels[shuffled]]).astype(np.uint8))
+    copy = shutil.copytree(a, tmp_path / "copy")
+    for folders, count in (([a, b], 15), ([copy, a], 40)):
+        with pytest.raises(opener.DataSampleError) as caught:
+            opener.MnistOpener().get_data([str(f) for f in folders])
+        assert str(caught.value) == (f"{folders[1]} and {folders[0]} share {count} example(s); an example in two "
+                                     "samples is trained on twice but would be accounted once: remove the copies")
+    # The same images under other labels are other examples; copies inside one sample are not its concern.
+    relabelled = make_sample(tmp_path / "relabelled", images, (labels + 1) % 10)
+    twice = make_sample(tmp_path / "twice", images[[0, 0]], np.array([3, 3]))
+    got = opener.MnistOpener().get_data([str(a), str(relabelled), str(twice)])
+    assert len(got["labels"]) == 82
+
+
+def test_the_opener_and_the_scripts_agree_on_what_an_example_is(tmp_path):
+    from mnist_dp import data
+
+    rng = np.random.default_rng(2)
+    for images in (rng.integers(0, 256, (6, 28, 28), dtype=np.uint8), rng.random((6, 28, 28))):
+        labels = np.arange(6, dtype=np.uint8)
+        assert opener._example_digests(images, labels.astype(np.int64)) == data.example_digests(images, labels)
 
 
 def test_fake_data_has_the_real_form():

@@ -3,6 +3,7 @@
 Self-contained on purpose: Substra ships the opener alone to every task that reads the dataset,
 so it imports nothing from this repository. The sample layout is described in description.md.
 """
+import collections
 import hashlib
 import os
 
@@ -63,17 +64,53 @@ def _fingerprint(*paths):
     return digest.hexdigest()
 
 
+def _example_digests(images, labels):
+    """One sha256 per example, of its image's exact bytes and its label (as int64); the same code as
+    mnist_dp.data.example_digests, copied because the opener imports nothing from the repository."""
+    n = len(labels)
+    if n == 0:
+        return []
+    rows = np.ascontiguousarray(images).reshape(n, -1).view(np.uint8)
+    records = np.concatenate([rows, labels.astype("<i8").reshape(n, 1).view(np.uint8)], axis=1)
+    view, width = memoryview(records).cast("B"), records.shape[1]
+    return [hashlib.sha256(view[i:i + width]).digest() for i in range(0, n * width, width)]
+
+
 def read_sample(folder):
-    """One data sample folder -> (images float32 [n, 28, 28] in [0, 1], labels int64 [n], fingerprint)."""
+    """One data sample folder -> (images float32 [n, 28, 28] in [0, 1], labels int64 [n], fingerprint,
+    one digest per example)."""
+    if os.path.isfile(folder):
+        raise DataSampleError(f"{folder}: is a file, not a data sample folder (a folder holding {IMAGES_FILE} "
+                              f"and {LABELS_FILE})")
     if not os.path.isdir(folder):
         raise DataSampleError(f"{folder}: data sample folder not found")
     images_path = os.path.join(folder, IMAGES_FILE)
     labels_path = os.path.join(folder, LABELS_FILE)
-    images = _images_as_float(_load_array(images_path), images_path)
+    stored = _load_array(images_path)
+    images = _images_as_float(stored, images_path)
     labels = _labels_as_int(_load_array(labels_path), labels_path, len(images))
     if len(labels) == 0:
         raise DataSampleError(f"{folder}: data sample holds no example")
-    return images, labels, _fingerprint(images_path, labels_path)
+    # Digests of the pixels as stored, as mnist_dp.data.check_disjoint computes them.
+    return images, labels, _fingerprint(images_path, labels_path), _example_digests(stored, labels)
+
+
+def check_disjoint(folders, samples):
+    """Refuse samples that share an example (the exact bytes of an image with its label): trained on
+    twice, it would be accounted once. Copies inside one sample are not checked here."""
+    first_holder, shared = {}, collections.Counter()
+    for i, sample in enumerate(samples):
+        for digest in set(sample[3]):
+            holder = first_holder.setdefault(digest, i)
+            if holder != i:
+                shared[holder, i] += 1
+    if shared:
+        # Each shared example is counted once, between the first sample holding it and a later one; for
+        # the first such pair in folder order that is every example the two share.
+        (first, later), count = min(shared.items())
+        others = " (other samples share examples too)" if len(shared) > 1 else ""
+        raise DataSampleError(f"{folders[later]} and {folders[first]} share {count} example(s){others}; an example "
+                              "in two samples is trained on twice but would be accounted once: remove the copies")
 
 
 def combine(samples):
@@ -90,9 +127,11 @@ class MnistOpener(tools.Opener):
     def get_data(self, folders):
         if not folders:
             raise DataSampleError("no data sample folder given to the opener")
+        samples = [read_sample(folder) for folder in folders]
+        check_disjoint(folders, samples)
         # In content order: Substra names sample folders after random keys, and the order of the
         # examples decides which ones each seeded Poisson batch draws.
-        return combine(sorted((read_sample(folder) for folder in folders), key=lambda sample: sample[2]))
+        return combine(sorted(samples, key=lambda sample: sample[2]))
 
     def fake_data(self, n_samples=None):
         n = max(int(n_samples or 1), 1)
