@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from pathlib import Path
+from urllib.parse import urlparse
 
 import substra
 from substra.sdk.client import _get_env_var, get_client_configuration
@@ -52,10 +54,14 @@ def _configuration(client_name: str) -> dict:
     return {name: setting.value for name, setting in settings.items()}
 
 
+# Characters a token or password may be made of: a secret is masked where it stands alone between
+# other characters, not inside every word that happens to contain it (a token "x" in "exited").
+_SECRET_CHARACTERS = r"[A-Za-z0-9_-]"
+
+
 def redact(text: str, secrets) -> str:
-    for secret in secrets:
-        if secret:
-            text = text.replace(str(secret), "***")
+    for secret in sorted({str(s) for s in secrets if s}, key=len, reverse=True):
+        text = re.sub(f"(?<!{_SECRET_CHARACTERS}){re.escape(secret)}(?!{_SECRET_CHARACTERS})", "***", text)
     return text
 
 
@@ -76,10 +82,21 @@ def connect(backend: str, client_name: str | None = None, work_dir: Path | None 
                             "SUBSTRA_<NAME>_URL and SUBSTRA_<NAME>_TOKEN (or _USERNAME and _PASSWORD)")
         if not settings.get("url"):
             raise UserError(f"client {client_name!r}: no URL; set {_where(client_name, 'url')}")
+        url = urlparse(str(settings["url"]))
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise UserError(f"client {client_name!r}: URL {redact(str(settings['url']), known_secrets())!r} is not an "
+                            f"http(s) URL; set {_where(client_name, 'url')} to e.g. https://substra.example.org")
         if not settings.get("token") and not (settings.get("username") and settings.get("password")):
             raise UserError(f"client {client_name!r}: no credentials; set {_where(client_name, 'token')}, "
                             f"or {_get_env_var('username', client_name)} and {_get_env_var('password', client_name)}")
     where = f"client {client_name!r} at {settings.get('url')}" if settings.get("url") else "local Substra client"
+    if backend in LOCAL_BACKENDS:
+        local_worker = Path(work_dir or Path.cwd()) / "local-worker"
+        try:  # made here, where a failure can be said in one line (substra's own attempt is a traceback)
+            local_worker.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UserError(f"{local_worker}: cannot create Substra's local work folder ({exc.strerror}); "
+                            "run from (or point the keys file / --output to) a folder you can write") from None
     try:
         with contextlib.chdir(work_dir or Path.cwd()):  # the local backend puts ./local-worker here
             client = substra.Client(client_name=client_name, backend_type=backend)

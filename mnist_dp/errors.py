@@ -1,4 +1,5 @@
 """User-facing errors: one clear line and a non-zero exit, never a bare traceback."""
+import signal
 import sys
 
 
@@ -14,10 +15,23 @@ def is_user_error(exc: BaseException) -> bool:
     return bool(getattr(exc, "user_error", False))
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (e.g. `kill`, a scheduler's time limit): unwound like Ctrl-C, so that temporary files
+    and child processes are cleaned up on the way out."""
+
+
+def _terminate(signum, frame):
+    raise Terminated()
+
+
 def run_cli(main, *args, **kwargs):
-    """Run `main`, turning user errors and Ctrl-C into one line on stderr and a non-zero exit."""
+    """Run `main`, turning user errors, Ctrl-C and SIGTERM into one line on stderr and a non-zero exit."""
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         return main(*args, **kwargs)
+    except Terminated:
+        print("terminated", file=sys.stderr)
+        sys.exit(128 + signal.SIGTERM)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(130)

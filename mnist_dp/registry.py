@@ -31,6 +31,22 @@ def fingerprint(*parts) -> str:
     return digest.hexdigest()
 
 
+def _keys(value) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(k, str) and k for k in value)
+
+
+# The shape of each field a script reads back from a keys file (it may have been edited by hand).
+_SHAPES = {
+    "dataset_key": (lambda v: isinstance(v, str) and bool(v), "an asset key (a string)"),
+    "objective_key": (lambda v: isinstance(v, str) and bool(v), "an asset key (a string)"),
+    "organization_id": (lambda v: isinstance(v, str) and bool(v), "an organisation id (a string)"),
+    "data": (lambda v: isinstance(v, str) and bool(v), "the path of the data folder"),
+    "train_data_sample_keys": (lambda v: isinstance(v, list) and bool(v) and all(map(_keys, v)),
+                               "a list of folds, each a list of data sample keys"),
+    "test_data_sample_keys": (_keys, "a list of data sample keys"),
+}
+
+
 class KeysFile:
     """Asset keys obtained from a node. `path=None` keeps them in memory only (a one-off local run)."""
 
@@ -52,7 +68,12 @@ class KeysFile:
     def require(self, field: str):
         if field not in self.content:
             raise UserError(f"{self.path}: no {field!r}; run scripts/add_dataset_objective.py first")
-        return self.content[field]
+        value = self.content[field]
+        test, what = _SHAPES.get(field, (lambda v: True, ""))
+        if not test(value):
+            raise UserError(f"{self.path}: {field} = {json.dumps(value)[:60]} must be {what}; fix the file, or move "
+                            "it away and run scripts/add_dataset_objective.py again")
+        return value
 
     def update(self, **fields) -> None:
         self.content.update(fields)
@@ -135,6 +156,7 @@ def register_data(client: substra.Client, keys: KeysFile, owner: str, name: str,
                   test_folders: list = ()) -> tuple:
     """The dataset of `owner` (the client's organisation) with its train (and test) data samples
     -> (train Share, test Share)."""
+    data.check_disjoint(list(train_folders))  # within one organisation its samples can be compared
     dataset = register_dataset(client, keys, name, owner)
     train = Share(owner, dataset, tuple(register_samples(client, keys, dataset, train_folders)))
     test = Share(owner, dataset, tuple(register_samples(client, keys, dataset, test_folders))) if test_folders else None
@@ -144,20 +166,24 @@ def register_data(client: substra.Client, keys: KeysFile, owner: str, name: str,
 def register_organizations(clients: list, keys: KeysFile, data_dir: Path) -> tuple:
     """Organisation k (of N clients) registers its own dataset with train data samples k, k+N, ...;
     the first one also holds the test samples. Returns (train Shares, test Share, {organisation: folders})."""
-    folders = data.sample_folders(data_dir, "train")
-    if len(folders) < len(clients):
-        raise UserError(f"{data_dir}: {len(folders)} train data sample(s) for {len(clients)} organisations; "
-                        f"regenerate with scripts/generate_data.py --train-samples {len(clients)} --force")
     shares, test, holdings = [], None, {}
-    for k, client in enumerate(clients):
-        own = folders[k::len(clients)]
+    for client, own in zip(clients, split_among(data_dir, len(clients))):
         owner = client.organization_info().organization_id
         share, test_share = register_data(client, keys, owner, f"MNIST ({owner})", own,
-                                          data.sample_folders(data_dir, "test") if k == 0 else ())
+                                          data.sample_folders(data_dir, "test") if not shares else ())
         shares.append(share)
         test = test or test_share
         holdings[owner] = own
     return shares, test, holdings
+
+
+def split_among(data_dir: Path, organizations: int) -> list:
+    """The train data sample folders of each of `organizations` (or folds): number k holds samples k, k+N, ..."""
+    folders = data.sample_folders(data_dir, "train")
+    if len(folders) < organizations:
+        raise UserError(f"{data_dir}: {len(folders)} train data sample(s) for {organizations} organisations; "
+                        f"regenerate with scripts/generate_data.py --train-samples {organizations} --force")
+    return [folders[k::organizations] for k in range(organizations)]
 
 
 def register_objective(client: substra.Client, keys: KeysFile, build_dir: Path) -> str:
@@ -186,7 +212,7 @@ def register_dataset_objective(client: substra.Client, keys: KeysFile, data_dir:
     dataset_key, objective_key, train_data_sample_keys (a list of folds, each a list of keys),
     test_data_sample_keys, organization_id and the data folder they came from."""
     train_folders = data.sample_folders(data_dir, "train")
-    if not 1 <= folds <= len(train_folders):
+    if not isinstance(folds, int) or not 1 <= folds <= len(train_folders):
         raise UserError(f"--folds {folds}: must be between 1 and the {len(train_folders)} train data sample(s) in "
                         f"{data_dir} (scripts/generate_data.py --train-samples K makes more)")
     owner = client.organization_info().organization_id

@@ -17,7 +17,7 @@ from typing import Callable, Protocol
 import numpy as np
 
 from mnist_dp import hyperparameters as hp_file
-from mnist_dp import model_file, predictions
+from mnist_dp import model_file, predictions, provenance
 from mnist_dp.errors import UserError, run_cli
 from mnist_dp.privacy import (
     ACCOUNTANT_NAMES,
@@ -62,7 +62,26 @@ class SamplingPlan:
     def from_hyperparameters(cls, n: int, hp: hp_file.Hyperparameters, where: str) -> "SamplingPlan":
         if hp.batch_size > n:
             raise UserError(f"{where}: batch_size = {hp.batch_size} is larger than the {n} training examples")
-        return cls(n=n, steps_per_epoch=math.ceil(n / hp.batch_size), epochs=hp.epochs)
+        plan = cls(n=n, steps_per_epoch=math.ceil(n / hp.batch_size), epochs=hp.epochs)
+        if plan.planned_steps > MAX_STEPS:
+            raise UserError(f"{where}: epochs = {hp.epochs} with batch_size = {hp.batch_size} on {n} examples is "
+                            f"{plan.planned_steps:,} steps, more than {MAX_STEPS:,}; use fewer epochs or larger batches")
+        return plan
+
+
+MAX_STEPS = 1_000_000  # days of training on a CPU; beyond it a typo is likelier than a plan
+# Frameworks whose DP library has no secure noise generator (secure_mode is refused for them).
+NO_SECURE_MODE = {"tf": "TF Privacy offers no secure noise generator; use the torch algo (Opacus secure_mode) "
+                        "or set secure_mode to false"}
+
+
+def check_run(framework: str, hp: hp_file.Hyperparameters, n: int, where: str) -> SamplingPlan:
+    """Everything a train task on `n` examples would refuse, checked where the sizes are known: the
+    task itself, and the scripts before they register anything."""
+    check_delta(hp.delta, n, where=f"{where}: delta")
+    if hp.secure_mode and framework in NO_SECURE_MODE:
+        raise UserError(f"{where}: secure_mode: {NO_SECURE_MODE[framework]}")
+    return SamplingPlan.from_hyperparameters(n, hp, where)
 
 
 @dataclass
@@ -187,8 +206,7 @@ def train(framework: Framework, inputs: dict, outputs: dict, hyperparameters_pat
     images, labels = data["images"], data["labels"]
     fingerprints = tuple(s["fingerprint"] for s in data["samples"])
     hp = hp_file.load(hyperparameters_path)
-    check_delta(hp.delta, len(labels), where=f"{hyperparameters_path}: delta")
-    plan = SamplingPlan.from_hyperparameters(len(labels), hp, str(hyperparameters_path))
+    plan = check_run(framework.name, hp, len(labels), str(hyperparameters_path))
 
     model, ledger = _load_input_model(framework, inputs)
     if model is None:
@@ -218,6 +236,9 @@ def train(framework: Framework, inputs: dict, outputs: dict, hyperparameters_pat
         clipping=result.clipping,
         max_grad_norm=hp.max_grad_norm,
         library_epsilon=tuple(sorted(result.library_epsilon.items())),
+        batch_size=hp.batch_size,
+        planned_steps=plan.planned_steps,
+        code=provenance.running_code(Path(hyperparameters_path).parent, "train"),
     ))
     model_file.save(outputs["model"], model_file.ModelFile(
         framework=framework.name,

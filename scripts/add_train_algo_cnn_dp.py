@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: mnist_dp
 
-from mnist_dp import connection, plan, registry, report  # noqa: E402
+from mnist_dp import atomic, connection, data, plan, registry, report, training  # noqa: E402
 from mnist_dp import hyperparameters as hp_file  # noqa: E402
 from mnist_dp.errors import UserError  # noqa: E402
 
@@ -44,7 +44,19 @@ def main(argv=None):
         raise UserError(f"{args.keys_file}: no keys file; run scripts/add_dataset_objective.py first")
     keys = registry.KeysFile(args.keys_file)
     hp = hp_file.load(plan.ALGO_ASSETS[args.framework] / hp_file.FILE_NAME, hp_file.load_overrides(args.hyperparameters))
-    output = (args.output or Path("results") / args.framework).resolve()
+    for field in ("organization_id", "dataset_key", "objective_key", "test_data_sample_keys"):
+        keys.require(field)  # a damaged keys file is named now, not half-way through
+    folds = keys.require("train_data_sample_keys")
+    data_dir = Path(keys.require("data"))
+    if data_dir.is_dir():  # what each train task would refuse, checked before anything is registered
+        for k, own in enumerate(registry.split_among(data_dir, len(folds)), 1):
+            training.check_run(args.framework, hp, sum(map(data.sample_size, own)),
+                               f"{args.framework} hyperparameters ({args.hyperparameters or 'the asset'}), fold {k}")
+    with atomic.exclusive((args.output or Path("results") / args.framework).resolve(), "--output folder") as output:
+        register_and_run(args, keys, hp, output)
+
+
+def register_and_run(args, keys: registry.KeysFile, hp: hp_file.Hyperparameters, output: Path) -> None:
     client = connection.connect(args.backend, args.client_name, args.keys_file.resolve().parent)
     run = args.framework
     with tempfile.TemporaryDirectory() as build_dir:

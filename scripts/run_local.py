@@ -9,12 +9,13 @@ after every train task, and ε is reported per organisation. Writes results.json
 results.png and the model files (models/) to --output. This replaces `substra run-local`.
 """
 import argparse
+import shutil
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: mnist_dp
 
-from mnist_dp import connection, data, plan, registry, report, training  # noqa: E402
+from mnist_dp import atomic, connection, data, plan, registry, report, training  # noqa: E402
 from mnist_dp import hyperparameters as hp_file  # noqa: E402
 from mnist_dp.errors import UserError  # noqa: E402
 
@@ -62,36 +63,58 @@ def main(argv=None):
     if len(client_names) != args.organizations:
         raise UserError(f"--client-name: give one name per organisation ({args.organizations}), comma-separated")
     overrides = hp_file.load_overrides(args.hyperparameters)
+    if "dp" in overrides.values:
+        raise UserError(f"{overrides.source}: dp: run_local.py trains every framework with DP and, unless "
+                        "--no-baseline, without it; remove dp from this file")
     data_dir, output = args.data.resolve(), args.output.resolve()
     runs = {}  # run name -> (framework, hyperparameters)
     for framework in frameworks:
         for dp in [True] if args.no_baseline else [True, False]:
-            hp = hp_file.load(plan.ALGO_ASSETS[framework] / hp_file.FILE_NAME, {**overrides, "dp": dp})
+            hp = hp_file.load(plan.ALGO_ASSETS[framework] / hp_file.FILE_NAME, overrides.replace(dp=dp))
             runs[framework if dp else f"{framework}-baseline"] = (framework, hp)
 
-    work = output / "substra"  # Substra's local backend keeps its files in <work>/local-worker
-    work.mkdir(parents=True, exist_ok=True)
-    clients = [connection.connect(args.backend, name, work) for name in client_names]
-    data.generate_default_if_missing(data_dir, train_samples=args.organizations)
-    keys = registry.KeysFile()  # in memory: a local run starts from an empty backend
-    shares, test, holdings = registry.register_organizations(clients, keys, data_dir)
-    organizations = {org: [data.sample_fingerprint(f) for f in folders] for org, folders in holdings.items()}
-    sizes = [sum(map(data.sample_size, folders)) for folders in holdings.values()]
-    stages = [(r, share) for r in range(1, args.rounds + 1) for share in shares]
+    with atomic.exclusive(output, "--output folder"):
+        work = output / "substra"  # Substra's local backend keeps its files in <work>/local-worker
+        remove_leftovers(work / "local-worker")
+        work.mkdir(exist_ok=True)
+        clients = [connection.connect(args.backend, name, work) for name in client_names]
+        data.generate_default_if_missing(data_dir, train_samples=args.organizations)
+        # Everything a task would refuse is checked now, before anything is registered.
+        holdings = registry.split_among(data_dir, args.organizations)
+        data.check_disjoint([folder for own in holdings for folder in own])  # every organisation's data is here
+        sizes = [sum(map(data.sample_size, own)) for own in holdings]
+        for run, (framework, hp) in runs.items():
+            for k, n in enumerate(sizes, 1):
+                training.check_run(framework, hp, n, f"{run} hyperparameters ({overrides.source}), organisation {k}")
 
-    client = clients[0]  # submits the plan and reads the results
-    builder = plan.PlanBuilder(share_with=plan.id_list(args.share_with))
-    score = registry.register_objective(client, keys, work / "archives")
-    for run, (framework, hp) in runs.items():
-        hp = training.noise_for_rounds(hp, sizes, args.rounds)
-        train, predict = registry.register_algo(client, keys, run, framework, hp.to_json(), work / "archives")
-        builder.chain(run, train, predict, score, stages, test)
-    report.run_and_report(
-        client, builder, f"mnist-dp local run ({args.organizations} organisation(s), {args.rounds} round(s))",
-        plan.new_key(), {run: framework for run, (framework, _) in runs.items()}, organizations, output,
-        "mnist-dp: DP-SGD on MNIST with Substra",
-        [f"{args.backend} backend, data: {data_dir}",
-         f"{args.organizations} organisation(s), {args.rounds} round(s): {', '.join(organizations)}"])
+        keys = registry.KeysFile()  # in memory: a local run starts from an empty backend
+        shares, test, holdings = registry.register_organizations(clients, keys, data_dir)
+        organizations = {org: [data.sample_fingerprint(f) for f in folders] for org, folders in holdings.items()}
+        stages = [(r, share) for r in range(1, args.rounds + 1) for share in shares]
+
+        client = clients[0]  # submits the plan and reads the results
+        builder = plan.PlanBuilder(share_with=plan.id_list(args.share_with))
+        score = registry.register_objective(client, keys, work / "archives")
+        for run, (framework, hp) in runs.items():
+            hp = training.noise_for_rounds(hp, sizes, args.rounds)
+            train, predict = registry.register_algo(client, keys, run, framework, hp.to_json(), work / "archives")
+            builder.chain(run, train, predict, score, stages, test)
+        report.run_and_report(
+            client, builder, f"mnist-dp local run ({args.organizations} organisation(s), {args.rounds} round(s))",
+            plan.new_key(), {run: framework for run, (framework, _) in runs.items()}, organizations, output,
+            "mnist-dp: DP-SGD on MNIST with Substra",
+            [f"{args.backend} backend, data: {data_dir}",
+             f"{args.organizations} organisation(s), {args.rounds} round(s): {', '.join(organizations)}"])
+
+
+def remove_leftovers(local_worker: Path) -> None:
+    """Substra's scratch files of an interrupted earlier run in this --output (we hold its lock, so
+    no other run is using them): a killed run cannot clean up after itself."""
+    if local_worker.is_dir() and any(local_worker.iterdir()):
+        size = sum(f.stat().st_size for f in local_worker.rglob("*") if f.is_file() and not f.is_symlink())
+        shutil.rmtree(local_worker)
+        print(f"removed {size / 1e6:.0f} MB of work files left in {local_worker} by an interrupted run")
+
 
 if __name__ == "__main__":
     connection.run_cli(main)

@@ -53,3 +53,22 @@ def test_missing_keys_file_for_the_train_script(tmp_path):
     script = load_asset_module(REPO / "scripts" / "add_train_algo_cnn_dp.py", "add_train_algo_cnn_dp")
     with pytest.raises(UserError, match="run scripts/add_dataset_objective.py first"):
         script.main(["--keys-file", str(tmp_path / "none.json")])
+
+
+def test_examples_shared_between_an_organisations_samples_are_refused_at_registration(tmp_path, tiny_data):
+    from test_run_local import shuffled_copy
+
+    data = shuffled_copy(tiny_data, tmp_path / "data")
+    proc = subprocess.run([sys.executable, SCRIPT, "--data", data], capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 2 and "share 150 example(s)" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "assets_keys.json").exists()  # nothing registered
+
+
+def test_a_read_only_keys_folder_is_one_line(tmp_path, tiny_data):
+    from conftest import WITHOUT_WRITE_OVERRIDE
+
+    (tmp_path / "ro").mkdir(mode=0o555)
+    proc = subprocess.run([*WITHOUT_WRITE_OVERRIDE, sys.executable, SCRIPT, "--data", tiny_data,
+                           "--keys-file", tmp_path / "ro" / "keys.json"], capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr, proc.stderr
+    assert "Permission denied" in proc.stderr

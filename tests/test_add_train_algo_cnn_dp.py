@@ -45,12 +45,32 @@ def test_trains_through_the_folds_reports_and_adds_its_keys(tmp_path, keys_file)
 
 
 def test_a_failing_task_is_named_with_its_log_and_the_keys_are_kept(tmp_path, keys_file):
-    (tmp_path / "bad.json").write_text(json.dumps({**TINY_HYPERPARAMETERS, "batch_size": 1000}))
+    # One step of σ = 1 costs more than this budget: the train function refuses to start.
+    (tmp_path / "bad.json").write_text(json.dumps({**TINY_HYPERPARAMETERS, "max_epsilon": 0.001}))
     proc = run("add_train_algo_cnn_dp.py", "--framework", FRAMEWORK, "--hyperparameters", "bad.json", cwd=tmp_path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     message = proc.stderr[proc.stderr.index("error: compute plan"):]
     assert f"task '{FRAMEWORK} train, round 1 at MyOrg" in message and f"function '{FRAMEWORK} train'" in message
-    assert "last lines of its log" in message and "batch_size = 1000 is larger" in message
+    assert "last lines of its log" in message and "max_epsilon = 0.001 is below" in message
     keys = json.loads(keys_file.read_text())
     assert keys["compute_plans"][FRAMEWORK]["key"] and keys["algos"][FRAMEWORK]["train"]
     assert "The plan failed" in (tmp_path / "results" / FRAMEWORK / "summary.md").read_text()
+
+
+def test_what_a_task_would_refuse_is_refused_before_anything_is_registered(tmp_path, keys_file):
+    (tmp_path / "bad.json").write_text(json.dumps({**TINY_HYPERPARAMETERS, "batch_size": 1000}))
+    before = keys_file.read_text()
+    proc = run("add_train_algo_cnn_dp.py", "--framework", FRAMEWORK, "--hyperparameters", "bad.json", cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr == (f"error: {FRAMEWORK} hyperparameters (bad.json), fold 1: "
+                                                    "batch_size = 1000 is larger than the 150 training examples\n")
+    assert keys_file.read_text() == before  # nothing registered
+
+
+@pytest.mark.parametrize("field, value", [("train_data_sample_keys", "abc"), ("train_data_sample_keys", [["a"], []]),
+                                          ("test_data_sample_keys", [1]), ("dataset_key", None)])
+def test_a_damaged_keys_file_names_the_field(tmp_path, keys_file, field, value):
+    keys = json.loads(keys_file.read_text())
+    keys_file.write_text(json.dumps({**keys, field: value}))
+    proc = run("add_train_algo_cnn_dp.py", "--framework", FRAMEWORK, cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.startswith(f"error: {keys_file.name}: {field} = "), proc.stderr
+    assert "must be" in proc.stderr and "--folds" not in proc.stderr and "Traceback" not in proc.stderr

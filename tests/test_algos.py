@@ -11,7 +11,7 @@ import pytest
 
 from conftest import (ALGO_ASSETS, FRAMEWORKS, TINY_HYPERPARAMETERS, extract_function, run_function, samples,
                       tiny_hyperparameters)
-from mnist_dp import model_file
+from mnist_dp import archive, model_file
 from mnist_dp.privacy import PER_EXAMPLE, DpEvent, Ledger, calibrate_noise_multiplier, compose_epsilon
 
 
@@ -57,6 +57,10 @@ def test_train_writes_a_model_whose_ledger_is_what_ran(trained):
     assert (event.n, event.steps, event.noise_multiplier) == (300, steps_per_epoch, hp["noise_multiplier"])
     assert event.sample_rate == pytest.approx(1 / steps_per_epoch)
     assert event.clipping == "per-example" and len(event.data) == 2  # two train data samples
+    # which code made it: the function archive it ran from (the one a node would have registered)
+    archive_path = next((outputs["model"].parent / "fn-model").glob("*.tar.gz"))
+    assert event.code == {"function": "train", "archive_digest": archive.archive_digest(archive_path)}
+    assert (event.batch_size, event.planned_steps) == (hp["batch_size"], steps_per_epoch)
     epsilon = read_epsilon(outputs["epsilon"])
     assert epsilon == pytest.approx(saved.ledger.epsilon(hp["delta"]))
     assert 0 < epsilon < math.inf

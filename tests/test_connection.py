@@ -86,3 +86,20 @@ def test_a_node_refusal_is_one_line_with_secrets_masked(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and err.startswith("error: Substra refused: AuthorizationError")
     assert SECRET not in err and "***" in err
+
+
+def test_a_short_token_is_masked_only_where_it_stands_as_the_token():
+    message = "Container exited; header Authorization: Token x; token=x"
+    assert connection.redact(message, ["x"]) == "Container exited; header Authorization: Token ***; token=***"
+
+
+def test_a_url_that_is_not_http_is_one_line_naming_the_setting(monkeypatch, tmp_path):
+    monkeypatch.setenv("SUBSTRA_NODE_1_URL", "not-a-url")
+    monkeypatch.setenv("SUBSTRA_NODE_1_TOKEN", SECRET)
+    with pytest.raises(UserError, match="URL 'not-a-url' is not an http.s. URL; set SUBSTRA_NODE_1_URL"):
+        connection.connect("remote", "node-1")
+    env = {"PATH": "/usr/bin:/bin", "SUBSTRA_NODE_1_URL": "not-a-url", "SUBSTRA_NODE_1_TOKEN": SECRET,
+           "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION": "python"}
+    proc = subprocess.run([sys.executable, REPO / "scripts" / "add_dataset_objective.py", "--backend", "remote",
+                           "--client-name", "node-1"], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: client 'node-1': URL") and "Traceback" not in proc.stderr

@@ -169,13 +169,120 @@ def test_function_images_hold_cpu_builds_only(docker_run):
 
 
 def test_a_failing_task_is_named_and_exits_non_zero(tmp_path, tiny_data):
-    (tmp_path / "hp.json").write_text(json.dumps({**TINY_HYPERPARAMETERS, "batch_size": 1000}))  # > 300 examples
+    # One step of σ = 1 costs more than this budget: the train function refuses to start.
+    (tmp_path / "hp.json").write_text(json.dumps({**TINY_HYPERPARAMETERS, "max_epsilon": 0.001}))
     proc = run_local("--data", tiny_data, "--output", tmp_path / "out", "--hyperparameters", tmp_path / "hp.json",
                      "--no-baseline", "--frameworks", FRAMEWORKS[0], cwd=tmp_path)
     assert proc.returncode == 2
     message = proc.stderr[proc.stderr.index("error: compute plan"):]
     assert f"failed in task '{FRAMEWORKS[0]} train, round 1 at MyOrg1MSP'" in message
     assert f"function '{FRAMEWORKS[0]} train'" in message
-    assert "last lines of its log" in message and "batch_size = 1000" in message  # the function's own error
+    assert "last lines of its log" in message and "max_epsilon = 0.001 is below" in message  # the function's own error
     assert "Traceback" not in proc.stderr
     assert "The plan failed" in (tmp_path / "out" / "summary.md").read_text()  # reports still written
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"batch_size": 1000}, "batch_size = 1000 is larger than the 150 training examples"),
+    ({"delta": 0.01}, "delta = 0.01 must be > 0 and < 1/n"),
+    ({"secure_mode": True}, "secure_mode: TF Privacy offers no secure noise generator"),
+    ({"epochs": 10000, "batch_size": 1}, "1,500,000 steps, more than 1,000,000"),
+])
+def test_what_a_task_would_refuse_is_refused_before_anything_is_registered(tmp_path, tiny_data, changes, message):
+    (tmp_path / "hp.json").write_text(json.dumps({**TINY_HYPERPARAMETERS, **changes}))
+    proc = run_local("--data", tiny_data, "--output", tmp_path / "out", "--hyperparameters", tmp_path / "hp.json",
+                     "--frameworks", "tf", "--organizations", 2, cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and message in proc.stderr, proc.stderr
+    assert f"tf hyperparameters ({tmp_path / 'hp.json'}), organisation 1: " in proc.stderr  # names the user's file
+    assert not list((tmp_path / "out").glob("substra/archives/*"))  # nothing was built or registered
+
+
+@pytest.mark.parametrize("content, message", [
+    ('{"dp": "false"}', 'dp = "false" is a JSON string; it must be true or false'),
+    ('{"dp": false}', "remove dp from this file"),
+    ('{"target_epsilon": 1e9}', "target_epsilon = 1000000000.0 must be a number in (0, 100]"),
+    ('{"epochs": 1000000000}', "epochs = 1000000000 must be an integer from 1 to 10,000"),
+])
+def test_bad_hyperparameters_are_one_line_naming_the_users_file(tmp_path, content, message):
+    (tmp_path / "hp.json").write_text(content)
+    proc = run_local("--hyperparameters", tmp_path / "hp.json", "--data", tmp_path / "d", cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.startswith(f"error: {tmp_path / 'hp.json'}: "), proc.stderr
+    assert message in proc.stderr and proc.stderr.count("\n") == 1
+    assert not (tmp_path / "d").exists()
+
+
+def shuffled_copy(tiny_data, dest):
+    """The tiny data with a third train sample: sample 0's examples again, rows shuffled (new bytes)."""
+    import shutil
+
+    import numpy as np
+
+    shutil.copytree(tiny_data, dest)
+    images, labels = (np.load(dest / "train" / "0" / name) for name in ("images.npy", "labels.npy"))
+    order = np.random.default_rng(0).permutation(len(labels))
+    (dest / "train" / "2").mkdir()
+    np.save(dest / "train" / "2" / "images.npy", images[order])
+    np.save(dest / "train" / "2" / "labels.npy", labels[order])
+    return dest
+
+
+def test_examples_shared_between_organisations_samples_are_refused(tmp_path, tiny_data):
+    data = shuffled_copy(tiny_data, tmp_path / "data")
+    proc = run_local("--data", data, "--output", tmp_path / "out", "--organizations", 3, cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "share 150 example(s)" in proc.stderr and str(data / "train" / "2") in proc.stderr, proc.stderr
+
+
+def test_a_second_run_on_the_same_output_is_refused_and_leftovers_are_removed(tmp_path, tiny_data):
+    import fcntl
+
+    out = tmp_path / "out"
+    leftover = out / "substra" / "local-worker" / "tmpabc123"
+    leftover.mkdir(parents=True)
+    (leftover / "model").write_bytes(b"x" * 2_000_000)
+    (tmp_path / "hp.json").write_text(json.dumps({**TINY_HYPERPARAMETERS, "batch_size": 1000}))  # stops early
+    with open(out / ".lock", "a+") as held:  # what a running run_local holds
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        held.write("4242\n")
+        held.flush()
+        proc = run_local("--data", tiny_data, "--output", out, "--hyperparameters", tmp_path / "hp.json", cwd=tmp_path)
+        assert proc.returncode == 2 and "another run (process 4242) is writing to this --output folder" in proc.stderr
+        assert leftover.exists()
+    proc = run_local("--data", tiny_data, "--output", out, "--hyperparameters", tmp_path / "hp.json", cwd=tmp_path)
+    assert proc.returncode == 2 and "batch_size = 1000" in proc.stderr
+    assert "removed 2 MB of work files left in" in proc.stdout and not leftover.exists()
+
+
+def test_output_that_is_a_file_or_read_only_is_one_line(tmp_path, tiny_data):
+    from conftest import WITHOUT_WRITE_OVERRIDE
+
+    (tmp_path / "file").write_text("mine")
+    proc = run_local("--data", tiny_data, "--output", tmp_path / "file", cwd=tmp_path)
+    assert proc.returncode == 2 and "file: is a file; --output folder must be a folder" in proc.stderr
+    assert (tmp_path / "file").read_text() == "mine"
+    (tmp_path / "ro").mkdir(mode=0o555)
+    proc = subprocess.run([*WITHOUT_WRITE_OVERRIDE, sys.executable, SCRIPT, "--data", tiny_data,
+                           "--output", tmp_path / "ro" / "out"], capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr
+    assert "cannot write to this folder (Permission denied)" in proc.stderr, proc.stderr
+
+
+def test_sigterm_stops_a_run_like_ctrl_c_and_leaves_no_work_files(tmp_path, tiny_data):
+    import signal
+    import time
+
+    out = tmp_path / "out"
+    (tmp_path / "hp.json").write_text(json.dumps({**TINY_HYPERPARAMETERS, "epochs": 50}))
+    run = subprocess.Popen([sys.executable, SCRIPT, "--data", tiny_data, "--output", out, "--frameworks", "torch",
+                            "--no-baseline", "--hyperparameters", tmp_path / "hp.json"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    worker = out / "substra" / "local-worker"
+    deadline = time.monotonic() + 120
+    while not list(worker.glob("*/*")) and time.monotonic() < deadline:  # a task is running
+        time.sleep(0.2)
+    time.sleep(3)
+    run.send_signal(signal.SIGTERM)
+    _, stderr = run.communicate(timeout=60)
+    assert run.returncode == 128 + signal.SIGTERM and stderr.rstrip().endswith("terminated"), stderr[-2000:]
+    assert "Traceback" not in stderr
+    assert not list(worker.iterdir()) if worker.exists() else True
