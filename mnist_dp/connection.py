@@ -9,6 +9,7 @@ Error messages name the setting to fix and never repeat a secret.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 from pathlib import Path
@@ -19,6 +20,12 @@ from substra.sdk.client import _get_env_var, get_client_configuration
 
 from mnist_dp import errors
 from mnist_dp.errors import UserError
+
+# substra's REST client logs every refused request's response body (which may echo a token) at
+# ERROR, and nothing configures its logger, so Python printed it unmasked beside our one error line.
+# The refusal reaches the user through the exception, masked (see run_cli).
+logging.getLogger("substra").addHandler(logging.NullHandler())
+logging.getLogger("substra").propagate = False
 
 BACKENDS = ("subprocess", "docker", "remote")
 LOCAL_BACKENDS = ("subprocess", "docker")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import math
 import os
 import re
 import shutil
@@ -228,18 +229,31 @@ def run_plan(client: substra.Client, builder: PlanBuilder, name: str, key: str) 
             else:
                 return
         raise PlanFailed(_failure(client, builder, name, error, tail.lines() if log is None else log))
+    interval = polling_seconds()  # a bad setting is said before the plan is submitted
     client.add_compute_plan(spec)
-    compute_plan = _wait(client, spec.key, len(builder.tasks))
+    compute_plan = _wait(client, spec.key, len(builder.tasks), interval)
     if compute_plan.status != ComputePlanStatus.done:
         log = _remote_log(client, compute_plan.failed_task_key)
         raise PlanFailed(_failure(client, builder, name, f"plan status {compute_plan.status.value}", log,
                                   compute_plan.failed_task_key))
 
 
-POLLING_SECONDS = 5.0  # how often a remote plan's progress is asked for
+POLLING_VARIABLE = "MNIST_DP_POLLING_SECONDS"
 
 
-def _wait(client: substra.Client, key: str, task_count: int):
+def polling_seconds() -> float:
+    """How often a remote plan's progress is asked for: 5 s, or the environment's MNIST_DP_POLLING_SECONDS."""
+    text = os.environ.get(POLLING_VARIABLE, "5")
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not 0 < seconds < math.inf:
+        raise UserError(f"{POLLING_VARIABLE}={text}: must be a positive number of seconds")
+    return seconds
+
+
+def _wait(client: substra.Client, key: str, task_count: int, interval: float):
     from tqdm import tqdm
 
     finished = (ComputePlanStatus.done, ComputePlanStatus.failed, ComputePlanStatus.canceled)
@@ -250,7 +264,7 @@ def _wait(client: substra.Client, key: str, task_count: int):
             bar.set_postfix_str(f"{compute_plan.executing_count} executing, {compute_plan.failed_count} failed")
             if compute_plan.status in finished:
                 return compute_plan
-            time.sleep(POLLING_SECONDS)
+            time.sleep(interval)
 
 
 def _remote_log(client: substra.Client, task_key: str | None) -> list:

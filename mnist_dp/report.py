@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import substra
+
 from mnist_dp import atomic, model_file, plan, statement
 from mnist_dp.privacy import NEIGHBOURING_RELATION, SAMPLING
 from mnist_dp.training import privacy_summary
@@ -72,11 +74,17 @@ def run_and_report(client, builder: plan.PlanBuilder, name: str, plan_key: str, 
         plan.run_plan(client, builder, name, plan_key)
     except plan.PlanFailed as exc:
         failure = exc
-    records, performances = collect(client, builder, plan_key, frameworks, organizations, output / "models")
+    records, performances, not_downloaded = collect(client, builder, plan_key, frameworks, organizations,
+                                                    output / "models")
+    if not_downloaded:  # e.g. a node whose model export is off: its own figures are all there is
+        facts = facts + [f"not downloaded, so not in the table: {', '.join(not_downloaded)}; their accuracy and ε "
+                         "(as the train task computed it) are in Substra's performances below"]
     written = write_reports(output, title, [f"compute plan `{plan_key}`"] + facts, records, performances,
                             str(failure) if failure else None)
     print()
     print(table(records))
+    if not_downloaded:
+        print(f"\nmodel files not downloaded: {', '.join(not_downloaded)}; see Substra's performances in summary.md")
     print(f"\n{STATEMENT}\nwritten: {', '.join(map(str, written))}")
     if failure:
         raise failure
@@ -85,20 +93,25 @@ def run_and_report(client, builder: plan.PlanBuilder, name: str, plan_key: str, 
 
 def collect(client, builder: plan.PlanBuilder, plan_key: str, frameworks: dict, organizations: dict,
             models_dir: Path) -> tuple:
-    """(records, performances) of every train task that finished, whether or not the plan did.
+    """(records, performances, not downloaded) of every train task that finished, whether or not the
+    plan did; a model the node refuses to hand out is named in the third, with the reason.
 
     `frameworks` maps run -> framework; `organizations` maps organisation -> its data fingerprints
     (None: all the data in the ledger).
     """
     performances = plan.performances(client, plan_key, builder.roles)
     metric = {(row.train_task, row.metric): row.performance for row in performances.itertuples()}
-    records, single_stage = [], _single_stage(builder)
+    records, not_downloaded, single_stage = [], [], _single_stage(builder)
     for task_id, role in builder.roles.items():
         if role["step"] != "train" or plan.task_status(client, task_id) != plan.ComputeTaskStatus.done:
             continue
         run, round_idx, org = role["run"], role["round_idx"], role["organization"]
         name = run if single_stage else f"{run}-round{round_idx}-{org}"
-        model = plan.fetch_model(client, task_id, models_dir / f"{name}.model")
+        try:
+            model = plan.fetch_model(client, task_id, models_dir / f"{name}.model")
+        except substra.exceptions.AuthorizationError as exc:
+            not_downloaded.append(f"{name} ({type(exc).__name__} {exc.status_code})")
+            continue
         records.append({
             "run": run, "round": round_idx, "organization": org,
             **model_record(model, frameworks[run], organizations),
@@ -106,7 +119,7 @@ def collect(client, builder: plan.PlanBuilder, plan_key: str, frameworks: dict, 
             "test_accuracy": metric.get((task_id, "test_accuracy")),
             "epsilon_in_substra": metric.get((task_id, "epsilon")),
         })
-    return records, performances
+    return records, performances, not_downloaded
 
 
 def _single_stage(builder: plan.PlanBuilder) -> bool:

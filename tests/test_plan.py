@@ -106,7 +106,7 @@ class FakeNode:
 
 
 def test_a_remote_plan_is_polled_and_its_failure_names_the_task_and_ends_with_its_log(monkeypatch):
-    monkeypatch.setattr(plan, "POLLING_SECONDS", 0)
+    monkeypatch.setenv(plan.POLLING_VARIABLE, "0.001")
     builder, _ = build()
     node = FakeNode(builder)
     key = plan.new_key()
