@@ -47,6 +47,11 @@ def test_help_and_bad_input(tmp_path, tiny_data):
     proc = run("--data", tiny_data)
     assert proc.returncode == 2 and "assets_keys.json: cannot read" in proc.stderr
     assert (tmp_path / "assets_keys.json").read_text() == "["  # never overwritten
+    (tmp_path / "assets_keys.json").unlink()
+    (tmp_path / "images.npy").write_text("not a folder")
+    proc = run("--data", tmp_path / "images.npy")
+    assert proc.returncode == 2 and proc.stderr.startswith(f"error: {tmp_path / 'images.npy'}: is a file")
+    assert "Traceback" not in proc.stderr and (tmp_path / "images.npy").read_text() == "not a folder"
 
 
 def test_missing_keys_file_for_the_train_script(tmp_path):

@@ -124,6 +124,13 @@ def test_target_epsilon_gives_the_same_sigma_everywhere_and_the_budget_stops_tra
     proc, _ = train(tmp_path, framework, tiny_data, opener_path, model=outputs["model"], name="more",
                     noise_multiplier=sigma, target_epsilon=None, max_epsilon=budget)
     assert_one_line_error(proc, f"max_epsilon = {budget} is spent", f"{epsilon_after(3):.3f}")
+    # the same model with its ledger edited (3 steps -> 1) must not pass where it is refused
+    from test_model_file import ledger_edit, rewrite
+
+    rewrite(outputs["model"], "ledger.json", ledger_edit("steps", 1))
+    proc, _ = train(tmp_path, framework, tiny_data, opener_path, model=outputs["model"], name="edited",
+                    noise_multiplier=sigma, target_epsilon=None, max_epsilon=budget)
+    assert_one_line_error(proc, str(outputs["model"]), "its ledger does not match the sha256 recorded")
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
