@@ -71,7 +71,8 @@ _RULES = {
     "dp": (bool, False, None, "true or false"),
     "secure_mode": (bool, False, None, "true or false"),
 }
-_JSON_TYPES = {int: "integer", float: "number", bool: "boolean"}
+_JSON_NAMES = {bool: "a boolean", int: "an integer", float: "a decimal number", str: "a string", list: "an array",
+               dict: "an object", type(None): "null"}
 _NOISE = ("noise_multiplier", "target_epsilon", "max_epsilon")  # ignored by the non-private baseline
 
 
@@ -87,28 +88,30 @@ def check_value(name: str, value, where: str, check_range: bool = True) -> None:
     else:
         ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     if not ok:
-        found = "null" if value is None else f"a JSON {type(value).__name__.replace('str', 'string')}"
+        found = _JSON_NAMES.get(type(value), type(value).__name__)
         raise UserError(f"{where}: {name} = {json.dumps(value)} is {found}; it must be {what}")
     if check_range and test is not None and not test(value):
         raise UserError(f"{where}: {name} = {json.dumps(value)} must be {what}")
 
 
-def check_known(values: dict, where: str) -> None:
+def check_values(values: dict, where: str) -> None:
+    """Every key known, every value of its exact type and in range (a non-private run's noise settings
+    are ignored, so only their types are checked)."""
     unknown = set(values) - set(_RULES)
     if unknown:
         raise UserError(f"{where}: unknown hyperparameter(s) {sorted(unknown)}; known: {sorted(_RULES)}")
+    dp = values.get("dp", True)
+    check_value("dp", dp, where)
+    for name, value in values.items():
+        check_value(name, value, where, check_range=dp or name not in _NOISE)
 
 
 def parse(values: dict, where: str) -> Hyperparameters:
     """Validate a dict of hyperparameters; `where` names its source in error messages."""
-    check_known(values, where)
+    check_values(values, where)
     missing = set(_RULES) - set(values)
     if missing:
         raise UserError(f"{where}: missing hyperparameter(s) {sorted(missing)}")
-    dp = values["dp"]
-    check_value("dp", dp, where)
-    for name, value in values.items():
-        check_value(name, value, where, check_range=dp or name not in _NOISE)
     hp = Hyperparameters(**values)
     if hp.dp and (hp.noise_multiplier is None) == (hp.target_epsilon is None):
         raise UserError(f"{where}: give exactly one of noise_multiplier and target_epsilon (the other null)")
@@ -145,11 +148,7 @@ def load_overrides(path: Path | None) -> Overrides:
     if path is None:
         return Overrides({}, "no overrides")
     values = _read_object(Path(path), "hyperparameters JSON")
-    check_known(values, str(path))
-    dp = values.get("dp", True)
-    check_value("dp", dp, str(path))
-    for name, value in values.items():
-        check_value(name, value, str(path), check_range=dp or name not in _NOISE)
+    check_values(values, str(path))
     return Overrides(values, str(path))
 
 

@@ -70,10 +70,11 @@ def test_overrides_file(tmp_path):
 
 
 @pytest.mark.parametrize("changes, message", [
-    ({"dp": "false"}, 'dp = "false" is a JSON string; it must be true or false'),
-    ({"epochs": 2.0}, "epochs = 2.0 is a JSON float; it must be an integer"),
-    ({"seed": True}, "seed = true is a JSON bool"),
-    ({"delta": "1e-5"}, 'delta = "1e-5" is a JSON string'),
+    ({"dp": "false"}, 'dp = "false" is a string; it must be true or false'),
+    ({"epochs": 2.0}, "epochs = 2.0 is a decimal number; it must be an integer"),
+    ({"seed": True}, "seed = true is a boolean"),
+    ({"delta": "1e-5"}, 'delta = "1e-5" is a string'),
+    ({"learning_rate": [0.1]}, "learning_rate = .0.1. is an array"),
     ({"epochs": 1000000000}, "epochs = 1000000000 must be an integer from 1 to 10,000"),
     ({"target_epsilon": 1e9, "noise_multiplier": None}, "target_epsilon = 1000000000.0 must be a number in .0, 100]"),
     ({"seed": -1}, "seed = -1 must be an integer from 0"),

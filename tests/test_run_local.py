@@ -198,7 +198,7 @@ def test_what_a_task_would_refuse_is_refused_before_anything_is_registered(tmp_p
 
 
 @pytest.mark.parametrize("content, message", [
-    ('{"dp": "false"}', 'dp = "false" is a JSON string; it must be true or false'),
+    ('{"dp": "false"}', 'dp = "false" is a string; it must be true or false'),
     ('{"dp": false}', "remove dp from this file"),
     ('{"target_epsilon": 1e9}', "target_epsilon = 1000000000.0 must be a number in (0, 100]"),
     ('{"epochs": 1000000000}', "epochs = 1000000000 must be an integer from 1 to 10,000"),
