@@ -22,7 +22,8 @@ SHARED_EXAMPLES = (
     "an example (image and label) found in two data samples of one organisation is refused when the samples are "
     "generated, registered, and opened together by a task, since its training would be counted once; in a local run "
     "every organisation's samples are checked together. Data held by organisations on different Substra nodes "
-    "cannot be compared: an example held by two of them is trained on by both and counted once per organisation.")
+    "cannot be compared, so the figure assumes they are disjoint: an example held by two of them is trained on by "
+    "both while each counts it once, and its true ε is larger.")
 
 
 def _code(code: dict | None) -> str:
