@@ -179,6 +179,8 @@ def write_dataset(dest: Path, train, test, train_samples: int, manifest: dict, f
         raise UserError(f"--train-samples {train_samples}: more than the {len(train[1])} train examples; "
                         f"give at most {len(train[1])}")
     _check_output(dest, force)
+    parts = np.array_split(np.arange(len(train[1])), train_samples)
+    _check_copies_stay_together(train, parts, manifest.get("source"))
     parent = dest.parent
     try:
         parent.mkdir(parents=True, exist_ok=True)
@@ -191,7 +193,7 @@ def write_dataset(dest: Path, train, test, train_samples: int, manifest: dict, f
         tmp.mkdir()
     try:
         with _writing_in(parent):
-            for i, part in enumerate(np.array_split(np.arange(len(train[1])), train_samples)):
+            for i, part in enumerate(parts):
                 write_sample(tmp / "train" / str(i), train[0][part], train[1][part])
             write_sample(tmp / "test" / "0", *test)
             folders = [f"train/{i}" for i in range(train_samples)] + ["test/0"]
@@ -205,6 +207,18 @@ def write_dataset(dest: Path, train, test, train_samples: int, manifest: dict, f
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return manifest
+
+
+def _check_copies_stay_together(train, parts: list, source) -> None:
+    """Refuse a train set whose copies of one example (the same image bytes and label) would land in
+    two data samples: trained on twice, they would be accounted once (check_disjoint's rule)."""
+    digests = example_digests(*train)
+    part_of = {}
+    split = sum(part_of.setdefault(digests[i], k) != k for k, part in enumerate(parts) for i in part)
+    if split:
+        raise UserError(f"{source}: {split} train example(s) are copies of others and would land in another data "
+                        "sample than their copy (trained on twice, accounted once); remove the duplicates from the "
+                        "source, or use --train-samples 1")
 
 
 def _check_output(dest: Path, force: bool) -> None:

@@ -15,6 +15,7 @@ NOT_COVERED = [
     "noised); the test data",
     "floating-point and timing side channels, and the pseudo-random generators' predictability (unless "
     "secure_mode; see the torch algo's description.md)",
+    "the size of the training data (n is in the ledger, and a published ε reveals ceil(n / batch_size))",
 ]
 
 

@@ -355,3 +355,14 @@ def test_cli_help_and_one_line_error(tmp_path):
                           capture_output=True, text=True)
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "nothing.bin" in proc.stderr
+
+
+def test_copies_of_an_example_that_would_land_in_two_samples_are_refused(tmp_path):
+    rng = np.random.default_rng(0)
+    images, labels = rng.integers(0, 256, (40, 28, 28), dtype=np.uint8), np.arange(40, dtype=np.uint8) % 10
+    images[30], labels[30] = images[2], labels[2]  # one example twice in the source's train set
+    source = save_npz(tmp_path / "dup.npz", images, labels)
+    line = one_error_line(generate_data("--source", source, "--output", tmp_path / "d", "--train-samples", 40))
+    assert line.startswith(f"error: {source}: 1 train example(s) are copies of others and would land in another")
+    assert not (tmp_path / "d").exists()
+    assert generate_data("--source", source, "--output", tmp_path / "one").returncode == 0  # one sample: together
