@@ -11,7 +11,10 @@ ENV PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu \
 RUN apt-get update && apt-get install -y --no-install-recommends libgomp1 libgl1 libglib2.0-0 \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /bundle
-COPY requirements.txt requirements-dev.txt ./
+COPY requirements.txt requirements-dev.txt pyproject.toml ./
+# requirements.txt installs this project in editable mode: its package folder must exist (its code
+# comes with the last COPY, so a code change does not invalidate the pip layer).
+COPY mnist_dp/__init__.py mnist_dp/
 # MindSpore's wheel carries GPU and Ascend plugins (1.8 GB) that a CPU never loads.
 RUN pip install --no-cache-dir -r requirements-dev.txt \
     && rm -rf /usr/local/lib/python3.11/site-packages/mindspore/lib/plugin/gpu* \

@@ -2,7 +2,7 @@
 
 For each framework: take a training set of real MNIST images and m canaries (held-out images given a
 wrong label), put each canary in the training set with probability 1/2, train once with DP (the
-framework's own fit, the asset's hyperparameters with the overrides below), score every canary by
+training skeleton's fit, the asset's hyperparameters with the overrides below), score every canary by
 the trained model's log-probability of its wrong label, guess "in" for the k highest and "out" for the
 k lowest, and turn the correct guesses into a 95% lower bound on ε (Steinke, Nasr & Jagielski 2023,
 one training run; mnist_dp/audit.py). The same is done without DP to show the attack has teeth.
@@ -19,18 +19,16 @@ import os
 import sys
 import time
 import warnings
-from pathlib import Path
 
 os.environ.setdefault("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "python")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from mnist_dp import audit, data, training  # noqa: E402
-from mnist_dp import hyperparameters as hp_file  # noqa: E402
-from mnist_dp.plan import ALGO_ASSETS, load_asset_module  # noqa: E402
-from mnist_dp.privacy import PER_EXAMPLE, DpEvent, Ledger  # noqa: E402
+from mnist_dp import audit, data, training
+from mnist_dp import hyperparameters as hp_file
+from mnist_dp.assets import ALGO_ASSETS, load_asset_module
+from mnist_dp.privacy import Ledger
 
 BETA = 0.05  # the lower bounds hold with 95% confidence
 
@@ -58,17 +56,16 @@ def audit_framework(framework, args, dp):
         "epochs": args.epochs, "batch_size": args.batch_size, "noise_multiplier": None,
         "target_epsilon": args.target_epsilon, "max_epsilon": None, "delta": args.delta, "seed": args.seed, "dp": dp},
         "the audit's options"))
-    plan = training.SamplingPlan.from_hyperparameters(len(train_y), hp, "audit")
+    plan = training.check_run(framework, hp, len(train_y), "audit")
     sigma = training.resolve_noise_multiplier(hp, plan, [])
     model = algo.FRAMEWORK.new_model(hp.seed)
     start = time.perf_counter()
-    result = algo.FRAMEWORK.fit(model, train_x, train_y, hp, plan, sigma, lambda steps: "")
-    logits = algo.FRAMEWORK.logits(model, canary_x).astype(np.float64)
+    result = training.fit(algo.FRAMEWORK, model, train_x, train_y, hp, plan, sigma, lambda steps: "")
+    logits = training.predict_in_batches(algo.FRAMEWORK, model, canary_x).astype(np.float64)
     log_probs = logits - np.logaddexp.reduce(logits, axis=1, keepdims=True)
     scores = log_probs[np.arange(len(canary_y)), canary_y]  # memorised canaries score high
     guesses, correct = audit.guess(scores, included, args.guesses, args.guesses)
-    event = DpEvent(framework, ("audit",), plan.n, result.sample_rate, result.noise_multiplier, result.steps,
-                    PER_EXAMPLE if dp else "none", hp.max_grad_norm)
+    event = training.dp_event(framework, ("audit",), hp, plan, result)
     return {"dp": dp, "claimed": Ledger([event]).epsilon(hp.delta), "sigma": sigma, "steps": result.steps,
             "n": plan.n, "guesses": guesses, "correct": correct,
             "lower_bound": audit.epsilon_lower_bound(args.canaries, guesses, correct, hp.delta, BETA),
@@ -78,7 +75,8 @@ def audit_framework(framework, args, dp):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--frameworks", default=",".join(ALGO_ASSETS), help="comma-separated (default: %(default)s)")
-    parser.add_argument("--canaries", type=int, default=500, help="m: canaries, each included w.p. 1/2 (default: %(default)s)")
+    parser.add_argument("--canaries", type=int, default=500,
+                        help="m: canaries, each included w.p. 1/2 (default: %(default)s)")
     parser.add_argument("--guesses", type=int, default=100,
                         help="k: guesses 'in' for the k highest scores and 'out' for the k lowest, fixed in "
                              "advance (default: %(default)s)")
@@ -88,7 +86,8 @@ def main(argv=None):
     parser.add_argument("--target-epsilon", type=float, default=8.0,
                         help="σ is calibrated for this claimed ε (default: %(default)s)")
     parser.add_argument("--delta", type=float, default=1e-5, help="(default: %(default)s)")
-    parser.add_argument("--seed", type=int, default=0, help="canaries, inclusion and training seed (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="canaries, inclusion and training seed (default: %(default)s)")
     parser.add_argument("--no-baseline", action="store_true", help="skip the non-private run")
     args = parser.parse_args(argv)
     if not 0 < 2 * args.guesses <= args.canaries:

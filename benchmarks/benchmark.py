@@ -16,21 +16,18 @@ import multiprocessing
 import os
 import resource
 import statistics
-import sys
 import time
 import warnings
-from pathlib import Path
 
 os.environ.setdefault("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "python")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from mnist_dp import data, training  # noqa: E402
-from mnist_dp import hyperparameters as hp_file  # noqa: E402
-from mnist_dp.plan import ALGO_ASSETS, load_asset_module  # noqa: E402
-from mnist_dp.privacy import DpEvent, Ledger  # noqa: E402
+from mnist_dp import data, training
+from mnist_dp import hyperparameters as hp_file
+from mnist_dp.assets import ALGO_ASSETS, load_asset_module
+from mnist_dp.privacy import Ledger
 
 
 def load_algo(framework):
@@ -40,7 +37,9 @@ def load_algo(framework):
 def embedded_split(seed=0):
     images, labels = data.load_embedded()
     (tr_x, tr_y), (te_x, te_y) = data.split_train_test(images, labels, 4000, 1000, seed)
-    scale = lambda x: x.astype(np.float32) / 255.0  # noqa: E731 - the opener's scaling
+    def scale(images):  # as the opener scales uint8 pixels
+        return images.astype(np.float32) / 255.0
+
     return (scale(tr_x), tr_y.astype(np.int64)), (scale(te_x), te_y.astype(np.int64))
 
 
@@ -53,34 +52,38 @@ def median_seconds(step, batches, warmup=3):
     return statistics.median(times[warmup:])
 
 
-def poisson_batches(images, labels, hp, count, seed=0):
+def poisson_batches(images, labels, plan, count, seed=0):
+    """Batches as a DP train task samples them: each example in w.p. q = plan.sample_rate."""
     rng = np.random.default_rng(seed)
-    q = hp.batch_size / len(labels)
     for _ in range(count):
-        picked = np.flatnonzero(rng.random(len(labels)) < q)
+        picked = np.flatnonzero(rng.random(plan.n) < plan.sample_rate)
         yield images[picked], labels[picked]
 
 
-def time_torch(algo, images, labels, hp, steps):
+def expected_batch_size(plan):
+    return plan.n * plan.sample_rate  # E[B] = n·q, what a DP step divides the noisy sum by
+
+
+def time_torch(algo, images, labels, hp, plan, steps):
     import torch
     from opacus import GradSampleModule
-    from opacus.optimizers import DPOptimizer
     from opacus.grad_sample import GradSampleModuleFastGradientClipping
-    from opacus.optimizers import DPOptimizerFastGradientClipping
+    from opacus.optimizers import DPOptimizer, DPOptimizerFastGradientClipping
     from opacus.utils.fast_gradient_clipping_utils import DPLossFastGradientClipping
 
     def make(mode):
         model = algo.SampleConvNet()
         optimizer = torch.optim.SGD(model.parameters(), lr=hp.learning_rate, momentum=hp.momentum)
         criterion = torch.nn.CrossEntropyLoss()
+        # Opacus' make_private rounds E[B] down to an int: the same here.
         if mode == "hooks":
             model = GradSampleModule(model)
             optimizer = DPOptimizer(optimizer, noise_multiplier=1.0, max_grad_norm=hp.max_grad_norm,
-                                    expected_batch_size=hp.batch_size)
+                                    expected_batch_size=int(expected_batch_size(plan)))
         elif mode.startswith("ghost"):  # "ghost-secure": with the secure_mode noise (4 Gaussian draws per weight)
             model = GradSampleModuleFastGradientClipping(model, max_grad_norm=hp.max_grad_norm, use_ghost_clipping=True)
             optimizer = DPOptimizerFastGradientClipping(optimizer, noise_multiplier=1.0, max_grad_norm=hp.max_grad_norm,
-                                                        expected_batch_size=hp.batch_size,
+                                                        expected_batch_size=int(expected_batch_size(plan)),
                                                         secure_mode=mode == "ghost-secure")
             criterion = DPLossFastGradientClipping(model, optimizer, criterion)
 
@@ -93,11 +96,11 @@ def time_torch(algo, images, labels, hp, steps):
     variants = {"non-private": "plain", "Opacus per-example hooks": "hooks",
                 f"Opacus ghost clipping{' (used)' if algo.GRAD_SAMPLE_MODE == 'ghost' else ''}": "ghost",
                 "Opacus ghost clipping, secure_mode noise": "ghost-secure"}
-    return {name: median_seconds(make(mode), poisson_batches(images, labels, hp, steps + 3))
+    return {name: median_seconds(make(mode), poisson_batches(images, labels, plan, steps + 3))
             for name, mode in variants.items()}
 
 
-def time_tf(algo, images, labels, hp, steps):
+def time_tf(algo, images, labels, hp, plan, steps):
     import tensorflow as tf
     from tensorflow_privacy.privacy.fast_gradient_clipping import clip_grads
 
@@ -105,7 +108,7 @@ def time_tf(algo, images, labels, hp, steps):
         model = algo.build_model(0)
         step = make_step(model, tf.keras.optimizers.SGD(hp.learning_rate, momentum=hp.momentum))
         return median_seconds(lambda x, y: step(tf.constant(x[..., None]), tf.constant(y)),
-                              poisson_batches(images, labels, hp, steps + 3))
+                              poisson_batches(images, labels, plan, steps + 3))
 
     def two_pass(model, optimizer):  # TF Privacy's own clipped-gradient routine, same noise and update
         registry = algo.make_layer_registry()
@@ -123,11 +126,11 @@ def time_tf(algo, images, labels, hp, steps):
         "non-private": run(algo.make_plain_step),
         "TF Privacy compute_clipped_gradients (2 passes)": run(two_pass),
         "fast clipping + book-keeping (used)": run(
-            lambda m, o: algo.make_dp_step(m, o, hp.max_grad_norm, 1.0, float(hp.batch_size))),
+            lambda m, o: algo.make_dp_step(m, o, hp.max_grad_norm, 1.0, expected_batch_size(plan))),
     }
 
 
-def time_mindspore(algo, images, labels, hp, steps):
+def time_mindspore(algo, images, labels, hp, plan, steps):
     import mindspore as ms
     from mindspore import nn
 
@@ -139,14 +142,15 @@ def time_mindspore(algo, images, labels, hp, steps):
     plain = algo.make_plain_step(net, optimizer)
     rng = np.random.default_rng(0)
     # GRAPH mode compiles per input shape: the plain step gets fixed batches of the expected size.
+    size = round(expected_batch_size(plan))
     fixed = ((x, y) for x, y in ((images[i], labels[i]) for i in
-                                 (rng.choice(len(labels), hp.batch_size, replace=False) for _ in range(steps + 3))))
+                                 (rng.choice(plan.n, size, replace=False) for _ in range(steps + 3))))
     plain_seconds = median_seconds(
         lambda x, y: plain(ms.Tensor(x[:, None]), ms.Tensor(y.astype(np.int32))).asnumpy(), fixed)
 
     net, optimizer = fresh()
     clipped_sum = algo.ClippedGradientSum(net, optimizer.parameters, hp.max_grad_norm)
-    update = algo.NoisyUpdate(optimizer, hp.max_grad_norm, 1.0, hp.batch_size, 0)
+    update = algo.NoisyUpdate(optimizer, hp.max_grad_norm, 1.0, expected_batch_size(plan), 0)
 
     def dp_step(x, y):
         total = None
@@ -158,22 +162,22 @@ def time_mindspore(algo, images, labels, hp, steps):
 
     return {"non-private (fixed batch)": plain_seconds,
             f"vmap per-example clipping, {algo.CHUNK_SIZE}-example chunks (used)": median_seconds(
-                dp_step, poisson_batches(images, labels, hp, steps + 3))}
+                dp_step, poisson_batches(images, labels, plan, steps + 3))}
 
 
 TIMERS = {"torch": time_torch, "tf": time_tf, "mindspore": time_mindspore}
 
 
 def train_default(algo, framework, train, test, hp):
-    plan = training.SamplingPlan.from_hyperparameters(len(train[1]), hp, "default")
+    """One train task's run, through the training skeleton (fresh model, no input ledger)."""
+    plan = training.check_run(framework, hp, len(train[1]), "default")
     sigma = training.resolve_noise_multiplier(hp, plan, [])
     model = algo.FRAMEWORK.new_model(hp.seed)
     start = time.perf_counter()
-    result = algo.FRAMEWORK.fit(model, *train, hp, plan, sigma, lambda steps: "")
+    result = training.fit(algo.FRAMEWORK, model, *train, hp, plan, sigma, lambda steps: "")
     seconds = time.perf_counter() - start
     accuracy = float(np.mean(training.predicted_labels(algo.FRAMEWORK, model, test[0]) == test[1]))
-    event = DpEvent(framework, ("train",), plan.n, result.sample_rate, result.noise_multiplier, result.steps,
-                    result.clipping, hp.max_grad_norm)
+    event = training.dp_event(framework, ("train",), hp, plan, result)
     return {"dp": hp.dp, "sigma": sigma, "steps": result.steps, "test_accuracy": accuracy,
             "epsilon": Ledger([event]).epsilon(hp.delta), "delta": hp.delta, "train_seconds": seconds,
             "library_epsilon": result.library_epsilon}
@@ -185,7 +189,8 @@ def measure(framework, steps, skip_training):
     algo = load_algo(framework)
     hp = hp_file.load(ALGO_ASSETS[framework] / hp_file.FILE_NAME)
     train, test = embedded_split()
-    timings = TIMERS[framework](algo, *train, hp, steps)
+    plan = training.check_run(framework, hp, len(train[1]), "default")
+    timings = TIMERS[framework](algo, *train, hp, plan, steps)
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     runs = [] if skip_training else [
         train_default(algo, framework, train, test, hp_file.parse({**hp.to_json(), "dp": dp}, "default"))

@@ -12,17 +12,14 @@ its train image, so only train (and score) are built cold.
 Needs a Docker daemon and the base image python:3.11.7-slim-bookworm (on our machines: .ci/docker-up).
 """
 import argparse
-import sys
 import tarfile
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from mnist_dp import archive  # noqa: E402
-from mnist_dp.errors import UserError, run_cli  # noqa: E402
-from mnist_dp.plan import ALGO_ASSETS, OBJECTIVE_ASSET, REPO  # noqa: E402
+from mnist_dp import archive
+from mnist_dp.assets import ALGO_ASSETS, OBJECTIVE_ASSET, REPO
+from mnist_dp.errors import UserError, run_cli
 
 TAG = "mnist-dp-benchmark"
 SITE_PACKAGES = "/usr/local/lib/python3.11/site-packages"
@@ -49,7 +46,8 @@ def own_megabytes(client, tag: str, base: str) -> float:
 
 def measure(client, name: str, context: Path, warm_only: bool) -> dict:
     tag = f"{TAG}:{name}"
-    base = next(line.split()[1] for line in (context / "Dockerfile").read_text().splitlines() if line.startswith("FROM"))
+    lines = (context / "Dockerfile").read_text().splitlines()
+    base = next(line.split()[1] for line in lines if line.startswith("FROM"))
     cold = None if warm_only else build(client, context, tag, nocache=True)
     warm = build(client, context, tag, nocache=False)
     size = client.images.get(tag).attrs["Size"] / 1e6
@@ -95,7 +93,8 @@ def main(argv=None):
         client = docker.from_env()
         client.ping()
     except docker.errors.DockerException as exc:
-        raise UserError(f"no Docker daemon answers ({exc}); start Docker (on our machines: bash .ci/docker-up)") from None
+        raise UserError(f"no Docker daemon answers ({exc}); start Docker "
+                        "(on our machines: bash .ci/docker-up)") from None
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in tqdm(names + ["bundle"] * args.top_level, desc="building images", unit="image"):

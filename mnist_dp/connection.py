@@ -18,7 +18,6 @@ from urllib.parse import urlparse
 import substra
 from substra.sdk.client import _get_env_var, get_client_configuration
 
-from mnist_dp import errors
 from mnist_dp.errors import UserError
 
 # substra's REST client logs every refused request's response body (which may echo a token) at
@@ -73,7 +72,8 @@ def redact(text: str, secrets) -> str:
 
 
 def _where(client_name: str, setting: str) -> str:
-    return f"{_get_env_var(setting, client_name)} (or {setting!r} under {client_name!r} in the {CONFIG_FILE_VARIABLE} file)"
+    return (f"{_get_env_var(setting, client_name)} (or {setting!r} under {client_name!r} in the "
+            f"{CONFIG_FILE_VARIABLE} file)")
 
 
 def connect(backend: str, client_name: str | None = None, work_dir: Path | None = None) -> substra.Client:
@@ -123,20 +123,17 @@ def known_secrets() -> list:
 
         clients = yaml.safe_load(Path(os.environ[CONFIG_FILE_VARIABLE]).read_text()) or {}
         secrets += [str(c.get(key)) for c in clients.values() if isinstance(c, dict) for key in _SECRETS if c.get(key)]
-    except Exception:  # noqa: BLE001 - no file, or not one we can read: nothing more to hide
+    except Exception:  # no file, or not one we can read: nothing more to hide
         pass
     return secrets
 
 
-def run_cli(main, *args):
-    """errors.run_cli for the scripts that talk to Substra: a node's refusal (HTTP error, timeout...)
+def explain_refusal(exc: BaseException) -> str | None:
+    """For errors.run_cli in the scripts that talk to Substra: a node's refusal (HTTP error, timeout...)
     is a one-line error naming the exception, with any secret masked, not a traceback."""
-    def guarded(*args):
-        try:
-            return main(*args)
-        except substra.exceptions.SDKException as exc:
-            raise UserError(f"Substra refused: {type(exc).__name__}: {redact(str(exc), known_secrets())}") from None
-    return errors.run_cli(guarded, *args)
+    if isinstance(exc, substra.exceptions.SDKException):
+        return f"Substra refused: {type(exc).__name__}: {redact(str(exc), known_secrets())}"
+    return None
 
 
 def _check_docker_daemon() -> None:

@@ -316,7 +316,8 @@ def _writing_in(folder: Path):
 def sample_folders(dest: Path, split: str) -> list:
     """The data sample folders of one split ('train' or 'test') written by `write_dataset`."""
     root = Path(dest) / split
-    folders = sorted((p for p in root.iterdir() if p.is_dir()), key=lambda p: (len(p.name), p.name)) if root.is_dir() else []
+    found = (p for p in root.iterdir() if p.is_dir()) if root.is_dir() else ()
+    folders = sorted(found, key=lambda p: (len(p.name), p.name))
     if not folders:
         raise UserError(f"{root}: no data sample folders; run scripts/generate_data.py first")
     return folders

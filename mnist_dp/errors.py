@@ -24,19 +24,24 @@ def _terminate(signum, frame):
     raise Terminated()
 
 
-def run_cli(main, *args, **kwargs):
-    """Run `main`, turning user errors, Ctrl-C and SIGTERM into one line on stderr and a non-zero exit."""
+def run_cli(main, *args, explain=None):
+    """Run `main`, turning user errors, Ctrl-C and SIGTERM into one line on stderr and a non-zero exit.
+
+    `explain(exc)` may name other exceptions a user can act on (a Substra node's refusal): it returns
+    the line to print, or None to let the exception through.
+    """
     signal.signal(signal.SIGTERM, _terminate)
     try:
-        return main(*args, **kwargs)
+        return main(*args)
     except Terminated:
         print("terminated", file=sys.stderr)
         sys.exit(128 + signal.SIGTERM)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(130)
-    except Exception as exc:  # noqa: BLE001 - re-raised unless it is a user error
-        if not is_user_error(exc):
+    except Exception as exc:  # re-raised unless it is a user error (or explained)
+        message = str(exc) if is_user_error(exc) else explain(exc) if explain else None
+        if message is None:
             raise
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {message}", file=sys.stderr)
         sys.exit(2)

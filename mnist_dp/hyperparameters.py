@@ -118,7 +118,7 @@ def parse(values: dict, where: str) -> Hyperparameters:
     return hp
 
 
-def load(path: Path, overrides: "Overrides | None" = None) -> Hyperparameters:
+def load(path: Path, overrides: Overrides | None = None) -> Hyperparameters:
     """Read a hyperparameters file, optionally with some keys replaced (errors in a replaced key name
     the file it came from)."""
     path = Path(path)
@@ -138,7 +138,7 @@ class Overrides:
     def __bool__(self) -> bool:
         return bool(self.values)
 
-    def replace(self, **values) -> "Overrides":
+    def replace(self, **values) -> Overrides:
         return Overrides({**self.values, **values}, self.source)
 
 

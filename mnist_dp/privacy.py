@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import dp_accounting
 from dp_accounting import pld, rdp
@@ -104,7 +104,7 @@ class DpEvent:
         return {**dataclasses.asdict(self), "data": list(self.data), "library_epsilon": dict(self.library_epsilon)}
 
     @classmethod
-    def from_json(cls, record) -> "DpEvent":
+    def from_json(cls, record) -> DpEvent:
         """A ledger event read from a file, every field checked (type, range, consistency): a figure
         computed from an edited or damaged ledger must not be printed."""
         if not isinstance(record, dict):
@@ -179,7 +179,7 @@ class Ledger:
         return [e.to_json() for e in self.events]
 
     @classmethod
-    def from_json(cls, records) -> "Ledger":
+    def from_json(cls, records) -> Ledger:
         if not isinstance(records, list):
             raise UserError("privacy ledger must be a list of events")
         return cls(DpEvent.from_json(r) for r in records)
@@ -276,7 +276,8 @@ def _calibrate(make_event, pld_epsilon, target_epsilon: float, delta: float, tol
     while pld_epsilon(lower) <= target_epsilon:
         upper, lower = lower, lower / 2
     sigma = dp_accounting.calibrate_dp_mechanism(
-        pld.PLDAccountant, make_event, target_epsilon, delta, dp_accounting.ExplicitBracketInterval(lower, upper), tol=tol
+        pld.PLDAccountant, make_event, target_epsilon, delta, dp_accounting.ExplicitBracketInterval(lower, upper),
+        tol=tol
     )
     # Brent's method lands within tol of the optimum on either side: step up until the budget holds.
     sigma = math.ceil(sigma / tol) * tol

@@ -15,8 +15,10 @@ import substra
 from substra.sdk.schemas import DataSampleSpec, DatasetSpec, FunctionSpec
 
 from mnist_dp import archive, atomic, data
+from mnist_dp.assets import ALGO_ASSETS, DATASET_ASSET, OBJECTIVE_ASSET
+from mnist_dp.contract import CONTRACT, owner_only, public
 from mnist_dp.errors import UserError
-from mnist_dp.plan import ALGO_ASSETS, CONTRACT, DATASET_ASSET, OBJECTIVE_ASSET, Share, owner_only, public
+from mnist_dp.plan import Share
 
 
 def fingerprint(*parts) -> str:
@@ -83,6 +85,14 @@ class KeysFile:
         if self.path:  # the fingerprints last: the keys a reader wants come first
             content = {k: v for k, v in self.content.items() if k != "fingerprints"}
             atomic.write_json(self.path, {**content, "fingerprints": self.content.get("fingerprints", {})})
+
+    def add_algo(self, framework: str, train: str, predict: str) -> None:
+        """algos: {framework: {"train": key, "predict": key}}."""
+        self.update(algos={**self.get("algos", {}), framework: {"train": train, "predict": predict}})
+
+    def add_compute_plan(self, framework: str, key: str, tasks: dict) -> None:
+        """compute_plans: {framework: {"key": plan key, "tasks": {task key: what the task is}}}."""
+        self.update(compute_plans={**self.get("compute_plans", {}), framework: {"key": key, "tasks": tasks}})
 
     def reuse_or_register(self, client: substra.Client, kind: str, made_from: str, register) -> str:
         """The key of an asset made from `made_from` (a fingerprint): reused if known and still on the

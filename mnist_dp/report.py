@@ -1,16 +1,11 @@
-"""Results of a plan: one record per train task (framework, round, organisation), from the model's
-ledger and Substra's performances; printed as a table and written as results.json, summary.md and
-results.png in the output folder."""
+"""How a plan's results are shown: the records of its train tasks (results.py) as a table, and written
+as results.json, summary.md and results.png in the output folder. Formatting only."""
 from __future__ import annotations
 
 import math
 from pathlib import Path
 
-import substra
-
-from mnist_dp import atomic, model_file, plan, statement
-from mnist_dp.privacy import NEIGHBOURING_RELATION, SAMPLING
-from mnist_dp.training import privacy_summary
+from mnist_dp import atomic, model_file, statement
 
 COLUMNS = [  # (key, header, format)
     ("framework", "framework", "{}"),
@@ -33,126 +28,41 @@ STATEMENT = ("ε is for the add/remove-one-example relation, Poisson sampling an
              "ε (PLD) is the worst of them.")
 
 
-def model_record(path: Path, framework: str, organizations: dict) -> dict:
-    """Privacy figures recomputed from a saved model's ledger (never copied from a log).
-
-    `organizations` maps each organisation to the content fingerprints of its data samples (None: all).
-    """
-    saved = model_file.load(path, framework)
-    delta = saved.hyperparameters["delta"]
-    last = saved.ledger.events[-1]
-    summary = privacy_summary(saved.ledger, delta)
-    return {
-        "framework": framework,
-        "dp": all(e.is_private for e in saved.ledger.events),
-        "epsilon": summary["epsilon"],
-        "epsilon_rdp": summary["epsilon_rdp"],
-        "epsilon_by_organization": {org: saved.ledger.epsilon(delta, data=fps) for org, fps in organizations.items()},
-        "delta": delta,
-        "accountant": summary["accountant"],
-        "noise_multiplier": last.noise_multiplier,
-        "sample_rate": last.sample_rate,
-        "steps": sum(e.steps for e in saved.ledger.events),
-        "clipping": last.clipping,
-        "max_grad_norm": last.max_grad_norm,
-        "sampling": SAMPLING,
-        "neighbouring_relation": NEIGHBOURING_RELATION,
-        "max_epsilon": saved.hyperparameters.get("max_epsilon"),
-        "stopped_by_budget": saved.hyperparameters.get("stopped_by_budget", False),
-        "secure_mode": saved.hyperparameters.get("secure_mode", False),
-        "library_epsilon": {name: value for e in saved.ledger.events for name, value in e.library_epsilon},
-        "model_file": str(path),
-    }
-
-
-def run_and_report(client, builder: plan.PlanBuilder, name: str, plan_key: str, frameworks: dict,
-                   organizations: dict, output: Path, title: str, facts: list) -> list:
-    """Run the plan, then report whatever finished (models, results.json, summary.md, results.png) and
-    print the table; a failed plan is reported first and raised after. Returns the records."""
-    failure = None
-    try:
-        plan.run_plan(client, builder, name, plan_key)
-    except plan.PlanFailed as exc:
-        failure = exc
-    records, performances, not_downloaded = collect(client, builder, plan_key, frameworks, organizations,
-                                                    output / "models")
-    if not_downloaded:  # e.g. a node whose model export is off: its own figures are all there is
-        facts = facts + [f"not downloaded, so not in the table: {', '.join(not_downloaded)}; their accuracy and ε "
-                         "(as the train task computed it) are in Substra's performances below"]
-    written = write_reports(output, title, [f"compute plan `{plan_key}`"] + facts, records, performances,
-                            str(failure) if failure else None)
-    print()
-    print(table(records))
-    if not_downloaded:
-        print(f"\nmodel files not downloaded: {', '.join(not_downloaded)}; see Substra's performances in summary.md")
-    print(f"\n{STATEMENT}\nwritten: {', '.join(map(str, written))}")
-    if failure:
-        raise failure
-    return records
-
-
-def collect(client, builder: plan.PlanBuilder, plan_key: str, frameworks: dict, organizations: dict,
-            models_dir: Path) -> tuple:
-    """(records, performances, not downloaded) of every train task that finished, whether or not the
-    plan did; a model the node refuses to hand out is named in the third, with the reason.
-
-    `frameworks` maps run -> framework; `organizations` maps organisation -> its data fingerprints
-    (None: all the data in the ledger).
-    """
-    performances = plan.performances(client, plan_key, builder.roles)
-    metric = {(row.train_task, row.metric): row.performance for row in performances.itertuples()}
-    records, not_downloaded, single_stage = [], [], _single_stage(builder)
-    for task_id, role in builder.roles.items():
-        if role["step"] != "train" or plan.task_status(client, task_id) != plan.ComputeTaskStatus.done:
-            continue
-        run, round_idx, org = role["run"], role["round_idx"], role["organization"]
-        name = run if single_stage else f"{run}-round{round_idx}-{org}"
-        try:
-            model = plan.fetch_model(client, task_id, models_dir / f"{name}.model")
-        except substra.exceptions.AuthorizationError as exc:
-            not_downloaded.append(f"{name} ({type(exc).__name__} {exc.status_code})")
-            continue
-        records.append({
-            "run": run, "round": round_idx, "organization": org,
-            **model_record(model, frameworks[run], organizations),
-            "train_accuracy": metric.get((task_id, "train_accuracy")),
-            "test_accuracy": metric.get((task_id, "test_accuracy")),
-            "epsilon_in_substra": metric.get((task_id, "epsilon")),
-        })
-    return records, performances, not_downloaded
-
-
-def _single_stage(builder: plan.PlanBuilder) -> bool:
-    stages = {(r["round_idx"], r["organization"]) for r in builder.roles.values() if r["step"] == "train"}
-    return len(stages) == 1
-
-
-def _cell(record: dict, key: str, fmt: str) -> str:
-    value = record.get(key)
-    if value is None or (isinstance(value, float) and math.isinf(value)):
-        return "∞" if key.startswith("epsilon") and value is not None else "-"
+def _cell(record, key: str, fmt: str) -> str:
+    value = getattr(record, key)
+    if key.startswith("epsilon"):
+        return _epsilon(value, fmt)
+    if value is None:
+        return "-"
     if key == "dp":
         return "yes" if value else "no"
     return fmt.format(value)
 
 
+def _epsilon(value: float | None, fmt: str = "{:.3f}") -> str:
+    """Infinity, one rule: ∞ in tables for people, null in results.json (JSON has none), and Substra's
+    performance file holds JSON's non-standard Infinity (what substratools writes and Substra reads)."""
+    if value is None:
+        return "-"
+    return "∞" if math.isinf(value) else fmt.format(value)
+
+
 def _rows(records: list) -> tuple:
-    organizations = sorted({org for r in records for org in r.get("epsilon_by_organization", {})})
-    multi = len(organizations) > 1 or any(r.get("round", 1) > 1 for r in records)
+    organizations = sorted({org for r in records for org in r.epsilon_by_organization})
+    multi = len(organizations) > 1 or any(r.round > 1 for r in records)
     columns = [c for c in COLUMNS if multi or c[0] not in MULTI_STAGE_ONLY]
     headers = [header for _, header, _ in columns]
     rows = [[_cell(r, key, fmt) for key, _, fmt in columns] for r in records]
-    if any(r.get("max_epsilon") is not None for r in records):  # the budget, and whether it stopped training
+    if any(r.max_epsilon is not None for r in records):  # the budget, and whether it stopped training
         headers.append("max ε")
         for row, r in zip(rows, records):
-            row.append("-" if r.get("max_epsilon") is None else
-                       f"{r['max_epsilon']:g}{' (stopped)' if r.get('stopped_by_budget') else ''}")
+            row.append("-" if r.max_epsilon is None else
+                       f"{r.max_epsilon:g}{' (stopped)' if r.stopped_by_budget else ''}")
     if len(organizations) > 1:
         at = headers.index("ε (PLD)") + 1
         headers[at:at] = [f"ε {org}" for org in organizations]
         for row, record in zip(rows, records):
-            by_org = record.get("epsilon_by_organization", {})
-            row[at:at] = [_cell({"epsilon": by_org.get(org)}, "epsilon", "{:.3f}") for org in organizations]
+            row[at:at] = [_epsilon(record.epsilon_by_organization.get(org)) for org in organizations]
     return headers, rows
 
 
@@ -187,7 +97,7 @@ def _json_safe(value):
 
 
 def write_results(path: Path, records: list) -> None:
-    atomic.write_json(path, [_json_safe(r) for r in records])
+    atomic.write_json(path, [_json_safe(r.to_json()) for r in records])
 
 
 def performance_table(frame) -> tuple:
@@ -198,7 +108,8 @@ def performance_table(frame) -> tuple:
     wide = frame.pivot_table(index=["run", "round"], columns=["metric", "worker"], values="performance",
                              aggfunc="first").sort_index()
     headers = ["run", "round"] + [f"{metric} @ {worker}" for metric, worker in wide.columns]
-    rows = [[run, rnd] + [_number(v) for v in values] for (run, rnd), values in zip(wide.index, wide.itertuples(index=False))]
+    rows = [[run, rnd] + [_number(v) for v in values]
+            for (run, rnd), values in zip(wide.index, wide.itertuples(index=False))]
     return headers, rows
 
 
@@ -221,9 +132,9 @@ def write_summary(path: Path, title: str, facts: list, records: list, performanc
         lines += [f"![test accuracy and ε]({plot.name})", ""]
     lines += ["## Privacy statements", ""]
     for record in _last_record_per_run(records):
-        saved = model_file.load(record["model_file"], record["framework"])
-        by_org = record["epsilon_by_organization"] if len(record["epsilon_by_organization"]) > 1 else None
-        lines += [f"### {record['run']}", "", statement.privacy_statement(saved, by_org), ""]
+        saved = model_file.load(record.model_file, record.framework)
+        by_org = record.epsilon_by_organization if len(record.epsilon_by_organization) > 1 else None
+        lines += [f"### {record.run}", "", statement.privacy_statement(saved, by_org), ""]
     lines += ["## Performances as recorded by Substra (`get_performances`)", "",
               markdown_table(*performance_table(performances)), ""]
     atomic.write_text(path, "\n".join(lines))
@@ -241,7 +152,7 @@ def write_reports(output: Path, title: str, facts: list, records: list, performa
 
 
 def _last_record_per_run(records: list) -> list:
-    return list({r["run"]: r for r in records}.values())
+    return list({r.run: r for r in records}.values())
 
 
 def plot(path: Path, records: list) -> Path | None:
@@ -253,11 +164,11 @@ def plot(path: Path, records: list) -> Path | None:
 
     if not records:
         return None
-    runs = list(dict.fromkeys(r["run"] for r in records))
-    stages = list(dict.fromkeys((r["round"], r["organization"]) for r in records))
+    runs = list(dict.fromkeys(r.run for r in records))
+    stages = list(dict.fromkeys((r.round, r.organization) for r in records))
     multi = len(stages) > 1
     labels = [f"round {rnd}\n{org}" for rnd, org in stages]
-    organizations = sorted({org for r in records for org in r["epsilon_by_organization"]})
+    organizations = sorted({org for r in records for org in r.epsilon_by_organization})
     fig, (acc_ax, eps_ax) = plt.subplots(1, 2, figsize=(12, 5.2))
     colours = {run: f"C{i}" for i, run in enumerate(runs)}  # a run has one colour in both panels
     hatches = {org: ["", "//", "..", "xx", "\\\\", "++"][i % 6] for i, org in enumerate(organizations)}
@@ -280,12 +191,12 @@ def plot(path: Path, records: list) -> Path | None:
 
     def value(run, stage, key):
         for r in records:
-            if r["run"] == run and (r["round"], r["organization"]) == stage:
-                return r.get(key)
+            if r.run == run and (r.round, r.organization) == stage:
+                return getattr(r, key)
         return None
 
-    private = [run for run in runs if all(r["dp"] for r in records if r["run"] == run)]
-    eps_title = f"ε (PLD) at δ = {records[0]['delta']:g}" + (" per organisation's data" if len(organizations) > 1 else "")
+    private = [run for run in runs if all(r.dp for r in records if r.run == run)]
+    eps_title = f"ε (PLD) at δ = {records[0].delta:g}" + (" per organisation's data" if len(organizations) > 1 else "")
     if len(private) < len(runs):
         eps_title += "\n(non-private baselines: ε = ∞, not drawn)"
     if not multi:  # one train task per run: one bar per run

@@ -1,8 +1,9 @@
 """The skeleton every algo asset shares: data -> model -> DP step -> ledger -> save.
 
-An asset supplies only a `Framework` (model, weights (de)serialisation, one training run, prediction);
-everything that decides the privacy figure lives here, once: the sampling plan (Poisson rate q and
-the number of steps), σ (given or calibrated from a target ε), δ checks, the ledger and ε.
+An asset supplies only a `Framework` (model, weights (de)serialisation, one training run that reports
+what it ran, the logits of one batch); everything that decides the privacy figure lives here, once: the
+sampling plan (Poisson rate q and the number of steps), σ (given or calibrated from a target ε), δ
+checks, the clipping unit, the ledger event and ε.
 """
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ import dataclasses
 import logging
 import math
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Protocol
 
 import numpy as np
 
@@ -21,6 +23,7 @@ from mnist_dp import model_file, predictions, provenance
 from mnist_dp.errors import UserError, run_cli
 from mnist_dp.privacy import (
     ACCOUNTANT_NAMES,
+    NO_CLIPPING,
     PER_EXAMPLE,
     REPORTED_ACCOUNTANT,
     DpEvent,
@@ -33,6 +36,11 @@ from mnist_dp.privacy import (
 
 # substratools configures the "substratools" logger (level from --log-level); log under it.
 log = logging.getLogger("substratools.mnist_dp")
+
+# The network's input normalisation (MNIST's pixel mean and std), the first layer of every framework's CNN.
+MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
+# Images per forward pass at prediction (bounds the memory); a framework may set its own `predict_batch_size`.
+PREDICT_BATCH_SIZE = 1024
 
 
 @dataclass(frozen=True)
@@ -59,13 +67,14 @@ class SamplingPlan:
         return self.planned_steps if self.max_steps is None else min(self.max_steps, self.planned_steps)
 
     @classmethod
-    def from_hyperparameters(cls, n: int, hp: hp_file.Hyperparameters, where: str) -> "SamplingPlan":
+    def from_hyperparameters(cls, n: int, hp: hp_file.Hyperparameters, where: str) -> SamplingPlan:
         if hp.batch_size > n:
             raise UserError(f"{where}: batch_size = {hp.batch_size} is larger than the {n} training examples")
         plan = cls(n=n, steps_per_epoch=math.ceil(n / hp.batch_size), epochs=hp.epochs)
         if plan.planned_steps > MAX_STEPS:
             raise UserError(f"{where}: epochs = {hp.epochs} with batch_size = {hp.batch_size} on {n} examples is "
-                            f"{plan.planned_steps:,} steps, more than {MAX_STEPS:,}; use fewer epochs or larger batches")
+                            f"{plan.planned_steps:,} steps, more than {MAX_STEPS:,}; "
+                            "use fewer epochs or larger batches")
         return plan
 
 
@@ -85,8 +94,19 @@ def check_run(framework: str, hp: hp_file.Hyperparameters, n: int, where: str) -
 
 
 @dataclass
+class Ran:
+    """What a framework's `fit` really ran, as only the framework knows it (it must report, not assume)."""
+
+    batch_sizes: list  # examples in each step really taken: one entry per step
+    library_epsilon: dict = field(default_factory=dict)  # the DP library's own ε for this run, for comparison
+    # Only when the effective σ per example is not the σ the framework was given (a library clipping
+    # microbatches of m > 1 examples: σ/2); None means the given σ.
+    noise_multiplier: float | None = None
+
+
+@dataclass
 class FitResult:
-    """What a framework's training run really did (it must report, not assume)."""
+    """What a training run did: the framework's `Ran` with what the skeleton decided (q, clipping unit)."""
 
     steps: int
     sample_rate: float
@@ -111,10 +131,13 @@ class Framework(Protocol):
     def dump_model(self, model) -> bytes: ...
 
     def fit(self, model, images: np.ndarray, labels: np.ndarray, hp: hp_file.Hyperparameters,
-            plan: SamplingPlan, noise_multiplier: float, on_epoch: EpochCallback) -> FitResult: ...
+            plan: SamplingPlan, noise_multiplier: float, on_epoch: EpochCallback) -> Ran:
+        """Train `model` in place: plan.steps steps, with DP-SGD at σ = noise_multiplier if hp.dp.
+        Called through the skeleton's `fit` (below), which adds q and the clipping unit."""
 
-    def logits(self, model, images: np.ndarray) -> np.ndarray:
-        """Class scores [N, 10] (before softmax); the predicted label is their argmax."""
+    def batch_logits(self, model, images: np.ndarray) -> np.ndarray:
+        """Class scores [B, 10] (before softmax) of one batch of images [B, 28, 28]; `predict_in_batches`
+        calls it with `predict_batch_size` images (a framework's own attribute, else PREDICT_BATCH_SIZE)."""
 
     def flat_weights(self, model) -> np.ndarray:
         """All trainable weights in one vector (the mechanism tests measure updates with it)."""
@@ -132,7 +155,7 @@ def sampled_batches(plan: SamplingPlan, hp: hp_file.Hyperparameters, on_epoch: E
     # secure_mode: seeded from the OS's CSPRNG, so the batches can be neither predicted nor replayed.
     rng = np.random.default_rng(secrets.randbits(128) if hp.secure_mode else hp.seed)
     with tqdm(total=plan.steps, desc=f"train ({name})", unit="step", disable=None) as bar:
-        for step in range(plan.steps):
+        for _ in range(plan.steps):
             if hp.dp:
                 yield np.flatnonzero(rng.random(plan.n) < plan.sample_rate)
             else:
@@ -140,6 +163,38 @@ def sampled_batches(plan: SamplingPlan, hp: hp_file.Hyperparameters, on_epoch: E
             bar.update()
             if bar.n % plan.steps_per_epoch == 0 or bar.n == plan.steps:
                 bar.set_postfix_str(f"epoch {math.ceil(bar.n / plan.steps_per_epoch)}/{plan.epochs} {on_epoch(bar.n)}")
+
+
+def fit(framework: Framework, model, images: np.ndarray, labels: np.ndarray, hp: hp_file.Hyperparameters,
+        plan: SamplingPlan, sigma: float, on_epoch: EpochCallback) -> FitResult:
+    """One training run of `framework` (model trained in place), and what it did: the steps and batch
+    sizes it ran and its library's ε from the framework, q and the clipping unit from here."""
+    ran = framework.fit(model, images, labels, hp, plan, sigma, on_epoch)
+    if hp.dp:
+        clipping, noise_multiplier = PER_EXAMPLE, sigma if ran.noise_multiplier is None else ran.noise_multiplier
+    else:
+        clipping, noise_multiplier = NO_CLIPPING, 0.0
+    return FitResult(len(ran.batch_sizes), plan.sample_rate, noise_multiplier, clipping, dict(ran.library_epsilon),
+                     list(ran.batch_sizes))
+
+
+def dp_event(framework_name: str, data: tuple, hp: hp_file.Hyperparameters, plan: SamplingPlan, result: FitResult,
+             code: dict | None = None) -> DpEvent:
+    """The ledger event of a run: what it did (`result`) on `data` (fingerprints), as `plan` and `hp` asked."""
+    return DpEvent(
+        framework=framework_name,
+        data=data,
+        n=plan.n,
+        sample_rate=result.sample_rate,
+        noise_multiplier=result.noise_multiplier,
+        steps=result.steps,
+        clipping=result.clipping,
+        max_grad_norm=hp.max_grad_norm,
+        library_epsilon=tuple(sorted(result.library_epsilon.items())),
+        batch_size=hp.batch_size,
+        planned_steps=plan.planned_steps,
+        code=code,
+    )
 
 
 def _load_input_model(framework: Framework, inputs: dict):
@@ -156,7 +211,8 @@ def resolve_noise_multiplier(hp: hp_file.Hyperparameters, plan: SamplingPlan, pr
     if hp.noise_multiplier is not None:
         return float(hp.noise_multiplier)
     sigma = calibrate_noise_multiplier(hp.target_epsilon, hp.delta, plan.sample_rate, plan.steps, prior)
-    log.info("calibrated noise_multiplier = %.4f for target epsilon %.3g at delta %.1e", sigma, hp.target_epsilon, hp.delta)
+    log.info("calibrated noise_multiplier = %.4f for target epsilon %.3g at delta %.1e", sigma, hp.target_epsilon,
+             hp.delta)
     return sigma
 
 
@@ -221,25 +277,14 @@ def train(framework: Framework, inputs: dict, outputs: dict, hyperparameters_pat
     def on_epoch(steps_done: int) -> str:
         if not hp.dp:
             return "no DP"
-        partial = DpEvent(framework.name, fingerprints, plan.n, plan.sample_rate, sigma, steps_done, "", hp.max_grad_norm)
+        partial = DpEvent(framework.name, fingerprints, plan.n, plan.sample_rate, sigma, steps_done, PER_EXAMPLE,
+                          hp.max_grad_norm)
         eps = compose_epsilon(prior + [partial], hp.delta, "rdp")  # RDP: fast enough for every epoch
         return f"ε(RDP)={eps:.2f} δ={hp.delta:g}"
 
-    result = framework.fit(model, images, labels, hp, plan, sigma, on_epoch)
-    ledger.add(DpEvent(
-        framework=framework.name,
-        data=fingerprints,
-        n=plan.n,
-        sample_rate=result.sample_rate,
-        noise_multiplier=result.noise_multiplier,
-        steps=result.steps,
-        clipping=result.clipping,
-        max_grad_norm=hp.max_grad_norm,
-        library_epsilon=tuple(sorted(result.library_epsilon.items())),
-        batch_size=hp.batch_size,
-        planned_steps=plan.planned_steps,
-        code=provenance.running_code(Path(hyperparameters_path).parent, "train"),
-    ))
+    result = fit(framework, model, images, labels, hp, plan, sigma, on_epoch)
+    ledger.add(dp_event(framework.name, fingerprints, hp, plan, result,
+                        code=provenance.running_code(Path(hyperparameters_path).parent, "train")))
     model_file.save(outputs["model"], model_file.ModelFile(
         framework=framework.name,
         weights=framework.dump_model(model),
@@ -263,8 +308,15 @@ def predict(framework: Framework, inputs: dict, outputs: dict) -> None:
     predictions.save(outputs["predictions"], labels)
 
 
+def predict_in_batches(framework: Framework, model, images: np.ndarray) -> np.ndarray:
+    """Class scores [N, 10] (before softmax) of images [N, 28, 28]; the predicted label is their argmax."""
+    batch_size = getattr(framework, "predict_batch_size", PREDICT_BATCH_SIZE)
+    return np.concatenate([framework.batch_logits(model, images[i : i + batch_size])
+                           for i in range(0, len(images), batch_size)])
+
+
 def predicted_labels(framework: Framework, model, images: np.ndarray) -> np.ndarray:
-    return np.argmax(framework.logits(model, images), axis=1).astype(np.int64)
+    return np.argmax(predict_in_batches(framework, model, images), axis=1).astype(np.int64)
 
 
 def run_functions(framework: Framework, hyperparameters_path: Path) -> None:
@@ -305,7 +357,8 @@ def privacy_summary(ledger: Ledger, delta: float) -> dict:
 
 
 def describe(summary: dict) -> str:
-    text = f"ε = {summary['epsilon']:.3f} at δ = {summary['delta']:g} ({summary['accountant']}; RDP {summary['epsilon_rdp']:.3f})"
+    text = (f"ε = {summary['epsilon']:.3f} at δ = {summary['delta']:g} ({summary['accountant']}; "
+            f"RDP {summary['epsilon_rdp']:.3f})")
     for name, value in summary.get("library_epsilon", {}).items():
         text += f"; {name}: {value:.3f}"
     return text

@@ -6,13 +6,11 @@ are unchanged and still on the node. Then run scripts/add_train_algo_cnn_dp.py. 
 come from the environment (see --client-name); none is written anywhere.
 """
 import argparse
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: mnist_dp
-
-from mnist_dp import connection, data, registry  # noqa: E402
+from mnist_dp import connection, data, registry
+from mnist_dp.errors import run_cli
 
 
 def build_parser():
@@ -45,4 +43,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    connection.run_cli(main)
+    run_cli(main, explain=connection.explain_refusal)

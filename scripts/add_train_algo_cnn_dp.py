@@ -9,20 +9,18 @@ predict and score after each. The algo's and the plan's keys are added to the ke
 data folder named in the keys file.
 """
 import argparse
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: mnist_dp
-
-from mnist_dp import atomic, connection, data, plan, registry, report, training  # noqa: E402
-from mnist_dp import hyperparameters as hp_file  # noqa: E402
-from mnist_dp.errors import UserError  # noqa: E402
+from mnist_dp import atomic, connection, data, plan, registry, results, training
+from mnist_dp import hyperparameters as hp_file
+from mnist_dp.assets import ALGO_ASSETS
+from mnist_dp.errors import UserError, run_cli
 
 
 def build_parser():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--framework", choices=list(plan.ALGO_ASSETS), default="torch",
+    parser.add_argument("--framework", choices=list(ALGO_ASSETS), default="torch",
                         help="which algo asset to register and train (default: %(default)s)")
     parser.add_argument("--keys-file", type=Path, default=Path("assets_keys.json"),
                         help="keys file of scripts/add_dataset_objective.py; the new keys are added to it "
@@ -43,7 +41,7 @@ def main(argv=None):
     if not args.keys_file.is_file():
         raise UserError(f"{args.keys_file}: no keys file; run scripts/add_dataset_objective.py first")
     keys = registry.KeysFile(args.keys_file)
-    hp = hp_file.load(plan.ALGO_ASSETS[args.framework] / hp_file.FILE_NAME, hp_file.load_overrides(args.hyperparameters))
+    hp = hp_file.load(ALGO_ASSETS[args.framework] / hp_file.FILE_NAME, hp_file.load_overrides(args.hyperparameters))
     for field in ("organization_id", "dataset_key", "objective_key", "test_data_sample_keys"):
         keys.require(field)  # a damaged keys file is named now, not half-way through
     folds = keys.require("train_data_sample_keys")
@@ -65,7 +63,7 @@ def register_and_run(args, keys: registry.KeysFile, hp: hp_file.Hyperparameters,
                                                 len(keys.require("train_data_sample_keys")), Path(build_dir))
         registry.check_on_node(client, keys)
         train, predict = registry.register_algo(client, keys, run, args.framework, hp.to_json(), Path(build_dir))
-    keys.update(algos={**keys.get("algos", {}), args.framework: {"train": train, "predict": predict}})
+    keys.add_algo(args.framework, train, predict)
 
     owner, dataset = keys.require("organization_id"), keys.require("dataset_key")
     folds = keys.require("train_data_sample_keys")
@@ -74,14 +72,14 @@ def register_and_run(args, keys: registry.KeysFile, hp: hp_file.Hyperparameters,
     builder = plan.PlanBuilder(share_with=plan.id_list(args.share_with))
     builder.chain(run, train, predict, keys.require("objective_key"), stages, test)
     plan_key = plan.new_key()
-    keys.update(compute_plans={**keys.get("compute_plans", {}), args.framework: {
-        "key": plan_key, "tasks": {task: plan.describe_role(role) for task, role in builder.roles.items()}}})
+    keys.add_compute_plan(args.framework, plan_key,
+                          {task: plan.describe_role(role) for task, role in builder.roles.items()})
     print(f"algo and compute plan keys added to {args.keys_file}")
-    report.run_and_report(client, builder, f"mnist-dp {run}", plan_key, {run: args.framework}, {owner: None}, output,
+    results.run_and_report(client, builder, f"mnist-dp {run}", plan_key, {run: args.framework}, {owner: None}, output,
                           f"mnist-dp: {run} on a Substra node",
                           [f"{args.backend} backend, keys file: {args.keys_file.resolve()}",
                            f"{len(folds)} fold(s) trained one after the other at {owner}"])
 
 
 if __name__ == "__main__":
-    connection.run_cli(main)
+    run_cli(main, explain=connection.explain_refusal)

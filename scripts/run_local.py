@@ -10,19 +10,17 @@ results.png and the model files (models/) to --output. This replaces `substra ru
 """
 import argparse
 import shutil
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: mnist_dp
-
-from mnist_dp import atomic, connection, data, plan, registry, report, training  # noqa: E402
-from mnist_dp import hyperparameters as hp_file  # noqa: E402
-from mnist_dp.errors import UserError  # noqa: E402
+from mnist_dp import atomic, connection, data, plan, registry, results, training
+from mnist_dp import hyperparameters as hp_file
+from mnist_dp.assets import ALGO_ASSETS
+from mnist_dp.errors import UserError, run_cli
 
 
 def build_parser():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--frameworks", default=",".join(plan.ALGO_ASSETS),
+    parser.add_argument("--frameworks", default=",".join(ALGO_ASSETS),
                         help="comma-separated frameworks to run (default: all, i.e. %(default)s)")
     parser.add_argument("--data", type=Path, default=Path("data"),
                         help="data samples written by scripts/generate_data.py; generated from the embedded "
@@ -48,9 +46,9 @@ def build_parser():
 
 def parse_frameworks(text: str) -> list:
     names = [name.strip() for name in text.split(",") if name.strip()]
-    unknown = [name for name in names if name not in plan.ALGO_ASSETS]
+    unknown = [name for name in names if name not in ALGO_ASSETS]
     if unknown or not names:
-        raise UserError(f"--frameworks {text!r}: unknown {unknown}; available: {', '.join(plan.ALGO_ASSETS)}")
+        raise UserError(f"--frameworks {text!r}: unknown {unknown}; available: {', '.join(ALGO_ASSETS)}")
     return names
 
 
@@ -70,7 +68,7 @@ def main(argv=None):
     runs = {}  # run name -> (framework, hyperparameters)
     for framework in frameworks:
         for dp in [True] if args.no_baseline else [True, False]:
-            hp = hp_file.load(plan.ALGO_ASSETS[framework] / hp_file.FILE_NAME, overrides.replace(dp=dp))
+            hp = hp_file.load(ALGO_ASSETS[framework] / hp_file.FILE_NAME, overrides.replace(dp=dp))
             runs[framework if dp else f"{framework}-baseline"] = (framework, hp)
 
     with atomic.exclusive(output, "--output folder"):
@@ -99,7 +97,7 @@ def main(argv=None):
             hp = training.noise_for_rounds(hp, sizes, args.rounds)
             train, predict = registry.register_algo(client, keys, run, framework, hp.to_json(), work / "archives")
             builder.chain(run, train, predict, score, stages, test)
-        report.run_and_report(
+        results.run_and_report(
             client, builder, f"mnist-dp local run ({args.organizations} organisation(s), {args.rounds} round(s))",
             plan.new_key(), {run: framework for run, (framework, _) in runs.items()}, organizations, output,
             "mnist-dp: DP-SGD on MNIST with Substra",
@@ -117,4 +115,4 @@ def remove_leftovers(local_worker: Path) -> None:
 
 
 if __name__ == "__main__":
-    connection.run_cli(main)
+    run_cli(main, explain=connection.explain_refusal)

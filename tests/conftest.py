@@ -8,11 +8,10 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from mnist_dp import archive, data
+from mnist_dp.assets import ALGO_ASSETS, DATASET_ASSET, OBJECTIVE_ASSET
 
-from mnist_dp import archive, data  # noqa: E402
-from mnist_dp.plan import ALGO_ASSETS, DATASET_ASSET, OBJECTIVE_ASSET  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 os.environ.setdefault("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "python")
 FRAMEWORKS = sorted(ALGO_ASSETS)
@@ -58,7 +57,8 @@ def ledger_event(framework="torch", data=("fp-a",), n=100, batch_size=10, sigma=
     steps_per_epoch = -(-n // batch_size)
     return privacy.DpEvent(framework, tuple(data), n, 1 / steps_per_epoch, sigma, steps or steps_per_epoch * epochs,
                            privacy.PER_EXAMPLE if sigma else privacy.NO_CLIPPING, 1.0, tuple(library_epsilon),
-                           batch_size, steps_per_epoch * epochs, {"function": "train", "archive_digest": archive_digest})
+                           batch_size, steps_per_epoch * epochs,
+                           {"function": "train", "archive_digest": archive_digest})
 
 
 def save_model(path, events, weights=b"weights", **settings):

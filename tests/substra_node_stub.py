@@ -34,10 +34,10 @@ import tarfile
 import threading
 import uuid
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable
 from urllib.parse import parse_qs, urlsplit
 
 ORGANIZATION = "MyOrg1MSP"
@@ -51,7 +51,7 @@ class HttpError(Exception):
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def _sha256(content: bytes) -> str:
@@ -200,13 +200,12 @@ class SubstraNodeStub:
         return status, "application/json", json.dumps(payload).encode()
 
     def _dispatch(self, method, path, query, headers, body):
-        for route_method, pattern, handler in self._routes():
-            match = re.fullmatch(pattern, path)
-            if match and route_method == method:
-                break
-        else:
+        found = next(((match, handler) for route_method, pattern, handler in self._routes()
+                      if route_method == method and (match := re.fullmatch(pattern, path))), None)
+        if found is None:
             self.unexpected.append((method, path))
             raise HttpError(404, {"detail": "Not found."})
+        match, handler = found
         if handler != self._login:  # logging in is how a client without a token gets one
             self._authenticate(headers.get("Authorization"))
         for refusal in self._refusals:
@@ -269,7 +268,7 @@ class SubstraNodeStub:
         token, session = uuid.uuid4().hex, str(uuid.uuid4())
         self.tokens.add(token)
         self.sessions[session] = token
-        expires = (datetime.now(timezone.utc) + timedelta(days=1)).isoformat()
+        expires = (datetime.now(UTC) + timedelta(days=1)).isoformat()
         return 200, {"token": token, "expires_at": expires, "id": session, "created_at": _now()}
 
     def _logout(self, query, **_):

@@ -4,10 +4,10 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO
+
+from mnist_dp.assets import load_asset_module
 from mnist_dp.errors import UserError
-from mnist_dp.plan import load_asset_module
 
 SCRIPT = REPO / "scripts" / "add_dataset_objective.py"
 

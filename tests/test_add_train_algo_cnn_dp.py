@@ -4,8 +4,8 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO, TINY_HYPERPARAMETERS
+
 from mnist_dp import model_file
 
 SCRIPTS = REPO / "scripts"

@@ -1,6 +1,6 @@
 """Every algo asset, through the substratools command line, on tiny data (one epoch).
 
-Parametrised by framework: a new algo asset is covered by adding it to mnist_dp.plan.ALGO_ASSETS.
+Parametrised by framework: a new algo asset is covered by adding it to mnist_dp.assets.ALGO_ASSETS.
 """
 import dataclasses
 import json
@@ -8,9 +8,16 @@ import math
 
 import numpy as np
 import pytest
+from conftest import (
+    ALGO_ASSETS,
+    FRAMEWORKS,
+    TINY_HYPERPARAMETERS,
+    extract_function,
+    run_function,
+    samples,
+    tiny_hyperparameters,
+)
 
-from conftest import (ALGO_ASSETS, FRAMEWORKS, TINY_HYPERPARAMETERS, extract_function, run_function, samples,
-                      tiny_hyperparameters)
 from mnist_dp import archive, model_file
 from mnist_dp.privacy import PER_EXAMPLE, DpEvent, Ledger, calibrate_noise_multiplier, compose_epsilon
 

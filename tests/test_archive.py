@@ -6,9 +6,9 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from conftest import ALGO_ASSETS, DATASET_ASSET, OBJECTIVE_ASSET, REPO
 from substra.sdk.backends.local.compute.spawner.subprocess import _get_entrypoint_from_dockerfile
 
-from conftest import ALGO_ASSETS, DATASET_ASSET, OBJECTIVE_ASSET, REPO
 from mnist_dp import archive
 from mnist_dp.errors import UserError
 
@@ -123,7 +123,8 @@ def test_dockerfile_is_pinned_and_installs_exactly_what_the_function_imports(tmp
     # The opener runs in the function's container too.
     files = list((tmp_path / "x").rglob("*.py")) + [DATASET_ASSET / "opener.py"]
     distributions = importlib.metadata.packages_distributions()
-    needed = {module: {_canonical(d) for d in distributions.get(module, [module])} for module in third_party_imports(files)}
+    needed = {module: {_canonical(d) for d in distributions.get(module, [module])}
+              for module in third_party_imports(files)}
     missing = {module for module, dists in needed.items() if not dists & set(installed)}
     assert not missing, f"{dockerfile}: imported but not installed: {sorted(missing)}"
     unused = set(installed) - set().union(*needed.values())

@@ -5,15 +5,13 @@ import struct
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import REPO, WITHOUT_WRITE_OVERRIDE
+
 from mnist_dp import data
 from mnist_dp.errors import UserError
-
 
 SCRIPT = REPO / "scripts" / "generate_data.py"
 
@@ -350,7 +348,8 @@ def test_truncated_idx_file_is_named(idx_folder, tmp_path):
 
 def test_cli_help_and_one_line_error(tmp_path):
     script = REPO / "scripts" / "generate_data.py"
-    assert "--train-samples" in subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True).stdout
+    help_text = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True).stdout
+    assert "--train-samples" in help_text
     proc = subprocess.run([sys.executable, script, "--output", tmp_path / "d", "--source", tmp_path / "nothing.bin"],
                           capture_output=True, text=True)
     assert proc.returncode == 2

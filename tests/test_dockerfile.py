@@ -5,7 +5,6 @@ here the image runs the part that goes end to end: one local Substra plan traini
 scoring every framework (tests/test_run_local.py's first tests), the accountant and the README's commands.
 """
 import docker
-
 from conftest import REPO
 
 IMAGE = "mnist-dp:tests"

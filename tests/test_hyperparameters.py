@@ -1,8 +1,8 @@
 import json
 
 import pytest
-
 from conftest import ALGO_ASSETS, FRAMEWORKS
+
 from mnist_dp import hyperparameters
 from mnist_dp.errors import UserError
 

@@ -1,16 +1,16 @@
-"""The DP-SGD mechanism of every framework, measured on one real training step (framework.fit).
+"""The DP-SGD mechanism of every framework, measured on one real training step (training.fit).
 
 One step with q = 1 (every example in the batch), learning rate 1 and no momentum: the weights move by
 exactly -(sum of clipped per-example gradients + N(0, (σC)²)) / (expected batch size).
 """
 import numpy as np
 import pytest
+from conftest import ALGO_ASSETS, FRAMEWORKS
 from scipy import stats
 
-from conftest import ALGO_ASSETS, FRAMEWORKS
 from mnist_dp import hyperparameters, training
+from mnist_dp.assets import load_asset_module
 from mnist_dp.errors import UserError
-from mnist_dp.plan import load_asset_module
 
 C = 1.0
 rng = np.random.default_rng(0)
@@ -37,7 +37,7 @@ def fit(framework, images, labels, sigma, dp=True, seed=0, epochs=1, batch_size=
     plan = training.SamplingPlan.from_hyperparameters(len(labels), hp, "test")
     model = framework.new_model(0)
     before = framework.flat_weights(model)
-    result = framework.fit(model, images, labels, hp, plan, sigma, lambda steps: "")
+    result = training.fit(framework, model, images, labels, hp, plan, sigma, lambda steps: "")
     return before - framework.flat_weights(model), result  # = lr × the update applied
 
 

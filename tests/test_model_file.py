@@ -2,8 +2,8 @@ import json
 import zipfile
 
 import pytest
-
 from conftest import ledger_event, save_model
+
 from mnist_dp import model_file
 from mnist_dp.errors import UserError
 
@@ -102,7 +102,8 @@ def test_edited_weights_and_metadata_are_refused(tmp_path):
     with pytest.raises(UserError, match="its weights does not match"):
         model_file.load(path)
     path = save_model(tmp_path / "n", [ledger_event()])
-    rewrite(path, "meta.json", lambda meta: {**meta, "hyperparameters": {**meta["hyperparameters"], "noise_multiplier": 9.0}})
+    rewrite(path, "meta.json",
+            lambda meta: {**meta, "hyperparameters": {**meta["hyperparameters"], "noise_multiplier": 9.0}})
     with pytest.raises(UserError, match="ledger disagrees with its metadata: noise_multiplier 1.0 .metadata: 9.0."):
         model_file.load(path)
 

@@ -2,9 +2,9 @@ import shutil
 
 import numpy as np
 import pytest
-
 from conftest import DATASET_ASSET
-from mnist_dp.plan import load_asset_module
+
+from mnist_dp.assets import load_asset_module
 
 opener = load_asset_module(DATASET_ASSET / "opener.py", "opener")
 

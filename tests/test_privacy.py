@@ -15,7 +15,7 @@ def event(n=60000, batch=250, epochs=60, sigma=1.1, data=("a",)):
 
 
 @pytest.mark.parametrize("n, batch, epochs, rdp, pld", [
-    (60000, 250, 60, 2.562, 2.35),  # DESIGN.md reference values, delta 1e-5, sigma 1.1
+    (60000, 250, 60, 2.562, 2.35),  # docs/design.md reference values, delta 1e-5, sigma 1.1
     (4000, 250, 3, 3.112, 2.66),
 ])
 def test_reference_values(n, batch, epochs, rdp, pld):

@@ -1,6 +1,7 @@
 import tarfile
 
 from conftest import ALGO_ASSETS, FRAMEWORKS
+
 from mnist_dp import archive, provenance
 
 

@@ -14,11 +14,13 @@ from pathlib import Path
 
 import pytest
 import requests
-
 from conftest import REPO, TINY_HYPERPARAMETERS, tiny_hyperparameters
-from mnist_dp import data, model_file, plan, privacy, training
-from mnist_dp.plan import ALGO_ASSETS, CONTRACT, DATASET_ASSET, OBJECTIVE_ASSET, POLLING_VARIABLE
 from substra_node_stub import SubstraNodeStub
+
+from mnist_dp import data, model_file, training
+from mnist_dp.assets import ALGO_ASSETS, DATASET_ASSET, OBJECTIVE_ASSET, load_asset_module
+from mnist_dp.contract import CONTRACT
+from mnist_dp.execution import LOG_TAIL_LINES, POLLING_VARIABLE
 
 SCRIPTS = REPO / "scripts"
 CLIENT = "node1"
@@ -119,8 +121,7 @@ class NoLearning:
         return model
 
     def fit(self, model, images, labels, hp, sampling, noise_multiplier, on_epoch):
-        return training.FitResult(steps=sampling.steps, sample_rate=sampling.sample_rate,
-                                  noise_multiplier=noise_multiplier, clipping=privacy.PER_EXAMPLE)
+        return training.Ran(batch_sizes=[round(sampling.n * sampling.sample_rate)] * sampling.steps)
 
 
 def write_model_file(dest: Path, opener: Path, data_folders: list, hyperparameters: Path,
@@ -129,7 +130,7 @@ def write_model_file(dest: Path, opener: Path, data_folders: list, hyperparamete
     that knows how a model file is made: the real training skeleton (training.train: ledger,
     hyperparameters, ε) and dataset opener around NoLearning, so a change of the file's format
     made there reaches these tests unchanged."""
-    opener_module = plan.load_asset_module(opener, f"stub_node_opener_{uuid.uuid4().hex}")
+    opener_module = load_asset_module(opener, f"stub_node_opener_{uuid.uuid4().hex}")
     inputs = {"datasamples": opener_module.MnistOpener().get_data([str(f) for f in data_folders])}
     if input_model:
         inputs["model"] = str(input_model)
@@ -386,7 +387,7 @@ def test_a_task_failed_on_the_node_exits_2_naming_it_and_ending_with_the_log_the
     assert line == (f"error: compute plan 'mnist-dp {FRAMEWORK}' failed in task '{FRAMEWORK} train, round 1 at {org}' "
                     f"({failed}), function '{FRAMEWORK} train': plan status PLAN_STATUS_FAILED")
     tail = proc.stderr.split("last lines of its log:\n", 1)[1].splitlines()
-    expected = [f"  | {text}" for text in FAILURE_LOG.splitlines() if text.strip()][-plan.LOG_TAIL_LINES:]
+    expected = [f"  | {text}" for text in FAILURE_LOG.splitlines() if text.strip()][-LOG_TAIL_LINES:]
     assert tail == expected
     assert ("GET", f"/task/{failed}/logs/") in node.calls() and node.unexpected == []
     assert json.loads((tmp_path / "results" / "results.json").read_text()) == []

@@ -1,18 +1,20 @@
 import json
 import math
+from dataclasses import replace
 
 import pandas as pd
-
 from conftest import ledger_event, save_model
-from mnist_dp import model_file, privacy, report
+
+from mnist_dp import report
+from mnist_dp.results import Record
 
 
 def record(run, round_idx, org, eps_by_org, dp=True, accuracy=0.5):
     worst = max(eps_by_org.values())
-    return {"run": run, "framework": run.split("-")[0], "round": round_idx, "organization": org, "dp": dp,
-            "train_accuracy": accuracy, "test_accuracy": accuracy, "epsilon": worst, "epsilon_rdp": worst + 0.3,
-            "epsilon_by_organization": eps_by_org, "delta": 1e-5, "accountant": "PLD", "noise_multiplier": 1.0,
-            "sample_rate": 0.1, "steps": 10, "epsilon_in_substra": worst}
+    return Record(run=run, framework=run.split("-")[0], round=round_idx, organization=org, dp=dp,
+                  train_accuracy=accuracy, test_accuracy=accuracy, epsilon=worst, epsilon_rdp=worst + 0.3,
+                  epsilon_by_organization=eps_by_org, delta=1e-5, accountant="PLD", noise_multiplier=1.0,
+                  sample_rate=0.1, steps=10, epsilon_in_substra=worst)
 
 
 RECORDS = [
@@ -34,7 +36,7 @@ def test_table_shows_round_organisation_and_epsilon_per_organisation():
     assert "∞" in text.splitlines()[4]
     single = report.table([record("tf", 1, "Org1", {"Org1": 2.0})])
     assert "round" not in single and "ε Org1" not in single and "max ε" not in single
-    budget = report.table([{**record("tf", 1, "Org1", {"Org1": 2.0}), "max_epsilon": 2.0, "stopped_by_budget": True}])
+    budget = report.table([replace(record("tf", 1, "Org1", {"Org1": 2.0}), max_epsilon=2.0, stopped_by_budget=True)])
     assert budget.splitlines()[0].endswith("max ε") and budget.splitlines()[2].endswith("2 (stopped)")
     assert report.table([]) == "(no train task finished)"
 
@@ -44,10 +46,10 @@ def with_model_files(records, folder):
     folder.mkdir()
     out = []
     for i, r in enumerate(records):
-        event = ledger_event(r["framework"], n=100, batch_size=10, sigma=1.0 if r["dp"] else 0.0, epochs=2,
-                             steps=10 if r["dp"] else None, library_epsilon=(("Opacus PRV (this run only)", 1.49),))
+        event = ledger_event(r.framework, n=100, batch_size=10, sigma=1.0 if r.dp else 0.0, epochs=2,
+                             steps=10 if r.dp else None, library_epsilon=(("Opacus PRV (this run only)", 1.49),))
         path = save_model(folder / f"{i}.model", [event], max_epsilon=2.0)
-        out.append({**r, "model_file": str(path)})
+        out.append(replace(r, model_file=str(path)))
     return out
 
 
@@ -67,12 +69,3 @@ def test_reports_are_written(tmp_path):
     assert "- Per organisation (ε of the steps run on its data only): Org1: 1.500, Org2: 1.500" in summary
     assert "Opacus PRV (this run only): ε = 1.490" in summary and "**Not private**" in summary
     assert "max_epsilon = 2 at δ = 1e-05; training stopped after 10 of 20 planned steps" in summary
-
-
-def test_model_record_is_recomputed_from_the_model_file(tmp_path):
-    [with_file] = with_model_files(RECORDS[:1], tmp_path / "models")
-    record = report.model_record(with_file["model_file"], "torch", {"Org1": ["fp-a"], "Org2": ["fp-b"]})
-    saved = model_file.load(with_file["model_file"])
-    assert record["epsilon"] == saved.ledger.epsilon(1e-5) and record["epsilon_by_organization"]["Org2"] == 0.0
-    assert record["max_epsilon"] == 2.0 and record["stopped_by_budget"] is True and record["steps"] == 10
-    assert record["library_epsilon"] == {"Opacus PRV (this run only)": 1.49}

@@ -8,8 +8,8 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import FRAMEWORKS, REPO, TINY_HYPERPARAMETERS
+
 from mnist_dp import model_file, privacy
 
 SCRIPT = REPO / "scripts" / "run_local.py"
@@ -162,8 +162,8 @@ def test_function_images_hold_cpu_builds_only(docker_run):
     plugins = "/usr/local/lib/python3.11/site-packages/mindspore/lib/plugin"
     for archive in archives:
         image = f"function-{hashlib.sha256(archive.read_bytes()).hexdigest()}"
-        listing = client.containers.run(image, ["sh", "-c", f"pip list --format=freeze; ls {plugins} 2>/dev/null || true"],
-                                        entrypoint=[], remove=True).decode().split()
+        command = f"pip list --format=freeze; ls {plugins} 2>/dev/null || true"
+        listing = client.containers.run(image, ["sh", "-c", command], entrypoint=[], remove=True).decode().split()
         assert not [name for name in listing if re.search(r"nvidia|cuda|gpu|ascend", name, re.I)], archive.name
         assert all(name.endswith("+cpu") for name in listing if name.startswith("torch==")), archive.name
 

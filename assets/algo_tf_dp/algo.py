@@ -17,25 +17,24 @@ import sys
 from pathlib import Path
 
 # Before TensorFlow is imported: quiet its C++ start-up log, and protobuf's pure-Python
-# implementation (DESIGN.md: else MindSpore crashes when TensorFlow was imported first).
+# implementation (docs/design.md: else MindSpore crashes when TensorFlow was imported first).
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "python")
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import numpy as np
+import tensorflow as tf
 
 try:
     import mnist_dp  # noqa: F401 - inside a function archive it sits next to this file
 except ModuleNotFoundError:  # run from the repository: make the shared package importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from mnist_dp import training  # noqa: E402
-from mnist_dp.errors import UserError  # noqa: E402
-from mnist_dp.privacy import PER_EXAMPLE  # noqa: E402
+from mnist_dp import training
+from mnist_dp.errors import UserError
+from mnist_dp.training import MNIST_MEAN, MNIST_STD
 
 tf.get_logger().setLevel(logging.ERROR)
 HYPERPARAMETERS = Path(__file__).with_name("hyperparameters.json")
-MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
 BATCH_SPEC = (tf.TensorSpec([None, 28, 28, 1], tf.float32), tf.TensorSpec([None], tf.int64))
 
 
@@ -221,7 +220,7 @@ class TensorFlowPrivacy:
         return buffer.getvalue()
 
     def fit(self, model, images, labels, hp, plan, noise_multiplier, on_epoch):
-        if hp.secure_mode:  # the skeleton refuses it first; fit may also be called alone (tests, benchmarks)
+        if hp.secure_mode:  # check_run refuses it first; training.fit may also be called without it (tests)
             raise UserError(f"secure_mode: {training.NO_SECURE_MODE[self.name]}")
         tf.keras.utils.set_random_seed(hp.seed)
         optimizer = tf.keras.optimizers.SGD(hp.learning_rate, momentum=hp.momentum)
@@ -234,27 +233,20 @@ class TensorFlowPrivacy:
         for batch in training.sampled_batches(plan, hp, on_epoch, self.name):
             step(tf.constant(images[batch]), tf.constant(labels[batch]))
             batch_sizes.append(len(batch))
-        if not hp.dp:
-            return training.FitResult(len(batch_sizes), plan.sample_rate, 0.0, "none", batch_sizes=batch_sizes)
-        library = {"TF Privacy statement, RDP, Poisson (this run only)": tf_privacy_statement_epsilon(
-            plan.n, plan.n * plan.sample_rate, len(batch_sizes) / plan.steps_per_epoch, noise_multiplier, hp.delta)
-        } if noise_multiplier > 0 else {}
-        return training.FitResult(len(batch_sizes), plan.sample_rate, noise_multiplier, PER_EXAMPLE, library,
-                                  batch_sizes)
+        library = {}
+        if hp.dp and noise_multiplier > 0:  # no statement for a run without noise
+            library["TF Privacy statement, RDP, Poisson (this run only)"] = tf_privacy_statement_epsilon(
+                plan.n, plan.n * plan.sample_rate, len(batch_sizes) / plan.steps_per_epoch, noise_multiplier, hp.delta)
+        return training.Ran(batch_sizes, library)
 
     def flat_weights(self, model):
         return np.concatenate([v.numpy().ravel() for v in model.trainable_variables])
 
-    def logits(self, model, images, batch_size=1024):
-        return np.concatenate([
-            model(images[i : i + batch_size, ..., None], training=False).numpy()
-            for i in range(0, len(images), batch_size)
-        ])
+    def batch_logits(self, model, images):
+        return model(images[..., None], training=False).numpy()
 
 
 FRAMEWORK = TensorFlowPrivacy()
-
-
 
 
 if __name__ == "__main__":

@@ -10,8 +10,8 @@ try:
 except ModuleNotFoundError:  # run from the repository: make the shared package importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from mnist_dp import predictions  # noqa: E402
-from mnist_dp.errors import run_cli  # noqa: E402
+from mnist_dp import predictions
+from mnist_dp.errors import run_cli
 
 
 def accuracy(y_true: np.ndarray, y_pred: np.ndarray) -> float:

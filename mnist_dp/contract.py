@@ -1,0 +1,36 @@
+"""The function contract: each function's input and output identifiers, kinds and multiplicity,
+written once, and the permissions assets are registered with (docs/design.md, "Function contract")."""
+from __future__ import annotations
+
+from substra.sdk.schemas import AssetKind, FunctionInputSpec, FunctionOutputSpec, Permissions
+
+_OPENER = FunctionInputSpec(identifier="opener", kind=AssetKind.data_manager, optional=False, multiple=False)
+_SAMPLES = FunctionInputSpec(identifier="datasamples", kind=AssetKind.data_sample, optional=False, multiple=True)
+
+# function -> (inputs, outputs)
+CONTRACT = {
+    "train": (
+        [_OPENER, _SAMPLES,
+         FunctionInputSpec(identifier="model", kind=AssetKind.model, optional=True, multiple=False)],
+        [FunctionOutputSpec(identifier="model", kind=AssetKind.model, multiple=False),
+         FunctionOutputSpec(identifier="epsilon", kind=AssetKind.performance, multiple=False)],
+    ),
+    "predict": (
+        [_OPENER, _SAMPLES,
+         FunctionInputSpec(identifier="model", kind=AssetKind.model, optional=False, multiple=False)],
+        [FunctionOutputSpec(identifier="predictions", kind=AssetKind.model, multiple=False)],
+    ),
+    "score": (
+        [_OPENER, _SAMPLES,
+         FunctionInputSpec(identifier="predictions", kind=AssetKind.model, optional=False, multiple=False)],
+        [FunctionOutputSpec(identifier="performance", kind=AssetKind.performance, multiple=False)],
+    ),
+}
+
+
+def public() -> Permissions:
+    return Permissions(public=True, authorized_ids=[])
+
+
+def owner_only(owner: str) -> Permissions:
+    return Permissions(public=False, authorized_ids=[owner])
