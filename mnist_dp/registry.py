@@ -166,7 +166,6 @@ def register_data(client: substra.Client, keys: KeysFile, owner: str, name: str,
                   test_folders: list = ()) -> tuple:
     """The dataset of `owner` (the client's organisation) with its train (and test) data samples
     -> (train Share, test Share)."""
-    data.check_disjoint(list(train_folders))  # within one organisation its samples can be compared
     dataset = register_dataset(client, keys, name, owner)
     train = Share(owner, dataset, tuple(register_samples(client, keys, dataset, train_folders)))
     test = Share(owner, dataset, tuple(register_samples(client, keys, dataset, test_folders))) if test_folders else None
@@ -175,7 +174,8 @@ def register_data(client: substra.Client, keys: KeysFile, owner: str, name: str,
 
 def register_organizations(clients: list, keys: KeysFile, data_dir: Path) -> tuple:
     """Organisation k (of N clients) registers its own dataset with train data samples k, k+N, ...;
-    the first one also holds the test samples. Returns (train Shares, test Share, {organisation: folders})."""
+    the first one also holds the test samples. Returns (train Shares, test Share, {organisation: folders}).
+    The caller compares every organisation's samples first (data.check_disjoint), as run_local.py does."""
     shares, test, holdings = [], None, {}
     for client, own in zip(clients, split_among(data_dir, len(clients))):
         owner = client.organization_info().organization_id
@@ -225,6 +225,7 @@ def register_dataset_objective(client: substra.Client, keys: KeysFile, data_dir:
     if not isinstance(folds, int) or not 1 <= folds <= len(train_folders):
         raise UserError(f"--folds {folds}: must be between 1 and the {len(train_folders)} train data sample(s) in "
                         f"{data_dir} (scripts/generate_data.py --train-samples K makes more)")
+    data.check_disjoint(train_folders)  # one organisation's samples, compared before any is registered
     owner = client.organization_info().organization_id
     train, test = register_data(client, keys, owner, "MNIST", train_folders, data.sample_folders(data_dir, "test"))
     keys.update(organization_id=train.organization, data=str(Path(data_dir).resolve()), dataset_key=train.dataset,
