@@ -1,4 +1,5 @@
-"""The MindSpore algo's DP machinery against naive per-example gradients, and MindArmour's noise."""
+"""The MindSpore algo's convolution and DP machinery against MindSpore's own layers and naive
+per-example gradients, and MindArmour's noise."""
 import os
 
 import numpy as np
@@ -12,13 +13,45 @@ ms = pytest.importorskip("mindspore")
 algo = load_asset_module(ALGO_ASSETS["mindspore"] / "algo.py", "algo_mindspore_dp")
 
 
+CHUNK = 16
+
+
 @pytest.fixture(scope="module")
 def net_and_batch():
     rng = np.random.default_rng(0)
     net = algo.SampleConvNet()
-    x = rng.random((algo.CHUNK_SIZE, 1, 28, 28), dtype=np.float32)
-    y = rng.integers(0, 10, algo.CHUNK_SIZE).astype(np.int32)
+    x = rng.random((CHUNK, 1, 28, 28), dtype=np.float32)
+    y = rng.integers(0, 10, CHUNK).astype(np.int32)
     return net, x, y
+
+
+class SquaredOutput(ms.nn.Cell):
+    def __init__(self, layer):
+        super().__init__()
+        self.layer = layer
+
+    def construct(self, x):
+        return (self.layer(x) ** 2).sum()
+
+
+@pytest.mark.parametrize("channels, kernel, stride, padding, size", [(1, 8, 2, 3, 28), (16, 4, 2, 0, 13), (3, 3, 1, 1, 9)])
+def test_patch_convolution_is_mindspores_conv2d_in_value_and_gradient(channels, kernel, stride, padding, size):
+    from mindspore import nn
+
+    pad_mode = "pad" if padding else "valid"
+    ours = algo.PatchConv2d(channels, 5, kernel, stride=stride, pad_mode=pad_mode, padding=padding, has_bias=True)
+    reference = nn.Conv2d(channels, 5, kernel, stride=stride, pad_mode=pad_mode, padding=padding, has_bias=True)
+    assert [p.name for p in ours.get_parameters()] == [p.name for p in reference.get_parameters()]
+    ms.load_param_into_net(reference, {p.name: ms.Parameter(p.data.copy(), name=p.name) for p in ours.get_parameters()})
+    x = ms.Tensor(np.random.default_rng(1).random((3, channels, size, size), dtype=np.float32))
+    np.testing.assert_allclose(ours(x).asnumpy(), reference(x).asnumpy(), rtol=1e-5, atol=1e-5)
+
+    def gradients(layer):  # w.r.t. the input and every parameter
+        inputs_grad, weights_grad = ms.grad(SquaredOutput(layer), grad_position=0, weights=layer.trainable_params())(x)
+        return [g.asnumpy() for g in (inputs_grad, *weights_grad)]
+
+    for got, expected in zip(gradients(ours), gradients(reference)):
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
 
 
 def naive_per_example_gradients(net, x, y, count):
@@ -35,7 +68,7 @@ def test_clipped_sum_is_the_masked_sum_of_clipped_per_example_gradients(net_and_
     per_example = naive_per_example_gradients(net, x, y, count)
     norms = [np.sqrt(sum(np.sum(g ** 2) for g in grads)) for grads in per_example]
     clip = float(np.median(norms))  # some examples clipped, some not
-    mask = np.zeros(algo.CHUNK_SIZE, np.float32)
+    mask = np.zeros(CHUNK, np.float32)
     mask[:count] = 1
     got = algo.ClippedGradientSum(net, net.trainable_params(), clip)(ms.Tensor(x), ms.Tensor(y), ms.Tensor(mask))
     for k, ours in enumerate(got):
@@ -52,10 +85,17 @@ def test_mindarmour_noise_has_std_sigma_c_and_is_fresh_at_every_step():
     assert not np.allclose(first, second)
 
 
-def test_padded_chunks_cover_every_index_once():
-    indices = np.arange(600)
-    chunks = list(algo.padded_chunks(indices, 256))
-    assert [int(mask.sum()) for _, mask in chunks] == [256, 256, 88]
-    assert np.array_equal(np.concatenate([idx[mask > 0] for idx, mask in chunks]), indices)
-    [(empty, mask)] = algo.padded_chunks(np.arange(0), 256)  # an empty Poisson batch is still one step
-    assert mask.sum() == 0 and len(empty) == 256
+@pytest.mark.parametrize("count, chunks", [(500, [512]), (530, [512, 64]), (1100, [512, 512, 64, 64]),
+                                           (200, [64, 64, 64, 64]), (0, [64])])
+def test_padded_chunks_cover_every_index_once(count, chunks):
+    indices = np.arange(count)
+    got = list(algo.padded_chunks(indices, algo.chunk_sizes(500)))
+    assert [len(index) for index, _ in got] == chunks
+    # every index once; an empty Poisson batch is still one (all-masked) step
+    assert np.array_equal(np.concatenate([index[mask > 0] for index, mask in got]), indices)
+
+
+def test_chunk_sizes_follow_the_expected_batch():
+    assert algo.chunk_sizes(500) == (512, 64)
+    assert algo.chunk_sizes(8) == (16, 2)
+    assert algo.chunk_sizes(4096) == (4096, 512)

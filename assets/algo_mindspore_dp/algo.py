@@ -5,12 +5,20 @@ Run alone:  python assets/algo_mindspore_dp/algo.py --function-name train --inpu
 
 Why not MindArmour's `DPModel`: it refuses device_target CPU, clips per microbatch (per-example only
 with one example per microbatch, a 229 s compile) and expects shuffled fixed batches. The DP step is
-therefore written here, in GRAPH mode: exact per-example gradients with `vmap` over `grad`, clipped
-to C, summed, and MindArmour's `NoiseGaussianRandom` (std σ·C) added once per step. MindArmour's
-`RDPMonitor` recomputes ε for this run as a cross-check (see `mindarmour_epsilon`).
+therefore written here, in GRAPH mode: exact per-example gradients from each layer's input and output
+gradient ("book-keeping", as the tf algo), clipped to C, summed, and MindArmour's `NoiseGaussianRandom`
+(std σ·C) added once per step. MindArmour's `RDPMonitor` recomputes ε for this run as a cross-check
+(see `mindarmour_epsilon`).
+
+Why the convolutions are patches times a matrix: MindSpore 2.9's CPU Conv2D hands oneDNN plain NCHW
+tensors, for which oneDNN runs its reference convolution (`ONEDNN_VERBOSE=1` prints
+`jit_uni_ncsp:conv+ref`): 280 ms for our first layer on 500 images, 2.10.0 the same. Im2Col and one
+batched MatMul do the same arithmetic in about 15 ms, and the patches are what the per-example
+gradients need anyway.
 """
 import io
 import logging
+import math
 import os
 import secrets
 import sys
@@ -50,13 +58,52 @@ def import_mindarmour():
     return NoiseGaussianRandom, RDPMonitor
 
 
+class PatchConv2d(nn.Conv2d):
+    """`nn.Conv2d` (same parameters, names and initialisation), computed as Im2Col patches times the
+    kernel matrix (see the module docstring for why). Output [B, out_channels, H', W'] as Conv2d's."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.batch_matmul = ops.BatchMatMul()
+        self.bias_add = ops.BiasAdd()
+
+    def patches(self, x):
+        """[B, C, H, W] -> [B, C·kh·kw, H'·W']: the input under each output position; the order inside a
+        patch is the kernel's (C, kh, kw), so the kernel matrix is the weight reshaped."""
+        return ops.unfold(x, self.kernel_size, 1, self.padding, self.stride)
+
+    def pre_activation(self, patches):
+        """Patches -> the convolution's output [B, out_channels, H'·W'] (bias added)."""
+        kernel = self.weight.reshape(self.out_channels, -1)  # -> [out, C·kh·kw]
+        batch = patches.shape[0]
+        return self.bias_add(self.batch_matmul(ops.broadcast_to(kernel, (batch,) + kernel.shape), patches),
+                             self.bias)
+
+    def output_size(self, size):
+        return (size + 2 * self.padding - self.kernel_size[0]) // self.stride[0] + 1
+
+    def construct(self, x):
+        z = self.pre_activation(self.patches(x))
+        return z.reshape(x.shape[0], self.out_channels, self.output_size(x.shape[2]), self.output_size(x.shape[3]))
+
+
+def _probed(z, probes, index):
+    """z + probes[index]: with a zero probe, the gradient w.r.t. the probe is the gradient w.r.t. z."""
+    if probes is None:
+        return z
+    return z + probes[index]
+
+
 class SampleConvNet(nn.Cell):
     """The TF Privacy / Opacus tutorial CNN (26,010 parameters), the same network as the other algos."""
 
+    # Each weighted layer's output [B, ...] (before its ReLU): the shapes of `forward`'s probes.
+    PROBE_SHAPES = ((16, 14 * 14), (32, 5 * 5), (32,), (10,))
+
     def __init__(self):
         super().__init__()
-        self.conv1 = nn.Conv2d(1, 16, 8, stride=2, pad_mode="pad", padding=3, has_bias=True)
-        self.conv2 = nn.Conv2d(16, 32, 4, stride=2, pad_mode="valid", has_bias=True)
+        self.conv1 = PatchConv2d(1, 16, 8, stride=2, pad_mode="pad", padding=3, has_bias=True)
+        self.conv2 = PatchConv2d(16, 32, 4, stride=2, pad_mode="valid", has_bias=True)
         self.pool = nn.MaxPool2d(2, 1)
         self.fc1 = nn.Dense(32 * 4 * 4, 32)
         self.fc2 = nn.Dense(32, 10)
@@ -64,42 +111,96 @@ class SampleConvNet(nn.Cell):
         self.flatten = nn.Flatten()
 
     def construct(self, x):
+        return self.forward(x)[0]
+
+    def forward(self, x, probes=None):
+        """Logits, and the input of each weighted layer (a convolution's patches), for the per-example
+        gradients of ClippedGradientSum; `probes` (zeros shaped [B, *PROBE_SHAPES[i]]) are added to each
+        layer's output so that the loss can be differentiated with respect to it."""
         # x: [B, 1, 28, 28] in [0, 1]
+        batch = x.shape[0]
         x = (x - MNIST_MEAN) / MNIST_STD
-        x = self.pool(self.relu(self.conv1(x)))  # -> [B, 16, 14, 14] -> [B, 16, 13, 13]
-        x = self.pool(self.relu(self.conv2(x)))  # -> [B, 32, 5, 5] -> [B, 32, 4, 4]
-        x = self.relu(self.fc1(self.flatten(x)))  # -> [B, 512] -> [B, 32]
-        return self.fc2(x)  # -> [B, 10] logits
+        patches1 = self.conv1.patches(x)  # -> [B, 64, 196]
+        z1 = _probed(self.conv1.pre_activation(patches1), probes, 0)  # -> [B, 16, 196]
+        x = self.pool(self.relu(z1.reshape(batch, 16, 14, 14)))  # -> [B, 16, 14, 14] -> [B, 16, 13, 13]
+        patches2 = self.conv2.patches(x)  # -> [B, 256, 25]
+        z2 = _probed(self.conv2.pre_activation(patches2), probes, 1)  # -> [B, 32, 25]
+        x = self.pool(self.relu(z2.reshape(batch, 32, 5, 5)))  # -> [B, 32, 5, 5] -> [B, 32, 4, 4]
+        hidden_in = self.flatten(x)  # -> [B, 512]
+        hidden = self.relu(_probed(self.fc1(hidden_in), probes, 2))  # -> [B, 32]
+        logits = _probed(self.fc2(hidden), probes, 3)  # -> [B, 10]
+        return logits, (patches1, patches2, hidden_in, hidden)
 
 
-# Poisson batches vary in size and GRAPH mode compiles once per input shape, so a batch is cut into
-# chunks of one fixed size (padding masked out). vmap's graph grows with the chunk: past ~500 examples
-# it exceeds MindSpore's call-depth limit, so chunks stay at 256.
-CHUNK_SIZE = 256
+class _ClippedSumGraph(nn.Cell):
+    """The GRAPH-mode body of ClippedGradientSum (the probes must be inputs of the graph: MindSpore folds
+    zeros made inside it into constants, which have no gradient)."""
 
-
-class ClippedGradientSum(nn.Cell):
-    """Σ_i mask_i · min(1, C / ‖g_i‖) · g_i over one chunk, from exact per-example gradients.
-
-    (GRAPH mode compiles Cells reliably; jitted closures hit the compiler's recursion limit.)
-    """
-
-    def __init__(self, net, weights, max_grad_norm):
+    def __init__(self, net, max_grad_norm):
         super().__init__(auto_prefix=False)
         self.net = net
         self.loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="sum")
         self.max_grad_norm = float(max_grad_norm)
-        self.per_example_grads = ms.vmap(ms.grad(self.example_loss, grad_position=None, weights=weights),
-                                         in_axes=(0, 0))
+        self.output_grads = ms.grad(self.probed_loss, grad_position=(1, 2, 3, 4), has_aux=True)
+        self.batch_matmul_tb = ops.BatchMatMul(transpose_b=True)
+        self.matmul_ta = ops.MatMul(transpose_a=True)
 
-    def example_loss(self, x, y):
-        return self.loss(self.net(x[None]), y[None])
+    def probed_loss(self, x, probe1, probe2, probe3, probe4, y):
+        logits, inputs = self.net.forward(x, (probe1, probe2, probe3, probe4))
+        return self.loss(logits, y), inputs[0], inputs[1], inputs[2], inputs[3]
 
-    def construct(self, x, y, mask):
-        grads = self.per_example_grads(x, y)  # one [chunk, *shape] tensor per parameter
-        sqr_norms = sum(ops.sum(ops.square(g.reshape(g.shape[0], -1)), 1) for g in grads)
-        weight = ops.minimum(1.0, self.max_grad_norm / ops.maximum(ops.sqrt(sqr_norms), 1e-12)) * mask
-        return tuple(ops.tensor_dot(weight, g, ((0,), (0,))) for g in grads)
+    def construct(self, x, y, mask, probe1, probe2, probe3, probe4):
+        # Σ_i ℓ_i: example i's loss depends only on its own row, so row i of each output gradient is ℓ_i's.
+        (g1, g2, g3, g4), (patches1, patches2, hidden_in, hidden) = self.output_grads(
+            x, probe1, probe2, probe3, probe4, y)
+        batch = x.shape[0]
+        kernel1 = self.batch_matmul_tb(g1, patches1)  # per-example kernel gradients -> [B, 16, 64]
+        kernel2 = self.batch_matmul_tb(g2, patches2)  # -> [B, 32, 256]
+        bias1, bias2 = g1.sum(2), g2.sum(2)  # -> [B, 16], [B, 32]
+        # A dense layer's per-example weight gradient is g_i a_iᵀ, of squared norm ‖g_i‖²‖a_i‖².
+        sqr_norms = (ops.square(kernel1).reshape(batch, -1).sum(1) + ops.square(bias1).sum(1)
+                     + ops.square(kernel2).reshape(batch, -1).sum(1) + ops.square(bias2).sum(1)
+                     + ops.square(g3).sum(1) * (ops.square(hidden_in).sum(1) + 1)
+                     + ops.square(g4).sum(1) * (ops.square(hidden).sum(1) + 1))
+        weight = ops.minimum(1.0, self.max_grad_norm / ops.maximum(ops.sqrt(sqr_norms), 1e-12)) * mask  # [B]
+        row = weight.reshape(1, -1)
+        column = weight.reshape(-1, 1)
+        return (ops.matmul(row, kernel1.reshape(batch, -1)).reshape(self.net.conv1.weight.shape),
+                ops.matmul(row, bias1).reshape(-1),
+                ops.matmul(row, kernel2.reshape(batch, -1)).reshape(self.net.conv2.weight.shape),
+                ops.matmul(row, bias2).reshape(-1),
+                self.matmul_ta(g3 * column, hidden_in), ops.matmul(row, g3).reshape(-1),
+                self.matmul_ta(g4 * column, hidden), ops.matmul(row, g4).reshape(-1))
+
+
+class ClippedGradientSum:
+    """Σ_i mask_i · min(1, C / ‖g_i‖) · g_i over one chunk, from exact per-example gradients: one forward
+    and one backward pass to each layer's output, then each example's gradient from its layer inputs.
+    Returns one tensor per parameter, in `weights` order (the net's own)."""
+
+    GRADIENT_ORDER = ("conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias",
+                      "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias")
+
+    def __init__(self, net, weights, max_grad_norm):
+        if tuple(w.name for w in weights) != self.GRADIENT_ORDER:
+            raise ValueError(f"ClippedGradientSum returns {self.GRADIENT_ORDER}, not {[w.name for w in weights]}")
+        self.graph = _ClippedSumGraph(net, max_grad_norm)
+        self.probes = {}  # chunk size -> zero probes
+
+    def __call__(self, x, y, mask):
+        size = x.shape[0]
+        if size not in self.probes:
+            self.probes[size] = tuple(ms.Tensor(np.zeros((size, *shape), np.float32))
+                                      for shape in SampleConvNet.PROBE_SHAPES)
+        return self.graph(x, y, mask, *self.probes[size])
+
+
+def chunk_sizes(expected_batch_size):
+    """GRAPH mode compiles once per input shape, and Poisson batches vary in size, so a batch is cut into
+    chunks of two fixed sizes (padding masked out): a large one, the power of two at or above the expected
+    batch, and an eighth of it for the rest. A batch of 500 ± 21 is one 512 chunk, or 512 + 64."""
+    large = max(16, 1 << math.ceil(math.log2(max(expected_batch_size, 1))))
+    return large, large // 8
 
 
 class NoisyUpdate(nn.Cell):
@@ -144,13 +245,21 @@ def mindarmour_epsilon(n, sample_rate, noise_multiplier, steps, delta):
     return float(monitor._compute_privacy_steps(list(range(steps)))[0])
 
 
-def padded_chunks(indices, size):
-    """Yield (indices padded to `size`, mask) covering `indices` (at least one chunk, maybe empty)."""
-    for start in range(0, max(len(indices), 1), size):
+def padded_chunks(indices, sizes):
+    """Yield (indices padded to a chunk size, mask) covering `indices` (at least one chunk, maybe empty).
+    `sizes` = (large, small): large chunks while more than half of one remains, then small ones."""
+    large, small = sizes
+    start = 0
+    while True:
+        left = len(indices) - start
+        size = large if left > large // 2 else small
         part = indices[start : start + size]
         mask = np.zeros(size, np.float32)
         mask[: len(part)] = 1
         yield np.concatenate([part, np.zeros(size - len(part), part.dtype)]), mask
+        start += size
+        if start >= len(indices):
+            return
 
 
 class MindSporeMindArmour:
@@ -188,6 +297,7 @@ class MindSporeMindArmour:
         images, labels = images[:, None], labels.astype(np.int32)
         if hp.dp:
             add_chunk = ClippedGradientSum(net, optimizer.parameters, hp.max_grad_norm)
+            sizes = chunk_sizes(plan.n * plan.sample_rate)
             # secure_mode: MindArmour's own option, seed 0 ("secure random number": a fresh random seed per run)
             apply = NoisyUpdate(optimizer, hp.max_grad_norm, noise_multiplier, plan.n * plan.sample_rate,
                                 None if hp.secure_mode else hp.seed)
@@ -197,7 +307,7 @@ class MindSporeMindArmour:
         for batch in training.sampled_batches(plan, hp, on_epoch, self.name):
             if hp.dp:
                 total = None
-                for index, mask in padded_chunks(batch, CHUNK_SIZE):
+                for index, mask in padded_chunks(batch, sizes):
                     part = add_chunk(ms.Tensor(images[index]), ms.Tensor(labels[index]), ms.Tensor(mask))
                     total = part if total is None else tuple(a + b for a, b in zip(total, part))
                 apply(total)
