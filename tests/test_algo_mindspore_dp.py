@@ -34,7 +34,8 @@ class SquaredOutput(ms.nn.Cell):
         return (self.layer(x) ** 2).sum()
 
 
-@pytest.mark.parametrize("channels, kernel, stride, padding, size", [(1, 8, 2, 3, 28), (16, 4, 2, 0, 13), (3, 3, 1, 1, 9)])
+@pytest.mark.parametrize("channels, kernel, stride, padding, size",
+                         [(1, 8, 2, 3, 28), (16, 4, 2, 0, 13), (3, 3, 1, 1, 9)])
 def test_patch_convolution_is_mindspores_conv2d_in_value_and_gradient(channels, kernel, stride, padding, size):
     from mindspore import nn
 
