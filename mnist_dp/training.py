@@ -19,7 +19,7 @@ from typing import Protocol
 import numpy as np
 
 from mnist_dp import hyperparameters as hp_file
-from mnist_dp import model_file, predictions, provenance
+from mnist_dp import model_file, predictions, provenance, timing
 from mnist_dp.errors import UserError, run_cli
 from mnist_dp.privacy import (
     ACCOUNTANT_NAMES,
@@ -154,15 +154,18 @@ def sampled_batches(plan: SamplingPlan, hp: hp_file.Hyperparameters, on_epoch: E
 
     # secure_mode: seeded from the OS's CSPRNG, so the batches can be neither predicted nor replayed.
     rng = np.random.default_rng(secrets.randbits(128) if hp.secure_mode else hp.seed)
+    # Steps are counted here, not by the bar: a bar without a terminal (a Substra task) counts nothing.
     with tqdm(total=plan.steps, desc=f"train ({name})", unit="step", disable=None) as bar:
-        for _ in range(plan.steps):
+        for step in range(1, plan.steps + 1):
             if hp.dp:
                 yield np.flatnonzero(rng.random(plan.n) < plan.sample_rate)
             else:
                 yield rng.choice(plan.n, size=min(hp.batch_size, plan.n), replace=False)
             bar.update()
-            if bar.n % plan.steps_per_epoch == 0 or bar.n == plan.steps:
-                bar.set_postfix_str(f"epoch {math.ceil(bar.n / plan.steps_per_epoch)}/{plan.epochs} {on_epoch(bar.n)}")
+            if step == 1:
+                timing.mark("first step")  # with the graph's compilation (tf, MindSpore)
+            if step % plan.steps_per_epoch == 0 or step == plan.steps:
+                bar.set_postfix_str(f"epoch {math.ceil(step / plan.steps_per_epoch)}/{plan.epochs} {on_epoch(step)}")
 
 
 def fit(framework: Framework, model, images: np.ndarray, labels: np.ndarray, hp: hp_file.Hyperparameters,
@@ -257,6 +260,7 @@ def apply_budget(name: str, fingerprints: tuple, hp: hp_file.Hyperparameters, pl
 
 def train(framework: Framework, inputs: dict, outputs: dict, hyperparameters_path: Path) -> dict:
     """The substratools `train` function body. Returns the privacy summary it logged."""
+    timing.begin_task("train", framework=framework.name)
     check_outputs_writable(outputs)
     data = inputs["datasamples"]
     images, labels = data["images"], data["labels"]
@@ -273,6 +277,7 @@ def train(framework: Framework, inputs: dict, outputs: dict, hyperparameters_pat
     prior = [e for e in ledger.events if set(e.data) & set(fingerprints)]
     sigma = resolve_noise_multiplier(hp, plan, prior)
     plan = apply_budget(framework.name, fingerprints, hp, plan, sigma, prior)
+    timing.mark("setup")  # input model, σ calibration, budget
 
     def on_epoch(steps_done: int) -> str:
         if not hp.dp:
@@ -283,6 +288,7 @@ def train(framework: Framework, inputs: dict, outputs: dict, hyperparameters_pat
         return f"ε(RDP)={eps:.2f} δ={hp.delta:g}"
 
     result = fit(framework, model, images, labels, hp, plan, sigma, on_epoch)
+    timing.mark("training")  # the steps after the first
     ledger.add(dp_event(framework.name, fingerprints, hp, plan, result,
                         code=provenance.running_code(Path(hyperparameters_path).parent, "train")))
     model_file.save(outputs["model"], model_file.ModelFile(
@@ -297,15 +303,21 @@ def train(framework: Framework, inputs: dict, outputs: dict, hyperparameters_pat
     _save_epsilon(outputs["epsilon"], summary["epsilon"])
     log.info("trained %d steps, q=%.4g, sigma=%.4g: %s", result.steps, result.sample_rate, result.noise_multiplier,
              describe(summary))
+    timing.end_task("saving", dp=hp.dp)
     return summary
 
 
 def predict(framework: Framework, inputs: dict, outputs: dict) -> None:
     """The substratools `predict` function body."""
+    timing.begin_task("predict", framework=framework.name)
     check_outputs_writable(outputs)
     saved = model_file.load(inputs["model"], framework.name)
-    labels = predicted_labels(framework, framework.load_model(saved.weights), inputs["datasamples"]["images"])
+    model = framework.load_model(saved.weights)
+    timing.mark("loading model")
+    labels = predicted_labels(framework, model, inputs["datasamples"]["images"])  # the first batch compiles
+    timing.mark("predict")
     predictions.save(outputs["predictions"], labels)
+    timing.end_task("saving", dp=saved.hyperparameters.get("dp"))
 
 
 def predict_in_batches(framework: Framework, model, images: np.ndarray) -> np.ndarray:

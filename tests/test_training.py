@@ -42,3 +42,14 @@ def test_budget_cuts_the_plan_or_refuses():
     with pytest.raises(UserError, match="below the ε of a single step"):
         training.apply_budget("torch", ("d",), hp, plan, 0.4, [])
     assert training.apply_budget("torch", ("d",), hyperparameters.parse(BASE, "x"), plan, 1.0, []) is plan
+
+
+@pytest.mark.parametrize("dp", [True, False])
+def test_batches_report_progress_once_per_epoch_without_a_terminal(dp):
+    # pytest's output is no terminal, so the progress bar is disabled: the epoch callback (an ε
+    # computation) must still run once per epoch, not at every step.
+    hp = hyperparameters.parse({**BASE, "epochs": 3, "dp": dp}, "x")
+    plan = training.SamplingPlan.from_hyperparameters(1000, hp, "x")
+    calls = []
+    batches = list(training.sampled_batches(plan, hp, lambda steps: calls.append(steps) or "", "x"))
+    assert len(batches) == 60 and calls == [20, 40, 60]

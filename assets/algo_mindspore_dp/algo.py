@@ -310,7 +310,7 @@ class MindSporeMindArmour:
                 for index, mask in padded_chunks(batch, sizes):
                     part = add_chunk(ms.Tensor(images[index]), ms.Tensor(labels[index]), ms.Tensor(mask))
                     total = part if total is None else tuple(a + b for a, b in zip(total, part))
-                apply(total)
+                apply(ms.mutable(total))  # a plain tuple is a constant to GRAPH mode: recompiled at every step
             else:
                 plain_step(ms.Tensor(images[batch]), ms.Tensor(labels[batch]))
             batch_sizes.append(len(batch))

@@ -24,7 +24,7 @@ try:
 except ModuleNotFoundError:  # run from the repository: make the shared package importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from mnist_dp import training
+from mnist_dp import timing, training
 from mnist_dp.errors import UserError
 from mnist_dp.training import MNIST_MEAN, MNIST_STD
 
@@ -156,6 +156,8 @@ def run_epochs(model, optimizer, criterion, loader, plan, on_epoch):
                 optimizer.step()
                 batch_sizes.append(len(y))
                 bar.update()
+                if len(batch_sizes) == 1:
+                    timing.mark("first step")
             bar.set_postfix_str(f"epoch {epoch + 1}/{plan.epochs} loss {loss.item():.3f} {on_epoch(len(batch_sizes))}")
     return batch_sizes
 
