@@ -1,49 +1,61 @@
-"""Speed and memory of a DP-SGD step against a non-private step, then accuracy and ε, per framework.
+"""Speed and memory of every framework's training step, and of the whole default run.
 
-For each framework, in a fresh child process (so its peak memory is its own):
-1. times optimizer steps (forward + backward + update) of the CNN at the default expected batch
-   size: the non-private step and each DP variant, median over --steps Poisson-sampled batches;
-   prints seconds per step, the ratio to the non-private step measured in the same run, and the
-   process's peak RSS;
-2. trains the asset's default hyperparameters (DP and non-private) on the embedded 4,000 / 1,000
-   MNIST split and prints test accuracy and ε (PLD) at δ, and the accuracy gap to torch.
+1. Steps, one child process per framework (so its peak memory is its own): the median time of
+   --steps optimizer steps (forward + backward + update) of the CNN on the embedded data at each
+   asset's batch size: the non-private step on fixed batches, as the baseline trains, and each DP
+   variant on Poisson-sampled batches, with its ratio to the non-private step of the same process;
+   then each framework's non-private step against torch's.
+2. The default run, `python scripts/run_local.py` (3 frameworks, DP + baseline, embedded data) in a
+   fresh folder, end to end: each task's time split into phases (from the record every task writes,
+   see mnist_dp/timing.py) with its peak memory; the rest of the wall time is Substra's and the
+   scripts'. Accuracy and ε come from the run's results.json.
+3. The speed and memory targets against what was measured.
 
-    python benchmarks/benchmark.py [--frameworks torch,tf] [--steps 30] [--skip-training]
+    python benchmarks/benchmark.py [--frameworks torch,tf] [--steps 30] [--skip-run]
 """
 import argparse
 import concurrent.futures
+import json
 import multiprocessing
 import os
 import resource
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 import warnings
+from pathlib import Path
 
 os.environ.setdefault("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "python")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+os.environ.setdefault("GLOG_v", "3")
 
 import numpy as np
 
-from mnist_dp import data, training
+from mnist_dp import data, timing, training
 from mnist_dp import hyperparameters as hp_file
-from mnist_dp.assets import ALGO_ASSETS, load_asset_module
-from mnist_dp.privacy import Ledger
+from mnist_dp.assets import ALGO_ASSETS, REPO, load_asset_module
+
+# The issue's targets (issue 13): every DP step within 1.5× its framework's plain step, MindSpore's
+# plain step within 2× torch's, the default run within 4 minutes, every task process within 1.5 GB.
+MAX_DP_RATIO, MAX_MINDSPORE_VS_TORCH, MAX_RUN_SECONDS, MAX_TASK_MB = 1.5, 2.0, 240, 1536
+PLAIN = "non-private"  # the name of each framework's baseline variant
 
 
 def load_algo(framework):
     return load_asset_module(ALGO_ASSETS[framework] / "algo.py", f"algo_{framework}")
 
 
-def embedded_split(seed=0):
+def embedded_train_set():
+    """The run's 4,000 training images, scaled as the opener scales uint8 pixels."""
     images, labels = data.load_embedded()
-    (tr_x, tr_y), (te_x, te_y) = data.split_train_test(images, labels, 4000, 1000, seed)
-    def scale(images):  # as the opener scales uint8 pixels
-        return images.astype(np.float32) / 255.0
-
-    return (scale(tr_x), tr_y.astype(np.int64)), (scale(te_x), te_y.astype(np.int64))
+    (train_x, train_y), _ = data.split_train_test(images, labels, 4000, 1000, 0)
+    return train_x.astype(np.float32) / 255.0, train_y.astype(np.int64)
 
 
 def median_seconds(step, batches, warmup=3):
+    """`step(x, y)` must return when the step has finished (frameworks that run asynchronously wait)."""
     times = []
     for x, y in batches:
         start = time.perf_counter()
@@ -57,6 +69,14 @@ def poisson_batches(images, labels, plan, count, seed=0):
     rng = np.random.default_rng(seed)
     for _ in range(count):
         picked = np.flatnonzero(rng.random(plan.n) < plan.sample_rate)
+        yield images[picked], labels[picked]
+
+
+def fixed_batches(images, labels, hp, count, seed=0):
+    """Batches as the non-private baseline samples them: batch_size examples, shuffled."""
+    rng = np.random.default_rng(seed)
+    for _ in range(count):
+        picked = rng.choice(len(labels), size=hp.batch_size, replace=False)
         yield images[picked], labels[picked]
 
 
@@ -93,22 +113,22 @@ def time_torch(algo, images, labels, hp, plan, steps):
             optimizer.step()
         return step
 
-    variants = {"non-private": "plain", "Opacus per-example hooks": "hooks",
+    variants = {"Opacus per-example hooks": "hooks",
                 f"Opacus ghost clipping{' (used)' if algo.GRAD_SAMPLE_MODE == 'ghost' else ''}": "ghost",
                 "Opacus ghost clipping, secure_mode noise": "ghost-secure"}
-    return {name: median_seconds(make(mode), poisson_batches(images, labels, plan, steps + 3))
-            for name, mode in variants.items()}
+    return {PLAIN: median_seconds(make("plain"), fixed_batches(images, labels, hp, steps + 3)),
+            **{name: median_seconds(make(mode), poisson_batches(images, labels, plan, steps + 3))
+               for name, mode in variants.items()}}
 
 
 def time_tf(algo, images, labels, hp, plan, steps):
     import tensorflow as tf
     from tensorflow_privacy.privacy.fast_gradient_clipping import clip_grads
 
-    def run(make_step):
+    def run(make_step, batches):
         model = algo.build_model(0)
         step = make_step(model, tf.keras.optimizers.SGD(hp.learning_rate, momentum=hp.momentum))
-        return median_seconds(lambda x, y: step(tf.constant(x[..., None]), tf.constant(y)),
-                              poisson_batches(images, labels, plan, steps + 3))
+        return median_seconds(lambda x, y: step(tf.constant(x[..., None]), tf.constant(y)), batches)
 
     def two_pass(model, optimizer):  # TF Privacy's own clipped-gradient routine, same noise and update
         registry = algo.make_layer_registry()
@@ -123,111 +143,166 @@ def time_tf(algo, images, labels, hp, plan, steps):
         return step
 
     return {
-        "non-private": run(algo.make_plain_step),
-        "TF Privacy compute_clipped_gradients (2 passes)": run(two_pass),
+        PLAIN: run(algo.make_plain_step, fixed_batches(images, labels, hp, steps + 3)),
+        "TF Privacy compute_clipped_gradients (2 passes)": run(
+            two_pass, poisson_batches(images, labels, plan, steps + 3)),
         "fast clipping + book-keeping (used)": run(
-            lambda m, o: algo.make_dp_step(m, o, hp.max_grad_norm, 1.0, expected_batch_size(plan))),
+            lambda m, o: algo.make_dp_step(m, o, hp.max_grad_norm, 1.0, expected_batch_size(plan)),
+            poisson_batches(images, labels, plan, steps + 3)),
     }
 
 
 def time_mindspore(algo, images, labels, hp, plan, steps):
-    import mindspore as ms
     from mindspore import nn
 
-    def fresh():
-        net = algo.SampleConvNet()
-        return net, nn.SGD(net.trainable_params(), learning_rate=hp.learning_rate, momentum=hp.momentum)
+    class Conv2dNet(algo.SampleConvNet):
+        """The same network on MindSpore's own nn.Conv2d: what PatchConv2d replaced."""
 
-    net, optimizer = fresh()
-    plain = algo.make_plain_step(net, optimizer)
-    rng = np.random.default_rng(0)
-    # GRAPH mode compiles per input shape: the plain step gets fixed batches of the expected size.
-    size = round(expected_batch_size(plan))
-    fixed = ((x, y) for x, y in ((images[i], labels[i]) for i in
-                                 (rng.choice(plan.n, size, replace=False) for _ in range(steps + 3))))
-    plain_seconds = median_seconds(
-        lambda x, y: plain(ms.Tensor(x[:, None]), ms.Tensor(y.astype(np.int32))).asnumpy(), fixed)
+        def __init__(self):
+            super().__init__()
+            self.conv1 = nn.Conv2d(1, 16, 8, stride=2, pad_mode="pad", padding=3, has_bias=True)
+            self.conv2 = nn.Conv2d(16, 32, 4, stride=2, pad_mode="valid", has_bias=True)
 
-    net, optimizer = fresh()
-    clipped_sum = algo.ClippedGradientSum(net, optimizer.parameters, hp.max_grad_norm)
-    update = algo.NoisyUpdate(optimizer, hp.max_grad_norm, 1.0, expected_batch_size(plan), 0)
+        def construct(self, x):
+            x = (x - training.MNIST_MEAN) / training.MNIST_STD
+            x = self.pool(self.relu(self.conv1(x)))
+            x = self.pool(self.relu(self.conv2(x)))
+            return self.fc2(self.relu(self.fc1(self.flatten(x))))
 
-    def dp_step(x, y):
-        total = None
-        for index, mask in algo.padded_chunks(np.arange(len(y)), algo.CHUNK_SIZE):
-            part = clipped_sum(ms.Tensor(x[index][:, None]), ms.Tensor(y[index].astype(np.int32)), ms.Tensor(mask))
-            total = part if total is None else tuple(a + b for a, b in zip(total, part))
-        update(total)
-        total[0].asnumpy()  # wait for the asynchronous graph to finish
+    def run(net_class, make_step, batches):
+        net = net_class()
+        step = make_step(net, nn.SGD(net.trainable_params(), learning_rate=hp.learning_rate, momentum=hp.momentum))
 
-    return {"non-private (fixed batch)": plain_seconds,
-            f"vmap per-example clipping, {algo.CHUNK_SIZE}-example chunks (used)": median_seconds(
-                dp_step, poisson_batches(images, labels, plan, steps + 3))}
+        def timed(x, y):  # the algo's steps index a batch out of the whole set: give them this batch whole
+            step(x[:, None], y.astype(np.int32), np.arange(len(y)))
+            net.conv1.weight.asnumpy()  # GRAPH mode runs asynchronously: wait for the update
+        return median_seconds(timed, batches)
+
+    def dp(net, optimizer):
+        return algo.make_dp_step(net, optimizer, hp.max_grad_norm, 1.0, expected_batch_size(plan), 0)
+
+    large, small = algo.chunk_sizes(expected_batch_size(plan))
+    return {
+        PLAIN: run(algo.SampleConvNet, algo.make_plain_step, fixed_batches(images, labels, hp, steps + 3)),
+        "non-private, nn.Conv2d (before; 8 steps)": run(
+            Conv2dNet, algo.make_plain_step, fixed_batches(images, labels, hp, min(steps, 8) + 3)),
+        f"book-keeping per-example clipping, chunks of {large} / {small} (used)": run(
+            algo.SampleConvNet, dp, poisson_batches(images, labels, plan, steps + 3)),
+    }
 
 
 TIMERS = {"torch": time_torch, "tf": time_tf, "mindspore": time_mindspore}
 
 
-def train_default(algo, framework, train, test, hp):
-    """One train task's run, through the training skeleton (fresh model, no input ledger)."""
-    plan = training.check_run(framework, hp, len(train[1]), "default")
-    sigma = training.resolve_noise_multiplier(hp, plan, [])
-    model = algo.FRAMEWORK.new_model(hp.seed)
-    start = time.perf_counter()
-    result = training.fit(algo.FRAMEWORK, model, *train, hp, plan, sigma, lambda steps: "")
-    seconds = time.perf_counter() - start
-    accuracy = float(np.mean(training.predicted_labels(algo.FRAMEWORK, model, test[0]) == test[1]))
-    event = training.dp_event(framework, ("train",), hp, plan, result)
-    return {"dp": hp.dp, "sigma": sigma, "steps": result.steps, "test_accuracy": accuracy,
-            "epsilon": Ledger([event]).epsilon(hp.delta), "delta": hp.delta, "train_seconds": seconds,
-            "library_epsilon": result.library_epsilon}
-
-
-def measure(framework, steps, skip_training):
-    """Runs in a child process: timings, peak RSS after them, then the default-config training."""
+def measure_steps(framework, steps):
+    """In a child process: the step timings of one framework, and the process's peak RSS after them."""
     warnings.filterwarnings("ignore")
     algo = load_algo(framework)
     hp = hp_file.load(ALGO_ASSETS[framework] / hp_file.FILE_NAME)
-    train, test = embedded_split()
-    plan = training.check_run(framework, hp, len(train[1]), "default")
-    timings = TIMERS[framework](algo, *train, hp, plan, steps)
-    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    runs = [] if skip_training else [
-        train_default(algo, framework, train, test, hp_file.parse({**hp.to_json(), "dp": dp}, "default"))
-        for dp in (True, False)]
-    return timings, peak_mb, runs
+    images, labels = embedded_train_set()
+    plan = training.check_run(framework, hp, len(labels), "default")
+    timings = TIMERS[framework](algo, images, labels, hp, plan, steps)
+    return timings, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def print_steps(frameworks, steps):
+    print(f"\n## Steps: {os.cpu_count()} CPU(s), median of {steps} steps per variant, each asset's hyperparameters")
+    plain, dp_ratios = {}, {}
+    for framework in frameworks:
+        with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            timings, peak_mb = pool.submit(measure_steps, framework, steps).result()
+        plain[framework] = timings[PLAIN]
+        print(f"\n[{framework}] peak RSS of the timing process: {peak_mb:.0f} MB")
+        print(f"  {'variant':<62}{'s/step':>9}{'× plain':>9}")
+        for name, seconds in timings.items():
+            print(f"  {name:<62}{seconds:>9.4f}{seconds / plain[framework]:>9.2f}")
+            if name.endswith("(used)"):
+                dp_ratios[framework] = seconds / plain[framework]
+    if "torch" in plain:
+        print("\nnon-private step against torch's (same run):")
+        for framework, seconds in plain.items():
+            print(f"  {framework:<10}{seconds:>9.4f} s{seconds / plain['torch']:>8.2f}×")
+    return plain, dp_ratios
+
+
+PHASES = ("start", "setup", "first step", "training", "loading model", "predict", "score", "saving")
+
+
+def print_default_run():
+    """Runs scripts/run_local.py in a fresh folder; returns its wall time and the tasks' records."""
+    print("\n## The default run: python scripts/run_local.py (fresh folder: data generated, every asset built)")
+    with tempfile.TemporaryDirectory(prefix="mnist-dp-benchmark-") as folder:
+        records_file = Path(folder) / "timings.jsonl"
+        command = [sys.executable, str(REPO / "scripts" / "run_local.py"), "--data", f"{folder}/data",
+                   "--output", f"{folder}/results"]
+        start = time.perf_counter()
+        proc = subprocess.run(command, env={**os.environ, timing.TIMINGS_VARIABLE: str(records_file)},
+                              capture_output=True, text=True)
+        wall = time.perf_counter() - start
+        if proc.returncode:
+            sys.exit(f"error: run_local.py failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+        records = [json.loads(line) for line in records_file.read_text().splitlines()]
+        results = json.loads((Path(folder) / "results" / "results.json").read_text())
+    largest_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+
+    print(f"\nwall time {wall:.1f} s ({wall / 60:.2f} min), {len(records)} tasks; seconds per task and phase "
+          "(start = process start, imports and data loading; first step includes graph compilation):")
+    header = "".join(f"{phase:>10}" for phase in ("start", "setup", "1st step", "training", "load", "predict",
+                                                      "score", "save"))
+    print(f"  {'task':<26}{header}{'total':>9}{'peak MB':>9}")
+    totals = dict.fromkeys(PHASES, 0.0)
+    for record in records:
+        name = " ".join(str(part) for part in (record["function"], record.get("framework") or "",
+                                                 {True: "DP", False: "baseline"}.get(record.get("dp"), "")) if part)
+        phases = record["phases"]
+        cells = "".join(f"{phases[p]:>10.1f}" if p in phases else f"{'':>10}" for p in PHASES)
+        print(f"  {name:<26}{cells}{sum(phases.values()):>9.1f}{record['peak_rss_mb']:>9.0f}")
+        for phase, seconds in phases.items():
+            totals[phase] += seconds
+    in_tasks = sum(totals.values())
+    print(f"  {'all tasks':<26}{''.join(f'{totals[p]:>10.1f}' for p in PHASES)}{in_tasks:>9.1f}")
+    print(f"  outside the tasks (Substra: registration, archives, data copies; data generation): "
+          f"{wall - in_tasks:.1f} s")
+    print(f"  largest process of the run (run_local.py or a task): {largest_mb:.0f} MB")
+    print("\naccuracy and ε of the run:")
+    for result in results:
+        epsilon = "∞" if result["epsilon"] is None else f"{result['epsilon']:.3f}"
+        print(f"  {result['run']:<20} test accuracy {result['test_accuracy']:.4f}, ε (PLD) {epsilon} at "
+              f"δ {result['delta']:g}, σ {result['noise_multiplier']:.3f}, {result['steps']} steps")
+    return wall, records
+
+
+def print_targets(plain, dp_ratios, wall, records):
+    print("\n## Targets")
+
+    def line(what, value, limit, unit=""):
+        print(f"  {'met   ' if value <= limit else 'MISSED'} {what}: {value:.2f}{unit} (target ≤ {limit}{unit})")
+
+    if "torch" in plain and "mindspore" in plain:
+        line("MindSpore plain step / torch plain step", plain["mindspore"] / plain["torch"], MAX_MINDSPORE_VS_TORCH,
+             "×")
+    for framework, ratio in dp_ratios.items():
+        line(f"{framework} DP step / its plain step", ratio, MAX_DP_RATIO, "×")
+    if wall is not None:
+        line("default run", wall, MAX_RUN_SECONDS, " s")
+        worst = max(records, key=lambda r: r["peak_rss_mb"])
+        line(f"peak memory of a task ({worst['function']} {worst.get('framework') or ''})", worst["peak_rss_mb"],
+             MAX_TASK_MB, " MB")
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--frameworks", default=",".join(ALGO_ASSETS), help="comma-separated (default: %(default)s)")
+    parser.add_argument("--frameworks", default=",".join(ALGO_ASSETS),
+                        help="comma-separated, for the step timings (default: %(default)s)")
     parser.add_argument("--steps", type=int, default=30, help="timed steps per variant (default: %(default)s)")
-    parser.add_argument("--skip-training", action="store_true", help="only time the steps")
+    parser.add_argument("--skip-run", action="store_true", help="only time the steps, not the default run")
     args = parser.parse_args(argv)
-    frameworks = [f for f in args.frameworks.split(",") if f]
-    accuracy = {}
-    print(f"{os.cpu_count()} CPU(s), median of {args.steps} Poisson-sampled steps per variant, expected batch from "
-          "each asset's hyperparameters.json")
-    for framework in frameworks:
-        with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-            timings, peak_mb, runs = pool.submit(measure, framework, args.steps, args.skip_training).result()
-        base = next(seconds for name, seconds in timings.items() if name.startswith("non-private"))
-        print(f"\n[{framework}] peak RSS of the timing process: {peak_mb:.0f} MB")
-        print(f"  {'variant':<50}{'s/step':>9}{'ratio':>8}")
-        for name, seconds in timings.items():
-            print(f"  {name:<50}{seconds:>9.4f}{seconds / base:>8.2f}")
-        for run in runs:
-            extra = "".join(f", {k}: {v:.3f}" for k, v in run["library_epsilon"].items())
-            print(f"  default config, dp={run['dp']}: test accuracy {run['test_accuracy']:.4f}, σ {run['sigma']:.3f}, "
-                  f"{run['steps']} steps, ε (PLD) {run['epsilon']:.3f} at δ {run['delta']:g}{extra}, "
-                  f"{run['train_seconds']:.1f} s")
-            if run["dp"]:
-                accuracy[framework] = run["test_accuracy"]
-    if "torch" in accuracy:
-        for framework, value in accuracy.items():
-            if framework != "torch":
-                print(f"\n{framework} vs torch test accuracy (DP, same hyperparameters and data): "
-                      f"{100 * (value - accuracy['torch']):+.1f} points")
+    unknown = set(args.frameworks.split(",")) - set(ALGO_ASSETS)
+    if unknown or args.steps < 1:
+        parser.error(f"--frameworks: unknown {sorted(unknown)}" if unknown else "--steps must be at least 1")
+    plain, dp_ratios = print_steps([f for f in args.frameworks.split(",") if f], args.steps)
+    wall, records = (None, []) if args.skip_run else print_default_run()
+    print_targets(plain, dp_ratios, wall, records)
 
 
 if __name__ == "__main__":

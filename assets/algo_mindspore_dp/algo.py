@@ -225,10 +225,32 @@ class NoisyUpdate(nn.Cell):
         return self.optimizer(tuple((g + self.noise(g)) / self.expected_batch_size for g in clipped_sum))
 
 
+def make_dp_step(net, optimizer, max_grad_norm, noise_multiplier, expected_batch_size, seed):
+    """One DP-SGD step on images[batch]: clip each example's gradient to C, sum over the chunks, add
+    N(0, σ²C²), divide by E[B], update. `images` [N, 1, 28, 28], `labels` int32 [N]."""
+    add_chunk = ClippedGradientSum(net, optimizer.parameters, max_grad_norm)
+    update = NoisyUpdate(optimizer, max_grad_norm, noise_multiplier, expected_batch_size, seed)
+    sizes = chunk_sizes(expected_batch_size)
+
+    def step(images, labels, batch):
+        total = None
+        for index, mask in padded_chunks(batch, sizes):
+            part = add_chunk(ms.Tensor(images[index]), ms.Tensor(labels[index]), ms.Tensor(mask))
+            total = part if total is None else tuple(a + b for a, b in zip(total, part))
+        update(ms.mutable(total))  # a plain tuple is a constant to GRAPH mode: recompiled at every step
+
+    return step
+
+
 def make_plain_step(net, optimizer):
-    """The non-private step: mean loss over the batch, plain gradients."""
+    """The non-private step on images[batch]: mean loss over the batch, plain gradients."""
     loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
-    return nn.TrainOneStepCell(nn.WithLossCell(net, loss), optimizer)
+    train_step = nn.TrainOneStepCell(nn.WithLossCell(net, loss), optimizer)
+
+    def step(images, labels, batch):
+        return train_step(ms.Tensor(images[batch]), ms.Tensor(labels[batch]))
+
+    return step
 
 
 def mindarmour_epsilon(n, sample_rate, noise_multiplier, steps, delta):
@@ -296,23 +318,14 @@ class MindSporeMindArmour:
         net.set_train(True)
         images, labels = images[:, None], labels.astype(np.int32)
         if hp.dp:
-            add_chunk = ClippedGradientSum(net, optimizer.parameters, hp.max_grad_norm)
-            sizes = chunk_sizes(plan.n * plan.sample_rate)
             # secure_mode: MindArmour's own option, seed 0 ("secure random number": a fresh random seed per run)
-            apply = NoisyUpdate(optimizer, hp.max_grad_norm, noise_multiplier, plan.n * plan.sample_rate,
+            step = make_dp_step(net, optimizer, hp.max_grad_norm, noise_multiplier, plan.n * plan.sample_rate,
                                 None if hp.secure_mode else hp.seed)
         else:
-            plain_step = make_plain_step(net, optimizer)
+            step = make_plain_step(net, optimizer)
         batch_sizes = []
         for batch in training.sampled_batches(plan, hp, on_epoch, self.name):
-            if hp.dp:
-                total = None
-                for index, mask in padded_chunks(batch, sizes):
-                    part = add_chunk(ms.Tensor(images[index]), ms.Tensor(labels[index]), ms.Tensor(mask))
-                    total = part if total is None else tuple(a + b for a, b in zip(total, part))
-                apply(ms.mutable(total))  # a plain tuple is a constant to GRAPH mode: recompiled at every step
-            else:
-                plain_step(ms.Tensor(images[batch]), ms.Tensor(labels[batch]))
+            step(images, labels, batch)
             batch_sizes.append(len(batch))
         net.set_train(False)
         library = {}
