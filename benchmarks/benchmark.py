@@ -3,8 +3,9 @@
 1. Steps, one child process per framework (so its peak memory is its own): the median time of
    --steps optimizer steps (forward + backward + update) of the CNN on the embedded data at each
    asset's batch size: the non-private step on fixed batches, as the baseline trains, and each DP
-   variant on Poisson-sampled batches, with its ratio to the non-private step of the same process;
-   then each framework's non-private step against torch's.
+   variant on Poisson-sampled batches, with its ratio to the non-private step. The variants take
+   turns step by step, so the ratios hold on a noisy machine. Then each framework's non-private step
+   against torch's (measured one after the other, so less steady).
 2. The default run, `python scripts/run_local.py` (3 frameworks, DP + baseline, embedded data) in a
    fresh folder, end to end: each task's time split into phases (from the record every task writes,
    see mnist_dp/timing.py) with its peak memory; the rest of the wall time is Substra's and the
@@ -54,14 +55,25 @@ def embedded_train_set():
     return train_x.astype(np.float32) / 255.0, train_y.astype(np.int64)
 
 
-def median_seconds(step, batches, warmup=3):
-    """`step(x, y)` must return when the step has finished (frameworks that run asynchronously wait)."""
-    times = []
-    for x, y in batches:
-        start = time.perf_counter()
-        step(x, y)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times[warmup:])
+WARMUP = 3  # steps per variant not timed (graph compilation, allocations)
+
+
+def interleaved_medians(variants):
+    """{name: (step, batches)} -> {name: median seconds per step}. The variants take turns, one step
+    each, so a slow spell of a noisy machine falls on all of them alike and the ratios hold. `step(x, y)`
+    must return when the step has finished (frameworks that run asynchronously wait)."""
+    times = {name: [] for name in variants}
+    pending = {name: (step, iter(batches)) for name, (step, batches) in variants.items()}
+    while pending:
+        for name, (step, batches) in list(pending.items()):
+            batch = next(batches, None)
+            if batch is None:
+                del pending[name]
+                continue
+            start = time.perf_counter()
+            step(*batch)
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(seconds[WARMUP:]) for name, seconds in times.items()}
 
 
 def poisson_batches(images, labels, plan, count, seed=0):
@@ -107,18 +119,29 @@ def time_torch(algo, images, labels, hp, plan, steps):
                                                         secure_mode=mode == "ghost-secure")
             criterion = DPLossFastGradientClipping(model, optimizer, criterion)
 
+        # Opacus looks its norm samplers up at every step: the algo's Conv2d one is there for "ghost" only.
+        samplers = GradSampleModuleFastGradientClipping.NORM_SAMPLERS
+
         def step(x, y):
+            if mode.startswith("ghost") and not mode.endswith("fallback"):
+                samplers[torch.nn.Conv2d] = algo.conv2d_norm_sample
+            else:
+                samplers.pop(torch.nn.Conv2d, None)
             optimizer.zero_grad()
             criterion(model(torch.from_numpy(x[:, None])), torch.from_numpy(y)).backward()
             optimizer.step()
         return step
 
-    variants = {"Opacus per-example hooks": "hooks",
-                f"Opacus ghost clipping{' (used)' if algo.GRAD_SAMPLE_MODE == 'ghost' else ''}": "ghost",
-                "Opacus ghost clipping, secure_mode noise": "ghost-secure"}
-    return {PLAIN: median_seconds(make("plain"), fixed_batches(images, labels, hp, steps + 3)),
-            **{name: median_seconds(make(mode), poisson_batches(images, labels, plan, steps + 3))
-               for name, mode in variants.items()}}
+    used = " (used)" if algo.GRAD_SAMPLE_MODE == "ghost" else ""
+    variants = {"Opacus per-example hooks (its default)": "hooks",
+                "Opacus ghost clipping, its Conv2d fallback (before)": "ghost-fallback",
+                f"Opacus ghost clipping + the algo's Conv2d norms{used}": "ghost",
+                "the same, secure_mode noise": "ghost-secure"}
+    return interleaved_medians({
+        PLAIN: (make("plain"), fixed_batches(images, labels, hp, steps + WARMUP)),
+        **{name: (make(mode), poisson_batches(images, labels, plan, steps + WARMUP))
+           for name, mode in variants.items()},
+    })
 
 
 def time_tf(algo, images, labels, hp, plan, steps):
@@ -128,7 +151,7 @@ def time_tf(algo, images, labels, hp, plan, steps):
     def run(make_step, batches):
         model = algo.build_model(0)
         step = make_step(model, tf.keras.optimizers.SGD(hp.learning_rate, momentum=hp.momentum))
-        return median_seconds(lambda x, y: step(tf.constant(x[..., None]), tf.constant(y)), batches)
+        return (lambda x, y: step(tf.constant(x[..., None]), tf.constant(y))), batches
 
     def two_pass(model, optimizer):  # TF Privacy's own clipped-gradient routine, same noise and update
         registry = algo.make_layer_registry()
@@ -142,14 +165,14 @@ def time_tf(algo, images, labels, hp, plan, steps):
                  for g, v in zip(grads, model.trainable_variables)])
         return step
 
-    return {
-        PLAIN: run(algo.make_plain_step, fixed_batches(images, labels, hp, steps + 3)),
+    return interleaved_medians({
+        PLAIN: run(algo.make_plain_step, fixed_batches(images, labels, hp, steps + WARMUP)),
         "TF Privacy compute_clipped_gradients (2 passes)": run(
-            two_pass, poisson_batches(images, labels, plan, steps + 3)),
+            two_pass, poisson_batches(images, labels, plan, steps + WARMUP)),
         "fast clipping + book-keeping (used)": run(
             lambda m, o: algo.make_dp_step(m, o, hp.max_grad_norm, 1.0, expected_batch_size(plan)),
-            poisson_batches(images, labels, plan, steps + 3)),
-    }
+            poisson_batches(images, labels, plan, steps + WARMUP)),
+    })
 
 
 def time_mindspore(algo, images, labels, hp, plan, steps):
@@ -177,7 +200,7 @@ def time_mindspore(algo, images, labels, hp, plan, steps):
         def timed(x, y):  # the algo's steps index a batch out of the whole set: give them this batch whole
             step(x[:, None], y.astype(np.int32), np.arange(len(y)))
             net.conv1.weight.asnumpy()  # GRAPH mode runs asynchronously: wait for the update
-        return median_seconds(timed, batches)
+        return timed, batches
 
     def dp(net, optimizer):
         return algo.make_dp_step(net, optimizer, hp.max_grad_norm, 1.0, expected_batch_size(plan), 0)
@@ -188,15 +211,15 @@ def time_mindspore(algo, images, labels, hp, plan, steps):
         return lambda images, labels, batch: train_step(ms.Tensor(images[batch]), ms.Tensor(labels[batch]))
 
     large, small = algo.chunk_sizes(expected_batch_size(plan))
-    return {
-        PLAIN: run(algo.SampleConvNet, algo.make_plain_step, fixed_batches(images, labels, hp, steps + 3)),
+    return interleaved_medians({
+        PLAIN: run(algo.SampleConvNet, algo.make_plain_step, fixed_batches(images, labels, hp, steps + WARMUP)),
         "non-private, TrainOneStepCell (autodiff weight gradients)": run(
-            algo.SampleConvNet, autodiff, fixed_batches(images, labels, hp, steps + 3)),
+            algo.SampleConvNet, autodiff, fixed_batches(images, labels, hp, steps + WARMUP)),
         "non-private, TrainOneStepCell on nn.Conv2d (before; 8 steps)": run(
-            Conv2dNet, autodiff, fixed_batches(images, labels, hp, min(steps, 8) + 3)),
+            Conv2dNet, autodiff, fixed_batches(images, labels, hp, min(steps, 8) + WARMUP)),
         f"book-keeping per-example clipping, chunks of {large} / {small} (used)": run(
-            algo.SampleConvNet, dp, poisson_batches(images, labels, plan, steps + 3)),
-    }
+            algo.SampleConvNet, dp, poisson_batches(images, labels, plan, steps + WARMUP)),
+    })
 
 
 TIMERS = {"torch": time_torch, "tf": time_tf, "mindspore": time_mindspore}
