@@ -137,11 +137,11 @@ def time_torch(algo, images, labels, hp, plan, steps):
                 "Opacus ghost clipping, its Conv2d fallback (before)": "ghost-fallback",
                 f"Opacus ghost clipping + the algo's Conv2d norms{used}": "ghost",
                 "the same, secure_mode noise": "ghost-secure"}
-    return interleaved_medians({
+    return {
         PLAIN: (make("plain"), fixed_batches(images, labels, hp, steps + WARMUP)),
         **{name: (make(mode), poisson_batches(images, labels, plan, steps + WARMUP))
            for name, mode in variants.items()},
-    })
+    }
 
 
 def time_tf(algo, images, labels, hp, plan, steps):
@@ -165,18 +165,17 @@ def time_tf(algo, images, labels, hp, plan, steps):
                  for g, v in zip(grads, model.trainable_variables)])
         return step
 
-    return interleaved_medians({
+    return {
         PLAIN: run(algo.make_plain_step, fixed_batches(images, labels, hp, steps + WARMUP)),
         "TF Privacy compute_clipped_gradients (2 passes)": run(
             two_pass, poisson_batches(images, labels, plan, steps + WARMUP)),
         "fast clipping + book-keeping (used)": run(
             lambda m, o: algo.make_dp_step(m, o, hp.max_grad_norm, 1.0, expected_batch_size(plan)),
             poisson_batches(images, labels, plan, steps + WARMUP)),
-    })
+    }
 
 
 def time_mindspore(algo, images, labels, hp, plan, steps):
-    import mindspore as ms
     from mindspore import nn
 
     class Conv2dNet(algo.SampleConvNet):
@@ -205,52 +204,63 @@ def time_mindspore(algo, images, labels, hp, plan, steps):
     def dp(net, optimizer):
         return algo.make_dp_step(net, optimizer, hp.max_grad_norm, 1.0, expected_batch_size(plan), 0)
 
-    def autodiff(net, optimizer):  # MindSpore's own training step: autodiff's weight gradients of the mean loss
-        train_step = nn.TrainOneStepCell(
-            nn.WithLossCell(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")), optimizer)
-        return lambda images, labels, batch: train_step(ms.Tensor(images[batch]), ms.Tensor(labels[batch]))
-
     large, small = algo.chunk_sizes(expected_batch_size(plan))
-    return interleaved_medians({
+    return {
         PLAIN: run(algo.SampleConvNet, algo.make_plain_step, fixed_batches(images, labels, hp, steps + WARMUP)),
-        "non-private, TrainOneStepCell (autodiff weight gradients)": run(
-            algo.SampleConvNet, autodiff, fixed_batches(images, labels, hp, steps + WARMUP)),
-        "non-private, TrainOneStepCell on nn.Conv2d (before; 8 steps)": run(
-            Conv2dNet, autodiff, fixed_batches(images, labels, hp, min(steps, 8) + WARMUP)),
+        "non-private on nn.Conv2d (before; 8 steps)": run(
+            Conv2dNet, algo.make_plain_step, fixed_batches(images, labels, hp, min(steps, 8) + WARMUP)),
         f"book-keeping per-example clipping, chunks of {large} / {small} (used)": run(
             algo.SampleConvNet, dp, poisson_batches(images, labels, plan, steps + WARMUP)),
-    })
+    }
 
 
 TIMERS = {"torch": time_torch, "tf": time_tf, "mindspore": time_mindspore}
 
 
-def measure_steps(framework, steps):
-    """In a child process: the step timings of one framework, and the process's peak RSS after them."""
-    warnings.filterwarnings("ignore")
+def step_variants(framework, steps):
+    """{variant: (step, batches)} of one framework, each asset's hyperparameters, the embedded data."""
     algo = load_algo(framework)
     hp = hp_file.load(ALGO_ASSETS[framework] / hp_file.FILE_NAME)
     images, labels = embedded_train_set()
     plan = training.check_run(framework, hp, len(labels), "default")
-    timings = TIMERS[framework](algo, images, labels, hp, plan, steps)
+    return TIMERS[framework](algo, images, labels, hp, plan, steps)
+
+
+def measure_steps(framework, steps):
+    """In a child process: the step timings of one framework, and the process's peak RSS after them."""
+    warnings.filterwarnings("ignore")
+    timings = interleaved_medians(step_variants(framework, steps))
     return timings, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def measure_plain_steps(frameworks, steps):
+    """In a child process: every framework's non-private step, taking turns (all frameworks load in
+    one process: their environment is one, docs/design.md)."""
+    warnings.filterwarnings("ignore")
+    return interleaved_medians({framework: step_variants(framework, steps)[PLAIN] for framework in frameworks})
+
+
+def in_child(function, *args):
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(function, *args).result()
 
 
 def print_steps(frameworks, steps):
     print(f"\n## Steps: {os.cpu_count()} CPU(s), median of {steps} steps per variant, each asset's hyperparameters")
-    plain, dp_ratios = {}, {}
+    dp_ratios = {}
     for framework in frameworks:
-        with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-            timings, peak_mb = pool.submit(measure_steps, framework, steps).result()
-        plain[framework] = timings[PLAIN]
+        timings, peak_mb = in_child(measure_steps, framework, steps)
+        plain = timings[PLAIN]
         print(f"\n[{framework}] peak RSS of the timing process: {peak_mb:.0f} MB")
         print(f"  {'variant':<62}{'s/step':>9}{'× plain':>9}")
         for name, seconds in timings.items():
-            print(f"  {name:<62}{seconds:>9.4f}{seconds / plain[framework]:>9.2f}")
+            print(f"  {name:<62}{seconds:>9.4f}{seconds / plain:>9.2f}")
             if name.endswith("(used)"):
-                dp_ratios[framework] = seconds / plain[framework]
-    if "torch" in plain:
-        print("\nnon-private step against torch's (same run):")
+                dp_ratios[framework] = seconds / plain
+    plain = {}
+    if "torch" in frameworks and len(frameworks) > 1:
+        plain = in_child(measure_plain_steps, frameworks, steps)
+        print("\nnon-private steps against torch's, taking turns in one process:")
         for framework, seconds in plain.items():
             print(f"  {framework:<10}{seconds:>9.4f} s{seconds / plain['torch']:>8.2f}×")
     return plain, dp_ratios

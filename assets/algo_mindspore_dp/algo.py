@@ -140,7 +140,7 @@ class _ClippedSumGraph(nn.Cell):
         super().__init__(auto_prefix=False)
         self.net = net
         self.loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="sum")
-        self.max_grad_norm = None if max_grad_norm is None else float(max_grad_norm)
+        self.max_grad_norm = float(max_grad_norm)
         self.output_grads = ms.grad(self.probed_loss, grad_position=(1, 2, 3, 4), has_aux=True)
         self.batch_matmul_tb = ops.BatchMatMul(transpose_b=True)
         self.matmul_ta = ops.MatMul(transpose_a=True)
@@ -157,14 +157,12 @@ class _ClippedSumGraph(nn.Cell):
         kernel1 = self.batch_matmul_tb(g1, patches1)  # per-example kernel gradients -> [B, 16, 64]
         kernel2 = self.batch_matmul_tb(g2, patches2)  # -> [B, 32, 256]
         bias1, bias2 = g1.sum(2), g2.sum(2)  # -> [B, 16], [B, 32]
-        weight = mask  # [B]
-        if self.max_grad_norm is not None:
-            # A dense layer's per-example weight gradient is g_i a_iᵀ, of squared norm ‖g_i‖²‖a_i‖².
-            sqr_norms = (ops.square(kernel1).reshape(batch, -1).sum(1) + ops.square(bias1).sum(1)
-                         + ops.square(kernel2).reshape(batch, -1).sum(1) + ops.square(bias2).sum(1)
-                         + ops.square(g3).sum(1) * (ops.square(hidden_in).sum(1) + 1)
-                         + ops.square(g4).sum(1) * (ops.square(hidden).sum(1) + 1))
-            weight = ops.minimum(1.0, self.max_grad_norm / ops.maximum(ops.sqrt(sqr_norms), 1e-12)) * mask
+        # A dense layer's per-example weight gradient is g_i a_iᵀ, of squared norm ‖g_i‖²‖a_i‖².
+        sqr_norms = (ops.square(kernel1).reshape(batch, -1).sum(1) + ops.square(bias1).sum(1)
+                     + ops.square(kernel2).reshape(batch, -1).sum(1) + ops.square(bias2).sum(1)
+                     + ops.square(g3).sum(1) * (ops.square(hidden_in).sum(1) + 1)
+                     + ops.square(g4).sum(1) * (ops.square(hidden).sum(1) + 1))
+        weight = ops.minimum(1.0, self.max_grad_norm / ops.maximum(ops.sqrt(sqr_norms), 1e-12)) * mask  # [B]
         row = weight.reshape(1, -1)
         column = weight.reshape(-1, 1)
         return (ops.matmul(row, kernel1.reshape(batch, -1)).reshape(self.net.conv1.weight.shape),
@@ -178,8 +176,7 @@ class _ClippedSumGraph(nn.Cell):
 class ClippedGradientSum:
     """Σ_i mask_i · min(1, C / ‖g_i‖) · g_i over one chunk, from exact per-example gradients: one forward
     and one backward pass to each layer's output, then each example's gradient from its layer inputs.
-    With C = None, Σ_i mask_i · g_i (no clipping). Returns one tensor per parameter, in `weights` order
-    (the net's own)."""
+    Returns one tensor per parameter, in `weights` order (the net's own)."""
 
     GRADIENT_ORDER = ("conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias",
                       "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias")
@@ -228,15 +225,6 @@ class NoisyUpdate(nn.Cell):
         return self.optimizer(tuple((g + self.noise(g)) / self.expected_batch_size for g in clipped_sum))
 
 
-def summed_over_chunks(gradient_sum, images, labels, batch, sizes):
-    """gradient_sum over images[batch] cut into padded chunks, added up (for the update graph)."""
-    total = None
-    for index, mask in padded_chunks(batch, sizes):
-        part = gradient_sum(ms.Tensor(images[index]), ms.Tensor(labels[index]), ms.Tensor(mask))
-        total = part if total is None else tuple(a + b for a, b in zip(total, part))
-    return ms.mutable(total)  # a plain tuple is a constant to GRAPH mode: recompiled at every step
-
-
 def make_dp_step(net, optimizer, max_grad_norm, noise_multiplier, expected_batch_size, seed):
     """One DP-SGD step on images[batch]: clip each example's gradient to C, sum over the chunks, add
     N(0, σ²C²), divide by E[B], update. `images` [N, 1, 28, 28], `labels` int32 [N]."""
@@ -245,27 +233,23 @@ def make_dp_step(net, optimizer, max_grad_norm, noise_multiplier, expected_batch
     sizes = chunk_sizes(expected_batch_size)
 
     def step(images, labels, batch):
-        update(summed_over_chunks(clipped_sum, images, labels, batch, sizes))
+        total = None
+        for index, mask in padded_chunks(batch, sizes):
+            part = clipped_sum(ms.Tensor(images[index]), ms.Tensor(labels[index]), ms.Tensor(mask))
+            total = part if total is None else tuple(a + b for a, b in zip(total, part))
+        update(ms.mutable(total))  # a plain tuple is a constant to GRAPH mode: recompiled at every step
 
     return step
 
 
 def make_plain_step(net, optimizer):
-    """The non-private step on images[batch] (batches of one size): the gradient of the mean loss, then
-    the update.
-
-    The gradient is the sum of the per-example gradients as in the DP step, without clipping or noise,
-    over the same chunks (500 images padded to 512): on MindSpore's CPU kernels this beats autodiff's own
-    weight gradients (TrainOneStepCell: 0.074 s against 0.062 s for 500 images, benchmarks/benchmark.py),
-    and it is the same gradient (tests/test_algo_mindspore_dp.py)."""
-    gradient_sum = ClippedGradientSum(net, optimizer.parameters, None)
-    updates = {}  # batch size -> the update dividing by it (σ = 0: no noise)
+    """The non-private step on images[batch]: mean loss over the batch, plain gradients (MindSpore's own
+    TrainOneStepCell; summing per-example gradients as the DP step does was no faster, benchmark.py)."""
+    loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    train_step = nn.TrainOneStepCell(nn.WithLossCell(net, loss), optimizer)
 
     def step(images, labels, batch):
-        size = len(batch)
-        if size not in updates:
-            updates[size] = NoisyUpdate(optimizer, 1.0, 0.0, size, None)
-        updates[size](summed_over_chunks(gradient_sum, images, labels, batch, chunk_sizes(size)))
+        return train_step(ms.Tensor(images[batch]), ms.Tensor(labels[batch]))
 
     return step
 
