@@ -269,6 +269,15 @@ def print_steps(frameworks, steps):
 PHASES = ("start", "setup", "first step", "training", "loading model", "predict", "score", "saving")
 
 
+def run_and_measure(command, env):
+    """In a fresh child process (so that its only children are the command's): run the command; return
+    its exit code, the end of its stderr, its wall time and the peak memory of its largest process."""
+    start = time.perf_counter()
+    proc = subprocess.run(command, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    return proc.returncode, proc.stderr, wall, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+
+
 def print_default_run():
     """Runs scripts/run_local.py in a fresh folder; returns its wall time and the tasks' records."""
     print("\n## The default run: python scripts/run_local.py (fresh folder: data generated, every asset built)")
@@ -276,15 +285,12 @@ def print_default_run():
         records_file = Path(folder) / "timings.jsonl"
         command = [sys.executable, str(REPO / "scripts" / "run_local.py"), "--data", f"{folder}/data",
                    "--output", f"{folder}/results"]
-        start = time.perf_counter()
-        proc = subprocess.run(command, env={**os.environ, timing.TIMINGS_VARIABLE: str(records_file)},
-                              capture_output=True, text=True)
-        wall = time.perf_counter() - start
-        if proc.returncode:
-            sys.exit(f"error: run_local.py failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+        returncode, stderr, wall, largest_mb = in_child(
+            run_and_measure, command, {**os.environ, timing.TIMINGS_VARIABLE: str(records_file)})
+        if returncode:
+            sys.exit(f"error: run_local.py failed (exit {returncode}):\n{stderr[-3000:]}")
         records = [json.loads(line) for line in records_file.read_text().splitlines()]
         results = json.loads((Path(folder) / "results" / "results.json").read_text())
-    largest_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
 
     print(f"\nwall time {wall:.1f} s ({wall / 60:.2f} min), {len(records)} tasks; seconds per task and phase "
           "(start = process start, imports and data loading; first step includes graph compilation):")
