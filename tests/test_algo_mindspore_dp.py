@@ -25,6 +25,11 @@ def net_and_batch():
     return net, x, y
 
 
+def test_patch_convolution_refuses_what_it_does_not_compute():
+    with pytest.raises(ValueError, match="dilation 1"):
+        algo.PatchConv2d(1, 4, 3, dilation=2)
+
+
 class SquaredOutput(ms.nn.Cell):
     def __init__(self, layer):
         super().__init__()
@@ -35,7 +40,7 @@ class SquaredOutput(ms.nn.Cell):
 
 
 @pytest.mark.parametrize("channels, kernel, stride, padding, size",
-                         [(1, 8, 2, 3, 28), (16, 4, 2, 0, 13), (3, 3, 1, 1, 9)])
+                         [(1, 8, 2, 3, 28), (16, 4, 2, 0, 13), (3, 3, 1, 1, 9), (2, (3, 5), (1, 2), 1, 9)])
 def test_patch_convolution_is_mindspores_conv2d_in_value_and_gradient(channels, kernel, stride, padding, size):
     from mindspore import nn
 

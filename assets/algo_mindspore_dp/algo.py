@@ -60,10 +60,13 @@ def import_mindarmour():
 
 class PatchConv2d(nn.Conv2d):
     """`nn.Conv2d` (same parameters, names and initialisation), computed as Im2Col patches times the
-    kernel matrix (see the module docstring for why). Output [B, out_channels, H', W'] as Conv2d's."""
+    kernel matrix (see the module docstring for why). Output [B, out_channels, H', W'] as Conv2d's.
+    Handles what this CNN uses: groups 1, dilation 1, one padding for every side."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        if self.group != 1 or tuple(self.dilation[-2:]) != (1, 1) or not isinstance(self.padding, int):
+            raise ValueError("PatchConv2d: groups 1, dilation 1 and an int padding only")
         self.batch_matmul = ops.BatchMatMul()
         self.bias_add = ops.BiasAdd()
 
@@ -79,12 +82,11 @@ class PatchConv2d(nn.Conv2d):
         return self.bias_add(self.batch_matmul(ops.broadcast_to(kernel, (batch,) + kernel.shape), patches),
                              self.bias)
 
-    def output_size(self, size):
-        return (size + 2 * self.padding - self.kernel_size[0]) // self.stride[0] + 1
-
     def construct(self, x):
-        z = self.pre_activation(self.patches(x))
-        return z.reshape(x.shape[0], self.out_channels, self.output_size(x.shape[2]), self.output_size(x.shape[3]))
+        (kh, kw), (sh, sw) = self.kernel_size, self.stride[-2:]
+        height = (x.shape[2] + 2 * self.padding - kh) // sh + 1
+        width = (x.shape[3] + 2 * self.padding - kw) // sw + 1
+        return self.pre_activation(self.patches(x)).reshape(x.shape[0], self.out_channels, height, width)
 
 
 def _probed(z, probes, index):
