@@ -4,8 +4,8 @@
    --steps optimizer steps (forward + backward + update) of the CNN on the embedded data at each
    asset's batch size: the non-private step on fixed batches, as the baseline trains, and each DP
    variant on Poisson-sampled batches, with its ratio to the non-private step. The variants take
-   turns step by step, so the ratios hold on a noisy machine. Then each framework's non-private step
-   against torch's (measured one after the other, so less steady).
+   turns step by step, so the ratios hold on a noisy machine. Then every framework's non-private step
+   against torch's, taking turns in one process.
 2. The default run, `python scripts/run_local.py` (3 frameworks, DP + baseline, embedded data) in a
    fresh folder, end to end: each task's time split into phases (from the record every task writes,
    see mnist_dp/timing.py) with its peak memory; the rest of the wall time is Substra's and the
@@ -92,10 +92,6 @@ def fixed_batches(images, labels, hp, count, seed=0):
         yield images[picked], labels[picked]
 
 
-def expected_batch_size(plan):
-    return plan.n * plan.sample_rate  # E[B] = n·q, what a DP step divides the noisy sum by
-
-
 def time_torch(algo, images, labels, hp, plan, steps):
     import torch
     from opacus import GradSampleModule
@@ -111,11 +107,11 @@ def time_torch(algo, images, labels, hp, plan, steps):
         if mode == "hooks":
             model = GradSampleModule(model)
             optimizer = DPOptimizer(optimizer, noise_multiplier=1.0, max_grad_norm=hp.max_grad_norm,
-                                    expected_batch_size=int(expected_batch_size(plan)))
+                                    expected_batch_size=int(plan.expected_batch_size))
         elif mode.startswith("ghost"):  # "ghost-secure": with the secure_mode noise (4 Gaussian draws per weight)
             model = GradSampleModuleFastGradientClipping(model, max_grad_norm=hp.max_grad_norm, use_ghost_clipping=True)
             optimizer = DPOptimizerFastGradientClipping(optimizer, noise_multiplier=1.0, max_grad_norm=hp.max_grad_norm,
-                                                        expected_batch_size=int(expected_batch_size(plan)),
+                                                        expected_batch_size=int(plan.expected_batch_size),
                                                         secure_mode=mode == "ghost-secure")
             criterion = DPLossFastGradientClipping(model, optimizer, criterion)
 
@@ -170,7 +166,7 @@ def time_tf(algo, images, labels, hp, plan, steps):
         "TF Privacy compute_clipped_gradients (2 passes)": run(
             two_pass, poisson_batches(images, labels, plan, steps + WARMUP)),
         "fast clipping + book-keeping (used)": run(
-            lambda m, o: algo.make_dp_step(m, o, hp.max_grad_norm, 1.0, expected_batch_size(plan)),
+            lambda m, o: algo.make_dp_step(m, o, hp.max_grad_norm, 1.0, plan.expected_batch_size),
             poisson_batches(images, labels, plan, steps + WARMUP)),
     }
 
@@ -202,9 +198,9 @@ def time_mindspore(algo, images, labels, hp, plan, steps):
         return timed, batches
 
     def dp(net, optimizer):
-        return algo.make_dp_step(net, optimizer, hp.max_grad_norm, 1.0, expected_batch_size(plan), 0)
+        return algo.make_dp_step(net, optimizer, hp.max_grad_norm, 1.0, plan.expected_batch_size, 0)
 
-    large, small = algo.chunk_sizes(expected_batch_size(plan))
+    large, small = algo.chunk_sizes(plan.expected_batch_size)
     return {
         PLAIN: run(algo.SampleConvNet, algo.make_plain_step, fixed_batches(images, labels, hp, steps + WARMUP)),
         "non-private on nn.Conv2d (before; 8 steps)": run(

@@ -58,6 +58,11 @@ class SamplingPlan:
         return 1.0 / self.steps_per_epoch
 
     @property
+    def expected_batch_size(self) -> float:
+        """E[B] = n·q: what a DP step divides the noisy sum by (a constant, not the realised size)."""
+        return self.n * self.sample_rate
+
+    @property
     def planned_steps(self) -> int:
         return self.steps_per_epoch * self.epochs
 

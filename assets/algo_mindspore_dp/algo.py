@@ -322,7 +322,7 @@ class MindSporeMindArmour:
         images, labels = images[:, None], labels.astype(np.int32)
         if hp.dp:
             # secure_mode: MindArmour's own option, seed 0 ("secure random number": a fresh random seed per run)
-            step = make_dp_step(net, optimizer, hp.max_grad_norm, noise_multiplier, plan.n * plan.sample_rate,
+            step = make_dp_step(net, optimizer, hp.max_grad_norm, noise_multiplier, plan.expected_batch_size,
                                 None if hp.secure_mode else hp.seed)
         else:
             step = make_plain_step(net, optimizer)

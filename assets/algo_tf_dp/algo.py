@@ -226,7 +226,7 @@ class TensorFlowPrivacy:
         optimizer = tf.keras.optimizers.SGD(hp.learning_rate, momentum=hp.momentum)
         images = images[..., None]
         if hp.dp:
-            step = make_dp_step(model, optimizer, hp.max_grad_norm, noise_multiplier, plan.n * plan.sample_rate)
+            step = make_dp_step(model, optimizer, hp.max_grad_norm, noise_multiplier, plan.expected_batch_size)
         else:
             step = make_plain_step(model, optimizer)
         batch_sizes = []
@@ -236,7 +236,7 @@ class TensorFlowPrivacy:
         library = {}
         if hp.dp and noise_multiplier > 0:  # no statement for a run without noise
             library["TF Privacy statement, RDP, Poisson (this run only)"] = tf_privacy_statement_epsilon(
-                plan.n, plan.n * plan.sample_rate, len(batch_sizes) / plan.steps_per_epoch, noise_multiplier, hp.delta)
+                plan.n, plan.expected_batch_size, len(batch_sizes) / plan.steps_per_epoch, noise_multiplier, hp.delta)
         return training.Ran(batch_sizes, library)
 
     def flat_weights(self, model):
