@@ -58,10 +58,11 @@ def audit_framework(framework, args, dp):
         "the audit's options"))
     plan = training.check_run(framework, hp, len(train_y), "audit")
     sigma = training.resolve_noise_multiplier(hp, plan, [])
-    model = algo.FRAMEWORK.new_model(hp.seed)
+    network = training.Network.of(hp)
+    model = algo.FRAMEWORK.new_model(hp.seed, network)
     start = time.perf_counter()
     result = training.fit(algo.FRAMEWORK, model, train_x, train_y, hp, plan, sigma, lambda steps: "")
-    logits = training.predict_in_batches(algo.FRAMEWORK, model, canary_x).astype(np.float64)
+    logits = training.predict_in_batches(algo.FRAMEWORK, model, canary_x, network).astype(np.float64)
     log_probs = logits - np.logaddexp.reduce(logits, axis=1, keepdims=True)
     scores = log_probs[np.arange(len(canary_y)), canary_y]  # memorised canaries score high
     guesses, correct = audit.guess(scores, included, args.guesses, args.guesses)

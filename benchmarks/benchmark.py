@@ -145,14 +145,18 @@ def time_tf(algo, images, labels, hp, plan, steps):
     from tensorflow_privacy.privacy.fast_gradient_clipping import clip_grads
 
     def run(make_step, batches):
-        model = algo.build_model(0)
+        model = algo.build_model(0, training.Network.of(hp))
         step = make_step(model, tf.keras.optimizers.SGD(hp.learning_rate, momentum=hp.momentum))
         return (lambda x, y: step(tf.constant(x[..., None]), tf.constant(y))), batches
+
+    def dp_step(model, optimizer):  # the algo's, at this C and σ = 1
+        step = algo.make_dp_step(model, optimizer, plan.expected_batch_size)
+        return lambda x, y: step(x, y, tf.constant(hp.max_grad_norm, tf.float32), tf.constant(1.0))
 
     def two_pass(model, optimizer):  # TF Privacy's own clipped-gradient routine, same noise and update
         registry = algo.make_layer_registry()
 
-        @tf.function(input_signature=algo.BATCH_SPEC)
+        @tf.function(input_signature=algo.batch_spec(model))
         def step(x, y):
             grads, _, _ = clip_grads.compute_clipped_gradients_and_outputs(
                 model, hp.max_grad_norm, registry, x, y, clipping_loss=lambda yt, yp, w: model.loss(yt, yp, w))
@@ -166,7 +170,7 @@ def time_tf(algo, images, labels, hp, plan, steps):
         "TF Privacy compute_clipped_gradients (2 passes)": run(
             two_pass, poisson_batches(images, labels, plan, steps + WARMUP)),
         "fast clipping + book-keeping (used)": run(
-            lambda m, o: algo.make_dp_step(m, o, hp.max_grad_norm, 1.0, plan.expected_batch_size),
+            dp_step,
             poisson_batches(images, labels, plan, steps + WARMUP)),
     }
 
@@ -184,9 +188,9 @@ def time_mindspore(algo, images, labels, hp, plan, steps):
 
         def construct(self, x):
             x = (x - training.MNIST_MEAN) / training.MNIST_STD
-            x = self.pool(self.relu(self.conv1(x)))
-            x = self.pool(self.relu(self.conv2(x)))
-            return self.fc2(self.relu(self.fc1(self.flatten(x))))
+            x = self.pool(self.act(self.conv1(x)))
+            x = self.pool(self.act(self.conv2(x)))
+            return self.fc2(self.act(self.fc1(self.flatten(x))))
 
     def run(net_class, make_step, batches):
         net = net_class()
@@ -197,8 +201,9 @@ def time_mindspore(algo, images, labels, hp, plan, steps):
             net.conv1.weight.asnumpy()  # GRAPH mode runs asynchronously: wait for the update
         return timed, batches
 
-    def dp(net, optimizer):
-        return algo.make_dp_step(net, optimizer, hp.max_grad_norm, 1.0, plan.expected_batch_size, 0)
+    def dp(net, optimizer):  # the algo's, at this C and σ = 1
+        step = algo.make_dp_step(net, optimizer, plan.expected_batch_size, 0)
+        return lambda images, labels, batch: step(images, labels, batch, hp.max_grad_norm, 1.0)
 
     large, small = algo.chunk_sizes(plan.expected_batch_size)
     return {
@@ -214,9 +219,11 @@ TIMERS = {"torch": time_torch, "tf": time_tf, "mindspore": time_mindspore}
 
 
 def step_variants(framework, steps):
-    """{variant: (step, batches)} of one framework, each asset's hyperparameters, the embedded data."""
+    """{variant: (step, batches)} of one framework, each asset's hyperparameters, the embedded data, the
+    CNN on pixels (the network whose steps cost time: a linear classifier on features is a fraction)."""
     algo = load_algo(framework)
-    hp = hp_file.load(ALGO_ASSETS[framework] / hp_file.FILE_NAME)
+    hp = hp_file.load(ALGO_ASSETS[framework] / hp_file.FILE_NAME,
+                      hp_file.Overrides({"features": "pixels"}, "the step benchmark"))
     images, labels = embedded_train_set()
     plan = training.check_run(framework, hp, len(labels), "default")
     return TIMERS[framework](algo, images, labels, hp, plan, steps)

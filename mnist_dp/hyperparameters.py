@@ -17,6 +17,21 @@
 | dp               | false trains the non-private baseline (no clipping, no noise, ε = inf)   |
 | secure_mode      | unpredictable, never replayed noise and sampling (torch, mindspore; tf   |
 |                  | refuses: TF Privacy has none); see each algo's description.md            |
+| features         | "scattering": a linear classifier on fixed scattering features (Tramèr &  |
+|                  | Boneh 2021, mnist_dp/features.py); "pixels": the tutorial CNN on pixels  |
+| activation       | the CNN's: "tanh" (tempered sigmoid, Papernot et al. 2021) or "relu"     |
+| optimizer        | "sgd" (with momentum) or "adam" (β = 0.9, 0.999): both only post-process |
+|                  | the noisy gradient, so ε does not depend on the choice                   |
+| ema_decay        | the saved weights are an exponential moving average of the iterates with |
+|                  | this decay (0: the last iterate); post-processing, free in privacy       |
+| noise_decay      | σ of epoch e is noise_multiplier · noise_decay^e (1: constant); the      |
+|                  | accountant composes the epochs as they ran                               |
+| clip_quantile    | adaptive clipping (Andrew et al. 2021): C follows this quantile of the   |
+|                  | per-example gradient norms, estimated by a noisy count that ε includes;  |
+|                  | null keeps C = max_grad_norm fixed                                       |
+| clip_learning_rate | adaptive clipping's step: C ← C · exp(-rate · (noisy fraction unclipped |
+|                  | - clip_quantile))                                                        |
+| clip_count_stddev | std of the count's noise (null: E[B] / 20, the paper's choice)          |
 """
 from __future__ import annotations
 
@@ -26,6 +41,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from mnist_dp.errors import UserError
+from mnist_dp.features import FEATURES
 
 FILE_NAME = "hyperparameters.json"
 
@@ -44,6 +60,14 @@ class Hyperparameters:
     seed: int
     dp: bool
     secure_mode: bool
+    features: str = "pixels"
+    activation: str = "tanh"
+    optimizer: str = "sgd"
+    ema_decay: float = 0.0
+    noise_decay: float = 1.0
+    clip_quantile: float | None = None
+    clip_learning_rate: float = 0.2
+    clip_count_stddev: float | None = None
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -54,6 +78,8 @@ class Hyperparameters:
 MAX_EPOCHS = 10_000
 MAX_EPSILON = 100.0
 MAX_SEED = 2**31 - 1  # every framework's seed type holds it
+ACTIVATIONS = ("tanh", "relu")
+OPTIMIZERS = ("sgd", "adam")
 
 # name -> (JSON type, may be null, test of the value, what it must be). Types are exact: 1.0 is not
 # an integer and "false" is not a boolean (a string "false" would be truthy, i.e. DP *on*).
@@ -70,10 +96,19 @@ _RULES = {
     "seed": (int, False, lambda v: 0 <= v <= MAX_SEED, f"an integer from 0 to {MAX_SEED}"),
     "dp": (bool, False, None, "true or false"),
     "secure_mode": (bool, False, None, "true or false"),
+    "features": (str, False, lambda v: v in FEATURES, f"one of {list(FEATURES)}"),
+    "activation": (str, False, lambda v: v in ACTIVATIONS, f"one of {list(ACTIVATIONS)}"),
+    "optimizer": (str, False, lambda v: v in OPTIMIZERS, f"one of {list(OPTIMIZERS)}"),
+    "ema_decay": (float, False, lambda v: 0 <= v < 1, "a number in [0, 1)"),
+    "noise_decay": (float, False, lambda v: 0 < v <= 1, "a number in (0, 1]"),
+    "clip_quantile": (float, True, lambda v: 0 < v < 1, "a number in (0, 1) or null"),
+    "clip_learning_rate": (float, False, lambda v: v > 0, "a positive number"),
+    "clip_count_stddev": (float, True, lambda v: v > 0, "a positive number or null"),
 }
 _JSON_NAMES = {bool: "a boolean", int: "an integer", float: "a decimal number", str: "a string", list: "an array",
                dict: "an object", type(None): "null"}
-_NOISE = ("noise_multiplier", "target_epsilon", "max_epsilon")  # ignored by the non-private baseline
+_NOISE = ("noise_multiplier", "target_epsilon", "max_epsilon", "noise_decay", "clip_quantile", "clip_learning_rate",
+          "clip_count_stddev")  # ignored by the non-private baseline
 
 
 def check_value(name: str, value, where: str, check_range: bool = True) -> None:
@@ -83,6 +118,8 @@ def check_value(name: str, value, where: str, check_range: bool = True) -> None:
         return
     if kind is bool:
         ok = isinstance(value, bool)
+    elif kind is str:
+        ok = isinstance(value, str)
     elif kind is int:
         ok = isinstance(value, int) and not isinstance(value, bool)
     else:

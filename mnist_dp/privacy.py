@@ -64,6 +64,9 @@ _EVENT_FIELDS = {
                         "an object of {name: number}"),
     "batch_size": (_integer(1), "a positive integer"),
     "planned_steps": (_integer(1), "a positive integer"),
+    "noise_decay": (_number(lambda v: 0 < v <= 1), "a number in (0, 1]"),
+    "decay_steps": (_integer(0), "an integer >= 0"),
+    "count_noise_multiplier": (_number(lambda v: v >= 0), "a number >= 0"),
     "code": (lambda v: isinstance(v, dict) and set(v) == {"function", "archive_digest"} and _text(v["function"])
              and (v["archive_digest"] is None or _text(v["archive_digest"])),
              'an object {"function": name, "archive_digest": digest or null}'),
@@ -95,6 +98,12 @@ class DpEvent:
     batch_size: int | None = None  # the expected batch size asked for: q = 1 / ceil(n / batch_size)
     planned_steps: int | None = None  # epochs * ceil(n / batch_size); `steps` is fewer when a budget stopped it
     code: dict | None = None  # what produced the event: {"function": ..., "archive_digest": ... or None}
+    # A decaying noise schedule: σ of steps [k·decay_steps, (k+1)·decay_steps) is noise_multiplier · noise_decay^k.
+    noise_decay: float = 1.0
+    decay_steps: int = 0  # 0: σ constant
+    # Adaptive clipping's noisy count of unclipped examples, released at every step with the gradient: its
+    # noise multiplier (std / sensitivity 1/2); 0 when the clipping norm is fixed.
+    count_noise_multiplier: float = 0.0
 
     @property
     def is_private(self) -> bool:
@@ -110,6 +119,7 @@ class DpEvent:
         if not isinstance(record, dict):
             raise UserError(f"privacy ledger event must be a JSON object, got {json.dumps(record)[:40]}")
         fields = {f.name for f in dataclasses.fields(cls)}
+        record = {**_ADDED_LATER, **record}  # a ledger written before these options existed ran without them
         missing, unknown = fields - set(record), set(record) - fields
         if missing or unknown:
             raise UserError(f"privacy ledger event: missing {sorted(missing)}, unknown {sorted(unknown)}")
@@ -141,10 +151,57 @@ class DpEvent:
     def dp_accounting_event(self) -> dp_accounting.DpEvent:
         if not self.is_private:
             return dp_accounting.NonPrivateDpEvent()
-        step = dp_accounting.PoissonSampledDpEvent(
-            self.sample_rate, dp_accounting.GaussianDpEvent(self.noise_multiplier)
-        )
-        return dp_accounting.SelfComposedDpEvent(step, self.steps)
+        return dp_sgd_event(self.sample_rate, self.schedule(), self.steps)
+
+    def schedule(self) -> NoiseSchedule:
+        return NoiseSchedule(self.noise_multiplier, self.noise_decay, self.decay_steps, self.count_noise_multiplier)
+
+
+_ADDED_LATER = {"noise_decay": 1.0, "decay_steps": 0, "count_noise_multiplier": 0.0}
+
+
+def combined_noise_multiplier(gradient: float, count: float) -> float:
+    """The noise multiplier of a step that releases the noisy clipped gradient sum (sensitivity C, noise
+    multiplier `gradient`) and a noisy count (sensitivity 1/2, noise multiplier `count`; 0: none) on the same
+    Poisson batch: together one Gaussian mechanism on the joint vector, of multiplier (σ_g⁻² + σ_b⁻²)^(-1/2)
+    (Andrew et al. 2021, Theorem 1)."""
+    if count == 0 or gradient == 0:  # no count released; or a gradient without noise (not private at all)
+        return gradient
+    return (gradient ** -2 + count ** -2) ** -0.5
+
+
+@dataclasses.dataclass(frozen=True)
+class NoiseSchedule:
+    """The noise of every step of a run: gradient noise multiplier σ · noise_decay^k in the k-th block of
+    `decay_steps` steps (decay_steps 0: σ throughout), with adaptive clipping's count noise beside it."""
+
+    sigma: float
+    noise_decay: float = 1.0
+    decay_steps: int = 0
+    count_noise_multiplier: float = 0.0
+
+    def gradient_sigma(self, step: int) -> float:
+        """The gradient's noise multiplier at step `step` (0-based)."""
+        if not self.decay_steps:
+            return self.sigma
+        return self.sigma * self.noise_decay ** (step // self.decay_steps)
+
+    def segments(self, steps: int) -> list:
+        """[(effective σ, steps)] of the first `steps` steps, as the accountant composes them."""
+        block = self.decay_steps or steps
+        return [(combined_noise_multiplier(self.gradient_sigma(start), self.count_noise_multiplier),
+                 min(block, steps - start)) for start in range(0, steps, block)]
+
+    def with_sigma(self, sigma: float) -> NoiseSchedule:
+        return dataclasses.replace(self, sigma=sigma)
+
+
+def dp_sgd_event(sample_rate: float, schedule: NoiseSchedule, steps: int) -> dp_accounting.DpEvent:
+    """The dp_accounting event of `steps` DP-SGD steps: Poisson-sampled Gaussians, composed as they ran."""
+    parts = [dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(sample_rate, dp_accounting.GaussianDpEvent(sigma)), count)
+        for sigma, count in schedule.segments(steps)]
+    return parts[0] if len(parts) == 1 else dp_accounting.ComposedDpEvent(parts)
 
 
 def _new_accountant(accountant: str) -> dp_accounting.PrivacyAccountant:
@@ -239,8 +296,12 @@ def calibrate_noise_multiplier(
     steps: int,
     prior_events: Sequence[DpEvent] = (),
     tol: float = 1e-3,
+    schedule: NoiseSchedule = NoiseSchedule(1.0),
+    repeats: int = 1,
 ) -> float:
-    """Smallest σ (within `tol`, rounded up) such that prior_events + this run stay within ε at δ (PLD)."""
+    """Smallest σ (within `tol`, rounded up) such that prior_events + this run stay within ε at δ (PLD).
+    σ is the gradient noise of the first steps; the rest of `schedule` (decay, count noise) is kept. `repeats`:
+    the run is repeated that many times (rounds of training on the same data)."""
     prior = [e.dp_accounting_event() for e in prior_events]
     if any(not e.is_private for e in prior_events):
         raise UserError("cannot calibrate to a target epsilon: the input model was trained without DP (epsilon = inf)")
@@ -252,8 +313,8 @@ def calibrate_noise_multiplier(
         )
 
     def make_event(sigma: float) -> dp_accounting.DpEvent:
-        step = dp_accounting.PoissonSampledDpEvent(sample_rate, dp_accounting.GaussianDpEvent(sigma))
-        return dp_accounting.ComposedDpEvent(prior + [dp_accounting.SelfComposedDpEvent(step, steps)])
+        return dp_accounting.ComposedDpEvent(
+            prior + [dp_sgd_event(sample_rate, schedule.with_sigma(sigma), steps)] * repeats)
 
     def pld_epsilon(sigma: float) -> float:
         return pld.PLDAccountant().compose(make_event(sigma)).get_epsilon(delta)

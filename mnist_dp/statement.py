@@ -27,6 +27,12 @@ SHARED_EXAMPLES = (
     "both while each counts it once, and its true ε is larger.")
 
 
+def _schedule(event) -> str:
+    if not event.decay_steps:
+        return ""
+    return f" decaying ×{event.noise_decay:g} every {event.decay_steps} steps"
+
+
 def _code(code: dict | None) -> str:
     if not code:
         return "code not recorded"
@@ -51,13 +57,17 @@ def privacy_statement(saved: ModelFile, per_organization: dict | None = None) ->
         f"- Neighbouring datasets: {NEIGHBOURING_RELATION}.",
         f"- Sampling: {SAMPLING}, as the accountant assumes.",
         "- Mechanism: DP-SGD; each step adds Gaussian noise of standard deviation σ·C to the sum of clipped "
-        "gradients; the accountant composes PoissonSampled(Gaussian(σ)) over the steps really run.",
+        "gradients; the accountant composes PoissonSampled(Gaussian(σ)) over the steps really run (with a "
+        "decaying noise schedule, each block of steps at its own σ; with adaptive clipping, the noisy count of "
+        "unclipped examples released at each step is part of that step's Gaussian mechanism, Andrew et al. 2021).",
         "- Training runs in the ledger (in order):",
     ]
     for i, e in enumerate(ledger.events, 1):
         library = "; ".join(f"{name}: ε = {value:.3f}" for name, value in e.library_epsilon)
         lines.append(f"  {i}. {e.framework}: {len(e.data)} data sample(s), n = {e.n}, q = {e.sample_rate:.4g}, "
-                     f"σ = {e.noise_multiplier:.4g}, {e.steps} steps, clipping {e.clipping} to C = {e.max_grad_norm:g}"
+                     f"σ = {e.noise_multiplier:.4g}{_schedule(e)}, {e.steps} steps, clipping {e.clipping} "
+                     + (f"adaptive from C = {e.max_grad_norm:g} (count noise multiplier "
+                        f"{e.count_noise_multiplier:.4g})" if e.count_noise_multiplier else f"to C = {e.max_grad_norm:g}")
                      + (f" ({library}; a library's figure covers its own run only, with its own conventions)"
                         if library else "") + f"; {_code(e.code)}")
     if hp.get("max_epsilon") is not None:

@@ -18,6 +18,7 @@ from typing import Protocol
 
 import numpy as np
 
+from mnist_dp import features as feature_maps
 from mnist_dp import hyperparameters as hp_file
 from mnist_dp import model_file, predictions, provenance, timing
 from mnist_dp.errors import UserError, run_cli
@@ -28,6 +29,7 @@ from mnist_dp.privacy import (
     REPORTED_ACCOUNTANT,
     DpEvent,
     Ledger,
+    NoiseSchedule,
     calibrate_noise_multiplier,
     check_delta,
     compose_epsilon,
@@ -41,6 +43,28 @@ log = logging.getLogger("substratools.mnist_dp")
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
 # Images per forward pass at prediction (bounds the memory); a framework may set its own `predict_batch_size`.
 PREDICT_BATCH_SIZE = 1024
+
+
+@dataclass(frozen=True)
+class Network:
+    """Which network a framework builds: on "pixels" the tutorial CNN with `activation`; on "scattering" a
+    linear classifier on the features of mnist_dp/features.py (the inputs the skeleton gives it)."""
+
+    features: str = "pixels"
+    activation: str = "tanh"
+
+    @classmethod
+    def of(cls, hp: hp_file.Hyperparameters) -> Network:
+        return cls(hp.features, hp.activation)
+
+    @classmethod
+    def of_saved(cls, saved: model_file.ModelFile) -> Network:
+        # Models saved before these options existed: the ReLU CNN on pixels.
+        return cls(saved.hyperparameters.get("features", "pixels"), saved.hyperparameters.get("activation", "relu"))
+
+    def inputs(self, images: np.ndarray) -> np.ndarray:
+        """Images [N, 28, 28] -> what the network takes: the same, or scattering features [N, 3969]."""
+        return feature_maps.transform(images, self.features)
 
 
 @dataclass(frozen=True)
@@ -84,6 +108,24 @@ class SamplingPlan:
 
 
 MAX_STEPS = 1_000_000  # days of training on a CPU; beyond it a typo is likelier than a plan
+# A decaying noise schedule lowers σ at each quarter of the planned steps: few distinct σ keep PLD accounting
+# fast (one σ per epoch made calibrating σ take 80 s for 30 epochs).
+NOISE_STAGES = 4
+
+
+def noise_schedule(hp: hp_file.Hyperparameters, plan: SamplingPlan, sigma: float) -> NoiseSchedule:
+    """What noise every step of the run adds: σ (the first stage's), the decay, and adaptive clipping's count."""
+    if not hp.dp:
+        return NoiseSchedule(0.0)
+    decay_steps = math.ceil(plan.planned_steps / NOISE_STAGES) if hp.noise_decay < 1 else 0
+    count = 2 * count_stddev(hp, plan) if hp.clip_quantile is not None else 0.0  # sensitivity of the count: 1/2
+    return NoiseSchedule(sigma, hp.noise_decay, decay_steps, count)
+
+
+def count_stddev(hp: hp_file.Hyperparameters, plan: SamplingPlan) -> float:
+    """Adaptive clipping: the std of the noise on the count of unclipped examples (E[B] / 20 by default,
+    Andrew et al. 2021)."""
+    return hp.clip_count_stddev if hp.clip_count_stddev is not None else plan.expected_batch_size / 20
 # Frameworks whose DP library has no secure noise generator (secure_mode is refused for them).
 NO_SECURE_MODE = {"tf": "TF Privacy offers no secure noise generator; use the torch algo (Opacus secure_mode) "
                         "or set secure_mode to false"}
@@ -129,23 +171,51 @@ EpochCallback = Callable[[int], str]
 class Framework(Protocol):
     name: str
 
-    def new_model(self, seed: int): ...
+    def new_model(self, seed: int, network: Network): ...
 
-    def load_model(self, weights: bytes): ...
+    def load_model(self, weights: bytes, network: Network): ...
 
     def dump_model(self, model) -> bytes: ...
 
     def fit(self, model, images: np.ndarray, labels: np.ndarray, hp: hp_file.Hyperparameters,
-            plan: SamplingPlan, noise_multiplier: float, on_epoch: EpochCallback) -> Ran:
-        """Train `model` in place: plan.steps steps, with DP-SGD at σ = noise_multiplier if hp.dp.
+            plan: SamplingPlan, noise: NoiseSchedule, on_epoch: EpochCallback) -> Ran:
+        """Train `model` in place: plan.steps steps, with DP-SGD if hp.dp: step t adds gradient noise
+        noise.gradient_sigma(t) · C, and with adaptive clipping (hp.clip_quantile) count noise of std
+        noise.count_noise_multiplier / 2.
         Called through the skeleton's `fit` (below), which adds q and the clipping unit."""
 
     def batch_logits(self, model, images: np.ndarray) -> np.ndarray:
-        """Class scores [B, 10] (before softmax) of one batch of images [B, 28, 28]; `predict_in_batches`
+        """Class scores [B, 10] (before softmax) of one batch of inputs (images [B, 28, 28], or features
+        [B, 3969] for a network on scattering features); `predict_in_batches`
         calls it with `predict_batch_size` images (a framework's own attribute, else PREDICT_BATCH_SIZE)."""
 
     def flat_weights(self, model) -> np.ndarray:
         """All trainable weights in one vector (the mechanism tests measure updates with it)."""
+
+
+class ClipNorm:
+    """The clipping norm C of every step: max_grad_norm throughout, or with clip_quantile adaptive clipping
+    (Andrew et al. 2021, as Opacus' AdaClipDPOptimizer and TF Privacy's quantile-adaptive query): after each
+    step C ← C · exp(-rate · (b̃ - quantile)), b̃ the noisy fraction of the batch whose gradient norm was at
+    most C. The count is released with noise N(0, s²) on Σ_i (1[‖g_i‖ ≤ C] - 1/2), sensitivity 1/2, which the
+    ledger's count_noise_multiplier = 2s accounts for; its noise is drawn here, for every framework."""
+
+    def __init__(self, hp: hp_file.Hyperparameters, plan: SamplingPlan):
+        self.value = float(hp.max_grad_norm)
+        self.adaptive = hp.dp and hp.clip_quantile is not None
+        self.quantile, self.rate = hp.clip_quantile, hp.clip_learning_rate
+        self.stddev = count_stddev(hp, plan)
+        self.expected_batch_size = plan.expected_batch_size
+        # secure_mode: the count's noise, like the gradient's, from a seed that cannot be predicted or replayed.
+        self.rng = np.random.default_rng(secrets.randbits(128) if hp.secure_mode else [hp.seed, 7])
+
+    def update(self, unclipped: int, batch_size: int) -> None:
+        """After a step on `batch_size` examples of which `unclipped` had a gradient norm ≤ C."""
+        if not self.adaptive:
+            return
+        noisy = unclipped - batch_size / 2 + self.rng.normal(0.0, self.stddev)
+        fraction = noisy / self.expected_batch_size + 0.5  # the expected, not the realised, batch size
+        self.value *= math.exp(-self.rate * (fraction - self.quantile))
 
 
 def sampled_batches(plan: SamplingPlan, hp: hp_file.Hyperparameters, on_epoch: EpochCallback, name: str):
@@ -177,7 +247,8 @@ def fit(framework: Framework, model, images: np.ndarray, labels: np.ndarray, hp:
         plan: SamplingPlan, sigma: float, on_epoch: EpochCallback) -> FitResult:
     """One training run of `framework` (model trained in place), and what it did: the steps and batch
     sizes it ran and its library's ε from the framework, q and the clipping unit from here."""
-    ran = framework.fit(model, images, labels, hp, plan, sigma, on_epoch)
+    inputs = Network.of(hp).inputs(images)
+    ran = framework.fit(model, inputs, labels, hp, plan, noise_schedule(hp, plan, sigma), on_epoch)
     if hp.dp:
         clipping, noise_multiplier = PER_EXAMPLE, sigma if ran.noise_multiplier is None else ran.noise_multiplier
     else:
@@ -189,15 +260,10 @@ def fit(framework: Framework, model, images: np.ndarray, labels: np.ndarray, hp:
 def dp_event(framework_name: str, data: tuple, hp: hp_file.Hyperparameters, plan: SamplingPlan, result: FitResult,
              code: dict | None = None) -> DpEvent:
     """The ledger event of a run: what it did (`result`) on `data` (fingerprints), as `plan` and `hp` asked."""
-    return DpEvent(
-        framework=framework_name,
-        data=data,
-        n=plan.n,
-        sample_rate=result.sample_rate,
-        noise_multiplier=result.noise_multiplier,
-        steps=result.steps,
+    return dataclasses.replace(
+        run_event(framework_name, data, hp, plan, result.noise_multiplier, result.steps),
         clipping=result.clipping,
-        max_grad_norm=hp.max_grad_norm,
+        sample_rate=result.sample_rate,
         library_epsilon=tuple(sorted(result.library_epsilon.items())),
         batch_size=hp.batch_size,
         planned_steps=plan.planned_steps,
@@ -205,11 +271,25 @@ def dp_event(framework_name: str, data: tuple, hp: hp_file.Hyperparameters, plan
     )
 
 
-def _load_input_model(framework: Framework, inputs: dict):
+def run_event(framework_name: str, data: tuple, hp: hp_file.Hyperparameters, plan: SamplingPlan, sigma: float,
+              steps: int) -> DpEvent:
+    """The ledger event of `steps` steps of this run at gradient noise σ (schedule and count noise from hp)."""
+    schedule = noise_schedule(hp, plan, sigma)
+    return DpEvent(framework_name, data, plan.n, plan.sample_rate, sigma, steps,
+                   PER_EXAMPLE if hp.dp else NO_CLIPPING, hp.max_grad_norm, noise_decay=schedule.noise_decay,
+                   decay_steps=schedule.decay_steps, count_noise_multiplier=schedule.count_noise_multiplier)
+
+
+def _load_input_model(framework: Framework, inputs: dict, network: Network):
     if inputs.get("model"):
         saved = model_file.load(inputs["model"], framework.name)
+        if Network.of_saved(saved) != network:
+            theirs = Network.of_saved(saved)
+            raise UserError(f"input model: its network has features {theirs.features!r} and activation "
+                            f"{theirs.activation!r}, the hyperparameters say {network.features!r} and "
+                            f"{network.activation!r}; set them as the input model's")
         log.info("continuing from input model: %d earlier training run(s) in its ledger", len(saved.ledger.events))
-        return framework.load_model(saved.weights), saved.ledger
+        return framework.load_model(saved.weights, network), saved.ledger
     return None, Ledger()
 
 
@@ -218,7 +298,8 @@ def resolve_noise_multiplier(hp: hp_file.Hyperparameters, plan: SamplingPlan, pr
         return 0.0
     if hp.noise_multiplier is not None:
         return float(hp.noise_multiplier)
-    sigma = calibrate_noise_multiplier(hp.target_epsilon, hp.delta, plan.sample_rate, plan.steps, prior)
+    sigma = calibrate_noise_multiplier(hp.target_epsilon, hp.delta, plan.sample_rate, plan.steps, prior,
+                                       schedule=noise_schedule(hp, plan, 1.0))
     log.info("calibrated noise_multiplier = %.4f for target epsilon %.3g at delta %.1e", sigma, hp.target_epsilon,
              hp.delta)
     return sigma
@@ -236,7 +317,8 @@ def noise_for_rounds(hp: hp_file.Hyperparameters, sizes: list, rounds: int) -> h
     sigmas = []
     for n in sizes:
         plan = SamplingPlan.from_hyperparameters(n, hp, "hyperparameters")
-        sigmas.append(calibrate_noise_multiplier(hp.target_epsilon, hp.delta, plan.sample_rate, plan.steps * rounds))
+        sigmas.append(calibrate_noise_multiplier(hp.target_epsilon, hp.delta, plan.sample_rate, plan.steps,
+                                                 schedule=noise_schedule(hp, plan, 1.0), repeats=rounds))
     return dataclasses.replace(hp, noise_multiplier=max(sigmas), target_epsilon=None)
 
 
@@ -246,7 +328,7 @@ def apply_budget(name: str, fingerprints: tuple, hp: hp_file.Hyperparameters, pl
     within budget; refuses to train at all when no step fits."""
     if not hp.dp or hp.max_epsilon is None:
         return plan
-    run = DpEvent(name, fingerprints, plan.n, plan.sample_rate, sigma, plan.steps, PER_EXAMPLE, hp.max_grad_norm)
+    run = run_event(name, fingerprints, hp, plan, sigma, plan.steps)
     allowed = steps_within_budget(prior, run, hp.delta, hp.max_epsilon)
     if allowed == 0 and not prior:
         one_step = compose_epsilon([dataclasses.replace(run, steps=1)], hp.delta)
@@ -273,9 +355,9 @@ def train(framework: Framework, inputs: dict, outputs: dict, hyperparameters_pat
     hp = hp_file.load(hyperparameters_path)
     plan = check_run(framework.name, hp, len(labels), str(hyperparameters_path))
 
-    model, ledger = _load_input_model(framework, inputs)
+    model, ledger = _load_input_model(framework, inputs, Network.of(hp))
     if model is None:
-        model = framework.new_model(hp.seed)
+        model = framework.new_model(hp.seed, Network.of(hp))
     # A continued run must not replay the sampling and noise of the run before it (the accountant
     # assumes fresh randomness at every step), so the seed moves on with the ledger.
     hp = dataclasses.replace(hp, seed=hp.seed + len(ledger.events))
@@ -287,8 +369,7 @@ def train(framework: Framework, inputs: dict, outputs: dict, hyperparameters_pat
     def on_epoch(steps_done: int) -> str:
         if not hp.dp:
             return "no DP"
-        partial = DpEvent(framework.name, fingerprints, plan.n, plan.sample_rate, sigma, steps_done, PER_EXAMPLE,
-                          hp.max_grad_norm)
+        partial = run_event(framework.name, fingerprints, hp, plan, sigma, steps_done)
         eps = compose_epsilon(prior + [partial], hp.delta, "rdp")  # RDP: fast enough for every epoch
         return f"ε(RDP)={eps:.2f} δ={hp.delta:g}"
 
@@ -317,23 +398,25 @@ def predict(framework: Framework, inputs: dict, outputs: dict) -> None:
     timing.begin_task("predict", framework=framework.name)
     check_outputs_writable(outputs)
     saved = model_file.load(inputs["model"], framework.name)
-    model = framework.load_model(saved.weights)
+    network = Network.of_saved(saved)
+    model = framework.load_model(saved.weights, network)
     timing.mark("loading model")
-    labels = predicted_labels(framework, model, inputs["datasamples"]["images"])  # the first batch compiles
+    labels = predicted_labels(framework, model, inputs["datasamples"]["images"], network)  # the first batch compiles
     timing.mark("predict")
     predictions.save(outputs["predictions"], labels)
     timing.end_task("saving", dp=saved.hyperparameters.get("dp"))
 
 
-def predict_in_batches(framework: Framework, model, images: np.ndarray) -> np.ndarray:
+def predict_in_batches(framework: Framework, model, images: np.ndarray, network: Network) -> np.ndarray:
     """Class scores [N, 10] (before softmax) of images [N, 28, 28]; the predicted label is their argmax."""
     batch_size = getattr(framework, "predict_batch_size", PREDICT_BATCH_SIZE)
-    return np.concatenate([framework.batch_logits(model, images[i : i + batch_size])
-                           for i in range(0, len(images), batch_size)])
+    inputs = network.inputs(images)
+    return np.concatenate([framework.batch_logits(model, inputs[i : i + batch_size])
+                           for i in range(0, len(inputs), batch_size)])
 
 
-def predicted_labels(framework: Framework, model, images: np.ndarray) -> np.ndarray:
-    return np.argmax(predict_in_batches(framework, model, images), axis=1).astype(np.int64)
+def predicted_labels(framework: Framework, model, images: np.ndarray, network: Network) -> np.ndarray:
+    return np.argmax(predict_in_batches(framework, model, images, network), axis=1).astype(np.int64)
 
 
 def run_functions(framework: Framework, hyperparameters_path: Path) -> None:

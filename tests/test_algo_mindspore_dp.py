@@ -16,11 +16,14 @@ algo = load_asset_module(ALGO_ASSETS["mindspore"] / "algo.py", "algo_mindspore_d
 CHUNK = 16
 
 
-@pytest.fixture(scope="module")
-def net_and_batch():
+@pytest.fixture(scope="module", params=["cnn", "linear"])
+def net_and_batch(request):
     rng = np.random.default_rng(0)
-    net = algo.SampleConvNet()
-    x = rng.random((CHUNK, 1, 28, 28), dtype=np.float32)
+    if request.param == "cnn":
+        net, x = algo.SampleConvNet(), rng.random((CHUNK, 1, 28, 28), dtype=np.float32)
+    else:  # random weights: the zero start would give every example the same gradient norm
+        net, x = algo.ScatteringLinear(), rng.normal(size=(CHUNK, 3969)).astype(np.float32)
+        net.fc.weight.set_data(ms.Tensor(rng.normal(0, 0.01, (10, 3969)).astype(np.float32)))
     y = rng.integers(0, 10, CHUNK).astype(np.int32)
     return net, x, y
 
@@ -76,7 +79,9 @@ def test_clipped_sum_is_the_masked_sum_of_clipped_per_example_gradients(net_and_
     clip = float(np.median(norms))  # some examples clipped, some not
     mask = np.zeros(CHUNK, np.float32)
     mask[:count] = 1
-    got = algo.ClippedGradientSum(net, net.trainable_params(), clip)(ms.Tensor(x), ms.Tensor(y), ms.Tensor(mask))
+    *got, unclipped = algo.ClippedGradientSum(net, net.trainable_params())(ms.Tensor(x), ms.Tensor(y),
+                                                                           ms.Tensor(mask), clip)
+    assert int(unclipped.asnumpy()) == sum(norm <= clip for norm in norms)  # adaptive clipping's count
     for k, ours in enumerate(got):
         expected = sum(grads[k] * min(1.0, clip / norm) for grads, norm in zip(per_example, norms))
         np.testing.assert_allclose(ours.asnumpy(), expected, rtol=1e-3, atol=1e-5)

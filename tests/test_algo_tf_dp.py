@@ -6,10 +6,12 @@ import pytest
 from conftest import ALGO_ASSETS
 
 from mnist_dp.assets import load_asset_module
+from mnist_dp.training import Network
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 tf = pytest.importorskip("tensorflow")
 algo = load_asset_module(ALGO_ASSETS["tf"] / "algo.py", "algo_tf_dp")
+CNN = Network("pixels", "tanh")
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +48,7 @@ def test_conv_patches_match_tf_extract_patches(padding, kernel, stride):
 def test_registry_norms_are_the_exact_per_example_gradient_norms(batch):
     from tensorflow_privacy.privacy.fast_gradient_clipping import clip_grads
 
-    model = algo.build_model(0)
+    model = algo.build_model(0, CNN)
     norms = clip_grads.compute_gradient_norms(model, algo.make_layer_registry(), *batch,
                                               trainable_vars=model.trainable_variables)
     expected = [norm(g) for g in naive_per_example_gradients(model, *batch)]
@@ -54,19 +56,20 @@ def test_registry_norms_are_the_exact_per_example_gradient_norms(batch):
 
 
 def test_clipped_sum_is_the_sum_of_clipped_per_example_gradients(batch):
-    model = algo.build_model(0)
+    model = algo.build_model(0, CNN)
     per_example = naive_per_example_gradients(model, *batch)
     clip = float(np.median([norm(g) for g in per_example]))  # some examples clipped, some not
     expected = [sum(g[k] * min(1.0, clip / norm(g)) for g in per_example) for k in range(len(per_example[0]))]
-    got = algo.clipped_gradient_sum(model, algo.make_layer_registry(), *batch, clip)
+    got, unclipped = algo.clipped_gradient_sum(model, algo.make_layer_registry(), *batch, clip)
+    assert int(unclipped) == sum(norm(g) <= clip for g in per_example)  # adaptive clipping's count
     for ours, reference in zip(got, expected):
         np.testing.assert_allclose(ours, reference, rtol=1e-4, atol=1e-6)
 
 
 def test_a_huge_gradient_is_clipped_to_the_norm(batch):
-    model = algo.build_model(0)
+    model = algo.build_model(0, CNN)
     x = batch[0][:1] * 1e3
     wrong_label = tf.argmin(model(x), axis=1)  # the most wrong class: a very large gradient
     assert norm(naive_per_example_gradients(model, x, wrong_label)[0]) > 1e3
-    got = algo.clipped_gradient_sum(model, algo.make_layer_registry(), x, wrong_label, 0.5)
+    got, _ = algo.clipped_gradient_sum(model, algo.make_layer_registry(), x, wrong_label, 0.5)
     assert norm(got) == pytest.approx(0.5, rel=1e-4)

@@ -26,6 +26,13 @@ def test_every_asset_ships_valid_hyperparameters_with_the_same_keys(framework):
     ({"momentum": 1.0}, "momentum"),
     ({"dp": "yes"}, "dp"),
     ({"lr": 0.1}, "unknown"),
+    ({"features": "wavelets"}, "features = \"wavelets\" must be one of \\['pixels', 'scattering'\\]"),
+    ({"activation": "sigmoid"}, "activation"),
+    ({"optimizer": "rmsprop"}, "optimizer"),
+    ({"ema_decay": 1.0}, "ema_decay"),
+    ({"noise_decay": 0}, "noise_decay"),
+    ({"clip_quantile": 1.5}, "clip_quantile"),
+    ({"clip_count_stddev": -1.0}, "clip_count_stddev"),
 ])
 def test_bad_values_are_named(tmp_path, changes, message):
     values = {**json.loads((ALGO_ASSETS[FRAMEWORKS[0]] / "hyperparameters.json").read_text()), **changes}

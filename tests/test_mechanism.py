@@ -3,6 +3,8 @@
 One step with q = 1 (every example in the batch), learning rate 1 and no momentum: the weights move by
 exactly -(sum of clipped per-example gradients + N(0, (σC)²)) / (expected batch size).
 """
+from dataclasses import dataclass
+
 import numpy as np
 import pytest
 from conftest import ALGO_ASSETS, FRAMEWORKS
@@ -19,31 +21,49 @@ LABELS = np.arange(8) % 10
 HUGE = IMAGES * 100  # with a label the model does not predict (see wrong_labels): gradients far above C
 
 
-@pytest.fixture(scope="module", params=FRAMEWORKS)
+@dataclass(frozen=True)
+class Case:
+    """One framework training one of the networks (the CNN on pixels, the linear classifier on features)."""
+
+    algo: object
+    network: training.Network
+
+    @property
+    def name(self):
+        return self.algo.name
+
+
+@pytest.fixture(scope="module", params=[(f, features) for f in FRAMEWORKS for features in ("pixels", "scattering")],
+                ids=lambda p: f"{p[0]}-{p[1]}")
 def framework(request):
-    return load_asset_module(ALGO_ASSETS[request.param] / "algo.py", f"algo_{request.param}_mechanism").FRAMEWORK
+    name, features = request.param
+    algo = load_asset_module(ALGO_ASSETS[name] / "algo.py", f"algo_{name}_mechanism")
+    return Case(algo.FRAMEWORK, training.Network(features, "tanh"))
 
 
 def make_hp(**changes):
-    """Learning rate 1, no momentum: the weights move by exactly the update."""
+    """Learning rate 1, no momentum, no averaging: the weights move by exactly the update."""
     return hyperparameters.parse({
         "epochs": 1, "batch_size": 8, "learning_rate": 1.0, "momentum": 0.0, "max_grad_norm": C,
         "noise_multiplier": 1.0, "target_epsilon": None, "max_epsilon": None, "delta": 1e-5, "seed": 0, "dp": True,
-        "secure_mode": False, **changes}, "test")
+        "secure_mode": False, "features": "pixels", "activation": "tanh", "optimizer": "sgd", "ema_decay": 0.0,
+        "noise_decay": 1.0, "clip_quantile": None, "clip_learning_rate": 0.2, "clip_count_stddev": None,
+        **changes}, "test")
 
 
-def fit(framework, images, labels, sigma, dp=True, seed=0, epochs=1, batch_size=None, secure_mode=False):
-    hp = make_hp(epochs=epochs, batch_size=batch_size or len(labels), seed=seed, dp=dp, secure_mode=secure_mode)
+def fit(case, images, labels, sigma, dp=True, seed=0, epochs=1, batch_size=None, secure_mode=False):
+    hp = make_hp(epochs=epochs, batch_size=batch_size or len(labels), seed=seed, dp=dp, secure_mode=secure_mode,
+                 features=case.network.features)
     plan = training.SamplingPlan.from_hyperparameters(len(labels), hp, "test")
-    model = framework.new_model(0)
-    before = framework.flat_weights(model)
-    result = training.fit(framework, model, images, labels, hp, plan, sigma, lambda steps: "")
-    return before - framework.flat_weights(model), result  # = lr × the update applied
+    model = case.algo.new_model(0, case.network)
+    before = case.algo.flat_weights(model)
+    result = training.fit(case.algo, model, images, labels, hp, plan, sigma, lambda steps: "")
+    return before - case.algo.flat_weights(model), result  # = lr × the update applied
 
 
-def wrong_labels(framework, images):
+def wrong_labels(case, images):
     """Labels the initial model does not predict: the loss gradient cannot vanish (saturated softmax)."""
-    return (training.predicted_labels(framework, framework.new_model(0), images) + 1) % 10
+    return (training.predicted_labels(case.algo, case.algo.new_model(0, case.network), images, case.network) + 1) % 10
 
 
 def test_every_per_example_contribution_is_clipped_to_c(framework):

@@ -122,3 +122,45 @@ def test_steps_within_budget_is_the_last_step_that_fits():
     assert privacy.steps_within_budget([], run, 1e-5, 100.0) == 400  # the whole run fits
     spent = dataclasses.replace(run, steps=allowed)
     assert privacy.steps_within_budget([spent], run, 1e-5, budget) == 0  # the input model spent it
+
+
+def pld_of(segments, q, delta=1e-5):
+    """ε of Poisson-subsampled Gaussians [(σ, steps)] composed in order, straight from dp_accounting."""
+    import dp_accounting
+    from dp_accounting import pld
+
+    accountant = pld.PLDAccountant()
+    for sigma, steps in segments:
+        accountant.compose(dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), steps)
+    return accountant.get_epsilon(delta)
+
+
+def test_a_decaying_schedule_is_composed_block_by_block_as_it_ran():
+    run = dataclasses.replace(event(4000, 500, 4), noise_decay=0.5, decay_steps=10, steps=25, planned_steps=32)
+    expected = pld_of([(1.1, 10), (0.55, 10), (0.275, 5)], 1 / 8)
+    assert Ledger([run]).epsilon(1e-5) == pytest.approx(expected, rel=1e-9)
+    assert Ledger([run]).epsilon(1e-5) > Ledger([dataclasses.replace(run, decay_steps=0)]).epsilon(1e-5)
+
+
+def test_adaptive_clippings_noisy_count_is_part_of_every_step():
+    run = dataclasses.replace(event(4000, 500, 4), count_noise_multiplier=2.0)
+    combined = (1.1 ** -2 + 2.0 ** -2) ** -0.5  # one Gaussian on the joint (gradient sum, count) vector
+    assert Ledger([run]).epsilon(1e-5) == pytest.approx(pld_of([(combined, 32)], 1 / 8), rel=1e-9)
+    assert Ledger([run]).epsilon(1e-5) > Ledger([event(4000, 500, 4)]).epsilon(1e-5)
+
+
+def test_a_ledger_written_before_schedules_and_adaptive_clipping_reads_as_neither():
+    record = event(4000, 500, 4).to_json()
+    for name in ("noise_decay", "decay_steps", "count_noise_multiplier"):
+        del record[name]
+    assert DpEvent.from_json(record) == event(4000, 500, 4)
+    with pytest.raises(UserError, match="decay_steps"):
+        DpEvent.from_json({**record, "decay_steps": -1})
+
+
+def test_calibration_holds_the_target_with_a_schedule_and_a_count():
+    schedule = privacy.NoiseSchedule(1.0, noise_decay=0.8, decay_steps=12, count_noise_multiplier=40.0)
+    sigma = calibrate_noise_multiplier(3.0, 1e-5, 1 / 8, 48, schedule=schedule)
+    run = dataclasses.replace(event(4000, 500, 6), noise_multiplier=sigma, noise_decay=0.8, decay_steps=12,
+                              count_noise_multiplier=40.0)
+    assert 2.95 < Ledger([run]).epsilon(1e-5) <= 3.0

@@ -111,16 +111,16 @@ class NoLearning:
 
     name = FRAMEWORK
 
-    def new_model(self, seed):
+    def new_model(self, seed, network):
         return b"untrained weights"
 
-    def load_model(self, weights):
+    def load_model(self, weights, network):
         return weights
 
     def dump_model(self, model):
         return model
 
-    def fit(self, model, images, labels, hp, sampling, noise_multiplier, on_epoch):
+    def fit(self, model, images, labels, hp, sampling, noise, on_epoch):
         return training.Ran(batch_sizes=[round(sampling.n * sampling.sample_rate)] * sampling.steps)
 
 

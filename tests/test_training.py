@@ -1,3 +1,5 @@
+import math
+
 import pytest
 
 from mnist_dp import hyperparameters, privacy, training
@@ -5,7 +7,8 @@ from mnist_dp.errors import UserError
 
 BASE = {"epochs": 2, "batch_size": 50, "learning_rate": 0.1, "momentum": 0.9, "max_grad_norm": 1.0,
         "noise_multiplier": None, "target_epsilon": 2.0, "max_epsilon": None, "delta": 1e-5, "seed": 0, "dp": True,
-        "secure_mode": False}
+        "secure_mode": False, "features": "pixels", "activation": "tanh", "optimizer": "sgd", "ema_decay": 0.0,
+        "noise_decay": 1.0, "clip_quantile": None, "clip_learning_rate": 0.2, "clip_count_stddev": None}
 
 
 def test_sampling_plan_follows_opacus_convention():
@@ -53,3 +56,29 @@ def test_batches_report_progress_once_per_epoch_without_a_terminal(dp):
     calls = []
     batches = list(training.sampled_batches(plan, hp, lambda steps: calls.append(steps) or "", "x"))
     assert len(batches) == 60 and calls == [20, 40, 60]
+
+
+def test_the_noise_schedule_and_the_count_follow_the_hyperparameters():
+    hp = hyperparameters.parse({**BASE, "noise_decay": 0.5, "clip_quantile": 0.5}, "x")
+    plan = training.SamplingPlan.from_hyperparameters(1001, hp, "x")  # 21 steps per epoch, 42 planned
+    noise = training.noise_schedule(hp, plan, 2.0)
+    assert noise.decay_steps == 11 and noise.count_noise_multiplier == pytest.approx(2 * plan.expected_batch_size / 20)
+    assert [noise.gradient_sigma(t) for t in (0, 10, 11, 41)] == [2.0, 2.0, 1.0, 0.25]
+    assert training.noise_schedule(dict_hp(dp=False), plan, 2.0).sigma == 0
+
+
+def dict_hp(**changes):
+    return hyperparameters.parse({**BASE, **changes}, "x")
+
+
+@pytest.mark.parametrize("unclipped, direction", [(50, -1), (0, 1)])
+def test_adaptive_clipping_moves_c_towards_the_quantile(unclipped, direction):
+    hp = dict_hp(clip_quantile=0.5, clip_learning_rate=0.2, clip_count_stddev=0.01)
+    plan = training.SamplingPlan.from_hyperparameters(1000, hp, "x")  # E[B] = 50
+    clip = training.ClipNorm(hp, plan)
+    clip.update(unclipped, 50)  # all unclipped: C too large, shrinks; all clipped: grows
+    assert clip.value == pytest.approx(1.0 * math.exp(-0.2 * ((unclipped - 25) / 50 + 0.5 - 0.5)), rel=1e-3)
+    assert (clip.value - 1.0) * direction > 0
+    fixed = training.ClipNorm(dict_hp(), plan)
+    fixed.update(0, 50)
+    assert fixed.value == 1.0

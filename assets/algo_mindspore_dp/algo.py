@@ -37,7 +37,7 @@ try:
 except ModuleNotFoundError:  # run from the repository: make the shared package importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from mnist_dp import training
+from mnist_dp import features, training
 from mnist_dp.errors import UserError
 from mnist_dp.training import MNIST_MEAN, MNIST_STD
 
@@ -99,17 +99,17 @@ def _probed(z, probes, index):
 class SampleConvNet(nn.Cell):
     """The TF Privacy / Opacus tutorial CNN (26,010 parameters), the same network as the other algos."""
 
-    # Each weighted layer's output [B, ...] (before its ReLU): the shapes of `forward`'s probes.
+    # Each weighted layer's output [B, ...] (before its activation): the shapes of `forward`'s probes.
     PROBE_SHAPES = ((16, 14 * 14), (32, 5 * 5), (32,), (10,))
 
-    def __init__(self):
+    def __init__(self, activation="tanh"):
         super().__init__()
         self.conv1 = PatchConv2d(1, 16, 8, stride=2, pad_mode="pad", padding=3, has_bias=True)
         self.conv2 = PatchConv2d(16, 32, 4, stride=2, pad_mode="valid", has_bias=True)
         self.pool = nn.MaxPool2d(2, 1)
         self.fc1 = nn.Dense(32 * 4 * 4, 32)
         self.fc2 = nn.Dense(32, 10)
-        self.relu = nn.ReLU()
+        self.act = {"tanh": nn.Tanh, "relu": nn.ReLU}[activation]()  # "tanh" or "relu", as the other algos
         self.flatten = nn.Flatten()
 
     def construct(self, x):
@@ -124,25 +124,70 @@ class SampleConvNet(nn.Cell):
         x = (x - MNIST_MEAN) / MNIST_STD
         patches1 = self.conv1.patches(x)  # -> [B, 64, 196]
         z1 = _probed(self.conv1.pre_activation(patches1), probes, 0)  # -> [B, 16, 196]
-        x = self.pool(self.relu(z1.reshape(batch, 16, 14, 14)))  # -> [B, 16, 14, 14] -> [B, 16, 13, 13]
+        x = self.pool(self.act(z1.reshape(batch, 16, 14, 14)))  # -> [B, 16, 14, 14] -> [B, 16, 13, 13]
         patches2 = self.conv2.patches(x)  # -> [B, 256, 25]
         z2 = _probed(self.conv2.pre_activation(patches2), probes, 1)  # -> [B, 32, 25]
-        x = self.pool(self.relu(z2.reshape(batch, 32, 5, 5)))  # -> [B, 32, 5, 5] -> [B, 32, 4, 4]
+        x = self.pool(self.act(z2.reshape(batch, 32, 5, 5)))  # -> [B, 32, 5, 5] -> [B, 32, 4, 4]
         hidden_in = self.flatten(x)  # -> [B, 512]
-        hidden = self.relu(_probed(self.fc1(hidden_in), probes, 2))  # -> [B, 32]
+        hidden = self.act(_probed(self.fc1(hidden_in), probes, 2))  # -> [B, 32]
         logits = _probed(self.fc2(hidden), probes, 3)  # -> [B, 10]
         return logits, (patches1, patches2, hidden_in, hidden)
+
+
+class ScatteringLinear(nn.Cell):
+    """A linear classifier on scattering features [B, 3969] (zero weights at the start, as in every
+    framework: the problem is convex, so nothing is lost)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Dense(features.SCATTERING_DIM, 10, weight_init="zeros", bias_init="zeros")
+
+    def construct(self, x):
+        return self.fc(x)  # -> [B, 10] logits
+
+
+def build_network(network):
+    if network.features == "scattering":
+        return ScatteringLinear()
+    return SampleConvNet(network.activation)
+
+
+def as_input(inputs):
+    """Images [N, 28, 28] get their channel axis (NCHW); scattering features stay [N, 3969]."""
+    return inputs[:, None] if inputs.ndim == 3 else inputs
+
+
+class _LinearClippedSumGraph(nn.Cell):
+    """ClippedGradientSum's GRAPH-mode body for ScatteringLinear: the example's weight gradient is g_i x_iᵀ
+    (g_i the gradient of its loss w.r.t. its logits), of squared norm ‖g_i‖²(‖x_i‖² + 1) with the bias."""
+
+    def __init__(self, net):
+        super().__init__(auto_prefix=False)
+        self.net = net
+        self.loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="sum")
+        self.output_grad = ms.grad(self.probed_loss, grad_position=1)
+        self.matmul_ta = ops.MatMul(transpose_a=True)
+
+    def probed_loss(self, x, probe, y):
+        return self.loss(self.net.fc(x) + probe, y)
+
+    def construct(self, x, y, mask, max_grad_norm, probe):
+        g = self.output_grad(x, probe, y)  # -> [B, 10]
+        norms = ops.sqrt(ops.square(g).sum(1) * (ops.square(x).sum(1) + 1))
+        weight = ops.minimum(1.0, max_grad_norm / ops.maximum(norms, 1e-12)) * mask  # [B]
+        unclipped = ((norms <= max_grad_norm).astype(ms.float32) * mask).sum()
+        return (self.matmul_ta(g * weight.reshape(-1, 1), x), ops.matmul(weight.reshape(1, -1), g).reshape(-1),
+                unclipped)
 
 
 class _ClippedSumGraph(nn.Cell):
     """The GRAPH-mode body of ClippedGradientSum (the probes must be inputs of the graph: MindSpore folds
     zeros made inside it into constants, which have no gradient)."""
 
-    def __init__(self, net, max_grad_norm):
+    def __init__(self, net):
         super().__init__(auto_prefix=False)
         self.net = net
         self.loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="sum")
-        self.max_grad_norm = float(max_grad_norm)
         self.output_grads = ms.grad(self.probed_loss, grad_position=(1, 2, 3, 4), has_aux=True)
         self.batch_matmul_tb = ops.BatchMatMul(transpose_b=True)
         self.matmul_ta = ops.MatMul(transpose_a=True)
@@ -151,7 +196,7 @@ class _ClippedSumGraph(nn.Cell):
         logits, inputs = self.net.forward(x, (probe1, probe2, probe3, probe4))
         return self.loss(logits, y), inputs[0], inputs[1], inputs[2], inputs[3]
 
-    def construct(self, x, y, mask, probe1, probe2, probe3, probe4):
+    def construct(self, x, y, mask, max_grad_norm, probe1, probe2, probe3, probe4):
         # Σ_i ℓ_i: example i's loss depends only on its own row, so row i of each output gradient is ℓ_i's.
         (g1, g2, g3, g4), (patches1, patches2, hidden_in, hidden) = self.output_grads(
             x, probe1, probe2, probe3, probe4, y)
@@ -164,7 +209,9 @@ class _ClippedSumGraph(nn.Cell):
                      + ops.square(kernel2).reshape(batch, -1).sum(1) + ops.square(bias2).sum(1)
                      + ops.square(g3).sum(1) * (ops.square(hidden_in).sum(1) + 1)
                      + ops.square(g4).sum(1) * (ops.square(hidden).sum(1) + 1))
-        weight = ops.minimum(1.0, self.max_grad_norm / ops.maximum(ops.sqrt(sqr_norms), 1e-12)) * mask  # [B]
+        norms = ops.sqrt(sqr_norms)
+        weight = ops.minimum(1.0, max_grad_norm / ops.maximum(norms, 1e-12)) * mask  # [B]
+        unclipped = ((norms <= max_grad_norm).astype(ms.float32) * mask).sum()  # adaptive clipping's count
         row = weight.reshape(1, -1)
         column = weight.reshape(-1, 1)
         return (ops.matmul(row, kernel1.reshape(batch, -1)).reshape(self.net.conv1.weight.shape),
@@ -172,29 +219,34 @@ class _ClippedSumGraph(nn.Cell):
                 ops.matmul(row, kernel2.reshape(batch, -1)).reshape(self.net.conv2.weight.shape),
                 ops.matmul(row, bias2).reshape(-1),
                 self.matmul_ta(g3 * column, hidden_in), ops.matmul(row, g3).reshape(-1),
-                self.matmul_ta(g4 * column, hidden), ops.matmul(row, g4).reshape(-1))
+                self.matmul_ta(g4 * column, hidden), ops.matmul(row, g4).reshape(-1), unclipped)
 
 
 class ClippedGradientSum:
     """Σ_i mask_i · min(1, C / ‖g_i‖) · g_i over one chunk, from exact per-example gradients: one forward
     and one backward pass to each layer's output, then each example's gradient from its layer inputs.
-    Returns one tensor per parameter, in `weights` order (the net's own)."""
+    Returns one tensor per parameter, in `weights` order (the net's own), then the number of (unmasked)
+    examples whose gradient norm was at most C."""
 
-    GRADIENT_ORDER = ("conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias",
-                      "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias")
+    GRADIENT_ORDER = {SampleConvNet: ("conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias",
+                                      "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"),
+                      ScatteringLinear: ("fc.weight", "fc.bias")}
+    # Each weighted layer's output [B, ...]: the shapes of the graph's probes.
+    PROBE_SHAPES = {SampleConvNet: SampleConvNet.PROBE_SHAPES, ScatteringLinear: ((10,),)}
 
-    def __init__(self, net, weights, max_grad_norm):
-        if tuple(w.name for w in weights) != self.GRADIENT_ORDER:
-            raise ValueError(f"ClippedGradientSum returns {self.GRADIENT_ORDER}, not {[w.name for w in weights]}")
-        self.graph = _ClippedSumGraph(net, max_grad_norm)
+    def __init__(self, net, weights):
+        order = self.GRADIENT_ORDER[type(net)]
+        if tuple(w.name for w in weights) != order:
+            raise ValueError(f"ClippedGradientSum returns {order}, not {[w.name for w in weights]}")
+        self.graph = _LinearClippedSumGraph(net) if isinstance(net, ScatteringLinear) else _ClippedSumGraph(net)
+        self.probe_shapes = self.PROBE_SHAPES[type(net)]
         self.probes = {}  # chunk size -> zero probes
 
-    def __call__(self, x, y, mask):
+    def __call__(self, x, y, mask, max_grad_norm):
         size = x.shape[0]
         if size not in self.probes:
-            self.probes[size] = tuple(ms.Tensor(np.zeros((size, *shape), np.float32))
-                                      for shape in SampleConvNet.PROBE_SHAPES)
-        return self.graph(x, y, mask, *self.probes[size])
+            self.probes[size] = tuple(ms.Tensor(np.zeros((size, *shape), np.float32)) for shape in self.probe_shapes)
+        return self.graph(x, y, mask, ms.Tensor(max_grad_norm, ms.float32), *self.probes[size])
 
 
 def chunk_sizes(expected_batch_size):
@@ -206,42 +258,72 @@ def chunk_sizes(expected_batch_size):
 
 
 class NoisyUpdate(nn.Cell):
-    """Add MindArmour's Gaussian noise (std σ·C) to the clipped sum, divide by E[B], take the step."""
+    """Add Gaussian noise of std `noise_std` (σ·C of this step) to the clipped sum, divide by E[B], take the
+    step. The noise is MindArmour's (`NoiseGaussianRandom`, drawn at unit std and scaled, since the
+    schedule and adaptive clipping change σ·C from step to step)."""
 
-    def __init__(self, optimizer, max_grad_norm, noise_multiplier, expected_batch_size, seed):
+    def __init__(self, optimizer, expected_batch_size, seed):
         super().__init__(auto_prefix=False)
         NoiseGaussianRandom, _ = import_mindarmour()
         self.optimizer = optimizer
         # MindArmour draws fresh noise at every call; its seed 0 selects its "secure" random source (seed
-        # None here). σ = 0 (no noise, clipping only) serves the mechanism tests; MindArmour refuses it.
-        self.noise = (NoiseGaussianRandom(float(max_grad_norm), float(noise_multiplier),
-                                          seed=0 if seed is None else seed + 1)
-                      if noise_multiplier > 0 else None)
+        # None here).
+        self.noise = NoiseGaussianRandom(1.0, 1.0, seed=0 if seed is None else seed + 1)
         # The *expected* batch size, a constant as in Opacus: dividing by the realised size would make
         # the update depend on the data beyond what the mechanism accounts for.
         self.expected_batch_size = float(expected_batch_size)
 
-    def construct(self, clipped_sum):
-        if self.noise is None:
-            return self.optimizer(tuple(g / self.expected_batch_size for g in clipped_sum))
-        return self.optimizer(tuple((g + self.noise(g)) / self.expected_batch_size for g in clipped_sum))
+    def construct(self, clipped_sum, noise_std):
+        return self.optimizer(tuple((g + noise_std * self.noise(g)) / self.expected_batch_size
+                                    for g in clipped_sum))
 
 
-def make_dp_step(net, optimizer, max_grad_norm, noise_multiplier, expected_batch_size, seed):
-    """One DP-SGD step on images[batch]: clip each example's gradient to C, sum over the chunks, add
-    N(0, σ²C²), divide by E[B], update. `images` [N, 1, 28, 28], `labels` int32 [N]."""
-    clipped_sum = ClippedGradientSum(net, optimizer.parameters, max_grad_norm)
-    update = NoisyUpdate(optimizer, max_grad_norm, noise_multiplier, expected_batch_size, seed)
+def make_dp_step(net, optimizer, expected_batch_size, seed):
+    """One DP-SGD step `step(images, labels, batch, C, σ)` on images[batch]: clip each example's gradient to
+    C, sum over the chunks, add N(0, σ²C²), divide by E[B], update. `images` [N, 1, 28, 28], `labels` int32
+    [N]. Returns how many examples had a gradient norm ≤ C (adaptive clipping's count, before noise)."""
+    clipped_sum = ClippedGradientSum(net, optimizer.parameters)
+    update = NoisyUpdate(optimizer, expected_batch_size, seed)
     sizes = chunk_sizes(expected_batch_size)
 
-    def step(images, labels, batch):
+    def step(images, labels, batch, max_grad_norm, noise_multiplier):
         total = None
         for index, mask in padded_chunks(batch, sizes):
-            part = clipped_sum(ms.Tensor(images[index]), ms.Tensor(labels[index]), ms.Tensor(mask))
+            part = clipped_sum(ms.Tensor(images[index]), ms.Tensor(labels[index]), ms.Tensor(mask), max_grad_norm)
             total = part if total is None else tuple(a + b for a, b in zip(total, part))
-        update(ms.mutable(total))  # a plain tuple is a constant to GRAPH mode: recompiled at every step
+        *gradients, unclipped = total
+        # A plain tuple is a constant to GRAPH mode: recompiled at every step (hence mutable). σ = 0 (clipping
+        # only) serves the mechanism tests.
+        update(ms.mutable(tuple(gradients)), ms.Tensor(noise_multiplier * max_grad_norm, ms.float32))
+        return int(unclipped.asnumpy())
 
     return step
+
+
+class MovingAverage(nn.Cell):
+    """An exponential moving average of the weights, updated after every step (`copy_to` puts it in the
+    net at the end): post-processing of the DP iterates, free in privacy."""
+
+    def __init__(self, params, decay):
+        super().__init__(auto_prefix=False)
+        self.params = ms.ParameterTuple(params)
+        self.averages = self.params.clone(prefix="average")
+        self.decay = float(decay)
+
+    def construct(self):
+        for average, param in zip(self.averages, self.params):
+            ops.assign(average, average * self.decay + param * (1 - self.decay))
+        return True
+
+    def copy_to(self):
+        for average, param in zip(self.averages, self.params):
+            param.set_data(ms.Tensor(average.asnumpy()))
+
+
+def new_optimizer(net, hp):
+    if hp.optimizer == "adam":
+        return nn.Adam(net.trainable_params(), learning_rate=hp.learning_rate)
+    return nn.SGD(net.trainable_params(), learning_rate=hp.learning_rate, momentum=hp.momentum)
 
 
 def make_plain_step(net, optimizer):
@@ -292,17 +374,17 @@ class MindSporeMindArmour:
     # GRAPH mode compiles once per input shape: 1000 cuts a test set of 10,000 images into equal batches.
     predict_batch_size = 1000
 
-    def new_model(self, seed):
+    def new_model(self, seed, network):
         ms.set_seed(seed)
-        return SampleConvNet()
+        return build_network(network)
 
-    def load_model(self, weights):
-        net = SampleConvNet()
+    def load_model(self, weights, network):
+        net = build_network(network)
         try:
             with np.load(io.BytesIO(weights), allow_pickle=False) as arrays:
                 params = {name: ms.Parameter(ms.Tensor(arrays[name]), name=name) for name in arrays.files}
         except (OSError, ValueError) as exc:
-            raise UserError(f"model weights are not this CNN's MindSpore parameters ({exc})") from None
+            raise UserError(f"model weights are not this network's MindSpore parameters ({exc})") from None
         not_loaded, _ = ms.load_param_into_net(net, params, strict_load=True)
         if not_loaded:
             raise UserError(f"model weights lack parameters {not_loaded}")
@@ -313,28 +395,38 @@ class MindSporeMindArmour:
         np.savez(buffer, **{p.name: p.asnumpy() for p in net.get_parameters()})
         return buffer.getvalue()
 
-    def fit(self, net, images, labels, hp, plan, noise_multiplier, on_epoch):
+    def fit(self, net, images, labels, hp, plan, noise, on_epoch):
         # With a global seed set, MindSpore derives even seed-0 ("secure") ops' seeds from it: secure_mode
         # must not set a replayable one.
         ms.set_seed(secrets.randbits(31) if hp.secure_mode else hp.seed)
-        optimizer = nn.SGD(net.trainable_params(), learning_rate=hp.learning_rate, momentum=hp.momentum)
+        optimizer = new_optimizer(net, hp)
+        average = MovingAverage(net.trainable_params(), hp.ema_decay) if hp.ema_decay else None
         net.set_train(True)
-        images, labels = images[:, None], labels.astype(np.int32)
+        images, labels = as_input(images), labels.astype(np.int32)
+        clip = training.ClipNorm(hp, plan)
         if hp.dp:
             # secure_mode: MindArmour's own option, seed 0 ("secure random number": a fresh random seed per run)
-            step = make_dp_step(net, optimizer, hp.max_grad_norm, noise_multiplier, plan.expected_batch_size,
-                                None if hp.secure_mode else hp.seed)
+            step = make_dp_step(net, optimizer, plan.expected_batch_size, None if hp.secure_mode else hp.seed)
         else:
             step = make_plain_step(net, optimizer)
         batch_sizes = []
         for batch in training.sampled_batches(plan, hp, on_epoch, self.name):
-            step(images, labels, batch)
+            if hp.dp:
+                unclipped = step(images, labels, batch, clip.value, noise.gradient_sigma(len(batch_sizes)))
+                clip.update(unclipped, len(batch))
+            else:
+                step(images, labels, batch)
+            if average is not None:
+                average()
             batch_sizes.append(len(batch))
+        if average is not None:
+            average.copy_to()
         net.set_train(False)
         library = {}
-        if hp.dp and noise_multiplier > 0:  # MindArmour has no ε for a run without noise
+        # MindArmour has no ε for a run without noise; its monitor knows neither our schedule nor a count.
+        if hp.dp and noise.sigma > 0 and not noise.decay_steps and not noise.count_noise_multiplier:
             library["MindArmour RDPMonitor (this run only)"] = mindarmour_epsilon(
-                plan.n, plan.sample_rate, noise_multiplier, len(batch_sizes), hp.delta)
+                plan.n, plan.sample_rate, noise.sigma, len(batch_sizes), hp.delta)
         return training.Ran(batch_sizes, library)
 
     def flat_weights(self, net):
@@ -342,7 +434,7 @@ class MindSporeMindArmour:
 
     def batch_logits(self, net, images):
         net.set_train(False)
-        return net(ms.Tensor(images[:, None])).asnumpy()
+        return net(ms.Tensor(as_input(images))).asnumpy()
 
 
 FRAMEWORK = MindSporeMindArmour()

@@ -29,34 +29,57 @@ try:
 except ModuleNotFoundError:  # run from the repository: make the shared package importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from mnist_dp import training
+from mnist_dp import features, training
 from mnist_dp.errors import UserError
 from mnist_dp.training import MNIST_MEAN, MNIST_STD
 
 tf.get_logger().setLevel(logging.ERROR)
 HYPERPARAMETERS = Path(__file__).with_name("hyperparameters.json")
-BATCH_SPEC = (tf.TensorSpec([None, 28, 28, 1], tf.float32), tf.TensorSpec([None], tf.int64))
+SCALAR = tf.TensorSpec([], tf.float32)
 
 
-def build_model(seed):
-    """The TF Privacy tutorial CNN (26,010 parameters), the same network as the torch algo."""
+def batch_spec(model):
+    """The (inputs, labels) signature of a training step: the model's input shape, any batch size."""
+    return tf.TensorSpec([None, *model.input_shape[1:]], tf.float32), tf.TensorSpec([None], tf.int64)
+
+
+def as_input(inputs):
+    """Images [N, 28, 28] get their channel axis (NHWC); scattering features stay [N, 3969]."""
+    return inputs[..., None] if inputs.ndim == 3 else inputs
+
+
+def build_model(seed, network):
+    """The network `network` names (the same as the other algos'): the TF Privacy tutorial CNN (26,010
+    parameters, `network.activation`) on pixels, or a linear classifier on scattering features (zero
+    weights at the start, as in every framework)."""
     tf.keras.utils.set_random_seed(seed)
     layers = tf.keras.layers
-    model = tf.keras.Sequential([
-        layers.Input((28, 28, 1)),  # [B, 28, 28, 1] in [0, 1]
-        layers.Rescaling(1 / MNIST_STD, offset=-MNIST_MEAN / MNIST_STD),
-        layers.Conv2D(16, 8, strides=2, padding="same", activation="relu"),  # -> [B, 14, 14, 16]
-        layers.MaxPool2D(2, 1),  # -> [B, 13, 13, 16]
-        layers.Conv2D(32, 4, strides=2, padding="valid", activation="relu"),  # -> [B, 5, 5, 32]
-        layers.MaxPool2D(2, 1),  # -> [B, 4, 4, 32]
-        layers.Flatten(),  # -> [B, 512]
-        layers.Dense(32, activation="relu"),  # -> [B, 32]
-        layers.Dense(10),  # -> [B, 10] logits
-    ])
+    if network.features == "scattering":
+        model = tf.keras.Sequential([
+            layers.Input((features.SCATTERING_DIM,)),  # [B, 3969]
+            layers.Dense(10, kernel_initializer="zeros"),  # -> [B, 10] logits
+        ])
+    else:
+        model = pixel_cnn(network.activation)
     # Summed loss: the clipped gradients are then the *sum* of the per-example clipped gradients.
     model.compile(loss=tf.keras.losses.SparseCategoricalCrossentropy(
         from_logits=True, reduction=tf.keras.losses.Reduction.SUM))
     return model
+
+
+def pixel_cnn(activation):
+    layers = tf.keras.layers
+    return tf.keras.Sequential([
+        layers.Input((28, 28, 1)),  # [B, 28, 28, 1] in [0, 1]
+        layers.Rescaling(1 / MNIST_STD, offset=-MNIST_MEAN / MNIST_STD),
+        layers.Conv2D(16, 8, strides=2, padding="same", activation=activation),  # -> [B, 14, 14, 16]
+        layers.MaxPool2D(2, 1),  # -> [B, 13, 13, 16]
+        layers.Conv2D(32, 4, strides=2, padding="valid", activation=activation),  # -> [B, 5, 5, 32]
+        layers.MaxPool2D(2, 1),  # -> [B, 4, 4, 32]
+        layers.Flatten(),  # -> [B, 512]
+        layers.Dense(32, activation=activation),  # -> [B, 32]
+        layers.Dense(10),  # -> [B, 10] logits
+    ])
 
 
 def conv2d_layer_computation(layer_instance, input_args, input_kwargs, tape, num_microbatches=None):
@@ -126,7 +149,8 @@ def make_layer_registry():
 
 
 def clipped_gradient_sum(model, registry, x, y, max_grad_norm):
-    """Σ_i min(1, C / ‖g_i‖) g_i over the batch, with one forward and one backward pass.
+    """Σ_i min(1, C / ‖g_i‖) g_i over the batch, with one forward and one backward pass, and the number
+    of examples whose gradient norm was at most C.
 
     TF Privacy's `compute_clipped_gradients_and_outputs` does this with a second forward and
     backward pass of a re-weighted loss (3.3x a plain step here). We use the same TF Privacy parts
@@ -146,7 +170,8 @@ def clipped_gradient_sum(model, registry, x, y, max_grad_norm):
     base_vars = [layer[0] for layer in layers]
     base_grads = tape.gradient(summed_loss, base_vars)
     sqr_norms = tf.add_n([sqr_norm_fn(g) for (_, sqr_norm_fn, _), g in zip(layers, base_grads)])
-    clip_weights = clip_grads.compute_clip_weights(max_grad_norm, tf.sqrt(sqr_norms))  # min(1, C/‖g_i‖)
+    norms = tf.sqrt(sqr_norms)
+    clip_weights = clip_grads.compute_clip_weights(max_grad_norm, norms)  # min(1, C/‖g_i‖)
     grads = {}
     for (base, _, weights), g in zip(layers, base_grads):
         scaled = g * tf.reshape(clip_weights, [-1] + [1] * (len(g.shape) - 1))
@@ -155,36 +180,48 @@ def clipped_gradient_sum(model, registry, x, y, max_grad_norm):
     del tape
     if len(grads) != len(model.trainable_variables):
         raise RuntimeError("a trainable layer escaped per-example clipping")
-    return [grads[v.ref()] for v in model.trainable_variables]
+    unclipped = tf.reduce_sum(tf.cast(norms <= max_grad_norm, tf.int32))
+    return [grads[v.ref()] for v in model.trainable_variables], unclipped
 
 
-def make_dp_step(model, optimizer, max_grad_norm, noise_multiplier, expected_batch_size):
-    """One DP-SGD step: clip each example's gradient to C, sum, add N(0, σ²C²), divide by E[B]."""
+def make_dp_step(model, optimizer, expected_batch_size):
+    """One DP-SGD step `step(x, y, C, σ)`: clip each example's gradient to C, sum, add N(0, σ²C²), divide
+    by E[B]. Returns how many examples had a gradient norm ≤ C (adaptive clipping's count, before noise)."""
     from tensorflow_privacy.privacy.fast_gradient_clipping import gradient_clipping_utils
 
     registry = make_layer_registry()
 
-    @tf.function(input_signature=BATCH_SPEC)
-    def step(x, y):
-        clipped_sum = clipped_gradient_sum(model, registry, x, y, max_grad_norm)
+    @tf.function(input_signature=(*batch_spec(model), SCALAR, SCALAR))
+    def step(x, y, max_grad_norm, noise_multiplier):
+        clipped_sum, unclipped = clipped_gradient_sum(model, registry, x, y, max_grad_norm)
         noisy_sum = gradient_clipping_utils.add_aggregate_noise(
             clipped_sum, tf.shape(x)[0], max_grad_norm, noise_multiplier, loss_reduction="sum")
         # Divide by the *expected* batch size (a constant, as Opacus does): dividing by the realised
         # size would make the update depend on the data beyond what the mechanism accounts for.
         optimizer.apply_gradients([(g / expected_batch_size, v) for g, v in zip(noisy_sum, model.trainable_variables)])
+        return unclipped
 
     return step
 
 
 def make_plain_step(model, optimizer):
     """The non-private step: mean loss over the batch, plain gradients."""
-    @tf.function(input_signature=BATCH_SPEC)
+    @tf.function(input_signature=batch_spec(model))
     def step(x, y):
         with tf.GradientTape() as tape:
             loss = model.loss(y, model(x, training=True)) / tf.cast(tf.shape(x)[0], tf.float32)
         optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
 
     return step
+
+
+def new_optimizer(hp):
+    """SGD with momentum or Adam; with ema_decay Keras keeps a moving average of the weights (its own
+    `use_ema`), copied into the model at the end of training."""
+    ema = {"use_ema": True, "ema_momentum": hp.ema_decay} if hp.ema_decay else {}
+    if hp.optimizer == "adam":
+        return tf.keras.optimizers.Adam(hp.learning_rate, **ema)
+    return tf.keras.optimizers.SGD(hp.learning_rate, momentum=hp.momentum, **ema)
 
 
 def tf_privacy_statement_epsilon(n, batch_size, epochs, noise_multiplier, delta):
@@ -202,16 +239,16 @@ def tf_privacy_statement_epsilon(n, batch_size, epochs, noise_multiplier, delta)
 class TensorFlowPrivacy:
     name = "tf"
 
-    def new_model(self, seed):
-        return build_model(seed)
+    def new_model(self, seed, network):
+        return build_model(seed, network)
 
-    def load_model(self, weights):
-        model = build_model(0)
+    def load_model(self, weights, network):
+        model = build_model(0, network)
         try:
             with np.load(io.BytesIO(weights), allow_pickle=False) as arrays:
                 model.set_weights([arrays[f"arr_{i}"] for i in range(len(arrays.files))])
         except (OSError, ValueError, KeyError) as exc:
-            raise UserError(f"model weights are not this CNN's Keras weights ({exc})") from None
+            raise UserError(f"model weights are not this network's Keras weights ({exc})") from None
         return model
 
     def dump_model(self, model):
@@ -219,31 +256,39 @@ class TensorFlowPrivacy:
         np.savez(buffer, *model.get_weights())
         return buffer.getvalue()
 
-    def fit(self, model, images, labels, hp, plan, noise_multiplier, on_epoch):
+    def fit(self, model, images, labels, hp, plan, noise, on_epoch):
         if hp.secure_mode:  # check_run refuses it first; training.fit may also be called without it (tests)
             raise UserError(f"secure_mode: {training.NO_SECURE_MODE[self.name]}")
         tf.keras.utils.set_random_seed(hp.seed)
-        optimizer = tf.keras.optimizers.SGD(hp.learning_rate, momentum=hp.momentum)
-        images = images[..., None]
-        if hp.dp:
-            step = make_dp_step(model, optimizer, hp.max_grad_norm, noise_multiplier, plan.expected_batch_size)
-        else:
-            step = make_plain_step(model, optimizer)
+        optimizer = new_optimizer(hp)
+        images = as_input(images)
+        clip = training.ClipNorm(hp, plan)
+        step = make_dp_step(model, optimizer, plan.expected_batch_size) if hp.dp else make_plain_step(model, optimizer)
         batch_sizes = []
         for batch in training.sampled_batches(plan, hp, on_epoch, self.name):
-            step(tf.constant(images[batch]), tf.constant(labels[batch]))
+            x, y = tf.constant(images[batch]), tf.constant(labels[batch])
+            if hp.dp:
+                unclipped = step(x, y, tf.constant(clip.value, tf.float32),
+                                 tf.constant(noise.gradient_sigma(len(batch_sizes)), tf.float32))
+                if clip.adaptive:
+                    clip.update(int(unclipped), len(batch))
+            else:
+                step(x, y)
             batch_sizes.append(len(batch))
+        if hp.ema_decay:
+            optimizer.finalize_variable_values(model.trainable_variables)  # the averaged weights are saved
         library = {}
-        if hp.dp and noise_multiplier > 0:  # no statement for a run without noise
+        # No statement for a run without noise; TF Privacy's knows neither a schedule nor a count.
+        if hp.dp and noise.sigma > 0 and not noise.decay_steps and not noise.count_noise_multiplier:
             library["TF Privacy statement, RDP, Poisson (this run only)"] = tf_privacy_statement_epsilon(
-                plan.n, plan.expected_batch_size, len(batch_sizes) / plan.steps_per_epoch, noise_multiplier, hp.delta)
+                plan.n, plan.expected_batch_size, len(batch_sizes) / plan.steps_per_epoch, noise.sigma, hp.delta)
         return training.Ran(batch_sizes, library)
 
     def flat_weights(self, model):
         return np.concatenate([v.numpy().ravel() for v in model.trainable_variables])
 
     def batch_logits(self, model, images):
-        return model(images[..., None], training=False).numpy()
+        return model(as_input(images), training=False).numpy()
 
 
 FRAMEWORK = TensorFlowPrivacy()

@@ -24,7 +24,7 @@ try:
 except ModuleNotFoundError:  # run from the repository: make the shared package importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from mnist_dp import timing, training
+from mnist_dp import features, timing, training
 from mnist_dp.errors import UserError
 from mnist_dp.training import MNIST_MEAN, MNIST_STD
 
@@ -44,11 +44,17 @@ warnings.filterwarnings("ignore", message="Full backward hook is firing")
 logging.getLogger("substratools").propagate = False
 
 
-class SampleConvNet(nn.Module):
-    """The TF Privacy / Opacus tutorial CNN (26,010 parameters): small enough for DP-SGD on a CPU."""
+ACTIVATIONS = {"tanh": torch.tanh, "relu": F.relu}
 
-    def __init__(self):
+
+class SampleConvNet(nn.Module):
+    """The TF Privacy / Opacus tutorial CNN (26,010 parameters): small enough for DP-SGD on a CPU.
+    `activation` "tanh" (tempered sigmoid: bounded activations keep gradient norms small under clipping)
+    or "relu" (the tutorial's)."""
+
+    def __init__(self, activation="tanh"):
         super().__init__()
+        self.act = ACTIVATIONS[activation]
         self.conv1 = nn.Conv2d(1, 16, 8, stride=2, padding=3)
         self.conv2 = nn.Conv2d(16, 32, 4, stride=2)
         self.fc1 = nn.Linear(32 * 4 * 4, 32)
@@ -57,13 +63,29 @@ class SampleConvNet(nn.Module):
     def forward(self, x):
         # x: [B, 1, 28, 28] in [0, 1]
         x = (x - MNIST_MEAN) / MNIST_STD
-        x = F.relu(self.conv1(x))  # -> [B, 16, 14, 14]
+        x = self.act(self.conv1(x))  # -> [B, 16, 14, 14]
         x = F.max_pool2d(x, 2, 1)  # -> [B, 16, 13, 13]
-        x = F.relu(self.conv2(x))  # -> [B, 32, 5, 5]
+        x = self.act(self.conv2(x))  # -> [B, 32, 5, 5]
         x = F.max_pool2d(x, 2, 1)  # -> [B, 32, 4, 4]
         x = x.flatten(1)  # -> [B, 512]
-        x = F.relu(self.fc1(x))  # -> [B, 32]
+        x = self.act(self.fc1(x))  # -> [B, 32]
         return self.fc2(x)  # -> [B, 10] logits
+
+
+def build_network(network):
+    """The network `network` names: the CNN on pixels, or a linear classifier on scattering features
+    (zero weights at the start, as in every framework: the problem is convex, so nothing is lost)."""
+    if network.features == "scattering":
+        model = nn.Linear(features.SCATTERING_DIM, 10)  # [B, 3969] -> [B, 10] logits
+        nn.init.zeros_(model.weight)
+        nn.init.zeros_(model.bias)
+        return model
+    return SampleConvNet(network.activation)
+
+
+def as_tensor(inputs):
+    """Inputs as the network takes them: images [N, 28, 28] get their channel axis, features stay [N, 3969]."""
+    return torch.from_numpy(inputs[:, None] if inputs.ndim == 3 else inputs)
 
 
 def conv_example_gradients(layer: nn.Conv2d, inputs: torch.Tensor, out_grads: torch.Tensor) -> torch.Tensor:
@@ -115,16 +137,16 @@ def has_torchcsprng() -> bool:
 class TorchOpacus:
     name = "torch"
 
-    def new_model(self, seed):
+    def new_model(self, seed, network):
         torch.manual_seed(seed)
-        return SampleConvNet()
+        return build_network(network)
 
-    def load_model(self, weights):
-        model = SampleConvNet()
+    def load_model(self, weights, network):
+        model = build_network(network)
         try:
             model.load_state_dict(torch.load(io.BytesIO(weights), weights_only=True))
         except (RuntimeError, EOFError, ValueError) as exc:
-            raise UserError(f"model weights are not a SampleConvNet state dict ({exc})") from None
+            raise UserError(f"model weights are not this network's state dict ({exc})") from None
         return model
 
     def dump_model(self, model):
@@ -132,15 +154,16 @@ class TorchOpacus:
         torch.save(model.state_dict(), buffer)
         return buffer.getvalue()
 
-    def fit(self, model, images, labels, hp, plan, noise_multiplier, on_epoch):
+    def fit(self, model, images, labels, hp, plan, noise, on_epoch):
         # secure_mode: sampling and noise seeded from the OS CSPRNG (never replayable); see description.md.
         generator = torch.Generator().manual_seed(secrets.randbits(63) if hp.secure_mode else hp.seed)
-        dataset = TensorDataset(torch.from_numpy(images[:, None]), torch.from_numpy(labels))
+        dataset = TensorDataset(as_tensor(images), torch.from_numpy(labels))
         # batch_size gives the loader plan.steps_per_epoch batches; Opacus then replaces it by
         # Poisson sampling with q = 1 / len(loader) = plan.sample_rate.
         loader = DataLoader(dataset, batch_size=hp.batch_size, shuffle=True, generator=generator)
-        optimizer = torch.optim.SGD(model.parameters(), lr=hp.learning_rate, momentum=hp.momentum)
+        optimizer = new_optimizer(model, hp)
         criterion = nn.CrossEntropyLoss()
+        average = EMA(model, hp.ema_decay)  # before make_private: a copy without Opacus' hooks
         engine = None
         if hp.dp:
             from opacus import PrivacyEngine
@@ -150,7 +173,7 @@ class TorchOpacus:
             engine = PrivacyEngine(accountant="prv", secure_mode=hp.secure_mode and has_torchcsprng())
             train_model, optimizer, criterion, loader = engine.make_private(
                 module=model, optimizer=optimizer, criterion=criterion, data_loader=loader,
-                noise_multiplier=noise_multiplier, max_grad_norm=hp.max_grad_norm,
+                noise_multiplier=noise.sigma, max_grad_norm=hp.max_grad_norm,
                 poisson_sampling=True, grad_sample_mode=GRAD_SAMPLE_MODE,
                 noise_generator=None if engine.secure_mode else generator,
             )
@@ -164,9 +187,23 @@ class TorchOpacus:
         else:
             train_model = model
 
-        batch_sizes = run_epochs(train_model, optimizer, criterion, loader, plan, on_epoch)
+        if hp.dp:
+            clip = training.ClipNorm(hp, plan)
+
+            def before_step(step):  # the schedule's σ and the clipping norm of this step
+                optimizer.noise_multiplier = noise.gradient_sigma(step)
+                train_model.max_grad_norm = optimizer.max_grad_norm = clip.value  # clipping, noise std
+
+            def after_step(batch_size):
+                clip.update(int((train_model.per_sample_gradient_norms <= clip.value).sum()), batch_size)
+                average.update(model)
+        else:
+            before_step, after_step = (lambda step: None), (lambda batch_size: average.update(model))
+        batch_sizes = run_epochs(train_model, optimizer, criterion, loader, plan, on_epoch, before_step, after_step)
+        average.copy_to(model)
         library = {}
-        if engine is not None and noise_multiplier > 0:  # Opacus has no ε for a run without noise
+        # Opacus has no ε for a run without noise, and its accountant knows neither a schedule nor a count.
+        if engine is not None and noise.sigma > 0 and not noise.decay_steps and not noise.count_noise_multiplier:
             library["Opacus PRV (this run only)"] = engine.get_epsilon(hp.delta)
         return training.Ran(batch_sizes, library)
 
@@ -176,10 +213,37 @@ class TorchOpacus:
     def batch_logits(self, model, images):
         model.eval()
         with torch.no_grad():
-            return model(torch.from_numpy(images[:, None])).numpy()
+            return model(as_tensor(images)).numpy()
 
 
-def run_epochs(model, optimizer, criterion, loader, plan, on_epoch):
+def new_optimizer(model, hp):
+    if hp.optimizer == "adam":
+        return torch.optim.Adam(model.parameters(), lr=hp.learning_rate)
+    return torch.optim.SGD(model.parameters(), lr=hp.learning_rate, momentum=hp.momentum)
+
+
+class EMA:
+    """An exponential moving average of the weights (decay 0: none), taken after every step and saved in
+    their place: post-processing of the DP iterates, so free in privacy."""
+
+    def __init__(self, model, decay):
+        self.decay = decay
+        self.weights = [p.detach().clone() for p in model.parameters()] if decay else None
+
+    def update(self, model):
+        if self.weights is not None:
+            with torch.no_grad():
+                torch._foreach_lerp_(self.weights, [p.detach() for p in model.parameters()], 1 - self.decay)
+
+    def copy_to(self, model):
+        if self.weights is not None:
+            with torch.no_grad():
+                for p, w in zip(model.parameters(), self.weights):
+                    p.copy_(w)
+
+
+def run_epochs(model, optimizer, criterion, loader, plan, on_epoch, before_step=lambda step: None,
+               after_step=lambda batch_size: None):
     """Plain training loop, stopping after plan.steps (the budget may cut an epoch short).
     Returns the size of every batch really trained on."""
     from tqdm import tqdm
@@ -191,10 +255,12 @@ def run_epochs(model, optimizer, criterion, loader, plan, on_epoch):
             for x, y in loader:
                 if len(batch_sizes) == plan.steps:
                     return batch_sizes
+                before_step(len(batch_sizes))
                 optimizer.zero_grad()
                 loss = criterion(model(x), y)
                 loss.backward()
                 optimizer.step()
+                after_step(len(y))
                 batch_sizes.append(len(y))
                 bar.update()
                 if len(batch_sizes) == 1:
