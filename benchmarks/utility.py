@@ -19,7 +19,6 @@ markers) next to --results.
 import argparse
 import concurrent.futures
 import json
-import math
 import multiprocessing
 import os
 import statistics
@@ -255,7 +254,8 @@ def main(argv=None):
                         "(default: %(default)s)")
     parser.add_argument("--validation", action="store_true",
                         help="score on a held-out tenth of the training set, not the test set (for tuning)")
-    parser.add_argument("--results", type=Path, default=RESULTS, help="JSON lines of every point (default: %(default)s)")
+    parser.add_argument("--results", type=Path, default=RESULTS,
+                        help="JSON lines of every point (default: %(default)s)")
     parser.add_argument("--skip-non-private", action="store_true", help="train no non-private model")
     parser.add_argument("--report-only", action="store_true", help="train nothing; table and figure from --results")
     args = parser.parse_args(argv)

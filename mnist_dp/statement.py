@@ -66,8 +66,8 @@ def privacy_statement(saved: ModelFile, per_organization: dict | None = None) ->
         library = "; ".join(f"{name}: ε = {value:.3f}" for name, value in e.library_epsilon)
         lines.append(f"  {i}. {e.framework}: {len(e.data)} data sample(s), n = {e.n}, q = {e.sample_rate:.4g}, "
                      f"σ = {e.noise_multiplier:.4g}{_schedule(e)}, {e.steps} steps, clipping {e.clipping} "
-                     + (f"adaptive from C = {e.max_grad_norm:g} (count noise multiplier "
-                        f"{e.count_noise_multiplier:.4g})" if e.count_noise_multiplier else f"to C = {e.max_grad_norm:g}")
+                     + (f"adaptive from C = {e.max_grad_norm:g} (count noise multiplier {e.count_noise_multiplier:.4g})"
+                        if e.count_noise_multiplier else f"to C = {e.max_grad_norm:g}")
                      + (f" ({library}; a library's figure covers its own run only, with its own conventions)"
                         if library else "") + f"; {_code(e.code)}")
     if hp.get("max_epsilon") is not None:
