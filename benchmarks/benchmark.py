@@ -269,7 +269,7 @@ def print_steps(frameworks, steps):
     return plain, dp_ratios
 
 
-PHASES = ("start", "setup", "first step", "training", "loading model", "predict", "score", "saving")
+PHASES = ("start", "setup", "features", "first step", "training", "loading model", "predict", "score", "saving")
 
 
 def run_and_measure(command, env):
@@ -297,8 +297,8 @@ def print_default_run():
 
     print(f"\nwall time {wall:.1f} s ({wall / 60:.2f} min), {len(records)} tasks; seconds per task and phase "
           "(start = process start, imports and data loading; first step includes graph compilation):")
-    header = "".join(f"{phase:>10}" for phase in ("start", "setup", "1st step", "training", "load", "predict",
-                                                      "score", "save"))
+    header = "".join(f"{phase:>10}" for phase in ("start", "setup", "features", "1st step", "training", "load",
+                                                      "predict", "score", "save"))
     print(f"  {'task':<26}{header}{'total':>9}{'peak MB':>9}")
     totals = dict.fromkeys(PHASES, 0.0)
     for record in records:

@@ -100,6 +100,16 @@ def check_run_settings(ledger: Ledger, meta: dict) -> None:
                 "max_grad_norm": hp["max_grad_norm"], "noise_multiplier": hp["noise_multiplier"]}
     differ = [f"{name} {getattr(last, name)!r} (metadata: {value!r})" for name, value in expected.items()
               if not (isinstance(value, (int, float)) and math.isclose(getattr(last, name), value, rel_tol=1e-9))]
+    # Adaptive clipping's count noise, as the skeleton derives it (models saved before the option: none).
+    if hp.get("clip_quantile") is not None:
+        stddev = hp.get("clip_count_stddev") or last.n * last.sample_rate / 20
+        expected_count = 2 * stddev
+    else:
+        expected_count = 0.0
+    if not math.isclose(last.count_noise_multiplier, expected_count, rel_tol=1e-9):
+        differ.append(f"count_noise_multiplier {last.count_noise_multiplier!r} (metadata: {expected_count!r})")
+    if last.noise_decay != hp.get("noise_decay", 1.0):
+        differ.append(f"noise_decay {last.noise_decay!r} (metadata: {hp.get('noise_decay', 1.0)!r})")
     stopped = hp["stopped_by_budget"]
     if stopped is not (last.steps < last.planned_steps):
         differ.append(f"steps {last.steps} of {last.planned_steps} planned (metadata: stopped_by_budget {stopped!r})")

@@ -155,8 +155,38 @@ def _last_record_per_run(records: list) -> list:
     return list({r.run: r for r in records}.values())
 
 
+def plot_trade_off(ax, records: list, colours: dict) -> None:
+    """Test accuracy against ε: each private run's models in training order (one point per train task, at
+    the model's ε), each non-private baseline as a dashed line at its last accuracy, in its framework's colour."""
+    runs = list(dict.fromkeys(r.run for r in records))
+    framework_colour = {}
+    for r in records:
+        framework_colour.setdefault(r.framework, colours[r.run])
+    for run in runs:
+        points = [r for r in records if r.run == run and r.test_accuracy is not None]
+        if not points:
+            continue
+        if all(r.dp for r in points):
+            ax.plot([r.epsilon for r in points], [r.test_accuracy for r in points], marker="o",
+                    color=framework_colour[points[0].framework], label=run)
+            last = points[-1]
+            ax.annotate(f"{last.test_accuracy:.3f}", (last.epsilon, last.test_accuracy), textcoords="offset points",
+                        xytext=(5, 4), fontsize=8)
+        else:
+            ax.axhline(points[-1].test_accuracy, linestyle="--", color=framework_colour[points[0].framework],
+                       label=f"{run} (ε = ∞): {points[-1].test_accuracy:.3f}")
+    private = [r.epsilon for r in records if r.dp and math.isfinite(r.epsilon)]
+    ax.set_xlim(0, max(private + [1.0]) * 1.25)
+    ax.set_xlabel(f"ε (PLD) at δ = {records[0].delta:g}")
+    ax.set_ylabel("test accuracy")
+    ax.set_title("privacy–utility trade-off")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+
+
 def plot(path: Path, records: list) -> Path | None:
-    """results.png: test accuracy (left) and ε per organisation (right) after each train task."""
+    """results.png: test accuracy against ε (left), then test accuracy and ε per organisation after each
+    train task, as bars."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -169,8 +199,9 @@ def plot(path: Path, records: list) -> Path | None:
     multi = len(stages) > 1
     labels = [f"round {rnd}\n{org}" for rnd, org in stages]
     organizations = sorted({org for r in records for org in r.epsilon_by_organization})
-    fig, (acc_ax, eps_ax) = plt.subplots(1, 2, figsize=(12, 5.2))
-    colours = {run: f"C{i}" for i, run in enumerate(runs)}  # a run has one colour in both panels
+    fig, (trade_ax, acc_ax, eps_ax) = plt.subplots(1, 3, figsize=(18, 5.2))
+    colours = {run: f"C{i}" for i, run in enumerate(runs)}  # a run has one colour in every panel
+    plot_trade_off(trade_ax, records, colours)
     hatches = {org: ["", "//", "..", "xx", "\\\\", "++"][i % 6] for i, org in enumerate(organizations)}
 
     def bars(ax, series: list, title: str, ylabel: str, top: float):

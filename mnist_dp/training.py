@@ -25,6 +25,7 @@ from mnist_dp.errors import UserError, run_cli
 from mnist_dp.privacy import (
     ACCOUNTANT_NAMES,
     NO_CLIPPING,
+    NOISE_STAGES,
     PER_EXAMPLE,
     REPORTED_ACCOUNTANT,
     DpEvent,
@@ -108,9 +109,6 @@ class SamplingPlan:
 
 
 MAX_STEPS = 1_000_000  # days of training on a CPU; beyond it a typo is likelier than a plan
-# A decaying noise schedule lowers σ at each quarter of the planned steps: few distinct σ keep PLD accounting
-# fast (one σ per epoch made calibrating σ take 80 s for 30 epochs).
-NOISE_STAGES = 4
 
 
 def noise_schedule(hp: hp_file.Hyperparameters, plan: SamplingPlan, sigma: float) -> NoiseSchedule:
@@ -126,6 +124,8 @@ def count_stddev(hp: hp_file.Hyperparameters, plan: SamplingPlan) -> float:
     """Adaptive clipping: the std of the noise on the count of unclipped examples (E[B] / 20 by default,
     Andrew et al. 2021)."""
     return hp.clip_count_stddev if hp.clip_count_stddev is not None else plan.expected_batch_size / 20
+
+
 # Frameworks whose DP library has no secure noise generator (secure_mode is refused for them).
 NO_SECURE_MODE = {"tf": "TF Privacy offers no secure noise generator; use the torch algo (Opacus secure_mode) "
                         "or set secure_mode to false"}
@@ -248,6 +248,7 @@ def fit(framework: Framework, model, images: np.ndarray, labels: np.ndarray, hp:
     """One training run of `framework` (model trained in place), and what it did: the steps and batch
     sizes it ran and its library's ε from the framework, q and the clipping unit from here."""
     inputs = Network.of(hp).inputs(images)
+    timing.mark("features")  # fixed features: the scattering transform of every image (nothing for pixels)
     ran = framework.fit(model, inputs, labels, hp, plan, noise_schedule(hp, plan, sigma), on_epoch)
     if hp.dp:
         clipping, noise_multiplier = PER_EXAMPLE, sigma if ran.noise_multiplier is None else ran.noise_multiplier
@@ -401,7 +402,7 @@ def predict(framework: Framework, inputs: dict, outputs: dict) -> None:
     network = Network.of_saved(saved)
     model = framework.load_model(saved.weights, network)
     timing.mark("loading model")
-    labels = predicted_labels(framework, model, inputs["datasamples"]["images"], network)  # the first batch compiles
+    labels = predicted_labels(framework, model, inputs["datasamples"]["images"], network)  # features; compiling
     timing.mark("predict")
     predictions.save(outputs["predictions"], labels)
     timing.end_task("saving", dp=saved.hyperparameters.get("dp"))

@@ -111,3 +111,14 @@ def test_edited_weights_and_metadata_are_refused(tmp_path):
 def test_a_folder_is_not_a_model_file(tmp_path):
     with pytest.raises(UserError, match="is a folder"):
         model_file.load(tmp_path)
+
+
+def test_adaptive_clipping_and_a_schedule_must_agree_with_the_metadata(tmp_path):
+    import dataclasses
+
+    counted = dataclasses.replace(ledger_event(), count_noise_multiplier=5.0)
+    with pytest.raises(UserError, match=r"count_noise_multiplier 5.0 \(metadata: 0.0\)"):  # a count not declared
+        model_file.load(save_model(tmp_path / "a", [counted]))
+    model_file.load(save_model(tmp_path / "b", [counted], clip_quantile=0.5, clip_count_stddev=2.5))
+    with pytest.raises(UserError, match=r"noise_decay 1.0 \(metadata: 0.5\)"):
+        model_file.load(save_model(tmp_path / "c", [ledger_event()], noise_decay=0.5))

@@ -136,7 +136,7 @@ def pld_of(segments, q, delta=1e-5):
 
 
 def test_a_decaying_schedule_is_composed_block_by_block_as_it_ran():
-    run = dataclasses.replace(event(4000, 500, 4), noise_decay=0.5, decay_steps=10, steps=25, planned_steps=32)
+    run = dataclasses.replace(event(4000, 500, 5), noise_decay=0.5, decay_steps=10, steps=25)  # 40 planned
     expected = pld_of([(1.1, 10), (0.55, 10), (0.275, 5)], 1 / 8)
     assert Ledger([run]).epsilon(1e-5) == pytest.approx(expected, rel=1e-9)
     assert Ledger([run]).epsilon(1e-5) > Ledger([dataclasses.replace(run, decay_steps=0)]).epsilon(1e-5)
@@ -158,9 +158,19 @@ def test_a_ledger_written_before_schedules_and_adaptive_clipping_reads_as_neithe
         DpEvent.from_json({**record, "decay_steps": -1})
 
 
+@pytest.mark.parametrize("changes, message", [
+    ({"noise_decay": 0.5}, "noise_decay 0.5 with decay_steps 0"),  # a schedule read as constant: ε too low
+    ({"decay_steps": 8}, "noise_decay 1.0 with decay_steps 8"),
+    ({"noise_decay": 0.5, "decay_steps": 3}, "decay_steps 3 but the schedule has 4 blocks"),
+])
+def test_an_edited_schedule_is_refused(changes, message):
+    with pytest.raises(UserError, match=message):
+        DpEvent.from_json({**event(4000, 500, 4).to_json(), **changes})
+
+
 def test_calibration_holds_the_target_with_a_schedule_and_a_count():
     schedule = privacy.NoiseSchedule(1.0, noise_decay=0.8, decay_steps=12, count_noise_multiplier=40.0)
     sigma = calibrate_noise_multiplier(3.0, 1e-5, 1 / 8, 48, schedule=schedule)
     run = dataclasses.replace(event(4000, 500, 6), noise_multiplier=sigma, noise_decay=0.8, decay_steps=12,
-                              count_noise_multiplier=40.0)
+                              count_noise_multiplier=40.0, steps=48)
     assert 2.95 < Ledger([run]).epsilon(1e-5) <= 3.0

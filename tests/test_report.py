@@ -69,3 +69,20 @@ def test_reports_are_written(tmp_path):
     assert "- Per organisation (ε of the steps run on its data only): Org1: 1.500, Org2: 1.500" in summary
     assert "Opacus PRV (this run only): ε = 1.490" in summary and "**Not private**" in summary
     assert "max_epsilon = 2 at δ = 1e-05; training stopped after 10 of 20 planned steps" in summary
+
+
+def test_the_trade_off_panel_puts_each_private_model_at_its_epsilon_and_each_baseline_as_a_line():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = [record("torch", 1, "Org1", {"Org1": 1.0}, accuracy=0.8),
+               record("torch", 2, "Org1", {"Org1": 2.0}, accuracy=0.9),
+               record("torch-baseline", 1, "Org1", {"Org1": math.inf}, dp=False, accuracy=0.95)]
+    fig, ax = plt.subplots()
+    report.plot_trade_off(ax, records, {"torch": "C0", "torch-baseline": "C1"})
+    curve, baseline = ax.get_lines()
+    assert list(curve.get_xdata()) == [1.0, 2.0] and list(curve.get_ydata()) == [0.8, 0.9]
+    assert list(baseline.get_ydata()) == [0.95, 0.95] and baseline.get_color() == curve.get_color()
+    plt.close(fig)
