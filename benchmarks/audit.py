@@ -17,7 +17,6 @@ import concurrent.futures
 import multiprocessing
 import os
 import sys
-import time
 import warnings
 
 os.environ.setdefault("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "python")
@@ -56,21 +55,16 @@ def audit_framework(framework, args, dp):
         "epochs": args.epochs, "batch_size": args.batch_size, "noise_multiplier": None,
         "target_epsilon": args.target_epsilon, "max_epsilon": None, "delta": args.delta, "seed": args.seed, "dp": dp},
         "the audit's options"))
-    plan = training.check_run(framework, hp, len(train_y), "audit")
-    sigma = training.resolve_noise_multiplier(hp, plan, [])
-    network = training.Network.of(hp)
-    model = algo.FRAMEWORK.new_model(hp.seed, network)
-    start = time.perf_counter()
-    result = training.fit(algo.FRAMEWORK, model, train_x, train_y, hp, plan, sigma, lambda steps: "")
-    logits = training.predict_in_batches(algo.FRAMEWORK, model, canary_x, network).astype(np.float64)
+    run = training.fit_from_scratch(algo.FRAMEWORK, train_x, train_y, hp, "audit")
+    logits = training.predict_in_batches(algo.FRAMEWORK, run.model, canary_x, run.network).astype(np.float64)
     log_probs = logits - np.logaddexp.reduce(logits, axis=1, keepdims=True)
     scores = log_probs[np.arange(len(canary_y)), canary_y]  # memorised canaries score high
     guesses, correct = audit.guess(scores, included, args.guesses, args.guesses)
-    event = training.dp_event(framework, ("audit",), hp, plan, result)
-    return {"dp": dp, "claimed": Ledger([event]).epsilon(hp.delta), "sigma": sigma, "steps": result.steps,
-            "n": plan.n, "guesses": guesses, "correct": correct,
+    event = training.dp_event(framework, ("audit",), hp, run.plan, run.result)
+    return {"dp": dp, "claimed": Ledger([event]).epsilon(hp.delta), "sigma": run.sigma, "steps": run.result.steps,
+            "n": run.plan.n, "guesses": guesses, "correct": correct,
             "lower_bound": audit.epsilon_lower_bound(args.canaries, guesses, correct, hp.delta, BETA),
-            "seconds": time.perf_counter() - start}
+            "seconds": run.seconds}
 
 
 def main(argv=None):

@@ -258,6 +258,32 @@ def fit(framework: Framework, model, images: np.ndarray, labels: np.ndarray, hp:
                      list(ran.batch_sizes))
 
 
+@dataclass
+class Trained:
+    """A model trained from scratch in memory (benchmarks, audits), and what its training did."""
+
+    model: object
+    network: Network
+    plan: SamplingPlan
+    sigma: float
+    result: FitResult
+    seconds: float  # the training itself (features included)
+
+
+def fit_from_scratch(framework: Framework, images: np.ndarray, labels: np.ndarray, hp: hp_file.Hyperparameters,
+                     where: str) -> Trained:
+    """A train task's work without Substra: the checks, σ (calibrated when hp asks), a new model, `fit`."""
+    import time
+
+    plan = check_run(framework.name, hp, len(labels), where)
+    sigma = resolve_noise_multiplier(hp, plan, [])
+    network = Network.of(hp)
+    model = framework.new_model(hp.seed, network)
+    start = time.perf_counter()
+    result = fit(framework, model, images, labels, hp, plan, sigma, lambda steps: "")
+    return Trained(model, network, plan, sigma, result, time.perf_counter() - start)
+
+
 def dp_event(framework_name: str, data: tuple, hp: hp_file.Hyperparameters, plan: SamplingPlan, result: FitResult,
              code: dict | None = None) -> DpEvent:
     """The ledger event of a run: what it did (`result`) on `data` (fingerprints), as `plan` and `hp` asked."""
