@@ -303,7 +303,7 @@ def main(argv=None):
                         help="JSON lines of every point (default: %(default)s)")
     parser.add_argument("--skip-non-private", action="store_true", help="train no non-private model")
     parser.add_argument("--report-only", action="store_true", help="train nothing; table and figure from --results")
-    parser.add_argument("--ablation", metavar="LABEL,LABEL,...",
+    parser.add_argument("--ablation", metavar="LABEL;LABEL;...",
                         help="train nothing; write the table of these labels at --seeds-at (utility-ablation.md)")
     args = parser.parse_args(argv)
     args.datasets = [d for d in args.datasets.split(",") if d]
@@ -312,7 +312,7 @@ def main(argv=None):
     changes = parse_changes(args.set)
     if args.ablation:
         rows = read_results(args.results)
-        text = "\n".join(ablation_table(rows, args.ablation.split(","), dataset, args.seeds_at, args.validation)
+        text = "\n".join(ablation_table(rows, args.ablation.split(";"), dataset, args.seeds_at, args.validation)
                          for dataset in args.datasets)
         args.results.with_name("utility-ablation.md").write_text(text)
         print(text + f"\nwrote {args.results.with_name('utility-ablation.md')}")
