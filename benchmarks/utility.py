@@ -36,6 +36,7 @@ import numpy as np
 from mnist_dp import data, features, training
 from mnist_dp import hyperparameters as hp_file
 from mnist_dp.assets import ALGO_ASSETS, load_asset_module
+from mnist_dp.errors import UserError, run_cli
 from mnist_dp.privacy import Ledger
 
 FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
@@ -66,10 +67,10 @@ def load_dataset(name, validation, seed=0):
         train, test = data.split_train_test(images, labels, 4000, 1000, 0)  # the default run's split
     elif name == "fmnist":
         if not FASHION_MNIST.is_dir():
-            raise SystemExit(f"{FASHION_MNIST}: not found; install it with `apt-get install dataset-fashion-mnist`")
+            raise UserError(f"{FASHION_MNIST}: not found; install it with `apt-get install dataset-fashion-mnist`")
         train, test = data.load_idx_folder(FASHION_MNIST)
     else:
-        raise SystemExit(f"unknown dataset {name!r}; known: {', '.join(DATASETS)}")
+        raise UserError(f"unknown dataset {name!r}; known: {', '.join(DATASETS)}")
     if validation:  # the last tenth of a shuffled, stratified training set plays the test set
         n = len(train[1])
         train, test = data.split_train_test(*train, n - n // 10, n // 10, seed)
@@ -277,7 +278,7 @@ def parse_changes(items):
     for item in items:
         key, sep, value = item.partition("=")
         if not sep:
-            raise SystemExit(f"--set {item!r}: expected key=value (a JSON value)")
+            raise UserError(f"--set {item!r}: expected key=value (a JSON value)")
         try:
             changes[key] = json.loads(value)
         except json.JSONDecodeError:
@@ -309,6 +310,10 @@ def main(argv=None):
     args.datasets = [d for d in args.datasets.split(",") if d]
     args.frameworks = [f for f in args.frameworks.split(",") if f]
     args.epsilons = [float(e) for e in args.epsilons.split(",") if e]
+    for name, known in (("--datasets", DATASETS), ("--frameworks", ALGO_ASSETS)):
+        unknown = set(args.datasets if name == "--datasets" else args.frameworks) - set(known)
+        if unknown:
+            parser.error(f"{name}: unknown {sorted(unknown)}; known: {', '.join(known)}")
     changes = parse_changes(args.set)
     if args.ablation:
         rows = read_results(args.results)
@@ -322,13 +327,13 @@ def main(argv=None):
     summary = summarise(read_results(args.results), args.label, args.validation)
     summary = {k: v for k, v in summary.items() if k[0] in args.datasets and k[1] in args.frameworks}
     if not summary:
-        raise SystemExit(f"{args.results}: no results for label {args.label!r}")
+        raise UserError(f"{args.results}: no results for label {args.label!r}")
     stem = args.results.with_name(f"utility-{args.label}{'-validation' if args.validation else ''}")
-    text = table(summary, args.epsilons) + "\n" + "\n".join(goals(summary, args.seeds_at)) + "\n"
+    text = table(summary, args.epsilons) + "\n" + "".join(f"- {line}\n" for line in goals(summary, args.seeds_at))
     stem.with_suffix(".md").write_text(text)
     plot(summary, stem.with_suffix(".png"))
     print(text + f"\nwrote {stem.with_suffix('.md')} and {stem.with_suffix('.png')}")
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)
