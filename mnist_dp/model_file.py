@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from mnist_dp import hyperparameters as hp_file
 from mnist_dp.errors import UserError
-from mnist_dp.privacy import Ledger, check_delta
+from mnist_dp.privacy import Ledger, check_delta, count_stddev
 
 FORMAT = "mnist-dp-model/2"  # 2: digests in the metadata, provenance in every ledger event
 _META = "meta.json"
@@ -101,11 +101,8 @@ def check_run_settings(ledger: Ledger, meta: dict) -> None:
     differ = [f"{name} {getattr(last, name)!r} (metadata: {value!r})" for name, value in expected.items()
               if not (isinstance(value, (int, float)) and math.isclose(getattr(last, name), value, rel_tol=1e-9))]
     # Adaptive clipping's count noise, as the skeleton derives it (models saved before the option: none).
-    if hp.get("clip_quantile") is not None:
-        stddev = hp.get("clip_count_stddev") or last.n * last.sample_rate / 20
-        expected_count = 2 * stddev
-    else:
-        expected_count = 0.0
+    expected_count = (2 * count_stddev(hp.get("clip_count_stddev"), last.n * last.sample_rate)
+                      if hp.get("clip_quantile") is not None else 0.0)
     if not math.isclose(last.count_noise_multiplier, expected_count, rel_tol=1e-9):
         differ.append(f"count_noise_multiplier {last.count_noise_multiplier!r} (metadata: {expected_count!r})")
     if last.noise_decay != hp.get("noise_decay", 1.0):

@@ -168,6 +168,12 @@ class DpEvent:
 _ADDED_LATER = {"noise_decay": 1.0, "decay_steps": 0, "count_noise_multiplier": 0.0}
 
 
+def count_stddev(clip_count_stddev: float | None, expected_batch_size: float) -> float:
+    """Adaptive clipping: the std of the noise on the count of unclipped examples (E[B] / 20 unless given,
+    Andrew et al. 2021); the ledger's count_noise_multiplier is twice it (the count's sensitivity is 1/2)."""
+    return clip_count_stddev if clip_count_stddev is not None else expected_batch_size / 20
+
+
 def combined_noise_multiplier(gradient: float, count: float) -> float:
     """The noise multiplier of a step that releases the noisy clipped gradient sum (sensitivity C, noise
     multiplier `gradient`) and a noisy count (sensitivity 1/2, noise multiplier `count`; 0: none) on the same

@@ -11,6 +11,7 @@ import dataclasses
 import logging
 import math
 import secrets
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +21,7 @@ import numpy as np
 
 from mnist_dp import features as feature_maps
 from mnist_dp import hyperparameters as hp_file
-from mnist_dp import model_file, predictions, provenance, timing
+from mnist_dp import model_file, predictions, privacy, provenance, timing
 from mnist_dp.errors import UserError, run_cli
 from mnist_dp.privacy import (
     ACCOUNTANT_NAMES,
@@ -121,9 +122,7 @@ def noise_schedule(hp: hp_file.Hyperparameters, plan: SamplingPlan, sigma: float
 
 
 def count_stddev(hp: hp_file.Hyperparameters, plan: SamplingPlan) -> float:
-    """Adaptive clipping: the std of the noise on the count of unclipped examples (E[B] / 20 by default,
-    Andrew et al. 2021)."""
-    return hp.clip_count_stddev if hp.clip_count_stddev is not None else plan.expected_batch_size / 20
+    return privacy.count_stddev(hp.clip_count_stddev, plan.expected_batch_size)
 
 
 # Frameworks whose DP library has no secure noise generator (secure_mode is refused for them).
@@ -273,8 +272,6 @@ class Trained:
 def fit_from_scratch(framework: Framework, images: np.ndarray, labels: np.ndarray, hp: hp_file.Hyperparameters,
                      where: str) -> Trained:
     """A train task's work without Substra: the checks, σ (calibrated when hp asks), a new model, `fit`."""
-    import time
-
     plan = check_run(framework.name, hp, len(labels), where)
     sigma = resolve_noise_multiplier(hp, plan, [])
     network = Network.of(hp)

@@ -101,6 +101,9 @@ class SampleConvNet(nn.Cell):
 
     # Each weighted layer's output [B, ...] (before its activation): the shapes of `forward`'s probes.
     PROBE_SHAPES = ((16, 14 * 14), (32, 5 * 5), (32,), (10,))
+    # The parameters, in the order ClippedGradientSum returns their gradients.
+    GRADIENT_ORDER = ("conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias",
+                      "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias")
 
     def __init__(self, activation="tanh"):
         super().__init__()
@@ -137,6 +140,9 @@ class SampleConvNet(nn.Cell):
 class ScatteringLinear(nn.Cell):
     """A linear classifier on scattering features [B, 3969] (zero weights at the start, as in every
     framework: the problem is convex, so nothing is lost)."""
+
+    PROBE_SHAPES = ((10,),)  # the logits, as SampleConvNet's
+    GRADIENT_ORDER = ("fc.weight", "fc.bias")
 
     def __init__(self):
         super().__init__()
@@ -228,18 +234,11 @@ class ClippedGradientSum:
     Returns one tensor per parameter, in `weights` order (the net's own), then the number of (unmasked)
     examples whose gradient norm was at most C."""
 
-    GRADIENT_ORDER = {SampleConvNet: ("conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias",
-                                      "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"),
-                      ScatteringLinear: ("fc.weight", "fc.bias")}
-    # Each weighted layer's output [B, ...]: the shapes of the graph's probes.
-    PROBE_SHAPES = {SampleConvNet: SampleConvNet.PROBE_SHAPES, ScatteringLinear: ((10,),)}
-
     def __init__(self, net, weights):
-        order = self.GRADIENT_ORDER[type(net)]
-        if tuple(w.name for w in weights) != order:
-            raise ValueError(f"ClippedGradientSum returns {order}, not {[w.name for w in weights]}")
+        if tuple(w.name for w in weights) != net.GRADIENT_ORDER:
+            raise ValueError(f"ClippedGradientSum returns {net.GRADIENT_ORDER}, not {[w.name for w in weights]}")
         self.graph = _LinearClippedSumGraph(net) if isinstance(net, ScatteringLinear) else _ClippedSumGraph(net)
-        self.probe_shapes = self.PROBE_SHAPES[type(net)]
+        self.probe_shapes = net.PROBE_SHAPES
         self.probes = {}  # chunk size -> zero probes
 
     def __call__(self, x, y, mask, max_grad_norm):

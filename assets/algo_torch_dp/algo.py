@@ -195,7 +195,8 @@ class TorchOpacus:
                 train_model.max_grad_norm = optimizer.max_grad_norm = clip.value  # clipping, noise std
 
             def after_step(batch_size):
-                clip.update(int((train_model.per_sample_gradient_norms <= clip.value).sum()), batch_size)
+                if clip.adaptive:  # the count is read only for adaptive clipping (a sync per step otherwise)
+                    clip.update(int((train_model.per_sample_gradient_norms <= clip.value).sum()), batch_size)
                 average.update(model)
         else:
             before_step, after_step = (lambda step: None), (lambda batch_size: average.update(model))
