@@ -20,6 +20,12 @@ CONTRACT = {
          FunctionInputSpec(identifier="model", kind=AssetKind.model, optional=False, multiple=False)],
         [FunctionOutputSpec(identifier="predictions", kind=AssetKind.model, multiple=False)],
     ),
+    # Federated averaging: the models trained in one round (one input identifier, several models) -> the next
+    # global model. No data: it runs where the plan says, on models only.
+    "aggregate": (
+        [FunctionInputSpec(identifier="models", kind=AssetKind.model, optional=False, multiple=True)],
+        [FunctionOutputSpec(identifier="model", kind=AssetKind.model, multiple=False)],
+    ),
     "score": (
         [_OPENER, _SAMPLES,
          FunctionInputSpec(identifier="predictions", kind=AssetKind.model, optional=False, multiple=False)],

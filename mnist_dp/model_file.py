@@ -82,9 +82,27 @@ def load(path, framework: str | None = None) -> ModelFile:
     return ModelFile(meta["framework"], weights, ledger, meta["hyperparameters"])
 
 
+# The metadata of an averaged model (training.aggregate): each input's metadata, with the id and examples of
+# the run it added.
+AGGREGATED = "aggregate_of"
+
+
+def aggregate_metadata(inputs: list, run_ids: list, examples: list, code: dict) -> dict:
+    """An averaged model's metadata: the settings its inputs share (the first input's), `stopped_by_budget` if
+    any input's was, and under AGGREGATED every input's own metadata with the run it added (None: it trained
+    nothing) and its weight in the average (examples); `code` is what averaged them."""
+    return {**{k: v for k, v in inputs[0].items() if k != AGGREGATED},
+            "stopped_by_budget": any(hp.get("stopped_by_budget") for hp in inputs),
+            # An input that trained nothing may be an average itself: its own inputs are not needed.
+            AGGREGATED: [{**{k: v for k, v in hp.items() if k != AGGREGATED}, "run_id": run_id, "examples": n}
+                         for hp, run_id, n in zip(inputs, run_ids, examples)],
+            "aggregated_by": code}
+
+
 def check_run_settings(ledger: Ledger, meta: dict) -> None:
     """The ledger's runs must be the metadata's framework, and its last run must have run with the
-    settings recorded beside it: σ, batch size, clipping norm and planned steps."""
+    settings recorded beside it: σ, batch size, clipping norm and planned steps. An averaged model: each
+    input's run, with that input's settings."""
     hp = meta.get("hyperparameters")
     if not isinstance(hp, dict) or not ledger.events:
         raise ValueError("metadata without hyperparameters, or an empty ledger")
@@ -94,6 +112,9 @@ def check_run_settings(ledger: Ledger, meta: dict) -> None:
     for name in ("delta", "batch_size", "max_grad_norm", "max_epsilon", "secure_mode"):
         hp_file.check_value(name, hp[name], "metadata")
     check_delta(hp["delta"], max(e.n for e in ledger.events), "metadata: delta")
+    if AGGREGATED in hp:
+        _check_aggregated(ledger, meta)
+        return
     last = ledger.events[-1]
     wrong = [e.framework for e in ledger.events if e.framework != meta["framework"]]
     expected = {"batch_size": hp["batch_size"], "planned_steps": hp["planned_steps"],
@@ -114,3 +135,19 @@ def check_run_settings(ledger: Ledger, meta: dict) -> None:
         raise ValueError("its ledger disagrees with its metadata: "
                          + "; ".join(differ + [f"a {f!r} run in a {meta['framework']!r} model" for f in wrong])
                          + "; the file was edited or damaged, its privacy figure cannot be trusted")
+
+
+def _check_aggregated(ledger: Ledger, meta: dict) -> None:
+    inputs = meta["hyperparameters"][AGGREGATED]
+    if not isinstance(inputs, list) or not inputs or not all(isinstance(hp, dict) for hp in inputs):
+        raise ValueError(f"metadata: {AGGREGATED} must be a non-empty list of the input models' metadata")
+    position = {e.run_id: i for i, e in enumerate(ledger.events) if e.run_id}
+    for k, hp in enumerate(inputs, 1):
+        run_id = hp.get("run_id")
+        if run_id is None:  # that input trained nothing: its settings describe no run of this ledger
+            continue
+        if run_id not in position:
+            raise ValueError(f"its metadata names input {k}'s run {run_id!r}, which its ledger does not have; the "
+                             "file was edited or damaged, its privacy figure cannot be trusted")
+        # The input's own ledger ended with that run: check it as that input's file was checked.
+        check_run_settings(Ledger(ledger.events[: position[run_id] + 1]), {**meta, "hyperparameters": hp})

@@ -1,4 +1,5 @@
-"""The compute plan: train -> predict -> score, chained across organisations and rounds.
+"""The compute plan: train -> predict -> score, chained across organisations and rounds (cyclic), or each
+round's train tasks averaged by an aggregate task (federated averaging).
 
 Outputs get the least privilege that lets the plan run (contract.py): a model or predictions file is
 visible to the organisation that made it and to the organisations whose tasks consume it (plus any
@@ -40,11 +41,11 @@ class Role:
     """What a task is, for reports and failure messages: which run, step, round and organisation."""
 
     run: str  # e.g. "torch" or "torch-baseline"
-    step: str  # "train", "predict" or "score"
+    step: str  # "train", "aggregate", "predict" or "score"
     round_idx: int
     organization: str  # where the task runs
     split: str | None = None  # predict and score: "train" (the train task's own data) or "test"
-    train_task: str | None = None  # predict and score: the train task whose model they evaluate
+    train_task: str | None = None  # predict and score: the train (or aggregate) task whose model they evaluate
 
     def metadata(self) -> dict:
         """The task's metadata on Substra (strings only; the train task is in its inputs already)."""
@@ -55,6 +56,15 @@ def describe_role(role: Role) -> str:
     """e.g. 'torch train, round 1 at MyOrg1MSP' or 'torch score, round 2 at MyOrg1MSP on test'."""
     text = f"{role.run} {role.step}, round {role.round_idx} at {role.organization}"
     return text + (f" on {role.split}" if role.split else "")
+
+
+# strategy -> the algo functions it runs
+STRATEGIES = {"cyclic": ("train", "predict"), "fedavg": ("train", "predict", "aggregate")}
+
+
+def describe_strategy(strategy: str) -> str:
+    return {"cyclic": "cyclic (the model passed from organisation to organisation)",
+            "fedavg": "federated averaging (each round's models averaged, weighted by examples)"}[strategy]
 
 
 @dataclass
@@ -85,6 +95,12 @@ class PlanBuilder:
         return self._add(function_key, share.organization, inputs, ["model", "epsilon"],
                          Role(run, "train", round_idx, share.organization))
 
+    def aggregate(self, run: str, function_key: str, trained: list, worker: str, round_idx: int) -> str:
+        """Average the models of the `trained` tasks at organisation `worker` into the next global model."""
+        inputs = [InputRef(identifier="models", parent_task_key=t, parent_task_output_identifier="model")
+                  for t in trained]
+        return self._add(function_key, worker, inputs, ["model"], Role(run, "aggregate", round_idx, worker))
+
     def evaluate(self, train_task: str, predict_key: str, score_key: str, share: Share, split: str) -> str:
         """Predict on `share` with the model of `train_task`, then score. Returns the score task id."""
         role = replace(self.roles[train_task], split=split, train_task=train_task, organization=share.organization)
@@ -96,17 +112,30 @@ class PlanBuilder:
         return self._add(score_key, share.organization, self._data(share) + [predictions], ["performance"],
                          replace(role, step="score"))
 
-    def chain(self, run: str, train_key: str, predict_key: str, score_key: str, stages: list, test: Share) -> list:
+    def chain(self, run: str, keys: dict, stages: list, test: Share) -> list:
         """Train through `stages` ((round, Share) pairs, in order), each task from the model before it;
         after every train task, predict and score on its own share ("train") and on `test`.
-        Returns the train task ids."""
+        `keys`: the run's function keys by function name. Returns the train task ids."""
         trained, parent = [], None
         for round_idx, share in stages:
-            parent = self.train(run, train_key, share, round_idx, parent)
-            self.evaluate(parent, predict_key, score_key, share, "train")
-            self.evaluate(parent, predict_key, score_key, test, "test")
+            parent = self.train(run, keys["train"], share, round_idx, parent)
+            self.evaluate(parent, keys["predict"], keys["score"], share, "train")
+            self.evaluate(parent, keys["predict"], keys["score"], test, "test")
             trained.append(parent)
         return trained
+
+    def fedavg(self, run: str, keys: dict, shares: list, rounds: int, test: Share) -> list:
+        """Federated averaging for `rounds` rounds: each round one train task per share, all from the round's
+        global model (in round 1 from the same seeded initialisation), then an aggregate task at the test data's
+        organisation averaging their models into the next global model, which is evaluated on `test`.
+        `keys`: the run's function keys by function name. Returns the aggregate task ids."""
+        aggregated, global_model = [], None
+        for round_idx in range(1, rounds + 1):
+            trained = [self.train(run, keys["train"], share, round_idx, global_model) for share in shares]
+            global_model = self.aggregate(run, keys["aggregate"], trained, test.organization, round_idx)
+            self.evaluate(global_model, keys["predict"], keys["score"], test, "test")
+            aggregated.append(global_model)
+        return aggregated
 
     def readers(self) -> dict:
         """(task id, output) -> organisations that must read it: its own, its consumers', share_with."""

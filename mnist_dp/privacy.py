@@ -16,6 +16,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
+import uuid
 from collections.abc import Iterable, Sequence
 
 import dp_accounting
@@ -70,6 +72,8 @@ _EVENT_FIELDS = {
     "noise_decay": (_number(lambda v: 0 < v <= 1), "a number in (0, 1]"),
     "decay_steps": (_integer(0), "an integer >= 0"),
     "count_noise_multiplier": (_number(lambda v: v >= 0), "a number >= 0"),
+    "run_id": (lambda v: v is None or (isinstance(v, str) and re.fullmatch(r"[0-9a-f]{32}", v) is not None),
+               "null or 32 hexadecimal digits"),
     "code": (lambda v: isinstance(v, dict) and set(v) == {"function", "archive_digest"} and _text(v["function"])
              and (v["archive_digest"] is None or _text(v["archive_digest"])),
              'an object {"function": name, "archive_digest": digest or null}'),
@@ -107,6 +111,9 @@ class DpEvent:
     # Adaptive clipping's noisy count of unclipped examples, released at every step with the gradient: its
     # noise multiplier (std / sensitivity 1/2); 0 when the clipping norm is fixed.
     count_noise_multiplier: float = 0.0
+    # Which training run this is (a random id, `new_run_id`): when the ledgers of models trained in parallel
+    # from one global model are merged, the global model's runs appear in every input and are counted once.
+    run_id: str | None = None
 
     @property
     def is_private(self) -> bool:
@@ -165,7 +172,12 @@ class DpEvent:
         return NoiseSchedule(self.noise_multiplier, self.noise_decay, self.decay_steps, self.count_noise_multiplier)
 
 
-_ADDED_LATER = {"noise_decay": 1.0, "decay_steps": 0, "count_noise_multiplier": 0.0}
+_ADDED_LATER = {"noise_decay": 1.0, "decay_steps": 0, "count_noise_multiplier": 0.0, "run_id": None}
+
+
+def new_run_id() -> str:
+    """A training run's id: random, so two runs never share one (equal settings on equal data included)."""
+    return uuid.uuid4().hex
 
 
 def count_stddev(clip_count_stddev: float | None, expected_batch_size: float) -> float:
@@ -277,6 +289,35 @@ class Ledger:
             if wanted is None or fingerprints & wanted:
                 worst = max(worst, compose_epsilon(events, delta, accountant))
         return worst
+
+
+def merge(ledgers: Sequence[Ledger]) -> Ledger:
+    """The ledger of a model averaged from several models (federated averaging): every training run of every
+    input, once. Averaging is post-processing, so nothing is added. Runs are told apart by `run_id`: the global
+    model's history, present in every input, is counted once, and each input's own new runs are all kept;
+    together with `accounts` this is parallel composition across organisations' disjoint data."""
+    merged, seen = [], {}
+    for ledger in ledgers:
+        for event in ledger.events:
+            if event.run_id is None:
+                raise UserError(f"a {event.framework} training run in an input model's ledger has no run id (a model "
+                                "written by an earlier version of this bundle): its runs cannot be told from the "
+                                "other inputs'; train it again")
+            if event.run_id in seen:
+                if seen[event.run_id] != event:
+                    raise UserError(f"two input models record training run {event.run_id} differently: a file was "
+                                    "edited or damaged; their privacy figure cannot be trusted")
+                continue
+            seen[event.run_id] = event
+            merged.append(event)
+    return Ledger(merged)
+
+
+def own_runs(ledgers: Sequence[Ledger]) -> list:
+    """For each ledger, its runs that are not in every one of `ledgers`: what each input model trained after
+    the history they share (the global model they started from)."""
+    shared = set.intersection(*({e.run_id for e in ledger.events} for ledger in ledgers))
+    return [[e for e in ledger.events if e.run_id not in shared] for ledger in ledgers]
 
 
 def check_delta(delta: float, n: int, where: str = "delta") -> None:

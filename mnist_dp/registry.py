@@ -86,9 +86,9 @@ class KeysFile:
             content = {k: v for k, v in self.content.items() if k != "fingerprints"}
             atomic.write_json(self.path, {**content, "fingerprints": self.content.get("fingerprints", {})})
 
-    def add_algo(self, framework: str, train: str, predict: str) -> None:
-        """algos: {framework: {"train": key, "predict": key}}."""
-        self.update(algos={**self.get("algos", {}), framework: {"train": train, "predict": predict}})
+    def add_algo(self, framework: str, functions: dict) -> None:
+        """algos: {framework: {"train": key, "predict": key[, "aggregate": key]}}."""
+        self.update(algos={**self.get("algos", {}), framework: dict(functions)})
 
     def add_compute_plan(self, framework: str, key: str, tasks: dict) -> None:
         """compute_plans: {framework: {"key": plan key, "tasks": {task key: what the task is}}}."""
@@ -200,12 +200,15 @@ def register_objective(client: substra.Client, keys: KeysFile, build_dir: Path) 
     return register_function(client, keys, OBJECTIVE_ASSET, "score", "accuracy", build_dir)
 
 
+ALGO_FUNCTIONS = ("train", "predict")  # and "aggregate" for federated averaging
+
+
 def register_algo(client: substra.Client, keys: KeysFile, run: str, framework: str, hyperparameters: dict,
-                  build_dir: Path) -> tuple:
-    """(train key, predict key) of one algo run: its functions with these hyperparameters inside."""
+                  build_dir: Path, functions: tuple = ALGO_FUNCTIONS) -> dict:
+    """{function: key} of one algo run: its `functions` with these hyperparameters inside."""
     asset = ALGO_ASSETS[framework]
-    return tuple(register_function(client, keys, asset, function, f"{run} {function}", build_dir, hyperparameters)
-                 for function in ("train", "predict"))
+    return {function: register_function(client, keys, asset, function, f"{run} {function}", build_dir, hyperparameters)
+            for function in functions}
 
 
 def check_on_node(client: substra.Client, keys: KeysFile) -> None:

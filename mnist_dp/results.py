@@ -1,6 +1,6 @@
-"""A plan's results: run it, then one record per train task that finished (framework, round,
-organisation), its privacy figures recomputed from the model file's ledger beside Substra's
-performances; report.py shows them."""
+"""A plan's results: run it, then one record per evaluated model that finished (a train task's, or an
+aggregate task's in federated averaging: framework, round, organisation), its privacy figures recomputed
+from the model file's ledger beside Substra's performances; report.py shows them."""
 from __future__ import annotations
 
 import dataclasses
@@ -18,12 +18,12 @@ from mnist_dp.training import privacy_summary
 
 @dataclass
 class Record:
-    """One train task that finished: where and when it trained, its privacy figures recomputed from its
+    """One evaluated model that finished: where and when it trained, its privacy figures recomputed from its
     model file's ledger (`model_record`), and Substra's performances of its model. ε is inf without DP."""
 
     run: str  # e.g. "torch" or "torch-baseline"
     round: int
-    organization: str  # where it trained
+    organization: str  # where it trained; "fedavg" for an average of every organisation's models
     framework: str
     dp: bool
     epsilon: float  # PLD, worst case over the data; per organisation in epsilon_by_organization
@@ -119,11 +119,13 @@ def collect(client, builder: PlanBuilder, plan_key: str, frameworks: dict, organ
     """
     performances = execution.performances(client, plan_key, builder.roles)
     metric = {(row.train_task, row.metric): row.performance for row in performances.itertuples()}
-    records, not_downloaded, single_stage = [], [], _single_stage(builder)
-    for task_id, role in builder.roles.items():
-        if role.step != "train" or execution.task_status(client, task_id) != ComputeTaskStatus.done:
+    records, not_downloaded = [], []
+    evaluated = _evaluated(builder)
+    single_stage = len({(role.round_idx, where(role)) for role in evaluated.values()}) == 1
+    for task_id, role in evaluated.items():
+        if execution.task_status(client, task_id) != ComputeTaskStatus.done:
             continue
-        run, round_idx, org = role.run, role.round_idx, role.organization
+        run, round_idx, org = role.run, role.round_idx, where(role)
         name = run if single_stage else f"{run}-round{round_idx}-{org}"
         try:
             model = execution.fetch_model(client, task_id, models_dir / f"{name}.model")
@@ -138,6 +140,16 @@ def collect(client, builder: PlanBuilder, plan_key: str, frameworks: dict, organ
     return records, performances, not_downloaded
 
 
-def _single_stage(builder: PlanBuilder) -> bool:
-    stages = {(r.round_idx, r.organization) for r in builder.roles.values() if r.step == "train"}
-    return len(stages) == 1
+FEDAVG = "fedavg"  # where an averaged model was "trained": by every organisation
+
+
+def where(role) -> str:
+    """Where a recorded model was trained: the train task's organisation, or FEDAVG for an average."""
+    return FEDAVG if role.step == "aggregate" else role.organization
+
+
+def _evaluated(builder: PlanBuilder) -> dict:
+    """{task id: role} of the tasks whose models are evaluated (every train task of a cyclic plan, the
+    aggregate tasks of federated averaging), in plan order."""
+    evaluated = {role.train_task for role in builder.roles.values() if role.train_task}
+    return {task_id: role for task_id, role in builder.roles.items() if task_id in evaluated}

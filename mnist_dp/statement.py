@@ -5,7 +5,7 @@ Needs only the standard library, numpy and dp_accounting (no ML framework): an a
 """
 from __future__ import annotations
 
-from mnist_dp.model_file import ModelFile
+from mnist_dp.model_file import AGGREGATED, ModelFile
 from mnist_dp.privacy import ACCOUNTANT_NAMES, NEIGHBOURING_RELATION, REPORTED_ACCOUNTANT, SAMPLING
 
 NOT_COVERED = [
@@ -70,9 +70,26 @@ def privacy_statement(saved: ModelFile, per_organization: dict | None = None) ->
                         if e.count_noise_multiplier else f"to C = {e.max_grad_norm:g}")
                      + (f" ({library}; a library's figure covers its own run only, with its own conventions)"
                         if library else "") + f"; {_code(e.code)}")
+    averaged = hp.get(AGGREGATED)
+    if averaged:
+        lines.append(
+            f"- Federated averaging: this model is the average of {len(averaged)} models, each trained from the "
+            "same global model with DP-SGD on one organisation's data, weighted by the examples of that training "
+            f"({', '.join(str(a['examples']) for a in averaged)}). Averaging is post-processing of those models and "
+            "spends no privacy; each training run above is counted once (the global model's runs, shared by every "
+            "input, included), and each organisation's ε composes the runs on its own data only (parallel "
+            "composition: organisations hold disjoint data). The averaging organisation sees every input model, "
+            "each covered by its organisation's ε.")
     if hp.get("max_epsilon") is not None:
-        stopped = (f"training stopped after {ledger.events[-1].steps} of {hp['planned_steps']} planned steps to stay "
-                   "within it" if hp.get("stopped_by_budget") else "training ran every planned step within it")
+        if averaged:
+            stopped = ("an organisation's training stopped early to stay within it (its run above has fewer steps)"
+                       if hp.get("stopped_by_budget") else "every organisation's training ran every planned step "
+                       "within it")
+        elif hp.get("stopped_by_budget"):
+            stopped = (f"training stopped after {ledger.events[-1].steps} of {hp['planned_steps']} planned steps to "
+                       "stay within it")
+        else:
+            stopped = "training ran every planned step within it"
         lines.append(f"- Budget: max_epsilon = {hp['max_epsilon']:g} at δ = {delta:g}; {stopped}.")
     accounts = ledger.accounts()
     if per_organization:

@@ -8,9 +8,12 @@ checks, the clipping unit, the ledger event and ε.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import logging
 import math
 import secrets
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -188,8 +191,16 @@ class Framework(Protocol):
         [B, 3969] for a network on scattering features); `predict_in_batches`
         calls it with `predict_batch_size` images (a framework's own attribute, else PREDICT_BATCH_SIZE)."""
 
-    def flat_weights(self, model) -> np.ndarray:
-        """All trainable weights in one vector (the mechanism tests measure updates with it)."""
+    def weight_arrays(self, model) -> list:
+        """Every weight of the model, as numpy arrays in a fixed order (federated averaging, tests)."""
+
+    def set_weight_arrays(self, model, arrays: list):
+        """The model with its weights replaced by `arrays` (the order of `weight_arrays`); returns it."""
+
+
+def flat_weights(framework: Framework, model) -> np.ndarray:
+    """All weights in one vector (the mechanism tests measure updates with it)."""
+    return np.concatenate([a.ravel() for a in framework.weight_arrays(model)])
 
 
 class ClipNorm:
@@ -286,6 +297,7 @@ def dp_event(framework_name: str, data: tuple, hp: hp_file.Hyperparameters, plan
     """The ledger event of a run: what it did (`result`) on `data` (fingerprints), as `plan` and `hp` asked."""
     return dataclasses.replace(
         run_event(framework_name, data, hp, plan, result.noise_multiplier, result.steps),
+        run_id=privacy.new_run_id(),
         clipping=result.clipping,
         sample_rate=result.sample_rate,
         library_epsilon=tuple(sorted(result.library_epsilon.items())),
@@ -349,7 +361,8 @@ def noise_for_rounds(hp: hp_file.Hyperparameters, sizes: list, rounds: int) -> h
 def apply_budget(name: str, fingerprints: tuple, hp: hp_file.Hyperparameters, plan: SamplingPlan, sigma: float,
                  prior: list) -> SamplingPlan:
     """With max_epsilon: the plan cut at the last step that keeps ε (prior runs on this data included)
-    within budget; refuses to train at all when no step fits."""
+    within budget; 0 steps when the prior runs spent it (the train task passes its input model on); refuses
+    a budget below a single step's ε."""
     if not hp.dp or hp.max_epsilon is None:
         return plan
     run = run_event(name, fingerprints, hp, plan, sigma, plan.steps)
@@ -359,11 +372,10 @@ def apply_budget(name: str, fingerprints: tuple, hp: hp_file.Hyperparameters, pl
         raise UserError(f"max_epsilon = {hp.max_epsilon} is below the ε of a single step ({one_step:.3f} at "
                         f"δ = {hp.delta:g}); raise max_epsilon or the noise")
     if allowed == 0:
-        spent = compose_epsilon(prior, hp.delta)
-        raise UserError(f"max_epsilon = {hp.max_epsilon} is spent: the input model's ε on this data is already "
-                        f"{spent:.3f} at δ = {hp.delta:g} and one more step would exceed the budget; "
-                        "train from scratch or raise max_epsilon")
-    if allowed < plan.steps:
+        log.warning("privacy budget spent: the input model's ε on this data is already %.3f at delta = %g and one "
+                    "more step would exceed max_epsilon = %g; no training, the input model is passed on unchanged",
+                    compose_epsilon(prior, hp.delta), hp.delta, hp.max_epsilon)
+    elif allowed < plan.steps:
         log.warning("privacy budget: stopping after %d of %d steps (max_epsilon = %g at delta = %g)",
                     allowed, plan.steps, hp.max_epsilon, hp.delta)
     return dataclasses.replace(plan, max_steps=allowed)
@@ -381,14 +393,18 @@ def train(framework: Framework, inputs: dict, outputs: dict, hyperparameters_pat
 
     model, ledger = _load_input_model(framework, inputs, Network.of(hp))
     if model is None:
-        model = framework.new_model(hp.seed, Network.of(hp))
-    # A continued run must not replay the sampling and noise of the run before it (the accountant
-    # assumes fresh randomness at every step), so the seed moves on with the ledger.
-    hp = dataclasses.replace(hp, seed=hp.seed + len(ledger.events))
+        model = framework.new_model(hp.seed, Network.of(hp))  # the same seeded start at every organisation
+    hp = dataclasses.replace(hp, seed=run_seed(hp.seed, len(ledger.events), fingerprints))
     prior = [e for e in ledger.events if set(e.data) & set(fingerprints)]
     sigma = resolve_noise_multiplier(hp, plan, prior)
     plan = apply_budget(framework.name, fingerprints, hp, plan, sigma, prior)
     timing.mark("setup")  # input model, σ calibration, budget
+    if plan.steps == 0:  # the budget of this data is spent: nothing trains, nothing is added to the ledger
+        shutil.copyfile(inputs["model"], outputs["model"])
+        summary = privacy_summary(ledger, hp.delta)
+        _save_epsilon(outputs["epsilon"], summary["epsilon"])
+        timing.end_task("saving", dp=hp.dp)
+        return summary
 
     def on_epoch(steps_done: int) -> str:
         if not hp.dp:
@@ -415,6 +431,63 @@ def train(framework: Framework, inputs: dict, outputs: dict, hyperparameters_pat
              describe(summary))
     timing.end_task("saving", dp=hp.dp)
     return summary
+
+
+def run_seed(seed: int, earlier_runs: int, fingerprints: tuple) -> int:
+    """The seed of a run's sampling and noise (secure_mode draws them from the OS instead). The accountant assumes
+    fresh noise at every step: a continued run must not replay the run before it, so the seed moves on with the
+    ledger; and organisations training in parallel from one global model must not draw the same noise (the
+    difference of their models would cancel it), so it differs with the data. The model's initialisation keeps
+    `seed`: every organisation starts from the same weights."""
+    digest = hashlib.sha256(json.dumps([seed, earlier_runs, sorted(fingerprints)]).encode()).digest()
+    return int.from_bytes(digest[:4], "big") >> 1  # below 2**31, which every framework takes
+
+
+def aggregate(framework: Framework, inputs: dict, outputs: dict, hyperparameters_path: Path) -> None:
+    """The substratools `aggregate` function body: federated averaging. The next global model's weights are the
+    mean of the input models' weights, each weighted by the examples of its own new training run (an input whose
+    organisation's budget was spent trained nothing and weighs 0); its ledger is the union of theirs
+    (privacy.merge). Averaging is post-processing: no privacy is spent here."""
+    timing.begin_task("aggregate", framework=framework.name)
+    check_outputs_writable(outputs)
+    paths = inputs.get("models") or []
+    if not paths:
+        raise UserError("aggregate: no input models; give one or more in the 'models' input")
+    saved = [model_file.load(path, framework.name) for path in paths]
+    network = Network.of_saved(saved[0])
+    for path, other in zip(paths[1:], saved[1:]):
+        if Network.of_saved(other) != network or other.hyperparameters["delta"] != saved[0].hyperparameters["delta"]:
+            raise UserError(f"{path}: its network or delta differs from {paths[0]}'s; models averaged together must "
+                            "share the network and delta")
+    ledgers = [s.ledger for s in saved]
+    ledger = privacy.merge(ledgers)
+    own = privacy.own_runs(ledgers)
+    examples = [runs[-1].n if runs else 0 for runs in own]
+    models = [framework.load_model(s.weights, network) for s in saved]
+    mean = weighted_mean([framework.weight_arrays(m) for m in models], examples)
+    model = framework.set_weight_arrays(models[0], mean)
+    timing.mark("averaging")
+    model_file.save(outputs["model"], model_file.ModelFile(
+        framework=framework.name, weights=framework.dump_model(model), ledger=ledger,
+        hyperparameters=model_file.aggregate_metadata(
+            [s.hyperparameters for s in saved], [runs[-1].run_id if runs else None for runs in own], examples,
+            provenance.running_code(Path(hyperparameters_path).parent, "aggregate"))))
+    log.info("averaged %d models weighted by %s examples: %s", len(saved), examples,
+             describe(privacy_summary(ledger, saved[0].hyperparameters["delta"])))
+    timing.end_task("saving", dp=saved[0].hyperparameters.get("dp"))
+
+
+def weighted_mean(models: list, weights: list) -> list:
+    """Array by array, Σ_k w_k · models[k] / Σ_k w_k (in float64, returned in each array's dtype); all weights 0
+    (no input trained): the plain mean."""
+    weights = np.asarray(weights, dtype=np.float64)
+    if weights.sum() == 0:
+        weights = np.ones_like(weights)
+    shapes = [[a.shape for a in arrays] for arrays in models]
+    if any(s != shapes[0] for s in shapes):
+        raise UserError("aggregate: the input models' weights differ in shape; they are not the same network")
+    return [(sum(w * arrays[i].astype(np.float64) for w, arrays in zip(weights, models)) / weights.sum())
+            .astype(models[0][i].dtype) for i in range(len(models[0]))]
 
 
 def predict(framework: Framework, inputs: dict, outputs: dict) -> None:
@@ -444,8 +517,8 @@ def predicted_labels(framework: Framework, model, images: np.ndarray, network: N
 
 
 def run_functions(framework: Framework, hyperparameters_path: Path) -> None:
-    """An algo asset's command line: register its substratools functions `train` and `predict` (the
-    contract's names) and run the one asked for. Registering only here keeps several algo modules
+    """An algo asset's command line: register its substratools functions `train`, `predict` and `aggregate`
+    (the contract's names) and run the one asked for. Registering only here keeps several algo modules
     importable in one process (substratools' registry is global)."""
     import substratools as tools
 
@@ -455,7 +528,10 @@ def run_functions(framework: Framework, hyperparameters_path: Path) -> None:
     def predict_function(inputs, outputs, task_properties):
         predict(framework, inputs, outputs)
 
-    for function, name in ((train_function, "train"), (predict_function, "predict")):
+    def aggregate_function(inputs, outputs, task_properties):
+        aggregate(framework, inputs, outputs, hyperparameters_path)
+
+    for function, name in ((train_function, "train"), (predict_function, "predict"), (aggregate_function, "aggregate")):
         function.__name__ = name  # substratools logs it
         tools.register(function, name)
     run_cli(tools.execute)

@@ -1,12 +1,15 @@
-"""Register one framework's DP-SGD algo (train and predict functions) on a Substra node, run a compute
-plan of train -> predict -> score on the assets of the keys file, and report test accuracy and ε.
+"""Register one framework's DP-SGD algo (train and predict functions, and aggregate for federated
+averaging) on a Substra node, run a compute plan on the assets of the keys file, and report test
+accuracy and ε.
 
-Reads the keys file written by scripts/add_dataset_objective.py. Training goes through the train
-folds one after the other (one train task per fold, each continuing from the model before), with
-predict and score after each. The algo's and the plan's keys are added to the keys file; the reports
-(results.json, summary.md, results.png) and the model files go to --output. With a local backend
-(which forgets everything between runs) the dataset and objective are registered again from the
-data folder named in the keys file.
+Reads the keys file written by scripts/add_dataset_objective.py. With --strategy cyclic (the default)
+training goes through the train folds one after the other (one train task per fold, each continuing
+from the model before), with predict and score after each; with --strategy fedavg each round trains
+every fold from the global model and an aggregate task averages them, then predict and score on the
+test set. --rounds repeats either. ε is per fold (the folds hold disjoint data). The algo's and the
+plan's keys are added to the keys file; the reports (results.json, summary.md, results.png) and the
+model files go to --output. With a local backend (which forgets everything between runs) the dataset
+and objective are registered again from the data folder named in the keys file.
 """
 import argparse
 import tempfile
@@ -29,6 +32,12 @@ def build_parser():
                         help="JSON file whose keys replace those of the algo's hyperparameters.json")
     parser.add_argument("--output", type=Path, default=None,
                         help="folder for the reports and model files (default: results/<framework>)")
+    parser.add_argument("--strategy", choices=plan.STRATEGIES, default="cyclic",
+                        help="cyclic: the folds one after the other; fedavg: federated averaging over the folds "
+                             "(default: %(default)s)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="passes through the folds (cyclic) or train-then-average rounds (fedavg) "
+                             "(default: %(default)s)")
     parser.add_argument("--share-with", default="",
                         help="comma-separated organisation ids also allowed to read the model and predictions "
                              "(default: this organisation only)")
@@ -44,12 +53,20 @@ def main(argv=None):
     hp = hp_file.load(ALGO_ASSETS[args.framework] / hp_file.FILE_NAME, hp_file.load_overrides(args.hyperparameters))
     for field in ("organization_id", "dataset_key", "objective_key", "test_data_sample_keys"):
         keys.require(field)  # a damaged keys file is named now, not half-way through
+    if args.rounds < 1:
+        raise UserError("--rounds must be at least 1")
     folds = keys.require("train_data_sample_keys")
     data_dir = Path(keys.require("data"))
     if data_dir.is_dir():  # what each train task would refuse, checked before anything is registered
-        for k, own in enumerate(registry.split_among(data_dir, len(folds)), 1):
-            training.check_run(args.framework, hp, sum(map(data.sample_size, own)),
+        sizes = [sum(map(data.sample_size, own)) for own in registry.split_among(data_dir, len(folds))]
+        for k, n in enumerate(sizes, 1):
+            training.check_run(args.framework, hp, n,
                                f"{args.framework} hyperparameters ({args.hyperparameters or 'the asset'}), fold {k}")
+        hp = training.noise_for_rounds(hp, sizes, args.rounds)
+    elif args.rounds > 1 and hp.dp and hp.target_epsilon is not None:
+        raise UserError(f"--rounds {args.rounds} with target_epsilon: σ is calibrated for every fold's size, but the "
+                        f"data folder {data_dir} named in {args.keys_file} is not here; give noise_multiplier in "
+                        "--hyperparameters instead")
     with atomic.exclusive((args.output or Path("results") / args.framework).resolve(), "--output folder") as output:
         register_and_run(args, keys, hp, output)
 
@@ -62,15 +79,20 @@ def register_and_run(args, keys: registry.KeysFile, hp: hp_file.Hyperparameters,
             registry.register_dataset_objective(client, keys, Path(keys.require("data")),
                                                 len(keys.require("train_data_sample_keys")), Path(build_dir))
         registry.check_on_node(client, keys)
-        train, predict = registry.register_algo(client, keys, run, args.framework, hp.to_json(), Path(build_dir))
-    keys.add_algo(args.framework, train, predict)
+        functions = registry.register_algo(client, keys, run, args.framework, hp.to_json(), Path(build_dir),
+                                           plan.STRATEGIES[args.strategy])
+    keys.add_algo(args.framework, functions)
 
     owner, dataset = keys.require("organization_id"), keys.require("dataset_key")
     folds = keys.require("train_data_sample_keys")
-    stages = [(i + 1, plan.Share(owner, dataset, tuple(fold))) for i, fold in enumerate(folds)]
+    shares = [plan.Share(owner, dataset, tuple(fold)) for fold in folds]
     test = plan.Share(owner, dataset, tuple(keys.require("test_data_sample_keys")))
     builder = plan.PlanBuilder(share_with=plan.id_list(args.share_with))
-    builder.chain(run, train, predict, keys.require("objective_key"), stages, test)
+    functions = {**functions, "score": keys.require("objective_key")}
+    if args.strategy == "fedavg":
+        builder.fedavg(run, functions, shares, args.rounds, test)
+    else:  # the folds are at one organisation: each train task is numbered as a round of its own in the reports
+        builder.chain(run, functions, list(enumerate(shares * args.rounds, 1)), test)
     plan_key = plan.new_key()
     keys.add_compute_plan(args.framework, plan_key,
                           {task: plan.describe_role(role) for task, role in builder.roles.items()})
@@ -78,7 +100,8 @@ def register_and_run(args, keys: registry.KeysFile, hp: hp_file.Hyperparameters,
     results.run_and_report(client, builder, f"mnist-dp {run}", plan_key, {run: args.framework}, {owner: None}, output,
                           f"mnist-dp: {run} on a Substra node",
                           [f"{args.backend} backend, keys file: {args.keys_file.resolve()}",
-                           f"{len(folds)} fold(s) trained one after the other at {owner}"])
+                           f"{len(folds)} fold(s) at {owner}, {args.rounds} round(s), "
+                           f"{plan.describe_strategy(args.strategy)}"])
 
 
 if __name__ == "__main__":

@@ -3,10 +3,14 @@
 Generates the data samples if they are missing, registers the dataset, the objective (accuracy) and
 the data samples, builds and registers each algo's train / predict functions, and runs
 train -> predict -> score per framework (plus a non-private baseline). With --organizations N, N
-Substra clients each own a share of the training data; the model passes from organisation to
-organisation (train at org 1 -> train at org 2 -> ...) for --rounds rounds, with predict and score
-after every train task, and ε is reported per organisation. Writes results.json, summary.md,
-results.png and the model files (models/) to --output. This replaces `substra run-local`.
+Substra clients each own a share of the training data, and ε is reported per organisation:
+- --strategy cyclic: the model passes from organisation to organisation (train at org 1 -> train at
+  org 2 -> ...) for --rounds rounds, with predict and score after every train task;
+- --strategy fedavg: federated averaging; each round every organisation trains from the global model
+  (`epochs` local epochs), an aggregate task averages their models weighted by their numbers of
+  examples, and the new global model is scored on the test set.
+Writes results.json, summary.md, results.png and the model files (models/) to --output. This replaces
+`substra run-local`.
 """
 import argparse
 import shutil
@@ -35,8 +39,12 @@ def build_parser():
     parser.add_argument("--organizations", type=int, default=1,
                         help="organisations sharing the training data, each with its own dataset; the data needs "
                              "at least this many train data samples (default: %(default)s)")
+    parser.add_argument("--strategy", choices=plan.STRATEGIES, default="cyclic",
+                        help="how organisations train together: cyclic (one model passed along) or fedavg "
+                             "(federated averaging) (default: %(default)s)")
     parser.add_argument("--rounds", type=int, default=1,
-                        help="passes of the model through every organisation (default: %(default)s)")
+                        help="rounds: passes of the model through every organisation (cyclic), or train-then-average "
+                             "rounds (fedavg) (default: %(default)s)")
     parser.add_argument("--share-with", default="",
                         help="comma-separated organisation ids also allowed to read the models and predictions "
                              "(default: only the organisations whose tasks need them)")
@@ -88,21 +96,28 @@ def main(argv=None):
         keys = registry.KeysFile()  # in memory: a local run starts from an empty backend
         shares, test, holdings = registry.register_organizations(clients, keys, data_dir)
         organizations = {org: [data.sample_fingerprint(f) for f in folders] for org, folders in holdings.items()}
-        stages = [(r, share) for r in range(1, args.rounds + 1) for share in shares]
 
         client = clients[0]  # submits the plan and reads the results
         builder = plan.PlanBuilder(share_with=plan.id_list(args.share_with))
         score = registry.register_objective(client, keys, work / "archives")
         for run, (framework, hp) in runs.items():
             hp = training.noise_for_rounds(hp, sizes, args.rounds)
-            train, predict = registry.register_algo(client, keys, run, framework, hp.to_json(), work / "archives")
-            builder.chain(run, train, predict, score, stages, test)
+            functions = registry.register_algo(client, keys, run, framework, hp.to_json(), work / "archives",
+                                               plan.STRATEGIES[args.strategy])
+            functions["score"] = score
+            if args.strategy == "fedavg":
+                builder.fedavg(run, functions, shares, args.rounds, test)
+            else:
+                builder.chain(run, functions, [(r, share) for r in range(1, args.rounds + 1) for share in shares],
+                              test)
         results.run_and_report(
-            client, builder, f"mnist-dp local run ({args.organizations} organisation(s), {args.rounds} round(s))",
+            client, builder, f"mnist-dp local run ({args.organizations} organisation(s), {args.rounds} round(s), "
+                             f"{args.strategy})",
             plan.new_key(), {run: framework for run, (framework, _) in runs.items()}, organizations, output,
             "mnist-dp: DP-SGD on MNIST with Substra",
             [f"{args.backend} backend, data: {data_dir}",
-             f"{args.organizations} organisation(s), {args.rounds} round(s): {', '.join(organizations)}"])
+             f"{args.organizations} organisation(s), {args.rounds} round(s), {plan.describe_strategy(args.strategy)}: "
+             f"{', '.join(organizations)}"])
 
 
 def remove_leftovers(local_worker: Path) -> None:

@@ -57,9 +57,9 @@ def fit(case, images, labels, sigma, dp=True, seed=0, epochs=1, batch_size=None,
                  features=case.network.features, activation=case.network.activation)
     plan = training.SamplingPlan.from_hyperparameters(len(labels), hp, "test")
     model = case.algo.new_model(0, case.network)
-    before = case.algo.flat_weights(model)
+    before = training.flat_weights(case.algo, model)
     result = training.fit(case.algo, model, images, labels, hp, plan, sigma, lambda steps: "")
-    return before - case.algo.flat_weights(model), result  # = lr × the update applied
+    return before - training.flat_weights(case.algo, model), result  # = lr × the update applied
 
 
 def wrong_labels(case, images):
@@ -153,9 +153,9 @@ def test_every_utility_option_trains_and_the_ledger_records_what_changes_epsilon
                  clip_quantile=0.5, features=framework.network.features, activation=framework.network.activation)
     plan = training.SamplingPlan.from_hyperparameters(len(LABELS), hp, "test")  # 2 steps per epoch, 4 planned
     model = framework.algo.new_model(0, framework.network)
-    before = framework.algo.flat_weights(model)
+    before = training.flat_weights(framework.algo, model)
     result = training.fit(framework.algo, model, IMAGES, LABELS, hp, plan, 1.0, lambda steps: "")
-    after = framework.algo.flat_weights(model)
+    after = training.flat_weights(framework.algo, model)
     assert np.all(np.isfinite(after)) and not np.allclose(after, before)
     event = training.dp_event(framework.name, ("d",), hp, plan, result)
     assert (event.noise_decay, event.decay_steps) == (0.5, 1)  # σ halves at each quarter of the 4 steps

@@ -122,3 +122,36 @@ def test_adaptive_clipping_and_a_schedule_must_agree_with_the_metadata(tmp_path)
     model_file.load(save_model(tmp_path / "b", [counted], clip_quantile=0.5, clip_count_stddev=2.5))
     with pytest.raises(UserError, match=r"noise_decay 1.0 \(metadata: 0.5\)"):
         model_file.load(save_model(tmp_path / "c", [ledger_event()], noise_decay=0.5))
+
+
+def averaged_model(path):
+    """A model averaged from two organisations' runs, its metadata as training.aggregate writes it."""
+    import dataclasses
+
+    from mnist_dp import privacy
+
+    runs = [dataclasses.replace(ledger_event("torch", data=(org,), n=n, batch_size=10), run_id=privacy.new_run_id())
+            for org, n in (("fp-a", 100), ("fp-b", 50))]
+    inputs = [model_file.load(save_model(path.with_name(f"input-{k}"), [e]), "torch").hyperparameters
+              for k, e in enumerate(runs)]
+    meta = model_file.aggregate_metadata(inputs, [e.run_id for e in runs], [e.n for e in runs],
+                                         {"function": "aggregate", "archive_digest": None})
+    model_file.save(path, model_file.ModelFile("torch", b"w", privacy.Ledger(runs), meta))
+    return path
+
+
+def test_an_averaged_models_runs_are_each_checked_against_their_inputs_settings(tmp_path):
+    saved = model_file.load(averaged_model(tmp_path / "m"), "torch")
+    assert [a["planned_steps"] for a in saved.hyperparameters[model_file.AGGREGATED]] == [10, 5]
+    averaged_model(tmp_path / "sigma")
+    rewrite(tmp_path / "sigma", "meta.json", lambda meta: {**meta, "hyperparameters": {
+        **meta["hyperparameters"], model_file.AGGREGATED: [meta["hyperparameters"][model_file.AGGREGATED][0], {
+            **meta["hyperparameters"][model_file.AGGREGATED][1], "noise_multiplier": 9.0}]}})
+    with pytest.raises(UserError, match="noise_multiplier 1.0 \\(metadata: 9.0\\)"):
+        model_file.load(tmp_path / "sigma", "torch")
+    averaged_model(tmp_path / "id")
+    rewrite(tmp_path / "id", "meta.json", lambda meta: {**meta, "hyperparameters": {
+        **meta["hyperparameters"], model_file.AGGREGATED: [{**meta["hyperparameters"][model_file.AGGREGATED][0],
+                                                            "run_id": "0" * 32}]}})
+    with pytest.raises(UserError, match="names input 1's run '0{32}', which its ledger does not have"):
+        model_file.load(tmp_path / "id", "torch")

@@ -2,12 +2,13 @@ from mnist_dp import plan
 
 ORG1, ORG2 = plan.Share("Org1", "d1", ("s1",)), plan.Share("Org2", "d2", ("s2",))
 TEST = plan.Share("Org1", "d1", ("t1",))
+KEYS = {"train": "train-fn", "predict": "predict-fn", "score": "score-fn", "aggregate": "aggregate-fn"}
 
 
 def build(share_with=()):
     builder = plan.PlanBuilder(share_with=share_with)
     stages = [(r, share) for r in (1, 2) for share in (ORG1, ORG2)]
-    trained = builder.chain("torch", "train-fn", "predict-fn", "score-fn", stages, TEST)
+    trained = builder.chain("torch", KEYS, stages, TEST)
     return builder, trained
 
 
@@ -42,7 +43,7 @@ def test_outputs_get_least_privilege():
         assert task.metadata["round_idx"] in ("1", "2")
 
     single = plan.PlanBuilder()
-    single.chain("tf", "t", "p", "s", [(1, TEST)], TEST)
+    single.chain("tf", KEYS, [(1, TEST)], TEST)
     for task in single.spec("p", plan.new_key()).tasks:
         for output in task.outputs.values():
             assert output.permissions.public or output.permissions.authorized_ids == ["Org1"]
@@ -57,3 +58,31 @@ def test_describe_role():
     assert plan.describe_role(builder.roles[trained[1]]) == "torch train, round 1 at Org2"
     scores = [r for r in builder.roles.values() if r.step == "score" and r.split == "test"]
     assert plan.describe_role(scores[0]) == "torch score, round 1 at Org1 on test"
+
+
+def test_fedavg_trains_every_organisation_from_the_global_model_and_evaluates_each_average():
+    builder = plan.PlanBuilder()
+    aggregated = builder.fedavg("torch", KEYS, [ORG1, ORG2], 2, TEST)
+    by_id = {t["task_id"]: t for t in builder.tasks}
+    # per round: 2 train + aggregate + predict + score
+    assert len(aggregated) == 2 and len(builder.tasks) == 2 * 5
+    for round_idx, average in enumerate(aggregated, 1):
+        task, role = by_id[average], builder.roles[average]
+        assert (role.step, role.round_idx, task["worker"], task["function_key"]) == (
+            "aggregate", round_idx, "Org1", "aggregate-fn")  # at the test data's organisation
+        assert [ref.identifier for ref in task["inputs"]] == ["models", "models"]
+        trained = [ref.parent_task_key for ref in task["inputs"]]
+        assert [by_id[t]["worker"] for t in trained] == ["Org1", "Org2"]
+        starts = {ref.parent_task_key for t in trained for ref in by_id[t]["inputs"] if ref.identifier == "model"}
+        assert starts == (set() if round_idx == 1 else {aggregated[round_idx - 2]})  # the round's global model
+        evaluations = [r for r in builder.roles.values() if r.train_task == average]
+        assert [(r.step, r.split, r.organization) for r in evaluations] == [
+            ("predict", "test", "Org1"), ("score", "test", "Org1")]
+
+    tasks = {t.task_id: t for t in builder.spec("p", plan.new_key()).tasks}
+    org2_model = by_id[aggregated[0]]["inputs"][1].parent_task_key
+    # Org2's round model is read by the aggregating organisation only; the average by both trainers.
+    assert tasks[org2_model].outputs["model"].permissions.authorized_ids == ["Org1", "Org2"]
+    assert tasks[aggregated[0]].outputs["model"].permissions.authorized_ids == ["Org1", "Org2"]
+    assert tasks[aggregated[-1]].outputs["model"].permissions.authorized_ids == ["Org1"]  # evaluated at Org1 only
+    assert plan.describe_role(builder.roles[aggregated[1]]) == "torch aggregate, round 2 at Org1"

@@ -174,3 +174,36 @@ def test_calibration_holds_the_target_with_a_schedule_and_a_count():
     run = dataclasses.replace(event(4000, 500, 6), noise_multiplier=sigma, noise_decay=0.8, decay_steps=12,
                               count_noise_multiplier=40.0, steps=48)
     assert 2.95 < Ledger([run]).epsilon(1e-5) <= 3.0
+
+
+def run(data, steps=10, n=100):
+    """A training run with its id, as a train task records it."""
+    return dataclasses.replace(DpEvent("torch", data, n, 0.1, 1.0, steps, privacy.PER_EXAMPLE, 1.0, batch_size=10,
+                                       planned_steps=max(steps, 10)), run_id=privacy.new_run_id())
+
+
+def test_merged_ledgers_count_the_shared_history_once_and_every_new_run():
+    history = [run(("a",)), run(("b",))]  # the global model: one run per organisation
+    # round 2: both organisations train again from it, with runs equal in everything but their ids
+    a2, b2 = run(("a",)), run(("b",))
+    inputs = [Ledger(history + [a2]), Ledger(history + [b2])]
+    merged = privacy.merge(inputs)
+    assert merged.events == history + [a2, b2]
+    assert privacy.own_runs(inputs) == [[a2], [b2]]
+    # each organisation's ε: its two runs, recomputed from σ, q and steps alone; the model's ε is the worst
+    two_runs = compose_epsilon([DpEvent("torch", ("x",), 100, 0.1, 1.0, 20, privacy.PER_EXAMPLE, 1.0)], 1e-5)
+    assert merged.epsilon(1e-5, data=["a"]) == pytest.approx(two_runs, rel=1e-6)
+    assert merged.epsilon(1e-5) == pytest.approx(two_runs, rel=1e-6)
+    # the same run given twice is one run; a second run on the same data, identical but for its id, is two
+    assert privacy.merge([Ledger(history + [a2])] * 2).events == history + [a2]
+    twin = dataclasses.replace(a2, run_id=privacy.new_run_id())
+    assert len(privacy.merge([Ledger([a2]), Ledger([twin])]).events) == 2
+
+
+def test_a_merge_refuses_runs_it_cannot_tell_apart():
+    old = DpEvent("torch", ("a",), 100, 0.1, 1.0, 10, privacy.PER_EXAMPLE, 1.0)  # no run id: an earlier version's
+    with pytest.raises(UserError, match="has no run id"):
+        privacy.merge([Ledger([old]), Ledger([run(("b",))])])
+    a = run(("a",))
+    with pytest.raises(UserError, match=f"record training run {a.run_id} differently"):
+        privacy.merge([Ledger([a]), Ledger([dataclasses.replace(a, steps=5)])])

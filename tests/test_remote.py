@@ -12,6 +12,7 @@ import uuid
 import zipfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 import requests
 from conftest import REPO, TINY_HYPERPARAMETERS, tiny_hyperparameters
@@ -61,10 +62,10 @@ def add_dataset_objective(node, tmp_path, data_dir, **settings):
                cwd=tmp_path, env=environment(node, **settings))
 
 
-def add_train_algo(node, tmp_path):
+def add_train_algo(node, tmp_path, *args):
     (tmp_path / "hp.json").write_text(json.dumps(HYPERPARAMETERS))
     return run("add_train_algo_cnn_dp.py", "--framework", FRAMEWORK, "--hyperparameters", tmp_path / "hp.json",
-               "--keys-file", tmp_path / "keys.json", "--output", tmp_path / "results",
+               "--keys-file", tmp_path / "keys.json", "--output", tmp_path / "results", *args,
                cwd=tmp_path, env=environment(node), polling=0.01)
 
 
@@ -123,6 +124,12 @@ class NoLearning:
     def fit(self, model, images, labels, hp, sampling, noise, on_epoch):
         return training.Ran(batch_sizes=[round(sampling.n * sampling.sample_rate)] * sampling.steps)
 
+    def weight_arrays(self, model):
+        return [np.frombuffer(model, np.uint8).astype(np.float64)]
+
+    def set_weight_arrays(self, model, arrays):
+        return arrays[0].astype(np.uint8).tobytes()
+
 
 def write_model_file(dest: Path, opener: Path, data_folders: list, hyperparameters: Path,
                      input_model: Path | None = None) -> float:
@@ -157,7 +164,7 @@ def train_on_node(node: SubstraNodeStub, work: Path) -> dict:
         function_dir = folder / "function"
         with tarfile.open(fileobj=io.BytesIO(node.functions[task["function"]["key"]].files["file"])) as tar:
             tar.extractall(function_dir, filter="data")
-        samples, input_model = [], None
+        samples, input_models = [], []
         for ref in task["inputs"]:
             if ref["identifier"] == "opener":
                 opener = folder / "opener.py"
@@ -169,10 +176,14 @@ def train_on_node(node: SubstraNodeStub, work: Path) -> dict:
             else:
                 parent = node.tasks[ref["parent_task_key"]].state["outputs"]
                 model_key = next(o["asset"]["key"] for o in parent if o["identifier"] == "model")
-                input_model = folder / "input.model"
-                input_model.write_bytes(node.models[model_key].files["file"])
-        epsilons[task["key"]] = write_model_file(folder / "model", opener, samples,
-                                                 function_dir / "hyperparameters.json", input_model)
+                input_models.append(folder / f"input-{len(input_models)}.model")
+                input_models[-1].write_bytes(node.models[model_key].files["file"])
+        if samples:
+            epsilons[task["key"]] = write_model_file(folder / "model", opener, samples,
+                                                     function_dir / "hyperparameters.json", *input_models)
+        else:  # an aggregate task: the real averaging
+            training.aggregate(NoLearning(), {"models": [str(m) for m in input_models]},
+                               {"model": str(folder / "model")}, function_dir / "hyperparameters.json")
         return (folder / "model").read_bytes()
 
     def performance(task, identifier):
@@ -358,6 +369,47 @@ def test_a_plan_run_on_the_node_reports_accuracy_and_epsilon_from_the_models_it_
     assert ("GET", f"/compute_plan/{plan_key}/perf/") in node.calls() and node.unexpected == []
     written = [p for p in tmp_path.rglob("*") if p.is_file() and p.suffix in (".json", ".md")]
     assert TOKEN not in proc.stdout + proc.stderr and not any(TOKEN in p.read_text() for p in written)
+
+
+def test_federated_averaging_on_the_node_averages_each_round_and_accounts_each_fold_once(node, registered, tmp_path,
+                                                                                          tiny_data):
+    epsilons = train_on_node(node, tmp_path / "node")
+    proc = add_train_algo(node, tmp_path, "--strategy", "fedavg", "--rounds", 2)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    keys = json.loads(registered.read_text())
+    org, folds, algo = keys["organization_id"], keys["train_data_sample_keys"], keys["algos"][FRAMEWORK]
+    aggregate = node.functions[algo["aggregate"]]
+    assert tar_gz_members(aggregate.files["file"])["Dockerfile"] == \
+        (ALGO_ASSETS[FRAMEWORK] / "Dockerfile.aggregate").read_bytes()
+    assert (aggregate.sent["inputs"], aggregate.sent["outputs"]) == contract("aggregate")
+
+    described = keys["compute_plans"][FRAMEWORK]["tasks"]
+    tasks = {t.record["key"]: t.record for t in node.plan_tasks(keys["compute_plans"][FRAMEWORK]["key"])}
+    assert len(tasks) == 2 * 5  # per round: a train task per fold, the aggregate, predict and score
+    averages = [key for key, text in described.items() if text.startswith(f"{FRAMEWORK} aggregate")]
+    assert [described[key] for key in averages] == [f"{FRAMEWORK} aggregate, round {r} at {org}" for r in (1, 2)]
+    for round_idx, average in enumerate(averages, 1):
+        trained = [i["parent_task_key"] for i in tasks[average]["inputs"] if i["identifier"] == "models"]
+        assert [[i["asset_key"] for i in tasks[t]["inputs"] if i["identifier"] == "datasamples"]
+                for t in trained] == folds
+        starts = {i["parent_task_key"] for t in trained for i in tasks[t]["inputs"] if i["identifier"] == "model"}
+        assert starts == (set() if round_idx == 1 else {averages[0]})
+
+    records = json.loads((tmp_path / "results" / "results.json").read_text())
+    assert [(r["round"], r["organization"]) for r in records] == [(1, "fedavg"), (2, "fedavg")]
+    for record in records:
+        saved = model_file.load(record["model_file"], FRAMEWORK)
+        # every fold's run of every round, once: 2 per round (the global model's runs are not counted twice)
+        assert len(saved.ledger.events) == 2 * record["round"]
+        assert len({e.run_id for e in saved.ledger.events}) == len(saved.ledger.events)
+        one_fold = [e for e in saved.ledger.events if e.data == saved.ledger.events[0].data]
+        assert len(one_fold) == record["round"]
+        assert record["epsilon"] == pytest.approx(saved.ledger.epsilon(HYPERPARAMETERS["delta"], data=one_fold[0].data))
+        assert record["test_accuracy"] == pytest.approx(accuracy(record["round"], "test"))
+    # The aggregate published no ε; each train task did, from its own model's ledger.
+    assert len(epsilons) == 4 and node.unexpected == []
+    assert "Federated averaging: this model is the average of 2 models" in \
+        (tmp_path / "results" / "summary.md").read_text()
 
 
 def test_a_node_that_refuses_model_downloads_still_gets_its_report_from_substras_figures(node, registered, tmp_path):

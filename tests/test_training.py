@@ -1,5 +1,6 @@
 import math
 
+import numpy as np
 import pytest
 
 from mnist_dp import hyperparameters, privacy, training
@@ -34,14 +35,13 @@ def test_noise_for_rounds_keeps_every_organisation_within_the_target_after_the_l
     assert training.noise_for_rounds(baseline, sizes, 3) is baseline
 
 
-def test_budget_cuts_the_plan_or_refuses():
+def test_budget_cuts_the_plan_stops_when_spent_or_refuses():
     hp = hyperparameters.parse({**BASE, "target_epsilon": None, "noise_multiplier": 1.0, "max_epsilon": 2.0}, "x")
     plan = training.SamplingPlan.from_hyperparameters(1000, hp, "x")
     cut = training.apply_budget("torch", ("d",), hp, plan, 1.0, [])
     assert 0 < cut.steps < plan.steps == cut.planned_steps
     spent = privacy.DpEvent("torch", ("d",), 1000, plan.sample_rate, 1.0, cut.steps, privacy.PER_EXAMPLE, 1.0)
-    with pytest.raises(UserError, match="is spent: the input model's ε on this data is already"):
-        training.apply_budget("torch", ("d",), hp, plan, 1.0, [spent])
+    assert training.apply_budget("torch", ("d",), hp, plan, 1.0, [spent]).steps == 0  # the task trains nothing
     with pytest.raises(UserError, match="below the ε of a single step"):
         training.apply_budget("torch", ("d",), hp, plan, 0.4, [])
     assert training.apply_budget("torch", ("d",), hyperparameters.parse(BASE, "x"), plan, 1.0, []) is plan
@@ -82,3 +82,23 @@ def test_adaptive_clipping_moves_c_towards_the_quantile(unclipped, direction):
     fixed = training.ClipNorm(dict_hp(), plan)
     fixed.update(0, 50)
     assert fixed.value == 1.0
+
+
+def test_organisations_training_in_parallel_draw_different_noise_from_one_seed():
+    seeds = {training.run_seed(0, runs, data) for runs in (0, 2) for data in (("a",), ("b",), ("a", "b"))}
+    assert len(seeds) == 6 and all(0 <= s < 2 ** 31 for s in seeds)
+    assert training.run_seed(0, 2, ("b", "a")) == training.run_seed(0, 2, ("a", "b"))  # the data, not its order
+    assert training.run_seed(1, 0, ("a",)) != training.run_seed(0, 0, ("a",))
+
+
+def test_the_average_is_the_exact_weighted_mean_in_each_arrays_dtype():
+    rng = np.random.default_rng(0)
+    models = [[rng.normal(size=(3, 4)).astype(np.float32), rng.normal(size=5)] for _ in range(3)]
+    mean = training.weighted_mean(models, [200, 100, 0])  # the third trained nothing this round: weight 0
+    for i, array in enumerate(mean):
+        expected = (200 * models[0][i].astype(np.float64) + 100 * models[1][i].astype(np.float64)) / 300
+        assert array.dtype == models[0][i].dtype
+        np.testing.assert_array_equal(array, expected.astype(models[0][i].dtype))
+    np.testing.assert_array_equal(training.weighted_mean(models[:2], [0, 0])[1], (models[0][1] + models[1][1]) / 2)
+    with pytest.raises(UserError, match="differ in shape"):
+        training.weighted_mean([models[0], [models[0][0], np.zeros(4)]], [1, 1])

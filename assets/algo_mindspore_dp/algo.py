@@ -428,8 +428,13 @@ class MindSporeMindArmour:
                 plan.n, plan.sample_rate, noise.sigma, len(batch_sizes), hp.delta)
         return training.Ran(batch_sizes, library)
 
-    def flat_weights(self, net):
-        return np.concatenate([p.asnumpy().ravel() for p in net.trainable_params()])
+    def weight_arrays(self, net):
+        return [p.asnumpy() for p in net.get_parameters()]
+
+    def set_weight_arrays(self, net, arrays):
+        for parameter, array in zip(net.get_parameters(), arrays):
+            parameter.set_data(ms.Tensor(array))
+        return net
 
     def batch_logits(self, net, images):
         net.set_train(False)

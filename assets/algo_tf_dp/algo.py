@@ -284,8 +284,12 @@ class TensorFlowPrivacy:
                 plan.n, plan.expected_batch_size, len(batch_sizes) / plan.steps_per_epoch, noise.sigma, hp.delta)
         return training.Ran(batch_sizes, library)
 
-    def flat_weights(self, model):
-        return np.concatenate([v.numpy().ravel() for v in model.trainable_variables])
+    def weight_arrays(self, model):
+        return model.get_weights()
+
+    def set_weight_arrays(self, model, arrays):
+        model.set_weights(arrays)
+        return model
 
     def batch_logits(self, model, images):
         return model(as_input(images), training=False).numpy()

@@ -13,7 +13,6 @@ from pathlib import Path
 
 os.environ.setdefault("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "python")  # see docs/design.md: before any framework
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -208,8 +207,12 @@ class TorchOpacus:
             library["Opacus PRV (this run only)"] = engine.get_epsilon(hp.delta)
         return training.Ran(batch_sizes, library)
 
-    def flat_weights(self, model):
-        return np.concatenate([p.detach().numpy().ravel() for p in model.parameters()])
+    def weight_arrays(self, model):
+        return [t.detach().numpy().copy() for t in model.state_dict().values()]
+
+    def set_weight_arrays(self, model, arrays):
+        model.load_state_dict({name: torch.from_numpy(a) for name, a in zip(model.state_dict(), arrays)})
+        return model
 
     def batch_logits(self, model, images):
         model.eval()
