@@ -97,7 +97,7 @@ def run_function(script, function, inputs, outputs, check=True):
         out = []
         for identifier, value in mapping.items():
             values = value if isinstance(value, list) else [value]
-            multiple = identifier == "datasamples"
+            multiple = identifier in ("datasamples", "models")
             out += [{"id": identifier, "value": str(v), "multiple": multiple} for v in values]
         return json.dumps(out)
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 from conftest import FRAMEWORKS, REPO, TINY_HYPERPARAMETERS
 
-from mnist_dp import model_file, privacy
+from mnist_dp import data, model_file, privacy
 
 SCRIPT = REPO / "scripts" / "run_local.py"
 REQUIRED_KEYS = {"framework", "organization", "test_accuracy", "train_accuracy", "epsilon", "delta", "accountant",
@@ -90,8 +90,48 @@ def test_two_organisations_train_in_rounds_with_epsilon_per_organisation(tmp_pat
     assert "| torch | yes | 2 | MyOrg2MSP |" in (tmp_path / "out" / "summary.md").read_text()
 
 
+def test_federated_averaging_averages_each_round_with_epsilon_per_organisation(tmp_path, tiny_data):
+    (tmp_path / "hp.json").write_text(json.dumps(TINY_HYPERPARAMETERS))
+    proc = run_local("--data", tiny_data, "--output", tmp_path / "out", "--hyperparameters", tmp_path / "hp.json",
+                     "--frameworks", "torch", "--no-baseline", "--organizations", 2, "--rounds", 2,
+                     "--strategy", "fedavg", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert [(r["round"], r["organization"]) for r in records] == [(1, "fedavg"), (2, "fedavg")]
+    delta = TINY_HYPERPARAMETERS["delta"]
+    for record in records:
+        # Each organisation ran 3 steps (150 examples, q = 1/3) per round on its own data: its ε is that, recomputed
+        # from σ, q and the steps alone; the other organisation's runs in the same model do not add to it.
+        alone = privacy.compose_epsilon(
+            [privacy.DpEvent("torch", ("x",), 150, 1 / 3, 1.0, 3 * record["round"], "per-example", 1.0)], delta)
+        assert record["epsilon_by_organization"] == {"MyOrg1MSP": pytest.approx(alone), "MyOrg2MSP": pytest.approx(alone)}
+        assert record["epsilon"] == pytest.approx(alone) and 0 <= record["test_accuracy"] <= 1
+        saved = model_file.load(record["model_file"], "torch")
+        assert len(saved.ledger.events) == 2 * record["round"]  # the round-1 average's runs once, not once per input
+        assert [a["examples"] for a in saved.hyperparameters[model_file.AGGREGATED]] == [150, 150]
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "federated averaging" in summary and "| torch | yes | 2 | fedavg |" in summary
+    assert "Averaging is post-processing of those models and spends no privacy" in summary
+
+
+def test_a_failing_organisations_task_fails_the_federated_plan_naming_it_with_its_log(tmp_path):
+    # Organisation 2 holds 100 examples (q = 1/2), organisation 1 200 (q = 1/4): one step at σ = 1 costs 2.95 and
+    # 2.13, so a budget of 2.5 lets organisation 1 train and refuses organisation 2's task.
+    data.generate(tmp_path / "data", train_size=300, test_size=100, train_samples=3, seed=1)
+    (tmp_path / "hp.json").write_text(json.dumps({**TINY_HYPERPARAMETERS, "max_epsilon": 2.5}))
+    proc = run_local("--data", tmp_path / "data", "--output", tmp_path / "out", "--hyperparameters",
+                     tmp_path / "hp.json", "--frameworks", "torch", "--no-baseline", "--organizations", 2,
+                     "--strategy", "fedavg", cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    message = proc.stderr[proc.stderr.index("error: compute plan"):]
+    assert "failed in task 'torch train, round 1 at MyOrg2MSP'" in message and "function 'torch train'" in message
+    assert "last lines of its log" in message and "max_epsilon = 2.5 is below the ε of a single step" in message
+    assert "The plan failed" in (tmp_path / "out" / "summary.md").read_text()
+
+
 def test_help_and_bad_arguments(tmp_path):
     assert "--frameworks" in run_local("--help", cwd=tmp_path).stdout
+    assert "--strategy {cyclic,fedavg}" in run_local("--help", cwd=tmp_path).stdout
     proc = run_local("--frameworks", "jax", cwd=tmp_path)
     assert proc.returncode == 2 and "jax" in proc.stderr and "Traceback" not in proc.stderr
     (tmp_path / "hp.json").write_text('{"epochs": 0}')
