@@ -104,7 +104,7 @@ def test_federated_averaging_averages_each_round_with_epsilon_per_organisation(t
         # from σ, q and the steps alone; the other organisation's runs in the same model do not add to it.
         alone = privacy.compose_epsilon(
             [privacy.DpEvent("torch", ("x",), 150, 1 / 3, 1.0, 3 * record["round"], "per-example", 1.0)], delta)
-        assert record["epsilon_by_organization"] == {"MyOrg1MSP": pytest.approx(alone), "MyOrg2MSP": pytest.approx(alone)}
+        assert record["epsilon_by_organization"] == {org: pytest.approx(alone) for org in ("MyOrg1MSP", "MyOrg2MSP")}
         assert record["epsilon"] == pytest.approx(alone) and 0 <= record["test_accuracy"] <= 1
         saved = model_file.load(record["model_file"], "torch")
         assert len(saved.ledger.events) == 2 * record["round"]  # the round-1 average's runs once, not once per input
