@@ -163,10 +163,9 @@ class DpEvent:
         if problems:
             raise UserError(f"privacy ledger event ({self.framework}) is inconsistent: {'; '.join(problems)}")
 
-    def dp_accounting_event(self) -> dp_accounting.DpEvent:
-        if not self.is_private:
-            return dp_accounting.NonPrivateDpEvent()
-        return dp_sgd_event(self.sample_rate, self.schedule(), self.steps)
+    def segments(self) -> list:
+        """[(q, effective σ, steps)] of the steps this run really ran, as the accountant composes them."""
+        return [(self.sample_rate, sigma, steps) for sigma, steps in self.schedule().segments(self.steps)]
 
     def schedule(self) -> NoiseSchedule:
         return NoiseSchedule(self.noise_multiplier, self.noise_decay, self.decay_steps, self.count_noise_multiplier)
@@ -222,11 +221,16 @@ class NoiseSchedule:
         return dataclasses.replace(self, sigma=sigma)
 
 
-def dp_sgd_event(sample_rate: float, schedule: NoiseSchedule, steps: int) -> dp_accounting.DpEvent:
-    """The dp_accounting event of `steps` DP-SGD steps: Poisson-sampled Gaussians, composed as they ran."""
+def dp_sgd_event(segments) -> dp_accounting.DpEvent:
+    """The dp_accounting event of DP-SGD steps given as (q, σ, steps) segments: Poisson-sampled Gaussians composed
+    in sequence. Composition is commutative, so the steps of equal q and σ, whichever run took them, are one
+    self-composition: the same mechanism, accounted once (federated rounds repeat the same run many times)."""
+    counts = {}
+    for sample_rate, sigma, steps in segments:
+        counts[sample_rate, sigma] = counts.get((sample_rate, sigma), 0) + steps
     parts = [dp_accounting.SelfComposedDpEvent(
         dp_accounting.PoissonSampledDpEvent(sample_rate, dp_accounting.GaussianDpEvent(sigma)), count)
-        for sigma, count in schedule.segments(steps)]
+        for (sample_rate, sigma), count in counts.items()]
     return parts[0] if len(parts) == 1 else dp_accounting.ComposedDpEvent(parts)
 
 
@@ -245,7 +249,7 @@ def compose_epsilon(events: Sequence[DpEvent], delta: float, accountant: str = R
     if not events:
         return 0.0
     acc = _new_accountant(accountant)
-    acc.compose(dp_accounting.ComposedDpEvent([e.dp_accounting_event() for e in events]))
+    acc.compose(dp_sgd_event(segment for e in events for segment in e.segments()))
     return float(acc.get_epsilon(delta))
 
 
@@ -357,7 +361,7 @@ def calibrate_noise_multiplier(
     """Smallest σ (within `tol`, rounded up) such that prior_events + this run stay within ε at δ (PLD).
     σ is the gradient noise of the first steps; the rest of `schedule` (decay, count noise) is kept. `repeats`:
     the run is repeated that many times (rounds of training on the same data)."""
-    prior = [e.dp_accounting_event() for e in prior_events]
+    prior = [segment for e in prior_events for segment in e.segments()]
     if any(not e.is_private for e in prior_events):
         raise UserError("cannot calibrate to a target epsilon: the input model was trained without DP (epsilon = inf)")
     floor = compose_epsilon(prior_events, delta) if prior_events else 0.0
@@ -368,8 +372,8 @@ def calibrate_noise_multiplier(
         )
 
     def make_event(sigma: float) -> dp_accounting.DpEvent:
-        return dp_accounting.ComposedDpEvent(
-            prior + [dp_sgd_event(sample_rate, schedule.with_sigma(sigma), steps)] * repeats)
+        run = [(sample_rate, effective, count) for effective, count in schedule.with_sigma(sigma).segments(steps)]
+        return dp_sgd_event(prior + run * repeats)
 
     def pld_epsilon(sigma: float) -> float:
         return pld.PLDAccountant().compose(make_event(sigma)).get_epsilon(delta)

@@ -11,7 +11,7 @@ COLUMNS = [  # (key, header, format)
     ("framework", "framework", "{}"),
     ("dp", "DP", "{}"),
     ("round", "round", "{}"),
-    ("organization", "trained at", "{}"),
+    ("organization", "trained at", "{}"),  # "fedavg": averaged from every organisation's models
     ("train_accuracy", "train acc", "{:.4f}"),
     ("test_accuracy", "test acc", "{:.4f}"),
     ("epsilon", "ε (PLD)", "{:.3f}"),
@@ -50,7 +50,9 @@ def _epsilon(value: float | None, fmt: str = "{:.3f}") -> str:
 def _rows(records: list) -> tuple:
     organizations = sorted({org for r in records for org in r.epsilon_by_organization})
     multi = len(organizations) > 1 or any(r.round > 1 for r in records)
-    columns = [c for c in COLUMNS if multi or c[0] not in MULTI_STAGE_ONLY]
+    # A column no record has a value for (train accuracy in federated averaging) is left out.
+    columns = [c for c in COLUMNS if (multi or c[0] not in MULTI_STAGE_ONLY)
+               and any(getattr(r, c[0]) is not None for r in records)]
     headers = [header for _, header, _ in columns]
     rows = [[_cell(r, key, fmt) for key, _, fmt in columns] for r in records]
     if any(r.max_epsilon is not None for r in records):  # the budget, and whether it stopped training

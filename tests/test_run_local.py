@@ -208,6 +208,28 @@ def test_function_images_hold_cpu_builds_only(docker_run):
         assert all(name.endswith("+cpu") for name in listing if name.startswith("torch==")), archive.name
 
 
+def test_federated_averaging_runs_in_every_frameworks_images(docker_daemon, tmp_path, tiny_data):
+    """Each framework's aggregate function in its own image (Dockerfile.aggregate), between the organisations'
+    train tasks and the evaluation, as in the subprocess backend."""
+    (tmp_path / "hp.json").write_text(json.dumps(TINY_HYPERPARAMETERS))
+    proc = run_local("--backend", "docker", "--data", tiny_data, "--output", tmp_path / "out", "--hyperparameters",
+                     tmp_path / "hp.json", "--no-baseline", "--organizations", 2, "--strategy", "fedavg", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert sorted((r["framework"], r["round"], r["organization"]) for r in records) == [
+        (f, 1, "fedavg") for f in FRAMEWORKS]
+    alone = privacy.compose_epsilon([privacy.DpEvent("x", ("x",), 150, 1 / 3, 1.0, 3, "per-example", 1.0)],
+                                    TINY_HYPERPARAMETERS["delta"])  # each organisation's one run, and nothing more
+    for record in records:
+        assert record["epsilon_by_organization"] == {org: pytest.approx(alone) for org in ("MyOrg1MSP", "MyOrg2MSP")}
+        assert 0 <= record["test_accuracy"] <= 1
+        saved = model_file.load(record["model_file"], record["framework"])
+        assert saved.hyperparameters["aggregated_by"]["archive_digest"]  # it ran from its registered archive
+    archives = sorted(p.name for p in (tmp_path / "out" / "substra" / "archives").glob("*.tar.gz"))
+    assert archives == sorted(["accuracy.tar.gz"] + [f"{f}_{function}.tar.gz" for f in FRAMEWORKS
+                                                     for function in ("aggregate", "predict", "train")])
+
+
 def test_a_failing_task_is_named_and_exits_non_zero(tmp_path, tiny_data):
     # One step of σ = 1 costs more than this budget: the train function refuses to start.
     (tmp_path / "hp.json").write_text(json.dumps({**TINY_HYPERPARAMETERS, "max_epsilon": 0.001}))
