@@ -62,6 +62,17 @@ def describe_role(role: Role) -> str:
 STRATEGIES = {"cyclic": ("train", "predict"), "fedavg": ("train", "predict", "aggregate")}
 
 
+def add_arguments(parser, holders: str) -> None:
+    """--strategy and --rounds, the same on every script that trains; `holders`: who holds the data shares
+    ("organisations", "folds")."""
+    parser.add_argument("--strategy", choices=STRATEGIES, default="cyclic",
+                        help=f"how the {holders} train together: cyclic (one model passed from one to the next) or "
+                             "fedavg (federated averaging) (default: %(default)s)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help=f"rounds: passes of the model through the {holders} (cyclic), or train-then-average "
+                             "rounds (fedavg) (default: %(default)s)")
+
+
 def describe_strategy(strategy: str) -> str:
     return {"cyclic": "cyclic (the model passed from organisation to organisation)",
             "fedavg": "federated averaging (each round's models averaged, weighted by examples)"}[strategy]

@@ -32,12 +32,7 @@ def build_parser():
                         help="JSON file whose keys replace those of the algo's hyperparameters.json")
     parser.add_argument("--output", type=Path, default=None,
                         help="folder for the reports and model files (default: results/<framework>)")
-    parser.add_argument("--strategy", choices=plan.STRATEGIES, default="cyclic",
-                        help="cyclic: the folds one after the other; fedavg: federated averaging over the folds "
-                             "(default: %(default)s)")
-    parser.add_argument("--rounds", type=int, default=1,
-                        help="passes through the folds (cyclic) or train-then-average rounds (fedavg) "
-                             "(default: %(default)s)")
+    plan.add_arguments(parser, "folds")
     parser.add_argument("--share-with", default="",
                         help="comma-separated organisation ids also allowed to read the model and predictions "
                              "(default: this organisation only)")

@@ -39,12 +39,7 @@ def build_parser():
     parser.add_argument("--organizations", type=int, default=1,
                         help="organisations sharing the training data, each with its own dataset; the data needs "
                              "at least this many train data samples (default: %(default)s)")
-    parser.add_argument("--strategy", choices=plan.STRATEGIES, default="cyclic",
-                        help="how organisations train together: cyclic (one model passed along) or fedavg "
-                             "(federated averaging) (default: %(default)s)")
-    parser.add_argument("--rounds", type=int, default=1,
-                        help="rounds: passes of the model through every organisation (cyclic), or train-then-average "
-                             "rounds (fedavg) (default: %(default)s)")
+    plan.add_arguments(parser, "organisations")
     parser.add_argument("--share-with", default="",
                         help="comma-separated organisation ids also allowed to read the models and predictions "
                              "(default: only the organisations whose tasks need them)")

@@ -74,3 +74,15 @@ def test_a_damaged_keys_file_names_the_field(tmp_path, keys_file, field, value):
     proc = run("add_train_algo_cnn_dp.py", "--framework", FRAMEWORK, cwd=tmp_path)
     assert proc.returncode == 2 and proc.stderr.startswith(f"error: {keys_file.name}: {field} = "), proc.stderr
     assert "must be" in proc.stderr and "--folds" not in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_rounds_with_a_target_need_the_fold_sizes(tmp_path, keys_file):
+    keys = json.loads(keys_file.read_text())
+    keys_file.write_text(json.dumps({**keys, "data": str(tmp_path / "elsewhere")}))  # the data is on another machine
+    before = keys_file.read_text()
+    proc = run("add_train_algo_cnn_dp.py", "--framework", FRAMEWORK, "--strategy", "fedavg", "--rounds", 2,
+               cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "--rounds 2 with target_epsilon" in proc.stderr and "give noise_multiplier" in proc.stderr
+    assert keys_file.read_text() == before  # nothing registered
+    assert run("add_train_algo_cnn_dp.py", "--rounds", 0, cwd=tmp_path).stderr == "error: --rounds must be at least 1\n"

@@ -1,3 +1,4 @@
+import dataclasses
 import math
 
 import numpy as np
@@ -102,3 +103,45 @@ def test_the_average_is_the_exact_weighted_mean_in_each_arrays_dtype():
     np.testing.assert_array_equal(training.weighted_mean(models[:2], [0, 0])[1], (models[0][1] + models[1][1]) / 2)
     with pytest.raises(UserError, match="differ in shape"):
         training.weighted_mean([models[0], [models[0][0], np.zeros(4)]], [1, 1])
+
+
+class ArrayModels:
+    """A training.Framework for aggregation alone: a model is one float32 vector, saved as its bytes."""
+
+    name = "torch"
+
+    def load_model(self, weights, network):
+        return np.frombuffer(weights, np.float32).copy()
+
+    def dump_model(self, model):
+        return model.tobytes()
+
+    def weight_arrays(self, model):
+        return [model]
+
+    def set_weight_arrays(self, model, arrays):
+        return arrays[0]
+
+
+def test_an_organisation_that_trained_nothing_weighs_nothing_in_the_average(tmp_path):
+    from conftest import ledger_event, save_model
+
+    from mnist_dp import model_file
+
+    def run(org, n):
+        return dataclasses.replace(ledger_event(data=(org,), n=n), run_id=privacy.new_run_id())
+
+    history = [run("a", 200), run("b", 100)]  # the global model of round 1
+    a, b = run("a", 200), run("b", 100)
+    paths = [save_model(tmp_path / "a", history + [a], np.full(3, 1.0, np.float32).tobytes()),
+             save_model(tmp_path / "b", history + [b], np.full(3, 4.0, np.float32).tobytes()),
+             # organisation c's budget was spent: its task passed the global model on unchanged
+             save_model(tmp_path / "c", history, np.full(3, 100.0, np.float32).tobytes())]
+    training.aggregate(ArrayModels(), {"models": [str(p) for p in paths]}, {"model": str(tmp_path / "avg")},
+                       tmp_path / "hyperparameters.json")
+    saved = model_file.load(tmp_path / "avg", "torch")
+    np.testing.assert_array_equal(np.frombuffer(saved.weights, np.float32), np.full(3, 2.0, np.float32))
+    assert saved.ledger.events == history + [a, b]
+    assert [i["examples"] for i in saved.hyperparameters[model_file.AGGREGATED]] == [200, 100, 0]
+    with pytest.raises(UserError, match="no input models"):
+        training.aggregate(ArrayModels(), {"models": []}, {"model": str(tmp_path / "none")}, tmp_path / "hp.json")
