@@ -14,6 +14,7 @@ Substra keys cannot reset the account.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import re
@@ -225,12 +226,21 @@ def dp_sgd_event(segments) -> dp_accounting.DpEvent:
     """The dp_accounting event of DP-SGD steps given as (q, σ, steps) segments: Poisson-sampled Gaussians composed
     in sequence. Composition is commutative, so the steps of equal q and σ, whichever run took them, are one
     self-composition: the same mechanism, accounted once (federated rounds repeat the same run many times)."""
+    return _poisson_gaussians(_counts(segments))
+
+
+def _counts(segments) -> tuple:
+    """((q, σ), steps) of every distinct (q, σ) among `segments`, in a fixed order."""
     counts = {}
     for sample_rate, sigma, steps in segments:
         counts[sample_rate, sigma] = counts.get((sample_rate, sigma), 0) + steps
+    return tuple(sorted(counts.items()))
+
+
+def _poisson_gaussians(counts: tuple) -> dp_accounting.DpEvent:
     parts = [dp_accounting.SelfComposedDpEvent(
         dp_accounting.PoissonSampledDpEvent(sample_rate, dp_accounting.GaussianDpEvent(sigma)), count)
-        for (sample_rate, sigma), count in counts.items()]
+        for (sample_rate, sigma), count in counts]
     return parts[0] if len(parts) == 1 else dp_accounting.ComposedDpEvent(parts)
 
 
@@ -248,8 +258,15 @@ def compose_epsilon(events: Sequence[DpEvent], delta: float, accountant: str = R
         return math.inf
     if not events:
         return 0.0
+    return _epsilon(_counts(segment for e in events for segment in e.segments()), delta, accountant)
+
+
+@functools.lru_cache(maxsize=256)
+def _epsilon(counts: tuple, delta: float, accountant: str) -> float:
+    """ε of the steps `counts` (from `_counts`): remembered, since the organisations of a federated ledger
+    usually have equal accounts, and a report asks for each one's ε again."""
     acc = _new_accountant(accountant)
-    acc.compose(dp_sgd_event(segment for e in events for segment in e.segments()))
+    acc.compose(_poisson_gaussians(counts))
     return float(acc.get_epsilon(delta))
 
 
