@@ -206,7 +206,7 @@ def goals(summary):
     for (framework, strategy, organizations, epochs, rounds), (mean, *_rest) in sorted(summary.items()):
         single = single_accuracy(summary, framework)
         if strategy == "fedavg" and organizations == 2 and single is not None:
-            gap = 100 * (single - mean)
+            gap = round(100 * (single - mean), 1)  # judged as shown, to a tenth of a point
             lines.append(f"{framework} fedavg, 2 organisations, {epochs}×{rounds}: {100 * mean:.1f}% vs "
                          f"{100 * single:.1f}% for one organisation, {gap:.1f} points below (goal ≤ {GOAL_POINTS:g}): "
                          + ("met" if gap <= GOAL_POINTS else f"MISSED by {gap - GOAL_POINTS:.1f} points"))

@@ -64,7 +64,8 @@ def privacy_statement(saved: ModelFile, per_organization: dict | None = None) ->
     ]
     for i, e in enumerate(ledger.events, 1):
         library = "; ".join(f"{name}: ε = {value:.3f}" for name, value in e.library_epsilon)
-        lines.append(f"  {i}. {e.framework}: {len(e.data)} data sample(s), n = {e.n}, q = {e.sample_rate:.4g}, "
+        lines.append(f"  {i}. {e.framework}: {len(e.data)} data sample(s) ({sorted(e.data)[0][:8]}…), n = {e.n}, "
+                     f"q = {e.sample_rate:.4g}, "
                      f"σ = {e.noise_multiplier:.4g}{_schedule(e)}, {e.steps} steps, clipping {e.clipping} "
                      + (f"adaptive from C = {e.max_grad_norm:g} (count noise multiplier {e.count_noise_multiplier:.4g})"
                         if e.count_noise_multiplier else f"to C = {e.max_grad_norm:g}")

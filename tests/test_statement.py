@@ -14,7 +14,7 @@ def test_statement_gives_epsilon_with_delta_relation_sampling_clipping_and_exclu
     assert text.startswith(f"**(ε, δ) = ({model.ledger.epsilon(1e-4):.3f}, 0.0001)** by PLD")
     assert f"RDP (Google dp_accounting): ε = {model.ledger.epsilon(1e-4, 'rdp'):.3f}" in text
     assert "add or remove one example" in text and "Poisson" in text
-    assert "2 data sample(s), n = 300, q = 0.2, σ = 1, 5 steps, clipping per-example to C = 1" in text
+    assert "2 data sample(s) (fp-a…), n = 300, q = 0.2, σ = 1, 5 steps, clipping per-example to C = 1" in text
     assert "TF Privacy statement, RDP, Poisson (this run only): ε = 4.500" in text
     assert "Not covered: hyperparameter tuning" in text and "Secure noise (secure_mode): off" in text
 
@@ -45,3 +45,14 @@ def test_each_run_names_the_code_that_made_it_and_what_data_checks_cover():
     assert "ran 'train' from no function archive (run from the repository, or its files changed)" in text
     assert "code not recorded" in statement.privacy_statement(saved([EVENT]))
     assert "Data held by organisations on different Substra nodes cannot be compared" in text
+
+
+def test_an_averaged_models_statement_explains_the_averaging():
+    runs = [privacy.DpEvent("tf", (org,), 300, 0.2, 1.0, 5, privacy.PER_EXAMPLE, 1.0) for org in ("fp-a", "fp-b")]
+    model = saved(runs, max_epsilon=9.0, stopped_by_budget=False,
+                  aggregate_of=[{"examples": 300}, {"examples": 300}])
+    text = statement.privacy_statement(model, {"Org1": 1.25, "Org2": 1.25})
+    assert "Federated averaging: this model is the average of 2 models" in text and "(300, 300)" in text
+    assert "post-processing of those models and spends no privacy" in text and "parallel composition" in text
+    assert "every organisation's training ran every planned step within it" in text
+    assert "Per organisation (ε of the steps run on its data only): Org1: 1.250, Org2: 1.250" in text
