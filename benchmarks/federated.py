@@ -223,13 +223,16 @@ def plot(summary, args, path):
 
     frameworks = [f for f in ALGO_ASSETS if any(k[0] == f for k in summary)]
     fig, axes = plt.subplots(1, len(frameworks), figsize=(6 * len(frameworks), 4.5), squeeze=False)
-    styles = {"fedavg": "-", "cyclic": ":"}
+    styles = {"fedavg": "-", "cyclic": ":"}  # a strategy's line style; a number of organisations' colour
+    colours = {k: f"C{i}" for i, k in enumerate(sorted({k[2] for k in summary if k[1] != SINGLE}))}
     for ax, framework in zip(axes[0], frameworks):
-        for i, key in enumerate(sorted(k for k in summary if k[0] == framework and k[1] != SINGLE)):
+        keys = sorted(k for k in summary if k[0] == framework and k[1] != SINGLE)
+        for key in keys:
             _, strategy, organizations, epochs, rounds = key
             by_round = summary[key][4]
-            ax.plot(range(1, rounds + 1), [100 * a for a in by_round], styles[strategy], marker="o", color=f"C{i}",
-                    label=f"{strategy}, {organizations} organisations, {epochs}×{rounds}")
+            ax.plot(range(1, rounds + 1), [100 * a for a in by_round], styles[strategy], marker="o",
+                    color=colours[organizations], label=f"{strategy}, {organizations} organisations, {epochs}×{rounds}")
+        ax.set_xticks(range(1, max([k[4] for k in keys] + [1]) + 1))
         single = single_accuracy(summary, framework)
         if single is not None:
             ax.axhline(100 * single, linestyle="--", color="black", label=f"one organisation: {100 * single:.1f}")
