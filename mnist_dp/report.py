@@ -244,8 +244,10 @@ def plot(path: Path, records: list) -> Path | None:
         acc_ax.set_ylim(0, 1.1)
         eps_ax.set_ylim(0, max([value(run, stages[0], "epsilon") for run in private] + [1.0]) * 1.15)
     else:
+        averaged = any(org == "fedavg" for _, org in stages)  # results.FEDAVG: the evaluated models are averages
         bars(acc_ax, [(run, colours[run], "", [value(run, s, "test_accuracy") for s in stages]) for run in runs],
-             "test accuracy after each train task", "accuracy", 1.1)
+             "test accuracy after each round's average" if averaged else "test accuracy after each train task",
+             "accuracy", 1.1)
         eps_series = [(run if len(organizations) == 1 else f"{run}: data of {org}", colours[run], hatches[org],
                        [(value(run, s, "epsilon_by_organization") or {}).get(org) for s in stages])
                       for run in private for org in organizations]
