@@ -200,12 +200,10 @@ def register_objective(client: substra.Client, keys: KeysFile, build_dir: Path) 
     return register_function(client, keys, OBJECTIVE_ASSET, "score", "accuracy", build_dir)
 
 
-ALGO_FUNCTIONS = ("train", "predict")  # and "aggregate" for federated averaging
-
-
 def register_algo(client: substra.Client, keys: KeysFile, run: str, framework: str, hyperparameters: dict,
-                  build_dir: Path, functions: tuple = ALGO_FUNCTIONS) -> dict:
-    """{function: key} of one algo run: its `functions` with these hyperparameters inside."""
+                  build_dir: Path, functions: tuple) -> dict:
+    """{function: key} of one algo run: its `functions` (those of a strategy, plan.STRATEGIES) with these
+    hyperparameters inside."""
     asset = ALGO_ASSETS[framework]
     return {function: register_function(client, keys, asset, function, f"{run} {function}", build_dir, hyperparameters)
             for function in functions}

@@ -12,7 +12,7 @@ from substra.sdk.backends.local.compute.spawner.subprocess import _get_entrypoin
 from mnist_dp import archive
 from mnist_dp.errors import UserError
 
-FUNCTIONS = [(ALGO_ASSETS[f], fn) for f in sorted(ALGO_ASSETS) for fn in ("train", "predict")] + [
+FUNCTIONS = [(ALGO_ASSETS[f], fn) for f in sorted(ALGO_ASSETS) for fn in ("train", "predict", "aggregate")] + [
     (OBJECTIVE_ASSET, "score")]
 
 
