@@ -139,7 +139,7 @@ def run_all(args):
     for framework, strategy, organizations, epochs, rounds, seed in planned_runs(args):
         asset_epochs = hp_file.load(ALGO_ASSETS[framework] / hp_file.FILE_NAME).epochs
         row = {"framework": framework, "strategy": strategy, "organizations": organizations,
-               "epochs": epochs or args.changes.get("epochs", asset_epochs), "rounds": rounds,
+               "epochs": epochs or asset_epochs, "rounds": rounds,
                "epsilon": args.epsilon, "seed": seed, "changes": args.changes, "validation": args.validation}
         if run_key(row) in done:
             continue

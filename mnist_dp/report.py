@@ -11,7 +11,7 @@ COLUMNS = [  # (key, header, format)
     ("framework", "framework", "{}"),
     ("dp", "DP", "{}"),
     ("round", "round", "{}"),
-    ("organization", "trained at", "{}"),  # "fedavg": averaged from every organisation's models
+    ("organization", "trained at", "{}"),  # FEDAVG: averaged from every organisation's models
     ("train_accuracy", "train acc", "{:.4f}"),
     ("test_accuracy", "test acc", "{:.4f}"),
     ("epsilon", "ε (PLD)", "{:.3f}"),
@@ -23,6 +23,7 @@ COLUMNS = [  # (key, header, format)
     ("steps", "steps", "{}"),
 ]
 MULTI_STAGE_ONLY = ("round", "organization")
+FEDAVG = "fedavg"  # where an averaged model was "trained": by every organisation
 STATEMENT = ("ε is for the add/remove-one-example relation, Poisson sampling and per-example clipping; "
              "with several organisations each one's ε composes the steps run on its data only, and "
              "ε (PLD) is the worst of them.")
@@ -244,7 +245,7 @@ def plot(path: Path, records: list) -> Path | None:
         acc_ax.set_ylim(0, 1.1)
         eps_ax.set_ylim(0, max([value(run, stages[0], "epsilon") for run in private] + [1.0]) * 1.15)
     else:
-        averaged = any(org == "fedavg" for _, org in stages)  # results.FEDAVG: the evaluated models are averages
+        averaged = any(org == FEDAVG for _, org in stages)  # the evaluated models are averages
         bars(acc_ax, [(run, colours[run], "", [value(run, s, "test_accuracy") for s in stages]) for run in runs],
              "test accuracy after each round's average" if averaged else "test accuracy after each train task",
              "accuracy", 1.1)

@@ -23,7 +23,7 @@ class Record:
 
     run: str  # e.g. "torch" or "torch-baseline"
     round: int
-    organization: str  # where it trained; "fedavg" for an average of every organisation's models
+    organization: str  # where it trained; report.FEDAVG for an average of every organisation's models
     framework: str
     dp: bool
     epsilon: float  # PLD, worst case over the data; per organisation in epsilon_by_organization
@@ -140,12 +140,9 @@ def collect(client, builder: PlanBuilder, plan_key: str, frameworks: dict, organ
     return records, performances, not_downloaded
 
 
-FEDAVG = "fedavg"  # where an averaged model was "trained": by every organisation
-
-
 def where(role) -> str:
-    """Where a recorded model was trained: the train task's organisation, or FEDAVG for an average."""
-    return FEDAVG if role.step == "aggregate" else role.organization
+    """Where a recorded model was trained: the train task's organisation, or report.FEDAVG for an average."""
+    return report.FEDAVG if role.step == "aggregate" else role.organization
 
 
 def _evaluated(builder: PlanBuilder) -> dict:

@@ -461,8 +461,8 @@ def aggregate(framework: Framework, inputs: dict, outputs: dict, hyperparameters
                             "share the network and delta")
     ledgers = [s.ledger for s in saved]
     ledger = privacy.merge(ledgers)
-    own = privacy.own_runs(ledgers)
-    examples = [runs[-1].n if runs else 0 for runs in own]
+    added = [runs[-1] if runs else None for runs in privacy.own_runs(ledgers)]  # None: that input trained nothing
+    examples = [run.n if run else 0 for run in added]
     models = [framework.load_model(s.weights, network) for s in saved]
     mean = weighted_mean([framework.weight_arrays(m) for m in models], examples)
     model = framework.set_weight_arrays(models[0], mean)
@@ -470,7 +470,7 @@ def aggregate(framework: Framework, inputs: dict, outputs: dict, hyperparameters
     model_file.save(outputs["model"], model_file.ModelFile(
         framework=framework.name, weights=framework.dump_model(model), ledger=ledger,
         hyperparameters=model_file.aggregate_metadata(
-            [s.hyperparameters for s in saved], [runs[-1].run_id if runs else None for runs in own], examples,
+            [s.hyperparameters for s in saved], [run.run_id if run else None for run in added], examples,
             provenance.running_code(Path(hyperparameters_path).parent, "aggregate"))))
     log.info("averaged %d models weighted by %s examples: %s", len(saved), examples,
              describe(privacy_summary(ledger, saved[0].hyperparameters["delta"])))
