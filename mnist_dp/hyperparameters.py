@@ -12,11 +12,13 @@
 | max_epsilon      | budget (null: none): training stops at the last step that keeps the      |
 |                  | model's ε at delta (input model's steps included) within it              |
 | delta            | δ of the reported (ε, δ); must be < 1/n                                  |
-| seed             | seeds initialisation, sampling and noise (a continued run: seed + runs   |
-|                  | already in the input model's ledger, so noise is never replayed)         |
+| seed             | seeds the (data-independent) initialisation only                         |
+| noise_seed       | null (default): batches and noise from fresh OS entropy, never stored;   |
+|                  | an integer: replayable batches and noise, for tests and experiments (the |
+|                  | model records it; ε holds only while it stays secret)                    |
 | dp               | false trains the non-private baseline (no clipping, no noise, ε = inf)   |
-| secure_mode      | unpredictable, never replayed noise and sampling (torch, mindspore; tf   |
-|                  | refuses: TF Privacy has none); see each algo's description.md            |
+| secure_mode      | floating-point-attack-resistant noise (torch: Opacus' secure mode;      |
+|                  | mindspore always draws so); tf refuses it: TF Privacy has none           |
 | features         | "scattering": a linear classifier on fixed scattering features (Tramèr &  |
 |                  | Boneh 2021, mnist_dp/features.py); "pixels": the tutorial CNN on pixels  |
 | activation       | the CNN's: "tanh" (tempered sigmoid, Papernot et al. 2021) or "relu"     |
@@ -68,6 +70,7 @@ class Hyperparameters:
     clip_quantile: float | None = None
     clip_learning_rate: float = 0.2
     clip_count_stddev: float | None = None
+    noise_seed: int | None = None
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -104,6 +107,7 @@ _RULES = {
     "clip_quantile": (float, True, lambda v: 0 < v < 1, "a number in (0, 1) or null"),
     "clip_learning_rate": (float, False, lambda v: v > 0, "a positive number"),
     "clip_count_stddev": (float, True, lambda v: v > 0, "a positive number or null"),
+    "noise_seed": (int, True, lambda v: v >= 0, "a non-negative integer or null"),
 }
 _JSON_NAMES = {bool: "a boolean", int: "an integer", float: "a decimal number", str: "a string", list: "an array",
                dict: "an object", type(None): "null"}
@@ -152,6 +156,9 @@ def parse(values: dict, where: str) -> Hyperparameters:
     hp = Hyperparameters(**values)
     if hp.dp and (hp.noise_multiplier is None) == (hp.target_epsilon is None):
         raise UserError(f"{where}: give exactly one of noise_multiplier and target_epsilon (the other null)")
+    if hp.secure_mode and hp.noise_seed is not None:
+        raise UserError(f"{where}: noise_seed = {hp.noise_seed} makes the noise replayable, secure_mode asks for noise "
+                        "nobody can predict; set noise_seed to null or secure_mode to false")
     return hp
 
 

@@ -2,14 +2,15 @@
 
 A model file carries a *ledger*: the list of DP-SGD runs (events) that produced its weights. Each
 event is a Poisson-subsampled Gaussian mechanism composed over the steps really run, on a set of
-data samples identified by content fingerprints. Google's ``dp_accounting`` turns the ledger into ε:
+data samples identified by keyed identities. Google's ``dp_accounting`` turns the ledger into ε:
 PLD is the reported figure, RDP is shown beside it.
 
 Accounting unit. Neighbouring datasets differ by adding or removing one example. An example lives in
 one data sample, so the ε of an example composes every event that trained on its sample; the ledger's
 ε is the worst case over samples (events on disjoint samples compose in parallel, not in sequence).
-Samples are identified by the hash of their content, so re-registering the same data under new
-Substra keys cannot reset the account.
+A sample is identified by an HMAC of its content under a secret key stored with it (data.py), so
+re-registering the same data under new Substra keys cannot reset the account, and whoever holds a candidate
+dataset but not the key cannot confirm it from a released ledger.
 """
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ def _text(v) -> bool:
 _EVENT_FIELDS = {
     "framework": (_text, "a framework name"),
     "data": (lambda v: isinstance(v, list) and bool(v) and all(map(_text, v)) and len(set(v)) == len(v),
-             "a non-empty list of distinct data sample fingerprints"),
+             "a non-empty list of distinct data sample identities"),
     "n": (_integer(1), "a positive integer"),
     "sample_rate": (_number(lambda v: 0 < v <= 1), "a number in (0, 1]"),
     "noise_multiplier": (_number(lambda v: v >= 0), "a number >= 0"),
@@ -78,6 +79,7 @@ _EVENT_FIELDS = {
     "code": (lambda v: isinstance(v, dict) and set(v) == {"function", "archive_digest"} and _text(v["function"])
              and (v["archive_digest"] is None or _text(v["archive_digest"])),
              'an object {"function": name, "archive_digest": digest or null}'),
+    "replayable_noise": (lambda v: isinstance(v, bool), "true or false"),
 }
 
 
@@ -94,7 +96,7 @@ class DpEvent:
     """
 
     framework: str
-    data: tuple  # content fingerprints of the data samples trained on
+    data: tuple  # keyed identities of the data samples trained on (data.sample_identity)
     n: int  # examples in those samples
     sample_rate: float  # Poisson sampling probability q of each step
     noise_multiplier: float
@@ -115,6 +117,9 @@ class DpEvent:
     # Which training run this is (a random id, `new_run_id`): when the ledgers of models trained in parallel
     # from one global model are merged, the global model's runs appear in every input and are counted once.
     run_id: str | None = None
+    # The run's batches and noise came from the noise_seed hyperparameter (randomness.py), not fresh OS entropy:
+    # whoever knows the seed can replay them, and its ε then holds for no one else.
+    replayable_noise: bool = False
 
     @property
     def is_private(self) -> bool:
@@ -172,7 +177,9 @@ class DpEvent:
         return NoiseSchedule(self.noise_multiplier, self.noise_decay, self.decay_steps, self.count_noise_multiplier)
 
 
-_ADDED_LATER = {"noise_decay": 1.0, "decay_steps": 0, "count_noise_multiplier": 0.0, "run_id": None}
+_ADDED_LATER = {"noise_decay": 1.0, "decay_steps": 0, "count_noise_multiplier": 0.0, "run_id": None,
+                # Ledgers from before fresh noise by default: seeded from public values, so replayable.
+                "replayable_noise": True}
 
 
 def new_run_id() -> str:
@@ -291,23 +298,23 @@ class Ledger:
     def accounts(self) -> list:
         """Group data samples that were trained on by exactly the same events.
 
-        Returns a list of (fingerprints, events): each group's ε is the composition of its events.
+        Returns a list of (identities, events): each group's ε is the composition of its events.
         """
         touched_by: dict = {}
         for index, event in enumerate(self.events):
-            for fingerprint in event.data:
-                touched_by.setdefault(fingerprint, []).append(index)
+            for identity in event.data:
+                touched_by.setdefault(identity, []).append(index)
         groups: dict = {}
-        for fingerprint, indexes in touched_by.items():
-            groups.setdefault(tuple(indexes), set()).add(fingerprint)
+        for identity, indexes in touched_by.items():
+            groups.setdefault(tuple(indexes), set()).add(identity)
         return [(frozenset(fps), [self.events[i] for i in idx]) for idx, fps in groups.items()]
 
     def epsilon(self, delta: float, accountant: str = REPORTED_ACCOUNTANT, data: Iterable[str] | None = None) -> float:
-        """Worst-case ε at δ over the data samples (restricted to `data` fingerprints if given)."""
+        """Worst-case ε at δ over the data samples (restricted to the `data` identities if given)."""
         wanted = None if data is None else set(data)
         worst = 0.0
-        for fingerprints, events in self.accounts():
-            if wanted is None or fingerprints & wanted:
+        for identities, events in self.accounts():
+            if wanted is None or identities & wanted:
                 worst = max(worst, compose_epsilon(events, delta, accountant))
         return worst
 

@@ -138,7 +138,7 @@ def register_samples(client: substra.Client, keys: KeysFile, dataset_key: str, f
     found = []
     for folder in folders:
         spec = DataSampleSpec(path=Path(folder), data_manager_keys=[dataset_key])
-        made_from = fingerprint("data sample", dataset_key, data.sample_fingerprint(folder))
+        made_from = fingerprint("data sample", dataset_key, data.sample_identity(folder))
         found.append(keys.reuse_or_register(client, "data_sample", made_from,
                                             lambda spec=spec: client.add_data_sample(spec)))
     return found
@@ -227,6 +227,8 @@ def register_dataset_objective(client: substra.Client, keys: KeysFile, data_dir:
         raise UserError(f"--folds {folds}: must be between 1 and the {len(train_folders)} train data sample(s) in "
                         f"{data_dir} (scripts/generate_data.py --train-samples K makes more)")
     data.check_disjoint(train_folders)  # one organisation's samples, compared before any is registered
+    for folder in [*train_folders, *data.sample_folders(data_dir, "test")]:
+        data.sample_identity(folder)  # every sample has its identity key, checked before any is registered
     owner = client.organization_info().organization_id
     train, test = register_data(client, keys, owner, "MNIST", train_folders, data.sample_folders(data_dir, "test"))
     keys.update(organization_id=train.organization, data=str(Path(data_dir).resolve()), dataset_key=train.dataset,

@@ -54,7 +54,7 @@ class Record:
 def model_record(path: Path, framework: str, organizations: dict) -> dict:
     """Privacy figures recomputed from a saved model's ledger (never copied from a log).
 
-    `organizations` maps each organisation to the content fingerprints of its data samples (None: all).
+    `organizations` maps each organisation to the identities of its data samples (None: all).
     """
     saved = model_file.load(path, framework)
     delta = saved.hyperparameters["delta"]
@@ -114,7 +114,7 @@ def collect(client, builder: PlanBuilder, plan_key: str, frameworks: dict, organ
     """(records, performances, not downloaded) of every train task that finished, whether or not the
     plan did; a model the node refuses to hand out is named in the third, with the reason.
 
-    `frameworks` maps run -> framework; `organizations` maps organisation -> its data fingerprints
+    `frameworks` maps run -> framework; `organizations` maps organisation -> its data sample identities
     (None: all the data in the ledger).
     """
     performances = execution.performances(client, plan_key, builder.roles)

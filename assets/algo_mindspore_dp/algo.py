@@ -6,9 +6,9 @@ Run alone:  python assets/algo_mindspore_dp/algo.py --function-name train --inpu
 Why not MindArmour's `DPModel`: it refuses device_target CPU, clips per microbatch (per-example only
 with one example per microbatch, a 229 s compile) and expects shuffled fixed batches. The DP step is
 therefore written here, in GRAPH mode: exact per-example gradients from each layer's input and output
-gradient ("book-keeping", as the tf algo), clipped to C, summed, and MindArmour's `NoiseGaussianRandom`
-(std σ·C) added once per step. MindArmour's `RDPMonitor` recomputes ε for this run as a cross-check
-(see `mindarmour_epsilon`).
+gradient ("book-keeping", as the tf algo), clipped to C, summed, and Gaussian noise of std σ·C from
+MindArmour's `NoiseGaussianRandom` added once per step (`NoisyUpdate` says how it is seeded). MindArmour's
+`RDPMonitor` recomputes ε for this run as a cross-check (see `mindarmour_epsilon`).
 
 Why the convolutions are patches times a matrix: MindSpore 2.9's CPU Conv2D hands oneDNN plain NCHW
 tensors, for which oneDNN runs its reference convolution (`ONEDNN_VERBOSE=1` prints
@@ -20,7 +20,6 @@ import io
 import logging
 import math
 import os
-import secrets
 import sys
 from pathlib import Path
 
@@ -256,33 +255,64 @@ def chunk_sizes(expected_batch_size):
     return large, large // 8
 
 
+# MindSpore's random ops take two seeds of 31 bits each (a global and an op seed: mindspore.common.seed); four
+# MindArmour draws, each with its own op seed, beside the global seed carry 5 × 31 = 155 bits of the run's fresh
+# entropy. Their sum over 2 is N(0, 1) again, drawn as Opacus' secure mode draws it (resistant to floating-point
+# attacks, Holohan & Braghin 2021): MindSpore's noise is always drawn so, with or without secure_mode.
+NOISE_DRAWS = 4
+SEED_LIMIT = 2**31 - 1  # mindspore.common.seed keeps a seed modulo this
+
+
+def noise_seeds(randomness) -> list:
+    """The global seed, then one op seed per draw: each in [1, SEED_LIMIT) (0 would mean "pick one yourself")."""
+    return [1 + int(word) % (SEED_LIMIT - 1) for word in randomness.words("gradient noise", 1 + NOISE_DRAWS)]
+
+
 class NoisyUpdate(nn.Cell):
     """Add Gaussian noise of std `noise_std` (σ·C of this step) to the clipped sum, divide by E[B], take the
-    step. The noise is MindArmour's (`NoiseGaussianRandom`, drawn at unit std and scaled, since the
-    schedule and adaptive clipping change σ·C from step to step)."""
+    step. The noise is MindArmour's (`NoiseGaussianRandom`, drawn at unit std and scaled, since the schedule
+    and adaptive clipping change σ·C from step to step): the sum of NOISE_DRAWS independently seeded draws
+    over √NOISE_DRAWS, seeded from `randomness` (`noise_seeds`). One draw covers every weight, cut into the
+    gradients' shapes: a draw per gradient repeats the same numbers in each (one seed, one stream per call
+    site), which would let two gradients' difference cancel the noise."""
 
-    def __init__(self, optimizer, expected_batch_size, seed):
+    def __init__(self, optimizer, expected_batch_size, randomness):
         super().__init__(auto_prefix=False)
         NoiseGaussianRandom, _ = import_mindarmour()
         self.optimizer = optimizer
-        # MindArmour draws fresh noise at every call; its seed 0 selects its "secure" random source (seed
-        # None here).
-        self.noise = NoiseGaussianRandom(1.0, 1.0, seed=0 if seed is None else seed + 1)
+        sizes = [math.prod(p.shape) for p in optimizer.parameters]
+        ends = np.cumsum(sizes).tolist()
+        self.bounds = tuple(zip([0] + ends[:-1], ends))
+        self.shapes = tuple(tuple(p.shape) for p in optimizer.parameters)
+        self.every_weight = ms.Tensor(np.zeros(ends[-1], np.float32))  # the shape of one draw
+        global_seed, *op_seeds = noise_seeds(randomness)
+        ms.set_seed(global_seed)  # MindSpore bakes the seeds into the graph when it compiles this cell
+        self.noises = nn.CellList([NoiseGaussianRandom(1.0, 1.0, seed=seed) for seed in op_seeds])
+        self.scale = 1.0 / math.sqrt(NOISE_DRAWS)
         # The *expected* batch size, a constant as in Opacus: dividing by the realised size would make
         # the update depend on the data beyond what the mechanism accounts for.
         self.expected_batch_size = float(expected_batch_size)
 
+    def unit_noise(self, g):
+        total = self.noises[0](g)
+        for k in range(1, NOISE_DRAWS):
+            total = total + self.noises[k](g)
+        return total * self.scale
+
     def construct(self, clipped_sum, noise_std):
-        return self.optimizer(tuple((g + noise_std * self.noise(g)) / self.expected_batch_size
-                                    for g in clipped_sum))
+        noise = self.unit_noise(self.every_weight) * noise_std
+        noisy = ()
+        for g, (start, end), shape in zip(clipped_sum, self.bounds, self.shapes):
+            noisy += ((g + noise[start:end].reshape(shape)) / self.expected_batch_size,)
+        return self.optimizer(noisy)
 
 
-def make_dp_step(net, optimizer, expected_batch_size, seed):
-    """One DP-SGD step `step(images, labels, batch, C, σ)` on images[batch]: clip each example's gradient to
-    C, sum over the chunks, add N(0, σ²C²), divide by E[B], update. `images` [N, 1, 28, 28], `labels` int32
-    [N]. Returns how many examples had a gradient norm ≤ C (adaptive clipping's count, before noise)."""
+def make_dp_step(net, optimizer, expected_batch_size, randomness):
+    """One DP-SGD step `step(images, labels, batch, C, σ)` on images[batch]: clip each example's gradient to C, sum
+    over the chunks, add N(0, σ²C²), divide by E[B], update. `images` [N, 1, 28, 28], `labels` int32 [N].
+    Returns how many examples had a gradient norm ≤ C (adaptive clipping's count, before noise)."""
     clipped_sum = ClippedGradientSum(net, optimizer.parameters)
-    update = NoisyUpdate(optimizer, expected_batch_size, seed)
+    update = NoisyUpdate(optimizer, expected_batch_size, randomness)
     sizes = chunk_sizes(expected_batch_size)
 
     def step(images, labels, batch, max_grad_norm, noise_multiplier):
@@ -394,27 +424,23 @@ class MindSporeMindArmour:
         np.savez(buffer, **{p.name: p.asnumpy() for p in net.get_parameters()})
         return buffer.getvalue()
 
-    def fit(self, net, images, labels, hp, plan, noise, on_epoch):
-        # With a global seed set, MindSpore derives even seed-0 ("secure") ops' seeds from it: secure_mode
-        # must not set a replayable one.
-        ms.set_seed(secrets.randbits(31) if hp.secure_mode else hp.seed)
+    def fit(self, net, images, labels, hp, plan, step, batches):
         optimizer = new_optimizer(net, hp)
         average = MovingAverage(net.trainable_params(), hp.ema_decay) if hp.ema_decay else None
         net.set_train(True)
         images, labels = as_input(images), labels.astype(np.int32)
-        clip = training.ClipNorm(hp, plan)
         if hp.dp:
-            # secure_mode: MindArmour's own option, seed 0 ("secure random number": a fresh random seed per run)
-            step = make_dp_step(net, optimizer, plan.expected_batch_size, None if hp.secure_mode else hp.seed)
+            dp_step = make_dp_step(net, optimizer, plan.expected_batch_size, step.randomness)
         else:
-            step = make_plain_step(net, optimizer)
+            plain_step = make_plain_step(net, optimizer)
         batch_sizes = []
-        for batch in training.sampled_batches(plan, hp, on_epoch, self.name):
+        for batch in batches:
             if hp.dp:
-                unclipped = step(images, labels, batch, clip.value, noise.gradient_sigma(len(batch_sizes)))
-                clip.update(unclipped, len(batch))
+                unclipped = dp_step(images, labels, batch, step.clip.value,
+                                    step.noise.gradient_sigma(len(batch_sizes)))
+                step.clip.update(unclipped, len(batch))
             else:
-                step(images, labels, batch)
+                plain_step(images, labels, batch)
             if average is not None:
                 average()
             batch_sizes.append(len(batch))
@@ -423,6 +449,7 @@ class MindSporeMindArmour:
         net.set_train(False)
         library = {}
         # MindArmour has no ε for a run without noise; its monitor knows neither our schedule nor a count.
+        noise = step.noise
         if hp.dp and noise.sigma > 0 and not noise.decay_steps and not noise.count_noise_multiplier:
             library["MindArmour RDPMonitor (this run only)"] = mindarmour_epsilon(
                 plan.n, plan.sample_rate, noise.sigma, len(batch_sizes), hp.delta)

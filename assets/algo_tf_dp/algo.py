@@ -8,7 +8,9 @@ gradients through Conv2D with vectorized_map, ~300x slower than a plain step on 
 use TF Privacy's *fast gradient clipping*: exact per-example gradient norms from each layer's
 inputs and output gradients (its layer registry; TF Privacy ships Dense but no Conv2D, so
 `conv2d_layer_computation` below adds one), clip weights min(1, C / norm_i), the clipped sum from
-the same tape (`clipped_gradient_sum`), and TF Privacy's `add_aggregate_noise` for the noise.
+the same tape (`clipped_gradient_sum`), and Gaussian noise from a `tf.random.Generator` whose whole Philox
+state (192 bits) comes from the run's fresh entropy: TF Privacy's `add_aggregate_noise` draws from
+`tf.random.normal`, whose seeds TensorFlow cuts to 31 bits (or takes 32 bits of process entropy).
 """
 import io
 import logging
@@ -184,18 +186,22 @@ def clipped_gradient_sum(model, registry, x, y, max_grad_norm):
     return [grads[v.ref()] for v in model.trainable_variables], unclipped
 
 
-def make_dp_step(model, optimizer, expected_batch_size):
-    """One DP-SGD step `step(x, y, C, σ)`: clip each example's gradient to C, sum, add N(0, σ²C²), divide
-    by E[B]. Returns how many examples had a gradient norm ≤ C (adaptive clipping's count, before noise)."""
-    from tensorflow_privacy.privacy.fast_gradient_clipping import gradient_clipping_utils
+def noise_generator(randomness):
+    """A Philox generator (128-bit counter, 64-bit key) whose whole state comes from the run's randomness."""
+    state = randomness.words("gradient noise", 3, np.uint64).view(np.int64)
+    return tf.random.Generator.from_state(state, alg="philox")
 
+
+def make_dp_step(model, optimizer, expected_batch_size, generator):
+    """One DP-SGD step `step(x, y, C, σ)`: clip each example's gradient to C, sum, add N(0, σ²C²) drawn from
+    `generator`, divide by E[B]. Returns how many examples had a gradient norm ≤ C (adaptive clipping's count,
+    before noise)."""
     registry = make_layer_registry()
 
     @tf.function(input_signature=(*batch_spec(model), SCALAR, SCALAR))
     def step(x, y, max_grad_norm, noise_multiplier):
         clipped_sum, unclipped = clipped_gradient_sum(model, registry, x, y, max_grad_norm)
-        noisy_sum = gradient_clipping_utils.add_aggregate_noise(
-            clipped_sum, tf.shape(x)[0], max_grad_norm, noise_multiplier, loss_reduction="sum")
+        noisy_sum = [g + generator.normal(tf.shape(g), stddev=noise_multiplier * max_grad_norm) for g in clipped_sum]
         # Divide by the *expected* batch size (a constant, as Opacus does): dividing by the realised
         # size would make the update depend on the data beyond what the mechanism accounts for.
         optimizer.apply_gradients([(g / expected_batch_size, v) for g, v in zip(noisy_sum, model.trainable_variables)])
@@ -256,29 +262,31 @@ class TensorFlowPrivacy:
         np.savez(buffer, *model.get_weights())
         return buffer.getvalue()
 
-    def fit(self, model, images, labels, hp, plan, noise, on_epoch):
+    def fit(self, model, images, labels, hp, plan, step, batches):
         if hp.secure_mode:  # check_run refuses it first; training.fit may also be called without it (tests)
             raise UserError(f"secure_mode: {training.NO_SECURE_MODE[self.name]}")
-        tf.keras.utils.set_random_seed(hp.seed)
         optimizer = new_optimizer(hp)
         images = as_input(images)
-        clip = training.ClipNorm(hp, plan)
-        step = make_dp_step(model, optimizer, plan.expected_batch_size) if hp.dp else make_plain_step(model, optimizer)
+        if hp.dp:
+            dp_step = make_dp_step(model, optimizer, plan.expected_batch_size, noise_generator(step.randomness))
+        else:
+            plain_step = make_plain_step(model, optimizer)
         batch_sizes = []
-        for batch in training.sampled_batches(plan, hp, on_epoch, self.name):
+        for batch in batches:
             x, y = tf.constant(images[batch]), tf.constant(labels[batch])
             if hp.dp:
-                unclipped = step(x, y, tf.constant(clip.value, tf.float32),
-                                 tf.constant(noise.gradient_sigma(len(batch_sizes)), tf.float32))
-                if clip.adaptive:
-                    clip.update(int(unclipped), len(batch))
+                unclipped = dp_step(x, y, tf.constant(step.clip.value, tf.float32),
+                                    tf.constant(step.noise.gradient_sigma(len(batch_sizes)), tf.float32))
+                if step.clip.adaptive:
+                    step.clip.update(int(unclipped), len(batch))
             else:
-                step(x, y)
+                plain_step(x, y)
             batch_sizes.append(len(batch))
         if hp.ema_decay:
             optimizer.finalize_variable_values(model.trainable_variables)  # the averaged weights are saved
         library = {}
         # No statement for a run without noise; TF Privacy's knows neither a schedule nor a count.
+        noise = step.noise
         if hp.dp and noise.sigma > 0 and not noise.decay_steps and not noise.count_noise_multiplier:
             library["TF Privacy statement, RDP, Poisson (this run only)"] = tf_privacy_statement_epsilon(
                 plan.n, plan.expected_batch_size, len(batch_sizes) / plan.steps_per_epoch, noise.sigma, hp.delta)

@@ -6,7 +6,7 @@ Run alone:  python assets/algo_torch_dp/algo.py --function-name train --inputs '
 import io
 import logging
 import os
-import secrets
+import struct
 import sys
 import warnings
 from pathlib import Path
@@ -23,7 +23,7 @@ try:
 except ModuleNotFoundError:  # run from the repository: make the shared package importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from mnist_dp import features, timing, training
+from mnist_dp import features, training
 from mnist_dp.errors import UserError
 from mnist_dp.training import MNIST_MEAN, MNIST_STD
 
@@ -110,6 +110,8 @@ def conv2d_norm_sample(layer: nn.Conv2d, activations: list, backprops: torch.Ten
     from opacus.grad_sample.conv import compute_conv_grad_sample
 
     inputs = activations[0]
+    if len(inputs) == 0:  # an empty Poisson batch: no example, no norm
+        return {param: inputs.new_zeros(0) for param in (layer.weight, layer.bias) if param is not None}
     if (layer.groups != 1 or layer.dilation != (1, 1) or layer.padding_mode != "zeros"
             or isinstance(layer.padding, str)):
         gradients = compute_conv_grad_sample(layer, activations, backprops)  # Opacus' own, general
@@ -124,6 +126,21 @@ def register_conv2d_norm_sampler():
     from opacus.grad_sample.utils import register_norm_sampler
 
     register_norm_sampler(nn.Conv2d)(conv2d_norm_sample)
+
+
+def noise_generator(randomness) -> torch.Generator:
+    """A torch generator whose whole Mersenne Twister state (624 words) comes from the run's randomness:
+    `manual_seed` takes 64 bits, fewer than a fresh run's 256. torch's CPU generator state is a fixed layout
+    (int64 seed, int left, int seeded, uint64 next, uint64 state[624], then cached normals, cleared here);
+    left = 1 makes the first draw twist the whole state."""
+    generator = torch.Generator()
+    state = bytearray(generator.get_state().numpy().tobytes())
+    header, words = struct.calcsize("<qiiQ"), randomness.words("gradient noise", 624).astype("<u8").tobytes()
+    state[:header] = struct.pack("<qiiQ", 0, 1, 1, 0)
+    state[header:header + len(words)] = words
+    state[header + len(words):] = bytes(len(state) - header - len(words))
+    generator.set_state(torch.frombuffer(state, dtype=torch.uint8).clone())
+    return generator
 
 
 def has_torchcsprng() -> bool:
@@ -153,56 +170,54 @@ class TorchOpacus:
         torch.save(model.state_dict(), buffer)
         return buffer.getvalue()
 
-    def fit(self, model, images, labels, hp, plan, noise, on_epoch):
-        # secure_mode: sampling and noise seeded from the OS CSPRNG (never replayable); see description.md.
-        generator = torch.Generator().manual_seed(secrets.randbits(63) if hp.secure_mode else hp.seed)
-        dataset = TensorDataset(as_tensor(images), torch.from_numpy(labels))
-        # batch_size gives the loader plan.steps_per_epoch batches; Opacus then replaces it by
-        # Poisson sampling with q = 1 / len(loader) = plan.sample_rate.
-        loader = DataLoader(dataset, batch_size=hp.batch_size, shuffle=True, generator=generator)
+    def fit(self, model, images, labels, hp, plan, step, batches):
+        inputs, targets = as_tensor(images), torch.from_numpy(labels)
         optimizer = new_optimizer(model, hp)
         criterion = nn.CrossEntropyLoss()
         average = EMA(model, hp.ema_decay)  # before make_private: a copy without Opacus' hooks
-        engine = None
+        engine, train_model = None, model
         if hp.dp:
             from opacus import PrivacyEngine
 
             register_conv2d_norm_sampler()
-
             engine = PrivacyEngine(accountant="prv", secure_mode=hp.secure_mode and has_torchcsprng())
+            # Opacus takes q from the loader (1 / its length), but trains on the skeleton's Poisson batches:
+            # its own sampler (poisson_sampling=True) runs int(1/q) steps an epoch, one fewer for some q.
+            loader = DataLoader(TensorDataset(inputs, targets), batch_size=hp.batch_size)
             train_model, optimizer, criterion, loader = engine.make_private(
                 module=model, optimizer=optimizer, criterion=criterion, data_loader=loader,
-                noise_multiplier=noise.sigma, max_grad_norm=hp.max_grad_norm,
-                poisson_sampling=True, grad_sample_mode=GRAD_SAMPLE_MODE,
-                noise_generator=None if engine.secure_mode else generator,
+                noise_multiplier=step.noise.sigma, max_grad_norm=hp.max_grad_norm,
+                poisson_sampling=False, grad_sample_mode=GRAD_SAMPLE_MODE,
+                noise_generator=None if engine.secure_mode else noise_generator(step.randomness),
             )
+            if abs(1 / len(loader) - plan.sample_rate) > 1e-12:  # the ledger would not match the training
+                raise RuntimeError(f"Opacus accounts q={1 / len(loader)}, the plan says {plan.sample_rate}")
+            optimizer.expected_batch_size = plan.expected_batch_size  # Opacus' int(n·q) may round it down
             # Without torchcsprng, secure_mode keeps Opacus' floating-point-attack-resistant noise sampling.
             optimizer.secure_mode = hp.secure_mode
             if hp.secure_mode and not engine.secure_mode:
-                training.log.warning("secure_mode without torchcsprng: unpredictable seeds and float-attack-"
-                                     "resistant noise, but PyTorch's generator is not a CSPRNG")
-            if abs(loader.sample_rate - plan.sample_rate) > 1e-12:  # the ledger would not match the training
-                raise RuntimeError(f"Opacus samples with q={loader.sample_rate}, the plan says {plan.sample_rate}")
-        else:
-            train_model = model
+                training.log.warning("secure_mode without torchcsprng: float-attack-resistant noise from a generator "
+                                     "seeded with 256 fresh bits, but PyTorch's generator is not a CSPRNG")
 
-        if hp.dp:
-            clip = training.ClipNorm(hp, plan)
-
-            def before_step(step):  # the schedule's σ and the clipping norm of this step
-                optimizer.noise_multiplier = noise.gradient_sigma(step)
-                train_model.max_grad_norm = optimizer.max_grad_norm = clip.value  # clipping, noise std
-
-            def after_step(batch_size):
-                if clip.adaptive:  # the count is read only for adaptive clipping (a sync per step otherwise)
-                    clip.update(int((train_model.per_sample_gradient_norms <= clip.value).sum()), batch_size)
-                average.update(model)
-        else:
-            before_step, after_step = (lambda step: None), (lambda batch_size: average.update(model))
-        batch_sizes = run_epochs(train_model, optimizer, criterion, loader, plan, on_epoch, before_step, after_step)
+        model.train()
+        batch_sizes = []
+        for batch in batches:
+            if hp.dp:  # the schedule's σ and the clipping norm of this step
+                optimizer.noise_multiplier = step.noise.gradient_sigma(len(batch_sizes))
+                train_model.max_grad_norm = optimizer.max_grad_norm = step.clip.value  # clipping, noise std
+            index = torch.from_numpy(batch)
+            optimizer.zero_grad()
+            loss = criterion(train_model(inputs[index]), targets[index])
+            loss.backward()
+            optimizer.step()
+            if step.clip.adaptive:  # the count is read only for adaptive clipping (a sync per step otherwise)
+                step.clip.update(int((train_model.per_sample_gradient_norms <= step.clip.value).sum()), len(batch))
+            average.update(model)
+            batch_sizes.append(len(batch))
         average.copy_to(model)
         library = {}
         # Opacus has no ε for a run without noise, and its accountant knows neither a schedule nor a count.
+        noise = step.noise
         if engine is not None and noise.sigma > 0 and not noise.decay_steps and not noise.count_noise_multiplier:
             library["Opacus PRV (this run only)"] = engine.get_epsilon(hp.delta)
         return training.Ran(batch_sizes, library)
@@ -244,33 +259,6 @@ class EMA:
             with torch.no_grad():
                 for p, w in zip(model.parameters(), self.weights):
                     p.copy_(w)
-
-
-def run_epochs(model, optimizer, criterion, loader, plan, on_epoch, before_step=lambda step: None,
-               after_step=lambda batch_size: None):
-    """Plain training loop, stopping after plan.steps (the budget may cut an epoch short).
-    Returns the size of every batch really trained on."""
-    from tqdm import tqdm
-
-    model.train()
-    batch_sizes = []
-    with tqdm(total=plan.steps, desc="train (torch)", unit="step", disable=None) as bar:
-        for epoch in range(plan.epochs):
-            for x, y in loader:
-                if len(batch_sizes) == plan.steps:
-                    return batch_sizes
-                before_step(len(batch_sizes))
-                optimizer.zero_grad()
-                loss = criterion(model(x), y)
-                loss.backward()
-                optimizer.step()
-                after_step(len(y))
-                batch_sizes.append(len(y))
-                bar.update()
-                if len(batch_sizes) == 1:
-                    timing.mark("first step")
-            bar.set_postfix_str(f"epoch {epoch + 1}/{plan.epochs} loss {loss.item():.3f} {on_epoch(len(batch_sizes))}")
-    return batch_sizes
 
 
 FRAMEWORK = TorchOpacus()

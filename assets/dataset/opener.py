@@ -5,13 +5,19 @@ so it imports nothing from this repository. The sample layout is described in de
 """
 import collections
 import hashlib
+import hmac
 import os
+import re
 
 import numpy as np
 import substratools as tools
 
 IMAGES_FILE = "images.npy"
 LABELS_FILE = "labels.npy"
+# The sample's secret identity key (64 hex digits): its identity in released artefacts is an HMAC of its content
+# under this key, so whoever holds a candidate dataset but not the key cannot confirm it was trained on.
+KEY_FILE = "identity.key"
+_KEY = re.compile(r"[0-9a-f]{64}")
 IMAGE_SHAPE = (28, 28)
 NUM_CLASSES = 10
 
@@ -64,6 +70,24 @@ def _fingerprint(*paths):
     return digest.hexdigest()
 
 
+def _identity(folder, fingerprint):
+    """HMAC-SHA256 of the sample's content fingerprint under its key (mnist_dp.data.sample_identity, copied)."""
+    path = os.path.join(folder, KEY_FILE)
+    try:
+        with open(path, encoding="ascii") as f:
+            key = f.read().strip()
+    except FileNotFoundError:
+        raise DataSampleError(f"{folder}: no {KEY_FILE}, the secret key that keeps the sample unrecognisable in "
+                              "released models; add one with: python scripts/generate_data.py --add-key "
+                              f"{folder}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DataSampleError(f"{path}: cannot read it ({exc})") from None
+    if not _KEY.fullmatch(key):
+        raise DataSampleError(f"{path}: must hold 64 hexadecimal digits (a random 256-bit key); write a new one "
+                              f"with: python scripts/generate_data.py --add-key {folder} (after removing this file)")
+    return hmac.new(bytes.fromhex(key), fingerprint.encode(), hashlib.sha256).hexdigest()
+
+
 def _example_digests(images, labels):
     """One sha256 per example, of its image's exact bytes and its label (as int64); the same code as
     mnist_dp.data.example_digests, copied because the opener imports nothing from the repository."""
@@ -77,7 +101,7 @@ def _example_digests(images, labels):
 
 
 def read_sample(folder):
-    """One data sample folder -> (images float32 [n, 28, 28] in [0, 1], labels int64 [n], fingerprint,
+    """One data sample folder -> (images float32 [n, 28, 28] in [0, 1], labels int64 [n], keyed identity,
     one digest per example)."""
     if os.path.isfile(folder):
         raise DataSampleError(f"{folder}: is a file, not a data sample folder (a folder holding {IMAGES_FILE} "
@@ -91,8 +115,9 @@ def read_sample(folder):
     labels = _labels_as_int(_load_array(labels_path), labels_path, len(images))
     if len(labels) == 0:
         raise DataSampleError(f"{folder}: data sample holds no example")
-    # Digests of the pixels as stored, as mnist_dp.data.check_disjoint computes them.
-    return images, labels, _fingerprint(images_path, labels_path), _example_digests(stored, labels)
+    # Digests of the pixels as stored, as mnist_dp.data.check_disjoint computes them (compared here, never released).
+    identity = _identity(folder, _fingerprint(images_path, labels_path))
+    return images, labels, identity, _example_digests(stored, labels)
 
 
 def check_disjoint(folders, samples):
@@ -118,8 +143,8 @@ def combine(samples):
     return {
         "images": np.concatenate([s[0] for s in samples]),
         "labels": np.concatenate([s[1] for s in samples]),
-        # One entry per data sample: the privacy ledger accounts per sample content.
-        "samples": [{"fingerprint": s[2], "n": int(len(s[1]))} for s in samples],
+        # One entry per data sample: the privacy ledger accounts per sample, by its keyed identity.
+        "samples": [{"identity": s[2], "n": int(len(s[1]))} for s in samples],
     }
 
 
@@ -129,8 +154,8 @@ class MnistOpener(tools.Opener):
             raise DataSampleError("no data sample folder given to the opener")
         samples = [read_sample(folder) for folder in folders]
         check_disjoint(folders, samples)
-        # In content order: Substra names sample folders after random keys, and the order of the
-        # examples decides which ones each seeded Poisson batch draws.
+        # In identity order: Substra names sample folders after random keys, and the order of the examples
+        # decides which ones each Poisson batch drawn from a noise_seed holds.
         return combine(sorted(samples, key=lambda sample: sample[2]))
 
     def fake_data(self, n_samples=None):
@@ -138,4 +163,4 @@ class MnistOpener(tools.Opener):
         rng = np.random.default_rng(n)
         images = rng.random((n, *IMAGE_SHAPE), dtype=np.float32)
         labels = rng.integers(0, NUM_CLASSES, size=n, dtype=np.int64)
-        return {"images": images, "labels": labels, "samples": [{"fingerprint": f"fake-{n}", "n": n}]}
+        return {"images": images, "labels": labels, "samples": [{"identity": f"fake-{n}", "n": n}]}

@@ -1,0 +1,63 @@
+"""Where a training run's randomness comes from: its Poisson batches, its gradient noise and adaptive
+clipping's count noise.
+
+Private by default. DP's adversary has the code, the hyperparameters, the model file and every example but
+one: if they could regenerate the batches and the noise, they would replay training with and without the
+target example and see which gives the released weights (ε = ∞ whatever the ledger says). So every run draws
+256 fresh bits from the operating system's CSPRNG (`secrets`), stored nowhere, and every generator of the run
+is seeded from them. `noise_seed` (a hyperparameter, null by default) asks for replayable noise instead, for
+tests and experiments: the model records it, and every report says its ε holds only while the seed is secret.
+
+Each use draws from its own stream (`PURPOSES`), so the noise never depends on how many batches were drawn.
+How many bits of state each framework's generator gets from it is said where the generator is made.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+from dataclasses import dataclass
+
+import numpy as np
+
+ENTROPY_BITS = 256
+_POOL_WORDS = ENTROPY_BITS // 32  # numpy's SeedSequence keeps 128 bits unless told more
+PURPOSES = {"batches": 0, "gradient noise": 1, "count noise": 2}
+REPLAYABLE_WARNING = ("its noise was drawn from noise_seed: its ε holds only while that seed stays secret (whoever "
+                      "knows it can replay training); a model for experiments, not for release")
+
+
+@dataclass(frozen=True, repr=False)
+class RunRandomness:
+    """The seed material of one training run: fresh OS entropy, or derived from noise_seed (`replayable`)."""
+
+    entropy: int
+    replayable: bool = False
+
+    def __repr__(self) -> str:  # never print the secret
+        return f"RunRandomness(replayable={self.replayable})"
+
+    @classmethod
+    def fresh(cls) -> RunRandomness:
+        return cls(secrets.randbits(ENTROPY_BITS))
+
+    @classmethod
+    def for_run(cls, noise_seed: int | None, earlier_runs: int = 0, data: tuple = ()) -> RunRandomness:
+        """Fresh unless `noise_seed` is given. A replayable run's seed moves on with the ledger (a continued run must
+        not replay the run before it) and with the data (organisations training in parallel from one global model
+        must not draw the same noise: the difference of their models would cancel it)."""
+        if noise_seed is None:
+            return cls.fresh()
+        digest = hashlib.sha256(json.dumps([noise_seed, earlier_runs, sorted(data)]).encode()).digest()
+        return cls(int.from_bytes(digest, "big"), replayable=True)
+
+    def _sequence(self, purpose: str) -> np.random.SeedSequence:
+        return np.random.SeedSequence(self.entropy, spawn_key=(PURPOSES[purpose],), pool_size=_POOL_WORDS)
+
+    def numpy(self, purpose: str) -> np.random.Generator:
+        """A numpy generator (PCG64: 128-bit state and 128-bit increment) for `purpose`."""
+        return np.random.Generator(np.random.PCG64(self._sequence(purpose)))
+
+    def words(self, purpose: str, count: int, dtype=np.uint32) -> np.ndarray:
+        """`count` seed words (uint32 or uint64) for a framework's own generator, for `purpose`."""
+        return self._sequence(purpose).generate_state(count, dtype)
