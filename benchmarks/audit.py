@@ -53,7 +53,8 @@ def audit_framework(framework, args, dp):
     (train_x, train_y), (canary_x, canary_y), included = canary_set(args.train_size, args.canaries, args.seed)
     hp = hp_file.load(ALGO_ASSETS[framework] / hp_file.FILE_NAME, hp_file.Overrides({
         "epochs": args.epochs, "batch_size": args.batch_size, "noise_multiplier": None,
-        "target_epsilon": args.target_epsilon, "max_epsilon": None, "delta": args.delta, "seed": args.seed, "dp": dp},
+        "target_epsilon": args.target_epsilon, "max_epsilon": None, "delta": args.delta, "seed": args.seed,
+        "noise_seed": args.seed, "dp": dp},
         "the audit's options"))
     run = training.fit_from_scratch(algo.FRAMEWORK, train_x, train_y, hp, "audit")
     logits = training.predict_in_batches(algo.FRAMEWORK, run.model, canary_x, run.network).astype(np.float64)

@@ -37,6 +37,7 @@ import numpy as np
 from mnist_dp import data, timing, training
 from mnist_dp import hyperparameters as hp_file
 from mnist_dp.assets import ALGO_ASSETS, REPO, load_asset_module
+from mnist_dp.randomness import RunRandomness
 
 # The issue's targets (issue 13): every DP step within 1.5× its framework's plain step, MindSpore's
 # plain step within 2× torch's, the default run within 4 minutes, every task process within 1.5 GB.
@@ -103,15 +104,14 @@ def time_torch(algo, images, labels, hp, plan, steps):
         model = algo.SampleConvNet()
         optimizer = torch.optim.SGD(model.parameters(), lr=hp.learning_rate, momentum=hp.momentum)
         criterion = torch.nn.CrossEntropyLoss()
-        # Opacus' make_private rounds E[B] down to an int: the same here.
         if mode == "hooks":
             model = GradSampleModule(model)
             optimizer = DPOptimizer(optimizer, noise_multiplier=1.0, max_grad_norm=hp.max_grad_norm,
-                                    expected_batch_size=int(plan.expected_batch_size))
+                                    expected_batch_size=plan.expected_batch_size)
         elif mode.startswith("ghost"):  # "ghost-secure": with the secure_mode noise (4 Gaussian draws per weight)
             model = GradSampleModuleFastGradientClipping(model, max_grad_norm=hp.max_grad_norm, use_ghost_clipping=True)
             optimizer = DPOptimizerFastGradientClipping(optimizer, noise_multiplier=1.0, max_grad_norm=hp.max_grad_norm,
-                                                        expected_batch_size=int(plan.expected_batch_size),
+                                                        expected_batch_size=plan.expected_batch_size,
                                                         secure_mode=mode == "ghost-secure")
             criterion = DPLossFastGradientClipping(model, optimizer, criterion)
 
@@ -150,7 +150,8 @@ def time_tf(algo, images, labels, hp, plan, steps):
         return (lambda x, y: step(tf.constant(x[..., None]), tf.constant(y))), batches
 
     def dp_step(model, optimizer):  # the algo's, at this C and σ = 1
-        step = algo.make_dp_step(model, optimizer, plan.expected_batch_size)
+        step = algo.make_dp_step(model, optimizer, plan.expected_batch_size,
+                                 algo.noise_generator(RunRandomness.fresh()))
         return lambda x, y: step(x, y, tf.constant(hp.max_grad_norm, tf.float32), tf.constant(1.0))
 
     def two_pass(model, optimizer):  # TF Privacy's own clipped-gradient routine, same noise and update
@@ -202,7 +203,7 @@ def time_mindspore(algo, images, labels, hp, plan, steps):
         return timed, batches
 
     def dp(net, optimizer):  # the algo's, at this C and σ = 1
-        step = algo.make_dp_step(net, optimizer, plan.expected_batch_size, 0)
+        step = algo.make_dp_step(net, optimizer, plan.expected_batch_size, RunRandomness.fresh())
         return lambda images, labels, batch: step(images, labels, batch, hp.max_grad_norm, 1.0)
 
     large, small = algo.chunk_sizes(plan.expected_batch_size)

@@ -83,7 +83,8 @@ def simulate(framework, strategy, organizations, epochs, rounds, epsilon, seed, 
                 for k, i in enumerate(shares, 1)]
     hp = hp_file.load(ALGO_ASSETS[framework] / hp_file.FILE_NAME, hp_file.Overrides({
         **changes, "epochs": epochs, "noise_multiplier": None, "target_epsilon": epsilon, "max_epsilon": None,
-        "delta": DELTA, "seed": seed, "dp": True, "secure_mode": False}, "the benchmark's settings"))
+        "delta": DELTA, "seed": seed, "noise_seed": seed, "dp": True, "secure_mode": False},
+        "the benchmark's settings"))
     start = time.perf_counter()
     hp = training.noise_for_rounds(hp, [len(i) for i in shares], rounds)  # as run_local.py does
     with tempfile.TemporaryDirectory() as tmp:

@@ -104,7 +104,7 @@ def run_point(framework, dataset, epsilon, seed, changes, validation):
     dp = epsilon is not None
     hp = hp_file.load(ALGO_ASSETS[framework] / hp_file.FILE_NAME, hp_file.Overrides({
         **changes, "noise_multiplier": None, "target_epsilon": epsilon if dp else None, "max_epsilon": None,
-        "delta": DELTA, "seed": seed, "dp": dp, "secure_mode": False}, "the benchmark's settings"))
+        "delta": DELTA, "seed": seed, "noise_seed": seed, "dp": dp, "secure_mode": False}, "the benchmark's settings"))
     run = training.fit_from_scratch(algo.FRAMEWORK, train_x, train_y, hp, "utility")
     predicted = training.predicted_labels(algo.FRAMEWORK, run.model, test_x, run.network)
     event = training.dp_event(framework, (dataset,), hp, run.plan, run.result)

@@ -128,6 +128,9 @@ def check_run_settings(ledger: Ledger, meta: dict) -> None:
         differ.append(f"count_noise_multiplier {last.count_noise_multiplier!r} (metadata: {expected_count!r})")
     if last.noise_decay != hp.get("noise_decay", 1.0):
         differ.append(f"noise_decay {last.noise_decay!r} (metadata: {hp.get('noise_decay', 1.0)!r})")
+    # Models saved before noise_seed existed have no such key, and their runs are all marked replayable.
+    if "noise_seed" in hp and last.replayable_noise is not (hp["noise_seed"] is not None):
+        differ.append(f"replayable_noise {last.replayable_noise!r} (metadata: noise_seed {hp['noise_seed']!r})")
     stopped = hp["stopped_by_budget"]
     if stopped is not (last.steps < last.planned_steps):
         differ.append(f"steps {last.steps} of {last.planned_steps} planned (metadata: stopped_by_budget {stopped!r})")

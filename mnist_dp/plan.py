@@ -71,6 +71,10 @@ def add_arguments(parser, holders: str) -> None:
     parser.add_argument("--rounds", type=int, default=1,
                         help=f"rounds: passes of the model through the {holders} (cyclic), or train-then-average "
                              "rounds (fedavg) (default: %(default)s)")
+    parser.add_argument("--score-train", action="store_true",
+                        help="also score every cyclic model on its own training data and publish that accuracy as a "
+                             "Substra performance: an un-noised statistic of the training data, NOT covered by ε "
+                             "(default: the test data only)")
 
 
 def describe_strategy(strategy: str) -> str:
@@ -123,14 +127,16 @@ class PlanBuilder:
         return self._add(score_key, share.organization, self._data(share) + [predictions], ["performance"],
                          replace(role, step="score"))
 
-    def chain(self, run: str, keys: dict, stages: list, test: Share) -> list:
+    def chain(self, run: str, keys: dict, stages: list, test: Share, score_train: bool = False) -> list:
         """Train through `stages` ((round, Share) pairs, in order), each task from the model before it;
-        after every train task, predict and score on its own share ("train") and on `test`.
+        after every train task, predict and score on `test`, and with `score_train` on its own share ("train":
+        a public performance of the training data, outside ε, so only when asked).
         `keys`: the run's function keys by function name. Returns the train task ids."""
         trained, parent = [], None
         for round_idx, share in stages:
             parent = self.train(run, keys["train"], share, round_idx, parent)
-            self.evaluate(parent, keys["predict"], keys["score"], share, "train")
+            if score_train:
+                self.evaluate(parent, keys["predict"], keys["score"], share, "train")
             self.evaluate(parent, keys["predict"], keys["score"], test, "test")
             trained.append(parent)
         return trained

@@ -12,7 +12,7 @@ COLUMNS = [  # (key, header, format)
     ("dp", "DP", "{}"),
     ("round", "round", "{}"),
     ("organization", "trained at", "{}"),  # FEDAVG: averaged from every organisation's models
-    ("train_accuracy", "train acc", "{:.4f}"),
+    ("train_accuracy", "train acc (not covered by ε)", "{:.4f}"),
     ("test_accuracy", "test acc", "{:.4f}"),
     ("epsilon", "ε (PLD)", "{:.3f}"),
     ("epsilon_rdp", "ε (RDP)", "{:.3f}"),
@@ -70,11 +70,20 @@ def _rows(records: list) -> tuple:
 
 
 def table(records: list) -> str:
-    """A plain-text table for the terminal."""
+    """A plain-text table for the terminal, and a line per warning (what ε does not cover)."""
     if not records:
         return "(no train task finished)"
     headers, rows = _rows(records)
-    return text_table(headers, rows)
+    return "\n".join([text_table(headers, rows), *warnings(records)])
+
+
+def warnings(records: list) -> list:
+    """One line per distinct warning of the records, naming the runs it concerns."""
+    runs_of = {}
+    for record in records:
+        for warning in record.warnings:
+            runs_of.setdefault(warning, {})[record.run] = None  # runs in order, once
+    return [f"warning ({', '.join(runs)}): {warning}" for warning, runs in runs_of.items()]
 
 
 def text_table(headers: list, rows: list) -> str:
@@ -131,13 +140,15 @@ def write_summary(path: Path, title: str, facts: list, records: list, performanc
         lines += ["## The plan failed", "", "```", failure, "```", "",
                   "The results below are those of the tasks that finished.", ""]
     lines += ["## Accuracy and privacy", "", markdown_table(headers, rows), "", STATEMENT, ""]
+    lines += [f"**{line}**" for line in warnings(records)] + ([""] if warnings(records) else [])
     if plot:
         lines += [f"![test accuracy and ε]({plot.name})", ""]
     lines += ["## Privacy statements", ""]
     for record in _last_record_per_run(records):
         saved = model_file.load(record.model_file, record.framework)
         by_org = record.epsilon_by_organization if len(record.epsilon_by_organization) > 1 else None
-        lines += [f"### {record.run}", "", statement.privacy_statement(saved, by_org), ""]
+        scored_train = any(r.train_accuracy is not None for r in records if r.run == record.run)
+        lines += [f"### {record.run}", "", statement.privacy_statement(saved, by_org, scored_train), ""]
     lines += ["## Performances as recorded by Substra (`get_performances`)", "",
               markdown_table(*performance_table(performances)), ""]
     atomic.write_text(path, "\n".join(lines))

@@ -13,6 +13,7 @@ from substra.sdk.models import ComputeTaskStatus
 from mnist_dp import execution, model_file, report
 from mnist_dp.plan import PlanBuilder
 from mnist_dp.privacy import NEIGHBOURING_RELATION, PER_EXAMPLE, SAMPLING
+from mnist_dp.randomness import REPLAYABLE_WARNING
 from mnist_dp.training import privacy_summary
 
 
@@ -41,14 +42,24 @@ class Record:
     max_epsilon: float | None = None
     stopped_by_budget: bool = False
     secure_mode: bool = False
+    noise_seed: int | None = None  # replayable noise: see `warnings`
     library_epsilon: dict = field(default_factory=dict)
     model_file: str | None = None
     train_accuracy: float | None = None
     test_accuracy: float | None = None
     epsilon_in_substra: float | None = None  # what the train task itself published as its "epsilon" output
+    warnings: list = field(default_factory=list)  # what ε does not cover in this record, one line each
+
+    def __post_init__(self):
+        if self.train_accuracy is not None and TRAIN_SCORE_WARNING not in self.warnings:
+            self.warnings = [*self.warnings, TRAIN_SCORE_WARNING]
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
+
+
+TRAIN_SCORE_WARNING = ("train_accuracy (--score-train) is computed on the training data without noise and published "
+                       "as a Substra performance: it is not covered by ε")
 
 
 def model_record(path: Path, framework: str, organizations: dict) -> dict:
@@ -78,6 +89,8 @@ def model_record(path: Path, framework: str, organizations: dict) -> dict:
         "max_epsilon": saved.hyperparameters.get("max_epsilon"),
         "stopped_by_budget": saved.hyperparameters.get("stopped_by_budget", False),
         "secure_mode": saved.hyperparameters.get("secure_mode", False),
+        "noise_seed": saved.hyperparameters.get("noise_seed"),
+        "warnings": [REPLAYABLE_WARNING] if any(e.replayable_noise for e in saved.ledger.events) else [],
         "library_epsilon": {name: value for e in saved.ledger.events for name, value in e.library_epsilon},
         "model_file": str(path),
     }

@@ -7,16 +7,26 @@ from __future__ import annotations
 
 from mnist_dp.model_file import AGGREGATED, ModelFile
 from mnist_dp.privacy import ACCOUNTANT_NAMES, NEIGHBOURING_RELATION, REPORTED_ACCOUNTANT, SAMPLING
+from mnist_dp.randomness import ENTROPY_BITS, REPLAYABLE_WARNING
 
 NOT_COVERED = [
     "hyperparameter tuning, model selection or repeated training on the same data (each try spends privacy "
     "that this ledger does not see)",
-    "accuracy scores computed on the training data and published as Substra performances (they are not "
-    "noised); the test data",
-    "floating-point and timing side channels, and the pseudo-random generators' predictability (unless "
-    "secure_mode; see the torch algo's description.md)",
+    "the test data (its accuracy is published)",
+    "timing side channels, and floating-point attacks on the noise in tf, and in torch without secure_mode",
     "the size of the training data (n is in the ledger, and a published ε reveals ceil(n / batch_size))",
 ]
+
+THREAT_MODEL = (
+    "- Threat model: ε bounds what anyone learns about one training example from everything released, for an "
+    "adversary who has the code, the hyperparameters, this model file and every other example. What each "
+    "released artefact reveals: the weights are the mechanism's output (covered by ε); the ledger and metadata give "
+    "n, q = 1/⌈n/batch_size⌉, σ, C, the number of steps, each run's random id and framework, and each data "
+    "sample's identity as an HMAC under a secret key kept with the data (no one without the key can match it to a "
+    "candidate dataset); Substra's performances give ε and the test accuracy (by default nothing computed on the "
+    "training data); the logs give timings and step counts. The batches and the noise are not released.")
+TRAIN_SCORES = ("- **Training-data accuracy was published** (--score-train): it is computed on the training data "
+                "without noise, so it is **not covered by ε**.")
 
 
 SHARED_EXAMPLES = (
@@ -41,9 +51,10 @@ def _code(code: dict | None) -> str:
     return f"ran {code['function']!r} from {where}"
 
 
-def privacy_statement(saved: ModelFile, per_organization: dict | None = None) -> str:
+def privacy_statement(saved: ModelFile, per_organization: dict | None = None, train_scores: bool = False) -> str:
     """Markdown: ε at δ (PLD reported, RDP beside it, each library's own figure), the neighbouring
-    relation, sampling, clipping, the runs behind it, the budget, ε per organisation, what is not covered."""
+    relation, sampling, clipping, the runs behind it, the budget, ε per organisation, the threat model, what is
+    not covered. `train_scores`: the plan published accuracies on the training data (--score-train)."""
     ledger, hp = saved.ledger, saved.hyperparameters
     delta = hp["delta"]
     if not any(e.is_private for e in ledger.events):
@@ -54,6 +65,9 @@ def privacy_statement(saved: ModelFile, per_organization: dict | None = None) ->
         f"**(ε, δ) = ({epsilon:.3f}, {delta:g})** by {ACCOUNTANT_NAMES[REPORTED_ACCOUNTANT]} (reported); "
         f"{ACCOUNTANT_NAMES['rdp']}: ε = {ledger.epsilon(delta, 'rdp'):.3f}. "
         f"It is the worst case over the training data samples.",
+        *([f"- **Replayable noise**: {REPLAYABLE_WARNING}."] if any(e.replayable_noise for e in ledger.events)
+          else []),
+        *([TRAIN_SCORES] if train_scores else []),
         f"- Neighbouring datasets: {NEIGHBOURING_RELATION}.",
         f"- Sampling: {SAMPLING}, as the accountant assumes.",
         "- Mechanism: DP-SGD; each step adds Gaussian noise of standard deviation σ·C to the sum of clipped "
@@ -100,9 +114,15 @@ def privacy_statement(saved: ModelFile, per_organization: dict | None = None) ->
         lines.append("- Per group of data samples trained on by the same runs: " + ", ".join(
             f"{len(identities)} sample(s) {sorted(identities)[0][:8]}…: "
             f"{ledger.epsilon(delta, data=identities):.3f}" for identities, _ in accounts))
-    lines.append(f"- Secure noise (secure_mode): {'on' if hp.get('secure_mode') else 'off'}.")
-    lines.append("- Covered: every training step recorded above, on the data samples it names (by content hash); "
+    replayed = [i for i, e in enumerate(ledger.events, 1) if e.replayable_noise]
+    secure = "on" if hp.get("secure_mode") else "off"
+    lines.append(f"- Noise and batches: drawn from {ENTROPY_BITS} fresh bits of the operating system's entropy per "
+                 "run, stored nowhere" + (f", except run(s) {', '.join(map(str, replayed))}, drawn from noise_seed "
+                                          f"{hp.get('noise_seed')!r} (replayable)" if replayed else "")
+                 + f"; secure_mode (floating-point-attack-resistant noise): {secure}.")
+    lines.append("- Covered: every training step recorded above, on the data samples it names (by keyed identity); "
                  "the initialisation is data-independent (seeded) and costs nothing.")
+    lines.append(THREAT_MODEL)
     lines.append("- Examples are told apart by their bytes: " + SHARED_EXAMPLES)
     lines.append("- Not covered: " + "; ".join(NOT_COVERED) + ".")
     return "\n".join(lines)

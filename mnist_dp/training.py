@@ -23,7 +23,6 @@ from mnist_dp import features as feature_maps
 from mnist_dp import hyperparameters as hp_file
 from mnist_dp import model_file, predictions, privacy, provenance, timing
 from mnist_dp.errors import UserError, run_cli
-from mnist_dp.randomness import REPLAYABLE_WARNING, RunRandomness
 from mnist_dp.privacy import (
     ACCOUNTANT_NAMES,
     NO_CLIPPING,
@@ -38,6 +37,7 @@ from mnist_dp.privacy import (
     compose_epsilon,
     steps_within_budget,
 )
+from mnist_dp.randomness import REPLAYABLE_WARNING, RunRandomness
 
 # substratools configures the "substratools" logger (level from --log-level); log under it.
 log = logging.getLogger("substratools.mnist_dp")

@@ -87,7 +87,7 @@ def register_and_run(args, keys: registry.KeysFile, hp: hp_file.Hyperparameters,
     if args.strategy == "fedavg":
         builder.fedavg(run, functions, shares, args.rounds, test)
     else:  # the folds are at one organisation: each train task is numbered as a round of its own in the reports
-        builder.chain(run, functions, list(enumerate(shares * args.rounds, 1)), test)
+        builder.chain(run, functions, list(enumerate(shares * args.rounds, 1)), test, args.score_train)
     plan_key = plan.new_key()
     keys.add_compute_plan(args.framework, plan_key,
                           {task: plan.describe_role(role) for task, role in builder.roles.items()})

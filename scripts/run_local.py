@@ -105,7 +105,7 @@ def main(argv=None):
                 builder.fedavg(run, functions, shares, args.rounds, test)
             else:
                 builder.chain(run, functions, [(r, share) for r in range(1, args.rounds + 1) for share in shares],
-                              test)
+                              test, args.score_train)
         results.run_and_report(
             client, builder, f"mnist-dp local run ({args.organizations} organisation(s), {args.rounds} round(s), "
                              f"{args.strategy})",

@@ -9,11 +9,16 @@ from mnist_dp.assets import load_asset_module
 opener = load_asset_module(DATASET_ASSET / "opener.py", "opener")
 
 
-def make_sample(folder, images=None, labels=None):
+KEY = "0123456789abcdef" * 4
+
+
+def make_sample(folder, images=None, labels=None, key=KEY):
     folder.mkdir(parents=True)
     rng = np.random.default_rng(0)
     np.save(folder / "images.npy", rng.integers(0, 256, (5, 28, 28), dtype=np.uint8) if images is None else images)
     np.save(folder / "labels.npy", np.arange(5, dtype=np.uint8) if labels is None else labels)
+    if key is not None:
+        (folder / "identity.key").write_text(key + "\n")
     return folder
 
 
@@ -24,8 +29,8 @@ def test_reads_and_concatenates_samples_in_the_order_of_their_content(tmp_path):
     assert 0 <= got["images"].min() and got["images"].max() <= 1
     assert got["labels"].dtype == np.int64 and sorted(got["labels"].tolist()) == list(range(5)) + [9] * 5
     assert [s["n"] for s in got["samples"]] == [5, 5]
-    fingerprints = [s["fingerprint"] for s in got["samples"]]
-    assert fingerprints == sorted(fingerprints)
+    identities = [s["identity"] for s in got["samples"]]
+    assert identities == sorted(identities)
     # Substra names sample folders after random keys: neither the names nor the order given matter.
     renamed = [shutil.copytree(a, tmp_path / "z"), shutil.copytree(b, tmp_path / "y")]
     for folders in ([a, b], renamed, renamed[::-1]):
@@ -33,12 +38,25 @@ def test_reads_and_concatenates_samples_in_the_order_of_their_content(tmp_path):
         assert again["labels"].tolist() == got["labels"].tolist() and again["samples"] == got["samples"]
 
 
-def test_fingerprint_depends_on_content_only(tmp_path):
+def test_identity_depends_on_content_and_key_only(tmp_path):
+    import hashlib
+
     a, b = make_sample(tmp_path / "a"), make_sample(tmp_path / "b")
     c = make_sample(tmp_path / "c", labels=np.array([1, 1, 1, 1, 1]))
+    d = make_sample(tmp_path / "d", key="f" * 64)
     # One folder at a time: a and b share every example, so the opener refuses them together.
-    fp = [opener.MnistOpener().get_data([str(f)])["samples"][0]["fingerprint"] for f in (a, b, c)]
-    assert fp[0] == fp[1] != fp[2]
+    ids = [opener.MnistOpener().get_data([str(f)])["samples"][0]["identity"] for f in (a, b, c, d)]
+    assert ids[0] == ids[1] and len({ids[0], ids[2], ids[3]}) == 3
+    # Whoever holds the data but not the key cannot compute it: it is not the content hash.
+    content = hashlib.sha256((a / "images.npy").read_bytes() + (a / "labels.npy").read_bytes()).hexdigest()
+    assert content not in ids
+
+
+@pytest.mark.parametrize("key, message", [(None, "no identity.key.*--add-key"), ("abc", "64 hexadecimal digits")])
+def test_a_sample_without_a_valid_identity_key_is_refused_saying_how_to_add_one(tmp_path, key, message):
+    folder = make_sample(tmp_path / "a", key=key)
+    with pytest.raises(opener.DataSampleError, match=message):
+        opener.MnistOpener().get_data([str(folder)])
 
 
 def test_float_pixels_in_range_are_accepted(tmp_path):
@@ -122,10 +140,10 @@ def test_fake_data_has_the_real_form():
     assert fake["samples"][0]["n"] == 7
 
 
-def test_the_scripts_compute_the_same_fingerprint_and_size_as_the_opener(tmp_path):
+def test_the_scripts_compute_the_same_identity_and_size_as_the_opener(tmp_path):
     from mnist_dp import data
 
     folder = make_sample(tmp_path / "a", labels=np.array([3, 1, 4, 1, 5]))
     sample = opener.MnistOpener().get_data([str(folder)])["samples"][0]
-    assert data.sample_fingerprint(folder) == sample["fingerprint"]
+    assert data.sample_identity(folder) == sample["identity"]
     assert data.sample_size(folder) == sample["n"] == 5

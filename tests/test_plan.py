@@ -5,15 +5,23 @@ TEST = plan.Share("Org1", "d1", ("t1",))
 KEYS = {"train": "train-fn", "predict": "predict-fn", "score": "score-fn", "aggregate": "aggregate-fn"}
 
 
-def build(share_with=()):
+def build(share_with=(), score_train=False):
     builder = plan.PlanBuilder(share_with=share_with)
     stages = [(r, share) for r in (1, 2) for share in (ORG1, ORG2)]
-    trained = builder.chain("torch", KEYS, stages, TEST)
+    trained = builder.chain("torch", KEYS, stages, TEST, score_train)
     return builder, trained
 
 
-def test_chain_trains_in_rounds_passing_the_model_and_evaluates_after_each_task():
+def test_by_default_nothing_is_scored_on_the_training_data():
     builder, trained = build()
+    assert len(builder.tasks) == 4 * 3  # train + predict + score on the test data
+    assert {r.split for r in builder.roles.values() if r.split} == {"test"}
+    assert all(ref.asset_key != ORG2.samples[0] for t in builder.tasks if t["worker"] == "Org2" and
+               t["function_key"] != "train-fn" for ref in t["inputs"])
+
+
+def test_chain_trains_in_rounds_passing_the_model_and_evaluates_after_each_task():
+    builder, trained = build(score_train=True)
     assert len(trained) == 4 and len(builder.tasks) == 4 * 5  # train + 2 × (predict + score)
     roles = [builder.roles[t] for t in trained]
     assert [(r.round_idx, r.organization) for r in roles] == [(1, "Org1"), (1, "Org2"), (2, "Org1"), (2, "Org2")]

@@ -61,7 +61,7 @@ def test_ledger_json_round_trip():
     ("noise_multiplier", -1, "noise_multiplier = -1 must be a number >= 0"),
     ("noise_multiplier", float("nan"), "noise_multiplier = NaN must be"),
     ("steps", 2.0, "steps = 2.0 must be a positive integer"),
-    ("data", ["a", "a"], "distinct data sample fingerprints"),
+    ("data", ["a", "a"], "distinct data sample identities"),
     ("n", 10**9, "is inconsistent: q = 0.0625 but 1 / ceil.n / batch_size. = 2.5e-07"),
     ("steps", 10**6, "steps 1000000 > planned_steps 48"),
 ])

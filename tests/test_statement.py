@@ -16,7 +16,19 @@ def test_statement_gives_epsilon_with_delta_relation_sampling_clipping_and_exclu
     assert "add or remove one example" in text and "Poisson" in text
     assert "2 data sample(s) (fp-a…), n = 300, q = 0.2, σ = 1, 5 steps, clipping per-example to C = 1" in text
     assert "TF Privacy statement, RDP, Poisson (this run only): ε = 4.500" in text
-    assert "Not covered: hyperparameter tuning" in text and "Secure noise (secure_mode): off" in text
+    assert "Not covered: hyperparameter tuning" in text and "floating-point-attack-resistant noise): off" in text
+    assert "256 fresh bits of the operating system's entropy per run, stored nowhere;" in text
+    assert "Threat model:" in text and "HMAC under a secret key kept with the data" in text
+    assert "Replayable noise" not in text and "not covered by ε" not in text
+
+
+def test_replayable_noise_and_training_data_scores_are_flagged_in_one_line_each():
+    replayed = privacy.DpEvent("tf", ("fp-a",), 300, 0.2, 1.0, 5, privacy.PER_EXAMPLE, 1.0, replayable_noise=True)
+    text = statement.privacy_statement(saved([EVENT, replayed], noise_seed=7), train_scores=True)
+    assert "**Replayable noise**: its noise was drawn from noise_seed: its ε holds only while that seed stays " \
+           "secret" in text and "for experiments, not for release" in text
+    assert "except run(s) 2, drawn from noise_seed 7 (replayable)" in text
+    assert "**Training-data accuracy was published** (--score-train)" in text and "**not covered by ε**" in text
 
 
 def test_statement_shows_the_budget_and_epsilon_per_data_group():
@@ -26,7 +38,7 @@ def test_statement_shows_the_budget_and_epsilon_per_data_group():
     assert "max_epsilon = 9 at δ = 0.0001; training stopped after 3 of 5 planned steps" in text
     assert f"2 sample(s) fp-a…: {privacy.compose_epsilon([EVENT], 1e-4):.3f}" in text
     assert f"1 sample(s) fp-c…: {privacy.compose_epsilon([other], 1e-4):.3f}" in text
-    assert "secure_mode): on" in text
+    assert "resistant noise): on" in text
     by_org = statement.privacy_statement(model, {"Org1": 1.25, "Org2": 0.5})
     assert "Per organisation (ε of the steps run on its data only): Org1: 1.250, Org2: 0.500" in by_org
 
