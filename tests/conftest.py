@@ -66,7 +66,8 @@ def save_model(path, events, weights=b"weights", **settings):
     from mnist_dp import model_file, privacy
 
     last = events[-1]
-    hyperparameters = {"delta": 1e-5, "max_epsilon": None, "secure_mode": False, "batch_size": last.batch_size,
+    hyperparameters = {"delta": 1e-5, "max_epsilon": None, "secure_mode": False, "noise_seed": None,
+                       "batch_size": last.batch_size,
                        "max_grad_norm": last.max_grad_norm, "noise_multiplier": last.noise_multiplier,
                        "planned_steps": last.planned_steps, "stopped_by_budget": last.steps < last.planned_steps,
                        **settings}

@@ -31,7 +31,9 @@ def test_trains_through_the_folds_reports_and_adds_its_keys(tmp_path, keys_file)
     keys = json.loads(keys_file.read_text())
     assert set(keys["algos"][FRAMEWORK]) == {"train", "predict"}
     tasks = keys["compute_plans"][FRAMEWORK]["tasks"]
-    assert len(tasks) == 2 * 5 and f"{FRAMEWORK} train, round 2 at {keys['organization_id']}" in tasks.values()
+    # train, then predict and score on the test data only: nothing computed on the training data is published
+    assert len(tasks) == 2 * 3 and f"{FRAMEWORK} train, round 2 at {keys['organization_id']}" in tasks.values()
+    assert not [task for task in tasks.values() if task.endswith(" on train")]
     assert set(before) - {"organization_id"} <= set(keys)
     records = json.loads((tmp_path / "results" / FRAMEWORK / "results.json").read_text())
     assert [r["round"] for r in records] == [1, 2]

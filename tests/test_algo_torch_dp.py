@@ -1,9 +1,14 @@
-"""The torch algo's Conv2d norm sampler for Opacus' ghost clipping, against naive per-example gradients."""
+"""The torch algo: its Conv2d norm sampler for Opacus' ghost clipping, against naive per-example gradients;
+every planned step runs; its noise generator's state."""
+import json
+
 import numpy as np
 import pytest
-from conftest import ALGO_ASSETS
+from conftest import ALGO_ASSETS, tiny_hyperparameters
 
+from mnist_dp import model_file, training
 from mnist_dp.assets import load_asset_module
+from mnist_dp.randomness import RunRandomness
 
 torch = pytest.importorskip("torch")
 algo = load_asset_module(ALGO_ASSETS["torch"] / "algo.py", "algo_torch_dp")
@@ -38,3 +43,31 @@ def test_conv2d_norm_sampler_is_what_opacus_ghost_clipping_uses():
 
     algo.register_conv2d_norm_sampler()
     assert GradSampleModuleFastGradientClipping.NORM_SAMPLERS[torch.nn.Conv2d] is algo.conv2d_norm_sample
+
+
+@pytest.mark.parametrize("n", [930, 990])
+def test_every_planned_step_runs_where_opacus_own_sampler_runs_one_fewer(tmp_path, n):
+    """Opacus' DPDataLoader runs int(1/q) steps an epoch: 92 for q = 1/93 in floating point."""
+    assert int(1 / (1 / (n // 10))) == n // 10 - 1
+    rng = np.random.default_rng(0)
+    samples = {"images": rng.random((n, 28, 28), dtype=np.float32), "labels": np.arange(n) % 10,
+               "samples": [{"identity": "sample", "n": n}]}
+    hp_path = tmp_path / "hyperparameters.json"
+    hp_path.write_text(json.dumps(tiny_hyperparameters("torch", batch_size=10, features="pixels", ema_decay=0.0,
+                                                       delta=1e-5)))
+    outputs = {"model": str(tmp_path / "model"), "epsilon": str(tmp_path / "epsilon")}
+    training.train(algo.FRAMEWORK, {"datasamples": samples}, outputs, hp_path)
+    saved = model_file.load(outputs["model"], "torch")
+    [event] = saved.ledger.events
+    assert event.steps == event.planned_steps == n // 10
+    assert saved.hyperparameters["stopped_by_budget"] is False
+
+
+def test_the_noise_generator_takes_its_whole_state_from_the_runs_randomness():
+    def draws(randomness):
+        return torch.normal(0, 1, (8,), generator=algo.noise_generator(randomness)).tolist()
+
+    replayed = RunRandomness.for_run(5)
+    assert draws(replayed) == draws(replayed) != draws(RunRandomness.for_run(6))
+    assert draws(RunRandomness.fresh()) != draws(RunRandomness.fresh())
+    assert algo.noise_generator(replayed).initial_seed() == 0  # no seed shown: the state is all there is

@@ -73,6 +73,18 @@ def test_train_writes_a_model_whose_ledger_is_what_ran(trained):
     assert 0 < epsilon < math.inf
 
 
+def test_two_default_runs_on_identical_inputs_give_different_weights_and_store_no_seed(trained, tmp_path):
+    framework, first, data_dir, opener = trained
+    proc, again = train(tmp_path, framework, data_dir, opener, name="again")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    models = [model_file.load(outputs["model"], framework) for outputs in (first, again)]
+    assert models[0].weights != models[1].weights  # fresh noise (and batches) at every run
+    for saved in models:  # nothing that could replay the noise is stored: the seed is the initialisation's
+        assert saved.hyperparameters["seed"] == tiny_hyperparameters(framework)["seed"]
+        assert saved.hyperparameters["noise_seed"] is None and not saved.ledger.events[0].replayable_noise
+    assert "noise_seed" not in proc.stderr
+
+
 def test_predict_then_score_from_the_repository_assets(trained, tmp_path, objective_script):
     framework, outputs, data_dir, opener = trained
     test = samples(data_dir, "test")
@@ -96,8 +108,7 @@ def test_continuing_training_composes_the_ledger(trained, tmp_path):
     saved = model_file.load(second["model"])
     events = saved.ledger.events
     assert len(events) == 2
-    first_seed = model_file.load(first["model"]).hyperparameters["seed"]
-    assert saved.hyperparameters["seed"] not in (first_seed, tiny_hyperparameters(framework)["seed"])  # fresh noise
+    assert not any(e.replayable_noise for e in events)  # fresh noise in both runs
     delta = tiny_hyperparameters(framework)["delta"]
     both = read_epsilon(second["epsilon"])
     assert both == pytest.approx(compose_epsilon(events, delta))
@@ -234,7 +245,7 @@ def test_aggregate_averages_by_examples_and_counts_every_run_once(framework, tmp
         # every run once: the global model's (in both inputs) and each organisation's new one
         assert saved.ledger.events == saved_a.ledger.events + saved_b.ledger.events[-1:]
         assert len(saved.ledger.events) == 2 * round_idx
-    by_org = {org: [e for e in saved.ledger.events if set(e.data) <= {data.sample_fingerprint(f) for f in own}]
+    by_org = {org: [e for e in saved.ledger.events if set(e.data) <= {data.sample_identity(f) for f in own}]
               for org, own in holdings.items()}
     for org, n in (("a", 200), ("b", 100)):
         steps = math.ceil(n / TINY_HYPERPARAMETERS["batch_size"])

@@ -346,6 +346,32 @@ def test_truncated_idx_file_is_named(idx_folder, tmp_path):
         data.generate(tmp_path / "d", source=idx_folder)
 
 
+def test_every_sample_gets_one_secret_identity_key_per_dataset_and_other_datasets_another(tmp_path):
+    data.generate(tmp_path / "d", train_size=100, test_size=20, train_samples=2)
+    data.generate(tmp_path / "e", train_size=100, test_size=20, train_samples=2)  # the same examples
+    folders = [*data.sample_folders(tmp_path / "d", "train"), *data.sample_folders(tmp_path / "d", "test")]
+    keys = {(f / data.KEY_FILE).read_text() for f in folders}
+    assert len(keys) == 1 and len(keys.pop().strip()) == 64
+    assert oct((folders[0] / data.KEY_FILE).stat().st_mode & 0o777) == "0o600"
+    same_content = data.sample_folders(tmp_path / "e", "train")[0]
+    assert data.sample_fingerprint(same_content) == data.sample_fingerprint(folders[0])
+    assert data.sample_identity(same_content) != data.sample_identity(folders[0])  # unlinkable without the key
+
+
+def test_add_key_gives_a_users_samples_one_key_and_never_replaces_one(tmp_path):
+    data.generate(tmp_path / "d", train_size=100, test_size=20, train_samples=2)
+    first, second = data.sample_folders(tmp_path / "d", "train")
+    kept = (first / data.KEY_FILE).read_text()
+    (second / data.KEY_FILE).unlink()
+    with pytest.raises(UserError, match=f"{second}: no identity.key.*--add-key {second}"):
+        data.sample_identity(second)
+    proc = generate_data("--add-key", first, second)
+    assert proc.returncode == 0 and "identity key written to 1 of 2 folder(s)" in proc.stdout, proc.stderr
+    assert (first / data.KEY_FILE).read_text() == kept and len(data.sample_identity(second)) == 64
+    proc = generate_data("--add-key", tmp_path)
+    assert proc.returncode == 2 and "not a data sample folder" in proc.stderr and "Traceback" not in proc.stderr
+
+
 def test_cli_help_and_one_line_error(tmp_path):
     script = REPO / "scripts" / "generate_data.py"
     help_text = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True).stdout

@@ -86,6 +86,9 @@ def test_overrides_file(tmp_path):
     ({"target_epsilon": 1e9, "noise_multiplier": None}, "target_epsilon = 1000000000.0 must be a number in .0, 100]"),
     ({"seed": -1}, "seed = -1 must be an integer from 0"),
     ({"delta": 1}, "delta = 1 must be a number in .0, 1."),
+    ({"noise_seed": "7"}, 'noise_seed = "7" is a string; it must be a non-negative integer or null'),
+    ({"noise_seed": 7.0}, "noise_seed = 7.0 is a decimal number"),
+    ({"noise_seed": -1}, "noise_seed = -1 must be a non-negative integer or null"),
 ])
 def test_every_hyperparameter_has_its_exact_json_type_and_an_error_names_the_users_file(tmp_path, changes, message):
     path = tmp_path / "mine.json"
@@ -93,6 +96,15 @@ def test_every_hyperparameter_has_its_exact_json_type_and_an_error_names_the_use
     with pytest.raises(UserError, match=message) as caught:
         hyperparameters.load_overrides(path)
     assert str(caught.value).startswith(f"{path}: ")
+
+
+def test_replayable_noise_and_secure_mode_exclude_each_other(tmp_path):
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps({"noise_seed": 3, "secure_mode": True}))
+    asset = ALGO_ASSETS[FRAMEWORKS[0]] / hyperparameters.FILE_NAME
+    with pytest.raises(UserError, match="noise_seed = 3 makes the noise replayable, secure_mode asks"):
+        hyperparameters.load(asset, hyperparameters.load_overrides(path))
+    assert hyperparameters.load(asset).noise_seed is None  # fresh noise by default
 
 
 def test_an_error_from_combining_the_users_file_with_the_assets_names_both(tmp_path):

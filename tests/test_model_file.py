@@ -82,6 +82,7 @@ def test_a_hand_edited_ledger_is_refused_by_its_digest(tmp_path, field, value):
     ("steps", "2", "steps = \"2\" must be a positive integer"),
     ("batch_size", 60, "batch_size 60 .metadata: 50."),
     ("framework", "tf", "a 'tf' run in a 'torch' model"),
+    ("replayable_noise", True, "replayable_noise True .metadata: noise_seed None."),
     ("surprise", 1, "unknown \\['surprise'\\]"),
 ])
 def test_a_ledger_edited_with_its_digest_is_still_caught_by_its_own_fields(tmp_path, field, value, message):

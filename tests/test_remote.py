@@ -121,8 +121,8 @@ class NoLearning:
     def dump_model(self, model):
         return model
 
-    def fit(self, model, images, labels, hp, sampling, noise, on_epoch):
-        return training.Ran(batch_sizes=[round(sampling.n * sampling.sample_rate)] * sampling.steps)
+    def fit(self, model, images, labels, hp, sampling, step, batches):
+        return training.Ran(batch_sizes=[len(batch) for batch in batches])
 
     def weight_arrays(self, model):
         return [np.frombuffer(model, np.uint8).astype(np.float64)]
@@ -296,7 +296,7 @@ def test_a_plan_run_on_the_node_reports_accuracy_and_epsilon_from_the_models_it_
                                                                                          tiny_data):
     epsilons = train_on_node(node, tmp_path / "node")
     node.doing_polls = 2
-    proc = add_train_algo(node, tmp_path)
+    proc = add_train_algo(node, tmp_path, "--score-train")  # the training data's scores too (not by default)
     assert proc.returncode == 0, proc.stderr[-3000:]
     keys = json.loads(registered.read_text())
     org, dataset, folds = keys["organization_id"], keys["dataset_key"], keys["train_data_sample_keys"]
@@ -358,7 +358,7 @@ def test_a_plan_run_on_the_node_reports_accuracy_and_epsilon_from_the_models_it_
         saved = model_file.load(record["model_file"], FRAMEWORK)
         # Each round continued from the one before, on its own fold: the tasks got the right samples.
         assert [event.data for event in saved.ledger.events] == \
-            [(data.sample_fingerprint(folder),) for folder in train_folders[:record["round"]]]
+            [(data.sample_identity(folder),) for folder in train_folders[:record["round"]]]
         assert record["epsilon"] == pytest.approx(saved.ledger.epsilon(HYPERPARAMETERS["delta"]))
         assert record["epsilon_in_substra"] == pytest.approx(epsilons[train_key])
         assert record["epsilon"] == pytest.approx(epsilons[train_key])

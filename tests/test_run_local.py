@@ -18,6 +18,10 @@ REQUIRED_KEYS = {"framework", "organization", "test_accuracy", "train_accuracy",
                  "noise_multiplier", "sample_rate", "steps", "dp"}
 
 
+# Replayable noise and training-data scores, so that the docker run can be compared with this one exactly.
+REPLAYED = {**TINY_HYPERPARAMETERS, "noise_seed": 0}
+
+
 def run_local(*args, cwd):
     return subprocess.run([sys.executable, SCRIPT, *map(str, args)], capture_output=True, text=True, cwd=cwd)
 
@@ -25,8 +29,9 @@ def run_local(*args, cwd):
 @pytest.fixture(scope="module")
 def local_run(tmp_path_factory, tiny_data):
     tmp = tmp_path_factory.mktemp("run_local")
-    (tmp / "hp.json").write_text(json.dumps(TINY_HYPERPARAMETERS))
-    proc = run_local("--data", tiny_data, "--output", tmp / "results", "--hyperparameters", tmp / "hp.json", cwd=tmp)
+    (tmp / "hp.json").write_text(json.dumps(REPLAYED))
+    proc = run_local("--data", tiny_data, "--output", tmp / "results", "--hyperparameters", tmp / "hp.json",
+                     "--score-train", cwd=tmp)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc, tmp
 
@@ -54,6 +59,16 @@ def test_epsilon_reached_substra_and_matches_the_model_ledger(local_run):
         else:
             assert record["epsilon"] is None and record["epsilon_in_substra"] is None
             assert record["noise_multiplier"] == 0
+
+
+def test_replayable_noise_and_training_data_scores_are_flagged(local_run):
+    proc, tmp = local_run
+    assert "train acc (not covered by ε)" in proc.stdout
+    assert "warning (torch, torch-baseline" in proc.stdout and "holds only while that seed stays secret" in proc.stdout
+    for record in json.loads((tmp / "results" / "results.json").read_text()):
+        assert record["noise_seed"] == 0 and len(record["warnings"]) == 2, record["warnings"]
+    summary = (tmp / "results" / "summary.md").read_text()
+    assert "**Replayable noise**" in summary and "**Training-data accuracy was published**" in summary
 
 
 def test_table_and_reports_and_no_files_leak_into_the_working_directory(local_run):
@@ -88,7 +103,11 @@ def test_two_organisations_train_in_rounds_with_epsilon_per_organisation(tmp_pat
     saved = model_file.load(records[-1]["model_file"], "torch")
     assert len(saved.ledger.events) == 4 and len({e.data for e in saved.ledger.events}) == 2
     assert "ε MyOrg2MSP" in proc.stdout
-    assert "| torch | yes | 2 | MyOrg2MSP |" in (tmp_path / "out" / "summary.md").read_text()
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "| torch | yes | 2 | MyOrg2MSP |" in summary
+    # The default plan: no score of the training data anywhere, fresh noise (nothing to warn about).
+    assert all(r["train_accuracy"] is None and r["warnings"] == [] for r in records)
+    assert "train_accuracy" not in summary and "train acc" not in proc.stdout and "warning" not in proc.stdout
 
 
 def test_federated_averaging_averages_each_round_with_epsilon_per_organisation(tmp_path, tiny_data):
@@ -152,15 +171,15 @@ def test_docker_backend_without_a_daemon_fails_in_one_line(tmp_path):
 def docker_run(docker_daemon, tmp_path_factory, tiny_data):
     """The same plan as `local_run`, in the functions' Docker images (built here on first use)."""
     tmp = tmp_path_factory.mktemp("run_local_docker")
-    (tmp / "hp.json").write_text(json.dumps(TINY_HYPERPARAMETERS))
+    (tmp / "hp.json").write_text(json.dumps(REPLAYED))
     proc = run_local("--backend", "docker", "--data", tiny_data, "--output", tmp / "results",
-                     "--hyperparameters", tmp / "hp.json", cwd=tmp)
+                     "--hyperparameters", tmp / "hp.json", "--score-train", cwd=tmp)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc, tmp
 
 
 def test_docker_backend_gives_the_subprocess_backends_results(local_run, docker_run):
-    """Same data, seeds and code in each function's image as in this environment (same pinned
+    """Same data, noise_seed and code in each function's image as in this environment (same pinned
     packages): the same accuracies, ε, privacy figures and ledgers (but for the runs' random ids), exactly, and
     the same weights.
 
