@@ -1,4 +1,5 @@
 """User-facing errors: one clear line and a non-zero exit, never a bare traceback."""
+import codecs
 import signal
 import sys
 
@@ -24,12 +25,36 @@ def _terminate(signum, frame):
     raise Terminated()
 
 
-def run_cli(main, *args, explain=None):
+# The symbols our messages use, spelled out where only ASCII may be printed (see ascii_output).
+_SPELLED = {"ε": "eps", "δ": "delta", "σ": "sigma", "∞": "inf", "≤": "<=", "≥": ">=", "·": "*", "×": "x",
+            "…": "...", "–": "-", "—": "-", "√": "sqrt", "‖": "|", "→": "->"}
+
+
+def _spell_out(error: UnicodeEncodeError):
+    text = error.object[error.start:error.end]
+    return "".join(_SPELLED.get(c, f"\\u{ord(c):04x}") for c in text), error.end
+
+
+codecs.register_error("mnist_dp.spell_out", _spell_out)
+
+
+def ascii_output() -> None:
+    """Make this process print ASCII only, spelling out ε, δ, σ, …: Substra's docker backend reads a task's
+    output one byte at a time (docker-py streams a TTY's log in chunks of 1) and decodes each byte as UTF-8,
+    so a single non-ASCII character in a task's warning or error fails the whole compute plan."""
+    for stream in (sys.stdout, sys.stderr):
+        stream.reconfigure(encoding="ascii", errors="mnist_dp.spell_out")
+
+
+def run_cli(main, *args, explain=None, task=False):
     """Run `main`, turning user errors, Ctrl-C and SIGTERM into one line on stderr and a non-zero exit.
 
     `explain(exc)` may name other exceptions a user can act on (a Substra node's refusal): it returns
-    the line to print, or None to let the exception through.
+    the line to print, or None to let the exception through. `task`: a Substra function, whose output
+    must be ASCII (ascii_output).
     """
+    if task:
+        ascii_output()
     signal.signal(signal.SIGTERM, _terminate)
     try:
         return main(*args)

@@ -550,7 +550,7 @@ def run_functions(framework: Framework, hyperparameters_path: Path) -> None:
     for function, name in ((train_function, "train"), (predict_function, "predict"), (aggregate_function, "aggregate")):
         function.__name__ = name  # substratools logs it
         tools.register(function, name)
-    run_cli(tools.execute)
+    run_cli(tools.execute, task=True)
 
 
 def check_outputs_writable(outputs: dict) -> None:

@@ -157,6 +157,14 @@ def test_help_and_bad_arguments(tmp_path):
     (tmp_path / "hp.json").write_text('{"epochs": 0}')
     proc = run_local("--hyperparameters", tmp_path / "hp.json", "--data", tmp_path / "d", cwd=tmp_path)
     assert proc.returncode == 2 and "epochs = 0" in proc.stderr and "Traceback" not in proc.stderr
+    for bad, message in (('{"noise_seed": "1"}', 'noise_seed = "1" is a string'),
+                         ('{"noise_seed": 1, "secure_mode": true}', "noise_seed = 1 makes the noise replayable")):
+        (tmp_path / "hp.json").write_text(bad)
+        proc = run_local("--hyperparameters", tmp_path / "hp.json", "--data", tmp_path / "d", cwd=tmp_path)
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+        assert proc.returncode == 2 and len(errors) == 1 and message in errors[0], proc.stderr
+        assert "Traceback" not in proc.stderr and not (tmp_path / "d").exists()
+    assert "--score-train" in run_local("--help", cwd=tmp_path).stdout
 
 
 def test_docker_backend_without_a_daemon_fails_in_one_line(tmp_path):

@@ -28,4 +28,4 @@ def score(inputs, outputs, task_properties):
 
 
 if __name__ == "__main__":
-    run_cli(tools.execute)
+    run_cli(tools.execute, task=True)
