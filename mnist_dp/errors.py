@@ -1,5 +1,6 @@
 """User-facing errors: one clear line and a non-zero exit, never a bare traceback."""
 import codecs
+import os
 import signal
 import sys
 
@@ -39,21 +40,27 @@ codecs.register_error("mnist_dp.spell_out", _spell_out)
 
 
 def ascii_output() -> None:
-    """Make this process print ASCII only, spelling out ε, δ, σ, …: Substra's docker backend reads a task's
-    output one byte at a time (docker-py streams a TTY's log in chunks of 1) and decodes each byte as UTF-8,
-    so a single non-ASCII character in a task's warning or error fails the whole compute plan."""
+    """Make this process print ASCII only, spelling out ε, δ, σ, …"""
     for stream in (sys.stdout, sys.stderr):
         stream.reconfigure(encoding="ascii", errors="mnist_dp.spell_out")
+
+
+def in_docker_terminal() -> bool:
+    """Whether this process writes to a terminal inside a Docker container: how Substra's docker backend runs a
+    task. It reads the task's output one byte at a time (docker-py streams a TTY's log in chunks of 1) and
+    decodes each byte as UTF-8, so a single non-ASCII character in a task's warning or error fails the whole
+    compute plan."""
+    return sys.stderr.isatty() and os.path.exists("/.dockerenv")
 
 
 def run_cli(main, *args, explain=None, task=False):
     """Run `main`, turning user errors, Ctrl-C and SIGTERM into one line on stderr and a non-zero exit.
 
     `explain(exc)` may name other exceptions a user can act on (a Substra node's refusal): it returns
-    the line to print, or None to let the exception through. `task`: a Substra function, whose output
-    must be ASCII (ascii_output).
+    the line to print, or None to let the exception through. `task`: a Substra function, whose output is
+    ASCII in Substra's docker backend (in_docker_terminal).
     """
-    if task:
+    if task and in_docker_terminal():
         ascii_output()
     signal.signal(signal.SIGTERM, _terminate)
     try:
