@@ -23,6 +23,7 @@ after each round next to --results.
 """
 import argparse
 import concurrent.futures
+import itertools
 import json
 import multiprocessing
 import os
@@ -42,7 +43,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # utility.py: the data and the features' memory
 import utility  # noqa: E402
 
-from mnist_dp import atomic, features, model_file, training  # noqa: E402
+from mnist_dp import atomic, data, features, model_file, plan, training  # noqa: E402
 from mnist_dp import hyperparameters as hp_file  # noqa: E402
 from mnist_dp.assets import ALGO_ASSETS, load_asset_module  # noqa: E402
 from mnist_dp.errors import UserError, run_cli  # noqa: E402
@@ -79,8 +80,7 @@ def simulate(framework, strategy, organizations, epochs, rounds, epsilon, seed, 
     algo = load_asset_module(ALGO_ASSETS[framework] / "algo.py", f"algo_{framework}").FRAMEWORK
     (train_x, train_y), (test_x, test_y) = utility.load_dataset("mnist4k", validation)
     shares = np.array_split(np.arange(len(train_y)), organizations)  # a shuffled split: disjoint, equal shares
-    holdings = [{"images": train_x[i], "labels": train_y[i], "samples": [{"identity": f"org{k}"}]}
-                for k, i in enumerate(shares, 1)]
+    holdings = [data.in_memory(train_x[i], train_y[i], f"org{k}") for k, i in enumerate(shares, 1)]
     hp = hp_file.load(ALGO_ASSETS[framework] / hp_file.FILE_NAME, hp_file.Overrides({
         **changes, "epochs": epochs, "noise_multiplier": None, "target_epsilon": epsilon, "max_epsilon": None,
         "delta": DELTA, "seed": seed, "noise_seed": seed, "dp": True, "secure_mode": False},
@@ -279,6 +279,10 @@ def main(argv=None):
     if not args.organizations or min(args.organizations) < 2:
         parser.error("--organizations: give counts of at least 2 (one organisation is always the reference)")
     args.schedules = [parse_schedule(s) for s in args.schedules.split(",") if s]
+    for organizations, strategy, (epochs, rounds) in itertools.product(args.organizations, args.strategies,
+                                                                       args.schedules):
+        plan.check_size(strategy, rounds, organizations, 1, False,  # the tasks of the plan each run simulates
+                        f"--schedules {epochs}x{rounds} with {organizations} organisations and {strategy}")
     args.changes = utility.parse_changes(args.set)
     if "epochs" in args.changes:
         raise UserError("--set epochs: give local epochs in --schedules (EPOCHSxROUNDS)")

@@ -33,7 +33,7 @@ os.environ.setdefault("GLOG_v", "3")
 
 import numpy as np
 
-from mnist_dp import data, features, training
+from mnist_dp import atomic, data, features, training
 from mnist_dp import hyperparameters as hp_file
 from mnist_dp.assets import ALGO_ASSETS, load_asset_module
 from mnist_dp.errors import UserError, run_cli
@@ -269,7 +269,8 @@ def plot(summary, path):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with atomic.replacing(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
 
 
@@ -279,6 +280,8 @@ def parse_changes(items):
         key, sep, value = item.partition("=")
         if not sep:
             raise UserError(f"--set {item!r}: expected key=value (a JSON value)")
+        if key in changes:  # as in a JSON file: the last would win silently
+            raise UserError(f"--set {key}: given twice; keep one")
         try:
             changes[key] = json.loads(value)
         except json.JSONDecodeError:
@@ -319,7 +322,7 @@ def main(argv=None):
         rows = read_results(args.results)
         text = "\n".join(ablation_table(rows, args.ablation.split(";"), dataset, args.seeds_at, args.validation)
                          for dataset in args.datasets)
-        args.results.with_name("utility-ablation.md").write_text(text)
+        atomic.write_text(args.results.with_name("utility-ablation.md"), text)
         print(text + f"\nwrote {args.results.with_name('utility-ablation.md')}")
         return
     if not args.report_only:
@@ -330,7 +333,7 @@ def main(argv=None):
         raise UserError(f"{args.results}: no results for label {args.label!r}")
     stem = args.results.with_name(f"utility-{args.label}{'-validation' if args.validation else ''}")
     text = table(summary, args.epsilons) + "\n" + "".join(f"- {line}\n" for line in goals(summary, args.seeds_at))
-    stem.with_suffix(".md").write_text(text)
+    atomic.write_text(stem.with_suffix(".md"), text)
     plot(summary, stem.with_suffix(".png"))
     print(text + f"\nwrote {stem.with_suffix('.md')} and {stem.with_suffix('.png')}")
 

@@ -11,12 +11,10 @@ the opener validates it.
 """
 from __future__ import annotations
 
-import collections
 import contextlib
 import functools
 import gzip
 import hashlib
-import hmac
 import json
 import os
 import re
@@ -170,16 +168,24 @@ def _write_key(folder: Path, key: str) -> None:
     os.chmod(Path(folder) / KEY_FILE, 0o600)
 
 
-def add_key(folders: list) -> list:
-    """Give every data sample folder of `folders` that has no identity key one new key (one organisation's
-    samples: the same key); returns the folders that got it. A folder's existing key is never replaced."""
+def read_key(folder: Path) -> str:
+    """The identity key of data sample folder `folder` (64 hex digits), checked as the opener checks it."""
+    try:
+        return opener().read_key(str(folder)).hex()
+    except opener().DataSampleError as exc:
+        raise UserError(str(exc)) from None
+
+
+def add_key(folders: list, key: str | None = None) -> list:
+    """Give every data sample folder of `folders` that has no identity key one key, `key` or a new one (one
+    organisation's samples: the same key); returns the folders that got it. An existing key is never replaced."""
     missing = []
     for folder in map(Path, folders):
         if not (folder / IMAGES_FILE).is_file() or not (folder / LABELS_FILE).is_file():
             raise UserError(f"{folder}: not a data sample folder (it needs {IMAGES_FILE} and {LABELS_FILE})")
         if not (folder / KEY_FILE).exists():
             missing.append(folder)
-    key = new_key()
+    key = key or new_key()
     for folder in missing:
         with _writing_in(folder):
             _write_key(folder, key)
@@ -197,7 +203,8 @@ def read_manifest(dest: Path) -> dict | None:
     return manifest if manifest.get("written_by") == WRITTEN_BY or set(manifest) == _LEGACY_MANIFEST_KEYS else None
 
 
-def write_dataset(dest: Path, train, test, train_samples: int, manifest: dict, force: bool = False) -> dict:
+def write_dataset(dest: Path, train, test, train_samples: int, manifest: dict, force: bool = False,
+                  key: str | None = None) -> dict:
     """Write ``dest/train/<i>`` (train split in `train_samples` folders), ``dest/test/0`` and
     ``dest/manifest.json``, which marks the folder as ours.
 
@@ -212,7 +219,6 @@ def write_dataset(dest: Path, train, test, train_samples: int, manifest: dict, f
                         f"give at most {len(train[1])}")
     _check_output(dest, force)
     parts = np.array_split(np.arange(len(train[1])), train_samples)
-    _check_copies_stay_together(train, parts, manifest.get("source"))
     parent = dest.parent
     try:
         parent.mkdir(parents=True, exist_ok=True)
@@ -225,7 +231,7 @@ def write_dataset(dest: Path, train, test, train_samples: int, manifest: dict, f
         tmp.mkdir()
     try:
         with _writing_in(parent):
-            key = new_key()  # one organisation's data: one identity key
+            key = key or new_key()  # one organisation's data: one identity key
             for i, part in enumerate(parts):
                 write_sample(tmp / "train" / str(i), train[0][part], train[1][part], key)
             write_sample(tmp / "test" / "0", *test, key)
@@ -242,16 +248,16 @@ def write_dataset(dest: Path, train, test, train_samples: int, manifest: dict, f
     return manifest
 
 
-def _check_copies_stay_together(train, parts: list, source) -> None:
-    """Refuse a train set whose copies of one example (the same image bytes and label) would land in
-    two data samples: trained on twice, they would be accounted once (check_disjoint's rule)."""
-    digests = example_digests(*train)
-    part_of = {}
-    split = sum(part_of.setdefault(digests[i], k) != k for k, part in enumerate(parts) for i in part)
-    if split:
-        raise UserError(f"{source}: {split} train example(s) are copies of others and would land in another data "
-                        "sample than their copy (trained on twice, accounted once); remove the duplicates from the "
-                        "source, or use --train-samples 1")
+def without_copies(images: np.ndarray, labels: np.ndarray) -> tuple:
+    """(images, labels) with every copy of an earlier example removed (the same image and label, as the opener
+    sees them), and how many were removed: a train task refuses copies, which would be accounted once."""
+    pixels = images.astype(np.float32) / 255.0 if images.dtype == np.uint8 else images
+    seen, keep = set(), []
+    for i, digest in enumerate(opener().example_digests(pixels, labels)):
+        if digest not in seen:
+            seen.add(digest)
+            keep.append(i)
+    return images[keep], labels[keep], len(labels) - len(keep)
 
 
 def _check_output(dest: Path, force: bool) -> None:
@@ -365,21 +371,43 @@ def sample_fingerprint(folder: Path) -> str:
     return digest.hexdigest()
 
 
-def sample_identity(folder: Path) -> str:
-    """A data sample's identity in the privacy ledger, as the opener computes it (self-contained, it repeats
-    this): HMAC-SHA256 of its content fingerprint under the key in its identity.key."""
-    path = Path(folder) / KEY_FILE
+@functools.cache
+def opener():
+    """The dataset asset's opener module: the one definition of a data sample, its identity and its examples
+    (it is self-contained, as Substra ships it alone; the scripts use it rather than a copy)."""
+    from mnist_dp.assets import DATASET_ASSET, load_asset_module
+
+    return load_asset_module(DATASET_ASSET / "opener.py", "mnist_dp_dataset_opener")
+
+
+def read_sample(folder: Path):
+    """A data sample folder as the opener reads it (opener.Sample); its errors as UserError."""
     try:
-        key = path.read_text(encoding="ascii").strip()
-    except FileNotFoundError:
-        raise UserError(f"{folder}: no {KEY_FILE}, the secret key that keeps the sample unrecognisable in released "
-                        f"models; add one with: python scripts/generate_data.py --add-key {folder}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"{path}: cannot read it ({exc})") from None
-    if not re.fullmatch(r"[0-9a-f]{64}", key):
-        raise UserError(f"{path}: must hold 64 hexadecimal digits (a random 256-bit key); remove it and run "
-                        f"python scripts/generate_data.py --add-key {folder}")
-    return hmac.new(bytes.fromhex(key), sample_fingerprint(folder).encode(), hashlib.sha256).hexdigest()
+        return opener().read_sample(str(folder))
+    except opener().DataSampleError as exc:
+        raise UserError(str(exc)) from None
+
+
+# The key of examples held in memory (benchmarks and tests that train without sample folders): public, so their
+# ledgers are comparable with each other only, which is all they need.
+IN_MEMORY_KEY = "00" * 32
+
+
+def in_memory(images: np.ndarray, labels: np.ndarray, identity: str) -> dict:
+    """What the opener returns for one data sample of these examples (images float32 in [0, 1], labels int),
+    named `identity`, its examples named under IN_MEMORY_KEY."""
+    key, reader = bytes.fromhex(IN_MEMORY_KEY), opener()
+    images, labels = images.astype(np.float32), labels.astype(np.int64)
+    digests = reader.example_digests(images, labels)
+    sample = reader.Sample(f"<{identity}>", images, labels, identity, reader.key_id(key),
+                           reader.example_ids(key, digests), digests)
+    return reader.combine([sample], reader.copies([sample]))
+
+
+def sample_identity(folder: Path) -> str:
+    """A data sample's identity in the privacy ledger, as the opener computes it: HMAC-SHA256 of its content
+    fingerprint under the key in its identity.key."""
+    return read_sample(folder).identity
 
 
 def sample_size(folder: Path) -> int:
@@ -394,7 +422,7 @@ def _at_least_one(flag: str, value) -> int:
 
 
 def generate(dest: Path, source: Path | None = None, train_size: int | None = None, test_size: int | None = None,
-             train_samples: int = 1, seed: int = DEFAULT_SEED, force: bool = False) -> dict:
+             train_samples: int = 1, seed: int = DEFAULT_SEED, force: bool = False, key: str | None = None) -> dict:
     """Build the train/test data samples from a source (see module docstring). Deterministic for a seed.
     Sizes left as None: 4000 / 1000 of the embedded data, all of a source."""
     train_size = None if train_size is None else _at_least_one("--train-size", train_size)
@@ -404,7 +432,7 @@ def generate(dest: Path, source: Path | None = None, train_size: int | None = No
     _check_output(Path(dest), force)
     loaded = load_source(source)
     if source is None:  # one labelled set: split it ourselves
-        images, labels = loaded
+        images, labels, _ = without_copies(*loaded)
         train, test = split_train_test(images, labels, DEFAULT_TRAIN_SIZE if train_size is None else train_size,
                                        DEFAULT_TEST_SIZE if test_size is None else test_size, seed)
     else:
@@ -413,33 +441,51 @@ def generate(dest: Path, source: Path | None = None, train_size: int | None = No
         for (x, y), split, flag, size in zip(loaded, ("train", "test"), ("--train-size", "--test-size"),
                                              (train_size, test_size)):
             x, y = _checked(x, y, source, split)
+            if split == "train":
+                x, y, removed = without_copies(x, y)
+                if removed:
+                    print(f"{source}: left out {removed} train example(s) that are copies of others (the same image "
+                          "and label): each would be trained on twice but accounted once")
             if size is not None and size > len(y):
                 raise UserError(f"{flag} {size}: the source has only {len(y)} {split} examples")
             picked = stratified_indices(y, len(y) if size is None else size, rng)
             parts.append((x[picked], y[picked]))
         train, test = parts
     manifest = {"source": EMBEDDED_SOURCE if source is None else str(source), "seed": seed}
-    return write_dataset(dest, train, test, train_samples, manifest, force=force)
+    return write_dataset(dest, train, test, train_samples, manifest, force=force, key=key)
 
 
-def generate_default_if_missing(dest: Path, train_samples: int) -> None:
+def generate_default_if_missing(dest: Path, train_samples: int, flag: str = "--train-samples") -> None:
     """The scripts' first run: write the embedded default data to `dest` unless it holds data samples.
     The default data written here, unchanged since, is split again when it has fewer than
-    `train_samples` train samples; any other data is left as it is."""
+    `train_samples` train samples; any other data is left as it is. `flag`: the script's option that asked for
+    `train_samples`, which errors name (the user gave no --train-samples)."""
     dest = Path(dest)
+    _at_least_one(flag, train_samples)
     entries = _entries(dest)
     if (dest / "train").is_dir():
         held = sum(p.is_dir() for p in (dest / "train").iterdir())
         if held < train_samples and _is_unchanged_default(dest):
+            _check_default_holds(train_samples, flag)
             print(f"{dest}: splitting the default data again into {train_samples} train samples "
                   f"(it had {held}; the same examples)")
-            generate(dest, train_samples=train_samples, force=True)
+            # Under the same key: a model trained on the earlier split can be compared example by example.
+            generate(dest, train_samples=train_samples, force=True,
+                     key=read_key(dest / "test" / "0"))
         return
     if entries:
         raise UserError(f"{dest}: holds no data samples (no train/ folder) but other files ({_listed(entries)}); "
                         "give --data a folder of data samples written by scripts/generate_data.py, or a new folder")
+    _check_default_holds(train_samples, flag)
     manifest = generate(dest, train_samples=train_samples)
     print(f"generated {manifest['train_examples']} train / {manifest['test_examples']} test examples in {dest}")
+
+
+def _check_default_holds(train_samples: int, flag: str) -> None:
+    if train_samples > DEFAULT_TRAIN_SIZE:
+        raise UserError(f"{flag} {train_samples}: the default data has {DEFAULT_TRAIN_SIZE:,} train examples, fewer "
+                        f"than one for each; give at most {DEFAULT_TRAIN_SIZE:,}, or --data a folder of more data "
+                        "samples (scripts/generate_data.py --source)")
 
 
 def _is_unchanged_default(dest: Path) -> bool:
@@ -489,41 +535,11 @@ def _described(array: np.ndarray) -> str:
     return f"{array.dtype} with values {low}..{high}{' and NaN' if nan else ''}"
 
 
-def example_digests(images: np.ndarray, labels: np.ndarray) -> list:
-    """One sha256 per example, of its image's exact bytes and its label (as int64): the same example
-    gives the same digest wherever it is."""
-    n = len(labels)
-    if n == 0:
-        return []
-    rows = np.ascontiguousarray(images).reshape(n, -1).view(np.uint8)
-    records = np.concatenate([rows, labels.astype("<i8").reshape(n, 1).view(np.uint8)], axis=1)
-    view, width = memoryview(records).cast("B"), records.shape[1]
-    return [hashlib.sha256(view[i:i + width]).digest() for i in range(0, n * width, width)]
-
-
-def check_disjoint(folders: list) -> None:
-    """Refuse data sample folders that share an example (the exact bytes of an image with its label):
-    trained on twice, it would be accounted once. Copies inside one sample are not checked here."""
-    first_holder, shared = {}, collections.Counter()
-    for i, folder in enumerate(folders):
-        images, labels = (_load_array(Path(folder) / name) for name in (IMAGES_FILE, LABELS_FILE))
-        if images.ndim < 1 or labels.ndim != 1 or len(images) != len(labels):
-            raise UserError(f"{folder}: labels {list(labels.shape)} do not match images {list(images.shape)}")
-        for digest in set(example_digests(images, labels)):
-            holder = first_holder.setdefault(digest, i)
-            if holder != i:
-                shared[holder, i] += 1
-    if shared:
-        # Each shared example is counted once, between the first folder holding it and a later one; for
-        # the first such pair in folder order that is every example the two share.
-        (first, later), count = min(shared.items())
-        others = " (other samples share examples too)" if len(shared) > 1 else ""
-        raise UserError(f"{folders[later]} and {folders[first]} share {count} example(s){others}; an example in two "
-                        "samples is trained on twice but would be accounted once: remove the copies")
-
-
-def _load_array(path: Path) -> np.ndarray:
-    try:
-        return np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as exc:
-        raise UserError(f"{path}: not a readable .npy array ({exc})") from None
+def check_examples(folders: list) -> list:
+    """Refuse training data sample folders that hold an example twice, in one sample or in two (the opener's
+    rule, which a train task applies): trained on twice, it would be accounted once. Returns them as read."""
+    samples = [read_sample(folder) for folder in folders]
+    problem = opener().copies(samples)
+    if problem:
+        raise UserError(problem)
+    return samples

@@ -1,6 +1,8 @@
 """User-facing errors: one clear line and a non-zero exit, never a bare traceback."""
 import codecs
+import errno
 import os
+import select
 import signal
 import sys
 
@@ -58,13 +60,24 @@ def run_cli(main, *args, explain=None, task=False):
 
     `explain(exc)` may name other exceptions a user can act on (a Substra node's refusal): it returns
     the line to print, or None to let the exception through. `task`: a Substra function, whose output is
-    ASCII in Substra's docker backend (in_docker_terminal).
+    ASCII in Substra's docker backend (in_docker_terminal). An OSError the machine's state explains (a full
+    disk, a read-only folder) is one line too (explain_os_error).
     """
     if task and in_docker_terminal():
         ascii_output()
     signal.signal(signal.SIGTERM, _terminate)
     try:
-        return main(*args)
+        result = main(*args)
+        sys.stdout.flush()  # here, so that a reader gone (below) is not Python's complaint at exit
+        return result
+    except BrokenPipeError:
+        if not _stdout_reader_gone():
+            raise  # a socket's, say: a real failure
+        # `| head` (grep -q, less) has read all it wanted: normal use, so exit quietly, as the Python docs say
+        # (stdout to devnull, or the interpreter's last flush fails again), with the status of a tool that
+        # SIGPIPE ended.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(128 + signal.SIGPIPE)
     except Terminated:
         print("terminated", file=sys.stderr)
         sys.exit(128 + signal.SIGTERM)
@@ -72,8 +85,55 @@ def run_cli(main, *args, explain=None, task=False):
         print("interrupted", file=sys.stderr)
         sys.exit(130)
     except Exception as exc:  # re-raised unless it is a user error (or explained)
-        message = str(exc) if is_user_error(exc) else explain(exc) if explain else None
+        if is_user_error(exc):
+            message = str(exc)
+        else:
+            message = ((explain(exc) if explain else None) or (task and _explain_workspace(exc))
+                       or explain_os_error(exc))
         if message is None:
             raise
         print(f"error: {message}", file=sys.stderr)
         sys.exit(2)
+
+
+# What to do about an OSError that is the machine's state, not the code's fault: a full disk, a read-only
+# or forbidden path.
+_OS_ADVICE = {
+    errno.ENOSPC: "free space on that disk, or write somewhere else",
+    errno.EDQUOT: "free space within your disk quota, or write somewhere else",
+    errno.EROFS: "write somewhere else, or mount that file system read-write",
+    errno.EACCES: "check its permissions and its folder's, or use another path",
+    errno.EPERM: "check its permissions and its folder's, or use another path",
+}
+
+
+def explain_os_error(exc: BaseException) -> str | None:
+    """One line for an OSError a user can act on (see _OS_ADVICE) that names its file; None for any other
+    (a missing file or a bad argument may be the code's mistake: its traceback is kept)."""
+    if isinstance(exc, OSError) and exc.filename is not None and exc.errno in _OS_ADVICE:
+        return f"{exc.filename}: {exc.strerror}; {_OS_ADVICE[exc.errno]}"
+    return None
+
+
+def _explain_workspace(exc: BaseException) -> str | None:
+    """substratools creates chainkeys/ and model/ in the working directory before it runs any function."""
+    from substratools import workspace
+
+    if not isinstance(exc, OSError) or exc.filename is None:
+        return None
+    folders = {os.path.abspath(os.path.dirname(path)) for path in (workspace.DEFAULT_CHAINKEYS_PATH,
+                                                                   workspace.DEFAULT_LOG_PATH)}
+    if os.path.abspath(str(exc.filename)) not in folders:
+        return None
+    return (f"{exc.filename}: substratools cannot create this folder ({exc.strerror}); it makes chainkeys/ and model/ "
+            "in the working directory of every function: run the function from a writable folder with free space")
+
+
+def _stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe whose reader has exited (a pipe without readers polls as an error)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (AttributeError, ValueError, OSError):  # stdout replaced or closed
+        return False

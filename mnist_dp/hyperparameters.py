@@ -7,7 +7,7 @@
 | learning_rate    | SGD learning rate                                                        |
 | momentum         | SGD momentum                                                             |
 | max_grad_norm    | per-example clipping norm C                                              |
-| noise_multiplier | σ (noise std = σ·C); give this **or** target_epsilon, not both           |
+| noise_multiplier | σ (noise std = σ·C, σ ≤ 1000); this **or** target_epsilon, not both      |
 | target_epsilon   | calibrate σ so that the model's ε at delta (PLD) ends at this value      |
 | max_epsilon      | budget (null: none): training stops at the last step that keeps the      |
 |                  | model's ε at delta (input model's steps included) within it              |
@@ -42,8 +42,10 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from mnist_dp import json_input
 from mnist_dp.errors import UserError
 from mnist_dp.features import FEATURES
+from mnist_dp.privacy import MAX_NOISE_MULTIPLIER
 
 FILE_NAME = "hyperparameters.json"
 
@@ -92,7 +94,8 @@ _RULES = {
     "learning_rate": (float, False, lambda v: v > 0, "a positive number"),
     "momentum": (float, False, lambda v: 0 <= v < 1, "a number in [0, 1)"),
     "max_grad_norm": (float, False, lambda v: v > 0, "a positive number"),
-    "noise_multiplier": (float, True, lambda v: v > 0, "a positive number or null"),
+    "noise_multiplier": (float, True, lambda v: 0 < v <= MAX_NOISE_MULTIPLIER,
+                         f"a number in (0, {MAX_NOISE_MULTIPLIER:g}] or null"),
     "target_epsilon": (float, True, lambda v: 0 < v <= MAX_EPSILON, f"a number in (0, {MAX_EPSILON:g}] or null"),
     "max_epsilon": (float, True, lambda v: 0 < v <= MAX_EPSILON, f"a number in (0, {MAX_EPSILON:g}] or null"),
     "delta": (float, False, lambda v: 0 < v < 1, "a number in (0, 1)"),
@@ -198,7 +201,7 @@ def load_overrides(path: Path | None) -> Overrides:
 
 def _read_object(path: Path, what: str) -> dict:
     try:
-        values = json.loads(path.read_bytes().decode("utf-8"))
+        values = json_input.loads(path.read_bytes().decode("utf-8"), str(path))
     except FileNotFoundError:
         raise UserError(f"{path}: {what} file not found") from None
     except IsADirectoryError:

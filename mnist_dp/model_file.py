@@ -14,14 +14,18 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import shutil
 import zipfile
 from dataclasses import dataclass, field
 
+from mnist_dp import atomic
 from mnist_dp import hyperparameters as hp_file
 from mnist_dp.errors import UserError
 from mnist_dp.privacy import Ledger, check_delta, count_stddev
 
-FORMAT = "mnist-dp-model/2"  # 2: digests in the metadata, provenance in every ledger event
+FORMAT = "mnist-dp-model/3"  # 2: digests in the metadata, provenance in every ledger event; 3: the examples
+# Read too: a /2 ledger names no examples, so each of its runs counts for every example (privacy.Ledger.accounts).
+READABLE = (FORMAT, "mnist-dp-model/2")
 _META = "meta.json"
 _LEDGER = "ledger.json"
 _WEIGHTS = "weights.bin"
@@ -42,13 +46,21 @@ def _sha256(data: bytes) -> str:
 
 
 def save(path, model: ModelFile) -> None:
-    ledger = json.dumps(model.ledger.to_json(), indent=2).encode()
+    """Write `model` atomically: a full disk or a crash never leaves half a model, nor harms the one at `path`."""
+    ledger = json.dumps(model.ledger.to_json(), indent=2, allow_nan=False).encode()  # load refuses NaN
     meta = {"format": FORMAT, "framework": model.framework, "hyperparameters": model.hyperparameters,
             "ledger_sha256": _sha256(ledger), "weights_sha256": _sha256(model.weights)}
-    with open(path, "wb") as f, zipfile.ZipFile(f, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+    with atomic.replacing(path) as tmp, open(tmp, "wb") as f, \
+            zipfile.ZipFile(f, "w", compression=zipfile.ZIP_DEFLATED) as archive:
         archive.writestr(_META, json.dumps(meta, indent=2))
         archive.writestr(_LEDGER, ledger)
         archive.writestr(_WEIGHTS, model.weights)
+
+
+def copy(source, path) -> None:
+    """The model file at `source`, unchanged, to `path` (atomically, as `save`)."""
+    with atomic.replacing(path) as tmp:
+        shutil.copyfile(source, tmp)
 
 
 def load(path, framework: str | None = None) -> ModelFile:
@@ -64,7 +76,7 @@ def load(path, framework: str | None = None) -> ModelFile:
         raise UserError(f"{path}: is a folder; give the path of a model file") from None
     except (zipfile.BadZipFile, KeyError, ValueError) as exc:
         raise UserError(f"{path}: not a valid model file of this bundle ({exc})") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+    if not isinstance(meta, dict) or meta.get("format") not in READABLE:
         found = meta.get("format") if isinstance(meta, dict) else None
         raise UserError(f"{path}: unknown model format {found!r}, expected {FORMAT!r} (a model written by another "
                         "version of this bundle: train it again)")

@@ -20,6 +20,7 @@ from substra.sdk.schemas import (
 )
 
 from mnist_dp.contract import CONTRACT, public
+from mnist_dp.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,28 @@ def add_arguments(parser, holders: str) -> None:
                         help="also score every cyclic model on its own training data and publish that accuracy as a "
                              "Substra performance: an un-noised statistic of the training data, NOT covered by ε "
                              "(default: the test data only)")
+
+
+# Tasks in one compute plan at most: a local backend runs them one after the other, seconds each and a train task
+# much more, so days of work; beyond it a typo (--rounds 1000000000) is likelier than a plan, and building it would
+# not end. Checked, like MAX_STEPS and MAX_EPOCHS, before any data is generated or anything is registered.
+MAX_TASKS = 10_000
+
+
+def count_tasks(strategy: str, rounds: int, holders: int, runs: int = 1, score_train: bool = False) -> int:
+    """The tasks PlanBuilder makes for `runs` runs of `rounds` rounds through `holders` data shares. Per round, cyclic:
+    at each holder a train task, then predict and score on the test data (and on its own with score_train); fedavg:
+    a train task at each holder, then one aggregate, predict and score."""
+    per_round = holders * (3 + 2 * score_train) if strategy == "cyclic" else holders + 3
+    return runs * rounds * per_round
+
+
+def check_size(strategy: str, rounds: int, holders: int, runs: int, score_train: bool, asked: str) -> None:
+    """Refuse a plan of more than MAX_TASKS tasks; `asked` names the options that sized it."""
+    tasks = count_tasks(strategy, rounds, holders, runs, score_train)
+    if tasks > MAX_TASKS:
+        raise UserError(f"{asked} make {tasks:,} tasks, more than the {MAX_TASKS:,} one compute plan may have (days of "
+                        "tasks run one after the other); use fewer rounds or organisations")
 
 
 def describe_strategy(strategy: str) -> str:

@@ -1,6 +1,7 @@
 """The `predictions` artefact passed from predict to score: a .npy array of int64 class labels."""
 import numpy as np
 
+from mnist_dp import atomic
 from mnist_dp.errors import UserError
 
 NUM_CLASSES = 10
@@ -8,7 +9,7 @@ NUM_CLASSES = 10
 
 def save(path, labels) -> None:
     # Through a file handle: np.save(path) would append ".npy" to Substra's extension-less path.
-    with open(path, "wb") as f:
+    with atomic.replacing(path) as tmp, open(tmp, "wb") as f:
         np.save(f, np.asarray(labels, dtype=np.int64), allow_pickle=False)
 
 

@@ -5,15 +5,18 @@ event is a Poisson-subsampled Gaussian mechanism composed over the steps really 
 data samples identified by keyed identities. Google's ``dp_accounting`` turns the ledger into ε:
 PLD is the reported figure, RDP is shown beside it.
 
-Accounting unit. Neighbouring datasets differ by adding or removing one example. An example lives in
-one data sample, so the ε of an example composes every event that trained on its sample; the ledger's
-ε is the worst case over samples (events on disjoint samples compose in parallel, not in sequence).
-A sample is identified by an HMAC of its content under a secret key stored with it (data.py), so
-re-registering the same data under new Substra keys cannot reset the account, and whoever holds a candidate
-dataset but not the key cannot confirm it from a released ledger.
+Accounting unit. Neighbouring datasets differ by adding or removing one example: what the model sees, an
+image with its label. The ε of an example composes every event that trained on it, whichever data sample held
+it; the ledger's ε is the worst example's (events on disjoint examples compose in parallel, not in sequence).
+So the ledger names, beside each run's data samples, their examples: each by a 64-bit HMAC of its content under
+the secret key stored with its sample (the opener computes both), in a table shared by the runs on the same
+samples. Re-registering or re-splitting the same data cannot reset an account, and whoever holds a candidate
+example but not the key cannot tell from a released ledger whether it was trained on. Examples named under
+different keys cannot be compared: they are accounted as possibly the same, never as disjoint.
 """
 from __future__ import annotations
 
+import base64
 import dataclasses
 import functools
 import json
@@ -23,7 +26,8 @@ import uuid
 from collections.abc import Iterable, Sequence
 
 import dp_accounting
-from dp_accounting import pld, rdp
+import numpy as np
+from dp_accounting import mechanism_calibration, pld, rdp
 
 from mnist_dp.errors import UserError
 
@@ -41,6 +45,17 @@ CLIPPING_UNITS = (PER_EXAMPLE, NO_CLIPPING)  # the only ones the accountant's se
 # A decaying noise schedule lowers σ at each quarter of the planned steps: few distinct σ keep PLD accounting
 # fast (one σ per epoch made calibrating σ take 80 s for 30 epochs).
 NOISE_STAGES = 4
+# The least effective noise multiplier of any step (gradient noise, decay and adaptive clipping's count together)
+# that a run may have. PLD's privacy-loss grid grows as 1/σ²: one ε took (2 cores, q from 1e-6 to 1, 1 to 1,000
+# steps) at most 2 s at σ = 1, 8 s at 0.3, 23 s at 0.2, 74 s at 0.1; at 0.07 its numerics failed ("deltas are not
+# in non-increasing order"), at 0.01 it ran for minutes, at 1e-6 it asked for 9 PiB; and a budget or a calibration
+# takes up to ~20 of them. Settings below it are refused before anything runs, rather than accounted by a
+# fallback (RDP, which over-estimates): a single step at σ = 0.3 already spends ε ≥ 5.7 (q = 1e-3) to 19 (q = 1),
+# so nothing worth protecting is lost, and every ε reported stays the PLD figure.
+MIN_NOISE_MULTIPLIER = 0.3
+# The most: a step at σ = 1000 spends ε < 0.01 at any q, and RDP's numerics fail above ~3e4 (q = 1e-3). A σ
+# calibrated from a target lies between the two.
+MAX_NOISE_MULTIPLIER = 1000.0
 
 
 def _integer(low: int):
@@ -96,7 +111,7 @@ class DpEvent:
     """
 
     framework: str
-    data: tuple  # keyed identities of the data samples trained on (data.sample_identity)
+    data: tuple  # keyed identities of the data samples trained on (their examples: Ledger.examples)
     n: int  # examples in those samples
     sample_rate: float  # Poisson sampling probability q of each step
     noise_multiplier: float
@@ -166,6 +181,10 @@ class DpEvent:
         elif self.decay_steps and self.decay_steps != math.ceil(self.planned_steps / NOISE_STAGES):
             problems.append(f"decay_steps {self.decay_steps} but the schedule has {NOISE_STAGES} blocks of "
                             f"ceil(planned_steps / {NOISE_STAGES}) = {math.ceil(self.planned_steps / NOISE_STAGES)}")
+        if self.is_private and self.schedule().smallest(self.steps) < MIN_NOISE_MULTIPLIER:
+            # No task trains so (check_noise), and the accountant could run for hours on it.
+            problems.append(f"a step's noise multiplier {self.schedule().smallest(self.steps):.3g} is below "
+                            f"{MIN_NOISE_MULTIPLIER}, the least a train task allows")
         if problems:
             raise UserError(f"privacy ledger event ({self.framework}) is inconsistent: {'; '.join(problems)}")
 
@@ -225,6 +244,11 @@ class NoiseSchedule:
         return [(combined_noise_multiplier(self.gradient_sigma(start), self.count_noise_multiplier),
                  min(block, steps - start)) for start in range(0, steps, block)]
 
+    def smallest(self, steps: int) -> float:
+        """The least effective noise multiplier among the first `steps` steps (to compare with MIN_NOISE_MULTIPLIER;
+        σ = inf: the count's alone)."""
+        return min(sigma for sigma, _ in self.segments(steps))
+
     def with_sigma(self, sigma: float) -> NoiseSchedule:
         return dataclasses.replace(self, sigma=sigma)
 
@@ -277,55 +301,176 @@ def _epsilon(counts: tuple, delta: float, accountant: str) -> float:
     return float(acc.get_epsilon(delta))
 
 
-class Ledger:
-    """The DP events behind one model, in training order."""
+@dataclasses.dataclass(frozen=True)
+class Examples:
+    """The examples of one data sample as a ledger names them: `key`, the id of the sample's identity key, and
+    `ids`, the examples' keyed 64-bit ids (the opener's example_ids), sorted, as big-endian bytes."""
 
-    def __init__(self, events: Iterable[DpEvent] = ()):
+    key: str
+    ids: bytes
+
+    @classmethod
+    def of(cls, key: str, ids) -> Examples:
+        return cls(key, np.sort(np.asarray(ids, dtype=np.uint64)).astype(">u8").tobytes())
+
+    @property
+    def array(self) -> np.ndarray:
+        return np.frombuffer(self.ids, dtype=">u8").astype(np.uint64)
+
+    def __len__(self) -> int:
+        return len(self.ids) // 8
+
+    def to_json(self) -> dict:
+        return {"key": self.key, "ids": base64.b64encode(self.ids).decode("ascii")}
+
+    @classmethod
+    def from_json(cls, identity: str, record) -> Examples:
+        where = f"privacy ledger: examples of data sample {identity[:8]}…"
+        if not isinstance(record, dict) or set(record) != {"key", "ids"}:
+            raise UserError(f'{where} must be an object {{"key": ..., "ids": ...}}')
+        if not isinstance(record["key"], str) or not re.fullmatch(r"[0-9a-f]{16}", record["key"]):
+            raise UserError(f"{where}: key must be 16 hexadecimal digits")
+        try:
+            ids = base64.b64decode(record["ids"], validate=True) if isinstance(record["ids"], str) else None
+        except ValueError:
+            ids = None
+        if not ids or len(ids) % 8:
+            raise UserError(f"{where}: ids must be base64 of one or more 8-byte ids")
+        examples = cls(record["key"], ids)
+        if np.any(examples.array[1:] <= examples.array[:-1]):
+            raise UserError(f"{where}: ids must be distinct and sorted")
+        return examples
+
+
+@dataclasses.dataclass(frozen=True)
+class Account:
+    """Examples trained on by exactly the same runs: their ε composes `events`."""
+
+    events: tuple  # the DpEvents, in training order
+    samples: frozenset  # identities of the data samples holding these examples
+    examples: int | None  # how many (None: not recorded)
+
+
+class Ledger:
+    """The DP events behind one model, in training order, and the examples of the data samples they name."""
+
+    def __init__(self, events: Iterable[DpEvent] = (), examples: dict | None = None):
         self.events = list(events)
+        self.examples = dict(examples or {})  # data sample identity -> Examples
 
     def add(self, event: DpEvent) -> None:
         self.events.append(event)
 
-    def to_json(self) -> list:
-        return [e.to_json() for e in self.events]
+    def add_examples(self, examples: dict) -> None:
+        """Record the examples of data samples ({identity: Examples}); a sample already recorded must agree."""
+        for identity, named in examples.items():
+            if self.examples.setdefault(identity, named) != named:
+                raise UserError(f"data sample {identity[:8]}… is recorded with two different sets of examples: a model "
+                                "file was edited or damaged; its privacy figure cannot be trusted")
+
+    def to_json(self) -> dict:
+        return {"events": [e.to_json() for e in self.events],
+                "examples": {identity: self.examples[identity].to_json() for identity in sorted(self.examples)}}
 
     @classmethod
     def from_json(cls, records) -> Ledger:
-        if not isinstance(records, list):
-            raise UserError("privacy ledger must be a list of events")
-        return cls(DpEvent.from_json(r) for r in records)
+        """A ledger as `to_json` writes it, or a list of events (written before examples were recorded: every
+        run is then accounted as touching every example)."""
+        if isinstance(records, list):
+            return cls(DpEvent.from_json(r) for r in records)
+        if not isinstance(records, dict) or set(records) != {"events", "examples"} \
+                or not isinstance(records["events"], list) or not isinstance(records["examples"], dict):
+            raise UserError('privacy ledger must be an object {"events": [...], "examples": {...}}')
+        ledger = cls((DpEvent.from_json(r) for r in records["events"]),
+                     {identity: Examples.from_json(identity, named) for identity, named in records["examples"].items()})
+        ledger.check_examples()
+        return ledger
+
+    def check_examples(self) -> None:
+        """Each run's examples, when recorded, are as many as its n, distinct, and every sample has its own."""
+        for event in self.events:
+            named = [self.examples[i] for i in event.data if i in self.examples]
+            if not named:
+                continue
+            if len(named) < len(event.data):
+                raise UserError(f"privacy ledger: a {event.framework} run records the examples of some of its data "
+                                "samples only: the file was edited or damaged; its privacy figure cannot be trusted")
+            distinct = sum(len(np.unique(np.concatenate([e.array for e in named if e.key == key])))
+                           for key in {e.key for e in named})
+            if sum(map(len, named)) != event.n or distinct != event.n:
+                raise UserError(f"privacy ledger: a {event.framework} run of n = {event.n} names "
+                                f"{sum(map(len, named))} examples ({distinct} distinct): the file was edited or "
+                                "damaged; its privacy figure cannot be trusted")
 
     def accounts(self) -> list:
-        """Group data samples that were trained on by exactly the same events.
-
-        Returns a list of (identities, events): each group's ε is the composition of its events.
-        """
-        touched_by: dict = {}
-        for index, event in enumerate(self.events):
-            for identity in event.data:
-                touched_by.setdefault(identity, []).append(index)
+        """The examples trained on, grouped by the runs that trained on them: [Account]. The ε of an example
+        composes its account's events. An example named under one key may be any example named under another
+        (they cannot be compared), so a run on other keys' data counts for it too; a run whose examples are not
+        recorded (an older ledger) counts for every example."""
+        events = self.events
+        if not events:
+            return []
+        every_sample = frozenset(i for e in events for i in e.data)
+        if any(i not in self.examples for e in events for i in e.data):
+            return [Account(tuple(events), every_sample, None)]
         groups: dict = {}
-        for identity, indexes in touched_by.items():
-            groups.setdefault(tuple(indexes), set()).add(identity)
-        return [(frozenset(fps), [self.events[i] for i in idx]) for idx, fps in groups.items()]
+        for key in sorted({self.examples[i].key for i in every_sample}):
+            samples = sorted(i for i in every_sample if self.examples[i].key == key)
+            arrays = [self.examples[i].array for i in samples]
+            universe = np.unique(np.concatenate(arrays))
+            holds = {i: np.isin(universe, array, assume_unique=True) for i, array in zip(samples, arrays)}
+            columns = []
+            for event in events:
+                own = [holds[i] for i in event.data if i in holds]
+                if len(own) < len(event.data):  # some of its data is under another key: may be any of these
+                    columns.append(np.ones(len(universe), dtype=bool))
+                else:
+                    columns.append(np.logical_or.reduce(own) if own else np.zeros(len(universe), dtype=bool))
+            matrix = np.stack(columns + [holds[i] for i in samples], axis=1)
+            # One row per distinct pattern (rows packed to bytes: np.unique on them is fast).
+            packed = np.packbits(matrix, axis=1)
+            _, first, counts = np.unique(packed.view(np.dtype((np.void, packed.shape[1]))).ravel(),
+                                         return_index=True, return_counts=True)
+            for row, count in zip(matrix[first], counts):
+                touched = tuple(np.flatnonzero(row[:len(events)]))
+                held = {samples[j] for j in np.flatnonzero(row[len(events):])}
+                group = groups.setdefault(touched, [set(), 0])
+                group[0] |= held
+                group[1] += int(count)
+        return [Account(tuple(events[i] for i in touched), frozenset(held), count)
+                for touched, (held, count) in groups.items() if touched]
 
     def epsilon(self, delta: float, accountant: str = REPORTED_ACCOUNTANT, data: Iterable[str] | None = None) -> float:
-        """Worst-case ε at δ over the data samples (restricted to the `data` identities if given)."""
+        """Worst-case ε at δ over the examples (restricted to those of the data samples `data` if given)."""
         wanted = None if data is None else set(data)
         worst = 0.0
-        for identities, events in self.accounts():
-            if wanted is None or identities & wanted:
-                worst = max(worst, compose_epsilon(events, delta, accountant))
+        for account in self.accounts():
+            if wanted is None or account.samples & wanted:
+                worst = max(worst, compose_epsilon(account.events, delta, accountant))
         return worst
+
+    def histories(self, data: Sequence[str]) -> list:
+        """The earlier runs of the examples of data samples `data` (recorded in `examples`), as the distinct
+        lists of runs that trained on one of them, without the lists another one contains ([[]]: none did)."""
+        probe = DpEvent("next run", tuple(data), sum(len(self.examples[i]) for i in data), 1.0, 1.0, 1, PER_EXAMPLE,
+                        1.0)
+        position = {id(e): k for k, e in enumerate(self.events)}
+        found = {frozenset(position[id(e)] for e in account.events if e is not probe)
+                 for account in Ledger([*self.events, probe], self.examples).accounts()
+                 if any(e is probe for e in account.events)}
+        found = [h for h in found if not any(h < other for other in found)]
+        return sorted(([self.events[k] for k in sorted(h)] for h in found), key=len, reverse=True) or [[]]
 
 
 def merge(ledgers: Sequence[Ledger]) -> Ledger:
     """The ledger of a model averaged from several models (federated averaging): every training run of every
     input, once. Averaging is post-processing, so nothing is added. Runs are told apart by `run_id`: the global
     model's history, present in every input, is counted once, and each input's own new runs are all kept;
-    together with `accounts` this is parallel composition across organisations' disjoint data."""
-    merged, seen = [], {}
+    `accounts` then composes per example: in parallel across organisations' disjoint examples, in sequence for
+    an example two of them hold."""
+    merged, seen, examples = [], {}, Ledger()
     for ledger in ledgers:
+        examples.add_examples(ledger.examples)
         for event in ledger.events:
             if event.run_id is None:
                 raise UserError(f"a {event.framework} training run in an input model's ledger has no run id (a model "
@@ -338,7 +483,7 @@ def merge(ledgers: Sequence[Ledger]) -> Ledger:
                 continue
             seen[event.run_id] = event
             merged.append(event)
-    return Ledger(merged)
+    return Ledger(merged, examples.examples)
 
 
 def own_runs(ledgers: Sequence[Ledger]) -> list:
@@ -382,9 +527,10 @@ def calibrate_noise_multiplier(
     schedule: NoiseSchedule = NoiseSchedule(1.0),
     repeats: int = 1,
 ) -> float:
-    """Smallest σ (within `tol`, rounded up) such that prior_events + this run stay within ε at δ (PLD).
-    σ is the gradient noise of the first steps; the rest of `schedule` (decay, count noise) is kept. `repeats`:
-    the run is repeated that many times (rounds of training on the same data)."""
+    """Smallest σ (within `tol`, rounded up; none that gives a step less than MIN_NOISE_MULTIPLIER) such that
+    prior_events + this run stay within ε at δ (PLD). σ is the gradient noise of the first steps; the rest of
+    `schedule` (decay, count noise) is kept. `repeats`: the run is repeated that many times (rounds of training on
+    the same data)."""
     prior = [segment for e in prior_events for segment in e.segments()]
     if any(not e.is_private for e in prior_events):
         raise UserError("cannot calibrate to a target epsilon: the input model was trained without DP (epsilon = inf)")
@@ -403,28 +549,84 @@ def calibrate_noise_multiplier(
         return pld.PLDAccountant().compose(make_event(sigma)).get_epsilon(delta)
 
     try:
-        return _calibrate(make_event, pld_epsilon, target_epsilon, delta, tol)
-    except (ValueError, ArithmeticError, RuntimeError) as exc:  # dp_accounting's numerics gave up
+        least = least_sigma(schedule, steps)
+        if least > MAX_NOISE_MULTIPLIER:  # training.check_noise names the setting to change
+            raise ValueError(f"the noise schedule needs σ = {least:.3g} for every step to have at least "
+                             f"{MIN_NOISE_MULTIPLIER}, more than {MAX_NOISE_MULTIPLIER:g}")
+        check_target_reachable(target_epsilon, delta, sample_rate, steps, schedule, prior_events, repeats)
+        return _calibrate(make_event, pld_epsilon, target_epsilon, delta, tol, least, MAX_NOISE_MULTIPLIER)
+    except (ValueError, ArithmeticError, RuntimeError, mechanism_calibration.NoBracketIntervalFoundError,
+            mechanism_calibration.NoOptimumFoundError) as exc:  # dp_accounting's numerics gave up
         raise UserError(f"target_epsilon = {target_epsilon}: no noise multiplier found for it at δ = {delta:g} "
                         f"with q = {sample_rate:.4g} over {steps} steps ({type(exc).__name__}: {exc}); "
                         "give noise_multiplier instead, or a smaller target_epsilon") from None
 
 
-def _calibrate(make_event, pld_epsilon, target_epsilon: float, delta: float, tol: float) -> float:
-    # PLD is very slow for tiny σ, so bracket it with RDP first: RDP over-estimates ε, hence the
-    # RDP-calibrated σ is an upper end for PLD.
-    upper = dp_accounting.calibrate_dp_mechanism(
-        rdp.RdpAccountant, make_event, target_epsilon, delta, dp_accounting.LowerEndpointAndGuess(1e-3, 1.0), tol=tol
-    ) + tol
-    lower = upper / 2
+def check_target_reachable(target_epsilon: float, delta: float, sample_rate: float, steps: int,
+                           schedule: NoiseSchedule, prior_events: Sequence[DpEvent] = (), repeats: int = 1,
+                           where: str = "") -> None:
+    """Refuse a target that no σ up to MAX_NOISE_MULTIPLIER meets (PLD; `prior_events` and `repeats` runs of `steps`
+    steps included): adaptive clipping's noisy count alone spends it (the gradient's noise only adds to a step's ε),
+    or the run has too many steps for it. `schedule` must pass training.check_noise."""
+    prior = [segment for e in prior_events for segment in e.segments()]
+
+    def spent(sigma: float) -> float:
+        run = [(sample_rate, effective, count) for effective, count in schedule.with_sigma(sigma).segments(steps)]
+        return _epsilon(_counts(prior + run * repeats), delta, REPORTED_ACCOUNTANT)
+
+    most = spent(MAX_NOISE_MULTIPLIER)
+    if most <= target_epsilon:
+        return
+    prefix = f"{where}: target_epsilon = {target_epsilon}" if where else f"target_epsilon = {target_epsilon}"
+    over = f"at δ = {delta:g} over {steps * repeats} steps{' after the input model' if prior_events else ''}"
+    if schedule.count_noise_multiplier and spent(math.inf) >= target_epsilon:  # σ = inf: the count's noise alone
+        raise UserError(f"{prefix}: adaptive clipping's noisy count alone spends ε = {spent(math.inf):.3f} {over}, so "
+                        "no gradient noise can meet the target; raise clip_count_stddev (the count's noise) or "
+                        "target_epsilon, or set clip_quantile to null")
+    raise UserError(f"{prefix}: even noise_multiplier = {MAX_NOISE_MULTIPLIER:g}, the most allowed, spends "
+                    f"ε = {most:.3g} {over}; raise target_epsilon{' or noise_decay' if schedule.decay_steps else ''}, "
+                    "or train fewer epochs")
+
+
+def least_sigma(schedule: NoiseSchedule, steps: int) -> float:
+    """The least σ whose every step (decay and count noise included) has an effective noise multiplier of at least
+    MIN_NOISE_MULTIPLIER (inf: none, the count's noise is too small): the lower end of a calibration."""
+    count = schedule.count_noise_multiplier
+    room = MIN_NOISE_MULTIPLIER ** -2 - (count ** -2 if count else 0.0)  # what the gradient may add to a step's σ⁻²
+    if room <= 0:
+        return math.inf
+    # A hair above it, so that the σ found passes the floor again where a task is handed it (noise_for_rounds).
+    return room ** -0.5 / schedule.with_sigma(1.0).gradient_sigma(steps - 1) * (1 + 1e-9)
+
+
+def _calibrate(make_event, pld_epsilon, target_epsilon: float, delta: float, tol: float, least: float,
+               most: float) -> float:
+    # σ is searched in [least, most] (the floors of every step's noise and the ceiling; PLD meets the target at
+    # `most`: check_target_reachable). When `least` meets it, it is the answer: ε below the target, never above. PLD
+    # is slow for small σ, so bracket it with RDP first: RDP over-estimates ε, hence the RDP-calibrated σ is an
+    # upper end for PLD.
+    def rdp_epsilon(sigma: float) -> float:
+        return rdp.RdpAccountant().compose(make_event(sigma)).get_epsilon(delta)
+
+    if rdp_epsilon(least) <= target_epsilon and pld_epsilon(least) <= target_epsilon:
+        return round(math.ceil(least / tol) * tol, 6)
+    upper = most  # where only PLD's figure meets the target below the ceiling (the count's noise comes close)
+    if rdp_epsilon(most) <= target_epsilon:
+        upper = min(most, dp_accounting.calibrate_dp_mechanism(
+            rdp.RdpAccountant, make_event, target_epsilon, delta, dp_accounting.ExplicitBracketInterval(least, most),
+            tol=tol) + tol)
+    lower = max(upper / 2, least)
     while pld_epsilon(lower) <= target_epsilon:
-        upper, lower = lower, lower / 2
+        if lower == least:
+            return round(math.ceil(least / tol) * tol, 6)
+        upper, lower = lower, max(lower / 2, least)
     sigma = dp_accounting.calibrate_dp_mechanism(
         pld.PLDAccountant, make_event, target_epsilon, delta, dp_accounting.ExplicitBracketInterval(lower, upper),
         tol=tol
     )
-    # Brent's method lands within tol of the optimum on either side: step up until the budget holds.
+    # Brent's method lands within tol of the optimum on either side: step up until the budget holds (at `most` it
+    # does).
     sigma = math.ceil(sigma / tol) * tol
-    while pld_epsilon(sigma) > target_epsilon:
+    while sigma < most and pld_epsilon(sigma) > target_epsilon:
         sigma += tol
-    return round(sigma, 6)
+    return round(min(sigma, most), 6)

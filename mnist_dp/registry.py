@@ -14,7 +14,7 @@ from pathlib import Path
 import substra
 from substra.sdk.schemas import DataSampleSpec, DatasetSpec, FunctionSpec
 
-from mnist_dp import archive, atomic, data
+from mnist_dp import archive, atomic, data, json_input
 from mnist_dp.assets import ALGO_ASSETS, DATASET_ASSET, OBJECTIVE_ASSET
 from mnist_dp.contract import CONTRACT, owner_only, public
 from mnist_dp.errors import UserError
@@ -57,7 +57,7 @@ class KeysFile:
         self.content = {}
         if self.path and self.path.exists():
             try:
-                self.content = json.loads(self.path.read_text())
+                self.content = json_input.loads(self.path.read_text(), str(self.path))
             except (OSError, json.JSONDecodeError) as exc:
                 raise UserError(f"{self.path}: cannot read this keys file ({exc}); "
                                 "fix it, or move it away to register everything again") from None
@@ -175,7 +175,7 @@ def register_data(client: substra.Client, keys: KeysFile, owner: str, name: str,
 def register_organizations(clients: list, keys: KeysFile, data_dir: Path) -> tuple:
     """Organisation k (of N clients) registers its own dataset with train data samples k, k+N, ...;
     the first one also holds the test samples. Returns (train Shares, test Share, {organisation: folders}).
-    The caller compares every organisation's samples first (data.check_disjoint), as run_local.py does."""
+    The caller compares every organisation's samples first (data.check_examples), as run_local.py does."""
     shares, test, holdings = [], None, {}
     for client, own in zip(clients, split_among(data_dir, len(clients))):
         owner = client.organization_info().organization_id
@@ -187,12 +187,15 @@ def register_organizations(clients: list, keys: KeysFile, data_dir: Path) -> tup
     return shares, test, holdings
 
 
-def split_among(data_dir: Path, organizations: int) -> list:
-    """The train data sample folders of each of `organizations` (or folds): number k holds samples k, k+N, ..."""
+def split_among(data_dir: Path, organizations: int, flag: str | None = None) -> list:
+    """The train data sample folders of each of `organizations` (or folds): number k holds samples k, k+N, ...
+    `flag`: the user's option that asked for `organizations`, which an error names."""
     folders = data.sample_folders(data_dir, "train")
     if len(folders) < organizations:
-        raise UserError(f"{data_dir}: {len(folders)} train data sample(s) for {organizations} organisations; "
-                        f"regenerate with scripts/generate_data.py --train-samples {organizations} --force")
+        asked = f"{flag} {organizations}: " if flag else ""
+        raise UserError(f"{asked}{data_dir} holds {len(folders)} train data sample(s) for {organizations} "
+                        f"organisations (one at least each); use at most {len(folders)}, or split the data again with "
+                        f"scripts/generate_data.py --train-samples {organizations} --force")
     return [folders[k::organizations] for k in range(organizations)]
 
 
@@ -226,7 +229,7 @@ def register_dataset_objective(client: substra.Client, keys: KeysFile, data_dir:
     if not isinstance(folds, int) or not 1 <= folds <= len(train_folders):
         raise UserError(f"--folds {folds}: must be between 1 and the {len(train_folders)} train data sample(s) in "
                         f"{data_dir} (scripts/generate_data.py --train-samples K makes more)")
-    data.check_disjoint(train_folders)  # one organisation's samples, compared before any is registered
+    data.check_examples(train_folders)  # one organisation's samples, compared before any is registered
     for folder in [*train_folders, *data.sample_folders(data_dir, "test")]:
         data.sample_identity(folder)  # every sample has its identity key, checked before any is registered
     owner = client.organization_info().organization_id

@@ -25,8 +25,8 @@ COLUMNS = [  # (key, header, format)
 MULTI_STAGE_ONLY = ("round", "organization")
 FEDAVG = "fedavg"  # where an averaged model was "trained": by every organisation
 STATEMENT = ("ε is for the add/remove-one-example relation, Poisson sampling and per-example clipping; "
-             "with several organisations each one's ε composes the steps run on its data only, and "
-             "ε (PLD) is the worst of them.")
+             "each example's ε composes the steps that trained on it, and ε (PLD) is the worst example's (with "
+             "several organisations, each one's is the worst of the examples it holds).")
 
 
 def _cell(record, key: str, fmt: str) -> str:

@@ -6,7 +6,7 @@ Needs only the standard library, numpy and dp_accounting (no ML framework): an a
 from __future__ import annotations
 
 from mnist_dp.model_file import AGGREGATED, ModelFile
-from mnist_dp.privacy import ACCOUNTANT_NAMES, NEIGHBOURING_RELATION, REPORTED_ACCOUNTANT, SAMPLING
+from mnist_dp.privacy import ACCOUNTANT_NAMES, NEIGHBOURING_RELATION, REPORTED_ACCOUNTANT, SAMPLING, compose_epsilon
 from mnist_dp.randomness import ENTROPY_BITS, REPLAYABLE_WARNING
 
 NOT_COVERED = [
@@ -22,19 +22,21 @@ THREAT_MODEL = (
     "adversary who has the code, the hyperparameters, this model file and every other example. What each "
     "released artefact reveals: the weights are the mechanism's output (covered by ε); the ledger and metadata give "
     "n, q = 1/⌈n/batch_size⌉, σ, C, the number of steps, each run's random id and framework, and each data "
-    "sample's identity as an HMAC under a secret key kept with the data (no one without the key can match it to a "
-    "candidate dataset); Substra's performances give ε and the test accuracy (by default nothing computed on the "
+    "sample's identity and each example's as an HMAC under a secret key kept with the data (no one without the key "
+    "can match them to a candidate dataset or example; they show how many examples two runs share); Substra's "
+    "performances give ε and the test accuracy (by default nothing computed on the "
     "training data); the logs give timings and step counts. The batches and the noise are not released.")
 TRAIN_SCORES = ("- **Training-data accuracy was published** (--score-train): it is computed on the training data "
                 "without noise, so it is **not covered by ε**.")
 
 
 SHARED_EXAMPLES = (
-    "an example (image and label) found in two data samples of one organisation is refused when the samples are "
-    "generated, registered, and opened together by a task, since its training would be counted once; in a local run "
-    "every organisation's samples are checked together. Data held by organisations on different Substra nodes "
-    "cannot be compared, so the figure assumes they are disjoint: an example held by two of them is trained on by "
-    "both while each counts it once, and its true ε is larger.")
+    "an example is what the model sees (the image after the opener's conversion, with its label), whatever the "
+    "file stored. A task refuses data holding an example twice; across runs, ε composes the runs of each example "
+    "(the ledger names every example by a 64-bit HMAC under its sample's identity key) and is the worst example's. "
+    "Examples named under different keys cannot be compared: each such run counts as having trained on every "
+    "example (in sequence), never as disjoint. Released with the ledger, exactly: how many examples each run "
+    "trained on and how many two runs share.")
 
 
 def _schedule(event) -> str:
@@ -92,8 +94,8 @@ def privacy_statement(saved: ModelFile, per_organization: dict | None = None, tr
             "same global model with DP-SGD on one organisation's data, weighted by the examples of that training "
             f"({', '.join(str(a['examples']) for a in averaged)}). Averaging is post-processing of those models and "
             "spends no privacy; each training run above is counted once (the global model's runs, shared by every "
-            "input, included), and each organisation's ε composes the runs on its own data only (parallel "
-            "composition: organisations hold disjoint data). The averaging organisation sees every input model, "
+            "input, included). ε is composed per example: in parallel across organisations' disjoint examples, in "
+            "sequence for an example two organisations hold. The averaging organisation sees every input model, "
             "each covered by its organisation's ε.")
     if hp.get("max_epsilon") is not None:
         if averaged:
@@ -108,12 +110,13 @@ def privacy_statement(saved: ModelFile, per_organization: dict | None = None, tr
         lines.append(f"- Budget: max_epsilon = {hp['max_epsilon']:g} at δ = {delta:g}; {stopped}.")
     accounts = ledger.accounts()
     if per_organization:
-        lines.append("- Per organisation (ε of the steps run on its data only): " + ", ".join(
+        lines.append("- Per organisation (the worst ε of the examples it holds): " + ", ".join(
             f"{org}: {value:.3f}" for org, value in per_organization.items()))
     elif len(accounts) > 1:
-        lines.append("- Per group of data samples trained on by the same runs: " + ", ".join(
-            f"{len(identities)} sample(s) {sorted(identities)[0][:8]}…: "
-            f"{ledger.epsilon(delta, data=identities):.3f}" for identities, _ in accounts))
+        run_number = {id(e): k for k, e in enumerate(ledger.events, 1)}
+        lines.append("- Per group of examples trained on by the same runs: " + ", ".join(
+            f"{account.examples} example(s) of run(s) {', '.join(str(run_number[id(e)]) for e in account.events)}: "
+            f"{compose_epsilon(account.events, delta):.3f}" for account in accounts))
     replayed = [i for i, e in enumerate(ledger.events, 1) if e.replayable_noise]
     secure = "on" if hp.get("secure_mode") else "off"
     lines.append(f"- Noise and batches: drawn from {ENTROPY_BITS} fresh bits of the operating system's entropy per "
@@ -123,6 +126,6 @@ def privacy_statement(saved: ModelFile, per_organization: dict | None = None, tr
     lines.append("- Covered: every training step recorded above, on the data samples it names (by keyed identity); "
                  "the initialisation is data-independent (seeded) and costs nothing.")
     lines.append(THREAT_MODEL)
-    lines.append("- Examples are told apart by their bytes: " + SHARED_EXAMPLES)
+    lines.append("- Accounting unit: " + SHARED_EXAMPLES)
     lines.append("- Not covered: " + "; ".join(NOT_COVERED) + ".")
     return "\n".join(lines)

@@ -10,8 +10,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import shutil
+import os
+import pickle
 import time
+import zipfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,9 +21,9 @@ from typing import Protocol
 
 import numpy as np
 
+from mnist_dp import atomic, model_file, predictions, privacy, provenance, timing
 from mnist_dp import features as feature_maps
 from mnist_dp import hyperparameters as hp_file
-from mnist_dp import model_file, predictions, privacy, provenance, timing
 from mnist_dp.errors import UserError, run_cli
 from mnist_dp.privacy import (
     ACCOUNTANT_NAMES,
@@ -141,7 +143,45 @@ def check_run(framework: str, hp: hp_file.Hyperparameters, n: int, where: str) -
     check_delta(hp.delta, n, where=f"{where}: delta")
     if hp.secure_mode and framework in NO_SECURE_MODE:
         raise UserError(f"{where}: secure_mode: {NO_SECURE_MODE[framework]}")
-    return SamplingPlan.from_hyperparameters(n, hp, where)
+    plan = SamplingPlan.from_hyperparameters(n, hp, where)
+    check_noise(hp, plan, where)
+    return plan
+
+
+def check_noise(hp: hp_file.Hyperparameters, plan: SamplingPlan, where: str) -> None:
+    """Refuse a step with less noise than privacy.MIN_NOISE_MULTIPLIER (its ε is huge and PLD cannot compute it in
+    reasonable time), and a target_epsilon that adaptive clipping's count alone spends (no σ could meet it). A σ
+    calibrated from target_epsilon never goes below the floor (calibrate_noise_multiplier)."""
+    if not hp.dp:
+        return
+    floor = privacy.MIN_NOISE_MULTIPLIER
+    count = noise_schedule(hp, plan, math.inf).smallest(1)  # infinite gradient noise: the count's alone (or inf)
+    if count <= floor:  # the gradient's noise lowers a step's σ below the count's: no room is left
+        stddev = "null: E[B] / 20 = " if hp.clip_count_stddev is None else ""
+        raise UserError(f"{where}: clip_count_stddev ({stddev}{count_stddev(hp, plan):.3g}) gives adaptive clipping's "
+                        f"count a noise multiplier of {count:.3g} (twice the std: the count's sensitivity is 1/2), not "
+                        f"above the {floor:g} every step's noise must exceed: a near-noiseless count spends a huge ε; "
+                        f"set clip_count_stddev above {floor / 2:g}, or clip_quantile to null")
+    if hp.noise_multiplier is not None:
+        schedule = noise_schedule(hp, plan, hp.noise_multiplier)
+        smallest = schedule.smallest(plan.planned_steps)
+        if smallest < floor:
+            stages = len(schedule.segments(plan.planned_steps))
+            decay = (f" and noise_decay = {hp.noise_decay:g} (σ · {hp.noise_decay:g}^{stages - 1} in the last of "
+                     f"{stages} stages)" if schedule.decay_steps and stages > 1 else "")
+            count_too = " with the count's noise" if hp.clip_quantile is not None else ""
+            raise UserError(f"{where}: noise_multiplier = {hp.noise_multiplier:g}{decay} gives steps an effective "
+                            f"noise multiplier of {smallest:.3g}{count_too}, below {floor:g}: such a step spends a "
+                            f"huge ε; raise noise_multiplier{' or noise_decay' if decay else ''}")
+    else:
+        schedule = noise_schedule(hp, plan, 1.0)
+        least = privacy.least_sigma(schedule, plan.planned_steps)
+        if least > privacy.MAX_NOISE_MULTIPLIER:
+            raise UserError(f"{where}: noise_decay = {hp.noise_decay:g} lowers the noise so far that keeping every "
+                            f"step's noise multiplier at {floor:g} or more needs σ = {least:.3g} in the first steps, "
+                            f"more than {privacy.MAX_NOISE_MULTIPLIER:g}; raise noise_decay (1: constant)")
+        privacy.check_target_reachable(hp.target_epsilon, hp.delta, plan.sample_rate, plan.planned_steps, schedule,
+                                       where=where)
 
 
 @dataclass
@@ -286,8 +326,22 @@ def fit(framework: Framework, model, images: np.ndarray, labels: np.ndarray, hp:
         clipping, noise_multiplier = PER_EXAMPLE, sigma if ran.noise_multiplier is None else ran.noise_multiplier
     else:
         clipping, noise_multiplier = NO_CLIPPING, 0.0
-    return FitResult(len(ran.batch_sizes), plan.sample_rate, noise_multiplier, clipping, dict(ran.library_epsilon),
-                     list(ran.batch_sizes), randomness.replayable)
+    return FitResult(len(ran.batch_sizes), plan.sample_rate, noise_multiplier, clipping,
+                     comparable_library_epsilon(framework.name, ran.library_epsilon), list(ran.batch_sizes),
+                     randomness.replayable)
+
+
+def comparable_library_epsilon(framework_name: str, library_epsilon: dict) -> dict:
+    """The DP library's own ε figures that are finite. It is only shown for comparison, and a figure that is not
+    a number (MindArmour's monitor at q = 1 gives NaN) compares with nothing and would make the ledger unreadable."""
+    kept = {}
+    for name, value in library_epsilon.items():
+        if math.isfinite(value):
+            kept[name] = float(value)
+        else:
+            log.warning("%s: %s gave epsilon = %s for this run; not kept (it is shown only for comparison; the "
+                        "ledger's epsilon does not depend on it)", framework_name, name, value)
+    return kept
 
 
 @dataclass
@@ -340,6 +394,37 @@ def run_event(framework_name: str, data: tuple, hp: hp_file.Hyperparameters, pla
                    decay_steps=schedule.decay_steps, count_noise_multiplier=schedule.count_noise_multiplier)
 
 
+# What a framework's loader raises on bytes that are not its weights for the network (torch's unpickler, np.load,
+# a name or a shape the network lacks); a framework may also raise UserError itself.
+_NOT_WEIGHTS = (UserError, pickle.UnpicklingError, EOFError, RuntimeError, ValueError, KeyError, TypeError, OSError,
+                zipfile.BadZipFile)
+
+
+def load_weights(framework: Framework, saved: model_file.ModelFile, path, network: Network):
+    """The model of the weights of the model file at `path` (read as `saved`). Weights that are not the framework's
+    for `network`, or not finite, are refused naming the file: its digests only say it was not edited since."""
+    try:
+        model = framework.load_model(saved.weights, network)
+    except _NOT_WEIGHTS as exc:
+        # Its first sentence: torch's unpickler goes on for lines about torch.load's options.
+        first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "").split(". ")[0][:150]
+        detail = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+        raise UserError(f"{path}: its weights cannot be loaded into this {framework.name} network ({detail}); the "
+                        f"file was not written by this bundle's {framework.name} algo: use one it trained") from None
+    check_finite(framework, model, str(path), "its training diverged: use another model, or train again with a "
+                                              "lower learning_rate or max_grad_norm")
+    return model
+
+
+def check_finite(framework: Framework, model, where: str, todo: str) -> None:
+    """No model with a NaN or infinite weight is saved or used: a diverged run must fail, not pass on garbage."""
+    arrays = [np.asarray(a) for a in framework.weight_arrays(model)]
+    bad = sum(a.size - int(np.count_nonzero(np.isfinite(a))) for a in arrays)
+    if bad:
+        raise UserError(f"{where}: {bad} of the model's {sum(a.size for a in arrays)} weights are NaN or infinite; "
+                        f"{todo}")
+
+
 def _load_input_model(framework: Framework, inputs: dict, network: Network):
     if inputs.get("model"):
         saved = model_file.load(inputs["model"], framework.name)
@@ -349,7 +434,7 @@ def _load_input_model(framework: Framework, inputs: dict, network: Network):
                             f"{theirs.activation!r}, the hyperparameters say {network.features!r} and "
                             f"{network.activation!r}; set them as the input model's")
         log.info("continuing from input model: %d earlier training run(s) in its ledger", len(saved.ledger.events))
-        return framework.load_model(saved.weights, network), saved.ledger
+        return load_weights(framework, saved, inputs["model"], network), saved.ledger
     return None, Ledger()
 
 
@@ -377,9 +462,32 @@ def noise_for_rounds(hp: hp_file.Hyperparameters, sizes: list, rounds: int) -> h
     sigmas = []
     for n in sizes:
         plan = SamplingPlan.from_hyperparameters(n, hp, "hyperparameters")
+        check_noise(hp, plan, "hyperparameters")  # before the accountant runs on it
         sigmas.append(calibrate_noise_multiplier(hp.target_epsilon, hp.delta, plan.sample_rate, plan.steps,
                                                  schedule=noise_schedule(hp, plan, 1.0), repeats=rounds))
     return dataclasses.replace(hp, noise_multiplier=max(sigmas), target_epsilon=None)
+
+
+def check_plan(framework: str, hp: hp_file.Hyperparameters, sizes: list, rounds: int,
+               wheres: list) -> hp_file.Hyperparameters:
+    """What the train tasks of a plan would refuse, checked before anything is registered: each organisation's run
+    (check_run: `sizes[k]` examples, errors named `wheres[k]`), and a max_epsilon below the ε of its first step, with
+    σ as the tasks will get it (noise_for_rounds for several rounds). Returns the hyperparameters the tasks get."""
+    plans = [check_run(framework, hp, n, where) for n, where in zip(sizes, wheres)]
+    hp = noise_for_rounds(hp, sizes, rounds)
+    if hp.dp and hp.max_epsilon is not None:
+        for plan, where in zip(plans, wheres):  # each organisation's first task starts on fresh data
+            check_first_step(framework, hp, plan, resolve_noise_multiplier(hp, plan, []), where)
+    return hp
+
+
+def check_first_step(name: str, hp: hp_file.Hyperparameters, plan: SamplingPlan, sigma: float, where: str = "") -> None:
+    """Refuse a max_epsilon below the ε of a single step of this run at σ (no earlier run on its data): it could
+    not train at all. The scripts check it up front (check_plan), a train task again (apply_budget)."""
+    one_step = compose_epsilon([run_event(name, (), hp, plan, sigma, 1)], hp.delta)
+    if one_step > hp.max_epsilon:
+        raise UserError(f"{where + ': ' if where else ''}max_epsilon = {hp.max_epsilon} is below the ε of a single "
+                        f"step ({one_step:.3f} at δ = {hp.delta:g}); raise max_epsilon or the noise")
 
 
 def apply_budget(name: str, identities: tuple, hp: hp_file.Hyperparameters, plan: SamplingPlan, sigma: float,
@@ -392,9 +500,7 @@ def apply_budget(name: str, identities: tuple, hp: hp_file.Hyperparameters, plan
     run = run_event(name, identities, hp, plan, sigma, plan.steps)
     allowed = steps_within_budget(prior, run, hp.delta, hp.max_epsilon)
     if allowed == 0 and not prior:
-        one_step = compose_epsilon([dataclasses.replace(run, steps=1)], hp.delta)
-        raise UserError(f"max_epsilon = {hp.max_epsilon} is below the ε of a single step ({one_step:.3f} at "
-                        f"δ = {hp.delta:g}); raise max_epsilon or the noise")
+        check_first_step(name, hp, plan, sigma)  # not even one step fits: it raises
     if allowed == 0:
         log.warning("privacy budget spent: the input model's ε on this data is already %.3f at delta = %g and one "
                     "more step would exceed max_epsilon = %g; no training, the input model is passed on unchanged",
@@ -410,6 +516,8 @@ def train(framework: Framework, inputs: dict, outputs: dict, hyperparameters_pat
     timing.begin_task("train", framework=framework.name)
     check_outputs_writable(outputs)
     data = inputs["datasamples"]
+    if data.get("copies"):  # the opener found an example twice: trained twice, it would be accounted once
+        raise UserError(data["copies"])
     images, labels = data["images"], data["labels"]
     identities = tuple(s["identity"] for s in data["samples"])
     hp = hp_file.load(hyperparameters_path)
@@ -421,12 +529,16 @@ def train(framework: Framework, inputs: dict, outputs: dict, hyperparameters_pat
     randomness = RunRandomness.for_run(hp.noise_seed, len(ledger.events), identities)
     if randomness.replayable:
         log.warning("noise_seed = %d: %s", hp.noise_seed, REPLAYABLE_WARNING)
-    prior = [e for e in ledger.events if set(e.data) & set(identities)]
-    sigma = resolve_noise_multiplier(hp, plan, prior)
-    plan = apply_budget(framework.name, identities, hp, plan, sigma, prior)
+    ledger.add_examples({s["identity"]: privacy.Examples.of(s["key"], s["examples"]) for s in data["samples"]})
+    # The earlier runs of each example of this data (usually one list; several when the input model trained on
+    # overlapping parts of it): σ, the budget and the progress hold for the worst of them.
+    histories = ledger.histories(identities)
+    sigma = max(resolve_noise_multiplier(hp, plan, prior) for prior in histories)
+    plan = min((apply_budget(framework.name, identities, hp, plan, sigma, prior) for prior in histories),
+               key=lambda cut: cut.steps)
     timing.mark("setup")  # input model, σ calibration, budget
     if plan.steps == 0:  # the budget of this data is spent: nothing trains, nothing is added to the ledger
-        shutil.copyfile(inputs["model"], outputs["model"])
+        model_file.copy(inputs["model"], outputs["model"])
         summary = privacy_summary(ledger, hp.delta)
         _save_epsilon(outputs["epsilon"], summary["epsilon"])
         timing.end_task("saving", dp=hp.dp)
@@ -436,11 +548,13 @@ def train(framework: Framework, inputs: dict, outputs: dict, hyperparameters_pat
         if not hp.dp:
             return "no DP"
         partial = run_event(framework.name, identities, hp, plan, sigma, steps_done)
-        eps = compose_epsilon(prior + [partial], hp.delta, "rdp")  # RDP: fast enough for every epoch
+        eps = max(compose_epsilon(prior + [partial], hp.delta, "rdp") for prior in histories)  # RDP: fast enough
         return f"ε(RDP)={eps:.2f} δ={hp.delta:g}"
 
     result = fit(framework, model, images, labels, hp, plan, sigma, on_epoch, randomness)
     timing.mark("training")  # the steps after the first
+    check_finite(framework, model, f"training diverged in {result.steps} steps",
+                 f"nothing was saved; lower learning_rate or max_grad_norm in {hyperparameters_path}")
     ledger.add(dp_event(framework.name, identities, hp, plan, result,
                         code=provenance.running_code(Path(hyperparameters_path).parent, "train")))
     model_file.save(outputs["model"], model_file.ModelFile(
@@ -479,9 +593,10 @@ def aggregate(framework: Framework, inputs: dict, outputs: dict, hyperparameters
     ledger = privacy.merge(ledgers)
     added = [runs[-1] if runs else None for runs in privacy.own_runs(ledgers)]  # None: that input trained nothing
     examples = [run.n if run else 0 for run in added]
-    models = [framework.load_model(s.weights, network) for s in saved]
+    models = [load_weights(framework, s, path, network) for s, path in zip(saved, paths)]
     mean = weighted_mean([framework.weight_arrays(m) for m in models], examples)
     model = framework.set_weight_arrays(models[0], mean)
+    check_finite(framework, model, "aggregate: the average", "nothing was saved")  # finite inputs: never, but cheap
     timing.mark("averaging")
     model_file.save(outputs["model"], model_file.ModelFile(
         framework=framework.name, weights=framework.dump_model(model), ledger=ledger,
@@ -512,7 +627,7 @@ def predict(framework: Framework, inputs: dict, outputs: dict) -> None:
     check_outputs_writable(outputs)
     saved = model_file.load(inputs["model"], framework.name)
     network = Network.of_saved(saved)
-    model = framework.load_model(saved.weights, network)
+    model = load_weights(framework, saved, inputs["model"], network)
     timing.mark("loading model")
     labels = predicted_labels(framework, model, inputs["datasamples"]["images"], network)  # features; compiling
     timing.mark("predict")
@@ -561,6 +676,9 @@ def check_outputs_writable(outputs: dict) -> None:
             raise UserError(f"output {identifier!r}: {path} is a folder; give a file path")
         if not path.parent.is_dir():
             raise UserError(f"output {identifier!r}: folder {path.parent} does not exist")
+        if not os.access(path.parent, os.W_OK | os.X_OK):  # a read-only mount, permissions
+            raise UserError(f"output {identifier!r}: folder {path.parent} is not writable; make it writable or "
+                            "choose another path")
 
 
 def privacy_summary(ledger: Ledger, delta: float) -> dict:
@@ -581,8 +699,5 @@ def describe(summary: dict) -> str:
 
 
 def _save_epsilon(path, epsilon: float) -> None:
-    # Substra's performance file: {"all": value}. A non-private model has ε = inf, written as
-    # JSON's non-standard `Infinity`, which Python's json (and so Substra) reads back as inf.
-    import substratools as tools
-
-    tools.save_performance(float(epsilon), path)
+    # Substra's performance file (a non-private model's ε = inf is JSON's non-standard `Infinity`).
+    atomic.write_performance(path, float(epsilon))

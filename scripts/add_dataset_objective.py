@@ -32,7 +32,7 @@ def main(argv=None):
     keys = registry.KeysFile(args.keys_file)
     work = args.keys_file.resolve().parent  # a local backend keeps its files in ./local-worker here
     client = connection.connect(args.backend, args.client_name, work)
-    data.generate_default_if_missing(args.data, train_samples=args.folds)
+    data.generate_default_if_missing(args.data, train_samples=args.folds, flag="--folds")
     with tempfile.TemporaryDirectory() as build_dir:
         registry.register_dataset_objective(client, keys, args.data, args.folds, Path(build_dir))
     folds = keys.get("train_data_sample_keys")

@@ -51,13 +51,15 @@ def main(argv=None):
     if args.rounds < 1:
         raise UserError("--rounds must be at least 1")
     folds = keys.require("train_data_sample_keys")
+    plan.check_size(args.strategy, args.rounds, len(folds), 1, args.score_train,
+                    f"--rounds {args.rounds} with the {len(folds)} fold(s) of {args.keys_file} and --strategy "
+                    f"{args.strategy}")
     data_dir = Path(keys.require("data"))
     if data_dir.is_dir():  # what each train task would refuse, checked before anything is registered
         sizes = [sum(map(data.sample_size, own)) for own in registry.split_among(data_dir, len(folds))]
-        for k, n in enumerate(sizes, 1):
-            training.check_run(args.framework, hp, n,
-                               f"{args.framework} hyperparameters ({args.hyperparameters or 'the asset'}), fold {k}")
-        hp = training.noise_for_rounds(hp, sizes, args.rounds)
+        hp = training.check_plan(args.framework, hp, sizes, args.rounds,
+                                 [f"{args.framework} hyperparameters ({args.hyperparameters or 'the asset'}), fold {k}"
+                                  for k in range(1, len(sizes) + 1)])
     elif args.rounds > 1 and hp.dp and hp.target_epsilon is not None:
         raise UserError(f"--rounds {args.rounds} with target_epsilon: σ is calibrated for every fold's size, but the "
                         f"data folder {data_dir} named in {args.keys_file} is not here; give noise_multiplier in "

@@ -30,18 +30,25 @@ def build_parser():
     parser.add_argument("--add-key", type=Path, nargs="+", metavar="FOLDER",
                         help="instead: write one new identity key into each of these data sample folders that has "
                              "none (your own samples; an existing key is never replaced)")
+    parser.add_argument("--key-from", type=Path, metavar="SAMPLE",
+                        help="use the identity key of this existing data sample folder instead of a new one (with "
+                             "--add-key too): organisations whose data share one key can be compared example by "
+                             "example, so their runs compose in parallel on disjoint examples; under different keys "
+                             "every run counts for every example. Share the key only among them: it lets its holder "
+                             "recognise the examples in a released ledger")
     return parser
 
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    key = None if args.key_from is None else data.read_key(args.key_from)
     if args.add_key:
-        added = data.add_key(args.add_key)
+        added = data.add_key(args.add_key, key)
         print(f"identity key written to {len(added)} of {len(args.add_key)} folder(s)"
               + (f": {', '.join(map(str, added))}" if added else " (the others had one)"))
         return
     manifest = data.generate(args.output, args.source, args.train_size, args.test_size,
-                             args.train_samples, args.seed, args.force)
+                             args.train_samples, args.seed, args.force, key)
     print(f"wrote {manifest['train_examples']} train examples in {manifest['train_samples']} sample(s) and "
           f"{manifest['test_examples']} test examples to {args.output}/ (source: {manifest['source']})")
 

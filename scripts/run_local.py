@@ -60,6 +60,10 @@ def main(argv=None):
     frameworks = parse_frameworks(args.frameworks)
     if args.organizations < 1 or args.rounds < 1:
         raise UserError("--organizations and --rounds must be at least 1")
+    runs_per_framework = 1 if args.no_baseline else 2
+    plan.check_size(args.strategy, args.rounds, args.organizations, len(frameworks) * runs_per_framework,
+                    args.score_train, f"--rounds {args.rounds} with --organizations {args.organizations}, --strategy "
+                                      f"{args.strategy} and {len(frameworks) * runs_per_framework} run(s)")
     client_names = plan.id_list(args.client_name) or [None] * args.organizations
     if len(client_names) != args.organizations:
         raise UserError(f"--client-name: give one name per organisation ({args.organizations}), comma-separated")
@@ -79,15 +83,17 @@ def main(argv=None):
         remove_leftovers(work / "local-worker")
         work.mkdir(exist_ok=True)
         clients = [connection.connect(args.backend, name, work) for name in client_names]
-        data.generate_default_if_missing(data_dir, train_samples=args.organizations)
+        data.generate_default_if_missing(data_dir, train_samples=args.organizations, flag="--organizations")
         # Everything a task would refuse is checked now, before anything is registered.
-        holdings = registry.split_among(data_dir, args.organizations)
-        data.check_disjoint([folder for own in holdings for folder in own])  # every organisation's data is here
-        identities = {folder: data.sample_identity(folder) for own in holdings for folder in own}  # keys present
+        holdings = registry.split_among(data_dir, args.organizations, flag="--organizations")
+        # What each organisation's train task refuses (an example two organisations hold is accounted per example).
+        identities = {folder: sample.identity for own in holdings
+                      for folder, sample in zip(own, data.check_examples(own))}
         sizes = [sum(map(data.sample_size, own)) for own in holdings]
-        for run, (framework, hp) in runs.items():
-            for k, n in enumerate(sizes, 1):
-                training.check_run(framework, hp, n, f"{run} hyperparameters ({overrides.source}), organisation {k}")
+        for run, (framework, hp) in runs.items():  # each with the hyperparameters its tasks will get
+            runs[run] = framework, training.check_plan(
+                framework, hp, sizes, args.rounds,
+                [f"{run} hyperparameters ({overrides.source}), organisation {k}" for k in range(1, len(sizes) + 1)])
 
         keys = registry.KeysFile()  # in memory: a local run starts from an empty backend
         shares, test, holdings = registry.register_organizations(clients, keys, data_dir)
@@ -97,7 +103,6 @@ def main(argv=None):
         builder = plan.PlanBuilder(share_with=plan.id_list(args.share_with))
         score = registry.register_objective(client, keys, work / "archives")
         for run, (framework, hp) in runs.items():
-            hp = training.noise_for_rounds(hp, sizes, args.rounds)
             functions = registry.register_algo(client, keys, run, framework, hp.to_json(), work / "archives",
                                                plan.STRATEGIES[args.strategy])
             functions["score"] = score

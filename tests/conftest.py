@@ -92,8 +92,9 @@ def extract_function(asset_dir, function, dest, hyperparameters=None):
     return folder
 
 
-def run_function(script, function, inputs, outputs, check=True):
-    """Run a substratools function through its command line, as Substra's subprocess mode does."""
+def run_function(script, function, inputs, outputs, check=True, cwd=None):
+    """Run a substratools function through its command line, as Substra's subprocess mode does (from the script's
+    folder, or `cwd`)."""
     def resources(mapping):
         out = []
         for identifier, value in mapping.items():
@@ -104,7 +105,7 @@ def run_function(script, function, inputs, outputs, check=True):
 
     cmd = [sys.executable, str(script), "--function-name", function,
            "--inputs", resources(inputs), "--outputs", resources(outputs), "--log-level", "warning"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(script).parent)
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd or Path(script).parent)
     if check and proc.returncode != 0:
         raise AssertionError(f"{function} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     return proc
@@ -122,3 +123,43 @@ def opener_path():
 @pytest.fixture
 def objective_script():
     return OBJECTIVE_ASSET / "metrics.py"
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """mount(options) -> a folder on a new tmpfs mounted with `options` ("size=1m", "ro"): a real full disk or
+    read-only file system. Unmounted at the end; skipped where mounting is not permitted (root without
+    CAP_SYS_ADMIN, or not root)."""
+    mounted = []
+
+    def mount(options):
+        folder = tmp_path / f"tmpfs-{len(mounted)}"
+        folder.mkdir()
+        try:
+            proc = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)], capture_output=True,
+                                  text=True)
+        except FileNotFoundError:
+            pytest.skip("no mount command here: cannot make a small file system for this test")
+        if proc.returncode != 0:
+            pytest.skip(f"mounting a tmpfs is not permitted here ({proc.stderr.strip()}): it needs root with "
+                        "CAP_SYS_ADMIN")
+        mounted.append(folder)
+        return folder
+
+    yield mount
+    for folder in reversed(mounted):
+        subprocess.run(["umount", str(folder)], check=True)
+
+
+def fill_disk(folder):
+    """Fill the file system of `folder` to its last byte (with a file named "filler")."""
+    import errno
+
+    fd = os.open(folder / "filler", os.O_WRONLY | os.O_CREAT)
+    try:
+        while True:
+            os.write(fd, b"\0" * 65536)
+    except OSError as exc:
+        assert exc.errno == errno.ENOSPC, exc
+    finally:
+        os.close(fd)

@@ -47,24 +47,34 @@ def test_trains_through_the_folds_reports_and_adds_its_keys(tmp_path, keys_file)
 
 
 def test_a_failing_task_is_named_with_its_log_and_the_keys_are_kept(tmp_path, keys_file):
-    # One step of σ = 1 costs more than this budget: the train function refuses to start.
-    (tmp_path / "bad.json").write_text(json.dumps({**TINY_HYPERPARAMETERS, "max_epsilon": 0.001}))
+    # A clipping norm of 1e38 makes the noise overflow: the train function refuses the diverged model (a budget below
+    # one step, which failed here before, is refused before anything is registered).
+    (tmp_path / "bad.json").write_text(json.dumps({**TINY_HYPERPARAMETERS, "max_grad_norm": 1e38}))
     proc = run("add_train_algo_cnn_dp.py", "--framework", FRAMEWORK, "--hyperparameters", "bad.json", cwd=tmp_path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     message = proc.stderr[proc.stderr.index("error: compute plan"):]
     assert f"task '{FRAMEWORK} train, round 1 at MyOrg" in message and f"function '{FRAMEWORK} train'" in message
-    assert "last lines of its log" in message and "max_epsilon = 0.001 is below" in message
+    assert "last lines of its log" in message and "training diverged in 3 steps" in message
     keys = json.loads(keys_file.read_text())
     assert keys["compute_plans"][FRAMEWORK]["key"] and keys["algos"][FRAMEWORK]["train"]
     assert "The plan failed" in (tmp_path / "results" / FRAMEWORK / "summary.md").read_text()
 
 
-def test_what_a_task_would_refuse_is_refused_before_anything_is_registered(tmp_path, keys_file):
-    (tmp_path / "bad.json").write_text(json.dumps({**TINY_HYPERPARAMETERS, "batch_size": 1000}))
+@pytest.mark.parametrize("changes, args, message", [
+    ({"batch_size": 1000}, [], f"{FRAMEWORK} hyperparameters (bad.json), fold 1: batch_size = 1000 is larger than the "
+                               "150 training examples\n"),
+    ({"max_epsilon": 0.001}, [], f"{FRAMEWORK} hyperparameters (bad.json), fold 1: max_epsilon = 0.001 is below the ε "
+                                 "of a single step ("),
+    ({}, ["--rounds", 10**9], "--rounds 1000000000 with the 2 fold(s) of assets_keys.json and --strategy cyclic make "
+                              "6,000,000,000 tasks, more than the 10,000"),
+])
+def test_what_a_task_would_refuse_is_refused_before_anything_is_registered(tmp_path, keys_file, changes, args, message):
+    (tmp_path / "bad.json").write_text(json.dumps({**TINY_HYPERPARAMETERS, **changes}))
     before = keys_file.read_text()
-    proc = run("add_train_algo_cnn_dp.py", "--framework", FRAMEWORK, "--hyperparameters", "bad.json", cwd=tmp_path)
-    assert proc.returncode == 2 and proc.stderr == (f"error: {FRAMEWORK} hyperparameters (bad.json), fold 1: "
-                                                    "batch_size = 1000 is larger than the 150 training examples\n")
+    proc = run("add_train_algo_cnn_dp.py", "--framework", FRAMEWORK, "--hyperparameters", "bad.json", *args,
+               cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.startswith(f"error: {message}") and proc.stderr.count("\n") == 1, \
+        proc.stderr
     assert keys_file.read_text() == before  # nothing registered
 
 

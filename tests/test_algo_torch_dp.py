@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from conftest import ALGO_ASSETS, tiny_hyperparameters
 
-from mnist_dp import model_file, training
+from mnist_dp import data, model_file, training
 from mnist_dp.assets import load_asset_module
 from mnist_dp.randomness import RunRandomness
 
@@ -50,8 +50,7 @@ def test_every_planned_step_runs_where_opacus_own_sampler_runs_one_fewer(tmp_pat
     """Opacus' DPDataLoader runs int(1/q) steps an epoch: 92 for q = 1/93 in floating point."""
     assert int(1 / (1 / (n // 10))) == n // 10 - 1
     rng = np.random.default_rng(0)
-    samples = {"images": rng.random((n, 28, 28), dtype=np.float32), "labels": np.arange(n) % 10,
-               "samples": [{"identity": "sample", "n": n}]}
+    samples = data.in_memory(rng.random((n, 28, 28), dtype=np.float32), np.arange(n) % 10, "sample")
     hp_path = tmp_path / "hyperparameters.json"
     hp_path.write_text(json.dumps(tiny_hyperparameters("torch", batch_size=10, features="pixels", ema_decay=0.0,
                                                        delta=1e-5)))

@@ -5,12 +5,15 @@ Parametrised by framework: a new algo asset is covered by adding it to mnist_dp.
 import dataclasses
 import json
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 from conftest import (
     ALGO_ASSETS,
     FRAMEWORKS,
+    REPO,
     TINY_HYPERPARAMETERS,
     extract_function,
     run_function,
@@ -253,3 +256,166 @@ def test_aggregate_averages_by_examples_and_counts_every_run_once(framework, tmp
                                 TINY_HYPERPARAMETERS["delta"])  # two rounds, recomputed from σ, q and steps alone
         assert len(by_org[org]) == 2
         assert saved.ledger.epsilon(TINY_HYPERPARAMETERS["delta"], data=by_org[org][0].data) == pytest.approx(alone)
+
+
+def test_runs_on_two_splits_of_the_same_data_compose_for_the_examples_they_share(tmp_path, opener_path):
+    """A model trained on one split, then continued on, or averaged with a model trained on, another split of the
+    same data: the examples in both splits were trained on by both runs, and ε is theirs (the worst example's)."""
+    from mnist_dp import data
+
+    framework, delta = "torch", TINY_HYPERPARAMETERS["delta"]
+    data.generate(tmp_path / "data", train_size=300, test_size=100, seed=1)
+    [whole] = data.sample_folders(tmp_path / "data", "train")
+    images, labels = np.load(whole / "images.npy"), np.load(whole / "labels.npy")
+    splits = {}
+    for name, part in (("x", slice(0, 200)), ("y", slice(100, 300))):  # 100 examples in both
+        split = tmp_path / name / "train" / "0"
+        split.mkdir(parents=True)
+        # y stores its pixels as float32 in [0, 1]: what the model sees is the same
+        np.save(split / "images.npy", images[part] if name == "x" else images[part].astype(np.float32) / 255)
+        np.save(split / "labels.npy", labels[part])
+        (split / data.KEY_FILE).write_text((whole / data.KEY_FILE).read_text())
+        splits[name] = tmp_path / name
+
+    def trained_on(split, name, model=None):
+        proc, outputs = train(tmp_path, framework, splits[split], opener_path, model=model, name=name)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return outputs
+
+    first = trained_on("x", "first")
+    continued = trained_on("y", "continued", first["model"])
+    events = model_file.load(continued["model"]).ledger.events
+    assert read_epsilon(continued["epsilon"]) == pytest.approx(compose_epsilon(events, delta))
+    assert read_epsilon(continued["epsilon"]) > read_epsilon(first["epsilon"]) * 1.2
+
+    alone = trained_on("y", "alone")
+    aggregate = extract_function(ALGO_ASSETS[framework], "aggregate", tmp_path / "fn-aggregate")
+    run_function(aggregate / "algo.py", "aggregate", {"models": [first["model"], alone["model"]]},
+                 {"model": tmp_path / "averaged"})
+    averaged = model_file.load(tmp_path / "averaged").ledger
+    assert averaged.epsilon(delta) == pytest.approx(compose_epsilon(averaged.events, delta))
+    assert sorted(account.examples for account in averaged.accounts()) == [100, 100, 100]
+
+    # both splits in one task: the 100 shared examples would be trained on twice; refused in one line
+    both = tmp_path / "both" / "train"
+    for name in ("x", "y"):
+        (both / name).parent.mkdir(parents=True, exist_ok=True)
+        (splits[name] / "train" / "0").rename(both / name)
+    proc, _ = train(tmp_path, framework, tmp_path / "both", opener_path, name="together")
+    assert_one_line_error(proc, "share 100 example(s)", "remove the copies")
+
+
+# --- what goes wrong around a task: the disk, the folders, the files it is given, its own training ---
+
+
+def craft_model(path, framework, weights):
+    """A model file with metadata and digests as a train task writes them, holding `weights`."""
+    from conftest import ledger_event, save_model
+
+    from mnist_dp import privacy
+
+    event = dataclasses.replace(ledger_event(framework), run_id=privacy.new_run_id())
+    return save_model(path, [event], weights, features="pixels", activation="tanh")
+
+
+def test_a_full_disk_is_one_line_and_the_model_it_would_replace_stays_readable(tmp_path, tiny_data, opener_path,
+                                                                              tmpfs):
+    from conftest import fill_disk
+
+    from mnist_dp import training
+    from mnist_dp.assets import load_asset_module
+
+    proc, trained = train(tmp_path, "torch", tiny_data, opener_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    disk = tmpfs("size=1m")
+    old = disk / "global"  # last round's model, which this round's aggregate replaces
+    old.write_bytes(trained["model"].read_bytes())
+    fill_disk(disk)
+    proc = run_function(ALGO_ASSETS["torch"] / "algo.py", "aggregate", {"models": [trained["model"]]},
+                        {"model": old}, check=False)
+    assert_one_line_error(proc, f"{old}: cannot write it (No space left on device) (the previous file is unchanged)",
+                          f"free space on the disk of {disk}")
+    assert old.read_bytes() == trained["model"].read_bytes()
+    saved = model_file.load(old, "torch")
+    algo = load_asset_module(ALGO_ASSETS["torch"] / "algo.py", "algo_torch_full_disk").FRAMEWORK
+    training.load_weights(algo, saved, old, training.Network.of_saved(saved))
+    assert sorted(p.name for p in disk.iterdir()) == ["filler", "global"]  # no temporary file left
+
+
+def test_a_read_only_working_directory_or_output_folder_is_one_line(tmp_path, tiny_data, opener_path, tmpfs,
+                                                                   objective_script):
+    read_only = tmpfs("ro")
+    script = ALGO_ASSETS["torch"] / "algo.py"
+    inputs = {"opener": opener_path, "datasamples": samples(tiny_data, "train")}
+    # substratools creates chainkeys/ in the working directory before any function runs
+    proc = run_function(script, "train", inputs, {"model": tmp_path / "m", "epsilon": tmp_path / "e"}, check=False,
+                        cwd=read_only)
+    assert_one_line_error(proc, f"{read_only}/chainkeys/: substratools cannot create this folder (Read-only file "
+                                "system)", "run the function from a writable folder")
+    proc = run_function(objective_script, "score", {"opener": opener_path, "datasamples": samples(tiny_data, "test"),
+                                                    "predictions": tmp_path / "p"},
+                        {"performance": tmp_path / "performance"}, check=False, cwd=read_only)  # every function's
+    assert_one_line_error(proc, f"{read_only}/chainkeys/: substratools cannot create this folder")
+    proc = run_function(script, "train", inputs, {"model": read_only / "m", "epsilon": read_only / "e"}, check=False)
+    assert_one_line_error(proc, f"output 'model': folder {read_only} is not writable")
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_weights_that_are_not_the_frameworks_fail_in_one_line_naming_the_file(framework, tmp_path):
+    bad = craft_model(tmp_path / "bad", framework, b"\x80\x02 not weights of any framework" * 100)
+    model_file.load(bad, framework)  # a well-formed model file: its digests match
+    proc = run_function(ALGO_ASSETS[framework] / "algo.py", "aggregate", {"models": [bad]},
+                        {"model": tmp_path / "global"}, check=False)
+    assert_one_line_error(proc, f"{bad}: its weights cannot be loaded into this {framework} network",
+                          f"the file was not written by this bundle's {framework} algo")
+    assert not (tmp_path / "global").exists()
+
+
+def test_weights_that_are_not_the_frameworks_fail_in_one_line_in_predict_and_train_too(tmp_path, tiny_data,
+                                                                                      opener_path):
+    bad = craft_model(tmp_path / "bad", "torch", b"garbage" * 100)
+    proc = run_function(ALGO_ASSETS["torch"] / "algo.py", "predict",
+                        {"opener": opener_path, "datasamples": samples(tiny_data, "test"), "model": bad},
+                        {"predictions": tmp_path / "predictions"}, check=False)
+    assert_one_line_error(proc, f"{bad}: its weights cannot be loaded into this torch network")
+    proc, outputs = train(tmp_path, "torch", tiny_data, opener_path, model=bad, features="pixels")
+    assert_one_line_error(proc, f"{bad}: its weights cannot be loaded into this torch network")
+    assert not outputs["model"].exists()
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_a_diverged_run_fails_in_one_line_and_saves_nothing(framework, tmp_path, tiny_data, opener_path):
+    proc, outputs = train(tmp_path, framework, tiny_data, opener_path, max_grad_norm=1e20, learning_rate=1e20,
+                          ema_decay=0.0)
+    assert_one_line_error(proc, "training diverged in 5 steps", "weights are NaN or infinite; nothing was saved; "
+                                                                 "lower learning_rate or max_grad_norm in")
+    assert not outputs["model"].exists() and not outputs["epsilon"].exists()
+
+
+def test_a_model_with_non_finite_weights_is_refused_and_never_averaged(tmp_path):
+    from mnist_dp import training
+    from mnist_dp.assets import load_asset_module
+
+    algo = load_asset_module(ALGO_ASSETS["torch"] / "algo.py", "algo_torch_nan").FRAMEWORK
+    model = algo.new_model(0, training.Network("pixels", "tanh"))
+    arrays = algo.weight_arrays(model)
+    arrays[0][0] = np.nan
+    nan = craft_model(tmp_path / "nan", "torch", algo.dump_model(algo.set_weight_arrays(model, arrays)))
+    proc = run_function(ALGO_ASSETS["torch"] / "algo.py", "aggregate", {"models": [nan]},
+                        {"model": tmp_path / "global"}, check=False)
+    assert_one_line_error(proc, f"{nan}: {arrays[0][0].size} of the model's 26010 weights are NaN or infinite",
+                          "its training diverged")
+    assert not (tmp_path / "global").exists()
+
+
+def test_mindspore_with_one_batch_of_every_example_drops_mindarmours_nan(tmp_path, tiny_data, opener_path):
+    """q = 1 (batch_size = n): MindArmour's monitor gives NaN. The run is fine; its figure is dropped, so the model
+    file stays readable."""
+    proc, outputs = train(tmp_path, "mindspore", tiny_data, opener_path, batch_size=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "MindArmour RDPMonitor (this run only) gave epsilon = nan for this run; not kept" in proc.stderr
+    [event] = model_file.load(outputs["model"], "mindspore").ledger.events
+    assert event.sample_rate == 1 and event.library_epsilon == ()
+    report = subprocess.run([sys.executable, str(REPO / "scripts" / "privacy_report.py"), str(outputs["model"])],
+                            capture_output=True, text=True)
+    assert report.returncode == 0 and "q = 1," in report.stdout, report.stderr

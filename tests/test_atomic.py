@@ -1,8 +1,11 @@
 import json
+import os
+import stat
 
 import pytest
 
-from mnist_dp import atomic
+from mnist_dp import atomic, model_file, predictions, training
+from mnist_dp.errors import UserError
 
 
 def test_write_json_replaces_the_file_and_leaves_no_temporary(tmp_path):
@@ -48,3 +51,64 @@ def test_an_output_folder_that_is_a_file_or_cannot_be_written_is_a_user_error(tm
     with pytest.raises(atomic.UserError, match="cannot write it"):
         atomic.write_json(tmp_path / "file" / "keys.json", {})
     assert (tmp_path / "file").read_text() == "mine"
+
+
+def _model(path, weights):
+    from conftest import ledger_event, save_model
+
+    return save_model(path, [ledger_event()], weights)
+
+
+# Every file a task writes, as (write(path, version), read(path)): a model, predictions, the ε (performance) file;
+# and a report's JSON.
+WRITERS = {
+    "model": (lambda path, v: _model(path, bytes([v]) * 50_000),
+              lambda path: model_file.load(path).weights[0]),
+    "predictions": (lambda path, v: predictions.save(path, [v] * 10_000),
+                    lambda path: predictions.load(path, 10_000)[0]),
+    "epsilon": (lambda path, v: training._save_epsilon(path, v),
+                lambda path: json.loads(path.read_text())["all"]),
+    "report": (lambda path, v: atomic.write_json(path, [v] * 10_000),
+               lambda path: json.loads(path.read_text())[0]),
+}
+
+
+@pytest.mark.parametrize("name", WRITERS)
+def test_a_full_disk_is_one_user_error_and_the_previous_file_stays_readable(name, tmpfs):
+    from conftest import fill_disk
+
+    write, read = WRITERS[name]
+    disk = tmpfs("size=1m")
+    path = disk / name  # extension-less, as Substra's output paths
+    write(path, 1)
+    before = path.read_bytes()
+    fill_disk(disk)
+    with pytest.raises(UserError) as error:
+        write(path, 2)
+    assert str(error.value).startswith(f"{path}: cannot write it (No space left on device) (the previous file is "
+                                       f"unchanged); free space on the disk of {disk}")
+    assert path.read_bytes() == before and read(path) == 1
+    assert sorted(p.name for p in disk.iterdir()) == sorted(["filler", name])  # no temporary file left
+    (disk / "filler").unlink()
+    write(path, 2)  # space again: written
+    assert read(path) == 2
+
+
+def test_a_read_only_folder_is_one_user_error(tmpfs):
+    disk = tmpfs("ro")
+    with pytest.raises(UserError, match=f"^{disk}/model: cannot write it .Read-only file system.; make {disk} "
+                                        "writable or choose another path$"):
+        _model(disk / "model", b"w")
+
+
+def test_a_replaced_file_keeps_its_mode_and_a_new_one_gets_the_umask(tmp_path):
+    path = tmp_path / "results.json"
+    old = os.umask(0o027)
+    try:
+        atomic.write_json(path, {})
+        assert stat.S_IMODE(path.stat().st_mode) == 0o640  # not mkstemp's 0600
+        path.chmod(0o604)
+        atomic.write_json(path, {"a": 1})
+        assert stat.S_IMODE(path.stat().st_mode) == 0o604
+    finally:
+        os.umask(old)

@@ -202,7 +202,7 @@ def test_sizes_must_be_whole_numbers_of_at_least_one_naming_the_flag(tmp_path, f
 
 
 def test_sizes_larger_than_the_source_name_the_flag(tmp_path):
-    source = save_npz(tmp_path / "s.npz", np.zeros((50, 28, 28), np.uint8))
+    source = save_npz(tmp_path / "s.npz", np.random.default_rng(0).integers(0, 256, (50, 28, 28), dtype=np.uint8))
     with pytest.raises(UserError, match="^--train-size 51: the source has only 50 train examples"):
         data.generate(tmp_path / "d", source=source, train_size=51)
     with pytest.raises(UserError, match="^--test-size 11: the source has only 10 test examples"):
@@ -286,14 +286,15 @@ def test_data_that_is_not_the_unchanged_default_is_never_split_again(tmp_path, c
     assert capsys.readouterr().out == ""
 
 
-def write_sample(folder, images, labels):
+def write_sample(folder, images, labels, key="0123456789abcdef" * 4):
     folder.mkdir(parents=True)
     np.save(folder / data.IMAGES_FILE, images)
     np.save(folder / data.LABELS_FILE, labels)
+    (folder / data.KEY_FILE).write_text(key + "\n")
     return folder
 
 
-def test_check_disjoint_catches_a_shuffled_copy_of_a_sample_in_another_folder(tmp_path):
+def test_check_examples_catches_a_shuffled_copy_of_a_sample_in_another_folder(tmp_path):
     rng = np.random.default_rng(0)
     images, labels = rng.integers(0, 256, (50, 28, 28), dtype=np.uint8), rng.integers(0, 10, 50, dtype=np.uint8)
     a = write_sample(tmp_path / "a", images, labels)
@@ -302,25 +303,40 @@ def test_check_disjoint_catches_a_shuffled_copy_of_a_sample_in_another_folder(tm
     b = write_sample(tmp_path / "b", np.concatenate([others, images[order]]),
                      np.concatenate([rng.integers(0, 10, 30), labels[order]]).astype(np.int64))
     with pytest.raises(UserError) as caught:
-        data.check_disjoint([a, b])
-    assert str(caught.value) == (f"{b} and {a} share 20 example(s); an example in two samples is trained on twice "
-                                 "but would be accounted once: remove the copies")
+        data.check_examples([a, b])
+    assert str(caught.value) == (f"{b} and {a} share 20 example(s) (the same image, as the model sees it, with the "
+                                 "same label); an example in two samples is trained on twice but would be accounted "
+                                 "once: remove the copies")
 
 
-def test_check_disjoint_catches_a_byte_identical_copy(tmp_path):
+def test_check_examples_sees_images_as_the_model_does_whatever_their_dtype(tmp_path):
+    # The same images stored as uint8 in one sample and as float32 in [0, 1] in another: the same examples.
+    rng = np.random.default_rng(1)
+    images, labels = rng.integers(0, 256, (30, 28, 28), dtype=np.uint8), rng.integers(0, 10, 30, dtype=np.uint8)
+    a = write_sample(tmp_path / "a", images, labels)
+    b = write_sample(tmp_path / "b", images[:12].astype(np.float32) / 255, labels[:12])
+    with pytest.raises(UserError, match=f"^{b} and {a} share 12 example"):
+        data.check_examples([a, b])
+    # ... and copies inside one sample are refused too: each would be trained on twice.
+    twice = write_sample(tmp_path / "twice", images[[0, 1, 0]], labels[[0, 1, 0]])
+    with pytest.raises(UserError, match=f"^{twice}: 1 example.s. are copies of others in this sample"):
+        data.check_examples([twice])
+
+
+def test_check_examples_catches_a_byte_identical_copy(tmp_path):
     data.generate(tmp_path / "d", train_size=100, test_size=20, train_samples=2)
     first = data.sample_folders(tmp_path / "d", "train")[0]
     copy = shutil.copytree(first, tmp_path / "copy")
     with pytest.raises(UserError, match=f"^{copy} and {first} share 50 example"):
-        data.check_disjoint([first, copy])
+        data.check_examples([first, copy])
 
 
-def test_check_disjoint_passes_disjoint_folders_and_tells_examples_apart_by_their_label(tmp_path):
+def test_check_examples_passes_disjoint_folders_and_tells_examples_apart_by_their_label(tmp_path):
     data.generate(tmp_path / "d", train_size=100, test_size=20, train_samples=3)
     folders = data.sample_folders(tmp_path / "d", "train") + data.sample_folders(tmp_path / "d", "test")
     images, labels = np.load(folders[0] / data.IMAGES_FILE), np.load(folders[0] / data.LABELS_FILE)
     relabelled = write_sample(tmp_path / "relabelled", images, (labels + 1) % 10)
-    data.check_disjoint([*folders, relabelled])
+    data.check_examples([*folders, relabelled])
 
 
 def test_idx_source(idx_folder, tmp_path):
@@ -372,6 +388,20 @@ def test_add_key_gives_a_users_samples_one_key_and_never_replaces_one(tmp_path):
     assert proc.returncode == 2 and "not a data sample folder" in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_key_from_puts_a_second_dataset_under_the_first_ones_key(tmp_path):
+    assert generate_data("--output", tmp_path / "a", "--train-size", "100", "--test-size", "20").returncode == 0
+    first = data.sample_folders(tmp_path / "a", "train")[0]
+    proc = generate_data("--output", tmp_path / "b", "--train-size", "100", "--test-size", "20", "--seed", "1",
+                         "--key-from", first)
+    assert proc.returncode == 0, proc.stderr
+    second = data.sample_folders(tmp_path / "b", "train")[0]
+    assert data.read_key(second) == data.read_key(first)
+    a, b = data.read_sample(first), data.read_sample(second)
+    assert a.key_id == b.key_id and a.identity != b.identity  # comparable examples, distinct samples
+    proc = generate_data("--output", tmp_path / "c", "--key-from", tmp_path)
+    assert proc.returncode == 2 and f"error: {tmp_path}: no identity.key" in proc.stderr
+
+
 def test_cli_help_and_one_line_error(tmp_path):
     script = REPO / "scripts" / "generate_data.py"
     help_text = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True).stdout
@@ -382,12 +412,25 @@ def test_cli_help_and_one_line_error(tmp_path):
     assert proc.stderr.strip().count("\n") == 0 and "nothing.bin" in proc.stderr
 
 
-def test_copies_of_an_example_that_would_land_in_two_samples_are_refused(tmp_path):
+def test_copies_of_an_example_in_the_source_are_left_out_saying_so(tmp_path):
     rng = np.random.default_rng(0)
     images, labels = rng.integers(0, 256, (40, 28, 28), dtype=np.uint8), np.arange(40, dtype=np.uint8) % 10
     images[30], labels[30] = images[2], labels[2]  # one example twice in the source's train set
     source = save_npz(tmp_path / "dup.npz", images, labels)
-    line = one_error_line(generate_data("--source", source, "--output", tmp_path / "d", "--train-samples", 40))
-    assert line.startswith(f"error: {source}: 1 train example(s) are copies of others and would land in another")
-    assert not (tmp_path / "d").exists()
-    assert generate_data("--source", source, "--output", tmp_path / "one").returncode == 0  # one sample: together
+    proc = generate_data("--source", source, "--output", tmp_path / "d", "--train-samples", 3)
+    assert proc.returncode == 0, proc.stderr
+    assert f"{source}: left out 1 train example(s) that are copies of others" in proc.stdout
+    folders = data.sample_folders(tmp_path / "d", "train")
+    assert sum(map(data.sample_size, folders)) == 39
+    data.check_examples(folders)  # what a train task on all of them checks
+
+
+@pytest.mark.parametrize("asked, message", [
+    (4001, "--organizations 4001: the default data has 4,000 train examples, fewer than one for each"),
+    (0, "--organizations 0: must be a whole number, at least 1"),
+])
+def test_the_scripts_default_data_names_the_option_that_asked_for_its_samples(tmp_path, asked, message):
+    # The user gave --organizations (or --folds), not generate_data's --train-samples.
+    with pytest.raises(UserError, match=f"^{message}"):
+        data.generate_default_if_missing(tmp_path / "d", train_samples=asked, flag="--organizations")
+    assert not (tmp_path / "d").exists()  # refused before anything is written

@@ -65,7 +65,10 @@ def test_one_tiny_federated_run_trains_and_the_report_is_written(tmp_path):
 
 @pytest.mark.parametrize("args, message", [(["--schedules", "10"], "expected EPOCHSxROUNDS"),
                                            (["--set", "epochs=3"], "give local epochs in --schedules"),
-                                           (["--organizations", "1"], "at least 2")])
+                                           (["--organizations", "1"], "at least 2"),
+                                           (["--schedules", "10x1000000000", "--strategies", "fedavg"],
+                                            "--schedules 10x1000000000 with 2 organisations and fedavg make "
+                                            "5,000,000,000 tasks, more than the 10,000")])
 def test_bad_settings_are_refused_in_one_line(args, message):
     proc = subprocess.run([sys.executable, str(FEDERATED), *args, "--report-only"], capture_output=True, text=True,
                           timeout=120)

@@ -114,3 +114,19 @@ def test_an_error_from_combining_the_users_file_with_the_assets_names_both(tmp_p
     with pytest.raises(UserError, match="exactly one") as caught:
         hyperparameters.load(asset, hyperparameters.load_overrides(path))
     assert str(caught.value).startswith(f"{asset} with {path}: ")
+
+
+def test_a_key_given_twice_is_refused_naming_the_file_and_the_key(tmp_path):
+    # Python's json keeps the last of the two: this file would train without DP under a first line saying true.
+    asset = json.loads((ALGO_ASSETS[FRAMEWORKS[0]] / hyperparameters.FILE_NAME).read_text())
+    text = json.dumps(asset, indent=2)
+    path = tmp_path / "hyperparameters.json"
+    path.write_text(text.replace('"dp": true,', '"dp": true,\n  "dp": false,'))
+    with pytest.raises(UserError, match=f'^{path}: key "dp" is given twice; keep one'):
+        hyperparameters.load(path)
+    overrides = tmp_path / "o.json"
+    overrides.write_text('{"epochs": 2, "batch_size": 100, "epochs": 3}')
+    with pytest.raises(UserError, match=f'^{overrides}: key "epochs" is given twice'):
+        hyperparameters.load_overrides(overrides)
+    path.write_text(text)  # the same keys once each: read
+    assert hyperparameters.load(path).dp is asset["dp"]

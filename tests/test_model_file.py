@@ -43,7 +43,7 @@ def rewrite(path, member, edit):
 
 def ledger_edit(field, value):
     def edit(ledger):
-        ledger[-1][field] = value
+        ledger["events"][-1][field] = value
         return ledger
     return edit
 

@@ -35,7 +35,9 @@ def test_reads_and_concatenates_samples_in_the_order_of_their_content(tmp_path):
     renamed = [shutil.copytree(a, tmp_path / "z"), shutil.copytree(b, tmp_path / "y")]
     for folders in ([a, b], renamed, renamed[::-1]):
         again = opener.MnistOpener().get_data([str(f) for f in folders])
-        assert again["labels"].tolist() == got["labels"].tolist() and again["samples"] == got["samples"]
+        assert again["labels"].tolist() == got["labels"].tolist()
+        assert [{**s, "examples": s["examples"].tolist()} for s in again["samples"]] == \
+            [{**s, "examples": s["examples"].tolist()} for s in got["samples"]]
 
 
 def test_identity_depends_on_content_and_key_only(tmp_path):
@@ -104,7 +106,7 @@ def test_a_file_given_as_a_data_sample_is_named_as_a_file(tmp_path):
                                  "and labels.npy)")
 
 
-def test_samples_sharing_an_example_are_refused_naming_both_folders(tmp_path):
+def test_samples_sharing_an_example_are_named_for_training_to_refuse(tmp_path):
     rng = np.random.default_rng(1)
     images, labels = rng.integers(0, 256, (40, 28, 28), dtype=np.uint8), rng.integers(0, 10, 40)
     a = make_sample(tmp_path / "a", images, labels)
@@ -113,25 +115,36 @@ def test_samples_sharing_an_example_are_refused_naming_both_folders(tmp_path):
     b = make_sample(tmp_path / "b", np.concatenate([others, images[shuffled]]),
                     np.concatenate([rng.integers(0, 10, 5), labels[shuffled]]).astype(np.uint8))
     copy = shutil.copytree(a, tmp_path / "copy")
-    for folders, count in (([a, b], 15), ([copy, a], 40)):
-        with pytest.raises(opener.DataSampleError) as caught:
-            opener.MnistOpener().get_data([str(f) for f in folders])
-        assert str(caught.value) == (f"{folders[1]} and {folders[0]} share {count} example(s); an example in two "
-                                     "samples is trained on twice but would be accounted once: remove the copies")
-    # The same images under other labels are other examples; copies inside one sample are not its concern.
+    as_floats = make_sample(tmp_path / "floats", images[:7].astype(np.float32) / 255, labels[:7])
+    for folders, count in (([a, b], 15), ([copy, a], 40), ([a, as_floats], 7)):
+        got = opener.MnistOpener().get_data([str(f) for f in folders])
+        assert got["copies"] == (f"{folders[1]} and {folders[0]} share {count} example(s) (the same image, as the "
+                                 "model sees it, with the same label); an example in two samples is trained on twice "
+                                 "but would be accounted once: remove the copies")
+    # The same images under other labels are other examples.
     relabelled = make_sample(tmp_path / "relabelled", images, (labels + 1) % 10)
+    got = opener.MnistOpener().get_data([str(a), str(relabelled)])
+    assert got["copies"] is None and len(got["labels"]) == 80
     twice = make_sample(tmp_path / "twice", images[[0, 0]], np.array([3, 3]))
-    got = opener.MnistOpener().get_data([str(a), str(relabelled), str(twice)])
-    assert len(got["labels"]) == 82
+    assert opener.MnistOpener().get_data([str(twice)])["copies"].startswith(f"{twice}: 1 example(s) are copies")
 
 
-def test_the_opener_and_the_scripts_agree_on_what_an_example_is(tmp_path):
-    from mnist_dp import data
-
+def test_an_example_is_what_the_model_sees_and_is_named_under_its_samples_key(tmp_path):
     rng = np.random.default_rng(2)
-    for images in (rng.integers(0, 256, (6, 28, 28), dtype=np.uint8), rng.random((6, 28, 28))):
-        labels = np.arange(6, dtype=np.uint8)
-        assert opener._example_digests(images, labels.astype(np.int64)) == data.example_digests(images, labels)
+    images, labels = rng.integers(0, 256, (6, 28, 28), dtype=np.uint8), np.arange(6, dtype=np.uint8)
+    stored = [make_sample(tmp_path / "u8", images, labels),
+              make_sample(tmp_path / "f32", images.astype(np.float32) / 255, labels),
+              make_sample(tmp_path / "f64", images.astype(np.float64) / 255, labels)]
+    read = [opener.read_sample(str(folder)) for folder in stored]
+    assert read[0].digests == read[1].digests == read[2].digests
+    assert len({r.identity for r in read}) == 3  # other files, other samples; the same examples
+    assert read[0].ids.tolist() == read[1].ids.tolist() and read[0].ids.dtype == np.uint64
+    negative_zero = make_sample(tmp_path / "negzero", np.where(images == 0, -0.0, images / 255), labels)
+    assert opener.read_sample(str(negative_zero)).digests == read[0].digests
+    # under another key: other ids, another key id; nothing of the key is in them
+    other = opener.read_sample(str(make_sample(tmp_path / "other", images, labels, key="f" * 64)))
+    assert not set(other.ids.tolist()) & set(read[0].ids.tolist()) and other.key_id != read[0].key_id
+    assert len(read[0].key_id) == 16 and read[0].key_id not in KEY
 
 
 def test_fake_data_has_the_real_form():

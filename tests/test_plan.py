@@ -1,4 +1,7 @@
+import pytest
+
 from mnist_dp import plan
+from mnist_dp.errors import UserError
 
 ORG1, ORG2 = plan.Share("Org1", "d1", ("s1",)), plan.Share("Org2", "d2", ("s2",))
 TEST = plan.Share("Org1", "d1", ("t1",))
@@ -94,3 +97,20 @@ def test_fedavg_trains_every_organisation_from_the_global_model_and_evaluates_ea
     assert tasks[aggregated[0]].outputs["model"].permissions.authorized_ids == ["Org1", "Org2"]
     assert tasks[aggregated[-1]].outputs["model"].permissions.authorized_ids == ["Org1"]  # evaluated at Org1 only
     assert plan.describe_role(builder.roles[aggregated[1]]) == "torch aggregate, round 2 at Org1"
+
+
+@pytest.mark.parametrize("strategy, score_train", [("cyclic", False), ("cyclic", True), ("fedavg", False)])
+def test_the_task_count_bound_is_the_plans_own(strategy, score_train):
+    builder = plan.PlanBuilder()
+    for run in ("torch", "torch-baseline"):
+        if strategy == "fedavg":
+            builder.fedavg(run, KEYS, [ORG1, ORG2], 3, TEST)
+        else:
+            builder.chain(run, KEYS, [(r, s) for r in (1, 2, 3) for s in (ORG1, ORG2)], TEST, score_train)
+    assert plan.count_tasks(strategy, 3, 2, 2, score_train) == len(builder.tasks)
+
+
+def test_a_plan_of_more_than_max_tasks_is_refused_naming_what_sized_it():
+    plan.check_size("fedavg", plan.MAX_TASKS // 5, 2, 1, False, "x")  # exactly MAX_TASKS
+    with pytest.raises(UserError, match=r"^--rounds 1000000000 make 5,000,000,000 tasks, more than the 10,000"):
+        plan.check_size("fedavg", 10**9, 2, 1, False, "--rounds 1000000000")

@@ -7,6 +7,13 @@ from mnist_dp import privacy
 from mnist_dp.errors import UserError
 from mnist_dp.privacy import DpEvent, Ledger, calibrate_noise_multiplier, check_delta, compose_epsilon
 
+KEY = "0123456789abcdef"  # a key id: the examples below are named under one identity key
+
+
+def named(samples: dict, key=KEY) -> dict:
+    """An examples table: data sample identity -> Examples of the given ids (ranges stand for keyed ids)."""
+    return {identity: privacy.Examples.of(key, list(ids)) for identity, ids in samples.items()}
+
 
 def event(n=60000, batch=250, epochs=60, sigma=1.1, data=("a",)):
     steps_per_epoch = math.ceil(n / batch)
@@ -37,11 +44,52 @@ def test_chained_runs_on_same_data_compose_like_one_long_run():
 
 
 def test_runs_on_disjoint_data_compose_in_parallel():
-    ledger = Ledger([event(4000, 250, 3, data=["a"]), event(4000, 250, 3, data=["b"])])
+    ledger = Ledger([event(4000, 250, 3, data=["a"]), event(4000, 250, 3, data=["b"])],
+                    named({"a": range(4000), "b": range(4000, 8000)}))
     single = Ledger([event(4000, 250, 3)]).epsilon(1e-5)
     assert ledger.epsilon(1e-5) == pytest.approx(single, rel=1e-6)
-    assert len(ledger.accounts()) == 2
+    assert [account.examples for account in ledger.accounts()] == [4000, 4000]
     assert ledger.epsilon(1e-5, data=["b"]) == pytest.approx(single, rel=1e-6)
+
+
+def test_an_example_in_two_samples_composes_both_runs_that_trained_on_it():
+    # Two splits of the same data (other samples, other identities) sharing 100 examples: those 100 were trained
+    # on by both runs, and ε is theirs, the worst example's.
+    runs = [event(4000, 250, 3, data=["a"]), event(4000, 250, 3, data=["b"])]
+    ledger = Ledger(runs, named({"a": range(4000), "b": range(3900, 7900)}))
+    both = compose_epsilon(runs, 1e-5)
+    assert ledger.epsilon(1e-5) == pytest.approx(both, rel=1e-9)
+    assert both > Ledger(runs[:1]).epsilon(1e-5) + 0.5
+    assert sorted((a.examples, len(a.events)) for a in ledger.accounts()) == [(100, 2), (3900, 1), (3900, 1)]
+    assert ledger.histories(["b"]) == [runs]  # its shared examples' runs: what a next run on "b" must add to
+
+
+def test_examples_that_cannot_be_compared_are_accounted_as_the_same():
+    runs = [event(4000, 250, 3, data=["a"]), event(4000, 250, 3, data=["b"])]
+    both = compose_epsilon(runs, 1e-5)
+    # named under two keys: the ids cannot be compared, so the runs may share every example
+    other_key = {**named({"a": range(4000)}), **named({"b": range(4000, 8000)}, key="fedcba9876543210")}
+    assert Ledger(runs, other_key).epsilon(1e-5) == pytest.approx(both, rel=1e-9)
+    # a ledger that names no examples (a model file of format 2): every run counts for every example
+    assert Ledger(runs).epsilon(1e-5) == pytest.approx(both, rel=1e-9)
+    assert Ledger.from_json([e.to_json() for e in runs]).epsilon(1e-5) == pytest.approx(both, rel=1e-9)
+
+
+def test_a_ledger_event_with_less_noise_than_any_task_allows_is_refused():
+    record = Ledger([event(4000, 250, 3, sigma=0.05)]).to_json()  # PLD would take hours on it
+    with pytest.raises(UserError, match="noise multiplier 0.05 is below 0.3, the least a train task allows"):
+        Ledger.from_json(record)
+
+
+@pytest.mark.parametrize("ids, message", [
+    (range(3999), "n = 4000 names 3999 examples"),
+    ([*range(3999), 5], "ids must be distinct and sorted"),
+])
+def test_a_ledger_whose_examples_disagree_with_its_runs_is_refused(ids, message):
+    record = Ledger([event(4000, 250, 3)], named({"a": range(4000)})).to_json()
+    table = privacy.Examples(KEY, b"".join(int(i).to_bytes(8, "big") for i in ids))
+    with pytest.raises(UserError, match=message):
+        Ledger.from_json({**record, "examples": {"a": table.to_json()}})
 
 
 def test_non_private_event_makes_epsilon_infinite():
@@ -50,9 +98,9 @@ def test_non_private_event_makes_epsilon_infinite():
 
 
 def test_ledger_json_round_trip():
-    ledger = Ledger([event(4000, 250, 3, data=["x", "y"])])
+    ledger = Ledger([event(4000, 250, 3, data=["x", "y"])], named({"x": range(2000), "y": range(5000, 7000)}))
     again = Ledger.from_json(ledger.to_json())
-    assert again.events == ledger.events
+    assert again.events == ledger.events and again.examples == ledger.examples
 
 
 @pytest.mark.parametrize("field, value, message", [
@@ -72,9 +120,37 @@ def test_every_ledger_field_is_checked_when_read(field, value, message):
         Ledger.from_json([record])
 
 
-def test_a_target_epsilon_the_accountant_cannot_reach_is_a_user_error():
-    with pytest.raises(UserError, match="no noise multiplier found"):
-        calibrate_noise_multiplier(1e9, 1e-5, 0.125, 240)
+def test_a_target_that_even_the_most_noise_misses_is_a_user_error_naming_the_ceiling():
+    with pytest.raises(UserError, match="even noise_multiplier = 1000, the most allowed, spends"):
+        calibrate_noise_multiplier(1e-4, 1e-5, 0.125, 240)
+
+
+def test_no_calibrated_step_has_less_noise_than_the_floor():
+    # The least noise allowed (MIN_NOISE_MULTIPLIER at the last steps) already meets a generous target: it is taken
+    # (ε below the target), never less. With a decay of 1/2 over 4 stages the last steps get σ / 8.
+    floor = privacy.MIN_NOISE_MULTIPLIER
+    for schedule, last in ((privacy.NoiseSchedule(1.0), 1.0),
+                           (privacy.NoiseSchedule(1.0, noise_decay=0.5, decay_steps=2), 1 / 8)):
+        sigma = calibrate_noise_multiplier(99.0, 1e-5, 0.125, 8, schedule=schedule)
+        assert floor / last < sigma < floor / last + 0.0011  # rounded up to calibrate's tolerance, 0.001
+        assert schedule.with_sigma(sigma).smallest(8) >= floor
+        run = DpEvent("torch", ("a",), 4000, 0.125, sigma, 8, "per-example", 1.0, noise_decay=schedule.noise_decay,
+                      decay_steps=schedule.decay_steps)
+        assert compose_epsilon([run], 1e-5) <= 99.0
+
+
+def test_a_target_adaptive_clippings_count_alone_spends_is_refused_naming_the_knob():
+    schedule = privacy.NoiseSchedule(1.0, count_noise_multiplier=4.0)  # the count alone: 0.52 in 4 steps, 1.65 in 40
+    with pytest.raises(UserError, match="count alone spends ε = 0.521 at δ = 1e-05 over 4 steps, .* raise "
+                                        "clip_count_stddev"):
+        calibrate_noise_multiplier(0.4, 1e-5, 0.25, 4, schedule=schedule)
+    privacy.check_target_reachable(1.0, 1e-5, 0.25, 4, schedule)  # one round fits; ten rounds of it do not
+    with pytest.raises(UserError, match="x: target_epsilon = 1.0: adaptive clipping's noisy count alone spends "
+                                        r"ε = .* over 40 steps"):
+        privacy.check_target_reachable(1.0, 1e-5, 0.25, 4, schedule, repeats=10, where="x")
+    sigma = calibrate_noise_multiplier(1.0, 1e-5, 0.25, 4, schedule=schedule)
+    run = privacy.DpEvent("torch", ("a",), 200, 0.25, sigma, 4, "per-example", 1.0, count_noise_multiplier=4.0)
+    assert 0.98 < compose_epsilon([run], 1e-5) <= 1.0
 
 
 def test_ledger_json_missing_field_is_a_user_error():
@@ -186,7 +262,8 @@ def test_merged_ledgers_count_the_shared_history_once_and_every_new_run():
     history = [run(("a",)), run(("b",))]  # the global model: one run per organisation
     # round 2: both organisations train again from it, with runs equal in everything but their ids
     a2, b2 = run(("a",)), run(("b",))
-    inputs = [Ledger(history + [a2]), Ledger(history + [b2])]
+    examples = named({"a": range(100), "b": range(100, 200)})
+    inputs = [Ledger(history + [a2], examples), Ledger(history + [b2], examples)]
     merged = privacy.merge(inputs)
     assert merged.events == history + [a2, b2]
     assert privacy.own_runs(inputs) == [[a2], [b2]]

@@ -1,4 +1,5 @@
 """scripts/privacy_report.py works without any ML framework."""
+import shlex
 import subprocess
 import sys
 
@@ -47,7 +48,7 @@ def test_a_folder_or_an_edited_ledger_is_one_line(tmp_path):
         with zipfile.ZipFile(path) as archive:
             members = {name: archive.read(name) for name in archive.namelist()}
         ledger = json.loads(members["ledger.json"])
-        ledger[0]["steps"] = steps
+        ledger["events"][0]["steps"] = steps
         members["ledger.json"] = json.dumps(ledger).encode()
         with zipfile.ZipFile(tmp_path / "edited", "w") as archive:
             for name, content in members.items():
@@ -55,3 +56,14 @@ def test_a_folder_or_an_edited_ledger_is_one_line(tmp_path):
         proc = run(tmp_path / "edited", cwd=tmp_path)
         assert proc.returncode == 2 and proc.stdout == "" and proc.stderr.count("\n") == 1, proc.stderr
         assert "its ledger does not match the sha256 recorded in its metadata" in proc.stderr
+
+
+def test_piped_into_head_it_stops_quietly(tmp_path):
+    """`| head -1` closes the pipe after one line: normal use, so no traceback, and the status of a tool that
+    SIGPIPE ended. Forty statements (about 130 kB) are more than a pipe holds, so a write surely meets the closed
+    pipe."""
+    path = save_model(tmp_path / "model", [ledger_event()])
+    command = f"{shlex.quote(sys.executable)} {shlex.quote(str(SCRIPT))} {' '.join([shlex.quote(str(path))] * 40)}"
+    proc = subprocess.run(["bash", "-c", command + " | head -1; exit ${PIPESTATUS[0]}"], capture_output=True,
+                          text=True, cwd=tmp_path)
+    assert (proc.stdout, proc.stderr, proc.returncode) == (f"# {path} (torch)\n", "", 141)

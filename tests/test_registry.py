@@ -71,3 +71,10 @@ def test_bad_keys_file_and_bad_folds(client, tmp_path, tiny_data):
     with pytest.raises(UserError, match="--folds 3"):
         registry.register_dataset_objective(client, registry.KeysFile(path), tiny_data, 3, tmp_path / "build")
 
+
+
+def test_a_keys_file_with_a_key_given_twice_is_refused(tmp_path):
+    path = tmp_path / "assets_keys.json"
+    path.write_text('{"dataset_key": "a", "objective_key": "b", "dataset_key": "c"}')
+    with pytest.raises(UserError, match=f'^{path}: key "dataset_key" is given twice; keep one'):
+        registry.KeysFile(path)

@@ -66,7 +66,7 @@ def test_reports_are_written(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["models", "results.json", "results.png", "summary.md"]
     # one privacy statement per run, from its last model: per organisation, with the library's figure
     assert summary.count("### torch\n") == 1 and "### torch-baseline" in summary
-    assert "- Per organisation (ε of the steps run on its data only): Org1: 1.500, Org2: 1.500" in summary
+    assert "- Per organisation (the worst ε of the examples it holds): Org1: 1.500, Org2: 1.500" in summary
     assert "Opacus PRV (this run only): ε = 1.490" in summary and "**Not private**" in summary
     assert "max_epsilon = 2 at δ = 1e-05; training stopped after 10 of 20 planned steps" in summary
 

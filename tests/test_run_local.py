@@ -134,19 +134,35 @@ def test_federated_averaging_averages_each_round_with_epsilon_per_organisation(t
     assert "Averaging is post-processing of those models and spends no privacy" in summary
 
 
-def test_a_failing_organisations_task_fails_the_federated_plan_naming_it_with_its_log(tmp_path):
+# What fails only inside a train task (everything else is refused up front): a clipping norm of 1e38 makes the noise
+# overflow, and the train function refuses the diverged model.
+DIVERGING = {**TINY_HYPERPARAMETERS, "max_grad_norm": 1e38}
+
+
+def test_a_failing_organisations_task_fails_the_federated_plan_naming_it_with_its_log(tmp_path, tiny_data):
+    (tmp_path / "hp.json").write_text(json.dumps(DIVERGING))
+    proc = run_local("--data", tiny_data, "--output", tmp_path / "out", "--hyperparameters", tmp_path / "hp.json",
+                     "--frameworks", "torch", "--no-baseline", "--organizations", 2, "--strategy", "fedavg",
+                     cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    message = proc.stderr[proc.stderr.index("error: compute plan"):]
+    assert "failed in task 'torch train, round 1 at MyOrg1MSP'" in message and "function 'torch train'" in message
+    assert "last lines of its log" in message and "training diverged in 3 steps" in message
+    assert "The plan failed" in (tmp_path / "out" / "summary.md").read_text()
+
+
+def test_a_budget_below_one_organisations_first_step_is_refused_before_anything_is_registered(tmp_path):
     # Organisation 2 holds 100 examples (q = 1/2), organisation 1 200 (q = 1/4): one step at σ = 1 costs 2.95 and
-    # 2.13, so a budget of 2.5 lets organisation 1 train and refuses organisation 2's task.
+    # 2.13, so a budget of 2.5 would let organisation 1 train and fail organisation 2's task half-way through the plan.
     data.generate(tmp_path / "data", train_size=300, test_size=100, train_samples=3, seed=1)
     (tmp_path / "hp.json").write_text(json.dumps({**TINY_HYPERPARAMETERS, "max_epsilon": 2.5}))
     proc = run_local("--data", tmp_path / "data", "--output", tmp_path / "out", "--hyperparameters",
                      tmp_path / "hp.json", "--frameworks", "torch", "--no-baseline", "--organizations", 2,
                      "--strategy", "fedavg", cwd=tmp_path)
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    message = proc.stderr[proc.stderr.index("error: compute plan"):]
-    assert "failed in task 'torch train, round 1 at MyOrg2MSP'" in message and "function 'torch train'" in message
-    assert "last lines of its log" in message and "max_epsilon = 2.5 is below the ε of a single step" in message
-    assert "The plan failed" in (tmp_path / "out" / "summary.md").read_text()
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith(f"error: torch hyperparameters ({tmp_path / 'hp.json'}), organisation 2: "
+                                  "max_epsilon = 2.5 is below the ε of a single step (2.949 at δ = 0.0001)")
+    assert not list((tmp_path / "out").glob("substra/archives/*"))  # nothing was built or registered
 
 
 def test_help_and_bad_arguments(tmp_path):
@@ -263,15 +279,14 @@ def test_federated_averaging_runs_in_every_frameworks_images(docker_daemon, tmp_
 
 
 def test_a_failing_task_is_named_and_exits_non_zero(tmp_path, tiny_data):
-    # One step of σ = 1 costs more than this budget: the train function refuses to start.
-    (tmp_path / "hp.json").write_text(json.dumps({**TINY_HYPERPARAMETERS, "max_epsilon": 0.001}))
+    (tmp_path / "hp.json").write_text(json.dumps(DIVERGING))
     proc = run_local("--data", tiny_data, "--output", tmp_path / "out", "--hyperparameters", tmp_path / "hp.json",
                      "--no-baseline", "--frameworks", FRAMEWORKS[0], cwd=tmp_path)
     assert proc.returncode == 2
     message = proc.stderr[proc.stderr.index("error: compute plan"):]
     assert f"failed in task '{FRAMEWORKS[0]} train, round 1 at MyOrg1MSP'" in message
     assert f"function '{FRAMEWORKS[0]} train'" in message
-    assert "last lines of its log" in message and "max_epsilon = 0.001 is below" in message  # the function's own error
+    assert "last lines of its log" in message and "training diverged in 5 steps" in message  # the function's own
     assert "Traceback" not in proc.stderr
     assert "The plan failed" in (tmp_path / "out" / "summary.md").read_text()  # reports still written
 
@@ -281,6 +296,13 @@ def test_a_failing_task_is_named_and_exits_non_zero(tmp_path, tiny_data):
     ({"delta": 0.01}, "delta = 0.01 must be > 0 and < 1/n"),
     ({"secure_mode": True}, "secure_mode: TF Privacy offers no secure noise generator"),
     ({"epochs": 10000, "batch_size": 1}, "1,500,000 steps, more than 1,000,000"),
+    # A budget below one step's ε, σ given or calibrated (the train tasks would fail half-way through the plan).
+    ({"max_epsilon": 0.001}, "max_epsilon = 0.001 is below the ε of a single step"),
+    ({"noise_multiplier": None, "target_epsilon": 3.0, "max_epsilon": 0.5}, "max_epsilon = 0.5 is below the ε of a"),
+    # Noise the accountant cannot bound (it ran for minutes or failed in dp_accounting), a target the count spends.
+    ({"clip_quantile": 0.5, "clip_count_stddev": 0.005}, "gives adaptive clipping's count a noise multiplier of 0.01"),
+    ({"noise_decay": 0.001}, "noise_decay = 0.001 (σ · 0.001^2 in the last of 3 stages)"),
+    ({"clip_quantile": 0.5, "noise_multiplier": None, "target_epsilon": 0.01}, "noisy count alone spends ε = "),
 ])
 def test_what_a_task_would_refuse_is_refused_before_anything_is_registered(tmp_path, tiny_data, changes, message):
     (tmp_path / "hp.json").write_text(json.dumps({**TINY_HYPERPARAMETERS, **changes}))
@@ -296,6 +318,7 @@ def test_what_a_task_would_refuse_is_refused_before_anything_is_registered(tmp_p
     ('{"dp": false}', "remove dp from this file"),
     ('{"target_epsilon": 1e9}', "target_epsilon = 1000000000.0 must be a number in (0, 100]"),
     ('{"epochs": 1000000000}', "epochs = 1000000000 must be an integer from 1 to 10,000"),
+    ('{"epochs": 1, "batch_size": 10, "epochs": 2}', 'key "epochs" is given twice; keep one'),
 ])
 def test_bad_hyperparameters_are_one_line_naming_the_users_file(tmp_path, content, message):
     (tmp_path / "hp.json").write_text(content)
@@ -317,12 +340,15 @@ def shuffled_copy(tiny_data, dest):
     (dest / "train" / "2").mkdir()
     np.save(dest / "train" / "2" / "images.npy", images[order])
     np.save(dest / "train" / "2" / "labels.npy", labels[order])
+    shutil.copy(dest / "train" / "0" / "identity.key", dest / "train" / "2")
     return dest
 
 
-def test_examples_shared_between_organisations_samples_are_refused(tmp_path, tiny_data):
+def test_examples_shared_between_an_organisations_samples_are_refused(tmp_path, tiny_data):
+    # One organisation's train task would get all three samples; organisations that share examples are not refused
+    # (each example's ε composes the runs of every organisation holding it).
     data = shuffled_copy(tiny_data, tmp_path / "data")
-    proc = run_local("--data", data, "--output", tmp_path / "out", "--organizations", 3, cwd=tmp_path)
+    proc = run_local("--data", data, "--output", tmp_path / "out", "--organizations", 1, cwd=tmp_path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "share 150 example(s)" in proc.stderr and str(data / "train" / "2") in proc.stderr, proc.stderr
 
@@ -380,3 +406,27 @@ def test_sigterm_stops_a_run_like_ctrl_c_and_leaves_no_work_files(tmp_path, tiny
     assert run.returncode == 128 + signal.SIGTERM and stderr.rstrip().endswith("terminated"), stderr[-2000:]
     assert "Traceback" not in stderr
     assert not list(worker.iterdir()) if worker.exists() else True
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--rounds", 10**9, "--strategy", "fedavg"], "--rounds 1000000000 with --organizations 1, --strategy fedavg and "
+                                                  "6 run(s) make 24,000,000,000 tasks, more than the 10,000"),
+    (["--rounds", 10**9], "--rounds 1000000000 with --organizations 1, --strategy cyclic and 6 run(s) make "),
+    (["--organizations", 10**9], "--rounds 1 with --organizations 1000000000, --strategy cyclic and 6 run(s) make "),
+    # Fewer than the tasks' bound, more organisations than train examples: named by the option given.
+    (["--organizations", 4001, "--strategy", "fedavg", "--frameworks", "torch", "--no-baseline"],
+     "--organizations 4001: the default data has 4,000 train examples, fewer than one for each"),
+])
+def test_a_plan_too_large_is_refused_at_once_before_any_data_is_generated(tmp_path, args, message):
+    proc = subprocess.run([sys.executable, SCRIPT, *map(str, args), "--data", tmp_path / "d", "--output",
+                           tmp_path / "out"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.startswith(f"error: {message}") and proc.stderr.count("\n") == 1, \
+        proc.stderr
+    assert not (tmp_path / "d").exists()
+
+
+def test_more_organisations_than_the_datas_samples_names_the_option_given(tmp_path, tiny_data):
+    proc = run_local("--data", tiny_data, "--output", tmp_path / "out", "--organizations", 3, cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith(f"error: --organizations 3: {tiny_data} holds 2 train data sample(s) for 3 "
+                                  "organisations (one at least each); use at most 2")

@@ -4,8 +4,13 @@ EVENT = privacy.DpEvent("tf", ("fp-a", "fp-b"), 300, 0.2, 1.0, 5, privacy.PER_EX
                         (("TF Privacy statement, RDP, Poisson (this run only)", 4.5),))
 
 
-def saved(events, **hyperparameters):
-    return model_file.ModelFile("tf", b"", privacy.Ledger(events), {"delta": 1e-4, **hyperparameters})
+def saved(events, examples=None, **hyperparameters):
+    return model_file.ModelFile("tf", b"", privacy.Ledger(events, examples), {"delta": 1e-4, **hyperparameters})
+
+
+def named(samples: dict) -> dict:
+    """Data sample identity -> its examples' ids (ranges stand for keyed ids), under one key."""
+    return {identity: privacy.Examples.of("0123456789abcdef", list(ids)) for identity, ids in samples.items()}
 
 
 def test_statement_gives_epsilon_with_delta_relation_sampling_clipping_and_exclusions():
@@ -33,14 +38,19 @@ def test_replayable_noise_and_training_data_scores_are_flagged_in_one_line_each(
 
 def test_statement_shows_the_budget_and_epsilon_per_data_group():
     other = privacy.DpEvent("tf", ("fp-c",), 300, 0.2, 2.0, 3, privacy.PER_EXAMPLE, 1.0)
-    model = saved([EVENT, other], max_epsilon=9.0, planned_steps=5, stopped_by_budget=True, secure_mode=True)
+    # fp-c holds 100 of EVENT's examples (another split of the same data): trained on by both runs
+    examples = named({"fp-a": range(150), "fp-b": range(150, 300), "fp-c": range(200, 500)})
+    model = saved([EVENT, other], examples, max_epsilon=9.0, planned_steps=5, stopped_by_budget=True,
+                  secure_mode=True)
     text = statement.privacy_statement(model)
     assert "max_epsilon = 9 at δ = 0.0001; training stopped after 3 of 5 planned steps" in text
-    assert f"2 sample(s) fp-a…: {privacy.compose_epsilon([EVENT], 1e-4):.3f}" in text
-    assert f"1 sample(s) fp-c…: {privacy.compose_epsilon([other], 1e-4):.3f}" in text
+    assert f"200 example(s) of run(s) 1: {privacy.compose_epsilon([EVENT], 1e-4):.3f}" in text
+    assert f"100 example(s) of run(s) 1, 2: {privacy.compose_epsilon([EVENT, other], 1e-4):.3f}" in text
+    assert f"200 example(s) of run(s) 2: {privacy.compose_epsilon([other], 1e-4):.3f}" in text
+    assert text.startswith(f"**(ε, δ) = ({privacy.compose_epsilon([EVENT, other], 1e-4):.3f}, 0.0001)**")
     assert "resistant noise): on" in text
     by_org = statement.privacy_statement(model, {"Org1": 1.25, "Org2": 0.5})
-    assert "Per organisation (ε of the steps run on its data only): Org1: 1.250, Org2: 0.500" in by_org
+    assert "Per organisation (the worst ε of the examples it holds): Org1: 1.250, Org2: 0.500" in by_org
 
 
 def test_a_non_private_model_says_so():
@@ -56,7 +66,8 @@ def test_each_run_names_the_code_that_made_it_and_what_data_checks_cover():
     assert "ran 'train' from function archive sha256:abc" in text
     assert "ran 'train' from no function archive (run from the repository, or its files changed)" in text
     assert "code not recorded" in statement.privacy_statement(saved([EVENT]))
-    assert "Data held by organisations on different Substra nodes cannot be compared" in text
+    assert "Examples named under different keys cannot be compared: each such run counts as having trained on " \
+           "every example (in sequence), never as disjoint" in text
 
 
 def test_an_averaged_models_statement_explains_the_averaging():
@@ -65,6 +76,7 @@ def test_an_averaged_models_statement_explains_the_averaging():
                   aggregate_of=[{"examples": 300}, {"examples": 300}])
     text = statement.privacy_statement(model, {"Org1": 1.25, "Org2": 1.25})
     assert "Federated averaging: this model is the average of 2 models" in text and "(300, 300)" in text
-    assert "post-processing of those models and spends no privacy" in text and "parallel composition" in text
+    assert "post-processing of those models and spends no privacy" in text
+    assert "in parallel across organisations' disjoint examples" in text
     assert "every organisation's training ran every planned step within it" in text
-    assert "Per organisation (ε of the steps run on its data only): Org1: 1.250, Org2: 1.250" in text
+    assert "Per organisation (the worst ε of the examples it holds): Org1: 1.250, Org2: 1.250" in text

@@ -37,7 +37,6 @@ except ModuleNotFoundError:  # run from the repository: make the shared package 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from mnist_dp import features, training
-from mnist_dp.errors import UserError
 from mnist_dp.training import MNIST_MEAN, MNIST_STD
 
 HYPERPARAMETERS = Path(__file__).with_name("hyperparameters.json")
@@ -407,16 +406,13 @@ class MindSporeMindArmour:
         ms.set_seed(seed)
         return build_network(network)
 
-    def load_model(self, weights, network):
+    def load_model(self, weights, network):  # weights that are not its parameters: see training.load_weights
         net = build_network(network)
-        try:
-            with np.load(io.BytesIO(weights), allow_pickle=False) as arrays:
-                params = {name: ms.Parameter(ms.Tensor(arrays[name]), name=name) for name in arrays.files}
-        except (OSError, ValueError) as exc:
-            raise UserError(f"model weights are not this network's MindSpore parameters ({exc})") from None
+        with np.load(io.BytesIO(weights), allow_pickle=False) as arrays:
+            params = {name: ms.Parameter(ms.Tensor(arrays[name]), name=name) for name in arrays.files}
         not_loaded, _ = ms.load_param_into_net(net, params, strict_load=True)
         if not_loaded:
-            raise UserError(f"model weights lack parameters {not_loaded}")
+            raise ValueError(f"parameters {not_loaded} missing")
         return net
 
     def dump_model(self, net):

@@ -70,8 +70,8 @@ def _fingerprint(*paths):
     return digest.hexdigest()
 
 
-def _identity(folder, fingerprint):
-    """HMAC-SHA256 of the sample's content fingerprint under its key (mnist_dp.data.sample_identity, copied)."""
+def read_key(folder):
+    """The sample's secret identity key (bytes)."""
     path = os.path.join(folder, KEY_FILE)
     try:
         with open(path, encoding="ascii") as f:
@@ -85,24 +85,44 @@ def _identity(folder, fingerprint):
     if not _KEY.fullmatch(key):
         raise DataSampleError(f"{path}: must hold 64 hexadecimal digits (a random 256-bit key); write a new one "
                               f"with: python scripts/generate_data.py --add-key {folder} (after removing this file)")
-    return hmac.new(bytes.fromhex(key), fingerprint.encode(), hashlib.sha256).hexdigest()
+    return bytes.fromhex(key)
 
 
-def _example_digests(images, labels):
-    """One sha256 per example, of its image's exact bytes and its label (as int64); the same code as
-    mnist_dp.data.example_digests, copied because the opener imports nothing from the repository."""
+def key_id(key):
+    """Which key named a sample's examples (16 hex digits that reveal nothing of the key): examples named under
+    different keys cannot be compared, so the ledger accounts them as possibly the same."""
+    return hmac.digest(key, b"mnist-dp identity key id", "sha256")[:8].hex()
+
+
+def example_digests(images, labels):
+    """One sha256 per example, of what the model sees: the image as float32 in [0, 1] (after _images_as_float;
+    -0.0 read as 0.0) and its label as int64. The same example stored as uint8 or as float gives one digest.
+    Never released: only compared inside the task, and named in the ledger under a key (example_ids)."""
     n = len(labels)
     if n == 0:
         return []
-    rows = np.ascontiguousarray(images).reshape(n, -1).view(np.uint8)
+    rows = (np.ascontiguousarray(images, dtype=np.float32).reshape(n, -1) + np.float32(0)).view(np.uint8)
     records = np.concatenate([rows, labels.astype("<i8").reshape(n, 1).view(np.uint8)], axis=1)
     view, width = memoryview(records).cast("B"), records.shape[1]
     return [hashlib.sha256(view[i:i + width]).digest() for i in range(0, n * width, width)]
 
 
+def example_ids(key, digests):
+    """The examples' names in a released ledger: the first 64 bits of an HMAC of each digest under the sample's
+    key, sorted (uint64). Two runs' ledgers tell which examples they share; without the key nobody can tell
+    whether a candidate example is one of them. Two examples colliding (2^-64 per pair) only merges their
+    accounts, which over-states ε, never under-states it."""
+    ids = np.array([int.from_bytes(hmac.digest(key, d, "sha256")[:8], "big") for d in digests], dtype=np.uint64)
+    return np.sort(ids)
+
+
+class Sample(collections.namedtuple("Sample", "folder images labels identity key_id ids digests")):
+    """One data sample as read: its arrays, its keyed identity, the id of its key, its examples' keyed ids, and
+    their digests (compared within a task, never returned)."""
+
+
 def read_sample(folder):
-    """One data sample folder -> (images float32 [n, 28, 28] in [0, 1], labels int64 [n], keyed identity,
-    one digest per example)."""
+    """One data sample folder -> Sample (images float32 [n, 28, 28] in [0, 1], labels int64 [n])."""
     if os.path.isfile(folder):
         raise DataSampleError(f"{folder}: is a file, not a data sample folder (a folder holding {IMAGES_FILE} "
                               f"and {LABELS_FILE})")
@@ -110,22 +130,26 @@ def read_sample(folder):
         raise DataSampleError(f"{folder}: data sample folder not found")
     images_path = os.path.join(folder, IMAGES_FILE)
     labels_path = os.path.join(folder, LABELS_FILE)
-    stored = _load_array(images_path)
-    images = _images_as_float(stored, images_path)
+    images = _images_as_float(_load_array(images_path), images_path)
     labels = _labels_as_int(_load_array(labels_path), labels_path, len(images))
     if len(labels) == 0:
         raise DataSampleError(f"{folder}: data sample holds no example")
-    # Digests of the pixels as stored, as mnist_dp.data.check_disjoint computes them (compared here, never released).
-    identity = _identity(folder, _fingerprint(images_path, labels_path))
-    return images, labels, identity, _example_digests(stored, labels)
+    key = read_key(folder)
+    identity = hmac.new(key, _fingerprint(images_path, labels_path).encode(), hashlib.sha256).hexdigest()
+    digests = example_digests(images, labels)
+    return Sample(folder, images, labels, identity, key_id(key), example_ids(key, digests), digests)
 
 
-def check_disjoint(folders, samples):
-    """Refuse samples that share an example (the exact bytes of an image with its label): trained on
-    twice, it would be accounted once. Copies inside one sample are not checked here."""
-    first_holder, shared = {}, collections.Counter()
+def copies(samples):
+    """None, or the line that refuses these samples for training: an example (what the model sees: image and
+    label) present twice among them, in one sample or in two, would be trained on as two copies but accounted as
+    one example. Only training refuses them (a test set may hold copies)."""
+    first_holder, shared, repeated = {}, collections.Counter(), {}
     for i, sample in enumerate(samples):
-        for digest in set(sample[3]):
+        distinct = set(sample.digests)
+        if len(distinct) < len(sample.digests):
+            repeated[i] = len(sample.digests) - len(distinct)
+        for digest in distinct:
             holder = first_holder.setdefault(digest, i)
             if holder != i:
                 shared[holder, i] += 1
@@ -134,17 +158,28 @@ def check_disjoint(folders, samples):
         # the first such pair in folder order that is every example the two share.
         (first, later), count = min(shared.items())
         others = " (other samples share examples too)" if len(shared) > 1 else ""
-        raise DataSampleError(f"{folders[later]} and {folders[first]} share {count} example(s){others}; an example "
-                              "in two samples is trained on twice but would be accounted once: remove the copies")
+        return (f"{samples[later].folder} and {samples[first].folder} share {count} example(s){others} (the same "
+                "image, as the model sees it, with the same label); an example in two samples is trained on twice but "
+                "would be accounted once: remove the copies")
+    if repeated:
+        i, count = min(repeated.items())
+        return (f"{samples[i].folder}: {count} example(s) are copies of others in this sample (the same image, as the "
+                "model sees it, with the same label); an example trained on as several copies would be accounted as "
+                "one: remove the copies (scripts/generate_data.py removes them)")
+    return None
 
 
-def combine(samples):
-    """Concatenate read samples into the dict every function receives as inputs['datasamples']."""
+def combine(samples, problem=None):
+    """Concatenate read samples into the dict every function receives as inputs['datasamples'], with `problem`,
+    the line that refuses them for training (copies) or None."""
     return {
-        "images": np.concatenate([s[0] for s in samples]),
-        "labels": np.concatenate([s[1] for s in samples]),
-        # One entry per data sample: the privacy ledger accounts per sample, by its keyed identity.
-        "samples": [{"identity": s[2], "n": int(len(s[1]))} for s in samples],
+        "copies": problem,
+        "images": np.concatenate([s.images for s in samples]),
+        "labels": np.concatenate([s.labels for s in samples]),
+        # One entry per data sample: the privacy ledger names the sample by its keyed identity and its examples by
+        # their keyed ids, so that ε is composed per example across runs.
+        "samples": [{"identity": s.identity, "n": int(len(s.labels)), "key": s.key_id, "examples": s.ids}
+                    for s in samples],
     }
 
 
@@ -153,14 +188,15 @@ class MnistOpener(tools.Opener):
         if not folders:
             raise DataSampleError("no data sample folder given to the opener")
         samples = [read_sample(folder) for folder in folders]
-        check_disjoint(folders, samples)
         # In identity order: Substra names sample folders after random keys, and the order of the examples
         # decides which ones each Poisson batch drawn from a noise_seed holds.
-        return combine(sorted(samples, key=lambda sample: sample[2]))
+        return combine(sorted(samples, key=lambda sample: sample.identity), copies(samples))
 
     def fake_data(self, n_samples=None):
         n = max(int(n_samples or 1), 1)
         rng = np.random.default_rng(n)
         images = rng.random((n, *IMAGE_SHAPE), dtype=np.float32)
         labels = rng.integers(0, NUM_CLASSES, size=n, dtype=np.int64)
-        return {"images": images, "labels": labels, "samples": [{"identity": f"fake-{n}", "n": n}]}
+        return {"copies": None, "images": images, "labels": labels,
+                "samples": [{"identity": f"fake-{n}", "n": n, "key": f"{rng.integers(2**62):016x}",
+                             "examples": np.arange(n, dtype=np.uint64)}]}

@@ -10,7 +10,7 @@ try:
 except ModuleNotFoundError:  # run from the repository: make the shared package importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from mnist_dp import predictions, timing
+from mnist_dp import atomic, predictions, timing
 from mnist_dp.errors import run_cli
 
 
@@ -23,7 +23,7 @@ def score(inputs, outputs, task_properties):
     timing.begin_task("score")
     y_true = inputs["datasamples"]["labels"]
     y_pred = predictions.load(inputs["predictions"], len(y_true))
-    tools.save_performance(accuracy(y_true, y_pred), outputs["performance"])
+    atomic.write_performance(outputs["performance"], accuracy(y_true, y_pred))
     timing.end_task("score")
 
 
