@@ -24,7 +24,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import numpy as np
 
-from mnist_dp import audit, data, training
+from mnist_dp import audit, data, privacy_plan, training
 from mnist_dp import hyperparameters as hp_file
 from mnist_dp.assets import ALGO_ASSETS, load_asset_module
 from mnist_dp.privacy import Ledger
@@ -61,7 +61,7 @@ def audit_framework(framework, args, dp):
     log_probs = logits - np.logaddexp.reduce(logits, axis=1, keepdims=True)
     scores = log_probs[np.arange(len(canary_y)), canary_y]  # memorised canaries score high
     guesses, correct = audit.guess(scores, included, args.guesses, args.guesses)
-    event = training.dp_event(framework, ("audit",), hp, run.plan, run.result)
+    event = privacy_plan.dp_event(framework, ("audit",), hp, run.plan, run.result)
     return {"dp": dp, "claimed": Ledger([event]).epsilon(hp.delta), "sigma": run.sigma, "steps": run.result.steps,
             "n": run.plan.n, "guesses": guesses, "correct": correct,
             "lower_bound": audit.epsilon_lower_bound(args.canaries, guesses, correct, hp.delta, BETA),

@@ -34,7 +34,7 @@ os.environ.setdefault("GLOG_v", "3")
 
 import numpy as np
 
-from mnist_dp import data, timing, training
+from mnist_dp import data, privacy_plan, timing, training
 from mnist_dp import hyperparameters as hp_file
 from mnist_dp.assets import ALGO_ASSETS, REPO, load_asset_module
 from mnist_dp.randomness import RunRandomness
@@ -226,7 +226,7 @@ def step_variants(framework, steps):
     hp = hp_file.load(ALGO_ASSETS[framework] / hp_file.FILE_NAME,
                       hp_file.Overrides({"features": "pixels"}, "the step benchmark"))
     images, labels = embedded_train_set()
-    plan = training.check_run(framework, hp, len(labels), "default")
+    plan = privacy_plan.check_run(framework, hp, len(labels), "default")
     return TIMERS[framework](algo, images, labels, hp, plan, steps)
 
 

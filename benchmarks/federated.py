@@ -3,7 +3,7 @@ organisation holding all the data.
 
 The embedded MNIST 4,000 / 1,000 split; K organisations each hold an equal share of the 4,000 training
 examples (disjoint). Every organisation's ε is at most --epsilon (δ = 1e-5) after the last round: σ is
-calibrated for it by the bundle's own rule (`training.noise_for_rounds`). Each task is the real substratools
+calibrated for it by the bundle's own rule (`privacy_plan.noise_for_rounds`). Each task is the real substratools
 function body — `training.train` and `training.aggregate` writing and reading real model files — driven
 here in one process per framework instead of through Substra (whose local backend runs the same functions
 one after the other), so that each organisation's scattering features are computed once.
@@ -43,7 +43,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # utility.py: the data and the features' memory
 import utility  # noqa: E402
 
-from mnist_dp import atomic, data, features, model_file, plan, training  # noqa: E402
+from mnist_dp import atomic, data, features, model_file, plan, privacy_plan, training  # noqa: E402
 from mnist_dp import hyperparameters as hp_file  # noqa: E402
 from mnist_dp.assets import ALGO_ASSETS, load_asset_module  # noqa: E402
 from mnist_dp.errors import UserError, run_cli  # noqa: E402
@@ -86,7 +86,7 @@ def simulate(framework, strategy, organizations, epochs, rounds, epsilon, seed, 
         "delta": DELTA, "seed": seed, "noise_seed": seed, "dp": True, "secure_mode": False},
         "the benchmark's settings"))
     start = time.perf_counter()
-    hp = training.noise_for_rounds(hp, [len(i) for i in shares], rounds)  # as run_local.py does
+    hp = privacy_plan.noise_for_rounds(hp, [len(i) for i in shares], rounds)  # as run_local.py does
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         atomic.write_json(tmp / "hyperparameters.json", hp.to_json())

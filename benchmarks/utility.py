@@ -33,7 +33,7 @@ os.environ.setdefault("GLOG_v", "3")
 
 import numpy as np
 
-from mnist_dp import atomic, data, features, training
+from mnist_dp import atomic, data, features, privacy_plan, training
 from mnist_dp import hyperparameters as hp_file
 from mnist_dp.assets import ALGO_ASSETS, load_asset_module
 from mnist_dp.errors import UserError, run_cli
@@ -107,7 +107,7 @@ def run_point(framework, dataset, epsilon, seed, changes, validation):
         "delta": DELTA, "seed": seed, "noise_seed": seed, "dp": dp, "secure_mode": False}, "the benchmark's settings"))
     run = training.fit_from_scratch(algo.FRAMEWORK, train_x, train_y, hp, "utility")
     predicted = training.predicted_labels(algo.FRAMEWORK, run.model, test_x, run.network)
-    event = training.dp_event(framework, (dataset,), hp, run.plan, run.result)
+    event = privacy_plan.dp_event(framework, (dataset,), hp, run.plan, run.result)
     return {"accuracy": float(np.mean(predicted == test_y)), "epsilon": Ledger([event]).epsilon(DELTA),
             "sigma": run.sigma, "steps": run.result.steps, "seconds": round(run.seconds, 1),
             "hyperparameters": hp.to_json()}

@@ -550,7 +550,7 @@ def calibrate_noise_multiplier(
 
     try:
         least = least_sigma(schedule, steps)
-        if least > MAX_NOISE_MULTIPLIER:  # training.check_noise names the setting to change
+        if least > MAX_NOISE_MULTIPLIER:  # privacy_plan.check_noise names the setting to change
             raise ValueError(f"the noise schedule needs σ = {least:.3g} for every step to have at least "
                              f"{MIN_NOISE_MULTIPLIER}, more than {MAX_NOISE_MULTIPLIER:g}")
         check_target_reachable(target_epsilon, delta, sample_rate, steps, schedule, prior_events, repeats)
@@ -567,7 +567,7 @@ def check_target_reachable(target_epsilon: float, delta: float, sample_rate: flo
                            where: str = "") -> None:
     """Refuse a target that no σ up to MAX_NOISE_MULTIPLIER meets (PLD; `prior_events` and `repeats` runs of `steps`
     steps included): adaptive clipping's noisy count alone spends it (the gradient's noise only adds to a step's ε),
-    or the run has too many steps for it. `schedule` must pass training.check_noise."""
+    or the run has too many steps for it. `schedule` must pass privacy_plan.check_noise."""
     prior = [segment for e in prior_events for segment in e.segments()]
 
     def spent(sigma: float) -> float:

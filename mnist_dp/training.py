@@ -1,13 +1,13 @@
 """The skeleton every algo asset shares: data -> model -> DP step -> ledger -> save.
 
 An asset supplies only a `Framework` (model, weights (de)serialisation, one training run that reports
-what it ran, the logits of one batch); everything that decides the privacy figure lives here, once: the
-sampling plan (Poisson rate q and the number of steps) and its batches, σ (given or calibrated from a target
-ε), where the noise's randomness comes from (randomness.py), δ checks, the clipping unit, the ledger event and ε.
+what it ran, the logits of one batch); the rest lives here, once: the Poisson batches of the sampling plan,
+the DP step's noise and clipping, where the noise's randomness comes from (randomness.py), loading and checking
+models, and the task functions train, aggregate and predict. What a run may spend (q, steps, σ, the budget,
+the DP event) is decided by privacy_plan.py, which `train` asks once.
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import os
@@ -21,24 +21,12 @@ from typing import Protocol
 
 import numpy as np
 
-from mnist_dp import atomic, model_file, predictions, privacy, provenance, timing
+from mnist_dp import atomic, model_file, predictions, privacy, privacy_plan, provenance, timing
 from mnist_dp import features as feature_maps
 from mnist_dp import hyperparameters as hp_file
 from mnist_dp.errors import UserError, run_cli
-from mnist_dp.privacy import (
-    ACCOUNTANT_NAMES,
-    NO_CLIPPING,
-    NOISE_STAGES,
-    PER_EXAMPLE,
-    REPORTED_ACCOUNTANT,
-    DpEvent,
-    Ledger,
-    NoiseSchedule,
-    calibrate_noise_multiplier,
-    check_delta,
-    compose_epsilon,
-    steps_within_budget,
-)
+from mnist_dp.privacy import NO_CLIPPING, PER_EXAMPLE, Ledger, NoiseSchedule
+from mnist_dp.privacy_plan import SamplingPlan
 from mnist_dp.randomness import REPLAYABLE_WARNING, RunRandomness
 
 # substratools configures the "substratools" logger (level from --log-level); log under it.
@@ -70,118 +58,6 @@ class Network:
     def inputs(self, images: np.ndarray) -> np.ndarray:
         """Images [N, 28, 28] -> what the network takes: the same, or scattering features [N, 3969]."""
         return feature_maps.transform(images, self.features)
-
-
-@dataclass(frozen=True)
-class SamplingPlan:
-    """What one training run will do: `steps` Poisson-sampled batches with probability `sample_rate`."""
-
-    n: int
-    steps_per_epoch: int
-    epochs: int
-    max_steps: int | None = None  # set when the privacy budget stops training early
-
-    @property
-    def sample_rate(self) -> float:
-        # Same convention as Opacus' DPDataLoader: q = 1 / (batches per epoch), expected batch n*q.
-        return 1.0 / self.steps_per_epoch
-
-    @property
-    def expected_batch_size(self) -> float:
-        """E[B] = n·q: what a DP step divides the noisy sum by (a constant, not the realised size)."""
-        return self.n * self.sample_rate
-
-    @property
-    def planned_steps(self) -> int:
-        return self.steps_per_epoch * self.epochs
-
-    @property
-    def steps(self) -> int:
-        """The steps to run: every epoch's, or fewer if the budget says so (a framework stops there)."""
-        return self.planned_steps if self.max_steps is None else min(self.max_steps, self.planned_steps)
-
-    @property
-    def stopped_by_budget(self) -> bool:
-        return self.steps < self.planned_steps
-
-    @classmethod
-    def from_hyperparameters(cls, n: int, hp: hp_file.Hyperparameters, where: str) -> SamplingPlan:
-        if hp.batch_size > n:
-            raise UserError(f"{where}: batch_size = {hp.batch_size} is larger than the {n} training examples")
-        plan = cls(n=n, steps_per_epoch=math.ceil(n / hp.batch_size), epochs=hp.epochs)
-        if plan.planned_steps > MAX_STEPS:
-            raise UserError(f"{where}: epochs = {hp.epochs} with batch_size = {hp.batch_size} on {n} examples is "
-                            f"{plan.planned_steps:,} steps, more than {MAX_STEPS:,}; "
-                            "use fewer epochs or larger batches")
-        return plan
-
-
-MAX_STEPS = 1_000_000  # days of training on a CPU; beyond it a typo is likelier than a plan
-
-
-def noise_schedule(hp: hp_file.Hyperparameters, plan: SamplingPlan, sigma: float) -> NoiseSchedule:
-    """What noise every step of the run adds: σ (the first stage's), the decay, and adaptive clipping's count."""
-    if not hp.dp:
-        return NoiseSchedule(0.0)
-    decay_steps = math.ceil(plan.planned_steps / NOISE_STAGES) if hp.noise_decay < 1 else 0
-    count = 2 * count_stddev(hp, plan) if hp.clip_quantile is not None else 0.0  # sensitivity of the count: 1/2
-    return NoiseSchedule(sigma, hp.noise_decay, decay_steps, count)
-
-
-def count_stddev(hp: hp_file.Hyperparameters, plan: SamplingPlan) -> float:
-    return privacy.count_stddev(hp.clip_count_stddev, plan.expected_batch_size)
-
-
-# Frameworks whose DP library has no secure noise generator (secure_mode is refused for them).
-NO_SECURE_MODE = {"tf": "TF Privacy offers no secure noise generator; use the torch algo (Opacus secure_mode) "
-                        "or set secure_mode to false"}
-
-
-def check_run(framework: str, hp: hp_file.Hyperparameters, n: int, where: str) -> SamplingPlan:
-    """Everything a train task on `n` examples would refuse, checked where the sizes are known: the
-    task itself, and the scripts before they register anything."""
-    check_delta(hp.delta, n, where=f"{where}: delta")
-    if hp.secure_mode and framework in NO_SECURE_MODE:
-        raise UserError(f"{where}: secure_mode: {NO_SECURE_MODE[framework]}")
-    plan = SamplingPlan.from_hyperparameters(n, hp, where)
-    check_noise(hp, plan, where)
-    return plan
-
-
-def check_noise(hp: hp_file.Hyperparameters, plan: SamplingPlan, where: str) -> None:
-    """Refuse a step with less noise than privacy.MIN_NOISE_MULTIPLIER (its ε is huge and PLD cannot compute it in
-    reasonable time), and a target_epsilon that adaptive clipping's count alone spends (no σ could meet it). A σ
-    calibrated from target_epsilon never goes below the floor (calibrate_noise_multiplier)."""
-    if not hp.dp:
-        return
-    floor = privacy.MIN_NOISE_MULTIPLIER
-    count = noise_schedule(hp, plan, math.inf).smallest(1)  # infinite gradient noise: the count's alone (or inf)
-    if count <= floor:  # the gradient's noise lowers a step's σ below the count's: no room is left
-        stddev = "null: E[B] / 20 = " if hp.clip_count_stddev is None else ""
-        raise UserError(f"{where}: clip_count_stddev ({stddev}{count_stddev(hp, plan):.3g}) gives adaptive clipping's "
-                        f"count a noise multiplier of {count:.3g} (twice the std: the count's sensitivity is 1/2), not "
-                        f"above the {floor:g} every step's noise must exceed: a near-noiseless count spends a huge ε; "
-                        f"set clip_count_stddev above {floor / 2:g}, or clip_quantile to null")
-    if hp.noise_multiplier is not None:
-        schedule = noise_schedule(hp, plan, hp.noise_multiplier)
-        smallest = schedule.smallest(plan.planned_steps)
-        if smallest < floor:
-            stages = len(schedule.segments(plan.planned_steps))
-            decay = (f" and noise_decay = {hp.noise_decay:g} (σ · {hp.noise_decay:g}^{stages - 1} in the last of "
-                     f"{stages} stages)" if schedule.decay_steps and stages > 1 else "")
-            count_too = " with the count's noise" if hp.clip_quantile is not None else ""
-            raise UserError(f"{where}: noise_multiplier = {hp.noise_multiplier:g}{decay} gives steps an effective "
-                            f"noise multiplier of {smallest:.3g}{count_too}, below {floor:g}: such a step spends a "
-                            f"huge ε; raise noise_multiplier{' or noise_decay' if decay else ''}")
-    else:
-        schedule = noise_schedule(hp, plan, 1.0)
-        least = privacy.least_sigma(schedule, plan.planned_steps)
-        if least > privacy.MAX_NOISE_MULTIPLIER:
-            raise UserError(f"{where}: noise_decay = {hp.noise_decay:g} lowers the noise so far that keeping every "
-                            f"step's noise multiplier at {floor:g} or more needs σ = {least:.3g} in the first steps, "
-                            f"more than {privacy.MAX_NOISE_MULTIPLIER:g}; raise noise_decay (1: constant)")
-        privacy.check_target_reachable(hp.target_epsilon, hp.delta, plan.sample_rate, plan.planned_steps, schedule,
-                                       where=where)
 
 
 @dataclass
@@ -269,7 +145,7 @@ class ClipNorm:
         self.value = float(hp.max_grad_norm)
         self.adaptive = hp.dp and hp.clip_quantile is not None
         self.quantile, self.rate = hp.clip_quantile, hp.clip_learning_rate
-        self.stddev = count_stddev(hp, plan)
+        self.stddev = privacy_plan.count_stddev(hp, plan)
         self.expected_batch_size = plan.expected_batch_size
         self.rng = randomness.numpy("count noise")
 
@@ -317,7 +193,7 @@ def fit(framework: Framework, model, images: np.ndarray, labels: np.ndarray, hp:
     randomness = randomness or RunRandomness.for_run(hp.noise_seed)
     inputs = Network.of(hp).inputs(images)
     timing.mark("features")  # fixed features: the scattering transform of every image (nothing for pixels)
-    step = DpStep(noise_schedule(hp, plan, sigma), ClipNorm(hp, plan, randomness), randomness)
+    step = DpStep(privacy_plan.noise_schedule(hp, plan, sigma), ClipNorm(hp, plan, randomness), randomness)
     batches = sampled_batches(plan, hp, randomness, on_epoch, framework.name)
     ran = framework.fit(model, inputs, labels, hp, plan, step, batches)
     if len(ran.batch_sizes) != plan.steps:  # the ledger records what ran; the frameworks must all run the plan
@@ -360,38 +236,13 @@ def fit_from_scratch(framework: Framework, images: np.ndarray, labels: np.ndarra
                      where: str) -> Trained:
     """A train task's work without Substra: the checks, σ (calibrated when hp asks), a new model, `fit` (fresh
     noise unless hp.noise_seed)."""
-    plan = check_run(framework.name, hp, len(labels), where)
-    sigma = resolve_noise_multiplier(hp, plan, [])
+    plan = privacy_plan.check_run(framework.name, hp, len(labels), where)
+    sigma = privacy_plan.resolve_noise_multiplier(hp, plan, [])
     network = Network.of(hp)
     model = framework.new_model(hp.seed, network)
     start = time.perf_counter()
     result = fit(framework, model, images, labels, hp, plan, sigma, lambda steps: "")
     return Trained(model, network, plan, sigma, result, time.perf_counter() - start)
-
-
-def dp_event(framework_name: str, data: tuple, hp: hp_file.Hyperparameters, plan: SamplingPlan, result: FitResult,
-             code: dict | None = None) -> DpEvent:
-    """The ledger event of a run: what it did (`result`) on `data` (sample identities), as `plan` and `hp` asked."""
-    return dataclasses.replace(
-        run_event(framework_name, data, hp, plan, result.noise_multiplier, result.steps),
-        run_id=privacy.new_run_id(),
-        clipping=result.clipping,
-        sample_rate=result.sample_rate,
-        library_epsilon=tuple(sorted(result.library_epsilon.items())),
-        batch_size=hp.batch_size,
-        planned_steps=plan.planned_steps,
-        code=code,
-        replayable_noise=result.replayable_noise,
-    )
-
-
-def run_event(framework_name: str, data: tuple, hp: hp_file.Hyperparameters, plan: SamplingPlan, sigma: float,
-              steps: int) -> DpEvent:
-    """The ledger event of `steps` steps of this run at gradient noise σ (schedule and count noise from hp)."""
-    schedule = noise_schedule(hp, plan, sigma)
-    return DpEvent(framework_name, data, plan.n, plan.sample_rate, sigma, steps,
-                   PER_EXAMPLE if hp.dp else NO_CLIPPING, hp.max_grad_norm, noise_decay=schedule.noise_decay,
-                   decay_steps=schedule.decay_steps, count_noise_multiplier=schedule.count_noise_multiplier)
 
 
 # What a framework's loader raises on bytes that are not its weights for the network (torch's unpickler, np.load,
@@ -438,137 +289,54 @@ def _load_input_model(framework: Framework, inputs: dict, network: Network):
     return None, Ledger()
 
 
-def resolve_noise_multiplier(hp: hp_file.Hyperparameters, plan: SamplingPlan, prior: list) -> float:
-    if not hp.dp:
-        return 0.0
-    if hp.noise_multiplier is not None:
-        return float(hp.noise_multiplier)
-    sigma = calibrate_noise_multiplier(hp.target_epsilon, hp.delta, plan.sample_rate, plan.steps, prior,
-                                       schedule=noise_schedule(hp, plan, 1.0))
-    log.info("calibrated noise_multiplier = %.4f for target epsilon %.3g at delta %.1e", sigma, hp.target_epsilon,
-             hp.delta)
-    return sigma
-
-
-def noise_for_rounds(hp: hp_file.Hyperparameters, sizes: list, rounds: int) -> hp_file.Hyperparameters:
-    """Fix σ for a plan that trains on the same data `rounds` times.
-
-    A train task calibrates σ from target_epsilon for its own run; in round 2 its data's budget is already
-    spent. So with several rounds σ is calibrated here, once, so that every organisation's data (of the
-    given `sizes`) ends at or below target_epsilon after the last round; the tasks get that σ.
-    """
-    if not hp.dp or hp.target_epsilon is None or rounds == 1:
-        return hp
-    sigmas = []
-    for n in sizes:
-        plan = SamplingPlan.from_hyperparameters(n, hp, "hyperparameters")
-        check_noise(hp, plan, "hyperparameters")  # before the accountant runs on it
-        sigmas.append(calibrate_noise_multiplier(hp.target_epsilon, hp.delta, plan.sample_rate, plan.steps,
-                                                 schedule=noise_schedule(hp, plan, 1.0), repeats=rounds))
-    return dataclasses.replace(hp, noise_multiplier=max(sigmas), target_epsilon=None)
-
-
-def check_plan(framework: str, hp: hp_file.Hyperparameters, sizes: list, rounds: int,
-               wheres: list) -> hp_file.Hyperparameters:
-    """What the train tasks of a plan would refuse, checked before anything is registered: each organisation's run
-    (check_run: `sizes[k]` examples, errors named `wheres[k]`), and a max_epsilon below the ε of its first step, with
-    σ as the tasks will get it (noise_for_rounds for several rounds). Returns the hyperparameters the tasks get."""
-    plans = [check_run(framework, hp, n, where) for n, where in zip(sizes, wheres)]
-    hp = noise_for_rounds(hp, sizes, rounds)
-    if hp.dp and hp.max_epsilon is not None:
-        for plan, where in zip(plans, wheres):  # each organisation's first task starts on fresh data
-            check_first_step(framework, hp, plan, resolve_noise_multiplier(hp, plan, []), where)
-    return hp
-
-
-def check_first_step(name: str, hp: hp_file.Hyperparameters, plan: SamplingPlan, sigma: float, where: str = "") -> None:
-    """Refuse a max_epsilon below the ε of a single step of this run at σ (no earlier run on its data): it could
-    not train at all. The scripts check it up front (check_plan), a train task again (apply_budget)."""
-    one_step = compose_epsilon([run_event(name, (), hp, plan, sigma, 1)], hp.delta)
-    if one_step > hp.max_epsilon:
-        raise UserError(f"{where + ': ' if where else ''}max_epsilon = {hp.max_epsilon} is below the ε of a single "
-                        f"step ({one_step:.3f} at δ = {hp.delta:g}); raise max_epsilon or the noise")
-
-
-def apply_budget(name: str, identities: tuple, hp: hp_file.Hyperparameters, plan: SamplingPlan, sigma: float,
-                 prior: list) -> SamplingPlan:
-    """With max_epsilon: the plan cut at the last step that keeps ε (prior runs on this data included)
-    within budget; 0 steps when the prior runs spent it (the train task passes its input model on); refuses
-    a budget below a single step's ε."""
-    if not hp.dp or hp.max_epsilon is None:
-        return plan
-    run = run_event(name, identities, hp, plan, sigma, plan.steps)
-    allowed = steps_within_budget(prior, run, hp.delta, hp.max_epsilon)
-    if allowed == 0 and not prior:
-        check_first_step(name, hp, plan, sigma)  # not even one step fits: it raises
-    if allowed == 0:
-        log.warning("privacy budget spent: the input model's ε on this data is already %.3f at delta = %g and one "
-                    "more step would exceed max_epsilon = %g; no training, the input model is passed on unchanged",
-                    compose_epsilon(prior, hp.delta), hp.delta, hp.max_epsilon)
-    elif allowed < plan.steps:
-        log.warning("privacy budget: stopping after %d of %d steps (max_epsilon = %g at delta = %g)",
-                    allowed, plan.steps, hp.max_epsilon, hp.delta)
-    return dataclasses.replace(plan, max_steps=allowed)
-
-
 def train(framework: Framework, inputs: dict, outputs: dict, hyperparameters_path: Path) -> dict:
-    """The substratools `train` function body. Returns the privacy summary it logged."""
+    """The substratools `train` function body: data -> model -> DP step -> ledger -> save. Returns the privacy
+    summary it logged."""
     timing.begin_task("train", framework=framework.name)
     check_outputs_writable(outputs)
+    # 1. Data, and what it may spend (privacy_plan: q, steps, σ, budget, over the earlier runs of its examples).
     data = inputs["datasamples"]
     if data.get("copies"):  # the opener found an example twice: trained twice, it would be accounted once
         raise UserError(data["copies"])
     images, labels = data["images"], data["labels"]
-    identities = tuple(s["identity"] for s in data["samples"])
     hp = hp_file.load(hyperparameters_path)
-    plan = check_run(framework.name, hp, len(labels), str(hyperparameters_path))
-
+    plan = privacy_plan.check_run(framework.name, hp, len(labels), str(hyperparameters_path))
+    # 2. The model: the input model, or a seeded start (the same at every organisation).
     model, ledger = _load_input_model(framework, inputs, Network.of(hp))
     if model is None:
-        model = framework.new_model(hp.seed, Network.of(hp))  # the same seeded start at every organisation
-    randomness = RunRandomness.for_run(hp.noise_seed, len(ledger.events), identities)
+        model = framework.new_model(hp.seed, Network.of(hp))
+    randomness = RunRandomness.for_run(hp.noise_seed, len(ledger.events),
+                                       tuple(s["identity"] for s in data["samples"]))
     if randomness.replayable:
         log.warning("noise_seed = %d: %s", hp.noise_seed, REPLAYABLE_WARNING)
-    ledger.add_examples({s["identity"]: privacy.Examples.of(s["key"], s["examples"]) for s in data["samples"]})
-    # The earlier runs of each example of this data (usually one list; several when the input model trained on
-    # overlapping parts of it): σ, the budget and the progress hold for the worst of them.
-    histories = ledger.histories(identities)
-    sigma = max(resolve_noise_multiplier(hp, plan, prior) for prior in histories)
-    plan = min((apply_budget(framework.name, identities, hp, plan, sigma, prior) for prior in histories),
-               key=lambda cut: cut.steps)
+    run = privacy_plan.for_task(framework.name, hp, plan, ledger, data["samples"])
     timing.mark("setup")  # input model, σ calibration, budget
-    if plan.steps == 0:  # the budget of this data is spent: nothing trains, nothing is added to the ledger
+    if run.plan.steps == 0:  # the budget of this data is spent: nothing trains, nothing is added to the ledger
         model_file.copy(inputs["model"], outputs["model"])
-        summary = privacy_summary(ledger, hp.delta)
+        summary = privacy_plan.privacy_summary(ledger, hp.delta)
         _save_epsilon(outputs["epsilon"], summary["epsilon"])
         timing.end_task("saving", dp=hp.dp)
         return summary
-
-    def on_epoch(steps_done: int) -> str:
-        if not hp.dp:
-            return "no DP"
-        partial = run_event(framework.name, identities, hp, plan, sigma, steps_done)
-        eps = max(compose_epsilon(prior + [partial], hp.delta, "rdp") for prior in histories)  # RDP: fast enough
-        return f"ε(RDP)={eps:.2f} δ={hp.delta:g}"
-
-    result = fit(framework, model, images, labels, hp, plan, sigma, on_epoch, randomness)
+    # 3. The DP steps.
+    result = fit(framework, model, images, labels, hp, run.plan, run.sigma, run.progress, randomness)
     timing.mark("training")  # the steps after the first
     check_finite(framework, model, f"training diverged in {result.steps} steps",
                  f"nothing was saved; lower learning_rate or max_grad_norm in {hyperparameters_path}")
-    ledger.add(dp_event(framework.name, identities, hp, plan, result,
-                        code=provenance.running_code(Path(hyperparameters_path).parent, "train")))
+    # 4. The ledger: this run as it ran.
+    ledger.add(run.event(result, code=provenance.running_code(Path(hyperparameters_path).parent, "train")))
+    # 5. Save the model with its ledger, and ε.
     model_file.save(outputs["model"], model_file.ModelFile(
         framework=framework.name,
         weights=framework.dump_model(model),
         ledger=ledger,
-        hyperparameters={**hp.to_json(), "noise_multiplier": sigma, "planned_steps": plan.planned_steps,
-                         "stopped_by_budget": plan.stopped_by_budget},
+        hyperparameters={**hp.to_json(), "noise_multiplier": run.sigma, "planned_steps": run.plan.planned_steps,
+                         "stopped_by_budget": run.plan.stopped_by_budget},
     ))
-    summary = privacy_summary(ledger, hp.delta)
+    summary = privacy_plan.privacy_summary(ledger, hp.delta)
     summary["library_epsilon"] = result.library_epsilon
     _save_epsilon(outputs["epsilon"], summary["epsilon"])
     log.info("trained %d steps, q=%.4g, sigma=%.4g: %s", result.steps, result.sample_rate, result.noise_multiplier,
-             describe(summary))
+             privacy_plan.describe(summary))
     timing.end_task("saving", dp=hp.dp)
     return summary
 
@@ -604,7 +372,7 @@ def aggregate(framework: Framework, inputs: dict, outputs: dict, hyperparameters
             [s.hyperparameters for s in saved], [run.run_id if run else None for run in added], examples,
             provenance.running_code(Path(hyperparameters_path).parent, "aggregate"))))
     log.info("averaged %d models weighted by %s examples: %s", len(saved), examples,
-             describe(privacy_summary(ledger, saved[0].hyperparameters["delta"])))
+             privacy_plan.describe(privacy_plan.privacy_summary(ledger, saved[0].hyperparameters["delta"])))
     timing.end_task("saving", dp=saved[0].hyperparameters.get("dp"))
 
 
@@ -679,23 +447,6 @@ def check_outputs_writable(outputs: dict) -> None:
         if not os.access(path.parent, os.W_OK | os.X_OK):  # a read-only mount, permissions
             raise UserError(f"output {identifier!r}: folder {path.parent} is not writable; make it writable or "
                             "choose another path")
-
-
-def privacy_summary(ledger: Ledger, delta: float) -> dict:
-    return {
-        "epsilon": ledger.epsilon(delta, REPORTED_ACCOUNTANT),
-        "epsilon_rdp": ledger.epsilon(delta, "rdp"),
-        "delta": delta,
-        "accountant": ACCOUNTANT_NAMES[REPORTED_ACCOUNTANT],
-    }
-
-
-def describe(summary: dict) -> str:
-    text = (f"ε = {summary['epsilon']:.3f} at δ = {summary['delta']:g} ({summary['accountant']}; "
-            f"RDP {summary['epsilon_rdp']:.3f})")
-    for name, value in summary.get("library_epsilon", {}).items():
-        text += f"; {name}: {value:.3f}"
-    return text
 
 
 def _save_epsilon(path, epsilon: float) -> None:

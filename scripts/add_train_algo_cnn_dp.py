@@ -15,7 +15,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from mnist_dp import atomic, connection, data, plan, registry, results, training
+from mnist_dp import atomic, connection, data, plan, privacy_plan, registry, results
 from mnist_dp import hyperparameters as hp_file
 from mnist_dp.assets import ALGO_ASSETS
 from mnist_dp.errors import UserError, run_cli
@@ -57,7 +57,7 @@ def main(argv=None):
     data_dir = Path(keys.require("data"))
     if data_dir.is_dir():  # what each train task would refuse, checked before anything is registered
         sizes = [sum(map(data.sample_size, own)) for own in registry.split_among(data_dir, len(folds))]
-        hp = training.check_plan(args.framework, hp, sizes, args.rounds,
+        hp = privacy_plan.check_plan(args.framework, hp, sizes, args.rounds,
                                  [f"{args.framework} hyperparameters ({args.hyperparameters or 'the asset'}), fold {k}"
                                   for k in range(1, len(sizes) + 1)])
     elif args.rounds > 1 and hp.dp and hp.target_epsilon is not None:

@@ -16,7 +16,7 @@ import argparse
 import shutil
 from pathlib import Path
 
-from mnist_dp import atomic, connection, data, plan, registry, results, training
+from mnist_dp import atomic, connection, data, plan, privacy_plan, registry, results
 from mnist_dp import hyperparameters as hp_file
 from mnist_dp.assets import ALGO_ASSETS
 from mnist_dp.errors import UserError, run_cli
@@ -91,7 +91,7 @@ def main(argv=None):
                       for folder, sample in zip(own, data.check_examples(own))}
         sizes = [sum(map(data.sample_size, own)) for own in holdings]
         for run, (framework, hp) in runs.items():  # each with the hyperparameters its tasks will get
-            runs[run] = framework, training.check_plan(
+            runs[run] = framework, privacy_plan.check_plan(
                 framework, hp, sizes, args.rounds,
                 [f"{run} hyperparameters ({overrides.source}), organisation {k}" for k in range(1, len(sizes) + 1)])
 

@@ -12,7 +12,7 @@ import pytest
 from conftest import ALGO_ASSETS, FRAMEWORKS
 from scipy import stats
 
-from mnist_dp import hyperparameters, training
+from mnist_dp import hyperparameters, privacy_plan, training
 from mnist_dp.assets import load_asset_module
 from mnist_dp.errors import UserError
 from mnist_dp.randomness import RunRandomness
@@ -58,7 +58,7 @@ def make_hp(**changes):
 def fit(case, images, labels, sigma, dp=True, noise_seed=0, epochs=1, batch_size=None, secure_mode=False):
     hp = make_hp(epochs=epochs, batch_size=batch_size or len(labels), noise_seed=noise_seed, dp=dp,
                  secure_mode=secure_mode, features=case.network.features, activation=case.network.activation)
-    plan = training.SamplingPlan.from_hyperparameters(len(labels), hp, "test")
+    plan = privacy_plan.SamplingPlan.from_hyperparameters(len(labels), hp, "test")
     model = case.algo.new_model(0, case.network)
     before = training.flat_weights(case.algo, model)
     result = training.fit(case.algo, model, images, labels, hp, plan, sigma, lambda steps: "")
@@ -133,7 +133,7 @@ def test_noise_is_divided_by_the_expected_batch_size_not_the_realised_one(framew
     n, sigma = 16, 2.0
     images, labels = np.resize(IMAGES, (n, 28, 28)), np.resize(LABELS, n)
     hp = make_hp(batch_size=8)  # q = 1/2: E[B] = 8
-    plan = training.SamplingPlan.from_hyperparameters(n, hp, "test")
+    plan = privacy_plan.SamplingPlan.from_hyperparameters(n, hp, "test")
     # A noise_seed whose first Poisson batch is far from E[B]: normalising by the realised size would be off by 37%+.
     noise_seed = next(seed for seed in range(100) if abs(len(first_batch(plan, hp, seed)) - 8) in (3, 4, 5, 6))
     clean, *_ = stepwise(framework, images, labels, sigma=0.0, batch_size=8, noise_seed=noise_seed)
@@ -155,7 +155,7 @@ def test_every_framework_trains_binomial_poisson_batches_exactly_the_planned_ste
     assert len(result.batch_sizes) == 320
     assert_binomial(result.batch_sizes, n, 1 / 8)
     hp = make_hp(batch_size=batch, epochs=40)
-    plan = training.SamplingPlan.from_hyperparameters(n, hp, "test")
+    plan = privacy_plan.SamplingPlan.from_hyperparameters(n, hp, "test")
     drawn = training.sampled_batches(plan, hp, RunRandomness.for_run(0), lambda steps: "", "t")
     assert result.batch_sizes == [len(b) for b in drawn]  # the shared sampler's batches are what trains
 
@@ -165,11 +165,11 @@ def stepwise(case, images, labels, sigma, clip_class=training.ClipNorm, **change
     (the update of every step (learning rate 1: the weight change), the weight arrays' shapes, the clip, what ran)."""
     hp = make_hp(**{"batch_size": len(labels), "features": case.network.features,
                     "activation": case.network.activation, **changes})
-    plan = training.SamplingPlan.from_hyperparameters(len(labels), hp, "test")
+    plan = privacy_plan.SamplingPlan.from_hyperparameters(len(labels), hp, "test")
     model = case.algo.new_model(0, case.network)
     randomness = RunRandomness.for_run(hp.noise_seed)
     clip = clip_class(hp, plan, randomness)
-    step = training.DpStep(training.noise_schedule(hp, plan, sigma), clip, randomness)
+    step = training.DpStep(privacy_plan.noise_schedule(hp, plan, sigma), clip, randomness)
     weights = []
 
     def batches():
@@ -234,7 +234,7 @@ def test_adaptive_clipping_count_noise_has_its_standard_deviation(framework):
 
 def test_the_shared_sampler_draws_binomial_batch_sizes_and_fresh_batches():
     hp = make_hp(epochs=50, batch_size=25, noise_seed=3)
-    plan = training.SamplingPlan.from_hyperparameters(500, hp, "t")  # q = 1/20, 1000 steps
+    plan = privacy_plan.SamplingPlan.from_hyperparameters(500, hp, "t")  # q = 1/20, 1000 steps
     batches = list(training.sampled_batches(plan, hp, RunRandomness.for_run(3), lambda steps: "", "t"))
     assert len(batches) == 1000
     assert_binomial([len(b) for b in batches], 500, 1 / 20)
@@ -255,13 +255,13 @@ def assert_binomial(sizes, n, q):
 def test_every_utility_option_trains_and_the_ledger_records_what_changes_epsilon(framework):
     hp = make_hp(epochs=2, batch_size=4, optimizer="adam", learning_rate=0.01, ema_decay=0.5, noise_decay=0.5,
                  clip_quantile=0.5, features=framework.network.features, activation=framework.network.activation)
-    plan = training.SamplingPlan.from_hyperparameters(len(LABELS), hp, "test")  # 2 steps per epoch, 4 planned
+    plan = privacy_plan.SamplingPlan.from_hyperparameters(len(LABELS), hp, "test")  # 2 steps per epoch, 4 planned
     model = framework.algo.new_model(0, framework.network)
     before = training.flat_weights(framework.algo, model)
     result = training.fit(framework.algo, model, IMAGES, LABELS, hp, plan, 1.0, lambda steps: "")
     after = training.flat_weights(framework.algo, model)
     assert np.all(np.isfinite(after)) and not np.allclose(after, before)
-    event = training.dp_event(framework.name, ("d",), hp, plan, result)
+    event = privacy_plan.dp_event(framework.name, ("d",), hp, plan, result)
     assert (event.noise_decay, event.decay_steps) == (0.5, 1)  # σ halves at each quarter of the 4 steps
     assert event.count_noise_multiplier == pytest.approx(2 * plan.expected_batch_size / 20)
     assert result.library_epsilon == {}  # no library accounts for a schedule or a count: none is shown

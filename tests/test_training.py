@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from mnist_dp import hyperparameters, privacy, training
+from mnist_dp import hyperparameters, privacy, privacy_plan, training
 from mnist_dp.errors import UserError
 from mnist_dp.randomness import RunRandomness
 
@@ -16,60 +16,16 @@ BASE = {"epochs": 2, "batch_size": 50, "learning_rate": 0.1, "momentum": 0.9, "m
         "noise_seed": None}
 
 
-def test_sampling_plan_follows_opacus_convention():
-    plan = training.SamplingPlan.from_hyperparameters(1001, hyperparameters.parse(BASE, "x"), "x")
-    assert plan.steps_per_epoch == 21 and plan.sample_rate == pytest.approx(1 / 21) and plan.steps == 42
-
-
-def test_noise_for_rounds_keeps_every_organisation_within_the_target_after_the_last_round():
-    hp = hyperparameters.parse(BASE, "x")
-    sizes, rounds = [1000, 600], 3
-    fixed = training.noise_for_rounds(hp, sizes, rounds)
-    assert fixed.target_epsilon is None and fixed.noise_multiplier > 0
-    epsilons = []
-    for n in sizes:
-        plan = training.SamplingPlan.from_hyperparameters(n, hp, "x")
-        event = privacy.DpEvent("torch", ("d",), n, plan.sample_rate, fixed.noise_multiplier, plan.steps,
-                                privacy.PER_EXAMPLE, 1.0)
-        epsilons.append(privacy.compose_epsilon([event] * rounds, hp.delta))
-    assert max(epsilons) <= hp.target_epsilon and max(epsilons) == pytest.approx(hp.target_epsilon, abs=0.02)
-    # one round, a fixed σ or no DP: nothing to do (each task calibrates its own run)
-    assert training.noise_for_rounds(hp, sizes, 1) is hp
-    baseline = hyperparameters.parse({**BASE, "dp": False}, "x")
-    assert training.noise_for_rounds(baseline, sizes, 3) is baseline
-
-
-def test_budget_cuts_the_plan_stops_when_spent_or_refuses():
-    hp = hyperparameters.parse({**BASE, "target_epsilon": None, "noise_multiplier": 1.0, "max_epsilon": 2.0}, "x")
-    plan = training.SamplingPlan.from_hyperparameters(1000, hp, "x")
-    cut = training.apply_budget("torch", ("d",), hp, plan, 1.0, [])
-    assert 0 < cut.steps < plan.steps == cut.planned_steps
-    spent = privacy.DpEvent("torch", ("d",), 1000, plan.sample_rate, 1.0, cut.steps, privacy.PER_EXAMPLE, 1.0)
-    assert training.apply_budget("torch", ("d",), hp, plan, 1.0, [spent]).steps == 0  # the task trains nothing
-    with pytest.raises(UserError, match="below the ε of a single step"):
-        training.apply_budget("torch", ("d",), hp, plan, 0.4, [])
-    assert training.apply_budget("torch", ("d",), hyperparameters.parse(BASE, "x"), plan, 1.0, []) is plan
-
-
 @pytest.mark.parametrize("dp", [True, False])
 def test_batches_report_progress_once_per_epoch_without_a_terminal(dp):
     # pytest's output is no terminal, so the progress bar is disabled: the epoch callback (an ε
     # computation) must still run once per epoch, not at every step.
     hp = hyperparameters.parse({**BASE, "epochs": 3, "dp": dp}, "x")
-    plan = training.SamplingPlan.from_hyperparameters(1000, hp, "x")
+    plan = privacy_plan.SamplingPlan.from_hyperparameters(1000, hp, "x")
     calls = []
     batches = list(training.sampled_batches(plan, hp, RunRandomness.fresh(), lambda steps: calls.append(steps) or "",
                                             "x"))
     assert len(batches) == 60 and calls == [20, 40, 60]
-
-
-def test_the_noise_schedule_and_the_count_follow_the_hyperparameters():
-    hp = hyperparameters.parse({**BASE, "noise_decay": 0.5, "clip_quantile": 0.5}, "x")
-    plan = training.SamplingPlan.from_hyperparameters(1001, hp, "x")  # 21 steps per epoch, 42 planned
-    noise = training.noise_schedule(hp, plan, 2.0)
-    assert noise.decay_steps == 11 and noise.count_noise_multiplier == pytest.approx(2 * plan.expected_batch_size / 20)
-    assert [noise.gradient_sigma(t) for t in (0, 10, 11, 41)] == [2.0, 2.0, 1.0, 0.25]
-    assert training.noise_schedule(dict_hp(dp=False), plan, 2.0).sigma == 0
 
 
 def dict_hp(**changes):
@@ -79,7 +35,7 @@ def dict_hp(**changes):
 @pytest.mark.parametrize("unclipped, direction", [(50, -1), (0, 1)])
 def test_adaptive_clipping_moves_c_towards_the_quantile(unclipped, direction):
     hp = dict_hp(clip_quantile=0.5, clip_learning_rate=0.2, clip_count_stddev=0.01)
-    plan = training.SamplingPlan.from_hyperparameters(1000, hp, "x")  # E[B] = 50
+    plan = privacy_plan.SamplingPlan.from_hyperparameters(1000, hp, "x")  # E[B] = 50
     clip = training.ClipNorm(hp, plan, RunRandomness.fresh())
     clip.update(unclipped, 50)  # all unclipped: C too large, shrinks; all clipped: grows
     assert clip.value == pytest.approx(1.0 * math.exp(-0.2 * ((unclipped - 25) / 50 + 0.5 - 0.5)), rel=1e-3)
@@ -100,7 +56,7 @@ class ShortFramework:
 
 def test_a_framework_that_does_not_run_every_planned_step_is_refused():
     hp = dict_hp(epochs=1, batch_size=10)
-    plan = training.SamplingPlan.from_hyperparameters(930, hp, "x")  # 93 steps: 1/(1/93) is 92.99999... in floats
+    plan = privacy_plan.SamplingPlan.from_hyperparameters(930, hp, "x")  # 93 steps: 1/(1/93) is 92.99999... in floats
     with pytest.raises(RuntimeError, match="ran 92 steps where the plan has 93"):
         training.fit(ShortFramework(), None, np.zeros((930, 28, 28), np.float32), np.zeros(930, np.int64), hp, plan,
                      1.0, lambda steps: "")
@@ -120,7 +76,7 @@ class LibraryFigures:
 
 def test_a_library_epsilon_that_is_not_finite_is_dropped_with_a_warning():
     hp = dict_hp(epochs=1, batch_size=100)
-    plan = training.SamplingPlan.from_hyperparameters(100, hp, "x")  # q = 1
+    plan = privacy_plan.SamplingPlan.from_hyperparameters(100, hp, "x")  # q = 1
     # On the skeleton's logger itself: substratools, run by earlier tests in this process, may stop propagation.
     records, handler = [], logging.Handler(logging.WARNING)
     handler.emit = records.append
@@ -135,7 +91,7 @@ def test_a_library_epsilon_that_is_not_finite_is_dropped_with_a_warning():
     assert result.library_epsilon == {"fine": 2.5}
     assert [r.getMessage().split(";")[0] for r in records] == [
         "torch: monitor gave epsilon = nan for this run", "torch: statement gave epsilon = inf for this run"]
-    event = training.dp_event("torch", ("d",), hp, plan, result, code={"function": "train", "archive_digest": None})
+    event = privacy_plan.dp_event("torch", ("d",), hp, plan, result, code={"function": "train", "archive_digest": None})
     assert privacy.DpEvent.from_json(event.to_json()) == event  # as a model file stores it: readable again
 
 
@@ -194,65 +150,3 @@ def test_an_organisation_that_trained_nothing_weighs_nothing_in_the_average(tmp_
         training.aggregate(ArrayModels(), {"models": []}, {"model": str(tmp_path / "none")}, tmp_path / "hp.json")
 
 
-@pytest.mark.parametrize("changes, message", [
-    ({"clip_quantile": 0.5, "clip_count_stddev": 0.005, "noise_multiplier": 1.0, "target_epsilon": None},
-     "clip_count_stddev (0.005) gives adaptive clipping's count a noise multiplier of 0.01"),
-    ({"clip_quantile": 0.5, "clip_count_stddev": 1e-6}, "count a noise multiplier of 2e-06"),  # with a target
-    ({"clip_quantile": 0.5, "batch_size": 1, "epochs": 1},
-     "clip_count_stddev (null: E[B] / 20 = 0.05) gives adaptive clipping's count a noise multiplier of 0.1"),
-    ({"noise_decay": 1e-3, "noise_multiplier": 1.0, "target_epsilon": None},
-     "noise_decay = 0.001 (σ · 0.001^3 in the last of 4 stages) gives steps an effective noise multiplier of 1e-09"),
-    ({"noise_decay": 1e-3}, "noise_decay = 0.001 lowers the noise so far that"),
-    ({"noise_multiplier": 0.25, "target_epsilon": None}, "an effective noise multiplier of 0.25, below 0.3"),
-    ({"clip_quantile": 0.5, "target_epsilon": 0.01}, "target_epsilon = 0.01: adaptive clipping's noisy count alone"),
-    ({"target_epsilon": 1e-4}, "target_epsilon = 0.0001: even noise_multiplier = 1000, the most allowed"),
-])
-def test_noise_the_accountant_cannot_bound_is_refused_before_it_runs(changes, message):
-    # These ran for minutes in dp_accounting, ran out of memory, or failed in its numerics (deep in a train task).
-    import re
-    import time
-
-    start = time.perf_counter()
-    with pytest.raises(UserError, match=r"^hp\.json: .*" + re.escape(message)):
-        training.check_run("torch", dict_hp(**changes), 200, "hp.json")
-    assert time.perf_counter() - start < 10
-
-
-def test_the_least_noise_allowed_passes():
-    training.check_run("torch", dict_hp(noise_multiplier=privacy.MIN_NOISE_MULTIPLIER, target_epsilon=None), 200, "x")
-    training.check_run("torch", dict_hp(noise_multiplier=1.0, target_epsilon=None, clip_quantile=0.5,
-                                        clip_count_stddev=0.2), 200, "x")  # count 0.4, the gradient's 1: 0.37
-
-
-def test_a_budget_below_one_step_is_refused_before_registering_naming_the_organisation():
-    hp = dict_hp(noise_multiplier=1.0, target_epsilon=None, epochs=1)
-    plans = [training.SamplingPlan.from_hyperparameters(n, hp, "x") for n in (200, 100)]  # q = 1/4, 1/2
-    one_step = [privacy.compose_epsilon([training.run_event("torch", (), hp, plan, 1.0, 1)], hp.delta)
-                for plan in plans]
-    assert one_step[0] < one_step[1]
-    hp = dataclasses.replace(hp, max_epsilon=sum(one_step) / 2)  # enough for organisation 1's step, not 2's
-    with pytest.raises(UserError, match=f"^org 2: max_epsilon = {hp.max_epsilon} is below the ε of a single step "
-                                        rf"\({one_step[1]:.3f} at δ = 1e-05\)"):
-        training.check_plan("torch", hp, [200, 100], 1, ["org 1", "org 2"])
-    # The task's own check says the same (one message), and lets organisation 1 train.
-    assert training.apply_budget("torch", ("a",), hp, plans[0], 1.0, []).steps > 0
-    with pytest.raises(UserError, match=rf"^max_epsilon = {hp.max_epsilon} is below the ε of a single step"):
-        training.apply_budget("torch", ("b",), hp, plans[1], 1.0, [])
-
-
-def test_the_budget_check_calibrates_sigma_as_the_tasks_will_get_it():
-    # With a target, σ is calibrated for the run (one round) or for all rounds (noise_for_rounds: more noise, a
-    # cheaper step); a budget between the two steps' ε passes with 3 rounds and is refused with 1.
-    hp = dict_hp(epochs=1)
-    plan = training.SamplingPlan.from_hyperparameters(200, hp, "x")
-    three = training.check_plan("torch", hp, [200], 3, ["x"])
-    assert three.target_epsilon is None and three.noise_multiplier > training.resolve_noise_multiplier(hp, plan, [])
-
-    def step(sigma):
-        return privacy.compose_epsilon([training.run_event("torch", (), hp, plan, sigma, 1)], hp.delta)
-
-    budget = (step(training.resolve_noise_multiplier(hp, plan, [])) + step(three.noise_multiplier)) / 2
-    assert training.check_plan("torch", dataclasses.replace(hp, max_epsilon=budget), [200], 3, ["x"]) == \
-        dataclasses.replace(three, max_epsilon=budget)
-    with pytest.raises(UserError, match="^x: max_epsilon = .* is below the ε of a single step"):
-        training.check_plan("torch", dataclasses.replace(hp, max_epsilon=budget), [200], 1, ["x"])

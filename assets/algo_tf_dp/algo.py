@@ -31,7 +31,7 @@ try:
 except ModuleNotFoundError:  # run from the repository: make the shared package importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from mnist_dp import features, training
+from mnist_dp import features, privacy_plan, training
 from mnist_dp.errors import UserError
 from mnist_dp.training import MNIST_MEAN, MNIST_STD
 
@@ -261,7 +261,7 @@ class TensorFlowPrivacy:
 
     def fit(self, model, images, labels, hp, plan, step, batches):
         if hp.secure_mode:  # check_run refuses it first; training.fit may also be called without it (tests)
-            raise UserError(f"secure_mode: {training.NO_SECURE_MODE[self.name]}")
+            raise UserError(f"secure_mode: {privacy_plan.NO_SECURE_MODE[self.name]}")
         optimizer = new_optimizer(hp)
         images = as_input(images)
         if hp.dp:
