@@ -292,10 +292,11 @@ def main(argv=None):
     if not summary:
         raise UserError(f"{args.results}: no results for these settings")
     name = "federated" + ("-validation" if args.validation else "")
+    markdown, png = utility.result_file(args.results, name, ".md"), utility.result_file(args.results, name, ".png")
     text = table(summary, args) + "\n" + "\n".join(f"- {line}" for line in goals(summary)) + "\n"
-    atomic.write_text(args.results.with_name(f"{name}.md"), text)
-    plot(summary, args, args.results.with_name(f"{name}.png"))
-    print("\n" + text + f"\nwrote {args.results.with_name(name + '.md')} and {args.results.with_name(name + '.png')}")
+    atomic.write_text(markdown, text)
+    plot(summary, args, png)
+    print("\n" + text + f"\nwrote {markdown} and {png}")
 
 
 if __name__ == "__main__":

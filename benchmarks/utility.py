@@ -23,7 +23,9 @@ import hashlib
 import json
 import multiprocessing
 import os
+import re
 import statistics
+import unicodedata
 import warnings
 from pathlib import Path
 
@@ -116,6 +118,20 @@ def run_point(framework, dataset, epsilon, seed, changes, validation):
 def point_key(row):
     return json.dumps([row[k] for k in ("dataset", "framework", "target_epsilon", "seed", "changes", "validation")],
                       sort_keys=True)
+
+
+def slug(name):
+    """A label as a file name: lowercase ASCII letters, digits, '-' and '.' only, so that it needs no quoting
+    in a shell and checks out on Windows (no colon): 'tutorial: ReLU CNN (before)' -> 'tutorial-relu-cnn-before',
+    'noise decay 0.7' -> 'noise-decay-0.7'. Accents are dropped ('è' -> 'e'), other letters too ('ε')."""
+    ascii_name = unicodedata.normalize("NFKD", name).encode("ascii", "ignore").decode()
+    return re.sub(r"[^a-z0-9.]+", "-", ascii_name.lower()).strip("-.")
+
+
+def result_file(results, name, suffix):
+    """The report `name` (a label, slugged) with `suffix` next to the JSON lines `results`: every benchmark
+    names its files here (not with with_suffix, which would take a label's '0.7' for a suffix)."""
+    return results.with_name(slug(name) + suffix)
 
 
 def read_results(path):
@@ -318,12 +334,21 @@ def main(argv=None):
         if unknown:
             parser.error(f"{name}: unknown {sorted(unknown)}; known: {', '.join(known)}")
     changes = parse_changes(args.set)
+    if not slug(args.label):
+        parser.error(f"--label {args.label!r}: needs a letter or digit (it names the report's files)")
+    if not args.ablation:  # two labels with one slug would write over each other's report
+        clash = sorted({row.get("label") for row in read_results(args.results)
+                        if row.get("label") != args.label and slug(row.get("label") or "") == slug(args.label)})
+        if clash:
+            raise UserError(f"--label {args.label!r}: its report's file name is that of {', '.join(map(repr, clash))} "
+                            f"in {args.results}; choose another label")
     if args.ablation:
         rows = read_results(args.results)
         text = "\n".join(ablation_table(rows, args.ablation.split(";"), dataset, args.seeds_at, args.validation)
                          for dataset in args.datasets)
-        atomic.write_text(args.results.with_name("utility-ablation.md"), text)
-        print(text + f"\nwrote {args.results.with_name('utility-ablation.md')}")
+        path = result_file(args.results, "utility-ablation", ".md")
+        atomic.write_text(path, text)
+        print(text + f"\nwrote {path}")
         return
     if not args.report_only:
         run_all(args, changes)
@@ -331,11 +356,12 @@ def main(argv=None):
     summary = {k: v for k, v in summary.items() if k[0] in args.datasets and k[1] in args.frameworks}
     if not summary:
         raise UserError(f"{args.results}: no results for label {args.label!r}")
-    stem = args.results.with_name(f"utility-{args.label}{'-validation' if args.validation else ''}")
+    name = f"utility-{args.label}{'-validation' if args.validation else ''}"
+    markdown, png = result_file(args.results, name, ".md"), result_file(args.results, name, ".png")
     text = table(summary, args.epsilons) + "\n" + "".join(f"- {line}\n" for line in goals(summary, args.seeds_at))
-    atomic.write_text(stem.with_suffix(".md"), text)
-    plot(summary, stem.with_suffix(".png"))
-    print(text + f"\nwrote {stem.with_suffix('.md')} and {stem.with_suffix('.png')}")
+    atomic.write_text(markdown, text)
+    plot(summary, png)
+    print(text + f"\nwrote {markdown} and {png}")
 
 
 if __name__ == "__main__":

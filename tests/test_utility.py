@@ -1,8 +1,10 @@
 """benchmarks/utility.py: how it groups, reports and judges points (the training is the skeleton's, tested
 elsewhere), and one real point on tiny settings."""
 import json
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -43,6 +45,35 @@ def test_the_ablation_table_shows_each_labels_changes_and_accuracy():
 def test_a_point_already_in_the_results_has_the_same_key():
     assert utility.point_key(row("torch", 3.0, 0.1)) == utility.point_key(row("torch", 3.0, 0.9))
     assert utility.point_key(row("torch", 3.0, 0.1)) != utility.point_key(row("torch", 3.0, 0.1, seed=1))
+
+
+
+@pytest.mark.parametrize("label, expected", [
+    ("default", "default"),
+    ("tutorial: ReLU CNN (before)", "tutorial-relu-cnn-before"),
+    ("default + noise decay 0.7", "default-noise-decay-0.7"),
+    ("tanh CNN, C 0.1, lr 1, EMA", "tanh-cnn-c-0.1-lr-1-ema"),
+    ("Tramèr & Boneh: ε = 3 ", "tramer-boneh-3"),
+    ("..hidden/../path\\", "hidden-..-path"),
+])
+def test_a_label_becomes_a_file_name_with_no_character_to_quote(label, expected):
+    assert utility.slug(label) == expected
+
+
+def test_a_report_is_named_by_the_whole_label_not_cut_at_its_last_dot():
+    assert (utility.result_file(Path("r/utility.jsonl"), "utility-default + noise decay 0.7", ".md")
+            == Path("r/utility-default-noise-decay-0.7.md"))
+
+
+RESULTS = REPO / "benchmarks" / "results"
+
+
+def test_every_committed_result_has_a_slug_name_and_each_label_its_report():
+    names = [path.relative_to(RESULTS).as_posix() for path in RESULTS.rglob("*")]
+    assert names and [n for n in names if not re.fullmatch(r"[a-z0-9.-]+", n) or utility.slug(n) != n] == []
+    labels = {row["label"] for row in utility.read_results(RESULTS / "utility.jsonl") if not row["validation"]}
+    assert labels and [label for label in sorted(labels)
+                       if not utility.result_file(RESULTS / "utility.jsonl", f"utility-{label}", ".md").exists()] == []
 
 
 def test_one_tiny_point_trains_and_the_report_is_written(tmp_path):
