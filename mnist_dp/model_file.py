@@ -7,7 +7,7 @@ with nothing but the standard library, so ε can be recomputed without any ML fr
 Reading a model checks it before anything is computed from it: every ledger field (privacy.py), the
 sha256 of the ledger and of the weights recorded in the metadata, and the last training run of the
 ledger against the settings the metadata says it ran with. This catches a hand-edited or damaged
-file; it cannot stop whoever controls the training code, who can write any file (see README).
+file; it cannot stop whoever controls the training code, who can write any file (see docs/privacy.md).
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The bundle's own Dockerfile builds, and the tests run green inside it.
 
-The whole suite (`docker run --rm mnist-dp`) takes as long inside as outside (see the README), so
+The whole suite (`docker run --rm mnist-dp`) takes as long inside as outside (see docs/docker.md), so
 here the image runs the part that goes end to end: one local Substra plan training, predicting and
 scoring every framework (tests/test_run_local.py's first tests), the accountant and the README's commands.
 """

@@ -1,5 +1,6 @@
-"""The README's commands are the ones CI runs and the scripts accept."""
+"""The README's commands are the ones CI runs and the scripts accept; the documents' links resolve."""
 import re
+from urllib.parse import unquote
 
 from conftest import REPO
 
@@ -15,3 +16,46 @@ def test_ci_runs_the_readme_test_command():
 
 def test_readme_run_command_is_the_main_job():
     assert "pip install -r requirements.txt && python scripts/run_local.py" in readme_commands()
+
+
+# Markdown links and images: [text](target) and ![alt](target), target optionally in <...> and with a title.
+LINK = re.compile(r"!?\[[^\]]*\]\(\s*(<[^>]*>|[^)\s]+)(?:\s+\"[^\"]*\")?\s*\)")
+
+
+def documents():
+    return [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+
+def prose(text):
+    """The text outside fenced code blocks and inline code, where a link is a link."""
+    text = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+    return re.sub(r"`[^`\n]*`", "", text)
+
+
+def anchors(document):
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces as '-', repeats numbered."""
+    seen, found = {}, set()
+    for heading in re.findall(r"^#+\s+(.*?)\s*#*$", prose(document.read_text()), re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+        found.add(slug if slug not in seen else f"{slug}-{seen[slug]}")
+        seen[slug] = seen.get(slug, 0) + 1
+    return found
+
+
+def test_every_relative_link_in_the_documents_resolves():
+    """Every relative link in README.md and docs/*.md names a file (or folder) of the repository, and a
+    heading that exists when it has an anchor: sections move between documents, links must follow."""
+    broken = []
+    for document in documents():
+        for target in LINK.findall(prose(document.read_text())):
+            target = target.strip("<>")
+            if re.match(r"[A-Za-z][A-Za-z0-9+.-]*:", target):  # http:, https:, mailto:
+                continue
+            path, _, anchor = target.partition("#")
+            resolved = (document.parent / unquote(path)).resolve() if path else document
+            where = f"{document.relative_to(REPO)}: {target}"
+            if not resolved.is_relative_to(REPO) or not resolved.exists():
+                broken.append(f"{where} (no such file)")
+            elif anchor and resolved.suffix == ".md" and anchor not in anchors(resolved):
+                broken.append(f"{where} (no such heading)")
+    assert not broken, "\n".join(broken)
