@@ -13,8 +13,8 @@ from substra.sdk.models import ComputeTaskStatus
 from mnist_dp import execution, model_file, report
 from mnist_dp.plan import PlanBuilder
 from mnist_dp.privacy import NEIGHBOURING_RELATION, PER_EXAMPLE, SAMPLING
+from mnist_dp.privacy_plan import privacy_summary
 from mnist_dp.randomness import REPLAYABLE_WARNING
-from mnist_dp.training import privacy_summary
 
 
 @dataclass
