@@ -5,7 +5,7 @@ wrong label), put each canary in the training set with probability 1/2, train on
 training skeleton's fit, the asset's hyperparameters with the overrides below), score every canary by
 the trained model's log-probability of its wrong label, guess "in" for the k highest and "out" for the
 k lowest, and turn the correct guesses into a 95% lower bound on ε (Steinke, Nasr & Jagielski 2023,
-one training run; mnist_dp/audit.py). The same is done without DP to show the attack has teeth.
+one training run; mnist_dp/privacy/audit.py). The same is done without DP to show the attack has teeth.
 
 A lower bound above the claimed ε is a bug (in the mechanism or the accounting): the script then says
 so and exits 1.
@@ -24,17 +24,19 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import numpy as np
 
-from mnist_dp import audit, data, privacy_plan, training
-from mnist_dp import hyperparameters as hp_file
-from mnist_dp.assets import ALGO_ASSETS, load_asset_module
-from mnist_dp.privacy import Ledger
+from mnist_dp.data import sources
+from mnist_dp.learning import hyperparameters as hp_file
+from mnist_dp.learning import skeleton
+from mnist_dp.orchestration.assets import ALGO_ASSETS, load_asset_module
+from mnist_dp.privacy import audit, budget
+from mnist_dp.privacy.ledger import Ledger
 
 BETA = 0.05  # the lower bounds hold with 95% confidence
 
 
 def canary_set(train_size, canaries, seed):
     """Real training images, plus canaries (held-out images with a wrong label) each included w.p. 1/2."""
-    images, labels = data.load_embedded()
+    images, labels = sources.load_embedded()
     images = images.astype(np.float32) / 255.0  # the opener's scaling
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(labels))
@@ -56,12 +58,12 @@ def audit_framework(framework, args, dp):
         "target_epsilon": args.target_epsilon, "max_epsilon": None, "delta": args.delta, "seed": args.seed,
         "noise_seed": args.seed, "dp": dp},
         "the audit's options"))
-    run = training.fit_from_scratch(algo.FRAMEWORK, train_x, train_y, hp, "audit")
-    logits = training.predict_in_batches(algo.FRAMEWORK, run.model, canary_x, run.network).astype(np.float64)
+    run = skeleton.fit_from_scratch(algo.FRAMEWORK, train_x, train_y, hp, "audit")
+    logits = skeleton.predict_in_batches(algo.FRAMEWORK, run.model, canary_x, run.network).astype(np.float64)
     log_probs = logits - np.logaddexp.reduce(logits, axis=1, keepdims=True)
     scores = log_probs[np.arange(len(canary_y)), canary_y]  # memorised canaries score high
     guesses, correct = audit.guess(scores, included, args.guesses, args.guesses)
-    event = privacy_plan.dp_event(framework, ("audit",), hp, run.plan, run.result)
+    event = budget.dp_event(framework, ("audit",), hp, run.plan, run.result)
     return {"dp": dp, "claimed": Ledger([event]).epsilon(hp.delta), "sigma": run.sigma, "steps": run.result.steps,
             "n": run.plan.n, "guesses": guesses, "correct": correct,
             "lower_bound": audit.epsilon_lower_bound(args.canaries, guesses, correct, hp.delta, BETA),

@@ -8,7 +8,7 @@
    against torch's, taking turns in one process.
 2. The default run, `python scripts/run_local.py` (3 frameworks, DP + baseline, embedded data) in a
    fresh folder, end to end: each task's time split into phases (from the record every task writes,
-   see mnist_dp/timing.py) with its peak memory; the rest of the wall time is Substra's and the
+   see mnist_dp/utils/timing.py) with its peak memory; the rest of the wall time is Substra's and the
    scripts'. Accuracy and ε come from the run's results.json.
 3. The speed and memory targets against what was measured.
 
@@ -34,12 +34,15 @@ os.environ.setdefault("GLOG_v", "3")
 
 import numpy as np
 
-from mnist_dp import data, privacy_plan, timing, training
-from mnist_dp import hyperparameters as hp_file
-from mnist_dp.assets import ALGO_ASSETS, REPO, load_asset_module
-from mnist_dp.randomness import RunRandomness
+from mnist_dp.data import sources
+from mnist_dp.learning import chunks, interface
+from mnist_dp.learning import hyperparameters as hp_file
+from mnist_dp.orchestration.assets import ALGO_ASSETS, REPO, load_asset_module
+from mnist_dp.privacy import budget
+from mnist_dp.privacy.randomness import RunRandomness
+from mnist_dp.utils import timing
 
-# The issue's targets (issue 13): every DP step within 1.5× its framework's plain step, MindSpore's
+# The speed targets: every DP step within 1.5× its framework's plain step, MindSpore's
 # plain step within 2× torch's, the default run within 4 minutes, every task process within 1.5 GB.
 MAX_DP_RATIO, MAX_MINDSPORE_VS_TORCH, MAX_RUN_SECONDS, MAX_TASK_MB = 1.5, 2.0, 240, 1536
 PLAIN = "non-private"  # the name of each framework's baseline variant
@@ -51,8 +54,8 @@ def load_algo(framework):
 
 def embedded_train_set():
     """The run's 4,000 training images, scaled as the opener scales uint8 pixels."""
-    images, labels = data.load_embedded()
-    (train_x, train_y), _ = data.split_train_test(images, labels, 4000, 1000, 0)
+    images, labels = sources.load_embedded()
+    (train_x, train_y), _ = sources.split_train_test(images, labels, 4000, 1000, 0)
     return train_x.astype(np.float32) / 255.0, train_y.astype(np.int64)
 
 
@@ -145,7 +148,7 @@ def time_tf(algo, images, labels, hp, plan, steps):
     from tensorflow_privacy.privacy.fast_gradient_clipping import clip_grads
 
     def run(make_step, batches):
-        model = algo.build_model(0, training.Network.of(hp))
+        model = algo.build_model(0, interface.Network.of(hp))
         step = make_step(model, tf.keras.optimizers.SGD(hp.learning_rate, momentum=hp.momentum))
         return (lambda x, y: step(tf.constant(x[..., None]), tf.constant(y))), batches
 
@@ -188,7 +191,7 @@ def time_mindspore(algo, images, labels, hp, plan, steps):
             self.conv2 = nn.Conv2d(16, 32, 4, stride=2, pad_mode="valid", has_bias=True)
 
         def construct(self, x):
-            x = (x - training.MNIST_MEAN) / training.MNIST_STD
+            x = (x - interface.MNIST_MEAN) / interface.MNIST_STD
             x = self.pool(self.act(self.conv1(x)))
             x = self.pool(self.act(self.conv2(x)))
             return self.fc2(self.act(self.fc1(self.flatten(x))))
@@ -206,7 +209,7 @@ def time_mindspore(algo, images, labels, hp, plan, steps):
         step = algo.make_dp_step(net, optimizer, plan.expected_batch_size, RunRandomness.fresh())
         return lambda images, labels, batch: step(images, labels, batch, hp.max_grad_norm, 1.0)
 
-    large, small = algo.chunk_sizes(plan.expected_batch_size)
+    large, small = chunks.chunk_sizes(plan.expected_batch_size)
     return {
         PLAIN: run(algo.SampleConvNet, algo.make_plain_step, fixed_batches(images, labels, hp, steps + WARMUP)),
         "non-private on nn.Conv2d (before; 8 steps)": run(
@@ -226,7 +229,7 @@ def step_variants(framework, steps):
     hp = hp_file.load(ALGO_ASSETS[framework] / hp_file.FILE_NAME,
                       hp_file.Overrides({"features": "pixels"}, "the step benchmark"))
     images, labels = embedded_train_set()
-    plan = privacy_plan.check_run(framework, hp, len(labels), "default")
+    plan = budget.check_run(framework, hp, len(labels), "default")
     return TIMERS[framework](algo, images, labels, hp, plan, steps)
 
 

@@ -17,9 +17,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from mnist_dp import archive
-from mnist_dp.assets import ALGO_ASSETS, OBJECTIVE_ASSET, REPO
-from mnist_dp.errors import UserError, run_cli
+from mnist_dp.orchestration import archive
+from mnist_dp.orchestration.assets import ALGO_ASSETS, OBJECTIVE_ASSET, REPO
+from mnist_dp.utils.errors import UserError, run_cli
 
 TAG = "mnist-dp-benchmark"
 SITE_PACKAGES = "/usr/local/lib/python3.11/site-packages"

@@ -3,8 +3,8 @@ organisation holding all the data.
 
 The embedded MNIST 4,000 / 1,000 split; K organisations each hold an equal share of the 4,000 training
 examples (disjoint). Every organisation's ε is at most --epsilon (δ = 1e-5) after the last round: σ is
-calibrated for it by the bundle's own rule (`privacy_plan.noise_for_rounds`). Each task is the real substratools
-function body — `training.train` and `training.aggregate` writing and reading real model files — driven
+calibrated for it by the bundle's own rule (`budget.noise_for_rounds`). Each task is the real substratools
+function body — `skeleton.train` and `skeleton.aggregate` writing and reading real model files — driven
 here in one process per framework instead of through Substra (whose local backend runs the same functions
 one after the other), so that each organisation's scattering features are computed once.
 - one organisation: the default run (the asset's epochs, one train task);
@@ -43,10 +43,14 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # utility.py: the data and the features' memory
 import utility  # noqa: E402
 
-from mnist_dp import atomic, data, features, model_file, plan, privacy_plan, training  # noqa: E402
-from mnist_dp import hyperparameters as hp_file  # noqa: E402
-from mnist_dp.assets import ALGO_ASSETS, load_asset_module  # noqa: E402
-from mnist_dp.errors import UserError, run_cli  # noqa: E402
+from mnist_dp.data import samples
+from mnist_dp.learning import features, interface, skeleton
+from mnist_dp.learning import hyperparameters as hp_file
+from mnist_dp.orchestration import compute_plan
+from mnist_dp.orchestration.assets import ALGO_ASSETS, load_asset_module
+from mnist_dp.privacy import budget, model_file
+from mnist_dp.utils import atomic
+from mnist_dp.utils.errors import UserError, run_cli
 
 DELTA = 1e-5
 RESULTS = Path(__file__).resolve().parent / "results" / "federated.jsonl"
@@ -80,13 +84,13 @@ def simulate(framework, strategy, organizations, epochs, rounds, epsilon, seed, 
     algo = load_asset_module(ALGO_ASSETS[framework] / "algo.py", f"algo_{framework}").FRAMEWORK
     (train_x, train_y), (test_x, test_y) = utility.load_dataset("mnist4k", validation)
     shares = np.array_split(np.arange(len(train_y)), organizations)  # a shuffled split: disjoint, equal shares
-    holdings = [data.in_memory(train_x[i], train_y[i], f"org{k}") for k, i in enumerate(shares, 1)]
+    holdings = [samples.in_memory(train_x[i], train_y[i], f"org{k}") for k, i in enumerate(shares, 1)]
     hp = hp_file.load(ALGO_ASSETS[framework] / hp_file.FILE_NAME, hp_file.Overrides({
         **changes, "epochs": epochs, "noise_multiplier": None, "target_epsilon": epsilon, "max_epsilon": None,
         "delta": DELTA, "seed": seed, "noise_seed": seed, "dp": True, "secure_mode": False},
         "the benchmark's settings"))
     start = time.perf_counter()
-    hp = privacy_plan.noise_for_rounds(hp, [len(i) for i in shares], rounds)  # as run_local.py does
+    hp = budget.noise_for_rounds(hp, [len(i) for i in shares], rounds)  # as run_local.py does
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         atomic.write_json(tmp / "hyperparameters.json", hp.to_json())
@@ -97,21 +101,21 @@ def simulate(framework, strategy, organizations, epochs, rounds, epsilon, seed, 
             task += 1
             inputs = {"datasamples": share, **({"model": str(start_from)} if start_from else {})}
             outputs = {"model": str(tmp / f"model-{task}"), "epsilon": str(tmp / f"epsilon-{task}")}
-            training.train(algo, inputs, outputs, tmp / "hyperparameters.json")
+            skeleton.train(algo, inputs, outputs, tmp / "hyperparameters.json")
             return Path(outputs["model"])
 
         for _ in range(rounds):
             if strategy == "fedavg":
                 trained = [train(share, model) for share in holdings]
                 model = tmp / f"global-{task}"
-                training.aggregate(algo, {"models": [str(m) for m in trained]}, {"model": str(model)},
+                skeleton.aggregate(algo, {"models": [str(m) for m in trained]}, {"model": str(model)},
                                    tmp / "hyperparameters.json")
             else:  # cyclic, or one organisation
                 for share in holdings:
                     model = train(share, model)
             saved = model_file.load(model, framework)
-            network = training.Network.of_saved(saved)
-            predicted = training.predicted_labels(algo, algo.load_model(saved.weights, network), test_x, network)
+            network = interface.Network.of_saved(saved)
+            predicted = skeleton.predicted_labels(algo, algo.load_model(saved.weights, network), test_x, network)
             accuracies.append(float(np.mean(predicted == test_y)))
         epsilons = [saved.ledger.epsilon(DELTA, data=[h["samples"][0]["identity"]]) for h in holdings]
     sigma = saved.ledger.events[-1].noise_multiplier
@@ -281,7 +285,7 @@ def main(argv=None):
     args.schedules = [parse_schedule(s) for s in args.schedules.split(",") if s]
     for organizations, strategy, (epochs, rounds) in itertools.product(args.organizations, args.strategies,
                                                                        args.schedules):
-        plan.check_size(strategy, rounds, organizations, 1, False,  # the tasks of the plan each run simulates
+        compute_plan.check_size(strategy, rounds, organizations, 1, False,  # the tasks of the plan each run simulates
                         f"--schedules {epochs}x{rounds} with {organizations} organisations and {strategy}")
     args.changes = utility.parse_changes(args.set)
     if "epochs" in args.changes:

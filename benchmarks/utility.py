@@ -1,6 +1,6 @@
 """The privacy–utility curve: test accuracy against ε for every framework, with and without DP.
 
-Each point trains one model with the training skeleton (`mnist_dp.training.fit`, each asset's
+Each point trains one model with the training skeleton (`mnist_dp.learning.skeleton.fit`, each asset's
 hyperparameters.json with --set changes), σ calibrated by our accountant for the target ε at δ = 1e-5,
 in its own child process, and scores it on the test set:
 - mnist4k: the embedded 4,000 / 1,000 MNIST split the default run trains on;
@@ -35,11 +35,14 @@ os.environ.setdefault("GLOG_v", "3")
 
 import numpy as np
 
-from mnist_dp import atomic, data, features, privacy_plan, training
-from mnist_dp import hyperparameters as hp_file
-from mnist_dp.assets import ALGO_ASSETS, load_asset_module
-from mnist_dp.errors import UserError, run_cli
-from mnist_dp.privacy import Ledger
+from mnist_dp.data import sources
+from mnist_dp.learning import features, skeleton
+from mnist_dp.learning import hyperparameters as hp_file
+from mnist_dp.orchestration.assets import ALGO_ASSETS, load_asset_module
+from mnist_dp.privacy import budget
+from mnist_dp.privacy.ledger import Ledger
+from mnist_dp.utils import atomic
+from mnist_dp.utils.errors import UserError, run_cli
 
 FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 DATASETS = {"mnist4k": "MNIST, embedded 4,000 / 1,000 split", "fmnist": "Fashion-MNIST 60,000 / 10,000"}
@@ -65,17 +68,17 @@ PUBLISHED = [
 def load_dataset(name, validation, seed=0):
     """((train images, labels), (test images, labels)), images float32 in [0, 1] as the opener gives them."""
     if name == "mnist4k":
-        images, labels = data.load_embedded()
-        train, test = data.split_train_test(images, labels, 4000, 1000, 0)  # the default run's split
+        images, labels = sources.load_embedded()
+        train, test = sources.split_train_test(images, labels, 4000, 1000, 0)  # the default run's split
     elif name == "fmnist":
         if not FASHION_MNIST.is_dir():
             raise UserError(f"{FASHION_MNIST}: not found; install it with `apt-get install dataset-fashion-mnist`")
-        train, test = data.load_idx_folder(FASHION_MNIST)
+        train, test = sources.load_idx_folder(FASHION_MNIST)
     else:
         raise UserError(f"unknown dataset {name!r}; known: {', '.join(DATASETS)}")
     if validation:  # the last tenth of a shuffled, stratified training set plays the test set
         n = len(train[1])
-        train, test = data.split_train_test(*train, n - n // 10, n // 10, seed)
+        train, test = sources.split_train_test(*train, n - n // 10, n // 10, seed)
     scale = lambda split: (split[0].astype(np.float32) / 255.0, split[1].astype(np.int64))  # noqa: E731
     return scale(train), scale(test)
 
@@ -107,9 +110,9 @@ def run_point(framework, dataset, epsilon, seed, changes, validation):
     hp = hp_file.load(ALGO_ASSETS[framework] / hp_file.FILE_NAME, hp_file.Overrides({
         **changes, "noise_multiplier": None, "target_epsilon": epsilon if dp else None, "max_epsilon": None,
         "delta": DELTA, "seed": seed, "noise_seed": seed, "dp": dp, "secure_mode": False}, "the benchmark's settings"))
-    run = training.fit_from_scratch(algo.FRAMEWORK, train_x, train_y, hp, "utility")
-    predicted = training.predicted_labels(algo.FRAMEWORK, run.model, test_x, run.network)
-    event = privacy_plan.dp_event(framework, (dataset,), hp, run.plan, run.result)
+    run = skeleton.fit_from_scratch(algo.FRAMEWORK, train_x, train_y, hp, "utility")
+    predicted = skeleton.predicted_labels(algo.FRAMEWORK, run.model, test_x, run.network)
+    event = budget.dp_event(framework, (dataset,), hp, run.plan, run.result)
     return {"accuracy": float(np.mean(predicted == test_y)), "epsilon": Ledger([event]).epsilon(DELTA),
             "sigma": run.sigma, "steps": run.result.steps, "seconds": round(run.seconds, 1),
             "hyperparameters": hp.to_json()}

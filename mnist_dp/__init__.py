@@ -1,5 +1,13 @@
-"""Code shared by the Substra assets and the scripts of the DP-SGD MNIST bundle.
+"""Code shared by the Substra assets and the scripts of the DP-SGD MNIST bundle, by concern:
 
-Modules are small and import only numpy (plus dp_accounting for privacy, substra for plans), so a
-function archive can carry exactly the ones its asset imports (see ``mnist_dp.archive``).
+- ``privacy``: DP events, the accountant, the ledger, what a run may spend, statements and model-file checks;
+- ``learning``: the task skeleton every algo asset shares, the interface an asset implements, hyperparameters;
+- ``data``: data sources, the dataset folders generate_data writes, the data samples a task reads;
+- ``orchestration``: the Substra side (assets, contract, archives, compute plans, registration, execution);
+- ``report``: the results of a run and how they are shown;
+- ``utils``: one-line errors, atomic writes, strict JSON input, timing.
+
+Each subpackage's ``__init__`` imports nothing, and a module imports the libraries it needs and no more (numpy;
+dp_accounting in privacy; substra in orchestration), so a function archive carries exactly the modules its asset
+imports (``mnist_dp.orchestration.archive``) and a privacy report needs no ML framework.
 """

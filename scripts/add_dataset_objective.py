@@ -9,8 +9,9 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from mnist_dp import connection, data, registry
-from mnist_dp.errors import run_cli
+from mnist_dp.data import dataset
+from mnist_dp.orchestration import connection, registry
+from mnist_dp.utils.errors import run_cli
 
 
 def build_parser():
@@ -32,7 +33,7 @@ def main(argv=None):
     keys = registry.KeysFile(args.keys_file)
     work = args.keys_file.resolve().parent  # a local backend keeps its files in ./local-worker here
     client = connection.connect(args.backend, args.client_name, work)
-    data.generate_default_if_missing(args.data, train_samples=args.folds, flag="--folds")
+    dataset.generate_default_if_missing(args.data, train_samples=args.folds, flag="--folds")
     with tempfile.TemporaryDirectory() as build_dir:
         registry.register_dataset_objective(client, keys, args.data, args.folds, Path(build_dir))
     folds = keys.get("train_data_sample_keys")

@@ -15,10 +15,14 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from mnist_dp import atomic, connection, data, plan, privacy_plan, registry, results
-from mnist_dp import hyperparameters as hp_file
-from mnist_dp.assets import ALGO_ASSETS
-from mnist_dp.errors import UserError, run_cli
+from mnist_dp.data import samples
+from mnist_dp.learning import hyperparameters as hp_file
+from mnist_dp.orchestration import compute_plan, connection, registry
+from mnist_dp.orchestration.assets import ALGO_ASSETS
+from mnist_dp.privacy import budget
+from mnist_dp.report import results
+from mnist_dp.utils import atomic
+from mnist_dp.utils.errors import UserError, run_cli
 
 
 def build_parser():
@@ -32,7 +36,7 @@ def build_parser():
                         help="JSON file whose keys replace those of the algo's hyperparameters.json")
     parser.add_argument("--output", type=Path, default=None,
                         help="folder for the reports and model files (default: results/<framework>)")
-    plan.add_arguments(parser, "folds")
+    compute_plan.add_arguments(parser, "folds")
     parser.add_argument("--share-with", default="",
                         help="comma-separated organisation ids also allowed to read the model and predictions "
                              "(default: this organisation only)")
@@ -51,13 +55,13 @@ def main(argv=None):
     if args.rounds < 1:
         raise UserError("--rounds must be at least 1")
     folds = keys.require("train_data_sample_keys")
-    plan.check_size(args.strategy, args.rounds, len(folds), 1, args.score_train,
+    compute_plan.check_size(args.strategy, args.rounds, len(folds), 1, args.score_train,
                     f"--rounds {args.rounds} with the {len(folds)} fold(s) of {args.keys_file} and --strategy "
                     f"{args.strategy}")
     data_dir = Path(keys.require("data"))
     if data_dir.is_dir():  # what each train task would refuse, checked before anything is registered
-        sizes = [sum(map(data.sample_size, own)) for own in registry.split_among(data_dir, len(folds))]
-        hp = privacy_plan.check_plan(args.framework, hp, sizes, args.rounds,
+        sizes = [sum(map(samples.sample_size, own)) for own in registry.split_among(data_dir, len(folds))]
+        hp = budget.check_plan(args.framework, hp, sizes, args.rounds,
                                  [f"{args.framework} hyperparameters ({args.hyperparameters or 'the asset'}), fold {k}"
                                   for k in range(1, len(sizes) + 1)])
     elif args.rounds > 1 and hp.dp and hp.target_epsilon is not None:
@@ -77,28 +81,28 @@ def register_and_run(args, keys: registry.KeysFile, hp: hp_file.Hyperparameters,
                                                 len(keys.require("train_data_sample_keys")), Path(build_dir))
         registry.check_on_node(client, keys)
         functions = registry.register_algo(client, keys, run, args.framework, hp.to_json(), Path(build_dir),
-                                           plan.STRATEGIES[args.strategy])
+                                           compute_plan.STRATEGIES[args.strategy])
     keys.add_algo(args.framework, functions)
 
     owner, dataset = keys.require("organization_id"), keys.require("dataset_key")
     folds = keys.require("train_data_sample_keys")
-    shares = [plan.Share(owner, dataset, tuple(fold)) for fold in folds]
-    test = plan.Share(owner, dataset, tuple(keys.require("test_data_sample_keys")))
-    builder = plan.PlanBuilder(share_with=plan.id_list(args.share_with))
+    shares = [compute_plan.Share(owner, dataset, tuple(fold)) for fold in folds]
+    test = compute_plan.Share(owner, dataset, tuple(keys.require("test_data_sample_keys")))
+    builder = compute_plan.PlanBuilder(share_with=compute_plan.id_list(args.share_with))
     functions = {**functions, "score": keys.require("objective_key")}
     if args.strategy == "fedavg":
         builder.fedavg(run, functions, shares, args.rounds, test)
     else:  # the folds are at one organisation: each train task is numbered as a round of its own in the reports
         builder.chain(run, functions, list(enumerate(shares * args.rounds, 1)), test, args.score_train)
-    plan_key = plan.new_key()
+    plan_key = compute_plan.new_key()
     keys.add_compute_plan(args.framework, plan_key,
-                          {task: plan.describe_role(role) for task, role in builder.roles.items()})
+                          {task: compute_plan.describe_role(role) for task, role in builder.roles.items()})
     print(f"algo and compute plan keys added to {args.keys_file}")
     results.run_and_report(client, builder, f"mnist-dp {run}", plan_key, {run: args.framework}, {owner: None}, output,
                           f"mnist-dp: {run} on a Substra node",
                           [f"{args.backend} backend, keys file: {args.keys_file.resolve()}",
                            f"{len(folds)} fold(s) at {owner}, {args.rounds} round(s), "
-                           f"{plan.describe_strategy(args.strategy)}"])
+                           f"{compute_plan.describe_strategy(args.strategy)}"])
 
 
 if __name__ == "__main__":

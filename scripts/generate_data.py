@@ -7,8 +7,8 @@ secret identity key (identity.key: keep it with the data); --add-key gives one t
 import argparse
 from pathlib import Path
 
-from mnist_dp import data
-from mnist_dp.errors import run_cli
+from mnist_dp.data import dataset, samples
+from mnist_dp.utils.errors import run_cli
 
 
 def build_parser():
@@ -41,13 +41,13 @@ def build_parser():
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    key = None if args.key_from is None else data.read_key(args.key_from)
+    key = None if args.key_from is None else samples.read_key(args.key_from)
     if args.add_key:
-        added = data.add_key(args.add_key, key)
+        added = dataset.add_key(args.add_key, key)
         print(f"identity key written to {len(added)} of {len(args.add_key)} folder(s)"
               + (f": {', '.join(map(str, added))}" if added else " (the others had one)"))
         return
-    manifest = data.generate(args.output, args.source, args.train_size, args.test_size,
+    manifest = dataset.generate(args.output, args.source, args.train_size, args.test_size,
                              args.train_samples, args.seed, args.force, key)
     print(f"wrote {manifest['train_examples']} train examples in {manifest['train_samples']} sample(s) and "
           f"{manifest['test_examples']} test examples to {args.output}/ (source: {manifest['source']})")

@@ -6,8 +6,8 @@ Needs no ML framework (only numpy and dp_accounting): give it a model written by
 import argparse
 from pathlib import Path
 
-from mnist_dp import model_file, statement
-from mnist_dp.errors import run_cli
+from mnist_dp.privacy import model_file, statement
+from mnist_dp.utils.errors import run_cli
 
 
 def build_parser():

@@ -16,10 +16,14 @@ import argparse
 import shutil
 from pathlib import Path
 
-from mnist_dp import atomic, connection, data, plan, privacy_plan, registry, results
-from mnist_dp import hyperparameters as hp_file
-from mnist_dp.assets import ALGO_ASSETS
-from mnist_dp.errors import UserError, run_cli
+from mnist_dp.data import dataset, samples
+from mnist_dp.learning import hyperparameters as hp_file
+from mnist_dp.orchestration import compute_plan, connection, registry
+from mnist_dp.orchestration.assets import ALGO_ASSETS
+from mnist_dp.privacy import budget
+from mnist_dp.report import results
+from mnist_dp.utils import atomic
+from mnist_dp.utils.errors import UserError, run_cli
 
 
 def build_parser():
@@ -39,7 +43,7 @@ def build_parser():
     parser.add_argument("--organizations", type=int, default=1,
                         help="organisations sharing the training data, each with its own dataset; the data needs "
                              "at least this many train data samples (default: %(default)s)")
-    plan.add_arguments(parser, "organisations")
+    compute_plan.add_arguments(parser, "organisations")
     parser.add_argument("--share-with", default="",
                         help="comma-separated organisation ids also allowed to read the models and predictions "
                              "(default: only the organisations whose tasks need them)")
@@ -61,10 +65,10 @@ def main(argv=None):
     if args.organizations < 1 or args.rounds < 1:
         raise UserError("--organizations and --rounds must be at least 1")
     runs_per_framework = 1 if args.no_baseline else 2
-    plan.check_size(args.strategy, args.rounds, args.organizations, len(frameworks) * runs_per_framework,
+    compute_plan.check_size(args.strategy, args.rounds, args.organizations, len(frameworks) * runs_per_framework,
                     args.score_train, f"--rounds {args.rounds} with --organizations {args.organizations}, --strategy "
                                       f"{args.strategy} and {len(frameworks) * runs_per_framework} run(s)")
-    client_names = plan.id_list(args.client_name) or [None] * args.organizations
+    client_names = compute_plan.id_list(args.client_name) or [None] * args.organizations
     if len(client_names) != args.organizations:
         raise UserError(f"--client-name: give one name per organisation ({args.organizations}), comma-separated")
     overrides = hp_file.load_overrides(args.hyperparameters)
@@ -83,15 +87,15 @@ def main(argv=None):
         remove_leftovers(work / "local-worker")
         work.mkdir(exist_ok=True)
         clients = [connection.connect(args.backend, name, work) for name in client_names]
-        data.generate_default_if_missing(data_dir, train_samples=args.organizations, flag="--organizations")
+        dataset.generate_default_if_missing(data_dir, train_samples=args.organizations, flag="--organizations")
         # Everything a task would refuse is checked now, before anything is registered.
         holdings = registry.split_among(data_dir, args.organizations, flag="--organizations")
         # What each organisation's train task refuses (an example two organisations hold is accounted per example).
         identities = {folder: sample.identity for own in holdings
-                      for folder, sample in zip(own, data.check_examples(own))}
-        sizes = [sum(map(data.sample_size, own)) for own in holdings]
+                      for folder, sample in zip(own, samples.check_examples(own))}
+        sizes = [sum(map(samples.sample_size, own)) for own in holdings]
         for run, (framework, hp) in runs.items():  # each with the hyperparameters its tasks will get
-            runs[run] = framework, privacy_plan.check_plan(
+            runs[run] = framework, budget.check_plan(
                 framework, hp, sizes, args.rounds,
                 [f"{run} hyperparameters ({overrides.source}), organisation {k}" for k in range(1, len(sizes) + 1)])
 
@@ -100,11 +104,11 @@ def main(argv=None):
         organizations = {org: [identities[f] for f in folders] for org, folders in holdings.items()}
 
         client = clients[0]  # submits the plan and reads the results
-        builder = plan.PlanBuilder(share_with=plan.id_list(args.share_with))
+        builder = compute_plan.PlanBuilder(share_with=compute_plan.id_list(args.share_with))
         score = registry.register_objective(client, keys, work / "archives")
         for run, (framework, hp) in runs.items():
             functions = registry.register_algo(client, keys, run, framework, hp.to_json(), work / "archives",
-                                               plan.STRATEGIES[args.strategy])
+                                               compute_plan.STRATEGIES[args.strategy])
             functions["score"] = score
             if args.strategy == "fedavg":
                 builder.fedavg(run, functions, shares, args.rounds, test)
@@ -114,11 +118,11 @@ def main(argv=None):
         results.run_and_report(
             client, builder, f"mnist-dp local run ({args.organizations} organisation(s), {args.rounds} round(s), "
                              f"{args.strategy})",
-            plan.new_key(), {run: framework for run, (framework, _) in runs.items()}, organizations, output,
+            compute_plan.new_key(), {run: framework for run, (framework, _) in runs.items()}, organizations, output,
             "mnist-dp: DP-SGD on MNIST with Substra",
             [f"{args.backend} backend, data: {data_dir}",
-             f"{args.organizations} organisation(s), {args.rounds} round(s), {plan.describe_strategy(args.strategy)}: "
-             f"{', '.join(organizations)}"])
+             f"{args.organizations} organisation(s), {args.rounds} round(s), "
+             f"{compute_plan.describe_strategy(args.strategy)}: {', '.join(organizations)}"])
 
 
 def remove_leftovers(local_worker: Path) -> None:

@@ -4,12 +4,16 @@ import os
 import subprocess
 import sys
 import tarfile
+import zipfile
 from pathlib import Path
 
 import pytest
 
-from mnist_dp import archive, data
-from mnist_dp.assets import ALGO_ASSETS, DATASET_ASSET, OBJECTIVE_ASSET
+from mnist_dp.data import dataset
+from mnist_dp.orchestration import archive
+from mnist_dp.orchestration.assets import ALGO_ASSETS, DATASET_ASSET, OBJECTIVE_ASSET
+from mnist_dp.privacy.events import NO_CLIPPING, PER_EXAMPLE, DpEvent
+from mnist_dp.privacy.ledger import Ledger
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -39,7 +43,7 @@ def docker_daemon():
 def tiny_data(tmp_path_factory):
     """300 train examples in 2 data samples, 100 test examples, from the embedded MNIST subset."""
     dest = tmp_path_factory.mktemp("data") / "tiny"
-    data.generate(dest, train_size=300, test_size=100, train_samples=2, seed=1)
+    dataset.generate(dest, train_size=300, test_size=100, train_samples=2, seed=1)
     return dest
 
 
@@ -52,18 +56,24 @@ WITHOUT_WRITE_OVERRIDE = ["setpriv", "--bounding-set=-dac_override,-dac_read_sea
 def ledger_event(framework="torch", data=("fp-a",), n=100, batch_size=10, sigma=1.0, epochs=1, steps=None,
                  library_epsilon=(), archive_digest=None):
     """A ledger event as a train task writes it (provenance included), for tests that build model files."""
-    from mnist_dp import privacy
 
     steps_per_epoch = -(-n // batch_size)
-    return privacy.DpEvent(framework, tuple(data), n, 1 / steps_per_epoch, sigma, steps or steps_per_epoch * epochs,
-                           privacy.PER_EXAMPLE if sigma else privacy.NO_CLIPPING, 1.0, tuple(library_epsilon),
+    return DpEvent(framework, tuple(data), n, 1 / steps_per_epoch, sigma, steps or steps_per_epoch * epochs,
+                           PER_EXAMPLE if sigma else NO_CLIPPING, 1.0, tuple(library_epsilon),
                            batch_size, steps_per_epoch * epochs,
                            {"function": "train", "archive_digest": archive_digest})
 
 
+def dp_event(n=60000, batch=250, epochs=60, sigma=1.1, data=("a",)):
+    """A DP event of `epochs` epochs at q = 1 / ceil(n / batch), for tests that compute an ε."""
+    steps_per_epoch = -(-n // batch)
+    return DpEvent("torch", tuple(data), n, 1 / steps_per_epoch, sigma, steps_per_epoch * epochs, PER_EXAMPLE, 1.0,
+                   (), batch, steps_per_epoch * epochs, {"function": "train", "archive_digest": None})
+
+
 def save_model(path, events, weights=b"weights", **settings):
     """A model file whose metadata agrees with its last event, as a train task writes it."""
-    from mnist_dp import model_file, privacy
+    from mnist_dp.privacy import model_file
 
     last = events[-1]
     hyperparameters = {"delta": 1e-5, "max_epsilon": None, "secure_mode": False, "noise_seed": None,
@@ -71,8 +81,40 @@ def save_model(path, events, weights=b"weights", **settings):
                        "max_grad_norm": last.max_grad_norm, "noise_multiplier": last.noise_multiplier,
                        "planned_steps": last.planned_steps, "stopped_by_budget": last.steps < last.planned_steps,
                        **settings}
-    model_file.save(path, model_file.ModelFile(last.framework, weights, privacy.Ledger(events), hyperparameters))
+    model_file.save(path, model_file.ModelFile(last.framework, weights, Ledger(events), hyperparameters))
     return path
+
+
+# Every hyperparameter, for tests of the skeleton and the privacy plan without an asset's file.
+BASE_HP = {"epochs": 2, "batch_size": 50, "learning_rate": 0.1, "momentum": 0.9, "max_grad_norm": 1.0,
+           "noise_multiplier": None, "target_epsilon": 2.0, "max_epsilon": None, "delta": 1e-5, "seed": 0, "dp": True,
+           "secure_mode": False, "features": "pixels", "activation": "tanh", "optimizer": "sgd", "ema_decay": 0.0,
+           "noise_decay": 1.0, "clip_quantile": None, "clip_learning_rate": 0.2, "clip_count_stddev": None,
+           "noise_seed": None}
+
+
+def dict_hp(**changes):
+    """BASE_HP with `changes`, parsed as a hyperparameters file is."""
+    from mnist_dp.learning import hyperparameters
+
+    return hyperparameters.parse({**BASE_HP, **changes}, "x")
+
+
+def rewrite_member(path, member, edit):
+    """Edit one JSON member of a model file in place, as a user with a zip tool and an editor would."""
+    with zipfile.ZipFile(path) as archive:
+        members = {name: archive.read(name) for name in archive.namelist()}
+    members[member] = json.dumps(edit(json.loads(members[member]))).encode()
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, content in members.items():
+            archive.writestr(name, content)
+
+
+def ledger_edit(field, value):
+    def edit(ledger):
+        ledger["events"][-1][field] = value
+        return ledger
+    return edit
 
 
 def tiny_hyperparameters(framework, **changes):
@@ -112,7 +154,7 @@ def run_function(script, function, inputs, outputs, check=True, cwd=None):
 
 
 def samples(data_dir, split):
-    return [str(p) for p in data.sample_folders(data_dir, split)]
+    return [str(p) for p in dataset.sample_folders(data_dir, split)]
 
 
 @pytest.fixture

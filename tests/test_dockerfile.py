@@ -2,14 +2,14 @@
 
 The whole suite (`docker run --rm mnist-dp`) takes as long inside as outside (see docs/docker.md), so
 here the image runs the part that goes end to end: one local Substra plan training, predicting and
-scoring every framework (tests/test_run_local.py's first tests), the accountant and the README's commands.
+scoring every framework (tests/scripts/test_run_local.py's first tests), the accountant and the README's commands.
 """
 import docker
 from conftest import REPO
 
 IMAGE = "mnist-dp:tests"
-INSIDE = ["python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_privacy.py", "tests/test_readme.py",
-          "tests/test_run_local.py", "-k", "not organisations and not failing"]
+INSIDE = ["python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/privacy/test_accountant.py",
+          "tests/test_readme.py", "tests/scripts/test_run_local.py", "-k", "not organisations and not failing"]
 
 
 def test_the_bundle_image_builds_and_runs_the_tests_inside(docker_daemon):

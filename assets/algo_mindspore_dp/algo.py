@@ -1,20 +1,16 @@
 """DP-SGD on MNIST with MindSpore 2.9 + MindArmour 2.0 on CPU, as Substra train / predict functions.
 
-Only framework code lives here; the sampling plan, σ, the ledger and ε come from `mnist_dp.training`.
+Only framework code lives here; the sampling plan, σ, the ledger and ε come from the skeleton,
+`mnist_dp.learning.skeleton`.
 Run alone:  python assets/algo_mindspore_dp/algo.py --function-name train --inputs '[...]' --outputs '[...]'
 
-Why not MindArmour's `DPModel`: it refuses device_target CPU, clips per microbatch (per-example only
-with one example per microbatch, a 229 s compile) and expects shuffled fixed batches. The DP step is
-therefore written here, in GRAPH mode: exact per-example gradients from each layer's input and output
-gradient ("book-keeping", as the tf algo), clipped to C, summed, and Gaussian noise of std σ·C from
-MindArmour's `NoiseGaussianRandom` added once per step (`NoisyUpdate` says how it is seeded). MindArmour's
-`RDPMonitor` recomputes ε for this run as a cross-check (see `mindarmour_epsilon`).
-
-Why the convolutions are patches times a matrix: MindSpore 2.9's CPU Conv2D hands oneDNN plain NCHW
-tensors, for which oneDNN runs its reference convolution (`ONEDNN_VERBOSE=1` prints
-`jit_uni_ncsp:conv+ref`): 280 ms for our first layer on 500 images, 2.10.0 the same. Im2Col and one
-batched MatMul do the same arithmetic in about 15 ms, and the patches are what the per-example
-gradients need anyway.
+How the DP step works, and why not MindArmour's `DPModel` (it refuses device_target CPU, clips per microbatch
+and expects fixed batches): exact per-example gradients from each layer's input and output gradient
+("book-keeping", as the tf algo), in GRAPH mode, clipped to C and summed; Gaussian noise of std σ·C from
+MindArmour's `NoiseGaussianRandom` (`NoisyUpdate` says how it is seeded); MindArmour's `RDPMonitor` recomputes
+ε for the run as a cross-check. Convolutions are Im2Col patches times a matrix (`PatchConv2d`): MindSpore
+2.9's CPU Conv2D runs oneDNN's reference kernel, 280 ms for our first layer on 500 images against 15 ms for
+the patches, which the per-example gradients need anyway (docs/design.md, "MindSpore").
 """
 import io
 import logging
@@ -36,29 +32,18 @@ try:
 except ModuleNotFoundError:  # run from the repository: make the shared package importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from mnist_dp import features, training
-from mnist_dp.training import MNIST_MEAN, MNIST_STD
+from mnist_dp.learning import chunks, features, interface, skeleton
+from mnist_dp.learning.interface import MNIST_MEAN, MNIST_STD
 
 HYPERPARAMETERS = Path(__file__).with_name("hyperparameters.json")
 ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
 
 
-def import_mindarmour():
-    """MindArmour 2.0 warns (and sleeps 1 s) at import because it predates MindSpore 2.9; its noise
-    and monitor code work with 2.9 (tests check the noise). Keep the version warning off the user's
-    screen; the sleep cannot be avoided."""
-    previous = logging.root.manager.disable
-    logging.disable(logging.WARNING)
-    try:
-        from mindarmour.privacy.diff_privacy import NoiseGaussianRandom, RDPMonitor
-    finally:
-        logging.disable(previous)
-    return NoiseGaussianRandom, RDPMonitor
-
+# --- 1. The network -------------------------------------------------------------------------------------------------
 
 class PatchConv2d(nn.Conv2d):
     """`nn.Conv2d` (same parameters, names and initialisation), computed as Im2Col patches times the
-    kernel matrix (see the module docstring for why). Output [B, out_channels, H', W'] as Conv2d's.
+    kernel matrix (the module docstring says why). Output [B, out_channels, H', W'] as Conv2d's.
     Handles what this CNN uses: groups 1, dilation 1, one padding for every side."""
 
     def __init__(self, *args, **kwargs):
@@ -89,9 +74,7 @@ class PatchConv2d(nn.Conv2d):
 
 def _probed(z, probes, index):
     """z + probes[index]: with a zero probe, the gradient w.r.t. the probe is the gradient w.r.t. z."""
-    if probes is None:
-        return z
-    return z + probes[index]
+    return z if probes is None else z + probes[index]
 
 
 class SampleConvNet(nn.Cell):
@@ -136,8 +119,7 @@ class SampleConvNet(nn.Cell):
 
 
 class ScatteringLinear(nn.Cell):
-    """A linear classifier on scattering features [B, 3969] (zero weights at the start, as in every
-    framework: the problem is convex, so nothing is lost)."""
+    """A linear classifier on scattering features [B, 3969], zero at the start as in every framework (convex)."""
 
     PROBE_SHAPES = ((10,),)  # the logits, as SampleConvNet's
     GRADIENT_ORDER = ("fc.weight", "fc.bias")
@@ -156,9 +138,18 @@ def build_network(network):
     return SampleConvNet(network.activation)
 
 
-def as_input(inputs):
-    """Images [N, 28, 28] get their channel axis (NCHW); scattering features stay [N, 3969]."""
-    return inputs[:, None] if inputs.ndim == 3 else inputs
+# --- 2. The DP step: exact per-example clipping in GRAPH mode, MindArmour's noise, the optimizer --------------------
+
+def import_mindarmour():
+    """MindArmour 2.0 warns (and sleeps 1 s) at import: it predates MindSpore 2.9, whose noise and monitor code
+    it runs fine (tests check the noise). The warning is kept off the user's screen; the sleep cannot be."""
+    previous = logging.root.manager.disable
+    logging.disable(logging.WARNING)
+    try:
+        from mindarmour.privacy.diff_privacy import NoiseGaussianRandom, RDPMonitor
+    finally:
+        logging.disable(previous)
+    return NoiseGaussianRandom, RDPMonitor
 
 
 class _LinearClippedSumGraph(nn.Cell):
@@ -227,10 +218,9 @@ class _ClippedSumGraph(nn.Cell):
 
 
 class ClippedGradientSum:
-    """Σ_i mask_i · min(1, C / ‖g_i‖) · g_i over one chunk, from exact per-example gradients: one forward
-    and one backward pass to each layer's output, then each example's gradient from its layer inputs.
-    Returns one tensor per parameter, in `weights` order (the net's own), then the number of (unmasked)
-    examples whose gradient norm was at most C."""
+    """Σ_i mask_i · min(1, C / ‖g_i‖) · g_i over one chunk, from exact per-example gradients (one forward and one
+    backward pass to each layer's output, then each example's gradient from its layer inputs): one tensor per
+    parameter in `weights` order (the net's own), then how many unmasked examples had a gradient norm ≤ C."""
 
     def __init__(self, net, weights):
         if tuple(w.name for w in weights) != net.GRADIENT_ORDER:
@@ -244,14 +234,6 @@ class ClippedGradientSum:
         if size not in self.probes:
             self.probes[size] = tuple(ms.Tensor(np.zeros((size, *shape), np.float32)) for shape in self.probe_shapes)
         return self.graph(x, y, mask, ms.Tensor(max_grad_norm, ms.float32), *self.probes[size])
-
-
-def chunk_sizes(expected_batch_size):
-    """GRAPH mode compiles once per input shape, and Poisson batches vary in size, so a batch is cut into
-    chunks of two fixed sizes (padding masked out): a large one, the power of two at or above the expected
-    batch, and an eighth of it for the rest. A batch of 500 ± 21 is one 512 chunk, or 512 + 64."""
-    large = max(16, 1 << math.ceil(math.log2(max(expected_batch_size, 1))))
-    return large, large // 8
 
 
 # MindSpore's random ops take two seeds of 31 bits each (a global and an op seed: mindspore.common.seed); four
@@ -269,11 +251,10 @@ def noise_seeds(randomness) -> list:
 
 class NoisyUpdate(nn.Cell):
     """Add Gaussian noise of std `noise_std` (σ·C of this step) to the clipped sum, divide by E[B], take the
-    step. The noise is MindArmour's (`NoiseGaussianRandom`, drawn at unit std and scaled, since the schedule
-    and adaptive clipping change σ·C from step to step): the sum of NOISE_DRAWS independently seeded draws
-    over √NOISE_DRAWS, seeded from `randomness` (`noise_seeds`). One draw covers every weight, cut into the
-    gradients' shapes: a draw per gradient repeats the same numbers in each (one seed, one stream per call
-    site), which would let two gradients' difference cancel the noise."""
+    step. The noise: NOISE_DRAWS unit draws of MindArmour's `NoiseGaussianRandom` seeded from `randomness`, summed
+    over √NOISE_DRAWS and scaled (the schedule and adaptive clipping change σ·C from step to step). One draw covers
+    every weight, cut into the gradients' shapes: a draw per gradient repeats the same numbers in each (one seed,
+    one stream per call site), which would let two gradients' difference cancel the noise."""
 
     def __init__(self, optimizer, expected_batch_size, randomness):
         super().__init__(auto_prefix=False)
@@ -312,11 +293,11 @@ def make_dp_step(net, optimizer, expected_batch_size, randomness):
     Returns how many examples had a gradient norm ≤ C (adaptive clipping's count, before noise)."""
     clipped_sum = ClippedGradientSum(net, optimizer.parameters)
     update = NoisyUpdate(optimizer, expected_batch_size, randomness)
-    sizes = chunk_sizes(expected_batch_size)
+    sizes = chunks.chunk_sizes(expected_batch_size)
 
     def step(images, labels, batch, max_grad_norm, noise_multiplier):
         total = None
-        for index, mask in padded_chunks(batch, sizes):
+        for index, mask in chunks.padded_chunks(batch, sizes):
             part = clipped_sum(ms.Tensor(images[index]), ms.Tensor(labels[index]), ms.Tensor(mask), max_grad_norm)
             total = part if total is None else tuple(a + b for a, b in zip(total, part))
         *gradients, unclipped = total
@@ -328,9 +309,27 @@ def make_dp_step(net, optimizer, expected_batch_size, randomness):
     return step
 
 
+def make_plain_step(net, optimizer):
+    """The non-private step on images[batch]: mean loss over the batch, plain gradients (MindSpore's own
+    TrainOneStepCell; summing per-example gradients as the DP step does was no faster, benchmark.py)."""
+    loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    train_step = nn.TrainOneStepCell(nn.WithLossCell(net, loss), optimizer)
+
+    def step(images, labels, batch):
+        return train_step(ms.Tensor(images[batch]), ms.Tensor(labels[batch]))
+
+    return step
+
+
+def new_optimizer(net, hp):
+    if hp.optimizer == "adam":
+        return nn.Adam(net.trainable_params(), learning_rate=hp.learning_rate)
+    return nn.SGD(net.trainable_params(), learning_rate=hp.learning_rate, momentum=hp.momentum)
+
+
 class MovingAverage(nn.Cell):
-    """An exponential moving average of the weights, updated after every step (`copy_to` puts it in the
-    net at the end): post-processing of the DP iterates, free in privacy."""
+    """An exponential moving average of the weights after every step, put in the net at the end (`copy_to`):
+    post-processing of the DP iterates, free in privacy."""
 
     def __init__(self, params, decay):
         super().__init__(auto_prefix=False)
@@ -348,29 +347,9 @@ class MovingAverage(nn.Cell):
             param.set_data(ms.Tensor(average.asnumpy()))
 
 
-def new_optimizer(net, hp):
-    if hp.optimizer == "adam":
-        return nn.Adam(net.trainable_params(), learning_rate=hp.learning_rate)
-    return nn.SGD(net.trainable_params(), learning_rate=hp.learning_rate, momentum=hp.momentum)
-
-
-def make_plain_step(net, optimizer):
-    """The non-private step on images[batch]: mean loss over the batch, plain gradients (MindSpore's own
-    TrainOneStepCell; summing per-example gradients as the DP step does was no faster, benchmark.py)."""
-    loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
-    train_step = nn.TrainOneStepCell(nn.WithLossCell(net, loss), optimizer)
-
-    def step(images, labels, batch):
-        return train_step(ms.Tensor(images[batch]), ms.Tensor(labels[batch]))
-
-    return step
-
-
 def mindarmour_epsilon(n, sample_rate, noise_multiplier, steps, delta):
-    """MindArmour's RDPMonitor figure for this run, computed once for all steps.
-
-    Its step_end callback counts one extra step per print (arange(cur - k, cur + 1)), so we call its
-    accountant directly. It uses a sparse list of RDP orders, so it is above our RDP figure."""
+    """MindArmour's RDPMonitor figure for this run, from its accountant once for all steps (its step_end callback
+    counts one extra step per print); its sparse list of RDP orders puts it above our RDP figure."""
     _, RDPMonitor = import_mindarmour()
     batch = max(1, round(n * sample_rate))
     if batch >= n:
@@ -380,22 +359,32 @@ def mindarmour_epsilon(n, sample_rate, noise_multiplier, steps, delta):
     return float(monitor._compute_privacy_steps(list(range(steps)))[0])
 
 
-def padded_chunks(indices, sizes):
-    """Yield (indices padded to a chunk size, mask) covering `indices` (at least one chunk, maybe empty).
-    `sizes` = (large, small): large chunks while more than half of one remains, then small ones."""
-    large, small = sizes
-    start = 0
-    while True:
-        left = len(indices) - start
-        size = large if left > large // 2 else small
-        part = indices[start : start + size]
-        mask = np.zeros(size, np.float32)
-        mask[: len(part)] = 1
-        yield np.concatenate([part, np.zeros(size - len(part), part.dtype)]), mask
-        start += size
-        if start >= len(indices):
-            return
+# --- 3. Model I/O: inputs as the network takes them, weights as bytes -----------------------------------------------
 
+def as_input(inputs):
+    """Images [N, 28, 28] get their channel axis (NCHW); scattering features stay [N, 3969]."""
+    return inputs[:, None] if inputs.ndim == 3 else inputs
+
+
+def model_to_bytes(net) -> bytes:
+    """The parameters as an .npz, by name."""
+    buffer = io.BytesIO()
+    np.savez(buffer, **{p.name: p.asnumpy() for p in net.get_parameters()})
+    return buffer.getvalue()
+
+
+def model_from_bytes(weights: bytes, network):
+    """The network `network` names with the parameters of `model_to_bytes` (every one, no pickle)."""
+    net = build_network(network)
+    with np.load(io.BytesIO(weights), allow_pickle=False) as arrays:
+        params = {name: ms.Parameter(ms.Tensor(arrays[name]), name=name) for name in arrays.files}
+    not_loaded, _ = ms.load_param_into_net(net, params, strict_load=True)
+    if not_loaded:
+        raise ValueError(f"parameters {not_loaded} missing")
+    return net
+
+
+# --- 4. The Framework object: what the skeleton calls ---------------------------------------------------------------
 
 class MindSporeMindArmour:
     name = "mindspore"
@@ -406,19 +395,11 @@ class MindSporeMindArmour:
         ms.set_seed(seed)
         return build_network(network)
 
-    def load_model(self, weights, network):  # weights that are not its parameters: see training.load_weights
-        net = build_network(network)
-        with np.load(io.BytesIO(weights), allow_pickle=False) as arrays:
-            params = {name: ms.Parameter(ms.Tensor(arrays[name]), name=name) for name in arrays.files}
-        not_loaded, _ = ms.load_param_into_net(net, params, strict_load=True)
-        if not_loaded:
-            raise ValueError(f"parameters {not_loaded} missing")
-        return net
+    def load_model(self, weights, network):  # weights that are not its parameters: see skeleton.load_weights
+        return model_from_bytes(weights, network)
 
     def dump_model(self, net):
-        buffer = io.BytesIO()
-        np.savez(buffer, **{p.name: p.asnumpy() for p in net.get_parameters()})
-        return buffer.getvalue()
+        return model_to_bytes(net)
 
     def fit(self, net, images, labels, hp, plan, step, batches):
         optimizer = new_optimizer(net, hp)
@@ -444,12 +425,10 @@ class MindSporeMindArmour:
             average.copy_to()
         net.set_train(False)
         library = {}
-        # MindArmour has no ε for a run without noise; its monitor knows neither our schedule nor a count.
-        noise = step.noise
-        if hp.dp and noise.sigma > 0 and not noise.decay_steps and not noise.count_noise_multiplier:
+        if hp.dp and step.library_can_account:
             library["MindArmour RDPMonitor (this run only)"] = mindarmour_epsilon(
-                plan.n, plan.sample_rate, noise.sigma, len(batch_sizes), hp.delta)
-        return training.Ran(batch_sizes, library)
+                plan.n, plan.sample_rate, step.noise.sigma, len(batch_sizes), hp.delta)
+        return interface.Ran(batch_sizes, library)
 
     def weight_arrays(self, net):
         return [p.asnumpy() for p in net.get_parameters()]
@@ -467,4 +446,4 @@ class MindSporeMindArmour:
 FRAMEWORK = MindSporeMindArmour()
 
 if __name__ == "__main__":
-    training.run_functions(FRAMEWORK, HYPERPARAMETERS)  # substratools' `train` and `predict`
+    skeleton.run_functions(FRAMEWORK, HYPERPARAMETERS)  # substratools' `train` and `predict`

@@ -1,6 +1,7 @@
 """DP-SGD on MNIST with TensorFlow 2.15 + TensorFlow Privacy, as Substra train / predict functions.
 
-Only framework code lives here; the sampling plan, σ, the ledger and ε come from `mnist_dp.training`.
+Only framework code lives here; the sampling plan, σ, the ledger and ε come from the skeleton,
+`mnist_dp.learning.skeleton`.
 Run alone:  python assets/algo_tf_dp/algo.py --function-name train --inputs '[...]' --outputs '[...]'
 
 How the DP step works, and why not TF Privacy's Keras DP optimizers: those compute per-example
@@ -31,24 +32,16 @@ try:
 except ModuleNotFoundError:  # run from the repository: make the shared package importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from mnist_dp import features, privacy_plan, training
-from mnist_dp.errors import UserError
-from mnist_dp.training import MNIST_MEAN, MNIST_STD
+from mnist_dp.learning import features, interface, skeleton
+from mnist_dp.learning.interface import MNIST_MEAN, MNIST_STD
+from mnist_dp.privacy import budget
+from mnist_dp.utils.errors import UserError
 
 tf.get_logger().setLevel(logging.ERROR)
 HYPERPARAMETERS = Path(__file__).with_name("hyperparameters.json")
-SCALAR = tf.TensorSpec([], tf.float32)
 
 
-def batch_spec(model):
-    """The (inputs, labels) signature of a training step: the model's input shape, any batch size."""
-    return tf.TensorSpec([None, *model.input_shape[1:]], tf.float32), tf.TensorSpec([None], tf.int64)
-
-
-def as_input(inputs):
-    """Images [N, 28, 28] get their channel axis (NHWC); scattering features stay [N, 3969]."""
-    return inputs[..., None] if inputs.ndim == 3 else inputs
-
+# --- 1. The network -------------------------------------------------------------------------------------------------
 
 def build_model(seed, network):
     """The network `network` names (the same as the other algos'): the TF Privacy tutorial CNN (26,010
@@ -83,6 +76,8 @@ def pixel_cnn(activation):
         layers.Dense(10),  # -> [B, 10] logits
     ])
 
+
+# --- 2. The DP step: per-example clipping by TF Privacy's fast gradient clipping (with a Conv2D entry), noise -------
 
 def conv2d_layer_computation(layer_instance, input_args, input_kwargs, tape, num_microbatches=None):
     """TF Privacy layer-registry function for `tf.keras.layers.Conv2D` (fast gradient clipping).
@@ -192,6 +187,14 @@ def noise_generator(randomness):
     return tf.random.Generator.from_state(state, alg="philox")
 
 
+SCALAR = tf.TensorSpec([], tf.float32)
+
+
+def batch_spec(model):
+    """The (inputs, labels) signature of a training step: the model's input shape, any batch size."""
+    return tf.TensorSpec([None, *model.input_shape[1:]], tf.float32), tf.TensorSpec([None], tf.int64)
+
+
 def make_dp_step(model, optimizer, expected_batch_size, generator):
     """One DP-SGD step `step(x, y, C, σ)`: clip each example's gradient to C, sum, add N(0, σ²C²) drawn from
     `generator`, divide by E[B]. Returns how many examples had a gradient norm ≤ C (adaptive clipping's count,
@@ -242,26 +245,45 @@ def tf_privacy_statement_epsilon(n, batch_size, epochs, noise_multiplier, delta)
     return float(line.split()[-1])
 
 
+# --- 3. Model I/O: inputs as the network takes them, weights as bytes -----------------------------------------------
+
+def as_input(inputs):
+    """Images [N, 28, 28] get their channel axis (NHWC); scattering features stay [N, 3969]."""
+    return inputs[..., None] if inputs.ndim == 3 else inputs
+
+
+def model_to_bytes(model) -> bytes:
+    """The weights as an .npz of Keras' get_weights(), in order."""
+    buffer = io.BytesIO()
+    np.savez(buffer, *model.get_weights())
+    return buffer.getvalue()
+
+
+def model_from_bytes(weights: bytes, network):
+    """The network `network` names with the weights of `model_to_bytes` (no pickle)."""
+    model = build_model(0, network)
+    with np.load(io.BytesIO(weights), allow_pickle=False) as arrays:
+        model.set_weights([arrays[f"arr_{i}"] for i in range(len(arrays.files))])
+    return model
+
+
+# --- 4. The Framework object: what the skeleton calls ---------------------------------------------------------------
+
 class TensorFlowPrivacy:
     name = "tf"
 
     def new_model(self, seed, network):
         return build_model(seed, network)
 
-    def load_model(self, weights, network):  # weights that are not Keras weights: see training.load_weights
-        model = build_model(0, network)
-        with np.load(io.BytesIO(weights), allow_pickle=False) as arrays:
-            model.set_weights([arrays[f"arr_{i}"] for i in range(len(arrays.files))])
-        return model
+    def load_model(self, weights, network):  # weights that are not Keras weights: see skeleton.load_weights
+        return model_from_bytes(weights, network)
 
     def dump_model(self, model):
-        buffer = io.BytesIO()
-        np.savez(buffer, *model.get_weights())
-        return buffer.getvalue()
+        return model_to_bytes(model)
 
     def fit(self, model, images, labels, hp, plan, step, batches):
-        if hp.secure_mode:  # check_run refuses it first; training.fit may also be called without it (tests)
-            raise UserError(f"secure_mode: {privacy_plan.NO_SECURE_MODE[self.name]}")
+        if hp.secure_mode:  # check_run refuses it first; skeleton.fit may also be called without it (tests)
+            raise UserError(f"secure_mode: {budget.NO_SECURE_MODE[self.name]}")
         optimizer = new_optimizer(hp)
         images = as_input(images)
         if hp.dp:
@@ -282,12 +304,10 @@ class TensorFlowPrivacy:
         if hp.ema_decay:
             optimizer.finalize_variable_values(model.trainable_variables)  # the averaged weights are saved
         library = {}
-        # No statement for a run without noise; TF Privacy's knows neither a schedule nor a count.
-        noise = step.noise
-        if hp.dp and noise.sigma > 0 and not noise.decay_steps and not noise.count_noise_multiplier:
+        if hp.dp and step.library_can_account:
             library["TF Privacy statement, RDP, Poisson (this run only)"] = tf_privacy_statement_epsilon(
-                plan.n, plan.expected_batch_size, len(batch_sizes) / plan.steps_per_epoch, noise.sigma, hp.delta)
-        return training.Ran(batch_sizes, library)
+                plan.n, plan.expected_batch_size, len(batch_sizes) / plan.steps_per_epoch, step.noise.sigma, hp.delta)
+        return interface.Ran(batch_sizes, library)
 
     def weight_arrays(self, model):
         return model.get_weights()
@@ -302,6 +322,5 @@ class TensorFlowPrivacy:
 
 FRAMEWORK = TensorFlowPrivacy()
 
-
 if __name__ == "__main__":
-    training.run_functions(FRAMEWORK, HYPERPARAMETERS)  # substratools' `train` and `predict`
+    skeleton.run_functions(FRAMEWORK, HYPERPARAMETERS)  # substratools' `train` and `predict`

@@ -1,6 +1,7 @@
 """DP-SGD on MNIST with PyTorch + Opacus, as Substra train / predict functions (substratools 1.0).
 
-Only framework code lives here; the sampling plan, σ, the ledger and ε come from `mnist_dp.training`.
+Only framework code lives here; the sampling plan, σ, the ledger and ε come from the skeleton,
+`mnist_dp.learning.skeleton`.
 Run alone:  python assets/algo_torch_dp/algo.py --function-name train --inputs '[...]' --outputs '[...]'
 """
 import io
@@ -23,8 +24,8 @@ try:
 except ModuleNotFoundError:  # run from the repository: make the shared package importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from mnist_dp import features, training
-from mnist_dp.training import MNIST_MEAN, MNIST_STD
+from mnist_dp.learning import features, interface, skeleton
+from mnist_dp.learning.interface import MNIST_MEAN, MNIST_STD
 
 HYPERPARAMETERS = Path(__file__).with_name("hyperparameters.json")
 
@@ -41,6 +42,8 @@ warnings.filterwarnings("ignore", message="Full backward hook is firing")
 # Importing opacus calls logging.basicConfig(), which would print every substratools log line twice.
 logging.getLogger("substratools").propagate = False
 
+
+# --- 1. The network -------------------------------------------------------------------------------------------------
 
 ACTIVATIONS = {"tanh": torch.tanh, "relu": F.relu}
 
@@ -81,10 +84,7 @@ def build_network(network):
     return SampleConvNet(network.activation)
 
 
-def as_tensor(inputs):
-    """Inputs as the network takes them: images [N, 28, 28] get their channel axis, features stay [N, 3969]."""
-    return torch.from_numpy(inputs[:, None] if inputs.ndim == 3 else inputs)
-
+# --- 2. The DP step: Opacus' per-example clipping (with a Conv2d norm sampler) and noise, the optimizer -------------
 
 def conv_example_gradients(layer: nn.Conv2d, inputs: torch.Tensor, out_grads: torch.Tensor) -> torch.Tensor:
     """Each example's kernel gradient [B, out, in·kh·kw] of a Conv2d (groups 1, dilation 1, zero padding)
@@ -149,6 +149,55 @@ def has_torchcsprng() -> bool:
     return importlib.util.find_spec("torchcsprng") is not None
 
 
+def new_optimizer(model, hp):
+    if hp.optimizer == "adam":
+        return torch.optim.Adam(model.parameters(), lr=hp.learning_rate)
+    return torch.optim.SGD(model.parameters(), lr=hp.learning_rate, momentum=hp.momentum)
+
+
+class EMA:
+    """An exponential moving average of the weights (decay 0: none), taken after every step and saved in
+    their place: post-processing of the DP iterates, so free in privacy."""
+
+    def __init__(self, model, decay):
+        self.decay = decay
+        self.weights = [p.detach().clone() for p in model.parameters()] if decay else None
+
+    def update(self, model):
+        if self.weights is not None:
+            with torch.no_grad():
+                torch._foreach_lerp_(self.weights, [p.detach() for p in model.parameters()], 1 - self.decay)
+
+    def copy_to(self, model):
+        if self.weights is not None:
+            with torch.no_grad():
+                for p, w in zip(model.parameters(), self.weights):
+                    p.copy_(w)
+
+
+# --- 3. Model I/O: inputs as the network takes them, weights as bytes -----------------------------------------------
+
+def as_tensor(inputs):
+    """Inputs as the network takes them: images [N, 28, 28] get their channel axis, features stay [N, 3969]."""
+    return torch.from_numpy(inputs[:, None] if inputs.ndim == 3 else inputs)
+
+
+def model_to_bytes(model) -> bytes:
+    """The weights as torch.save writes a state dict."""
+    buffer = io.BytesIO()
+    torch.save(model.state_dict(), buffer)
+    return buffer.getvalue()
+
+
+def model_from_bytes(weights: bytes, network):
+    """The network `network` names with the weights of `model_to_bytes` (weights_only: no pickled code runs)."""
+    model = build_network(network)
+    model.load_state_dict(torch.load(io.BytesIO(weights), weights_only=True))
+    return model
+
+
+# --- 4. The Framework object: what the skeleton calls ---------------------------------------------------------------
+
 class TorchOpacus:
     name = "torch"
 
@@ -156,15 +205,11 @@ class TorchOpacus:
         torch.manual_seed(seed)
         return build_network(network)
 
-    def load_model(self, weights, network):  # weights that are not a state dict: see training.load_weights
-        model = build_network(network)
-        model.load_state_dict(torch.load(io.BytesIO(weights), weights_only=True))
-        return model
+    def load_model(self, weights, network):  # weights that are not a state dict: see skeleton.load_weights
+        return model_from_bytes(weights, network)
 
     def dump_model(self, model):
-        buffer = io.BytesIO()
-        torch.save(model.state_dict(), buffer)
-        return buffer.getvalue()
+        return model_to_bytes(model)
 
     def fit(self, model, images, labels, hp, plan, step, batches):
         inputs, targets = as_tensor(images), torch.from_numpy(labels)
@@ -192,7 +237,7 @@ class TorchOpacus:
             # Without torchcsprng, secure_mode keeps Opacus' floating-point-attack-resistant noise sampling.
             optimizer.secure_mode = hp.secure_mode
             if hp.secure_mode and not engine.secure_mode:
-                training.log.warning("secure_mode without torchcsprng: float-attack-resistant noise from a generator "
+                skeleton.log.warning("secure_mode without torchcsprng: float-attack-resistant noise from a generator "
                                      "seeded with 256 fresh bits, but PyTorch's generator is not a CSPRNG")
 
         model.train()
@@ -212,11 +257,9 @@ class TorchOpacus:
             batch_sizes.append(len(batch))
         average.copy_to(model)
         library = {}
-        # Opacus has no ε for a run without noise, and its accountant knows neither a schedule nor a count.
-        noise = step.noise
-        if engine is not None and noise.sigma > 0 and not noise.decay_steps and not noise.count_noise_multiplier:
+        if engine is not None and step.library_can_account:
             library["Opacus PRV (this run only)"] = engine.get_epsilon(hp.delta)
-        return training.Ran(batch_sizes, library)
+        return interface.Ran(batch_sizes, library)
 
     def weight_arrays(self, model):
         return [t.detach().numpy().copy() for t in model.state_dict().values()]
@@ -231,34 +274,7 @@ class TorchOpacus:
             return model(as_tensor(images)).numpy()
 
 
-def new_optimizer(model, hp):
-    if hp.optimizer == "adam":
-        return torch.optim.Adam(model.parameters(), lr=hp.learning_rate)
-    return torch.optim.SGD(model.parameters(), lr=hp.learning_rate, momentum=hp.momentum)
-
-
-class EMA:
-    """An exponential moving average of the weights (decay 0: none), taken after every step and saved in
-    their place: post-processing of the DP iterates, so free in privacy."""
-
-    def __init__(self, model, decay):
-        self.decay = decay
-        self.weights = [p.detach().clone() for p in model.parameters()] if decay else None
-
-    def update(self, model):
-        if self.weights is not None:
-            with torch.no_grad():
-                torch._foreach_lerp_(self.weights, [p.detach() for p in model.parameters()], 1 - self.decay)
-
-    def copy_to(self, model):
-        if self.weights is not None:
-            with torch.no_grad():
-                for p, w in zip(model.parameters(), self.weights):
-                    p.copy_(w)
-
-
 FRAMEWORK = TorchOpacus()
 
-
 if __name__ == "__main__":
-    training.run_functions(FRAMEWORK, HYPERPARAMETERS)  # substratools' `train` and `predict`
+    skeleton.run_functions(FRAMEWORK, HYPERPARAMETERS)  # substratools' `train` and `predict`

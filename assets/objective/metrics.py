@@ -10,8 +10,9 @@ try:
 except ModuleNotFoundError:  # run from the repository: make the shared package importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from mnist_dp import atomic, predictions, timing
-from mnist_dp.errors import run_cli
+from mnist_dp.learning import predictions
+from mnist_dp.utils import atomic, timing
+from mnist_dp.utils.errors import run_cli
 
 
 def accuracy(y_true: np.ndarray, y_pred: np.ndarray) -> float:

@@ -1,0 +1,329 @@
+"""A dataset folder as generate_data writes it: train/<i> and test/0 data samples under one identity key,
+and manifest.json, which marks the folder as ours (only such a folder is ever replaced, and only its own
+entries). Sources: sources.py; how a sample is read: samples.py.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import secrets
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from mnist_dp.data.samples import IMAGES_FILE, KEY_FILE, LABELS_FILE, opener, read_key, sample_fingerprint
+from mnist_dp.data.sources import EMBEDDED_SOURCE, checked_arrays, load_source, split_train_test, stratified_indices
+from mnist_dp.utils.errors import UserError
+
+MANIFEST_FILE = "manifest.json"
+DEFAULT_TRAIN_SIZE, DEFAULT_TEST_SIZE, DEFAULT_SEED = 4000, 1000, 0
+
+# The manifest marks a folder as written by generate_data: only such a folder may be replaced
+# (--force), and then only these entries of it.
+WRITTEN_BY = "mnist_dp generate_data"
+OWN_ENTRIES = ("train", "test", MANIFEST_FILE)
+# Manifests written before WRITTEN_BY existed had exactly these keys.
+_LEGACY_MANIFEST_KEYS = {"source", "seed", "train_examples", "test_examples", "train_samples"}
+# A dataset is built in `.<name>-partial-<pid>-<random>` next to its folder, then moved in; the pid
+# tells a killed run's leftover (pid gone) from a run still writing.
+_PARTIAL_NAME = re.compile(r"\..+-partial-(?P<pid>[1-9][0-9]{0,6})-[0-9a-f]+")
+_PARTIAL_ENTRIES = {*OWN_ENTRIES, "replaced"}
+
+
+def write_sample(folder: Path, images: np.ndarray, labels: np.ndarray, key: str) -> None:
+    folder.mkdir(parents=True)
+    np.save(folder / IMAGES_FILE, np.ascontiguousarray(images, dtype=np.uint8))
+    np.save(folder / LABELS_FILE, np.ascontiguousarray(labels, dtype=np.uint8))
+    _write_key(folder, key)
+
+
+def new_key() -> str:
+    """A secret identity key: 256 bits from the OS, as 64 hex digits."""
+    return secrets.token_hex(32)
+
+
+def _write_key(folder: Path, key: str) -> None:
+    # Created, never replaced (mode x): a sample's identity must not change under a ledger that names it.
+    with open(Path(folder) / KEY_FILE, "x", encoding="ascii") as f:
+        f.write(key + "\n")
+    os.chmod(Path(folder) / KEY_FILE, 0o600)
+
+
+def add_key(folders: list, key: str | None = None) -> list:
+    """Give every data sample folder of `folders` that has no identity key one key, `key` or a new one (one
+    organisation's samples: the same key); returns the folders that got it. An existing key is never replaced."""
+    missing = []
+    for folder in map(Path, folders):
+        if not (folder / IMAGES_FILE).is_file() or not (folder / LABELS_FILE).is_file():
+            raise UserError(f"{folder}: not a data sample folder (it needs {IMAGES_FILE} and {LABELS_FILE})")
+        if not (folder / KEY_FILE).exists():
+            missing.append(folder)
+    key = key or new_key()
+    for folder in missing:
+        with _writing_in(folder):
+            _write_key(folder, key)
+    return missing
+
+
+def read_manifest(dest: Path) -> dict | None:
+    """`dest`'s manifest.json when generate_data wrote it (the mark that the folder is ours), else None."""
+    try:
+        manifest = json.loads((Path(dest) / MANIFEST_FILE).read_text())
+    except (OSError, ValueError):  # missing, unreadable or not JSON: not ours
+        return None
+    if not isinstance(manifest, dict):
+        return None
+    return manifest if manifest.get("written_by") == WRITTEN_BY or set(manifest) == _LEGACY_MANIFEST_KEYS else None
+
+
+def write_dataset(dest: Path, train, test, train_samples: int, manifest: dict, force: bool = False,
+                  key: str | None = None) -> dict:
+    """Write ``dest/train/<i>`` (train split in `train_samples` folders), ``dest/test/0`` and
+    ``dest/manifest.json``, which marks the folder as ours.
+
+    `dest` must be missing, empty or ours; `force` replaces our entries of it (train/, test/,
+    manifest.json) and keeps anything else. Built in a temporary folder next to `dest` and moved into
+    place, so an interrupted run leaves no half dataset. Returns the manifest.
+    """
+    dest = Path(dest)
+    train_samples = _at_least_one("--train-samples", train_samples)
+    if train_samples > len(train[1]):
+        raise UserError(f"--train-samples {train_samples}: more than the {len(train[1])} train examples; "
+                        f"give at most {len(train[1])}")
+    _check_output(dest, force)
+    parts = np.array_split(np.arange(len(train[1])), train_samples)
+    parent = dest.parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"{parent}: cannot create this folder ({exc.strerror}); "
+                        "choose a folder you can write to") from None
+    _remove_abandoned(parent)
+    with _writing_in(parent):
+        tmp = parent / f".{dest.name}-partial-{os.getpid()}-{secrets.token_hex(4)}"
+        tmp.mkdir()
+    try:
+        with _writing_in(parent):
+            key = key or new_key()  # one organisation's data: one identity key
+            for i, part in enumerate(parts):
+                write_sample(tmp / "train" / str(i), train[0][part], train[1][part], key)
+            write_sample(tmp / "test" / "0", *test, key)
+            folders = [f"train/{i}" for i in range(train_samples)] + ["test/0"]
+            manifest = {**manifest, "written_by": WRITTEN_BY, "train_examples": int(len(train[1])),
+                        "test_examples": int(len(test[1])), "train_samples": train_samples,
+                        # Tells data nobody changed since (generate_default_if_missing may split it again).
+                        "sample_fingerprints": {f: sample_fingerprint(tmp / f) for f in folders}}
+            (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
+        with _writing_in(dest):
+            _move_in(tmp, dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return manifest
+
+
+def without_copies(images: np.ndarray, labels: np.ndarray) -> tuple:
+    """(images, labels) with every copy of an earlier example removed (the same image and label, as the opener
+    sees them), and how many were removed: a train task refuses copies, which would be accounted once."""
+    pixels = images.astype(np.float32) / 255.0 if images.dtype == np.uint8 else images
+    seen, keep = set(), []
+    for i, digest in enumerate(opener().example_digests(pixels, labels)):
+        if digest not in seen:
+            seen.add(digest)
+            keep.append(i)
+    return images[keep], labels[keep], len(labels) - len(keep)
+
+
+def _check_output(dest: Path, force: bool) -> None:
+    """Refuse an output folder that is a file, holds files we did not write, is ours without `force`,
+    or cannot be written (checked up front, before 50-100 MB are built; root passes any permission
+    check, and write_dataset still turns a failed write into a UserError)."""
+    entries = _entries(dest)
+    if entries:
+        if read_manifest(dest) is None:
+            raise UserError(f"{dest}: holds files generate_data did not write ({_listed(entries)}); "
+                            "choose a new or empty folder")
+        if not force:
+            raise UserError(f"{dest} already holds data samples generate_data wrote; pass --force to replace them "
+                            "(its train/, test/ and manifest.json; other files in it are kept)")
+    for folder in (dest.parent, dest):
+        if folder.is_dir() and not os.access(folder, os.W_OK | os.X_OK):
+            raise _cannot_write(folder, "permission denied")
+
+
+def _move_in(tmp: Path, dest: Path) -> None:
+    """Move the dataset built in `tmp` to `dest` (missing, empty or ours)."""
+    if not dest.exists() or not any(dest.iterdir()):
+        os.replace(tmp, dest)  # the whole folder in one rename
+        return
+    # Ours: our entries one by one, the old ones into tmp (removed with it) and the manifest last, so
+    # that `dest` still holds our manifest (and stays replaceable) if this is interrupted.
+    (tmp / "replaced").mkdir()
+    for name in ("train", "test"):
+        if os.path.lexists(dest / name):
+            os.rename(dest / name, tmp / "replaced" / name)
+        os.rename(tmp / name, dest / name)
+    os.replace(tmp / MANIFEST_FILE, dest / MANIFEST_FILE)
+
+
+def _remove_abandoned(parent: Path) -> None:
+    """Remove the temporary folders that killed generate runs left in `parent`: named and laid out as
+    ours, with a writer pid that no longer runs. One whose writer still runs is left alone."""
+    try:
+        candidates = [p for p in parent.iterdir() if _PARTIAL_NAME.fullmatch(p.name)]
+    except OSError:
+        return
+    for path in candidates:
+        pid = int(_PARTIAL_NAME.fullmatch(path.name)["pid"])
+        if path.is_symlink() or not path.is_dir() or _running(pid):
+            continue
+        try:
+            if not {p.name for p in path.iterdir()} <= _PARTIAL_ENTRIES:
+                continue
+            shutil.rmtree(path)
+        except OSError:  # not ours to remove after all (permissions): leave it
+            continue
+        print(f"removed {path}: left by a generate_data run (pid {pid}) that was interrupted")
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0 sends nothing: it only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, as another user's process
+        pass
+    return True
+
+
+def _entries(dest: Path) -> list:
+    """The sorted names in folder `dest` ([] when it does not exist); a file there is refused."""
+    if not os.path.lexists(dest):
+        return []
+    if not dest.is_dir():
+        what = "a file" if dest.is_file() else "not a folder"
+        raise UserError(f"{dest}: is {what}; the data samples are written to a folder: give the path of a new folder")
+    try:
+        return sorted(p.name for p in dest.iterdir())
+    except OSError as exc:
+        raise UserError(f"{dest}: cannot read this folder ({exc.strerror}); choose a folder you can write to") from None
+
+
+def _listed(names: list, limit: int = 5) -> str:
+    return ", ".join(names[:limit]) + (", ..." if len(names) > limit else "")
+
+
+def _cannot_write(folder: Path, reason) -> UserError:
+    return UserError(f"{folder}: cannot write in this folder ({reason}); choose a folder you can write to")
+
+
+@contextlib.contextmanager
+def _writing_in(folder: Path):
+    """Turn an OSError (permissions, read-only or full disk) into a UserError naming `folder`."""
+    try:
+        yield
+    except OSError as exc:
+        raise _cannot_write(folder, exc.strerror or exc) from None
+
+
+def sample_folders(dest: Path, split: str) -> list:
+    """The data sample folders of one split ('train' or 'test') written by `write_dataset`."""
+    root = Path(dest) / split
+    found = (p for p in root.iterdir() if p.is_dir()) if root.is_dir() else ()
+    folders = sorted(found, key=lambda p: (len(p.name), p.name))
+    if not folders:
+        raise UserError(f"{root}: no data sample folders; run scripts/generate_data.py first")
+    return folders
+
+
+def _at_least_one(flag: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise UserError(f"{flag} {value}: must be a whole number, at least 1")
+    return int(value)
+
+
+def generate(dest: Path, source: Path | None = None, train_size: int | None = None, test_size: int | None = None,
+             train_samples: int = 1, seed: int = DEFAULT_SEED, force: bool = False, key: str | None = None) -> dict:
+    """Build the train/test data samples from a source (see module docstring). Deterministic for a seed.
+    Sizes left as None: 4000 / 1000 of the embedded data, all of a source."""
+    train_size = None if train_size is None else _at_least_one("--train-size", train_size)
+    test_size = None if test_size is None else _at_least_one("--test-size", test_size)
+    # Before the source is loaded (seconds); write_dataset checks both again.
+    _at_least_one("--train-samples", train_samples)
+    _check_output(Path(dest), force)
+    loaded = load_source(source)
+    if source is None:  # one labelled set: split it ourselves
+        images, labels, _ = without_copies(*loaded)
+        train, test = split_train_test(images, labels, DEFAULT_TRAIN_SIZE if train_size is None else train_size,
+                                       DEFAULT_TEST_SIZE if test_size is None else test_size, seed)
+    else:
+        rng = np.random.default_rng(seed)
+        parts = []
+        for (x, y), split, flag, size in zip(loaded, ("train", "test"), ("--train-size", "--test-size"),
+                                             (train_size, test_size)):
+            x, y = checked_arrays(x, y, source, split)
+            if split == "train":
+                x, y, removed = without_copies(x, y)
+                if removed:
+                    print(f"{source}: left out {removed} train example(s) that are copies of others (the same image "
+                          "and label): each would be trained on twice but accounted once")
+            if size is not None and size > len(y):
+                raise UserError(f"{flag} {size}: the source has only {len(y)} {split} examples")
+            picked = stratified_indices(y, len(y) if size is None else size, rng)
+            parts.append((x[picked], y[picked]))
+        train, test = parts
+    manifest = {"source": EMBEDDED_SOURCE if source is None else str(source), "seed": seed}
+    return write_dataset(dest, train, test, train_samples, manifest, force=force, key=key)
+
+
+def generate_default_if_missing(dest: Path, train_samples: int, flag: str = "--train-samples") -> None:
+    """The scripts' first run: write the embedded default data to `dest` unless it holds data samples.
+    The default data written here, unchanged since, is split again when it has fewer than
+    `train_samples` train samples; any other data is left as it is. `flag`: the script's option that asked for
+    `train_samples`, which errors name (the user gave no --train-samples)."""
+    dest = Path(dest)
+    _at_least_one(flag, train_samples)
+    entries = _entries(dest)
+    if (dest / "train").is_dir():
+        held = sum(p.is_dir() for p in (dest / "train").iterdir())
+        if held < train_samples and _is_unchanged_default(dest):
+            _check_default_holds(train_samples, flag)
+            print(f"{dest}: splitting the default data again into {train_samples} train samples "
+                  f"(it had {held}; the same examples)")
+            # Under the same key: a model trained on the earlier split can be compared example by example.
+            generate(dest, train_samples=train_samples, force=True,
+                     key=read_key(dest / "test" / "0"))
+        return
+    if entries:
+        raise UserError(f"{dest}: holds no data samples (no train/ folder) but other files ({_listed(entries)}); "
+                        "give --data a folder of data samples written by scripts/generate_data.py, or a new folder")
+    _check_default_holds(train_samples, flag)
+    manifest = generate(dest, train_samples=train_samples)
+    print(f"generated {manifest['train_examples']} train / {manifest['test_examples']} test examples in {dest}")
+
+
+def _check_default_holds(train_samples: int, flag: str) -> None:
+    if train_samples > DEFAULT_TRAIN_SIZE:
+        raise UserError(f"{flag} {train_samples}: the default data has {DEFAULT_TRAIN_SIZE:,} train examples, fewer "
+                        f"than one for each; give at most {DEFAULT_TRAIN_SIZE:,}, or --data a folder of more data "
+                        "samples (scripts/generate_data.py --source)")
+
+
+def _is_unchanged_default(dest: Path) -> bool:
+    """Whether `dest` holds the embedded default data as `generate` wrote it, no file changed or added."""
+    manifest = read_manifest(dest)
+    expected = {"written_by": WRITTEN_BY, "source": EMBEDDED_SOURCE, "seed": DEFAULT_SEED,
+                "train_examples": DEFAULT_TRAIN_SIZE, "test_examples": DEFAULT_TEST_SIZE}
+    if manifest is None or any(manifest.get(key) != value for key, value in expected.items()):
+        return False
+    recorded = manifest.get("sample_fingerprints")
+    present = {f"{split}/{p.name}" for split in ("train", "test") if (dest / split).is_dir()
+               for p in (dest / split).iterdir()}
+    if not isinstance(recorded, dict) or set(recorded) != present:
+        return False
+    try:
+        return all(sample_fingerprint(dest / folder) == fingerprint for folder, fingerprint in recorded.items())
+    except OSError:
+        return False

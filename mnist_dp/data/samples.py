@@ -1,0 +1,91 @@
+"""A data sample as a task reads it: the dataset asset's opener is the one definition (of its examples, its
+identity and their keyed ids); this module reads folders through it, and checks training data for copies.
+
+A data sample is a folder with ``images.npy`` (uint8, [n, 28, 28]), ``labels.npy`` (uint8, [n]) and
+``identity.key`` (its secret identity key); ``assets/dataset/description.md`` is the formal description and
+the opener validates it.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+from pathlib import Path
+
+import numpy as np
+
+from mnist_dp.utils.errors import UserError
+
+IMAGES_FILE = "images.npy"
+LABELS_FILE = "labels.npy"
+KEY_FILE = "identity.key"  # the opener's KEY_FILE
+
+
+def sample_fingerprint(folder: Path) -> str:
+    """The content hash of a data sample: sha256 of images.npy then labels.npy. Never released: its keyed
+    form, `sample_identity`, names the sample in ledgers."""
+    digest = hashlib.sha256()
+    for name in (IMAGES_FILE, LABELS_FILE):
+        digest.update((Path(folder) / name).read_bytes())
+    return digest.hexdigest()
+
+
+@functools.cache
+def opener():
+    """The dataset asset's opener module: the one definition of a data sample, its identity and its examples
+    (it is self-contained, as Substra ships it alone; the scripts use it rather than a copy)."""
+    from mnist_dp.orchestration.assets import DATASET_ASSET, load_asset_module
+
+    return load_asset_module(DATASET_ASSET / "opener.py", "mnist_dp_dataset_opener")
+
+
+def read_sample(folder: Path):
+    """A data sample folder as the opener reads it (opener.Sample); its errors as UserError."""
+    try:
+        return opener().read_sample(str(folder))
+    except opener().DataSampleError as exc:
+        raise UserError(str(exc)) from None
+
+
+def read_key(folder: Path) -> str:
+    """The identity key of data sample folder `folder` (64 hex digits), checked as the opener checks it."""
+    try:
+        return opener().read_key(str(folder)).hex()
+    except opener().DataSampleError as exc:
+        raise UserError(str(exc)) from None
+
+
+# The key of examples held in memory (benchmarks and tests that train without sample folders): public, so their
+# ledgers are comparable with each other only, which is all they need.
+IN_MEMORY_KEY = "00" * 32
+
+
+def in_memory(images: np.ndarray, labels: np.ndarray, identity: str) -> dict:
+    """What the opener returns for one data sample of these examples (images float32 in [0, 1], labels int),
+    named `identity`, its examples named under IN_MEMORY_KEY."""
+    key, reader = bytes.fromhex(IN_MEMORY_KEY), opener()
+    images, labels = images.astype(np.float32), labels.astype(np.int64)
+    digests = reader.example_digests(images, labels)
+    sample = reader.Sample(f"<{identity}>", images, labels, identity, reader.key_id(key),
+                           reader.example_ids(key, digests), digests)
+    return reader.combine([sample], reader.copies([sample]))
+
+
+def sample_identity(folder: Path) -> str:
+    """A data sample's identity in the privacy ledger, as the opener computes it: HMAC-SHA256 of its content
+    fingerprint under the key in its identity.key."""
+    return read_sample(folder).identity
+
+
+def sample_size(folder: Path) -> int:
+    """Examples in a data sample folder (read from the labels file's header only)."""
+    return int(np.load(Path(folder) / LABELS_FILE, mmap_mode="r").shape[0])
+
+
+def check_examples(folders: list) -> list:
+    """Refuse training data sample folders that hold an example twice, in one sample or in two (the opener's
+    rule, which a train task applies): trained on twice, it would be accounted once. Returns them as read."""
+    samples = [read_sample(folder) for folder in folders]
+    problem = opener().copies(samples)
+    if problem:
+        raise UserError(problem)
+    return samples

@@ -1,0 +1,139 @@
+"""What an algo asset supplies, a `Framework`, and what passes between it and the skeleton (skeleton.py): the
+`Network` it builds, the `DpStep` each of its steps applies (noise schedule, clipping norm, randomness), and the
+`Ran` it reports back. An asset holds framework code only; everything else is the skeleton's.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from mnist_dp.learning import features as feature_maps
+from mnist_dp.learning import hyperparameters as hp_file
+from mnist_dp.privacy import budget
+from mnist_dp.privacy.budget import SamplingPlan
+from mnist_dp.privacy.events import NoiseSchedule
+from mnist_dp.privacy.model_file import ModelFile
+from mnist_dp.privacy.randomness import RunRandomness
+
+# The network's input normalisation (MNIST's pixel mean and std), the first layer of every framework's CNN.
+MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
+# Images per forward pass at prediction (bounds the memory); a framework may set its own `predict_batch_size`.
+PREDICT_BATCH_SIZE = 1024
+
+
+@dataclass(frozen=True)
+class Network:
+    """Which network a framework builds: on "pixels" the tutorial CNN with `activation`; on "scattering" a
+    linear classifier on the features of features.py (the inputs the skeleton gives it)."""
+
+    features: str = "pixels"
+    activation: str = "tanh"
+
+    @classmethod
+    def of(cls, hp: hp_file.Hyperparameters) -> Network:
+        return cls(hp.features, hp.activation)
+
+    @classmethod
+    def of_saved(cls, saved: ModelFile) -> Network:
+        # Models saved before these options existed: the ReLU CNN on pixels.
+        return cls(saved.hyperparameters.get("features", "pixels"), saved.hyperparameters.get("activation", "relu"))
+
+    def inputs(self, images: np.ndarray) -> np.ndarray:
+        """Images [N, 28, 28] -> what the network takes: the same, or scattering features [N, 3969]."""
+        return feature_maps.transform(images, self.features)
+
+
+@dataclass
+class Ran:
+    """What a framework's `fit` really ran, as only the framework knows it (it must report, not assume)."""
+
+    batch_sizes: list  # examples in each step really taken: one entry per step
+    library_epsilon: dict = field(default_factory=dict)  # the DP library's own ε for this run, for comparison
+    # Only when the effective σ per example is not the σ the framework was given (a library clipping
+    # microbatches of m > 1 examples: σ/2); None means the given σ.
+    noise_multiplier: float | None = None
+
+
+# Called after each epoch with the number of steps run so far; returns a short progress text (ε so far) for
+# the progress bar.
+EpochCallback = Callable[[int], str]
+
+
+class Framework(Protocol):
+    name: str
+
+    def new_model(self, seed: int, network: Network): ...
+
+    def load_model(self, weights: bytes, network: Network): ...
+
+    def dump_model(self, model) -> bytes: ...
+
+    def fit(self, model, images: np.ndarray, labels: np.ndarray, hp: hp_file.Hyperparameters,
+            plan: SamplingPlan, step: DpStep, batches: Iterable) -> Ran:
+        """Train `model` in place, one step per index batch of `batches` (exactly plan.steps of them), with
+        DP-SGD if hp.dp as `step` says (see DpStep). Called through the skeleton's `fit` (below), which draws
+        the batches and adds q and the clipping unit."""
+
+    def batch_logits(self, model, images: np.ndarray) -> np.ndarray:
+        """Class scores [B, 10] (before softmax) of one batch of inputs (images [B, 28, 28], or features
+        [B, 3969] for a network on scattering features); `predict_in_batches`
+        calls it with `predict_batch_size` images (a framework's own attribute, else PREDICT_BATCH_SIZE)."""
+
+    def weight_arrays(self, model) -> list:
+        """Every weight of the model, as numpy arrays in a fixed order (federated averaging, tests)."""
+
+    def set_weight_arrays(self, model, arrays: list):
+        """The model with its weights replaced by `arrays` (the order of `weight_arrays`); returns it."""
+
+
+def flat_weights(framework: Framework, model) -> np.ndarray:
+    """All weights in one vector (the mechanism tests measure updates with it)."""
+    return np.concatenate([a.ravel() for a in framework.weight_arrays(model)])
+
+
+@dataclass
+class DpStep:
+    """What the privacy mechanism of every step uses, as the skeleton decided it. Step t (0-based) adds Gaussian
+    noise of std noise.gradient_sigma(t) · clip.value to the sum of the examples' gradients clipped to clip.value,
+    drawn from a generator the framework seeds from randomness.words("gradient noise", ...), divides by
+    plan.expected_batch_size, and then reports its count of unclipped examples to clip.update (adaptive clipping;
+    a no-op otherwise). Without DP: σ = 0 and nothing is clipped."""
+
+    noise: NoiseSchedule
+    clip: ClipNorm
+    randomness: RunRandomness
+
+    @property
+    def library_can_account(self) -> bool:
+        """Whether a DP library's own accountant can account this run, for comparison with ours: a constant σ > 0
+        and no count noise (none knows a schedule or adaptive clipping's count; none has an ε without noise)."""
+        noise = self.noise
+        return noise.sigma > 0 and not noise.decay_steps and not noise.count_noise_multiplier
+
+
+class ClipNorm:
+    """The clipping norm C of every step: max_grad_norm throughout, or with clip_quantile adaptive clipping
+    (Andrew et al. 2021, as Opacus' AdaClipDPOptimizer and TF Privacy's quantile-adaptive query): after each
+    step C ← C · exp(-rate · (b̃ - quantile)), b̃ the noisy fraction of the batch whose gradient norm was at
+    most C. The count is released with noise N(0, s²) on Σ_i (1[‖g_i‖ ≤ C] - 1/2), sensitivity 1/2, which the
+    ledger's count_noise_multiplier = 2s accounts for; its noise is drawn here, for every framework."""
+
+    def __init__(self, hp: hp_file.Hyperparameters, plan: SamplingPlan, randomness: RunRandomness):
+        self.value = float(hp.max_grad_norm)
+        self.adaptive = hp.dp and hp.clip_quantile is not None
+        self.quantile, self.rate = hp.clip_quantile, hp.clip_learning_rate
+        self.stddev = budget.count_stddev(hp, plan)
+        self.expected_batch_size = plan.expected_batch_size
+        self.rng = randomness.numpy("count noise")
+
+    def update(self, unclipped: int, batch_size: int) -> None:
+        """After a step on `batch_size` examples of which `unclipped` had a gradient norm ≤ C."""
+        if not self.adaptive:
+            return
+        noisy = unclipped - batch_size / 2 + self.rng.normal(0.0, self.stddev)
+        fraction = noisy / self.expected_batch_size + 0.5  # the expected, not the realised, batch size
+        self.value *= math.exp(-self.rate * (fraction - self.quantile))

@@ -1,0 +1,342 @@
+"""The skeleton every algo asset shares: data -> model -> DP step -> ledger -> save.
+
+An asset supplies only a `Framework` (interface.py: model, weights (de)serialisation, one training run that reports
+what it ran, the logits of one batch); the rest lives here, once: the Poisson batches of the sampling plan,
+the DP step's noise and clipping, where the noise's randomness comes from (randomness.py), loading and checking
+models, and the task functions train, aggregate and predict. What a run may spend (q, steps, σ, the budget,
+the DP event) is decided by budget.py, which `train` asks once.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import pickle
+import time
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from mnist_dp.learning import hyperparameters as hp_file
+from mnist_dp.learning import predictions
+from mnist_dp.learning.interface import PREDICT_BATCH_SIZE, ClipNorm, DpStep, EpochCallback, Framework, Network
+from mnist_dp.privacy import budget, model_file, provenance
+from mnist_dp.privacy.budget import SamplingPlan
+from mnist_dp.privacy.events import NO_CLIPPING, PER_EXAMPLE
+from mnist_dp.privacy.ledger import Ledger, merge, own_runs
+from mnist_dp.privacy.randomness import REPLAYABLE_WARNING, RunRandomness
+from mnist_dp.utils import atomic, timing
+from mnist_dp.utils.errors import UserError, run_cli
+
+# substratools configures the "substratools" logger (level from --log-level); log under it.
+log = logging.getLogger("substratools.mnist_dp")
+
+
+@dataclass
+class FitResult:
+    """What a training run did: the framework's `Ran` with what the skeleton decided (q, clipping unit)."""
+
+    steps: int
+    sample_rate: float
+    noise_multiplier: float  # effective σ per example (σ/2 for microbatch clipping)
+    clipping: str
+    library_epsilon: dict = field(default_factory=dict)  # the DP library's own figure, for comparison
+    batch_sizes: list = field(default_factory=list)  # examples in each step really taken
+    replayable_noise: bool = False  # batches and noise from noise_seed (randomness.py), not fresh entropy
+
+
+def sampled_batches(plan: SamplingPlan, hp: hp_file.Hyperparameters, randomness: RunRandomness,
+                    on_epoch: EpochCallback, name: str):
+    """Yield the index batch of every step of a run (exactly plan.steps), with a progress bar.
+
+    With DP, Poisson sampling as the accountant assumes: each example joins each batch independently
+    with probability q (batch sizes vary; a batch may be empty and is still a step). The non-private
+    baseline takes shuffled batches of `batch_size`. Every framework trains on these batches (Opacus' own
+    DPDataLoader runs int(1/q) steps an epoch, one fewer than planned for some q).
+    """
+    from tqdm import tqdm
+
+    rng = randomness.numpy("batches")
+    # Steps are counted here, not by the bar: a bar without a terminal (a Substra task) counts nothing.
+    with tqdm(total=plan.steps, desc=f"train ({name})", unit="step", disable=None) as bar:
+        for step in range(1, plan.steps + 1):
+            if hp.dp:
+                yield np.flatnonzero(rng.random(plan.n) < plan.sample_rate)
+            else:
+                yield rng.choice(plan.n, size=min(hp.batch_size, plan.n), replace=False)
+            bar.update()
+            if step == 1:
+                timing.mark("first step")  # with the graph's compilation (tf, MindSpore)
+            if step % plan.steps_per_epoch == 0 or step == plan.steps:
+                bar.set_postfix_str(f"epoch {math.ceil(step / plan.steps_per_epoch)}/{plan.epochs} {on_epoch(step)}")
+
+
+def fit(framework: Framework, model, images: np.ndarray, labels: np.ndarray, hp: hp_file.Hyperparameters,
+        plan: SamplingPlan, sigma: float, on_epoch: EpochCallback, randomness: RunRandomness | None = None
+        ) -> FitResult:
+    """One training run of `framework` (model trained in place), and what it did: the steps and batch
+    sizes it ran and its library's ε from the framework, q and the clipping unit from here. `randomness`:
+    the run's (default: fresh, or from hp.noise_seed)."""
+    randomness = randomness or RunRandomness.for_run(hp.noise_seed)
+    inputs = Network.of(hp).inputs(images)
+    timing.mark("features")  # fixed features: the scattering transform of every image (nothing for pixels)
+    step = DpStep(budget.noise_schedule(hp, plan, sigma), ClipNorm(hp, plan, randomness), randomness)
+    batches = sampled_batches(plan, hp, randomness, on_epoch, framework.name)
+    ran = framework.fit(model, inputs, labels, hp, plan, step, batches)
+    if len(ran.batch_sizes) != plan.steps:  # the ledger records what ran; the frameworks must all run the plan
+        raise RuntimeError(f"{framework.name} ran {len(ran.batch_sizes)} steps where the plan has {plan.steps}")
+    if hp.dp:
+        clipping, noise_multiplier = PER_EXAMPLE, sigma if ran.noise_multiplier is None else ran.noise_multiplier
+    else:
+        clipping, noise_multiplier = NO_CLIPPING, 0.0
+    return FitResult(len(ran.batch_sizes), plan.sample_rate, noise_multiplier, clipping,
+                     comparable_library_epsilon(framework.name, ran.library_epsilon), list(ran.batch_sizes),
+                     randomness.replayable)
+
+
+def comparable_library_epsilon(framework_name: str, library_epsilon: dict) -> dict:
+    """The DP library's own ε figures that are finite. It is only shown for comparison, and a figure that is not
+    a number (MindArmour's monitor at q = 1 gives NaN) compares with nothing and would make the ledger unreadable."""
+    kept = {}
+    for name, value in library_epsilon.items():
+        if math.isfinite(value):
+            kept[name] = float(value)
+        else:
+            log.warning("%s: %s gave epsilon = %s for this run; not kept (it is shown only for comparison; the "
+                        "ledger's epsilon does not depend on it)", framework_name, name, value)
+    return kept
+
+
+@dataclass
+class Trained:
+    """A model trained from scratch in memory (benchmarks, audits), and what its training did."""
+
+    model: object
+    network: Network
+    plan: SamplingPlan
+    sigma: float
+    result: FitResult
+    seconds: float  # the training itself (features included)
+
+
+def fit_from_scratch(framework: Framework, images: np.ndarray, labels: np.ndarray, hp: hp_file.Hyperparameters,
+                     where: str) -> Trained:
+    """A train task's work without Substra: the checks, σ (calibrated when hp asks), a new model, `fit` (fresh
+    noise unless hp.noise_seed)."""
+    plan = budget.check_run(framework.name, hp, len(labels), where)
+    sigma = budget.resolve_noise_multiplier(hp, plan, [])
+    network = Network.of(hp)
+    model = framework.new_model(hp.seed, network)
+    start = time.perf_counter()
+    result = fit(framework, model, images, labels, hp, plan, sigma, lambda steps: "")
+    return Trained(model, network, plan, sigma, result, time.perf_counter() - start)
+
+
+# What a framework's loader raises on bytes that are not its weights for the network (torch's unpickler, np.load,
+# a name or a shape the network lacks); a framework may also raise UserError itself.
+_NOT_WEIGHTS = (UserError, pickle.UnpicklingError, EOFError, RuntimeError, ValueError, KeyError, TypeError, OSError,
+                zipfile.BadZipFile)
+
+
+def load_weights(framework: Framework, saved: model_file.ModelFile, path, network: Network):
+    """The model of the weights of the model file at `path` (read as `saved`). Weights that are not the framework's
+    for `network`, or not finite, are refused naming the file: its digests only say it was not edited since."""
+    try:
+        model = framework.load_model(saved.weights, network)
+    except _NOT_WEIGHTS as exc:
+        # Its first sentence: torch's unpickler goes on for lines about torch.load's options.
+        first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "").split(". ")[0][:150]
+        detail = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+        raise UserError(f"{path}: its weights cannot be loaded into this {framework.name} network ({detail}); the "
+                        f"file was not written by this bundle's {framework.name} algo: use one it trained") from None
+    check_finite(framework, model, str(path), "its training diverged: use another model, or train again with a "
+                                              "lower learning_rate or max_grad_norm")
+    return model
+
+
+def check_finite(framework: Framework, model, where: str, todo: str) -> None:
+    """No model with a NaN or infinite weight is saved or used: a diverged run must fail, not pass on garbage."""
+    arrays = [np.asarray(a) for a in framework.weight_arrays(model)]
+    bad = sum(a.size - int(np.count_nonzero(np.isfinite(a))) for a in arrays)
+    if bad:
+        raise UserError(f"{where}: {bad} of the model's {sum(a.size for a in arrays)} weights are NaN or infinite; "
+                        f"{todo}")
+
+
+def _load_input_model(framework: Framework, inputs: dict, network: Network):
+    if inputs.get("model"):
+        saved = model_file.load(inputs["model"], framework.name)
+        if Network.of_saved(saved) != network:
+            theirs = Network.of_saved(saved)
+            raise UserError(f"input model: its network has features {theirs.features!r} and activation "
+                            f"{theirs.activation!r}, the hyperparameters say {network.features!r} and "
+                            f"{network.activation!r}; set them as the input model's")
+        log.info("continuing from input model: %d earlier training run(s) in its ledger", len(saved.ledger.events))
+        return load_weights(framework, saved, inputs["model"], network), saved.ledger
+    return None, Ledger()
+
+
+def train(framework: Framework, inputs: dict, outputs: dict, hyperparameters_path: Path) -> dict:
+    """The substratools `train` function body: data -> model -> DP step -> ledger -> save. Returns the privacy
+    summary it logged."""
+    timing.begin_task("train", framework=framework.name)
+    check_outputs_writable(outputs)
+    # 1. Data, and what it may spend (budget.py: q, steps, σ, budget, over the earlier runs of its examples).
+    data = inputs["datasamples"]
+    if data.get("copies"):  # the opener found an example twice: trained twice, it would be accounted once
+        raise UserError(data["copies"])
+    images, labels = data["images"], data["labels"]
+    hp = hp_file.load(hyperparameters_path)
+    plan = budget.check_run(framework.name, hp, len(labels), str(hyperparameters_path))
+    # 2. The model: the input model, or a seeded start (the same at every organisation).
+    model, ledger = _load_input_model(framework, inputs, Network.of(hp))
+    if model is None:
+        model = framework.new_model(hp.seed, Network.of(hp))
+    run = budget.for_task(framework.name, hp, plan, ledger, data["samples"])
+    randomness = RunRandomness.for_run(hp.noise_seed, len(ledger.events), run.identities)
+    if randomness.replayable:
+        log.warning("noise_seed = %d: %s", hp.noise_seed, REPLAYABLE_WARNING)
+    timing.mark("setup")  # input model, σ calibration, budget
+    if run.plan.steps == 0:  # the budget of this data is spent: nothing trains, nothing is added to the ledger
+        model_file.copy(inputs["model"], outputs["model"])
+        summary = budget.privacy_summary(ledger, hp.delta)
+        _save_epsilon(outputs["epsilon"], summary["epsilon"])
+        timing.end_task("saving", dp=hp.dp)
+        return summary
+    # 3. The DP steps.
+    result = fit(framework, model, images, labels, hp, run.plan, run.sigma, run.progress, randomness)
+    timing.mark("training")  # the steps after the first
+    check_finite(framework, model, f"training diverged in {result.steps} steps",
+                 f"nothing was saved; lower learning_rate or max_grad_norm in {hyperparameters_path}")
+    # 4. The ledger: this run as it ran.
+    ledger.add(run.event(result, code=provenance.running_code(Path(hyperparameters_path).parent, "train")))
+    # 5. Save the model with its ledger, and ε.
+    model_file.save(outputs["model"], model_file.ModelFile(
+        framework=framework.name,
+        weights=framework.dump_model(model),
+        ledger=ledger,
+        hyperparameters={**hp.to_json(), "noise_multiplier": run.sigma, "planned_steps": run.plan.planned_steps,
+                         "stopped_by_budget": run.plan.stopped_by_budget},
+    ))
+    summary = budget.privacy_summary(ledger, hp.delta)
+    summary["library_epsilon"] = result.library_epsilon
+    _save_epsilon(outputs["epsilon"], summary["epsilon"])
+    log.info("trained %d steps, q=%.4g, sigma=%.4g: %s", result.steps, result.sample_rate, result.noise_multiplier,
+             budget.describe(summary))
+    timing.end_task("saving", dp=hp.dp)
+    return summary
+
+
+def aggregate(framework: Framework, inputs: dict, outputs: dict, hyperparameters_path: Path) -> None:
+    """The substratools `aggregate` function body: federated averaging. The next global model's weights are the
+    mean of the input models' weights, each weighted by the examples of its own new training run (an input whose
+    organisation's budget was spent trained nothing and weighs 0); its ledger is the union of theirs
+    (merge). Averaging is post-processing: no privacy is spent here."""
+    timing.begin_task("aggregate", framework=framework.name)
+    check_outputs_writable(outputs)
+    paths = inputs.get("models") or []
+    if not paths:
+        raise UserError("aggregate: no input models; give one or more in the 'models' input")
+    saved = [model_file.load(path, framework.name) for path in paths]
+    network = Network.of_saved(saved[0])
+    for path, other in zip(paths[1:], saved[1:]):
+        if Network.of_saved(other) != network or other.hyperparameters["delta"] != saved[0].hyperparameters["delta"]:
+            raise UserError(f"{path}: its network or delta differs from {paths[0]}'s; models averaged together must "
+                            "share the network and delta")
+    ledgers = [s.ledger for s in saved]
+    ledger = merge(ledgers)
+    added = [runs[-1] if runs else None for runs in own_runs(ledgers)]  # None: that input trained nothing
+    examples = [run.n if run else 0 for run in added]
+    models = [load_weights(framework, s, path, network) for s, path in zip(saved, paths)]
+    mean = weighted_mean([framework.weight_arrays(m) for m in models], examples)
+    model = framework.set_weight_arrays(models[0], mean)
+    check_finite(framework, model, "aggregate: the average", "nothing was saved")  # finite inputs: never, but cheap
+    timing.mark("averaging")
+    model_file.save(outputs["model"], model_file.ModelFile(
+        framework=framework.name, weights=framework.dump_model(model), ledger=ledger,
+        hyperparameters=model_file.aggregate_metadata(
+            [s.hyperparameters for s in saved], [run.run_id if run else None for run in added], examples,
+            provenance.running_code(Path(hyperparameters_path).parent, "aggregate"))))
+    log.info("averaged %d models weighted by %s examples: %s", len(saved), examples,
+             budget.describe(budget.privacy_summary(ledger, saved[0].hyperparameters["delta"])))
+    timing.end_task("saving", dp=saved[0].hyperparameters.get("dp"))
+
+
+def weighted_mean(models: list, weights: list) -> list:
+    """Array by array, Σ_k w_k · models[k] / Σ_k w_k (in float64, returned in each array's dtype); all weights 0
+    (no input trained): the plain mean."""
+    weights = np.asarray(weights, dtype=np.float64)
+    if weights.sum() == 0:
+        weights = np.ones_like(weights)
+    shapes = [[a.shape for a in arrays] for arrays in models]
+    if any(s != shapes[0] for s in shapes):
+        raise UserError("aggregate: the input models' weights differ in shape; they are not the same network")
+    return [(sum(w * arrays[i].astype(np.float64) for w, arrays in zip(weights, models)) / weights.sum())
+            .astype(models[0][i].dtype) for i in range(len(models[0]))]
+
+
+def predict(framework: Framework, inputs: dict, outputs: dict) -> None:
+    """The substratools `predict` function body."""
+    timing.begin_task("predict", framework=framework.name)
+    check_outputs_writable(outputs)
+    saved = model_file.load(inputs["model"], framework.name)
+    network = Network.of_saved(saved)
+    model = load_weights(framework, saved, inputs["model"], network)
+    timing.mark("loading model")
+    labels = predicted_labels(framework, model, inputs["datasamples"]["images"], network)  # features; compiling
+    timing.mark("predict")
+    predictions.save(outputs["predictions"], labels)
+    timing.end_task("saving", dp=saved.hyperparameters.get("dp"))
+
+
+def predict_in_batches(framework: Framework, model, images: np.ndarray, network: Network) -> np.ndarray:
+    """Class scores [N, 10] (before softmax) of images [N, 28, 28]; the predicted label is their argmax."""
+    batch_size = getattr(framework, "predict_batch_size", PREDICT_BATCH_SIZE)
+    inputs = network.inputs(images)
+    return np.concatenate([framework.batch_logits(model, inputs[i : i + batch_size])
+                           for i in range(0, len(inputs), batch_size)])
+
+
+def predicted_labels(framework: Framework, model, images: np.ndarray, network: Network) -> np.ndarray:
+    return np.argmax(predict_in_batches(framework, model, images, network), axis=1).astype(np.int64)
+
+
+def run_functions(framework: Framework, hyperparameters_path: Path) -> None:
+    """An algo asset's command line: register its substratools functions `train`, `predict` and `aggregate`
+    (the contract's names) and run the one asked for. Registering only here keeps several algo modules
+    importable in one process (substratools' registry is global)."""
+    import substratools as tools
+
+    def train_function(inputs, outputs, task_properties):
+        train(framework, inputs, outputs, hyperparameters_path)
+
+    def predict_function(inputs, outputs, task_properties):
+        predict(framework, inputs, outputs)
+
+    def aggregate_function(inputs, outputs, task_properties):
+        aggregate(framework, inputs, outputs, hyperparameters_path)
+
+    for function, name in ((train_function, "train"), (predict_function, "predict"), (aggregate_function, "aggregate")):
+        function.__name__ = name  # substratools logs it
+        tools.register(function, name)
+    run_cli(tools.execute, task=True)
+
+
+def check_outputs_writable(outputs: dict) -> None:
+    """Fail before the work, not after it: every output path must be a file we can create."""
+    for identifier, path in outputs.items():
+        path = Path(path)
+        if path.is_dir():
+            raise UserError(f"output {identifier!r}: {path} is a folder; give a file path")
+        if not path.parent.is_dir():
+            raise UserError(f"output {identifier!r}: folder {path.parent} does not exist")
+        if not os.access(path.parent, os.W_OK | os.X_OK):  # a read-only mount, permissions
+            raise UserError(f"output {identifier!r}: folder {path.parent} is not writable; make it writable or "
+                            "choose another path")
+
+
+def _save_epsilon(path, epsilon: float) -> None:
+    # Substra's performance file (a non-private model's ε = inf is JSON's non-standard `Infinity`).
+    atomic.write_performance(path, float(epsilon))

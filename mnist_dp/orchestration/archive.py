@@ -1,0 +1,137 @@
+"""Self-contained function archives: an asset's files, its function's Dockerfile and the shared modules.
+
+A remote Substra node builds each function archive with Docker, so the archive must hold every
+module of this repository that the asset imports. They are found by reading the asset's imports
+(transitively through `mnist_dp` and its subpackages), not by copying the whole package.
+"""
+from __future__ import annotations
+
+import ast
+import gzip
+import io
+import re
+import tarfile
+from pathlib import Path
+
+from mnist_dp.privacy import provenance
+from mnist_dp.utils.errors import UserError
+
+PACKAGE = "mnist_dp"
+PACKAGE_DIR = Path(__file__).resolve().parents[1]  # mnist_dp/
+# The same patterns substra's subprocess backend uses to read a Dockerfile's ENTRYPOINT line.
+_SCRIPT_REGEX = r"(?<=\")([^\"]*\.py)(?=\")"
+_FUNCTION_REGEX = r"\"\-\-function-name\"\,\s*\"([^\"]*)\""
+_SKIPPED = {"description.md", "__pycache__"}
+
+
+def dockerfile_path(asset_dir: Path, function: str) -> Path:
+    """Each function of an asset has its own Dockerfile: ``Dockerfile.<function>``."""
+    return Path(asset_dir) / f"Dockerfile.{function}"
+
+
+def parse_entrypoint(dockerfile: Path) -> tuple:
+    """(script, function name) of a Dockerfile's ENTRYPOINT, read as substra's local mode reads it."""
+    lines = [line for line in Path(dockerfile).read_text().splitlines() if "ENTRYPOINT" in line]
+    if len(lines) != 1:
+        raise UserError(f"{dockerfile}: expected exactly one line mentioning ENTRYPOINT, found {len(lines)}")
+    scripts = re.findall(_SCRIPT_REGEX, lines[0])
+    functions = re.findall(_FUNCTION_REGEX, lines[0])
+    if len(scripts) != 1 or len(functions) != 1:
+        raise UserError(f'{dockerfile}: ENTRYPOINT must look like ["python3", "algo.py", "--function-name", "train"]')
+    return scripts[0], functions[0]
+
+
+def _module_file(dotted: str) -> Path | None:
+    """The file of module ``mnist_dp.<dotted>`` (a module, or a package's ``__init__.py``); None for a name
+    that is not a module (a function or class imported from one)."""
+    path = PACKAGE_DIR.joinpath(*dotted.split("."))
+    if path.with_suffix(".py").is_file():
+        return path.with_suffix(".py")
+    if (path / "__init__.py").is_file():
+        return path / "__init__.py"
+    return None
+
+
+def _shared_imports(source: str, filename: str) -> set:
+    """The `mnist_dp` files a Python source imports, relative to the package ("privacy/ledger.py"), with the
+    ``__init__.py`` of every subpackage on the way (Python runs them first)."""
+    found = set()
+    for node in ast.walk(ast.parse(source, filename)):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        for name in names:
+            parts = name.split(".")
+            if parts[0] != PACKAGE:
+                continue
+            for end in range(2, len(parts) + 1):  # mnist_dp.privacy, mnist_dp.privacy.ledger, ...
+                module = _module_file(".".join(parts[1:end]))
+                if module is not None:
+                    found.add(module.relative_to(PACKAGE_DIR).as_posix())
+    return found
+
+
+def shared_modules(asset_files) -> list:
+    """The `mnist_dp` files the given Python files need ("privacy/ledger.py", ...), following imports between
+    modules; the package's own ``__init__.py`` is always needed and not listed."""
+    todo = set()
+    for path in asset_files:
+        todo |= _shared_imports(Path(path).read_text(), str(path))
+    done = set()
+    while todo:
+        name = todo.pop()
+        done.add(name)
+        module = PACKAGE_DIR / name
+        todo |= _shared_imports(module.read_text(), str(module)) - done
+    return sorted(done)
+
+
+def build(asset_dir: Path, function: str, dest: Path, replace: dict | None = None) -> Path:
+    """Write ``dest`` (tar.gz): the asset's files, ``Dockerfile`` for `function`, the shared modules
+    and the manifest of them all (provenance.py), whose digest identifies the archive.
+
+    `replace` maps an asset file name to new bytes (e.g. a tuned hyperparameters.json).
+    """
+    asset_dir = Path(asset_dir)
+    dockerfile = dockerfile_path(asset_dir, function)
+    if not dockerfile.is_file():
+        raise UserError(f"{dockerfile}: missing; every function needs its own Dockerfile")
+    script, entry_function = parse_entrypoint(dockerfile)
+    if entry_function != function:
+        raise UserError(f"{dockerfile}: ENTRYPOINT runs function {entry_function!r}, expected {function!r}")
+    files = {p.name: p for p in sorted(asset_dir.iterdir())
+             if p.is_file() and p.name not in _SKIPPED and not p.name.startswith("Dockerfile")}
+    if script not in files:
+        raise UserError(f"{dockerfile}: ENTRYPOINT script {script!r} is not in {asset_dir}")
+    replace = dict(replace or {})
+    unknown = set(replace) - set(files)
+    if unknown:
+        raise UserError(f"{asset_dir}: cannot replace {sorted(unknown)}: no such file in the asset")
+
+    contents = {name: replace.get(name) or path.read_bytes() for name, path in files.items()}
+    contents["Dockerfile"] = dockerfile.read_bytes()
+    python_files = [files[name] for name in files if name.endswith(".py")]
+    for name in ["__init__.py"] + shared_modules(python_files):
+        contents[f"{PACKAGE}/{name}"] = (PACKAGE_DIR / name).read_bytes()
+    contents[provenance.MANIFEST_FILE] = provenance.manifest_bytes(contents)
+
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    # Byte-for-byte reproducible (no timestamps), so an unchanged function is recognised and reused.
+    with open(dest, "wb") as f, gzip.GzipFile(filename="", mode="wb", fileobj=f, mtime=0) as gz, \
+            tarfile.open(fileobj=gz, mode="w") as tar:
+        for name, data in sorted(contents.items()):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            info.mode = 0o644
+            tar.addfile(info, io.BytesIO(data))
+    return dest
+
+
+def archive_digest(path: Path) -> str:
+    """The digest a function running from the archive at `path` records in its ledger events."""
+    with tarfile.open(path) as tar:
+        return provenance.digest(tar.extractfile(provenance.MANIFEST_FILE).read())

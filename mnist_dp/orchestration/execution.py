@@ -1,0 +1,154 @@
+"""Running a compute plan on a backend: submit it, follow it to its end, name a failed task with the
+end of its log, and read back what finished (task status, Substra's performances, model files).
+"""
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import substra
+from substra.sdk.models import ComputePlanStatus, ComputeTaskStatus
+
+from mnist_dp.orchestration.compute_plan import PlanBuilder, describe_role
+from mnist_dp.orchestration.task_logs import OutputTail, failed_build_log, failed_container, failed_container_log
+from mnist_dp.utils.errors import UserError
+
+
+class PlanFailed(UserError):
+    """A task failed: the message names it and ends with its log; the plan's finished work is kept."""
+
+
+def run_plan(client: substra.Client, builder: PlanBuilder, name: str, key: str) -> None:
+    """Submit the plan under `key` and see it to its end. Raises PlanFailed naming the failed task.
+
+    Local backends run the whole plan inside add_compute_plan; a remote node runs it while we poll,
+    with a progress bar.
+    """
+    from substra.sdk.backends.local.compute.spawner.base import BuildError, ExecutionError
+
+    spec = builder.spec(name, key)
+    if client.backend_mode != "remote":
+        with OutputTail() as tail:
+            try:
+                client.add_compute_plan(spec)
+            except (substra.exceptions.SDKException, ExecutionError, BuildError) as exc:
+                cause = exc.args[0] if exc.args else None
+                error, log = f"{type(exc).__name__}: {exc}", None
+                if isinstance(cause, subprocess.CalledProcessError):
+                    error = f"its process exited with status {cause.returncode}"
+                elif container := failed_container(str(cause)):
+                    image, status = container
+                    error, log = f"its container exited with status {status}", failed_container_log(image)
+                elif isinstance(exc, BuildError):
+                    error, log = "its Docker image did not build", failed_build_log(str(cause))
+            else:
+                return
+        raise PlanFailed(_failure(client, builder, name, error, tail.lines() if log is None else log))
+    interval = polling_seconds()  # a bad setting is said before the plan is submitted
+    client.add_compute_plan(spec)
+    compute_plan = _wait(client, spec.key, len(builder.tasks), interval)
+    if compute_plan.status != ComputePlanStatus.done:
+        log = _remote_log(client, compute_plan.failed_task_key)
+        raise PlanFailed(_failure(client, builder, name, f"plan status {compute_plan.status.value}", log,
+                                  compute_plan.failed_task_key))
+
+
+POLLING_VARIABLE = "MNIST_DP_POLLING_SECONDS"
+
+
+def polling_seconds() -> float:
+    """How often a remote plan's progress is asked for: 5 s, or the environment's MNIST_DP_POLLING_SECONDS."""
+    text = os.environ.get(POLLING_VARIABLE, "5")
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not 0 < seconds < math.inf:
+        raise UserError(f"{POLLING_VARIABLE}={text}: must be a positive number of seconds")
+    return seconds
+
+
+def _wait(client: substra.Client, key: str, task_count: int, interval: float):
+    from tqdm import tqdm
+
+    finished = (ComputePlanStatus.done, ComputePlanStatus.failed, ComputePlanStatus.canceled)
+    with tqdm(total=task_count, desc="compute plan", unit="task") as bar:
+        while True:
+            compute_plan = client.get_compute_plan(key)
+            bar.update(compute_plan.done_count - bar.n)
+            bar.set_postfix_str(f"{compute_plan.executing_count} executing, {compute_plan.failed_count} failed")
+            if compute_plan.status in finished:
+                return compute_plan
+            time.sleep(interval)
+
+
+def _remote_log(client: substra.Client, task_key: str | None) -> list:
+    if not task_key:
+        return []
+    try:
+        return client.get_logs(task_key).splitlines()
+    except substra.exceptions.SDKException as exc:
+        return [f"(its log could not be fetched: {exc})"]
+
+
+LOG_TAIL_LINES = 15
+
+
+def _failure(client: substra.Client, builder: PlanBuilder, name: str, error: str, log: list,
+             task_key: str | None = None) -> str:
+    task_id, role, function = failed_task(client, builder, task_key)
+    where = f"task '{describe_role(role)}' ({task_id}), function {function!r}" if task_id else "an unknown task"
+    tail = [line for line in log if line.strip()][-LOG_TAIL_LINES:]
+    return (f"compute plan {name!r} failed in {where}: {error}\n"
+            f"last lines of its log:\n" + "\n".join(f"  | {line}" for line in tail))
+
+
+def failed_task(client: substra.Client, builder: PlanBuilder, task_key: str | None = None) -> tuple:
+    """(task id, role, function name) of the failed task: `task_key` if the node said which, else the
+    first task found failed (substra's local backend leaves it 'executing')."""
+    candidates = [task_key] if task_key in builder.roles else builder.roles
+    for task_id in candidates:
+        role = builder.roles[task_id]
+        try:
+            task = client.get_task(task_id)
+        except substra.exceptions.NotFound:  # never submitted: the plan stopped before it
+            continue
+        if task.status in (ComputeTaskStatus.executing, ComputeTaskStatus.failed):
+            return task_id, role, task.function.name
+    return None, None, None
+
+
+def task_status(client: substra.Client, task_id: str) -> ComputeTaskStatus | None:
+    try:
+        return client.get_task(task_id).status
+    except substra.exceptions.NotFound:
+        return None
+
+
+def performances(client: substra.Client, plan_key: str, roles: dict):
+    """The plan's performances from Substra (get_performances), one row per performance, with the roles."""
+    import pandas as pd
+
+    try:
+        perfs = client.get_performances(plan_key)
+    except substra.exceptions.NotFound:  # the plan was refused before it existed
+        perfs = substra.sdk.models.Performances()
+    frame = pd.DataFrame({"task_key": perfs.task_key, "worker": perfs.worker, "round": perfs.round_idx,
+                          "identifier": perfs.identifier, "performance": perfs.performance})
+    frame["run"] = [roles[k].run for k in frame.task_key]
+    frame["metric"] = [f"{roles[k].split}_accuracy" if i == "performance" else i
+                       for k, i in zip(frame.task_key, frame.identifier)]
+    frame["train_task"] = [roles[k].train_task or k for k in frame.task_key]
+    return frame
+
+
+def fetch_model(client: substra.Client, train_task: str, dest: Path) -> Path:
+    """Copy the model file a train task produced to `dest` (kept with the run's results)."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(client.download_model_from_task(train_task, "model", dest.parent))
+    shutil.move(tmp, dest)
+    return dest

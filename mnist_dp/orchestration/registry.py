@@ -1,0 +1,243 @@
+"""Registering assets on a Substra node, once: the keys file remembers what each key was made from.
+
+The keys file (JSON) holds asset keys and, for each key, a fingerprint of what was registered (file
+contents, name, permissions). An asset whose fingerprint is already in the file, and whose key the
+node still knows, is reused instead of registered again. The file is rewritten atomically after
+every new key, so a failure half-way keeps every key obtained so far. It holds no credential.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import substra
+from substra.sdk.schemas import DataSampleSpec, DatasetSpec, FunctionSpec
+
+from mnist_dp.data import samples
+from mnist_dp.data.dataset import sample_folders
+from mnist_dp.orchestration import archive
+from mnist_dp.orchestration.assets import ALGO_ASSETS, DATASET_ASSET, OBJECTIVE_ASSET
+from mnist_dp.orchestration.compute_plan import Share
+from mnist_dp.orchestration.contract import CONTRACT, owner_only, public
+from mnist_dp.utils import atomic, json_input
+from mnist_dp.utils.errors import UserError
+
+
+def fingerprint(*parts) -> str:
+    """sha256 over bytes, paths (their content) and JSON-able values."""
+    digest = hashlib.sha256()
+    for part in parts:
+        if isinstance(part, Path):
+            part = part.read_bytes()
+        elif not isinstance(part, bytes):
+            part = json.dumps(part, sort_keys=True, default=str).encode()
+        digest.update(hashlib.sha256(part).digest())
+    return digest.hexdigest()
+
+
+def _keys(value) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(k, str) and k for k in value)
+
+
+# The shape of each field a script reads back from a keys file (it may have been edited by hand).
+_SHAPES = {
+    "dataset_key": (lambda v: isinstance(v, str) and bool(v), "an asset key (a string)"),
+    "objective_key": (lambda v: isinstance(v, str) and bool(v), "an asset key (a string)"),
+    "organization_id": (lambda v: isinstance(v, str) and bool(v), "an organisation id (a string)"),
+    "data": (lambda v: isinstance(v, str) and bool(v), "the path of the data folder"),
+    "train_data_sample_keys": (lambda v: isinstance(v, list) and bool(v) and all(map(_keys, v)),
+                               "a list of folds, each a list of data sample keys"),
+    "test_data_sample_keys": (_keys, "a list of data sample keys"),
+}
+
+
+class KeysFile:
+    """Asset keys obtained from a node. `path=None` keeps them in memory only (a one-off local run)."""
+
+    def __init__(self, path: Path | None = None):
+        self.path = Path(path) if path else None
+        self.content = {}
+        if self.path and self.path.exists():
+            try:
+                self.content = json_input.loads(self.path.read_text(), str(self.path))
+            except (OSError, json.JSONDecodeError) as exc:
+                raise UserError(f"{self.path}: cannot read this keys file ({exc}); "
+                                "fix it, or move it away to register everything again") from None
+            if not isinstance(self.content, dict):
+                raise UserError(f"{self.path}: not a keys file (expected a JSON object); move it away")
+
+    def get(self, field: str, default=None):
+        return self.content.get(field, default)
+
+    def require(self, field: str):
+        if field not in self.content:
+            raise UserError(f"{self.path}: no {field!r}; run scripts/add_dataset_objective.py first")
+        value = self.content[field]
+        test, what = _SHAPES.get(field, (lambda v: True, ""))
+        if not test(value):
+            raise UserError(f"{self.path}: {field} = {json.dumps(value)[:60]} must be {what}; fix the file, or move "
+                            "it away and run scripts/add_dataset_objective.py again")
+        return value
+
+    def update(self, **fields) -> None:
+        self.content.update(fields)
+        self.save()
+
+    def save(self) -> None:
+        if self.path:  # the fingerprints last: the keys a reader wants come first
+            content = {k: v for k, v in self.content.items() if k != "fingerprints"}
+            atomic.write_json(self.path, {**content, "fingerprints": self.content.get("fingerprints", {})})
+
+    def add_algo(self, framework: str, functions: dict) -> None:
+        """algos: {framework: {"train": key, "predict": key[, "aggregate": key]}}."""
+        self.update(algos={**self.get("algos", {}), framework: dict(functions)})
+
+    def add_compute_plan(self, framework: str, key: str, tasks: dict) -> None:
+        """compute_plans: {framework: {"key": plan key, "tasks": {task key: what the task is}}}."""
+        self.update(compute_plans={**self.get("compute_plans", {}), framework: {"key": key, "tasks": tasks}})
+
+    def reuse_or_register(self, client: substra.Client, kind: str, made_from: str, register) -> str:
+        """The key of an asset made from `made_from` (a fingerprint): reused if known and still on the
+        node, else `register()`ed and written to the file at once."""
+        fingerprints = self.content.setdefault("fingerprints", {})
+        for key, known in list(fingerprints.items()):
+            if known == made_from:
+                if _exists(client, kind, key):
+                    return key
+                del fingerprints[key]  # gone from the node (or another node): register again
+        key = register()
+        fingerprints[key] = made_from
+        self.save()
+        return key
+
+
+def _exists(client: substra.Client, kind: str, key: str) -> bool:
+    getter = {"dataset": client.get_dataset, "data_sample": client.get_data_sample,
+              "function": client.get_function}[kind]
+    try:
+        getter(key)
+        return True
+    except substra.exceptions.NotFound:
+        return False
+
+
+def register_dataset(client: substra.Client, keys: KeysFile, name: str, owner: str) -> str:
+    """The opener and its description, owned by and visible to organisation `owner` (the client's) only."""
+    spec = DatasetSpec(
+        name=name,
+        data_opener=DATASET_ASSET / "opener.py",
+        description=DATASET_ASSET / "description.md",
+        permissions=owner_only(owner),
+        logs_permission=owner_only(owner),
+    )
+    made_from = fingerprint(spec.data_opener, spec.description, name, spec.permissions.model_dump(),
+                            spec.logs_permission.model_dump())
+    return keys.reuse_or_register(client, "dataset", made_from, lambda: client.add_dataset(spec))
+
+
+def register_samples(client: substra.Client, keys: KeysFile, dataset_key: str, folders: list) -> list:
+    """One data sample per folder, linked to the dataset; keys in folder order."""
+    found = []
+    for folder in folders:
+        spec = DataSampleSpec(path=Path(folder), data_manager_keys=[dataset_key])
+        made_from = fingerprint("data sample", dataset_key, samples.sample_identity(folder))
+        found.append(keys.reuse_or_register(client, "data_sample", made_from,
+                                            lambda spec=spec: client.add_data_sample(spec)))
+    return found
+
+
+def register_function(client: substra.Client, keys: KeysFile, asset_dir: Path, function: str, name: str,
+                      build_dir: Path, hyperparameters: dict | None = None) -> str:
+    """Build the function's self-contained archive and register it (public: any worker may run it)."""
+    description = asset_dir / "description.md"
+    if not description.is_file():
+        raise UserError(f"{description}: missing; every asset needs a description.md")
+    replace = None
+    if hyperparameters is not None:
+        replace = {"hyperparameters.json": (json.dumps(hyperparameters, indent=2) + "\n").encode()}
+    archive_path = archive.build(asset_dir, function, Path(build_dir) / f"{name.replace(' ', '_')}.tar.gz", replace)
+    inputs, outputs = CONTRACT[function]
+    spec = FunctionSpec(name=name, description=description, file=archive_path, permissions=public(),
+                        inputs=inputs, outputs=outputs)
+    made_from = fingerprint(name, archive_path, description, [i.model_dump() for i in inputs],
+                            [o.model_dump() for o in outputs], spec.permissions.model_dump())
+    return keys.reuse_or_register(client, "function", made_from, lambda: client.add_function(spec))
+
+
+def register_data(client: substra.Client, keys: KeysFile, owner: str, name: str, train_folders: list,
+                  test_folders: list = ()) -> tuple:
+    """The dataset of `owner` (the client's organisation) with its train (and test) data samples
+    -> (train Share, test Share)."""
+    dataset = register_dataset(client, keys, name, owner)
+    train = Share(owner, dataset, tuple(register_samples(client, keys, dataset, train_folders)))
+    test = Share(owner, dataset, tuple(register_samples(client, keys, dataset, test_folders))) if test_folders else None
+    return train, test
+
+
+def register_organizations(clients: list, keys: KeysFile, data_dir: Path) -> tuple:
+    """Organisation k (of N clients) registers its own dataset with train data samples k, k+N, ...;
+    the first one also holds the test samples. Returns (train Shares, test Share, {organisation: folders}).
+    The caller compares every organisation's samples first (samples.check_examples), as run_local.py does."""
+    shares, test, holdings = [], None, {}
+    for client, own in zip(clients, split_among(data_dir, len(clients))):
+        owner = client.organization_info().organization_id
+        share, test_share = register_data(client, keys, owner, f"MNIST ({owner})", own,
+                                          sample_folders(data_dir, "test") if not shares else ())
+        shares.append(share)
+        test = test or test_share
+        holdings[owner] = own
+    return shares, test, holdings
+
+
+def split_among(data_dir: Path, organizations: int, flag: str | None = None) -> list:
+    """The train data sample folders of each of `organizations` (or folds): number k holds samples k, k+N, ...
+    `flag`: the user's option that asked for `organizations`, which an error names."""
+    folders = sample_folders(data_dir, "train")
+    if len(folders) < organizations:
+        asked = f"{flag} {organizations}: " if flag else ""
+        raise UserError(f"{asked}{data_dir} holds {len(folders)} train data sample(s) for {organizations} "
+                        f"organisations (one at least each); use at most {len(folders)}, or split the data again with "
+                        f"scripts/generate_data.py --train-samples {organizations} --force")
+    return [folders[k::organizations] for k in range(organizations)]
+
+
+def register_objective(client: substra.Client, keys: KeysFile, build_dir: Path) -> str:
+    return register_function(client, keys, OBJECTIVE_ASSET, "score", "accuracy", build_dir)
+
+
+def register_algo(client: substra.Client, keys: KeysFile, run: str, framework: str, hyperparameters: dict,
+                  build_dir: Path, functions: tuple) -> dict:
+    """{function: key} of one algo run: its `functions` (those of a strategy, plan.STRATEGIES) with these
+    hyperparameters inside."""
+    asset = ALGO_ASSETS[framework]
+    return {function: register_function(client, keys, asset, function, f"{run} {function}", build_dir, hyperparameters)
+            for function in functions}
+
+
+def check_on_node(client: substra.Client, keys: KeysFile) -> None:
+    """The keys file's dataset and objective must exist on the node the client talks to."""
+    for field, kind in (("dataset_key", "dataset"), ("objective_key", "function")):
+        if not _exists(client, kind, keys.require(field)):
+            raise UserError(f"{keys.path}: {field} {keys.get(field)} is not on this Substra node; run "
+                            "scripts/add_dataset_objective.py with the same --client-name first")
+
+
+def register_dataset_objective(client: substra.Client, keys: KeysFile, data_dir: Path, folds: int,
+                               build_dir: Path) -> None:
+    """Dataset, train / test data samples and objective of one organisation, into the keys file:
+    dataset_key, objective_key, train_data_sample_keys (a list of folds, each a list of keys),
+    test_data_sample_keys, organization_id and the data folder they came from."""
+    train_folders = sample_folders(data_dir, "train")
+    if not isinstance(folds, int) or not 1 <= folds <= len(train_folders):
+        raise UserError(f"--folds {folds}: must be between 1 and the {len(train_folders)} train data sample(s) in "
+                        f"{data_dir} (scripts/generate_data.py --train-samples K makes more)")
+    samples.check_examples(train_folders)  # one organisation's samples, compared before any is registered
+    for folder in [*train_folders, *sample_folders(data_dir, "test")]:
+        samples.sample_identity(folder)  # every sample has its identity key, checked before any is registered
+    owner = client.organization_info().organization_id
+    train, test = register_data(client, keys, owner, "MNIST", train_folders, sample_folders(data_dir, "test"))
+    keys.update(organization_id=train.organization, data=str(Path(data_dir).resolve()), dataset_key=train.dataset,
+                train_data_sample_keys=[list(train.samples[i::folds]) for i in range(folds)],
+                test_data_sample_keys=list(test.samples))
+    keys.update(objective_key=register_objective(client, keys, build_dir))

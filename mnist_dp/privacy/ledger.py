@@ -1,0 +1,215 @@
+"""The privacy ledger a model file carries: its DP events in training order and the examples they trained on.
+
+Accounting unit. Neighbouring datasets differ by adding or removing one example: what the model sees, an
+image with its label. The ε of an example composes every event that trained on it, whichever data sample held
+it; the ledger's ε is the worst example's (events on disjoint examples compose in parallel, not in sequence).
+So the ledger names, beside each run's data samples, their examples: each by a 64-bit HMAC of its content under
+the secret key stored with its sample (the opener computes both), in a table shared by the runs on the same
+samples. Re-registering or re-splitting the same data cannot reset an account, and whoever holds a candidate
+example but not the key cannot tell from a released ledger whether it was trained on. Examples named under
+different keys cannot be compared: they are accounted as possibly the same, never as disjoint.
+"""
+from __future__ import annotations
+
+import base64
+import dataclasses
+import re
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from mnist_dp.privacy.accountant import REPORTED_ACCOUNTANT, compose_epsilon
+from mnist_dp.privacy.events import PER_EXAMPLE, DpEvent
+from mnist_dp.utils.errors import UserError
+
+
+@dataclasses.dataclass(frozen=True)
+class Examples:
+    """The examples of one data sample as a ledger names them: `key`, the id of the sample's identity key, and
+    `ids`, the examples' keyed 64-bit ids (the opener's example_ids), sorted, as big-endian bytes."""
+
+    key: str
+    ids: bytes
+
+    @classmethod
+    def of(cls, key: str, ids) -> Examples:
+        return cls(key, np.sort(np.asarray(ids, dtype=np.uint64)).astype(">u8").tobytes())
+
+    @property
+    def array(self) -> np.ndarray:
+        return np.frombuffer(self.ids, dtype=">u8").astype(np.uint64)
+
+    def __len__(self) -> int:
+        return len(self.ids) // 8
+
+    def to_json(self) -> dict:
+        return {"key": self.key, "ids": base64.b64encode(self.ids).decode("ascii")}
+
+    @classmethod
+    def from_json(cls, identity: str, record) -> Examples:
+        where = f"privacy ledger: examples of data sample {identity[:8]}…"
+        if not isinstance(record, dict) or set(record) != {"key", "ids"}:
+            raise UserError(f'{where} must be an object {{"key": ..., "ids": ...}}')
+        if not isinstance(record["key"], str) or not re.fullmatch(r"[0-9a-f]{16}", record["key"]):
+            raise UserError(f"{where}: key must be 16 hexadecimal digits")
+        try:
+            ids = base64.b64decode(record["ids"], validate=True) if isinstance(record["ids"], str) else None
+        except ValueError:
+            ids = None
+        if not ids or len(ids) % 8:
+            raise UserError(f"{where}: ids must be base64 of one or more 8-byte ids")
+        examples = cls(record["key"], ids)
+        if np.any(examples.array[1:] <= examples.array[:-1]):
+            raise UserError(f"{where}: ids must be distinct and sorted")
+        return examples
+
+
+@dataclasses.dataclass(frozen=True)
+class Account:
+    """Examples trained on by exactly the same runs: their ε composes `events`."""
+
+    events: tuple  # the DpEvents, in training order
+    samples: frozenset  # identities of the data samples holding these examples
+    examples: int | None  # how many (None: not recorded)
+
+
+class Ledger:
+    """The DP events behind one model, in training order, and the examples of the data samples they name."""
+
+    def __init__(self, events: Iterable[DpEvent] = (), examples: dict | None = None):
+        self.events = list(events)
+        self.examples = dict(examples or {})  # data sample identity -> Examples
+
+    def add(self, event: DpEvent) -> None:
+        self.events.append(event)
+
+    def add_examples(self, examples: dict) -> None:
+        """Record the examples of data samples ({identity: Examples}); a sample already recorded must agree."""
+        for identity, named in examples.items():
+            if self.examples.setdefault(identity, named) != named:
+                raise UserError(f"data sample {identity[:8]}… is recorded with two different sets of examples: a model "
+                                "file was edited or damaged; its privacy figure cannot be trusted")
+
+    def to_json(self) -> dict:
+        return {"events": [e.to_json() for e in self.events],
+                "examples": {identity: self.examples[identity].to_json() for identity in sorted(self.examples)}}
+
+    @classmethod
+    def from_json(cls, records) -> Ledger:
+        """A ledger as `to_json` writes it, or a list of events (written before examples were recorded: every
+        run is then accounted as touching every example)."""
+        if isinstance(records, list):
+            return cls(DpEvent.from_json(r) for r in records)
+        if not isinstance(records, dict) or set(records) != {"events", "examples"} \
+                or not isinstance(records["events"], list) or not isinstance(records["examples"], dict):
+            raise UserError('privacy ledger must be an object {"events": [...], "examples": {...}}')
+        ledger = cls((DpEvent.from_json(r) for r in records["events"]),
+                     {identity: Examples.from_json(identity, named) for identity, named in records["examples"].items()})
+        ledger.check_examples()
+        return ledger
+
+    def check_examples(self) -> None:
+        """Each run's examples, when recorded, are as many as its n, distinct, and every sample has its own."""
+        for event in self.events:
+            named = [self.examples[i] for i in event.data if i in self.examples]
+            if not named:
+                continue
+            if len(named) < len(event.data):
+                raise UserError(f"privacy ledger: a {event.framework} run records the examples of some of its data "
+                                "samples only: the file was edited or damaged; its privacy figure cannot be trusted")
+            distinct = sum(len(np.unique(np.concatenate([e.array for e in named if e.key == key])))
+                           for key in {e.key for e in named})
+            if sum(map(len, named)) != event.n or distinct != event.n:
+                raise UserError(f"privacy ledger: a {event.framework} run of n = {event.n} names "
+                                f"{sum(map(len, named))} examples ({distinct} distinct): the file was edited or "
+                                "damaged; its privacy figure cannot be trusted")
+
+    def accounts(self) -> list:
+        """The examples trained on, grouped by the runs that trained on them: [Account]. The ε of an example
+        composes its account's events. An example named under one key may be any example named under another
+        (they cannot be compared), so a run on other keys' data counts for it too; a run whose examples are not
+        recorded (an older ledger) counts for every example."""
+        events = self.events
+        if not events:
+            return []
+        every_sample = frozenset(i for e in events for i in e.data)
+        if any(i not in self.examples for e in events for i in e.data):
+            return [Account(tuple(events), every_sample, None)]
+        groups: dict = {}
+        for key in sorted({self.examples[i].key for i in every_sample}):
+            samples = sorted(i for i in every_sample if self.examples[i].key == key)
+            arrays = [self.examples[i].array for i in samples]
+            universe = np.unique(np.concatenate(arrays))
+            holds = {i: np.isin(universe, array, assume_unique=True) for i, array in zip(samples, arrays)}
+            columns = []
+            for event in events:
+                own = [holds[i] for i in event.data if i in holds]
+                if len(own) < len(event.data):  # some of its data is under another key: may be any of these
+                    columns.append(np.ones(len(universe), dtype=bool))
+                else:
+                    columns.append(np.logical_or.reduce(own) if own else np.zeros(len(universe), dtype=bool))
+            matrix = np.stack(columns + [holds[i] for i in samples], axis=1)
+            # One row per distinct pattern (rows packed to bytes: np.unique on them is fast).
+            packed = np.packbits(matrix, axis=1)
+            _, first, counts = np.unique(packed.view(np.dtype((np.void, packed.shape[1]))).ravel(),
+                                         return_index=True, return_counts=True)
+            for row, count in zip(matrix[first], counts):
+                touched = tuple(np.flatnonzero(row[:len(events)]))
+                held = {samples[j] for j in np.flatnonzero(row[len(events):])}
+                group = groups.setdefault(touched, [set(), 0])
+                group[0] |= held
+                group[1] += int(count)
+        return [Account(tuple(events[i] for i in touched), frozenset(held), count)
+                for touched, (held, count) in groups.items() if touched]
+
+    def epsilon(self, delta: float, accountant: str = REPORTED_ACCOUNTANT, data: Iterable[str] | None = None) -> float:
+        """Worst-case ε at δ over the examples (restricted to those of the data samples `data` if given)."""
+        wanted = None if data is None else set(data)
+        worst = 0.0
+        for account in self.accounts():
+            if wanted is None or account.samples & wanted:
+                worst = max(worst, compose_epsilon(account.events, delta, accountant))
+        return worst
+
+    def histories(self, data: Sequence[str]) -> list:
+        """The earlier runs of the examples of data samples `data` (recorded in `examples`), as the distinct
+        lists of runs that trained on one of them, without the lists another one contains ([[]]: none did)."""
+        probe = DpEvent("next run", tuple(data), sum(len(self.examples[i]) for i in data), 1.0, 1.0, 1, PER_EXAMPLE,
+                        1.0)
+        position = {id(e): k for k, e in enumerate(self.events)}
+        found = {frozenset(position[id(e)] for e in account.events if e is not probe)
+                 for account in Ledger([*self.events, probe], self.examples).accounts()
+                 if any(e is probe for e in account.events)}
+        found = [h for h in found if not any(h < other for other in found)]
+        return sorted(([self.events[k] for k in sorted(h)] for h in found), key=len, reverse=True) or [[]]
+
+
+def merge(ledgers: Sequence[Ledger]) -> Ledger:
+    """The ledger of a model averaged from several models (federated averaging): every training run of every
+    input, once. Averaging is post-processing, so nothing is added. Runs are told apart by `run_id`: the global
+    model's history, present in every input, is counted once, and each input's own new runs are all kept;
+    `accounts` then composes per example: in parallel across organisations' disjoint examples, in sequence for
+    an example two of them hold."""
+    merged, seen, examples = [], {}, Ledger()
+    for ledger in ledgers:
+        examples.add_examples(ledger.examples)
+        for event in ledger.events:
+            if event.run_id is None:
+                raise UserError(f"a {event.framework} training run in an input model's ledger has no run id (a model "
+                                "written by an earlier version of this bundle): its runs cannot be told from the "
+                                "other inputs'; train it again")
+            if event.run_id in seen:
+                if seen[event.run_id] != event:
+                    raise UserError(f"two input models record training run {event.run_id} differently: a file was "
+                                    "edited or damaged; their privacy figure cannot be trusted")
+                continue
+            seen[event.run_id] = event
+            merged.append(event)
+    return Ledger(merged, examples.examples)
+
+
+def own_runs(ledgers: Sequence[Ledger]) -> list:
+    """For each ledger, its runs that are not in every one of `ledgers`: what each input model trained after
+    the history they share (the global model they started from)."""
+    shared = set.intersection(*({e.run_id for e in ledger.events} for ledger in ledgers))
+    return [[e for e in ledger.events if e.run_id not in shared] for ledger in ledgers]

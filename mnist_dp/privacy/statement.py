@@ -1,0 +1,137 @@
+"""The privacy statement of a trained model, from its ledger alone: what ε means and what it covers.
+
+Needs only the standard library, numpy and dp_accounting (no ML framework): an auditor can run
+`python scripts/privacy_report.py MODEL` wherever the model file is.
+"""
+from __future__ import annotations
+
+from mnist_dp.privacy.accountant import (
+    ACCOUNTANT_NAMES,
+    NEIGHBOURING_RELATION,
+    REPORTED_ACCOUNTANT,
+    SAMPLING,
+    compose_epsilon,
+)
+from mnist_dp.privacy.model_file import AGGREGATED, ModelFile
+from mnist_dp.privacy.randomness import ENTROPY_BITS, REPLAYABLE_WARNING
+
+NOT_COVERED = [
+    "hyperparameter tuning, model selection or repeated training on the same data (each try spends privacy "
+    "that this ledger does not see)",
+    "the test data (its accuracy is published)",
+    "timing side channels, and floating-point attacks on the noise in tf, and in torch without secure_mode",
+    "the size of the training data (n is in the ledger, and a published ε reveals ceil(n / batch_size))",
+]
+
+THREAT_MODEL = (
+    "- Threat model: ε bounds what anyone learns about one training example from everything released, for an "
+    "adversary who has the code, the hyperparameters, this model file and every other example. What each "
+    "released artefact reveals: the weights are the mechanism's output (covered by ε); the ledger and metadata give "
+    "n, q = 1/⌈n/batch_size⌉, σ, C, the number of steps, each run's random id and framework, and each data "
+    "sample's identity and each example's as an HMAC under a secret key kept with the data (no one without the key "
+    "can match them to a candidate dataset or example; they show how many examples two runs share); Substra's "
+    "performances give ε and the test accuracy (by default nothing computed on the "
+    "training data); the logs give timings and step counts. The batches and the noise are not released.")
+TRAIN_SCORES = ("- **Training-data accuracy was published** (--score-train): it is computed on the training data "
+                "without noise, so it is **not covered by ε**.")
+
+
+SHARED_EXAMPLES = (
+    "an example is what the model sees (the image after the opener's conversion, with its label), whatever the "
+    "file stored. A task refuses data holding an example twice; across runs, ε composes the runs of each example "
+    "(the ledger names every example by a 64-bit HMAC under its sample's identity key) and is the worst example's. "
+    "Examples named under different keys cannot be compared: each such run counts as having trained on every "
+    "example (in sequence), never as disjoint. Released with the ledger, exactly: how many examples each run "
+    "trained on and how many two runs share.")
+
+
+def _schedule(event) -> str:
+    if not event.decay_steps:
+        return ""
+    return f" decaying ×{event.noise_decay:g} every {event.decay_steps} steps"
+
+
+def _code(code: dict | None) -> str:
+    if not code:
+        return "code not recorded"
+    where = (f"function archive {code['archive_digest']}" if code["archive_digest"]
+             else "no function archive (run from the repository, or its files changed)")
+    return f"ran {code['function']!r} from {where}"
+
+
+def privacy_statement(saved: ModelFile, per_organization: dict | None = None, train_scores: bool = False) -> str:
+    """Markdown: ε at δ (PLD reported, RDP beside it, each library's own figure), the neighbouring
+    relation, sampling, clipping, the runs behind it, the budget, ε per organisation, the threat model, what is
+    not covered. `train_scores`: the plan published accuracies on the training data (--score-train)."""
+    ledger, hp = saved.ledger, saved.hyperparameters
+    delta = hp["delta"]
+    if not any(e.is_private for e in ledger.events):
+        return (f"**Not private**: this {saved.framework} model was trained without DP (no clipping, no noise); "
+                "ε = ∞. It must not leave the organisations that hold its training data.")
+    epsilon = ledger.epsilon(delta, REPORTED_ACCOUNTANT)
+    lines = [
+        f"**(ε, δ) = ({epsilon:.3f}, {delta:g})** by {ACCOUNTANT_NAMES[REPORTED_ACCOUNTANT]} (reported); "
+        f"{ACCOUNTANT_NAMES['rdp']}: ε = {ledger.epsilon(delta, 'rdp'):.3f}. "
+        f"It is the worst case over the training data samples.",
+        *([f"- **Replayable noise**: {REPLAYABLE_WARNING}."] if any(e.replayable_noise for e in ledger.events)
+          else []),
+        *([TRAIN_SCORES] if train_scores else []),
+        f"- Neighbouring datasets: {NEIGHBOURING_RELATION}.",
+        f"- Sampling: {SAMPLING}, as the accountant assumes.",
+        "- Mechanism: DP-SGD; each step adds Gaussian noise of standard deviation σ·C to the sum of clipped "
+        "gradients; the accountant composes PoissonSampled(Gaussian(σ)) over the steps really run (with a "
+        "decaying noise schedule, each block of steps at its own σ; with adaptive clipping, the noisy count of "
+        "unclipped examples released at each step is part of that step's Gaussian mechanism, Andrew et al. 2021).",
+        "- Training runs in the ledger (in order):",
+    ]
+    for i, e in enumerate(ledger.events, 1):
+        library = "; ".join(f"{name}: ε = {value:.3f}" for name, value in e.library_epsilon)
+        lines.append(f"  {i}. {e.framework}: {len(e.data)} data sample(s) ({sorted(e.data)[0][:8]}…), n = {e.n}, "
+                     f"q = {e.sample_rate:.4g}, "
+                     f"σ = {e.noise_multiplier:.4g}{_schedule(e)}, {e.steps} steps, clipping {e.clipping} "
+                     + (f"adaptive from C = {e.max_grad_norm:g} (count noise multiplier {e.count_noise_multiplier:.4g})"
+                        if e.count_noise_multiplier else f"to C = {e.max_grad_norm:g}")
+                     + (f" ({library}; a library's figure covers its own run only, with its own conventions)"
+                        if library else "") + f"; {_code(e.code)}")
+    averaged = hp.get(AGGREGATED)
+    if averaged:
+        lines.append(
+            f"- Federated averaging: this model is the average of {len(averaged)} models, each trained from the "
+            "same global model with DP-SGD on one organisation's data, weighted by the examples of that training "
+            f"({', '.join(str(a['examples']) for a in averaged)}). Averaging is post-processing of those models and "
+            "spends no privacy; each training run above is counted once (the global model's runs, shared by every "
+            "input, included). ε is composed per example: in parallel across organisations' disjoint examples, in "
+            "sequence for an example two organisations hold. The averaging organisation sees every input model, "
+            "each covered by its organisation's ε.")
+    if hp.get("max_epsilon") is not None:
+        if averaged:
+            stopped = ("an organisation's training stopped early to stay within it (its run above has fewer steps)"
+                       if hp.get("stopped_by_budget") else "every organisation's training ran every planned step "
+                       "within it")
+        elif hp.get("stopped_by_budget"):
+            stopped = (f"training stopped after {ledger.events[-1].steps} of {hp['planned_steps']} planned steps to "
+                       "stay within it")
+        else:
+            stopped = "training ran every planned step within it"
+        lines.append(f"- Budget: max_epsilon = {hp['max_epsilon']:g} at δ = {delta:g}; {stopped}.")
+    accounts = ledger.accounts()
+    if per_organization:
+        lines.append("- Per organisation (the worst ε of the examples it holds): " + ", ".join(
+            f"{org}: {value:.3f}" for org, value in per_organization.items()))
+    elif len(accounts) > 1:
+        run_number = {id(e): k for k, e in enumerate(ledger.events, 1)}
+        lines.append("- Per group of examples trained on by the same runs: " + ", ".join(
+            f"{account.examples} example(s) of run(s) {', '.join(str(run_number[id(e)]) for e in account.events)}: "
+            f"{compose_epsilon(account.events, delta):.3f}" for account in accounts))
+    replayed = [i for i, e in enumerate(ledger.events, 1) if e.replayable_noise]
+    secure = "on" if hp.get("secure_mode") else "off"
+    lines.append(f"- Noise and batches: drawn from {ENTROPY_BITS} fresh bits of the operating system's entropy per "
+                 "run, stored nowhere" + (f", except run(s) {', '.join(map(str, replayed))}, drawn from noise_seed "
+                                          f"{hp.get('noise_seed')!r} (replayable)" if replayed else "")
+                 + f"; secure_mode (floating-point-attack-resistant noise): {secure}.")
+    lines.append("- Covered: every training step recorded above, on the data samples it names (by keyed identity); "
+                 "the initialisation is data-independent (seeded) and costs nothing.")
+    lines.append(THREAT_MODEL)
+    lines.append("- Accounting unit: " + SHARED_EXAMPLES)
+    lines.append("- Not covered: " + "; ".join(NOT_COVERED) + ".")
+    return "\n".join(lines)

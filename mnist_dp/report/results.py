@@ -1,0 +1,168 @@
+"""A plan's results: run it, then one record per evaluated model that finished (a train task's, or an
+aggregate task's in federated averaging: framework, round, organisation), its privacy figures recomputed
+from the model file's ledger beside Substra's performances; display.py shows them."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import substra
+from substra.sdk.models import ComputeTaskStatus
+
+from mnist_dp.orchestration import execution
+from mnist_dp.orchestration.compute_plan import PlanBuilder
+from mnist_dp.privacy import model_file
+from mnist_dp.privacy.accountant import NEIGHBOURING_RELATION, SAMPLING
+from mnist_dp.privacy.budget import privacy_summary
+from mnist_dp.privacy.events import PER_EXAMPLE
+from mnist_dp.privacy.randomness import REPLAYABLE_WARNING
+from mnist_dp.report import display
+
+
+@dataclass
+class Record:
+    """One evaluated model that finished: where and when it trained, its privacy figures recomputed from its
+    model file's ledger (`model_record`), and Substra's performances of its model. ε is inf without DP."""
+
+    run: str  # e.g. "torch" or "torch-baseline"
+    round: int
+    organization: str  # where it trained; display.FEDAVG for an average of every organisation's models
+    framework: str
+    dp: bool
+    epsilon: float  # PLD, worst case over the data; per organisation in epsilon_by_organization
+    epsilon_rdp: float
+    epsilon_by_organization: dict
+    delta: float
+    accountant: str
+    noise_multiplier: float
+    sample_rate: float
+    steps: int
+    clipping: str = PER_EXAMPLE
+    max_grad_norm: float | None = None
+    sampling: str = SAMPLING
+    neighbouring_relation: str = NEIGHBOURING_RELATION
+    max_epsilon: float | None = None
+    stopped_by_budget: bool = False
+    secure_mode: bool = False
+    noise_seed: int | None = None  # replayable noise: see `warnings`
+    library_epsilon: dict = field(default_factory=dict)
+    model_file: str | None = None
+    train_accuracy: float | None = None
+    test_accuracy: float | None = None
+    epsilon_in_substra: float | None = None  # what the train task itself published as its "epsilon" output
+    warnings: list = field(default_factory=list)  # what ε does not cover in this record, one line each
+
+    def __post_init__(self):
+        if self.train_accuracy is not None and TRAIN_SCORE_WARNING not in self.warnings:
+            self.warnings = [*self.warnings, TRAIN_SCORE_WARNING]
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+TRAIN_SCORE_WARNING = ("train_accuracy (--score-train) is computed on the training data without noise and published "
+                       "as a Substra performance: it is not covered by ε")
+
+
+def model_record(path: Path, framework: str, organizations: dict) -> dict:
+    """Privacy figures recomputed from a saved model's ledger (never copied from a log).
+
+    `organizations` maps each organisation to the identities of its data samples (None: all).
+    """
+    saved = model_file.load(path, framework)
+    delta = saved.hyperparameters["delta"]
+    last = saved.ledger.events[-1]
+    summary = privacy_summary(saved.ledger, delta)
+    return {
+        "framework": framework,
+        "dp": all(e.is_private for e in saved.ledger.events),
+        "epsilon": summary["epsilon"],
+        "epsilon_rdp": summary["epsilon_rdp"],
+        "epsilon_by_organization": {org: saved.ledger.epsilon(delta, data=fps) for org, fps in organizations.items()},
+        "delta": delta,
+        "accountant": summary["accountant"],
+        "noise_multiplier": last.noise_multiplier,
+        "sample_rate": last.sample_rate,
+        "steps": sum(e.steps for e in saved.ledger.events),
+        "clipping": last.clipping,
+        "max_grad_norm": last.max_grad_norm,
+        "sampling": SAMPLING,
+        "neighbouring_relation": NEIGHBOURING_RELATION,
+        "max_epsilon": saved.hyperparameters.get("max_epsilon"),
+        "stopped_by_budget": saved.hyperparameters.get("stopped_by_budget", False),
+        "secure_mode": saved.hyperparameters.get("secure_mode", False),
+        "noise_seed": saved.hyperparameters.get("noise_seed"),
+        "warnings": [REPLAYABLE_WARNING] if any(e.replayable_noise for e in saved.ledger.events) else [],
+        "library_epsilon": {name: value for e in saved.ledger.events for name, value in e.library_epsilon},
+        "model_file": str(path),
+    }
+
+
+def run_and_report(client, builder: PlanBuilder, name: str, plan_key: str, frameworks: dict,
+                   organizations: dict, output: Path, title: str, facts: list) -> list:
+    """Run the plan, then report whatever finished (models, results.json, summary.md, results.png) and
+    print the table; a failed plan is reported first and raised after. Returns the records."""
+    failure = None
+    try:
+        execution.run_plan(client, builder, name, plan_key)
+    except execution.PlanFailed as exc:
+        failure = exc
+    records, performances, not_downloaded = collect(client, builder, plan_key, frameworks, organizations,
+                                                    output / "models")
+    if not_downloaded:  # e.g. a node whose model export is off: its own figures are all there is
+        facts = facts + [f"not downloaded, so not in the table: {', '.join(not_downloaded)}; their accuracy and ε "
+                         "(as the train task computed it) are in Substra's performances below"]
+    written = display.write_reports(output, title, [f"compute plan `{plan_key}`"] + facts, records, performances,
+                            str(failure) if failure else None)
+    print()
+    print(display.table(records))
+    if not_downloaded:
+        print(f"\nmodel files not downloaded: {', '.join(not_downloaded)}; see Substra's performances in summary.md")
+    print(f"\n{display.STATEMENT}\nwritten: {', '.join(map(str, written))}")
+    if failure:
+        raise failure
+    return records
+
+
+def collect(client, builder: PlanBuilder, plan_key: str, frameworks: dict, organizations: dict,
+            models_dir: Path) -> tuple:
+    """(records, performances, not downloaded) of every train task that finished, whether or not the
+    plan did; a model the node refuses to hand out is named in the third, with the reason.
+
+    `frameworks` maps run -> framework; `organizations` maps organisation -> its data sample identities
+    (None: all the data in the ledger).
+    """
+    performances = execution.performances(client, plan_key, builder.roles)
+    metric = {(row.train_task, row.metric): row.performance for row in performances.itertuples()}
+    records, not_downloaded = [], []
+    evaluated = _evaluated(builder)
+    single_stage = len({(role.round_idx, where(role)) for role in evaluated.values()}) == 1
+    for task_id, role in evaluated.items():
+        if execution.task_status(client, task_id) != ComputeTaskStatus.done:
+            continue
+        run, round_idx, org = role.run, role.round_idx, where(role)
+        name = run if single_stage else f"{run}-round{round_idx}-{org}"
+        try:
+            model = execution.fetch_model(client, task_id, models_dir / f"{name}.model")
+        except substra.exceptions.AuthorizationError as exc:
+            not_downloaded.append(f"{name} ({type(exc).__name__} {exc.status_code})")
+            continue
+        records.append(Record(
+            run=run, round=round_idx, organization=org, **model_record(model, frameworks[run], organizations),
+            train_accuracy=metric.get((task_id, "train_accuracy")),
+            test_accuracy=metric.get((task_id, "test_accuracy")),
+            epsilon_in_substra=metric.get((task_id, "epsilon"))))
+    return records, performances, not_downloaded
+
+
+def where(role) -> str:
+    """Where a recorded model was trained: the train task's organisation, or display.FEDAVG for an average."""
+    return display.FEDAVG if role.step == "aggregate" else role.organization
+
+
+def _evaluated(builder: PlanBuilder) -> dict:
+    """{task id: role} of the tasks whose models are evaluated (every train task of a cyclic plan, the
+    aggregate tasks of federated averaging), in plan order."""
+    evaluated = {role.train_task for role in builder.roles.values() if role.train_task}
+    return {task_id: role for task_id, role in builder.roles.items() if task_id in evaluated}

@@ -1,0 +1,75 @@
+"""The TF algo's own DP machinery against naive per-example gradients (exactness, not speed)."""
+import os
+
+import numpy as np
+import pytest
+from conftest import ALGO_ASSETS
+
+from mnist_dp.learning.interface import Network
+from mnist_dp.orchestration.assets import load_asset_module
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+tf = pytest.importorskip("tensorflow")
+algo = load_asset_module(ALGO_ASSETS["tf"] / "algo.py", "algo_tf_dp")
+CNN = Network("pixels", "tanh")
+
+
+@pytest.fixture(scope="module")
+def batch():
+    rng = np.random.default_rng(0)
+    return tf.constant(rng.random((7, 28, 28, 1), dtype=np.float32)), tf.constant(rng.integers(0, 10, 7))
+
+
+def naive_per_example_gradients(model, x, y):
+    grads = []
+    for i in range(len(y)):
+        with tf.GradientTape() as tape:
+            loss = model.loss(y[i : i + 1], model(x[i : i + 1], training=True))
+        grads.append(tape.gradient(loss, model.trainable_variables))
+    return grads
+
+
+def norm(grads):
+    return float(tf.sqrt(sum(tf.reduce_sum(tf.square(g)) for g in grads)))
+
+
+@pytest.mark.parametrize("padding, kernel, stride", [("same", 8, 2), ("valid", 4, 2), ("same", 3, 1), ("valid", 3, 2)])
+def test_conv_patches_match_tf_extract_patches(padding, kernel, stride):
+    layer = tf.keras.layers.Conv2D(4, kernel, strides=stride, padding=padding)
+    x = tf.random.stateless_uniform((2, 13, 13, 3), seed=(1, 2))
+    out_shape = layer(x).shape[1:3]
+    ours = algo.conv_patches(x, layer, out_shape)
+    reference = tf.image.extract_patches(x, [1, kernel, kernel, 1], [1, stride, stride, 1], [1, 1, 1, 1],
+                                         padding.upper())
+    # same patch under each output position; the order inside a patch may differ (only norms are used)
+    np.testing.assert_allclose(tf.sort(ours, axis=-1), tf.sort(reference, axis=-1), rtol=1e-6)
+
+
+def test_registry_norms_are_the_exact_per_example_gradient_norms(batch):
+    from tensorflow_privacy.privacy.fast_gradient_clipping import clip_grads
+
+    model = algo.build_model(0, CNN)
+    norms = clip_grads.compute_gradient_norms(model, algo.make_layer_registry(), *batch,
+                                              trainable_vars=model.trainable_variables)
+    expected = [norm(g) for g in naive_per_example_gradients(model, *batch)]
+    np.testing.assert_allclose(norms, expected, rtol=1e-4)
+
+
+def test_clipped_sum_is_the_sum_of_clipped_per_example_gradients(batch):
+    model = algo.build_model(0, CNN)
+    per_example = naive_per_example_gradients(model, *batch)
+    clip = float(np.median([norm(g) for g in per_example]))  # some examples clipped, some not
+    expected = [sum(g[k] * min(1.0, clip / norm(g)) for g in per_example) for k in range(len(per_example[0]))]
+    got, unclipped = algo.clipped_gradient_sum(model, algo.make_layer_registry(), *batch, clip)
+    assert int(unclipped) == sum(norm(g) <= clip for g in per_example)  # adaptive clipping's count
+    for ours, reference in zip(got, expected):
+        np.testing.assert_allclose(ours, reference, rtol=1e-4, atol=1e-6)
+
+
+def test_a_huge_gradient_is_clipped_to_the_norm(batch):
+    model = algo.build_model(0, Network("pixels", "relu"))  # ReLU: the gradient grows with the input, tanh's saturates
+    x = batch[0][:1] * 1e3
+    wrong_label = tf.argmin(model(x), axis=1)  # the most wrong class: a very large gradient
+    assert norm(naive_per_example_gradients(model, x, wrong_label)[0]) > 1e3
+    got, _ = algo.clipped_gradient_sum(model, algo.make_layer_registry(), x, wrong_label, 0.5)
+    assert norm(got) == pytest.approx(0.5, rel=1e-4)

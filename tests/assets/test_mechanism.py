@@ -1,0 +1,268 @@
+"""The DP-SGD mechanism of every framework, measured on its real training steps (skeleton.fit, or the
+framework's own `fit` with the weights read between steps).
+
+Learning rate 1 and no momentum: a step moves the weights by exactly -(sum of clipped per-example gradients +
+N(0, (σC)²)) / (expected batch size). Tests that compare two runs ask for the same noise_seed (the same
+batches and noise); a run without one draws fresh noise.
+"""
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+from conftest import ALGO_ASSETS, FRAMEWORKS
+from scipy import stats
+
+from mnist_dp.learning import hyperparameters, interface, skeleton
+from mnist_dp.orchestration.assets import load_asset_module
+from mnist_dp.privacy import budget
+from mnist_dp.privacy.randomness import RunRandomness
+from mnist_dp.utils.errors import UserError
+
+C = 1.0
+rng = np.random.default_rng(0)
+IMAGES = rng.random((8, 28, 28), dtype=np.float32)
+LABELS = np.arange(8) % 10
+HUGE = IMAGES * 100  # with a label the model does not predict (see wrong_labels): gradients far above C
+
+
+@dataclass(frozen=True)
+class Case:
+    """One framework training one of the networks (the CNN on pixels, the linear classifier on features)."""
+
+    algo: object
+    network: interface.Network
+
+    @property
+    def name(self):
+        return self.algo.name
+
+
+@pytest.fixture(scope="module", params=[(f, features) for f in FRAMEWORKS for features in ("pixels", "scattering")],
+                ids=lambda p: f"{p[0]}-{p[1]}")
+def framework(request):
+    name, features = request.param
+    algo = load_asset_module(ALGO_ASSETS[name] / "algo.py", f"algo_{name}_mechanism")
+    # ReLU: its gradients grow with the input (HUGE), tanh's saturate; clipping and noise do not depend on it.
+    return Case(algo.FRAMEWORK, interface.Network(features, "relu"))
+
+
+def make_hp(**changes):
+    """Learning rate 1, no momentum, no averaging: the weights move by exactly the update."""
+    return hyperparameters.parse({
+        "epochs": 1, "batch_size": 8, "learning_rate": 1.0, "momentum": 0.0, "max_grad_norm": C,
+        "noise_multiplier": 1.0, "target_epsilon": None, "max_epsilon": None, "delta": 1e-5, "seed": 0, "dp": True,
+        "secure_mode": False, "features": "pixels", "activation": "tanh", "optimizer": "sgd", "ema_decay": 0.0,
+        "noise_decay": 1.0, "clip_quantile": None, "clip_learning_rate": 0.2, "clip_count_stddev": None,
+        "noise_seed": 0, **changes}, "test")
+
+
+def fit(case, images, labels, sigma, dp=True, noise_seed=0, epochs=1, batch_size=None, secure_mode=False):
+    hp = make_hp(epochs=epochs, batch_size=batch_size or len(labels), noise_seed=noise_seed, dp=dp,
+                 secure_mode=secure_mode, features=case.network.features, activation=case.network.activation)
+    plan = budget.SamplingPlan.from_hyperparameters(len(labels), hp, "test")
+    model = case.algo.new_model(0, case.network)
+    before = interface.flat_weights(case.algo, model)
+    result = skeleton.fit(case.algo, model, images, labels, hp, plan, sigma, lambda steps: "")
+    return before - interface.flat_weights(case.algo, model), result  # = lr × the update applied
+
+
+def wrong_labels(case, images):
+    """Labels the initial model does not predict: the loss gradient cannot vanish (saturated softmax)."""
+    return (skeleton.predicted_labels(case.algo, case.algo.new_model(0, case.network), images, case.network) + 1) % 10
+
+
+def test_every_per_example_contribution_is_clipped_to_c(framework):
+    labels = wrong_labels(framework, HUGE)
+    for i in (0, 1):  # one example per step: its clipped gradient is the whole update
+        raw, _ = fit(framework, HUGE[i : i + 1], labels[i : i + 1], sigma=0.0, dp=False)
+        assert np.linalg.norm(raw) > 10 * C  # deliberately huge
+        clipped, _ = fit(framework, HUGE[i : i + 1], labels[i : i + 1], sigma=0.0)
+        assert np.linalg.norm(clipped) == pytest.approx(C, rel=1e-3)  # clipped to exactly C
+    update, result = fit(framework, HUGE, labels, sigma=0.0)
+    assert result.batch_sizes == [8] and result.clipping == "per-example"
+    assert np.linalg.norm(update) <= C * (1 + 1e-4)  # mean of 8 contributions of norm ≤ C
+
+
+def test_noise_has_standard_deviation_sigma_c_over_the_expected_batch(framework):
+    sigma = 2.0
+    clean, _ = fit(framework, IMAGES, LABELS, sigma=0.0)
+    noisy, _ = fit(framework, IMAGES, LABELS, sigma=sigma)
+    noise = noisy - clean  # the same batch and gradients: the difference is the noise alone
+    expected = sigma * C / len(LABELS)
+    assert noise.size > 20000  # one sample per weight
+    assert np.std(noise) == pytest.approx(expected, rel=0.03)
+    assert abs(np.mean(noise)) < 4 * expected / np.sqrt(noise.size)
+    assert stats.normaltest(noise).pvalue > 1e-4  # Gaussian
+
+
+def test_without_dp_nothing_is_clipped_or_noised_and_with_dp_seeds_differ(framework):
+    labels = wrong_labels(framework, HUGE)
+    plain, result = fit(framework, HUGE, labels, sigma=1.0, dp=False)
+    assert result.noise_multiplier == 0 and result.clipping == "none"
+    assert np.linalg.norm(plain) > 10 * C  # not clipped
+    again, _ = fit(framework, HUGE, labels, sigma=1.0, dp=False, noise_seed=1)
+    np.testing.assert_allclose(again, plain, rtol=1e-4, atol=1e-6)  # no noise: the seed changes nothing
+    first, _ = fit(framework, IMAGES, LABELS, sigma=1.0, noise_seed=0)
+    second, _ = fit(framework, IMAGES, LABELS, sigma=1.0, noise_seed=1)
+    assert np.linalg.norm(first - second) > 0.1 * np.linalg.norm(first)
+    replayed, _ = fit(framework, IMAGES, LABELS, sigma=1.0, noise_seed=0)
+    np.testing.assert_allclose(replayed, first, rtol=1e-4, atol=1e-6)  # noise_seed: the same noise again
+
+
+def test_by_default_two_runs_on_identical_inputs_draw_different_noise(framework):
+    sigma = 2.0
+    first, result = fit(framework, IMAGES, LABELS, sigma=sigma, noise_seed=None)
+    second, _ = fit(framework, IMAGES, LABELS, sigma=sigma, noise_seed=None)
+    assert not result.replayable_noise
+    difference = first - second  # noise minus independent noise: std √2·σC/E[B]
+    assert np.std(difference) == pytest.approx(np.sqrt(2) * sigma * C / len(LABELS), rel=0.03)
+
+
+def test_secure_mode_noise_cannot_be_replayed_and_keeps_its_size(framework):
+    sigma = 2.0
+    if framework.name == "tf":
+        with pytest.raises(UserError, match="TF Privacy offers no secure noise"):
+            fit(framework, IMAGES, LABELS, sigma=sigma, secure_mode=True, noise_seed=None)
+        return
+    first, _ = fit(framework, IMAGES, LABELS, sigma=sigma, secure_mode=True, noise_seed=None)
+    second, _ = fit(framework, IMAGES, LABELS, sigma=sigma, secure_mode=True, noise_seed=None)
+    difference = first - second  # noise minus independent noise: std √2·σC/E[B]
+    assert np.std(difference) == pytest.approx(np.sqrt(2) * sigma * C / len(LABELS), rel=0.03)
+
+
+def test_noise_is_divided_by_the_expected_batch_size_not_the_realised_one(framework):
+    n, sigma = 16, 2.0
+    images, labels = np.resize(IMAGES, (n, 28, 28)), np.resize(LABELS, n)
+    hp = make_hp(batch_size=8)  # q = 1/2: E[B] = 8
+    plan = budget.SamplingPlan.from_hyperparameters(n, hp, "test")
+    # A noise_seed whose first Poisson batch is far from E[B]: normalising by the realised size would be off by 37%+.
+    noise_seed = next(seed for seed in range(100) if abs(len(first_batch(plan, hp, seed)) - 8) in (3, 4, 5, 6))
+    clean, *_ = stepwise(framework, images, labels, sigma=0.0, batch_size=8, noise_seed=noise_seed)
+    noisy, _, _, ran = stepwise(framework, images, labels, sigma=sigma, batch_size=8, noise_seed=noise_seed)
+    assert ran.batch_sizes[0] == len(first_batch(plan, hp, noise_seed))  # the batch the test chose trained
+    # The first step of both runs: the same weights and batch, so the difference is the noise alone.
+    assert np.std(noisy[0] - clean[0]) == pytest.approx(sigma * C / plan.expected_batch_size, rel=0.03)
+
+
+def first_batch(plan, hp, noise_seed):
+    hp = make_hp(batch_size=hp.batch_size, noise_seed=noise_seed)
+    return next(skeleton.sampled_batches(plan, hp, RunRandomness.for_run(noise_seed), lambda steps: "", "t"))
+
+
+def test_every_framework_trains_binomial_poisson_batches_exactly_the_planned_steps(framework):
+    n, batch = 64, 8  # q = 1/8
+    images, labels = np.resize(IMAGES, (n, 28, 28)), np.resize(LABELS, n)
+    _, result = fit(framework, images, labels, sigma=1.0, epochs=40, batch_size=batch)
+    assert len(result.batch_sizes) == 320
+    assert_binomial(result.batch_sizes, n, 1 / 8)
+    hp = make_hp(batch_size=batch, epochs=40)
+    plan = budget.SamplingPlan.from_hyperparameters(n, hp, "test")
+    drawn = skeleton.sampled_batches(plan, hp, RunRandomness.for_run(0), lambda steps: "", "t")
+    assert result.batch_sizes == [len(b) for b in drawn]  # the shared sampler's batches are what trains
+
+
+def stepwise(case, images, labels, sigma, clip_class=interface.ClipNorm, **changes):
+    """The framework's own `fit` on the skeleton's batches, the weights read before each batch is handed out:
+    (the update of every step (learning rate 1: the weight change), the weight arrays' shapes, the clip, what ran)."""
+    hp = make_hp(**{"batch_size": len(labels), "features": case.network.features,
+                    "activation": case.network.activation, **changes})
+    plan = budget.SamplingPlan.from_hyperparameters(len(labels), hp, "test")
+    model = case.algo.new_model(0, case.network)
+    randomness = RunRandomness.for_run(hp.noise_seed)
+    clip = clip_class(hp, plan, randomness)
+    step = interface.DpStep(budget.noise_schedule(hp, plan, sigma), clip, randomness)
+    weights = []
+
+    def batches():
+        for batch in skeleton.sampled_batches(plan, hp, randomness, lambda steps: "", "t"):
+            weights.append(interface.flat_weights(case.algo, model))
+            yield batch
+        weights.append(interface.flat_weights(case.algo, model))
+
+    ran = case.algo.fit(model, case.network.inputs(images), labels, hp, plan, step, batches())
+    assert len(ran.batch_sizes) == plan.steps
+    shapes = [a.shape for a in case.algo.weight_arrays(model)]
+    return [before - after for before, after in zip(weights, weights[1:])], shapes, clip, ran
+
+
+def test_sigma_of_every_step_follows_the_noise_schedule(framework):
+    # 4 planned steps on the whole batch (q = 1): σ halves at each quarter, 8, 4, 2, 1. The clipped sum (norm ≤ 8C
+    # over ≥ 26,000 weights) shifts the measured std by under 0.2%.
+    updates, *_ = stepwise(framework, IMAGES, LABELS, sigma=8.0, epochs=4, noise_decay=0.5)
+    for t, update in enumerate(updates):
+        assert np.std(update) == pytest.approx(8.0 * 0.5 ** t * C / len(LABELS), rel=0.03), t
+
+
+def test_noise_is_independent_across_weight_tensors_and_steps(framework):
+    updates, shapes, *_ = stepwise(framework, IMAGES, LABELS, sigma=8.0, epochs=3)
+    for a, b in zip(updates, updates[1:]):  # a replayed generator would repeat the noise: correlation 1
+        assert abs(np.corrcoef(a, b)[0, 1]) < 5 / np.sqrt(a.size)
+    tensors = np.split(updates[0], np.cumsum([int(np.prod(shape)) for shape in shapes])[:-1])
+    for i in range(len(tensors)):
+        for j in range(i + 1, len(tensors)):
+            length = min(tensors[i].size, tensors[j].size)  # a generator restarted per tensor repeats its start
+            correlation = np.corrcoef(tensors[i][:length], tensors[j][:length])[0, 1]
+            assert abs(correlation) < max(5 / np.sqrt(length), 0.95), (i, j, correlation)
+
+
+class RecordingClip(interface.ClipNorm):
+    """The skeleton's clipping norm, remembering every update: (unclipped count, batch size, C before, C after)."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.history = []
+
+    def update(self, unclipped, batch_size):
+        before = self.value
+        super().update(unclipped, batch_size)
+        self.history.append((unclipped, batch_size, before, self.value))
+
+
+def test_adaptive_clipping_count_noise_has_its_standard_deviation(framework):
+    n, stddev, rate, quantile = 64, 2.0, 0.01, 0.5
+    images, labels = np.resize(IMAGES, (n, 28, 28)), np.resize(LABELS, n)
+    # C far above every gradient norm: every example is unclipped, so the count the step reports is the batch size,
+    # and the noise is what moved C: log(C'/C) = -rate · ((unclipped - B/2 + z) / E[B] + 1/2 - quantile).
+    _, _, clip, _ = stepwise(framework, images, labels, sigma=0.0, clip_class=RecordingClip, epochs=50, batch_size=8,
+                          max_grad_norm=1e6, learning_rate=0.01, clip_quantile=quantile, clip_learning_rate=rate,
+                          clip_count_stddev=stddev)
+    unclipped, sizes, before, after = map(np.array, zip(*clip.history))
+    assert len(sizes) == 400 and np.array_equal(unclipped, sizes)  # the real step's count
+    noise = 8 * (-np.log(after / before) / rate + quantile - 0.5) - unclipped + sizes / 2
+    assert np.std(noise) == pytest.approx(stddev, rel=0.15)  # 400 draws: the estimate's own spread is 3.5%
+    assert abs(np.mean(noise)) < 4 * stddev / np.sqrt(len(noise))
+
+
+def test_the_shared_sampler_draws_binomial_batch_sizes_and_fresh_batches():
+    hp = make_hp(epochs=50, batch_size=25, noise_seed=3)
+    plan = budget.SamplingPlan.from_hyperparameters(500, hp, "t")  # q = 1/20, 1000 steps
+    batches = list(skeleton.sampled_batches(plan, hp, RunRandomness.for_run(3), lambda steps: "", "t"))
+    assert len(batches) == 1000
+    assert_binomial([len(b) for b in batches], 500, 1 / 20)
+    counts = np.bincount(np.concatenate(batches), minlength=500)  # each example: Binomial(1000, q) times
+    assert_binomial(counts, 1000, 1 / 20)
+
+
+def assert_binomial(sizes, n, q):
+    """Chi-square goodness of fit of the batch sizes to Binomial(n, q) (tails pooled)."""
+    sizes = np.asarray(sizes)
+    low, high = int(stats.binom.ppf(0.02, n, q)), int(stats.binom.ppf(0.98, n, q))
+    observed = [np.sum(sizes <= low)] + [np.sum(sizes == k) for k in range(low + 1, high)] + [np.sum(sizes >= high)]
+    expected = np.array([stats.binom.cdf(low, n, q)] + [stats.binom.pmf(k, n, q) for k in range(low + 1, high)]
+                        + [stats.binom.sf(high - 1, n, q)]) * len(sizes)
+    assert stats.chisquare(observed, expected).pvalue > 1e-3, (observed, expected.round(1))
+
+
+def test_every_utility_option_trains_and_the_ledger_records_what_changes_epsilon(framework):
+    hp = make_hp(epochs=2, batch_size=4, optimizer="adam", learning_rate=0.01, ema_decay=0.5, noise_decay=0.5,
+                 clip_quantile=0.5, features=framework.network.features, activation=framework.network.activation)
+    plan = budget.SamplingPlan.from_hyperparameters(len(LABELS), hp, "test")  # 2 steps per epoch, 4 planned
+    model = framework.algo.new_model(0, framework.network)
+    before = interface.flat_weights(framework.algo, model)
+    result = skeleton.fit(framework.algo, model, IMAGES, LABELS, hp, plan, 1.0, lambda steps: "")
+    after = interface.flat_weights(framework.algo, model)
+    assert np.all(np.isfinite(after)) and not np.allclose(after, before)
+    event = budget.dp_event(framework.name, ("d",), hp, plan, result)
+    assert (event.noise_decay, event.decay_steps) == (0.5, 1)  # σ halves at each quarter of the 4 steps
+    assert event.count_noise_multiplier == pytest.approx(2 * plan.expected_batch_size / 20)
+    assert result.library_epsilon == {}  # no library accounts for a schedule or a count: none is shown

@@ -1,0 +1,95 @@
+"""benchmarks/utility.py: how it groups, reports and judges points (the training is the skeleton's, tested
+elsewhere), and one real point on tiny settings."""
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mnist_dp.orchestration.assets import REPO, load_asset_module
+
+UTILITY = REPO / "benchmarks" / "utility.py"
+utility = load_asset_module(UTILITY, "utility_benchmark")
+
+
+def row(framework, epsilon, accuracy, seed=0, label="default", dataset="mnist4k", changes=None):
+    return {"dataset": dataset, "framework": framework, "target_epsilon": epsilon, "seed": seed,
+            "changes": changes or {}, "validation": False, "label": label, "accuracy": accuracy,
+            "epsilon": epsilon or float("inf"), "sigma": 1.0, "steps": 1, "seconds": 1.0}
+
+
+ROWS = [row("torch", 3.0, 0.95), row("torch", 3.0, 0.97, seed=1), row("torch", None, 0.97),
+        row("tf", 3.0, 0.93), row("tf", None, 0.97), row("tf", 3.0, 0.5, label="other", changes={"epochs": 1})]
+
+
+def test_seeds_are_averaged_per_label_and_the_goals_are_judged():
+    summary = utility.summarise(ROWS, "default", False)
+    mean, spread, seeds, _ = summary["mnist4k", "torch", 3.0]
+    assert (mean, spread, seeds) == (pytest.approx(0.96), pytest.approx(0.01), 2)
+    assert "| torch | 96.0 ± 1.0 (2) | 97.0 |" in utility.table(summary, [3.0])
+    goals = utility.goals(summary)
+    assert "mnist4k torch: 96.0% at ε = 3 (goal ≥ 94%): met" in goals
+    assert "mnist4k tf: 93.0% at ε = 3 (goal ≥ 94%): MISSED by 1.0 points" in goals
+    assert "mnist4k tf: 4.0 points below non-private (goal ≤ 1.5): MISSED" in goals
+    assert "mnist4k: frameworks within 3.0 points of each other (goal ≤ 1): MISSED" in goals
+
+
+def test_the_ablation_table_shows_each_labels_changes_and_accuracy():
+    text = utility.ablation_table(ROWS, ["default", "other"], "mnist4k", 3.0, False)
+    assert "| default | none | 96.0 ± 1.0 (2) | 93.0 |" in text
+    assert '| other | epochs 1 | – | 50.0 |' in text
+
+
+def test_a_point_already_in_the_results_has_the_same_key():
+    assert utility.point_key(row("torch", 3.0, 0.1)) == utility.point_key(row("torch", 3.0, 0.9))
+    assert utility.point_key(row("torch", 3.0, 0.1)) != utility.point_key(row("torch", 3.0, 0.1, seed=1))
+
+
+
+@pytest.mark.parametrize("label, expected", [
+    ("default", "default"),
+    ("tutorial: ReLU CNN (before)", "tutorial-relu-cnn-before"),
+    ("default + noise decay 0.7", "default-noise-decay-0.7"),
+    ("tanh CNN, C 0.1, lr 1, EMA", "tanh-cnn-c-0.1-lr-1-ema"),
+    ("Tramèr & Boneh: ε = 3 ", "tramer-boneh-3"),
+    ("..hidden/../path\\", "hidden-..-path"),
+])
+def test_a_label_becomes_a_file_name_with_no_character_to_quote(label, expected):
+    assert utility.slug(label) == expected
+
+
+def test_a_report_is_named_by_the_whole_label_not_cut_at_its_last_dot():
+    assert (utility.result_file(Path("r/utility.jsonl"), "utility-default + noise decay 0.7", ".md")
+            == Path("r/utility-default-noise-decay-0.7.md"))
+
+
+RESULTS = REPO / "benchmarks" / "results"
+
+
+def test_every_committed_result_has_a_slug_name_and_each_label_its_report():
+    names = [path.relative_to(RESULTS).as_posix() for path in RESULTS.rglob("*")]
+    assert names and [n for n in names if not re.fullmatch(r"[a-z0-9.-]+", n) or utility.slug(n) != n] == []
+    labels = {row["label"] for row in utility.read_results(RESULTS / "utility.jsonl") if not row["validation"]}
+    assert labels and [label for label in sorted(labels)
+                       if not utility.result_file(RESULTS / "utility.jsonl", f"utility-{label}", ".md").exists()] == []
+
+
+def test_one_tiny_point_trains_and_the_report_is_written(tmp_path):
+    results = tmp_path / "utility.jsonl"
+    proc = subprocess.run([sys.executable, str(UTILITY), "--datasets", "mnist4k", "--frameworks", "torch",
+                           "--epsilons", "8", "--seeds", "1", "--skip-non-private", "--set", "epochs=1",
+                           "--results", str(results), "--label", "tiny"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    [point] = [json.loads(line) for line in results.read_text().splitlines()]
+    assert point["epsilon"] <= 8.0 and 0.5 < point["accuracy"] <= 1 and point["steps"] == 8
+    assert (tmp_path / "utility-tiny.png").read_bytes()[:4] == b"\x89PNG"
+    assert "| torch | 8" in (tmp_path / "utility-tiny.md").read_text()
+
+
+def test_a_bad_change_is_refused_in_one_line():
+    proc = subprocess.run([sys.executable, str(UTILITY), "--set", "features=wavelets", "--report-only"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "features" in proc.stderr and "Traceback" not in proc.stderr

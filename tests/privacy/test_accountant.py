@@ -1,0 +1,152 @@
+"""mnist_dp/privacy/accountant.py: ε from DP events (reference values, schedules, count noise), σ calibrated
+to a target, the budget's last step, δ."""
+import dataclasses
+import math
+
+import pytest
+from conftest import dp_event
+
+from mnist_dp.privacy import events
+from mnist_dp.privacy.accountant import (
+    calibrate_noise_multiplier,
+    check_delta,
+    check_target_reachable,
+    compose_epsilon,
+    steps_within_budget,
+)
+from mnist_dp.privacy.events import DpEvent
+from mnist_dp.privacy.ledger import Ledger
+from mnist_dp.utils.errors import UserError
+
+
+@pytest.mark.parametrize("n, batch, epochs, rdp, pld", [
+    (60000, 250, 60, 2.562, 2.35),  # docs/design.md reference values, delta 1e-5, sigma 1.1
+    (4000, 250, 3, 3.112, 2.66),
+])
+def test_reference_values(n, batch, epochs, rdp, pld):
+    ledger = Ledger([dp_event(n, batch, epochs)])
+    assert ledger.epsilon(1e-5, "rdp") == pytest.approx(rdp, abs=1e-3)
+    assert ledger.epsilon(1e-5, "pld") == pytest.approx(pld, abs=0.01)
+
+
+def test_pld_is_tighter_than_rdp():
+    ledger = Ledger([dp_event(4000, 250, 3)])
+    assert ledger.epsilon(1e-5, "pld") < ledger.epsilon(1e-5, "rdp")
+
+
+def test_chained_runs_on_same_data_compose_like_one_long_run():
+    two = Ledger([dp_event(4000, 250, 3), dp_event(4000, 250, 3)])
+    one = Ledger([dp_event(4000, 250, 6)])
+    assert two.epsilon(1e-5, "rdp") == pytest.approx(one.epsilon(1e-5, "rdp"), rel=1e-9)
+    assert two.epsilon(1e-5) > Ledger([dp_event(4000, 250, 3)]).epsilon(1e-5)
+
+
+def test_non_private_event_makes_epsilon_infinite():
+    ledger = Ledger([dp_event(4000, 250, 3), dp_event(4000, 250, 3, sigma=0.0)])
+    assert ledger.epsilon(1e-5) == math.inf
+
+
+def test_a_target_that_even_the_most_noise_misses_is_a_user_error_naming_the_ceiling():
+    with pytest.raises(UserError, match="even noise_multiplier = 1000, the most allowed, spends"):
+        calibrate_noise_multiplier(1e-4, 1e-5, 0.125, 240)
+
+
+def test_no_calibrated_step_has_less_noise_than_the_floor():
+    # The least noise allowed (MIN_NOISE_MULTIPLIER at the last steps) already meets a generous target: it is taken
+    # (ε below the target), never less. With a decay of 1/2 over 4 stages the last steps get σ / 8.
+    floor = events.MIN_NOISE_MULTIPLIER
+    for schedule, last in ((events.NoiseSchedule(1.0), 1.0),
+                           (events.NoiseSchedule(1.0, noise_decay=0.5, decay_steps=2), 1 / 8)):
+        sigma = calibrate_noise_multiplier(99.0, 1e-5, 0.125, 8, schedule=schedule)
+        assert floor / last < sigma < floor / last + 0.0011  # rounded up to calibrate's tolerance, 0.001
+        assert schedule.with_sigma(sigma).smallest(8) >= floor
+        run = DpEvent("torch", ("a",), 4000, 0.125, sigma, 8, "per-example", 1.0, noise_decay=schedule.noise_decay,
+                      decay_steps=schedule.decay_steps)
+        assert compose_epsilon([run], 1e-5) <= 99.0
+
+
+def test_a_target_adaptive_clippings_count_alone_spends_is_refused_naming_the_knob():
+    schedule = events.NoiseSchedule(1.0, count_noise_multiplier=4.0)  # the count alone: 0.52 in 4 steps, 1.65 in 40
+    with pytest.raises(UserError, match="count alone spends ε = 0.521 at δ = 1e-05 over 4 steps, .* raise "
+                                        "clip_count_stddev"):
+        calibrate_noise_multiplier(0.4, 1e-5, 0.25, 4, schedule=schedule)
+    check_target_reachable(1.0, 1e-5, 0.25, 4, schedule)  # one round fits; ten rounds of it do not
+    with pytest.raises(UserError, match="x: target_epsilon = 1.0: adaptive clipping's noisy count alone spends "
+                                        r"ε = .* over 40 steps"):
+        check_target_reachable(1.0, 1e-5, 0.25, 4, schedule, repeats=10, where="x")
+    sigma = calibrate_noise_multiplier(1.0, 1e-5, 0.25, 4, schedule=schedule)
+    run = events.DpEvent("torch", ("a",), 200, 0.25, sigma, 4, "per-example", 1.0, count_noise_multiplier=4.0)
+    assert 0.98 < compose_epsilon([run], 1e-5) <= 1.0
+
+
+@pytest.mark.parametrize("delta", [1 / 4000, 0.01, 0, -1e-5])
+def test_delta_must_be_below_one_over_n(delta):
+    with pytest.raises(UserError, match="delta"):
+        check_delta(delta, 4000)
+    check_delta(1e-5, 4000)
+
+
+def test_calibration_hits_the_target_from_below():
+    sigma = calibrate_noise_multiplier(2.0, 1e-5, 1 / 16, 48)
+    spent = compose_epsilon([dp_event(4000, 250, 3, sigma=sigma)], 1e-5)
+    assert spent <= 2.0
+    assert spent > 1.98  # and does not waste budget
+    slightly_less = compose_epsilon([dp_event(4000, 250, 3, sigma=sigma - 0.01)], 1e-5)
+    assert slightly_less > 2.0
+
+
+def test_calibration_counts_the_input_models_steps():
+    prior = [dp_event(4000, 250, 3, sigma=1.1)]
+    sigma = calibrate_noise_multiplier(4.0, 1e-5, 1 / 16, 48, prior)
+    assert compose_epsilon(prior + [dp_event(4000, 250, 3, sigma=sigma)], 1e-5) <= 4.0
+    assert sigma > calibrate_noise_multiplier(4.0, 1e-5, 1 / 16, 48)
+
+
+def test_calibration_refuses_a_spent_budget():
+    with pytest.raises(UserError, match="already spent"):
+        calibrate_noise_multiplier(1.0, 1e-5, 1 / 16, 48, [dp_event(4000, 250, 3, sigma=1.1)])
+
+
+def test_steps_within_budget_is_the_last_step_that_fits():
+    run = events.DpEvent("torch", ("a",), 1000, 0.05, 1.0, 400, events.PER_EXAMPLE, 1.0)
+    budget = 2.0
+    allowed = steps_within_budget([], run, 1e-5, budget)
+    assert 0 < allowed < 400
+    assert compose_epsilon([dataclasses.replace(run, steps=allowed)], 1e-5) <= budget
+    assert compose_epsilon([dataclasses.replace(run, steps=allowed + 1)], 1e-5) > budget
+    assert steps_within_budget([], run, 1e-5, 100.0) == 400  # the whole run fits
+    spent = dataclasses.replace(run, steps=allowed)
+    assert steps_within_budget([spent], run, 1e-5, budget) == 0  # the input model spent it
+
+
+def pld_of(segments, q, delta=1e-5):
+    """ε of Poisson-subsampled Gaussians [(σ, steps)] composed in order, straight from dp_accounting."""
+    import dp_accounting
+    from dp_accounting import pld
+
+    accountant = pld.PLDAccountant()
+    for sigma, steps in segments:
+        accountant.compose(dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), steps)
+    return accountant.get_epsilon(delta)
+
+
+def test_a_decaying_schedule_is_composed_block_by_block_as_it_ran():
+    run = dataclasses.replace(dp_event(4000, 500, 5), noise_decay=0.5, decay_steps=10, steps=25)  # 40 planned
+    expected = pld_of([(1.1, 10), (0.55, 10), (0.275, 5)], 1 / 8)
+    assert Ledger([run]).epsilon(1e-5) == pytest.approx(expected, rel=1e-9)
+    assert Ledger([run]).epsilon(1e-5) > Ledger([dataclasses.replace(run, decay_steps=0)]).epsilon(1e-5)
+
+
+def test_adaptive_clippings_noisy_count_is_part_of_every_step():
+    run = dataclasses.replace(dp_event(4000, 500, 4), count_noise_multiplier=2.0)
+    combined = (1.1 ** -2 + 2.0 ** -2) ** -0.5  # one Gaussian on the joint (gradient sum, count) vector
+    assert Ledger([run]).epsilon(1e-5) == pytest.approx(pld_of([(combined, 32)], 1 / 8), rel=1e-9)
+    assert Ledger([run]).epsilon(1e-5) > Ledger([dp_event(4000, 500, 4)]).epsilon(1e-5)
+
+
+def test_calibration_holds_the_target_with_a_schedule_and_a_count():
+    schedule = events.NoiseSchedule(1.0, noise_decay=0.8, decay_steps=12, count_noise_multiplier=40.0)
+    sigma = calibrate_noise_multiplier(3.0, 1e-5, 1 / 8, 48, schedule=schedule)
+    run = dataclasses.replace(dp_event(4000, 500, 6), noise_multiplier=sigma, noise_decay=0.8, decay_steps=12,
+                              count_noise_multiplier=40.0, steps=48)
+    assert 2.95 < Ledger([run]).epsilon(1e-5) <= 3.0

@@ -1,0 +1,119 @@
+"""mnist_dp/privacy/budget.py: what a training run may spend (sampling plan, σ, schedule, budget, up-front checks)."""
+
+import dataclasses
+
+import pytest
+from conftest import BASE_HP, dict_hp
+
+from mnist_dp.learning import hyperparameters
+from mnist_dp.privacy import accountant, budget, events
+from mnist_dp.utils.errors import UserError
+
+
+def test_sampling_plan_follows_opacus_convention():
+    plan = budget.SamplingPlan.from_hyperparameters(1001, hyperparameters.parse(BASE_HP, "x"), "x")
+    assert plan.steps_per_epoch == 21 and plan.sample_rate == pytest.approx(1 / 21) and plan.steps == 42
+
+
+def test_noise_for_rounds_keeps_every_organisation_within_the_target_after_the_last_round():
+    hp = hyperparameters.parse(BASE_HP, "x")
+    sizes, rounds = [1000, 600], 3
+    fixed = budget.noise_for_rounds(hp, sizes, rounds)
+    assert fixed.target_epsilon is None and fixed.noise_multiplier > 0
+    epsilons = []
+    for n in sizes:
+        plan = budget.SamplingPlan.from_hyperparameters(n, hp, "x")
+        event = events.DpEvent("torch", ("d",), n, plan.sample_rate, fixed.noise_multiplier, plan.steps,
+                                events.PER_EXAMPLE, 1.0)
+        epsilons.append(accountant.compose_epsilon([event] * rounds, hp.delta))
+    assert max(epsilons) <= hp.target_epsilon and max(epsilons) == pytest.approx(hp.target_epsilon, abs=0.02)
+    # one round, a fixed σ or no DP: nothing to do (each task calibrates its own run)
+    assert budget.noise_for_rounds(hp, sizes, 1) is hp
+    baseline = hyperparameters.parse({**BASE_HP, "dp": False}, "x")
+    assert budget.noise_for_rounds(baseline, sizes, 3) is baseline
+
+
+def test_budget_cuts_the_plan_stops_when_spent_or_refuses():
+    hp = hyperparameters.parse({**BASE_HP, "target_epsilon": None, "noise_multiplier": 1.0, "max_epsilon": 2.0}, "x")
+    plan = budget.SamplingPlan.from_hyperparameters(1000, hp, "x")
+    cut = budget.apply_budget("torch", ("d",), hp, plan, 1.0, [])
+    assert 0 < cut.steps < plan.steps == cut.planned_steps
+    spent = events.DpEvent("torch", ("d",), 1000, plan.sample_rate, 1.0, cut.steps, events.PER_EXAMPLE, 1.0)
+    assert budget.apply_budget("torch", ("d",), hp, plan, 1.0, [spent]).steps == 0  # the task trains nothing
+    with pytest.raises(UserError, match="below the ε of a single step"):
+        budget.apply_budget("torch", ("d",), hp, plan, 0.4, [])
+    assert budget.apply_budget("torch", ("d",), hyperparameters.parse(BASE_HP, "x"), plan, 1.0, []) is plan
+
+
+def test_the_noise_schedule_and_the_count_follow_the_hyperparameters():
+    hp = hyperparameters.parse({**BASE_HP, "noise_decay": 0.5, "clip_quantile": 0.5}, "x")
+    plan = budget.SamplingPlan.from_hyperparameters(1001, hp, "x")  # 21 steps per epoch, 42 planned
+    noise = budget.noise_schedule(hp, plan, 2.0)
+    assert noise.decay_steps == 11 and noise.count_noise_multiplier == pytest.approx(2 * plan.expected_batch_size / 20)
+    assert [noise.gradient_sigma(t) for t in (0, 10, 11, 41)] == [2.0, 2.0, 1.0, 0.25]
+    assert budget.noise_schedule(dict_hp(dp=False), plan, 2.0).sigma == 0
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"clip_quantile": 0.5, "clip_count_stddev": 0.005, "noise_multiplier": 1.0, "target_epsilon": None},
+     "clip_count_stddev (0.005) gives adaptive clipping's count a noise multiplier of 0.01"),
+    ({"clip_quantile": 0.5, "clip_count_stddev": 1e-6}, "count a noise multiplier of 2e-06"),  # with a target
+    ({"clip_quantile": 0.5, "batch_size": 1, "epochs": 1},
+     "clip_count_stddev (null: E[B] / 20 = 0.05) gives adaptive clipping's count a noise multiplier of 0.1"),
+    ({"noise_decay": 1e-3, "noise_multiplier": 1.0, "target_epsilon": None},
+     "noise_decay = 0.001 (σ · 0.001^3 in the last of 4 stages) gives steps an effective noise multiplier of 1e-09"),
+    ({"noise_decay": 1e-3}, "noise_decay = 0.001 lowers the noise so far that"),
+    ({"noise_multiplier": 0.25, "target_epsilon": None}, "an effective noise multiplier of 0.25, below 0.3"),
+    ({"clip_quantile": 0.5, "target_epsilon": 0.01}, "target_epsilon = 0.01: adaptive clipping's noisy count alone"),
+    ({"target_epsilon": 1e-4}, "target_epsilon = 0.0001: even noise_multiplier = 1000, the most allowed"),
+])
+def test_noise_the_accountant_cannot_bound_is_refused_before_it_runs(changes, message):
+    # These ran for minutes in dp_accounting, ran out of memory, or failed in its numerics (deep in a train task).
+    import re
+    import time
+
+    start = time.perf_counter()
+    with pytest.raises(UserError, match=r"^hp\.json: .*" + re.escape(message)):
+        budget.check_run("torch", dict_hp(**changes), 200, "hp.json")
+    assert time.perf_counter() - start < 10
+
+
+def test_the_least_noise_allowed_passes():
+    least = dict_hp(noise_multiplier=events.MIN_NOISE_MULTIPLIER, target_epsilon=None)
+    budget.check_run("torch", least, 200, "x")
+    budget.check_run("torch", dict_hp(noise_multiplier=1.0, target_epsilon=None, clip_quantile=0.5,
+                                        clip_count_stddev=0.2), 200, "x")  # count 0.4, the gradient's 1: 0.37
+
+
+def test_a_budget_below_one_step_is_refused_before_registering_naming_the_organisation():
+    hp = dict_hp(noise_multiplier=1.0, target_epsilon=None, epochs=1)
+    plans = [budget.SamplingPlan.from_hyperparameters(n, hp, "x") for n in (200, 100)]  # q = 1/4, 1/2
+    one_step = [accountant.compose_epsilon([budget.run_event("torch", (), hp, plan, 1.0, 1)], hp.delta)
+                for plan in plans]
+    assert one_step[0] < one_step[1]
+    hp = dataclasses.replace(hp, max_epsilon=sum(one_step) / 2)  # enough for organisation 1's step, not 2's
+    with pytest.raises(UserError, match=f"^org 2: max_epsilon = {hp.max_epsilon} is below the ε of a single step "
+                                        rf"\({one_step[1]:.3f} at δ = 1e-05\)"):
+        budget.check_plan("torch", hp, [200, 100], 1, ["org 1", "org 2"])
+    # The task's own check says the same (one message), and lets organisation 1 train.
+    assert budget.apply_budget("torch", ("a",), hp, plans[0], 1.0, []).steps > 0
+    with pytest.raises(UserError, match=rf"^max_epsilon = {hp.max_epsilon} is below the ε of a single step"):
+        budget.apply_budget("torch", ("b",), hp, plans[1], 1.0, [])
+
+
+def test_the_budget_check_calibrates_sigma_as_the_tasks_will_get_it():
+    # With a target, σ is calibrated for the run (one round) or for all rounds (noise_for_rounds: more noise, a
+    # cheaper step); a budget between the two steps' ε passes with 3 rounds and is refused with 1.
+    hp = dict_hp(epochs=1)
+    plan = budget.SamplingPlan.from_hyperparameters(200, hp, "x")
+    three = budget.check_plan("torch", hp, [200], 3, ["x"])
+    assert three.target_epsilon is None and three.noise_multiplier > budget.resolve_noise_multiplier(hp, plan, [])
+
+    def step(sigma):
+        return accountant.compose_epsilon([budget.run_event("torch", (), hp, plan, sigma, 1)], hp.delta)
+
+    between = (step(budget.resolve_noise_multiplier(hp, plan, [])) + step(three.noise_multiplier)) / 2
+    assert budget.check_plan("torch", dataclasses.replace(hp, max_epsilon=between), [200], 3, ["x"]) == \
+        dataclasses.replace(three, max_epsilon=between)
+    with pytest.raises(UserError, match="^x: max_epsilon = .* is below the ε of a single step"):
+        budget.check_plan("torch", dataclasses.replace(hp, max_epsilon=between), [200], 1, ["x"])

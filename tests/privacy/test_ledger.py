@@ -1,0 +1,103 @@
+"""mnist_dp/privacy/ledger.py: ε per example (parallel and sequential composition), the examples table, merging
+the ledgers of averaged models."""
+import dataclasses
+
+import pytest
+from conftest import dp_event
+
+from mnist_dp.privacy import events
+from mnist_dp.privacy.accountant import (
+    compose_epsilon,
+)
+from mnist_dp.privacy.events import DpEvent
+from mnist_dp.privacy.ledger import Examples, Ledger, merge, own_runs
+from mnist_dp.utils.errors import UserError
+
+KEY = "0123456789abcdef"  # a key id: the examples below are named under one identity key
+
+def named(samples: dict, key=KEY) -> dict:
+    """An examples table: data sample identity -> Examples of the given ids (ranges stand for keyed ids)."""
+    return {identity: Examples.of(key, list(ids)) for identity, ids in samples.items()}
+
+
+def test_runs_on_disjoint_data_compose_in_parallel():
+    ledger = Ledger([dp_event(4000, 250, 3, data=["a"]), dp_event(4000, 250, 3, data=["b"])],
+                    named({"a": range(4000), "b": range(4000, 8000)}))
+    single = Ledger([dp_event(4000, 250, 3)]).epsilon(1e-5)
+    assert ledger.epsilon(1e-5) == pytest.approx(single, rel=1e-6)
+    assert [account.examples for account in ledger.accounts()] == [4000, 4000]
+    assert ledger.epsilon(1e-5, data=["b"]) == pytest.approx(single, rel=1e-6)
+
+
+def test_an_example_in_two_samples_composes_both_runs_that_trained_on_it():
+    # Two splits of the same data (other samples, other identities) sharing 100 examples: those 100 were trained
+    # on by both runs, and ε is theirs, the worst example's.
+    runs = [dp_event(4000, 250, 3, data=["a"]), dp_event(4000, 250, 3, data=["b"])]
+    ledger = Ledger(runs, named({"a": range(4000), "b": range(3900, 7900)}))
+    both = compose_epsilon(runs, 1e-5)
+    assert ledger.epsilon(1e-5) == pytest.approx(both, rel=1e-9)
+    assert both > Ledger(runs[:1]).epsilon(1e-5) + 0.5
+    assert sorted((a.examples, len(a.events)) for a in ledger.accounts()) == [(100, 2), (3900, 1), (3900, 1)]
+    assert ledger.histories(["b"]) == [runs]  # its shared examples' runs: what a next run on "b" must add to
+
+
+def test_examples_that_cannot_be_compared_are_accounted_as_the_same():
+    runs = [dp_event(4000, 250, 3, data=["a"]), dp_event(4000, 250, 3, data=["b"])]
+    both = compose_epsilon(runs, 1e-5)
+    # named under two keys: the ids cannot be compared, so the runs may share every example
+    other_key = {**named({"a": range(4000)}), **named({"b": range(4000, 8000)}, key="fedcba9876543210")}
+    assert Ledger(runs, other_key).epsilon(1e-5) == pytest.approx(both, rel=1e-9)
+    # a ledger that names no examples (a model file of format 2): every run counts for every example
+    assert Ledger(runs).epsilon(1e-5) == pytest.approx(both, rel=1e-9)
+    assert Ledger.from_json([e.to_json() for e in runs]).epsilon(1e-5) == pytest.approx(both, rel=1e-9)
+
+
+@pytest.mark.parametrize("ids, message", [
+    (range(3999), "n = 4000 names 3999 examples"),
+    ([*range(3999), 5], "ids must be distinct and sorted"),
+])
+def test_a_ledger_whose_examples_disagree_with_its_runs_is_refused(ids, message):
+    record = Ledger([dp_event(4000, 250, 3)], named({"a": range(4000)})).to_json()
+    table = Examples(KEY, b"".join(int(i).to_bytes(8, "big") for i in ids))
+    with pytest.raises(UserError, match=message):
+        Ledger.from_json({**record, "examples": {"a": table.to_json()}})
+
+
+def test_ledger_json_round_trip():
+    ledger = Ledger([dp_event(4000, 250, 3, data=["x", "y"])], named({"x": range(2000), "y": range(5000, 7000)}))
+    again = Ledger.from_json(ledger.to_json())
+    assert again.events == ledger.events and again.examples == ledger.examples
+
+
+def run(data, steps=10, n=100):
+    """A training run with its id, as a train task records it."""
+    return dataclasses.replace(DpEvent("torch", data, n, 0.1, 1.0, steps, events.PER_EXAMPLE, 1.0, batch_size=10,
+                                       planned_steps=max(steps, 10)), run_id=events.new_run_id())
+
+
+def test_merged_ledgers_count_the_shared_history_once_and_every_new_run():
+    history = [run(("a",)), run(("b",))]  # the global model: one run per organisation
+    # round 2: both organisations train again from it, with runs equal in everything but their ids
+    a2, b2 = run(("a",)), run(("b",))
+    examples = named({"a": range(100), "b": range(100, 200)})
+    inputs = [Ledger(history + [a2], examples), Ledger(history + [b2], examples)]
+    merged = merge(inputs)
+    assert merged.events == history + [a2, b2]
+    assert own_runs(inputs) == [[a2], [b2]]
+    # each organisation's ε: its two runs, recomputed from σ, q and steps alone; the model's ε is the worst
+    two_runs = compose_epsilon([DpEvent("torch", ("x",), 100, 0.1, 1.0, 20, events.PER_EXAMPLE, 1.0)], 1e-5)
+    assert merged.epsilon(1e-5, data=["a"]) == pytest.approx(two_runs, rel=1e-6)
+    assert merged.epsilon(1e-5) == pytest.approx(two_runs, rel=1e-6)
+    # the same run given twice is one run; a second run on the same data, identical but for its id, is two
+    assert merge([Ledger(history + [a2])] * 2).events == history + [a2]
+    twin = dataclasses.replace(a2, run_id=events.new_run_id())
+    assert len(merge([Ledger([a2]), Ledger([twin])]).events) == 2
+
+
+def test_a_merge_refuses_runs_it_cannot_tell_apart():
+    old = DpEvent("torch", ("a",), 100, 0.1, 1.0, 10, events.PER_EXAMPLE, 1.0)  # no run id: an earlier version's
+    with pytest.raises(UserError, match="has no run id"):
+        merge([Ledger([old]), Ledger([run(("b",))])])
+    a = run(("a",))
+    with pytest.raises(UserError, match=f"record training run {a.run_id} differently"):
+        merge([Ledger([a]), Ledger([dataclasses.replace(a, steps=5)])])

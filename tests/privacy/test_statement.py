@@ -1,0 +1,84 @@
+from mnist_dp.privacy import accountant, model_file, statement
+from mnist_dp.privacy.events import PER_EXAMPLE, DpEvent
+from mnist_dp.privacy.ledger import Examples, Ledger
+
+EVENT = DpEvent("tf", ("fp-a", "fp-b"), 300, 0.2, 1.0, 5, PER_EXAMPLE, 1.0,
+                        (("TF Privacy statement, RDP, Poisson (this run only)", 4.5),))
+
+
+def saved(events, examples=None, **hyperparameters):
+    return model_file.ModelFile("tf", b"", Ledger(events, examples), {"delta": 1e-4, **hyperparameters})
+
+
+def named(samples: dict) -> dict:
+    """Data sample identity -> its examples' ids (ranges stand for keyed ids), under one key."""
+    return {identity: Examples.of("0123456789abcdef", list(ids)) for identity, ids in samples.items()}
+
+
+def test_statement_gives_epsilon_with_delta_relation_sampling_clipping_and_exclusions():
+    model = saved([EVENT])
+    text = statement.privacy_statement(model)
+    assert text.startswith(f"**(ε, δ) = ({model.ledger.epsilon(1e-4):.3f}, 0.0001)** by PLD")
+    assert f"RDP (Google dp_accounting): ε = {model.ledger.epsilon(1e-4, 'rdp'):.3f}" in text
+    assert "add or remove one example" in text and "Poisson" in text
+    assert "2 data sample(s) (fp-a…), n = 300, q = 0.2, σ = 1, 5 steps, clipping per-example to C = 1" in text
+    assert "TF Privacy statement, RDP, Poisson (this run only): ε = 4.500" in text
+    assert "Not covered: hyperparameter tuning" in text and "floating-point-attack-resistant noise): off" in text
+    assert "256 fresh bits of the operating system's entropy per run, stored nowhere;" in text
+    assert "Threat model:" in text and "HMAC under a secret key kept with the data" in text
+    assert "Replayable noise" not in text and "not covered by ε" not in text
+
+
+def test_replayable_noise_and_training_data_scores_are_flagged_in_one_line_each():
+    replayed = DpEvent("tf", ("fp-a",), 300, 0.2, 1.0, 5, PER_EXAMPLE, 1.0, replayable_noise=True)
+    text = statement.privacy_statement(saved([EVENT, replayed], noise_seed=7), train_scores=True)
+    assert "**Replayable noise**: its noise was drawn from noise_seed: its ε holds only while that seed stays " \
+           "secret" in text and "for experiments, not for release" in text
+    assert "except run(s) 2, drawn from noise_seed 7 (replayable)" in text
+    assert "**Training-data accuracy was published** (--score-train)" in text and "**not covered by ε**" in text
+
+
+def test_statement_shows_the_budget_and_epsilon_per_data_group():
+    other = DpEvent("tf", ("fp-c",), 300, 0.2, 2.0, 3, PER_EXAMPLE, 1.0)
+    # fp-c holds 100 of EVENT's examples (another split of the same data): trained on by both runs
+    examples = named({"fp-a": range(150), "fp-b": range(150, 300), "fp-c": range(200, 500)})
+    model = saved([EVENT, other], examples, max_epsilon=9.0, planned_steps=5, stopped_by_budget=True,
+                  secure_mode=True)
+    text = statement.privacy_statement(model)
+    assert "max_epsilon = 9 at δ = 0.0001; training stopped after 3 of 5 planned steps" in text
+    assert f"200 example(s) of run(s) 1: {accountant.compose_epsilon([EVENT], 1e-4):.3f}" in text
+    assert f"100 example(s) of run(s) 1, 2: {accountant.compose_epsilon([EVENT, other], 1e-4):.3f}" in text
+    assert f"200 example(s) of run(s) 2: {accountant.compose_epsilon([other], 1e-4):.3f}" in text
+    assert text.startswith(f"**(ε, δ) = ({accountant.compose_epsilon([EVENT, other], 1e-4):.3f}, 0.0001)**")
+    assert "resistant noise): on" in text
+    by_org = statement.privacy_statement(model, {"Org1": 1.25, "Org2": 0.5})
+    assert "Per organisation (the worst ε of the examples it holds): Org1: 1.250, Org2: 0.500" in by_org
+
+
+def test_a_non_private_model_says_so():
+    baseline = DpEvent("tf", ("fp-a",), 300, 0.2, 0.0, 5, "none", 1.0)
+    assert statement.privacy_statement(saved([baseline])).startswith("**Not private**")
+
+
+def test_each_run_names_the_code_that_made_it_and_what_data_checks_cover():
+    from conftest import ledger_event
+
+    made = ledger_event("tf", archive_digest="sha256:abc")
+    text = statement.privacy_statement(saved([made, ledger_event("tf", data=("fp-b",))]))
+    assert "ran 'train' from function archive sha256:abc" in text
+    assert "ran 'train' from no function archive (run from the repository, or its files changed)" in text
+    assert "code not recorded" in statement.privacy_statement(saved([EVENT]))
+    assert "Examples named under different keys cannot be compared: each such run counts as having trained on " \
+           "every example (in sequence), never as disjoint" in text
+
+
+def test_an_averaged_models_statement_explains_the_averaging():
+    runs = [DpEvent("tf", (org,), 300, 0.2, 1.0, 5, PER_EXAMPLE, 1.0) for org in ("fp-a", "fp-b")]
+    model = saved(runs, max_epsilon=9.0, stopped_by_budget=False,
+                  aggregate_of=[{"examples": 300}, {"examples": 300}])
+    text = statement.privacy_statement(model, {"Org1": 1.25, "Org2": 1.25})
+    assert "Federated averaging: this model is the average of 2 models" in text and "(300, 300)" in text
+    assert "post-processing of those models and spends no privacy" in text
+    assert "in parallel across organisations' disjoint examples" in text
+    assert "every organisation's training ran every planned step within it" in text
+    assert "Per organisation (the worst ε of the examples it holds): Org1: 1.250, Org2: 1.250" in text

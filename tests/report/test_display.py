@@ -1,0 +1,88 @@
+import json
+import math
+from dataclasses import replace
+
+import pandas as pd
+from conftest import ledger_event, save_model
+
+from mnist_dp.report import display
+from mnist_dp.report.results import Record
+
+
+def record(run, round_idx, org, eps_by_org, dp=True, accuracy=0.5):
+    worst = max(eps_by_org.values())
+    return Record(run=run, framework=run.split("-")[0], round=round_idx, organization=org, dp=dp,
+                  train_accuracy=accuracy, test_accuracy=accuracy, epsilon=worst, epsilon_rdp=worst + 0.3,
+                  epsilon_by_organization=eps_by_org, delta=1e-5, accountant="PLD", noise_multiplier=1.0,
+                  sample_rate=0.1, steps=10, epsilon_in_substra=worst)
+
+
+RECORDS = [
+    record("torch", 1, "Org1", {"Org1": 1.5, "Org2": 0.0}),
+    record("torch", 1, "Org2", {"Org1": 1.5, "Org2": 1.5}),
+    record("torch-baseline", 1, "Org1", {"Org1": math.inf, "Org2": 0.0}, dp=False, accuracy=0.9),
+]
+PERFORMANCES = pd.DataFrame({
+    "task_key": ["a", "b"], "worker": ["Org1", "Org2"], "round": [1, 1], "identifier": ["performance", "epsilon"],
+    "performance": [0.5, math.inf], "run": ["torch", "torch"], "metric": ["test_accuracy", "epsilon"],
+    "train_task": ["t", "t"]})
+
+
+def test_table_shows_round_organisation_and_epsilon_per_organisation():
+    text = display.table(RECORDS)
+    header = text.splitlines()[0]
+    assert "round" in header and "trained at" in header and "ε Org1" in header and "ε Org2" in header
+    assert text.splitlines()[2].split()[6:9] == ["1.500", "1.500", "0.000"]  # worst, Org1, Org2
+    assert "∞" in text.splitlines()[4]
+    single = display.table([record("tf", 1, "Org1", {"Org1": 2.0})])
+    assert "round" not in single and "ε Org1" not in single and "max ε" not in single
+    budget = display.table([replace(record("tf", 1, "Org1", {"Org1": 2.0}), max_epsilon=2.0, stopped_by_budget=True)])
+    assert budget.splitlines()[0].endswith("max ε") and budget.splitlines()[2].endswith("2 (stopped)")
+    assert display.table([]) == "(no train task finished)"
+
+
+def with_model_files(records, folder):
+    """Give each record a real model file whose ledger matches it."""
+    folder.mkdir()
+    out = []
+    for i, r in enumerate(records):
+        event = ledger_event(r.framework, n=100, batch_size=10, sigma=1.0 if r.dp else 0.0, epochs=2,
+                             steps=10 if r.dp else None, library_epsilon=(("Opacus PRV (this run only)", 1.49),))
+        path = save_model(folder / f"{i}.model", [event], max_epsilon=2.0)
+        out.append(replace(r, model_file=str(path)))
+    return out
+
+
+def test_reports_are_written(tmp_path):
+    records = with_model_files(RECORDS, tmp_path / "models")
+    written = display.write_reports(tmp_path, "title", ["fact one"], records, PERFORMANCES, failure="task X failed")
+    assert sorted(p.name for p in written) == ["results.json", "results.png", "summary.md"]
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results[2]["epsilon"] is None and results[2]["epsilon_by_organization"] == {"Org1": None, "Org2": 0.0}
+    summary = (tmp_path / "summary.md").read_text()
+    assert "- fact one" in summary and "task X failed" in summary and "![test accuracy and ε](results.png)" in summary
+    assert "| torch | 1 | ∞ | 0.5000 |" in summary  # Substra's performances, pivoted by metric and worker
+    assert (tmp_path / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["models", "results.json", "results.png", "summary.md"]
+    # one privacy statement per run, from its last model: per organisation, with the library's figure
+    assert summary.count("### torch\n") == 1 and "### torch-baseline" in summary
+    assert "- Per organisation (the worst ε of the examples it holds): Org1: 1.500, Org2: 1.500" in summary
+    assert "Opacus PRV (this run only): ε = 1.490" in summary and "**Not private**" in summary
+    assert "max_epsilon = 2 at δ = 1e-05; training stopped after 10 of 20 planned steps" in summary
+
+
+def test_the_trade_off_panel_puts_each_private_model_at_its_epsilon_and_each_baseline_as_a_line():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = [record("torch", 1, "Org1", {"Org1": 1.0}, accuracy=0.8),
+               record("torch", 2, "Org1", {"Org1": 2.0}, accuracy=0.9),
+               record("torch-baseline", 1, "Org1", {"Org1": math.inf}, dp=False, accuracy=0.95)]
+    fig, ax = plt.subplots()
+    display.plot_trade_off(ax, records, {"torch": "C0", "torch-baseline": "C1"})
+    curve, baseline = ax.get_lines()
+    assert list(curve.get_xdata()) == [1.0, 2.0] and list(curve.get_ydata()) == [0.8, 0.9]
+    assert list(baseline.get_ydata()) == [0.95, 0.95] and baseline.get_color() == curve.get_color()
+    plt.close(fig)

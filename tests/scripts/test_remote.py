@@ -1,0 +1,507 @@
+"""--backend remote end to end: scripts/add_dataset_objective.py and add_train_algo_cnn_dp.py run as
+subprocesses against a Substra node imitated over HTTP (substra_node_stub.py), so every call goes
+through the real substra SDK. The node runs train tasks with the real training skeleton and opener
+around a framework that learns nothing (see write_model_file)."""
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import uuid
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import requests
+from conftest import REPO, TINY_HYPERPARAMETERS, tiny_hyperparameters
+from substra_node_stub import SubstraNodeStub
+
+from mnist_dp.data.dataset import sample_folders
+from mnist_dp.data.samples import sample_identity
+from mnist_dp.learning import interface, skeleton
+from mnist_dp.orchestration.assets import ALGO_ASSETS, DATASET_ASSET, OBJECTIVE_ASSET, load_asset_module
+from mnist_dp.orchestration.contract import CONTRACT
+from mnist_dp.orchestration.execution import LOG_TAIL_LINES, POLLING_VARIABLE
+from mnist_dp.privacy import model_file
+
+SCRIPTS = REPO / "scripts"
+CLIENT = "node1"
+TOKEN = "tok-node1-5f0c1a9e3b7d"  # distinctive, so that finding it in any output means it leaked
+FRAMEWORK = "torch"
+# The algo's hyperparameters for these plans: one full-batch step per fold at a large σ, because the
+# report accounts ε a dozen times and PLD takes about a second per ε at σ = 1 with q = 1/3.
+HYPERPARAMETERS = {**TINY_HYPERPARAMETERS, "batch_size": 150, "noise_multiplier": 4.0}
+FAILURE_LOG = "\n".join([f"epoch {i}: loading batch" for i in range(20)]
+                        + ["", "error: batch_size = 1000 is larger than the 150 training examples", ""])
+
+
+@pytest.fixture
+def node():
+    with SubstraNodeStub(token=TOKEN) as stub:
+        yield stub
+
+
+def environment(node, **settings) -> dict:
+    """This process's environment without any Substra setting, plus the node's URL and `settings`
+    (default: its token)."""
+    env = {name: value for name, value in os.environ.items() if not name.startswith("SUBSTRA_")}
+    env[f"SUBSTRA_{CLIENT.upper()}_URL"] = node.url
+    for name, value in (settings or {"token": TOKEN}).items():
+        env[f"SUBSTRA_{CLIENT.upper()}_{name.upper()}"] = value
+    return env
+
+
+def run(script, *args, cwd, env, polling=None):
+    if polling is not None:  # a node's plan is polled every 5 s by default
+        env = {**env, POLLING_VARIABLE: str(polling)}
+    return subprocess.run([sys.executable, SCRIPTS / script, *map(str, args), "--backend", "remote",
+                           "--client-name", CLIENT], capture_output=True, text=True, cwd=cwd, env=env, timeout=120)
+
+
+def add_dataset_objective(node, tmp_path, data_dir, **settings):
+    return run("add_dataset_objective.py", "--data", data_dir, "--folds", 2, "--keys-file", tmp_path / "keys.json",
+               cwd=tmp_path, env=environment(node, **settings))
+
+
+def add_train_algo(node, tmp_path, *args):
+    (tmp_path / "hp.json").write_text(json.dumps(HYPERPARAMETERS))
+    return run("add_train_algo_cnn_dp.py", "--framework", FRAMEWORK, "--hyperparameters", tmp_path / "hp.json",
+               "--keys-file", tmp_path / "keys.json", "--output", tmp_path / "results", *args,
+               cwd=tmp_path, env=environment(node), polling=0.01)
+
+
+@pytest.fixture
+def registered(node, tmp_path, tiny_data):
+    """The keys file of a successful add_dataset_objective run (2 folds) against the node."""
+    proc = add_dataset_objective(node, tmp_path, tiny_data)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return tmp_path / "keys.json"
+
+
+def error_lines(stderr: str) -> list:
+    return [line for line in stderr.splitlines() if line.startswith("error:")]
+
+
+def zip_members(archive: bytes) -> dict:
+    """{name: bytes} of a data sample as the SDK uploads it (the folder, zipped)."""
+    with zipfile.ZipFile(io.BytesIO(archive)) as z:
+        return {name: z.read(name) for name in z.namelist()}
+
+
+def tar_gz_members(archive: bytes) -> dict:
+    """{name: bytes} of a function archive, which must be a tar.gz."""
+    with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+
+
+def folder_files(folder: Path) -> dict:
+    return {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
+
+
+def contract(function: str) -> tuple:
+    """A function's inputs and outputs as the SDK sends them: {identifier: {kind, optional, multiple}}."""
+    inputs, outputs = CONTRACT[function]
+    return ({i.identifier: {"kind": i.kind.value, "optional": i.optional, "multiple": i.multiple} for i in inputs},
+            {o.identifier: {"kind": o.kind.value, "multiple": o.multiple} for o in outputs})
+
+
+# -- the node's train tasks ---------------------------------------------------------------------------
+
+
+class NoLearning:
+    """A interface.Framework that learns nothing and needs no ML library."""
+
+    name = FRAMEWORK
+
+    def new_model(self, seed, network):
+        return b"untrained weights"
+
+    def load_model(self, weights, network):
+        return weights
+
+    def dump_model(self, model):
+        return model
+
+    def fit(self, model, images, labels, hp, sampling, step, batches):
+        return interface.Ran(batch_sizes=[len(batch) for batch in batches])
+
+    def weight_arrays(self, model):
+        return [np.frombuffer(model, np.uint8).astype(np.float64)]
+
+    def set_weight_arrays(self, model, arrays):
+        return arrays[0].astype(np.uint8).tobytes()
+
+
+def write_model_file(dest: Path, opener: Path, data_folders: list, hyperparameters: Path,
+                     input_model: Path | None = None) -> float:
+    """Write a model file as a torch train task does and return the ε it outputs. The one place
+    that knows how a model file is made: the real training skeleton (skeleton.train: ledger,
+    hyperparameters, ε) and dataset opener around NoLearning, so a change of the file's format
+    made there reaches these tests unchanged."""
+    opener_module = load_asset_module(opener, f"stub_node_opener_{uuid.uuid4().hex}")
+    inputs = {"datasamples": opener_module.MnistOpener().get_data([str(f) for f in data_folders])}
+    if input_model:
+        inputs["model"] = str(input_model)
+    outputs = {"model": str(dest), "epsilon": str(dest.with_name(dest.name + ".epsilon"))}
+    skeleton.train(NoLearning(), inputs, outputs, hyperparameters)
+    return json.loads(Path(outputs["epsilon"]).read_text())["all"]
+
+
+def accuracy(round_idx: int, split: str) -> float:
+    """The accuracy the node reports for a score task: different for every round and split."""
+    return 0.5 + 0.1 * round_idx + (0.05 if split == "train" else 0.0)
+
+
+def train_on_node(node: SubstraNodeStub, work: Path) -> dict:
+    """Make the node's train tasks write real model files from what the node holds: the function
+    archive (its hyperparameters.json), the opener, the data samples the task names and its input
+    model. Returns {train task key: the ε it output}, filled as the node runs them."""
+    epsilons = {}
+
+    def model_file_of(task, identifier):
+        if identifier != "model":
+            return f"{identifier} of task {task['key']}".encode()
+        folder = work / task["key"]
+        function_dir = folder / "function"
+        with tarfile.open(fileobj=io.BytesIO(node.functions[task["function"]["key"]].files["file"])) as tar:
+            tar.extractall(function_dir, filter="data")
+        samples, input_models = [], []
+        for ref in task["inputs"]:
+            if ref["identifier"] == "opener":
+                opener = folder / "opener.py"
+                opener.write_bytes(node.datasets[ref["asset_key"]].files["data_opener"])
+            elif ref["identifier"] == "datasamples":
+                samples.append(folder / "data" / ref["asset_key"])
+                with zipfile.ZipFile(io.BytesIO(node.data_samples[ref["asset_key"]].files["archive"])) as z:
+                    z.extractall(samples[-1])
+            else:
+                parent = node.tasks[ref["parent_task_key"]].state["outputs"]
+                model_key = next(o["asset"]["key"] for o in parent if o["identifier"] == "model")
+                input_models.append(folder / f"input-{len(input_models)}.model")
+                input_models[-1].write_bytes(node.models[model_key].files["file"])
+        if samples:
+            epsilons[task["key"]] = write_model_file(folder / "model", opener, samples,
+                                                     function_dir / "hyperparameters.json", *input_models)
+        else:  # an aggregate task: the real averaging
+            skeleton.aggregate(NoLearning(), {"models": [str(m) for m in input_models]},
+                               {"model": str(folder / "model")}, function_dir / "hyperparameters.json")
+        return (folder / "model").read_bytes()
+
+    def performance(task, identifier):
+        if identifier == "epsilon":
+            return epsilons[task["key"]]
+        return accuracy(int(task["metadata"]["round_idx"]), task["metadata"]["split"])
+
+    node.model_file, node.performance = model_file_of, performance
+    return epsilons
+
+
+# -- the stub itself ----------------------------------------------------------------------------------
+
+
+def test_the_stub_refuses_a_wrong_token_and_records_paths_it_does_not_know(node):
+    assert requests.get(f"{node.url}/info/", headers={"Authorization": "Token wrong"}).status_code == 401
+    assert requests.get(f"{node.url}/info/").status_code == 401
+    answer = requests.get(f"{node.url}/no_such_route/", headers={"Authorization": f"Token {TOKEN}"})
+    assert answer.status_code == 404 and answer.json() == {"detail": "Not found."}
+    assert node.unexpected == [("GET", "/no_such_route/")]
+
+
+def test_the_stub_takes_data_samples_uploaded_or_as_paths_on_the_node(node, tiny_data):
+    import substra
+
+    client = substra.Client(url=node.url, token=TOKEN, backend_type="remote")
+    dataset = client.add_dataset({"name": "d", "data_opener": DATASET_ASSET / "opener.py",
+                                  "description": DATASET_ASSET / "description.md",
+                                  "permissions": {"public": False, "authorized_ids": []},
+                                  "logs_permission": {"public": False, "authorized_ids": []}})
+    folder = sample_folders(tiny_data, "test")[0]
+    uploaded = client.add_data_sample({"path": folder, "data_manager_keys": [dataset]})
+    on_node = client.add_data_sample({"path": folder, "data_manager_keys": [dataset]}, local=False)
+    assert zip_members(node.data_samples[uploaded].files["archive"]) == folder_files(folder)
+    assert node.data_samples[on_node].files["path"] == str(folder).encode()
+    assert client.get_dataset(dataset).data_sample_keys == [uploaded, on_node]
+    assert client.list_task(filters={"compute_plan_key": [str(uuid.uuid4())]}) == [] and node.unexpected == []
+
+
+# -- add_dataset_objective.py -------------------------------------------------------------------------
+
+
+def test_add_dataset_objective_uploads_each_asset_and_keeps_the_keys_the_node_gave(node, registered, tiny_data):
+    keys = json.loads(registered.read_text())
+    org = node.organization_id
+    assert keys["organization_id"] == org
+    assert list(node.datasets) == [keys["dataset_key"]]
+    dataset = node.datasets[keys["dataset_key"]]
+    assert dataset.files["data_opener"] == (DATASET_ASSET / "opener.py").read_bytes()
+    assert dataset.files["description"] == (DATASET_ASSET / "description.md").read_bytes()
+    assert dataset.sent["permissions"] == dataset.sent["logs_permission"] == {"public": False, "authorized_ids": [org]}
+
+    # One uploaded archive per data sample folder, linked to the dataset, keys in fold order.
+    folds, test_keys = keys["train_data_sample_keys"], keys["test_data_sample_keys"]
+    folders = [[folder] for folder in sample_folders(tiny_data, "train")]
+    folders.append(sample_folders(tiny_data, "test"))
+    assert [len(fold) for fold in folds] == [1, 1] and len(test_keys) == 1
+    assert set(node.data_samples) == {*folds[0], *folds[1], *test_keys}
+    for sample_keys, fold_folders in zip(folds + [test_keys], folders):
+        for key, folder in zip(sample_keys, fold_folders):
+            assert zip_members(node.data_samples[key].files["archive"]) == folder_files(folder)
+            assert node.data_samples[key].sent["data_manager_keys"] == [keys["dataset_key"]]
+
+    # The objective: a public function whose archive is built to run on a node (its Dockerfile inside).
+    assert list(node.functions) == [keys["objective_key"]]
+    objective = node.functions[keys["objective_key"]]
+    files = tar_gz_members(objective.files["file"])
+    assert files["Dockerfile"] == (OBJECTIVE_ASSET / "Dockerfile.score").read_bytes()
+    assert files["metrics.py"] == (OBJECTIVE_ASSET / "metrics.py").read_bytes()
+    assert objective.files["description"] == (OBJECTIVE_ASSET / "description.md").read_bytes()
+    assert objective.sent["name"] == "accuracy"
+    assert objective.sent["permissions"] == {"public": True, "authorized_ids": []}
+    assert (objective.sent["inputs"], objective.sent["outputs"]) == contract("score")
+    assert node.unexpected == []
+    assert TOKEN not in registered.read_text()
+
+
+def test_add_dataset_objective_run_again_reuses_every_key_and_registers_nothing(node, registered, tmp_path, tiny_data):
+    before, posts = registered.read_text(), node.calls("POST")
+    proc = add_dataset_objective(node, tmp_path, tiny_data)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert registered.read_text() == before and node.calls("POST") == posts
+    keys = json.loads(before)
+    asked = set(node.calls("GET"))
+    assert ("GET", f"/data_manager/{keys['dataset_key']}/") in asked
+    assert ("GET", f"/function/{keys['objective_key']}/") in asked
+    for key in [*keys["train_data_sample_keys"][0], *keys["train_data_sample_keys"][1], *keys["test_data_sample_keys"]]:
+        assert ("GET", f"/data_sample/{key}/") in asked
+    assert keys["dataset_key"] in proc.stdout and node.unexpected == []
+
+
+def test_a_data_sample_the_node_no_longer_knows_is_registered_again(node, registered, tmp_path, tiny_data):
+    keys = json.loads(registered.read_text())
+    lost = keys["test_data_sample_keys"][0]
+    del node.data_samples[lost]
+    posts = len(node.calls("POST"))
+    proc = add_dataset_objective(node, tmp_path, tiny_data)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert node.calls("POST")[posts:] == [("POST", "/data_sample/")]
+    again = json.loads(registered.read_text())
+    assert again["test_data_sample_keys"] == [key for key in node.data_samples if key not in keys["fingerprints"]]
+    assert {k: v for k, v in again.items() if k not in ("test_data_sample_keys", "fingerprints")} == \
+        {k: v for k, v in keys.items() if k not in ("test_data_sample_keys", "fingerprints")}
+
+
+# -- add_train_algo_cnn_dp.py -------------------------------------------------------------------------
+
+
+def test_a_plan_run_on_the_node_reports_accuracy_and_epsilon_from_the_models_it_downloads(node, registered, tmp_path,
+                                                                                         tiny_data):
+    epsilons = train_on_node(node, tmp_path / "node")
+    node.doing_polls = 2
+    proc = add_train_algo(node, tmp_path, "--score-train")  # the training data's scores too (not by default)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    keys = json.loads(registered.read_text())
+    org, dataset, folds = keys["organization_id"], keys["dataset_key"], keys["train_data_sample_keys"]
+
+    # The algo's functions: its code, its Dockerfile per function, the tuned hyperparameters inside.
+    algo = keys["algos"][FRAMEWORK]
+    for function in ("train", "predict"):
+        registered_function = node.functions[algo[function]]
+        files = tar_gz_members(registered_function.files["file"])
+        assert files["Dockerfile"] == (ALGO_ASSETS[FRAMEWORK] / f"Dockerfile.{function}").read_bytes()
+        assert files["algo.py"] == (ALGO_ASSETS[FRAMEWORK] / "algo.py").read_bytes()
+        assert json.loads(files["hyperparameters.json"]) == tiny_hyperparameters(FRAMEWORK, **HYPERPARAMETERS)
+        assert "mnist_dp/learning/skeleton.py" in files
+        assert registered_function.sent["name"] == f"{FRAMEWORK} {function}"
+        assert (registered_function.sent["inputs"], registered_function.sent["outputs"]) == contract(function)
+
+    # The plan: train through the folds in order, predict and score after each on its fold and on the test set.
+    plan_key = keys["compute_plans"][FRAMEWORK]["key"]
+    described = keys["compute_plans"][FRAMEWORK]["tasks"]
+    tasks = {t.record["key"]: t.record for t in node.plan_tasks(plan_key)}
+    assert list(node.compute_plans) == [plan_key] and set(tasks) == set(described) and len(tasks) == 2 * 5
+    by_role = {description: key for key, description in described.items()}
+    private, public = {"public": False, "authorized_ids": [org]}, {"public": True, "authorized_ids": []}
+
+    def data_inputs(task):
+        return [(i["identifier"], i["asset_key"]) for i in task["inputs"] if i["asset_key"]]
+
+    def on(samples):
+        return [("opener", dataset)] + [("datasamples", key) for key in samples]
+
+    def parent(task, identifier):
+        return [i["parent_task_key"] for i in task["inputs"] if i["identifier"] == identifier]
+
+    def permissions(task, output):  # as the client asked for them
+        return node.tasks[task["key"]].sent["outputs"][output]["permissions"]
+
+    for round_idx, fold in enumerate(folds, start=1):
+        train = tasks[by_role[f"{FRAMEWORK} train, round {round_idx} at {org}"]]
+        assert train["function"]["key"] == algo["train"] and train["worker"] == org
+        assert data_inputs(train) == on(fold)
+        assert parent(train, "model") == ([by_role[f"{FRAMEWORK} train, round 1 at {org}"]] if round_idx == 2 else [])
+        assert permissions(train, "model") == private and permissions(train, "epsilon") == public
+        for split, samples in (("train", fold), ("test", keys["test_data_sample_keys"])):
+            score = tasks[by_role[f"{FRAMEWORK} score, round {round_idx} at {org} on {split}"]]
+            predict = tasks[parent(score, "predictions")[0]]
+            assert score["function"]["key"] == keys["objective_key"] and predict["function"]["key"] == algo["predict"]
+            assert data_inputs(score) == data_inputs(predict) == on(samples)
+            assert parent(predict, "model") == [train["key"]] and score["worker"] == predict["worker"] == org
+            assert permissions(predict, "predictions") == private and permissions(score, "performance") == public
+
+    # The report: figures recomputed from the model files downloaded from the node, beside its performances.
+    records = json.loads((tmp_path / "results" / "results.json").read_text())
+    assert [r["round"] for r in records] == [1, 2]
+    train_folders = sample_folders(tiny_data, "train")
+    for record in records:
+        train_key = by_role[f"{FRAMEWORK} train, round {record['round']} at {org}"]
+        served = next(o["asset"]["key"] for o in node.tasks[train_key].state["outputs"] if o["identifier"] == "model")
+        assert Path(record["model_file"]).read_bytes() == node.models[served].files["file"]
+        saved = model_file.load(record["model_file"], FRAMEWORK)
+        # Each round continued from the one before, on its own fold: the tasks got the right samples.
+        assert [event.data for event in saved.ledger.events] == \
+            [(sample_identity(folder),) for folder in train_folders[:record["round"]]]
+        assert record["epsilon"] == pytest.approx(saved.ledger.epsilon(HYPERPARAMETERS["delta"]))
+        assert record["epsilon_in_substra"] == pytest.approx(epsilons[train_key])
+        assert record["epsilon"] == pytest.approx(epsilons[train_key])
+        for split in ("train", "test"):
+            assert record[f"{split}_accuracy"] == pytest.approx(accuracy(record["round"], split))
+    assert "ε (PLD)" in proc.stdout and "keys added to" in proc.stdout
+    assert all(f"{record['epsilon']:.3f}" in proc.stdout for record in records)
+    assert ("GET", f"/compute_plan/{plan_key}/perf/") in node.calls() and node.unexpected == []
+    written = [p for p in tmp_path.rglob("*") if p.is_file() and p.suffix in (".json", ".md")]
+    assert TOKEN not in proc.stdout + proc.stderr and not any(TOKEN in p.read_text() for p in written)
+
+
+def test_federated_averaging_on_the_node_averages_each_round_and_accounts_each_fold_once(node, registered, tmp_path,
+                                                                                          tiny_data):
+    epsilons = train_on_node(node, tmp_path / "node")
+    proc = add_train_algo(node, tmp_path, "--strategy", "fedavg", "--rounds", 2)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    keys = json.loads(registered.read_text())
+    org, folds, algo = keys["organization_id"], keys["train_data_sample_keys"], keys["algos"][FRAMEWORK]
+    aggregate = node.functions[algo["aggregate"]]
+    assert tar_gz_members(aggregate.files["file"])["Dockerfile"] == \
+        (ALGO_ASSETS[FRAMEWORK] / "Dockerfile.aggregate").read_bytes()
+    assert (aggregate.sent["inputs"], aggregate.sent["outputs"]) == contract("aggregate")
+
+    described = keys["compute_plans"][FRAMEWORK]["tasks"]
+    tasks = {t.record["key"]: t.record for t in node.plan_tasks(keys["compute_plans"][FRAMEWORK]["key"])}
+    assert len(tasks) == 2 * 5  # per round: a train task per fold, the aggregate, predict and score
+    averages = [key for key, text in described.items() if text.startswith(f"{FRAMEWORK} aggregate")]
+    assert [described[key] for key in averages] == [f"{FRAMEWORK} aggregate, round {r} at {org}" for r in (1, 2)]
+    for round_idx, average in enumerate(averages, 1):
+        trained = [i["parent_task_key"] for i in tasks[average]["inputs"] if i["identifier"] == "models"]
+        assert [[i["asset_key"] for i in tasks[t]["inputs"] if i["identifier"] == "datasamples"]
+                for t in trained] == folds
+        starts = {i["parent_task_key"] for t in trained for i in tasks[t]["inputs"] if i["identifier"] == "model"}
+        assert starts == (set() if round_idx == 1 else {averages[0]})
+
+    records = json.loads((tmp_path / "results" / "results.json").read_text())
+    assert [(r["round"], r["organization"]) for r in records] == [(1, "fedavg"), (2, "fedavg")]
+    for record in records:
+        saved = model_file.load(record["model_file"], FRAMEWORK)
+        # every fold's run of every round, once: 2 per round (the global model's runs are not counted twice)
+        assert len(saved.ledger.events) == 2 * record["round"]
+        assert len({e.run_id for e in saved.ledger.events}) == len(saved.ledger.events)
+        one_fold = [e for e in saved.ledger.events if e.data == saved.ledger.events[0].data]
+        assert len(one_fold) == record["round"]
+        assert record["epsilon"] == pytest.approx(saved.ledger.epsilon(HYPERPARAMETERS["delta"], data=one_fold[0].data))
+        assert record["test_accuracy"] == pytest.approx(accuracy(record["round"], "test"))
+    # The aggregate published no ε; each train task did, from its own model's ledger.
+    assert len(epsilons) == 4 and node.unexpected == []
+    assert "Federated averaging: this model is the average of 2 models" in \
+        (tmp_path / "results" / "summary.md").read_text()
+
+
+def test_a_node_that_refuses_model_downloads_still_gets_its_report_from_substras_figures(node, registered, tmp_path):
+    train_on_node(node, tmp_path / "node")
+    node.refuse("GET", "/model/[^/]+/file/", 403, {"detail": "model export is disabled on this node"}, times=2)
+    proc = add_train_algo(node, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "model files not downloaded: torch-round1-" in proc.stdout and "(AuthorizationError 403)" in proc.stdout
+    assert json.loads((tmp_path / "results" / "results.json").read_text()) == []
+    summary = (tmp_path / "results" / "summary.md").read_text()
+    assert "their accuracy and ε (as the train task computed it) are in Substra's performances below" in summary
+    assert "| torch | 1 |" in summary and "| torch | 2 |" in summary  # Substra's own figures, per round
+
+
+def test_a_task_failed_on_the_node_exits_2_naming_it_and_ending_with_the_log_the_node_serves(node, registered,
+                                                                                              tmp_path):
+    node.fail_when = lambda task: task["function"]["name"] == f"{FRAMEWORK} train"
+    node.failure_log = FAILURE_LOG
+    node.doing_polls = 1
+    proc = add_train_algo(node, tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    keys = json.loads(registered.read_text())
+    org, plan_key = keys["organization_id"], keys["compute_plans"][FRAMEWORK]["key"]
+    failed = node.compute_plans[plan_key].record["failed_task_key"]
+    assert keys["compute_plans"][FRAMEWORK]["tasks"][failed] == f"{FRAMEWORK} train, round 1 at {org}"
+    (line,) = error_lines(proc.stderr)
+    assert line == (f"error: compute plan 'mnist-dp {FRAMEWORK}' failed in task '{FRAMEWORK} train, round 1 at {org}' "
+                    f"({failed}), function '{FRAMEWORK} train': plan status PLAN_STATUS_FAILED")
+    tail = proc.stderr.split("last lines of its log:\n", 1)[1].splitlines()
+    expected = [f"  | {text}" for text in FAILURE_LOG.splitlines() if text.strip()][-LOG_TAIL_LINES:]
+    assert tail == expected
+    assert ("GET", f"/task/{failed}/logs/") in node.calls() and node.unexpected == []
+    assert json.loads((tmp_path / "results" / "results.json").read_text()) == []
+    assert "The plan failed" in (tmp_path / "results" / "summary.md").read_text()
+    assert TOKEN not in proc.stdout + proc.stderr
+
+
+# -- refusals and secrets ---------------------------------------------------------------------------
+
+
+def test_a_wrong_token_ends_in_one_error_line_with_exit_2_and_registers_nothing(node, tmp_path, tiny_data):
+    wrong = "tok-wrong-8d2e6b40"
+    proc = add_dataset_objective(node, tmp_path, tiny_data, token=wrong)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    (line,) = error_lines(proc.stderr)
+    assert "AuthenticationError" in line and "401" in line and node.url in line
+    assert wrong not in proc.stdout + proc.stderr
+    assert node.calls() == [("GET", "/info/")] and not (tmp_path / "keys.json").exists()
+
+
+def test_a_refusal_by_the_node_prints_nothing_but_the_error_line(node, tmp_path, tiny_data):
+    proc = add_dataset_objective(node, tmp_path, tiny_data, token="tok-wrong-8d2e6b40")
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == error_lines(proc.stderr), proc.stderr
+
+
+def test_the_token_never_appears_even_when_the_node_echoes_it_in_an_error(node, tmp_path, tiny_data):
+    node.refuse("POST", "/data_sample/", 400, {"detail": f"refused: request with Authorization: Token {TOKEN}"})
+    proc = add_dataset_objective(node, tmp_path, tiny_data)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    (line,) = error_lines(proc.stderr)
+    assert line.startswith("error: Substra refused: InvalidRequest") and "***" in line
+    assert TOKEN not in proc.stdout + proc.stderr
+
+
+def test_an_error_echoing_the_token_is_masked_in_the_error_line_and_keeps_the_keys_obtained(node, tmp_path,
+                                                                                           tiny_data):
+    node.refuse("POST", "/data_sample/", 400, {"detail": f"refused: request with Authorization: Token {TOKEN}"})
+    proc = add_dataset_objective(node, tmp_path, tiny_data)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    (line,) = error_lines(proc.stderr)
+    assert line == "error: Substra refused: InvalidRequest: refused: request with Authorization: Token ***"
+    # The dataset registered before the refusal is in the keys file: the next run reuses it.
+    assert list(node.datasets) == list(json.loads((tmp_path / "keys.json").read_text())["fingerprints"])
+    assert TOKEN not in (tmp_path / "keys.json").read_text()
+    proc = add_dataset_objective(node, tmp_path, tiny_data)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(node.datasets) == 1 and node.calls("POST").count(("POST", "/data_manager/")) == 1
+
+
+def test_a_username_and_password_log_in_and_the_password_never_appears(tmp_path, tiny_data):
+    password = "pw-alice-2b9f77c1"
+    with SubstraNodeStub(token=TOKEN, users={"alice": password}) as node:
+        proc = add_dataset_objective(node, tmp_path, tiny_data, username="alice", password=password)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert node.calls()[0] == ("POST", "/api-token-auth/") and node.unexpected == []
+        # The session the login opened is closed when the script ends (substra's client does it on exit).
+        assert node.calls()[-1] == ("DELETE", "/active-api-tokens/") and node.sessions == {}
+        assert password not in proc.stdout + proc.stderr
+        proc = add_dataset_objective(node, tmp_path, tiny_data, username="alice", password="wrong-" + password)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert password not in proc.stdout + proc.stderr
