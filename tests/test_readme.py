@@ -59,3 +59,17 @@ def test_every_relative_link_in_the_documents_resolves():
             elif anchor and resolved.suffix == ".md" and anchor not in anchors(resolved):
                 broken.append(f"{where} (no such heading)")
     assert not broken, "\n".join(broken)
+
+
+# A repository path written out in a document or a description: `mnist_dp/privacy/ledger.py`, `scripts/run_local.py`.
+PATH = re.compile(r"(?<![\w/.-])((?:mnist_dp|assets|scripts|benchmarks|tests|docs|examples)/[\w/.-]*\w\.(?:py|md|json))"
+                  r"\b")
+
+
+def test_every_repository_path_the_documents_name_exists():
+    """Modules move between packages: a path a document names must follow (README, docs/, the assets'
+    description.md files)."""
+    named = [*documents(), *sorted((REPO / "assets").glob("*/description.md"))]
+    missing = [f"{document.relative_to(REPO)}: {path}" for document in named
+               for path in PATH.findall(document.read_text()) if not (REPO / path).exists()]
+    assert not missing, "\n".join(missing)
