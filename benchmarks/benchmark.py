@@ -182,7 +182,7 @@ def time_tf(algo, images, labels, hp, plan, steps):
 def time_mindspore(algo, images, labels, hp, plan, steps):
     from mindspore import nn
 
-    class Conv2dNet(algo.SampleConvNet):
+    class Conv2dNet(algo.ConvNet):
         """The same network on MindSpore's own nn.Conv2d: what PatchConv2d replaced."""
 
         def __init__(self):
@@ -211,11 +211,11 @@ def time_mindspore(algo, images, labels, hp, plan, steps):
 
     large, small = chunks.chunk_sizes(plan.expected_batch_size)
     return {
-        PLAIN: run(algo.SampleConvNet, algo.make_plain_step, fixed_batches(images, labels, hp, steps + WARMUP)),
+        PLAIN: run(algo.ConvNet, algo.make_plain_step, fixed_batches(images, labels, hp, steps + WARMUP)),
         "non-private on nn.Conv2d (before; 8 steps)": run(
             Conv2dNet, algo.make_plain_step, fixed_batches(images, labels, hp, min(steps, 8) + WARMUP)),
         f"book-keeping per-example clipping, chunks of {large} / {small} (used)": run(
-            algo.SampleConvNet, dp, poisson_batches(images, labels, plan, steps + WARMUP)),
+            algo.ConvNet, dp, poisson_batches(images, labels, plan, steps + WARMUP)),
     }
 
 
@@ -227,7 +227,7 @@ def step_variants(framework, steps):
     CNN on pixels (the network whose steps cost time: a linear classifier on features is a fraction)."""
     algo = load_algo(framework)
     hp = hp_file.load(ALGO_ASSETS[framework] / hp_file.FILE_NAME,
-                      hp_file.Overrides({"features": "pixels"}, "the step benchmark"))
+                      hp_file.Overrides({"features": "pixels", "network": "cnn"}, "the step benchmark"))
     images, labels = embedded_train_set()
     plan = budget.check_run(framework, hp, len(labels), "default")
     return TIMERS[framework](algo, images, labels, hp, plan, steps)

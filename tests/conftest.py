@@ -88,9 +88,9 @@ def save_model(path, events, weights=b"weights", **settings):
 # Every hyperparameter, for tests of the skeleton and the privacy plan without an asset's file.
 BASE_HP = {"epochs": 2, "batch_size": 50, "learning_rate": 0.1, "momentum": 0.9, "max_grad_norm": 1.0,
            "noise_multiplier": None, "target_epsilon": 2.0, "max_epsilon": None, "delta": 1e-5, "seed": 0, "dp": True,
-           "secure_mode": False, "features": "pixels", "activation": "tanh", "optimizer": "sgd", "ema_decay": 0.0,
-           "noise_decay": 1.0, "clip_quantile": None, "clip_learning_rate": 0.2, "clip_count_stddev": None,
-           "noise_seed": None}
+           "secure_mode": False, "features": "pixels", "network": "cnn", "activation": "tanh", "optimizer": "sgd",
+           "ema_decay": 0.0, "noise_decay": 1.0, "clip_quantile": None, "clip_learning_rate": 0.2,
+           "clip_count_stddev": None, "noise_seed": None}
 
 
 def dict_hp(**changes):

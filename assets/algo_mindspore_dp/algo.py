@@ -4,13 +4,11 @@ Only framework code lives here; the sampling plan, σ, the ledger and ε come fr
 `mnist_dp.learning.skeleton`.
 Run alone:  python assets/algo_mindspore_dp/algo.py --function-name train --inputs '[...]' --outputs '[...]'
 
-How the DP step works, and why not MindArmour's `DPModel` (it refuses device_target CPU, clips per microbatch
-and expects fixed batches): exact per-example gradients from each layer's input and output gradient
-("book-keeping", as the tf algo), in GRAPH mode, clipped to C and summed; Gaussian noise of std σ·C from
-MindArmour's `NoiseGaussianRandom` (`NoisyUpdate` says how it is seeded); MindArmour's `RDPMonitor` recomputes
-ε for the run as a cross-check. Convolutions are Im2Col patches times a matrix (`PatchConv2d`): MindSpore
-2.9's CPU Conv2D runs oneDNN's reference kernel, 280 ms for our first layer on 500 images against 15 ms for
-the patches, which the per-example gradients need anyway (docs/design.md, "MindSpore").
+How the DP step works, and why not MindArmour's `DPModel` (it refuses device_target CPU, clips per microbatch,
+expects fixed batches): exact per-example gradients from each layer's input and output gradient (book-keeping,
+as the tf algo) in GRAPH mode, clipped and summed; noise from MindArmour's `NoiseGaussianRandom`; its
+`RDPMonitor` as a cross-check. Convolutions are Im2Col patches times a matrix (`PatchConv2d`): 15 ms against
+MindSpore 2.9's CPU Conv2D's 280 ms, and what the per-example gradients need anyway (docs/design.md).
 """
 import io
 import logging
@@ -77,41 +75,53 @@ def _probed(z, probes, index):
     return z if probes is None else z + probes[index]
 
 
-class SampleConvNet(nn.Cell):
-    """The TF Privacy / Opacus tutorial CNN (26,010 parameters), the same network as the other algos."""
+class ConvNet(nn.Cell):
+    """The CNNs, the same networks as the other algos': on pixels the TF Privacy / Opacus tutorial CNN (26,010
+    parameters); on scattering features Tramèr & Boneh's ScatterNet CNN (33,066): two convolutions, two dense."""
 
-    # Each weighted layer's output [B, ...] (before its activation): the shapes of `forward`'s probes.
-    PROBE_SHAPES = ((16, 14 * 14), (32, 5 * 5), (32,), (10,))
     # The parameters, in the order ClippedGradientSum returns their gradients.
     GRADIENT_ORDER = ("conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias",
                       "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias")
 
-    def __init__(self, activation="tanh"):
+    def __init__(self, activation="tanh", scattering=False):
         super().__init__()
-        self.conv1 = PatchConv2d(1, 16, 8, stride=2, pad_mode="pad", padding=3, has_bias=True)
-        self.conv2 = PatchConv2d(16, 32, 4, stride=2, pad_mode="valid", has_bias=True)
-        self.pool = nn.MaxPool2d(2, 1)
+        self.scattering = scattering
+        if scattering:  # [B, 81, 7, 7] -> conv [B, 16, 4, 4] -> conv [B, 32, 4, 4]
+            self.conv1 = PatchConv2d(features.SCATTERING_CHANNELS, 16, 3, stride=2, pad_mode="pad", padding=1,
+                                     has_bias=True)
+            self.conv2 = PatchConv2d(16, 32, 3, stride=1, pad_mode="pad", padding=1, has_bias=True)
+            self.pool = nn.Identity()
+            self.conv_shapes = ((16, 4, 4), (32, 4, 4))
+        else:  # [B, 1, 28, 28] -> conv [B, 16, 14, 14] -> pool [B, 16, 13, 13] -> conv [B, 32, 5, 5] -> pool 4×4
+            self.conv1 = PatchConv2d(1, 16, 8, stride=2, pad_mode="pad", padding=3, has_bias=True)
+            self.conv2 = PatchConv2d(16, 32, 4, stride=2, pad_mode="valid", has_bias=True)
+            self.pool = nn.MaxPool2d(2, 1)
+            self.conv_shapes = ((16, 14, 14), (32, 5, 5))
         self.fc1 = nn.Dense(32 * 4 * 4, 32)
         self.fc2 = nn.Dense(32, 10)
         self.act = {"tanh": nn.Tanh, "relu": nn.ReLU}[activation]()  # "tanh" or "relu", as the other algos
         self.flatten = nn.Flatten()
+        # Each weighted layer's output [B, ...] (before its activation): the shapes of `forward`'s probes.
+        self.probe_shapes = tuple((c, h * w) for c, h, w in self.conv_shapes) + ((32,), (10,))
 
     def construct(self, x):
         return self.forward(x)[0]
 
     def forward(self, x, probes=None):
         """Logits, and the input of each weighted layer (a convolution's patches), for the per-example
-        gradients of ClippedGradientSum; `probes` (zeros shaped [B, *PROBE_SHAPES[i]]) are added to each
+        gradients of ClippedGradientSum; `probes` (zeros shaped [B, *probe_shapes[i]]) are added to each
         layer's output so that the loss can be differentiated with respect to it."""
-        # x: [B, 1, 28, 28] in [0, 1]
         batch = x.shape[0]
-        x = (x - MNIST_MEAN) / MNIST_STD
-        patches1 = self.conv1.patches(x)  # -> [B, 64, 196]
-        z1 = _probed(self.conv1.pre_activation(patches1), probes, 0)  # -> [B, 16, 196]
-        x = self.pool(self.act(z1.reshape(batch, 16, 14, 14)))  # -> [B, 16, 14, 14] -> [B, 16, 13, 13]
-        patches2 = self.conv2.patches(x)  # -> [B, 256, 25]
-        z2 = _probed(self.conv2.pre_activation(patches2), probes, 1)  # -> [B, 32, 25]
-        x = self.pool(self.act(z2.reshape(batch, 32, 5, 5)))  # -> [B, 32, 5, 5] -> [B, 32, 4, 4]
+        if self.scattering:  # x: [B, 3969] -> [B, 81, 7, 7]
+            x = x.reshape(batch, features.SCATTERING_CHANNELS, features.SCATTERING_SIZE, features.SCATTERING_SIZE)
+        else:  # x: [B, 1, 28, 28] in [0, 1]
+            x = (x - MNIST_MEAN) / MNIST_STD
+        patches1 = self.conv1.patches(x)  # -> [B, 64, 196] on pixels, [B, 729, 16] on scattering features
+        z1 = _probed(self.conv1.pre_activation(patches1), probes, 0)  # -> [B, 16, 196] ([B, 16, 16])
+        x = self.pool(self.act(z1.reshape((batch,) + self.conv_shapes[0])))  # -> [B, 16, 13, 13] ([B, 16, 4, 4])
+        patches2 = self.conv2.patches(x)  # -> [B, 256, 25] ([B, 144, 16])
+        z2 = _probed(self.conv2.pre_activation(patches2), probes, 1)  # -> [B, 32, 25] ([B, 32, 16])
+        x = self.pool(self.act(z2.reshape((batch,) + self.conv_shapes[1])))  # -> [B, 32, 4, 4]
         hidden_in = self.flatten(x)  # -> [B, 512]
         hidden = self.act(_probed(self.fc1(hidden_in), probes, 2))  # -> [B, 32]
         logits = _probed(self.fc2(hidden), probes, 3)  # -> [B, 10]
@@ -121,28 +131,28 @@ class SampleConvNet(nn.Cell):
 class ScatteringLinear(nn.Cell):
     """A linear classifier on scattering features [B, 3969], zero at the start as in every framework (convex)."""
 
-    PROBE_SHAPES = ((10,),)  # the logits, as SampleConvNet's
     GRADIENT_ORDER = ("fc.weight", "fc.bias")
 
     def __init__(self):
         super().__init__()
         self.fc = nn.Dense(features.SCATTERING_DIM, 10, weight_init="zeros", bias_init="zeros")
+        self.probe_shapes = ((10,),)  # the logits, as ConvNet's
 
     def construct(self, x):
         return self.fc(x)  # -> [B, 10] logits
 
 
 def build_network(network):
-    if network.features == "scattering":
+    if network.network == "linear":
         return ScatteringLinear()
-    return SampleConvNet(network.activation)
+    return ConvNet(network.activation, scattering=network.features == "scattering")
 
 
 # --- 2. The DP step: exact per-example clipping in GRAPH mode, MindArmour's noise, the optimizer --------------------
 
 def import_mindarmour():
-    """MindArmour 2.0 warns (and sleeps 1 s) at import: it predates MindSpore 2.9, whose noise and monitor code
-    it runs fine (tests check the noise). The warning is kept off the user's screen; the sleep cannot be."""
+    """MindArmour 2.0 warns (and sleeps 1 s) at import: it predates MindSpore 2.9, which runs its noise and monitor
+    fine (tests check the noise). The warning is kept off the user's screen."""
     previous = logging.root.manager.disable
     logging.disable(logging.WARNING)
     try:
@@ -218,15 +228,14 @@ class _ClippedSumGraph(nn.Cell):
 
 
 class ClippedGradientSum:
-    """Σ_i mask_i · min(1, C / ‖g_i‖) · g_i over one chunk, from exact per-example gradients (one forward and one
-    backward pass to each layer's output, then each example's gradient from its layer inputs): one tensor per
-    parameter in `weights` order (the net's own), then how many unmasked examples had a gradient norm ≤ C."""
+    """Σ_i mask_i · min(1, C / ‖g_i‖) · g_i over one chunk from exact per-example gradients (one backward pass to each
+    layer's output, each example's gradient from its layer inputs), in `weights` order, then how many had ‖g_i‖ ≤ C."""
 
     def __init__(self, net, weights):
         if tuple(w.name for w in weights) != net.GRADIENT_ORDER:
             raise ValueError(f"ClippedGradientSum returns {net.GRADIENT_ORDER}, not {[w.name for w in weights]}")
         self.graph = _LinearClippedSumGraph(net) if isinstance(net, ScatteringLinear) else _ClippedSumGraph(net)
-        self.probe_shapes = net.PROBE_SHAPES
+        self.probe_shapes = net.probe_shapes
         self.probes = {}  # chunk size -> zero probes
 
     def __call__(self, x, y, mask, max_grad_norm):
@@ -236,17 +245,11 @@ class ClippedGradientSum:
         return self.graph(x, y, mask, ms.Tensor(max_grad_norm, ms.float32), *self.probes[size])
 
 
-# MindSpore's random ops take two seeds of 31 bits each (a global and an op seed: mindspore.common.seed); four
-# MindArmour draws, each with its own op seed, beside the global seed carry 5 × 31 = 155 bits of the run's fresh
-# entropy. Their sum over 2 is N(0, 1) again, drawn as Opacus' secure mode draws it (resistant to floating-point
-# attacks, Holohan & Braghin 2021): MindSpore's noise is always drawn so, with or without secure_mode.
+# MindSpore's random ops take a global and an op seed of 31 bits each: four MindArmour draws with their own op seeds
+# carry 5 × 31 = 155 bits of the run's fresh entropy. Their sum over 2 is N(0, 1), as Opacus' secure mode draws it
+# (resistant to floating-point attacks, Holohan & Braghin 2021): always so in MindSpore, secure_mode or not.
 NOISE_DRAWS = 4
 SEED_LIMIT = 2**31 - 1  # mindspore.common.seed keeps a seed modulo this
-
-
-def noise_seeds(randomness) -> list:
-    """The global seed, then one op seed per draw: each in [1, SEED_LIMIT) (0 would mean "pick one yourself")."""
-    return [1 + int(word) % (SEED_LIMIT - 1) for word in randomness.words("gradient noise", 1 + NOISE_DRAWS)]
 
 
 class NoisyUpdate(nn.Cell):
@@ -260,12 +263,13 @@ class NoisyUpdate(nn.Cell):
         super().__init__(auto_prefix=False)
         NoiseGaussianRandom, _ = import_mindarmour()
         self.optimizer = optimizer
-        sizes = [math.prod(p.shape) for p in optimizer.parameters]
-        ends = np.cumsum(sizes).tolist()
+        ends = np.cumsum([math.prod(p.shape) for p in optimizer.parameters]).tolist()
         self.bounds = tuple(zip([0] + ends[:-1], ends))
         self.shapes = tuple(tuple(p.shape) for p in optimizer.parameters)
         self.every_weight = ms.Tensor(np.zeros(ends[-1], np.float32))  # the shape of one draw
-        global_seed, *op_seeds = noise_seeds(randomness)
+        # The global seed, then one op seed per draw, each in [1, SEED_LIMIT) (0 would mean "pick one yourself").
+        words = randomness.words("gradient noise", 1 + NOISE_DRAWS)
+        global_seed, *op_seeds = [1 + int(word) % (SEED_LIMIT - 1) for word in words]
         ms.set_seed(global_seed)  # MindSpore bakes the seeds into the graph when it compiles this cell
         self.noises = nn.CellList([NoiseGaussianRandom(1.0, 1.0, seed=seed) for seed in op_seeds])
         self.scale = 1.0 / math.sqrt(NOISE_DRAWS)
@@ -288,9 +292,8 @@ class NoisyUpdate(nn.Cell):
 
 
 def make_dp_step(net, optimizer, expected_batch_size, randomness):
-    """One DP-SGD step `step(images, labels, batch, C, σ)` on images[batch]: clip each example's gradient to C, sum
-    over the chunks, add N(0, σ²C²), divide by E[B], update. `images` [N, 1, 28, 28], `labels` int32 [N].
-    Returns how many examples had a gradient norm ≤ C (adaptive clipping's count, before noise)."""
+    """One DP-SGD step `step(images, labels, batch, C, σ)` on images[batch] (as_input's; labels int32): clip each
+    example's gradient to C, sum the chunks, add N(0, σ²C²), divide by E[B], update; returns how many had ‖g_i‖ ≤ C."""
     clipped_sum = ClippedGradientSum(net, optimizer.parameters)
     update = NoisyUpdate(optimizer, expected_batch_size, randomness)
     sizes = chunks.chunk_sizes(expected_batch_size)
@@ -395,11 +398,9 @@ class MindSporeMindArmour:
         ms.set_seed(seed)
         return build_network(network)
 
-    def load_model(self, weights, network):  # weights that are not its parameters: see skeleton.load_weights
-        return model_from_bytes(weights, network)
-
-    def dump_model(self, net):
-        return model_to_bytes(net)
+    # Model I/O is section 3's (weights that are not its parameters: see skeleton.load_weights).
+    load_model = staticmethod(model_from_bytes)
+    dump_model = staticmethod(model_to_bytes)
 
     def fit(self, net, images, labels, hp, plan, step, batches):
         optimizer = new_optimizer(net, hp)

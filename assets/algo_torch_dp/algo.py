@@ -73,15 +73,41 @@ class SampleConvNet(nn.Module):
         return self.fc2(x)  # -> [B, 10] logits
 
 
+class ScatterConvNet(nn.Module):
+    """Tramèr & Boneh's (2021) ScatterNet CNN (33,066 parameters): two convolutions and two dense layers on the
+    scattering features, already normalised per example (features.py)."""
+
+    def __init__(self, activation="tanh"):
+        super().__init__()
+        self.act = ACTIVATIONS[activation]
+        self.conv1 = nn.Conv2d(features.SCATTERING_CHANNELS, 16, 3, stride=2, padding=1)
+        self.conv2 = nn.Conv2d(16, 32, 3, stride=1, padding=1)
+        self.fc1 = nn.Linear(32 * 4 * 4, 32)
+        self.fc2 = nn.Linear(32, 10)
+
+    def forward(self, x):
+        # x: [B, 3969] scattering features
+        size = features.SCATTERING_SIZE
+        x = x.view(-1, features.SCATTERING_CHANNELS, size, size)  # -> [B, 81, 7, 7]
+        x = self.act(self.conv1(x))  # -> [B, 16, 4, 4]
+        x = self.act(self.conv2(x))  # -> [B, 32, 4, 4]
+        x = x.flatten(1)  # -> [B, 512]
+        x = self.act(self.fc1(x))  # -> [B, 32]
+        return self.fc2(x)  # -> [B, 10] logits
+
+
 def build_network(network):
-    """The network `network` names: the CNN on pixels, or a linear classifier on scattering features
-    (zero weights at the start, as in every framework: the problem is convex, so nothing is lost)."""
-    if network.features == "scattering":
-        model = nn.Linear(features.SCATTERING_DIM, 10)  # [B, 3969] -> [B, 10] logits
-        nn.init.zeros_(model.weight)
-        nn.init.zeros_(model.bias)
-        return model
-    return SampleConvNet(network.activation)
+    """The network `network` names: the tutorial CNN on pixels; on scattering features the ScatterNet CNN or a
+    linear classifier (zero weights at the start, as in every framework: the problem is convex, so nothing is
+    lost)."""
+    if network.features == "pixels":
+        return SampleConvNet(network.activation)
+    if network.network == "cnn":
+        return ScatterConvNet(network.activation)
+    model = nn.Linear(features.SCATTERING_DIM, 10)  # [B, 3969] -> [B, 10] logits
+    nn.init.zeros_(model.weight)
+    nn.init.zeros_(model.bias)
+    return model
 
 
 # --- 2. The DP step: Opacus' per-example clipping (with a Conv2d norm sampler) and noise, the optimizer -------------
@@ -205,11 +231,9 @@ class TorchOpacus:
         torch.manual_seed(seed)
         return build_network(network)
 
-    def load_model(self, weights, network):  # weights that are not a state dict: see skeleton.load_weights
-        return model_from_bytes(weights, network)
-
-    def dump_model(self, model):
-        return model_to_bytes(model)
+    # Model I/O is section 3's (weights that are not a state dict: see skeleton.load_weights).
+    load_model = staticmethod(model_from_bytes)
+    dump_model = staticmethod(model_to_bytes)
 
     def fit(self, model, images, labels, hp, plan, step, batches):
         inputs, targets = as_tensor(images), torch.from_numpy(labels)

@@ -19,8 +19,11 @@
 | dp               | false trains the non-private baseline (no clipping, no noise, ε = inf)   |
 | secure_mode      | floating-point-attack-resistant noise (torch: Opacus' secure mode;      |
 |                  | mindspore always draws so); tf refuses it: TF Privacy has none           |
-| features         | "scattering": a linear classifier on fixed scattering features (Tramèr &  |
-|                  | Boneh 2021, features.py); "pixels": the tutorial CNN on pixels           |
+| features         | what the network is given: "scattering", fixed scattering features       |
+|                  | (Tramèr & Boneh 2021, features.py), or "pixels"                          |
+| network          | "cnn": on scattering features Tramèr & Boneh's ScatterNet CNN, on pixels |
+|                  | the TF Privacy / Opacus tutorial CNN; "linear": a linear classifier on   |
+|                  | scattering features                                                      |
 | activation       | the CNN's: "tanh" (tempered sigmoid, Papernot et al. 2021) or "relu"     |
 | optimizer        | "sgd" (with momentum) or "adam" (β = 0.9, 0.999): both only post-process |
 |                  | the noisy gradient, so ε does not depend on the choice                   |
@@ -65,6 +68,7 @@ class Hyperparameters:
     dp: bool
     secure_mode: bool
     features: str = "pixels"
+    network: str = "cnn"
     activation: str = "tanh"
     optimizer: str = "sgd"
     ema_decay: float = 0.0
@@ -83,6 +87,7 @@ class Hyperparameters:
 MAX_EPOCHS = 10_000
 MAX_EPSILON = 100.0
 MAX_SEED = 2**31 - 1  # every framework's seed type holds it
+NETWORKS = ("cnn", "linear")
 ACTIVATIONS = ("tanh", "relu")
 OPTIMIZERS = ("sgd", "adam")
 
@@ -103,6 +108,7 @@ _RULES = {
     "dp": (bool, False, None, "true or false"),
     "secure_mode": (bool, False, None, "true or false"),
     "features": (str, False, lambda v: v in FEATURES, f"one of {list(FEATURES)}"),
+    "network": (str, False, lambda v: v in NETWORKS, f"one of {list(NETWORKS)}"),
     "activation": (str, False, lambda v: v in ACTIVATIONS, f"one of {list(ACTIVATIONS)}"),
     "optimizer": (str, False, lambda v: v in OPTIMIZERS, f"one of {list(OPTIMIZERS)}"),
     "ema_decay": (float, False, lambda v: 0 <= v < 1, "a number in [0, 1)"),
@@ -159,6 +165,9 @@ def parse(values: dict, where: str) -> Hyperparameters:
     hp = Hyperparameters(**values)
     if hp.dp and (hp.noise_multiplier is None) == (hp.target_epsilon is None):
         raise UserError(f"{where}: give exactly one of noise_multiplier and target_epsilon (the other null)")
+    if hp.network == "linear" and hp.features != "scattering":
+        raise UserError(f"{where}: network = \"linear\" is a classifier on scattering features; set features to "
+                        "\"scattering\", or network to \"cnn\" for pixels")
     if hp.secure_mode and hp.noise_seed is not None:
         raise UserError(f"{where}: noise_seed = {hp.noise_seed} makes the noise replayable, secure_mode asks for noise "
                         "nobody can predict; set noise_seed to null or secure_mode to false")

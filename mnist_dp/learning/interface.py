@@ -27,20 +27,29 @@ PREDICT_BATCH_SIZE = 1024
 
 @dataclass(frozen=True)
 class Network:
-    """Which network a framework builds: on "pixels" the tutorial CNN with `activation`; on "scattering" a
-    linear classifier on the features of features.py (the inputs the skeleton gives it)."""
+    """Which network a framework builds, the same in every framework: on "pixels" the TF Privacy / Opacus tutorial
+    CNN; on "scattering" features (features.py, the inputs the skeleton gives it) Tramèr & Boneh's ScatterNet CNN
+    ("cnn") or a linear classifier ("linear"); `activation` is the CNNs'."""
 
     features: str = "pixels"
     activation: str = "tanh"
+    network: str = "cnn"
 
     @classmethod
     def of(cls, hp: hp_file.Hyperparameters) -> Network:
-        return cls(hp.features, hp.activation)
+        return cls(hp.features, hp.activation, hp.network)
 
     @classmethod
     def of_saved(cls, saved: ModelFile) -> Network:
-        # Models saved before these options existed: the ReLU CNN on pixels.
-        return cls(saved.hyperparameters.get("features", "pixels"), saved.hyperparameters.get("activation", "relu"))
+        # Models saved before these options existed: the ReLU CNN on pixels; before "network", scattering features
+        # always fed the linear classifier.
+        hp = saved.hyperparameters
+        features = hp.get("features", "pixels")
+        return cls(features, hp.get("activation", "relu"),
+                   hp.get("network", "linear" if features == "scattering" else "cnn"))
+
+    def describe(self) -> str:
+        return f"network {self.network!r} on features {self.features!r}, activation {self.activation!r}"
 
     def inputs(self, images: np.ndarray) -> np.ndarray:
         """Images [N, 28, 28] -> what the network takes: the same, or scattering features [N, 3969]."""

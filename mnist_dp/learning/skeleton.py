@@ -170,9 +170,8 @@ def _load_input_model(framework: Framework, inputs: dict, network: Network):
         saved = model_file.load(inputs["model"], framework.name)
         if Network.of_saved(saved) != network:
             theirs = Network.of_saved(saved)
-            raise UserError(f"input model: its network has features {theirs.features!r} and activation "
-                            f"{theirs.activation!r}, the hyperparameters say {network.features!r} and "
-                            f"{network.activation!r}; set them as the input model's")
+            raise UserError(f"input model: its network is {theirs.describe()}, the hyperparameters say "
+                            f"{network.describe()}; set features, network and activation as the input model's")
         log.info("continuing from input model: %d earlier training run(s) in its ledger", len(saved.ledger.events))
         return load_weights(framework, saved, inputs["model"], network), saved.ledger
     return None, Ledger()

@@ -16,11 +16,13 @@ algo = load_asset_module(ALGO_ASSETS["mindspore"] / "algo.py", "algo_mindspore_d
 CHUNK = 16
 
 
-@pytest.fixture(scope="module", params=["cnn", "linear"])
+@pytest.fixture(scope="module", params=["cnn", "scatter-cnn", "linear"])
 def net_and_batch(request):
     rng = np.random.default_rng(0)
     if request.param == "cnn":
-        net, x = algo.SampleConvNet(), rng.random((CHUNK, 1, 28, 28), dtype=np.float32)
+        net, x = algo.ConvNet(), rng.random((CHUNK, 1, 28, 28), dtype=np.float32)
+    elif request.param == "scatter-cnn":
+        net, x = algo.ConvNet(scattering=True), rng.normal(size=(CHUNK, 3969)).astype(np.float32)
     else:  # random weights: the zero start would give every example the same gradient norm
         net, x = algo.ScatteringLinear(), rng.normal(size=(CHUNK, 3969)).astype(np.float32)
         net.fc.weight.set_data(ms.Tensor(rng.normal(0, 0.01, (10, 3969)).astype(np.float32)))

@@ -20,6 +20,8 @@ algo = load_asset_module(ALGO_ASSETS["torch"] / "algo.py", "algo_torch_dp")
     (1, 8, 2, 3, 28, 1),  # the CNN's first layer: one grouped convolution
     (16, 4, 2, 0, 13, 1),  # its second layer: patches and a batched product
     (1, 3, 2, 0, 10, 1),  # a stride that leaves extra rows in the grouped convolution
+    (81, 3, 2, 1, 7, 1),  # the ScatterNet CNN's first layer, on scattering features
+    (16, 3, 1, 1, 4, 1),  # and its second
     (4, 3, 1, "same", 9, 2),  # outside what ours handles: Opacus' own sampler
 ])
 def test_conv2d_norms_are_the_per_example_gradient_norms(channels, kernel, stride, padding, size, groups):
@@ -54,8 +56,8 @@ def test_every_planned_step_runs_where_opacus_own_sampler_runs_one_fewer(tmp_pat
     rng = np.random.default_rng(0)
     samples = in_memory(rng.random((n, 28, 28), dtype=np.float32), np.arange(n) % 10, "sample")
     hp_path = tmp_path / "hyperparameters.json"
-    hp_path.write_text(json.dumps(tiny_hyperparameters("torch", batch_size=10, features="pixels", ema_decay=0.0,
-                                                       delta=1e-5)))
+    hp_path.write_text(json.dumps(tiny_hyperparameters("torch", batch_size=10, features="pixels", network="cnn",
+                                                       ema_decay=0.0, delta=1e-5)))
     outputs = {"model": str(tmp_path / "model"), "epsilon": str(tmp_path / "epsilon")}
     skeleton.train(algo.FRAMEWORK, {"datasamples": samples}, outputs, hp_path)
     saved = model_file.load(outputs["model"], "torch")

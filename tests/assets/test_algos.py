@@ -167,6 +167,30 @@ def test_target_epsilon_gives_the_same_sigma_everywhere_and_the_budget_stops_tra
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_the_scatternet_cnn_trains_end_to_end_with_the_same_layers_in_every_framework(framework, tmp_path, tiny_data,
+                                                                                        opener_path, objective_script):
+    proc, outputs = train(tmp_path, framework, tiny_data, opener_path, features="scattering", network="cnn")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    saved = model_file.load(outputs["model"], framework)
+    assert (saved.hyperparameters["features"], saved.hyperparameters["network"]) == ("scattering", "cnn")
+    from mnist_dp.orchestration.assets import load_asset_module
+
+    algo = load_asset_module(ALGO_ASSETS[framework] / "algo.py", f"algo_{framework}_scatternet")
+    network = interface.Network.of_saved(saved)
+    weights = algo.FRAMEWORK.weight_arrays(algo.FRAMEWORK.load_model(saved.weights, network))
+    # conv 81→16 (3×3), conv 16→32 (3×3), dense 512→32, dense 32→10, each with its bias: in any layout
+    assert sorted(a.size for a in weights) == sorted([81 * 16 * 9, 16, 16 * 32 * 9, 32, 512 * 32, 32, 32 * 10, 10])
+    [event] = saved.ledger.events
+    assert event.clipping == PER_EXAMPLE and read_epsilon(outputs["epsilon"]) == pytest.approx(
+        saved.ledger.epsilon(tiny_hyperparameters(framework)["delta"]))
+    # a linear model cannot be continued as a CNN: one line naming both networks
+    proc, linear = train(tmp_path, framework, tiny_data, opener_path, name="linear")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc, _ = train(tmp_path, framework, tiny_data, opener_path, model=linear["model"], name="mixed", network="cnn")
+    assert_one_line_error(proc, "input model: its network is network 'linear'", "the hyperparameters say network 'cnn'")
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_non_private_baseline_reports_infinite_epsilon(framework, tmp_path, tiny_data, opener_path):
     proc, outputs = train(tmp_path, framework, tiny_data, opener_path, dp=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -319,7 +343,7 @@ def craft_model(path, framework, weights):
 
 
     event = dataclasses.replace(ledger_event(framework), run_id=new_run_id())
-    return save_model(path, [event], weights, features="pixels", activation="tanh")
+    return save_model(path, [event], weights, features="pixels", network="cnn", activation="tanh")
 
 
 def test_a_full_disk_is_one_line_and_the_model_it_would_replace_stays_readable(tmp_path, tiny_data, opener_path,
@@ -381,7 +405,7 @@ def test_weights_that_are_not_the_frameworks_fail_in_one_line_in_predict_and_tra
                         {"opener": opener_path, "datasamples": samples(tiny_data, "test"), "model": bad},
                         {"predictions": tmp_path / "predictions"}, check=False)
     assert_one_line_error(proc, f"{bad}: its weights cannot be loaded into this torch network")
-    proc, outputs = train(tmp_path, "torch", tiny_data, opener_path, model=bad, features="pixels")
+    proc, outputs = train(tmp_path, "torch", tiny_data, opener_path, model=bad, features="pixels", network="cnn")
     assert_one_line_error(proc, f"{bad}: its weights cannot be loaded into this torch network")
     assert not outputs["model"].exists()
 

@@ -5,6 +5,7 @@ Learning rate 1 and no momentum: a step moves the weights by exactly -(sum of cl
 N(0, (σC)²)) / (expected batch size). Tests that compare two runs ask for the same noise_seed (the same
 batches and noise); a run without one draws fresh noise.
 """
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,7 +28,7 @@ HUGE = IMAGES * 100  # with a label the model does not predict (see wrong_labels
 
 @dataclass(frozen=True)
 class Case:
-    """One framework training one of the networks (the CNN on pixels, the linear classifier on features)."""
+    """One framework training one of the networks (NETWORKS)."""
 
     algo: object
     network: interface.Network
@@ -37,13 +38,35 @@ class Case:
         return self.algo.name
 
 
-@pytest.fixture(scope="module", params=[(f, features) for f in FRAMEWORKS for features in ("pixels", "scattering")],
-                ids=lambda p: f"{p[0]}-{p[1]}")
+# Every network: the CNN on pixels, the ScatterNet CNN and the linear classifier on scattering features.
+NETWORKS = [("pixels", "cnn"), ("scattering", "cnn"), ("scattering", "linear")]
+
+
+class ScaledStart:
+    """The framework, its new models' weights times `scale`: scattering features are normalised per example, so a
+    HUGE image does not make a CNN's gradients huge on them; larger weights do (ReLU: each layer's gradient grows
+    with the others' weights)."""
+
+    def __init__(self, framework, scale):
+        self.framework, self.scale = framework, scale
+
+    def __getattr__(self, name):
+        return getattr(self.framework, name)
+
+    def new_model(self, seed, network):
+        model = self.framework.new_model(seed, network)
+        return self.framework.set_weight_arrays(model, [a * self.scale for a in self.framework.weight_arrays(model)])
+
+
+@pytest.fixture(scope="module", params=[(f, *network) for f in FRAMEWORKS for network in NETWORKS],
+                ids=lambda p: "-".join(p))
 def framework(request):
-    name, features = request.param
+    name, features, network = request.param
     algo = load_asset_module(ALGO_ASSETS[name] / "algo.py", f"algo_{name}_mechanism")
     # ReLU: its gradients grow with the input (HUGE), tanh's saturate; clipping and noise do not depend on it.
-    return Case(algo.FRAMEWORK, interface.Network(features, "relu"))
+    scattering_cnn = (features, network) == ("scattering", "cnn")
+    return Case(ScaledStart(algo.FRAMEWORK, 3.0) if scattering_cnn else algo.FRAMEWORK,
+                interface.Network(features, "relu", network))
 
 
 def make_hp(**changes):
@@ -51,14 +74,14 @@ def make_hp(**changes):
     return hyperparameters.parse({
         "epochs": 1, "batch_size": 8, "learning_rate": 1.0, "momentum": 0.0, "max_grad_norm": C,
         "noise_multiplier": 1.0, "target_epsilon": None, "max_epsilon": None, "delta": 1e-5, "seed": 0, "dp": True,
-        "secure_mode": False, "features": "pixels", "activation": "tanh", "optimizer": "sgd", "ema_decay": 0.0,
-        "noise_decay": 1.0, "clip_quantile": None, "clip_learning_rate": 0.2, "clip_count_stddev": None,
-        "noise_seed": 0, **changes}, "test")
+        "secure_mode": False, "features": "pixels", "network": "cnn", "activation": "tanh", "optimizer": "sgd",
+        "ema_decay": 0.0, "noise_decay": 1.0, "clip_quantile": None, "clip_learning_rate": 0.2,
+        "clip_count_stddev": None, "noise_seed": 0, **changes}, "test")
 
 
 def fit(case, images, labels, sigma, dp=True, noise_seed=0, epochs=1, batch_size=None, secure_mode=False):
     hp = make_hp(epochs=epochs, batch_size=batch_size or len(labels), noise_seed=noise_seed, dp=dp,
-                 secure_mode=secure_mode, features=case.network.features, activation=case.network.activation)
+                 secure_mode=secure_mode, **dataclasses.asdict(case.network))
     plan = budget.SamplingPlan.from_hyperparameters(len(labels), hp, "test")
     model = case.algo.new_model(0, case.network)
     before = interface.flat_weights(case.algo, model)
@@ -164,8 +187,7 @@ def test_every_framework_trains_binomial_poisson_batches_exactly_the_planned_ste
 def stepwise(case, images, labels, sigma, clip_class=interface.ClipNorm, **changes):
     """The framework's own `fit` on the skeleton's batches, the weights read before each batch is handed out:
     (the update of every step (learning rate 1: the weight change), the weight arrays' shapes, the clip, what ran)."""
-    hp = make_hp(**{"batch_size": len(labels), "features": case.network.features,
-                    "activation": case.network.activation, **changes})
+    hp = make_hp(**{"batch_size": len(labels), **dataclasses.asdict(case.network), **changes})
     plan = budget.SamplingPlan.from_hyperparameters(len(labels), hp, "test")
     model = case.algo.new_model(0, case.network)
     randomness = RunRandomness.for_run(hp.noise_seed)
@@ -255,7 +277,7 @@ def assert_binomial(sizes, n, q):
 
 def test_every_utility_option_trains_and_the_ledger_records_what_changes_epsilon(framework):
     hp = make_hp(epochs=2, batch_size=4, optimizer="adam", learning_rate=0.01, ema_decay=0.5, noise_decay=0.5,
-                 clip_quantile=0.5, features=framework.network.features, activation=framework.network.activation)
+                 clip_quantile=0.5, **dataclasses.asdict(framework.network))
     plan = budget.SamplingPlan.from_hyperparameters(len(LABELS), hp, "test")  # 2 steps per epoch, 4 planned
     model = framework.algo.new_model(0, framework.network)
     before = interface.flat_weights(framework.algo, model)

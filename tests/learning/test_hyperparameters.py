@@ -27,6 +27,8 @@ def test_every_asset_ships_valid_hyperparameters_with_the_same_keys(framework):
     ({"dp": "yes"}, "dp"),
     ({"lr": 0.1}, "unknown"),
     ({"features": "wavelets"}, "features = \"wavelets\" must be one of \\['pixels', 'scattering'\\]"),
+    ({"network": "resnet"}, "network = \"resnet\" must be one of \\['cnn', 'linear'\\]"),
+    ({"features": "pixels", "network": "linear"}, "network = \"linear\" is a classifier on scattering features"),
     ({"activation": "sigmoid"}, "activation"),
     ({"optimizer": "rmsprop"}, "optimizer"),
     ({"ema_decay": 1.0}, "ema_decay"),
