@@ -1,10 +1,11 @@
 """Speed and memory of every framework's training step, and of the whole default run.
 
 1. Steps, one child process per framework (so its peak memory is its own): the median time of
-   --steps optimizer steps (forward + backward + update) of the CNN on the embedded data at each
-   asset's batch size: the non-private step on fixed batches, as the baseline trains, and each DP
-   variant on Poisson-sampled batches, with its ratio to the non-private step. The variants take
-   turns step by step, so the ratios hold on a noisy machine. Then every framework's non-private step
+   --steps optimizer steps (forward + backward + update) of each asset's network (hyperparameters.json,
+   with --set changes) on the embedded data's inputs at the asset's batch size: the non-private step
+   on fixed batches, as the baseline trains, and each DP variant on Poisson-sampled batches, with its
+   ratio to the non-private step. The variants take turns step by step, so the ratios hold on a noisy
+   machine. Then every framework's non-private step
    against torch's, taking turns in one process.
 2. The default run, `python scripts/run_local.py` (3 frameworks, DP + baseline, embedded data) in a
    fresh folder, end to end: each task's time split into phases (from the record every task writes,
@@ -12,7 +13,7 @@
    scripts'. Accuracy and ε come from the run's results.json.
 3. The speed and memory targets against what was measured.
 
-    python benchmarks/benchmark.py [--frameworks torch,tf] [--steps 30] [--skip-run]
+    python benchmarks/benchmark.py [--frameworks torch,tf] [--steps 30] [--skip-run] [--set network=cnn]
 """
 import argparse
 import concurrent.futures
@@ -41,6 +42,7 @@ from mnist_dp.orchestration.assets import ALGO_ASSETS, REPO, load_asset_module
 from mnist_dp.privacy import budget
 from mnist_dp.privacy.randomness import RunRandomness
 from mnist_dp.utils import timing
+from mnist_dp.utils.errors import run_cli
 
 # The speed targets: every DP step within 1.5× its framework's plain step, MindSpore's
 # plain step within 2× torch's, the default run within 4 minutes, every task process within 1.5 GB.
@@ -96,7 +98,7 @@ def fixed_batches(images, labels, hp, count, seed=0):
         yield images[picked], labels[picked]
 
 
-def time_torch(algo, images, labels, hp, plan, steps):
+def time_torch(algo, images, labels, hp, plan, steps, network):
     import torch
     from opacus import GradSampleModule
     from opacus.grad_sample import GradSampleModuleFastGradientClipping
@@ -104,7 +106,7 @@ def time_torch(algo, images, labels, hp, plan, steps):
     from opacus.utils.fast_gradient_clipping_utils import DPLossFastGradientClipping
 
     def make(mode):
-        model = algo.SampleConvNet()
+        model = algo.build_network(network)
         optimizer = torch.optim.SGD(model.parameters(), lr=hp.learning_rate, momentum=hp.momentum)
         criterion = torch.nn.CrossEntropyLoss()
         if mode == "hooks":
@@ -127,7 +129,7 @@ def time_torch(algo, images, labels, hp, plan, steps):
             else:
                 samplers.pop(torch.nn.Conv2d, None)
             optimizer.zero_grad()
-            criterion(model(torch.from_numpy(x[:, None])), torch.from_numpy(y)).backward()
+            criterion(model(algo.as_tensor(x)), torch.from_numpy(y)).backward()
             optimizer.step()
         return step
 
@@ -143,14 +145,14 @@ def time_torch(algo, images, labels, hp, plan, steps):
     }
 
 
-def time_tf(algo, images, labels, hp, plan, steps):
+def time_tf(algo, images, labels, hp, plan, steps, network):
     import tensorflow as tf
     from tensorflow_privacy.privacy.fast_gradient_clipping import clip_grads
 
     def run(make_step, batches):
-        model = algo.build_model(0, interface.Network.of(hp))
+        model = algo.build_model(0, network)
         step = make_step(model, tf.keras.optimizers.SGD(hp.learning_rate, momentum=hp.momentum))
-        return (lambda x, y: step(tf.constant(x[..., None]), tf.constant(y))), batches
+        return (lambda x, y: step(tf.constant(algo.as_input(x)), tf.constant(y))), batches
 
     def dp_step(model, optimizer):  # the algo's, at this C and σ = 1
         step = algo.make_dp_step(model, optimizer, plan.expected_batch_size,
@@ -179,7 +181,7 @@ def time_tf(algo, images, labels, hp, plan, steps):
     }
 
 
-def time_mindspore(algo, images, labels, hp, plan, steps):
+def time_mindspore(algo, images, labels, hp, plan, steps, network):
     from mindspore import nn
 
     class Conv2dNet(algo.ConvNet):
@@ -196,13 +198,13 @@ def time_mindspore(algo, images, labels, hp, plan, steps):
             x = self.pool(self.act(self.conv2(x)))
             return self.fc2(self.act(self.fc1(self.flatten(x))))
 
-    def run(net_class, make_step, batches):
-        net = net_class()
+    def run(make_net, make_step, batches):
+        net = make_net()
         step = make_step(net, nn.SGD(net.trainable_params(), learning_rate=hp.learning_rate, momentum=hp.momentum))
 
         def timed(x, y):  # the algo's steps index a batch out of the whole set: give them this batch whole
-            step(x[:, None], y.astype(np.int32), np.arange(len(y)))
-            net.conv1.weight.asnumpy()  # GRAPH mode runs asynchronously: wait for the update
+            step(algo.as_input(x), y.astype(np.int32), np.arange(len(y)))
+            net.trainable_params()[0].asnumpy()  # GRAPH mode runs asynchronously: wait for the update
         return timed, batches
 
     def dp(net, optimizer):  # the algo's, at this C and σ = 1
@@ -210,41 +212,43 @@ def time_mindspore(algo, images, labels, hp, plan, steps):
         return lambda images, labels, batch: step(images, labels, batch, hp.max_grad_norm, 1.0)
 
     large, small = chunks.chunk_sizes(plan.expected_batch_size)
-    return {
-        PLAIN: run(algo.ConvNet, algo.make_plain_step, fixed_batches(images, labels, hp, steps + WARMUP)),
-        "non-private on nn.Conv2d (before; 8 steps)": run(
-            Conv2dNet, algo.make_plain_step, fixed_batches(images, labels, hp, min(steps, 8) + WARMUP)),
-        f"book-keeping per-example clipping, chunks of {large} / {small} (used)": run(
-            algo.ConvNet, dp, poisson_batches(images, labels, plan, steps + WARMUP)),
-    }
+    build = lambda: algo.build_network(network)  # noqa: E731
+    variants = {PLAIN: run(build, algo.make_plain_step, fixed_batches(images, labels, hp, steps + WARMUP))}
+    if network.features == "pixels" and network.network == "cnn":  # the network PatchConv2d was measured on
+        variants["non-private on nn.Conv2d (before; 8 steps)"] = run(
+            Conv2dNet, algo.make_plain_step, fixed_batches(images, labels, hp, min(steps, 8) + WARMUP))
+    variants[f"book-keeping per-example clipping, chunks of {large} / {small} (used)"] = run(
+        build, dp, poisson_batches(images, labels, plan, steps + WARMUP))
+    return variants
 
 
 TIMERS = {"torch": time_torch, "tf": time_tf, "mindspore": time_mindspore}
 
 
-def step_variants(framework, steps):
-    """{variant: (step, batches)} of one framework, each asset's hyperparameters, the embedded data, the
-    CNN on pixels (the network whose steps cost time: a linear classifier on features is a fraction)."""
+def step_variants(framework, steps, changes):
+    """{variant: (step, batches)} of one framework: the asset's hyperparameters with `changes`, its network on
+    the embedded data's inputs (scattering features are computed first, outside the timing)."""
     algo = load_algo(framework)
-    hp = hp_file.load(ALGO_ASSETS[framework] / hp_file.FILE_NAME,
-                      hp_file.Overrides({"features": "pixels", "network": "cnn"}, "the step benchmark"))
+    hp = hp_file.load(ALGO_ASSETS[framework] / hp_file.FILE_NAME, hp_file.Overrides(changes, "--set"))
+    network = interface.Network.of(hp)
     images, labels = embedded_train_set()
     plan = budget.check_run(framework, hp, len(labels), "default")
-    return TIMERS[framework](algo, images, labels, hp, plan, steps)
+    return TIMERS[framework](algo, network.inputs(images), labels, hp, plan, steps, network)
 
 
-def measure_steps(framework, steps):
+def measure_steps(framework, steps, changes):
     """In a child process: the step timings of one framework, and the process's peak RSS after them."""
     warnings.filterwarnings("ignore")
-    timings = interleaved_medians(step_variants(framework, steps))
+    timings = interleaved_medians(step_variants(framework, steps, changes))
     return timings, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def measure_plain_steps(frameworks, steps):
+def measure_plain_steps(frameworks, steps, changes):
     """In a child process: every framework's non-private step, taking turns (all frameworks load in
     one process: their environment is one, docs/design.md)."""
     warnings.filterwarnings("ignore")
-    return interleaved_medians({framework: step_variants(framework, steps)[PLAIN] for framework in frameworks})
+    return interleaved_medians({framework: step_variants(framework, steps, changes)[PLAIN]
+                                for framework in frameworks})
 
 
 def in_child(function, *args):
@@ -252,11 +256,13 @@ def in_child(function, *args):
         return pool.submit(function, *args).result()
 
 
-def print_steps(frameworks, steps):
-    print(f"\n## Steps: {os.cpu_count()} CPU(s), median of {steps} steps per variant, each asset's hyperparameters")
+def print_steps(frameworks, steps, changes):
+    described = ", ".join(f"{k} {json.dumps(v)}" for k, v in changes.items())
+    print(f"\n## Steps: {os.cpu_count()} CPU(s), median of {steps} steps per variant, each asset's hyperparameters"
+          + (f" with {described}" if described else ""))
     dp_ratios = {}
     for framework in frameworks:
-        timings, peak_mb = in_child(measure_steps, framework, steps)
+        timings, peak_mb = in_child(measure_steps, framework, steps, changes)
         plain = timings[PLAIN]
         print(f"\n[{framework}] peak RSS of the timing process: {peak_mb:.0f} MB")
         print(f"  {'variant':<62}{'s/step':>9}{'× plain':>9}")
@@ -266,7 +272,7 @@ def print_steps(frameworks, steps):
                 dp_ratios[framework] = seconds / plain
     plain = {}
     if "torch" in frameworks and len(frameworks) > 1:
-        plain = in_child(measure_plain_steps, frameworks, steps)
+        plain = in_child(measure_plain_steps, frameworks, steps, changes)
         print("\nnon-private steps against torch's, taking turns in one process:")
         for framework, seconds in plain.items():
             print(f"  {framework:<10}{seconds:>9.4f} s{seconds / plain['torch']:>8.2f}×")
@@ -350,14 +356,18 @@ def main(argv=None):
                         help="comma-separated, for the step timings (default: %(default)s)")
     parser.add_argument("--steps", type=int, default=30, help="timed steps per variant (default: %(default)s)")
     parser.add_argument("--skip-run", action="store_true", help="only time the steps, not the default run")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="change a hyperparameter of every asset for the step timings (JSON value), "
+                             "e.g. --set network=cnn")
     args = parser.parse_args(argv)
     unknown = set(args.frameworks.split(",")) - set(ALGO_ASSETS)
     if unknown or args.steps < 1:
         parser.error(f"--frameworks: unknown {sorted(unknown)}" if unknown else "--steps must be at least 1")
-    plain, dp_ratios = print_steps([f for f in args.frameworks.split(",") if f], args.steps)
+    changes = hp_file.parse_assignments(args.set)
+    plain, dp_ratios = print_steps([f for f in args.frameworks.split(",") if f], args.steps, changes)
     wall, records = (None, []) if args.skip_run else print_default_run()
     print_targets(plain, dp_ratios, wall, records)
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

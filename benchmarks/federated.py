@@ -287,7 +287,7 @@ def main(argv=None):
                                                                        args.schedules):
         compute_plan.check_size(strategy, rounds, organizations, 1, False,  # the tasks of the plan each run simulates
                         f"--schedules {epochs}x{rounds} with {organizations} organisations and {strategy}")
-    args.changes = utility.parse_changes(args.set)
+    args.changes = hp_file.parse_assignments(args.set)
     if "epochs" in args.changes:
         raise UserError("--set epochs: give local epochs in --schedules (EPOCHSxROUNDS)")
     if not args.report_only:

@@ -48,10 +48,11 @@ FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 DATASETS = {"mnist4k": "MNIST, embedded 4,000 / 1,000 split", "fmnist": "Fashion-MNIST 60,000 / 10,000"}
 DELTA = 1e-5
 RESULTS = Path(__file__).resolve().parent / "results" / "utility.jsonl"
-# The issue's goals at ε = 3: MNIST-4k ≥ 94% and within 1.5 points of the non-private model, the frameworks
-# within 1 point of each other; Fashion-MNIST ≥ 89%.
-GOALS = {"mnist4k": 0.94, "fmnist": 0.89}
-MAX_GAP_TO_NON_PRIVATE, MAX_SPREAD = 0.015, 0.01
+# The issue's goals, (dataset, ε) -> least accuracy in every framework (at --seeds-at the mean over the seeds):
+# above every published result at ε = 3 and 1 on Fashion-MNIST; on the embedded MNIST-4k, the frameworks within
+# MAX_SPREAD of each other too.
+GOALS = {("fmnist", 3.0): 0.900, ("fmnist", 1.0): 0.885, ("mnist4k", 3.0): 0.965}
+MAX_SPREAD = 0.01
 # Published results on these datasets with this CNN or close (δ = 1e-5; their ε from older RDP accountants
 # with their own sampling, so compare loosely): (dataset, ε, accuracy, label).
 PUBLISHED = [
@@ -62,6 +63,8 @@ PUBLISHED = [
     ("fmnist", 3.0, 0.890, "Tramèr & Boneh 2021, ScatterNet + CNN"),
     ("fmnist", 3.0, 0.897, "Tramèr & Boneh 2021, ScatterNet + linear"),
     ("fmnist", 3.0, 0.8809, "DPNAS"),
+    ("fmnist", 3.0, 0.8971, "DPSUR (Fu et al. 2023)"),
+    ("fmnist", 1.0, 0.8838, "DPSUR (Fu et al. 2023)"),
 ]
 
 
@@ -189,12 +192,17 @@ def summarise(rows, label, validation):
     return summary
 
 
-def table(summary, epsilons):
+def accuracy_name(validation):
+    """What the reports call the figure: it is measured on the held-out tenth under --validation."""
+    return "validation accuracy" if validation else "test accuracy"
+
+
+def table(summary, epsilons, validation):
     lines = []
     for dataset in sorted({k[0] for k in summary}, key=list(DATASETS).index):
         frameworks = sorted({k[1] for k in summary if k[0] == dataset}, key=list(ALGO_ASSETS).index)
-        lines += [f"**{DATASETS[dataset]}** (test accuracy %; ε at δ = {DELTA:g}, PLD; at ε with several seeds: "
-                  "mean ± standard deviation (seeds))", "",
+        lines += [f"**{DATASETS[dataset]}** ({accuracy_name(validation)} %; ε at δ = {DELTA:g}, PLD; at ε with "
+                  "several seeds: mean ± standard deviation (seeds))", "",
                   "| framework | " + " | ".join(f"ε = {e:g}" for e in epsilons) + " | non-private |",
                   "|---|" + "---:|" * (len(epsilons) + 1)]
         for framework in frameworks:
@@ -210,33 +218,26 @@ def table(summary, epsilons):
     return "\n".join(lines)
 
 
-def goals(summary, at=3.0):
-    """Each goal of the issue at ε = `at`, met or MISSED, as lines of text."""
+def goals(summary):
+    """Each of the issue's goals (GOALS, MAX_SPREAD) that the summary has points for, met or MISSED, as lines."""
     lines = []
-    for dataset, goal in GOALS.items():
-        points = {k[1]: v[0] for k, v in summary.items() if k[0] == dataset and k[2] == at}
-        if not points:
-            continue
+    for (dataset, epsilon), goal in GOALS.items():
+        points = {k[1]: v[0] for k, v in summary.items() if k[0] == dataset and k[2] == epsilon}
         for framework, accuracy in points.items():
-            lines.append(f"{dataset} {framework}: {100 * accuracy:.1f}% at ε = {at:g} (goal ≥ {100 * goal:.0f}%): "
+            lines.append(f"{dataset} {framework}: {100 * accuracy:.1f}% at ε = {epsilon:g} (goal ≥ {100 * goal:.1f}%): "
                          + ("met" if accuracy >= goal else f"MISSED by {100 * (goal - accuracy):.1f} points"))
-            base = summary.get((dataset, framework, None))
-            if dataset == "mnist4k" and base:
-                gap = base[0] - accuracy
-                lines.append(f"{dataset} {framework}: {100 * gap:.1f} points below non-private (goal ≤ "
-                             f"{100 * MAX_GAP_TO_NON_PRIVATE:.1f}): " + ("met" if gap <= MAX_GAP_TO_NON_PRIVATE
-                                                                           else "MISSED"))
         if dataset == "mnist4k" and len(points) > 1:
             spread = max(points.values()) - min(points.values())
-            lines.append(f"{dataset}: frameworks within {100 * spread:.1f} points of each other (goal ≤ "
-                         f"{100 * MAX_SPREAD:.0f}): " + ("met" if spread <= MAX_SPREAD else "MISSED"))
+            lines.append(f"{dataset}: frameworks within {100 * spread:.1f} points of each other at ε = {epsilon:g} "
+                         f"(goal ≤ {100 * MAX_SPREAD:.0f}): " + ("met" if spread <= MAX_SPREAD else "MISSED"))
     return lines
 
 
 def ablation_table(rows, labels, dataset, epsilon, validation):
-    """Markdown: test accuracy at ε of each configuration (label) in each framework, with what it changes."""
+    """Markdown: accuracy at ε of each configuration (label) in each framework, with what it changes."""
     frameworks = [f for f in ALGO_ASSETS if any(r["framework"] == f for r in rows)]
-    lines = [f"**{DATASETS[dataset]}, ε = {epsilon:g}** (test accuracy %, mean ± standard deviation (seeds))", "",
+    lines = [f"**{DATASETS[dataset]}, ε = {epsilon:g}** ({accuracy_name(validation)} %, mean ± standard deviation "
+             "(seeds))", "",
              "| configuration | changes from the assets' hyperparameters | " + " | ".join(frameworks) + " |",
              "|---|---|" + "---:|" * len(frameworks)]
     for label in labels:
@@ -254,7 +255,7 @@ def ablation_table(rows, labels, dataset, epsilon, validation):
     return "\n".join(lines) + "\n"
 
 
-def plot(summary, path):
+def plot(summary, path, validation):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -283,7 +284,7 @@ def plot(summary, path):
         ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
         ax.get_xaxis().set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.set_xlabel(f"ε at δ = {DELTA:g} (PLD, Poisson sampling)")
-        ax.set_ylabel("test accuracy (%)")
+        ax.set_ylabel(f"{accuracy_name(validation)} (%)")
         ax.set_title(DATASETS[dataset])
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="lower right")
@@ -291,22 +292,6 @@ def plot(summary, path):
     with atomic.replacing(path) as tmp:
         fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
-
-
-def parse_changes(items):
-    changes = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise UserError(f"--set {item!r}: expected key=value (a JSON value)")
-        if key in changes:  # as in a JSON file: the last would win silently
-            raise UserError(f"--set {key}: given twice; keep one")
-        try:
-            changes[key] = json.loads(value)
-        except json.JSONDecodeError:
-            changes[key] = value  # a bare word: a string (activation=relu)
-    hp_file.check_values(changes, "--set")
-    return changes
 
 
 def main(argv=None):
@@ -336,7 +321,7 @@ def main(argv=None):
         unknown = set(args.datasets if name == "--datasets" else args.frameworks) - set(known)
         if unknown:
             parser.error(f"{name}: unknown {sorted(unknown)}; known: {', '.join(known)}")
-    changes = parse_changes(args.set)
+    changes = hp_file.parse_assignments(args.set)
     if not slug(args.label):
         parser.error(f"--label {args.label!r}: needs a letter or digit (it names the report's files)")
     if not args.ablation:  # two labels with one slug would write over each other's report
@@ -361,9 +346,9 @@ def main(argv=None):
         raise UserError(f"{args.results}: no results for label {args.label!r}")
     name = f"utility-{args.label}{'-validation' if args.validation else ''}"
     markdown, png = result_file(args.results, name, ".md"), result_file(args.results, name, ".png")
-    text = table(summary, args.epsilons) + "\n" + "".join(f"- {line}\n" for line in goals(summary, args.seeds_at))
+    text = table(summary, args.epsilons, args.validation) + "\n" + "".join(f"- {line}\n" for line in goals(summary))
     atomic.write_text(markdown, text)
-    plot(summary, png)
+    plot(summary, png, args.validation)
     print(text + f"\nwrote {markdown} and {png}")
 
 

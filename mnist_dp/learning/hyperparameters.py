@@ -198,6 +198,24 @@ class Overrides:
         return Overrides({**self.values, **values}, self.source)
 
 
+def parse_assignments(items: list, option: str = "--set") -> dict:
+    """Command-line changes ["key=value", ...] (each value JSON; a bare word is a string: activation=relu) ->
+    {key: value}, each key known and each value checked as a hyperparameters file's."""
+    changes = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise UserError(f"{option} {item!r}: expected key=value (a JSON value)")
+        if key in changes:  # as in a JSON file: the last would win silently
+            raise UserError(f"{option} {key}: given twice; keep one")
+        try:
+            changes[key] = json.loads(value)
+        except json.JSONDecodeError:
+            changes[key] = value
+    check_values(changes, option)
+    return changes
+
+
 def load_overrides(path: Path | None) -> Overrides:
     """A user's JSON file of keys to replace in every algo's hyperparameters (None: no change).
     Each key is checked here (known, exact type, range), so that an error names the user's file."""

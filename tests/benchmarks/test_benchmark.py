@@ -3,6 +3,10 @@ import subprocess
 import sys
 import time
 
+import pytest
+from conftest import FRAMEWORKS
+
+from mnist_dp.learning import features
 from mnist_dp.orchestration.assets import REPO, load_asset_module
 
 BENCHMARK = REPO / "benchmarks" / "benchmark.py"
@@ -32,3 +36,19 @@ def test_help_and_a_bad_framework():
                                            check=True).stdout
     proc = subprocess.run([sys.executable, BENCHMARK, "--frameworks", "jax"], capture_output=True, text=True)
     assert proc.returncode == 2 and "unknown ['jax']" in proc.stderr
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_every_variant_steps_the_network_that_set_names_on_its_inputs(framework):
+    variants = benchmark.step_variants(framework, 1, {"network": "cnn", "features": "scattering"})
+    assert benchmark.PLAIN in variants and any(name.endswith("(used)") for name in variants)
+    for step, batches in variants.values():
+        x, y = next(iter(batches))
+        assert x.shape[1:] == (features.SCATTERING_DIM,)
+        step(x, y)
+
+
+def test_a_bad_set_is_one_line_and_exit_2():
+    proc = subprocess.run([sys.executable, BENCHMARK, "--skip-run", "--set", "colour=red"], capture_output=True,
+                          text=True)
+    assert proc.returncode == 2 and "colour" in proc.stderr and "Traceback" not in proc.stderr

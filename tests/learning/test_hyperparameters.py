@@ -132,3 +132,13 @@ def test_a_key_given_twice_is_refused_naming_the_file_and_the_key(tmp_path):
         hyperparameters.load_overrides(overrides)
     path.write_text(text)  # the same keys once each: read
     assert hyperparameters.load(path).dp is asset["dp"]
+
+
+def test_command_line_assignments_are_json_values_checked_as_a_files():
+    assert hyperparameters.parse_assignments(["epochs=3", "activation=relu", "ema_decay=0.5", "max_epsilon=null"]) == {
+        "epochs": 3, "activation": "relu", "ema_decay": 0.5, "max_epsilon": None}
+    for items, message in ((["epochs"], "expected key=value"), (["epochs=1", "epochs=2"], "given twice"),
+                           (["epochs=1.5"], "--set: epochs = 1.5 is a decimal number"),
+                           (["colour=red"], "colour")):
+        with pytest.raises(UserError, match=message):
+            hyperparameters.parse_assignments(items)
