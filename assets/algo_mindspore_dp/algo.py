@@ -31,7 +31,7 @@ except ModuleNotFoundError:  # run from the repository: make the shared package 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from mnist_dp.learning import chunks, features, interface, skeleton
-from mnist_dp.learning.interface import MNIST_MEAN, MNIST_STD
+from mnist_dp.learning.interface import GROUP_SIZE, MNIST_MEAN, MNIST_STD, NORM_EPS
 
 HYPERPARAMETERS = Path(__file__).with_name("hyperparameters.json")
 ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
@@ -42,10 +42,10 @@ ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
 class PatchConv2d(nn.Conv2d):
     """`nn.Conv2d` (same parameters, names and initialisation), computed as Im2Col patches times the
     kernel matrix (the module docstring says why). Output [B, out_channels, H', W'] as Conv2d's.
-    Handles what this CNN uses: groups 1, dilation 1, one padding for every side."""
+    Handles what this CNN uses: groups 1, dilation 1, one padding for every side; a bias unless told not to."""
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, *args, has_bias=True, **kwargs):
+        super().__init__(*args, has_bias=has_bias, **kwargs)
         if self.group != 1 or tuple(self.dilation[-2:]) != (1, 1) or not isinstance(self.padding, int):
             raise ValueError("PatchConv2d: groups 1, dilation 1 and an int padding only")
         self.batch_matmul = ops.BatchMatMul()
@@ -70,6 +70,15 @@ class PatchConv2d(nn.Conv2d):
         return self.pre_activation(self.patches(x)).reshape(x.shape[0], self.out_channels, height, width)
 
 
+class GroupNorm(nn.Cell):
+    """The other algos' GroupNorm on a conv output [B, C, H·W]: nn.GroupNorm keeps gamma and beta even unused."""
+
+    def construct(self, z):
+        groups = z.reshape(z.shape[0], -1, GROUP_SIZE * z.shape[2])  # -> [B, C / GROUP_SIZE, GROUP_SIZE·H·W]
+        centred = groups - groups.mean(axis=2, keep_dims=True)
+        return (centred / ops.sqrt((centred * centred).mean(axis=2, keep_dims=True) + NORM_EPS)).reshape(z.shape)
+
+
 def _probed(z, probes, index):
     """z + probes[index]: with a zero probe, the gradient w.r.t. the probe is the gradient w.r.t. z."""
     return z if probes is None else z + probes[index]
@@ -77,7 +86,7 @@ def _probed(z, probes, index):
 
 class ConvNet(nn.Cell):
     """The CNNs, the same networks as the other algos': on pixels the TF Privacy / Opacus tutorial CNN (26,010
-    parameters); on scattering features Tramèr & Boneh's ScatterNet CNN (33,066): two convolutions, two dense."""
+    parameters); on scattering features Tramèr & Boneh's ScatterNet CNN (33,066), its convolutions group-normalised."""
 
     # The parameters, in the order ClippedGradientSum returns their gradients.
     GRADIENT_ORDER = ("conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias",
@@ -87,18 +96,16 @@ class ConvNet(nn.Cell):
         super().__init__()
         self.scattering = scattering
         if scattering:  # [B, 81, 7, 7] -> conv [B, 16, 4, 4] -> conv [B, 32, 4, 4]
-            self.conv1 = PatchConv2d(features.SCATTERING_CHANNELS, 16, 3, stride=2, pad_mode="pad", padding=1,
-                                     has_bias=True)
-            self.conv2 = PatchConv2d(16, 32, 3, stride=1, pad_mode="pad", padding=1, has_bias=True)
-            self.pool = nn.Identity()
+            self.conv1 = PatchConv2d(features.SCATTERING_CHANNELS, 16, 3, stride=2, pad_mode="pad", padding=1)
+            self.conv2 = PatchConv2d(16, 32, 3, stride=1, pad_mode="pad", padding=1)
+            self.pool, self.norm = nn.Identity(), GroupNorm()
             self.conv_shapes = ((16, 4, 4), (32, 4, 4))
         else:  # [B, 1, 28, 28] -> conv [B, 16, 14, 14] -> pool [B, 16, 13, 13] -> conv [B, 32, 5, 5] -> pool 4×4
-            self.conv1 = PatchConv2d(1, 16, 8, stride=2, pad_mode="pad", padding=3, has_bias=True)
-            self.conv2 = PatchConv2d(16, 32, 4, stride=2, pad_mode="valid", has_bias=True)
-            self.pool = nn.MaxPool2d(2, 1)
+            self.conv1 = PatchConv2d(1, 16, 8, stride=2, pad_mode="pad", padding=3)
+            self.conv2 = PatchConv2d(16, 32, 4, stride=2, pad_mode="valid")
+            self.pool, self.norm = nn.MaxPool2d(2, 1), nn.Identity()
             self.conv_shapes = ((16, 14, 14), (32, 5, 5))
-        self.fc1 = nn.Dense(32 * 4 * 4, 32)
-        self.fc2 = nn.Dense(32, 10)
+        self.fc1, self.fc2 = nn.Dense(32 * 4 * 4, 32), nn.Dense(32, 10)
         self.act = {"tanh": nn.Tanh, "relu": nn.ReLU}[activation]()  # "tanh" or "relu", as the other algos
         self.flatten = nn.Flatten()
         # Each weighted layer's output [B, ...] (before its activation): the shapes of `forward`'s probes.
@@ -118,10 +125,10 @@ class ConvNet(nn.Cell):
             x = (x - MNIST_MEAN) / MNIST_STD
         patches1 = self.conv1.patches(x)  # -> [B, 64, 196] on pixels, [B, 729, 16] on scattering features
         z1 = _probed(self.conv1.pre_activation(patches1), probes, 0)  # -> [B, 16, 196] ([B, 16, 16])
-        x = self.pool(self.act(z1.reshape((batch,) + self.conv_shapes[0])))  # -> [B, 16, 13, 13] ([B, 16, 4, 4])
+        x = self.pool(self.act(self.norm(z1).reshape((batch,) + self.conv_shapes[0])))  # -> [B, 16, 13, 13] (4×4)
         patches2 = self.conv2.patches(x)  # -> [B, 256, 25] ([B, 144, 16])
         z2 = _probed(self.conv2.pre_activation(patches2), probes, 1)  # -> [B, 32, 25] ([B, 32, 16])
-        x = self.pool(self.act(z2.reshape((batch,) + self.conv_shapes[1])))  # -> [B, 32, 4, 4]
+        x = self.pool(self.act(self.norm(z2).reshape((batch,) + self.conv_shapes[1])))  # -> [B, 32, 4, 4]
         hidden_in = self.flatten(x)  # -> [B, 512]
         hidden = self.act(_probed(self.fc1(hidden_in), probes, 2))  # -> [B, 32]
         logits = _probed(self.fc2(hidden), probes, 3)  # -> [B, 10]
@@ -162,38 +169,15 @@ def import_mindarmour():
     return NoiseGaussianRandom, RDPMonitor
 
 
-class _LinearClippedSumGraph(nn.Cell):
-    """ClippedGradientSum's GRAPH-mode body for ScatteringLinear: the example's weight gradient is g_i x_iᵀ
-    (g_i the gradient of its loss w.r.t. its logits), of squared norm ‖g_i‖²(‖x_i‖² + 1) with the bias."""
-
-    def __init__(self, net):
-        super().__init__(auto_prefix=False)
-        self.net = net
-        self.loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="sum")
-        self.output_grad = ms.grad(self.probed_loss, grad_position=1)
-        self.matmul_ta = ops.MatMul(transpose_a=True)
-
-    def probed_loss(self, x, probe, y):
-        return self.loss(self.net.fc(x) + probe, y)
-
-    def construct(self, x, y, mask, max_grad_norm, probe):
-        g = self.output_grad(x, probe, y)  # -> [B, 10]
-        norms = ops.sqrt(ops.square(g).sum(1) * (ops.square(x).sum(1) + 1))
-        weight = ops.minimum(1.0, max_grad_norm / ops.maximum(norms, 1e-12)) * mask  # [B]
-        unclipped = ((norms <= max_grad_norm).astype(ms.float32) * mask).sum()
-        return (self.matmul_ta(g * weight.reshape(-1, 1), x), ops.matmul(weight.reshape(1, -1), g).reshape(-1),
-                unclipped)
-
-
 class _ClippedSumGraph(nn.Cell):
     """The GRAPH-mode body of ClippedGradientSum (the probes must be inputs of the graph: MindSpore folds
     zeros made inside it into constants, which have no gradient)."""
 
-    def __init__(self, net):
+    def __init__(self, net, grad_position=(1, 2, 3, 4), has_aux=True):
         super().__init__(auto_prefix=False)
         self.net = net
         self.loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="sum")
-        self.output_grads = ms.grad(self.probed_loss, grad_position=(1, 2, 3, 4), has_aux=True)
+        self.output_grads = ms.grad(self.probed_loss, grad_position=grad_position, has_aux=has_aux)
         self.batch_matmul_tb = ops.BatchMatMul(transpose_b=True)
         self.matmul_ta = ops.MatMul(transpose_a=True)
 
@@ -217,14 +201,32 @@ class _ClippedSumGraph(nn.Cell):
         norms = ops.sqrt(sqr_norms)
         weight = ops.minimum(1.0, max_grad_norm / ops.maximum(norms, 1e-12)) * mask  # [B]
         unclipped = ((norms <= max_grad_norm).astype(ms.float32) * mask).sum()  # adaptive clipping's count
-        row = weight.reshape(1, -1)
-        column = weight.reshape(-1, 1)
+        row, column = weight.reshape(1, -1), weight.reshape(-1, 1)
         return (ops.matmul(row, kernel1.reshape(batch, -1)).reshape(self.net.conv1.weight.shape),
                 ops.matmul(row, bias1).reshape(-1),
                 ops.matmul(row, kernel2.reshape(batch, -1)).reshape(self.net.conv2.weight.shape),
                 ops.matmul(row, bias2).reshape(-1),
                 self.matmul_ta(g3 * column, hidden_in), ops.matmul(row, g3).reshape(-1),
                 self.matmul_ta(g4 * column, hidden), ops.matmul(row, g4).reshape(-1), unclipped)
+
+
+class _LinearClippedSumGraph(_ClippedSumGraph):
+    """ClippedGradientSum's GRAPH-mode body for ScatteringLinear: the example's weight gradient is g_i x_iᵀ
+    (g_i the gradient of its loss w.r.t. its logits), of squared norm ‖g_i‖²(‖x_i‖² + 1) with the bias."""
+
+    def __init__(self, net):
+        super().__init__(net, grad_position=1, has_aux=False)
+
+    def probed_loss(self, x, probe, y):
+        return self.loss(self.net.fc(x) + probe, y)
+
+    def construct(self, x, y, mask, max_grad_norm, probe):
+        g = self.output_grads(x, probe, y)  # -> [B, 10]
+        norms = ops.sqrt(ops.square(g).sum(1) * (ops.square(x).sum(1) + 1))
+        weight = ops.minimum(1.0, max_grad_norm / ops.maximum(norms, 1e-12)) * mask  # [B]
+        unclipped = ((norms <= max_grad_norm).astype(ms.float32) * mask).sum()
+        return (self.matmul_ta(g * weight.reshape(-1, 1), x), ops.matmul(weight.reshape(1, -1), g).reshape(-1),
+                unclipped)
 
 
 class ClippedGradientSum:
@@ -304,8 +306,7 @@ def make_dp_step(net, optimizer, expected_batch_size, randomness):
             part = clipped_sum(ms.Tensor(images[index]), ms.Tensor(labels[index]), ms.Tensor(mask), max_grad_norm)
             total = part if total is None else tuple(a + b for a, b in zip(total, part))
         *gradients, unclipped = total
-        # A plain tuple is a constant to GRAPH mode: recompiled at every step (hence mutable). σ = 0 (clipping
-        # only) serves the mechanism tests.
+        # mutable: GRAPH mode takes a plain tuple for a constant and recompiles at every step. σ = 0: mechanism tests.
         update(ms.mutable(tuple(gradients)), ms.Tensor(noise_multiplier * max_grad_norm, ms.float32))
         return int(unclipped.asnumpy())
 
@@ -313,8 +314,7 @@ def make_dp_step(net, optimizer, expected_batch_size, randomness):
 
 
 def make_plain_step(net, optimizer):
-    """The non-private step on images[batch]: mean loss over the batch, plain gradients (MindSpore's own
-    TrainOneStepCell; summing per-example gradients as the DP step does was no faster, benchmark.py)."""
+    """The non-private step on images[batch]: mean loss, plain gradients (MindSpore's TrainOneStepCell)."""
     loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
     train_step = nn.TrainOneStepCell(nn.WithLossCell(net, loss), optimizer)
 

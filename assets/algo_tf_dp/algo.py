@@ -33,7 +33,7 @@ except ModuleNotFoundError:  # run from the repository: make the shared package 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from mnist_dp.learning import features, interface, skeleton
-from mnist_dp.learning.interface import MNIST_MEAN, MNIST_STD
+from mnist_dp.learning.interface import GROUP_SIZE, MNIST_MEAN, MNIST_STD, NORM_EPS
 from mnist_dp.privacy import budget
 from mnist_dp.utils.errors import UserError
 
@@ -80,14 +80,21 @@ def pixel_cnn(activation):
 
 
 def scatter_cnn(activation):
+    """Each convolution's output group-normalised (no learnt scale) before its activation, as the other algos'."""
     layers = tf.keras.layers
     channels, size = features.SCATTERING_CHANNELS, features.SCATTERING_SIZE
+
+    def normalised(width):  # [B, 4, 4, width], groups of GROUP_SIZE channels, then the activation
+        return [layers.GroupNormalization(width // GROUP_SIZE, epsilon=NORM_EPS, center=False, scale=False),
+                layers.Activation(activation)]
+
     return tf.keras.Sequential([
         layers.Input((features.SCATTERING_DIM,)),  # [B, 3969] scattering features
         layers.Reshape((channels, size, size)),  # -> [B, 81, 7, 7], their order
         layers.Permute((2, 3, 1)),  # -> [B, 7, 7, 81]
-        layers.Conv2D(16, 3, strides=2, padding="same", activation=activation),  # -> [B, 4, 4, 16]
-        layers.Conv2D(32, 3, strides=1, padding="same", activation=activation),  # -> [B, 4, 4, 32]
+        layers.Conv2D(16, 3, strides=2, padding="same"), *normalised(16),  # -> [B, 4, 4, 16]
+        layers.Conv2D(32, 3, strides=1, padding="same"), *normalised(32),  # -> [B, 4, 4, 32]
+        layers.Permute((3, 1, 2)),  # -> [B, 32, 4, 4]: flattened in the other algos' order
         layers.Flatten(),  # -> [B, 512]
         layers.Dense(32, activation=activation),  # -> [B, 32]
         layers.Dense(10),  # -> [B, 10] logits

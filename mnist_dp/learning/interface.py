@@ -21,6 +21,9 @@ from mnist_dp.privacy.randomness import RunRandomness
 
 # The network's input normalisation (MNIST's pixel mean and std), the first layer of every framework's CNN.
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
+# The ScatterNet CNN's group normalisation of each convolution's output, the same in every framework: channels
+# per group, and the ε added to the variance (each framework has its own default).
+GROUP_SIZE, NORM_EPS = 4, 1e-5
 # Images per forward pass at prediction (bounds the memory); a framework may set its own `predict_batch_size`.
 PREDICT_BATCH_SIZE = 1024
 
