@@ -5,8 +5,7 @@
    with --set changes) on the embedded data's inputs at the asset's batch size: the non-private step
    on fixed batches, as the baseline trains, and each DP variant on Poisson-sampled batches, with its
    ratio to the non-private step. The variants take turns step by step, so the ratios hold on a noisy
-   machine. Then every framework's non-private step
-   against torch's, taking turns in one process.
+   machine. Then every framework's non-private step against torch's, taking turns in one process.
 2. The default run, `python scripts/run_local.py` (3 frameworks, DP + baseline, embedded data) in a
    fresh folder, end to end: each task's time split into phases (from the record every task writes,
    see mnist_dp/utils/timing.py) with its peak memory; the rest of the wall time is Substra's and the

@@ -168,8 +168,8 @@ def check_finite(framework: Framework, model, where: str, todo: str) -> None:
 def _load_input_model(framework: Framework, inputs: dict, network: Network):
     if inputs.get("model"):
         saved = model_file.load(inputs["model"], framework.name)
-        if Network.of_saved(saved) != network:
-            theirs = Network.of_saved(saved)
+        theirs = Network.of_saved(saved)
+        if theirs != network:
             raise UserError(f"input model: its network is {theirs.describe()}, the hyperparameters say "
                             f"{network.describe()}; set features, network and activation as the input model's")
         log.info("continuing from input model: %d earlier training run(s) in its ledger", len(saved.ledger.events))

@@ -27,6 +27,7 @@ from mnist_dp.data import dataset
 from mnist_dp.data.samples import KEY_FILE, sample_identity
 from mnist_dp.learning import interface, skeleton
 from mnist_dp.orchestration import archive
+from mnist_dp.orchestration.assets import load_asset_module
 from mnist_dp.privacy import model_file
 from mnist_dp.privacy.accountant import calibrate_noise_multiplier, compose_epsilon
 from mnist_dp.privacy.events import PER_EXAMPLE, DpEvent, new_run_id
@@ -173,8 +174,6 @@ def test_the_scatternet_cnn_trains_end_to_end_with_the_same_layers_in_every_fram
     assert proc.returncode == 0, proc.stderr[-3000:]
     saved = model_file.load(outputs["model"], framework)
     assert (saved.hyperparameters["features"], saved.hyperparameters["network"]) == ("scattering", "cnn")
-    from mnist_dp.orchestration.assets import load_asset_module
-
     algo = load_asset_module(ALGO_ASSETS[framework] / "algo.py", f"algo_{framework}_scatternet")
     network = interface.Network.of_saved(saved)
     weights = algo.FRAMEWORK.weight_arrays(algo.FRAMEWORK.load_model(saved.weights, network))
@@ -200,8 +199,6 @@ def torch_to(framework, arrays):
 def test_the_scatternet_cnn_is_one_function_in_every_framework():
     """The same weights give the same logits everywhere: the same layers in the same order, the same group
     normalisation and the same flattening, so a recipe tuned in one framework holds in the others."""
-    from mnist_dp.orchestration.assets import load_asset_module
-
     network = interface.Network("scattering", "tanh", "cnn")
     algos = {f: load_asset_module(ALGO_ASSETS[f] / "algo.py", f"algo_{f}_one_function") for f in FRAMEWORKS}
     arrays = [a * 4 for a in algos["torch"].FRAMEWORK.weight_arrays(algos["torch"].FRAMEWORK.new_model(0, network))]
@@ -272,8 +269,6 @@ def test_nan_pixels_fail_in_one_line(framework, tmp_path, opener_path):
 def test_aggregate_averages_by_examples_and_counts_every_run_once(framework, tmp_path, opener_path):
     """Two organisations (200 and 100 examples) train two rounds from the global model through the command line;
     the aggregate's weights are the exact weighted mean and its ledger every run once."""
-    from mnist_dp.orchestration.assets import load_asset_module
-
     dataset.generate(tmp_path / "data", train_size=300, test_size=100, train_samples=3, seed=1)
     folders = samples(tmp_path / "data", "train")
     holdings = {"a": folders[:2], "b": folders[2:]}
@@ -375,8 +370,6 @@ def test_a_full_disk_is_one_line_and_the_model_it_would_replace_stays_readable(t
                                                                               tmpfs):
     from conftest import fill_disk
 
-    from mnist_dp.orchestration.assets import load_asset_module
-
     proc, trained = train(tmp_path, "torch", tiny_data, opener_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     disk = tmpfs("size=1m")
@@ -445,8 +438,6 @@ def test_a_diverged_run_fails_in_one_line_and_saves_nothing(framework, tmp_path,
 
 
 def test_a_model_with_non_finite_weights_is_refused_and_never_averaged(tmp_path):
-    from mnist_dp.orchestration.assets import load_asset_module
-
     algo = load_asset_module(ALGO_ASSETS["torch"] / "algo.py", "algo_torch_nan").FRAMEWORK
     model = algo.new_model(0, interface.Network("pixels", "tanh"))
     arrays = algo.weight_arrays(model)
