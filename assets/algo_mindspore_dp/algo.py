@@ -59,9 +59,8 @@ class PatchConv2d(nn.Conv2d):
     def pre_activation(self, patches):
         """Patches -> the convolution's output [B, out_channels, H'·W'] (bias added)."""
         kernel = self.weight.reshape(self.out_channels, -1)  # -> [out, C·kh·kw]
-        batch = patches.shape[0]
-        return self.bias_add(self.batch_matmul(ops.broadcast_to(kernel, (batch,) + kernel.shape), patches),
-                             self.bias)
+        kernels = ops.broadcast_to(kernel, (patches.shape[0],) + kernel.shape)  # one per example
+        return self.bias_add(self.batch_matmul(kernels, patches), self.bias)
 
     def construct(self, x):
         (kh, kw), (sh, sw) = self.kernel_size, self.stride[-2:]
@@ -86,26 +85,25 @@ def _probed(z, probes, index):
 
 class ConvNet(nn.Cell):
     """The CNNs, the same networks as the other algos': on pixels the TF Privacy / Opacus tutorial CNN (26,010
-    parameters); on scattering features Tramèr & Boneh's ScatterNet CNN (33,066), its convolutions group-normalised."""
-
-    # The parameters, in the order ClippedGradientSum returns their gradients.
-    GRADIENT_ORDER = ("conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias",
-                      "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias")
+    parameters); on scattering features Tramèr & Boneh's ScatterNet CNN, its convolutions group-normalised, with a
+    linear shortcut from the features to the logits (72,756)."""
 
     def __init__(self, activation="tanh", scattering=False):
         super().__init__()
         self.scattering = scattering
+        # The parameters, in the order ClippedGradientSum returns their gradients.
+        self.GRADIENT_ORDER = ("conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias", "fc1.weight", "fc1.bias",
+                               "fc2.weight", "fc2.bias") + (("shortcut.weight",) if scattering else ())
         if scattering:  # [B, 81, 7, 7] -> conv [B, 16, 4, 4] -> conv [B, 32, 4, 4]
             self.conv1 = PatchConv2d(features.SCATTERING_CHANNELS, 16, 3, stride=2, pad_mode="pad", padding=1)
             self.conv2 = PatchConv2d(16, 32, 3, stride=1, pad_mode="pad", padding=1)
-            self.pool, self.norm = nn.Identity(), GroupNorm()
-            self.conv_shapes = ((16, 4, 4), (32, 4, 4))
+            self.pool, self.norm, self.conv_shapes = nn.Identity(), GroupNorm(), ((16, 4, 4), (32, 4, 4))
         else:  # [B, 1, 28, 28] -> conv [B, 16, 14, 14] -> pool [B, 16, 13, 13] -> conv [B, 32, 5, 5] -> pool 4×4
             self.conv1 = PatchConv2d(1, 16, 8, stride=2, pad_mode="pad", padding=3)
             self.conv2 = PatchConv2d(16, 32, 4, stride=2, pad_mode="valid")
-            self.pool, self.norm = nn.MaxPool2d(2, 1), nn.Identity()
-            self.conv_shapes = ((16, 14, 14), (32, 5, 5))
+            self.pool, self.norm, self.conv_shapes = nn.MaxPool2d(2, 1), nn.Identity(), ((16, 14, 14), (32, 5, 5))
         self.fc1, self.fc2 = nn.Dense(32 * 4 * 4, 32), nn.Dense(32, 10)
+        self.shortcut = nn.Dense(features.SCATTERING_DIM, 10, weight_init=0, has_bias=False) if scattering else None
         self.act = {"tanh": nn.Tanh, "relu": nn.ReLU}[activation]()  # "tanh" or "relu", as the other algos
         self.flatten = nn.Flatten()
         # Each weighted layer's output [B, ...] (before its activation): the shapes of `forward`'s probes.
@@ -118,7 +116,7 @@ class ConvNet(nn.Cell):
         """Logits, and the input of each weighted layer (a convolution's patches), for the per-example
         gradients of ClippedGradientSum; `probes` (zeros shaped [B, *probe_shapes[i]]) are added to each
         layer's output so that the loss can be differentiated with respect to it."""
-        batch = x.shape[0]
+        batch, features_in = x.shape[0], x
         if self.scattering:  # x: [B, 3969] -> [B, 81, 7, 7]
             x = x.reshape(batch, features.SCATTERING_CHANNELS, features.SCATTERING_SIZE, features.SCATTERING_SIZE)
         else:  # x: [B, 1, 28, 28] in [0, 1]
@@ -131,7 +129,8 @@ class ConvNet(nn.Cell):
         x = self.pool(self.act(self.norm(z2).reshape((batch,) + self.conv_shapes[1])))  # -> [B, 32, 4, 4]
         hidden_in = self.flatten(x)  # -> [B, 512]
         hidden = self.act(_probed(self.fc1(hidden_in), probes, 2))  # -> [B, 32]
-        logits = _probed(self.fc2(hidden), probes, 3)  # -> [B, 10]
+        logits = self.fc2(hidden) + (self.shortcut(features_in) if self.scattering else 0)  # -> [B, 10]
+        logits = _probed(logits, probes, 3)
         return logits, (patches1, patches2, hidden_in, hidden)
 
 
@@ -197,17 +196,20 @@ class _ClippedSumGraph(nn.Cell):
         sqr_norms = (ops.square(kernel1).reshape(batch, -1).sum(1) + ops.square(bias1).sum(1)
                      + ops.square(kernel2).reshape(batch, -1).sum(1) + ops.square(bias2).sum(1)
                      + ops.square(g3).sum(1) * (ops.square(hidden_in).sum(1) + 1)
-                     + ops.square(g4).sum(1) * (ops.square(hidden).sum(1) + 1))
+                     # fc2's weight, its bias and the shortcut's weight (g4 x_iᵀ) share the output gradient g4
+                     + ops.square(g4).sum(1) * (ops.square(hidden).sum(1) + 1
+                                                + (ops.square(x).sum(1) if self.net.scattering else 0)))
         norms = ops.sqrt(sqr_norms)
         weight = ops.minimum(1.0, max_grad_norm / ops.maximum(norms, 1e-12)) * mask  # [B]
         unclipped = ((norms <= max_grad_norm).astype(ms.float32) * mask).sum()  # adaptive clipping's count
         row, column = weight.reshape(1, -1), weight.reshape(-1, 1)
-        return (ops.matmul(row, kernel1.reshape(batch, -1)).reshape(self.net.conv1.weight.shape),
+        sums = (ops.matmul(row, kernel1.reshape(batch, -1)).reshape(self.net.conv1.weight.shape),
                 ops.matmul(row, bias1).reshape(-1),
                 ops.matmul(row, kernel2.reshape(batch, -1)).reshape(self.net.conv2.weight.shape),
                 ops.matmul(row, bias2).reshape(-1),
                 self.matmul_ta(g3 * column, hidden_in), ops.matmul(row, g3).reshape(-1),
-                self.matmul_ta(g4 * column, hidden), ops.matmul(row, g4).reshape(-1), unclipped)
+                self.matmul_ta(g4 * column, hidden), ops.matmul(row, g4).reshape(-1))
+        return sums + ((self.matmul_ta(g4 * column, x),) if self.net.scattering else ()) + (unclipped,)
 
 
 class _LinearClippedSumGraph(_ClippedSumGraph):
@@ -407,10 +409,8 @@ class MindSporeMindArmour:
         average = MovingAverage(net.trainable_params(), hp.ema_decay) if hp.ema_decay else None
         net.set_train(True)
         images, labels = as_input(images), labels.astype(np.int32)
-        if hp.dp:
-            dp_step = make_dp_step(net, optimizer, plan.expected_batch_size, step.randomness)
-        else:
-            plain_step = make_plain_step(net, optimizer)
+        dp_step = make_dp_step(net, optimizer, plan.expected_batch_size, step.randomness) if hp.dp else None
+        plain_step = None if hp.dp else make_plain_step(net, optimizer)
         batch_sizes = []
         for batch in batches:
             if hp.dp:

@@ -45,8 +45,8 @@ HYPERPARAMETERS = Path(__file__).with_name("hyperparameters.json")
 
 def build_model(seed, network):
     """The network `network` names (the same as the other algos'): the TF Privacy tutorial CNN (26,010
-    parameters) on pixels; on scattering features Tramèr & Boneh's ScatterNet CNN (33,066) or a linear classifier
-    (zero weights at the start, as in every framework)."""
+    parameters) on pixels; on scattering features Tramèr & Boneh's ScatterNet CNN with a linear shortcut (72,756)
+    or a linear classifier (zero weights at the start, as in every framework)."""
     tf.keras.utils.set_random_seed(seed)
     layers = tf.keras.layers
     if network.features == "pixels":
@@ -80,7 +80,8 @@ def pixel_cnn(activation):
 
 
 def scatter_cnn(activation):
-    """Each convolution's output group-normalised (no learnt scale) before its activation, as the other algos'."""
+    """Each convolution's output group-normalised (no learnt scale) before its activation, and a linear shortcut
+    from the features to the logits (zero at the start), as the other algos'."""
     layers = tf.keras.layers
     channels, size = features.SCATTERING_CHANNELS, features.SCATTERING_SIZE
 
@@ -88,8 +89,8 @@ def scatter_cnn(activation):
         return [layers.GroupNormalization(width // GROUP_SIZE, epsilon=NORM_EPS, center=False, scale=False),
                 layers.Activation(activation)]
 
-    return tf.keras.Sequential([
-        layers.Input((features.SCATTERING_DIM,)),  # [B, 3969] scattering features
+    inputs = x = layers.Input((features.SCATTERING_DIM,))  # [B, 3969] scattering features
+    for layer in [
         layers.Reshape((channels, size, size)),  # -> [B, 81, 7, 7], their order
         layers.Permute((2, 3, 1)),  # -> [B, 7, 7, 81]
         layers.Conv2D(16, 3, strides=2, padding="same"), *normalised(16),  # -> [B, 4, 4, 16]
@@ -97,8 +98,11 @@ def scatter_cnn(activation):
         layers.Permute((3, 1, 2)),  # -> [B, 32, 4, 4]: flattened in the other algos' order
         layers.Flatten(),  # -> [B, 512]
         layers.Dense(32, activation=activation),  # -> [B, 32]
-        layers.Dense(10),  # -> [B, 10] logits
-    ])
+        layers.Dense(10),  # -> [B, 10]
+    ]:
+        x = layer(x)
+    shortcut = layers.Dense(10, use_bias=False, kernel_initializer="zeros")  # the CNN's last bias serves both
+    return tf.keras.Model(inputs, layers.Add()([x, shortcut(inputs)]))  # -> [B, 10] logits
 
 
 # --- 2. The DP step: per-example clipping by TF Privacy's fast gradient clipping (with a Conv2D entry), noise -------

@@ -74,10 +74,11 @@ class SampleConvNet(nn.Module):
 
 
 class ScatterConvNet(nn.Module):
-    """Tramèr & Boneh's (2021) ScatterNet CNN (33,066 parameters): two convolutions and two dense layers on the
-    scattering features, already normalised per example (features.py). Each convolution's output is group-normalised
-    (groups of 4 channels, no learnt scale: nothing to clip) before its activation: +0.4 points on Fashion-MNIST
-    (docs/benchmarks.md)."""
+    """Tramèr & Boneh's (2021) ScatterNet CNN with a linear shortcut (72,756 parameters): two convolutions and two
+    dense layers on the scattering features, already normalised per example (features.py), plus a linear map of
+    the same features added to the logits. Each convolution's output is group-normalised (groups of 4 channels, no
+    learnt scale: nothing to clip) before its activation. The shortcut starts at zero, so training starts from the
+    CNN alone; each change gave about +0.4 points on Fashion-MNIST (docs/benchmarks.md)."""
 
     def __init__(self, activation="tanh"):
         super().__init__()
@@ -88,16 +89,18 @@ class ScatterConvNet(nn.Module):
         self.norm2 = nn.GroupNorm(32 // interface.GROUP_SIZE, 32, eps=interface.NORM_EPS, affine=False)
         self.fc1 = nn.Linear(32 * 4 * 4, 32)
         self.fc2 = nn.Linear(32, 10)
+        self.shortcut = nn.Linear(features.SCATTERING_DIM, 10, bias=False)  # fc2's bias serves both
+        nn.init.zeros_(self.shortcut.weight)
 
-    def forward(self, x):
-        # x: [B, 3969] scattering features
+    def forward(self, features_in):
+        # features_in: [B, 3969] scattering features
         size = features.SCATTERING_SIZE
-        x = x.view(-1, features.SCATTERING_CHANNELS, size, size)  # -> [B, 81, 7, 7]
+        x = features_in.view(-1, features.SCATTERING_CHANNELS, size, size)  # -> [B, 81, 7, 7]
         x = self.act(self.norm1(self.conv1(x)))  # -> [B, 16, 4, 4]
         x = self.act(self.norm2(self.conv2(x)))  # -> [B, 32, 4, 4]
         x = x.flatten(1)  # -> [B, 512]
         x = self.act(self.fc1(x))  # -> [B, 32]
-        return self.fc2(x)  # -> [B, 10] logits
+        return self.fc2(x) + self.shortcut(features_in)  # -> [B, 10] logits
 
 
 def build_network(network):

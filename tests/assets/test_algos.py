@@ -177,8 +177,10 @@ def test_the_scatternet_cnn_trains_end_to_end_with_the_same_layers_in_every_fram
     algo = load_asset_module(ALGO_ASSETS[framework] / "algo.py", f"algo_{framework}_scatternet")
     network = interface.Network.of_saved(saved)
     weights = algo.FRAMEWORK.weight_arrays(algo.FRAMEWORK.load_model(saved.weights, network))
-    # conv 81→16 (3×3), conv 16→32 (3×3), dense 512→32, dense 32→10, each with its bias: in any layout
-    assert sorted(a.size for a in weights) == sorted([81 * 16 * 9, 16, 16 * 32 * 9, 32, 512 * 32, 32, 32 * 10, 10])
+    # conv 81→16 (3×3), conv 16→32 (3×3), dense 512→32, dense 32→10, each with its bias, and the shortcut
+    # 3969→10 without one: in any layout
+    assert sorted(a.size for a in weights) == sorted([81 * 16 * 9, 16, 16 * 32 * 9, 32, 512 * 32, 32, 32 * 10, 10,
+                                                      3969 * 10])
     [event] = saved.ledger.events
     assert event.clipping == PER_EXAMPLE and read_epsilon(outputs["epsilon"]) == pytest.approx(
         saved.ledger.epsilon(tiny_hyperparameters(framework)["delta"]))
@@ -201,8 +203,11 @@ def test_the_scatternet_cnn_is_one_function_in_every_framework():
     normalisation and the same flattening, so a recipe tuned in one framework holds in the others."""
     network = interface.Network("scattering", "tanh", "cnn")
     algos = {f: load_asset_module(ALGO_ASSETS[f] / "algo.py", f"algo_{f}_one_function") for f in FRAMEWORKS}
-    arrays = [a * 4 for a in algos["torch"].FRAMEWORK.weight_arrays(algos["torch"].FRAMEWORK.new_model(0, network))]
-    inputs = np.random.default_rng(0).normal(size=(6, 3969)).astype(np.float32)
+    rng = np.random.default_rng(0)
+    # weights ×4; the shortcut, zero at the start, random
+    arrays = [a * 4 if a.any() else rng.normal(0, 0.05, a.shape).astype(np.float32)
+              for a in algos["torch"].FRAMEWORK.weight_arrays(algos["torch"].FRAMEWORK.new_model(0, network))]
+    inputs = rng.normal(size=(6, 3969)).astype(np.float32)
     logits = {}
     for framework, algo in algos.items():
         model = algo.FRAMEWORK.set_weight_arrays(algo.FRAMEWORK.new_model(1, network), torch_to(framework, arrays))
