@@ -21,9 +21,9 @@
 |                  | mindspore always draws so); tf refuses it: TF Privacy has none           |
 | features         | what the network is given: "scattering", fixed scattering features       |
 |                  | (Tramèr & Boneh 2021, features.py), or "pixels"                          |
-| network          | "cnn": on scattering features Tramèr & Boneh's ScatterNet CNN, on pixels |
-|                  | the TF Privacy / Opacus tutorial CNN; "linear": a linear classifier on   |
-|                  | scattering features                                                      |
+| network          | "cnn": on scattering features Tramèr & Boneh's ScatterNet CNN with a     |
+|                  | linear shortcut, on pixels the TF Privacy / Opacus tutorial CNN;         |
+|                  | "linear": a linear classifier on scattering features                     |
 | activation       | the CNN's: "tanh" (tempered sigmoid, Papernot et al. 2021) or "relu"     |
 | optimizer        | "sgd" (with momentum) or "adam" (β = 0.9, 0.999): both only post-process |
 |                  | the noisy gradient, so ε does not depend on the choice                   |

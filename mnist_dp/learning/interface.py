@@ -32,7 +32,7 @@ PREDICT_BATCH_SIZE = 1024
 class Network:
     """Which network a framework builds, the same in every framework: on "pixels" the TF Privacy / Opacus tutorial
     CNN; on "scattering" features (features.py, the inputs the skeleton gives it) Tramèr & Boneh's ScatterNet CNN
-    ("cnn") or a linear classifier ("linear"); `activation` is the CNNs'."""
+    with a linear shortcut ("cnn") or a linear classifier ("linear"); `activation` is the CNNs'."""
 
     features: str = "pixels"
     activation: str = "tanh"

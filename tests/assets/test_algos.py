@@ -167,11 +167,8 @@ def test_target_epsilon_gives_the_same_sigma_everywhere_and_the_budget_stops_tra
     assert_one_line_error(proc, str(outputs["model"]), "its ledger does not match the sha256 recorded")
 
 
-@pytest.mark.parametrize("framework", FRAMEWORKS)
-def test_the_scatternet_cnn_trains_end_to_end_with_the_same_layers_in_every_framework(framework, tmp_path, tiny_data,
-                                                                                        opener_path, objective_script):
-    proc, outputs = train(tmp_path, framework, tiny_data, opener_path, features="scattering", network="cnn")
-    assert proc.returncode == 0, proc.stderr[-3000:]
+def test_the_default_network_is_the_scatternet_cnn_with_the_same_layers_in_every_framework(trained, tmp_path):
+    framework, outputs, tiny_data, opener = trained  # trained with the asset's own hyperparameters, one epoch
     saved = model_file.load(outputs["model"], framework)
     assert (saved.hyperparameters["features"], saved.hyperparameters["network"]) == ("scattering", "cnn")
     algo = load_asset_module(ALGO_ASSETS[framework] / "algo.py", f"algo_{framework}_scatternet")
@@ -181,13 +178,14 @@ def test_the_scatternet_cnn_trains_end_to_end_with_the_same_layers_in_every_fram
     # 3969→10 without one: in any layout
     assert sorted(a.size for a in weights) == sorted([81 * 16 * 9, 16, 16 * 32 * 9, 32, 512 * 32, 32, 32 * 10, 10,
                                                       3969 * 10])
+    assert all(np.abs(w).sum() > 0 for w in weights)  # every layer trained, the shortcut (zero at first) too
     [event] = saved.ledger.events
     assert event.clipping == PER_EXAMPLE and read_epsilon(outputs["epsilon"]) == pytest.approx(
         saved.ledger.epsilon(tiny_hyperparameters(framework)["delta"]))
-    # a linear model cannot be continued as a CNN: one line naming both networks
-    proc, linear = train(tmp_path, framework, tiny_data, opener_path, name="linear")
+    # the linear classifier stays an option, and its model cannot be continued as the CNN: one line naming both
+    proc, linear = train(tmp_path, framework, tiny_data, opener, name="linear", network="linear")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    proc, _ = train(tmp_path, framework, tiny_data, opener_path, model=linear["model"], name="mixed", network="cnn")
+    proc, _ = train(tmp_path, framework, tiny_data, opener, model=linear["model"], name="mixed")
     assert_one_line_error(proc, "input model: its network is network 'linear'", "the hyperparameters say network 'cnn'")
 
 
