@@ -40,7 +40,7 @@ def test_help_and_a_bad_framework():
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_every_variant_steps_the_network_that_set_names_on_its_inputs(framework):
-    variants = benchmark.step_variants(framework, 1, {"network": "cnn", "features": "scattering"})
+    variants = benchmark.step_variants(framework, 1, {"network": "linear"})  # not the default network
     assert benchmark.PLAIN in variants and any(name.endswith("(used)") for name in variants)
     for step, batches in variants.values():
         x, y = next(iter(batches))
@@ -52,3 +52,10 @@ def test_a_bad_set_is_one_line_and_exit_2():
     proc = subprocess.run([sys.executable, BENCHMARK, "--skip-run", "--set", "colour=red"], capture_output=True,
                           text=True)
     assert proc.returncode == 2 and "colour" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_data_that_is_not_data_samples_is_one_line_and_exit_2(tmp_path):
+    """Else run_local.py would generate the embedded data there and time the wrong run."""
+    proc = subprocess.run([sys.executable, BENCHMARK, "--skip-steps", "--data", str(tmp_path / "none")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and "none: no manifest.json" in proc.stderr and "Traceback" not in proc.stderr
