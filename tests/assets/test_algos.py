@@ -178,7 +178,7 @@ def test_the_default_network_is_the_scatternet_cnn_with_the_same_layers_in_every
     # 3969→10 without one: in any layout
     assert sorted(a.size for a in weights) == sorted([81 * 16 * 9, 16, 16 * 32 * 9, 32, 512 * 32, 32, 32 * 10, 10,
                                                       3969 * 10])
-    assert all(np.abs(w).sum() > 0 for w in weights)  # every layer trained, the shortcut (zero at first) too
+    assert all(np.abs(w).sum() > 0 for w in weights)  # nothing left at zero: the shortcut (zero at first) trained
     [event] = saved.ledger.events
     assert event.clipping == PER_EXAMPLE and read_epsilon(outputs["epsilon"]) == pytest.approx(
         saved.ledger.epsilon(tiny_hyperparameters(framework)["delta"]))
