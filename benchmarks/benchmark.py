@@ -117,31 +117,27 @@ def time_torch(algo, images, labels, hp, plan, steps, network):
             model = GradSampleModule(model)
             optimizer = DPOptimizer(optimizer, noise_multiplier=1.0, max_grad_norm=hp.max_grad_norm,
                                     expected_batch_size=plan.expected_batch_size)
-        elif mode.startswith("ghost"):  # "ghost-secure": with the secure_mode noise (4 Gaussian draws per weight)
-            model = GradSampleModuleFastGradientClipping(model, max_grad_norm=hp.max_grad_norm, use_ghost_clipping=True)
+        elif mode != "plain":  # Opacus' noise on a clipped sum; "-secure": secure_mode noise (4 draws per weight)
             optimizer = DPOptimizerFastGradientClipping(optimizer, noise_multiplier=1.0, max_grad_norm=hp.max_grad_norm,
                                                         expected_batch_size=plan.expected_batch_size,
-                                                        secure_mode=mode == "ghost-secure")
+                                                        secure_mode=mode.endswith("-secure"))
+        if mode == "ghost":
+            model = GradSampleModuleFastGradientClipping(model, max_grad_norm=hp.max_grad_norm, use_ghost_clipping=True)
             criterion = DPLossFastGradientClipping(model, optimizer, criterion)
 
-        # Opacus looks its norm samplers up at every step: the algo's Conv2d one is there for "ghost" only.
-        samplers = GradSampleModuleFastGradientClipping.NORM_SAMPLERS
-
         def step(x, y):
-            if mode.startswith("ghost") and not mode.endswith("fallback"):
-                samplers[torch.nn.Conv2d] = algo.conv2d_norm_sample
-            else:
-                samplers.pop(torch.nn.Conv2d, None)
             optimizer.zero_grad()
-            criterion(model(algo.as_tensor(x)), torch.from_numpy(y)).backward()
+            if mode.startswith("book-keeping"):  # the algo's: clipped sum in p.grad, then the noise
+                algo.clip_and_sum(model, algo.as_tensor(x), torch.from_numpy(y), hp.max_grad_norm)
+            else:
+                criterion(model(algo.as_tensor(x)), torch.from_numpy(y)).backward()
             optimizer.step()
         return step
 
-    used = " (used)" if algo.GRAD_SAMPLE_MODE == "ghost" else ""
     variants = {"Opacus per-example hooks (its default)": "hooks",
-                "Opacus ghost clipping, its Conv2d fallback (before)": "ghost-fallback",
-                f"Opacus ghost clipping + the algo's Conv2d norms{used}": "ghost",
-                "the same, secure_mode noise": "ghost-secure"}
+                "Opacus ghost clipping, 2 backward passes (before)": "ghost",
+                "book-keeping, 1 backward pass (used)": "book-keeping",
+                "the same, secure_mode noise": "book-keeping-secure"}
     return {
         PLAIN: (make("plain"), fixed_batches(images, labels, hp, steps + WARMUP)),
         **{name: (make(mode), poisson_batches(images, labels, plan, steps + WARMUP))

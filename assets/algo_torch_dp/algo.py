@@ -4,6 +4,7 @@ Only framework code lives here; the sampling plan, σ, the ledger and ε come fr
 `mnist_dp.learning.skeleton`.
 Run alone:  python assets/algo_torch_dp/algo.py --function-name train --inputs '[...]' --outputs '[...]'
 """
+import functools
 import io
 import logging
 import os
@@ -17,7 +18,6 @@ os.environ.setdefault("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "python")  # see
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
 try:
     import mnist_dp  # noqa: F401 - inside a function archive it sits next to this file
@@ -29,16 +29,8 @@ from mnist_dp.learning.interface import MNIST_MEAN, MNIST_STD
 
 HYPERPARAMETERS = Path(__file__).with_name("hyperparameters.json")
 
-# Opacus computes per-example gradient norms by "ghost clipping" (two backward passes, no per-example
-# gradient tensors): the fastest mode on this CPU (see benchmarks/benchmark.py). Still exact
-# per-example clipping, so the accounting is unchanged. "hooks" is Opacus' default (timed by the benchmark
-# on its own); `fit` unpacks what make_private returns in ghost mode (the DP loss too).
-GRAD_SAMPLE_MODE = "ghost"
-
-# Known, harmless Opacus noise: the secure-RNG reminder (secure_mode is an explicit choice) and a
-# PyTorch note about ghost clipping's backward hooks on inputs that need no gradient.
+# Known, harmless Opacus noise: the secure-RNG reminder (secure_mode is an explicit choice).
 warnings.filterwarnings("ignore", message="Secure RNG turned off")
-warnings.filterwarnings("ignore", message="Full backward hook is firing")
 # Importing opacus calls logging.basicConfig(), which would print every substratools log line twice.
 logging.getLogger("substratools").propagate = False
 
@@ -117,7 +109,12 @@ def build_network(network):
     return model
 
 
-# --- 2. The DP step: Opacus' per-example clipping (with a Conv2d norm sampler) and noise, the optimizer -------------
+# --- 2. The DP step: book-keeping per-example clipping, then Opacus' noise and the optimizer -------------------------
+# One forward and one backward to the layers' outputs give each example's gradient norm from its layer inputs and
+# output gradients, then the sum of the clipped gradients as ordinary weight gradients of the output gradients scaled
+# by each example's clipping factor (Bu et al. 2023): exact per-example clipping with no per-example gradient tensor
+# and no second backward pass (Opacus' ghost clipping runs two). Opacus' DPOptimizerFastGradientClipping takes that
+# sum as p.grad and adds the noise. benchmarks/benchmark.py times it against Opacus' own modes.
 
 def conv_example_gradients(layer: nn.Conv2d, inputs: torch.Tensor, out_grads: torch.Tensor) -> torch.Tensor:
     """Each example's kernel gradient [B, out, in·kh·kw] of a Conv2d (groups 1, dilation 1, zero padding)
@@ -125,7 +122,7 @@ def conv_example_gradients(layer: nn.Conv2d, inputs: torch.Tensor, out_grads: to
     batch, channels = inputs.shape[:2]
     if channels == 1:
         # One convolution with the batch as groups: each example's input correlated with its own output
-        # gradient, dilated by the stride. 3.5 ms for our first layer on 500 images, against 9 ms for
+        # gradient, dilated by the stride. 3.5 ms for the pixel CNN's first layer on 500 images, against 9 ms for
         # patches (im2col) and a batched product, which stay the faster way with many input channels.
         kernels = F.conv2d(inputs.reshape(1, batch, *inputs.shape[2:]),
                            out_grads.reshape(batch * layer.out_channels, 1, *out_grads.shape[2:]),
@@ -136,28 +133,76 @@ def conv_example_gradients(layer: nn.Conv2d, inputs: torch.Tensor, out_grads: to
     return torch.bmm(out_grads.flatten(2), patches.transpose(1, 2))
 
 
-def conv2d_norm_sample(layer: nn.Conv2d, activations: list, backprops: torch.Tensor) -> dict:
-    """Opacus norm sampler for nn.Conv2d (Opacus ships them for Linear and Embedding only, so ghost
-    clipping fell back to its per-example gradient sampler): each example's gradient norm per parameter."""
-    from opacus.grad_sample.conv import compute_conv_grad_sample
+@functools.cache
+def patch_pair_index(height, width, kh, kw, sh, sw) -> torch.Tensor:
+    """[P·P·kh·kw] indices into a flattened [H·W, H·W] pixel Gram: for each pair of output positions (p, p') and
+    each kernel offset k, the pair (pixel of p at k, pixel of p' at k)."""
+    out_h, out_w = (height - kh) // sh + 1, (width - kw) // sw + 1
+    rows = torch.arange(out_h).repeat_interleave(out_w)[:, None] * sh + torch.arange(kh).repeat_interleave(kw)
+    cols = torch.arange(out_w).repeat(out_h)[:, None] * sw + torch.arange(kw).repeat(kh)
+    pixels = rows * width + cols  # [P, kh·kw]: the pixel under each position and offset
+    return (pixels[:, None, :] * (height * width) + pixels[None, :, :]).flatten()
 
-    inputs = activations[0]
-    if len(inputs) == 0:  # an empty Poisson batch: no example, no norm
-        return {param: inputs.new_zeros(0) for param in (layer.weight, layer.bias) if param is not None}
-    if (layer.groups != 1 or layer.dilation != (1, 1) or layer.padding_mode != "zeros"
-            or isinstance(layer.padding, str)):
-        gradients = compute_conv_grad_sample(layer, activations, backprops)  # Opacus' own, general
-        return {param: g.flatten(1).norm(2, dim=1) for param, g in gradients.items()}
-    norms = {layer.weight: conv_example_gradients(layer, inputs, backprops).flatten(1).norm(2, dim=1)}
-    if layer.bias is not None:
-        norms[layer.bias] = backprops.sum((2, 3)).norm(2, dim=1)
+
+def conv_weight_norms(layer: nn.Conv2d, inputs: torch.Tensor, out_grads: torch.Tensor) -> torch.Tensor:
+    """Each example's squared kernel-gradient norm [B]: ‖Σ_p g_p a_pᵀ‖² = Σ_{p,p'} (g_p·g_p')(a_p·a_p') over output
+    positions, the patches' dot products read off the Gram of the padded pixels when that Gram is smaller than
+    the per-example gradients (the ScatterNet CNN's layers; F.unfold's im2col is slow on CPU)."""
+    (ph, pw), (kh, kw) = layer.padding, layer.kernel_size
+    height, width = inputs.shape[2] + 2 * ph, inputs.shape[3] + 2 * pw
+    if (height * width) ** 2 > layer.weight[0].numel() * layer.out_channels:  # the pixel CNN: per-example gradients
+        return conv_example_gradients(layer, inputs, out_grads).flatten(1).square().sum(1)
+    flat = F.pad(inputs, (pw, pw, ph, ph)).flatten(2)  # [B, in, H·W]
+    pixel_grams = torch.bmm(flat.transpose(1, 2), flat).flatten(1)  # [B, H·W·H·W]
+    index = patch_pair_index(height, width, kh, kw, *layer.stride)
+    patch_grams = pixel_grams.index_select(1, index).view(len(inputs), -1, kh * kw).sum(2)  # [B, P·P]
+    grads = out_grads.flatten(2)  # [B, out, P]
+    return (torch.bmm(grads.transpose(1, 2), grads).flatten(1) * patch_grams).sum(1)
+
+
+def clip_and_sum(model: nn.Module, inputs, targets, max_grad_norm) -> torch.Tensor:
+    """Sets every parameter's .grad to the sum over the batch of the per-example gradients of the cross-entropy,
+    each clipped to norm `max_grad_norm`; returns the per-example norms before clipping. Every parameter must
+    belong to an nn.Linear on [B, in] inputs or a plain nn.Conv2d, each called once a forward pass."""
+    calls = []
+    hooks = [module.register_forward_hook(lambda module, args, out: calls.append((module, args[0].detach(), out)))
+             for module in model.modules() if isinstance(module, (nn.Linear, nn.Conv2d))]
+    try:
+        loss = F.cross_entropy(model(inputs), targets, reduction="sum")
+    finally:
+        for hook in hooks:
+            hook.remove()
+    layers = [module for module, _, _ in calls]
+    if len(set(layers)) != len(layers) or sum(p.numel() for m in layers for p in m.parameters(recurse=False)) != \
+            sum(p.numel() for p in model.parameters()):
+        raise ValueError("clip_and_sum: every parameter must sit in a Linear or Conv2d layer called once")
+    out_grads = torch.autograd.grad(loss, [out for _, _, out in calls])
+    with torch.no_grad():
+        squares = inputs.new_zeros(len(inputs))
+        for (layer, layer_in, _), grads in zip(calls, out_grads):
+            if isinstance(layer, nn.Linear):  # one example's weight gradient is g xᵀ: its norm is ‖g‖·‖x‖
+                if layer_in.dim() != 2:
+                    raise ValueError("clip_and_sum: a Linear layer on sequences is not supported")
+                squares += grads.square().sum(1) * layer_in.square().sum(1)
+            else:
+                if layer.groups != 1 or layer.dilation != (1, 1) or layer.padding_mode != "zeros" \
+                        or isinstance(layer.padding, str):
+                    raise ValueError("clip_and_sum: Conv2d with groups, dilation or non-zero padding")
+                squares += conv_weight_norms(layer, layer_in, grads)
+            if layer.bias is not None:
+                squares += grads.flatten(2).sum(2).square().sum(1) if grads.dim() == 4 else grads.square().sum(1)
+        norms = squares.sqrt()
+        factors = (max_grad_norm / norms.clamp_min(1e-12)).clamp(max=1.0)
+        for (layer, layer_in, _), grads in zip(calls, out_grads):
+            scaled = grads * factors.view(-1, *[1] * (grads.dim() - 1))
+            if isinstance(layer, nn.Linear):
+                layer.weight.grad = scaled.T @ layer_in
+            else:
+                layer.weight.grad = torch.nn.grad.conv2d_weight(layer_in, layer.weight.shape, scaled,
+                                                                layer.stride, layer.padding)
+            if layer.bias is not None:
+                layer.bias.grad = scaled.sum((0, 2, 3) if scaled.dim() == 4 else 0)
     return norms
-
-
-def register_conv2d_norm_sampler():
-    from opacus.grad_sample.utils import register_norm_sampler
-
-    register_norm_sampler(nn.Conv2d)(conv2d_norm_sample)
 
 
 def noise_generator(randomness) -> torch.Generator:
@@ -245,51 +290,54 @@ class TorchOpacus:
     def fit(self, model, images, labels, hp, plan, step, batches):
         inputs, targets = as_tensor(images), torch.from_numpy(labels)
         optimizer = new_optimizer(model, hp)
-        criterion = nn.CrossEntropyLoss()
-        average = EMA(model, hp.ema_decay)  # before make_private: a copy without Opacus' hooks
-        engine, train_model = None, model
+        average = EMA(model, hp.ema_decay)
+        accountant = None
         if hp.dp:
-            from opacus import PrivacyEngine
+            from opacus.accountants import PRVAccountant
+            from opacus.optimizers import DPOptimizerFastGradientClipping
 
-            register_conv2d_norm_sampler()
-            engine = PrivacyEngine(accountant="prv", secure_mode=hp.secure_mode and has_torchcsprng())
-            # Opacus takes q from the loader (1 / its length), but trains on the skeleton's Poisson batches:
-            # its own sampler (poisson_sampling=True) runs int(1/q) steps an epoch, one fewer for some q.
-            loader = DataLoader(TensorDataset(inputs, targets), batch_size=hp.batch_size)
-            train_model, optimizer, criterion, loader = engine.make_private(
-                module=model, optimizer=optimizer, criterion=criterion, data_loader=loader,
-                noise_multiplier=step.noise.sigma, max_grad_norm=hp.max_grad_norm,
-                poisson_sampling=False, grad_sample_mode=GRAD_SAMPLE_MODE,
-                noise_generator=None if engine.secure_mode else noise_generator(step.randomness),
-            )
-            if abs(1 / len(loader) - plan.sample_rate) > 1e-12:  # the ledger would not match the training
-                raise RuntimeError(f"Opacus accounts q={1 / len(loader)}, the plan says {plan.sample_rate}")
-            optimizer.expected_batch_size = plan.expected_batch_size  # Opacus' int(n·q) may round it down
-            # Without torchcsprng, secure_mode keeps Opacus' floating-point-attack-resistant noise sampling.
-            optimizer.secure_mode = hp.secure_mode
-            if hp.secure_mode and not engine.secure_mode:
-                skeleton.log.warning("secure_mode without torchcsprng: float-attack-resistant noise from a generator "
-                                     "seeded with 256 fresh bits, but PyTorch's generator is not a CSPRNG")
+            # Opacus' full secure_mode draws the noise from torchcsprng (no torch 2.x release); without it,
+            # secure_mode keeps Opacus' floating-point-attack-resistant noise sampling on our generator.
+            if hp.secure_mode and has_torchcsprng():
+                import torchcsprng
+
+                generator = torchcsprng.create_random_device_generator("/dev/urandom")
+            else:
+                generator = noise_generator(step.randomness)
+                if hp.secure_mode:
+                    skeleton.log.warning("secure_mode without torchcsprng: float-attack-resistant noise from a "
+                                         "generator seeded with 256 fresh bits, but PyTorch's is not a CSPRNG")
+            # p.grad holds the clipped sum; the optimizer adds N(0, (σC)²) and divides by the expected batch size.
+            optimizer = DPOptimizerFastGradientClipping(
+                optimizer, noise_multiplier=step.noise.sigma, max_grad_norm=hp.max_grad_norm,
+                expected_batch_size=plan.expected_batch_size, generator=generator, secure_mode=hp.secure_mode)
+            accountant = PRVAccountant()  # Opacus' own figure, beside ours in the statement
+            optimizer.attach_step_hook(accountant.get_optimizer_hook_fn(sample_rate=plan.sample_rate))
 
         model.train()
         batch_sizes = []
         for batch in batches:
-            if hp.dp:  # the schedule's σ and the clipping norm of this step
-                optimizer.noise_multiplier = step.noise.gradient_sigma(len(batch_sizes))
-                train_model.max_grad_norm = optimizer.max_grad_norm = step.clip.value  # clipping, noise std
             index = torch.from_numpy(batch)
             optimizer.zero_grad()
-            loss = criterion(train_model(inputs[index]), targets[index])
-            loss.backward()
+            if not hp.dp:
+                F.cross_entropy(model(inputs[index]), targets[index]).backward()
+            else:  # the schedule's σ and the clipping norm of this step
+                optimizer.noise_multiplier = step.noise.gradient_sigma(len(batch_sizes))
+                optimizer.max_grad_norm = step.clip.value
+                if len(batch):
+                    norms = clip_and_sum(model, inputs[index], targets[index], step.clip.value)
+                else:  # an empty Poisson batch: nothing to clip, the noise alone
+                    for param in model.parameters():
+                        param.grad = torch.zeros_like(param)
+                if step.clip.adaptive:  # the count of unclipped examples, read only when it is needed
+                    step.clip.update(int((norms <= step.clip.value).sum()) if len(batch) else 0, len(batch))
             optimizer.step()
-            if step.clip.adaptive:  # the count is read only for adaptive clipping (a sync per step otherwise)
-                step.clip.update(int((train_model.per_sample_gradient_norms <= step.clip.value).sum()), len(batch))
             average.update(model)
             batch_sizes.append(len(batch))
         average.copy_to(model)
         library = {}
-        if engine is not None and step.library_can_account:
-            library["Opacus PRV (this run only)"] = engine.get_epsilon(hp.delta)
+        if accountant is not None and step.library_can_account:
+            library["Opacus PRV (this run only)"] = accountant.get_epsilon(hp.delta)
         return interface.Ran(batch_sizes, library)
 
     def weight_arrays(self, model):

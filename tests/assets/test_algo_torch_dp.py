@@ -1,5 +1,5 @@
-"""The torch algo: its Conv2d norm sampler for Opacus' ghost clipping, against naive per-example gradients;
-every planned step runs; its noise generator's state."""
+"""The torch algo: its book-keeping clipped sum and Conv2d norms, against naive per-example gradients; every
+planned step runs; its noise generator's state."""
 import json
 
 import numpy as np
@@ -16,37 +16,61 @@ torch = pytest.importorskip("torch")
 algo = load_asset_module(ALGO_ASSETS["torch"] / "algo.py", "algo_torch_dp")
 
 
-@pytest.mark.parametrize("channels, kernel, stride, padding, size, groups", [
-    (1, 8, 2, 3, 28, 1),  # the CNN's first layer: one grouped convolution
-    (16, 4, 2, 0, 13, 1),  # its second layer: patches and a batched product
-    (1, 3, 2, 0, 10, 1),  # a stride that leaves extra rows in the grouped convolution
-    (81, 3, 2, 1, 7, 1),  # the ScatterNet CNN's first layer, on scattering features
-    (16, 3, 1, 1, 4, 1),  # and its second
-    (4, 3, 1, "same", 9, 2),  # outside what ours handles: Opacus' own sampler
+@pytest.mark.parametrize("channels, kernel, stride, padding, size", [
+    (1, 8, 2, 3, 28),  # the pixel CNN's first layer: per-example gradients by one grouped convolution
+    (16, 4, 2, 0, 13),  # its second layer: patches and a batched product
+    (1, 3, 2, 0, 10),  # a stride that leaves extra rows in the grouped convolution
+    (81, 3, 2, 1, 7),  # the ScatterNet CNN's first layer: patch Grams from the pixel Gram
+    (16, 3, 1, 1, 4),  # and its second
+    (81, 3, 3, 0, 6),  # patch Grams with a stride as wide as the kernel
+    (32, 2, 1, 0, 5),  # an even kernel
 ])
-def test_conv2d_norms_are_the_per_example_gradient_norms(channels, kernel, stride, padding, size, groups):
+def test_conv_weight_norms_are_the_per_example_gradient_norms(channels, kernel, stride, padding, size):
     torch.manual_seed(0)
-    layer = torch.nn.Conv2d(channels, 6, kernel, stride=stride, padding=padding, groups=groups)
+    layer = torch.nn.Conv2d(channels, 6, kernel, stride=stride, padding=padding)
     x = torch.rand(5, channels, size, size)
-    out = layer(x)
-    out_grads = torch.randn_like(out)
-    expected = {layer.weight: [], layer.bias: []}
+    out_grads = torch.randn_like(layer(x))
+    expected = []
     for i in range(len(x)):  # example i's gradient of <output_i, out_grads_i>
         inner = (layer(x[i : i + 1]) * out_grads[i : i + 1]).sum()
-        weight, bias = torch.autograd.grad(inner, [layer.weight, layer.bias])
-        expected[layer.weight].append(weight.norm().item())
-        expected[layer.bias].append(bias.norm().item())
-    norms = algo.conv2d_norm_sample(layer, [x], out_grads)
-    assert set(norms) == {layer.weight, layer.bias}
-    for param, values in expected.items():
-        np.testing.assert_allclose(norms[param].detach().numpy(), values, rtol=1e-4)
+        expected.append(torch.autograd.grad(inner, layer.weight)[0].square().sum().item())
+    np.testing.assert_allclose(algo.conv_weight_norms(layer, x, out_grads).numpy(), expected, rtol=1e-4)
 
 
-def test_conv2d_norm_sampler_is_what_opacus_ghost_clipping_uses():
-    from opacus.grad_sample import GradSampleModuleFastGradientClipping
+def naive_clipped_sum(model, inputs, targets, clip):
+    """The definition: each example's gradient on its own, clipped to `clip`, summed."""
+    total = [torch.zeros_like(p) for p in model.parameters()]
+    for i in range(len(inputs)):
+        grads = torch.autograd.grad(torch.nn.functional.cross_entropy(model(inputs[i : i + 1]), targets[i : i + 1]),
+                                    list(model.parameters()))
+        norm = torch.sqrt(sum(g.square().sum() for g in grads))
+        for t, g in zip(total, grads):
+            t += g * min(1.0, clip / float(norm))
+    return total
 
-    algo.register_conv2d_norm_sampler()
-    assert GradSampleModuleFastGradientClipping.NORM_SAMPLERS[torch.nn.Conv2d] is algo.conv2d_norm_sample
+
+@pytest.mark.parametrize("features, network", [("scattering", "cnn"), ("pixels", "cnn"), ("scattering", "linear")])
+def test_clip_and_sum_is_the_sum_of_per_example_clipped_gradients(features, network):
+    from mnist_dp.learning import interface
+
+    torch.manual_seed(0)
+    model = algo.build_network(interface.Network(features, "tanh", network))
+    with torch.no_grad():  # no zero weights (the shortcut, the linear model): every gradient term matters
+        for param in model.parameters():
+            param.add_(torch.randn_like(param) * 0.05)
+    inputs = torch.randn(9, 3969) * 0.05 if features == "scattering" else torch.rand(9, 1, 28, 28)
+    targets = torch.arange(9) % 10
+    expected = naive_clipped_sum(model, inputs, targets, 0.1)
+    norms = algo.clip_and_sum(model, inputs, targets, 0.1)
+    assert (norms > 0.1).any() and (norms < 1e3).all()  # some examples were clipped
+    for param, want in zip(model.parameters(), expected):
+        np.testing.assert_allclose(param.grad.numpy(), want.numpy(), atol=1e-6)
+
+
+def test_clip_and_sum_refuses_a_parameter_it_cannot_clip():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4), torch.nn.Linear(4, 10))
+    with pytest.raises(ValueError, match="every parameter"):
+        algo.clip_and_sum(model, torch.randn(3, 4), torch.zeros(3, dtype=torch.long), 1.0)
 
 
 @pytest.mark.parametrize("n", [930, 990])
