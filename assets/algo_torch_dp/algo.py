@@ -299,9 +299,9 @@ class TorchOpacus:
             # Opacus' full secure_mode draws the noise from torchcsprng (no torch 2.x release); without it,
             # secure_mode keeps Opacus' floating-point-attack-resistant noise sampling on our generator.
             if hp.secure_mode and has_torchcsprng():
-                import torchcsprng
+                from opacus import PrivacyEngine
 
-                generator = torchcsprng.create_random_device_generator("/dev/urandom")
+                generator = PrivacyEngine(secure_mode=True).secure_rng  # torchcsprng's /dev/urandom generator
             else:
                 generator = noise_generator(step.randomness)
                 if hp.secure_mode:
