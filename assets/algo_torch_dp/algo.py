@@ -150,7 +150,7 @@ def conv_weight_norms(layer: nn.Conv2d, inputs: torch.Tensor, out_grads: torch.T
     the per-example gradients (the ScatterNet CNN's layers; F.unfold's im2col is slow on CPU)."""
     (ph, pw), (kh, kw) = layer.padding, layer.kernel_size
     height, width = inputs.shape[2] + 2 * ph, inputs.shape[3] + 2 * pw
-    if (height * width) ** 2 > layer.weight[0].numel() * layer.out_channels:  # the pixel CNN: per-example gradients
+    if (height * width) ** 2 > layer.weight.numel():  # the pixel CNN: per-example gradients
         return conv_example_gradients(layer, inputs, out_grads).flatten(1).square().sum(1)
     flat = F.pad(inputs, (pw, pw, ph, ph)).flatten(2)  # [B, in, H·W]
     pixel_grams = torch.bmm(flat.transpose(1, 2), flat).flatten(1)  # [B, H·W·H·W]
@@ -176,18 +176,19 @@ def clip_and_sum(model: nn.Module, inputs, targets, max_grad_norm) -> torch.Tens
     if len(set(layers)) != len(layers) or sum(p.numel() for m in layers for p in m.parameters(recurse=False)) != \
             sum(p.numel() for p in model.parameters()):
         raise ValueError("clip_and_sum: every parameter must sit in a Linear or Conv2d layer called once")
+    for layer, layer_in, _ in calls:  # what the norms below are exact for
+        if isinstance(layer, nn.Linear) and layer_in.dim() != 2:
+            raise ValueError("clip_and_sum: a Linear layer on sequences is not supported")
+        if isinstance(layer, nn.Conv2d) and (layer.groups != 1 or layer.dilation != (1, 1)
+                                             or layer.padding_mode != "zeros" or isinstance(layer.padding, str)):
+            raise ValueError("clip_and_sum: Conv2d with groups, dilation or non-zero padding")
     out_grads = torch.autograd.grad(loss, [out for _, _, out in calls])
     with torch.no_grad():
         squares = inputs.new_zeros(len(inputs))
         for (layer, layer_in, _), grads in zip(calls, out_grads):
             if isinstance(layer, nn.Linear):  # one example's weight gradient is g xᵀ: its norm is ‖g‖·‖x‖
-                if layer_in.dim() != 2:
-                    raise ValueError("clip_and_sum: a Linear layer on sequences is not supported")
                 squares += grads.square().sum(1) * layer_in.square().sum(1)
             else:
-                if layer.groups != 1 or layer.dilation != (1, 1) or layer.padding_mode != "zeros" \
-                        or isinstance(layer.padding, str):
-                    raise ValueError("clip_and_sum: Conv2d with groups, dilation or non-zero padding")
                 squares += conv_weight_norms(layer, layer_in, grads)
             if layer.bias is not None:
                 squares += grads.flatten(2).sum(2).square().sum(1) if grads.dim() == 4 else grads.square().sum(1)
