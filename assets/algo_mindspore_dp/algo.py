@@ -48,8 +48,7 @@ class PatchConv2d(nn.Conv2d):
         super().__init__(*args, has_bias=has_bias, **kwargs)
         if self.group != 1 or tuple(self.dilation[-2:]) != (1, 1) or not isinstance(self.padding, int):
             raise ValueError("PatchConv2d: groups 1, dilation 1 and an int padding only")
-        self.batch_matmul = ops.BatchMatMul()
-        self.bias_add = ops.BiasAdd()
+        self.batch_matmul, self.bias_add = ops.BatchMatMul(), ops.BiasAdd()
 
     def patches(self, x):
         """[B, C, H, W] -> [B, C·kh·kw, H'·W']: the input under each output position; the order inside a
@@ -64,8 +63,7 @@ class PatchConv2d(nn.Conv2d):
 
     def construct(self, x):
         (kh, kw), (sh, sw) = self.kernel_size, self.stride[-2:]
-        height = (x.shape[2] + 2 * self.padding - kh) // sh + 1
-        width = (x.shape[3] + 2 * self.padding - kw) // sw + 1
+        height, width = (x.shape[2] + 2 * self.padding - kh) // sh + 1, (x.shape[3] + 2 * self.padding - kw) // sw + 1
         return self.pre_activation(self.patches(x)).reshape(x.shape[0], self.out_channels, height, width)
 
 
@@ -102,10 +100,9 @@ class ConvNet(nn.Cell):
             self.conv1 = PatchConv2d(1, 16, 8, stride=2, pad_mode="pad", padding=3)
             self.conv2 = PatchConv2d(16, 32, 4, stride=2, pad_mode="valid")
             self.pool, self.norm, self.conv_shapes = nn.MaxPool2d(2, 1), nn.Identity(), ((16, 14, 14), (32, 5, 5))
-        self.fc1, self.fc2 = nn.Dense(32 * 4 * 4, 32), nn.Dense(32, 10)
+        self.fc1, self.fc2, self.flatten = nn.Dense(32 * 4 * 4, 32), nn.Dense(32, 10), nn.Flatten()
         self.shortcut = nn.Dense(features.SCATTERING_DIM, 10, weight_init=0, has_bias=False) if scattering else None
         self.act = {"tanh": nn.Tanh, "relu": nn.ReLU}[activation]()  # "tanh" or "relu", as the other algos
-        self.flatten = nn.Flatten()
         # Each weighted layer's output [B, ...] (before its activation): the shapes of `forward`'s probes.
         self.probe_shapes = tuple((c, h * w) for c, h, w in self.conv_shapes) + ((32,), (10,))
 
@@ -295,7 +292,7 @@ class NoisyUpdate(nn.Cell):
         return self.optimizer(noisy)
 
 
-def make_dp_step(net, optimizer, expected_batch_size, randomness):
+def make_dp_step(net, optimizer, expected_batch_size, randomness, with_canaries=None):
     """One DP-SGD step `step(images, labels, batch, C, σ)` on images[batch] (as_input's; labels int32): clip each
     example's gradient to C, sum the chunks, add N(0, σ²C²), divide by E[B], update; returns how many had ‖g_i‖ ≤ C."""
     clipped_sum = ClippedGradientSum(net, optimizer.parameters)
@@ -308,6 +305,8 @@ def make_dp_step(net, optimizer, expected_batch_size, randomness):
             part = clipped_sum(ms.Tensor(images[index]), ms.Tensor(labels[index]), ms.Tensor(mask), max_grad_norm)
             total = part if total is None else tuple(a + b for a, b in zip(total, part))
         *gradients, unclipped = total
+        if with_canaries is not None:  # the white-box audit's canaries (DpStep.with_canaries), before the noise
+            gradients = [ms.Tensor(g) for g in with_canaries([g.asnumpy() for g in gradients])]
         # mutable: GRAPH mode takes a plain tuple for a constant and recompiles at every step. σ = 0: mechanism tests.
         update(ms.mutable(tuple(gradients)), ms.Tensor(noise_multiplier * max_grad_norm, ms.float32))
         return int(unclipped.asnumpy())
@@ -409,7 +408,8 @@ class MindSporeMindArmour:
         average = MovingAverage(net.trainable_params(), hp.ema_decay) if hp.ema_decay else None
         net.set_train(True)
         images, labels = as_input(images), labels.astype(np.int32)
-        dp_step = make_dp_step(net, optimizer, plan.expected_batch_size, step.randomness) if hp.dp else None
+        canaries = step.with_canaries if step.canaries else None  # the white-box audit's only
+        dp_step = make_dp_step(net, optimizer, plan.expected_batch_size, step.randomness, canaries) if hp.dp else None
         plain_step = None if hp.dp else make_plain_step(net, optimizer)
         batch_sizes = []
         for batch in batches:

@@ -13,6 +13,7 @@ the same tape (`clipped_gradient_sum`), and Gaussian noise from a `tf.random.Gen
 state (192 bits) comes from the run's fresh entropy: TF Privacy's `add_aggregate_noise` draws from
 `tf.random.normal`, whose seeds TensorFlow cuts to 31 bits (or takes 32 bits of process entropy).
 """
+import functools
 import io
 import logging
 import os
@@ -223,22 +224,36 @@ def batch_spec(model):
     return tf.TensorSpec([None, *model.input_shape[1:]], tf.float32), tf.TensorSpec([None], tf.int64)
 
 
-def make_dp_step(model, optimizer, expected_batch_size, generator):
+def make_dp_step(model, optimizer, expected_batch_size, generator, with_canaries=None):
     """One DP-SGD step `step(x, y, C, σ)`: clip each example's gradient to C, sum, add N(0, σ²C²) drawn from
     `generator`, divide by E[B]. Returns how many examples had a gradient norm ≤ C (adaptive clipping's count,
-    before noise)."""
+    before noise). `with_canaries`: the white-box audit's DpStep.with_canaries, called between the clipping and
+    the noise (the step is then two graphs)."""
     registry = make_layer_registry()
 
-    @tf.function(input_signature=(*batch_spec(model), SCALAR, SCALAR))
-    def step(x, y, max_grad_norm, noise_multiplier):
-        clipped_sum, unclipped = clipped_gradient_sum(model, registry, x, y, max_grad_norm)
+    def noisy_update(clipped_sum, max_grad_norm, noise_multiplier):
         noisy_sum = [g + generator.normal(tf.shape(g), stddev=noise_multiplier * max_grad_norm) for g in clipped_sum]
         # Divide by the *expected* batch size (a constant, as Opacus does): dividing by the realised
         # size would make the update depend on the data beyond what the mechanism accounts for.
         optimizer.apply_gradients([(g / expected_batch_size, v) for g, v in zip(noisy_sum, model.trainable_variables)])
+
+    @tf.function(input_signature=(*batch_spec(model), SCALAR, SCALAR))
+    def step(x, y, max_grad_norm, noise_multiplier):
+        clipped_sum, unclipped = clipped_gradient_sum(model, registry, x, y, max_grad_norm)
+        noisy_update(clipped_sum, max_grad_norm, noise_multiplier)
         return unclipped
 
-    return step
+    if with_canaries is None:
+        return step
+    clip, update = tf.function(functools.partial(clipped_gradient_sum, model, registry)), tf.function(noisy_update)
+
+    def audited_step(x, y, max_grad_norm, noise_multiplier):
+        clipped_sum, unclipped = clip(x, y, max_grad_norm)
+        update([tf.constant(g) for g in with_canaries([g.numpy() for g in clipped_sum])], max_grad_norm,
+               noise_multiplier)
+        return unclipped
+
+    return audited_step
 
 
 def make_plain_step(model, optimizer):
@@ -313,7 +328,8 @@ class TensorFlowPrivacy:
         optimizer = new_optimizer(hp)
         images = as_input(images)
         if hp.dp:
-            dp_step = make_dp_step(model, optimizer, plan.expected_batch_size, noise_generator(step.randomness))
+            dp_step = make_dp_step(model, optimizer, plan.expected_batch_size, noise_generator(step.randomness),
+                                   step.with_canaries if step.canaries else None)
         else:
             plain_step = make_plain_step(model, optimizer)
         batch_sizes = []

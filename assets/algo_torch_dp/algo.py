@@ -332,6 +332,10 @@ class TorchOpacus:
                         param.grad = torch.zeros_like(param)
                 if step.clip.adaptive:  # the count of unclipped examples, read only when it is needed
                     step.clip.update(int((norms <= step.clip.value).sum()) if len(batch) else 0, len(batch))
+                if step.canaries is not None:  # benchmarks/audit.py --white-box only: its canaries, before the noise
+                    params = list(model.parameters())
+                    for param, summed in zip(params, step.with_canaries([p.grad.numpy() for p in params])):
+                        param.grad = torch.from_numpy(summed)
             optimizer.step()
             average.update(model)
             batch_sizes.append(len(batch))

@@ -113,11 +113,21 @@ class DpStep:
     noise of std noise.gradient_sigma(t) · clip.value to the sum of the examples' gradients clipped to clip.value,
     drawn from a generator the framework seeds from randomness.words("gradient noise", ...), divides by
     plan.expected_batch_size, and then reports its count of unclipped examples to clip.update (adaptive clipping;
-    a no-op otherwise). Without DP: σ = 0 and nothing is clipped."""
+    a no-op otherwise). Without DP: σ = 0 and nothing is clipped.
+
+    `canaries`: the white-box audit's (mnist_dp/privacy/audit.py, benchmarks/audit.py --white-box) and nobody
+    else's: the skeleton's `train` never sets it. When set, a framework passes each step's clipped sum through
+    `with_canaries` between the clipping and the noise."""
 
     noise: NoiseSchedule
     clip: ClipNorm
     randomness: RunRandomness
+    canaries: object | None = None  # an audit.DiracCanaries
+
+    def with_canaries(self, clipped_sum: list) -> list:
+        """This step's clipped sum (numpy arrays in the order of the framework's `weight_arrays`) with the audit's
+        canaries added, before the noise."""
+        return self.canaries.before_noise(clipped_sum, self.clip.value)
 
     @property
     def library_can_account(self) -> bool:

@@ -74,15 +74,18 @@ def sampled_batches(plan: SamplingPlan, hp: hp_file.Hyperparameters, randomness:
 
 
 def fit(framework: Framework, model, images: np.ndarray, labels: np.ndarray, hp: hp_file.Hyperparameters,
-        plan: SamplingPlan, sigma: float, on_epoch: EpochCallback, randomness: RunRandomness | None = None
-        ) -> FitResult:
+        plan: SamplingPlan, sigma: float, on_epoch: EpochCallback, randomness: RunRandomness | None = None,
+        canaries=None) -> FitResult:
     """One training run of `framework` (model trained in place), and what it did: the steps and batch
     sizes it ran and its library's ε from the framework, q and the clipping unit from here. `randomness`:
-    the run's (default: fresh, or from hp.noise_seed)."""
+    the run's (default: fresh, or from hp.noise_seed). `canaries`: the white-box audit's (audit.DiracCanaries),
+    whose `noise_scale` below 1 is the audit's broken mechanism: the steps add that fraction of the noise while
+    the result still says σ."""
     randomness = randomness or RunRandomness.for_run(hp.noise_seed)
     inputs = Network.of(hp).inputs(images)
     timing.mark("features")  # fixed features: the scattering transform of every image (nothing for pixels)
-    step = DpStep(budget.noise_schedule(hp, plan, sigma), ClipNorm(hp, plan, randomness), randomness)
+    added = sigma if canaries is None else sigma * canaries.noise_scale
+    step = DpStep(budget.noise_schedule(hp, plan, added), ClipNorm(hp, plan, randomness), randomness, canaries)
     batches = sampled_batches(plan, hp, randomness, on_epoch, framework.name)
     ran = framework.fit(model, inputs, labels, hp, plan, step, batches)
     if len(ran.batch_sizes) != plan.steps:  # the ledger records what ran; the frameworks must all run the plan
