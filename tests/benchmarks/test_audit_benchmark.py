@@ -1,0 +1,67 @@
+"""benchmarks/audit.py: the white-box audit through each framework's own DP step must hold as built and catch the
+mechanism broken on purpose; the black-box audit still runs; records are merged, bad options refused."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from mnist_dp.orchestration.assets import REPO
+
+AUDIT = REPO / "benchmarks" / "audit.py"
+SMALL = ["--train-size", "64", "--steps", "2", "--epsilons", "2"]  # every weight a canary: as strong as 10 steps
+
+
+def run_audit(*options):
+    """The script as a user runs it (its runs are in child processes, which need it as __main__)."""
+    return subprocess.run([sys.executable, str(AUDIT), *options], capture_output=True, text=True)
+
+
+def records(folder):
+    return {(r["framework"], r["mode"], r["mechanism"]): r for r in json.loads((folder / "audit.json").read_text())}
+
+
+@pytest.mark.parametrize("framework", ["torch", "tf", "mindspore"])
+def test_the_white_box_audit_holds_as_built_and_catches_half_the_noise(framework, tmp_path):
+    result = run_audit("--white-box", "--frameworks", framework, *SMALL, "--output", str(tmp_path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    built, broken = records(tmp_path)[framework, "white-box", "as-built"], records(tmp_path)[framework, "white-box",
+                                                                                             "broken"]
+    assert built["canaries"] == broken["canaries"] == 72756  # the default network's weights
+    assert built["claimed_epsilon"] == pytest.approx(2.0, abs=0.01)
+    assert 0.5 * built["claimed_epsilon"] <= built["lower_bound"] <= built["claimed_epsilon"]
+    assert broken["noise_added"] == 0.5 and broken["lower_bound"] > broken["claimed_epsilon"]
+    assert "| as-built | 2.00 |" in (tmp_path / "audit.md").read_text()
+
+
+def test_a_broken_mechanism_the_audit_cannot_tell_apart_fails_the_run(tmp_path):
+    result = run_audit("--white-box", "--frameworks", "torch", *SMALL, "--broken-noise-scale", "0.95",
+                       "--output", str(tmp_path))
+    assert result.returncode == 1, result.stderr
+    assert "torch broken at ε 2.00: NOT CAUGHT" in result.stdout
+    assert records(tmp_path)["torch", "white-box", "broken"]["lower_bound"] < 2.0  # still written, for the record
+
+
+def test_the_black_box_audit_still_runs_and_later_runs_replace_only_their_own_records(tmp_path):
+    tiny = ["--frameworks", "torch", "--epsilons", "8", "--canaries", "20", "--guesses", "5", "--train-size", "50",
+            "--epochs", "1", "--batch-size", "25", "--output", str(tmp_path)]
+    assert run_audit(*tiny).returncode == 0
+    first = records(tmp_path)
+    assert set(first) == {("torch", "black-box", "as-built"), ("torch", "black-box", "non-private")}
+    assert first["torch", "black-box", "non-private"]["claimed_epsilon"] is None
+    second = run_audit(*tiny, "--no-baseline", "--seed", "1")
+    assert "1 earlier record of the same runs replaced" in second.stdout
+    again = json.loads((tmp_path / "audit.json").read_text())
+    assert len(again) == 2 and records(tmp_path)["torch", "black-box", "non-private"] == first[
+        "torch", "black-box", "non-private"]
+
+
+@pytest.mark.parametrize("options, message", [
+    (["--frameworks", "jax"], "--frameworks: unknown jax"),
+    (["--epsilons", "two"], "--epsilons: numbers"),
+    (["--broken-noise-scale", "1"], "--broken-noise-scale"),
+    (["--output", "/nonexistent"], "is not a folder"),
+])
+def test_bad_options_are_one_line_errors(options, message):
+    result = run_audit(*options)
+    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
