@@ -84,14 +84,14 @@ def white_box_run(framework, algo, args, epsilon, noise_scale):
     sigma = budget.resolve_noise_multiplier(hp, plan, [])
     model = algo.FRAMEWORK.new_model(hp.seed, Network.of(hp))
     shapes = [a.shape for a in algo.FRAMEWORK.weight_arrays(model)]
-    canaries = audit.DiracCanaries(shapes, rng.random(sum(int(np.prod(s)) for s in shapes)) < 0.5,
-                                   plan.sample_rate, noise_scale)
+    m = sum(int(np.prod(s)) for s in shapes)
+    if 2 * args.guesses > m:
+        raise UserError(f"--guesses {args.guesses}: 2k must be at most the {m} canaries (the network's weights)")
+    canaries = audit.DiracCanaries(shapes, rng.random(m) < 0.5, plan.sample_rate, noise_scale)
     start, began = flat_weights(algo.FRAMEWORK, model), time.perf_counter()
     result = skeleton.fit(algo.FRAMEWORK, model, images, labels, hp, plan, sigma, lambda steps: "", canaries=canaries)
-    scores = canaries.scores(start, flat_weights(algo.FRAMEWORK, model), hp.learning_rate, plan.expected_batch_size,
-                             hp.max_grad_norm)
+    scores = canaries.scores(start, flat_weights(algo.FRAMEWORK, model), hp.learning_rate, plan.expected_batch_size)
     guesses, correct = audit.guess(scores, canaries.included, args.guesses, args.guesses)
-    m = len(scores)
     return {"mode": "white-box", "mechanism": "as-built" if noise_scale == 1 else "broken",
             "noise_added": noise_scale, "claimed_epsilon": claimed_epsilon(framework, hp, plan, result),
             "lower_bound": audit.gaussian_epsilon_lower_bound(m, guesses, correct, hp.delta, BETA), "estimator": FDP,

@@ -128,23 +128,28 @@ class DiracCanaries:
             raise ValueError(f"one inclusion per weight: {sum(self.sizes)}, not {included.shape}")
         self.included, self.noise_scale = included, noise_scale
         self.real_sum = np.zeros(sum(self.sizes))  # Σ_t of the real examples' clipped sums, flattened
+        self.clip_norm = None  # C, the same at every step (`scores` divides by it)
 
     def before_noise(self, clipped_sum: list, clip_norm: float) -> list:
         """DpStep.with_canaries: this step's clipped sum (the real examples') plus C on every included canary."""
         if [tuple(np.shape(g)) for g in clipped_sum] != self.shapes:
             raise ValueError(f"clipped sum shaped {[np.shape(g) for g in clipped_sum]}, the weights {self.shapes}")
+        if self.clip_norm not in (None, clip_norm):
+            raise ValueError(f"the clipping norm moved from {self.clip_norm:g} to {clip_norm:g}: the scores need one C "
+                             "(audit without adaptive clipping)")
+        self.clip_norm = clip_norm
         real = np.concatenate([np.asarray(g, np.float64).ravel() for g in clipped_sum])
         self.real_sum += real
         with_canaries = (real + clip_norm * self.included).astype(np.float32)
         return [part.reshape(shape) for part, shape in zip(np.split(with_canaries, np.cumsum(self.sizes)[:-1]),
                                                             self.shapes)]
 
-    def scores(self, start: np.ndarray, end: np.ndarray, learning_rate: float, expected_batch_size: float,
-               clip_norm: float) -> np.ndarray:
+    def scores(self, start: np.ndarray, end: np.ndarray, learning_rate: float, expected_batch_size: float
+               ) -> np.ndarray:
         """Each canary's score from the weights before and after the run (flat_weights), in units of C: the sum
         over the steps of its coordinate's noisy sum, less the real examples' part. Plain SGD (no momentum, no
         weight average) moved the weights by -learning_rate / E[B] times the sum of the steps' noisy sums, so an
         included canary scores steps + N(0, steps·σ²) if the steps added the noise claimed, an excluded one N(0,
         steps·σ²)."""
         moved = -(end.astype(np.float64) - start.astype(np.float64)) * expected_batch_size / learning_rate
-        return (moved - self.real_sum) / clip_norm
+        return (moved - self.real_sum) / self.clip_norm

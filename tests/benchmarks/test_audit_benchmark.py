@@ -61,6 +61,8 @@ def test_the_black_box_audit_still_runs_and_later_runs_replace_only_their_own_re
     (["--epsilons", "two"], "--epsilons: numbers"),
     (["--broken-noise-scale", "1"], "--broken-noise-scale"),
     (["--output", "/nonexistent"], "is not a folder"),
+    (["--white-box", "--frameworks", "torch", "--guesses", "40000", "--steps", "1", "--train-size", "8"],
+     "2k must be at most the 72756 canaries"),
 ])
 def test_bad_options_are_one_line_errors(options, message):
     result = run_audit(*options)

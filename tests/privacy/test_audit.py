@@ -93,7 +93,9 @@ def test_dirac_canaries_add_c_on_included_coordinates_and_keep_the_real_sum():
     # SGD without momentum: the weights moved by -lr / E[B] times the noisy sums; no noise: scores = steps · 1[in]
     start = np.zeros(6)
     end = -(2.0 / 4.0) * 3 * np.concatenate([a.ravel() for a in out])
-    np.testing.assert_allclose(canaries.scores(start, end, 2.0, 4.0, 0.5), 3 * included)
+    np.testing.assert_allclose(canaries.scores(start, end, 2.0, 4.0), 3 * included)
+    with pytest.raises(ValueError, match="one C"):  # adaptive clipping: the scores' unit would be wrong
+        canaries.before_noise(real, 0.4)
     with pytest.raises(ValueError, match="q = 1"):
         audit.DiracCanaries([(6,)], included, sample_rate=0.5)
     with pytest.raises(ValueError, match="shaped"):
