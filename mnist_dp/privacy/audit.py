@@ -36,17 +36,25 @@ def p_value(m: int, guesses: int, correct: int, epsilon: float, delta: float) ->
     return min(tail + 2 * m * delta * alpha, 1.0)
 
 
-def epsilon_lower_bound(m: int, guesses: int, correct: int, delta: float, beta: float = 0.05) -> float:
-    """The largest ε ruled out at confidence 1 - beta (0 when none is)."""
-    if p_value(m, guesses, correct, 0.0, delta) >= beta:
-        return 0.0
-    low, high = 0.0, 1.0
-    while p_value(m, guesses, correct, high, delta) < beta:
+def largest_ruled_out(ruled_out, smallest: float) -> float | None:
+    """The largest x >= `smallest` for which `ruled_out(x)` holds, for a test that holds up to a point and fails
+    beyond it (None when it fails at `smallest`): doubling from 1, then 50 bisections that keep the lower end ruled
+    out, so the answer never overstates."""
+    if not ruled_out(smallest):
+        return None
+    low, high = smallest, 1.0
+    while ruled_out(high):
         low, high = high, 2 * high
-    for _ in range(50):  # p_value increases with ε: bisect
+    for _ in range(50):
         middle = (low + high) / 2
-        low, high = (middle, high) if p_value(m, guesses, correct, middle, delta) < beta else (low, middle)
+        low, high = (middle, high) if ruled_out(middle) else (low, middle)
     return low
+
+
+def epsilon_lower_bound(m: int, guesses: int, correct: int, delta: float, beta: float = 0.05) -> float:
+    """The largest ε ruled out at confidence 1 - beta (0 when none is); p_value increases with ε."""
+    epsilon = largest_ruled_out(lambda epsilon: p_value(m, guesses, correct, epsilon, delta) < beta, 0.0)
+    return 0.0 if epsilon is None else epsilon
 
 
 def gaussian_rejected(mu: float, m: int, guesses: int, correct: int, beta: float) -> bool:
@@ -84,15 +92,8 @@ def gaussian_epsilon_lower_bound(m: int, guesses: int, correct: int, delta: floa
     lower bound on the ε of a mechanism that claims μ-GDP, as DP-SGD with the full batch does."""
     if not 0 <= correct <= guesses <= m:
         raise ValueError(f"need 0 <= correct ({correct}) <= guesses ({guesses}) <= m ({m})")
-    low, high = 1e-9, 1.0
-    if not gaussian_rejected(low, m, guesses, correct, beta):
-        return 0.0
-    while gaussian_rejected(high, m, guesses, correct, beta):
-        low, high = high, 2 * high
-    for _ in range(40):  # rejection is monotone in μ: bisect, keeping `low` rejected
-        middle = (low + high) / 2
-        low, high = (middle, high) if gaussian_rejected(middle, m, guesses, correct, beta) else (low, middle)
-    return gaussian_epsilon(low, delta)
+    mu = largest_ruled_out(lambda mu: gaussian_rejected(mu, m, guesses, correct, beta), 1e-9)  # monotone in μ
+    return 0.0 if mu is None else gaussian_epsilon(mu, delta)
 
 
 def guess(scores: np.ndarray, included: np.ndarray, k_in: int, k_out: int) -> tuple:
