@@ -170,7 +170,7 @@ def table(records):
 
 def merge(path, records):
     """The records of `path` (if any) with `records` replacing those of the same framework, mode, mechanism and
-    claimed ε; how many were replaced."""
+    claimed ε in place, the others appended; how many were replaced."""
     def key(r):
         return r["framework"], r["mode"], r["mechanism"], r["claimed_epsilon"] and round(r["claimed_epsilon"], 2)
 
@@ -178,9 +178,9 @@ def merge(path, records):
         earlier = json.loads(path.read_text()) if path.exists() else []
     except json.JSONDecodeError as exc:
         raise UserError(f"{path}: not JSON ({exc}); move it away or give another --output") from None
-    new = {key(r) for r in records}
-    kept = [r for r in earlier if key(r) not in new]
-    return kept + records, len(earlier) - len(kept)
+    fresh = {key(r): r for r in records}
+    merged = [fresh.pop(key(r)) if key(r) in fresh else r for r in earlier]
+    return merged + list(fresh.values()), len(records) - len(fresh)
 
 
 def parse_arguments(argv):
@@ -236,7 +236,7 @@ def main(argv=None):
     records = []
     for framework in args.frameworks:
         with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-            added = [{**r} for r in pool.submit(framework_records, framework, args).result()]
+            added = pool.submit(framework_records, framework, args).result()
         for r in added:
             claimed = "no DP" if r["claimed_epsilon"] is None else f"{r['claimed_epsilon']:.3f}"
             print(f"{framework:<10} {r['mechanism']:<12} claimed {claimed:>7}  lower bound {r['lower_bound']:6.3f}  "
