@@ -75,18 +75,21 @@ def sampled_batches(plan: SamplingPlan, hp: hp_file.Hyperparameters, randomness:
 
 def fit(framework: Framework, model, images: np.ndarray, labels: np.ndarray, hp: hp_file.Hyperparameters,
         plan: SamplingPlan, sigma: float, on_epoch: EpochCallback, randomness: RunRandomness | None = None,
-        canaries=None) -> FitResult:
+        canaries=None, through=None) -> FitResult:
     """One training run of `framework` (model trained in place), and what it did: the steps and batch
     sizes it ran and its library's ε from the framework, q and the clipping unit from here. `randomness`:
     the run's (default: fresh, or from hp.noise_seed). `canaries`: the white-box audit's (audit.DiracCanaries),
     whose `noise_scale` below 1 is the audit's broken mechanism: the steps add that fraction of the noise while
-    the result still says σ."""
+    the result still says σ. `through(batches, plan)`: what the batches pass through on their way to the framework
+    (substrafl's index generator, which counts them); it must hand on every batch unchanged."""
     randomness = randomness or RunRandomness.for_run(hp.noise_seed)
     inputs = Network.of(hp).inputs(images)
     timing.mark("features")  # fixed features: the scattering transform of every image (nothing for pixels)
     added = sigma if canaries is None else sigma * canaries.noise_scale
     step = DpStep(budget.noise_schedule(hp, plan, added), ClipNorm(hp, plan, randomness), randomness, canaries)
     batches = sampled_batches(plan, hp, randomness, on_epoch, framework.name)
+    if through is not None:
+        batches = through(batches, plan)
     ran = framework.fit(model, inputs, labels, hp, plan, step, batches)
     if len(ran.batch_sizes) != plan.steps:  # the ledger records what ran; the frameworks must all run the plan
         raise RuntimeError(f"{framework.name} ran {len(ran.batch_sizes)} steps where the plan has {plan.steps}")
@@ -187,41 +190,25 @@ def train(framework: Framework, inputs: dict, outputs: dict, hyperparameters_pat
     check_outputs_writable(outputs)
     # 1. Data, and what it may spend (budget.py: q, steps, σ, budget, over the earlier runs of its examples).
     data = inputs["datasamples"]
-    if data.get("copies"):  # the opener found an example twice: trained twice, it would be accounted once
-        raise UserError(data["copies"])
-    images, labels = data["images"], data["labels"]
     hp = hp_file.load(hyperparameters_path)
-    plan = budget.check_run(framework.name, hp, len(labels), str(hyperparameters_path))
+    plan = check_data(framework, data, hp, str(hyperparameters_path))
     # 2. The model: the input model, or a seeded start (the same at every organisation).
     model, ledger = _load_input_model(framework, inputs, Network.of(hp))
     if model is None:
         model = framework.new_model(hp.seed, Network.of(hp))
-    run = budget.for_task(framework.name, hp, plan, ledger, data["samples"])
-    randomness = RunRandomness.for_run(hp.noise_seed, len(ledger.events), run.identities)
-    if randomness.replayable:
-        log.warning("noise_seed = %d: %s", hp.noise_seed, REPLAYABLE_WARNING)
-    timing.mark("setup")  # input model, σ calibration, budget
-    if run.plan.steps == 0:  # the budget of this data is spent: nothing trains, nothing is added to the ledger
+    # 3. The DP steps, and 4. the ledger: this run as it ran.
+    run, result = train_in_memory(framework, model, ledger, data, hp, plan,
+                                  provenance.running_code(Path(hyperparameters_path).parent, "train"),
+                                  f"nothing was saved; lower learning_rate or max_grad_norm in {hyperparameters_path}")
+    if result is None:  # the budget of this data is spent: nothing trained, nothing was added to the ledger
         model_file.copy(inputs["model"], outputs["model"])
         summary = budget.privacy_summary(ledger, hp.delta)
         _save_epsilon(outputs["epsilon"], summary["epsilon"])
         timing.end_task("saving", dp=hp.dp)
         return summary
-    # 3. The DP steps.
-    result = fit(framework, model, images, labels, hp, run.plan, run.sigma, run.progress, randomness)
-    timing.mark("training")  # the steps after the first
-    check_finite(framework, model, f"training diverged in {result.steps} steps",
-                 f"nothing was saved; lower learning_rate or max_grad_norm in {hyperparameters_path}")
-    # 4. The ledger: this run as it ran.
-    ledger.add(run.event(result, code=provenance.running_code(Path(hyperparameters_path).parent, "train")))
     # 5. Save the model with its ledger, and ε.
-    model_file.save(outputs["model"], model_file.ModelFile(
-        framework=framework.name,
-        weights=framework.dump_model(model),
-        ledger=ledger,
-        hyperparameters={**hp.to_json(), "noise_multiplier": run.sigma, "planned_steps": run.plan.planned_steps,
-                         "stopped_by_budget": run.plan.stopped_by_budget},
-    ))
+    model_file.save(outputs["model"], model_file.ModelFile(framework.name, framework.dump_model(model), ledger,
+                                                           run_settings(run)))
     summary = budget.privacy_summary(ledger, hp.delta)
     summary["library_epsilon"] = result.library_epsilon
     _save_epsilon(outputs["epsilon"], summary["epsilon"])
@@ -229,6 +216,43 @@ def train(framework: Framework, inputs: dict, outputs: dict, hyperparameters_pat
              budget.describe(summary))
     timing.end_task("saving", dp=hp.dp)
     return summary
+
+
+def check_data(framework: Framework, data: dict, hp: hp_file.Hyperparameters, where: str) -> SamplingPlan:
+    """The opener's data (`get_data`'s dict) refused if it holds copies of an example (trained twice, it would be
+    accounted once), else the sampling plan of a run of `hp` on it (budget.check_run's checks)."""
+    if data.get("copies"):
+        raise UserError(data["copies"])
+    return budget.check_run(framework.name, hp, len(data["labels"]), where)
+
+
+def train_in_memory(framework: Framework, model, ledger: Ledger, data: dict, hp: hp_file.Hyperparameters,
+                    plan: SamplingPlan, code: dict, if_diverged: str, through=None) -> tuple:
+    """One training run of `model` (in place) on the opener's `data`, after the runs of `ledger`, to which its
+    event is added: (its budget.RunPrivacy, its FitResult), or (RunPrivacy, None) when the data's budget is spent
+    and nothing ran. `code`: provenance of the running function; `if_diverged`: what to do, when a weight is not
+    finite after training; `through`: as in `fit`. The substratools train task and the substrafl algos
+    (mnist_dp/federated) both train through here."""
+    run = budget.for_task(framework.name, hp, plan, ledger, data["samples"])
+    randomness = RunRandomness.for_run(hp.noise_seed, len(ledger.events), run.identities)
+    if randomness.replayable:
+        log.warning("noise_seed = %d: %s", hp.noise_seed, REPLAYABLE_WARNING)
+    timing.mark("setup")  # input model, σ calibration, budget
+    if run.plan.steps == 0:
+        return run, None
+    result = fit(framework, model, data["images"], data["labels"], hp, run.plan, run.sigma, run.progress,
+                 randomness, through=through)
+    timing.mark("training")  # the steps after the first
+    check_finite(framework, model, f"training diverged in {result.steps} steps", if_diverged)
+    ledger.add(run.event(result, code=code))
+    return run, result
+
+
+def run_settings(run: budget.RunPrivacy) -> dict:
+    """The model file metadata of a model just trained by `run`: the hyperparameters and the settings it ran with
+    (which model_file.load checks against the ledger's last run)."""
+    return {**run.hp.to_json(), "noise_multiplier": run.sigma, "planned_steps": run.plan.planned_steps,
+            "stopped_by_budget": run.plan.stopped_by_budget}
 
 
 def aggregate(framework: Framework, inputs: dict, outputs: dict, hyperparameters_path: Path) -> None:

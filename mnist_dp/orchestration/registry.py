@@ -175,19 +175,20 @@ def register_data(client: substra.Client, keys: KeysFile, owner: str, name: str,
     return train, test
 
 
-def register_organizations(clients: list, keys: KeysFile, data_dir: Path) -> tuple:
+def register_organizations(clients: list, keys: KeysFile, data_dir: Path, test_everywhere: bool = False) -> tuple:
     """Organisation k (of N clients) registers its own dataset with train data samples k, k+N, ...;
-    the first one also holds the test samples. Returns (train Shares, test Share, {organisation: folders}).
-    The caller compares every organisation's samples first (samples.check_examples), as run_local.py does."""
-    shares, test, holdings = [], None, {}
+    the first one also holds the test samples (every one with `test_everywhere`). Returns (train Shares, test Share,
+    {organisation: folders}), or with `test_everywhere` a list of every organisation's test Share in the second
+    place. The caller compares every organisation's samples first (samples.check_examples), as run_local.py does."""
+    shares, tests, holdings = [], [], {}
     for client, own in zip(clients, split_among(data_dir, len(clients))):
         owner = client.organization_info().organization_id
         share, test_share = register_data(client, keys, owner, f"MNIST ({owner})", own,
-                                          sample_folders(data_dir, "test") if not shares else ())
+                                          sample_folders(data_dir, "test") if test_everywhere or not shares else ())
         shares.append(share)
-        test = test or test_share
+        tests.append(test_share)
         holdings[owner] = own
-    return shares, test, holdings
+    return shares, tests if test_everywhere else tests[0], holdings
 
 
 def split_among(data_dir: Path, organizations: int, flag: str | None = None) -> list:

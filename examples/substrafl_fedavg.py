@@ -1,0 +1,107 @@
+"""Federated averaging with substrafl and the bundle's DP-SGD, ε per organisation reported after every round.
+
+substrafl's own pieces (FedAvg, the nodes, EvaluationStrategy, execute_experiment) with the bundle's algo:
+TorchDpFedAvgAlgo (a TorchFedAvgAlgo) for torch, DpFedAvgAlgo (substrafl's generic Algo) for tf and MindSpore.
+Each organisation registers its share of the data (and the test set, to evaluate on); every round each trains
+`epochs` local epochs of DP-SGD from the global model, and its evaluation reports the global model's accuracy
+and the organisation's own ε (its ledger, recomputed by the accountant). σ is calibrated so that every
+organisation ends at or below target_epsilon after the last round.
+
+    python examples/substrafl_fedavg.py --framework torch --organizations 2 --rounds 3
+
+Writes results.json (one record per organisation and round), summary.md, results.png and the organisations'
+local states (models/, the bundle's model files: scripts/privacy_report.py reads them) to --output.
+"""
+import argparse
+import contextlib
+from pathlib import Path
+
+from substrafl.evaluation_strategy import EvaluationStrategy
+from substrafl.nodes import AggregationNode
+from substrafl.strategies import FedAvg
+
+from mnist_dp.data import dataset, samples
+from mnist_dp.federated import experiment
+from mnist_dp.federated.algo import METRICS, DpFedAvgAlgo
+from mnist_dp.learning import hyperparameters as hp_file
+from mnist_dp.orchestration import connection, registry
+from mnist_dp.orchestration.assets import ALGO_ASSETS
+from mnist_dp.privacy import budget
+from mnist_dp.report import display
+from mnist_dp.utils import atomic
+from mnist_dp.utils.errors import UserError, run_cli
+
+EXAMPLES = Path(__file__).resolve().parent
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--framework", choices=list(ALGO_ASSETS), default="torch",
+                        help="the framework the algo trains with (default: %(default)s)")
+    parser.add_argument("--organizations", type=int, default=2,
+                        help="organisations, each holding a share of the train data (default: %(default)s)")
+    parser.add_argument("--rounds", type=int, default=3, help="FedAvg rounds (default: %(default)s)")
+    parser.add_argument("--data", type=Path, default=Path("data"),
+                        help="data samples written by scripts/generate_data.py; generated from the embedded MNIST "
+                             "subset if missing (default: %(default)s)")
+    parser.add_argument("--output", type=Path, default=Path("results-substrafl"),
+                        help="folder for the reports, models/ and Substra's work files (default: %(default)s)")
+    parser.add_argument("--hyperparameters", type=Path, default=EXAMPLES / "fedavg.json",
+                        help="JSON file whose keys replace those of the algo asset's hyperparameters.json "
+                             "(default: the federated recipe, %(default)s)")
+    parser.add_argument("--backend", choices=["subprocess", "docker"], default="subprocess",
+                        help="Substra's local backend: every task a process, or a container built from substrafl's "
+                             "Dockerfile (default: %(default)s)")
+    return parser
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    if args.organizations < 1 or args.rounds < 1:
+        raise UserError("--organizations and --rounds must be at least 1")
+    hp = hp_file.load(ALGO_ASSETS[args.framework] / hp_file.FILE_NAME, hp_file.load_overrides(args.hyperparameters))
+    data_dir, output = args.data.resolve(), args.output.resolve()
+    with atomic.exclusive(output, "--output folder"):
+        work = output / "substra"
+        work.mkdir(exist_ok=True)
+        # One local Substra client per organisation.
+        clients = [connection.connect(args.backend, work_dir=work) for _ in range(args.organizations)]
+        dataset.generate_default_if_missing(data_dir, train_samples=args.organizations, flag="--organizations")
+        # What a train task would refuse, refused now: copies of an example, a target ε σ cannot reach.
+        shares = registry.split_among(data_dir, args.organizations, flag="--organizations")
+        samples.check_examples([folder for share in shares for folder in share])
+        budget.check_plan(args.framework, hp, [sum(map(samples.sample_size, s)) for s in shares], args.rounds,
+                          [f"organisation {k}" for k in range(1, args.organizations + 1)])
+        organizations = experiment.register(clients, registry.KeysFile(), data_dir)
+
+        # The algo: the bundle's DP training, with σ calibrated for these rounds.
+        if args.framework == "torch":
+            from mnist_dp.federated.torch_algo import TorchDpFedAvgAlgo
+
+            algo = TorchDpFedAvgAlgo(hp.to_json(), args.rounds)
+        else:
+            algo = DpFedAvgAlgo(args.framework, hp.to_json(), args.rounds)
+        # substrafl's FedAvg, evaluated every round at every organisation: accuracy and that organisation's ε.
+        strategy = FedAvg(algo=algo, metric_functions=METRICS)
+        evaluation = EvaluationStrategy(test_data_nodes=organizations.test_data_nodes, eval_frequency=1)
+        aggregator = AggregationNode(organizations.train_data_nodes[0].organization_id)
+        with contextlib.chdir(work):  # substrafl writes its function folders in the working directory
+            plan_key = experiment.run(
+                clients[0], output, strategy=strategy, train_data_nodes=organizations.train_data_nodes,
+                aggregation_node=aggregator, evaluation_strategy=evaluation, num_rounds=args.rounds,
+                dependencies=experiment.dependency(args.framework),
+                name=f"mnist-dp substrafl FedAvg ({args.framework})")
+
+        records, performances = experiment.collect(clients[0], plan_key, args.framework, organizations,
+                                                   output / "models")
+        written = display.write_reports(
+            output, f"mnist-dp with substrafl: FedAvg in {args.framework}",
+            [f"compute plan `{plan_key}`, {args.backend} backend, data: {data_dir}",
+             f"{args.organizations} organisation(s), {args.rounds} round(s) of substrafl's FedAvg; every organisation "
+             "evaluates the global model on the test set and reports its own ε"], records, performances)
+    print(display.table(records))
+    print(f"\n{display.STATEMENT}\nwritten: {', '.join(map(str, written))}")
+
+
+if __name__ == "__main__":
+    run_cli(main, explain=connection.explain_refusal)

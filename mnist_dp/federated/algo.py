@@ -1,0 +1,201 @@
+"""The bundle's DP training as a substrafl algo for its FedAvg strategy, in any of the three frameworks.
+
+substrafl re-creates the algo in every task from its constructor's arguments, then loads the organisation's
+local state into it. Here the arguments are plain values (framework, hyperparameters, rounds) and the local
+state is the bundle's model file: the weights with the privacy ledger of every run on this organisation's data,
+which `scripts/privacy_report.py` reads like any other. A train task is one run of the skeleton
+(`skeleton.train_in_memory`: Poisson batches, the framework's DP step, the ledger), returning the change of the
+weights for FedAvg to average; every organisation applies the average itself, so all hold the same global model.
+
+σ is calibrated once, for what really runs. substrafl's FedAvg runs `rounds + 1` train tasks at every
+organisation (its first round trains twice, before and after the first average), and the last one's update is
+never averaged: the final model is the average of round `rounds`. So that last task applies the average and
+trains nothing (it spends no privacy), and σ is calibrated for `rounds` local trainings of `epochs` Poisson
+epochs each: every organisation ends at or below `target_epsilon`. A train task beyond those refuses to run.
+
+Evaluation reports the organisation's ε beside the accuracy: `predict` returns the predicted labels with ε
+recomputed from the local state's ledger, and the metric functions `accuracy` and `epsilon` read them.
+"""
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+import numpy as np
+from substrafl.algorithms.algo import Algo
+from substrafl.remote import remote_data
+from substrafl.strategies.schemas import FedAvgSharedState, StrategyName
+
+from mnist_dp.learning import hyperparameters as hp_file
+from mnist_dp.learning import skeleton
+from mnist_dp.learning.interface import Network
+from mnist_dp.orchestration.assets import ALGO_ASSETS, load_asset_module
+from mnist_dp.privacy import budget, model_file, provenance
+from mnist_dp.privacy.ledger import Ledger
+from mnist_dp.utils import atomic
+from mnist_dp.utils.errors import UserError
+
+# A local state before any training: the initial model is the seeded start (hp seed), rebuilt, not stored.
+UNTRAINED = "mnist-dp-substrafl-untrained/1"
+# The local state's count of train tasks, in its model file's metadata.
+TRAIN_TASKS = "substrafl_train_tasks"
+
+
+@functools.cache
+def load_framework(name: str):
+    """The `Framework` of an algo asset (its algo.py's FRAMEWORK), imported once per process."""
+    if name not in ALGO_ASSETS:
+        raise UserError(f"framework {name!r}: expected one of {', '.join(ALGO_ASSETS)}")
+    return load_asset_module(ALGO_ASSETS[name] / "algo.py", f"algo_{name}_dp").FRAMEWORK
+
+
+def check_hyperparameters(values: dict, rounds: int, where: str = "hyperparameters") -> hp_file.Hyperparameters:
+    """The hyperparameters an algo trains with, refused here, on the caller's machine, rather than in a task."""
+    hp = hp_file.parse(values, where)
+    if not isinstance(rounds, int) or rounds < 1:
+        raise UserError(f"rounds = {rounds!r}: give the experiment's num_rounds, a positive integer")
+    if hp.max_epsilon is not None:
+        raise UserError(f"{where}: max_epsilon is not supported under substrafl (an organisation that stops would "
+                        "send FedAvg no update to weigh); set it to null and use target_epsilon, which every "
+                        "organisation meets after the last round")
+    return hp
+
+
+class DpTraining:
+    """What the bundle's algos for substrafl share, whatever their base class: the framework, the hyperparameters,
+    the model and its ledger, one train run, the local state, and predict. A subclass sets `self._model`."""
+
+    def _setup(self, framework: str, hyperparameters: dict, rounds: int) -> None:
+        self.framework = load_framework(framework)
+        self.hp = check_hyperparameters(hyperparameters, rounds)
+        self.rounds = rounds
+        self.network = Network.of(self.hp)
+        self.ledger = Ledger()
+        self.train_tasks = 0  # substrafl train tasks run at this organisation, the last one included
+        self.settings = None  # the model file metadata of the last run (skeleton.run_settings); None: untrained
+
+    def __reduce__(self):
+        # substrafl pickles the algo inside the strategy (for the aggregate and evaluate tasks) and deep-copies it:
+        # re-create it from its arguments, as substrafl does in every task (the framework's module and a tf or
+        # MindSpore model do not pickle).
+        return _recreate, (type(self), self.kwargs)
+
+    def _train_run(self, data: dict, through=None) -> int:
+        """One train task's work on `self._model` (in place) with the opener's `data`: a local training, or nothing
+        in FedAvg's last task (its update is never averaged); returns the examples."""
+        name = self.framework.name
+        plan = skeleton.check_data(self.framework, data, self.hp, f"{name} algo's hyperparameters")
+        if self.train_tasks > self.rounds:
+            raise UserError(f"this {name} algo's σ was calibrated for rounds = {self.rounds} (substrafl's FedAvg runs "
+                            f"{self.rounds + 1} train tasks per organisation) and this organisation ran them all: "
+                            "more would exceed target_epsilon; give the algo the experiment's num_rounds")
+        self.train_tasks += 1
+        if self.train_tasks == self.rounds + 1:
+            skeleton.log.info("FedAvg's last train task: its update is never averaged, so nothing is trained and "
+                              "no privacy is spent")
+            return plan.n
+        hp = budget.noise_for_rounds(self.hp, [plan.n], self.rounds)  # σ for every run of this organisation
+        run, result = skeleton.train_in_memory(
+            self.framework, self._model, self.ledger, data, hp, plan,
+            provenance.running_code(Path.cwd(), "substrafl train"),
+            "nothing was sent; lower learning_rate or max_grad_norm", through)
+        if result is None:  # no budget stops a run without max_epsilon, refused above
+            raise RuntimeError(f"{name}: a run without max_epsilon trained no step")
+        self.settings = skeleton.run_settings(run)
+        return plan.n
+
+    def _weights(self) -> list:
+        return [np.asarray(a) for a in self.framework.weight_arrays(self._model)]
+
+    def epsilon(self) -> float:
+        """The organisation's ε after its runs so far (0 before any), at the hyperparameters' δ."""
+        return budget.privacy_summary(self.ledger, self.hp.delta)["epsilon"] if self.ledger.events else 0.0
+
+    def predict(self, data_from_opener: dict, shared_state=None) -> dict:
+        """The predicted labels of the opener's images, with this organisation's ε for the `epsilon` metric."""
+        labels = skeleton.predicted_labels(self.framework, self._model, data_from_opener["images"], self.network)
+        return {"labels": labels, "epsilon": self.epsilon(), "delta": self.hp.delta}
+
+    def save_local_state(self, path: Path) -> None:
+        if self.settings is None:  # substrafl's init task: nothing trained yet
+            with atomic.replacing(path) as tmp:
+                Path(tmp).write_text(json.dumps({"format": UNTRAINED, "framework": self.framework.name}))
+            return
+        model_file.save(path, model_file.ModelFile(self.framework.name, self.framework.dump_model(self._model),
+                                                   self.ledger, {**self.settings, TRAIN_TASKS: self.train_tasks}))
+
+    def load_local_state(self, path: Path):
+        if _is_untrained(path, self.framework.name):
+            return self
+        saved = model_file.load(path, self.framework.name)
+        if Network.of_saved(saved) != self.network:
+            raise UserError(f"{path}: a local state of {Network.of_saved(saved).describe()}, this algo trains "
+                            f"{self.network.describe()}")
+        self._model = skeleton.load_weights(self.framework, saved, path, self.network)
+        self.ledger, self.settings = saved.ledger, saved.hyperparameters
+        self.train_tasks = self.settings.pop(TRAIN_TASKS)
+        return self
+
+
+def _recreate(cls, kwargs: dict):
+    return cls(**kwargs)
+
+
+def _is_untrained(path: Path, framework: str) -> bool:
+    with open(path, "rb") as f:
+        head = f.read(64)
+    if not head.startswith(b"{"):
+        return False  # a model file is a zip
+    state = json.loads(Path(path).read_text())
+    if state != {"format": UNTRAINED, "framework": framework}:
+        raise UserError(f"{path}: not a local state of this bundle's {framework} algo")
+    return True
+
+
+class DpFedAvgAlgo(DpTraining, Algo):
+    """The bundle's DP training for substrafl's FedAvg, in `framework` "torch", "tf" or "mindspore" (substrafl's
+    generic Algo; for torch users, `torch_algo.TorchDpFedAvgAlgo` is the same on substrafl's TorchFedAvgAlgo).
+
+    `hyperparameters`: a full set, as an algo asset's hyperparameters.json; `rounds`: the experiment's num_rounds,
+    for which σ is calibrated."""
+
+    def __init__(self, framework: str, hyperparameters: dict, rounds: int):
+        super().__init__(framework=framework, hyperparameters=hyperparameters, rounds=rounds)  # substrafl re-creates
+        self._setup(framework, hyperparameters, rounds)
+        self._model = self.framework.new_model(self.hp.seed, self.network)  # the same at every organisation
+
+    @property
+    def model(self):
+        return self._model
+
+    @property
+    def strategies(self) -> list:
+        return [StrategyName.FEDERATED_AVERAGING]
+
+    @remote_data
+    def train(self, data_from_opener: dict, shared_state=None) -> FedAvgSharedState:
+        """Apply the last average (none in the first round), train, send the change and keep the global model."""
+        if shared_state is not None:
+            self._model = self.framework.set_weight_arrays(self._model, [
+                w + u.astype(w.dtype) for w, u in zip(self._weights(), shared_state.avg_parameters_update)])
+        start = self._weights()
+        n = self._train_run(data_from_opener)
+        update = [new - old for new, old in zip(self._weights(), start)]
+        self._model = self.framework.set_weight_arrays(self._model, start)
+        return FedAvgSharedState(n_samples=n, parameters_update=update)
+
+
+# The metric functions for FedAvg(metric_functions=...): substrafl calls them with the opener's data and
+# DpTraining.predict's output.
+
+def accuracy(data_from_opener, predictions) -> float:
+    return float(np.mean(predictions["labels"] == np.asarray(data_from_opener["labels"])))
+
+
+def epsilon(data_from_opener, predictions) -> float:
+    """The organisation's ε so far (its ledger, recomputed by the accountant in the evaluation task)."""
+    return float(predictions["epsilon"])
+
+
+METRICS = {"accuracy": accuracy, "epsilon": epsilon}

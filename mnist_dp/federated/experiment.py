@@ -1,0 +1,136 @@
+"""What a substrafl experiment with the bundle's algos needs around them: the organisations' data registered as
+substrafl's nodes, the Dependency its functions run with (and their Dockerfile in docker mode), the experiment
+run with a failed task named, and the results read back in the bundle's format (results.json, summary.md).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import substra
+from substra.sdk.models import ComputeTaskStatus
+
+from mnist_dp.data import samples
+from mnist_dp.orchestration import registry
+from mnist_dp.orchestration.assets import ALGO_ASSETS, ASSETS, REPO
+from mnist_dp.orchestration.task_logs import OutputTail, failed_build_log, failed_container, failed_container_log
+from mnist_dp.report.results import Record, model_record
+from mnist_dp.utils.errors import UserError
+
+LOG_TAIL_LINES = 15
+
+
+@dataclass
+class Organizations:
+    """substrafl's nodes over every organisation's registered data, and which data each holds (identities)."""
+
+    train_data_nodes: list
+    test_data_nodes: list
+    identities: dict  # organisation -> identities of its train data samples (its ε in the ledger)
+
+
+def register(clients: list, keys: registry.KeysFile, data_dir: Path) -> Organizations:
+    """Organisation k registers train data samples k, k+N, ... and the test samples: every organisation evaluates
+    the global model on the test set, so each reports its own ε (that of its local state) beside the accuracy."""
+    from substrafl.nodes import TestDataNode, TrainDataNode
+
+    shares, tests, holdings = registry.register_organizations(clients, keys, data_dir, test_everywhere=True)
+    return Organizations(
+        [TrainDataNode(organization_id=s.organization, data_manager_key=s.dataset, data_sample_keys=list(s.samples))
+         for s in shares],
+        [TestDataNode(organization_id=t.organization, data_manager_key=t.dataset, data_sample_keys=list(t.samples))
+         for t in tests],
+        {org: [samples.sample_identity(f) for f in folders] for org, folders in holdings.items()})
+
+
+def pinned_packages(framework: str) -> list:
+    """The pip requirements of the framework's train function, as its Dockerfile.train pins them (one list for
+    both kinds of images): `name==version` and any `--extra-index-url URL` (torch's CPU builds)."""
+    text = (ALGO_ASSETS[framework] / "Dockerfile.train").read_text()
+    return (re.findall(r"--extra-index-url \S+", text)
+            + re.findall(r"(?<![\w.-])([A-Za-z0-9_.-]+==[A-Za-z0-9_.+-]+)", text))
+
+
+# Debian packages a framework needs besides pip's (as in its Dockerfile.train).
+SYSTEM_PACKAGES = {"mindspore": ["libgomp1", "libgl1", "libglib2.0-0"]}
+
+
+def dependency(framework: str):
+    """substrafl's Dependency of the bundle's algos: the framework's pinned packages, and the bundle's code (the
+    mnist_dp package and the assets) copied beside each function. substrafl adds itself."""
+    from substrafl.dependency import Dependency
+
+    return Dependency(pypi_dependencies=pinned_packages(framework), local_code=[REPO / "mnist_dp", ASSETS],
+                      binary_dependencies=SYSTEM_PACKAGES.get(framework, []))
+
+
+class ExperimentFailed(UserError):
+    """A task failed: the message names its organisation, function and round, and ends with its log."""
+
+
+def run(client: substra.Client, output: Path, **experiment) -> str:
+    """substrafl's execute_experiment(client=client, experiment_folder=output/"experiment", **experiment) on a local
+    backend, which runs every task before it returns; returns the compute plan's key. A failed task raises
+    ExperimentFailed naming where it ran, with the end of its log."""
+    from substra.sdk.backends.local.compute.spawner.base import BuildError, ExecutionError
+    from substrafl.experiment import execute_experiment
+
+    (output / "experiment").mkdir(parents=True, exist_ok=True)
+    known = {plan.key for plan in client.list_compute_plan()}
+    with OutputTail() as tail:
+        try:
+            return execute_experiment(client=client, experiment_folder=str(output / "experiment"),
+                                      clean_models=False, **experiment).key
+        except (substra.exceptions.SDKException, ExecutionError, BuildError) as exc:
+            cause = exc.args[0] if exc.args else None
+            error, log = f"{type(exc).__name__}: {exc}", None
+            if container := failed_container(str(cause)):
+                error, log = f"its container exited with status {container[1]}", failed_container_log(container[0])
+            elif isinstance(exc, BuildError):
+                error, log = "its Docker image did not build", failed_build_log(str(cause))
+            elif hasattr(cause, "returncode"):
+                error = f"its process exited with status {cause.returncode}"
+    new = [plan.key for plan in client.list_compute_plan() if plan.key not in known]
+    raise ExperimentFailed(_failure(client, new[0] if new else None, error, tail.lines() if log is None else log))
+
+
+def _failure(client: substra.Client, plan_key: str | None, error: str, log: list) -> str:
+    where = "an unknown task"
+    if plan_key:  # substra's local backend leaves the failed task 'executing'
+        for task in client.list_task(filters={"compute_plan_key": [plan_key]}):
+            if task.status in (ComputeTaskStatus.executing, ComputeTaskStatus.failed):
+                where = (f"organisation {task.worker}, function {task.function.name!r}, round "
+                         f"{task.metadata.get('round_idx', '?')} (task {task.key})")
+                break
+    tail = [line for line in log if line.strip()][-LOG_TAIL_LINES:]
+    return (f"substrafl experiment failed at {where}: {error}\nlast lines of its log:\n"
+            + "\n".join(f"  | {line}" for line in tail))
+
+
+def collect(client: substra.Client, plan_key: str, framework: str, organizations: Organizations,
+            models_dir: Path) -> tuple:
+    """(records, performances): one Record per organisation and round after the first training, from the local
+    state its evaluation used (downloaded to `models_dir`, the bundle's model file: ε recomputed from its ledger),
+    with the evaluation's accuracy and ε (`epsilon_in_substra`) beside; and Substra's performances as a frame."""
+    import pandas as pd
+
+    perfs = client.get_performances(plan_key)
+    frame = pd.DataFrame({"task_key": perfs.task_key, "worker": perfs.worker, "round": perfs.round_idx,
+                          "metric": perfs.identifier, "performance": perfs.performance})
+    frame["run"] = framework
+    records = []
+    for (task_key, org, round_idx), rows in frame.groupby(["task_key", "worker", "round"], sort=False):
+        metric = dict(zip(rows.metric, rows.performance))
+        if round_idx == 0:  # the seeded start, before any training: no model file, ε 0
+            continue
+        evaluated = next(i.parent_task_key for i in client.get_task(task_key).inputs if i.identifier == "local")
+        path = models_dir / f"{framework}-round{round_idx}-{org}.model"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Path(client.download_model_from_task(evaluated, "local", path.parent)).replace(path)
+        records.append(Record(run=framework, round=int(round_idx), organization=org,
+                              **model_record(path, framework, {org: organizations.identities[org]}),
+                              test_accuracy=metric.get("accuracy"), epsilon_in_substra=metric.get("epsilon")))
+    records.sort(key=lambda r: (r.round, r.organization))
+    return records, frame
+
