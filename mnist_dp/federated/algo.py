@@ -106,7 +106,7 @@ class DpTraining:
         return plan.n
 
     def _weights(self) -> list:
-        return [np.asarray(a) for a in self.framework.weight_arrays(self._model)]
+        return [np.array(a) for a in self.framework.weight_arrays(self._model)]  # copies: MindSpore's alias the weights
 
     def epsilon(self) -> float:
         """The organisation's ε after its runs so far (0 before any), at the hyperparameters' δ."""
