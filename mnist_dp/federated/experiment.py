@@ -4,6 +4,8 @@ run with a failed task named, and the results read back in the bundle's format (
 """
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,7 +80,7 @@ def run(client: substra.Client, output: Path, **experiment) -> str:
 
     (output / "experiment").mkdir(parents=True, exist_ok=True)
     known = {plan.key for plan in client.list_compute_plan()}
-    with OutputTail() as tail:
+    with OutputTail() as tail, _containers_run_as_this_user(client):
         try:
             return execute_experiment(client=client, experiment_folder=str(output / "experiment"),
                                       clean_models=False, **experiment).key
@@ -93,6 +95,29 @@ def run(client: substra.Client, output: Path, **experiment) -> str:
                 error = f"its process exited with status {cause.returncode}"
     new = [plan.key for plan in client.list_compute_plan() if plan.key not in known]
     raise ExperimentFailed(_failure(client, new[0] if new else None, error, tail.lines() if log is None else log))
+
+
+@contextlib.contextmanager
+def _containers_run_as_this_user(client: substra.Client):
+    """In docker mode, substrafl's generated Dockerfile with one line added: its functions run as the user of this
+    process, not as its own uid 1001. Substra's local backend hands every task folders this user created and data
+    samples this user owns (a sample's identity.key is readable by its owner only), so uid 1001 could neither
+    read its inputs nor write its outputs. The image is otherwise substrafl's, built the same way."""
+    if client.backend_mode != "docker":
+        yield
+        return
+    from substrafl.remote.register import register as substrafl_register
+
+    template, entrypoint = substrafl_register.DOCKERFILE_TEMPLATE, "\nENTRYPOINT ["
+    if template.count(entrypoint) != 1:
+        raise RuntimeError("substrafl's DOCKERFILE_TEMPLATE has no single ENTRYPOINT line: substrafl changed, "
+                           "update mnist_dp/federated/experiment.py")
+    substrafl_register.DOCKERFILE_TEMPLATE = template.replace(
+        entrypoint, f"\n# the user who owns the task folders on the host\nUSER {os.getuid()}:{os.getgid()}{entrypoint}")
+    try:
+        yield
+    finally:
+        substrafl_register.DOCKERFILE_TEMPLATE = template
 
 
 def _failure(client: substra.Client, plan_key: str | None, error: str, log: list) -> str:

@@ -48,6 +48,10 @@ class PoissonIndexGenerator(BaseIndexGenerator):
         self._num_updates, self._batch_size, self._batches = plan.steps, round(plan.expected_batch_size), batches
         return self
 
+    def reset_counter(self) -> None:
+        super().reset_counter()
+        self._num_updates = 0  # until `feed` brings a run's batches (FedAvg's last task has none)
+
     def __next__(self) -> np.ndarray:
         if self._counter >= self._num_updates:
             raise StopIteration

@@ -1,0 +1,157 @@
+"""The substrafl algos (mnist_dp/federated/algo.py, torch_algo.py) task by task, in this process: each call is
+what one substrafl task does (a new algo from its arguments, the organisation's local state loaded, one method,
+the local state saved), on the opener's data of the tiny samples."""
+import copy
+import math
+
+import cloudpickle
+import dp_accounting
+import numpy as np
+import pytest
+from conftest import samples, tiny_hyperparameters
+from dp_accounting.pld import pld_privacy_accountant
+from substrafl.algorithms.pytorch import TorchFedAvgAlgo
+from substrafl.strategies.schemas import FedAvgAveragedState
+
+from mnist_dp.federated.algo import METRICS, DpFedAvgAlgo, check_hyperparameters
+from mnist_dp.federated.torch_algo import TorchDpFedAvgAlgo
+from mnist_dp.orchestration.assets import DATASET_ASSET, load_asset_module
+from mnist_dp.privacy import model_file
+from mnist_dp.utils.errors import UserError
+
+TARGET = 3.0
+
+
+@pytest.fixture(scope="module")
+def opener_data(tiny_data):
+    opener = load_asset_module(DATASET_ASSET / "opener.py", "opener_for_substrafl_tests").MnistOpener()
+    return opener.get_data(samples(tiny_data, "train")[:1]), opener.get_data(samples(tiny_data, "test"))
+
+
+def hyperparameters(**changes):
+    """Tiny, with σ = 1 (or calibrated, given target_epsilon)."""
+    return tiny_hyperparameters("torch", delta=1e-5, **changes)
+
+
+CALIBRATED = {"noise_multiplier": None, "target_epsilon": TARGET}
+
+
+def new_algo(kind, rounds, hp=None):
+    hp = hp or hyperparameters()
+    return TorchDpFedAvgAlgo(hp, rounds) if kind == "torch-subclass" else DpFedAvgAlgo("torch", hp, rounds)
+
+
+def task(kind, rounds, state, method, *args, hp=None, **kwargs):
+    """One substrafl task: a new algo, the local state (if any) loaded, the method, the state saved again."""
+    algo = new_algo(kind, rounds, hp)
+    if state.exists():
+        algo = algo.load_local_state(state)
+    out = getattr(algo, method)(*args, **kwargs)
+    algo.save_local_state(state)
+    return algo, out
+
+
+def recomputed(sigma, q, steps, delta=1e-5):
+    event = dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), steps)
+    return pld_privacy_accountant.PLDAccountant().compose(event).get_epsilon(delta)
+
+
+@pytest.mark.parametrize("kind", ["generic", "torch-subclass"])
+def test_fedavg_spends_at_most_the_target_over_its_rounds_and_refuses_more(kind, tmp_path, opener_data):
+    """FedAvg's rounds + 1 train tasks: `rounds` trainings at a σ calibrated for them (ε at the target, as
+    dp_accounting recomputes from σ, q and steps alone), FedAvg's last task trains nothing, one more is refused."""
+    train, _ = opener_data
+    rounds, state, hp = 2, tmp_path / "local", hyperparameters(**CALIBRATED)
+    task(kind, rounds, state, "initialize", hp=hp, _skip=True)
+    algo, sent = task(kind, rounds, state, "train", hp=hp, data_from_opener=train, _skip=True)
+    updates = [sent]
+    for _ in range(rounds):
+        average = FedAvgAveragedState(avg_parameters_update=[u / 2 for u in updates[-1].parameters_update])
+        algo, sent = task(kind, rounds, state, "train", hp=hp, data_from_opener=train, shared_state=average, _skip=True)
+        updates.append(sent)
+    events = model_file.load(state, "torch").ledger.events
+    assert len(events) == rounds
+    assert all(any(np.abs(u).max() > 0 for u in s.parameters_update) for s in updates[:-1])
+    assert all(not np.any(u) for u in updates[-1].parameters_update)  # FedAvg's last, never averaged
+    assert all(s.n_samples == len(train["labels"]) for s in updates)
+    sigma, q, steps = events[0].noise_multiplier, events[0].sample_rate, sum(e.steps for e in events)
+    assert {e.noise_multiplier for e in events} == {sigma}
+    assert TARGET - 0.05 < algo.epsilon() <= TARGET
+    assert math.isclose(algo.epsilon(), recomputed(sigma, q, steps), rel_tol=1e-6)
+    with pytest.raises(UserError, match=f"calibrated for rounds = {rounds}"):
+        task(kind, rounds, state, "train", hp=hp, data_from_opener=train, shared_state=average, _skip=True)
+
+
+@pytest.mark.parametrize("kind", ["generic", "torch-subclass"])
+def test_train_sends_the_change_and_keeps_the_global_model(kind, tmp_path, opener_data):
+    train, _ = opener_data
+    algo = new_algo(kind, rounds=1)
+    start = algo._weights()
+    sent = algo.train(data_from_opener=train, _skip=True)
+    assert all(np.array_equal(a, b) for a, b in zip(algo._weights(), start))  # every organisation: w_r
+    assert len(sent.parameters_update) == len(start)
+    assert all(np.isfinite(u).all() for u in sent.parameters_update)
+    assert sum(float(np.abs(u).sum()) for u in sent.parameters_update) > 0
+    average = FedAvgAveragedState(avg_parameters_update=sent.parameters_update)
+    algo.train(data_from_opener=train, shared_state=average, _skip=True)  # FedAvg's last: the average, no training
+    assert all(np.allclose(w, s + u, atol=1e-6) for w, s, u in zip(algo._weights(), start, sent.parameters_update))
+
+
+def test_the_torch_algo_is_a_torch_fed_avg_algo_whose_generator_passes_every_batch(tmp_path, opener_data):
+    train, _ = opener_data
+    algo = new_algo("torch-subclass", rounds=1)
+    assert isinstance(algo, TorchFedAvgAlgo)
+    algo.train(data_from_opener=train, _skip=True)
+    steps = algo.ledger.events[-1].steps
+    assert algo._index_generator.counter == algo._index_generator.num_updates == steps == 3  # ceil(150 / 64)
+
+
+def test_evaluation_reports_accuracy_and_the_organisations_epsilon(tmp_path, opener_data):
+    train, test = opener_data
+    state = tmp_path / "local"
+    algo, _ = task("generic", 1, state, "initialize", _skip=True)
+    before = algo.predict(test)
+    assert METRICS["epsilon"](test, before) == 0.0  # round 0: the seeded start
+    task("generic", 1, state, "train", data_from_opener=train, _skip=True)
+    algo = new_algo("generic", 1).load_local_state(state)
+    predictions = algo.predict(test)
+    accuracy = METRICS["accuracy"](test, predictions)
+    assert 0 <= accuracy <= 1 and isinstance(accuracy, float)
+    assert accuracy == pytest.approx(np.mean(predictions["labels"] == test["labels"]))
+    assert METRICS["epsilon"](test, predictions) == algo.epsilon() > 0
+
+
+def test_the_local_state_is_the_bundles_model_file_and_nothing_else_loads(tmp_path, opener_data):
+    train, _ = opener_data
+    state = tmp_path / "local"
+    task("generic", 1, state, "initialize", _skip=True)
+    with pytest.raises(UserError, match="empty ledger|not a valid model file"):
+        model_file.load(state)  # nothing trained: no model file, the seeded start is rebuilt
+    algo, _ = task("generic", 1, state, "train", data_from_opener=train, _skip=True)
+    saved = model_file.load(state, "torch")
+    assert saved.ledger.events == algo.ledger.events
+    assert new_algo("generic", 1).load_local_state(state).train_tasks == 1
+    with pytest.raises(UserError, match="trained with 'torch', cannot load it into 'tf'"):
+        model_file.load(state, "tf")
+    (tmp_path / "other").write_text('{"format": "something else"}')
+    with pytest.raises(UserError, match="not a local state of this bundle's torch algo"):
+        new_algo("generic", 1).load_local_state(tmp_path / "other")
+
+
+@pytest.mark.parametrize("kind", ["generic", "torch-subclass"])
+def test_the_algo_pickles_as_its_arguments(kind):
+    """substrafl pickles the algo inside its strategy and deep-copies it: it comes back built from its arguments."""
+    algo = new_algo(kind, rounds=3)
+    for again in (cloudpickle.loads(cloudpickle.dumps(algo)), copy.deepcopy(algo)):
+        assert type(again) is type(algo) and again.kwargs == algo.kwargs and again.rounds == 3
+        assert all(np.array_equal(a, b) for a, b in zip(again._weights(), algo._weights()))  # the seeded start
+
+
+def test_refused_up_front():
+    with pytest.raises(UserError, match="max_epsilon is not supported"):
+        check_hyperparameters(hyperparameters(**CALIBRATED, max_epsilon=5.0), 1)
+    with pytest.raises(UserError, match="rounds = 0"):
+        check_hyperparameters(hyperparameters(), 0)
+    with pytest.raises(UserError, match="framework 'jax'"):
+        DpFedAvgAlgo("jax", hyperparameters(), 1)

@@ -1,0 +1,131 @@
+"""A substrafl experiment with the bundle's algos, end to end: examples/substrafl_fedavg.py on Substra's subprocess
+backend in every framework and in docker for torch (tiny data, 1 round), and what mnist_dp/federated/experiment.py
+does around substrafl: the pinned packages, the Dockerfile's user, a failed task named with its log."""
+import json
+import math
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import dp_accounting
+import pytest
+from conftest import FRAMEWORKS, REPO, TINY_HYPERPARAMETERS
+from dp_accounting.pld import pld_privacy_accountant
+from substrafl.evaluation_strategy import EvaluationStrategy
+from substrafl.nodes import AggregationNode
+from substrafl.remote.register import register as substrafl_register
+from substrafl.strategies import FedAvg
+
+from mnist_dp.federated import experiment
+from mnist_dp.federated.algo import METRICS, DpFedAvgAlgo
+from mnist_dp.orchestration import connection, registry
+from mnist_dp.privacy import model_file
+
+EXAMPLE = REPO / "examples" / "substrafl_fedavg.py"
+# Tiny, with σ calibrated to ε = 3 for the run (the recipe's target).
+TINY = {**TINY_HYPERPARAMETERS, "noise_multiplier": None, "target_epsilon": 3.0, "delta": 1e-5, "ema_decay": 0.0}
+
+
+def run_example(tmp_path, data, *options):
+    (tmp_path / "hp.json").write_text(json.dumps(TINY))
+    return subprocess.run([sys.executable, str(EXAMPLE), "--data", str(data), "--output", str(tmp_path / "out"),
+                           "--hyperparameters", str(tmp_path / "hp.json"), *options],
+                          capture_output=True, text=True, cwd=tmp_path)
+
+
+def recomputed(record):
+    event = dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
+        record["sample_rate"], dp_accounting.GaussianDpEvent(record["noise_multiplier"])), record["steps"])
+    return pld_privacy_accountant.PLDAccountant().compose(event).get_epsilon(record["delta"])
+
+
+def check_results(out, framework):
+    records = json.loads((out / "results.json").read_text())
+    assert [(r["round"], r["organization"]) for r in records] == [(1, "MyOrg1MSP"), (1, "MyOrg2MSP")]
+    assert len({r["test_accuracy"] for r in records}) == 1  # every organisation holds the global model
+    assert 0 <= records[0]["test_accuracy"] <= 1
+    for record in records:
+        org = record["organization"]
+        assert record["framework"] == framework and record["dp"]
+        assert list(record["epsilon_by_organization"]) == [org]  # its own data only
+        assert record["epsilon"] == record["epsilon_by_organization"][org] <= 3.0
+        assert math.isclose(record["epsilon"], recomputed(record), rel_tol=1e-6)
+        assert math.isclose(record["epsilon_in_substra"], record["epsilon"], rel_tol=1e-9)  # the evaluation's
+        assert record["steps"] == 3 and record["sample_rate"] == pytest.approx(1 / 3)  # 150 examples, batch 64
+        saved = model_file.load(record["model_file"], framework)  # the local state: the bundle's model file
+        assert len(saved.ledger.events) == 1
+    assert (out / "summary.md").is_file() and (out / "results.png").is_file()
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_the_example_runs_in_every_framework(framework, tmp_path, tiny_data):
+    done = run_example(tmp_path, tiny_data, "--framework", framework, "--rounds", "1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    check_results(tmp_path / "out", framework)
+    assert "MyOrg1MSP" in done.stdout and "ε is for the add/remove-one-example relation" in done.stdout
+
+
+def test_the_example_runs_in_substrafls_docker_images(docker_daemon, tmp_path, tiny_data):
+    """substrafl's generated Dockerfile (FROM python:3.11-slim, its venv, our pinned packages from the index)."""
+    done = run_example(tmp_path, tiny_data, "--framework", "torch", "--rounds", "1", "--backend", "docker")
+    assert done.returncode == 0, done.stderr[-3000:]
+    check_results(tmp_path / "out", "torch")
+
+
+def test_a_failed_task_is_named_with_its_organisation_and_log(tmp_path, tiny_data):
+    """An algo calibrated for 1 round in a 2-round experiment: the organisations' third train task refuses."""
+    work = tmp_path / "substra"
+    clients = [connection.connect("subprocess", work_dir=work) for _ in range(2)]
+    organizations = experiment.register(clients, registry.KeysFile(), tiny_data)
+    algo = DpFedAvgAlgo("torch", {**json.loads((REPO / "assets/algo_torch_dp/hyperparameters.json").read_text()),
+                                  **TINY_HYPERPARAMETERS}, rounds=1)
+    with pytest.raises(experiment.ExperimentFailed) as failed:
+        experiment.run(clients[0], tmp_path, strategy=FedAvg(algo=algo, metric_functions=METRICS),
+                       train_data_nodes=organizations.train_data_nodes,
+                       aggregation_node=AggregationNode(organizations.train_data_nodes[0].organization_id),
+                       evaluation_strategy=EvaluationStrategy(test_data_nodes=organizations.test_data_nodes,
+                                                              eval_rounds=[2]),
+                       num_rounds=2, dependencies=experiment.dependency("torch"), name="too many rounds")
+    message = str(failed.value)
+    assert "substrafl experiment failed at organisation MyOrg" in message
+    assert "function 'Training with DpFedAvgAlgo', round 2" in message
+    assert "calibrated for rounds = 1" in message.split("last lines of its log:")[1]
+
+
+def test_the_pinned_packages_are_the_frameworks_dockerfiles_and_requirements():
+    pins = dict(line.split("==") for line in (REPO / "requirements.txt").read_text().splitlines()
+                if "==" in line and not line.startswith("#"))
+    for framework in FRAMEWORKS:
+        packages = experiment.pinned_packages(framework)
+        named = dict(p.split("==") for p in packages if "==" in p)
+        assert {"numpy", "dp-accounting", "substratools"} <= set(named)
+        assert all(pins[name] == version for name, version in named.items())
+    assert "--extra-index-url https://download.pytorch.org/whl/cpu" in experiment.pinned_packages("torch")
+    assert {"torch", "opacus"} <= {p.split("==")[0] for p in experiment.pinned_packages("torch")}
+
+
+def test_in_docker_mode_the_functions_run_as_this_user_and_the_template_is_restored():
+    template = substrafl_register.DOCKERFILE_TEMPLATE
+    with experiment._containers_run_as_this_user(SimpleNamespace(backend_mode="docker")):
+        patched = substrafl_register.DOCKERFILE_TEMPLATE
+    assert substrafl_register.DOCKERFILE_TEMPLATE == template
+    lines = patched.strip().splitlines()
+    assert lines[-2].startswith("USER ") and lines[-1].startswith("ENTRYPOINT [")
+    assert patched.replace(lines[-2] + "\n", "").replace("# the user who owns the task folders on the host\n", "") \
+        == template
+    with experiment._containers_run_as_this_user(SimpleNamespace(backend_mode="subprocess")):
+        assert substrafl_register.DOCKERFILE_TEMPLATE == template
+
+
+@pytest.mark.parametrize("options, message", [
+    (["--organizations", "0"], "--organizations and --rounds must be at least 1"),
+    (["--framework", "jax"], "invalid choice: 'jax'"),
+])
+def test_bad_options_are_one_line_errors(options, message, tmp_path, tiny_data):
+    done = run_example(tmp_path, tiny_data, *options)
+    assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr
+
+
+def test_help():
+    done = subprocess.run([sys.executable, str(EXAMPLE), "--help"], capture_output=True, text=True)
+    assert done.returncode == 0 and "--framework" in done.stdout and "--backend" in done.stdout
