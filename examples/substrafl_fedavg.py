@@ -81,9 +81,11 @@ def main(argv=None):
             algo = TorchDpFedAvgAlgo(hp.to_json(), args.rounds)
         else:
             algo = DpFedAvgAlgo(args.framework, hp.to_json(), args.rounds)
-        # substrafl's FedAvg, evaluated every round at every organisation: accuracy and that organisation's ε.
+        # substrafl's FedAvg, evaluated after every round (not round 0, the untrained start) at every organisation:
+        # the global model's accuracy and that organisation's ε.
         strategy = FedAvg(algo=algo, metric_functions=METRICS)
-        evaluation = EvaluationStrategy(test_data_nodes=organizations.test_data_nodes, eval_frequency=1)
+        evaluation = EvaluationStrategy(test_data_nodes=organizations.test_data_nodes,
+                                        eval_rounds=list(range(1, args.rounds + 1)))
         aggregator = AggregationNode(organizations.train_data_nodes[0].organization_id)
         with contextlib.chdir(work):  # substrafl writes its function folders in the working directory
             plan_key = experiment.run(

@@ -95,7 +95,7 @@ class DpTraining:
             skeleton.log.info("FedAvg's last train task: its update is never averaged, so nothing is trained and "
                               "no privacy is spent")
             return plan.n
-        hp = budget.noise_for_rounds(self.hp, [plan.n], self.rounds)  # σ for every run of this organisation
+        hp = self._hyperparameters_for_rounds(plan.n)
         run, result = skeleton.train_in_memory(
             self.framework, self._model, self.ledger, data, hp, plan,
             provenance.running_code(Path.cwd(), "substrafl train"),
@@ -104,6 +104,14 @@ class DpTraining:
             raise RuntimeError(f"{name}: a run without max_epsilon trained no step")
         self.settings = skeleton.run_settings(run)
         return plan.n
+
+    def _hyperparameters_for_rounds(self, n: int) -> hp_file.Hyperparameters:
+        """The hyperparameters with σ fixed for every run of this organisation (budget.noise_for_rounds): calibrated
+        by its first train task, then read from the local state (the same σ, without the accountant's search)."""
+        if self.settings is None:
+            return budget.noise_for_rounds(self.hp, [n], self.rounds)
+        return hp_file.parse({**self.hp.to_json(), "noise_multiplier": self.settings["noise_multiplier"],
+                              "target_epsilon": None}, "local state") if self.hp.dp else self.hp
 
     def _weights(self) -> list:
         return [np.array(a) for a in self.framework.weight_arrays(self._model)]  # copies: MindSpore's alias the weights
