@@ -45,8 +45,6 @@ TRAIN_TASKS = "substrafl_train_tasks"
 @functools.cache
 def load_framework(name: str):
     """The `Framework` of an algo asset (its algo.py's FRAMEWORK), imported once per process."""
-    if name not in ALGO_ASSETS:
-        raise UserError(f"framework {name!r}: expected one of {', '.join(ALGO_ASSETS)}")
     return load_asset_module(ALGO_ASSETS[name] / "algo.py", f"algo_{name}_dp").FRAMEWORK
 
 
@@ -64,16 +62,26 @@ def check_hyperparameters(values: dict, rounds: int, where: str = "hyperparamete
 
 class DpTraining:
     """What the bundle's algos for substrafl share, whatever their base class: the framework, the hyperparameters,
-    the model and its ledger, one train run, the local state, and predict. A subclass sets `self._model`."""
+    the model and its ledger, one train run, the local state, and predict. A subclass has a `model` property.
+
+    The framework is imported when first used: substrafl builds the algo in tasks that never use it (the
+    organisations' first task, which only saves the local state, and the aggregator's), and importing tf or
+    MindSpore takes seconds."""
 
     def _setup(self, framework: str, hyperparameters: dict, rounds: int) -> None:
-        self.framework = load_framework(framework)
+        if framework not in ALGO_ASSETS:
+            raise UserError(f"framework {framework!r}: expected one of {', '.join(ALGO_ASSETS)}")
+        self.framework_name = framework
         self.hp = check_hyperparameters(hyperparameters, rounds)
         self.rounds = rounds
         self.network = Network.of(self.hp)
         self.ledger = Ledger()
         self.train_tasks = 0  # substrafl train tasks run at this organisation, the last one included
         self.settings = None  # the model file metadata of the last run (skeleton.run_settings); None: untrained
+
+    @property
+    def framework(self):
+        return load_framework(self.framework_name)
 
     def __reduce__(self):
         # substrafl pickles the algo inside the strategy (for the aggregate and evaluate tasks) and deep-copies it:
@@ -82,14 +90,14 @@ class DpTraining:
         return _recreate, (type(self), self.kwargs)
 
     def _train_run(self, data: dict, through=None) -> int:
-        """One train task's work on `self._model` (in place) with the opener's `data`: a local training, or nothing
+        """One train task's work on `self.model` (in place) with the opener's `data`: a local training, or nothing
         in FedAvg's last task (its update is never averaged); returns the examples."""
-        name = self.framework.name
+        name = self.framework_name
         plan = skeleton.check_data(self.framework, data, self.hp, f"{name} algo's hyperparameters")
         if self.train_tasks > self.rounds:
             raise UserError(f"this {name} algo's σ was calibrated for rounds = {self.rounds} (substrafl's FedAvg runs "
                             f"{self.rounds + 1} train tasks per organisation) and this organisation ran them all: "
-                            "more would exceed target_epsilon; give the algo the experiment's num_rounds")
+                            "more would spend beyond its plan; give the algo the experiment's num_rounds")
         self.train_tasks += 1
         if self.train_tasks == self.rounds + 1:
             skeleton.log.info("FedAvg's last train task: its update is never averaged, so nothing is trained and "
@@ -97,7 +105,7 @@ class DpTraining:
             return plan.n
         hp = self._hyperparameters_for_rounds(plan.n)
         run, result = skeleton.train_in_memory(
-            self.framework, self._model, self.ledger, data, hp, plan,
+            self.framework, self.model, self.ledger, data, hp, plan,
             provenance.running_code(Path.cwd(), "substrafl train"),
             "nothing was sent; lower learning_rate or max_grad_norm", through)
         if result is None:  # no budget stops a run without max_epsilon, refused above
@@ -114,7 +122,7 @@ class DpTraining:
                               "target_epsilon": None}, "local state") if self.hp.dp else self.hp
 
     def _weights(self) -> list:
-        return [np.array(a) for a in self.framework.weight_arrays(self._model)]  # copies: MindSpore's alias the weights
+        return [np.array(a) for a in self.framework.weight_arrays(self.model)]  # copies: MindSpore's alias the weights
 
     def epsilon(self) -> float:
         """The organisation's ε after its runs so far (0 before any), at the hyperparameters' δ."""
@@ -122,21 +130,21 @@ class DpTraining:
 
     def predict(self, data_from_opener: dict, shared_state=None) -> dict:
         """The predicted labels of the opener's images, with this organisation's ε for the `epsilon` metric."""
-        labels = skeleton.predicted_labels(self.framework, self._model, data_from_opener["images"], self.network)
-        return {"labels": labels, "epsilon": self.epsilon(), "delta": self.hp.delta}
+        labels = skeleton.predicted_labels(self.framework, self.model, data_from_opener["images"], self.network)
+        return {"labels": labels, "epsilon": self.epsilon()}
 
     def save_local_state(self, path: Path) -> None:
         if self.settings is None:  # substrafl's init task: nothing trained yet
             with atomic.replacing(path) as tmp:
-                Path(tmp).write_text(json.dumps({"format": UNTRAINED, "framework": self.framework.name}))
+                Path(tmp).write_text(json.dumps({"format": UNTRAINED, "framework": self.framework_name}))
             return
-        model_file.save(path, model_file.ModelFile(self.framework.name, self.framework.dump_model(self._model),
+        model_file.save(path, model_file.ModelFile(self.framework_name, self.framework.dump_model(self.model),
                                                    self.ledger, {**self.settings, TRAIN_TASKS: self.train_tasks}))
 
     def load_local_state(self, path: Path):
-        if _is_untrained(path, self.framework.name):
+        if _is_untrained(path, self.framework_name):
             return self
-        saved = model_file.load(path, self.framework.name)
+        saved = model_file.load(path, self.framework_name)
         if Network.of_saved(saved) != self.network:
             raise UserError(f"{path}: a local state of {Network.of_saved(saved).describe()}, this algo trains "
                             f"{self.network.describe()}")
@@ -171,10 +179,12 @@ class DpFedAvgAlgo(DpTraining, Algo):
     def __init__(self, framework: str, hyperparameters: dict, rounds: int):
         super().__init__(framework=framework, hyperparameters=hyperparameters, rounds=rounds)  # substrafl re-creates
         self._setup(framework, hyperparameters, rounds)
-        self._model = self.framework.new_model(self.hp.seed, self.network)  # the same at every organisation
+        self._model = None
 
     @property
     def model(self):
+        if self._model is None:  # the seeded start, the same at every organisation
+            self._model = self.framework.new_model(self.hp.seed, self.network)
         return self._model
 
     @property
@@ -185,12 +195,12 @@ class DpFedAvgAlgo(DpTraining, Algo):
     def train(self, data_from_opener: dict, shared_state=None) -> FedAvgSharedState:
         """Apply the last average (none in the first round), train, send the change and keep the global model."""
         if shared_state is not None:
-            self._model = self.framework.set_weight_arrays(self._model, [
+            self._model = self.framework.set_weight_arrays(self.model, [
                 w + u.astype(w.dtype) for w, u in zip(self._weights(), shared_state.avg_parameters_update)])
         start = self._weights()
         n = self._train_run(data_from_opener)
         update = [new - old for new, old in zip(self._weights(), start)]
-        self._model = self.framework.set_weight_arrays(self._model, start)
+        self._model = self.framework.set_weight_arrays(self.model, start)
         return FedAvgSharedState(n_samples=n, parameters_update=update)
 
 

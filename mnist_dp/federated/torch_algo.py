@@ -45,7 +45,8 @@ class PoissonIndexGenerator(BaseIndexGenerator):
 
     def feed(self, batches, plan):
         """skeleton.fit's `through`: this run's batches, every one of them handed on unchanged."""
-        self._num_updates, self._batch_size, self._batches = plan.steps, round(plan.expected_batch_size), batches
+        self._num_updates, self._batches = plan.steps, batches
+        self._batch_size = max(1, round(plan.expected_batch_size))  # E[B]: only TorchAlgo's predict would read it
         return self
 
     def reset_counter(self) -> None:
