@@ -16,7 +16,7 @@ from substra.sdk.models import ComputeTaskStatus
 from mnist_dp.data import samples
 from mnist_dp.orchestration import registry
 from mnist_dp.orchestration.assets import ALGO_ASSETS, ASSETS, REPO
-from mnist_dp.orchestration.task_logs import OutputTail, failed_build_log, failed_container, failed_container_log
+from mnist_dp.orchestration.task_logs import OutputTail, local_failure
 from mnist_dp.report.results import Record, model_record
 from mnist_dp.utils.errors import UserError
 
@@ -85,16 +85,9 @@ def run(client: substra.Client, output: Path, **experiment) -> str:
             return execute_experiment(client=client, experiment_folder=str(output / "experiment"),
                                       clean_models=False, **experiment).key
         except (substra.exceptions.SDKException, ExecutionError, BuildError) as exc:
-            cause = exc.args[0] if exc.args else None
-            error, log = f"{type(exc).__name__}: {exc}", None
-            if container := failed_container(str(cause)):
-                error, log = f"its container exited with status {container[1]}", failed_container_log(container[0])
-            elif isinstance(exc, BuildError):
-                error, log = "its Docker image did not build", failed_build_log(str(cause))
-            elif hasattr(cause, "returncode"):
-                error = f"its process exited with status {cause.returncode}"
+            error, log = local_failure(exc, tail)
     new = [plan.key for plan in client.list_compute_plan() if plan.key not in known]
-    raise ExperimentFailed(_failure(client, new[0] if new else None, error, tail.lines() if log is None else log))
+    raise ExperimentFailed(_failure(client, new[0] if new else None, error, log))
 
 
 @contextlib.contextmanager

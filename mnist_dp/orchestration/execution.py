@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 import os
 import shutil
-import subprocess
 import time
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import substra
 from substra.sdk.models import ComputePlanStatus, ComputeTaskStatus
 
 from mnist_dp.orchestration.compute_plan import PlanBuilder, describe_role
-from mnist_dp.orchestration.task_logs import OutputTail, failed_build_log, failed_container, failed_container_log
+from mnist_dp.orchestration.task_logs import OutputTail, local_failure
 from mnist_dp.utils.errors import UserError
 
 
@@ -36,18 +35,10 @@ def run_plan(client: substra.Client, builder: PlanBuilder, name: str, key: str) 
             try:
                 client.add_compute_plan(spec)
             except (substra.exceptions.SDKException, ExecutionError, BuildError) as exc:
-                cause = exc.args[0] if exc.args else None
-                error, log = f"{type(exc).__name__}: {exc}", None
-                if isinstance(cause, subprocess.CalledProcessError):
-                    error = f"its process exited with status {cause.returncode}"
-                elif container := failed_container(str(cause)):
-                    image, status = container
-                    error, log = f"its container exited with status {status}", failed_container_log(image)
-                elif isinstance(exc, BuildError):
-                    error, log = "its Docker image did not build", failed_build_log(str(cause))
+                error, log = local_failure(exc, tail)
             else:
                 return
-        raise PlanFailed(_failure(client, builder, name, error, tail.lines() if log is None else log))
+        raise PlanFailed(_failure(client, builder, name, error, log))
     interval = polling_seconds()  # a bad setting is said before the plan is submitted
     client.add_compute_plan(spec)
     compute_plan = _wait(client, spec.key, len(builder.tasks), interval)

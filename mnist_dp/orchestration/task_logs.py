@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import subprocess
 import sys
 import textwrap
 import threading
@@ -98,3 +99,20 @@ class OutputTail:
 
     def lines(self) -> list:
         return terminal_lines(self.buffer.decode(errors="replace"))
+
+
+def local_failure(exc: BaseException, tail: OutputTail) -> tuple:
+    """(what went wrong, the failed task's log) from an exception Substra's local backend raised while running a
+    plan's tasks (ExecutionError, BuildError or a node refusal): a process's exit status with the end of our own
+    output (`tail`), a container's exit status with its log, or a failed image build with its steps."""
+    from substra.sdk.backends.local.compute.spawner.base import BuildError
+
+    cause = exc.args[0] if exc.args else None
+    if isinstance(cause, subprocess.CalledProcessError):
+        return f"its process exited with status {cause.returncode}", tail.lines()
+    if container := failed_container(str(cause)):
+        log = failed_container_log(container[0])
+        return f"its container exited with status {container[1]}", tail.lines() if log is None else log
+    if isinstance(exc, BuildError):
+        return "its Docker image did not build", failed_build_log(str(cause))
+    return f"{type(exc).__name__}: {exc}", tail.lines()
