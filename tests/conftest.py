@@ -93,6 +93,16 @@ BASE_HP = {"epochs": 2, "batch_size": 50, "learning_rate": 0.1, "momentum": 0.9,
            "clip_count_stddev": None, "noise_seed": None}
 
 
+def independent_epsilon(sigma, q, steps, delta):
+    """ε of `steps` Poisson-subsampled Gaussian steps at (σ, q), from dp_accounting alone: none of our accounting."""
+    import dp_accounting
+    from dp_accounting.pld import pld_privacy_accountant
+
+    event = dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), steps)
+    return pld_privacy_accountant.PLDAccountant().compose(event).get_epsilon(delta)
+
+
 def dict_hp(**changes):
     """BASE_HP with `changes`, parsed as a hyperparameters file is."""
     from mnist_dp.learning import hyperparameters
