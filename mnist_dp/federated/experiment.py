@@ -16,11 +16,10 @@ from substra.sdk.models import ComputeTaskStatus
 from mnist_dp.data import samples
 from mnist_dp.orchestration import registry
 from mnist_dp.orchestration.assets import ALGO_ASSETS, ASSETS, REPO
+from mnist_dp.orchestration.execution import log_tail
 from mnist_dp.orchestration.task_logs import OutputTail, local_failure
 from mnist_dp.report.results import Record, model_record
 from mnist_dp.utils.errors import UserError
-
-LOG_TAIL_LINES = 15
 
 
 @dataclass
@@ -121,9 +120,7 @@ def _failure(client: substra.Client, plan_key: str | None, error: str, log: list
                 where = (f"organisation {task.worker}, function {task.function.name!r}, round "
                          f"{task.metadata.get('round_idx', '?')} (task {task.key})")
                 break
-    tail = [line for line in log if line.strip()][-LOG_TAIL_LINES:]
-    return (f"substrafl experiment failed at {where}: {error}\nlast lines of its log:\n"
-            + "\n".join(f"  | {line}" for line in tail))
+    return f"substrafl experiment failed at {where}: {error}\n{log_tail(log)}"
 
 
 def collect(client: substra.Client, plan_key: str, framework: str, organizations: Organizations,

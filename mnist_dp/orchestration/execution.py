@@ -93,9 +93,13 @@ def _failure(client: substra.Client, builder: PlanBuilder, name: str, error: str
              task_key: str | None = None) -> str:
     task_id, role, function = failed_task(client, builder, task_key)
     where = f"task '{describe_role(role)}' ({task_id}), function {function!r}" if task_id else "an unknown task"
+    return f"compute plan {name!r} failed in {where}: {error}\n{log_tail(log)}"
+
+
+def log_tail(log: list) -> str:
+    """The end of a failed task's log as its failure message ends: its last LOG_TAIL_LINES non-blank lines."""
     tail = [line for line in log if line.strip()][-LOG_TAIL_LINES:]
-    return (f"compute plan {name!r} failed in {where}: {error}\n"
-            f"last lines of its log:\n" + "\n".join(f"  | {line}" for line in tail))
+    return "last lines of its log:\n" + "\n".join(f"  | {line}" for line in tail)
 
 
 def failed_task(client: substra.Client, builder: PlanBuilder, task_key: str | None = None) -> tuple:
