@@ -89,8 +89,8 @@ def read_key(folder):
 
 
 def key_id(key):
-    """Which key named a sample's examples (16 hex digits that reveal nothing of the key): examples named under
-    different keys cannot be compared, so the ledger accounts them as possibly the same."""
+    """Which key named a sample's examples (16 hex digits that reveal nothing of the key). A key is one
+    organisation's: the ledger accounts examples under different keys as different organisations' records."""
     return hmac.digest(key, b"mnist-dp identity key id", "sha256")[:8].hex()
 
 

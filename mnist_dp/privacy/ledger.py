@@ -1,13 +1,15 @@
 """The privacy ledger a model file carries: its DP events in training order and the examples they trained on.
 
-Accounting unit. Neighbouring datasets differ by adding or removing one example: what the model sees, an
-image with its label. The ε of an example composes every event that trained on it, whichever data sample held
-it; the ledger's ε is the worst example's (events on disjoint examples compose in parallel, not in sequence).
-So the ledger names, beside each run's data samples, their examples: each by a 64-bit HMAC of its content under
-the secret key stored with its sample (the opener computes both), in a table shared by the runs on the same
-samples. Re-registering or re-splitting the same data cannot reset an account, and whoever holds a candidate
-example but not the key cannot tell from a released ledger whether it was trained on. Examples named under
-different keys cannot be compared: they are accounted as possibly the same, never as disjoint.
+Accounting unit: an organisation's record. Neighbouring datasets differ by adding or removing one example (the
+image with its label, as the model sees it) of one organisation's data. Each organisation names its examples by a
+64-bit HMAC of their content under its own secret identity key, stored with its data samples and never sent to
+anyone (the opener computes both). Inside one organisation (one key) an example's ε composes every run that
+trained on it, whichever data sample held it: re-splitting or re-registering the same data cannot reset an
+account, and runs on disjoint examples compose in parallel. Examples named under different keys are different
+organisations' records: a run on one organisation's data does not touch another's, so each organisation's ε is
+that of its own examples. An individual whose records several organisations hold is covered by the composition
+of all their runs (`epsilon_in_every_organization`), which the statement gives beside the headline. Whoever holds
+a candidate example but not the organisation's key cannot tell from a released ledger whether it was trained on.
 """
 from __future__ import annotations
 
@@ -126,9 +128,9 @@ class Ledger:
 
     def accounts(self) -> list:
         """The examples trained on, grouped by the runs that trained on them: [Account]. The ε of an example
-        composes its account's events. An example named under one key may be any example named under another
-        (they cannot be compared), so a run on other keys' data counts for it too; a run whose examples are not
-        recorded (an older ledger) counts for every example."""
+        composes its account's events. A run touches the examples of the data samples it names, and only those:
+        another key's examples are another organisation's records. A run whose examples are not recorded (an older
+        ledger) counts for every example."""
         events = self.events
         if not events:
             return []
@@ -143,11 +145,8 @@ class Ledger:
             holds = {i: np.isin(universe, array, assume_unique=True) for i, array in zip(samples, arrays)}
             columns = []
             for event in events:
-                own = [holds[i] for i in event.data if i in holds]
-                if len(own) < len(event.data):  # some of its data is under another key: may be any of these
-                    columns.append(np.ones(len(universe), dtype=bool))
-                else:
-                    columns.append(np.logical_or.reduce(own) if own else np.zeros(len(universe), dtype=bool))
+                own = [holds[i] for i in event.data if i in holds]  # its data under this key, if any
+                columns.append(np.logical_or.reduce(own) if own else np.zeros(len(universe), dtype=bool))
             matrix = np.stack(columns + [holds[i] for i in samples], axis=1)
             # One row per distinct pattern (rows packed to bytes: np.unique on them is fast).
             packed = np.packbits(matrix, axis=1)
@@ -170,6 +169,20 @@ class Ledger:
             if wanted is None or account.samples & wanted:
                 worst = max(worst, compose_epsilon(account.events, delta, accountant))
         return worst
+
+    def keys(self) -> list:
+        """The ids of the identity keys its examples are named under: one per organisation whose data it trained on
+        (empty for a ledger that names no examples)."""
+        return sorted({named.key for named in self.examples.values()})
+
+    def samples_under(self, key: str) -> list:
+        """The identities of the data samples whose examples are named under key id `key` (one organisation's)."""
+        return sorted(identity for identity, named in self.examples.items() if named.key == key)
+
+    def epsilon_in_every_organization(self, delta: float, accountant: str = REPORTED_ACCOUNTANT) -> float:
+        """ε at δ of an individual whose records every organisation holds (and every data sample): every run
+        composed. The same as `epsilon` when the runs all trained on the same examples."""
+        return compose_epsilon(self.events, delta, accountant)
 
     def histories(self, data: Sequence[str]) -> list:
         """The earlier runs of the examples of data samples `data` (recorded in `examples`), as the distinct

@@ -37,12 +37,20 @@ TRAIN_SCORES = ("- **Training-data accuracy was published** (--score-train): it 
 
 
 SHARED_EXAMPLES = (
-    "an example is what the model sees (the image after the opener's conversion, with its label), whatever the "
-    "file stored. A task refuses data holding an example twice; across runs, ε composes the runs of each example "
-    "(the ledger names every example by a 64-bit HMAC under its sample's identity key) and is the worst example's. "
-    "Examples named under different keys cannot be compared: each such run counts as having trained on every "
-    "example (in sequence), never as disjoint. Released with the ledger, exactly: how many examples each run "
-    "trained on and how many two runs share.")
+    "one organisation's record: an example is what the model sees (the image after the opener's conversion, with "
+    "its label), whatever the file stored. Each organisation names its examples by a 64-bit HMAC under its own "
+    "identity key, which never leaves it. Inside one organisation ε composes the runs of each example, whichever "
+    "data samples held it (a task refuses data holding an example twice); examples under different keys are "
+    "different organisations' records, so each organisation's ε counts the runs on its own data. Released with the "
+    "ledger, exactly: how many examples each run trained on and how many two runs of one organisation share.")
+
+FEDERATED_THREAT_MODEL = (
+    "- Across organisations: the other organisations and the aggregator are adversaries too. Each organisation "
+    "receives the averaged (or passed-on) models with this ledger, and the performances; the aggregator also "
+    "receives every organisation's model or weight update, and each one's number of examples. The weights and "
+    "updates are DP outputs, covered by each organisation's ε; the ledger gives every run's n, q, σ and steps; its "
+    "example and sample ids are HMACs under each organisation's own key, so no other organisation can test whether "
+    "a candidate example is in them.")
 
 
 def _schedule(event) -> str:
@@ -69,10 +77,15 @@ def privacy_statement(saved: ModelFile, per_organization: dict | None = None, tr
         return (f"**Not private**: this {saved.framework} model was trained without DP (no clipping, no noise); "
                 "ε = ∞. It must not leave the organisations that hold its training data.")
     epsilon = ledger.epsilon(delta, REPORTED_ACCOUNTANT)
+    keys = ledger.keys()
     lines = [
         f"**(ε, δ) = ({epsilon:.3f}, {delta:g})** by {ACCOUNTANT_NAMES[REPORTED_ACCOUNTANT]} (reported); "
         f"{ACCOUNTANT_NAMES['rdp']}: ε = {ledger.epsilon(delta, 'rdp'):.3f}. "
-        f"It is the worst case over the training data samples.",
+        "It is the worst case over every example whose influence is in these weights, whichever organisation "
+        "holds it (the unit: one organisation's record).",
+        *([f"- An individual whose records every organisation here holds (under each of the {len(keys)} identity "
+           f"keys): ε = {ledger.epsilon_in_every_organization(delta, REPORTED_ACCOUNTANT):.3f}, every run composed."]
+          if len(keys) > 1 else []),
         *([f"- **Replayable noise**: {REPLAYABLE_WARNING}."] if any(e.replayable_noise for e in ledger.events)
           else []),
         *([TRAIN_SCORES] if train_scores else []),
@@ -100,9 +113,8 @@ def privacy_statement(saved: ModelFile, per_organization: dict | None = None, tr
             "same global model with DP-SGD on one organisation's data, weighted by the examples of that training "
             f"({', '.join(str(a['examples']) for a in averaged)}). Averaging is post-processing of those models and "
             "spends no privacy; each training run above is counted once (the global model's runs, shared by every "
-            "input, included). ε is composed per example: in parallel across organisations' disjoint examples, in "
-            "sequence for an example two organisations hold. The averaging organisation sees every input model, "
-            "each covered by its organisation's ε.")
+            "input, included). Each organisation's ε composes the runs on its own data; the averaging organisation "
+            "sees every input model, each covered by its organisation's ε.")
     if hp.get("max_epsilon") is not None:
         if averaged:
             stopped = ("an organisation's training stopped early to stay within it (its run above has fewer steps)"
@@ -118,6 +130,9 @@ def privacy_statement(saved: ModelFile, per_organization: dict | None = None, tr
     if per_organization:
         lines.append("- Per organisation (the worst ε of the examples it holds): " + ", ".join(
             f"{org}: {value:.3f}" for org, value in per_organization.items()))
+    elif len(keys) > 1:
+        lines.append("- Per organisation (identity key id; the worst ε of its examples): " + ", ".join(
+            f"{key}: {ledger.epsilon(delta, data=ledger.samples_under(key)):.3f}" for key in keys))
     elif len(accounts) > 1:
         run_number = {id(e): k for k, e in enumerate(ledger.events, 1)}
         lines.append("- Per group of examples trained on by the same runs: " + ", ".join(
@@ -132,6 +147,8 @@ def privacy_statement(saved: ModelFile, per_organization: dict | None = None, tr
     lines.append("- Covered: every training step recorded above, on the data samples it names (by keyed identity); "
                  "the initialisation is data-independent (seeded) and costs nothing.")
     lines.append(THREAT_MODEL)
+    if len(keys) > 1 or averaged:
+        lines.append(FEDERATED_THREAT_MODEL)
     lines.append("- Accounting unit: " + SHARED_EXAMPLES)
     lines.append("- Not covered: " + "; ".join(NOT_COVERED) + ".")
     return "\n".join(lines)

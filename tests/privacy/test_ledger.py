@@ -41,12 +41,23 @@ def test_an_example_in_two_samples_composes_both_runs_that_trained_on_it():
     assert ledger.histories(["b"]) == [runs]  # its shared examples' runs: what a next run on "b" must add to
 
 
-def test_examples_that_cannot_be_compared_are_accounted_as_the_same():
+def test_examples_under_different_keys_are_different_organisations_records():
     runs = [dp_event(4000, 250, 3, data=["a"]), dp_event(4000, 250, 3, data=["b"])]
-    both = compose_epsilon(runs, 1e-5)
-    # named under two keys: the ids cannot be compared, so the runs may share every example
-    other_key = {**named({"a": range(4000)}), **named({"b": range(4000, 8000)}, key="fedcba9876543210")}
-    assert Ledger(runs, other_key).epsilon(1e-5) == pytest.approx(both, rel=1e-9)
+    one_run, both = compose_epsilon(runs[:1], 1e-5), compose_epsilon(runs, 1e-5)
+    # Two organisations, each its own key: a run on one's data does not touch the other's records, even where the
+    # ids happen to be equal (they are HMACs under different keys, so equal ids say nothing).
+    two_keys = {**named({"a": range(4000)}), **named({"b": range(4000)}, key="fedcba9876543210")}
+    ledger = Ledger(runs, two_keys)
+    assert ledger.keys() == [KEY, "fedcba9876543210"]
+    assert ledger.epsilon(1e-5) == pytest.approx(one_run, rel=1e-9)
+    assert ledger.epsilon(1e-5, data=["b"]) == pytest.approx(one_run, rel=1e-9)
+    assert sorted(len(a.events) for a in ledger.accounts()) == [1, 1]
+    assert ledger.histories(["b"]) == [[runs[1]]]  # a next run on b's data adds to b's run only
+    # An individual whose records both organisations hold: both runs.
+    assert ledger.epsilon_in_every_organization(1e-5) == pytest.approx(both, rel=1e-9)
+    assert both > one_run + 0.5
+    # One key, the same ids: the same examples, trained on by both runs.
+    assert Ledger(runs, named({"a": range(4000), "b": range(4000)})).epsilon(1e-5) == pytest.approx(both, rel=1e-9)
     # a ledger that names no examples (a model file of format 2): every run counts for every example
     assert Ledger(runs).epsilon(1e-5) == pytest.approx(both, rel=1e-9)
     assert Ledger.from_json([e.to_json() for e in runs]).epsilon(1e-5) == pytest.approx(both, rel=1e-9)

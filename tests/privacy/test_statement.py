@@ -68,8 +68,9 @@ def test_each_run_names_the_code_that_made_it_and_what_data_checks_cover():
     assert "ran 'train' from function archive sha256:abc" in text
     assert "ran 'train' from no function archive (run from the repository, or its files changed)" in text
     assert "code not recorded" in statement.privacy_statement(saved([EVENT]))
-    assert "Examples named under different keys cannot be compared: each such run counts as having trained on " \
-           "every example (in sequence), never as disjoint" in text
+    assert "Accounting unit: one organisation's record" in text
+    assert "examples under different keys are different organisations' records" in text
+    assert "Across organisations" not in text  # one organisation's model
 
 
 def test_an_averaged_models_statement_explains_the_averaging():
@@ -79,6 +80,22 @@ def test_an_averaged_models_statement_explains_the_averaging():
     text = statement.privacy_statement(model, {"Org1": 1.25, "Org2": 1.25})
     assert "Federated averaging: this model is the average of 2 models" in text and "(300, 300)" in text
     assert "post-processing of those models and spends no privacy" in text
-    assert "in parallel across organisations' disjoint examples" in text
+    assert "Each organisation's ε composes the runs on its own data" in text
+    assert "Across organisations: the other organisations and the aggregator are adversaries too" in text
     assert "every organisation's training ran every planned step within it" in text
     assert "Per organisation (the worst ε of the examples it holds): Org1: 1.250, Org2: 1.250" in text
+
+
+def test_two_organisations_keys_give_the_worst_organisation_and_the_individual_in_both():
+    small = DpEvent("tf", ("fp-a",), 300, 0.2, 1.0, 5, PER_EXAMPLE, 1.0)
+    large = DpEvent("tf", ("fp-b",), 300, 0.2, 1.0, 15, PER_EXAMPLE, 1.0)
+    examples = {"fp-a": Examples.of("0123456789abcdef", range(300)),
+                "fp-b": Examples.of("fedcba9876543210", range(300))}
+    text = statement.privacy_statement(saved([small, large], examples))
+    worst, both = accountant.compose_epsilon([large], 1e-4), accountant.compose_epsilon([small, large], 1e-4)
+    # The headline covers the other organisation's examples in these weights too, not only the first's.
+    assert text.startswith(f"**(ε, δ) = ({worst:.3f}, 0.0001)**")
+    assert f"every organisation here holds (under each of the 2 identity keys): ε = {both:.3f}" in text
+    assert (f"Per organisation (identity key id; the worst ε of its examples): 0123456789abcdef: "
+            f"{accountant.compose_epsilon([small], 1e-4):.3f}, fedcba9876543210: {worst:.3f}") in text
+    assert "Across organisations: the other organisations and the aggregator are adversaries too" in text
