@@ -1,11 +1,12 @@
 """Federated averaging with substrafl and the bundle's DP-SGD, ε per organisation reported after every round.
 
 substrafl's own pieces (FedAvg, the nodes, EvaluationStrategy, execute_experiment) with the bundle's algo:
-TorchDpFedAvgAlgo (a TorchFedAvgAlgo) for torch, DpFedAvgAlgo (substrafl's generic Algo) for tf and MindSpore.
-Each organisation registers its share of the data (and the test set, to evaluate on); every round each trains
-`epochs` local epochs of DP-SGD from the global model, and its evaluation reports the global model's accuracy
-and the organisation's own ε (its ledger, recomputed by the accountant). σ is calibrated so that every
-organisation ends at or below target_epsilon after the last round.
+TorchDpFedAvgAlgo (a TorchFedAvgAlgo) for torch, DpFedAvgAlgo (substrafl's generic Algo) for tf and MindSpore,
+and DpFedAvg, substrafl's FedAvg passing the privacy ledgers along. Each organisation registers its share of the
+data under its own identity key (and the test set, under a key of its own, to evaluate on); every round each
+trains `epochs` local epochs of DP-SGD from the global model, and its evaluation reports the global model's
+accuracy and the organisation's own ε (its examples', recomputed by the accountant from the ledger). σ is
+calibrated so that every organisation ends at or below target_epsilon after the last round.
 
     python examples/substrafl_fedavg.py --framework torch --organizations 2 --rounds 3
 
@@ -18,11 +19,11 @@ from pathlib import Path
 
 from substrafl.evaluation_strategy import EvaluationStrategy
 from substrafl.nodes import AggregationNode
-from substrafl.strategies import FedAvg
 
 from mnist_dp.data import dataset, samples
 from mnist_dp.federated import experiment
 from mnist_dp.federated.algo import METRICS, DpFedAvgAlgo
+from mnist_dp.federated.strategy import DpFedAvg
 from mnist_dp.learning import hyperparameters as hp_file
 from mnist_dp.orchestration import connection, registry
 from mnist_dp.orchestration.assets import ALGO_ASSETS
@@ -61,14 +62,18 @@ def main(argv=None):
         raise UserError("--organizations and --rounds must be at least 1")
     hp = hp_file.load(ALGO_ASSETS[args.framework] / hp_file.FILE_NAME, hp_file.load_overrides(args.hyperparameters))
     data_dir, output = args.data.resolve(), args.output.resolve()
+    dataset.check_output_outside(data_dir, output)
     with atomic.exclusive(output, "--output folder"):
         work = output / "substra"
         work.mkdir(exist_ok=True)
         # One local Substra client per organisation.
         clients = [connection.connect(args.backend, work_dir=work) for _ in range(args.organizations)]
-        dataset.generate_default_if_missing(data_dir, train_samples=args.organizations, flag="--organizations")
-        # What a train task would refuse, refused now: copies of an example, a target ε σ cannot reach.
+        dataset.generate_default_if_missing(data_dir, train_samples=args.organizations, flag="--organizations",
+                                            organizations=args.organizations)
+        # What a train task would refuse, refused now: copies of an example, a target ε σ cannot reach; and keys a
+        # deployment would not share (each organisation its own; the test set, evaluated everywhere, its own).
         shares = registry.split_among(data_dir, args.organizations, flag="--organizations")
+        dataset.check_organization_keys(data_dir, shares, test_everywhere=True)
         samples.check_examples([folder for share in shares for folder in share])
         budget.check_plan(args.framework, hp, [sum(map(samples.sample_size, s)) for s in shares], args.rounds,
                           [f"organisation {k}" for k in range(1, args.organizations + 1)])
@@ -81,9 +86,9 @@ def main(argv=None):
             algo = TorchDpFedAvgAlgo(hp.to_json(), args.rounds)
         else:
             algo = DpFedAvgAlgo(args.framework, hp.to_json(), args.rounds)
-        # substrafl's FedAvg, evaluated after every round (not round 0, the untrained start) at every organisation:
-        # the global model's accuracy and that organisation's ε.
-        strategy = FedAvg(algo=algo, metric_functions=METRICS)
+        # substrafl's FedAvg with the ledgers passed along, evaluated after every round (not round 0, the untrained
+        # start) at every organisation: the global model's accuracy and that organisation's ε.
+        strategy = DpFedAvg(algo=algo, metric_functions=METRICS)
         evaluation = EvaluationStrategy(test_data_nodes=organizations.test_data_nodes,
                                         eval_rounds=list(range(1, args.rounds + 1)))
         aggregator = AggregationNode(organizations.train_data_nodes[0].organization_id)

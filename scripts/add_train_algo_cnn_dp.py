@@ -15,7 +15,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from mnist_dp.data import samples
+from mnist_dp.data import dataset, samples
 from mnist_dp.learning import hyperparameters as hp_file
 from mnist_dp.orchestration import compute_plan, connection, registry
 from mnist_dp.orchestration.assets import ALGO_ASSETS
@@ -59,6 +59,7 @@ def main(argv=None):
                     f"--rounds {args.rounds} with the {len(folds)} fold(s) of {args.keys_file} and --strategy "
                     f"{args.strategy}")
     data_dir = Path(keys.require("data"))
+    dataset.check_output_outside(data_dir, args.output or Path("results") / args.framework)
     if data_dir.is_dir():  # what each train task would refuse, checked before anything is registered
         sizes = [sum(map(samples.sample_size, own)) for own in registry.split_among(data_dir, len(folds))]
         hp = budget.check_plan(args.framework, hp, sizes, args.rounds,

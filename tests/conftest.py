@@ -47,6 +47,15 @@ def tiny_data(tmp_path_factory):
     return dest
 
 
+@pytest.fixture(scope="session")
+def tiny_federated_data(tmp_path_factory):
+    """The same examples as tiny_data for two organisations, as a deployment has them: each organisation's
+    sample under its own identity key, the test set under a third."""
+    dest = tmp_path_factory.mktemp("data") / "tiny-federated"
+    dataset.generate(dest, train_size=300, test_size=100, train_samples=2, seed=1, organizations=2)
+    return dest
+
+
 # Runs a command as root without the capabilities that let root write anywhere: a folder of mode
 # 0o555 is then read-only to it, as it would be to a user (tests run as root in CI and in the image).
 WITHOUT_WRITE_OVERRIDE = ["setpriv", "--bounding-set=-dac_override,-dac_read_search",

@@ -1,6 +1,11 @@
-"""A dataset folder as generate_data writes it: train/<i> and test/0 data samples under one identity key,
-and manifest.json, which marks the folder as ours (only such a folder is ever replaced, and only its own
-entries). Sources: sources.py; how a sample is read: samples.py.
+"""A dataset folder as generate_data writes it: train/<i> and test/0 data samples, and manifest.json, which marks
+the folder as ours (only such a folder is ever replaced, and only its own entries). Sources: sources.py; how a
+sample is read: samples.py.
+
+Identity keys: one per organisation, which never leaves it (it lets its holder recognise the organisation's
+examples in a released ledger). The train samples are split among `organizations` (sample i to organisation
+i mod N, as run_local.py and the substrafl example assign them), each organisation's under its own key, as a
+deployment has it; the test set, which every organisation may be given to evaluate on, has a key of its own.
 """
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from mnist_dp.data.samples import IMAGES_FILE, KEY_FILE, LABELS_FILE, opener, read_key, sample_fingerprint
+from mnist_dp.data.samples import key_id as samples_key_id
 from mnist_dp.data.sources import EMBEDDED_SOURCE, checked_arrays, load_source, split_train_test, stratified_indices
 from mnist_dp.utils.errors import UserError
 
@@ -80,9 +86,10 @@ def read_manifest(dest: Path) -> dict | None:
 
 
 def write_dataset(dest: Path, train, test, train_samples: int, manifest: dict, force: bool = False,
-                  key: str | None = None) -> dict:
-    """Write ``dest/train/<i>`` (train split in `train_samples` folders), ``dest/test/0`` and
-    ``dest/manifest.json``, which marks the folder as ours.
+                  organizations: int = 1, keys: tuple = (), test_key: str | None = None) -> dict:
+    """Write ``dest/train/<i>`` (train split in `train_samples` folders, sample i under the key of organisation
+    i mod `organizations`), ``dest/test/0`` (under a key of its own) and ``dest/manifest.json``, which marks the
+    folder as ours. `keys`: the first organisations' keys (the others get new ones); `test_key`: the test set's.
 
     `dest` must be missing, empty or ours; `force` replaces our entries of it (train/, test/,
     manifest.json) and keeps anything else. Built in a temporary folder next to `dest` and moved into
@@ -93,6 +100,13 @@ def write_dataset(dest: Path, train, test, train_samples: int, manifest: dict, f
     if train_samples > len(train[1]):
         raise UserError(f"--train-samples {train_samples}: more than the {len(train[1])} train examples; "
                         f"give at most {len(train[1])}")
+    organizations = _at_least_one("--organizations", organizations)
+    if organizations > train_samples:
+        raise UserError(f"--organizations {organizations}: more than the {train_samples} train data sample(s) "
+                        f"(--train-samples); give --train-samples {organizations} or more")
+    if len(keys) > organizations:
+        raise UserError(f"{len(keys)} identity keys given for {organizations} organisation(s): --key-from gives "
+                        "one organisation's key; leave out --organizations")
     _check_output(dest, force)
     parts = np.array_split(np.arange(len(train[1])), train_samples)
     parent = dest.parent
@@ -107,13 +121,14 @@ def write_dataset(dest: Path, train, test, train_samples: int, manifest: dict, f
         tmp.mkdir()
     try:
         with _writing_in(parent):
-            key = key or new_key()  # one organisation's data: one identity key
+            keys = [*keys, *(new_key() for _ in range(organizations - len(keys)))]  # one per organisation
             for i, part in enumerate(parts):
-                write_sample(tmp / "train" / str(i), train[0][part], train[1][part], key)
-            write_sample(tmp / "test" / "0", *test, key)
+                write_sample(tmp / "train" / str(i), train[0][part], train[1][part], keys[i % organizations])
+            write_sample(tmp / "test" / "0", *test, test_key or new_key())
             folders = [f"train/{i}" for i in range(train_samples)] + ["test/0"]
             manifest = {**manifest, "written_by": WRITTEN_BY, "train_examples": int(len(train[1])),
                         "test_examples": int(len(test[1])), "train_samples": train_samples,
+                        "organizations": organizations,
                         # Tells data nobody changed since (generate_default_if_missing may split it again).
                         "sample_fingerprints": {f: sample_fingerprint(tmp / f) for f in folders}}
             (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
@@ -238,6 +253,72 @@ def sample_folders(dest: Path, split: str) -> list:
     return folders
 
 
+def check_organization_keys(data_dir: Path, holdings: list, test_everywhere: bool = False) -> None:
+    """Refuse a split of `data_dir` among organisations (`holdings`: each one's train sample folders) that a
+    deployment could not have: an organisation's data under several identity keys (its ε would be counted as
+    several organisations'), two organisations under one key (either could recognise the other's examples in a
+    released ledger), or a test set under the key of an organisation it would be registered beside (the first
+    one's; every one's with `test_everywhere`). The advice names a command that fixes it."""
+    data_dir = Path(data_dir)
+    keys = [{samples_key_id(folder) for folder in own} for own in holdings]
+    test = {samples_key_id(folder) for folder in sample_folders(data_dir, "test")}
+    problem = None
+    for k, own in enumerate(keys, 1):
+        if len(own) > 1:
+            problem = (f"organisation {k}'s train data samples are under {len(own)} identity keys; one organisation's "
+                       "data is under one key")
+            break
+        shared = [j for j, other in enumerate(keys[:k - 1], 1) if other & own]
+        if shared:
+            problem = (f"organisations {shared[0]} and {k} hold data under one identity key; each organisation's key "
+                       "must be its own: a shared key lets either recognise the other's examples in a released ledger")
+            break
+    else:
+        reached = [k for k, own in enumerate(keys, 1) if own & test and (test_everywhere or k > 1)]
+        if reached:
+            problem = (f"the test data is under organisation {reached[0]}'s identity key and would be registered at "
+                       "another organisation, which could then recognise that organisation's examples in a released "
+                       "ledger; the test data needs a key of its own")
+    if problem is None:
+        return
+    manifest = read_manifest(data_dir)
+    if manifest is None:
+        how = (f"give each organisation's samples (train/k, train/k+{len(holdings)}, …) and the test samples a key of "
+               "their own: move their identity.key files away, then run python scripts/generate_data.py --add-key "
+               "FOLDER... once for each organisation and once for the test samples")
+    else:
+        how = "write the data again, each organisation under its own key: " + regenerate_command(
+            data_dir, manifest, len(holdings))
+    raise UserError(f"{data_dir}: {problem}; {how}")
+
+
+def check_output_outside(data_dir: Path, output: Path, flag: str = "--output") -> None:
+    """Refuse an output folder that is the data folder or inside it, before anything is written there: the run's
+    files (Substra's work files, the lock, the reports) would sit among the data samples, and a later run would
+    read them as samples."""
+    data_dir, output = Path(data_dir).resolve(), Path(output).resolve()
+    if output == data_dir or data_dir in output.parents:
+        raise UserError(f"{flag} {output}: is inside the data folder {data_dir}; the run's files would be mixed with "
+                        "the data samples: choose an output folder outside it")
+
+
+def regenerate_command(data_dir: Path, manifest: dict, organizations: int) -> str:
+    """The generate_data command that writes `data_dir` (ours, `manifest`) again for `organizations`."""
+    source = manifest.get("source")
+    parts = ["python scripts/generate_data.py --output", str(data_dir)]
+    if source and source != EMBEDDED_SOURCE:
+        parts += ["--source", str(source), "--train-size", str(manifest.get("train_examples")), "--test-size",
+                  str(manifest.get("test_examples"))]
+    elif source == EMBEDDED_SOURCE and (manifest.get("train_examples"), manifest.get("test_examples")) != (
+            DEFAULT_TRAIN_SIZE, DEFAULT_TEST_SIZE):
+        parts += ["--train-size", str(manifest.get("train_examples")), "--test-size",
+                  str(manifest.get("test_examples"))]
+    parts += ["--seed", str(manifest.get("seed", DEFAULT_SEED)),
+              "--train-samples", str(max(organizations, manifest.get("train_samples") or 1)),
+              "--organizations", str(organizations), "--force"]
+    return " ".join(parts)
+
+
 def _at_least_one(flag: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise UserError(f"{flag} {value}: must be a whole number, at least 1")
@@ -245,9 +326,13 @@ def _at_least_one(flag: str, value) -> int:
 
 
 def generate(dest: Path, source: Path | None = None, train_size: int | None = None, test_size: int | None = None,
-             train_samples: int = 1, seed: int = DEFAULT_SEED, force: bool = False, key: str | None = None) -> dict:
-    """Build the train/test data samples from a source (see module docstring). Deterministic for a seed.
-    Sizes left as None: 4000 / 1000 of the embedded data, all of a source."""
+             train_samples: int | None = None, seed: int = DEFAULT_SEED, force: bool = False,
+             organizations: int = 1, keys: tuple = (), test_key: str | None = None) -> dict:
+    """Build the train/test data samples from a source (see module docstring). Deterministic for a seed, but for
+    the identity keys (`keys`, `test_key`: reuse these; write_dataset). Sizes left as None: 4000 / 1000 of the
+    embedded data, all of a source; train_samples: one per organisation."""
+    organizations = _at_least_one("--organizations", organizations)
+    train_samples = organizations if train_samples is None else train_samples
     train_size = None if train_size is None else _at_least_one("--train-size", train_size)
     test_size = None if test_size is None else _at_least_one("--test-size", test_size)
     # Before the source is loaded (seconds); write_dataset checks both again.
@@ -275,33 +360,41 @@ def generate(dest: Path, source: Path | None = None, train_size: int | None = No
             parts.append((x[picked], y[picked]))
         train, test = parts
     manifest = {"source": EMBEDDED_SOURCE if source is None else str(source), "seed": seed}
-    return write_dataset(dest, train, test, train_samples, manifest, force=force, key=key)
+    return write_dataset(dest, train, test, train_samples, manifest, force=force, organizations=organizations,
+                         keys=keys, test_key=test_key)
 
 
-def generate_default_if_missing(dest: Path, train_samples: int, flag: str = "--train-samples") -> None:
-    """The scripts' first run: write the embedded default data to `dest` unless it holds data samples.
-    The default data written here, unchanged since, is split again when it has fewer than
-    `train_samples` train samples; any other data is left as it is. `flag`: the script's option that asked for
-    `train_samples`, which errors name (the user gave no --train-samples)."""
+def generate_default_if_missing(dest: Path, train_samples: int, flag: str = "--train-samples",
+                                organizations: int = 1) -> None:
+    """The scripts' first run: write the embedded default data to `dest` unless it holds data samples, split among
+    `organizations`, each under its own key. The default data written here, unchanged since, is split again when it
+    has fewer than `train_samples` train samples or was written for another number of organisations; any other
+    data is left as it is. `flag`: the script's option that asked for `train_samples`, which errors name (the user
+    gave no --train-samples)."""
     dest = Path(dest)
     _at_least_one(flag, train_samples)
     entries = _entries(dest)
     if (dest / "train").is_dir():
         held = sum(p.is_dir() for p in (dest / "train").iterdir())
-        if held < train_samples and _is_unchanged_default(dest):
+        written_for = (read_manifest(dest) or {}).get("organizations")
+        if (held < train_samples or written_for != organizations) and _is_unchanged_default(dest):
             _check_default_holds(train_samples, flag)
-            print(f"{dest}: splitting the default data again into {train_samples} train samples "
-                  f"(it had {held}; the same examples)")
-            # Under the same key: a model trained on the earlier split can be compared example by example.
-            generate(dest, train_samples=train_samples, force=True,
-                     key=read_key(dest / "test" / "0"))
+            print(f"{dest}: splitting the default data again into {train_samples} train samples for {organizations} "
+                  f"organisation(s), each under its own identity key (it had {held}; the same examples)")
+            # Organisation k keeps its key (a model trained on the earlier split can be compared example by
+            # example); data written before the test set had a key of its own gets new keys throughout.
+            kept = () if written_for is None else tuple(read_key(dest / "train" / str(k))
+                                                        for k in range(min(written_for, organizations)))
+            generate(dest, train_samples=train_samples, force=True, organizations=organizations, keys=kept,
+                     test_key=read_key(dest / "test" / "0") if written_for else None)
         return
     if entries:
         raise UserError(f"{dest}: holds no data samples (no train/ folder) but other files ({_listed(entries)}); "
                         "give --data a folder of data samples written by scripts/generate_data.py, or a new folder")
     _check_default_holds(train_samples, flag)
-    manifest = generate(dest, train_samples=train_samples)
-    print(f"generated {manifest['train_examples']} train / {manifest['test_examples']} test examples in {dest}")
+    manifest = generate(dest, train_samples=train_samples, organizations=organizations)
+    print(f"generated {manifest['train_examples']} train / {manifest['test_examples']} test examples in {dest}"
+          + (f" for {organizations} organisations, each under its own identity key" if organizations > 1 else ""))
 
 
 def _check_default_holds(train_samples: int, flag: str) -> None:

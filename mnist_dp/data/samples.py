@@ -54,6 +54,11 @@ def read_key(folder: Path) -> str:
         raise UserError(str(exc)) from None
 
 
+def key_id(folder: Path) -> str:
+    """The id of data sample folder `folder`'s identity key, as its ledger entries name it (reveals nothing of it)."""
+    return opener().key_id(bytes.fromhex(read_key(folder)))
+
+
 # The key of examples held in memory (benchmarks and tests that train without sample folders): public, so their
 # ledgers are comparable with each other only, which is all they need.
 IN_MEMORY_KEY = "00" * 32

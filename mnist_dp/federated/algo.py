@@ -13,8 +13,11 @@ never averaged: the final model is the average of round `rounds`. So that last t
 trains nothing (it spends no privacy), and σ is calibrated for `rounds` local trainings of `epochs` Poisson
 epochs each: every organisation ends at or below `target_epsilon`. A train task beyond those refuses to run.
 
-Evaluation reports the organisation's ε beside the accuracy: `predict` returns the predicted labels with ε
-recomputed from the local state's ledger, and the metric functions `accuracy` and `epsilon` read them.
+The ledger travels with the weights (strategy.DpFedAvg): each train task sends the organisation's ledger with its
+change, and keeps the merge the aggregator sends back, so the local state's ledger holds every run in its weights.
+Evaluation reports the organisation's own ε beside the accuracy: `predict` returns the predicted labels with the ε
+of the organisation's examples, recomputed from the local state's ledger, and the metric functions `accuracy` and
+`epsilon` read them.
 """
 from __future__ import annotations
 
@@ -25,8 +28,9 @@ from pathlib import Path
 import numpy as np
 from substrafl.algorithms.algo import Algo
 from substrafl.remote import remote_data
-from substrafl.strategies.schemas import FedAvgSharedState, StrategyName
+from substrafl.strategies.schemas import StrategyName
 
+from mnist_dp.federated.strategy import LedgerSharedState, received_ledger
 from mnist_dp.learning import hyperparameters as hp_file
 from mnist_dp.learning import skeleton
 from mnist_dp.learning.interface import Network
@@ -38,8 +42,10 @@ from mnist_dp.utils.errors import UserError
 
 # A local state before any training: the initial model is the seeded start (hp seed), rebuilt, not stored.
 UNTRAINED = "mnist-dp-substrafl-untrained/1"
-# The local state's count of train tasks, in its model file's metadata.
+# The local state's count of train tasks, and the identities of the organisation's own data samples (its own ε),
+# in its model file's metadata.
 TRAIN_TASKS = "substrafl_train_tasks"
+OWN_DATA = "substrafl_own_data"
 
 
 @functools.cache
@@ -78,6 +84,7 @@ class DpTraining:
         self.ledger = Ledger()
         self.train_tasks = 0  # substrafl train tasks run at this organisation, the last one included
         self.settings = None  # the model file metadata of the last run (skeleton.run_settings); None: untrained
+        self.own_data = ()  # the identities of this organisation's training data samples (its own ε)
 
     @property
     def framework(self):
@@ -111,7 +118,18 @@ class DpTraining:
         if result is None:  # no budget stops a run without max_epsilon, refused above
             raise RuntimeError(f"{name}: a run without max_epsilon trained no step")
         self.settings = skeleton.run_settings(run)
+        self.own_data = tuple(sample["identity"] for sample in data["samples"])
         return plan.n
+
+    def _receive(self, shared_state) -> None:
+        """Keep the aggregator's merged ledger (none in the first round): the global model's runs, every
+        organisation's."""
+        if shared_state is not None:
+            self.ledger = received_ledger(shared_state, self.ledger)
+
+    def _shared_state(self, n: int, update: list) -> LedgerSharedState:
+        """What this organisation sends the aggregator: the change, its examples, and its ledger."""
+        return LedgerSharedState(n_samples=n, parameters_update=update, ledger=self.ledger.to_json())
 
     def _hyperparameters_for_rounds(self, n: int) -> hp_file.Hyperparameters:
         """The hyperparameters with σ fixed for every run of this organisation (budget.noise_for_rounds): calibrated
@@ -125,8 +143,9 @@ class DpTraining:
         return [np.array(a) for a in self.framework.weight_arrays(self.model)]  # copies: MindSpore's alias the weights
 
     def epsilon(self) -> float:
-        """The organisation's ε after its runs so far (0 before any), at the hyperparameters' δ."""
-        return budget.privacy_summary(self.ledger, self.hp.delta)["epsilon"] if self.ledger.events else 0.0
+        """The organisation's own ε, that of its examples, after its runs so far (0 before any), at the
+        hyperparameters' δ. The local state's headline figure (privacy_report.py) is the worst organisation's."""
+        return self.ledger.epsilon(self.hp.delta, data=self.own_data) if self.own_data else 0.0
 
     def predict(self, data_from_opener: dict, shared_state=None) -> dict:
         """The predicted labels of the opener's images, with this organisation's ε for the `epsilon` metric."""
@@ -139,7 +158,8 @@ class DpTraining:
                 Path(tmp).write_text(json.dumps({"format": UNTRAINED, "framework": self.framework_name}))
             return
         model_file.save(path, model_file.ModelFile(self.framework_name, self.framework.dump_model(self.model),
-                                                   self.ledger, {**self.settings, TRAIN_TASKS: self.train_tasks}))
+                                                   self.ledger, {**self.settings, TRAIN_TASKS: self.train_tasks,
+                                                                 OWN_DATA: list(self.own_data)}))
 
     def load_local_state(self, path: Path):
         if _is_untrained(path, self.framework_name):
@@ -151,6 +171,7 @@ class DpTraining:
         self._model = skeleton.load_weights(self.framework, saved, path, self.network)
         self.ledger, self.settings = saved.ledger, saved.hyperparameters
         self.train_tasks = self.settings.pop(TRAIN_TASKS)
+        self.own_data = tuple(self.settings.pop(OWN_DATA))
         return self
 
 
@@ -192,8 +213,10 @@ class DpFedAvgAlgo(DpTraining, Algo):
         return [StrategyName.FEDERATED_AVERAGING]
 
     @remote_data
-    def train(self, data_from_opener: dict, shared_state=None) -> FedAvgSharedState:
-        """Apply the last average (none in the first round), train, send the change and keep the global model."""
+    def train(self, data_from_opener: dict, shared_state=None) -> LedgerSharedState:
+        """Apply the last average (none in the first round) with its ledger, train, send the change with this
+        organisation's ledger and keep the global model."""
+        self._receive(shared_state)
         if shared_state is not None:
             self._model = self.framework.set_weight_arrays(self.model, [
                 w + u.astype(w.dtype) for w, u in zip(self._weights(), shared_state.avg_parameters_update)])
@@ -201,10 +224,10 @@ class DpFedAvgAlgo(DpTraining, Algo):
         n = self._train_run(data_from_opener)
         update = [new - old for new, old in zip(self._weights(), start)]
         self._model = self.framework.set_weight_arrays(self.model, start)
-        return FedAvgSharedState(n_samples=n, parameters_update=update)
+        return self._shared_state(n, update)
 
 
-# The metric functions for FedAvg(metric_functions=...): substrafl calls them with the opener's data and
+# The metric functions for DpFedAvg(metric_functions=...): substrafl calls them with the opener's data and
 # DpTraining.predict's output.
 
 def accuracy(data_from_opener, predictions) -> float:
@@ -212,7 +235,8 @@ def accuracy(data_from_opener, predictions) -> float:
 
 
 def epsilon(data_from_opener, predictions) -> float:
-    """The organisation's ε so far (its ledger, recomputed by the accountant in the evaluation task)."""
+    """The organisation's own ε so far (its examples' in its ledger, recomputed by the accountant in the evaluation
+    task)."""
     return float(predictions["epsilon"])
 
 

@@ -126,8 +126,9 @@ def _failure(client: substra.Client, plan_key: str | None, error: str, log: list
 def collect(client: substra.Client, plan_key: str, framework: str, organizations: Organizations,
             models_dir: Path) -> tuple:
     """(records, performances): one Record per organisation and round after the first training, from the local
-    state its evaluation used (downloaded to `models_dir`, the bundle's model file: ε recomputed from its ledger),
-    with the evaluation's accuracy and ε (`epsilon_in_substra`) beside; and Substra's performances as a frame."""
+    state its evaluation used (downloaded to `models_dir`, the bundle's model file: ε recomputed from its ledger,
+    every organisation's), with the evaluation's accuracy and the organisation's own ε (`epsilon_in_substra`)
+    beside; and Substra's performances as a frame."""
     import pandas as pd
 
     perfs = client.get_performances(plan_key)
@@ -144,7 +145,7 @@ def collect(client: substra.Client, plan_key: str, framework: str, organizations
         path.parent.mkdir(parents=True, exist_ok=True)
         Path(client.download_model_from_task(evaluated, "local", path.parent)).replace(path)
         records.append(Record(run=framework, round=int(round_idx), organization=org,
-                              **model_record(path, framework, {org: organizations.identities[org]}),
+                              **model_record(path, framework, organizations.identities),
                               test_accuracy=metric.get("accuracy"), epsilon_in_substra=metric.get("epsilon")))
     records.sort(key=lambda r: (r.round, r.organization))
     return records, frame

@@ -13,8 +13,10 @@ import numpy as np
 import torch
 from substrafl.algorithms.pytorch import TorchFedAvgAlgo
 from substrafl.index_generator.base import BaseIndexGenerator
+from substrafl.remote import remote_data
 
 from mnist_dp.federated.algo import DpTraining, check_hyperparameters, load_framework
+from mnist_dp.federated.strategy import LedgerSharedState
 from mnist_dp.learning.interface import Network
 
 
@@ -72,6 +74,13 @@ class TorchDpFedAvgAlgo(DpTraining, TorchFedAvgAlgo):
                          index_generator=PoissonIndexGenerator(), dataset=OpenerDataset, disable_gpu=True,
                          hyperparameters=hyperparameters, rounds=rounds)  # substrafl re-creates the algo with these
         self._setup("torch", hyperparameters, rounds)
+
+    @remote_data
+    def train(self, data_from_opener: dict, shared_state=None) -> LedgerSharedState:
+        """TorchFedAvgAlgo's train, with the ledgers: the aggregator's merge kept, this organisation's sent."""
+        self._receive(shared_state)
+        sent = TorchFedAvgAlgo.train(self, data_from_opener=data_from_opener, shared_state=shared_state, _skip=True)
+        return self._shared_state(sent.n_samples, sent.parameters_update)
 
     def _local_train(self, train_dataset: OpenerDataset) -> None:
         # The Opacus optimizer is the DP step's own, built per run: TorchAlgo's optimizer stays None.

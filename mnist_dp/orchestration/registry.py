@@ -15,7 +15,7 @@ import substra
 from substra.sdk.schemas import DataSampleSpec, DatasetSpec, FunctionSpec
 
 from mnist_dp.data import samples
-from mnist_dp.data.dataset import sample_folders
+from mnist_dp.data.dataset import check_organization_keys, sample_folders
 from mnist_dp.orchestration import archive
 from mnist_dp.orchestration.assets import ALGO_ASSETS, DATASET_ASSET, OBJECTIVE_ASSET
 from mnist_dp.orchestration.compute_plan import Share
@@ -234,6 +234,7 @@ def register_dataset_objective(client: substra.Client, keys: KeysFile, data_dir:
         raise UserError(f"--folds {folds}: must be between 1 and the {len(train_folders)} train data sample(s) in "
                         f"{data_dir} (scripts/generate_data.py --train-samples K makes more)")
     samples.check_examples(train_folders)  # one organisation's samples, compared before any is registered
+    check_organization_keys(data_dir, [train_folders])  # and under one key
     for folder in [*train_folders, *sample_folders(data_dir, "test")]:
         samples.sample_identity(folder)  # every sample has its identity key, checked before any is registered
     owner = client.organization_info().organization_id

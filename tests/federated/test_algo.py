@@ -12,6 +12,7 @@ from substrafl.algorithms.pytorch import TorchFedAvgAlgo
 from substrafl.strategies.schemas import FedAvgAveragedState
 
 from mnist_dp.federated.algo import METRICS, DpFedAvgAlgo, check_hyperparameters
+from mnist_dp.federated.strategy import DpFedAvg, LedgerAveragedState
 from mnist_dp.federated.torch_algo import TorchDpFedAvgAlgo
 from mnist_dp.orchestration.assets import DATASET_ASSET, load_asset_module
 from mnist_dp.privacy import model_file
@@ -40,6 +41,17 @@ def new_algo(kind, rounds, hp=None):
     return TorchDpFedAvgAlgo(hp, rounds) if kind == "torch-subclass" else DpFedAvgAlgo(kind, hp, rounds)
 
 
+def aggregate(shared_states):
+    """The aggregator's task: DpFedAvg's average of the shared states, with their merged ledgers."""
+    return DpFedAvg(algo=new_algo("torch", 1)).avg_shared_states(shared_states=shared_states, _skip=True)
+
+
+def halved(shared_state):
+    """An average of this state and a zero change from an organisation that holds the same ledger."""
+    return LedgerAveragedState(avg_parameters_update=[u / 2 for u in shared_state.parameters_update],
+                               ledger=shared_state.ledger)
+
+
 def task(kind, rounds, state, method, *args, hp=None, **kwargs):
     """One substrafl task: a new algo, the local state (if any) loaded, the method, the state saved again."""
     algo = new_algo(kind, rounds, hp)
@@ -59,7 +71,7 @@ def test_fedavg_spends_at_most_the_target_over_its_rounds_and_refuses_more(tmp_p
     algo, sent = task(kind, rounds, state, "train", hp=hp, data_from_opener=train, _skip=True)
     updates = [sent]
     for _ in range(rounds):
-        average = FedAvgAveragedState(avg_parameters_update=[u / 2 for u in updates[-1].parameters_update])
+        average = halved(updates[-1])
         algo, sent = task(kind, rounds, state, "train", hp=hp, data_from_opener=train, shared_state=average, _skip=True)
         updates.append(sent)
     events = model_file.load(state, "torch").ledger.events
@@ -87,7 +99,7 @@ def test_train_sends_the_change_and_keeps_the_global_model(kind, tmp_path, opene
     assert len(sent.parameters_update) == len(start)
     assert all(np.isfinite(u).all() for u in sent.parameters_update)
     assert sum(float(np.abs(u).sum()) for u in sent.parameters_update) > 0
-    average = FedAvgAveragedState(avg_parameters_update=sent.parameters_update)
+    average = aggregate([sent])
     algo.train(data_from_opener=train, shared_state=average, _skip=True)  # FedAvg's last: the average, no training
     assert all(np.allclose(w, s + u, atol=1e-6) for w, s, u in zip(algo._weights(), start, sent.parameters_update))
 
@@ -149,3 +161,51 @@ def test_refused_up_front():
         check_hyperparameters(hyperparameters(), 0)
     with pytest.raises(UserError, match="framework 'jax'"):
         DpFedAvgAlgo("jax", hyperparameters(), 1)
+
+
+def organisation_data(tmp_path, tiny_data, sizes, shared=0):
+    """The opener's data of one sample per organisation, each under its own identity key: organisation k holds
+    `sizes[k]` of tiny_data's train examples, the first `shared` of them held by every organisation."""
+    from mnist_dp.data import dataset
+
+    opener = load_asset_module(DATASET_ASSET / "opener.py", "opener_for_substrafl_tests").MnistOpener()
+    folder = samples(tiny_data, "train")[0]
+    images, labels = np.load(f"{folder}/images.npy"), np.load(f"{folder}/labels.npy")
+    data, start = [], shared
+    for k, size in enumerate(sizes):
+        picked = [*range(shared), *range(start, start + size - shared)]
+        start += size - shared
+        dataset.write_sample(tmp_path / f"org{k}", images[picked], labels[picked], dataset.new_key())
+        data.append(opener.get_data([str(tmp_path / f"org{k}")]))
+    return data
+
+
+def test_every_organisation_keeps_every_runs_ledger_and_reports_its_own_epsilon(tmp_path, tiny_data):
+    """Uneven shares (100 and 50 examples, σ = 1, one round): both local states hold the same global weights, so
+    both ledgers hold both runs, and each headline figure is the worst organisation's, not the holder's own."""
+    data = organisation_data(tmp_path, tiny_data, [100, 50])
+    hp = hyperparameters(batch_size=10)
+    states = [tmp_path / f"local{k}" for k in range(2)]
+    for state in states:
+        task("torch", 1, state, "initialize", hp=hp, _skip=True)
+    sent = [task("torch", 1, state, "train", hp=hp, data_from_opener=d, _skip=True)[1]
+            for state, d in zip(states, data)]
+    average = aggregate(sent)
+    algos = [task("torch", 1, state, "train", hp=hp, data_from_opener=d, shared_state=average, _skip=True)[0]
+             for state, d in zip(states, data)]
+    own = [independent_epsilon(1.0, 1 / -(-n // 10), -(-n // 10), 1e-5) for n in (100, 50)]
+    both = [model_file.load(state, "torch").ledger for state in states]
+    assert [len(ledger.events) for ledger in both] == [2, 2] and len(both[0].keys()) == 2
+    for algo, ledger, mine in zip(algos, both, own):
+        assert math.isclose(algo.epsilon(), mine, rel_tol=1e-6)  # the evaluation's metric: its own examples
+        assert math.isclose(ledger.epsilon(1e-5), max(own), rel_tol=1e-6)  # the model's: the worst organisation
+    assert all(np.array_equal(a, b) for a, b in zip(algos[0]._weights(), algos[1]._weights()))
+
+
+def test_a_plain_fedavg_average_without_ledgers_is_refused(tmp_path, opener_data):
+    train, _ = opener_data
+    algo = new_algo("torch", rounds=1)
+    sent = algo.train(data_from_opener=train, _skip=True)
+    plain = FedAvgAveragedState(avg_parameters_update=sent.parameters_update)
+    with pytest.raises(UserError, match="carries no privacy ledger.*use mnist_dp.federated.strategy.DpFedAvg"):
+        algo.train(data_from_opener=train, shared_state=plain, _skip=True)

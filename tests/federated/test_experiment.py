@@ -55,17 +55,18 @@ def check_results(out, framework, organizations):
 # torch with two organisations (and in docker below); tf and MindSpore with one, which runs their code in every kind
 # of task with half the tasks (test_algo.py checks in every framework that an organisation keeps the global model).
 @pytest.mark.parametrize("framework, organizations", [(f, 2 if f == "torch" else 1) for f in FRAMEWORKS])
-def test_the_example_runs_in_every_framework(framework, organizations, tmp_path, tiny_data):
-    done = run_example(tmp_path, tiny_data, "--framework", framework, "--rounds", "1",
+def test_the_example_runs_in_every_framework(framework, organizations, tmp_path, tiny_data, tiny_federated_data):
+    data = tiny_federated_data if organizations > 1 else tiny_data
+    done = run_example(tmp_path, data, "--framework", framework, "--rounds", "1",
                        "--organizations", str(organizations))
     assert done.returncode == 0, done.stderr[-3000:]
     check_results(tmp_path / "out", framework, organizations)
     assert "ε is for the add/remove-one-example relation" in done.stdout
 
 
-def test_the_example_runs_in_substrafls_docker_images(docker_daemon, tmp_path, tiny_data):
+def test_the_example_runs_in_substrafls_docker_images(docker_daemon, tmp_path, tiny_federated_data):
     """substrafl's generated Dockerfile (FROM python:3.11-slim, its venv, our pinned packages from the index)."""
-    done = run_example(tmp_path, tiny_data, "--framework", "torch", "--rounds", "1", "--backend", "docker")
+    done = run_example(tmp_path, tiny_federated_data, "--framework", "torch", "--rounds", "1", "--backend", "docker")
     assert done.returncode == 0, done.stderr[-3000:]
     check_results(tmp_path / "out", "torch", 2)
 

@@ -82,9 +82,9 @@ def test_table_and_reports_and_no_files_leak_into_the_working_directory(local_ru
         assert f"| {framework} | yes |" in summary and f"| {framework}-baseline | 1 |" in summary
 
 
-def test_two_organisations_train_in_rounds_with_epsilon_per_organisation(tmp_path, tiny_data):
+def test_two_organisations_train_in_rounds_with_epsilon_per_organisation(tmp_path, tiny_federated_data):
     (tmp_path / "hp.json").write_text(json.dumps(TINY_HYPERPARAMETERS))
-    proc = run_local("--data", tiny_data, "--output", tmp_path / "out", "--hyperparameters", tmp_path / "hp.json",
+    proc = run_local("--data", tiny_federated_data, "--output", tmp_path / "out", "--hyperparameters", tmp_path / "hp.json",
                      "--frameworks", "torch", "--no-baseline", "--organizations", 2, "--rounds", 2, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = json.loads((tmp_path / "out" / "results.json").read_text())
@@ -111,9 +111,9 @@ def test_two_organisations_train_in_rounds_with_epsilon_per_organisation(tmp_pat
     assert "train_accuracy" not in summary and "train acc" not in proc.stdout and "warning" not in proc.stdout
 
 
-def test_federated_averaging_averages_each_round_with_epsilon_per_organisation(tmp_path, tiny_data):
+def test_federated_averaging_averages_each_round_with_epsilon_per_organisation(tmp_path, tiny_federated_data):
     (tmp_path / "hp.json").write_text(json.dumps(TINY_HYPERPARAMETERS))
-    proc = run_local("--data", tiny_data, "--output", tmp_path / "out", "--hyperparameters", tmp_path / "hp.json",
+    proc = run_local("--data", tiny_federated_data, "--output", tmp_path / "out", "--hyperparameters", tmp_path / "hp.json",
                      "--frameworks", "torch", "--no-baseline", "--organizations", 2, "--rounds", 2,
                      "--strategy", "fedavg", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -140,9 +140,9 @@ def test_federated_averaging_averages_each_round_with_epsilon_per_organisation(t
 DIVERGING = {**TINY_HYPERPARAMETERS, "max_grad_norm": 1e38}
 
 
-def test_a_failing_organisations_task_fails_the_federated_plan_naming_it_with_its_log(tmp_path, tiny_data):
+def test_a_failing_organisations_task_fails_the_federated_plan_naming_it_with_its_log(tmp_path, tiny_federated_data):
     (tmp_path / "hp.json").write_text(json.dumps(DIVERGING))
-    proc = run_local("--data", tiny_data, "--output", tmp_path / "out", "--hyperparameters", tmp_path / "hp.json",
+    proc = run_local("--data", tiny_federated_data, "--output", tmp_path / "out", "--hyperparameters", tmp_path / "hp.json",
                      "--frameworks", "torch", "--no-baseline", "--organizations", 2, "--strategy", "fedavg",
                      cwd=tmp_path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
@@ -257,11 +257,11 @@ def test_function_images_hold_cpu_builds_only(docker_run):
         assert all(name.endswith("+cpu") for name in listing if name.startswith("torch==")), archive.name
 
 
-def test_federated_averaging_runs_in_every_frameworks_images(docker_daemon, tmp_path, tiny_data):
+def test_federated_averaging_runs_in_every_frameworks_images(docker_daemon, tmp_path, tiny_federated_data):
     """Each framework's aggregate function in its own image (Dockerfile.aggregate), between the organisations'
     train tasks and the evaluation, as in the subprocess backend."""
     (tmp_path / "hp.json").write_text(json.dumps(TINY_HYPERPARAMETERS))
-    proc = run_local("--backend", "docker", "--data", tiny_data, "--output", tmp_path / "out", "--hyperparameters",
+    proc = run_local("--backend", "docker", "--data", tiny_federated_data, "--output", tmp_path / "out", "--hyperparameters",
                      tmp_path / "hp.json", "--no-baseline", "--organizations", 2, "--strategy", "fedavg", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = json.loads((tmp_path / "out" / "results.json").read_text())
@@ -305,9 +305,9 @@ def test_a_failing_task_is_named_and_exits_non_zero(tmp_path, tiny_data):
     ({"noise_decay": 0.001}, "noise_decay = 0.001 (σ · 0.001^2 in the last of 3 stages)"),
     ({"clip_quantile": 0.5, "noise_multiplier": None, "target_epsilon": 0.01}, "noisy count alone spends ε = "),
 ])
-def test_what_a_task_would_refuse_is_refused_before_anything_is_registered(tmp_path, tiny_data, changes, message):
+def test_what_a_task_would_refuse_is_refused_before_anything_is_registered(tmp_path, tiny_federated_data, changes, message):
     (tmp_path / "hp.json").write_text(json.dumps({**TINY_HYPERPARAMETERS, **changes}))
-    proc = run_local("--data", tiny_data, "--output", tmp_path / "out", "--hyperparameters", tmp_path / "hp.json",
+    proc = run_local("--data", tiny_federated_data, "--output", tmp_path / "out", "--hyperparameters", tmp_path / "hp.json",
                      "--frameworks", "tf", "--organizations", 2, cwd=tmp_path)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and message in proc.stderr, proc.stderr
     assert f"tf hyperparameters ({tmp_path / 'hp.json'}), organisation 1: " in proc.stderr  # names the user's file
