@@ -237,18 +237,29 @@ def make_dp_step(model, optimizer, expected_batch_size, generator, with_canaries
         # size would make the update depend on the data beyond what the mechanism accounts for.
         optimizer.apply_gradients([(g / expected_batch_size, v) for g, v in zip(noisy_sum, model.trainable_variables)])
 
+    def nothing_clipped(x, y, max_grad_norm):
+        """An empty Poisson batch's clipped sum: zeros (Keras' Conv2D fails on a batch of 0). It is still a step,
+        the noise alone, as the accountant counts it."""
+        return [tf.zeros_like(v) for v in model.trainable_variables], tf.constant(0, tf.int32)
+
     @tf.function(input_signature=(*batch_spec(model), SCALAR, SCALAR))
     def step(x, y, max_grad_norm, noise_multiplier):
         clipped_sum, unclipped = clipped_gradient_sum(model, registry, x, y, max_grad_norm)
         noisy_update(clipped_sum, max_grad_norm, noise_multiplier)
         return unclipped
 
+    @tf.function(input_signature=(*batch_spec(model), SCALAR, SCALAR))
+    def noise_only_step(x, y, max_grad_norm, noise_multiplier):
+        clipped_sum, unclipped = nothing_clipped(x, y, max_grad_norm)
+        noisy_update(clipped_sum, max_grad_norm, noise_multiplier)
+        return unclipped
+
     if with_canaries is None:
-        return step
+        return lambda x, y, *noise: (step if x.shape[0] else noise_only_step)(x, y, *noise)
     clip, update = tf.function(functools.partial(clipped_gradient_sum, model, registry)), tf.function(noisy_update)
 
     def audited_step(x, y, max_grad_norm, noise_multiplier):
-        clipped_sum, unclipped = clip(x, y, max_grad_norm)
+        clipped_sum, unclipped = (clip if x.shape[0] else nothing_clipped)(x, y, max_grad_norm)
         update([tf.constant(g) for g in with_canaries([g.numpy() for g in clipped_sum])], max_grad_norm,
                noise_multiplier)
         return unclipped
