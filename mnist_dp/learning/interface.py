@@ -151,11 +151,19 @@ class ClipNorm:
         self.stddev = budget.count_stddev(hp, plan)
         self.expected_batch_size = plan.expected_batch_size
         self.rng = randomness.numpy("count noise")
+        self.secure = hp.secure_mode
+
+    def count_noise(self) -> float:
+        """One draw of N(0, s²). With secure_mode, as Opacus' secure_mode draws the gradient noise: the sum of four
+        draws over 2, whose low bits no longer reveal the value drawn (the floating-point attack, Mironov 2012)."""
+        if self.secure:
+            return float(self.rng.normal(0.0, self.stddev, size=4).sum() / 2)
+        return float(self.rng.normal(0.0, self.stddev))
 
     def update(self, unclipped: int, batch_size: int) -> None:
         """After a step on `batch_size` examples of which `unclipped` had a gradient norm ≤ C."""
         if not self.adaptive:
             return
-        noisy = unclipped - batch_size / 2 + self.rng.normal(0.0, self.stddev)
+        noisy = unclipped - batch_size / 2 + self.count_noise()
         fraction = noisy / self.expected_batch_size + 0.5  # the expected, not the realised, batch size
         self.value *= math.exp(-self.rate * (fraction - self.quantile))
