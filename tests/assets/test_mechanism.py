@@ -288,3 +288,34 @@ def test_every_utility_option_trains_and_the_ledger_records_what_changes_epsilon
     assert (event.noise_decay, event.decay_steps) == (0.5, 1)  # σ halves at each quarter of the 4 steps
     assert event.count_noise_multiplier == pytest.approx(2 * plan.expected_batch_size / 20)
     assert result.library_epsilon == {}  # no library accounts for a schedule or a count: none is shown
+
+
+def test_an_empty_poisson_batch_is_a_step_of_noise_alone_and_a_run_at_expected_batch_2_finishes(framework):
+    """At E[B] = 2 of 16 examples (q = 1/8) about one step in eight draws no example: it still runs, adding the noise
+    alone (std σC / E[B]), as the accountant counts it. (tf's conv layers once failed on a batch of 0.)"""
+    n, sigma = 16, 2.0
+    images, labels = np.resize(IMAGES, (n, 28, 28)), np.resize(LABELS, n)
+    hp = make_hp(batch_size=2, epochs=3)
+    plan = budget.SamplingPlan.from_hyperparameters(n, hp, "test")
+    seed = next(s for s in range(100) if 0 in [len(b) for b in skeleton.sampled_batches(
+        plan, make_hp(batch_size=2, epochs=3, noise_seed=s), RunRandomness.for_run(s), lambda steps: "", "t")][:-1])
+    noisy, _, _, ran = stepwise(framework, images, labels, sigma=sigma, batch_size=2, epochs=3, noise_seed=seed)
+    clean, *_ = stepwise(framework, images, labels, sigma=0.0, batch_size=2, epochs=3, noise_seed=seed)
+    empty = ran.batch_sizes.index(0)
+    assert len(ran.batch_sizes) == plan.steps == 24
+    assert not np.any(clean[empty])  # nothing to clip, no noise: the weights stay
+    assert np.std(noisy[empty]) == pytest.approx(sigma * C / plan.expected_batch_size, rel=0.03)
+    assert abs(np.mean(noisy[empty])) < 4 * sigma * C / plan.expected_batch_size / np.sqrt(noisy[empty].size)
+
+
+def test_secure_mode_draws_adaptive_clippings_count_noise_as_the_sum_of_four_over_two():
+    hp, secure_hp = make_hp(clip_quantile=0.5, noise_seed=None), make_hp(clip_quantile=0.5, noise_seed=None,
+                                                                         secure_mode=True)
+    plan = budget.SamplingPlan.from_hyperparameters(8, hp, "test")
+    randomness = RunRandomness(12345)
+    plain, secure = interface.ClipNorm(hp, plan, randomness), interface.ClipNorm(secure_hp, plan, randomness)
+    draws = np.array([secure.count_noise() for _ in range(4000)])
+    same_stream = randomness.numpy("count noise").normal(0.0, plain.stddev, size=(4000, 4))
+    np.testing.assert_allclose(draws, same_stream.sum(axis=1) / 2, rtol=1e-12)  # never a single draw
+    assert np.std(draws) == pytest.approx(plain.stddev, rel=0.05)  # the std the ledger accounts for
+    assert plain.count_noise() == pytest.approx(same_stream[0, 0], rel=1e-12)  # without it: one draw
