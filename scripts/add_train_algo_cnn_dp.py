@@ -50,6 +50,10 @@ def main(argv=None):
         raise UserError(f"{args.keys_file}: no keys file; run scripts/add_dataset_objective.py first")
     keys = registry.KeysFile(args.keys_file)
     hp = hp_file.load(ALGO_ASSETS[args.framework] / hp_file.FILE_NAME, hp_file.load_overrides(args.hyperparameters))
+    if not hp.dp and args.backend == "remote":
+        raise UserError(f"{args.hyperparameters}: dp = false on a Substra node: the non-private model's accuracy, not "
+                        "covered by ε, would be a performance every organisation on the node sees; train a baseline "
+                        "locally (scripts/run_local.py --baseline)")
     for field in ("organization_id", "dataset_key", "objective_key", "test_data_sample_keys"):
         keys.require(field)  # a damaged keys file is named now, not half-way through
     if args.rounds < 1:

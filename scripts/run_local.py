@@ -2,7 +2,8 @@
 
 Generates the data samples if they are missing, registers the dataset, the objective (accuracy) and
 the data samples, builds and registers each algo's train / predict functions, and runs
-train -> predict -> score per framework (plus a non-private baseline). With --organizations N, N
+train -> predict -> score per framework (with --baseline, also a non-private baseline: its accuracy is not
+covered by ε). With --organizations N, N
 Substra clients each own a share of the training data, and ε is reported per organisation:
 - --strategy cyclic: the model passes from organisation to organisation (train at org 1 -> train at
   org 2 -> ...) for --rounds rounds, with predict and score after every train task;
@@ -38,8 +39,11 @@ def build_parser():
     parser.add_argument("--hyperparameters", type=Path, default=None,
                         help="JSON file whose keys replace those of every algo's hyperparameters.json "
                              "(e.g. {\"epochs\": 1})")
-    parser.add_argument("--no-baseline", action="store_true",
-                        help="skip the non-private baseline (same hyperparameters with dp=false)")
+    parser.add_argument("--baseline", action="store_true",
+                        help="also train a non-private baseline per framework (same hyperparameters with dp=false): "
+                             "its model and accuracy are un-noised functions of the training data, NOT covered by ε, "
+                             "and every report says so; refused with --backend remote, where its accuracy would be a "
+                             "performance every organisation sees (default: DP models only)")
     parser.add_argument("--organizations", type=int, default=1,
                         help="organisations sharing the training data, each with its own dataset; the data needs "
                              "at least this many train data samples (default: %(default)s)")
@@ -64,7 +68,10 @@ def main(argv=None):
     frameworks = parse_frameworks(args.frameworks)
     if args.organizations < 1 or args.rounds < 1:
         raise UserError("--organizations and --rounds must be at least 1")
-    runs_per_framework = 1 if args.no_baseline else 2
+    if args.baseline and args.backend == "remote":
+        raise UserError("--baseline with --backend remote: the baseline's accuracy, not covered by ε, would be a "
+                        "performance every organisation on the node sees; train it on a local backend")
+    runs_per_framework = 2 if args.baseline else 1
     compute_plan.check_size(args.strategy, args.rounds, args.organizations, len(frameworks) * runs_per_framework,
                     args.score_train, f"--rounds {args.rounds} with --organizations {args.organizations}, --strategy "
                                       f"{args.strategy} and {len(frameworks) * runs_per_framework} run(s)")
@@ -74,12 +81,12 @@ def main(argv=None):
     overrides = hp_file.load_overrides(args.hyperparameters)
     if "dp" in overrides.values:
         raise UserError(f"{overrides.source}: dp: run_local.py trains every framework with DP and, unless "
-                        "--no-baseline, without it; remove dp from this file")
+                        "with --baseline, without it; remove dp from this file")
     data_dir, output = args.data.resolve(), args.output.resolve()
     dataset.check_output_outside(data_dir, output)
     runs = {}  # run name -> (framework, hyperparameters)
     for framework in frameworks:
-        for dp in [True] if args.no_baseline else [True, False]:
+        for dp in [True, False] if args.baseline else [True]:
             hp = hp_file.load(ALGO_ASSETS[framework] / hp_file.FILE_NAME, overrides.replace(dp=dp))
             runs[framework if dp else f"{framework}-baseline"] = (framework, hp)
 

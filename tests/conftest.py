@@ -48,7 +48,7 @@ def tiny_data(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def tiny_federated_data(tmp_path_factory):
+def tiny_data_2orgs(tmp_path_factory):
     """The same examples as tiny_data for two organisations, as a deployment has them: each organisation's
     sample under its own identity key, the test set under a third."""
     dest = tmp_path_factory.mktemp("data") / "tiny-federated"

@@ -51,16 +51,21 @@ class Record:
     train_accuracy: float | None = None
     test_accuracy: float | None = None
     epsilon_in_substra: float | None = None  # what the train task itself published as its "epsilon" output
+    # An individual whose records every organisation holds (every run composed); None with one organisation's data.
+    epsilon_in_every_organization: float | None = None
     warnings: list = field(default_factory=list)  # what ε does not cover in this record, one line each
 
     def __post_init__(self):
-        if self.train_accuracy is not None and TRAIN_SCORE_WARNING not in self.warnings:
-            self.warnings = [*self.warnings, TRAIN_SCORE_WARNING]
+        flagged = [*([BASELINE_WARNING] if not self.dp else []),
+                   *([TRAIN_SCORE_WARNING] if self.train_accuracy is not None else [])]
+        self.warnings = [*self.warnings, *(w for w in flagged if w not in self.warnings)]
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
 
 
+BASELINE_WARNING = ("the non-private baseline (--baseline) trained without clipping or noise: its model and its "
+                    "test accuracy are un-noised functions of the training data, not covered by ε")
 TRAIN_SCORE_WARNING = ("train_accuracy (--score-train) is computed on the training data without noise and published "
                        "as a Substra performance: it is not covered by ε")
 
@@ -80,6 +85,8 @@ def model_record(path: Path, framework: str, organizations: dict) -> dict:
         "epsilon": summary["epsilon"],
         "epsilon_rdp": summary["epsilon_rdp"],
         "epsilon_by_organization": {org: saved.ledger.epsilon(delta, data=fps) for org, fps in organizations.items()},
+        "epsilon_in_every_organization": (saved.ledger.epsilon_in_every_organization(delta)
+                                          if len(saved.ledger.keys()) > 1 else None),
         "delta": delta,
         "accountant": summary["accountant"],
         "noise_multiplier": last.noise_multiplier,

@@ -12,10 +12,10 @@ from conftest import FRAMEWORKS, REPO, TINY_HYPERPARAMETERS, independent_epsilon
 from substrafl.evaluation_strategy import EvaluationStrategy
 from substrafl.nodes import AggregationNode
 from substrafl.remote.register import register as substrafl_register
-from substrafl.strategies import FedAvg
 
 from mnist_dp.federated import experiment
 from mnist_dp.federated.algo import METRICS, DpFedAvgAlgo
+from mnist_dp.federated.strategy import DpFedAvg
 from mnist_dp.orchestration import connection, registry
 from mnist_dp.privacy import model_file
 
@@ -37,26 +37,30 @@ def check_results(out, framework, organizations):
                                                                    for k in range(1, organizations + 1)]
     assert len({r["test_accuracy"] for r in records}) == 1  # every organisation holds the global model
     assert 0 <= records[0]["test_accuracy"] <= 1
+    orgs = [f"MyOrg{k}MSP" for k in range(1, organizations + 1)]
     for record in records:
         org = record["organization"]
         assert record["framework"] == framework and record["dp"]
-        assert list(record["epsilon_by_organization"]) == [org]  # its own data only
-        assert record["epsilon"] == record["epsilon_by_organization"][org] <= 3.0
-        assert math.isclose(record["epsilon"], independent_epsilon(
-            record["noise_multiplier"], record["sample_rate"], record["steps"], record["delta"]), rel_tol=1e-6)
-        assert math.isclose(record["epsilon_in_substra"], record["epsilon"], rel_tol=1e-9)  # the evaluation's
-        n = 300 // organizations  # the tiny data's examples, shared; batch 64
-        assert record["steps"] == -(-n // 64) and record["sample_rate"] == pytest.approx(1 / -(-n // 64))
+        # The local state's ledger holds every organisation's run (all are in the global weights): its figure is
+        # the worst organisation's, each organisation's own beside it, and the evaluation reported its own.
+        assert list(record["epsilon_by_organization"]) == orgs
+        assert record["epsilon"] == max(record["epsilon_by_organization"].values()) <= 3.0
         saved = model_file.load(record["model_file"], framework)  # the local state: the bundle's model file
-        assert len(saved.ledger.events) == 1
+        assert len(saved.ledger.events) == organizations and len(saved.ledger.keys()) == organizations
+        n = 300 // organizations  # the tiny data's examples, shared; batch 64
+        for event, other in zip(saved.ledger.events, orgs):
+            assert event.steps == -(-n // 64) and event.sample_rate == pytest.approx(1 / -(-n // 64))
+            assert math.isclose(record["epsilon_by_organization"][other], independent_epsilon(
+                event.noise_multiplier, event.sample_rate, event.steps, record["delta"]), rel_tol=1e-6)
+        assert math.isclose(record["epsilon_in_substra"], record["epsilon_by_organization"][org], rel_tol=1e-9)
     assert (out / "summary.md").is_file() and (out / "results.png").is_file()
 
 
 # torch with two organisations (and in docker below); tf and MindSpore with one, which runs their code in every kind
 # of task with half the tasks (test_algo.py checks in every framework that an organisation keeps the global model).
 @pytest.mark.parametrize("framework, organizations", [(f, 2 if f == "torch" else 1) for f in FRAMEWORKS])
-def test_the_example_runs_in_every_framework(framework, organizations, tmp_path, tiny_data, tiny_federated_data):
-    data = tiny_federated_data if organizations > 1 else tiny_data
+def test_the_example_runs_in_every_framework(framework, organizations, tmp_path, tiny_data, tiny_data_2orgs):
+    data = tiny_data_2orgs if organizations > 1 else tiny_data
     done = run_example(tmp_path, data, "--framework", framework, "--rounds", "1",
                        "--organizations", str(organizations))
     assert done.returncode == 0, done.stderr[-3000:]
@@ -64,22 +68,22 @@ def test_the_example_runs_in_every_framework(framework, organizations, tmp_path,
     assert "ε is for the add/remove-one-example relation" in done.stdout
 
 
-def test_the_example_runs_in_substrafls_docker_images(docker_daemon, tmp_path, tiny_federated_data):
+def test_the_example_runs_in_substrafls_docker_images(docker_daemon, tmp_path, tiny_data_2orgs):
     """substrafl's generated Dockerfile (FROM python:3.11-slim, its venv, our pinned packages from the index)."""
-    done = run_example(tmp_path, tiny_federated_data, "--framework", "torch", "--rounds", "1", "--backend", "docker")
+    done = run_example(tmp_path, tiny_data_2orgs, "--framework", "torch", "--rounds", "1", "--backend", "docker")
     assert done.returncode == 0, done.stderr[-3000:]
     check_results(tmp_path / "out", "torch", 2)
 
 
-def test_a_failed_task_is_named_with_its_organisation_and_log(tmp_path, tiny_data):
+def test_a_failed_task_is_named_with_its_organisation_and_log(tmp_path, tiny_data_2orgs):
     """An algo calibrated for 1 round in a 2-round experiment: the organisations' third train task refuses."""
     work = tmp_path / "substra"
     clients = [connection.connect("subprocess", work_dir=work) for _ in range(2)]
-    organizations = experiment.register(clients, registry.KeysFile(), tiny_data)
+    organizations = experiment.register(clients, registry.KeysFile(), tiny_data_2orgs)
     algo = DpFedAvgAlgo("torch", {**json.loads((REPO / "assets/algo_torch_dp/hyperparameters.json").read_text()),
                                   **TINY_HYPERPARAMETERS}, rounds=1)
     with pytest.raises(experiment.ExperimentFailed) as failed:
-        experiment.run(clients[0], tmp_path, strategy=FedAvg(algo=algo, metric_functions=METRICS),
+        experiment.run(clients[0], tmp_path, strategy=DpFedAvg(algo=algo, metric_functions=METRICS),
                        train_data_nodes=organizations.train_data_nodes,
                        aggregation_node=AggregationNode(organizations.train_data_nodes[0].organization_id),
                        evaluation_strategy=EvaluationStrategy(test_data_nodes=organizations.test_data_nodes,

@@ -5,13 +5,14 @@ import io
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
 import pytest
 from conftest import FRAMEWORKS, REPO, TINY_HYPERPARAMETERS
 
-from mnist_dp.data import dataset
+from mnist_dp.data import dataset, samples
 from mnist_dp.privacy import accountant, events, model_file
 
 SCRIPT = REPO / "scripts" / "run_local.py"
@@ -32,7 +33,7 @@ def local_run(tmp_path_factory, tiny_data):
     tmp = tmp_path_factory.mktemp("run_local")
     (tmp / "hp.json").write_text(json.dumps(REPLAYED))
     proc = run_local("--data", tiny_data, "--output", tmp / "results", "--hyperparameters", tmp / "hp.json",
-                     "--score-train", cwd=tmp)
+                     "--score-train", "--baseline", cwd=tmp)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc, tmp
 
@@ -66,10 +67,15 @@ def test_replayable_noise_and_training_data_scores_are_flagged(local_run):
     proc, tmp = local_run
     assert "train acc (not covered by ε)" in proc.stdout
     assert "warning (torch, torch-baseline" in proc.stdout and "holds only while that seed stays secret" in proc.stdout
+    # The opt-in baseline is flagged in the table, results.json and the summary, as --score-train is.
+    assert "warning (torch-baseline, tf-baseline, mindspore-baseline): the non-private baseline (--baseline)" \
+        in proc.stdout
     for record in json.loads((tmp / "results" / "results.json").read_text()):
-        assert record["noise_seed"] == 0 and len(record["warnings"]) == 2, record["warnings"]
+        assert record["noise_seed"] == 0 and len(record["warnings"]) == (2 if record["dp"] else 3), record["warnings"]
+        assert any("not covered by ε" in w and "--baseline" in w for w in record["warnings"]) is not record["dp"]
     summary = (tmp / "results" / "summary.md").read_text()
     assert "**Replayable noise**" in summary and "**Training-data accuracy was published**" in summary
+    assert "the non-private baseline (--baseline) trained without clipping or noise" in summary
 
 
 def test_table_and_reports_and_no_files_leak_into_the_working_directory(local_run):
@@ -82,10 +88,10 @@ def test_table_and_reports_and_no_files_leak_into_the_working_directory(local_ru
         assert f"| {framework} | yes |" in summary and f"| {framework}-baseline | 1 |" in summary
 
 
-def test_two_organisations_train_in_rounds_with_epsilon_per_organisation(tmp_path, tiny_federated_data):
+def test_two_organisations_train_in_rounds_with_epsilon_per_organisation(tmp_path, tiny_data_2orgs):
     (tmp_path / "hp.json").write_text(json.dumps(TINY_HYPERPARAMETERS))
-    proc = run_local("--data", tiny_federated_data, "--output", tmp_path / "out", "--hyperparameters", tmp_path / "hp.json",
-                     "--frameworks", "torch", "--no-baseline", "--organizations", 2, "--rounds", 2, cwd=tmp_path)
+    proc = run_local("--data", tiny_data_2orgs, "--output", tmp_path / "out", "--hyperparameters", tmp_path / "hp.json",
+                     "--frameworks", "torch", "--organizations", 2, "--rounds", 2, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = json.loads((tmp_path / "out" / "results.json").read_text())
     assert [(r["round"], r["organization"]) for r in records] == [
@@ -111,10 +117,10 @@ def test_two_organisations_train_in_rounds_with_epsilon_per_organisation(tmp_pat
     assert "train_accuracy" not in summary and "train acc" not in proc.stdout and "warning" not in proc.stdout
 
 
-def test_federated_averaging_averages_each_round_with_epsilon_per_organisation(tmp_path, tiny_federated_data):
+def test_federated_averaging_averages_each_round_with_epsilon_per_organisation(tmp_path, tiny_data_2orgs):
     (tmp_path / "hp.json").write_text(json.dumps(TINY_HYPERPARAMETERS))
-    proc = run_local("--data", tiny_federated_data, "--output", tmp_path / "out", "--hyperparameters", tmp_path / "hp.json",
-                     "--frameworks", "torch", "--no-baseline", "--organizations", 2, "--rounds", 2,
+    proc = run_local("--data", tiny_data_2orgs, "--output", tmp_path / "out", "--hyperparameters", tmp_path / "hp.json",
+                     "--frameworks", "torch", "--organizations", 2, "--rounds", 2,
                      "--strategy", "fedavg", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = json.loads((tmp_path / "out" / "results.json").read_text())
@@ -140,10 +146,10 @@ def test_federated_averaging_averages_each_round_with_epsilon_per_organisation(t
 DIVERGING = {**TINY_HYPERPARAMETERS, "max_grad_norm": 1e38}
 
 
-def test_a_failing_organisations_task_fails_the_federated_plan_naming_it_with_its_log(tmp_path, tiny_federated_data):
+def test_a_failing_organisations_task_fails_the_federated_plan_naming_it_with_its_log(tmp_path, tiny_data_2orgs):
     (tmp_path / "hp.json").write_text(json.dumps(DIVERGING))
-    proc = run_local("--data", tiny_federated_data, "--output", tmp_path / "out", "--hyperparameters", tmp_path / "hp.json",
-                     "--frameworks", "torch", "--no-baseline", "--organizations", 2, "--strategy", "fedavg",
+    proc = run_local("--data", tiny_data_2orgs, "--output", tmp_path / "out", "--hyperparameters", tmp_path / "hp.json",
+                     "--frameworks", "torch", "--organizations", 2, "--strategy", "fedavg",
                      cwd=tmp_path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     message = proc.stderr[proc.stderr.index("error: compute plan"):]
@@ -155,10 +161,10 @@ def test_a_failing_organisations_task_fails_the_federated_plan_naming_it_with_it
 def test_a_budget_below_one_organisations_first_step_is_refused_before_anything_is_registered(tmp_path):
     # Organisation 2 holds 100 examples (q = 1/2), organisation 1 200 (q = 1/4): one step at σ = 1 costs 2.95 and
     # 2.13, so a budget of 2.5 would let organisation 1 train and fail organisation 2's task half-way through the plan.
-    dataset.generate(tmp_path / "data", train_size=300, test_size=100, train_samples=3, seed=1)
+    dataset.generate(tmp_path / "data", train_size=300, test_size=100, train_samples=3, seed=1, organizations=2)
     (tmp_path / "hp.json").write_text(json.dumps({**TINY_HYPERPARAMETERS, "max_epsilon": 2.5}))
     proc = run_local("--data", tmp_path / "data", "--output", tmp_path / "out", "--hyperparameters",
-                     tmp_path / "hp.json", "--frameworks", "torch", "--no-baseline", "--organizations", 2,
+                     tmp_path / "hp.json", "--frameworks", "torch", "--organizations", 2,
                      "--strategy", "fedavg", cwd=tmp_path)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert proc.stderr.startswith(f"error: torch hyperparameters ({tmp_path / 'hp.json'}), organisation 2: "
@@ -182,6 +188,42 @@ def test_help_and_bad_arguments(tmp_path):
         assert proc.returncode == 2 and len(errors) == 1 and message in errors[0], proc.stderr
         assert "Traceback" not in proc.stderr and not (tmp_path / "d").exists()
     assert "--score-train" in run_local("--help", cwd=tmp_path).stdout
+    proc = run_local("--baseline", "--backend", "remote", "--data", tmp_path / "d", cwd=tmp_path)
+    assert proc.returncode == 2 and "--baseline with --backend remote" in proc.stderr and proc.stderr.count("\n") == 1
+    assert not (tmp_path / "d").exists()
+
+
+def test_output_inside_the_data_folder_is_refused_before_anything_is_written_there(tmp_path, tiny_data):
+    data = shutil.copytree(tiny_data, tmp_path / "data")
+    before = sorted(p.relative_to(data) for p in data.rglob("*"))
+    for inside in (data, data / "train", data / "results"):
+        proc = run_local("--data", data, "--output", inside, cwd=tmp_path)
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+        assert f"is inside the data folder {data}" in proc.stderr
+        assert "choose an output folder outside it" in proc.stderr
+    assert sorted(p.relative_to(data) for p in data.rglob("*")) == before  # no substra/, no .lock
+
+
+def test_organisations_sharing_a_key_are_refused_and_the_advised_command_fixes_it(tmp_path):
+    """One key for two organisations' shares: either could recognise the other's examples in a released ledger. The
+    error names the generate_data command that gives each its own key; after it, the run gets past the check."""
+    data = tmp_path / "data"
+    dataset.generate(data, train_size=300, test_size=100, train_samples=2, seed=1)  # one organisation's data
+    (tmp_path / "hp.json").write_text(json.dumps({**TINY_HYPERPARAMETERS, "batch_size": 1000}))
+    options = ["--data", data, "--output", tmp_path / "out", "--hyperparameters", tmp_path / "hp.json",
+               "--frameworks", "torch", "--organizations", 2]
+    proc = run_local(*options, cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "organisation 1's train data samples are under" not in proc.stderr
+    assert f"error: {data}: organisations 1 and 2 hold data under one identity key" in proc.stderr
+    advice = proc.stderr.split("each organisation under its own key: ")[1].strip()
+    assert advice.startswith("python scripts/generate_data.py --output") and "--organizations 2 --force" in advice
+    fixed = subprocess.run([sys.executable, *advice.split()[1:]], capture_output=True, text=True, cwd=REPO)
+    assert fixed.returncode == 0, fixed.stderr
+    keys = [samples.key_id(folder) for split in ("train", "test") for folder in dataset.sample_folders(data, split)]
+    assert len(set(keys)) == 3  # each organisation its key, the test set its own
+    proc = run_local(*options, cwd=tmp_path)  # now refused later, by its hyperparameters only
+    assert proc.returncode == 2 and "batch_size = 1000 is larger than the 150 training examples" in proc.stderr
 
 
 def test_docker_backend_without_a_daemon_fails_in_one_line(tmp_path):
@@ -198,7 +240,7 @@ def docker_run(docker_daemon, tmp_path_factory, tiny_data):
     tmp = tmp_path_factory.mktemp("run_local_docker")
     (tmp / "hp.json").write_text(json.dumps(REPLAYED))
     proc = run_local("--backend", "docker", "--data", tiny_data, "--output", tmp / "results",
-                     "--hyperparameters", tmp / "hp.json", "--score-train", cwd=tmp)
+                     "--hyperparameters", tmp / "hp.json", "--score-train", "--baseline", cwd=tmp)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc, tmp
 
@@ -257,12 +299,13 @@ def test_function_images_hold_cpu_builds_only(docker_run):
         assert all(name.endswith("+cpu") for name in listing if name.startswith("torch==")), archive.name
 
 
-def test_federated_averaging_runs_in_every_frameworks_images(docker_daemon, tmp_path, tiny_federated_data):
+def test_federated_averaging_runs_in_every_frameworks_images(docker_daemon, tmp_path, tiny_data_2orgs):
     """Each framework's aggregate function in its own image (Dockerfile.aggregate), between the organisations'
     train tasks and the evaluation, as in the subprocess backend."""
     (tmp_path / "hp.json").write_text(json.dumps(TINY_HYPERPARAMETERS))
-    proc = run_local("--backend", "docker", "--data", tiny_federated_data, "--output", tmp_path / "out", "--hyperparameters",
-                     tmp_path / "hp.json", "--no-baseline", "--organizations", 2, "--strategy", "fedavg", cwd=tmp_path)
+    proc = run_local("--backend", "docker", "--data", tiny_data_2orgs, "--output", tmp_path / "out",
+                     "--hyperparameters", tmp_path / "hp.json", "--organizations", 2, "--strategy", "fedavg",
+                     cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = json.loads((tmp_path / "out" / "results.json").read_text())
     assert sorted((r["framework"], r["round"], r["organization"]) for r in records) == [
@@ -282,7 +325,7 @@ def test_federated_averaging_runs_in_every_frameworks_images(docker_daemon, tmp_
 def test_a_failing_task_is_named_and_exits_non_zero(tmp_path, tiny_data):
     (tmp_path / "hp.json").write_text(json.dumps(DIVERGING))
     proc = run_local("--data", tiny_data, "--output", tmp_path / "out", "--hyperparameters", tmp_path / "hp.json",
-                     "--no-baseline", "--frameworks", FRAMEWORKS[0], cwd=tmp_path)
+                     "--frameworks", FRAMEWORKS[0], cwd=tmp_path)
     assert proc.returncode == 2
     message = proc.stderr[proc.stderr.index("error: compute plan"):]
     assert f"failed in task '{FRAMEWORKS[0]} train, round 1 at MyOrg1MSP'" in message
@@ -305,9 +348,9 @@ def test_a_failing_task_is_named_and_exits_non_zero(tmp_path, tiny_data):
     ({"noise_decay": 0.001}, "noise_decay = 0.001 (σ · 0.001^2 in the last of 3 stages)"),
     ({"clip_quantile": 0.5, "noise_multiplier": None, "target_epsilon": 0.01}, "noisy count alone spends ε = "),
 ])
-def test_what_a_task_would_refuse_is_refused_before_anything_is_registered(tmp_path, tiny_federated_data, changes, message):
+def test_what_a_task_would_refuse_is_refused_before_anything_is_registered(tmp_path, tiny_data_2orgs, changes, message):
     (tmp_path / "hp.json").write_text(json.dumps({**TINY_HYPERPARAMETERS, **changes}))
-    proc = run_local("--data", tiny_federated_data, "--output", tmp_path / "out", "--hyperparameters", tmp_path / "hp.json",
+    proc = run_local("--data", tiny_data_2orgs, "--output", tmp_path / "out", "--hyperparameters", tmp_path / "hp.json",
                      "--frameworks", "tf", "--organizations", 2, cwd=tmp_path)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and message in proc.stderr, proc.stderr
     assert f"tf hyperparameters ({tmp_path / 'hp.json'}), organisation 1: " in proc.stderr  # names the user's file
@@ -395,7 +438,7 @@ def test_sigterm_stops_a_run_like_ctrl_c_and_leaves_no_work_files(tmp_path, tiny
     out = tmp_path / "out"
     (tmp_path / "hp.json").write_text(json.dumps({**TINY_HYPERPARAMETERS, "epochs": 50}))
     run = subprocess.Popen([sys.executable, SCRIPT, "--data", tiny_data, "--output", out, "--frameworks", "torch",
-                            "--no-baseline", "--hyperparameters", tmp_path / "hp.json"],
+                            "--hyperparameters", tmp_path / "hp.json"],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
     worker = out / "substra" / "local-worker"
     deadline = time.monotonic() + 120
@@ -411,11 +454,11 @@ def test_sigterm_stops_a_run_like_ctrl_c_and_leaves_no_work_files(tmp_path, tiny
 
 @pytest.mark.parametrize("args, message", [
     (["--rounds", 10**9, "--strategy", "fedavg"], "--rounds 1000000000 with --organizations 1, --strategy fedavg and "
-                                                  "6 run(s) make 24,000,000,000 tasks, more than the 10,000"),
-    (["--rounds", 10**9], "--rounds 1000000000 with --organizations 1, --strategy cyclic and 6 run(s) make "),
-    (["--organizations", 10**9], "--rounds 1 with --organizations 1000000000, --strategy cyclic and 6 run(s) make "),
+                                                  "3 run(s) make 12,000,000,000 tasks, more than the 10,000"),
+    (["--rounds", 10**9], "--rounds 1000000000 with --organizations 1, --strategy cyclic and 3 run(s) make "),
+    (["--organizations", 10**9], "--rounds 1 with --organizations 1000000000, --strategy cyclic and 3 run(s) make "),
     # Fewer than the tasks' bound, more organisations than train examples: named by the option given.
-    (["--organizations", 4001, "--strategy", "fedavg", "--frameworks", "torch", "--no-baseline"],
+    (["--organizations", 4001, "--strategy", "fedavg", "--frameworks", "torch"],
      "--organizations 4001: the default data has 4,000 train examples, fewer than one for each"),
 ])
 def test_a_plan_too_large_is_refused_at_once_before_any_data_is_generated(tmp_path, args, message):
