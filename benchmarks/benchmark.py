@@ -6,10 +6,10 @@
    on fixed batches, as the baseline trains, and each DP variant on Poisson-sampled batches, with its
    ratio to the non-private step. The variants take turns step by step, so the ratios hold on a noisy
    machine. Then every framework's non-private step against torch's, taking turns in one process.
-2. The default run, `python scripts/run_local.py` (3 frameworks, DP + baseline, embedded data) in a
+2. The default run, `python scripts/run_local.py` (3 frameworks with DP, embedded data) in a
    fresh folder, end to end: each task's time split into phases (from the record every task writes,
    see mnist_dp/utils/timing.py) with its peak memory; the rest of the wall time is Substra's and the
-   scripts'. Accuracy and ε come from the run's results.json. With --data, the same run (DP only) on
+   scripts'. Accuracy and ε come from the run's results.json. With --data, the same run on
    those data samples, e.g. Fashion-MNIST's 60,000 images.
 3. The speed and memory targets against what was measured.
 
@@ -292,15 +292,15 @@ def run_and_measure(command, env):
 
 
 def print_default_run(data=None):
-    """Runs scripts/run_local.py in a fresh folder (on `data`, DP only, if given); returns its wall time and the
-    tasks' records."""
+    """Runs scripts/run_local.py in a fresh folder (on `data`, if given); returns its wall time and the tasks'
+    records."""
     print("\n## The default run: python scripts/run_local.py " + (
-        f"--data {data} --no-baseline (fresh output folder, every asset built)" if data else
+        f"--data {data} (fresh output folder, every asset built)" if data else
         "(fresh folder: data generated, every asset built)"))
     with tempfile.TemporaryDirectory(prefix="mnist-dp-benchmark-") as folder:
         records_file = Path(folder) / "timings.jsonl"
         command = [sys.executable, str(REPO / "scripts" / "run_local.py"), "--data", str(data or f"{folder}/data"),
-                   "--output", f"{folder}/results", *(["--no-baseline"] if data else [])]
+                   "--output", f"{folder}/results"]
         returncode, stderr, wall, largest_mb = in_child(
             run_and_measure, command, {**os.environ, timing.TIMINGS_VARIABLE: str(records_file)})
         if returncode:

@@ -3,7 +3,7 @@
 For each framework, on the same data (the embedded MNIST 4,000 / 1,000 split by default, shared among the
 organisations) and the same recipe (examples/fedavg.json), both at every organisation's ε ≤ target_epsilon:
 - `examples/substrafl_fedavg.py` (substrafl's FedAvg and execute_experiment, the bundle's algo);
-- `scripts/run_local.py --strategy fedavg --no-baseline` (the bundle's own plan: train, aggregate, score tasks).
+- `scripts/run_local.py --strategy fedavg` (the bundle's own plan: train, aggregate, score tasks).
 Each runs as its own command on Substra's subprocess backend, one after the other. The table gives both test
 accuracies after the last round and their difference (goal: within 1 point), each organisation's ε as the
 results.json gives it and as dp_accounting recomputes it here from σ, q and the steps alone (PLD,
@@ -21,7 +21,9 @@ from pathlib import Path
 import dp_accounting
 from dp_accounting.pld import pld_privacy_accountant
 
+from mnist_dp.federated.algo import OWN_DATA
 from mnist_dp.orchestration.assets import ALGO_ASSETS, REPO
+from mnist_dp.privacy import model_file
 from mnist_dp.utils import atomic
 from mnist_dp.utils.errors import UserError, run_cli
 
@@ -45,10 +47,19 @@ def build_parser():
     return parser
 
 
+def own_runs(record: dict) -> list:
+    """The runs of the record's organisation in its local state's ledger (which holds every organisation's)."""
+    saved = model_file.load(record["model_file"])
+    own = set(saved.hyperparameters[OWN_DATA])
+    return [e for e in saved.ledger.events if own & set(e.data)]
+
+
 def recomputed_epsilon(record: dict) -> float:
-    """ε of `steps` Poisson-subsampled Gaussian steps at (σ, q), at the record's δ: dp_accounting alone."""
+    """ε of the organisation's own steps, Poisson-subsampled Gaussian at its (σ, q), at the record's δ:
+    dp_accounting alone."""
+    runs = own_runs(record)
     event = dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
-        record["sample_rate"], dp_accounting.GaussianDpEvent(record["noise_multiplier"])), record["steps"])
+        runs[0].sample_rate, dp_accounting.GaussianDpEvent(runs[0].noise_multiplier)), sum(e.steps for e in runs))
     return pld_privacy_accountant.PLDAccountant().compose(event).get_epsilon(record["delta"])
 
 
@@ -70,7 +81,7 @@ def compare(framework: str, args) -> dict:
     theirs, sfl_seconds = run([REPO / "examples" / "substrafl_fedavg.py", "--framework", framework, *common],
                               args.work / f"substrafl-{framework}")
     ours, own_seconds = run([REPO / "scripts" / "run_local.py", "--frameworks", framework, "--strategy", "fedavg",
-                             "--no-baseline", *common], args.work / f"fedavg-{framework}")
+                             *common], args.work / f"fedavg-{framework}")
     last = [r for r in theirs if r["round"] == args.rounds]
     own_last = max(ours, key=lambda r: r["round"])
     accuracies = {r["organization"]: r["test_accuracy"] for r in last}
@@ -80,13 +91,14 @@ def compare(framework: str, args) -> dict:
         "framework": framework, "organizations": args.organizations, "rounds": args.rounds,
         "substrafl_accuracy": last[0]["test_accuracy"], "fedavg_accuracy": own_last["test_accuracy"],
         "difference_points": 100 * (last[0]["test_accuracy"] - own_last["test_accuracy"]),
-        "substrafl_epsilon_by_organization": {r["organization"]: r["epsilon"] for r in last},
+        "substrafl_epsilon_by_organization": {r["organization"]: r["epsilon_by_organization"][r["organization"]]
+                                              for r in last},
         "substrafl_epsilon_recomputed": {r["organization"]: recomputed_epsilon(r) for r in last},
         "substrafl_epsilon_in_evaluation": {r["organization"]: r["epsilon_in_substra"] for r in last},
         "fedavg_epsilon_by_organization": own_last["epsilon_by_organization"],
-        "noise_multiplier": {r["organization"]: r["noise_multiplier"] for r in last},
-        "sample_rate": {r["organization"]: r["sample_rate"] for r in last},
-        "steps": {r["organization"]: r["steps"] for r in last},
+        "noise_multiplier": {r["organization"]: own_runs(r)[0].noise_multiplier for r in last},
+        "sample_rate": {r["organization"]: own_runs(r)[0].sample_rate for r in last},
+        "steps": {r["organization"]: sum(e.steps for e in own_runs(r)) for r in last},
         "substrafl_seconds": sfl_seconds, "fedavg_seconds": own_seconds,
     }
 

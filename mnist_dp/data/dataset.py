@@ -380,7 +380,7 @@ def generate_default_if_missing(dest: Path, train_samples: int, flag: str = "--t
         if (held < train_samples or written_for != organizations) and _is_unchanged_default(dest):
             _check_default_holds(train_samples, flag)
             print(f"{dest}: splitting the default data again into {train_samples} train samples for {organizations} "
-                  f"organisation(s), each under its own identity key (it had {held}; the same examples)")
+                  f"organisation(s) (it had {held}; the same examples)")
             # Organisation k keeps its key (a model trained on the earlier split can be compared example by
             # example); data written before the test set had a key of its own gets new keys throughout.
             kept = () if written_for is None else tuple(read_key(dest / "train" / str(k))

@@ -260,8 +260,8 @@ def test_the_default_data_is_split_again_when_a_script_needs_more_train_samples(
     train, test = read_split(dest, "train"), read_split(dest, "test")
     capsys.readouterr()
     dataset.generate_default_if_missing(dest, train_samples=2)
-    assert capsys.readouterr().out == (f"{dest}: splitting the default data again into 2 train samples "
-                                       "(it had 1; the same examples)\n")
+    assert capsys.readouterr().out == (f"{dest}: splitting the default data again into 2 train samples for 1 "
+                                       "organisation(s) (it had 1; the same examples)\n")
     assert [f.name for f in dataset.sample_folders(dest, "train")] == ["0", "1"]
     for split, before in (("train", train), ("test", test)):
         after = read_split(dest, split)
@@ -269,6 +269,60 @@ def test_the_default_data_is_split_again_when_a_script_needs_more_train_samples(
     assert (dest / "notes.txt").read_text() == "mine"
     dataset.generate_default_if_missing(dest, train_samples=1)  # fewer than it holds: left as it is
     assert len(dataset.sample_folders(dest, "train")) == 2 and capsys.readouterr().out == ""
+
+
+def keys_of(dest):
+    """The key ids of dest's train samples, in order, and of its test sample."""
+    return ([samples.key_id(f) for f in dataset.sample_folders(dest, "train")],
+            samples.key_id(dataset.sample_folders(dest, "test")[0]))
+
+
+def test_each_organisation_gets_its_own_key_and_the_test_set_another(tmp_path):
+    manifest = dataset.generate(tmp_path / "d", train_size=100, test_size=20, train_samples=5, organizations=2)
+    train, test = keys_of(tmp_path / "d")
+    assert manifest["organizations"] == 2 and manifest["train_samples"] == 5
+    assert train[0::2] == [train[0]] * 3 and train[1::2] == [train[1]] * 2  # sample i: organisation i mod 2
+    assert len({train[0], train[1], test}) == 3
+    one = dataset.generate(tmp_path / "e", train_size=100, test_size=20, train_samples=2)
+    train, test = keys_of(tmp_path / "e")
+    assert one["organizations"] == 1 and train[0] == train[1] != test  # one organisation: one key, the test its own
+    with pytest.raises(UserError, match=r"--organizations 3: more than the 2 train data sample\(s\)"):
+        dataset.generate(tmp_path / "f", train_size=100, test_size=20, train_samples=2, organizations=3)
+    assert dataset.generate(tmp_path / "g", train_size=100, test_size=20, organizations=3)["train_samples"] == 3
+
+
+def test_the_default_data_is_split_again_for_another_number_of_organisations_keeping_their_keys(tmp_path, capsys):
+    dest = tmp_path / "data"
+    dataset.generate_default_if_missing(dest, train_samples=2, organizations=2)
+    (first, second, *_), test = keys_of(dest)
+    assert first != second
+    dataset.generate_default_if_missing(dest, train_samples=3, organizations=3)
+    train, again = keys_of(dest)
+    assert train[:2] == [first, second] and train[2] not in (first, second) and again == test
+    dataset.generate_default_if_missing(dest, train_samples=1)  # back to one organisation: its first key
+    train, again = keys_of(dest)
+    assert set(train) == {first} and again == test
+    assert "for 1 organisation(s)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("layout, problem", [
+    ([0, 0], "organisations 1 and 2 hold data under one identity key"),
+    ([[0, 1], [2]], "organisation 1's train data samples are under 2 identity keys"),
+    ([0, "test"], "the test data is under organisation 2's identity key"),
+])
+def test_a_split_a_deployment_could_not_have_is_refused_with_a_command_that_fixes_it(tmp_path, layout, problem):
+    dataset.generate(tmp_path / "d", train_size=100, test_size=20, train_samples=3, organizations=3)
+    folders = dataset.sample_folders(tmp_path / "d", "train")
+    test = dataset.sample_folders(tmp_path / "d", "test")
+    holdings = [[folders[k] for k in ([own] if isinstance(own, int) else own)] if own != "test" else test
+                for own in layout]
+    with pytest.raises(UserError) as refused:
+        dataset.check_organization_keys(tmp_path / "d", holdings, test_everywhere=True)
+    assert problem in str(refused.value)
+    advice = str(refused.value).split("each organisation under its own key: ")[1]
+    assert advice == (f"python scripts/generate_data.py --output {tmp_path / 'd'} --train-size 100 --test-size 20 "
+                      f"--seed 0 --train-samples 3 --organizations {len(layout)} --force")
+    dataset.check_organization_keys(tmp_path / "d", [folders[0::3], folders[1::3], folders[2::3]], True)  # as made
 
 
 def test_data_that_is_not_the_unchanged_default_is_never_split_again(tmp_path, capsys):
@@ -310,10 +364,10 @@ def test_truncated_idx_file_is_named(idx_folder, tmp_path):
         dataset.generate(tmp_path / "d", source=idx_folder)
 
 
-def test_every_sample_gets_one_secret_identity_key_per_dataset_and_other_datasets_another(tmp_path):
+def test_every_train_sample_gets_one_secret_identity_key_per_dataset_and_other_datasets_another(tmp_path):
     dataset.generate(tmp_path / "d", train_size=100, test_size=20, train_samples=2)
     dataset.generate(tmp_path / "e", train_size=100, test_size=20, train_samples=2)  # the same examples
-    folders = [*dataset.sample_folders(tmp_path / "d", "train"), *dataset.sample_folders(tmp_path / "d", "test")]
+    folders = dataset.sample_folders(tmp_path / "d", "train")
     keys = {(f / samples.KEY_FILE).read_text() for f in folders}
     assert len(keys) == 1 and len(keys.pop().strip()) == 64
     assert oct((folders[0] / samples.KEY_FILE).stat().st_mode & 0o777) == "0o600"
@@ -348,6 +402,8 @@ def test_key_from_puts_a_second_dataset_under_the_first_ones_key(tmp_path):
     assert a.key_id == b.key_id and a.identity != b.identity  # comparable examples, distinct samples
     proc = generate_data("--output", tmp_path / "c", "--key-from", tmp_path)
     assert proc.returncode == 2 and f"error: {tmp_path}: no identity.key" in proc.stderr
+    proc = generate_data("--output", tmp_path / "c", "--key-from", first, "--organizations", "2")
+    assert proc.returncode == 2 and "a key is one organisation's" in proc.stderr and not (tmp_path / "c").exists()
 
 
 def test_cli_help_and_one_line_error(tmp_path):
