@@ -14,8 +14,9 @@ import substratools as tools
 
 IMAGES_FILE = "images.npy"
 LABELS_FILE = "labels.npy"
-# The sample's secret identity key (64 hex digits): its identity in released artefacts is an HMAC of its content
-# under this key, so whoever holds a candidate dataset but not the key cannot confirm it was trained on.
+# The sample's secret identity key (64 hex digits), its organisation's, which never leaves it: its identity in
+# released artefacts is an HMAC of its content under this key, so whoever holds a candidate dataset but not the key
+# cannot confirm it was trained on.
 KEY_FILE = "identity.key"
 _KEY = re.compile(r"[0-9a-f]{64}")
 IMAGE_SHAPE = (28, 28)

@@ -290,6 +290,8 @@ def test_every_utility_option_trains_and_the_ledger_records_what_changes_epsilon
     assert result.library_epsilon == {}  # no library accounts for a schedule or a count: none is shown
 
 
+@pytest.mark.parametrize("framework", [(f, "scattering", "cnn") for f in FRAMEWORKS], indirect=True,
+                         ids=lambda p: "-".join(p))  # the default network, a CNN in every framework
 def test_an_empty_poisson_batch_is_a_step_of_noise_alone_and_a_run_at_expected_batch_2_finishes(framework):
     """At E[B] = 2 of 16 examples (q = 1/8) about one step in eight draws no example: it still runs, adding the noise
     alone (std σC / E[B]), as the accountant counts it. (tf's conv layers once failed on a batch of 0.)"""
