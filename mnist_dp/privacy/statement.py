@@ -45,12 +45,12 @@ SHARED_EXAMPLES = (
     "ledger, exactly: how many examples each run trained on and how many two runs of one organisation share.")
 
 FEDERATED_THREAT_MODEL = (
-    "- Across organisations: the other organisations and the aggregator are adversaries too. Each organisation "
-    "receives the averaged (or passed-on) models with this ledger, and the performances; the aggregator also "
-    "receives every organisation's model or weight update, and each one's number of examples. The weights and "
-    "updates are DP outputs, covered by each organisation's ε; the ledger gives every run's n, q, σ and steps; its "
-    "example and sample ids are HMACs under each organisation's own key, so no other organisation can test whether "
-    "a candidate example is in them.")
+    "- Across organisations: the other organisations and the aggregator are adversaries too. Each organisation, "
+    "and anyone holding a released model, receives the averaged (or passed-on) models with this ledger, and the "
+    "performances; the aggregator also receives every organisation's model or weight update, and each one's number "
+    "of examples. The weights and updates are DP outputs, covered by each organisation's ε; the ledger gives every "
+    "run's n, q, σ and steps; its example and sample ids are HMACs under each organisation's own key, which never "
+    "leaves it, so no one else can test whether a candidate example is in them.")
 
 
 def _schedule(event) -> str:

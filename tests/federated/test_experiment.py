@@ -3,6 +3,7 @@ backend in every framework and in docker for torch (tiny data, 1 round), and wha
 does around substrafl: the pinned packages, the Dockerfile's user, a failed task named with its log."""
 import json
 import math
+import shutil
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -128,6 +129,14 @@ def test_in_docker_mode_the_functions_run_as_this_user_and_the_template_is_resto
 def test_bad_options_are_one_line_errors(options, message, tmp_path, tiny_data):
     done = run_example(tmp_path, tiny_data, *options)
     assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr
+
+
+def test_an_output_inside_the_data_folder_is_refused_before_anything_is_written(tmp_path, tiny_data):
+    data = tmp_path / "data"
+    shutil.copytree(tiny_data, data)
+    done = run_example(tmp_path, data, "--output", data / "results")
+    assert done.returncode == 2 and "is inside the data folder" in done.stderr and done.stderr.count("\n") == 1
+    assert not (data / "results").exists()
 
 
 def test_help():
