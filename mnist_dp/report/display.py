@@ -27,7 +27,8 @@ MULTI_STAGE_ONLY = ("round", "organization")
 FEDAVG = "fedavg"  # where an averaged model was "trained": by every organisation
 STATEMENT = ("ε is for the add/remove-one-example relation, Poisson sampling and per-example clipping; "
              "each example's ε composes the steps that trained on it, and ε (PLD) is the worst example's (with "
-             "several organisations, each one's is the worst of the examples it holds).")
+             "several organisations, each one's ε is that of its own records, the examples it holds; an individual "
+             "every organisation holds: epsilon_in_every_organization in results.json).")
 
 
 def _cell(record, key: str, fmt: str) -> str:
