@@ -25,6 +25,11 @@ HP = {**TINY_HYPERPARAMETERS, "ema_decay": 0.0}  # σ = 1, one epoch of batch 64
 SHARED = 50  # examples both organisations hold
 
 
+def load(folder):
+    """A data sample's (images, labels) as stored."""
+    return np.load(folder / samples.IMAGES_FILE), np.load(folder / samples.LABELS_FILE)
+
+
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory, tiny_data):
     """train/0: organisation 1's 150 examples under key A; train/1: organisation 2's 100 others and 50 of
@@ -32,7 +37,6 @@ def deployment(tmp_path_factory, tiny_data):
     (images, labels) that organisation 2 does not hold)."""
     data = tmp_path_factory.mktemp("deployment") / "data"
     first, second = (dataset.sample_folders(tiny_data, "train")[k] for k in (0, 1))
-    load = lambda folder: (np.load(folder / samples.IMAGES_FILE), np.load(folder / samples.LABELS_FILE))  # noqa: E731
     (x1, y1), (x2, y2) = load(first), load(second)
     keys = {"A": dataset.new_key(), "B": dataset.new_key(), "T": dataset.new_key()}
     dataset.write_sample(data / "train" / "0", x1, y1, keys["A"])
