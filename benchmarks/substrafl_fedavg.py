@@ -54,13 +54,12 @@ def own_runs(record: dict) -> list:
     return [e for e in saved.ledger.events if own & set(e.data)]
 
 
-def recomputed_epsilon(record: dict) -> float:
-    """ε of the organisation's own steps, Poisson-subsampled Gaussian at its (σ, q), at the record's δ:
+def recomputed_epsilon(runs: list, delta: float) -> float:
+    """ε of an organisation's own steps (`runs`), Poisson-subsampled Gaussian at its (σ, q), at `delta`:
     dp_accounting alone."""
-    runs = own_runs(record)
     event = dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
         runs[0].sample_rate, dp_accounting.GaussianDpEvent(runs[0].noise_multiplier)), sum(e.steps for e in runs))
-    return pld_privacy_accountant.PLDAccountant().compose(event).get_epsilon(record["delta"])
+    return pld_privacy_accountant.PLDAccountant().compose(event).get_epsilon(delta)
 
 
 def run(command: list, output: Path) -> tuple:
@@ -84,6 +83,7 @@ def compare(framework: str, args) -> dict:
                              *common], args.work / f"fedavg-{framework}")
     last = [r for r in theirs if r["round"] == args.rounds]
     own_last = max(ours, key=lambda r: r["round"])
+    runs = {r["organization"]: own_runs(r) for r in last}  # each organisation's, from its local state
     accuracies = {r["organization"]: r["test_accuracy"] for r in last}
     if len(set(accuracies.values())) != 1:  # every organisation holds the same global model
         raise UserError(f"{framework}: the organisations' evaluations of the last round differ: {accuracies}")
@@ -93,12 +93,13 @@ def compare(framework: str, args) -> dict:
         "difference_points": 100 * (last[0]["test_accuracy"] - own_last["test_accuracy"]),
         "substrafl_epsilon_by_organization": {r["organization"]: r["epsilon_by_organization"][r["organization"]]
                                               for r in last},
-        "substrafl_epsilon_recomputed": {r["organization"]: recomputed_epsilon(r) for r in last},
+        "substrafl_epsilon_recomputed": {r["organization"]: recomputed_epsilon(runs[r["organization"]], r["delta"])
+                                         for r in last},
         "substrafl_epsilon_in_evaluation": {r["organization"]: r["epsilon_in_substra"] for r in last},
         "fedavg_epsilon_by_organization": own_last["epsilon_by_organization"],
-        "noise_multiplier": {r["organization"]: own_runs(r)[0].noise_multiplier for r in last},
-        "sample_rate": {r["organization"]: own_runs(r)[0].sample_rate for r in last},
-        "steps": {r["organization"]: sum(e.steps for e in own_runs(r)) for r in last},
+        "noise_multiplier": {org: own[0].noise_multiplier for org, own in runs.items()},
+        "sample_rate": {org: own[0].sample_rate for org, own in runs.items()},
+        "steps": {org: sum(e.steps for e in own) for org, own in runs.items()},
         "substrafl_seconds": sfl_seconds, "fedavg_seconds": own_seconds,
     }
 

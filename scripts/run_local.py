@@ -80,8 +80,8 @@ def main(argv=None):
         raise UserError(f"--client-name: give one name per organisation ({args.organizations}), comma-separated")
     overrides = hp_file.load_overrides(args.hyperparameters)
     if "dp" in overrides.values:
-        raise UserError(f"{overrides.source}: dp: run_local.py trains every framework with DP and, unless "
-                        "with --baseline, without it; remove dp from this file")
+        raise UserError(f"{overrides.source}: dp: run_local.py trains every framework with DP (and, with "
+                        "--baseline, without it too); remove dp from this file")
     data_dir, output = args.data.resolve(), args.output.resolve()
     dataset.check_output_outside(data_dir, output)
     runs = {}  # run name -> (framework, hyperparameters)

@@ -242,21 +242,21 @@ def make_dp_step(model, optimizer, expected_batch_size, generator, with_canaries
         the noise alone, as the accountant counts it."""
         return [tf.zeros_like(v) for v in model.trainable_variables], tf.constant(0, tf.int32)
 
-    @tf.function(input_signature=(*batch_spec(model), SCALAR, SCALAR))
-    def step(x, y, max_grad_norm, noise_multiplier):
-        clipped_sum, unclipped = clipped_gradient_sum(model, registry, x, y, max_grad_norm)
-        noisy_update(clipped_sum, max_grad_norm, noise_multiplier)
-        return unclipped
+    clip = functools.partial(clipped_gradient_sum, model, registry)
 
-    @tf.function(input_signature=(*batch_spec(model), SCALAR, SCALAR))
-    def noise_only_step(x, y, max_grad_norm, noise_multiplier):
-        clipped_sum, unclipped = nothing_clipped(x, y, max_grad_norm)
-        noisy_update(clipped_sum, max_grad_norm, noise_multiplier)
-        return unclipped
+    def step_of(clipped):
+        @tf.function(input_signature=(*batch_spec(model), SCALAR, SCALAR))
+        def step(x, y, max_grad_norm, noise_multiplier):
+            clipped_sum, unclipped = clipped(x, y, max_grad_norm)
+            noisy_update(clipped_sum, max_grad_norm, noise_multiplier)
+            return unclipped
+
+        return step
 
     if with_canaries is None:
+        step, noise_only_step = step_of(clip), step_of(nothing_clipped)
         return lambda x, y, *noise: (step if x.shape[0] else noise_only_step)(x, y, *noise)
-    clip, update = tf.function(functools.partial(clipped_gradient_sum, model, registry)), tf.function(noisy_update)
+    clip, update = tf.function(clip), tf.function(noisy_update)
 
     def audited_step(x, y, max_grad_norm, noise_multiplier):
         clipped_sum, unclipped = (clip if x.shape[0] else nothing_clipped)(x, y, max_grad_norm)

@@ -306,13 +306,12 @@ def regenerate_command(data_dir: Path, manifest: dict, organizations: int) -> st
     """The generate_data command that writes `data_dir` (ours, `manifest`) again for `organizations`."""
     source = manifest.get("source")
     parts = ["python scripts/generate_data.py --output", str(data_dir)]
+    sizes = (manifest.get("train_examples"), manifest.get("test_examples"))
+    given_sizes = ["--train-size", str(sizes[0]), "--test-size", str(sizes[1])]
     if source and source != EMBEDDED_SOURCE:
-        parts += ["--source", str(source), "--train-size", str(manifest.get("train_examples")), "--test-size",
-                  str(manifest.get("test_examples"))]
-    elif source == EMBEDDED_SOURCE and (manifest.get("train_examples"), manifest.get("test_examples")) != (
-            DEFAULT_TRAIN_SIZE, DEFAULT_TEST_SIZE):
-        parts += ["--train-size", str(manifest.get("train_examples")), "--test-size",
-                  str(manifest.get("test_examples"))]
+        parts += ["--source", str(source), *given_sizes]
+    elif source == EMBEDDED_SOURCE and sizes != (DEFAULT_TRAIN_SIZE, DEFAULT_TEST_SIZE):
+        parts += given_sizes
     parts += ["--seed", str(manifest.get("seed", DEFAULT_SEED)),
               "--train-samples", str(max(organizations, manifest.get("train_samples") or 1)),
               "--organizations", str(organizations), "--force"]
