@@ -24,7 +24,6 @@ records of the same framework, mode, mechanism and claimed ε) and OUTPUT/audit.
 
     python benchmarks/audit.py [--white-box] [--frameworks torch,tf,mindspore] [--epsilons 2,8] [--output DIR]
 """
-import argparse
 import concurrent.futures
 import json
 import multiprocessing
@@ -46,7 +45,7 @@ from mnist_dp.learning.interface import Network, flat_weights
 from mnist_dp.orchestration.assets import ALGO_ASSETS, load_asset_module
 from mnist_dp.privacy import audit, budget
 from mnist_dp.privacy.ledger import Ledger
-from mnist_dp.utils import atomic
+from mnist_dp.utils import atomic, json_input, options
 from mnist_dp.utils.errors import UserError, run_cli
 
 BETA = 0.05  # the lower bounds hold with 95% confidence
@@ -54,6 +53,9 @@ RESULTS = Path(__file__).resolve().parent / "results"
 STEINKE, FDP = "Steinke et al. 2023, (ε, δ)", "Mahloujifar et al. 2025, f-DP (Gaussian)"
 # Each mode's defaults where they differ: real training images and guesses per side.
 DEFAULTS = {"white-box": {"train_size": 256, "guesses": 1000}, "black-box": {"train_size": 1000, "guesses": 100}}
+# The options of one mode only, with their defaults: given in the other mode, they are refused.
+WHITE_BOX = {"steps": 10, "broken_noise_scale": 0.5}
+BLACK_BOX = {"canaries": 500, "epochs": 30, "batch_size": 125, "no_baseline": False}
 
 
 def images_and_labels(count, rng):
@@ -175,7 +177,7 @@ def merge(path, records):
         return r["framework"], r["mode"], r["mechanism"], r["claimed_epsilon"] and round(r["claimed_epsilon"], 2)
 
     try:
-        earlier = json.loads(path.read_text()) if path.exists() else []
+        earlier = json_input.loads(path.read_text(), str(path)) if path.exists() else []
     except json.JSONDecodeError as exc:
         raise UserError(f"{path}: not JSON ({exc}); move it away or give another --output") from None
     fresh = {key(r): r for r in records}
@@ -184,45 +186,46 @@ def merge(path, records):
 
 
 def parse_arguments(argv):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = options.ArgumentParser(__doc__)
+    images = options.integer(1, sources.EMBEDDED_SIZE)  # every image the audit uses is an embedded one
     parser.add_argument("--white-box", action="store_true", help="the white-box audit of each framework's DP step")
-    parser.add_argument("--frameworks", default=",".join(ALGO_ASSETS), help="comma-separated (default: %(default)s)")
-    parser.add_argument("--epsilons", default="2,8", help="claimed ε values, σ calibrated for each (default: "
-                                                          "%(default)s)")
+    parser.add_argument("--frameworks", type=options.names(ALGO_ASSETS), default=",".join(ALGO_ASSETS),
+                        help="comma-separated (default: %(default)s)")
+    parser.add_argument("--epsilons", type=options.comma_list(options.number(0, hp_file.MAX_EPSILON, low_open=True)),
+                        default="2,8", help="claimed ε values, σ calibrated for each (default: %(default)s)")
     parser.add_argument("--output", type=Path, default=RESULTS,
                         help="folder of audit.json and audit.md (default: benchmarks/results)")
-    parser.add_argument("--guesses", type=int, help="k: 'in' for the k highest scores, 'out' for the k lowest, fixed "
-                                                    "in advance (default: white-box 1000, black-box 100)")
-    parser.add_argument("--train-size", type=int,
+    parser.add_argument("--guesses", type=images, help="k: 'in' for the k highest scores, 'out' for the k lowest, "
+                                                       "fixed in advance (default: white-box 1000, black-box 100)")
+    parser.add_argument("--train-size", type=images,
                         help="real training images (default: white-box 256, black-box 1000)")
-    parser.add_argument("--delta", type=float, default=1e-5, help="(default: %(default)s)")
-    parser.add_argument("--seed", type=int, default=0,
+    parser.add_argument("--delta", type=options.number(0, 1, low_open=True, high_open=True), default=1e-5,
+                        help="(default: %(default)s)")
+    parser.add_argument("--seed", type=options.integer(0, options.MAX_SEED), default=0,
                         help="canaries, inclusion, images and training seed (default: %(default)s)")
     white = parser.add_argument_group("white-box")
-    white.add_argument("--steps", type=int, default=10, help="full-batch steps (default: %(default)s)")
-    white.add_argument("--broken-noise-scale", type=float, default=0.5,
-                       help="the fraction of the noise the broken mechanism adds (default: %(default)s, half)")
+    white.add_argument("--steps", type=options.integer(1, hp_file.MAX_EPOCHS),
+                       help=f"full-batch steps (default: {WHITE_BOX['steps']})")
+    white.add_argument("--broken-noise-scale", type=options.number(0, 1, high_open=True),
+                       help=f"the fraction of the noise the broken mechanism adds (default: "
+                            f"{WHITE_BOX['broken_noise_scale']}, half)")
     black = parser.add_argument_group("black-box")
-    black.add_argument("--canaries", type=int, default=500, help="m: mislabelled canaries (default: %(default)s)")
-    black.add_argument("--epochs", type=int, default=30, help="(default: %(default)s)")
-    black.add_argument("--batch-size", type=int, default=125, help="expected batch size (default: %(default)s)")
+    black.add_argument("--canaries", type=images, help=f"m: mislabelled canaries (default: {BLACK_BOX['canaries']})")
+    black.add_argument("--epochs", type=options.integer(1, hp_file.MAX_EPOCHS),
+                       help=f"(default: {BLACK_BOX['epochs']})")
+    black.add_argument("--batch-size", type=images, help=f"expected batch size (default: {BLACK_BOX['batch_size']})")
     black.add_argument("--no-baseline", action="store_true", help="skip the non-private run")
     args = parser.parse_args(argv)
-    mode = "white-box" if args.white_box else "black-box"
-    for name, value in DEFAULTS[mode].items():
+    mode, other = ("white-box", BLACK_BOX) if args.white_box else ("black-box", WHITE_BOX)
+    options.refuse_unused("with --white-box" if args.white_box else "without --white-box (the black-box audit)",
+                          {f"--{name.replace('_', '-')}": getattr(args, name) for name in other})
+    for name, value in {**DEFAULTS[mode], **(WHITE_BOX if args.white_box else BLACK_BOX)}.items():
         setattr(args, name, value if getattr(args, name) is None else getattr(args, name))
-    try:
-        args.epsilons = [float(e) for e in args.epsilons.split(",") if e]
-    except ValueError:
-        parser.error(f"--epsilons: numbers separated by commas, not {args.epsilons!r}")
-    args.frameworks = [f for f in args.frameworks.split(",") if f]
-    if unknown := [f for f in args.frameworks if f not in ALGO_ASSETS]:
-        parser.error(f"--frameworks: unknown {', '.join(unknown)}; choose among {', '.join(ALGO_ASSETS)}")
-    if not 0 <= args.broken_noise_scale < 1:
-        parser.error("--broken-noise-scale: a fraction in [0, 1) of the noise")
-    canaries = None if args.white_box else args.canaries
-    if args.guesses < 1 or (canaries is not None and 2 * args.guesses > canaries):
-        parser.error("--guesses: at least 1, and 2k at most --canaries")
+    if not args.white_box and args.train_size + args.canaries > sources.EMBEDDED_SIZE:
+        parser.error(f"--train-size {args.train_size} with --canaries {args.canaries}: the audit draws them from the "
+                     f"{sources.EMBEDDED_SIZE:,} embedded images; ask for fewer")
+    if not args.white_box and 2 * args.guesses > args.canaries:
+        parser.error(f"--guesses {args.guesses}: 2k must be at most --canaries ({args.canaries})")
     if not args.output.is_dir():
         parser.error(f"--output: {args.output} is not a folder")
     return args

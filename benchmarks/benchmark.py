@@ -17,7 +17,6 @@
     python scripts/generate_data.py --source /usr/share/datasets/fashion-mnist --output fmnist-data
     python benchmarks/benchmark.py --skip-steps --data fmnist-data
 """
-import argparse
 import concurrent.futures
 import json
 import multiprocessing
@@ -43,7 +42,7 @@ from mnist_dp.learning import hyperparameters as hp_file
 from mnist_dp.orchestration.assets import ALGO_ASSETS, REPO, load_asset_module
 from mnist_dp.privacy import budget
 from mnist_dp.privacy.randomness import RunRandomness
-from mnist_dp.utils import timing
+from mnist_dp.utils import json_input, options, timing
 from mnist_dp.utils.errors import UserError, run_cli
 
 # The speed targets: every DP step within 1.5× its framework's plain step, MindSpore's
@@ -66,6 +65,7 @@ def embedded_train_set():
 
 
 WARMUP = 3  # steps per variant not timed (graph compilation, allocations)
+TIMED_STEPS, MAX_TIMED_STEPS = 30, 10_000  # per variant: the default, and a bound on what a run may ask
 
 
 def interleaved_medians(variants):
@@ -305,8 +305,8 @@ def print_default_run(data=None):
             run_and_measure, command, {**os.environ, timing.TIMINGS_VARIABLE: str(records_file)})
         if returncode:
             sys.exit(f"error: run_local.py failed (exit {returncode}):\n{stderr[-3000:]}")
-        records = [json.loads(line) for line in records_file.read_text().splitlines()]
-        results = json.loads((Path(folder) / "results" / "results.json").read_text())
+        records = [json_input.loads(line, str(records_file)) for line in records_file.read_text().splitlines()]
+        results = json_input.read(Path(folder) / "results" / "results.json", "results file")
 
     print(f"\nwall time {wall:.1f} s ({wall / 60:.2f} min), {len(records)} tasks; seconds per task and phase "
           "(start = process start, imports and data loading; first step includes graph compilation):")
@@ -359,10 +359,11 @@ def print_targets(plain, dp_ratios, wall, records, data=None):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--frameworks", default=",".join(ALGO_ASSETS),
-                        help="comma-separated, for the step timings (default: %(default)s)")
-    parser.add_argument("--steps", type=int, default=30, help="timed steps per variant (default: %(default)s)")
+    parser = options.ArgumentParser(__doc__)
+    parser.add_argument("--frameworks", type=options.names(ALGO_ASSETS), default=None,
+                        help=f"comma-separated, for the step timings (default: {','.join(ALGO_ASSETS)})")
+    parser.add_argument("--steps", type=options.integer(1, MAX_TIMED_STEPS), default=None,
+                        help=f"timed steps per variant (default: {TIMED_STEPS})")
     parser.add_argument("--skip-run", action="store_true", help="only time the steps, not the default run")
     parser.add_argument("--skip-steps", action="store_true", help="only the default run, not the step timings")
     parser.add_argument("--data", type=Path, help="run the default run, DP only, on these data samples "
@@ -371,15 +372,19 @@ def main(argv=None):
                         help="change a hyperparameter of every asset for the step timings (JSON value), "
                              "e.g. --set network=linear")
     args = parser.parse_args(argv)
-    unknown = set(args.frameworks.split(",")) - set(ALGO_ASSETS)
-    if unknown or args.steps < 1:
-        parser.error(f"--frameworks: unknown {sorted(unknown)}" if unknown else "--steps must be at least 1")
+    if args.skip_run and args.skip_steps:
+        raise UserError("--skip-run with --skip-steps: nothing would be measured; drop one")
+    if args.skip_steps:
+        options.refuse_unused("with --skip-steps", {"--frameworks": args.frameworks, "--steps": args.steps,
+                                                    "--set": args.set})
+    if args.skip_run:
+        options.refuse_unused("with --skip-run", {"--data": args.data})
     if args.data is not None and not (args.data / "manifest.json").is_file():
         raise UserError(f"--data {args.data}: no manifest.json; write data samples there with "
                         "scripts/generate_data.py --output")
     changes = hp_file.parse_assignments(args.set)
     plain, dp_ratios = ({}, {}) if args.skip_steps else print_steps(
-        [f for f in args.frameworks.split(",") if f], args.steps, changes)
+        args.frameworks or list(ALGO_ASSETS), args.steps or TIMED_STEPS, changes)
     wall, records = (None, []) if args.skip_run else print_default_run(args.data)
     print_targets(plain, dp_ratios, wall, records, args.data)
 

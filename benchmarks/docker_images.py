@@ -11,7 +11,6 @@ its train image, so only train (and score) are built cold.
 
 Needs a Docker daemon and the base image python:3.11.7-slim-bookworm (on our machines: .ci/docker-up).
 """
-import argparse
 import tarfile
 import tempfile
 import time
@@ -19,6 +18,7 @@ from pathlib import Path
 
 from mnist_dp.orchestration import archive
 from mnist_dp.orchestration.assets import ALGO_ASSETS, OBJECTIVE_ASSET, REPO
+from mnist_dp.utils import options
 from mnist_dp.utils.errors import UserError, run_cli
 
 TAG = "mnist-dp-benchmark"
@@ -74,17 +74,14 @@ def print_table(rows: list) -> None:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--functions", default=",".join(FUNCTIONS),
+    parser = options.ArgumentParser(__doc__)
+    parser.add_argument("--functions", type=options.names(FUNCTIONS), default=",".join(FUNCTIONS),
                         help="images to build: algo frameworks and/or score (default: %(default)s)")
     parser.add_argument("--top-level", action="store_true",
                         help="also build the bundle's own Dockerfile (every framework and the tests)")
     parser.add_argument("--warm-only", action="store_true", help="skip the cold builds (no --no-cache build)")
     args = parser.parse_args(argv)
-    names = [n.strip() for n in args.functions.split(",") if n.strip()]
-    unknown = sorted(set(names) - set(FUNCTIONS))
-    if unknown:
-        raise UserError(f"--functions: unknown {unknown}; available: {', '.join(FUNCTIONS)}")
+    names = args.functions
 
     import docker
     from tqdm import tqdm

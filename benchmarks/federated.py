@@ -49,7 +49,7 @@ from mnist_dp.learning import hyperparameters as hp_file
 from mnist_dp.orchestration import compute_plan
 from mnist_dp.orchestration.assets import ALGO_ASSETS, load_asset_module
 from mnist_dp.privacy import budget, model_file
-from mnist_dp.utils import atomic
+from mnist_dp.utils import atomic, options
 from mnist_dp.utils.errors import UserError, run_cli
 
 DELTA = 1e-5
@@ -60,15 +60,11 @@ GOAL_POINTS = 2.0  # the issue: 2-organisation fedavg within 2 points of one org
 
 
 def parse_schedule(text):
-    """'10x3' -> (10 local epochs, 3 rounds)."""
+    """'10x3' -> (10 local epochs, 3 rounds): an argparse type."""
     epochs, sep, rounds = text.partition("x")
-    try:
-        schedule = int(epochs), int(rounds)
-    except ValueError:
-        schedule = None
-    if not sep or schedule is None or min(schedule) < 1:
-        raise UserError(f"--schedules {text!r}: expected EPOCHSxROUNDS, e.g. 10x3")
-    return schedule
+    if not sep:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected EPOCHSxROUNDS, e.g. 10x3")
+    return options.integer(1, hp_file.MAX_EPOCHS)(epochs), options.integer(1, compute_plan.MAX_TASKS)(rounds)
 
 
 def run_key(row):
@@ -253,14 +249,20 @@ def plot(summary, args, path):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--frameworks", default=",".join(ALGO_ASSETS), help="comma-separated (default: %(default)s)")
-    parser.add_argument("--organizations", default="2,4", help="comma-separated counts (default: %(default)s)")
-    parser.add_argument("--strategies", default=",".join(STRATEGIES), help="comma-separated (default: %(default)s)")
-    parser.add_argument("--schedules", default="10x3",
+    parser = options.ArgumentParser(__doc__)
+    parser.add_argument("--frameworks", type=options.names(ALGO_ASSETS), default=",".join(ALGO_ASSETS),
+                        help="comma-separated (default: %(default)s)")
+    parser.add_argument("--organizations", type=options.comma_list(options.integer(2, options.MAX_ORGANIZATIONS)),
+                        default="2,4", help="comma-separated counts, each at least 2 (one organisation is always the "
+                                            "reference) (default: %(default)s)")
+    parser.add_argument("--strategies", type=options.names(STRATEGIES), default=",".join(STRATEGIES),
+                        help="comma-separated (default: %(default)s)")
+    parser.add_argument("--schedules", type=options.comma_list(parse_schedule), default="10x3",
                         help="comma-separated EPOCHSxROUNDS: local epochs per round and rounds (default: %(default)s)")
-    parser.add_argument("--epsilon", type=float, default=3.0, help="ε of every organisation (default: %(default)s)")
-    parser.add_argument("--seeds", type=int, default=3, help="seeds of every run (default: %(default)s)")
+    parser.add_argument("--epsilon", type=options.number(0, hp_file.MAX_EPSILON, low_open=True), default=3.0,
+                        help="ε of every organisation (default: %(default)s)")
+    parser.add_argument("--seeds", type=options.integer(1, utility.MAX_SEEDS), default=3,
+                        help="seeds of every run (default: %(default)s)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="change a hyperparameter of every asset (JSON value), e.g. --set batch_size=250")
     parser.add_argument("--validation", action="store_true",
@@ -270,23 +272,10 @@ def main(argv=None):
                         help="JSON lines of every run (default: %(default)s)")
     parser.add_argument("--report-only", action="store_true", help="train nothing; table and figure from --results")
     args = parser.parse_args(argv)
-    args.frameworks = [f for f in args.frameworks.split(",") if f]
-    args.strategies = [s for s in args.strategies.split(",") if s]
-    for name, given, known in (("--frameworks", args.frameworks, ALGO_ASSETS), ("--strategies", args.strategies,
-                                                                                 STRATEGIES)):
-        if not given or set(given) - set(known):
-            parser.error(f"{name}: unknown {sorted(set(given) - set(known))}; known: {', '.join(known)}")
-    try:
-        args.organizations = [int(k) for k in args.organizations.split(",") if k]
-    except ValueError:
-        parser.error(f"--organizations {args.organizations!r}: expected comma-separated integers")
-    if not args.organizations or min(args.organizations) < 2:
-        parser.error("--organizations: give counts of at least 2 (one organisation is always the reference)")
-    args.schedules = [parse_schedule(s) for s in args.schedules.split(",") if s]
     for organizations, strategy, (epochs, rounds) in itertools.product(args.organizations, args.strategies,
                                                                        args.schedules):
-        compute_plan.check_size(strategy, rounds, organizations, 1, False,  # the tasks of the plan each run simulates
-                        f"--schedules {epochs}x{rounds} with {organizations} organisations and {strategy}")
+        compute_plan.check_size(compute_plan.count_tasks(strategy, rounds, organizations),  # each run simulates it
+                                f"--schedules {epochs}x{rounds} with {organizations} organisations and {strategy}")
     args.changes = hp_file.parse_assignments(args.set)
     if "epochs" in args.changes:
         raise UserError("--set epochs: give local epochs in --schedules (EPOCHSxROUNDS)")

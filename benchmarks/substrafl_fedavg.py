@@ -11,8 +11,6 @@ Poisson-subsampled Gaussian), and each command's time. Writes DIR/substrafl.json
 
     python benchmarks/substrafl_fedavg.py [--frameworks torch,tf,mindspore] [--organizations 2] [--rounds 3]
 """
-import argparse
-import json
 import subprocess
 import sys
 import time
@@ -21,20 +19,25 @@ from pathlib import Path
 import dp_accounting
 from dp_accounting.pld import pld_privacy_accountant
 
+from mnist_dp.federated import experiment
 from mnist_dp.federated.algo import OWN_DATA
+from mnist_dp.orchestration import compute_plan
 from mnist_dp.orchestration.assets import ALGO_ASSETS, REPO
 from mnist_dp.privacy import model_file
-from mnist_dp.utils import atomic
+from mnist_dp.utils import atomic, json_input, options
 from mnist_dp.utils.errors import UserError, run_cli
 
 GOAL_POINTS = 1.0  # the issue: substrafl's accuracy within 1 point of the bundle's own fedavg
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--frameworks", default=",".join(ALGO_ASSETS), help="comma-separated (default: %(default)s)")
-    parser.add_argument("--organizations", type=int, default=2, help="(default: %(default)s)")
-    parser.add_argument("--rounds", type=int, default=3, help="(default: %(default)s)")
+    parser = options.ArgumentParser(__doc__)
+    parser.add_argument("--frameworks", type=options.names(ALGO_ASSETS), default=",".join(ALGO_ASSETS),
+                        help="comma-separated (default: %(default)s)")
+    parser.add_argument("--organizations", type=options.integer(1, options.MAX_ORGANIZATIONS), default=2,
+                        help="(default: %(default)s)")
+    parser.add_argument("--rounds", type=options.integer(1, compute_plan.MAX_TASKS), default=3,
+                        help="(default: %(default)s)")
     parser.add_argument("--hyperparameters", type=Path, default=REPO / "examples" / "fedavg.json",
                         help="the recipe both commands get (default: %(default)s)")
     parser.add_argument("--data", type=Path, default=REPO / "benchmarks" / "output" / "substrafl-data",
@@ -71,7 +74,7 @@ def run(command: list, output: Path) -> tuple:
                           text=True)
     if done.returncode:
         raise UserError(f"{' '.join(map(str, command))} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
-    return json.loads((output / "results.json").read_text()), time.perf_counter() - start
+    return json_input.read(output / "results.json", "results file"), time.perf_counter() - start
 
 
 def compare(framework: str, args) -> dict:
@@ -122,13 +125,11 @@ def table(rows: list) -> str:
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    frameworks = [f.strip() for f in args.frameworks.split(",") if f.strip()]
-    if not frameworks or any(f not in ALGO_ASSETS for f in frameworks):
-        raise UserError(f"--frameworks {args.frameworks!r}: expected some of {', '.join(ALGO_ASSETS)}")
-    if args.organizations < 1 or args.rounds < 1:
-        raise UserError("--organizations and --rounds must be at least 1")
+    asked = f"--rounds {args.rounds} with --organizations {args.organizations}"
+    compute_plan.check_size(experiment.count_tasks(args.organizations, args.rounds), asked)  # the substrafl plan
+    compute_plan.check_size(compute_plan.count_tasks("fedavg", args.rounds, args.organizations), asked)  # ours
     rows = []
-    for framework in frameworks:
+    for framework in args.frameworks:
         rows.append(compare(framework, args))
         print(table(rows[-1:]).splitlines()[-1], flush=True)
     args.output.mkdir(parents=True, exist_ok=True)

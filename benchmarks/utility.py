@@ -16,7 +16,6 @@ markers) next to --results.
     python benchmarks/utility.py [--datasets mnist4k,fmnist] [--frameworks torch,tf,mindspore]
         [--epsilons 1,2,3,8] [--seeds 3] [--set epochs=20 --set activation=relu --label relu]
 """
-import argparse
 import concurrent.futures
 import functools
 import hashlib
@@ -41,12 +40,13 @@ from mnist_dp.learning import hyperparameters as hp_file
 from mnist_dp.orchestration.assets import ALGO_ASSETS, load_asset_module
 from mnist_dp.privacy import budget
 from mnist_dp.privacy.ledger import Ledger
-from mnist_dp.utils import atomic
+from mnist_dp.utils import atomic, json_input, options
 from mnist_dp.utils.errors import UserError, run_cli
 
 FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 DATASETS = {"mnist4k": "MNIST, embedded 4,000 / 1,000 split", "fmnist": "Fashion-MNIST 60,000 / 10,000"}
 DELTA = 1e-5
+MAX_SEEDS = 100  # trainings per point: beyond it a typo is likelier than a plan
 RESULTS = Path(__file__).resolve().parent / "results" / "utility.jsonl"
 # The issue's goals, (dataset, ε) -> least accuracy in every framework (at --seeds-at the mean over the seeds):
 # above every published result at ε = 3 and 1 on Fashion-MNIST; on the embedded MNIST-4k, the frameworks within
@@ -143,7 +143,16 @@ def result_file(results, name, suffix):
 def read_results(path):
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json_input.loads(line, f"{path} line {number}"))
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{path} line {number}: not JSON ({exc}); fix or remove that line, or give another "
+                            "--results") from None
+    return rows
 
 
 def run_all(args, changes):
@@ -295,12 +304,18 @@ def plot(summary, path, validation):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--datasets", default=",".join(DATASETS), help="comma-separated (default: %(default)s)")
-    parser.add_argument("--frameworks", default=",".join(ALGO_ASSETS), help="comma-separated (default: %(default)s)")
-    parser.add_argument("--epsilons", default="1,2,3,8", help="target ε values (default: %(default)s)")
-    parser.add_argument("--seeds", type=int, default=3, help="seeds at --seeds-at (default: %(default)s)")
-    parser.add_argument("--seeds-at", type=float, default=3.0, help="the ε run with every seed (default: %(default)s)")
+    parser = options.ArgumentParser(__doc__)
+    epsilon = options.number(0, hp_file.MAX_EPSILON, low_open=True)
+    parser.add_argument("--datasets", type=options.names(DATASETS), default=",".join(DATASETS),
+                        help="comma-separated (default: %(default)s)")
+    parser.add_argument("--frameworks", type=options.names(ALGO_ASSETS), default=",".join(ALGO_ASSETS),
+                        help="comma-separated (default: %(default)s)")
+    parser.add_argument("--epsilons", type=options.comma_list(epsilon), default="1,2,3,8",
+                        help="target ε values (default: %(default)s)")
+    parser.add_argument("--seeds", type=options.integer(1, MAX_SEEDS), default=3,
+                        help="seeds at --seeds-at (default: %(default)s)")
+    parser.add_argument("--seeds-at", type=epsilon, default=3.0,
+                        help="the ε of --epsilons run with every seed (default: %(default)s)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="change a hyperparameter of every asset (JSON value), e.g. --set activation=relu")
     parser.add_argument("--label", default="default", help="name of this configuration in the results "
@@ -314,13 +329,6 @@ def main(argv=None):
     parser.add_argument("--ablation", metavar="LABEL;LABEL;...",
                         help="train nothing; write the table of these labels at --seeds-at (utility-ablation.md)")
     args = parser.parse_args(argv)
-    args.datasets = [d for d in args.datasets.split(",") if d]
-    args.frameworks = [f for f in args.frameworks.split(",") if f]
-    args.epsilons = [float(e) for e in args.epsilons.split(",") if e]
-    for name, known in (("--datasets", DATASETS), ("--frameworks", ALGO_ASSETS)):
-        unknown = set(args.datasets if name == "--datasets" else args.frameworks) - set(known)
-        if unknown:
-            parser.error(f"{name}: unknown {sorted(unknown)}; known: {', '.join(known)}")
     changes = hp_file.parse_assignments(args.set)
     if not slug(args.label):
         parser.error(f"--label {args.label!r}: needs a letter or digit (it names the report's files)")

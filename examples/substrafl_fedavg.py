@@ -13,7 +13,6 @@ calibrated so that every organisation ends at or below target_epsilon after the 
 Writes results.json (one record per organisation and round), summary.md, results.png and the organisations'
 local states (models/, the bundle's model files: scripts/privacy_report.py reads them) to --output.
 """
-import argparse
 import contextlib
 from pathlib import Path
 
@@ -25,23 +24,24 @@ from mnist_dp.federated import experiment
 from mnist_dp.federated.algo import METRICS, DpFedAvgAlgo
 from mnist_dp.federated.strategy import DpFedAvg
 from mnist_dp.learning import hyperparameters as hp_file
-from mnist_dp.orchestration import connection, registry
+from mnist_dp.orchestration import compute_plan, connection, registry
 from mnist_dp.orchestration.assets import ALGO_ASSETS
 from mnist_dp.privacy import budget
 from mnist_dp.report import display
-from mnist_dp.utils import atomic
-from mnist_dp.utils.errors import UserError, run_cli
+from mnist_dp.utils import atomic, options
+from mnist_dp.utils.errors import run_cli
 
 EXAMPLES = Path(__file__).resolve().parent
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = options.ArgumentParser(__doc__)
     parser.add_argument("--framework", choices=list(ALGO_ASSETS), default="torch",
                         help="the framework the algo trains with (default: %(default)s)")
-    parser.add_argument("--organizations", type=int, default=2,
+    parser.add_argument("--organizations", type=options.integer(1, options.MAX_ORGANIZATIONS), default=2,
                         help="organisations, each holding a share of the train data (default: %(default)s)")
-    parser.add_argument("--rounds", type=int, default=3, help="FedAvg rounds (default: %(default)s)")
+    parser.add_argument("--rounds", type=options.integer(1, compute_plan.MAX_TASKS), default=3,
+                        help="FedAvg rounds (default: %(default)s)")
     parser.add_argument("--data", type=Path, default=Path("data"),
                         help="data samples written by scripts/generate_data.py; generated from the embedded MNIST "
                              "subset if missing (default: %(default)s)")
@@ -58,8 +58,8 @@ def build_parser():
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    if args.organizations < 1 or args.rounds < 1:
-        raise UserError("--organizations and --rounds must be at least 1")
+    compute_plan.check_size(experiment.count_tasks(args.organizations, args.rounds),
+                            f"--rounds {args.rounds} with --organizations {args.organizations}")
     hp = hp_file.load(ALGO_ASSETS[args.framework] / hp_file.FILE_NAME, hp_file.load_overrides(args.hyperparameters))
     data_dir, output = args.data.resolve(), args.output.resolve()
     dataset.check_output_outside(data_dir, output)

@@ -5,23 +5,23 @@ The keys file is rewritten atomically after every new key; a re-run reuses the k
 are unchanged and still on the node. Then run scripts/add_train_algo_cnn_dp.py. Connection settings
 come from the environment (see --client-name); none is written anywhere.
 """
-import argparse
 import tempfile
 from pathlib import Path
 
 from mnist_dp.data import dataset
 from mnist_dp.orchestration import connection, registry
+from mnist_dp.utils import options
 from mnist_dp.utils.errors import run_cli
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = options.ArgumentParser(__doc__)
     parser.add_argument("--data", type=Path, default=Path("data"),
                         help="data samples written by scripts/generate_data.py; generated from the embedded "
                              "MNIST subset if missing (default: %(default)s)")
     parser.add_argument("--keys-file", type=Path, default=Path("assets_keys.json"),
                         help="JSON file the keys are written to, and read from on a re-run (default: %(default)s)")
-    parser.add_argument("--folds", type=int, default=1,
+    parser.add_argument("--folds", type=options.integer(1, options.MAX_ORGANIZATIONS), default=1,
                         help="groups the train data samples into this many folds; add_train_algo_cnn_dp.py "
                              "trains on them one after the other (default: %(default)s)")
     connection.add_arguments(parser)

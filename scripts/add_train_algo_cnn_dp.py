@@ -11,7 +11,6 @@ plan's keys are added to the keys file; the reports (results.json, summary.md, r
 model files go to --output. With a local backend (which forgets everything between runs) the dataset
 and objective are registered again from the data folder named in the keys file.
 """
-import argparse
 import tempfile
 from pathlib import Path
 
@@ -21,12 +20,12 @@ from mnist_dp.orchestration import compute_plan, connection, registry
 from mnist_dp.orchestration.assets import ALGO_ASSETS
 from mnist_dp.privacy import budget
 from mnist_dp.report import results
-from mnist_dp.utils import atomic
+from mnist_dp.utils import atomic, options
 from mnist_dp.utils.errors import UserError, run_cli
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = options.ArgumentParser(__doc__)
     parser.add_argument("--framework", choices=list(ALGO_ASSETS), default="torch",
                         help="which algo asset to register and train (default: %(default)s)")
     parser.add_argument("--keys-file", type=Path, default=Path("assets_keys.json"),
@@ -56,12 +55,10 @@ def main(argv=None):
                         "locally (scripts/run_local.py --baseline)")
     for field in ("organization_id", "dataset_key", "objective_key", "test_data_sample_keys"):
         keys.require(field)  # a damaged keys file is named now, not half-way through
-    if args.rounds < 1:
-        raise UserError("--rounds must be at least 1")
     folds = keys.require("train_data_sample_keys")
-    compute_plan.check_size(args.strategy, args.rounds, len(folds), 1, args.score_train,
-                    f"--rounds {args.rounds} with the {len(folds)} fold(s) of {args.keys_file} and --strategy "
-                    f"{args.strategy}")
+    compute_plan.check_size(compute_plan.count_tasks(args.strategy, args.rounds, len(folds), 1, args.score_train),
+                            f"--rounds {args.rounds} with the {len(folds)} fold(s) of {args.keys_file} and --strategy "
+                            f"{args.strategy}")
     data_dir = Path(keys.require("data"))
     dataset.check_output_outside(data_dir, args.output or Path("results") / args.framework)
     if data_dir.is_dir():  # what each train task would refuse, checked before anything is registered

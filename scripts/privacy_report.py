@@ -3,15 +3,15 @@
 Needs no ML framework (only numpy and dp_accounting): give it a model written by a train task
 (e.g. results/models/torch.model or a model downloaded from Substra).
 """
-import argparse
 from pathlib import Path
 
 from mnist_dp.privacy import model_file, statement
+from mnist_dp.utils import options
 from mnist_dp.utils.errors import run_cli
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = options.ArgumentParser(__doc__)
     parser.add_argument("model", type=Path, nargs="+", help="model file(s) written by a train task")
     return parser
 

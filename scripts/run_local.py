@@ -13,7 +13,6 @@ Substra clients each own a share of the training data, and ε is reported per or
 Writes results.json, summary.md, results.png and the model files (models/) to --output. This replaces
 `substra run-local`.
 """
-import argparse
 import shutil
 from pathlib import Path
 
@@ -23,13 +22,13 @@ from mnist_dp.orchestration import compute_plan, connection, registry
 from mnist_dp.orchestration.assets import ALGO_ASSETS
 from mnist_dp.privacy import budget
 from mnist_dp.report import results
-from mnist_dp.utils import atomic
+from mnist_dp.utils import atomic, options
 from mnist_dp.utils.errors import UserError, run_cli
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--frameworks", default=",".join(ALGO_ASSETS),
+    parser = options.ArgumentParser(__doc__)
+    parser.add_argument("--frameworks", type=options.names(ALGO_ASSETS), default=",".join(ALGO_ASSETS),
                         help="comma-separated frameworks to run (default: all, i.e. %(default)s)")
     parser.add_argument("--data", type=Path, default=Path("data"),
                         help="data samples written by scripts/generate_data.py; generated from the embedded "
@@ -44,7 +43,7 @@ def build_parser():
                              "its model and accuracy are un-noised functions of the training data, NOT covered by ε, "
                              "and every report says so; refused with --backend remote, where its accuracy would be a "
                              "performance every organisation sees (default: DP models only)")
-    parser.add_argument("--organizations", type=int, default=1,
+    parser.add_argument("--organizations", type=options.integer(1, options.MAX_ORGANIZATIONS), default=1,
                         help="organisations sharing the training data, each with its own dataset; the data needs "
                              "at least this many train data samples (default: %(default)s)")
     compute_plan.add_arguments(parser, "organisations")
@@ -55,26 +54,17 @@ def build_parser():
     return parser
 
 
-def parse_frameworks(text: str) -> list:
-    names = [name.strip() for name in text.split(",") if name.strip()]
-    unknown = [name for name in names if name not in ALGO_ASSETS]
-    if unknown or not names:
-        raise UserError(f"--frameworks {text!r}: unknown {unknown}; available: {', '.join(ALGO_ASSETS)}")
-    return names
-
-
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    frameworks = parse_frameworks(args.frameworks)
-    if args.organizations < 1 or args.rounds < 1:
-        raise UserError("--organizations and --rounds must be at least 1")
+    frameworks = args.frameworks
     if args.baseline and args.backend == "remote":
         raise UserError("--baseline with --backend remote: the baseline's accuracy, not covered by ε, would be a "
                         "performance every organisation on the node sees; train it on a local backend")
     runs_per_framework = 2 if args.baseline else 1
-    compute_plan.check_size(args.strategy, args.rounds, args.organizations, len(frameworks) * runs_per_framework,
-                    args.score_train, f"--rounds {args.rounds} with --organizations {args.organizations}, --strategy "
-                                      f"{args.strategy} and {len(frameworks) * runs_per_framework} run(s)")
+    tasks = compute_plan.count_tasks(args.strategy, args.rounds, args.organizations,
+                                     len(frameworks) * runs_per_framework, args.score_train)
+    compute_plan.check_size(tasks, f"--rounds {args.rounds} with --organizations {args.organizations}, --strategy "
+                                   f"{args.strategy} and {len(frameworks) * runs_per_framework} run(s)")
     client_names = compute_plan.id_list(args.client_name) or [None] * args.organizations
     if len(client_names) != args.organizations:
         raise UserError(f"--client-name: give one name per organisation ({args.organizations}), comma-separated")

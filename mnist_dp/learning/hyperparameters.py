@@ -49,6 +49,7 @@ from mnist_dp.learning.features import FEATURES
 from mnist_dp.privacy.events import MAX_NOISE_MULTIPLIER
 from mnist_dp.utils import json_input
 from mnist_dp.utils.errors import UserError
+from mnist_dp.utils.options import MAX_SEED
 
 FILE_NAME = "hyperparameters.json"
 
@@ -83,26 +84,33 @@ class Hyperparameters:
 
 
 # Bounds that catch typos and absurd values before any work starts: beyond them a run would take
-# days or hours of accounting (epochs = 10^9), or ε would protect nothing (target_epsilon = 10^9).
+# days or hours of accounting (epochs = 10^9), ε would protect nothing (target_epsilon = 10^9), or every step would
+# overflow (learning_rate = 10^300). batch_size is bounded by the data (budget.SamplingPlan).
 MAX_EPOCHS = 10_000
 MAX_EPSILON = 100.0
-MAX_SEED = 2**31 - 1  # every framework's seed type holds it
+MAX_STEP_SIZE = 1_000.0  # learning_rate, clip_learning_rate
+MAX_NORM = 1e6  # max_grad_norm, clip_count_stddev: a gradient norm or a count, far beyond any real one
 NETWORKS = ("cnn", "linear")
 ACTIVATIONS = ("tanh", "relu")
 OPTIMIZERS = ("sgd", "adam")
+
+
+def _within(low: float, high: float):
+    return lambda v: low < v <= high
+
 
 # name -> (JSON type, may be null, test of the value, what it must be). Types are exact: 1.0 is not
 # an integer and "false" is not a boolean (a string "false" would be truthy, i.e. DP *on*).
 _RULES = {
     "epochs": (int, False, lambda v: 1 <= v <= MAX_EPOCHS, f"an integer from 1 to {MAX_EPOCHS:,}"),
     "batch_size": (int, False, lambda v: v >= 1, "a positive integer"),
-    "learning_rate": (float, False, lambda v: v > 0, "a positive number"),
+    "learning_rate": (float, False, _within(0, MAX_STEP_SIZE), f"a number in (0, {MAX_STEP_SIZE:g}]"),
     "momentum": (float, False, lambda v: 0 <= v < 1, "a number in [0, 1)"),
-    "max_grad_norm": (float, False, lambda v: v > 0, "a positive number"),
-    "noise_multiplier": (float, True, lambda v: 0 < v <= MAX_NOISE_MULTIPLIER,
+    "max_grad_norm": (float, False, _within(0, MAX_NORM), f"a number in (0, {MAX_NORM:g}]"),
+    "noise_multiplier": (float, True, _within(0, MAX_NOISE_MULTIPLIER),
                          f"a number in (0, {MAX_NOISE_MULTIPLIER:g}] or null"),
-    "target_epsilon": (float, True, lambda v: 0 < v <= MAX_EPSILON, f"a number in (0, {MAX_EPSILON:g}] or null"),
-    "max_epsilon": (float, True, lambda v: 0 < v <= MAX_EPSILON, f"a number in (0, {MAX_EPSILON:g}] or null"),
+    "target_epsilon": (float, True, _within(0, MAX_EPSILON), f"a number in (0, {MAX_EPSILON:g}] or null"),
+    "max_epsilon": (float, True, _within(0, MAX_EPSILON), f"a number in (0, {MAX_EPSILON:g}] or null"),
     "delta": (float, False, lambda v: 0 < v < 1, "a number in (0, 1)"),
     "seed": (int, False, lambda v: 0 <= v <= MAX_SEED, f"an integer from 0 to {MAX_SEED}"),
     "dp": (bool, False, None, "true or false"),
@@ -112,11 +120,11 @@ _RULES = {
     "activation": (str, False, lambda v: v in ACTIVATIONS, f"one of {list(ACTIVATIONS)}"),
     "optimizer": (str, False, lambda v: v in OPTIMIZERS, f"one of {list(OPTIMIZERS)}"),
     "ema_decay": (float, False, lambda v: 0 <= v < 1, "a number in [0, 1)"),
-    "noise_decay": (float, False, lambda v: 0 < v <= 1, "a number in (0, 1]"),
+    "noise_decay": (float, False, _within(0, 1), "a number in (0, 1]"),
     "clip_quantile": (float, True, lambda v: 0 < v < 1, "a number in (0, 1) or null"),
-    "clip_learning_rate": (float, False, lambda v: v > 0, "a positive number"),
-    "clip_count_stddev": (float, True, lambda v: v > 0, "a positive number or null"),
-    "noise_seed": (int, True, lambda v: v >= 0, "a non-negative integer or null"),
+    "clip_learning_rate": (float, False, _within(0, MAX_STEP_SIZE), f"a number in (0, {MAX_STEP_SIZE:g}]"),
+    "clip_count_stddev": (float, True, _within(0, MAX_NORM), f"a number in (0, {MAX_NORM:g}] or null"),
+    "noise_seed": (int, True, lambda v: 0 <= v <= MAX_SEED, f"an integer from 0 to {MAX_SEED} or null"),
 }
 _JSON_NAMES = {bool: "a boolean", int: "an integer", float: "a decimal number", str: "a string", list: "an array",
                dict: "an object", type(None): "null"}
@@ -209,7 +217,7 @@ def parse_assignments(items: list, option: str = "--set") -> dict:
         if key in changes:  # as in a JSON file: the last would win silently
             raise UserError(f"{option} {key}: given twice; keep one")
         try:
-            changes[key] = json.loads(value)
+            changes[key] = json_input.loads(value, f"{option} {key}")
         except json.JSONDecodeError:
             changes[key] = value
     check_values(changes, option)
@@ -221,24 +229,13 @@ def load_overrides(path: Path | None) -> Overrides:
     Each key is checked here (known, exact type, range), so that an error names the user's file."""
     if path is None:
         return Overrides({}, "no overrides")
-    values = _read_object(Path(path), "hyperparameters JSON")
+    values = _read_object(Path(path), "hyperparameters JSON file")
     check_values(values, str(path))
     return Overrides(values, str(path))
 
 
 def _read_object(path: Path, what: str) -> dict:
-    try:
-        values = json_input.loads(path.read_bytes().decode("utf-8"), str(path))
-    except FileNotFoundError:
-        raise UserError(f"{path}: {what} file not found") from None
-    except IsADirectoryError:
-        raise UserError(f"{path}: is a folder; give the path of a JSON file") from None
-    except OSError as exc:
-        raise UserError(f"{path}: cannot read it ({exc.strerror})") from None
-    except UnicodeDecodeError:
-        raise UserError(f"{path}: not UTF-8 text; save it as UTF-8 JSON") from None
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{path}: not valid JSON ({exc})") from None
+    values = json_input.read(path, what)
     if not isinstance(values, dict):
         raise UserError(f"{path}: must hold a JSON object of hyperparameters")
     return values

@@ -20,6 +20,7 @@ from substra.sdk.schemas import (
 )
 
 from mnist_dp.orchestration.contract import CONTRACT, public
+from mnist_dp.utils import options
 from mnist_dp.utils.errors import UserError
 
 
@@ -63,25 +64,25 @@ def describe_role(role: Role) -> str:
 STRATEGIES = {"cyclic": ("train", "predict"), "fedavg": ("train", "predict", "aggregate")}
 
 
+# Tasks in one compute plan at most: a local backend runs them one after the other, seconds each and a train task
+# much more, so days of work; beyond it a typo (--rounds 1000000000) is likelier than a plan, and building it would
+# not end. Checked, like MAX_STEPS and MAX_EPOCHS, before any data is generated or anything is registered.
+MAX_TASKS = 10_000
+
+
 def add_arguments(parser, holders: str) -> None:
     """--strategy and --rounds, the same on every script that trains; `holders`: who holds the data shares
     ("organisations", "folds")."""
     parser.add_argument("--strategy", choices=STRATEGIES, default="cyclic",
                         help=f"how the {holders} train together: cyclic (one model passed from one to the next) or "
                              "fedavg (federated averaging) (default: %(default)s)")
-    parser.add_argument("--rounds", type=int, default=1,
+    parser.add_argument("--rounds", type=options.integer(1, MAX_TASKS), default=1,
                         help=f"rounds: passes of the model through the {holders} (cyclic), or train-then-average "
                              "rounds (fedavg) (default: %(default)s)")
     parser.add_argument("--score-train", action="store_true",
                         help="also score every cyclic model on its own training data and publish that accuracy as a "
                              "Substra performance: an un-noised statistic of the training data, NOT covered by ε "
                              "(default: the test data only)")
-
-
-# Tasks in one compute plan at most: a local backend runs them one after the other, seconds each and a train task
-# much more, so days of work; beyond it a typo (--rounds 1000000000) is likelier than a plan, and building it would
-# not end. Checked, like MAX_STEPS and MAX_EPOCHS, before any data is generated or anything is registered.
-MAX_TASKS = 10_000
 
 
 def count_tasks(strategy: str, rounds: int, holders: int, runs: int = 1, score_train: bool = False) -> int:
@@ -92,9 +93,8 @@ def count_tasks(strategy: str, rounds: int, holders: int, runs: int = 1, score_t
     return runs * rounds * per_round
 
 
-def check_size(strategy: str, rounds: int, holders: int, runs: int, score_train: bool, asked: str) -> None:
+def check_size(tasks: int, asked: str) -> None:
     """Refuse a plan of more than MAX_TASKS tasks; `asked` names the options that sized it."""
-    tasks = count_tasks(strategy, rounds, holders, runs, score_train)
     if tasks > MAX_TASKS:
         raise UserError(f"{asked} make {tasks:,} tasks, more than the {MAX_TASKS:,} one compute plan may have (days of "
                         "tasks run one after the other); use fewer rounds or organisations")

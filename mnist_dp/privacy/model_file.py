@@ -22,7 +22,7 @@ from mnist_dp.learning import hyperparameters as hp_file
 from mnist_dp.privacy.accountant import check_delta
 from mnist_dp.privacy.events import count_stddev
 from mnist_dp.privacy.ledger import Ledger
-from mnist_dp.utils import atomic
+from mnist_dp.utils import atomic, json_input
 from mnist_dp.utils.errors import UserError
 
 FORMAT = "mnist-dp-model/3"  # 2: digests in the metadata, provenance in every ledger event; 3: the examples
@@ -69,7 +69,7 @@ def load(path, framework: str | None = None) -> ModelFile:
     """Read and check a model file; `framework` checks that the weights are for the caller's framework."""
     try:
         with open(path, "rb") as f, zipfile.ZipFile(f) as archive:
-            meta = json.loads(archive.read(_META))
+            meta = json_input.loads(archive.read(_META), f"{path}: its metadata")
             ledger_bytes = archive.read(_LEDGER)
             weights = archive.read(_WEIGHTS)
     except FileNotFoundError:
@@ -89,7 +89,7 @@ def load(path, framework: str | None = None) -> ModelFile:
             raise UserError(f"{path}: its {name} does not match the sha256 recorded in its metadata: the file was "
                             "edited or damaged; its privacy figure cannot be trusted")
     try:
-        ledger = Ledger.from_json(json.loads(ledger_bytes))
+        ledger = Ledger.from_json(json_input.loads(ledger_bytes, "its ledger"))
         check_run_settings(ledger, meta)
     except (UserError, ValueError) as exc:
         raise UserError(f"{path}: {exc}") from None

@@ -1,16 +1,20 @@
-"""JSON that users write or edit (hyperparameters files, the keys file): read strictly.
+"""JSON the bundle reads (hyperparameters files, the keys file, manifests, model files, results): read strictly.
 
 Python's json keeps the last of two equal keys in an object without a word, so {"dp": true, ..., "dp": false}
-would train without DP while its first line says otherwise; such a file is refused, naming the key.
+would train without DP while its first line says otherwise; such a file is refused, naming the key. An integer
+longer than any value of the bundle (options.MAX_DIGITS) is refused too, naming the file: past 4,300 digits Python
+would fail with a traceback of its own.
 """
 import json
+from pathlib import Path
 
 from mnist_dp.utils.errors import UserError
+from mnist_dp.utils.options import MAX_DIGITS
 
 
-def loads(text: str, where: str):
-    """`text` parsed as JSON (json.JSONDecodeError as json.loads), refusing an object that holds a key twice: a
-    UserError naming `where` (the file) and the key."""
+def loads(text: str | bytes, where: str):
+    """`text` parsed as JSON (json.JSONDecodeError as json.loads), refusing an object that holds a key twice or an
+    integer of more than MAX_DIGITS digits: a UserError naming `where` (the file)."""
     def unique(pairs: list) -> dict:
         values = {}
         for key, value in pairs:
@@ -20,4 +24,28 @@ def loads(text: str, where: str):
             values[key] = value
         return values
 
-    return json.loads(text, object_pairs_hook=unique)
+    def integer(digits: str) -> int:
+        if len(digits.lstrip("-")) > MAX_DIGITS:
+            raise UserError(f"{where}: an integer of {len(digits.lstrip('-')):,} digits; no value this bundle reads "
+                            f"has more than {MAX_DIGITS}: fix the file")
+        return int(digits)
+
+    return json.loads(text, object_pairs_hook=unique, parse_int=integer)
+
+
+def read(path: Path, what: str):
+    """The JSON value in the file at `path` (`what` it is, for messages); a UserError naming the file when it is
+    missing, a folder, unreadable, not UTF-8 or not JSON."""
+    path = Path(path)
+    try:
+        return loads(path.read_bytes().decode("utf-8"), str(path))
+    except FileNotFoundError:
+        raise UserError(f"{path}: {what} not found") from None
+    except IsADirectoryError:
+        raise UserError(f"{path}: is a folder; give the path of the {what}") from None
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read it ({exc.strerror})") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not UTF-8 text; save the {what} as UTF-8 JSON") from None
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{path}: not valid JSON ({exc}); fix the {what} or move it away") from None

@@ -111,6 +111,6 @@ def test_the_task_count_bound_is_the_plans_own(strategy, score_train):
 
 
 def test_a_plan_of_more_than_max_tasks_is_refused_naming_what_sized_it():
-    compute_plan.check_size("fedavg", compute_plan.MAX_TASKS // 5, 2, 1, False, "x")  # exactly MAX_TASKS
+    compute_plan.check_size(compute_plan.count_tasks("fedavg", compute_plan.MAX_TASKS // 5, 2), "x")  # MAX_TASKS
     with pytest.raises(UserError, match=r"^--rounds 1000000000 make 5,000,000,000 tasks, more than the 10,000"):
-        compute_plan.check_size("fedavg", 10**9, 2, 1, False, "--rounds 1000000000")
+        compute_plan.check_size(compute_plan.count_tasks("fedavg", 10**9, 2), "--rounds 1000000000")
