@@ -53,6 +53,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 STEINKE, FDP = "Steinke et al. 2023, (ε, δ)", "Mahloujifar et al. 2025, f-DP (Gaussian)"
 # Each mode's defaults where they differ: real training images and guesses per side.
 DEFAULTS = {"white-box": {"train_size": 256, "guesses": 1000}, "black-box": {"train_size": 1000, "guesses": 100}}
+MAX_GUESSES = 1_000_000  # per side; at most half the canaries, checked where their number is known
 # The options of one mode only, with their defaults: given in the other mode, they are refused.
 WHITE_BOX = {"steps": 10, "broken_noise_scale": 0.5}
 BLACK_BOX = {"canaries": 500, "epochs": 30, "batch_size": 125, "no_baseline": False}
@@ -195,7 +196,7 @@ def parse_arguments(argv):
                         default="2,8", help="claimed ε values, σ calibrated for each (default: %(default)s)")
     parser.add_argument("--output", type=Path, default=RESULTS,
                         help="folder of audit.json and audit.md (default: benchmarks/results)")
-    parser.add_argument("--guesses", type=images, help="k: 'in' for the k highest scores, 'out' for the k lowest, "
+    parser.add_argument("--guesses", type=options.integer(1, MAX_GUESSES), help="k: 'in' for the k highest scores, 'out' for the k lowest, "
                                                        "fixed in advance (default: white-box 1000, black-box 100)")
     parser.add_argument("--train-size", type=images,
                         help="real training images (default: white-box 256, black-box 1000)")

@@ -57,8 +57,12 @@ def test_the_black_box_audit_still_runs_and_later_runs_replace_only_their_own_re
 
 
 @pytest.mark.parametrize("options, message", [
-    (["--frameworks", "jax"], "--frameworks: unknown jax"),
-    (["--epsilons", "two"], "--epsilons: numbers"),
+    (["--frameworks", "jax"], "--frameworks: unknown 'jax'"),
+    (["--epsilons", "two"], "--epsilons: 'two' is not a number in (0, 100]"),
+    (["--epsilons", ","], "--epsilons: ',': give at least 1"),
+    (["--seed", "-1"], "--seed: -1 is not an integer from 0"),
+    (["--white-box", "--canaries", "50"], "--canaries has no effect with --white-box"),
+    (["--steps", "3"], "--steps has no effect without --white-box"),
     (["--broken-noise-scale", "1"], "--broken-noise-scale"),
     (["--output", "/nonexistent"], "is not a folder"),
     (["--white-box", "--frameworks", "torch", "--guesses", "40000", "--steps", "1", "--train-size", "8"],

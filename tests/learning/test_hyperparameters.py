@@ -88,9 +88,9 @@ def test_overrides_file(tmp_path):
     ({"target_epsilon": 1e9, "noise_multiplier": None}, "target_epsilon = 1000000000.0 must be a number in .0, 100]"),
     ({"seed": -1}, "seed = -1 must be an integer from 0"),
     ({"delta": 1}, "delta = 1 must be a number in .0, 1."),
-    ({"noise_seed": "7"}, 'noise_seed = "7" is a string; it must be a non-negative integer or null'),
+    ({"noise_seed": "7"}, 'noise_seed = "7" is a string; it must be an integer from 0 to 2147483647 or null'),
     ({"noise_seed": 7.0}, "noise_seed = 7.0 is a decimal number"),
-    ({"noise_seed": -1}, "noise_seed = -1 must be a non-negative integer or null"),
+    ({"noise_seed": -1}, "noise_seed = -1 must be an integer from 0 to 2147483647 or null"),
 ])
 def test_every_hyperparameter_has_its_exact_json_type_and_an_error_names_the_users_file(tmp_path, changes, message):
     path = tmp_path / "mine.json"
