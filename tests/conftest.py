@@ -1,6 +1,8 @@
 """Shared fixtures: tiny data, tiny hyperparameters, and running a function the way Substra does."""
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 import tarfile
@@ -224,3 +226,17 @@ def fill_disk(folder):
         assert exc.errno == errno.ENOSPC, exc
     finally:
         os.close(fd)
+
+
+def follow_advice(message: str) -> None:
+    """Do literally what an error message advises: remove the files it names ("remove A B, then") and run the
+    python command it gives (from the repository's root, as the README's commands run), which must succeed."""
+    removed = re.search(r"remove (.+?), then", message)
+    if removed:
+        for path in shlex.split(removed.group(1)):
+            os.rmdir(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
+    command = re.search(r"(python scripts/\S+\.py.*?)(?:;|$)", message)
+    assert command, f"no command to follow in: {message}"
+    proc = subprocess.run([sys.executable, *shlex.split(command.group(1))[1:]], cwd=REPO, capture_output=True,
+                          text=True)
+    assert proc.returncode == 0, f"{command.group(1)}: {proc.stderr}"

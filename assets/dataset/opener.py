@@ -8,6 +8,7 @@ import hashlib
 import hmac
 import os
 import re
+import shlex
 
 import numpy as np
 import substratools as tools
@@ -18,7 +19,7 @@ LABELS_FILE = "labels.npy"
 # released artefacts is an HMAC of its content under this key, so whoever holds a candidate dataset but not the key
 # cannot confirm it was trained on.
 KEY_FILE = "identity.key"
-_KEY = re.compile(r"[0-9a-f]{64}")
+_KEY = re.compile(r"[0-9a-fA-F]{64}")  # either case: the same 32 bytes
 IMAGE_SHAPE = (28, 28)
 NUM_CLASSES = 10
 
@@ -27,6 +28,28 @@ class DataSampleError(ValueError):
     """A data sample that does not follow description.md (printed as one line by the functions)."""
 
     user_error = True
+
+
+class KeyFileError(DataSampleError):
+    """A sample's identity key missing or unusable: `problem` says what, then what to do about it. `remove` names a
+    file to remove (or a link) before a new key can be written; `readable` is False where the file only needs to be
+    made readable (a new key would change the sample's identity); `restore`: the file is a broken link, whose target
+    may be restored instead."""
+
+    def __init__(self, folder, problem, remove=None, readable=True, restore=False):
+        self.folder, self.problem, self.remove, self.readable, self.restore = folder, problem, remove, readable, restore
+        super().__init__(self.advice())
+
+    def advice(self, key_from=None):
+        """The message; `key_from`: a sample folder of the same organisation whose key the new one must be (an
+        organisation's samples are under one key)."""
+        if not self.readable:
+            return f"{self.problem}; make it readable to this user (e.g. chmod 600 it as its owner)"
+        command = f"python scripts/generate_data.py --add-key {shlex.quote(str(self.folder))}"
+        if key_from is not None:
+            command += f" --key-from {shlex.quote(str(key_from))}"
+        first = f"remove {shlex.quote(str(self.remove))}, then " if self.remove else ""
+        return f"{self.problem}; {'restore its target, or ' if self.restore else ''}{first}add a key with: {command}"
 
 
 def _load_array(path):
@@ -72,20 +95,26 @@ def _fingerprint(*paths):
 
 
 def read_key(folder):
-    """The sample's secret identity key (bytes)."""
+    """The sample's secret identity key (bytes); a KeyFileError saying what to do when it is missing or unusable."""
     path = os.path.join(folder, KEY_FILE)
     try:
         with open(path, encoding="ascii") as f:
             key = f.read().strip()
     except FileNotFoundError:
-        raise DataSampleError(f"{folder}: no {KEY_FILE}, the secret key that keeps the sample unrecognisable in "
-                              "released models; add one with: python scripts/generate_data.py --add-key "
-                              f"{folder}") from None
+        if os.path.islink(path):
+            raise KeyFileError(folder, f"{path}: a link to {os.readlink(path)}, which does not exist",
+                               remove=path, restore=True) from None
+        raise KeyFileError(folder, f"{folder}: no {KEY_FILE}, the secret key that keeps the sample unrecognisable "
+                                   "in released models") from None
+    except IsADirectoryError:
+        raise KeyFileError(folder, f"{path}: is a folder, not a key file", remove=path) from None
+    except PermissionError as exc:
+        raise KeyFileError(folder, f"{path}: cannot read it ({exc.strerror})", readable=False) from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise DataSampleError(f"{path}: cannot read it ({exc})") from None
+        raise KeyFileError(folder, f"{path}: cannot read it as text ({exc})", remove=path) from None
     if not _KEY.fullmatch(key):
-        raise DataSampleError(f"{path}: must hold 64 hexadecimal digits (a random 256-bit key); write a new one "
-                              f"with: python scripts/generate_data.py --add-key {folder} (after removing this file)")
+        raise KeyFileError(folder, f"{path}: must hold 64 hexadecimal digits (a random 256-bit key), not "
+                                   f"{len(key)} characters", remove=path)
     return bytes.fromhex(key)
 
 

@@ -14,12 +14,21 @@ import json
 import os
 import re
 import secrets
+import shlex
 import shutil
 from pathlib import Path
 
 import numpy as np
 
-from mnist_dp.data.samples import IMAGES_FILE, KEY_FILE, LABELS_FILE, opener, read_key, sample_fingerprint
+from mnist_dp.data.samples import (
+    IMAGES_FILE,
+    KEY_FILE,
+    LABELS_FILE,
+    KeyFileProblem,
+    opener,
+    read_key,
+    sample_fingerprint,
+)
 from mnist_dp.data.samples import key_id as samples_key_id
 from mnist_dp.data.sources import EMBEDDED_SOURCE, checked_arrays, load_source, split_train_test, stratified_indices
 from mnist_dp.utils import json_input
@@ -62,12 +71,15 @@ def _write_key(folder: Path, key: str) -> None:
 
 def add_key(folders: list, key: str | None = None) -> list:
     """Give every data sample folder of `folders` that has no identity key one key, `key` or a new one (one
-    organisation's samples: the same key); returns the folders that got it. An existing key is never replaced."""
+    organisation's samples: the same key); returns the folders that got it. An existing key is never replaced: one
+    that is not a valid key (or a broken link) is refused, saying what to do, before any key is written."""
     missing = []
     for folder in map(Path, folders):
         if not (folder / IMAGES_FILE).is_file() or not (folder / LABELS_FILE).is_file():
             raise UserError(f"{folder}: not a data sample folder (it needs {IMAGES_FILE} and {LABELS_FILE})")
-        if not (folder / KEY_FILE).exists():
+        if os.path.lexists(folder / KEY_FILE):
+            read_key(folder)  # a valid key stays; anything else is refused with its remedy
+        else:
             missing.append(folder)
     key = key or new_key()
     for folder in missing:
@@ -107,8 +119,7 @@ def write_dataset(dest: Path, train, test, train_samples: int, manifest: dict, f
         raise UserError(f"--organizations {organizations}: more than the {train_samples} train data sample(s) "
                         f"(--train-samples); give --train-samples {organizations} or more")
     if len(keys) > organizations:
-        raise UserError(f"{len(keys)} identity keys given for {organizations} organisation(s): --key-from gives "
-                        "one organisation's key; leave out --organizations")
+        raise UserError(f"{len(keys)} identity keys given for {organizations} organisation(s)")
     _check_output(dest, force)
     parts = np.array_split(np.arange(len(train[1])), train_samples)
     parent = dest.parent
@@ -251,47 +262,73 @@ def sample_folders(dest: Path, split: str) -> list:
     found = (p for p in root.iterdir() if p.is_dir()) if root.is_dir() else ()
     folders = sorted(found, key=lambda p: (len(p.name), p.name))
     if not folders:
-        raise UserError(f"{root}: no data sample folders; run scripts/generate_data.py first")
+        raise UserError(f"{root}: no data sample folders; write data samples with: python scripts/generate_data.py "
+                        f"--output {shlex.quote(str(Path(dest)))}" + (" --force" if read_manifest(dest) else ""))
     return folders
 
 
 def check_organization_keys(data_dir: Path, holdings: list, test_everywhere: bool = False) -> None:
     """Refuse a split of `data_dir` among organisations (`holdings`: each one's train sample folders) that a
-    deployment could not have: an organisation's data under several identity keys (its ε would be counted as
-    several organisations'), two organisations under one key (either could recognise the other's examples in a
-    released ledger), or a test set under the key of an organisation it would be registered beside (the first
-    one's; every one's with `test_everywhere`). The advice names a command that fixes it."""
+    deployment could not have: a sample without a usable key, an organisation's data under several identity keys
+    (its ε would be counted as several organisations'), two organisations under one key (either could recognise the
+    other's examples in a released ledger), or a test set under the key of an organisation it would be registered
+    beside (the first one's; every one's with `test_everywhere`). The advice gives the commands that fix it, keeping
+    every key that can stay."""
     data_dir = Path(data_dir)
-    keys = [{samples_key_id(folder) for folder in own} for own in holdings]
-    test = {samples_key_id(folder) for folder in sample_folders(data_dir, "test")}
+    test_folders = sample_folders(data_dir, "test")
+    keys = [_organization_keys(own) for own in [*holdings, test_folders]]
+    test = keys.pop()
     problem = None
     for k, own in enumerate(keys, 1):
-        if len(own) > 1:
-            problem = (f"organisation {k}'s train data samples are under {len(own)} identity keys; one organisation's "
-                       "data is under one key")
+        if len(set(own.values())) > 1:
+            first = next(iter(own.values()))
+            others = [folder for folder, key in own.items() if key != first]
+            problem = (f"organisation {k}'s train data samples are under {len(set(own.values()))} identity keys; one "
+                       "organisation's data is under one key", others, next(iter(own)))
             break
-        shared = [j for j, other in enumerate(keys[:k - 1], 1) if other & own]
+        shared = [j for j, other in enumerate(keys[:k - 1], 1) if set(other.values()) & set(own.values())]
         if shared:
             problem = (f"organisations {shared[0]} and {k} hold data under one identity key; each organisation's key "
-                       "must be its own: a shared key lets either recognise the other's examples in a released ledger")
+                       "must be its own: a shared key lets either recognise the other's examples in a released ledger",
+                       list(own), None)
             break
     else:
-        reached = [k for k, own in enumerate(keys, 1) if own & test and (test_everywhere or k > 1)]
+        reached = [k for k, own in enumerate(keys, 1)
+                   if set(own.values()) & set(test.values()) and (test_everywhere or k > 1)]
         if reached:
             problem = (f"the test data is under organisation {reached[0]}'s identity key and would be registered at "
                        "another organisation, which could then recognise that organisation's examples in a released "
-                       "ledger; the test data needs a key of its own")
-    if problem is None:
-        return
-    manifest = read_manifest(data_dir)
-    if manifest is None:
-        how = (f"give each organisation's samples (train/k, train/k+{len(holdings)}, …) and the test samples a key of "
-               "their own: move their identity.key files away, then run python scripts/generate_data.py --add-key "
-               "FOLDER... once for each organisation and once for the test samples")
-    else:
-        how = "write the data again, each organisation under its own key: " + regenerate_command(
-            data_dir, manifest, len(holdings))
-    raise UserError(f"{data_dir}: {problem}; {how}")
+                       "ledger; the test data needs a key of its own", list(test), None)
+    if problem is not None:
+        what, rekeyed, key_from = problem
+        raise UserError(f"{data_dir}: {what}; {_rekey_advice(rekeyed, key_from)}")
+
+
+def _organization_keys(own: list) -> dict:
+    """{folder: its key id} of one organisation's sample folders. A key missing or unusable is refused with the
+    command that gives its folder the key of another sample of the organisation that has one (its data is under
+    one key), or a new key when none has."""
+    ids, problem = {}, None
+    for folder in own:
+        try:
+            ids[folder] = samples_key_id(folder)
+        except KeyFileProblem as exc:
+            problem = problem or exc
+    if problem is not None:
+        raise UserError(problem.advice(key_from=next(iter(ids), None)))
+    return ids
+
+
+def _rekey_advice(folders: list, key_from: Path | None) -> str:
+    """The commands that give `folders` another key: `key_from`'s, or a new one (the earlier ledgers of their examples
+    then name them under a key they no longer have: models trained before are not compared with later ones)."""
+    command = "python scripts/generate_data.py --add-key " + " ".join(shlex.quote(str(f)) for f in folders)
+    if key_from is not None:
+        command += f" --key-from {shlex.quote(str(key_from))}"
+    removed = " ".join(shlex.quote(str(Path(f) / KEY_FILE)) for f in folders)
+    own = "its own" if len(folders) == 1 else "their own"
+    whose = f"a key of {own}" if key_from is None else f"the key of {key_from}, as the rest of their organisation"
+    return f"give {' '.join(map(str, folders))} {whose}: remove {removed}, then run: {command}"
 
 
 def check_output_outside(data_dir: Path, output: Path, flag: str = "--output") -> None:
@@ -304,19 +341,39 @@ def check_output_outside(data_dir: Path, output: Path, flag: str = "--output") -
                         "the data samples: choose an output folder outside it")
 
 
-def regenerate_command(data_dir: Path, manifest: dict, organizations: int) -> str:
-    """The generate_data command that writes `data_dir` (ours, `manifest`) again for `organizations`."""
+def split_advice(data_dir: Path, train_samples: int, organizations: int = 1) -> str:
+    """How to give `data_dir` at least `train_samples` train samples for `organizations`: the generate_data command
+    that writes it again when it is as generate_data wrote it (so that the command loses nothing), else how to by
+    hand."""
+    manifest = _as_written(Path(data_dir))
+    if manifest is None:
+        return (f"split its train samples into at least {train_samples} folders (docs/data.md), or write new data "
+                f"with: python scripts/generate_data.py --train-samples {train_samples} --organizations "
+                f"{organizations} --output NEW_FOLDER")
+    return "write it again with: " + regenerate_command(data_dir, manifest, organizations, train_samples)
+
+
+def regenerate_command(data_dir: Path, manifest: dict, organizations: int, train_samples: int = 1) -> str:
+    """The generate_data command that writes `data_dir` (ours, `manifest`) again for `organizations`, in at least
+    `train_samples` train samples, with the same examples: organisation 1 keeps its key (--key-from), the others get
+    new ones."""
     source = manifest.get("source")
-    parts = ["python scripts/generate_data.py --output", str(data_dir)]
+    parts = ["python scripts/generate_data.py --output", shlex.quote(str(data_dir))]
     sizes = (manifest.get("train_examples"), manifest.get("test_examples"))
     given_sizes = ["--train-size", str(sizes[0]), "--test-size", str(sizes[1])]
     if source and source != EMBEDDED_SOURCE:
-        parts += ["--source", str(source), *given_sizes]
+        parts += ["--source", shlex.quote(str(source)), *given_sizes]
     elif source == EMBEDDED_SOURCE and sizes != (DEFAULT_TRAIN_SIZE, DEFAULT_TEST_SIZE):
         parts += given_sizes
     parts += ["--seed", str(manifest.get("seed", DEFAULT_SEED)),
-              "--train-samples", str(max(organizations, manifest.get("train_samples") or 1)),
+              "--train-samples", str(max(organizations, train_samples, manifest.get("train_samples") or 1)),
               "--organizations", str(organizations), "--force"]
+    first = Path(data_dir) / "train" / "0"
+    try:
+        read_key(first)
+        parts += ["--key-from", shlex.quote(str(first))]
+    except UserError:
+        pass  # no key to keep
     return " ".join(parts)
 
 
@@ -360,7 +417,8 @@ def generate(dest: Path, source: Path | None = None, train_size: int | None = No
             picked = stratified_indices(y, len(y) if size is None else size, rng)
             parts.append((x[picked], y[picked]))
         train, test = parts
-    manifest = {"source": EMBEDDED_SOURCE if source is None else str(source), "seed": seed}
+    # The source resolved: the regenerate command (regenerate_command) works from any working directory.
+    manifest = {"source": EMBEDDED_SOURCE if source is None else str(Path(source).resolve()), "seed": seed}
     return write_dataset(dest, train, test, train_samples, manifest, force=force, organizations=organizations,
                          keys=keys, test_key=test_key)
 
@@ -407,17 +465,23 @@ def _check_default_holds(train_samples: int, flag: str) -> None:
 
 def _is_unchanged_default(dest: Path) -> bool:
     """Whether `dest` holds the embedded default data as `generate` wrote it, no file changed or added."""
-    manifest = read_manifest(dest)
+    manifest = _as_written(dest)
     expected = {"written_by": WRITTEN_BY, "source": EMBEDDED_SOURCE, "seed": DEFAULT_SEED,
                 "train_examples": DEFAULT_TRAIN_SIZE, "test_examples": DEFAULT_TEST_SIZE}
-    if manifest is None or any(manifest.get(key) != value for key, value in expected.items()):
-        return False
-    recorded = manifest.get("sample_fingerprints")
+    return manifest is not None and all(manifest.get(key) == value for key, value in expected.items())
+
+
+def _as_written(dest: Path) -> dict | None:
+    """`dest`'s manifest if every data sample in it is as `generate` wrote it (none changed, none added), else None:
+    only then may a command write it again without losing a user's sample."""
+    manifest = read_manifest(dest)
+    recorded = (manifest or {}).get("sample_fingerprints")
     present = {f"{split}/{p.name}" for split in ("train", "test") if (dest / split).is_dir()
                for p in (dest / split).iterdir()}
     if not isinstance(recorded, dict) or set(recorded) != present:
-        return False
+        return None
     try:
-        return all(sample_fingerprint(dest / folder) == fingerprint for folder, fingerprint in recorded.items())
+        unchanged = all(sample_fingerprint(dest / folder) == fingerprint for folder, fingerprint in recorded.items())
     except OSError:
-        return False
+        return None
+    return manifest if unchanged else None

@@ -46,10 +46,22 @@ def read_sample(folder: Path):
         raise UserError(str(exc)) from None
 
 
+class KeyFileProblem(UserError):
+    """A sample's identity key missing or unusable (the opener's KeyFileError, as a UserError): `advice(key_from)`
+    is its message with the command that gives the folder the key of `key_from`, another sample of its
+    organisation."""
+
+    def __init__(self, error):
+        super().__init__(str(error))
+        self.advice = error.advice
+
+
 def read_key(folder: Path) -> str:
-    """The identity key of data sample folder `folder` (64 hex digits), checked as the opener checks it."""
+    """The identity key of data sample folder `folder` (64 lowercase hex digits), checked as the opener checks it."""
     try:
         return opener().read_key(str(folder)).hex()
+    except opener().KeyFileError as exc:
+        raise KeyFileProblem(exc) from None
     except opener().DataSampleError as exc:
         raise UserError(str(exc)) from None
 

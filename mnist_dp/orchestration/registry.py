@@ -15,7 +15,7 @@ import substra
 from substra.sdk.schemas import DataSampleSpec, DatasetSpec, FunctionSpec
 
 from mnist_dp.data import samples
-from mnist_dp.data.dataset import check_organization_keys, sample_folders
+from mnist_dp.data.dataset import check_organization_keys, sample_folders, split_advice
 from mnist_dp.orchestration import archive
 from mnist_dp.orchestration.assets import ALGO_ASSETS, DATASET_ASSET, OBJECTIVE_ASSET
 from mnist_dp.orchestration.compute_plan import Share
@@ -198,8 +198,8 @@ def split_among(data_dir: Path, organizations: int, flag: str | None = None) -> 
     if len(folders) < organizations:
         asked = f"{flag} {organizations}: " if flag else ""
         raise UserError(f"{asked}{data_dir} holds {len(folders)} train data sample(s) for {organizations} "
-                        f"organisations (one at least each); use at most {len(folders)}, or split the data again with "
-                        f"scripts/generate_data.py --train-samples {organizations} --force")
+                        f"organisations (one at least each); use at most {len(folders)}, or "
+                        + split_advice(data_dir, organizations, organizations))
     return [folders[k::organizations] for k in range(organizations)]
 
 
@@ -232,9 +232,9 @@ def register_dataset_objective(client: substra.Client, keys: KeysFile, data_dir:
     train_folders = sample_folders(data_dir, "train")
     if not isinstance(folds, int) or not 1 <= folds <= len(train_folders):
         raise UserError(f"--folds {folds}: must be between 1 and the {len(train_folders)} train data sample(s) in "
-                        f"{data_dir} (scripts/generate_data.py --train-samples K makes more)")
-    samples.check_examples(train_folders)  # one organisation's samples, compared before any is registered
-    check_organization_keys(data_dir, [train_folders])  # and under one key
+                        f"{data_dir}; use at most {len(train_folders)}, or " + split_advice(data_dir, folds))
+    check_organization_keys(data_dir, [train_folders])  # one organisation's samples, under one key,
+    samples.check_examples(train_folders)  # compared before any is registered
     for folder in [*train_folders, *sample_folders(data_dir, "test")]:
         samples.sample_identity(folder)  # every sample has its identity key, checked before any is registered
     owner = client.organization_info().organization_id

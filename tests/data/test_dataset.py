@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import REPO, WITHOUT_WRITE_OVERRIDE
+from conftest import REPO, WITHOUT_WRITE_OVERRIDE, follow_advice
 
 from mnist_dp.data import dataset, samples, sources
 from mnist_dp.utils.errors import UserError
@@ -197,7 +197,7 @@ def test_labels_must_be_integer_digits(tmp_path, labels, found):
 @pytest.mark.parametrize("flag, value", [("--train-size", -5), ("--test-size", 0), ("--train-samples", 0)])
 def test_sizes_must_be_whole_numbers_of_at_least_one_naming_the_flag(tmp_path, flag, value):
     line = one_error_line(generate_data("--output", tmp_path / "d", flag, value))
-    assert line == f"error: {flag} {value}: must be a whole number, at least 1"
+    assert line == f"error: argument {flag}: {value} is not an integer from 1 to 100,000,000 (see generate_data.py --help)"
     with pytest.raises(UserError, match=f"^{flag} 2.5: must be a whole number"):
         dataset.generate(tmp_path / "d", **{flag[2:].replace("-", "_"): 2.5})
 
@@ -305,24 +305,27 @@ def test_the_default_data_is_split_again_for_another_number_of_organisations_kee
     assert "for 1 organisation(s)" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("layout, problem", [
-    ([0, 0], "organisations 1 and 2 hold data under one identity key"),
-    ([[0, 1], [2]], "organisation 1's train data samples are under 2 identity keys"),
-    ([0, "test"], "the test data is under organisation 2's identity key"),
+@pytest.mark.parametrize("organizations, holdings, problem", [
+    (1, [[0], [1]], "organisations 1 and 2 hold data under one identity key"),
+    (3, [[0, 1], [2]], "organisation 1's train data samples are under 2 identity keys"),
+    (2, [[0], [1]], "the test data is under organisation 2's identity key"),
 ])
-def test_a_split_a_deployment_could_not_have_is_refused_with_a_command_that_fixes_it(tmp_path, layout, problem):
-    dataset.generate(tmp_path / "d", train_size=100, test_size=20, train_samples=3, organizations=3)
+def test_a_split_a_deployment_could_not_have_is_refused_with_commands_that_fix_it(tmp_path, organizations, holdings,
+                                                                                   problem):
+    dataset.generate(tmp_path / "d", train_size=100, test_size=20, train_samples=3, organizations=organizations)
     folders = dataset.sample_folders(tmp_path / "d", "train")
-    test = dataset.sample_folders(tmp_path / "d", "test")
-    holdings = [[folders[k] for k in ([own] if isinstance(own, int) else own)] if own != "test" else test
-                for own in layout]
+    if "test data" in problem:  # the test set under organisation 2's key
+        test = dataset.sample_folders(tmp_path / "d", "test")[0]
+        (test / samples.KEY_FILE).unlink()
+        dataset.add_key([test], samples.read_key(folders[1]))
+    holdings = [[folders[k] for k in own] for own in holdings]
+    kept = samples.read_key(folders[0])
     with pytest.raises(UserError) as refused:
         dataset.check_organization_keys(tmp_path / "d", holdings, test_everywhere=True)
     assert problem in str(refused.value)
-    advice = str(refused.value).split("each organisation under its own key: ")[1]
-    assert advice == (f"python scripts/generate_data.py --output {tmp_path / 'd'} --train-size 100 --test-size 20 "
-                      f"--seed 0 --train-samples 3 --organizations {len(layout)} --force")
-    dataset.check_organization_keys(tmp_path / "d", [folders[0::3], folders[1::3], folders[2::3]], True)  # as made
+    follow_advice(str(refused.value))  # re-keys only the samples that need it
+    dataset.check_organization_keys(tmp_path / "d", holdings, test_everywhere=True)
+    assert samples.read_key(folders[0]) == kept  # organisation 1 kept its key
 
 
 def test_data_that_is_not_the_unchanged_default_is_never_split_again(tmp_path, capsys):
@@ -402,8 +405,12 @@ def test_key_from_puts_a_second_dataset_under_the_first_ones_key(tmp_path):
     assert a.key_id == b.key_id and a.identity != b.identity  # comparable examples, distinct samples
     proc = generate_data("--output", tmp_path / "c", "--key-from", tmp_path)
     assert proc.returncode == 2 and f"error: {tmp_path}: no identity.key" in proc.stderr
-    proc = generate_data("--output", tmp_path / "c", "--key-from", first, "--organizations", "2")
-    assert proc.returncode == 2 and "a key is one organisation's" in proc.stderr and not (tmp_path / "c").exists()
+    proc = generate_data("--output", tmp_path / "c", "--train-size", "100", "--test-size", "20", "--key-from", first,
+                         "--organizations", "2")  # organisation 1's key; the other's and the test set's new
+    assert proc.returncode == 0, proc.stderr
+    train = dataset.sample_folders(tmp_path / "c", "train")
+    keys = [samples.read_key(f) for f in [*train, *dataset.sample_folders(tmp_path / "c", "test")]]
+    assert keys[0] == samples.read_key(first) and len(set(keys)) == 3
 
 
 def test_cli_help_and_one_line_error(tmp_path):
