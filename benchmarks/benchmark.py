@@ -65,6 +65,8 @@ def embedded_train_set():
 
 
 WARMUP = 3  # steps per variant not timed (graph compilation, allocations)
+# The hyperparameters a timed step uses (--set may change them): the network's and its DP step's (σ is fixed at 1).
+TIMED_KEYS = ("features", "network", "activation", "batch_size", "max_grad_norm", "learning_rate", "momentum")
 TIMED_STEPS, MAX_TIMED_STEPS = 30, 10_000  # per variant: the default, and a bound on what a run may ask
 
 
@@ -383,6 +385,8 @@ def main(argv=None):
         raise UserError(f"--data {args.data}: no manifest.json; write data samples there with "
                         "scripts/generate_data.py --output")
     changes = hp_file.parse_assignments(args.set)
+    hp_file.refuse_keys(changes, set(changes) - set(TIMED_KEYS), "the step timings use the network's keys and the "
+                        f"step's ({', '.join(TIMED_KEYS)}) only")
     plain, dp_ratios = ({}, {}) if args.skip_steps else print_steps(
         args.frameworks or list(ALGO_ASSETS), args.steps or TIMED_STEPS, changes)
     wall, records = (None, []) if args.skip_run else print_default_run(args.data)

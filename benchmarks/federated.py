@@ -53,6 +53,7 @@ from mnist_dp.utils import atomic, options
 from mnist_dp.utils.errors import UserError, run_cli
 
 DELTA = 1e-5
+SEEDS = 3  # per run, by default
 RESULTS = Path(__file__).resolve().parent / "results" / "federated.jsonl"
 STRATEGIES = ("fedavg", "cyclic")
 SINGLE = "one organisation"
@@ -261,8 +262,8 @@ def main(argv=None):
                         help="comma-separated EPOCHSxROUNDS: local epochs per round and rounds (default: %(default)s)")
     parser.add_argument("--epsilon", type=options.number(0, hp_file.MAX_EPSILON, low_open=True), default=3.0,
                         help="ε of every organisation (default: %(default)s)")
-    parser.add_argument("--seeds", type=options.integer(1, utility.MAX_SEEDS), default=3,
-                        help="seeds of every run (default: %(default)s)")
+    parser.add_argument("--seeds", type=options.integer(1, utility.MAX_SEEDS),
+                        help=f"seeds of every run (default: {SEEDS})")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="change a hyperparameter of every asset (JSON value), e.g. --set batch_size=250")
     parser.add_argument("--validation", action="store_true",
@@ -272,13 +273,17 @@ def main(argv=None):
                         help="JSON lines of every run (default: %(default)s)")
     parser.add_argument("--report-only", action="store_true", help="train nothing; table and figure from --results")
     args = parser.parse_args(argv)
+    if args.report_only:
+        options.refuse_unused("with --report-only", {"--seeds": args.seeds, "--skip-single": args.skip_single})
+    args.seeds = SEEDS if args.seeds is None else args.seeds
     for organizations, strategy, (epochs, rounds) in itertools.product(args.organizations, args.strategies,
                                                                        args.schedules):
         compute_plan.check_size(compute_plan.count_tasks(strategy, rounds, organizations),  # each run simulates it
                                 f"--schedules {epochs}x{rounds} with {organizations} organisations and {strategy}")
     args.changes = hp_file.parse_assignments(args.set)
-    if "epochs" in args.changes:
-        raise UserError("--set epochs: give local epochs in --schedules (EPOCHSxROUNDS)")
+    hp_file.refuse_keys(args.changes, ["epochs"], "give local epochs in --schedules (EPOCHSxROUNDS)")
+    hp_file.refuse_keys(args.changes, utility.SET_BY_THE_BENCHMARK, "the benchmark sets it (σ for --epsilon, "
+                        f"δ = {DELTA:g}, seeds from --seeds)")
     if not args.report_only:
         run_all(args)
     summary = summarise(utility.read_results(args.results), args)

@@ -47,6 +47,9 @@ FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 DATASETS = {"mnist4k": "MNIST, embedded 4,000 / 1,000 split", "fmnist": "Fashion-MNIST 60,000 / 10,000"}
 DELTA = 1e-5
 MAX_SEEDS = 100  # trainings per point: beyond it a typo is likelier than a plan
+# What every point sets itself (point()), whatever --set says.
+SET_BY_THE_BENCHMARK = ("noise_multiplier", "target_epsilon", "max_epsilon", "delta", "seed", "noise_seed", "dp",
+                        "secure_mode")
 RESULTS = Path(__file__).resolve().parent / "results" / "utility.jsonl"
 # The goals, (dataset, ε) -> least accuracy in every framework (at --seeds-at the mean over the seeds):
 # above every published result at ε = 3 and 1 on Fashion-MNIST; on the embedded MNIST-4k, the frameworks within
@@ -303,23 +306,26 @@ def plot(summary, path, validation):
     plt.close(fig)
 
 
+DEFAULTS = {"frameworks": list(ALGO_ASSETS), "epsilons": [1.0, 2.0, 3.0, 8.0], "seeds": 3, "seeds_at": 3.0,
+            "label": "default"}
+
+
 def main(argv=None):
     parser = options.ArgumentParser(__doc__)
     epsilon = options.number(0, hp_file.MAX_EPSILON, low_open=True)
     parser.add_argument("--datasets", type=options.names(DATASETS), default=",".join(DATASETS),
                         help="comma-separated (default: %(default)s)")
-    parser.add_argument("--frameworks", type=options.names(ALGO_ASSETS), default=",".join(ALGO_ASSETS),
-                        help="comma-separated (default: %(default)s)")
-    parser.add_argument("--epsilons", type=options.comma_list(epsilon), default="1,2,3,8",
-                        help="target ε values (default: %(default)s)")
-    parser.add_argument("--seeds", type=options.integer(1, MAX_SEEDS), default=3,
-                        help="seeds at --seeds-at (default: %(default)s)")
-    parser.add_argument("--seeds-at", type=epsilon, default=3.0,
-                        help="the ε of --epsilons run with every seed (default: %(default)s)")
+    parser.add_argument("--frameworks", type=options.names(ALGO_ASSETS),
+                        help=f"comma-separated (default: {','.join(DEFAULTS['frameworks'])})")
+    parser.add_argument("--epsilons", type=options.comma_list(epsilon),
+                        help=f"target ε values (default: {','.join(f'{e:g}' for e in DEFAULTS['epsilons'])})")
+    parser.add_argument("--seeds", type=options.integer(1, MAX_SEEDS), help=f"seeds at --seeds-at (default: "
+                                                                           f"{DEFAULTS['seeds']})")
+    parser.add_argument("--seeds-at", type=epsilon, help=f"the ε of --epsilons run with every seed (default: "
+                                                         f"{DEFAULTS['seeds_at']:g})")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="change a hyperparameter of every asset (JSON value), e.g. --set activation=relu")
-    parser.add_argument("--label", default="default", help="name of this configuration in the results "
-                        "(default: %(default)s)")
+    parser.add_argument("--label", help=f"name of this configuration in the results (default: {DEFAULTS['label']})")
     parser.add_argument("--validation", action="store_true",
                         help="score on a held-out tenth of the training set, not the test set (for tuning)")
     parser.add_argument("--results", type=Path, default=RESULTS,
@@ -329,7 +335,24 @@ def main(argv=None):
     parser.add_argument("--ablation", metavar="LABEL;LABEL;...",
                         help="train nothing; write the table of these labels at --seeds-at (utility-ablation.md)")
     args = parser.parse_args(argv)
+    if args.ablation is not None:
+        options.refuse_unused("with --ablation", {
+            "--frameworks": args.frameworks, "--epsilons": args.epsilons, "--seeds": args.seeds, "--set": args.set,
+            "--label": args.label, "--skip-non-private": args.skip_non_private, "--report-only": args.report_only})
+    elif args.report_only:
+        options.refuse_unused("with --report-only", {"--seeds": args.seeds, "--seeds-at": args.seeds_at,
+                                                     "--set": args.set, "--skip-non-private": args.skip_non_private})
+    asked_seeds = (args.seeds or 1) > 1 or args.seeds_at is not None
+    for name, value in DEFAULTS.items():
+        setattr(args, name, value if getattr(args, name) is None else getattr(args, name))
+    if asked_seeds and args.ablation is None and not args.report_only and args.seeds_at not in args.epsilons:
+        raise UserError(f"--seeds-at {args.seeds_at:g}: not one of --epsilons, so no point would run with --seeds "
+                        f"{args.seeds}; give one of them")
+    if args.ablation is not None and not [label for label in args.ablation.split(";") if label]:
+        raise UserError("--ablation: give the labels to compare, separated by ';'")
     changes = hp_file.parse_assignments(args.set)
+    hp_file.refuse_keys(changes, SET_BY_THE_BENCHMARK, "the benchmark sets it (σ for each of --epsilons, δ = "
+                        f"{DELTA:g}, seeds from --seeds, DP on and off)")
     if not slug(args.label):
         parser.error(f"--label {args.label!r}: needs a letter or digit (it names the report's files)")
     if not args.ablation:  # two labels with one slug would write over each other's report
@@ -339,8 +362,8 @@ def main(argv=None):
             raise UserError(f"--label {args.label!r}: its report's file name is that of {', '.join(map(repr, clash))} "
                             f"in {args.results}; choose another label")
     if args.ablation:
-        rows = read_results(args.results)
-        text = "\n".join(ablation_table(rows, args.ablation.split(";"), dataset, args.seeds_at, args.validation)
+        rows, labels = read_results(args.results), [label for label in args.ablation.split(";") if label]
+        text = "\n".join(ablation_table(rows, labels, dataset, args.seeds_at, args.validation)
                          for dataset in args.datasets)
         path = result_file(args.results, "utility-ablation", ".md")
         atomic.write_text(path, text)

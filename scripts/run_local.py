@@ -60,6 +60,7 @@ def main(argv=None):
     if args.baseline and args.backend == "remote":
         raise UserError("--baseline with --backend remote: the baseline's accuracy, not covered by ε, would be a "
                         "performance every organisation on the node sees; train it on a local backend")
+    compute_plan.check_options(args.strategy, args.score_train)
     runs_per_framework = 2 if args.baseline else 1
     tasks = compute_plan.count_tasks(args.strategy, args.rounds, args.organizations,
                                      len(frameworks) * runs_per_framework, args.score_train)

@@ -224,6 +224,14 @@ def parse_assignments(items: list, option: str = "--set") -> dict:
     return changes
 
 
+def refuse_keys(changes: dict, keys, why: str, option: str = "--set") -> None:
+    """Refuse changes of `keys`, which the caller sets itself or does not use (`why` says which), in one line: a
+    change silently overwritten would be reported as applied."""
+    refused = [key for key in changes if key in keys]
+    if refused:
+        raise UserError(f"{option} {', '.join(refused)}: {why}; drop {'it' if len(refused) == 1 else 'them'}")
+
+
 def load_overrides(path: Path | None) -> Overrides:
     """A user's JSON file of keys to replace in every algo's hyperparameters (None: no change).
     Each key is checked here (known, exact type, range), so that an error names the user's file."""

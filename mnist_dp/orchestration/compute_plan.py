@@ -100,6 +100,13 @@ def check_size(tasks: int, asked: str) -> None:
                         "tasks run one after the other); use fewer rounds or organisations")
 
 
+def check_options(strategy: str, score_train: bool) -> None:
+    """Refuse what a strategy would ignore: --score-train scores each cyclic model on its own organisation's data;
+    a fedavg round's model is the average, which no organisation trained alone."""
+    if strategy == "fedavg":
+        options.refuse_unused("with --strategy fedavg", {"--score-train": score_train})
+
+
 def describe_strategy(strategy: str) -> str:
     return {"cyclic": "cyclic (the model passed from organisation to organisation)",
             "fedavg": "federated averaging (each round's models averaged, weighted by examples)"}[strategy]

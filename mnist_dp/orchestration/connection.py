@@ -96,6 +96,10 @@ def connect(backend: str, client_name: str | None = None, work_dir: Path | None 
         if not settings.get("token") and not (settings.get("username") and settings.get("password")):
             raise UserError(f"client {client_name!r}: no credentials; set {_where(client_name, 'token')}, "
                             f"or {_get_env_var('username', client_name)} and {_get_env_var('password', client_name)}")
+    elif client_name and not settings.get("url"):
+        raise UserError(f"--client-name {client_name} with --backend {backend}: no URL is set for it, so the name has "
+                        f"no effect (a local backend is its own organisation); drop --client-name, or set "
+                        f"{_where(client_name, 'url')} to use that node in Substra's hybrid mode")
     where = f"client {client_name!r} at {settings.get('url')}" if settings.get("url") else "local Substra client"
     if backend in LOCAL_BACKENDS:
         local_worker = Path(work_dir or Path.cwd()) / "local-worker"

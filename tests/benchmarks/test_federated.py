@@ -68,10 +68,14 @@ def test_one_tiny_federated_run_trains_and_the_report_is_written(tmp_path):
 
 @pytest.mark.parametrize("args, message", [(["--schedules", "10"], "expected EPOCHSxROUNDS"),
                                            (["--set", "epochs=3"], "give local epochs in --schedules"),
-                                           (["--organizations", "1"], "at least 2"),
-                                           (["--schedules", "10x1000000000", "--strategies", "fedavg"],
-                                            "--schedules 10x1000000000 with 2 organisations and fedavg make "
-                                            "5,000,000,000 tasks, more than the 10,000")])
+                                           (["--organizations", "1"], "1 is not an integer from 2"),
+                                           (["--schedules", "10x1000000000"], "1,000,000,000 is not an integer from 1"),
+                                           (["--schedules", "10x3000", "--organizations", "2,4"],
+                                            "--schedules 10x3000 with 2 organisations and fedavg make 15,000 tasks, "
+                                            "more than the 10,000"),
+                                           (["--set", "noise_seed=3"], "--set noise_seed: the benchmark sets it"),
+                                           (["--report-only", "--seeds", "2"], "--seeds has no effect with "
+                                                                               "--report-only")])
 def test_bad_settings_are_refused_in_one_line(args, message):
     proc = subprocess.run([sys.executable, str(FEDERATED), *args, "--report-only"], capture_output=True, text=True,
                           timeout=120)

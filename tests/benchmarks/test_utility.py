@@ -101,6 +101,6 @@ def test_one_tiny_point_trains_and_the_report_is_written(tmp_path):
 
 
 def test_a_bad_change_is_refused_in_one_line():
-    proc = subprocess.run([sys.executable, str(UTILITY), "--set", "features=wavelets", "--report-only"],
+    proc = subprocess.run([sys.executable, str(UTILITY), "--set", "features=wavelets"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "features" in proc.stderr and "Traceback" not in proc.stderr

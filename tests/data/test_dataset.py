@@ -197,7 +197,8 @@ def test_labels_must_be_integer_digits(tmp_path, labels, found):
 @pytest.mark.parametrize("flag, value", [("--train-size", -5), ("--test-size", 0), ("--train-samples", 0)])
 def test_sizes_must_be_whole_numbers_of_at_least_one_naming_the_flag(tmp_path, flag, value):
     line = one_error_line(generate_data("--output", tmp_path / "d", flag, value))
-    assert line == f"error: argument {flag}: {value} is not an integer from 1 to 100,000,000 (see generate_data.py --help)"
+    assert line == (f"error: argument {flag}: {value} is not an integer from 1 to 100,000,000 (see generate_data.py "
+                    "--help)")
     with pytest.raises(UserError, match=f"^{flag} 2.5: must be a whole number"):
         dataset.generate(tmp_path / "d", **{flag[2:].replace("-", "_"): 2.5})
 

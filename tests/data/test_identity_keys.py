@@ -96,4 +96,5 @@ def test_add_key_refuses_a_folder_whose_key_is_broken_and_its_advice_works(data,
 
 def test_add_key_refuses_the_options_of_a_new_data_set(data):
     proc = run_generate_data("--add-key", data / "train" / "1", "--force", "--seed", "3")
-    assert proc.returncode == 2 and proc.stderr == "error: --seed and --force have no effect with --add-key; drop them\n"
+    assert proc.returncode == 2
+    assert proc.stderr == "error: --seed and --force have no effect with --add-key; drop them\n"
