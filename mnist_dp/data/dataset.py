@@ -10,6 +10,7 @@ deployment has it; the test set, which every organisation may be given to evalua
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
@@ -32,7 +33,7 @@ from mnist_dp.data.samples import (
 from mnist_dp.data.samples import key_id as samples_key_id
 from mnist_dp.data.sources import EMBEDDED_SOURCE, checked_arrays, load_source, split_train_test, stratified_indices
 from mnist_dp.utils import json_input
-from mnist_dp.utils.errors import UserError
+from mnist_dp.utils.errors import UserError, os_advice
 
 MANIFEST_FILE = "manifest.json"
 DEFAULT_TRAIN_SIZE, DEFAULT_TEST_SIZE, DEFAULT_SEED = 4000, 1000, 0
@@ -243,17 +244,27 @@ def _listed(names: list, limit: int = 5) -> str:
     return ", ".join(names[:limit]) + (", ..." if len(names) > limit else "")
 
 
-def _cannot_write(folder: Path, reason) -> UserError:
-    return UserError(f"{folder}: cannot write in this folder ({reason}); choose a folder you can write to")
+def _cannot_write(folder: Path, reason: str, advice: str | None = None) -> UserError:
+    advice = advice or "choose a folder you can write to"
+    return UserError(f"{folder}: cannot write in this folder ({reason}); {advice}")
 
 
 @contextlib.contextmanager
 def _writing_in(folder: Path):
-    """Turn an OSError (permissions, read-only or full disk) into a UserError naming `folder`."""
+    """Turn an OSError (permissions, read-only or full disk) into a UserError naming `folder` and what to do."""
     try:
         yield
     except OSError as exc:
-        raise _cannot_write(folder, exc.strerror or exc) from None
+        if exc.errno is None and _nearly_full(folder):  # numpy's short write ("N requested and M written")
+            exc = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        raise _cannot_write(folder, exc.strerror or exc, os_advice(exc)) from None
+
+
+def _nearly_full(folder: Path) -> bool:
+    try:
+        return shutil.disk_usage(folder).free < 2**20
+    except OSError:
+        return False
 
 
 def sample_folders(dest: Path, split: str) -> list:

@@ -107,11 +107,17 @@ _OS_ADVICE = {
 }
 
 
+def os_advice(exc: BaseException) -> str | None:
+    """What to do about an OSError that is the machine's state (a full disk, a read-only or forbidden path), or
+    None."""
+    return _OS_ADVICE.get(exc.errno) if isinstance(exc, OSError) else None
+
+
 def explain_os_error(exc: BaseException) -> str | None:
     """One line for an OSError a user can act on (see _OS_ADVICE) that names its file; None for any other
     (a missing file or a bad argument may be the code's mistake: its traceback is kept)."""
-    if isinstance(exc, OSError) and exc.filename is not None and exc.errno in _OS_ADVICE:
-        return f"{exc.filename}: {exc.strerror}; {_OS_ADVICE[exc.errno]}"
+    if isinstance(exc, OSError) and exc.filename is not None and os_advice(exc):
+        return f"{exc.filename}: {exc.strerror}; {os_advice(exc)}"
     return None
 
 

@@ -149,6 +149,24 @@ def test_a_folder_that_cannot_be_written_is_named(tmp_path, read_only):
     assert list(locked.iterdir()) == []
 
 
+@pytest.fixture
+def full_disk(tmp_path):
+    """A real file system of 512 kB, too small for the default data (where this machine lets root mount one)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", disk], capture_output=True).returncode:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    yield disk
+    subprocess.run(["umount", disk], check=True)
+
+
+def test_a_full_disk_is_named_as_such_and_nothing_is_left_on_it(full_disk):
+    line = one_error_line(generate_data("--output", full_disk / "data"))
+    assert line == (f"error: {full_disk}: cannot write in this folder (No space left on device); free space on that "
+                    "disk, or write somewhere else")
+    assert list(full_disk.iterdir()) == []
+
+
 def test_float_images_are_refused_saying_what_was_found_and_what_to_do(tmp_path):
     images = np.random.default_rng(0).random((50, 28, 28))
     images[0, 0, :2] = 0.0, 1.0
