@@ -181,6 +181,9 @@ def merge(path, records):
         earlier = json_input.loads(path.read_text(), str(path)) if path.exists() else []
     except json.JSONDecodeError as exc:
         raise UserError(f"{path}: not JSON ({exc}); move it away or give another --output") from None
+    if not isinstance(earlier, list) or not all(isinstance(r, dict) and {"framework", "mode", "mechanism",
+                                                                         "claimed_epsilon"} <= set(r) for r in earlier):
+        raise UserError(f"{path}: not a list of audit records; move it away or give another --output")
     fresh = {key(r): r for r in records}
     merged = [fresh.pop(key(r)) if key(r) in fresh else r for r in earlier]
     return merged + list(fresh.values()), len(records) - len(fresh)
@@ -230,6 +233,7 @@ def parse_arguments(argv):
         parser.error(f"--guesses {args.guesses}: 2k must be at most --canaries ({args.canaries})")
     if not args.output.is_dir():
         parser.error(f"--output: {args.output} is not a folder")
+    merge(args.output / "audit.json", [])  # its earlier records readable, before any training
     return args
 
 

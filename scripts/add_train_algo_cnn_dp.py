@@ -46,6 +46,7 @@ def build_parser():
 def main(argv=None):
     args = build_parser().parse_args(argv)
     compute_plan.check_options(args.strategy, args.score_train)
+    connection.check_settings(args.backend, args.client_name)  # refused now, before --output is made
     if not args.keys_file.is_file():
         raise UserError(f"{args.keys_file}: no keys file; run scripts/add_dataset_objective.py first")
     keys = registry.KeysFile(args.keys_file)

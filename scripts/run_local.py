@@ -69,6 +69,8 @@ def main(argv=None):
     client_names = compute_plan.id_list(args.client_name) or [None] * args.organizations
     if len(client_names) != args.organizations:
         raise UserError(f"--client-name: give one name per organisation ({args.organizations}), comma-separated")
+    for name in client_names:  # refused now, before --output is made
+        connection.check_settings(args.backend, name)
     overrides = hp_file.load_overrides(args.hyperparameters)
     if "dp" in overrides.values:
         raise UserError(f"{overrides.source}: dp: run_local.py trains every framework with DP (and, with "

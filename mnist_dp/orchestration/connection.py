@@ -76,12 +76,12 @@ def _where(client_name: str, setting: str) -> str:
             f"{CONFIG_FILE_VARIABLE} file)")
 
 
-def connect(backend: str, client_name: str | None = None, work_dir: Path | None = None) -> substra.Client:
-    """A Substra client for `backend`. Local backends keep their files in `work_dir`/local-worker."""
+def check_settings(backend: str, client_name: str | None = None) -> dict:
+    """The settings of `client_name` for `backend`, refused in one line when they cannot work: remote without a name,
+    a URL or credentials; a local backend given a name without a URL, which would have no effect. Called before
+    anything is written (connect calls it too)."""
     if backend not in BACKENDS:
         raise UserError(f"--backend {backend!r}: expected one of {', '.join(BACKENDS)}")
-    if backend == "docker":
-        _check_docker_daemon()
     settings = _configuration(client_name) if client_name else {}
     if backend == "remote":
         if not client_name:
@@ -100,6 +100,14 @@ def connect(backend: str, client_name: str | None = None, work_dir: Path | None 
         raise UserError(f"--client-name {client_name} with --backend {backend}: no URL is set for it, so the name has "
                         f"no effect (a local backend is its own organisation); drop --client-name, or set "
                         f"{_where(client_name, 'url')} to use that node in Substra's hybrid mode")
+    return settings
+
+
+def connect(backend: str, client_name: str | None = None, work_dir: Path | None = None) -> substra.Client:
+    """A Substra client for `backend`. Local backends keep their files in `work_dir`/local-worker."""
+    settings = check_settings(backend, client_name)
+    if backend == "docker":
+        _check_docker_daemon()
     where = f"client {client_name!r} at {settings.get('url')}" if settings.get("url") else "local Substra client"
     if backend in LOCAL_BACKENDS:
         local_worker = Path(work_dir or Path.cwd()) / "local-worker"
