@@ -163,11 +163,14 @@ def run_all(args):
 
 def summarise(rows, args):
     """{(framework, strategy, organizations, epochs, rounds): (mean final accuracy, std, seeds, max ε,
-    mean accuracy by round)} of the rows matching args (ε, changes, validation)."""
+    mean accuracy by round)} of the rows matching args (ε, changes, validation, frameworks, and the strategies,
+    organisations and schedules asked for; the one-organisation reference whatever they are)."""
     groups = {}
     for row in rows:
+        asked = row["strategy"] == SINGLE or (row["strategy"] in args.strategies and row["organizations"] in
+                                              args.organizations and (row["epochs"], row["rounds"]) in args.schedules)
         if (row["epsilon"], row["changes"], row["validation"]) == (args.epsilon, args.changes, args.validation) \
-                and row["framework"] in args.frameworks:
+                and row["framework"] in args.frameworks and asked:
             key = (row["framework"], row["strategy"], row["organizations"], row["epochs"], row["rounds"])
             groups.setdefault(key, []).append(row)
     summary = {}

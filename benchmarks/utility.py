@@ -361,6 +361,11 @@ def main(argv=None):
         if clash:
             raise UserError(f"--label {args.label!r}: its report's file name is that of {', '.join(map(repr, clash))} "
                             f"in {args.results}; choose another label")
+        other = {json.dumps(row.get("changes"), sort_keys=True) for row in read_results(args.results)
+                 if row.get("label") == args.label} - {json.dumps(changes, sort_keys=True)}
+        if other and not args.report_only:  # one label's report averages its points: one setting per label
+            raise UserError(f"--label {args.label!r}: {args.results} holds its points with other --set changes "
+                            f"({'; '.join(sorted(other))}); give the same --set, or another label")
     if args.ablation:
         rows, labels = read_results(args.results), [label for label in args.ablation.split(";") if label]
         text = "\n".join(ablation_table(rows, labels, dataset, args.seeds_at, args.validation)

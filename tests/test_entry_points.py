@@ -124,3 +124,11 @@ def test_a_manifest_with_an_integer_too_long_is_named(tmp_path, capsys, tiny_dat
     line = refused("scripts/run_local.py", ["--data", data, "--output", tmp_path / "out", "--organizations", "3"],
                    capsys)
     assert line.startswith(f"error: {data / 'manifest.json'}: an integer of 5,000 digits")
+
+
+def test_a_utility_label_holds_one_setting(tmp_path, capsys):
+    results = tmp_path / "utility.jsonl"
+    results.write_text(json.dumps({"label": "mine", "changes": {"epochs": 2}}) + "\n")
+    line = refused("benchmarks/utility.py", ["--results", results, "--label", "mine", "--set", "epochs=3"], capsys)
+    assert line == (f'error: --label \'mine\': {results} holds its points with other --set changes ({{"epochs": 2}}); '
+                    "give the same --set, or another label")

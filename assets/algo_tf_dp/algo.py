@@ -334,7 +334,7 @@ class TensorFlowPrivacy:
     dump_model = staticmethod(model_to_bytes)
 
     def fit(self, model, images, labels, hp, plan, step, batches):
-        if hp.secure_mode:  # check_run refuses it first; skeleton.fit may also be called without it (tests)
+        if hp.dp and hp.secure_mode:  # check_run refuses it first; skeleton.fit may be called without it (tests)
             raise UserError(f"secure_mode: {budget.NO_SECURE_MODE[self.name]}")
         optimizer = new_optimizer(hp)
         images = as_input(images)

@@ -195,7 +195,7 @@ def copies(samples):
         i, count = min(repeated.items())
         return (f"{samples[i].folder}: {count} example(s) are copies of others in this sample (the same image, as the "
                 "model sees it, with the same label); an example trained on as several copies would be accounted as "
-                "one: remove the copies (scripts/generate_data.py removes them)")
+                "one: remove the copies (scripts/generate_data.py --source leaves them out of the samples it writes)")
     return None
 
 

@@ -172,8 +172,10 @@ def _check_output(dest: Path, force: bool) -> None:
     entries = _entries(dest)
     if entries:
         if read_manifest(dest) is None:
-            raise UserError(f"{dest}: holds files generate_data did not write ({_listed(entries)}); "
-                            "choose a new or empty folder")
+            mark = (f"its {MANIFEST_FILE} is unreadable or not generate_data's, so it may hold files generate_data did "
+                    f"not write ({_listed(entries)}): restore that file, or" if MANIFEST_FILE in entries else
+                    f"holds files generate_data did not write ({_listed(entries)});")
+            raise UserError(f"{dest}: {mark} choose a new or empty folder")
         if not force:
             raise UserError(f"{dest} already holds data samples generate_data wrote; pass --force to replace them "
                             "(its train/, test/ and manifest.json; other files in it are kept)")
@@ -304,8 +306,8 @@ def check_organization_keys(data_dir: Path, holdings: list, test_everywhere: boo
                        list(own), None)
             break
     else:
-        reached = [k for k, own in enumerate(keys, 1)
-                   if set(own.values()) & set(test.values()) and (test_everywhere or k > 1)]
+        reached = [k for k, own in enumerate(keys, 1)  # registered beside another organisation's data
+                   if set(own.values()) & set(test.values()) and (test_everywhere and len(keys) > 1 or k > 1)]
         if reached:
             problem = (f"the test data is under organisation {reached[0]}'s identity key and would be registered at "
                        "another organisation, which could then recognise that organisation's examples in a released "

@@ -129,7 +129,7 @@ _RULES = {
 _JSON_NAMES = {bool: "a boolean", int: "an integer", float: "a decimal number", str: "a string", list: "an array",
                dict: "an object", type(None): "null"}
 _NOISE = ("noise_multiplier", "target_epsilon", "max_epsilon", "noise_decay", "clip_quantile", "clip_learning_rate",
-          "clip_count_stddev")  # ignored by the non-private baseline
+          "clip_count_stddev")  # ignored by the non-private baseline (and secure_mode: it draws no noise)
 
 
 def check_value(name: str, value, where: str, check_range: bool = True) -> None:

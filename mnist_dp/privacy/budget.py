@@ -100,7 +100,7 @@ def check_run(framework: str, hp: hp_file.Hyperparameters, n: int, where: str) -
     """Everything a train task on `n` examples would refuse, checked where the sizes are known: the
     task itself, and the scripts before they register anything."""
     check_delta(hp.delta, n, where=f"{where}: delta")
-    if hp.secure_mode and framework in NO_SECURE_MODE:
+    if hp.dp and hp.secure_mode and framework in NO_SECURE_MODE:  # without DP there is no noise, in any framework
         raise UserError(f"{where}: secure_mode: {NO_SECURE_MODE[framework]}")
     plan = SamplingPlan.from_hyperparameters(n, hp, where)
     check_noise(hp, plan, where)

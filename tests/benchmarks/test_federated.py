@@ -11,7 +11,8 @@ from mnist_dp.orchestration.assets import REPO, load_asset_module
 
 FEDERATED = REPO / "benchmarks" / "federated.py"
 federated = load_asset_module(FEDERATED, "federated_benchmark")
-ARGS = SimpleNamespace(epsilon=3.0, changes={}, validation=False, frameworks=["torch"])
+ARGS = SimpleNamespace(epsilon=3.0, changes={}, validation=False, frameworks=["torch"], strategies=["fedavg", "cyclic"],
+                       organizations=[2], schedules=[(10, 3)])
 
 
 def row(strategy, organizations, accuracies, seed=0, epochs=10, rounds=3, epsilons=(2.99, 2.99)):
@@ -25,6 +26,14 @@ ROWS = [row(federated.SINGLE, 1, [0.96], epochs=30, rounds=1), row(federated.SIN
         row("fedavg", 2, [0.90, 0.93, 0.95]), row("fedavg", 2, [0.91, 0.94, 0.94], seed=1),
         row("cyclic", 2, [0.80, 0.85, 0.90], epsilons=(2.5, 2.999)),
         {**row("fedavg", 2, [0.1, 0.1, 0.1]), "validation": True}]  # another split: not in this summary
+
+
+def test_the_report_holds_the_runs_asked_for_and_the_one_organisation_reference():
+    asked = SimpleNamespace(**{**vars(ARGS), "strategies": ["cyclic"]})
+    assert sorted(federated.summarise(ROWS, asked)) == [("torch", "cyclic", 2, 10, 3),
+                                                         ("torch", federated.SINGLE, 1, 30, 1)]
+    other = SimpleNamespace(**{**vars(ARGS), "organizations": [4], "schedules": [(5, 6)]})
+    assert sorted(federated.summarise(ROWS, other)) == [("torch", federated.SINGLE, 1, 30, 1)]
 
 
 def test_runs_are_averaged_over_seeds_and_judged_against_one_organisation():

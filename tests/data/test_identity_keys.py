@@ -98,3 +98,14 @@ def test_add_key_refuses_the_options_of_a_new_data_set(data):
     proc = run_generate_data("--add-key", data / "train" / "1", "--force", "--seed", "3")
     assert proc.returncode == 2
     assert proc.stderr == "error: --seed and --force have no effect with --add-key; drop them\n"
+
+
+def test_one_organisation_may_evaluate_on_test_data_under_its_own_key(data):
+    train, test = dataset.sample_folders(data, "train"), dataset.sample_folders(data, "test")[0]
+    (test / samples.KEY_FILE).unlink()
+    dataset.add_key([test], samples.read_key(train[0]))  # registered at that organisation only: nobody else's key
+    dataset.check_organization_keys(data, [train], test_everywhere=True)
+    (train[1] / samples.KEY_FILE).unlink()
+    dataset.add_key([train[1]])  # a second organisation, under its own key: it would be given the test data too
+    with pytest.raises(UserError, match="the test data is under organisation 1's identity key"):
+        dataset.check_organization_keys(data, [train[:1], train[1:]], test_everywhere=True)

@@ -117,3 +117,10 @@ def test_the_budget_check_calibrates_sigma_as_the_tasks_will_get_it():
         dataclasses.replace(three, max_epsilon=between)
     with pytest.raises(UserError, match="^x: max_epsilon = .* is below the ε of a single step"):
         budget.check_plan("torch", dataclasses.replace(hp, max_epsilon=between), [200], 1, ["x"])
+
+
+def test_secure_mode_is_refused_in_tf_only_where_it_would_draw_noise():
+    with pytest.raises(UserError, match="secure_mode: TF Privacy offers no secure noise generator"):
+        budget.check_run("tf", dict_hp(secure_mode=True), 1000, "x")
+    for framework in ("tf", "torch", "mindspore"):  # the baseline draws no noise: the key has no effect anywhere
+        budget.check_run(framework, dict_hp(secure_mode=True, dp=False), 1000, "x")
