@@ -189,7 +189,22 @@ def load(path: Path, overrides: Overrides | None = None) -> Hyperparameters:
     values = _read_object(path, "hyperparameters file")
     if not overrides:
         return parse(values, str(path))
-    return parse({**values, **overrides.values}, f"{path} with {overrides.source}")
+    hp = parse({**values, **overrides.values}, f"{path} with {overrides.source}")
+    for key, (has_effect, unless) in _EFFECT.items():  # a key the user changed must change something
+        if key in overrides.values and not has_effect(hp):
+            raise UserError(f"{overrides.source}: {key} has no effect {unless}; drop it")
+    return hp
+
+
+# key -> (whether it has an effect on these hyperparameters, when it has none). Every file holds every key, so only
+# a change a user asks for is refused where it would be ignored. (The noise keys with dp = false are not: run_local's
+# --baseline trains the same hyperparameters without DP.)
+_EFFECT = {
+    "momentum": (lambda hp: hp.optimizer == "sgd", "with optimizer \"adam\" (its own β = 0.9, 0.999)"),
+    "activation": (lambda hp: hp.network == "cnn", "with network \"linear\" (it has no activation)"),
+    "clip_learning_rate": (lambda hp: hp.clip_quantile is not None, "with clip_quantile null (C stays fixed)"),
+    "clip_count_stddev": (lambda hp: hp.clip_quantile is not None, "with clip_quantile null (no count is drawn)"),
+}
 
 
 @dataclass(frozen=True)

@@ -142,3 +142,17 @@ def test_command_line_assignments_are_json_values_checked_as_a_files():
                            (["colour=red"], "colour")):
         with pytest.raises(UserError, match=message):
             hyperparameters.parse_assignments(items)
+
+
+@pytest.mark.parametrize("changes, says", [
+    ({"optimizer": "adam", "momentum": 0.5}, "momentum has no effect with optimizer \"adam\""),
+    ({"network": "linear", "features": "scattering", "activation": "relu"}, "activation has no effect with network"),
+    ({"clip_learning_rate": 0.5}, "clip_learning_rate has no effect with clip_quantile null"),
+    ({"clip_count_stddev": 3.0}, "clip_count_stddev has no effect with clip_quantile null"),
+])
+def test_a_change_that_would_have_no_effect_is_refused_naming_the_users_file(changes, says):
+    asset = ALGO_ASSETS["torch"] / hyperparameters.FILE_NAME
+    with pytest.raises(UserError, match=f"^mine.json: {says}"):
+        hyperparameters.load(asset, hyperparameters.Overrides(changes, "mine.json"))
+    honoured = {**changes, "optimizer": "sgd", "network": "cnn", "clip_quantile": 0.5}
+    assert hyperparameters.load(asset, hyperparameters.Overrides(honoured, "mine.json"))
