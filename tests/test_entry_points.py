@@ -60,7 +60,7 @@ CASES = [
     ("benchmarks/benchmark.py", ["--skip-steps", "--frameworks", "tf"], "--frameworks has no effect with --skip-steps"),
     ("benchmarks/benchmark.py", ["--skip-run", "--set", "optimizer=adam"], "--set optimizer: the step timings use"),
     ("benchmarks/utility.py", ["--seeds", "0"], "--seeds: 0 is not"),
-    ("benchmarks/utility.py", ["--epsilons", "1e999"], "--epsilons: 1e999 is not a number in (0, 100]"),
+    ("benchmarks/utility.py", ["--epsilons", "1e999"], "--epsilons: inf is not a number in (0, 100]"),
     ("benchmarks/utility.py", ["--epsilons", "nan"], "--epsilons: nan is not a number"),
     ("benchmarks/utility.py", ["--epsilons", "1,2", "--seeds", "3"], "--seeds-at 3: not one of --epsilons"),
     ("benchmarks/utility.py", ["--ablation", "a;b", "--epsilons", "2"], "--epsilons has no effect with --ablation"),

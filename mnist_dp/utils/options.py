@@ -39,37 +39,32 @@ def _int(text: str) -> int:
     return int(text)
 
 
-def integer(low: int, high: int):
-    """An argparse type: an integer from `low` to `high`."""
-    what = f"an integer from {low:,} to {high:,}"
-
-    def parse(text: str) -> int:
+def _bounded(convert, inside, what: str, shown=str):
+    """An argparse type: `convert(text)` where `inside(value)`; else an error saying it is not `what`."""
+    def parse(text: str):
         try:
-            value = _int(text)
+            value = convert(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text[:40]!r} is not {what}") from None
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"{value:,} is not {what}")
+        if not inside(value):
+            raise argparse.ArgumentTypeError(f"{shown(value)} is not {what}")
         return value
 
     return parse
+
+
+def integer(low: int, high: int):
+    """An argparse type: an integer from `low` to `high`."""
+    return _bounded(_int, lambda v: low <= v <= high, f"an integer from {low:,} to {high:,}", "{:,}".format)
 
 
 def number(low: float, high: float, *, low_open: bool = False, high_open: bool = False):
     """An argparse type: a finite number in the interval from `low` to `high` (open at an end if asked)."""
-    what = f"a number in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+    def inside(v):
+        return math.isfinite(v) and (low < v if low_open else low <= v) and (v < high if high_open else v <= high)
 
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text[:40]!r} is not {what}") from None
-        inside = (low < value if low_open else low <= value) and (value < high if high_open else value <= high)
-        if not (math.isfinite(value) and inside):
-            raise argparse.ArgumentTypeError(f"{text[:40]} is not {what}")
-        return value
-
-    return parse
+    interval = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+    return _bounded(float, inside, f"a number in {interval}", "{:g}".format)
 
 
 def comma_list(item, *, at_least: int = 1):
