@@ -21,7 +21,7 @@ from substrafl.nodes import AggregationNode
 
 from mnist_dp.data import dataset, samples
 from mnist_dp.federated import experiment
-from mnist_dp.federated.algo import METRICS, DpFedAvgAlgo
+from mnist_dp.federated.algo import METRICS, DpFedAvgAlgo, check_hyperparameters
 from mnist_dp.federated.strategy import DpFedAvg
 from mnist_dp.learning import hyperparameters as hp_file
 from mnist_dp.orchestration import compute_plan, connection, registry
@@ -61,6 +61,7 @@ def main(argv=None):
     compute_plan.check_size(experiment.count_tasks(args.organizations, args.rounds),
                             f"--rounds {args.rounds} with --organizations {args.organizations}")
     hp = hp_file.load(ALGO_ASSETS[args.framework] / hp_file.FILE_NAME, hp_file.load_overrides(args.hyperparameters))
+    check_hyperparameters(hp.to_json(), args.rounds, str(args.hyperparameters))  # what the algo refuses, refused now
     data_dir, output = args.data.resolve(), args.output.resolve()
     dataset.check_output_outside(data_dir, output)
     with atomic.exclusive(output, "--output folder"):

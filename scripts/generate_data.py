@@ -9,7 +9,7 @@ key of its own.
 """
 from pathlib import Path
 
-from mnist_dp.data import dataset, samples
+from mnist_dp.data import dataset, keys, samples
 from mnist_dp.utils import options
 from mnist_dp.utils.errors import run_cli
 
@@ -61,7 +61,7 @@ def main(argv=None):
             "--force": args.force, "--organizations": args.organizations})
     key = None if args.key_from is None else samples.read_key(args.key_from)
     if args.add_key:
-        added = dataset.add_key(args.add_key, key)
+        added = keys.add_key(args.add_key, key)
         print(f"identity key written to {len(added)} of {len(args.add_key)} folder(s)"
               + (f": {', '.join(map(str, added))}" if added else " (each had a valid key)"))
         return

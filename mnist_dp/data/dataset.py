@@ -9,8 +9,6 @@ deployment has it; the test set, which every organisation may be given to evalua
 """
 from __future__ import annotations
 
-import contextlib
-import errno
 import json
 import os
 import re
@@ -21,19 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
-from mnist_dp.data.samples import (
-    IMAGES_FILE,
-    KEY_FILE,
-    LABELS_FILE,
-    KeyFileProblem,
-    opener,
-    read_key,
-    sample_fingerprint,
-)
-from mnist_dp.data.samples import key_id as samples_key_id
+from mnist_dp.data import keys as identity_keys
+from mnist_dp.data.samples import IMAGES_FILE, LABELS_FILE, opener, read_key, sample_fingerprint
 from mnist_dp.data.sources import EMBEDDED_SOURCE, checked_arrays, load_source, split_train_test, stratified_indices
 from mnist_dp.utils import json_input
-from mnist_dp.utils.errors import UserError, os_advice
+from mnist_dp.utils.errors import UserError, cannot_write, writing_in
 
 MANIFEST_FILE = "manifest.json"
 DEFAULT_TRAIN_SIZE, DEFAULT_TEST_SIZE, DEFAULT_SEED = 4000, 1000, 0
@@ -55,38 +45,7 @@ def write_sample(folder: Path, images: np.ndarray, labels: np.ndarray, key: str)
     folder.mkdir(parents=True)
     np.save(folder / IMAGES_FILE, np.ascontiguousarray(images, dtype=np.uint8))
     np.save(folder / LABELS_FILE, np.ascontiguousarray(labels, dtype=np.uint8))
-    _write_key(folder, key)
-
-
-def new_key() -> str:
-    """A secret identity key: 256 bits from the OS, as 64 hex digits."""
-    return secrets.token_hex(32)
-
-
-def _write_key(folder: Path, key: str) -> None:
-    # Created, never replaced (mode x): a sample's identity must not change under a ledger that names it.
-    with open(Path(folder) / KEY_FILE, "x", encoding="ascii") as f:
-        f.write(key + "\n")
-    os.chmod(Path(folder) / KEY_FILE, 0o600)
-
-
-def add_key(folders: list, key: str | None = None) -> list:
-    """Give every data sample folder of `folders` that has no identity key one key, `key` or a new one (one
-    organisation's samples: the same key); returns the folders that got it. An existing key is never replaced: one
-    that is not a valid key (or a broken link) is refused, saying what to do, before any key is written."""
-    missing = []
-    for folder in map(Path, folders):
-        if not (folder / IMAGES_FILE).is_file() or not (folder / LABELS_FILE).is_file():
-            raise UserError(f"{folder}: not a data sample folder (it needs {IMAGES_FILE} and {LABELS_FILE})")
-        if os.path.lexists(folder / KEY_FILE):
-            read_key(folder)  # a valid key stays; anything else is refused with its remedy
-        else:
-            missing.append(folder)
-    key = key or new_key()
-    for folder in missing:
-        with _writing_in(folder):
-            _write_key(folder, key)
-    return missing
+    identity_keys.write_key(folder, key)
 
 
 def read_manifest(dest: Path) -> dict | None:
@@ -130,15 +89,15 @@ def write_dataset(dest: Path, train, test, train_samples: int, manifest: dict, f
         raise UserError(f"{parent}: cannot create this folder ({exc.strerror}); "
                         "choose a folder you can write to") from None
     _remove_abandoned(parent)
-    with _writing_in(parent):
+    with writing_in(parent):
         tmp = parent / f".{dest.name}-partial-{os.getpid()}-{secrets.token_hex(4)}"
         tmp.mkdir()
     try:
-        with _writing_in(parent):
-            keys = [*keys, *(new_key() for _ in range(organizations - len(keys)))]  # one per organisation
+        with writing_in(parent):
+            keys = [*keys, *(identity_keys.new_key() for _ in range(organizations - len(keys)))]  # one per organisation
             for i, part in enumerate(parts):
                 write_sample(tmp / "train" / str(i), train[0][part], train[1][part], keys[i % organizations])
-            write_sample(tmp / "test" / "0", *test, test_key or new_key())
+            write_sample(tmp / "test" / "0", *test, test_key or identity_keys.new_key())
             folders = [f"train/{i}" for i in range(train_samples)] + ["test/0"]
             manifest = {**manifest, "written_by": WRITTEN_BY, "train_examples": int(len(train[1])),
                         "test_examples": int(len(test[1])), "train_samples": train_samples,
@@ -146,7 +105,7 @@ def write_dataset(dest: Path, train, test, train_samples: int, manifest: dict, f
                         # Tells data nobody changed since (generate_default_if_missing may split it again).
                         "sample_fingerprints": {f: sample_fingerprint(tmp / f) for f in folders}}
             (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
-        with _writing_in(dest):
+        with writing_in(dest):
             _move_in(tmp, dest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -181,7 +140,7 @@ def _check_output(dest: Path, force: bool) -> None:
                             "(its train/, test/ and manifest.json; other files in it are kept)")
     for folder in (dest.parent, dest):
         if folder.is_dir() and not os.access(folder, os.W_OK | os.X_OK):
-            raise _cannot_write(folder, "permission denied")
+            raise cannot_write(folder, "permission denied")
 
 
 def _move_in(tmp: Path, dest: Path) -> None:
@@ -246,29 +205,6 @@ def _listed(names: list, limit: int = 5) -> str:
     return ", ".join(names[:limit]) + (", ..." if len(names) > limit else "")
 
 
-def _cannot_write(folder: Path, reason: str, advice: str | None = None) -> UserError:
-    advice = advice or "choose a folder you can write to"
-    return UserError(f"{folder}: cannot write in this folder ({reason}); {advice}")
-
-
-@contextlib.contextmanager
-def _writing_in(folder: Path):
-    """Turn an OSError (permissions, read-only or full disk) into a UserError naming `folder` and what to do."""
-    try:
-        yield
-    except OSError as exc:
-        if exc.errno is None and _nearly_full(folder):  # numpy's short write ("N requested and M written")
-            exc = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        raise _cannot_write(folder, exc.strerror or exc, os_advice(exc)) from None
-
-
-def _nearly_full(folder: Path) -> bool:
-    try:
-        return shutil.disk_usage(folder).free < 2**20
-    except OSError:
-        return False
-
-
 def sample_folders(dest: Path, split: str) -> list:
     """The data sample folders of one split ('train' or 'test') written by `write_dataset`."""
     root = Path(dest) / split
@@ -289,7 +225,7 @@ def check_organization_keys(data_dir: Path, holdings: list, test_everywhere: boo
     every key that can stay."""
     data_dir = Path(data_dir)
     test_folders = sample_folders(data_dir, "test")
-    keys = [_organization_keys(own) for own in [*holdings, test_folders]]
+    keys = [identity_keys.of_organization(own) for own in [*holdings, test_folders]]
     test = keys.pop()
     problem = None
     for k, own in enumerate(keys, 1):
@@ -314,34 +250,7 @@ def check_organization_keys(data_dir: Path, holdings: list, test_everywhere: boo
                        "ledger; the test data needs a key of its own", list(test), None)
     if problem is not None:
         what, rekeyed, key_from = problem
-        raise UserError(f"{data_dir}: {what}; {_rekey_advice(rekeyed, key_from)}")
-
-
-def _organization_keys(own: list) -> dict:
-    """{folder: its key id} of one organisation's sample folders. A key missing or unusable is refused with the
-    command that gives its folder the key of another sample of the organisation that has one (its data is under
-    one key), or a new key when none has."""
-    ids, problem = {}, None
-    for folder in own:
-        try:
-            ids[folder] = samples_key_id(folder)
-        except KeyFileProblem as exc:
-            problem = problem or exc
-    if problem is not None:
-        raise UserError(problem.advice(key_from=next(iter(ids), None)))
-    return ids
-
-
-def _rekey_advice(folders: list, key_from: Path | None) -> str:
-    """The commands that give `folders` another key: `key_from`'s, or a new one (the earlier ledgers of their examples
-    then name them under a key they no longer have: models trained before are not compared with later ones)."""
-    command = "python scripts/generate_data.py --add-key " + " ".join(shlex.quote(str(f)) for f in folders)
-    if key_from is not None:
-        command += f" --key-from {shlex.quote(str(key_from))}"
-    removed = " ".join(shlex.quote(str(Path(f) / KEY_FILE)) for f in folders)
-    own = "its own" if len(folders) == 1 else "their own"
-    whose = f"a key of {own}" if key_from is None else f"the key of {key_from}, as the rest of their organisation"
-    return f"give {' '.join(map(str, folders))} {whose}: remove {removed}, then run: {command}"
+        raise UserError(f"{data_dir}: {what}; {identity_keys.rekey_advice(rekeyed, key_from)}")
 
 
 def check_output_outside(data_dir: Path, output: Path, flag: str = "--output") -> None:

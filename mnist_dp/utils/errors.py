@@ -1,8 +1,10 @@
 """User-facing errors: one clear line and a non-zero exit, never a bare traceback."""
 import codecs
+import contextlib
 import errno
 import os
 import select
+import shutil
 import signal
 import sys
 
@@ -111,6 +113,29 @@ def os_advice(exc: BaseException) -> str | None:
     """What to do about an OSError that is the machine's state (a full disk, a read-only or forbidden path), or
     None."""
     return _OS_ADVICE.get(exc.errno) if isinstance(exc, OSError) else None
+
+
+def cannot_write(folder, reason, advice: str | None = None) -> UserError:
+    advice = advice or "choose a folder you can write to"
+    return UserError(f"{folder}: cannot write in this folder ({reason}); {advice}")
+
+
+@contextlib.contextmanager
+def writing_in(folder):
+    """Turn an OSError (permissions, read-only or full disk) into a UserError naming `folder` and what to do."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno is None and _nearly_full(folder):  # numpy's short write ("N requested and M written")
+            exc = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        raise cannot_write(folder, exc.strerror or exc, os_advice(exc)) from None
+
+
+def _nearly_full(folder) -> bool:
+    try:
+        return shutil.disk_usage(folder).free < 2**20
+    except OSError:
+        return False
 
 
 def explain_os_error(exc: BaseException) -> str | None:

@@ -13,6 +13,7 @@ import pytest
 from conftest import REPO, WITHOUT_WRITE_OVERRIDE, follow_advice
 
 from mnist_dp.data import dataset, samples, sources
+from mnist_dp.data import keys as identity_keys
 from mnist_dp.utils.errors import UserError
 
 SCRIPT = REPO / "scripts" / "generate_data.py"
@@ -336,7 +337,7 @@ def test_a_split_a_deployment_could_not_have_is_refused_with_commands_that_fix_i
     if "test data" in problem:  # the test set under organisation 2's key
         test = dataset.sample_folders(tmp_path / "d", "test")[0]
         (test / samples.KEY_FILE).unlink()
-        dataset.add_key([test], samples.read_key(folders[1]))
+        identity_keys.add_key([test], samples.read_key(folders[1]))
     holdings = [[folders[k] for k in own] for own in holdings]
     kept = samples.read_key(folders[0])
     with pytest.raises(UserError) as refused:

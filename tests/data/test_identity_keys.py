@@ -7,6 +7,7 @@ import pytest
 from conftest import REPO, WITHOUT_WRITE_OVERRIDE, follow_advice
 
 from mnist_dp.data import dataset, samples
+from mnist_dp.data import keys as identity_keys
 from mnist_dp.utils.errors import UserError
 
 GENERATE_DATA = REPO / "scripts" / "generate_data.py"
@@ -103,9 +104,9 @@ def test_add_key_refuses_the_options_of_a_new_data_set(data):
 def test_one_organisation_may_evaluate_on_test_data_under_its_own_key(data):
     train, test = dataset.sample_folders(data, "train"), dataset.sample_folders(data, "test")[0]
     (test / samples.KEY_FILE).unlink()
-    dataset.add_key([test], samples.read_key(train[0]))  # registered at that organisation only: nobody else's key
+    identity_keys.add_key([test], samples.read_key(train[0]))  # registered at that organisation only: nobody else's key
     dataset.check_organization_keys(data, [train], test_everywhere=True)
     (train[1] / samples.KEY_FILE).unlink()
-    dataset.add_key([train[1]])  # a second organisation, under its own key: it would be given the test data too
+    identity_keys.add_key([train[1]])  # a second organisation, under its own key: it would be given the test data too
     with pytest.raises(UserError, match="the test data is under organisation 1's identity key"):
         dataset.check_organization_keys(data, [train[:1], train[1:]], test_everywhere=True)

@@ -16,6 +16,7 @@ import pytest
 from conftest import REPO, TINY_HYPERPARAMETERS, independent_epsilon
 
 from mnist_dp.data import dataset, samples
+from mnist_dp.data import keys as identity_keys
 from mnist_dp.orchestration.assets import DATASET_ASSET, load_asset_module
 from mnist_dp.privacy import model_file
 
@@ -37,7 +38,7 @@ def deployment(tmp_path_factory, tiny_data):
     data = tmp_path_factory.mktemp("deployment") / "data"
     first, second = (dataset.sample_folders(tiny_data, "train")[k] for k in (0, 1))
     (x1, y1), (x2, y2) = load(first), load(second)
-    keys = {"A": dataset.new_key(), "B": dataset.new_key(), "T": dataset.new_key()}
+    keys = {"A": identity_keys.new_key(), "B": identity_keys.new_key(), "T": identity_keys.new_key()}
     dataset.write_sample(data / "train" / "0", x1, y1, keys["A"])
     dataset.write_sample(data / "train" / "1", np.concatenate([x2[:100], x1[:SHARED]]),
                          np.concatenate([y2[:100], y1[:SHARED]]), keys["B"])

@@ -167,6 +167,7 @@ def organisation_data(tmp_path, tiny_data, sizes, shared=0):
     """The opener's data of one sample per organisation, each under its own identity key: organisation k holds
     `sizes[k]` of tiny_data's train examples, the first `shared` of them held by every organisation."""
     from mnist_dp.data import dataset
+    from mnist_dp.data import keys as identity_keys
 
     opener = load_asset_module(DATASET_ASSET / "opener.py", "opener_for_substrafl_tests").MnistOpener()
     folder = samples(tiny_data, "train")[0]
@@ -175,7 +176,7 @@ def organisation_data(tmp_path, tiny_data, sizes, shared=0):
     for k, size in enumerate(sizes):
         picked = [*range(shared), *range(start, start + size - shared)]
         start += size - shared
-        dataset.write_sample(tmp_path / f"org{k}", images[picked], labels[picked], dataset.new_key())
+        dataset.write_sample(tmp_path / f"org{k}", images[picked], labels[picked], identity_keys.new_key())
         data.append(opener.get_data([str(tmp_path / f"org{k}")]))
     return data
 

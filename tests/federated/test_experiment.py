@@ -123,7 +123,7 @@ def test_in_docker_mode_the_functions_run_as_this_user_and_the_template_is_resto
 
 
 @pytest.mark.parametrize("options, message", [
-    (["--organizations", "0"], "--organizations and --rounds must be at least 1"),
+    (["--organizations", "0"], "--organizations: 0 is not an integer from 1 to 1,000"),
     (["--framework", "jax"], "invalid choice: 'jax'"),
 ])
 def test_bad_options_are_one_line_errors(options, message, tmp_path, tiny_data):

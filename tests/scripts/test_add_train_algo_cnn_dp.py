@@ -97,4 +97,5 @@ def test_rounds_with_a_target_need_the_fold_sizes(tmp_path, keys_file):
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert "--rounds 2 with target_epsilon" in proc.stderr and "give noise_multiplier" in proc.stderr
     assert keys_file.read_text() == before  # nothing registered
-    assert run("add_train_algo_cnn_dp.py", "--rounds", 0, cwd=tmp_path).stderr == "error: --rounds must be at least 1\n"
+    assert run("add_train_algo_cnn_dp.py", "--rounds", 0, cwd=tmp_path).stderr == (
+        "error: argument --rounds: 0 is not an integer from 1 to 10,000 (see add_train_algo_cnn_dp.py --help)\n")

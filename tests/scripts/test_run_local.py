@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import FRAMEWORKS, REPO, TINY_HYPERPARAMETERS
+from conftest import FRAMEWORKS, REPO, TINY_HYPERPARAMETERS, follow_advice
 
 from mnist_dp.data import dataset, samples
 from mnist_dp.privacy import accountant, events, model_file
@@ -206,7 +206,7 @@ def test_output_inside_the_data_folder_is_refused_before_anything_is_written_the
 
 def test_organisations_sharing_a_key_are_refused_and_the_advised_command_fixes_it(tmp_path):
     """One key for two organisations' shares: either could recognise the other's examples in a released ledger. The
-    error names the generate_data command that gives each its own key; after it, the run gets past the check."""
+    error names the commands that give the second its own key; after them, the run gets past the check."""
     data = tmp_path / "data"
     dataset.generate(data, train_size=300, test_size=100, train_samples=2, seed=1)  # one organisation's data
     (tmp_path / "hp.json").write_text(json.dumps({**TINY_HYPERPARAMETERS, "batch_size": 1000}))
@@ -216,10 +216,7 @@ def test_organisations_sharing_a_key_are_refused_and_the_advised_command_fixes_i
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert "organisation 1's train data samples are under" not in proc.stderr
     assert f"error: {data}: organisations 1 and 2 hold data under one identity key" in proc.stderr
-    advice = proc.stderr.split("each organisation under its own key: ")[1].strip()
-    assert advice.startswith("python scripts/generate_data.py --output") and "--organizations 2 --force" in advice
-    fixed = subprocess.run([sys.executable, *advice.split()[1:]], capture_output=True, text=True, cwd=REPO)
-    assert fixed.returncode == 0, fixed.stderr
+    follow_advice(proc.stderr.strip().removeprefix("error: "))
     keys = [samples.key_id(folder) for split in ("train", "test") for folder in dataset.sample_folders(data, split)]
     assert len(set(keys)) == 3  # each organisation its key, the test set its own
     proc = run_local(*options, cwd=tmp_path)  # now refused later, by its hyperparameters only
