@@ -45,10 +45,9 @@ def build_parser():
     parser.add_argument("--key-from", type=Path, metavar="SAMPLE",
                         help="use the identity key of this existing data sample folder of the same organisation "
                              "instead of a new one (with --organizations: organisation 1's; with --add-key too): new "
-                             "data or another split of one "
-                             "organisation's data is then compared with the earlier one example by example, so a "
-                             "copy or re-split cannot reset its ε. Never use another organisation's key: it lets "
-                             "its holder recognise your examples in a released ledger")
+                             "data or another split of one organisation's data is then compared with the earlier one "
+                             "example by example, so a copy or re-split cannot reset its ε. Never use another "
+                             "organisation's key: it lets its holder recognise your examples in a released ledger")
     return parser
 
 

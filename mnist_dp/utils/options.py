@@ -73,10 +73,10 @@ def comma_list(item, *, at_least: int = 1):
     def parse(text: str) -> list:
         values = [item(part.strip()) for part in text.split(",") if part.strip()]
         if len(values) < at_least:
-            raise argparse.ArgumentTypeError(f"{text!r}: give at least {at_least}, comma-separated")
+            raise argparse.ArgumentTypeError(f"{text[:40]!r}: give at least {at_least}, comma-separated")
         twice = sorted({str(v) for v in values if values.count(v) > 1})
         if twice:
-            raise argparse.ArgumentTypeError(f"{text!r}: {', '.join(twice)} given twice")
+            raise argparse.ArgumentTypeError(f"{text[:40]!r}: {', '.join(twice)} given twice")
         return values
 
     return parse
