@@ -89,7 +89,7 @@ class Hyperparameters:
 MAX_EPOCHS = 10_000
 MAX_EPSILON = 100.0
 MAX_STEP_SIZE = 1_000.0  # learning_rate, clip_learning_rate
-MAX_NORM = 1e6  # max_grad_norm, clip_count_stddev: a gradient norm or a count, far beyond any real one
+MAX_NORM = 1e30  # max_grad_norm, clip_count_stddev: beyond it the noise (σ ≤ 1,000 times it) would overflow float32
 NETWORKS = ("cnn", "linear")
 ACTIVATIONS = ("tanh", "relu")
 OPTIMIZERS = ("sgd", "adam")
