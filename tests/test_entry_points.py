@@ -48,6 +48,7 @@ CASES = [
     ("scripts/generate_data.py", ["--organizations", "0"], "--organizations: 0 is not"),
     ("scripts/generate_data.py", ["--add-key", "x", "--output", "y"], "--output has no effect with --add-key"),
     ("scripts/add_dataset_objective.py", ["--folds", "0"], "--folds: 0 is not an integer from 1"),
+    ("scripts/add_dataset_objective.py", ["--client-name", "nobody"], "no URL is set for it"),
     ("scripts/add_train_algo_cnn_dp.py", ["--rounds", "-3"], "--rounds: -3 is not"),
     ("scripts/add_train_algo_cnn_dp.py", ["--strategy", "fedavg", "--score-train"], "--score-train has no effect"),
     ("scripts/add_train_algo_cnn_dp.py", ["--client-name", "nobody"], "no URL is set for it"),

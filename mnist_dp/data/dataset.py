@@ -268,10 +268,11 @@ def split_advice(data_dir: Path, train_samples: int, organizations: int = 1) -> 
     that writes it again when it is as generate_data wrote it (so that the command loses nothing), else how to by
     hand."""
     manifest = _as_written(Path(data_dir))
-    if manifest is None:
-        return (f"split its train samples into at least {train_samples} folders (docs/data.md), or write new data "
-                f"with: python scripts/generate_data.py --train-samples {train_samples} --organizations "
-                f"{organizations} --output NEW_FOLDER")
+    if manifest is None:  # a user's samples, or changed ones: never written over
+        other = Path(data_dir).resolve().parent / f"{Path(data_dir).name}-{train_samples}-samples"
+        return (f"split its train samples into at least {train_samples} folders yourself (docs/data.md), or give "
+                f"--data new data written with: python scripts/generate_data.py --output {shlex.quote(str(other))} "
+                f"--train-samples {train_samples} --organizations {organizations}")
     return "write it again with: " + regenerate_command(data_dir, manifest, organizations, train_samples)
 
 

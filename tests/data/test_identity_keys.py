@@ -1,5 +1,6 @@
 """Identity keys a user's hands have been on: every refusal says what to do, and doing it literally makes the refused
 check pass (the pre-registration check every script runs: dataset.check_organization_keys)."""
+import shutil
 import subprocess
 import sys
 
@@ -110,3 +111,23 @@ def test_one_organisation_may_evaluate_on_test_data_under_its_own_key(data):
     identity_keys.add_key([train[1]])  # a second organisation, under its own key: it would be given the test data too
     with pytest.raises(UserError, match="the test data is under organisation 1's identity key"):
         dataset.check_organization_keys(data, [train[:1], train[1:]], test_everywhere=True)
+
+
+@pytest.mark.parametrize("as_written", [True, False])
+def test_too_few_samples_for_the_organisations_gives_a_command_that_loses_nothing(data, as_written):
+    from mnist_dp.orchestration import registry
+
+    if not as_written:  # a sample of the user's own: never written over
+        shutil.copytree(data / "train" / "1", data / "train" / "2")
+    before = {p: p.read_bytes() for p in data.rglob("*") if p.is_file()}
+    kept = samples.read_key(data / "train" / "0")
+    with pytest.raises(UserError) as refused:
+        registry.split_among(data, 4, flag="--organizations")
+    follow_advice(str(refused.value))
+    if as_written:  # written again in place, organisation 1 keeping its key
+        registry.split_among(data, 4)
+        assert samples.read_key(data / "train" / "0") == kept
+        assert len({samples.read_key(data / "train" / str(k)) for k in range(4)}) == 4  # one key per organisation
+    else:  # untouched; the new data is elsewhere
+        assert {p: p.read_bytes() for p in data.rglob("*") if p.is_file()} == before
+        registry.split_among(data.parent / "data-4-samples", 4)
