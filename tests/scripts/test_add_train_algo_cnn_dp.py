@@ -47,9 +47,10 @@ def test_trains_through_the_folds_reports_and_adds_its_keys(tmp_path, keys_file)
 
 
 def test_a_failing_task_is_named_with_its_log_and_the_keys_are_kept(tmp_path, keys_file):
-    # A clipping norm of 1e30 makes the weights overflow: the train function refuses the diverged model (a budget below
-    # one step, which failed here before, is refused before anything is registered).
-    (tmp_path / "bad.json").write_text(json.dumps({**TINY_HYPERPARAMETERS, "max_grad_norm": 1e30}))
+    # A clipping norm of 1e30 makes the tutorial CNN's relu activations overflow: the train function refuses the
+    # diverged model (a budget below one step, which failed here before, is refused before anything is registered).
+    (tmp_path / "bad.json").write_text(json.dumps({**TINY_HYPERPARAMETERS, "max_grad_norm": 1e30, "features": "pixels",
+                                                   "activation": "relu"}))
     proc = run("add_train_algo_cnn_dp.py", "--framework", FRAMEWORK, "--hyperparameters", "bad.json", cwd=tmp_path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     message = proc.stderr[proc.stderr.index("error: compute plan"):]

@@ -142,8 +142,8 @@ def test_federated_averaging_averages_each_round_with_epsilon_per_organisation(t
 
 
 # What fails only inside a train task (everything else is refused up front): a clipping norm of 1e30 makes the
-# weights overflow, and the train function refuses the diverged model.
-DIVERGING = {**TINY_HYPERPARAMETERS, "max_grad_norm": 1e30}
+# tutorial CNN's relu activations overflow, and the train function refuses the diverged model.
+DIVERGING = {**TINY_HYPERPARAMETERS, "max_grad_norm": 1e30, "features": "pixels", "activation": "relu"}
 
 
 def test_a_failing_organisations_task_fails_the_federated_plan_naming_it_with_its_log(tmp_path, tiny_data_2orgs):
