@@ -38,11 +38,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import numpy as np
 
+from mnist_dp import hyperparameters as hp_file
+from mnist_dp.assets import ALGO_ASSETS, load_asset_module
 from mnist_dp.data import sources
-from mnist_dp.learning import hyperparameters as hp_file
 from mnist_dp.learning import skeleton
 from mnist_dp.learning.interface import Network, flat_weights
-from mnist_dp.orchestration.assets import ALGO_ASSETS, load_asset_module
 from mnist_dp.privacy import audit, budget
 from mnist_dp.privacy.ledger import Ledger
 from mnist_dp.utils import atomic, json_input, options

@@ -16,8 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from mnist_dp.assets import ALGO_ASSETS, OBJECTIVE_ASSET, REPO
 from mnist_dp.orchestration import archive
-from mnist_dp.orchestration.assets import ALGO_ASSETS, OBJECTIVE_ASSET, REPO
 from mnist_dp.utils import options
 from mnist_dp.utils.errors import UserError, run_cli
 

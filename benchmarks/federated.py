@@ -43,11 +43,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # utility.py: the data and the features' memory
 import utility  # noqa: E402
 
+from mnist_dp import hyperparameters as hp_file
+from mnist_dp.assets import ALGO_ASSETS, load_asset_module
 from mnist_dp.data import samples
 from mnist_dp.learning import features, interface, skeleton
-from mnist_dp.learning import hyperparameters as hp_file
 from mnist_dp.orchestration import compute_plan
-from mnist_dp.orchestration.assets import ALGO_ASSETS, load_asset_module
 from mnist_dp.privacy import budget, model_file
 from mnist_dp.utils import atomic, options
 from mnist_dp.utils.errors import UserError, run_cli

@@ -19,11 +19,11 @@ from pathlib import Path
 import dp_accounting
 from dp_accounting.pld import pld_privacy_accountant
 
+from mnist_dp import hyperparameters as hp_file
+from mnist_dp.assets import ALGO_ASSETS, REPO
 from mnist_dp.federated import experiment
 from mnist_dp.federated.algo import OWN_DATA, check_hyperparameters
-from mnist_dp.learning import hyperparameters as hp_file
 from mnist_dp.orchestration import compute_plan
-from mnist_dp.orchestration.assets import ALGO_ASSETS, REPO
 from mnist_dp.privacy import model_file
 from mnist_dp.utils import atomic, json_input, options
 from mnist_dp.utils.errors import UserError, run_cli

@@ -34,10 +34,10 @@ os.environ.setdefault("GLOG_v", "3")
 
 import numpy as np
 
+from mnist_dp import hyperparameters as hp_file
+from mnist_dp.assets import ALGO_ASSETS, load_asset_module
 from mnist_dp.data import sources
 from mnist_dp.learning import features, skeleton
-from mnist_dp.learning import hyperparameters as hp_file
-from mnist_dp.orchestration.assets import ALGO_ASSETS, load_asset_module
 from mnist_dp.privacy import budget
 from mnist_dp.privacy.ledger import Ledger
 from mnist_dp.utils import atomic, json_input, options

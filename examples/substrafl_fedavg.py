@@ -19,13 +19,13 @@ from pathlib import Path
 from substrafl.evaluation_strategy import EvaluationStrategy
 from substrafl.nodes import AggregationNode
 
+from mnist_dp import hyperparameters as hp_file
+from mnist_dp.assets import ALGO_ASSETS
 from mnist_dp.data import dataset, samples
 from mnist_dp.federated import experiment
 from mnist_dp.federated.algo import METRICS, DpFedAvgAlgo, check_hyperparameters
 from mnist_dp.federated.strategy import DpFedAvg
-from mnist_dp.learning import hyperparameters as hp_file
 from mnist_dp.orchestration import compute_plan, connection, registry
-from mnist_dp.orchestration.assets import ALGO_ASSETS
 from mnist_dp.privacy import budget
 from mnist_dp.report import display
 from mnist_dp.utils import atomic, options

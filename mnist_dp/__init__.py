@@ -1,9 +1,11 @@
 """Code shared by the Substra assets and the scripts of the DP-SGD MNIST bundle, by concern:
 
 - ``privacy``: DP events, the accountant, the ledger, what a run may spend, statements and model-file checks;
-- ``learning``: the task skeleton every algo asset shares, the interface an asset implements, hyperparameters;
+- ``hyperparameters`` and ``assets`` (modules every part may use): the hyperparameters file every algo ships, and
+  where the assets are;
+- ``learning``: the task skeleton every algo asset shares, the interface an asset implements;
 - ``data``: data sources, the dataset folders generate_data writes, the data samples a task reads;
-- ``orchestration``: the Substra side (assets, contract, archives, compute plans, registration, execution);
+- ``orchestration``: the Substra side (contract, archives, compute plans, registration, execution);
 - ``report``: the results of a run and how they are shown;
 - ``utils``: one-line errors, atomic writes, strict JSON input, timing.
 

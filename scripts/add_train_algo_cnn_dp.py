@@ -14,10 +14,10 @@ and objective are registered again from the data folder named in the keys file.
 import tempfile
 from pathlib import Path
 
+from mnist_dp import hyperparameters as hp_file
+from mnist_dp.assets import ALGO_ASSETS
 from mnist_dp.data import dataset, samples
-from mnist_dp.learning import hyperparameters as hp_file
 from mnist_dp.orchestration import compute_plan, connection, registry
-from mnist_dp.orchestration.assets import ALGO_ASSETS
 from mnist_dp.privacy import budget
 from mnist_dp.report import results
 from mnist_dp.utils import atomic, options

@@ -16,10 +16,10 @@ Writes results.json, summary.md, results.png and the model files (models/) to --
 import shutil
 from pathlib import Path
 
+from mnist_dp import hyperparameters as hp_file
+from mnist_dp.assets import ALGO_ASSETS
 from mnist_dp.data import dataset, samples
-from mnist_dp.learning import hyperparameters as hp_file
 from mnist_dp.orchestration import compute_plan, connection, registry
-from mnist_dp.orchestration.assets import ALGO_ASSETS
 from mnist_dp.privacy import budget
 from mnist_dp.report import results
 from mnist_dp.utils import atomic, options

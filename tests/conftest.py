@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from mnist_dp.assets import ALGO_ASSETS, DATASET_ASSET, OBJECTIVE_ASSET
 from mnist_dp.data import dataset
 from mnist_dp.orchestration import archive
-from mnist_dp.orchestration.assets import ALGO_ASSETS, DATASET_ASSET, OBJECTIVE_ASSET
 from mnist_dp.privacy.events import NO_CLIPPING, PER_EXAMPLE, DpEvent
 from mnist_dp.privacy.ledger import Ledger
 
@@ -116,7 +116,7 @@ def independent_epsilon(sigma, q, steps, delta):
 
 def dict_hp(**changes):
     """BASE_HP with `changes`, parsed as a hyperparameters file is."""
-    from mnist_dp.learning import hyperparameters
+    from mnist_dp import hyperparameters
 
     return hyperparameters.parse({**BASE_HP, **changes}, "x")
 

@@ -19,3 +19,39 @@ def test_no_module_of_the_package_or_the_assets_is_longer_than_a_newcomer_reads_
     modules = [*(REPO / "mnist_dp").rglob("*.py"), *(REPO / "assets").rglob("*.py")]
     long = {str(m.relative_to(REPO)): n for m in modules if (n := len(m.read_text().splitlines())) > MAX_MODULE_LINES}
     assert len(modules) > 30 and not long, long
+
+
+def package_imports() -> dict:
+    """{part of mnist_dp (a subpackage, or a top-level module): the other parts it imports}."""
+    import ast
+
+    graph = {}
+    for path in (REPO / "mnist_dp").rglob("*.py"):
+        part = path.relative_to(REPO / "mnist_dp").parts[0].removesuffix(".py")
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+            names += [f"{node.module}.{a.name}" for a in getattr(node, "names", []) if isinstance(node, ast.ImportFrom)
+                      and node.module == "mnist_dp"]
+            names += [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            for name in names:
+                parts = name.split(".")
+                if parts[0] == "mnist_dp" and len(parts) > 1 and parts[1] != part:
+                    graph.setdefault(part, set()).add(parts[1])
+    return graph
+
+
+def test_the_parts_of_the_package_import_each_other_in_one_direction_only():
+    """No cycle between subpackages: each can be read, tested and changed knowing only the parts below it."""
+    graph = package_imports()
+    assert {"privacy", "learning", "data", "orchestration"} <= set(graph)
+    below = {}
+
+    def reach(part, path):
+        assert part not in path, f"import cycle: {' -> '.join([*path, part])}"
+        if part not in below:
+            below[part] = set().union(*({p} | reach(p, [*path, part]) for p in graph.get(part, ())))
+        return below[part]
+
+    for part in graph:
+        reach(part, [])
+    assert graph.get("hyperparameters", set()) <= {"utils"} and graph.get("assets", set()) == set()

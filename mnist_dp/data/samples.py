@@ -33,7 +33,7 @@ def sample_fingerprint(folder: Path) -> str:
 def opener():
     """The dataset asset's opener module: the one definition of a data sample, its identity and its examples
     (it is self-contained, as Substra ships it alone; the scripts use it rather than a copy)."""
-    from mnist_dp.orchestration.assets import DATASET_ASSET, load_asset_module
+    from mnist_dp.assets import DATASET_ASSET, load_asset_module
 
     return load_asset_module(DATASET_ASSET / "opener.py", "mnist_dp_dataset_opener")
 

@@ -30,11 +30,11 @@ from substrafl.algorithms.algo import Algo
 from substrafl.remote import remote_data
 from substrafl.strategies.schemas import StrategyName
 
+from mnist_dp import hyperparameters as hp_file
+from mnist_dp.assets import ALGO_ASSETS, load_asset_module
 from mnist_dp.federated.strategy import LedgerSharedState, received_ledger
-from mnist_dp.learning import hyperparameters as hp_file
 from mnist_dp.learning import skeleton
 from mnist_dp.learning.interface import Network
-from mnist_dp.orchestration.assets import ALGO_ASSETS, load_asset_module
 from mnist_dp.privacy import budget, model_file, provenance
 from mnist_dp.privacy.ledger import Ledger
 from mnist_dp.utils import atomic, json_input

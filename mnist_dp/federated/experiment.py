@@ -13,9 +13,9 @@ from pathlib import Path
 import substra
 from substra.sdk.models import ComputeTaskStatus
 
+from mnist_dp.assets import ALGO_ASSETS, ASSETS, REPO
 from mnist_dp.data import samples
 from mnist_dp.orchestration import registry
-from mnist_dp.orchestration.assets import ALGO_ASSETS, ASSETS, REPO
 from mnist_dp.orchestration.execution import log_tail
 from mnist_dp.orchestration.task_logs import OutputTail, local_failure
 from mnist_dp.report.results import Record, model_record

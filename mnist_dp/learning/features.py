@@ -15,7 +15,9 @@ import functools
 
 import numpy as np
 
-FEATURES = ("pixels", "scattering")
+from mnist_dp import hyperparameters
+
+FEATURES = hyperparameters.FEATURES
 SCATTERING_J = 2
 SCATTERING_CHANNELS, SCATTERING_SIZE, GROUPS = 81, 7, 27
 SCATTERING_DIM = SCATTERING_CHANNELS * SCATTERING_SIZE ** 2  # 3,969 numbers per image

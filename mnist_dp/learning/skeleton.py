@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mnist_dp.learning import hyperparameters as hp_file
+from mnist_dp import hyperparameters as hp_file
 from mnist_dp.learning import predictions
 from mnist_dp.learning.interface import PREDICT_BATCH_SIZE, ClipNorm, DpStep, EpochCallback, Framework, Network
 from mnist_dp.privacy import budget, model_file, provenance

@@ -14,10 +14,10 @@ from pathlib import Path
 import substra
 from substra.sdk.schemas import DataSampleSpec, DatasetSpec, FunctionSpec
 
+from mnist_dp.assets import ALGO_ASSETS, DATASET_ASSET, OBJECTIVE_ASSET
 from mnist_dp.data import samples
 from mnist_dp.data.dataset import check_organization_keys, sample_folders, split_advice
 from mnist_dp.orchestration import archive
-from mnist_dp.orchestration.assets import ALGO_ASSETS, DATASET_ASSET, OBJECTIVE_ASSET
 from mnist_dp.orchestration.compute_plan import Share
 from mnist_dp.orchestration.contract import CONTRACT, owner_only, public
 from mnist_dp.utils import atomic, json_input

@@ -13,7 +13,8 @@ from collections.abc import Sequence
 import dp_accounting
 from dp_accounting import mechanism_calibration, pld, rdp
 
-from mnist_dp.privacy.events import MAX_NOISE_MULTIPLIER, MIN_NOISE_MULTIPLIER, DpEvent, NoiseSchedule
+from mnist_dp.hyperparameters import MAX_NOISE_MULTIPLIER
+from mnist_dp.privacy.events import MIN_NOISE_MULTIPLIER, DpEvent, NoiseSchedule
 from mnist_dp.utils.errors import UserError
 
 ACCOUNTANTS = ("pld", "rdp")

@@ -13,7 +13,7 @@ import logging
 import math
 from dataclasses import dataclass
 
-from mnist_dp.learning import hyperparameters as hp_file
+from mnist_dp import hyperparameters as hp_file
 from mnist_dp.privacy import accountant, events
 from mnist_dp.privacy.accountant import (
     ACCOUNTANT_NAMES,
@@ -135,10 +135,10 @@ def check_noise(hp: hp_file.Hyperparameters, plan: SamplingPlan, where: str) -> 
     else:
         schedule = noise_schedule(hp, plan, 1.0)
         least = accountant.least_sigma(schedule, plan.planned_steps)
-        if least > events.MAX_NOISE_MULTIPLIER:
+        if least > hp_file.MAX_NOISE_MULTIPLIER:
             raise UserError(f"{where}: noise_decay = {hp.noise_decay:g} lowers the noise so far that keeping every "
                             f"step's noise multiplier at {floor:g} or more needs σ = {least:.3g} in the first steps, "
-                            f"more than {events.MAX_NOISE_MULTIPLIER:g}; raise noise_decay (1: constant)")
+                            f"more than {hp_file.MAX_NOISE_MULTIPLIER:g}; raise noise_decay (1: constant)")
         accountant.check_target_reachable(hp.target_epsilon, hp.delta, plan.sample_rate, plan.planned_steps, schedule,
                                        where=where)
 

@@ -28,9 +28,7 @@ NOISE_STAGES = 4
 # fallback (RDP, which over-estimates): a single step at σ = 0.3 already spends ε ≥ 5.7 (q = 1e-3) to 19 (q = 1),
 # so nothing worth protecting is lost, and every ε reported stays the PLD figure.
 MIN_NOISE_MULTIPLIER = 0.3
-# The most: a step at σ = 1000 spends ε < 0.01 at any q, and RDP's numerics fail above ~3e4 (q = 1e-3). A σ
-# calibrated from a target lies between the two.
-MAX_NOISE_MULTIPLIER = 1000.0
+# The most is hyperparameters.MAX_NOISE_MULTIPLIER; a σ calibrated from a target lies between the two.
 
 
 

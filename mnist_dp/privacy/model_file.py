@@ -18,7 +18,7 @@ import shutil
 import zipfile
 from dataclasses import dataclass, field
 
-from mnist_dp.learning import hyperparameters as hp_file
+from mnist_dp import hyperparameters as hp_file
 from mnist_dp.privacy.accountant import check_delta
 from mnist_dp.privacy.events import count_stddev
 from mnist_dp.privacy.ledger import Ledger

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from conftest import ALGO_ASSETS
 
-from mnist_dp.orchestration.assets import load_asset_module
+from mnist_dp.assets import load_asset_module
 
 os.environ.setdefault("GLOG_v", "3")
 ms = pytest.importorskip("mindspore")

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 from conftest import ALGO_ASSETS
 
+from mnist_dp.assets import load_asset_module
 from mnist_dp.learning.interface import Network
-from mnist_dp.orchestration.assets import load_asset_module
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 tf = pytest.importorskip("tensorflow")

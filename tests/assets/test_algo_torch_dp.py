@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from conftest import ALGO_ASSETS, tiny_hyperparameters
 
+from mnist_dp.assets import load_asset_module
 from mnist_dp.data.samples import in_memory
 from mnist_dp.learning import skeleton
-from mnist_dp.orchestration.assets import load_asset_module
 from mnist_dp.privacy import model_file
 from mnist_dp.privacy.randomness import RunRandomness
 

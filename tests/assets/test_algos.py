@@ -1,6 +1,6 @@
 """Every algo asset, through the substratools command line, on tiny data (one epoch).
 
-Parametrised by framework: a new algo asset is covered by adding it to mnist_dp.orchestration.assets.ALGO_ASSETS.
+Parametrised by framework: a new algo asset is covered by adding it to mnist_dp.assets.ALGO_ASSETS.
 """
 import dataclasses
 import json
@@ -23,11 +23,11 @@ from conftest import (
     tiny_hyperparameters,
 )
 
+from mnist_dp.assets import load_asset_module
 from mnist_dp.data import dataset
 from mnist_dp.data.samples import KEY_FILE, sample_identity
 from mnist_dp.learning import interface, skeleton
 from mnist_dp.orchestration import archive
-from mnist_dp.orchestration.assets import load_asset_module
 from mnist_dp.privacy import model_file
 from mnist_dp.privacy.accountant import calibrate_noise_multiplier, compose_epsilon
 from mnist_dp.privacy.events import PER_EXAMPLE, DpEvent, new_run_id

@@ -13,8 +13,9 @@ import pytest
 from conftest import ALGO_ASSETS, FRAMEWORKS
 from scipy import stats
 
-from mnist_dp.learning import hyperparameters, interface, skeleton
-from mnist_dp.orchestration.assets import load_asset_module
+from mnist_dp import hyperparameters
+from mnist_dp.assets import load_asset_module
+from mnist_dp.learning import interface, skeleton
 from mnist_dp.privacy import budget
 from mnist_dp.privacy.randomness import RunRandomness
 from mnist_dp.utils.errors import UserError

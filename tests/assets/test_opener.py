@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 from conftest import DATASET_ASSET
 
+from mnist_dp.assets import load_asset_module
 from mnist_dp.data import samples
-from mnist_dp.orchestration.assets import load_asset_module
 
 opener = load_asset_module(DATASET_ASSET / "opener.py", "opener")
 

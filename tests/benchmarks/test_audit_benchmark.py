@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from mnist_dp.orchestration.assets import REPO
+from mnist_dp.assets import REPO
 
 AUDIT = REPO / "benchmarks" / "audit.py"
 SMALL = ["--train-size", "64", "--steps", "2", "--epsilons", "2"]  # every weight a canary: as strong as 10 steps

@@ -6,8 +6,8 @@ import time
 import pytest
 from conftest import FRAMEWORKS
 
+from mnist_dp.assets import REPO, load_asset_module
 from mnist_dp.learning import features
-from mnist_dp.orchestration.assets import REPO, load_asset_module
 
 BENCHMARK = REPO / "benchmarks" / "benchmark.py"
 benchmark = load_asset_module(BENCHMARK, "benchmark")

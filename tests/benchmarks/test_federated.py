@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from mnist_dp.orchestration.assets import REPO, load_asset_module
+from mnist_dp.assets import REPO, load_asset_module
 
 FEDERATED = REPO / "benchmarks" / "federated.py"
 federated = load_asset_module(FEDERATED, "federated_benchmark")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mnist_dp.orchestration.assets import REPO, load_asset_module
+from mnist_dp.assets import REPO, load_asset_module
 
 UTILITY = REPO / "benchmarks" / "utility.py"
 utility = load_asset_module(UTILITY, "utility_benchmark")

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 from conftest import REPO, TINY_HYPERPARAMETERS, independent_epsilon
 
+from mnist_dp.assets import DATASET_ASSET, load_asset_module
 from mnist_dp.data import dataset, samples
 from mnist_dp.data import keys as identity_keys
-from mnist_dp.orchestration.assets import DATASET_ASSET, load_asset_module
 from mnist_dp.privacy import model_file
 
 ORGS = ["MyOrg1MSP", "MyOrg2MSP"]

@@ -11,10 +11,10 @@ from conftest import independent_epsilon, samples, tiny_hyperparameters
 from substrafl.algorithms.pytorch import TorchFedAvgAlgo
 from substrafl.strategies.schemas import FedAvgAveragedState
 
+from mnist_dp.assets import DATASET_ASSET, load_asset_module
 from mnist_dp.federated.algo import METRICS, DpFedAvgAlgo, check_hyperparameters
 from mnist_dp.federated.strategy import DpFedAvg, LedgerAveragedState
 from mnist_dp.federated.torch_algo import TorchDpFedAvgAlgo
-from mnist_dp.orchestration.assets import DATASET_ASSET, load_asset_module
 from mnist_dp.privacy import model_file
 from mnist_dp.utils.errors import UserError
 

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from conftest import BASE_HP, dict_hp
 
-from mnist_dp.learning import hyperparameters, interface, skeleton
+from mnist_dp import hyperparameters
+from mnist_dp.learning import interface, skeleton
 from mnist_dp.privacy import budget, events
 from mnist_dp.privacy.randomness import RunRandomness
 from mnist_dp.utils.errors import UserError

@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 from conftest import BASE_HP, dict_hp
 
-from mnist_dp.learning import hyperparameters
+from mnist_dp import hyperparameters
 from mnist_dp.privacy import accountant, budget, events
 from mnist_dp.utils.errors import UserError
 

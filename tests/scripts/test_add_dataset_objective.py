@@ -6,7 +6,7 @@ import sys
 import pytest
 from conftest import REPO
 
-from mnist_dp.orchestration.assets import load_asset_module
+from mnist_dp.assets import load_asset_module
 from mnist_dp.utils.errors import UserError
 
 SCRIPT = REPO / "scripts" / "add_dataset_objective.py"

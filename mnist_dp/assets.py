@@ -5,7 +5,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 ASSETS = REPO / "assets"
 DATASET_ASSET = ASSETS / "dataset"
 OBJECTIVE_ASSET = ASSETS / "objective"

@@ -3,7 +3,7 @@ import json
 import pytest
 from conftest import ALGO_ASSETS, FRAMEWORKS
 
-from mnist_dp.learning import hyperparameters
+from mnist_dp import hyperparameters
 from mnist_dp.utils.errors import UserError
 
 

@@ -45,8 +45,6 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from mnist_dp.learning.features import FEATURES
-from mnist_dp.privacy.events import MAX_NOISE_MULTIPLIER
 from mnist_dp.utils import json_input
 from mnist_dp.utils.errors import UserError
 from mnist_dp.utils.options import MAX_SEED
@@ -90,6 +88,10 @@ MAX_EPOCHS = 10_000
 MAX_EPSILON = 100.0
 MAX_STEP_SIZE = 1_000.0  # learning_rate, clip_learning_rate
 MAX_NORM = 1e30  # max_grad_norm, clip_count_stddev: beyond it the noise (σ ≤ 1,000 times it) would overflow float32
+# The most noise a user may ask: a step at σ = 1000 spends ε < 0.01 at any q, and RDP's numerics fail above ~3e4
+# (q = 1e-3). The least is privacy.events.MIN_NOISE_MULTIPLIER, where the accountant's numerics stop.
+MAX_NOISE_MULTIPLIER = 1000.0
+FEATURES = ("pixels", "scattering")  # what the network is given (learning/features.py)
 NETWORKS = ("cnn", "linear")
 ACTIVATIONS = ("tanh", "relu")
 OPTIMIZERS = ("sgd", "adam")
