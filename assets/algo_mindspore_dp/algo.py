@@ -408,7 +408,7 @@ class MindSporeMindArmour:
         average = MovingAverage(net.trainable_params(), hp.ema_decay) if hp.ema_decay else None
         net.set_train(True)
         images, labels = as_input(images), labels.astype(np.int32)
-        canaries = step.with_canaries if step.canaries else None  # the white-box audit's only
+        canaries = step.canary_hook  # the white-box audit's only
         dp_step = make_dp_step(net, optimizer, plan.expected_batch_size, step.randomness, canaries) if hp.dp else None
         plain_step = None if hp.dp else make_plain_step(net, optimizer)
         batch_sizes = []
@@ -416,7 +416,7 @@ class MindSporeMindArmour:
             if hp.dp:
                 unclipped = dp_step(images, labels, batch, step.clip.value,
                                     step.noise.gradient_sigma(len(batch_sizes)))
-                step.clip.update(unclipped, len(batch))
+                step.clip.update(unclipped, len(batch))  # adaptive clipping's count (a no-op otherwise)
             else:
                 plain_step(images, labels, batch)
             if average is not None:

@@ -340,7 +340,7 @@ class TensorFlowPrivacy:
         images = as_input(images)
         if hp.dp:
             dp_step = make_dp_step(model, optimizer, plan.expected_batch_size, noise_generator(step.randomness),
-                                   step.with_canaries if step.canaries else None)
+                                   step.canary_hook)
         else:
             plain_step = make_plain_step(model, optimizer)
         batch_sizes = []
@@ -349,8 +349,7 @@ class TensorFlowPrivacy:
             if hp.dp:
                 unclipped = dp_step(x, y, tf.constant(step.clip.value, tf.float32),
                                     tf.constant(step.noise.gradient_sigma(len(batch_sizes)), tf.float32))
-                if step.clip.adaptive:
-                    step.clip.update(int(unclipped), len(batch))
+                step.clip.update(int(unclipped), len(batch))  # adaptive clipping's count (a no-op otherwise)
             else:
                 plain_step(x, y)
             batch_sizes.append(len(batch))

@@ -228,6 +228,62 @@ def has_torchcsprng() -> bool:
     return importlib.util.find_spec("torchcsprng") is not None
 
 
+def secure_generator(secure_mode: bool, randomness) -> torch.Generator:
+    """The noise's generator. Opacus' full secure_mode draws the noise from torchcsprng (no torch 2.x release);
+    without it, secure_mode keeps Opacus' floating-point-attack-resistant sampling on the run's own generator."""
+    if secure_mode and has_torchcsprng():
+        from opacus import PrivacyEngine
+
+        return PrivacyEngine(secure_mode=True).secure_rng  # torchcsprng's /dev/urandom generator
+    if secure_mode:
+        skeleton.log.warning("secure_mode without torchcsprng: float-attack-resistant noise from a generator seeded "
+                             "with 256 fresh bits, but PyTorch's is not a CSPRNG")
+    return noise_generator(randomness)
+
+
+def make_dp_step(model, optimizer, expected_batch_size, generator, secure_mode, sample_rate, with_canaries=None):
+    """One DP-SGD step `step(x, y, C, σ)`: clip each example's gradient to C, sum, add N(0, σ²C²) drawn from
+    `generator`, divide by E[B] (Opacus' optimizer). Returns how many examples had a gradient norm ≤ C (adaptive
+    clipping's count, before noise), and Opacus' own PRV accountant, which follows the steps. `with_canaries`: the
+    white-box audit's DpStep.with_canaries, called between the clipping and the noise."""
+    from opacus.accountants import PRVAccountant
+    from opacus.optimizers import DPOptimizerFastGradientClipping
+
+    optimizer = DPOptimizerFastGradientClipping(optimizer, noise_multiplier=1.0, max_grad_norm=1.0,
+                                                expected_batch_size=expected_batch_size, generator=generator,
+                                                secure_mode=secure_mode)
+    accountant = PRVAccountant()  # Opacus' own figure, beside ours in the statement
+    optimizer.attach_step_hook(accountant.get_optimizer_hook_fn(sample_rate=sample_rate))
+
+    def step(x: torch.Tensor, y: torch.Tensor, max_grad_norm: float, noise_multiplier: float) -> int:
+        optimizer.zero_grad()
+        optimizer.noise_multiplier, optimizer.max_grad_norm = noise_multiplier, max_grad_norm
+        unclipped = 0
+        if len(x):  # p.grad holds the clipped sum
+            unclipped = int((clip_and_sum(model, x, y, max_grad_norm) <= max_grad_norm).sum())
+        else:  # an empty Poisson batch: nothing to clip, the noise alone
+            for param in model.parameters():
+                param.grad = torch.zeros_like(param)
+        if with_canaries is not None:
+            params = list(model.parameters())
+            for param, summed in zip(params, with_canaries([p.grad.numpy() for p in params])):
+                param.grad = torch.from_numpy(summed)
+        optimizer.step()  # adds the noise and divides by the expected batch size
+        return unclipped
+
+    return step, accountant
+
+
+def make_plain_step(model, optimizer):
+    """The non-private step: mean loss over the batch, plain gradients."""
+    def step(x: torch.Tensor, y: torch.Tensor) -> None:
+        optimizer.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        optimizer.step()
+
+    return step
+
+
 def new_optimizer(model, hp):
     if hp.optimizer == "adam":
         return torch.optim.Adam(model.parameters(), lr=hp.learning_rate)
@@ -292,56 +348,27 @@ class TorchOpacus:
         inputs, targets = as_tensor(images), torch.from_numpy(labels)
         optimizer = new_optimizer(model, hp)
         average = EMA(model, hp.ema_decay)
-        accountant = None
         if hp.dp:
-            from opacus.accountants import PRVAccountant
-            from opacus.optimizers import DPOptimizerFastGradientClipping
-
-            # Opacus' full secure_mode draws the noise from torchcsprng (no torch 2.x release); without it,
-            # secure_mode keeps Opacus' floating-point-attack-resistant noise sampling on our generator.
-            if hp.secure_mode and has_torchcsprng():
-                from opacus import PrivacyEngine
-
-                generator = PrivacyEngine(secure_mode=True).secure_rng  # torchcsprng's /dev/urandom generator
-            else:
-                generator = noise_generator(step.randomness)
-                if hp.secure_mode:
-                    skeleton.log.warning("secure_mode without torchcsprng: float-attack-resistant noise from a "
-                                         "generator seeded with 256 fresh bits, but PyTorch's is not a CSPRNG")
-            # p.grad holds the clipped sum; the optimizer adds N(0, (σC)²) and divides by the expected batch size.
-            optimizer = DPOptimizerFastGradientClipping(
-                optimizer, noise_multiplier=step.noise.sigma, max_grad_norm=hp.max_grad_norm,
-                expected_batch_size=plan.expected_batch_size, generator=generator, secure_mode=hp.secure_mode)
-            accountant = PRVAccountant()  # Opacus' own figure, beside ours in the statement
-            optimizer.attach_step_hook(accountant.get_optimizer_hook_fn(sample_rate=plan.sample_rate))
-
+            dp_step, accountant = make_dp_step(model, optimizer, plan.expected_batch_size,
+                                               secure_generator(hp.secure_mode, step.randomness), hp.secure_mode,
+                                               plan.sample_rate, step.canary_hook)
+        else:
+            plain_step = make_plain_step(model, optimizer)
         model.train()
         batch_sizes = []
         for batch in batches:
             index = torch.from_numpy(batch)
-            optimizer.zero_grad()
-            if not hp.dp:
-                F.cross_entropy(model(inputs[index]), targets[index]).backward()
-            else:  # the schedule's σ and the clipping norm of this step
-                optimizer.noise_multiplier = step.noise.gradient_sigma(len(batch_sizes))
-                optimizer.max_grad_norm = step.clip.value
-                if len(batch):
-                    norms = clip_and_sum(model, inputs[index], targets[index], step.clip.value)
-                else:  # an empty Poisson batch: nothing to clip, the noise alone
-                    for param in model.parameters():
-                        param.grad = torch.zeros_like(param)
-                if step.clip.adaptive:  # the count of unclipped examples, read only when it is needed
-                    step.clip.update(int((norms <= step.clip.value).sum()) if len(batch) else 0, len(batch))
-                if step.canaries is not None:  # benchmarks/audit.py --white-box only: its canaries, before the noise
-                    params = list(model.parameters())
-                    for param, summed in zip(params, step.with_canaries([p.grad.numpy() for p in params])):
-                        param.grad = torch.from_numpy(summed)
-            optimizer.step()
+            if hp.dp:  # the schedule's σ and the clipping norm of this step
+                unclipped = dp_step(inputs[index], targets[index], step.clip.value,
+                                    step.noise.gradient_sigma(len(batch_sizes)))
+                step.clip.update(unclipped, len(batch))  # adaptive clipping's count (a no-op otherwise)
+            else:
+                plain_step(inputs[index], targets[index])
             average.update(model)
             batch_sizes.append(len(batch))
         average.copy_to(model)
         library = {}
-        if accountant is not None and step.library_can_account:
+        if hp.dp and step.library_can_account:
             library["Opacus PRV (this run only)"] = accountant.get_epsilon(hp.delta)
         return interface.Ran(batch_sizes, library)
 

@@ -11,8 +11,8 @@ from typing import Protocol
 
 import numpy as np
 
+from mnist_dp import hyperparameters as hp_file
 from mnist_dp.learning import features as feature_maps
-from mnist_dp.learning import hyperparameters as hp_file
 from mnist_dp.privacy import budget
 from mnist_dp.privacy.budget import SamplingPlan
 from mnist_dp.privacy.events import NoiseSchedule
@@ -128,6 +128,11 @@ class DpStep:
         """This step's clipped sum (numpy arrays in the order of the framework's `weight_arrays`) with the audit's
         canaries added, before the noise."""
         return self.canaries.before_noise(clipped_sum, self.clip.value)
+
+    @property
+    def canary_hook(self):
+        """`with_canaries` when the audit set canaries, else None: what a framework's make_dp_step takes."""
+        return self.with_canaries if self.canaries is not None else None
 
     @property
     def library_can_account(self) -> bool:
