@@ -130,9 +130,9 @@ def time_torch(algo, images, labels, hp, plan, steps, network):
         def step(x, y):
             optimizer.zero_grad()
             if mode.startswith("book-keeping"):  # the algo's: clipped sum in p.grad, then the noise
-                algo.clip_and_sum(model, algo.as_tensor(x), torch.from_numpy(y), hp.max_grad_norm)
+                algo.clip_and_sum(model, algo.as_input(x), torch.from_numpy(y), hp.max_grad_norm)
             else:
-                criterion(model(algo.as_tensor(x)), torch.from_numpy(y)).backward()
+                criterion(model(algo.as_input(x)), torch.from_numpy(y)).backward()
             optimizer.step()
         return step
 
@@ -152,7 +152,7 @@ def time_tf(algo, images, labels, hp, plan, steps, network):
     from tensorflow_privacy.privacy.fast_gradient_clipping import clip_grads
 
     def run(make_step, batches):
-        model = algo.build_model(0, network)
+        model = algo.build_network(network)
         step = make_step(model, tf.keras.optimizers.SGD(hp.learning_rate, momentum=hp.momentum))
         return (lambda x, y: step(tf.constant(algo.as_input(x)), tf.constant(y))), batches
 

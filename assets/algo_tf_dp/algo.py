@@ -44,7 +44,7 @@ HYPERPARAMETERS = Path(__file__).with_name("hyperparameters.json")
 
 # --- 1. The network -------------------------------------------------------------------------------------------------
 
-def build_model(seed, network):
+def build_network(network, seed=0):
     """The network `network` names (the same as the other algos'): the TF Privacy tutorial CNN (26,010
     parameters) on pixels; on scattering features Tramèr & Boneh's ScatterNet CNN with a linear shortcut (72,756)
     or a linear classifier (zero weights at the start, as in every framework)."""
@@ -315,7 +315,7 @@ def model_to_bytes(model) -> bytes:
 
 def model_from_bytes(weights: bytes, network):
     """The network `network` names with the weights of `model_to_bytes` (no pickle)."""
-    model = build_model(0, network)
+    model = build_network(network)
     with np.load(io.BytesIO(weights), allow_pickle=False) as arrays:
         model.set_weights([arrays[f"arr_{i}"] for i in range(len(arrays.files))])
     return model
@@ -327,7 +327,7 @@ class TensorFlowPrivacy:
     name = "tf"
 
     def new_model(self, seed, network):
-        return build_model(seed, network)
+        return build_network(network, seed)
 
     # Model I/O is section 3's (weights that are not Keras weights: see skeleton.load_weights).
     load_model = staticmethod(model_from_bytes)

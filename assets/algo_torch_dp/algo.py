@@ -290,7 +290,7 @@ def new_optimizer(model, hp):
     return torch.optim.SGD(model.parameters(), lr=hp.learning_rate, momentum=hp.momentum)
 
 
-class EMA:
+class MovingAverage:
     """An exponential moving average of the weights (decay 0: none), taken after every step and saved in
     their place: post-processing of the DP iterates, so free in privacy."""
 
@@ -312,7 +312,7 @@ class EMA:
 
 # --- 3. Model I/O: inputs as the network takes them, weights as bytes -----------------------------------------------
 
-def as_tensor(inputs):
+def as_input(inputs):
     """Inputs as the network takes them: images [N, 28, 28] get their channel axis, features stay [N, 3969]."""
     return torch.from_numpy(inputs[:, None] if inputs.ndim == 3 else inputs)
 
@@ -345,9 +345,9 @@ class TorchOpacus:
     dump_model = staticmethod(model_to_bytes)
 
     def fit(self, model, images, labels, hp, plan, step, batches):
-        inputs, targets = as_tensor(images), torch.from_numpy(labels)
+        inputs, targets = as_input(images), torch.from_numpy(labels)
         optimizer = new_optimizer(model, hp)
-        average = EMA(model, hp.ema_decay)
+        average = MovingAverage(model, hp.ema_decay)
         if hp.dp:
             dp_step, accountant = make_dp_step(model, optimizer, plan.expected_batch_size,
                                                secure_generator(hp.secure_mode, step.randomness), hp.secure_mode,
@@ -382,7 +382,7 @@ class TorchOpacus:
     def batch_logits(self, model, images):
         model.eval()
         with torch.no_grad():
-            return model(as_tensor(images)).numpy()
+            return model(as_input(images)).numpy()
 
 
 FRAMEWORK = TorchOpacus()
