@@ -15,6 +15,7 @@ import logging
 import math
 import os
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 # Before MindSpore is imported: quiet its C++ log; protobuf's pure-Python implementation (docs/design.md).
@@ -30,8 +31,10 @@ try:
 except ModuleNotFoundError:  # run from the repository: make the shared package importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from mnist_dp.hyperparameters import Hyperparameters
 from mnist_dp.learning import chunks, features, interface, skeleton
 from mnist_dp.learning.interface import GROUP_SIZE, MNIST_MEAN, MNIST_STD, NORM_EPS
+from mnist_dp.privacy.budget import SamplingPlan
 
 HYPERPARAMETERS = Path(__file__).with_name("hyperparameters.json")
 ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
@@ -395,7 +398,7 @@ class MindSporeMindArmour:
     # GRAPH mode compiles once per input shape: 1000 cuts a test set of 10,000 images into equal batches.
     predict_batch_size = 1000
 
-    def new_model(self, seed, network):
+    def new_model(self, seed: int, network: interface.Network) -> nn.Cell:
         ms.set_seed(seed)
         return build_network(network)
 
@@ -403,7 +406,8 @@ class MindSporeMindArmour:
     load_model = staticmethod(model_from_bytes)
     dump_model = staticmethod(model_to_bytes)
 
-    def fit(self, net, images, labels, hp, plan, step, batches):
+    def fit(self, net: nn.Cell, images: np.ndarray, labels: np.ndarray, hp: Hyperparameters, plan: SamplingPlan,
+            step: interface.DpStep, batches: Iterable[np.ndarray]) -> interface.Ran:
         optimizer = new_optimizer(net, hp)
         average = MovingAverage(net.trainable_params(), hp.ema_decay) if hp.ema_decay else None
         net.set_train(True)
@@ -431,15 +435,15 @@ class MindSporeMindArmour:
                 plan.n, plan.sample_rate, step.noise.sigma, len(batch_sizes), hp.delta)
         return interface.Ran(batch_sizes, library)
 
-    def weight_arrays(self, net):
+    def weight_arrays(self, net: nn.Cell) -> list[np.ndarray]:
         return [p.asnumpy() for p in net.get_parameters()]
 
-    def set_weight_arrays(self, net, arrays):
+    def set_weight_arrays(self, net: nn.Cell, arrays: list[np.ndarray]) -> nn.Cell:
         for parameter, array in zip(net.get_parameters(), arrays):
             parameter.set_data(ms.Tensor(array))
         return net
 
-    def batch_logits(self, net, images):
+    def batch_logits(self, net: nn.Cell, images: np.ndarray) -> np.ndarray:
         net.set_train(False)
         return net(ms.Tensor(as_input(images))).asnumpy()
 

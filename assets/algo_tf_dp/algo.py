@@ -18,6 +18,7 @@ import io
 import logging
 import os
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 # Before TensorFlow is imported: quiet its C++ start-up log, and protobuf's pure-Python
@@ -33,9 +34,11 @@ try:
 except ModuleNotFoundError:  # run from the repository: make the shared package importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from mnist_dp.hyperparameters import Hyperparameters
 from mnist_dp.learning import features, interface, skeleton
 from mnist_dp.learning.interface import GROUP_SIZE, MNIST_MEAN, MNIST_STD, NORM_EPS
 from mnist_dp.privacy import budget
+from mnist_dp.privacy.budget import SamplingPlan
 from mnist_dp.utils.errors import UserError
 
 tf.get_logger().setLevel(logging.ERROR)
@@ -326,14 +329,15 @@ def model_from_bytes(weights: bytes, network):
 class TensorFlowPrivacy:
     name = "tf"
 
-    def new_model(self, seed, network):
+    def new_model(self, seed: int, network: interface.Network) -> tf.keras.Model:
         return build_network(network, seed)
 
     # Model I/O is section 3's (weights that are not Keras weights: see skeleton.load_weights).
     load_model = staticmethod(model_from_bytes)
     dump_model = staticmethod(model_to_bytes)
 
-    def fit(self, model, images, labels, hp, plan, step, batches):
+    def fit(self, model: tf.keras.Model, images: np.ndarray, labels: np.ndarray, hp: Hyperparameters,
+            plan: SamplingPlan, step: interface.DpStep, batches: Iterable[np.ndarray]) -> interface.Ran:
         if hp.dp and hp.secure_mode:  # check_run refuses it first; skeleton.fit may be called without it (tests)
             raise UserError(f"secure_mode: {budget.NO_SECURE_MODE[self.name]}")
         optimizer = new_optimizer(hp)
@@ -361,14 +365,14 @@ class TensorFlowPrivacy:
                 plan.n, plan.expected_batch_size, len(batch_sizes) / plan.steps_per_epoch, step.noise.sigma, hp.delta)
         return interface.Ran(batch_sizes, library)
 
-    def weight_arrays(self, model):
+    def weight_arrays(self, model: tf.keras.Model) -> list[np.ndarray]:
         return model.get_weights()
 
-    def set_weight_arrays(self, model, arrays):
+    def set_weight_arrays(self, model: tf.keras.Model, arrays: list[np.ndarray]) -> tf.keras.Model:
         model.set_weights(arrays)
         return model
 
-    def batch_logits(self, model, images):
+    def batch_logits(self, model: tf.keras.Model, images: np.ndarray) -> np.ndarray:
         return model(as_input(images), training=False).numpy()
 
 

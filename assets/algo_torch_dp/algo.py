@@ -11,10 +11,12 @@ import os
 import struct
 import sys
 import warnings
+from collections.abc import Iterable
 from pathlib import Path
 
 os.environ.setdefault("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "python")  # see docs/design.md: before any framework
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -24,8 +26,10 @@ try:
 except ModuleNotFoundError:  # run from the repository: make the shared package importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from mnist_dp.hyperparameters import Hyperparameters
 from mnist_dp.learning import features, interface, skeleton
 from mnist_dp.learning.interface import MNIST_MEAN, MNIST_STD
+from mnist_dp.privacy.budget import SamplingPlan
 
 HYPERPARAMETERS = Path(__file__).with_name("hyperparameters.json")
 
@@ -336,7 +340,7 @@ def model_from_bytes(weights: bytes, network):
 class TorchOpacus:
     name = "torch"
 
-    def new_model(self, seed, network):
+    def new_model(self, seed: int, network: interface.Network) -> nn.Module:
         torch.manual_seed(seed)
         return build_network(network)
 
@@ -344,7 +348,8 @@ class TorchOpacus:
     load_model = staticmethod(model_from_bytes)
     dump_model = staticmethod(model_to_bytes)
 
-    def fit(self, model, images, labels, hp, plan, step, batches):
+    def fit(self, model: nn.Module, images: np.ndarray, labels: np.ndarray, hp: Hyperparameters, plan: SamplingPlan,
+            step: interface.DpStep, batches: Iterable[np.ndarray]) -> interface.Ran:
         inputs, targets = as_input(images), torch.from_numpy(labels)
         optimizer = new_optimizer(model, hp)
         average = MovingAverage(model, hp.ema_decay)
@@ -372,14 +377,14 @@ class TorchOpacus:
             library["Opacus PRV (this run only)"] = accountant.get_epsilon(hp.delta)
         return interface.Ran(batch_sizes, library)
 
-    def weight_arrays(self, model):
+    def weight_arrays(self, model: nn.Module) -> list[np.ndarray]:
         return [t.detach().numpy().copy() for t in model.state_dict().values()]
 
-    def set_weight_arrays(self, model, arrays):
+    def set_weight_arrays(self, model: nn.Module, arrays: list[np.ndarray]) -> nn.Module:
         model.load_state_dict({name: torch.from_numpy(a) for name, a in zip(model.state_dict(), arrays)})
         return model
 
-    def batch_logits(self, model, images):
+    def batch_logits(self, model: nn.Module, images: np.ndarray) -> np.ndarray:
         model.eval()
         with torch.no_grad():
             return model(as_input(images)).numpy()
