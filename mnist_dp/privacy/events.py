@@ -17,16 +17,11 @@ from mnist_dp.utils.errors import UserError
 PER_EXAMPLE = "per-example"
 NO_CLIPPING = "none"  # the non-private baseline
 CLIPPING_UNITS = (PER_EXAMPLE, NO_CLIPPING)  # the only ones the accountant's sensitivity (C per example) covers
-# A decaying noise schedule lowers σ at each quarter of the planned steps: few distinct σ keep PLD accounting
-# fast (one σ per epoch made calibrating σ take 80 s for 30 epochs).
+# A decaying noise schedule lowers σ at each quarter of the planned steps: few distinct σ keep PLD fast.
 NOISE_STAGES = 4
-# The least effective noise multiplier of any step (gradient noise, decay and adaptive clipping's count together)
-# that a run may have. PLD's privacy-loss grid grows as 1/σ²: one ε took (2 cores, q from 1e-6 to 1, 1 to 1,000
-# steps) at most 2 s at σ = 1, 8 s at 0.3, 23 s at 0.2, 74 s at 0.1; at 0.07 its numerics failed ("deltas are not
-# in non-increasing order"), at 0.01 it ran for minutes, at 1e-6 it asked for 9 PiB; and a budget or a calibration
-# takes up to ~20 of them. Settings below it are refused before anything runs, rather than accounted by a
-# fallback (RDP, which over-estimates): a single step at σ = 0.3 already spends ε ≥ 5.7 (q = 1e-3) to 19 (q = 1),
-# so nothing worth protecting is lost, and every ε reported stays the PLD figure.
+# The least effective noise multiplier of any step (gradient noise, decay and adaptive clipping's count together):
+# below it PLD's grid (∝ 1/σ²) takes minutes or fails, and one step already spends ε ≥ 5.7. Measurements: design.md,
+# "Accounting rules".
 MIN_NOISE_MULTIPLIER = 0.3
 # The most is hyperparameters.MAX_NOISE_MULTIPLIER; a σ calibrated from a target lies between the two.
 
