@@ -67,10 +67,37 @@ def _code(code: dict | None) -> str:
     return f"ran {code['function']!r} from {where}"
 
 
-def privacy_statement(saved: ModelFile, per_organization: dict | None = None, train_scores: bool = False) -> str:
-    """Markdown: ε at δ (PLD reported, RDP beside it, each library's own figure), the neighbouring
-    relation, sampling, clipping, the runs behind it, the budget, ε per organisation, the threat model, what is
-    not covered. `train_scores`: the plan published accuracies on the training data (--score-train)."""
+MECHANISM = [
+    f"- Neighbouring datasets: {NEIGHBOURING_RELATION}.",
+    f"- Sampling: {SAMPLING}, as the accountant assumes.",
+    "- Mechanism: DP-SGD; each step adds Gaussian noise of standard deviation σ·C to the sum of clipped "
+    "gradients; the accountant composes PoissonSampled(Gaussian(σ)) over the steps really run (with a "
+    "decaying noise schedule, each block of steps at its own σ; with adaptive clipping, the noisy count of "
+    "unclipped examples released at each step is part of that step's Gaussian mechanism, Andrew et al. 2021).",
+]
+
+
+def shared_assumptions(federated: bool) -> str:
+    """What holds for every model's statement, said once in a report: the relation, the mechanism, the threat model
+    (across organisations too when `federated`), the accounting unit and what ε does not cover."""
+    return "\n".join([*MECHANISM, THREAT_MODEL, *([FEDERATED_THREAT_MODEL] if federated else []),
+                      "- Accounting unit: " + SHARED_EXAMPLES, "- Not covered: " + "; ".join(NOT_COVERED) + "."])
+
+
+def is_federated(saved: ModelFile) -> bool:
+    """Whether the model holds several organisations' runs (several identity keys) or is an average."""
+    return len(saved.ledger.keys()) > 1 or bool(saved.hyperparameters.get(AGGREGATED))
+
+
+def privacy_statement(saved: ModelFile, per_organization: dict | None = None, train_scores: bool = False,
+                      assumptions: bool = True) -> str:
+    """Markdown. First a card: ε at δ and the accountant, what is covered, what is flagged. Then the details: RDP
+    and each library's own figure, the runs behind it, the budget, ε per organisation, the noise's source; then,
+    unless `assumptions` is False (a report that says them once, `shared_assumptions`), the neighbouring relation,
+    the mechanism, the threat model and what is not covered.
+
+    `per_organization`: {organisation: its ε}, as a report computed it; `train_scores`: the plan published
+    accuracies on the training data (--score-train)."""
     ledger, hp = saved.ledger, saved.hyperparameters
     delta = hp["delta"]
     if not any(e.is_private for e in ledger.events):
@@ -78,23 +105,24 @@ def privacy_statement(saved: ModelFile, per_organization: dict | None = None, tr
                 "ε = ∞. It must not leave the organisations that hold its training data.")
     epsilon = ledger.epsilon(delta, REPORTED_ACCOUNTANT)
     keys = ledger.keys()
+    flagged = ([f"**replayable noise** ({REPLAYABLE_WARNING})"] if any(e.replayable_noise for e in ledger.events)
+               else []) + (["**training-data accuracy published** (--score-train): not covered by ε"]
+                           if train_scores else [])
     lines = [
-        f"**(ε, δ) = ({epsilon:.3f}, {delta:g})** by {ACCOUNTANT_NAMES[REPORTED_ACCOUNTANT]} (reported); "
-        f"{ACCOUNTANT_NAMES['rdp']}: ε = {ledger.epsilon(delta, 'rdp'):.3f}. "
-        "It is the worst case over every example whose influence is in these weights, whichever organisation "
-        "holds it (the unit: one organisation's record).",
+        f"**(ε, δ) = ({epsilon:.3f}, {delta:g})** by {ACCOUNTANT_NAMES[REPORTED_ACCOUNTANT]} (reported), the worst "
+        "case over every example whose influence is in these weights, whichever organisation holds it (the unit: "
+        "one organisation's record).",
+        f"- Covered: the {len(ledger.events)} training run(s) and {sum(e.steps for e in ledger.events):,} steps "
+        "listed below, on the data samples they name.",
+        f"- Flagged: {'; '.join(flagged) if flagged else 'nothing'}.",
+        "",
+        f"- {ACCOUNTANT_NAMES['rdp']}: ε = {ledger.epsilon(delta, 'rdp'):.3f}, beside it (a looser bound).",
         *([f"- An individual whose records every organisation here holds (under each of the {len(keys)} identity "
            f"keys): ε = {ledger.epsilon_in_every_organization(delta, REPORTED_ACCOUNTANT):.3f}, every run composed."]
           if len(keys) > 1 else []),
         *([f"- **Replayable noise**: {REPLAYABLE_WARNING}."] if any(e.replayable_noise for e in ledger.events)
           else []),
         *([TRAIN_SCORES] if train_scores else []),
-        f"- Neighbouring datasets: {NEIGHBOURING_RELATION}.",
-        f"- Sampling: {SAMPLING}, as the accountant assumes.",
-        "- Mechanism: DP-SGD; each step adds Gaussian noise of standard deviation σ·C to the sum of clipped "
-        "gradients; the accountant composes PoissonSampled(Gaussian(σ)) over the steps really run (with a "
-        "decaying noise schedule, each block of steps at its own σ; with adaptive clipping, the noisy count of "
-        "unclipped examples released at each step is part of that step's Gaussian mechanism, Andrew et al. 2021).",
         "- Training runs in the ledger (in order):",
     ]
     for i, e in enumerate(ledger.events, 1):
@@ -146,9 +174,6 @@ def privacy_statement(saved: ModelFile, per_organization: dict | None = None, tr
                  + f"; secure_mode (floating-point-attack-resistant noise): {secure}.")
     lines.append("- Covered: every training step recorded above, on the data samples it names (by keyed identity); "
                  "the initialisation is data-independent (seeded) and costs nothing.")
-    lines.append(THREAT_MODEL)
-    if len(keys) > 1 or averaged:
-        lines.append(FEDERATED_THREAT_MODEL)
-    lines.append("- Accounting unit: " + SHARED_EXAMPLES)
-    lines.append("- Not covered: " + "; ".join(NOT_COVERED) + ".")
+    if assumptions:
+        lines.append(shared_assumptions(is_federated(saved)))
     return "\n".join(lines)

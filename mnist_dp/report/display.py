@@ -146,11 +146,16 @@ def write_summary(path: Path, title: str, facts: list, records: list, performanc
     if plot:
         lines += [f"![test accuracy and ε]({plot.name})", ""]
     lines += ["## Privacy statements", ""]
-    for record in _last_record_per_run(records):
-        saved = model_file.load(record.model_file, record.framework)
+    models = [(record, model_file.load(record.model_file, record.framework))
+              for record in _last_record_per_run(records)]
+    for record, saved in models:
         by_org = record.epsilon_by_organization if len(record.epsilon_by_organization) > 1 else None
         scored_train = any(r.train_accuracy is not None for r in records if r.run == record.run)
-        lines += [f"### {record.run}", "", statement.privacy_statement(saved, by_org, scored_train), ""]
+        lines += [f"### {record.run}", "", statement.privacy_statement(saved, by_org, scored_train, assumptions=False),
+                  ""]
+    if any(any(e.is_private for e in saved.ledger.events) for _, saved in models):
+        lines += ["### What every statement above assumes", "",
+                  statement.shared_assumptions(any(statement.is_federated(saved) for _, saved in models)), ""]
     lines += ["## Performances as recorded by Substra (`get_performances`)", "",
               markdown_table(*performance_table(performances)), ""]
     atomic.write_text(path, "\n".join(lines))

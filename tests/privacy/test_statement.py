@@ -99,3 +99,15 @@ def test_two_organisations_keys_give_the_worst_organisation_and_the_individual_i
     assert (f"Per organisation (identity key id; the worst ε of its examples): 0123456789abcdef: "
             f"{accountant.compose_epsilon([small], 1e-4):.3f}, fedcba9876543210: {worst:.3f}") in text
     assert "Across organisations: the other organisations and the aggregator are adversaries too" in text
+
+
+def test_the_statement_opens_with_a_card_and_leaves_the_shared_assumptions_to_the_report_when_asked():
+    model = saved([EVENT])
+    card = statement.privacy_statement(model, train_scores=True).split("\n\n")[0].splitlines()
+    assert card[0].startswith(f"**(ε, δ) = ({model.ledger.epsilon(1e-4):.3f}, 0.0001)** by PLD")
+    assert card[1] == "- Covered: the 1 training run(s) and 5 steps listed below, on the data samples they name."
+    assert card[2] == "- Flagged: **training-data accuracy published** (--score-train): not covered by ε."
+    assert len(card) == 3 and "- Flagged: nothing." in statement.privacy_statement(model)
+    alone, in_a_report = statement.privacy_statement(model), statement.privacy_statement(model, assumptions=False)
+    assert statement.THREAT_MODEL in alone and statement.THREAT_MODEL not in in_a_report
+    assert alone == in_a_report + "\n" + statement.shared_assumptions(federated=False)

@@ -5,6 +5,7 @@ from dataclasses import replace
 import pandas as pd
 from conftest import ledger_event, save_model
 
+from mnist_dp.privacy import statement
 from mnist_dp.report import display
 from mnist_dp.report.results import Record
 
@@ -69,6 +70,9 @@ def test_reports_are_written(tmp_path):
     assert "- Per organisation (the worst ε of the examples it holds): Org1: 1.500, Org2: 1.500" in summary
     assert "Opacus PRV (this run only): ε = 1.490" in summary and "**Not private**" in summary
     assert "max_epsilon = 2 at δ = 1e-05; training stopped after 10 of 20 planned steps" in summary
+    # what holds for every model is said once per report, after the statements
+    assert summary.count(statement.THREAT_MODEL) == 1 and summary.count("- Not covered: ") == 1
+    assert summary.index("### What every statement above assumes") > summary.index("### torch\n")
 
 
 def test_the_trade_off_panel_puts_each_private_model_at_its_epsilon_and_each_baseline_as_a_line():
