@@ -26,6 +26,19 @@ TINY_HYPERPARAMETERS = {"epochs": 1, "batch_size": 64, "noise_multiplier": 1.0, 
                         "delta": 1e-4}
 
 
+# The fast loop, `python -m pytest tests -m "not slow"` (a few minutes), runs everything that needs no training, no
+# Substra function and no Docker: these folders hold nothing else, and a test elsewhere that does is marked itself.
+SLOW_FOLDERS = ("assets", "federated", "scripts", "benchmarks")
+SLOW_MODULES = ("test_dockerfile.py",)
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        where = Path(item.fspath).relative_to(REPO / "tests").parts
+        if where[0] in SLOW_FOLDERS or where[-1] in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session")
 def docker_daemon():
     """A Docker daemon to build and run the functions' images. Where none answers the test is skipped
