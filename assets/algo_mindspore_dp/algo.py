@@ -54,8 +54,7 @@ class PatchConv2d(nn.Conv2d):
         self.batch_matmul, self.bias_add = ops.BatchMatMul(), ops.BiasAdd()
 
     def patches(self, x):
-        """[B, C, H, W] -> [B, C·kh·kw, H'·W']: the input under each output position; the order inside a
-        patch is the kernel's (C, kh, kw), so the kernel matrix is the weight reshaped."""
+        """[B, C, H, W] -> [B, C·kh·kw, H'·W']: each output position's input, in the weight's (C, kh, kw) order."""
         return ops.unfold(x, self.kernel_size, 1, self.padding, self.stride)
 
     def pre_activation(self, patches):
@@ -157,8 +156,7 @@ def build_network(network):
 # --- 2. The DP step: exact per-example clipping in GRAPH mode, MindArmour's noise, the optimizer --------------------
 
 def import_mindarmour():
-    """MindArmour 2.0 warns (and sleeps 1 s) at import: it predates MindSpore 2.9, which runs its noise and monitor
-    fine (tests check the noise). The warning is kept off the user's screen."""
+    """MindArmour 2.0 warns (and sleeps 1 s) at import, predating MindSpore 2.9, which runs it fine: kept quiet."""
     previous = logging.root.manager.disable
     logging.disable(logging.WARNING)
     try:
@@ -335,8 +333,7 @@ def new_optimizer(net, hp):
 
 
 class MovingAverage(nn.Cell):
-    """An exponential moving average of the weights after every step, put in the net at the end (`copy_to`):
-    post-processing of the DP iterates, free in privacy."""
+    """A moving average of the weights after every step, put in the net by `copy_to`: post-processing, free."""
 
     def __init__(self, params, decay):
         super().__init__(auto_prefix=False)
@@ -355,8 +352,7 @@ class MovingAverage(nn.Cell):
 
 
 def mindarmour_epsilon(n, sample_rate, noise_multiplier, steps, delta):
-    """MindArmour's RDPMonitor figure for this run, from its accountant once for all steps (its step_end callback
-    counts one extra step per print); its sparse list of RDP orders puts it above our RDP figure."""
+    """MindArmour's RDPMonitor figure for this run, once for all steps (its step_end miscounts): above our RDP's."""
     _, RDPMonitor = import_mindarmour()
     batch = max(1, round(n * sample_rate))
     if batch >= n:
