@@ -37,6 +37,32 @@ def pytest_collection_modifyitems(items):
         where = Path(item.fspath).relative_to(REPO / "tests").parts
         if where[0] in SLOW_FOLDERS or where[-1] in SLOW_MODULES:
             item.add_marker(pytest.mark.slow)
+    for group, members in shared_runs(items).items():
+        for item in members:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+def shared_runs(items):
+    """The tests run in parallel (pytest-xdist, `-n auto --dist loadgroup` in pyproject.toml). Tests that share
+    a module-scoped fixture (a training run, a plan), directly or through another test, must go to one worker,
+    so that the run is made once: this groups them, each group named by its first fixture."""
+    group_of = {}  # a fixture, with its parameter, -> the group that holds it
+    groups = {}  # group name -> its tests
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        shared = [f"{item.module.__name__}:{name}={callspec.params.get(name, '') if callspec else ''}"
+                  for name, definitions in item._fixtureinfo.name2fixturedefs.items()
+                  if definitions[-1].scope == "module"]
+        if not shared:
+            continue
+        names = {group_of.get(fixture, fixture) for fixture in shared}
+        name = min(names)
+        groups[name] = [item, *(member for other in names for member in groups.pop(other, []))]
+        for fixture, group in list(group_of.items()):
+            if group in names:
+                group_of[fixture] = name
+        group_of.update(dict.fromkeys(shared, name))
+    return groups
 
 
 @pytest.fixture(scope="session")
