@@ -43,7 +43,7 @@ from mnist_dp.assets import ALGO_ASSETS, load_asset_module
 from mnist_dp.data import sources
 from mnist_dp.learning import skeleton
 from mnist_dp.learning.interface import Network, flat_weights
-from mnist_dp.privacy import audit, budget
+from mnist_dp.privacy import audit, planning
 from mnist_dp.privacy.ledger import Ledger
 from mnist_dp.utils import atomic, json_input, options
 from mnist_dp.utils.errors import UserError, run_cli
@@ -73,7 +73,8 @@ def audit_hyperparameters(framework, args, epsilon, changes):
 
 
 def claimed_epsilon(framework, hp, plan, result):
-    return Ledger([budget.dp_event(framework, ("audit",), hp, plan, result)]).epsilon(hp.delta)
+    return Ledger([planning.run_event(framework, ("audit",), hp, plan, result.noise_multiplier, result.steps,
+                                              ran=result)]).epsilon(hp.delta)
 
 
 def white_box_run(framework, algo, args, epsilon, noise_scale):
@@ -83,8 +84,8 @@ def white_box_run(framework, algo, args, epsilon, noise_scale):
     hp = audit_hyperparameters(framework, args, epsilon, {
         "epochs": args.steps, "batch_size": args.train_size, "optimizer": "sgd", "momentum": 0.0, "ema_decay": 0.0,
         "clip_quantile": None, "noise_decay": 1.0, "dp": True})  # q = 1: one step an epoch
-    plan = budget.check_run(framework, hp, len(labels), "the audit's options")
-    sigma = budget.resolve_noise_multiplier(hp, plan, [])
+    plan = planning.check_run(framework, hp, len(labels), "the audit's options")
+    sigma = planning.resolve_noise_multiplier(hp, plan, [])
     model = algo.FRAMEWORK.new_model(hp.seed, Network.of(hp))
     shapes = [a.shape for a in algo.FRAMEWORK.weight_arrays(model)]
     m = sum(int(np.prod(s)) for s in shapes)

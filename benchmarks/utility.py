@@ -38,7 +38,7 @@ from mnist_dp import hyperparameters as hp_file
 from mnist_dp.assets import ALGO_ASSETS, load_asset_module
 from mnist_dp.data import sources
 from mnist_dp.learning import features, skeleton
-from mnist_dp.privacy import budget
+from mnist_dp.privacy import planning
 from mnist_dp.privacy.ledger import Ledger
 from mnist_dp.utils import atomic, json_input, options
 from mnist_dp.utils.errors import UserError, run_cli
@@ -118,7 +118,8 @@ def run_point(framework, dataset, epsilon, seed, changes, validation):
         "delta": DELTA, "seed": seed, "noise_seed": seed, "dp": dp, "secure_mode": False}, "the benchmark's settings"))
     run = skeleton.fit_from_scratch(algo.FRAMEWORK, train_x, train_y, hp, "utility")
     predicted = skeleton.predicted_labels(algo.FRAMEWORK, run.model, test_x, run.network)
-    event = budget.dp_event(framework, (dataset,), hp, run.plan, run.result)
+    event = planning.run_event(framework, (dataset,), hp, run.plan, run.result.noise_multiplier, run.result.steps,
+                                ran=run.result)
     return {"accuracy": float(np.mean(predicted == test_y)), "epsilon": Ledger([event]).epsilon(DELTA),
             "sigma": run.sigma, "steps": run.result.steps, "seconds": round(run.seconds, 1),
             "hyperparameters": hp.to_json()}

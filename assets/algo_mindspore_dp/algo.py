@@ -34,7 +34,7 @@ except ModuleNotFoundError:  # run from the repository: make the shared package 
 from mnist_dp.hyperparameters import Hyperparameters
 from mnist_dp.learning import chunks, features, interface, skeleton
 from mnist_dp.learning.interface import GROUP_SIZE, MNIST_MEAN, MNIST_STD, NORM_EPS
-from mnist_dp.privacy.budget import SamplingPlan
+from mnist_dp.privacy.planning import SamplingPlan
 
 HYPERPARAMETERS = Path(__file__).with_name("hyperparameters.json")
 ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")

@@ -29,7 +29,7 @@ except ModuleNotFoundError:  # run from the repository: make the shared package 
 from mnist_dp.hyperparameters import Hyperparameters
 from mnist_dp.learning import features, interface, skeleton
 from mnist_dp.learning.interface import MNIST_MEAN, MNIST_STD
-from mnist_dp.privacy.budget import SamplingPlan
+from mnist_dp.privacy.planning import SamplingPlan
 
 HYPERPARAMETERS = Path(__file__).with_name("hyperparameters.json")
 

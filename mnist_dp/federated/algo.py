@@ -35,7 +35,7 @@ from mnist_dp.assets import ALGO_ASSETS, load_asset_module
 from mnist_dp.federated.strategy import LedgerSharedState, received_ledger
 from mnist_dp.learning import skeleton
 from mnist_dp.learning.interface import Network
-from mnist_dp.privacy import budget, model_file, provenance
+from mnist_dp.privacy import model_file, planning, provenance
 from mnist_dp.privacy.ledger import Ledger
 from mnist_dp.utils import atomic, json_input
 from mnist_dp.utils.errors import UserError
@@ -132,10 +132,10 @@ class DpTraining:
         return LedgerSharedState(n_samples=n, parameters_update=update, ledger=self.ledger.to_json())
 
     def _hyperparameters_for_rounds(self, n: int) -> hp_file.Hyperparameters:
-        """The hyperparameters with σ fixed for every run of this organisation (budget.noise_for_rounds): calibrated
+        """The hyperparameters with σ fixed for every run of this organisation (planning.noise_for_rounds): calibrated
         by its first train task, then read from the local state (the same σ, without the accountant's search)."""
         if self.settings is None:
-            return budget.noise_for_rounds(self.hp, [n], self.rounds)
+            return planning.noise_for_rounds(self.hp, [n], self.rounds)
         return hp_file.parse({**self.hp.to_json(), "noise_multiplier": self.settings["noise_multiplier"],
                               "target_epsilon": None}, "local state") if self.hp.dp else self.hp
 

@@ -13,10 +13,10 @@ import numpy as np
 
 from mnist_dp import hyperparameters as hp_file
 from mnist_dp.learning import features as feature_maps
-from mnist_dp.privacy import budget
-from mnist_dp.privacy.budget import SamplingPlan
+from mnist_dp.privacy import planning
 from mnist_dp.privacy.events import NoiseSchedule
 from mnist_dp.privacy.model_file import ModelFile
+from mnist_dp.privacy.planning import SamplingPlan
 from mnist_dp.privacy.randomness import RunRandomness
 
 # The network's input normalisation (MNIST's pixel mean and std), the first layer of every framework's CNN.
@@ -153,7 +153,7 @@ class ClipNorm:
         self.value = float(hp.max_grad_norm)
         self.adaptive = hp.dp and hp.clip_quantile is not None
         self.quantile, self.rate = hp.clip_quantile, hp.clip_learning_rate
-        self.stddev = budget.count_stddev(hp, plan)
+        self.stddev = planning.count_stddev(hp, plan)
         self.expected_batch_size = plan.expected_batch_size
         self.rng = randomness.numpy("count noise")
         self.secure = hp.secure_mode

@@ -4,7 +4,7 @@ An asset supplies only a `Framework` (interface.py: model, weights (de)serialisa
 what it ran, the logits of one batch); the rest lives here, once: the Poisson batches of the sampling plan,
 the DP step's noise and clipping, where the noise's randomness comes from (randomness.py), loading and checking
 models, and the task functions train, aggregate and predict. What a run may spend (q, steps, σ, the budget,
-the DP event) is decided by budget.py, which `train` asks once.
+the DP event) is decided in privacy/ (planning.py, budget.py), which `train` asks once.
 """
 from __future__ import annotations
 
@@ -22,10 +22,10 @@ import numpy as np
 from mnist_dp import hyperparameters as hp_file
 from mnist_dp.learning import predictions
 from mnist_dp.learning.interface import PREDICT_BATCH_SIZE, ClipNorm, DpStep, EpochCallback, Framework, Network
-from mnist_dp.privacy import budget, model_file, provenance
-from mnist_dp.privacy.budget import SamplingPlan
+from mnist_dp.privacy import budget, model_file, planning, provenance, statement
 from mnist_dp.privacy.events import NO_CLIPPING, PER_EXAMPLE
 from mnist_dp.privacy.ledger import Ledger, merge, own_runs
+from mnist_dp.privacy.planning import SamplingPlan
 from mnist_dp.privacy.randomness import REPLAYABLE_WARNING, RunRandomness
 from mnist_dp.utils import atomic, timing
 from mnist_dp.utils.errors import UserError, run_cli
@@ -86,7 +86,7 @@ def fit(framework: Framework, model, images: np.ndarray, labels: np.ndarray, hp:
     inputs = Network.of(hp).inputs(images)
     timing.mark("features")  # fixed features: the scattering transform of every image (nothing for pixels)
     added = sigma if canaries is None else sigma * canaries.noise_scale
-    step = DpStep(budget.noise_schedule(hp, plan, added), ClipNorm(hp, plan, randomness), randomness, canaries)
+    step = DpStep(planning.noise_schedule(hp, plan, added), ClipNorm(hp, plan, randomness), randomness, canaries)
     batches = sampled_batches(plan, hp, randomness, on_epoch, framework.name)
     if through is not None:
         batches = through(batches, plan)
@@ -131,8 +131,8 @@ def fit_from_scratch(framework: Framework, images: np.ndarray, labels: np.ndarra
                      where: str) -> Trained:
     """A train task's work without Substra: the checks, σ (calibrated when hp asks), a new model, `fit` (fresh
     noise unless hp.noise_seed)."""
-    plan = budget.check_run(framework.name, hp, len(labels), where)
-    sigma = budget.resolve_noise_multiplier(hp, plan, [])
+    plan = planning.check_run(framework.name, hp, len(labels), where)
+    sigma = planning.resolve_noise_multiplier(hp, plan, [])
     network = Network.of(hp)
     model = framework.new_model(hp.seed, network)
     start = time.perf_counter()
@@ -188,7 +188,7 @@ def train(framework: Framework, inputs: dict, outputs: dict, hyperparameters_pat
     summary it logged."""
     timing.begin_task("train", framework=framework.name)
     check_outputs_writable(outputs)
-    # 1. Data, and what it may spend (budget.py: q, steps, σ, budget, over the earlier runs of its examples).
+    # 1. Data, and what it may spend (privacy/: q, steps, σ, budget, over the earlier runs of its examples).
     data = inputs["datasamples"]
     hp = hp_file.load(hyperparameters_path)
     plan = check_data(framework, data, hp, str(hyperparameters_path))
@@ -202,28 +202,28 @@ def train(framework: Framework, inputs: dict, outputs: dict, hyperparameters_pat
                                   f"nothing was saved; lower learning_rate or max_grad_norm in {hyperparameters_path}")
     if result is None:  # the budget of this data is spent: nothing trained, nothing was added to the ledger
         model_file.copy(inputs["model"], outputs["model"])
-        summary = budget.privacy_summary(ledger, hp.delta)
+        summary = statement.privacy_summary(ledger, hp.delta)
         _save_epsilon(outputs["epsilon"], summary["epsilon"])
         timing.end_task("saving", dp=hp.dp)
         return summary
     # 5. Save the model with its ledger, and ε.
     model_file.save(outputs["model"], model_file.ModelFile(framework.name, framework.dump_model(model), ledger,
                                                            run_settings(run)))
-    summary = budget.privacy_summary(ledger, hp.delta)
+    summary = statement.privacy_summary(ledger, hp.delta)
     summary["library_epsilon"] = result.library_epsilon
     _save_epsilon(outputs["epsilon"], summary["epsilon"])
     log.info("trained %d steps, q=%.4g, sigma=%.4g: %s", result.steps, result.sample_rate, result.noise_multiplier,
-             budget.describe(summary))
+             statement.describe(summary))
     timing.end_task("saving", dp=hp.dp)
     return summary
 
 
 def check_data(framework: Framework, data: dict, hp: hp_file.Hyperparameters, where: str) -> SamplingPlan:
     """The opener's data (`get_data`'s dict) refused if it holds copies of an example (trained twice, it would be
-    accounted once), else the sampling plan of a run of `hp` on it (budget.check_run's checks)."""
+    accounted once), else the sampling plan of a run of `hp` on it (planning.check_run's checks)."""
     if data.get("copies"):
         raise UserError(data["copies"])
-    return budget.check_run(framework.name, hp, len(data["labels"]), where)
+    return planning.check_run(framework.name, hp, len(data["labels"]), where)
 
 
 def train_in_memory(framework: Framework, model, ledger: Ledger, data: dict, hp: hp_file.Hyperparameters,
@@ -286,7 +286,7 @@ def aggregate(framework: Framework, inputs: dict, outputs: dict, hyperparameters
             [s.hyperparameters for s in saved], [run.run_id if run else None for run in added], examples,
             provenance.running_code(Path(hyperparameters_path).parent, "aggregate"))))
     log.info("averaged %d models weighted by %s examples: %s", len(saved), examples,
-             budget.describe(budget.privacy_summary(ledger, saved[0].hyperparameters["delta"])))
+             statement.describe(statement.privacy_summary(ledger, saved[0].hyperparameters["delta"])))
     timing.end_task("saving", dp=saved[0].hyperparameters.get("dp"))
 
 

@@ -1,7 +1,8 @@
 """The accountant: ε from DP events, by Google's ``dp_accounting``, and σ calibrated to a target.
 
 PLD is the reported figure, RDP is shown beside it. Steps of equal (q, σ), whichever run took them, are
-composed as one self-composition. δ is explicit and below 1/n (check_delta).
+composed as one self-composition. Mathematics only: a target no σ meets is a NoSigma carrying its numbers, which
+the callers that know the hyperparameters (planning.py) put in a user's words.
 """
 from __future__ import annotations
 
@@ -11,11 +12,11 @@ import math
 from collections.abc import Sequence
 
 import dp_accounting
-from dp_accounting import mechanism_calibration, pld, rdp
+from dp_accounting import pld, rdp
+from scipy import optimize
 
 from mnist_dp.hyperparameters import MAX_NOISE_MULTIPLIER
 from mnist_dp.privacy.events import MIN_NOISE_MULTIPLIER, DpEvent, NoiseSchedule
-from mnist_dp.utils.errors import UserError
 
 ACCOUNTANTS = ("pld", "rdp")
 REPORTED_ACCOUNTANT = "pld"
@@ -27,15 +28,10 @@ SAMPLING = "Poisson (each example joins each batch independently with probabilit
 NEIGHBOURING_RELATION = "add or remove one example"
 
 
-def dp_sgd_event(segments) -> dp_accounting.DpEvent:
-    """The dp_accounting event of DP-SGD steps given as (q, σ, steps) segments: Poisson-sampled Gaussians composed
-    in sequence. Composition is commutative, so the steps of equal q and σ, whichever run took them, are one
-    self-composition: the same mechanism, accounted once (federated rounds repeat the same run many times)."""
-    return _poisson_gaussians(_counts(segments))
-
-
 def _counts(segments) -> tuple:
-    """((q, σ), steps) of every distinct (q, σ) among `segments`, in a fixed order."""
+    """((q, σ), steps) of every distinct (q, σ) among the (q, σ, steps) `segments`, in a fixed order. Composition is
+    commutative, so the steps of equal q and σ, whichever run took them, are one self-composition: the same
+    mechanism, accounted once (federated rounds repeat the same run many times)."""
     counts = {}
     for sample_rate, sigma, steps in segments:
         counts[sample_rate, sigma] = counts.get((sample_rate, sigma), 0) + steps
@@ -43,6 +39,7 @@ def _counts(segments) -> tuple:
 
 
 def _poisson_gaussians(counts: tuple) -> dp_accounting.DpEvent:
+    """The dp_accounting event of DP-SGD steps: Poisson-sampled Gaussians, composed in sequence."""
     parts = [dp_accounting.SelfComposedDpEvent(
         dp_accounting.PoissonSampledDpEvent(sample_rate, dp_accounting.GaussianDpEvent(sigma)), count)
         for (sample_rate, sigma), count in counts]
@@ -69,20 +66,11 @@ def compose_epsilon(events: Sequence[DpEvent], delta: float, accountant: str = R
 @functools.lru_cache(maxsize=256)
 def _epsilon(counts: tuple, delta: float, accountant: str) -> float:
     """ε of the steps `counts` (from `_counts`): remembered, since the organisations of a federated ledger
-    usually have equal accounts, and a report asks for each one's ε again."""
+    usually have equal accounts, a report asks for each one's ε again, and a calibration for the σ it tried."""
     acc = _new_accountant(accountant)
     acc.compose(_poisson_gaussians(counts))
     return float(acc.get_epsilon(delta))
 
-
-
-def check_delta(delta: float, n: int, where: str = "delta") -> None:
-    """δ must be explicit, positive and below 1/n (else 'release one example at random' is (0, δ)-DP)."""
-    if not isinstance(delta, (int, float)) or not 0 < delta < 1.0 / n:
-        raise UserError(
-            f"{where} = {delta} must be > 0 and < 1/n = {1.0 / n:.3g} for n = {n} training examples; "
-            "choose a smaller delta"
-        )
 
 
 def steps_within_budget(prior_events: Sequence[DpEvent], next_run: DpEvent, delta: float, max_epsilon: float) -> int:
@@ -100,6 +88,49 @@ def steps_within_budget(prior_events: Sequence[DpEvent], next_run: DpEvent, delt
     return low
 
 
+class NoSigma(Exception):
+    """No σ up to MAX_NOISE_MULTIPLIER meets the target: each subclass says why, with the numbers that show it.
+    Words for the user come from the caller, who knows which setting to change (privacy/plan.py)."""
+
+    def __str__(self) -> str:
+        return repr(self)
+
+
+@dataclasses.dataclass
+class PriorNotPrivate(NoSigma):
+    """An earlier run on the data was not private: ε is already infinite."""
+
+
+@dataclasses.dataclass
+class PriorSpent(NoSigma):
+    """The earlier runs on the data already spend `epsilon` ≥ the target."""
+    epsilon: float
+
+
+@dataclasses.dataclass
+class DecayTooSteep(NoSigma):
+    """Keeping every step's noise multiplier at MIN_NOISE_MULTIPLIER or more needs σ = `least` in the first steps."""
+    least: float
+
+
+@dataclasses.dataclass
+class CountAloneSpends(NoSigma):
+    """Adaptive clipping's noisy count alone (infinite gradient noise) spends `epsilon` ≥ the target."""
+    epsilon: float
+
+
+@dataclasses.dataclass
+class TooManySteps(NoSigma):
+    """Even σ = MAX_NOISE_MULTIPLIER spends `epsilon` > the target over the run's steps."""
+    epsilon: float
+
+
+@dataclasses.dataclass
+class NumericsGaveUp(NoSigma):
+    """dp_accounting's search failed (`detail`: its exception)."""
+    detail: str
+
+
 def calibrate_noise_multiplier(
     target_epsilon: float,
     delta: float,
@@ -110,65 +141,65 @@ def calibrate_noise_multiplier(
     schedule: NoiseSchedule = NoiseSchedule(1.0),
     repeats: int = 1,
 ) -> float:
-    """Smallest σ (within `tol`, rounded up; none that gives a step less than MIN_NOISE_MULTIPLIER) such that
-    prior_events + this run stay within ε at δ (PLD). σ is the gradient noise of the first steps; the rest of
-    `schedule` (decay, count noise) is kept. `repeats`: the run is repeated that many times (rounds of training on
-    the same data)."""
-    prior = [segment for e in prior_events for segment in e.segments()]
-    if any(not e.is_private for e in prior_events):
-        raise UserError("cannot calibrate to a target epsilon: the input model was trained without DP (epsilon = inf)")
-    floor = compose_epsilon(prior_events, delta) if prior_events else 0.0
-    if floor >= target_epsilon:
-        raise UserError(
-            f"target_epsilon = {target_epsilon} is already spent by the input model (epsilon = {floor:.3f}); "
-            "raise the target or train from scratch"
-        )
+    """The smallest σ (within `tol`, rounded up) that keeps ε at δ (PLD) within `target_epsilon`, or a NoSigma.
 
-    def make_event(sigma: float) -> dp_accounting.DpEvent:
-        run = [(sample_rate, effective, count) for effective, count in schedule.with_sigma(sigma).segments(steps)]
-        return dp_sgd_event(prior + run * repeats)
+    target_epsilon, delta: the budget. sample_rate, steps: the run's Poisson rate q and its steps. prior_events: the
+    earlier runs on the same data, composed first. tol: the precision of σ. schedule: the run's noise, whose σ
+    (the gradient noise of the first steps) is calibrated, its decay and count noise kept. repeats: the run is
+    repeated that many times (rounds of training on the same data). No step gets less than MIN_NOISE_MULTIPLIER.
+    """
+    segments = _segments_at(sample_rate, steps, schedule, prior_events, repeats)
+    least = _least_meeting(target_epsilon, delta, segments, schedule, steps, prior_events)
 
-    def pld_epsilon(sigma: float) -> float:
-        return pld.PLDAccountant().compose(make_event(sigma)).get_epsilon(delta)
+    def epsilon(accountant: str):  # _epsilon remembers: the search asks again for σ it tried (a bracket's ends)
+        return lambda sigma: _epsilon(_counts(segments(sigma)), delta, accountant)
 
     try:
-        least = least_sigma(schedule, steps)
-        if least > MAX_NOISE_MULTIPLIER:  # budget.check_noise names the setting to change
-            raise ValueError(f"the noise schedule needs σ = {least:.3g} for every step to have at least "
-                             f"{MIN_NOISE_MULTIPLIER}, more than {MAX_NOISE_MULTIPLIER:g}")
-        check_target_reachable(target_epsilon, delta, sample_rate, steps, schedule, prior_events, repeats)
-        return _calibrate(make_event, pld_epsilon, target_epsilon, delta, tol, least, MAX_NOISE_MULTIPLIER)
-    except (ValueError, ArithmeticError, RuntimeError, mechanism_calibration.NoBracketIntervalFoundError,
-            mechanism_calibration.NoOptimumFoundError) as exc:  # dp_accounting's numerics gave up
-        raise UserError(f"target_epsilon = {target_epsilon}: no noise multiplier found for it at δ = {delta:g} "
-                        f"with q = {sample_rate:.4g} over {steps} steps ({type(exc).__name__}: {exc}); "
-                        "give noise_multiplier instead, or a smaller target_epsilon") from None
+        return _calibrate(epsilon("pld"), epsilon("rdp"), target_epsilon, tol, least, MAX_NOISE_MULTIPLIER)
+    except (ValueError, ArithmeticError, RuntimeError) as exc:
+        raise NumericsGaveUp(f"{type(exc).__name__}: {exc}") from None
 
 
-def check_target_reachable(target_epsilon: float, delta: float, sample_rate: float, steps: int,
-                           schedule: NoiseSchedule, prior_events: Sequence[DpEvent] = (), repeats: int = 1,
-                           where: str = "") -> None:
-    """Refuse a target that no σ up to MAX_NOISE_MULTIPLIER meets (PLD; `prior_events` and `repeats` runs of `steps`
-    steps included): adaptive clipping's noisy count alone spends it (the gradient's noise only adds to a step's ε),
-    or the run has too many steps for it. `schedule` must pass budget.check_noise."""
-    prior = [segment for e in prior_events for segment in e.segments()]
+def noise_range(target_epsilon: float, delta: float, sample_rate: float, steps: int, schedule: NoiseSchedule,
+                prior_events: Sequence[DpEvent] = (), repeats: int = 1) -> float:
+    """The least σ a calibration may return (least_sigma), after checking that some σ up to MAX_NOISE_MULTIPLIER
+    meets the target; else the NoSigma that says why. The arguments are calibrate_noise_multiplier's: this is its
+    first part, for a caller that checks a target before it calibrates (in another process)."""
+    return _least_meeting(target_epsilon, delta, _segments_at(sample_rate, steps, schedule, prior_events, repeats),
+                          schedule, steps, prior_events)
+
+
+def _least_meeting(target_epsilon: float, delta: float, segments, schedule: NoiseSchedule, steps: int,
+                   prior_events: Sequence[DpEvent]) -> float:
+    if any(not e.is_private for e in prior_events):
+        raise PriorNotPrivate()
+    spent_before = compose_epsilon(prior_events, delta) if prior_events else 0.0
+    if spent_before >= target_epsilon:
+        raise PriorSpent(spent_before)
+    least = least_sigma(schedule, steps)
+    if least > MAX_NOISE_MULTIPLIER:
+        raise DecayTooSteep(least)
 
     def spent(sigma: float) -> float:
-        run = [(sample_rate, effective, count) for effective, count in schedule.with_sigma(sigma).segments(steps)]
-        return _epsilon(_counts(prior + run * repeats), delta, REPORTED_ACCOUNTANT)
+        return _epsilon(_counts(segments(sigma)), delta, REPORTED_ACCOUNTANT)
 
-    most = spent(MAX_NOISE_MULTIPLIER)
-    if most <= target_epsilon:
-        return
-    prefix = f"{where}: target_epsilon = {target_epsilon}" if where else f"target_epsilon = {target_epsilon}"
-    over = f"at δ = {delta:g} over {steps * repeats} steps{' after the input model' if prior_events else ''}"
-    if schedule.count_noise_multiplier and spent(math.inf) >= target_epsilon:  # σ = inf: the count's noise alone
-        raise UserError(f"{prefix}: adaptive clipping's noisy count alone spends ε = {spent(math.inf):.3f} {over}, so "
-                        "no gradient noise can meet the target; raise clip_count_stddev (the count's noise) or "
-                        "target_epsilon, or set clip_quantile to null")
-    raise UserError(f"{prefix}: even noise_multiplier = {MAX_NOISE_MULTIPLIER:g}, the most allowed, spends "
-                    f"ε = {most:.3g} {over}; raise target_epsilon{' or noise_decay' if schedule.decay_steps else ''}, "
-                    "or train fewer epochs")
+    if spent(MAX_NOISE_MULTIPLIER) > target_epsilon:
+        if schedule.count_noise_multiplier and spent(math.inf) >= target_epsilon:  # σ = inf: the count's noise alone
+            raise CountAloneSpends(spent(math.inf))
+        raise TooManySteps(spent(MAX_NOISE_MULTIPLIER))
+    return least
+
+
+def _segments_at(sample_rate: float, steps: int, schedule: NoiseSchedule, prior_events: Sequence[DpEvent],
+                 repeats: int):
+    """σ -> the (q, σ, steps) segments of `prior_events`, then of `repeats` runs of `steps` steps at gradient noise
+    σ (`schedule`'s decay and count noise kept): what a calibration composes for each σ it tries."""
+    prior = [segment for e in prior_events for segment in e.segments()]
+
+    def segments(sigma: float) -> list:
+        return prior + [(sample_rate, effective, count)
+                        for effective, count in schedule.with_sigma(sigma).segments(steps)] * repeats
+    return segments
 
 
 def least_sigma(schedule: NoiseSchedule, steps: int) -> float:
@@ -182,34 +213,45 @@ def least_sigma(schedule: NoiseSchedule, steps: int) -> float:
     return room ** -0.5 / schedule.with_sigma(1.0).gradient_sigma(steps - 1) * (1 + 1e-9)
 
 
-def _calibrate(make_event, pld_epsilon, target_epsilon: float, delta: float, tol: float, least: float,
-               most: float) -> float:
+def _calibrate(pld_epsilon, rdp_epsilon, target_epsilon: float, tol: float, least: float, most: float) -> float:
     # σ is searched in [least, most] (the floors of every step's noise and the ceiling; PLD meets the target at
-    # `most`: check_target_reachable). When `least` meets it, it is the answer: ε below the target, never above. PLD
-    # is slow for small σ, so bracket it with RDP first: RDP over-estimates ε, hence the RDP-calibrated σ is an
-    # upper end for PLD.
-    def rdp_epsilon(sigma: float) -> float:
-        return rdp.RdpAccountant().compose(make_event(sigma)).get_epsilon(delta)
-
+    # `most`: noise_range). When `least` meets it, it is the answer: ε below the target, never above. PLD is slow
+    # for small σ, so bracket it with RDP first: RDP over-estimates ε, hence the RDP-calibrated σ is an upper end
+    # for PLD.
     if rdp_epsilon(least) <= target_epsilon and pld_epsilon(least) <= target_epsilon:
         return round(math.ceil(least / tol) * tol, 6)
     upper = most  # where only PLD's figure meets the target below the ceiling (the count's noise comes close)
     if rdp_epsilon(most) <= target_epsilon:
-        upper = min(most, dp_accounting.calibrate_dp_mechanism(
-            rdp.RdpAccountant, make_event, target_epsilon, delta, dp_accounting.ExplicitBracketInterval(least, most),
-            tol=tol) + tol)
+        upper = min(most, _root(rdp_epsilon, target_epsilon, least, most, tol) + tol)
     lower = max(upper / 2, least)
     while pld_epsilon(lower) <= target_epsilon:
         if lower == least:
             return round(math.ceil(least / tol) * tol, 6)
         upper, lower = lower, max(lower / 2, least)
-    sigma = dp_accounting.calibrate_dp_mechanism(
-        pld.PLDAccountant, make_event, target_epsilon, delta, dp_accounting.ExplicitBracketInterval(lower, upper),
-        tol=tol
-    )
+    sigma = _root(pld_epsilon, target_epsilon, lower, upper, tol)
     # Brent's method lands within tol of the optimum on either side: step up until the budget holds (at `most` it
     # does).
     sigma = math.ceil(sigma / tol) * tol
     while sigma < most and pld_epsilon(sigma) > target_epsilon:
         sigma += tol
     return round(min(sigma, most), 6)
+
+
+def _root(epsilon, target_epsilon: float, lower: float, upper: float, tol: float) -> float:
+    """σ in [lower, upper] where `epsilon` meets the target, within `tol` on the side where it holds: the search of
+    dp_accounting.calibrate_dp_mechanism over an explicit bracket (Brent's method), on an `epsilon` that
+    remembers its figures."""
+    def gap(sigma: float) -> float:
+        return epsilon(sigma) - target_epsilon
+
+    root, result = optimize.brentq(gap, lower, upper, xtol=tol, full_output=True)
+    if not result.converged:
+        raise ArithmeticError(f"Brent's method did not converge in [{lower}, {upper}]")
+    if gap(root) > 0:
+        if gap(root + tol) < 0:
+            root += tol
+        elif gap(root - tol) < 0:
+            root -= tol
+        else:
+            raise ArithmeticError(f"no σ within {tol} of {root} meets the target")
+    return root

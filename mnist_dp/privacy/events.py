@@ -151,7 +151,7 @@ class DpEvent:
             problems.append(f"decay_steps {self.decay_steps} but the schedule has {NOISE_STAGES} blocks of "
                             f"ceil(planned_steps / {NOISE_STAGES}) = {math.ceil(self.planned_steps / NOISE_STAGES)}")
         if self.is_private and self.schedule().smallest(self.steps) < MIN_NOISE_MULTIPLIER:
-            # No task trains so (check_noise), and the accountant could run for hours on it.
+            # No task trains so (planning.check_noise), and the accountant could run for hours on it.
             problems.append(f"a step's noise multiplier {self.schedule().smallest(self.steps):.3g} is below "
                             f"{MIN_NOISE_MULTIPLIER}, the least a train task allows")
         if problems:

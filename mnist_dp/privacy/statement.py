@@ -12,6 +12,7 @@ from mnist_dp.privacy.accountant import (
     SAMPLING,
     compose_epsilon,
 )
+from mnist_dp.privacy.ledger import Ledger
 from mnist_dp.privacy.model_file import AGGREGATED, ModelFile
 from mnist_dp.privacy.randomness import ENTROPY_BITS, REPLAYABLE_WARNING
 
@@ -177,3 +178,22 @@ def privacy_statement(saved: ModelFile, per_organization: dict | None = None, tr
     if assumptions:
         lines.append(shared_assumptions(is_federated(saved)))
     return "\n".join(lines)
+
+
+def privacy_summary(ledger: Ledger, delta: float) -> dict:
+    """The figures a task logs and a results record keeps: ε (PLD, reported), RDP beside it, δ, the accountant."""
+    return {
+        "epsilon": ledger.epsilon(delta, REPORTED_ACCOUNTANT),
+        "epsilon_rdp": ledger.epsilon(delta, "rdp"),
+        "delta": delta,
+        "accountant": ACCOUNTANT_NAMES[REPORTED_ACCOUNTANT],
+    }
+
+
+def describe(summary: dict) -> str:
+    """A privacy_summary in one line, with the DP library's own ε where the task added it."""
+    text = (f"ε = {summary['epsilon']:.3f} at δ = {summary['delta']:g} ({summary['accountant']}; "
+            f"RDP {summary['epsilon_rdp']:.3f})")
+    for name, value in summary.get("library_epsilon", {}).items():
+        text += f"; {name}: {value:.3f}"
+    return text

@@ -14,9 +14,9 @@ from mnist_dp.orchestration import execution
 from mnist_dp.orchestration.compute_plan import PlanBuilder
 from mnist_dp.privacy import model_file
 from mnist_dp.privacy.accountant import NEIGHBOURING_RELATION, SAMPLING
-from mnist_dp.privacy.budget import privacy_summary
 from mnist_dp.privacy.events import PER_EXAMPLE
 from mnist_dp.privacy.randomness import REPLAYABLE_WARNING
+from mnist_dp.privacy.statement import privacy_summary
 from mnist_dp.report import display
 
 

@@ -16,7 +16,7 @@ from scipy import stats
 from mnist_dp import hyperparameters
 from mnist_dp.assets import load_asset_module
 from mnist_dp.learning import interface, skeleton
-from mnist_dp.privacy import budget
+from mnist_dp.privacy import planning
 from mnist_dp.privacy.randomness import RunRandomness
 from mnist_dp.utils.errors import UserError
 
@@ -83,7 +83,7 @@ def make_hp(**changes):
 def fit(case, images, labels, sigma, dp=True, noise_seed=0, epochs=1, batch_size=None, secure_mode=False):
     hp = make_hp(epochs=epochs, batch_size=batch_size or len(labels), noise_seed=noise_seed, dp=dp,
                  secure_mode=secure_mode, **dataclasses.asdict(case.network))
-    plan = budget.SamplingPlan.from_hyperparameters(len(labels), hp, "test")
+    plan = planning.SamplingPlan.from_hyperparameters(len(labels), hp, "test")
     model = case.algo.new_model(0, case.network)
     before = interface.flat_weights(case.algo, model)
     result = skeleton.fit(case.algo, model, images, labels, hp, plan, sigma, lambda steps: "")
@@ -158,7 +158,7 @@ def test_noise_is_divided_by_the_expected_batch_size_not_the_realised_one(framew
     n, sigma = 16, 2.0
     images, labels = np.resize(IMAGES, (n, 28, 28)), np.resize(LABELS, n)
     hp = make_hp(batch_size=8)  # q = 1/2: E[B] = 8
-    plan = budget.SamplingPlan.from_hyperparameters(n, hp, "test")
+    plan = planning.SamplingPlan.from_hyperparameters(n, hp, "test")
     # A noise_seed whose first Poisson batch is far from E[B]: normalising by the realised size would be off by 37%+.
     noise_seed = next(seed for seed in range(100) if abs(len(first_batch(plan, hp, seed)) - 8) in (3, 4, 5, 6))
     clean, *_ = stepwise(framework, images, labels, sigma=0.0, batch_size=8, noise_seed=noise_seed)
@@ -180,7 +180,7 @@ def test_every_framework_trains_binomial_poisson_batches_exactly_the_planned_ste
     assert len(result.batch_sizes) == 320
     assert_binomial(result.batch_sizes, n, 1 / 8)
     hp = make_hp(batch_size=batch, epochs=40)
-    plan = budget.SamplingPlan.from_hyperparameters(n, hp, "test")
+    plan = planning.SamplingPlan.from_hyperparameters(n, hp, "test")
     drawn = skeleton.sampled_batches(plan, hp, RunRandomness.for_run(0), lambda steps: "", "t")
     assert result.batch_sizes == [len(b) for b in drawn]  # the shared sampler's batches are what trains
 
@@ -189,11 +189,11 @@ def stepwise(case, images, labels, sigma, clip_class=interface.ClipNorm, **chang
     """The framework's own `fit` on the skeleton's batches, the weights read before each batch is handed out:
     (the update of every step (learning rate 1: the weight change), the weight arrays' shapes, the clip, what ran)."""
     hp = make_hp(**{"batch_size": len(labels), **dataclasses.asdict(case.network), **changes})
-    plan = budget.SamplingPlan.from_hyperparameters(len(labels), hp, "test")
+    plan = planning.SamplingPlan.from_hyperparameters(len(labels), hp, "test")
     model = case.algo.new_model(0, case.network)
     randomness = RunRandomness.for_run(hp.noise_seed)
     clip = clip_class(hp, plan, randomness)
-    step = interface.DpStep(budget.noise_schedule(hp, plan, sigma), clip, randomness)
+    step = interface.DpStep(planning.noise_schedule(hp, plan, sigma), clip, randomness)
     weights = []
 
     def batches():
@@ -258,7 +258,7 @@ def test_adaptive_clipping_count_noise_has_its_standard_deviation(framework):
 
 def test_the_shared_sampler_draws_binomial_batch_sizes_and_fresh_batches():
     hp = make_hp(epochs=50, batch_size=25, noise_seed=3)
-    plan = budget.SamplingPlan.from_hyperparameters(500, hp, "t")  # q = 1/20, 1000 steps
+    plan = planning.SamplingPlan.from_hyperparameters(500, hp, "t")  # q = 1/20, 1000 steps
     batches = list(skeleton.sampled_batches(plan, hp, RunRandomness.for_run(3), lambda steps: "", "t"))
     assert len(batches) == 1000
     assert_binomial([len(b) for b in batches], 500, 1 / 20)
@@ -279,13 +279,13 @@ def assert_binomial(sizes, n, q):
 def test_every_utility_option_trains_and_the_ledger_records_what_changes_epsilon(framework):
     hp = make_hp(epochs=2, batch_size=4, optimizer="adam", learning_rate=0.01, ema_decay=0.5, noise_decay=0.5,
                  clip_quantile=0.5, **dataclasses.asdict(framework.network))
-    plan = budget.SamplingPlan.from_hyperparameters(len(LABELS), hp, "test")  # 2 steps per epoch, 4 planned
+    plan = planning.SamplingPlan.from_hyperparameters(len(LABELS), hp, "test")  # 2 steps per epoch, 4 planned
     model = framework.algo.new_model(0, framework.network)
     before = interface.flat_weights(framework.algo, model)
     result = skeleton.fit(framework.algo, model, IMAGES, LABELS, hp, plan, 1.0, lambda steps: "")
     after = interface.flat_weights(framework.algo, model)
     assert np.all(np.isfinite(after)) and not np.allclose(after, before)
-    event = budget.dp_event(framework.name, ("d",), hp, plan, result)
+    event = planning.run_event(framework.name, ("d",), hp, plan, result.noise_multiplier, result.steps, ran=result)
     assert (event.noise_decay, event.decay_steps) == (0.5, 1)  # σ halves at each quarter of the 4 steps
     assert event.count_noise_multiplier == pytest.approx(2 * plan.expected_batch_size / 20)
     assert result.library_epsilon == {}  # no library accounts for a schedule or a count: none is shown
@@ -299,7 +299,7 @@ def test_an_empty_poisson_batch_is_a_step_of_noise_alone_and_a_run_at_expected_b
     n, sigma = 16, 2.0
     images, labels = np.resize(IMAGES, (n, 28, 28)), np.resize(LABELS, n)
     hp = make_hp(batch_size=2, epochs=3)
-    plan = budget.SamplingPlan.from_hyperparameters(n, hp, "test")
+    plan = planning.SamplingPlan.from_hyperparameters(n, hp, "test")
     seed = next(s for s in range(100) if 0 in [len(b) for b in skeleton.sampled_batches(
         plan, make_hp(batch_size=2, epochs=3, noise_seed=s), RunRandomness.for_run(s), lambda steps: "", "t")][:-1])
     noisy, _, _, ran = stepwise(framework, images, labels, sigma=sigma, batch_size=2, epochs=3, noise_seed=seed)
@@ -314,7 +314,7 @@ def test_an_empty_poisson_batch_is_a_step_of_noise_alone_and_a_run_at_expected_b
 def test_secure_mode_draws_adaptive_clippings_count_noise_as_the_sum_of_four_over_two():
     hp, secure_hp = make_hp(clip_quantile=0.5, noise_seed=None), make_hp(clip_quantile=0.5, noise_seed=None,
                                                                          secure_mode=True)
-    plan = budget.SamplingPlan.from_hyperparameters(8, hp, "test")
+    plan = planning.SamplingPlan.from_hyperparameters(8, hp, "test")
     randomness = RunRandomness(12345)
     plain, secure = interface.ClipNorm(hp, plan, randomness), interface.ClipNorm(secure_hp, plan, randomness)
     draws = np.array([secure.count_noise() for _ in range(4000)])

@@ -8,7 +8,7 @@ from conftest import BASE_HP, dict_hp
 
 from mnist_dp import hyperparameters
 from mnist_dp.learning import interface, skeleton
-from mnist_dp.privacy import budget, events
+from mnist_dp.privacy import events, planning
 from mnist_dp.privacy.randomness import RunRandomness
 from mnist_dp.utils.errors import UserError
 
@@ -18,7 +18,7 @@ def test_batches_report_progress_once_per_epoch_without_a_terminal(dp):
     # pytest's output is no terminal, so the progress bar is disabled: the epoch callback (an ε
     # computation) must still run once per epoch, not at every step.
     hp = hyperparameters.parse({**BASE_HP, "epochs": 3, "dp": dp}, "x")
-    plan = budget.SamplingPlan.from_hyperparameters(1000, hp, "x")
+    plan = planning.SamplingPlan.from_hyperparameters(1000, hp, "x")
     calls = []
     batches = list(skeleton.sampled_batches(plan, hp, RunRandomness.fresh(), lambda steps: calls.append(steps) or "",
                                             "x"))
@@ -28,7 +28,7 @@ def test_batches_report_progress_once_per_epoch_without_a_terminal(dp):
 @pytest.mark.parametrize("unclipped, direction", [(50, -1), (0, 1)])
 def test_adaptive_clipping_moves_c_towards_the_quantile(unclipped, direction):
     hp = dict_hp(clip_quantile=0.5, clip_learning_rate=0.2, clip_count_stddev=0.01)
-    plan = budget.SamplingPlan.from_hyperparameters(1000, hp, "x")  # E[B] = 50
+    plan = planning.SamplingPlan.from_hyperparameters(1000, hp, "x")  # E[B] = 50
     clip = interface.ClipNorm(hp, plan, RunRandomness.fresh())
     clip.update(unclipped, 50)  # all unclipped: C too large, shrinks; all clipped: grows
     assert clip.value == pytest.approx(1.0 * math.exp(-0.2 * ((unclipped - 25) / 50 + 0.5 - 0.5)), rel=1e-3)
@@ -49,7 +49,7 @@ class ShortFramework:
 
 def test_a_framework_that_does_not_run_every_planned_step_is_refused():
     hp = dict_hp(epochs=1, batch_size=10)
-    plan = budget.SamplingPlan.from_hyperparameters(930, hp, "x")  # 93 steps: 1/(1/93) is 92.99999... in floats
+    plan = planning.SamplingPlan.from_hyperparameters(930, hp, "x")  # 93 steps: 1/(1/93) is 92.99999... in floats
     with pytest.raises(RuntimeError, match="ran 92 steps where the plan has 93"):
         skeleton.fit(ShortFramework(), None, np.zeros((930, 28, 28), np.float32), np.zeros(930, np.int64), hp, plan,
                      1.0, lambda steps: "")
@@ -69,7 +69,7 @@ class LibraryFigures:
 
 def test_a_library_epsilon_that_is_not_finite_is_dropped_with_a_warning():
     hp = dict_hp(epochs=1, batch_size=100)
-    plan = budget.SamplingPlan.from_hyperparameters(100, hp, "x")  # q = 1
+    plan = planning.SamplingPlan.from_hyperparameters(100, hp, "x")  # q = 1
     # On the skeleton's logger itself: substratools, run by earlier tests in this process, may stop propagation.
     records, handler = [], logging.Handler(logging.WARNING)
     handler.emit = records.append
@@ -84,7 +84,8 @@ def test_a_library_epsilon_that_is_not_finite_is_dropped_with_a_warning():
     assert result.library_epsilon == {"fine": 2.5}
     assert [r.getMessage().split(";")[0] for r in records] == [
         "torch: monitor gave epsilon = nan for this run", "torch: statement gave epsilon = inf for this run"]
-    event = budget.dp_event("torch", ("d",), hp, plan, result, code={"function": "train", "archive_digest": None})
+    event = planning.run_event("torch", ("d",), hp, plan, result.noise_multiplier, result.steps, ran=result,
+                               code={"function": "train", "archive_digest": None})
     assert events.DpEvent.from_json(event.to_json()) == event  # as a model file stores it: readable again
 
 

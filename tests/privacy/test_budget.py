@@ -1,4 +1,5 @@
-"""mnist_dp/privacy/budget.py: what a training run may spend (sampling plan, σ, schedule, budget, up-front checks)."""
+"""mnist_dp/privacy/planning.py and budget.py: what a training run may spend (sampling plan, σ, schedule, the
+up-front checks and their words, the budget)."""
 
 import dataclasses
 
@@ -6,36 +7,36 @@ import pytest
 from conftest import BASE_HP, dict_hp
 
 from mnist_dp import hyperparameters
-from mnist_dp.privacy import accountant, budget, events
+from mnist_dp.privacy import accountant, budget, events, planning
 from mnist_dp.utils.errors import UserError
 
 
 def test_sampling_plan_follows_opacus_convention():
-    plan = budget.SamplingPlan.from_hyperparameters(1001, hyperparameters.parse(BASE_HP, "x"), "x")
+    plan = planning.SamplingPlan.from_hyperparameters(1001, hyperparameters.parse(BASE_HP, "x"), "x")
     assert plan.steps_per_epoch == 21 and plan.sample_rate == pytest.approx(1 / 21) and plan.steps == 42
 
 
 def test_noise_for_rounds_keeps_every_organisation_within_the_target_after_the_last_round():
     hp = hyperparameters.parse(BASE_HP, "x")
     sizes, rounds = [1000, 600], 3
-    fixed = budget.noise_for_rounds(hp, sizes, rounds)
+    fixed = planning.noise_for_rounds(hp, sizes, rounds)
     assert fixed.target_epsilon is None and fixed.noise_multiplier > 0
     epsilons = []
     for n in sizes:
-        plan = budget.SamplingPlan.from_hyperparameters(n, hp, "x")
+        plan = planning.SamplingPlan.from_hyperparameters(n, hp, "x")
         event = events.DpEvent("torch", ("d",), n, plan.sample_rate, fixed.noise_multiplier, plan.steps,
                                 events.PER_EXAMPLE, 1.0)
         epsilons.append(accountant.compose_epsilon([event] * rounds, hp.delta))
     assert max(epsilons) <= hp.target_epsilon and max(epsilons) == pytest.approx(hp.target_epsilon, abs=0.02)
     # one round, a fixed σ or no DP: nothing to do (each task calibrates its own run)
-    assert budget.noise_for_rounds(hp, sizes, 1) is hp
+    assert planning.noise_for_rounds(hp, sizes, 1) is hp
     baseline = hyperparameters.parse({**BASE_HP, "dp": False}, "x")
-    assert budget.noise_for_rounds(baseline, sizes, 3) is baseline
+    assert planning.noise_for_rounds(baseline, sizes, 3) is baseline
 
 
 def test_budget_cuts_the_plan_stops_when_spent_or_refuses():
     hp = hyperparameters.parse({**BASE_HP, "target_epsilon": None, "noise_multiplier": 1.0, "max_epsilon": 2.0}, "x")
-    plan = budget.SamplingPlan.from_hyperparameters(1000, hp, "x")
+    plan = planning.SamplingPlan.from_hyperparameters(1000, hp, "x")
     cut = budget.apply_budget("torch", ("d",), hp, plan, 1.0, [])
     assert 0 < cut.steps < plan.steps == cut.planned_steps
     spent = events.DpEvent("torch", ("d",), 1000, plan.sample_rate, 1.0, cut.steps, events.PER_EXAMPLE, 1.0)
@@ -47,11 +48,11 @@ def test_budget_cuts_the_plan_stops_when_spent_or_refuses():
 
 def test_the_noise_schedule_and_the_count_follow_the_hyperparameters():
     hp = hyperparameters.parse({**BASE_HP, "noise_decay": 0.5, "clip_quantile": 0.5}, "x")
-    plan = budget.SamplingPlan.from_hyperparameters(1001, hp, "x")  # 21 steps per epoch, 42 planned
-    noise = budget.noise_schedule(hp, plan, 2.0)
+    plan = planning.SamplingPlan.from_hyperparameters(1001, hp, "x")  # 21 steps per epoch, 42 planned
+    noise = planning.noise_schedule(hp, plan, 2.0)
     assert noise.decay_steps == 11 and noise.count_noise_multiplier == pytest.approx(2 * plan.expected_batch_size / 20)
     assert [noise.gradient_sigma(t) for t in (0, 10, 11, 41)] == [2.0, 2.0, 1.0, 0.25]
-    assert budget.noise_schedule(dict_hp(dp=False), plan, 2.0).sigma == 0
+    assert planning.noise_schedule(dict_hp(dp=False), plan, 2.0).sigma == 0
 
 
 @pytest.mark.parametrize("changes, message", [
@@ -74,21 +75,44 @@ def test_noise_the_accountant_cannot_bound_is_refused_before_it_runs(changes, me
 
     start = time.perf_counter()
     with pytest.raises(UserError, match=r"^hp\.json: .*" + re.escape(message)):
-        budget.check_run("torch", dict_hp(**changes), 200, "hp.json")
+        budget.check_plan("torch", dict_hp(**changes), [200], 1, ["hp.json"])
     assert time.perf_counter() - start < 10
+
+
+def test_a_task_is_told_why_no_sigma_meets_its_target_in_the_settings_words():
+    # The same checks run inside the task's calibration, with the runs its data already had.
+    hp = dict_hp(epochs=1, target_epsilon=1.0, clip_quantile=0.5, clip_count_stddev=2.0)  # 4 steps, the count's 4.0
+    plan = planning.SamplingPlan.from_hyperparameters(200, hp, "x")
+    assert planning.resolve_noise_multiplier(hp, plan, []) > 0  # one round fits; ten rounds of it do not
+    with pytest.raises(UserError, match=r"^hyperparameters: target_epsilon = 1.0: adaptive clipping's noisy count "
+                                        r"alone spends ε = 1.6\d\d at δ = 1e-05 over 40 steps, .* raise "
+                                        "clip_count_stddev"):
+        planning.noise_for_rounds(hp, [200], 10)
+    spent = planning.run_event("torch", ("d",), hp, plan, 1.0, 4)
+    with pytest.raises(UserError, match=r"^target_epsilon = 0.5 is already spent by the input model \(epsilon = "):
+        planning.resolve_noise_multiplier(dataclasses.replace(hp, target_epsilon=0.5), plan, [spent])
+    with pytest.raises(UserError, match="^cannot calibrate to a target epsilon: the input model was trained without"):
+        planning.resolve_noise_multiplier(hp, plan, [dataclasses.replace(spent, noise_multiplier=0.0)])
+
+
+@pytest.mark.parametrize("delta", [1 / 4000, 0.01, 0, -1e-5])
+def test_delta_must_be_below_one_over_n(delta):
+    with pytest.raises(UserError, match="^hp.json: delta = .* choose a smaller delta"):
+        planning.check_delta(delta, 4000, "hp.json: delta")
+    planning.check_delta(1e-5, 4000)
 
 
 def test_the_least_noise_allowed_passes():
     least = dict_hp(noise_multiplier=events.MIN_NOISE_MULTIPLIER, target_epsilon=None)
-    budget.check_run("torch", least, 200, "x")
-    budget.check_run("torch", dict_hp(noise_multiplier=1.0, target_epsilon=None, clip_quantile=0.5,
+    planning.check_run("torch", least, 200, "x")
+    planning.check_run("torch", dict_hp(noise_multiplier=1.0, target_epsilon=None, clip_quantile=0.5,
                                         clip_count_stddev=0.2), 200, "x")  # count 0.4, the gradient's 1: 0.37
 
 
 def test_a_budget_below_one_step_is_refused_before_registering_naming_the_organisation():
     hp = dict_hp(noise_multiplier=1.0, target_epsilon=None, epochs=1)
-    plans = [budget.SamplingPlan.from_hyperparameters(n, hp, "x") for n in (200, 100)]  # q = 1/4, 1/2
-    one_step = [accountant.compose_epsilon([budget.run_event("torch", (), hp, plan, 1.0, 1)], hp.delta)
+    plans = [planning.SamplingPlan.from_hyperparameters(n, hp, "x") for n in (200, 100)]  # q = 1/4, 1/2
+    one_step = [accountant.compose_epsilon([planning.run_event("torch", (), hp, plan, 1.0, 1)], hp.delta)
                 for plan in plans]
     assert one_step[0] < one_step[1]
     hp = dataclasses.replace(hp, max_epsilon=sum(one_step) / 2)  # enough for organisation 1's step, not 2's
@@ -105,14 +129,14 @@ def test_the_budget_check_calibrates_sigma_as_the_tasks_will_get_it():
     # With a target, σ is calibrated for the run (one round) or for all rounds (noise_for_rounds: more noise, a
     # cheaper step); a budget between the two steps' ε passes with 3 rounds and is refused with 1.
     hp = dict_hp(epochs=1)
-    plan = budget.SamplingPlan.from_hyperparameters(200, hp, "x")
+    plan = planning.SamplingPlan.from_hyperparameters(200, hp, "x")
     three = budget.check_plan("torch", hp, [200], 3, ["x"])
-    assert three.target_epsilon is None and three.noise_multiplier > budget.resolve_noise_multiplier(hp, plan, [])
+    assert three.target_epsilon is None and three.noise_multiplier > planning.resolve_noise_multiplier(hp, plan, [])
 
     def step(sigma):
-        return accountant.compose_epsilon([budget.run_event("torch", (), hp, plan, sigma, 1)], hp.delta)
+        return accountant.compose_epsilon([planning.run_event("torch", (), hp, plan, sigma, 1)], hp.delta)
 
-    between = (step(budget.resolve_noise_multiplier(hp, plan, [])) + step(three.noise_multiplier)) / 2
+    between = (step(planning.resolve_noise_multiplier(hp, plan, [])) + step(three.noise_multiplier)) / 2
     assert budget.check_plan("torch", dataclasses.replace(hp, max_epsilon=between), [200], 3, ["x"]) == \
         dataclasses.replace(three, max_epsilon=between)
     with pytest.raises(UserError, match="^x: max_epsilon = .* is below the ε of a single step"):
@@ -121,6 +145,6 @@ def test_the_budget_check_calibrates_sigma_as_the_tasks_will_get_it():
 
 def test_secure_mode_is_refused_in_tf_only_where_it_would_draw_noise():
     with pytest.raises(UserError, match="secure_mode: TF Privacy offers no secure noise generator"):
-        budget.check_run("tf", dict_hp(secure_mode=True), 1000, "x")
+        planning.check_run("tf", dict_hp(secure_mode=True), 1000, "x")
     for framework in ("tf", "torch", "mindspore"):  # the baseline draws no noise: the key has no effect anywhere
-        budget.check_run(framework, dict_hp(secure_mode=True, dp=False), 1000, "x")
+        planning.check_run(framework, dict_hp(secure_mode=True, dp=False), 1000, "x")
