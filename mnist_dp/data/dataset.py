@@ -309,9 +309,11 @@ def _at_least_one(flag: str, value) -> int:
 def generate(dest: Path, source: Path | None = None, train_size: int | None = None, test_size: int | None = None,
              train_samples: int | None = None, seed: int = DEFAULT_SEED, force: bool = False,
              organizations: int = 1, keys: tuple = (), test_key: str | None = None) -> dict:
-    """Build the train/test data samples from a source (see module docstring). Deterministic for a seed, but for
-    the identity keys (`keys`, `test_key`: reuse these; write_dataset). Sizes left as None: 4000 / 1000 of the
-    embedded data, all of a source; train_samples: one per organisation."""
+    """Build the train/test data samples in `dest` from `source` (None: the embedded subset; see the module
+    docstring) and return the manifest. Deterministic for a seed, but for the identity keys (`keys`, `test_key`:
+    reuse these; write_dataset). `train_size`, `test_size`: examples, None for 4000 / 1000 of the embedded data or
+    all of a source; `train_samples`: data sample folders, one per organisation if None; `organizations`: how many
+    hold the train samples, each under its own key; `force`: write into a non-empty `dest`."""
     organizations = _at_least_one("--organizations", organizations)
     train_samples = organizations if train_samples is None else train_samples
     train_size = None if train_size is None else _at_least_one("--train-size", train_size)

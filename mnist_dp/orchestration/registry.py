@@ -149,7 +149,9 @@ def register_samples(client: substra.Client, keys: KeysFile, dataset_key: str, f
 
 def register_function(client: substra.Client, keys: KeysFile, asset_dir: Path, function: str, name: str,
                       build_dir: Path, hyperparameters: dict | None = None) -> str:
-    """Build the function's self-contained archive and register it (public: any worker may run it)."""
+    """Build the self-contained archive of `function` ("train", "predict", "aggregate" or "score") of the asset in
+    `asset_dir` into `build_dir`, with `hyperparameters` in place of its file if given, and register it on `client`
+    as `name` (public: any worker may run it), or reuse the key `keys` holds for the same archive. Returns the key."""
     description = asset_dir / "description.md"
     if not description.is_file():
         raise UserError(f"{description}: missing; every asset needs a description.md")
@@ -209,8 +211,8 @@ def register_objective(client: substra.Client, keys: KeysFile, build_dir: Path) 
 
 def register_algo(client: substra.Client, keys: KeysFile, run: str, framework: str, hyperparameters: dict,
                   build_dir: Path, functions: tuple) -> dict:
-    """{function: key} of one algo run: its `functions` (those of a strategy, plan.STRATEGIES) with these
-    hyperparameters inside."""
+    """{function: key} of the algo run `run` of `framework`: its `functions` (those of a strategy,
+    compute_plan.STRATEGIES) with these hyperparameters inside, built in `build_dir` (register_function)."""
     asset = ALGO_ASSETS[framework]
     return {function: register_function(client, keys, asset, function, f"{run} {function}", build_dir, hyperparameters)
             for function in functions}

@@ -108,8 +108,10 @@ def model_record(path: Path, framework: str, organizations: dict) -> dict:
 
 def run_and_report(client, builder: PlanBuilder, name: str, plan_key: str, frameworks: dict,
                    organizations: dict, output: Path, title: str, facts: list) -> list:
-    """Run the plan, then report whatever finished (models, results.json, summary.md, results.png) and
-    print the table; a failed plan is reported first and raised after. Returns the records."""
+    """Run the plan `builder` built (registered as `plan_key`, named `name`) on `client`, then report whatever
+    finished into `output` (models, results.json, summary.md, results.png) and print the table; a failed plan is
+    reported first and raised after. `frameworks`: run -> framework; `organizations`: organisation -> its data
+    sample identities; `title`, `facts`: the report's heading and its list of what was run. Returns the records."""
     failure = None
     try:
         execution.run_plan(client, builder, name, plan_key)
