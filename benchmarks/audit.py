@@ -38,7 +38,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import numpy as np
 
-from mnist_dp import hyperparameters as hp_file
+from mnist_dp import hyperparameters
 from mnist_dp.assets import ALGO_ASSETS, load_asset_module
 from mnist_dp.data import sources
 from mnist_dp.learning import skeleton
@@ -67,14 +67,14 @@ def images_and_labels(count, rng):
 
 
 def audit_hyperparameters(framework, args, epsilon, changes):
-    return hp_file.load(ALGO_ASSETS[framework] / hp_file.FILE_NAME, hp_file.Overrides({
+    return hyperparameters.load(ALGO_ASSETS[framework] / hyperparameters.FILE_NAME, hyperparameters.Overrides({
         "noise_multiplier": None, "target_epsilon": epsilon, "max_epsilon": None, "delta": args.delta,
         "seed": args.seed, "noise_seed": args.seed, **changes}, "the audit's options"))
 
 
-def claimed_epsilon(framework, hp, plan, result):
-    return Ledger([planning.run_event(framework, ("audit",), hp, plan, result.noise_multiplier, result.steps,
-                                              ran=result)]).epsilon(hp.delta)
+def claimed_epsilon(framework, hp, plan, ran):
+    return Ledger([planning.run_event(framework, ("audit",), hp, plan, ran.noise_multiplier, ran.steps,
+                                      ran=ran)]).epsilon(hp.delta)
 
 
 def white_box_run(framework, algo, args, epsilon, noise_scale):
@@ -93,14 +93,14 @@ def white_box_run(framework, algo, args, epsilon, noise_scale):
         raise UserError(f"--guesses {args.guesses}: 2k must be at most the {m} canaries (the network's weights)")
     canaries = audit.DiracCanaries(shapes, rng.random(m) < 0.5, plan.sample_rate, noise_scale)
     start, began = flat_weights(algo.FRAMEWORK, model), time.perf_counter()
-    result = skeleton.fit(algo.FRAMEWORK, model, images, labels, hp, plan, sigma, lambda steps: "", canaries=canaries)
+    ran = skeleton.fit(algo.FRAMEWORK, model, images, labels, hp, plan, sigma, lambda steps: "", canaries=canaries)
     scores = canaries.scores(start, flat_weights(algo.FRAMEWORK, model), hp.learning_rate, plan.expected_batch_size)
     guesses, correct = audit.guess(scores, canaries.included, args.guesses, args.guesses)
     return {"mode": "white-box", "mechanism": "as-built" if noise_scale == 1 else "broken",
-            "noise_added": noise_scale, "claimed_epsilon": claimed_epsilon(framework, hp, plan, result),
+            "noise_added": noise_scale, "claimed_epsilon": claimed_epsilon(framework, hp, plan, ran),
             "lower_bound": audit.gaussian_epsilon_lower_bound(m, guesses, correct, hp.delta, BETA), "estimator": FDP,
             "lower_bound_steinke": audit.epsilon_lower_bound(m, guesses, correct, hp.delta, BETA),
-            "sigma": sigma, "steps": result.steps, "canaries": m, "guesses": guesses, "correct": correct,
+            "sigma": sigma, "steps": ran.steps, "canaries": m, "guesses": guesses, "correct": correct,
             "seconds": round(time.perf_counter() - began, 1)}
 
 
@@ -122,9 +122,9 @@ def black_box_run(framework, algo, args, epsilon):
     scores = log_probs[np.arange(args.canaries), canary_labels]  # memorised canaries score high
     guesses, correct = audit.guess(scores, included, args.guesses, args.guesses)
     return {"mode": "black-box", "mechanism": "as-built" if epsilon else "non-private",
-            "claimed_epsilon": claimed_epsilon(framework, hp, run.plan, run.result) if epsilon else None,
+            "claimed_epsilon": claimed_epsilon(framework, hp, run.plan, run.ran) if epsilon else None,
             "lower_bound": audit.epsilon_lower_bound(args.canaries, guesses, correct, hp.delta, BETA),
-            "estimator": STEINKE, "sigma": run.sigma, "steps": run.result.steps, "canaries": args.canaries,
+            "estimator": STEINKE, "sigma": run.sigma, "steps": run.ran.steps, "canaries": args.canaries,
             "guesses": guesses, "correct": correct, "seconds": round(run.seconds, 1)}
 
 
@@ -196,7 +196,8 @@ def parse_arguments(argv):
     parser.add_argument("--white-box", action="store_true", help="the white-box audit of each framework's DP step")
     parser.add_argument("--frameworks", type=options.names(ALGO_ASSETS), default=",".join(ALGO_ASSETS),
                         help="comma-separated (default: %(default)s)")
-    parser.add_argument("--epsilons", type=options.comma_list(options.number(0, hp_file.MAX_EPSILON, low_open=True)),
+    parser.add_argument("--epsilons",
+                        type=options.comma_list(options.number(0, hyperparameters.MAX_EPSILON, low_open=True)),
                         default="2,8", help="claimed ε values, σ calibrated for each (default: %(default)s)")
     parser.add_argument("--output", type=Path, default=RESULTS,
                         help="folder of audit.json and audit.md (default: benchmarks/results)")
@@ -210,14 +211,14 @@ def parse_arguments(argv):
     parser.add_argument("--seed", type=options.integer(0, options.MAX_SEED), default=0,
                         help="canaries, inclusion, images and training seed (default: %(default)s)")
     white = parser.add_argument_group("white-box")
-    white.add_argument("--steps", type=options.integer(1, hp_file.MAX_EPOCHS),
+    white.add_argument("--steps", type=options.integer(1, hyperparameters.MAX_EPOCHS),
                        help=f"full-batch steps (default: {WHITE_BOX['steps']})")
     white.add_argument("--broken-noise-scale", type=options.number(0, 1, high_open=True),
                        help=f"the fraction of the noise the broken mechanism adds (default: "
                             f"{WHITE_BOX['broken_noise_scale']}, half)")
     black = parser.add_argument_group("black-box")
     black.add_argument("--canaries", type=images, help=f"m: mislabelled canaries (default: {BLACK_BOX['canaries']})")
-    black.add_argument("--epochs", type=options.integer(1, hp_file.MAX_EPOCHS),
+    black.add_argument("--epochs", type=options.integer(1, hyperparameters.MAX_EPOCHS),
                        help=f"(default: {BLACK_BOX['epochs']})")
     black.add_argument("--batch-size", type=images, help=f"expected batch size (default: {BLACK_BOX['batch_size']})")
     black.add_argument("--no-baseline", action="store_true", help="skip the non-private run")

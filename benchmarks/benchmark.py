@@ -36,7 +36,7 @@ os.environ.setdefault("GLOG_v", "3")
 
 import numpy as np
 
-from mnist_dp import hyperparameters as hp_file
+from mnist_dp import hyperparameters
 from mnist_dp.assets import ALGO_ASSETS, REPO, load_asset_module
 from mnist_dp.data import sources
 from mnist_dp.learning import chunks, interface
@@ -231,7 +231,8 @@ def step_variants(framework, steps, changes):
     """{variant: (step, batches)} of one framework: the asset's hyperparameters with `changes`, its network on
     the embedded data's inputs (scattering features are computed first, outside the timing)."""
     algo = load_algo(framework)
-    hp = hp_file.load(ALGO_ASSETS[framework] / hp_file.FILE_NAME, hp_file.Overrides(changes, "--set"))
+    hp = hyperparameters.load(ALGO_ASSETS[framework] / hyperparameters.FILE_NAME,
+                              hyperparameters.Overrides(changes, "--set"))
     network = interface.Network.of(hp)
     images, labels = embedded_train_set()
     plan = planning.check_run(framework, hp, len(labels), "default")
@@ -384,9 +385,9 @@ def main(argv=None):
     if args.data is not None and not (args.data / "manifest.json").is_file():
         raise UserError(f"--data {args.data}: no manifest.json; write data samples there with "
                         "scripts/generate_data.py --output")
-    changes = hp_file.parse_assignments(args.set)
-    hp_file.refuse_keys(changes, set(changes) - set(TIMED_KEYS), "the step timings use the network's keys and the "
-                        f"step's ({', '.join(TIMED_KEYS)}) only")
+    changes = hyperparameters.parse_assignments(args.set)
+    hyperparameters.refuse_keys(changes, set(changes) - set(TIMED_KEYS), "the step timings use the network's keys "
+                                f"and the step's ({', '.join(TIMED_KEYS)}) only")
     plain, dp_ratios = ({}, {}) if args.skip_steps else print_steps(
         args.frameworks or list(ALGO_ASSETS), args.steps or TIMED_STEPS, changes)
     wall, records = (None, []) if args.skip_run else print_default_run(args.data)

@@ -43,7 +43,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # utility.py: the data and the features' memory
 import utility  # noqa: E402
 
-from mnist_dp import hyperparameters as hp_file
+from mnist_dp import hyperparameters
 from mnist_dp.assets import ALGO_ASSETS, load_asset_module
 from mnist_dp.data import samples
 from mnist_dp.learning import features, interface, skeleton
@@ -65,7 +65,7 @@ def parse_schedule(text):
     epochs, sep, rounds = text.partition("x")
     if not sep:
         raise argparse.ArgumentTypeError(f"{text!r}: expected EPOCHSxROUNDS, e.g. 10x3")
-    return options.integer(1, hp_file.MAX_EPOCHS)(epochs), options.integer(1, compute_plan.MAX_TASKS)(rounds)
+    return options.integer(1, hyperparameters.MAX_EPOCHS)(epochs), options.integer(1, compute_plan.MAX_TASKS)(rounds)
 
 
 def run_key(row):
@@ -82,7 +82,7 @@ def simulate(framework, strategy, organizations, epochs, rounds, epsilon, seed, 
     (train_x, train_y), (test_x, test_y) = utility.load_dataset("mnist4k", validation)
     shares = np.array_split(np.arange(len(train_y)), organizations)  # a shuffled split: disjoint, equal shares
     holdings = [samples.in_memory(train_x[i], train_y[i], f"org{k}") for k, i in enumerate(shares, 1)]
-    hp = hp_file.load(ALGO_ASSETS[framework] / hp_file.FILE_NAME, hp_file.Overrides({
+    hp = hyperparameters.load(ALGO_ASSETS[framework] / hyperparameters.FILE_NAME, hyperparameters.Overrides({
         **changes, "epochs": epochs, "noise_multiplier": None, "target_epsilon": epsilon, "max_epsilon": None,
         "delta": DELTA, "seed": seed, "noise_seed": seed, "dp": True, "secure_mode": False},
         "the benchmark's settings"))
@@ -139,7 +139,7 @@ def run_all(args):
     done = {run_key(row) for row in utility.read_results(path)}
     pool, pool_framework = None, None  # one child per framework: its features computed once
     for framework, strategy, organizations, epochs, rounds, seed in planned_runs(args):
-        asset_epochs = hp_file.load(ALGO_ASSETS[framework] / hp_file.FILE_NAME).epochs
+        asset_epochs = hyperparameters.load(ALGO_ASSETS[framework] / hyperparameters.FILE_NAME).epochs
         row = {"framework": framework, "strategy": strategy, "organizations": organizations,
                "epochs": epochs or asset_epochs, "rounds": rounds,
                "epsilon": args.epsilon, "seed": seed, "changes": args.changes, "validation": args.validation}
@@ -263,7 +263,7 @@ def main(argv=None):
                         help="comma-separated (default: %(default)s)")
     parser.add_argument("--schedules", type=options.comma_list(parse_schedule), default="10x3",
                         help="comma-separated EPOCHSxROUNDS: local epochs per round and rounds (default: %(default)s)")
-    parser.add_argument("--epsilon", type=options.number(0, hp_file.MAX_EPSILON, low_open=True), default=3.0,
+    parser.add_argument("--epsilon", type=options.number(0, hyperparameters.MAX_EPSILON, low_open=True), default=3.0,
                         help="ε of every organisation (default: %(default)s)")
     parser.add_argument("--seeds", type=options.integer(1, utility.MAX_SEEDS),
                         help=f"seeds of every run (default: {SEEDS})")
@@ -283,9 +283,9 @@ def main(argv=None):
                                                                        args.schedules):
         compute_plan.check_size(compute_plan.count_tasks(strategy, rounds, organizations),  # each run simulates it
                                 f"--schedules {epochs}x{rounds} with {organizations} organisations and {strategy}")
-    args.changes = hp_file.parse_assignments(args.set)
-    hp_file.refuse_keys(args.changes, ["epochs"], "give local epochs in --schedules (EPOCHSxROUNDS)")
-    hp_file.refuse_keys(args.changes, utility.SET_BY_THE_BENCHMARK, "the benchmark sets it (σ for --epsilon, "
+    args.changes = hyperparameters.parse_assignments(args.set)
+    hyperparameters.refuse_keys(args.changes, ["epochs"], "give local epochs in --schedules (EPOCHSxROUNDS)")
+    hyperparameters.refuse_keys(args.changes, utility.SET_BY_THE_BENCHMARK, "the benchmark sets it (σ for --epsilon, "
                         f"δ = {DELTA:g}, seeds from --seeds)")
     if not args.report_only:
         run_all(args)

@@ -19,7 +19,7 @@ from pathlib import Path
 import dp_accounting
 from dp_accounting.pld import pld_privacy_accountant
 
-from mnist_dp import hyperparameters as hp_file
+from mnist_dp import hyperparameters
 from mnist_dp.assets import ALGO_ASSETS, REPO
 from mnist_dp.federated import experiment
 from mnist_dp.federated.algo import OWN_DATA, check_hyperparameters
@@ -129,12 +129,12 @@ def main(argv=None):
     asked = f"--rounds {args.rounds} with --organizations {args.organizations}"
     compute_plan.check_size(experiment.count_tasks(args.organizations, args.rounds), asked)  # the substrafl plan
     compute_plan.check_size(compute_plan.count_tasks("fedavg", args.rounds, args.organizations), asked)  # ours
-    recipe = hp_file.load_overrides(args.hyperparameters)  # what either command refuses, refused before both run
+    recipe = hyperparameters.load_overrides(args.hyperparameters)  # what either command refuses, refused first
     if "dp" in recipe.values:
         raise UserError(f"{args.hyperparameters}: dp: both commands train with DP; remove dp from this file")
     for framework in args.frameworks:
-        check_hyperparameters(hp_file.load(ALGO_ASSETS[framework] / hp_file.FILE_NAME, recipe).to_json(), args.rounds,
-                              str(args.hyperparameters))
+        hp = hyperparameters.load(ALGO_ASSETS[framework] / hyperparameters.FILE_NAME, recipe)
+        check_hyperparameters(hp.to_json(), args.rounds, str(args.hyperparameters))
     rows = []
     for framework in args.frameworks:
         rows.append(compare(framework, args))

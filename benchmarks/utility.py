@@ -34,7 +34,7 @@ os.environ.setdefault("GLOG_v", "3")
 
 import numpy as np
 
-from mnist_dp import hyperparameters as hp_file
+from mnist_dp import hyperparameters
 from mnist_dp.assets import ALGO_ASSETS, load_asset_module
 from mnist_dp.data import sources
 from mnist_dp.learning import features, skeleton
@@ -113,15 +113,15 @@ def run_point(framework, dataset, epsilon, seed, changes, validation):
     algo = load_asset_module(ALGO_ASSETS[framework] / "algo.py", f"algo_{framework}")
     (train_x, train_y), (test_x, test_y) = load_dataset(dataset, validation)
     dp = epsilon is not None
-    hp = hp_file.load(ALGO_ASSETS[framework] / hp_file.FILE_NAME, hp_file.Overrides({
+    hp = hyperparameters.load(ALGO_ASSETS[framework] / hyperparameters.FILE_NAME, hyperparameters.Overrides({
         **changes, "noise_multiplier": None, "target_epsilon": epsilon if dp else None, "max_epsilon": None,
         "delta": DELTA, "seed": seed, "noise_seed": seed, "dp": dp, "secure_mode": False}, "the benchmark's settings"))
     run = skeleton.fit_from_scratch(algo.FRAMEWORK, train_x, train_y, hp, "utility")
     predicted = skeleton.predicted_labels(algo.FRAMEWORK, run.model, test_x, run.network)
-    event = planning.run_event(framework, (dataset,), hp, run.plan, run.result.noise_multiplier, run.result.steps,
-                                ran=run.result)
+    event = planning.run_event(framework, (dataset,), hp, run.plan, run.ran.noise_multiplier, run.ran.steps,
+                                ran=run.ran)
     return {"accuracy": float(np.mean(predicted == test_y)), "epsilon": Ledger([event]).epsilon(DELTA),
-            "sigma": run.sigma, "steps": run.result.steps, "seconds": round(run.seconds, 1),
+            "sigma": run.sigma, "steps": run.ran.steps, "seconds": round(run.seconds, 1),
             "hyperparameters": hp.to_json()}
 
 
@@ -313,7 +313,7 @@ DEFAULTS = {"frameworks": list(ALGO_ASSETS), "epsilons": [1.0, 2.0, 3.0, 8.0], "
 
 def main(argv=None):
     parser = options.ArgumentParser(__doc__)
-    epsilon = options.number(0, hp_file.MAX_EPSILON, low_open=True)
+    epsilon = options.number(0, hyperparameters.MAX_EPSILON, low_open=True)
     parser.add_argument("--datasets", type=options.names(DATASETS), default=",".join(DATASETS),
                         help="comma-separated (default: %(default)s)")
     parser.add_argument("--frameworks", type=options.names(ALGO_ASSETS),
@@ -351,8 +351,8 @@ def main(argv=None):
                         f"{args.seeds}; give one of them")
     if args.ablation is not None and not [label for label in args.ablation.split(";") if label]:
         raise UserError("--ablation: give the labels to compare, separated by ';'")
-    changes = hp_file.parse_assignments(args.set)
-    hp_file.refuse_keys(changes, SET_BY_THE_BENCHMARK, "the benchmark sets it (σ for each of --epsilons, δ = "
+    changes = hyperparameters.parse_assignments(args.set)
+    hyperparameters.refuse_keys(changes, SET_BY_THE_BENCHMARK, "the benchmark sets it (σ for each of --epsilons, δ = "
                         f"{DELTA:g}, seeds from --seeds, DP on and off)")
     if not slug(args.label):
         parser.error(f"--label {args.label!r}: needs a letter or digit (it names the report's files)")

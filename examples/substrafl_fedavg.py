@@ -19,7 +19,7 @@ from pathlib import Path
 from substrafl.evaluation_strategy import EvaluationStrategy
 from substrafl.nodes import AggregationNode
 
-from mnist_dp import hyperparameters as hp_file
+from mnist_dp import hyperparameters
 from mnist_dp.assets import ALGO_ASSETS
 from mnist_dp.data import dataset, samples
 from mnist_dp.federated import experiment
@@ -60,7 +60,8 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     compute_plan.check_size(experiment.count_tasks(args.organizations, args.rounds),
                             f"--rounds {args.rounds} with --organizations {args.organizations}")
-    hp = hp_file.load(ALGO_ASSETS[args.framework] / hp_file.FILE_NAME, hp_file.load_overrides(args.hyperparameters))
+    hp = hyperparameters.load(ALGO_ASSETS[args.framework] / hyperparameters.FILE_NAME,
+                              hyperparameters.load_overrides(args.hyperparameters))
     check_hyperparameters(hp.to_json(), args.rounds, str(args.hyperparameters))  # what the algo refuses, refused now
     data_dir, output = args.data.resolve(), args.output.resolve()
     dataset.check_output_outside(data_dir, output)

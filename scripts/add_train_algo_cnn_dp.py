@@ -14,9 +14,10 @@ and objective are registered again from the data folder named in the keys file.
 import tempfile
 from pathlib import Path
 
-from mnist_dp import hyperparameters as hp_file
+from mnist_dp import hyperparameters
 from mnist_dp.assets import ALGO_ASSETS
 from mnist_dp.data import dataset, samples
+from mnist_dp.hyperparameters import Hyperparameters
 from mnist_dp.orchestration import compute_plan, connection, registry
 from mnist_dp.privacy import budget
 from mnist_dp.report import results
@@ -50,7 +51,8 @@ def main(argv=None):
     if not args.keys_file.is_file():
         raise UserError(f"{args.keys_file}: no keys file; run scripts/add_dataset_objective.py first")
     keys = registry.KeysFile(args.keys_file)
-    hp = hp_file.load(ALGO_ASSETS[args.framework] / hp_file.FILE_NAME, hp_file.load_overrides(args.hyperparameters))
+    hp = hyperparameters.load(ALGO_ASSETS[args.framework] / hyperparameters.FILE_NAME,
+                              hyperparameters.load_overrides(args.hyperparameters))
     if not hp.dp and args.backend == "remote":
         raise UserError(f"{args.hyperparameters}: dp = false on a Substra node: the non-private model's accuracy, not "
                         "covered by ε, would be a performance every organisation on the node sees; train a baseline "
@@ -76,7 +78,7 @@ def main(argv=None):
         register_and_run(args, keys, hp, output)
 
 
-def register_and_run(args, keys: registry.KeysFile, hp: hp_file.Hyperparameters, output: Path) -> None:
+def register_and_run(args, keys: registry.KeysFile, hp: Hyperparameters, output: Path) -> None:
     client = connection.connect(args.backend, args.client_name, args.keys_file.resolve().parent)
     run = args.framework
     with tempfile.TemporaryDirectory() as build_dir:

@@ -16,7 +16,7 @@ Writes results.json, summary.md, results.png and the model files (models/) to --
 import shutil
 from pathlib import Path
 
-from mnist_dp import hyperparameters as hp_file
+from mnist_dp import hyperparameters
 from mnist_dp.assets import ALGO_ASSETS
 from mnist_dp.data import dataset, samples
 from mnist_dp.orchestration import compute_plan, connection, registry
@@ -71,7 +71,7 @@ def main(argv=None):
         raise UserError(f"--client-name: give one name per organisation ({args.organizations}), comma-separated")
     for name in client_names:  # refused now, before --output is made
         connection.check_settings(args.backend, name)
-    overrides = hp_file.load_overrides(args.hyperparameters)
+    overrides = hyperparameters.load_overrides(args.hyperparameters)
     if "dp" in overrides.values:
         raise UserError(f"{overrides.source}: dp: run_local.py trains every framework with DP (and, with "
                         "--baseline, without it too); remove dp from this file")
@@ -80,7 +80,7 @@ def main(argv=None):
     runs = {}  # run name -> (framework, hyperparameters)
     for framework in frameworks:
         for dp in [True, False] if args.baseline else [True]:
-            hp = hp_file.load(ALGO_ASSETS[framework] / hp_file.FILE_NAME, overrides.replace(dp=dp))
+            hp = hyperparameters.load(ALGO_ASSETS[framework] / hyperparameters.FILE_NAME, overrides.replace(dp=dp))
             runs[framework if dp else f"{framework}-baseline"] = (framework, hp)
 
     with atomic.exclusive(output, "--output folder"):

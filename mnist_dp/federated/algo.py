@@ -30,11 +30,12 @@ from substrafl.algorithms.algo import Algo
 from substrafl.remote import remote_data
 from substrafl.strategies.schemas import StrategyName
 
-from mnist_dp import hyperparameters as hp_file
+from mnist_dp import hyperparameters
 from mnist_dp.assets import ALGO_ASSETS, load_asset_module
 from mnist_dp.federated.strategy import LedgerSharedState, received_ledger
+from mnist_dp.hyperparameters import Hyperparameters
 from mnist_dp.learning import skeleton
-from mnist_dp.learning.interface import Network
+from mnist_dp.learning.interface import Framework, Network
 from mnist_dp.privacy import model_file, planning, provenance
 from mnist_dp.privacy.ledger import Ledger
 from mnist_dp.utils import atomic, json_input
@@ -49,14 +50,14 @@ OWN_DATA = "substrafl_own_data"
 
 
 @functools.cache
-def load_framework(name: str):
+def load_framework(framework: str):
     """The `Framework` of an algo asset (its algo.py's FRAMEWORK), imported once per process."""
-    return load_asset_module(ALGO_ASSETS[name] / "algo.py", f"algo_{name}_dp").FRAMEWORK
+    return load_asset_module(ALGO_ASSETS[framework] / "algo.py", f"algo_{framework}_dp").FRAMEWORK
 
 
-def check_hyperparameters(values: dict, rounds: int, where: str = "hyperparameters") -> hp_file.Hyperparameters:
+def check_hyperparameters(values: dict, rounds: int, where: str = "hyperparameters") -> Hyperparameters:
     """The hyperparameters an algo trains with, refused here, on the caller's machine, rather than in a task."""
-    hp = hp_file.parse(values, where)
+    hp = hyperparameters.parse(values, where)
     if not isinstance(rounds, int) or rounds < 1:
         raise UserError(f"rounds = {rounds!r}: give the experiment's num_rounds, a positive integer")
     if hp.max_epsilon is not None:
@@ -87,7 +88,8 @@ class DpTraining:
         self.own_data = ()  # the identities of this organisation's training data samples (its own ε)
 
     @property
-    def framework(self):
+    def framework(self) -> Framework:
+        """The algo asset's Framework (self.framework_name names it without importing it)."""
         return load_framework(self.framework_name)
 
     def __reduce__(self):
@@ -99,11 +101,11 @@ class DpTraining:
     def _train_run(self, data: dict, through=None) -> int:
         """One train task's work on `self.model` (in place) with the opener's `data`: a local training, or nothing
         in FedAvg's last task (its update is never averaged); returns the examples."""
-        name = self.framework_name
-        plan = skeleton.check_data(self.framework, data, self.hp, f"{name} algo's hyperparameters")
+        plan = skeleton.check_data(self.framework, data, self.hp, f"{self.framework_name} algo's hyperparameters")
         if self.train_tasks > self.rounds:
-            raise UserError(f"this {name} algo's σ was calibrated for rounds = {self.rounds} (substrafl's FedAvg runs "
-                            f"{self.rounds + 1} train tasks per organisation) and this organisation ran them all: "
+            raise UserError(f"this {self.framework_name} algo's σ was calibrated for rounds = {self.rounds} "
+                            f"(substrafl's FedAvg runs {self.rounds + 1} train tasks per organisation) and this "
+                            "organisation ran them all: "
                             "more would spend beyond its plan; give the algo the experiment's num_rounds")
         self.train_tasks += 1
         if self.train_tasks == self.rounds + 1:
@@ -111,12 +113,12 @@ class DpTraining:
                               "no privacy is spent")
             return plan.n
         hp = self._hyperparameters_for_rounds(plan.n)
-        run, result = skeleton.train_in_memory(
+        run, ran = skeleton.train_in_memory(
             self.framework, self.model, self.ledger, data, hp, plan,
             provenance.running_code(Path.cwd(), "substrafl train"),
             "nothing was sent; lower learning_rate or max_grad_norm", through)
-        if result is None:  # no budget stops a run without max_epsilon, refused above
-            raise RuntimeError(f"{name}: a run without max_epsilon trained no step")
+        if ran is None:  # no budget stops a run without max_epsilon, refused above
+            raise RuntimeError(f"{self.framework_name}: a run without max_epsilon trained no step")
         self.settings = skeleton.run_settings(run)
         self.own_data = tuple(sample["identity"] for sample in data["samples"])
         return plan.n
@@ -131,12 +133,12 @@ class DpTraining:
         """What this organisation sends the aggregator: the change, its examples, and its ledger."""
         return LedgerSharedState(n_samples=n, parameters_update=update, ledger=self.ledger.to_json())
 
-    def _hyperparameters_for_rounds(self, n: int) -> hp_file.Hyperparameters:
+    def _hyperparameters_for_rounds(self, n: int) -> Hyperparameters:
         """The hyperparameters with σ fixed for every run of this organisation (planning.noise_for_rounds): calibrated
         by its first train task, then read from the local state (the same σ, without the accountant's search)."""
         if self.settings is None:
             return planning.noise_for_rounds(self.hp, [n], self.rounds)
-        return hp_file.parse({**self.hp.to_json(), "noise_multiplier": self.settings["noise_multiplier"],
+        return hyperparameters.parse({**self.hp.to_json(), "noise_multiplier": self.settings["noise_multiplier"],
                               "target_epsilon": None}, "local state") if self.hp.dp else self.hp
 
     def _weights(self) -> list:

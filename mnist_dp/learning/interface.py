@@ -11,7 +11,7 @@ from typing import Protocol
 
 import numpy as np
 
-from mnist_dp import hyperparameters as hp_file
+from mnist_dp.hyperparameters import Hyperparameters
 from mnist_dp.learning import features as feature_maps
 from mnist_dp.privacy import planning
 from mnist_dp.privacy.events import NoiseSchedule
@@ -39,7 +39,7 @@ class Network:
     network: str = "cnn"
 
     @classmethod
-    def of(cls, hp: hp_file.Hyperparameters) -> Network:
+    def of(cls, hp: Hyperparameters) -> Network:
         return cls(hp.features, hp.activation, hp.network)
 
     @classmethod
@@ -61,13 +61,21 @@ class Network:
 
 @dataclass
 class Ran:
-    """What a framework's `fit` really ran, as only the framework knows it (it must report, not assume)."""
+    """What a training run really ran. The framework's `fit` reports what only it knows (it must report, not
+    assume): the batch sizes, its library's ε, and σ where it differs; skeleton.fit completes the rest, and the
+    ledger's event is made from it (planning.run_event)."""
 
     batch_sizes: list  # examples in each step really taken: one entry per step
     library_epsilon: dict = field(default_factory=dict)  # the DP library's own ε for this run, for comparison
-    # Only when the effective σ per example is not the σ the framework was given (a library clipping
-    # microbatches of m > 1 examples: σ/2); None means the given σ.
+    # The effective σ per example. A framework sets it only when it is not the σ it was given (a library clipping
+    # microbatches of m > 1 examples: σ/2); skeleton.fit fills it in (0 without DP).
     noise_multiplier: float | None = None
+    clipping: str | None = None  # the clipping unit (events.PER_EXAMPLE, or NO_CLIPPING without DP): skeleton.fit's
+    replayable_noise: bool = False  # batches and noise from noise_seed (randomness.py): skeleton.fit's
+
+    @property
+    def steps(self) -> int:
+        return len(self.batch_sizes)
 
 
 # Called after each epoch with the number of steps run so far; returns a short progress text (ε so far) for
@@ -84,7 +92,7 @@ class Framework(Protocol):
 
     def dump_model(self, model) -> bytes: ...
 
-    def fit(self, model, images: np.ndarray, labels: np.ndarray, hp: hp_file.Hyperparameters,
+    def fit(self, model, images: np.ndarray, labels: np.ndarray, hp: Hyperparameters,
             plan: SamplingPlan, step: DpStep, batches: Iterable) -> Ran:
         """Train `model` in place, one step per index batch of `batches` (exactly plan.steps of them), with
         DP-SGD if hp.dp as `step` says (see DpStep). Called through the skeleton's `fit` (below), which draws
@@ -149,7 +157,7 @@ class ClipNorm:
     most C. The count is released with noise N(0, s²) on Σ_i (1[‖g_i‖ ≤ C] - 1/2), sensitivity 1/2, which the
     ledger's count_noise_multiplier = 2s accounts for; its noise is drawn here, for every framework."""
 
-    def __init__(self, hp: hp_file.Hyperparameters, plan: SamplingPlan, randomness: RunRandomness):
+    def __init__(self, hp: Hyperparameters, plan: SamplingPlan, randomness: RunRandomness):
         self.value = float(hp.max_grad_norm)
         self.adaptive = hp.dp and hp.clip_quantile is not None
         self.quantile, self.rate = hp.clip_quantile, hp.clip_learning_rate

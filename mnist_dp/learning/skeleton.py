@@ -8,20 +8,22 @@ the DP event) is decided in privacy/ (planning.py, budget.py), which `train` ask
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
 import pickle
 import time
 import zipfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from mnist_dp import hyperparameters as hp_file
+from mnist_dp import hyperparameters
+from mnist_dp.hyperparameters import Hyperparameters
 from mnist_dp.learning import predictions
-from mnist_dp.learning.interface import PREDICT_BATCH_SIZE, ClipNorm, DpStep, EpochCallback, Framework, Network
+from mnist_dp.learning.interface import PREDICT_BATCH_SIZE, ClipNorm, DpStep, EpochCallback, Framework, Network, Ran
 from mnist_dp.privacy import budget, model_file, planning, provenance, statement
 from mnist_dp.privacy.events import NO_CLIPPING, PER_EXAMPLE
 from mnist_dp.privacy.ledger import Ledger, merge, own_runs
@@ -34,22 +36,10 @@ from mnist_dp.utils.errors import UserError, run_cli
 log = logging.getLogger("substratools.mnist_dp")
 
 
-@dataclass
-class FitResult:
-    """What a training run did: the framework's `Ran` with what the skeleton decided (q, clipping unit)."""
-
-    steps: int
-    sample_rate: float
-    noise_multiplier: float  # effective σ per example (σ/2 for microbatch clipping)
-    clipping: str
-    library_epsilon: dict = field(default_factory=dict)  # the DP library's own figure, for comparison
-    batch_sizes: list = field(default_factory=list)  # examples in each step really taken
-    replayable_noise: bool = False  # batches and noise from noise_seed (randomness.py), not fresh entropy
-
-
-def sampled_batches(plan: SamplingPlan, hp: hp_file.Hyperparameters, randomness: RunRandomness,
+def sampled_batches(plan: SamplingPlan, hp: Hyperparameters, randomness: RunRandomness,
                     on_epoch: EpochCallback, name: str):
-    """Yield the index batch of every step of a run (exactly plan.steps), with a progress bar.
+    """Yield the index batch of every step of a run (exactly plan.steps), with a progress bar named for the
+    framework `name` whose text after each epoch is `on_epoch`'s. `randomness` draws them; `hp` says whether to.
 
     With DP, Poisson sampling as the accountant assumes: each example joins each batch independently
     with probability q (batch sizes vary; a batch may be empty and is still a step). The non-private
@@ -73,14 +63,18 @@ def sampled_batches(plan: SamplingPlan, hp: hp_file.Hyperparameters, randomness:
                 bar.set_postfix_str(f"epoch {math.ceil(step / plan.steps_per_epoch)}/{plan.epochs} {on_epoch(step)}")
 
 
-def fit(framework: Framework, model, images: np.ndarray, labels: np.ndarray, hp: hp_file.Hyperparameters,
+def fit(framework: Framework, model, images: np.ndarray, labels: np.ndarray, hp: Hyperparameters,
         plan: SamplingPlan, sigma: float, on_epoch: EpochCallback, randomness: RunRandomness | None = None,
-        canaries=None, through=None) -> FitResult:
-    """One training run of `framework` (model trained in place), and what it did: the steps and batch
-    sizes it ran and its library's ε from the framework, q and the clipping unit from here. `randomness`:
-    the run's (default: fresh, or from hp.noise_seed). `canaries`: the white-box audit's (audit.DiracCanaries),
-    whose `noise_scale` below 1 is the audit's broken mechanism: the steps add that fraction of the noise while
-    the result still says σ. `through(batches, plan)`: what the batches pass through on their way to the framework
+        canaries=None, through=None) -> Ran:
+    """One training run of `framework`, and what it ran: the batch sizes and its library's ε from the framework,
+    σ, the clipping unit and where the randomness came from completed here.
+
+    model: the framework's model, trained in place. images, labels: the training data, [n, 28, 28] and [n].
+    hp, plan: the hyperparameters and the sampling plan (q, the steps to run). sigma: the gradient noise of the
+    first steps (0 without DP). on_epoch: the progress text after each epoch (ε so far). randomness: the run's
+    (default: fresh, or from hp.noise_seed). canaries: the white-box audit's (audit.DiracCanaries), whose
+    `noise_scale` below 1 is the audit's broken mechanism: the steps add that fraction of the noise while the
+    result still says σ. through(batches, plan): what the batches pass through on their way to the framework
     (substrafl's index generator, which counts them); it must hand on every batch unchanged."""
     randomness = randomness or RunRandomness.for_run(hp.noise_seed)
     inputs = Network.of(hp).inputs(images)
@@ -93,13 +87,11 @@ def fit(framework: Framework, model, images: np.ndarray, labels: np.ndarray, hp:
     ran = framework.fit(model, inputs, labels, hp, plan, step, batches)
     if len(ran.batch_sizes) != plan.steps:  # the ledger records what ran; the frameworks must all run the plan
         raise RuntimeError(f"{framework.name} ran {len(ran.batch_sizes)} steps where the plan has {plan.steps}")
-    if hp.dp:
-        clipping, noise_multiplier = PER_EXAMPLE, sigma if ran.noise_multiplier is None else ran.noise_multiplier
-    else:
-        clipping, noise_multiplier = NO_CLIPPING, 0.0
-    return FitResult(len(ran.batch_sizes), plan.sample_rate, noise_multiplier, clipping,
-                     comparable_library_epsilon(framework.name, ran.library_epsilon), list(ran.batch_sizes),
-                     randomness.replayable)
+    return dataclasses.replace(
+        ran, batch_sizes=list(ran.batch_sizes), replayable_noise=randomness.replayable,
+        library_epsilon=comparable_library_epsilon(framework.name, ran.library_epsilon),
+        noise_multiplier=(sigma if ran.noise_multiplier is None else ran.noise_multiplier) if hp.dp else 0.0,
+        clipping=PER_EXAMPLE if hp.dp else NO_CLIPPING)
 
 
 def comparable_library_epsilon(framework_name: str, library_epsilon: dict) -> dict:
@@ -123,21 +115,22 @@ class Trained:
     network: Network
     plan: SamplingPlan
     sigma: float
-    result: FitResult
+    ran: Ran  # what the training ran
     seconds: float  # the training itself (features included)
 
 
-def fit_from_scratch(framework: Framework, images: np.ndarray, labels: np.ndarray, hp: hp_file.Hyperparameters,
+def fit_from_scratch(framework: Framework, images: np.ndarray, labels: np.ndarray, hp: Hyperparameters,
                      where: str) -> Trained:
-    """A train task's work without Substra: the checks, σ (calibrated when hp asks), a new model, `fit` (fresh
-    noise unless hp.noise_seed)."""
+    """A train task's work without Substra, for benchmarks and audits: the checks, σ (calibrated when hp asks), a
+    new model, `fit` (fresh noise unless hp.noise_seed). `framework`: the algo's; `images`, `labels`: the training
+    data, [n, 28, 28] and [n]; `where`: what an error names (the file or options the hyperparameters came from)."""
     plan = planning.check_run(framework.name, hp, len(labels), where)
     sigma = planning.resolve_noise_multiplier(hp, plan, [])
     network = Network.of(hp)
     model = framework.new_model(hp.seed, network)
     start = time.perf_counter()
-    result = fit(framework, model, images, labels, hp, plan, sigma, lambda steps: "")
-    return Trained(model, network, plan, sigma, result, time.perf_counter() - start)
+    ran = fit(framework, model, images, labels, hp, plan, sigma, lambda steps: "")
+    return Trained(model, network, plan, sigma, ran, time.perf_counter() - start)
 
 
 # What a framework's loader raises on bytes that are not its weights for the network (torch's unpickler, np.load,
@@ -190,17 +183,17 @@ def train(framework: Framework, inputs: dict, outputs: dict, hyperparameters_pat
     check_outputs_writable(outputs)
     # 1. Data, and what it may spend (privacy/: q, steps, σ, budget, over the earlier runs of its examples).
     data = inputs["datasamples"]
-    hp = hp_file.load(hyperparameters_path)
+    hp = hyperparameters.load(hyperparameters_path)
     plan = check_data(framework, data, hp, str(hyperparameters_path))
     # 2. The model: the input model, or a seeded start (the same at every organisation).
     model, ledger = _load_input_model(framework, inputs, Network.of(hp))
     if model is None:
         model = framework.new_model(hp.seed, Network.of(hp))
     # 3. The DP steps, and 4. the ledger: this run as it ran.
-    run, result = train_in_memory(framework, model, ledger, data, hp, plan,
+    run, ran = train_in_memory(framework, model, ledger, data, hp, plan,
                                   provenance.running_code(Path(hyperparameters_path).parent, "train"),
                                   f"nothing was saved; lower learning_rate or max_grad_norm in {hyperparameters_path}")
-    if result is None:  # the budget of this data is spent: nothing trained, nothing was added to the ledger
+    if ran is None:  # the budget of this data is spent: nothing trained, nothing was added to the ledger
         model_file.copy(inputs["model"], outputs["model"])
         summary = statement.privacy_summary(ledger, hp.delta)
         _save_epsilon(outputs["epsilon"], summary["epsilon"])
@@ -210,15 +203,15 @@ def train(framework: Framework, inputs: dict, outputs: dict, hyperparameters_pat
     model_file.save(outputs["model"], model_file.ModelFile(framework.name, framework.dump_model(model), ledger,
                                                            run_settings(run)))
     summary = statement.privacy_summary(ledger, hp.delta)
-    summary["library_epsilon"] = result.library_epsilon
+    summary["library_epsilon"] = ran.library_epsilon
     _save_epsilon(outputs["epsilon"], summary["epsilon"])
-    log.info("trained %d steps, q=%.4g, sigma=%.4g: %s", result.steps, result.sample_rate, result.noise_multiplier,
+    log.info("trained %d steps, q=%.4g, sigma=%.4g: %s", ran.steps, run.plan.sample_rate, ran.noise_multiplier,
              statement.describe(summary))
     timing.end_task("saving", dp=hp.dp)
     return summary
 
 
-def check_data(framework: Framework, data: dict, hp: hp_file.Hyperparameters, where: str) -> SamplingPlan:
+def check_data(framework: Framework, data: dict, hp: Hyperparameters, where: str) -> SamplingPlan:
     """The opener's data (`get_data`'s dict) refused if it holds copies of an example (trained twice, it would be
     accounted once), else the sampling plan of a run of `hp` on it (planning.check_run's checks)."""
     if data.get("copies"):
@@ -226,13 +219,14 @@ def check_data(framework: Framework, data: dict, hp: hp_file.Hyperparameters, wh
     return planning.check_run(framework.name, hp, len(data["labels"]), where)
 
 
-def train_in_memory(framework: Framework, model, ledger: Ledger, data: dict, hp: hp_file.Hyperparameters,
+def train_in_memory(framework: Framework, model, ledger: Ledger, data: dict, hp: Hyperparameters,
                     plan: SamplingPlan, code: dict, if_diverged: str, through=None) -> tuple:
-    """One training run of `model` (in place) on the opener's `data`, after the runs of `ledger`, to which its
-    event is added: (its budget.RunPrivacy, its FitResult), or (RunPrivacy, None) when the data's budget is spent
-    and nothing ran. `code`: provenance of the running function; `if_diverged`: what to do, when a weight is not
-    finite after training; `through`: as in `fit`. The substratools train task and the substrafl algos
-    (mnist_dp/federated) both train through here."""
+    """One training run of `model` (in place) by `framework` on the opener's `data`, after the runs of `ledger`, to
+    which its event is added: (its budget.RunPrivacy, what it Ran), or (RunPrivacy, None) when the data's budget
+    is spent and nothing ran. `hp`, `plan`: the hyperparameters and the sampling plan check_data made of them;
+    `code`: provenance of the running function; `if_diverged`: what to do, when a weight is not finite after
+    training; `through`: as in `fit`. The substratools train task and the substrafl algos (mnist_dp/federated)
+    both train through here."""
     run = budget.for_task(framework.name, hp, plan, ledger, data["samples"])
     randomness = RunRandomness.for_run(hp.noise_seed, len(ledger.events), run.identities)
     if randomness.replayable:
@@ -240,12 +234,12 @@ def train_in_memory(framework: Framework, model, ledger: Ledger, data: dict, hp:
     timing.mark("setup")  # input model, σ calibration, budget
     if run.plan.steps == 0:
         return run, None
-    result = fit(framework, model, data["images"], data["labels"], hp, run.plan, run.sigma, run.progress,
-                 randomness, through=through)
+    ran = fit(framework, model, data["images"], data["labels"], hp, run.plan, run.sigma, run.progress, randomness,
+              through=through)
     timing.mark("training")  # the steps after the first
-    check_finite(framework, model, f"training diverged in {result.steps} steps", if_diverged)
-    ledger.add(run.event(result, code=code))
-    return run, result
+    check_finite(framework, model, f"training diverged in {ran.steps} steps", if_diverged)
+    ledger.add(run.event(ran, code=code))
+    return run, ran
 
 
 def run_settings(run: budget.RunPrivacy) -> dict:

@@ -10,7 +10,7 @@ import dataclasses
 import logging
 from dataclasses import dataclass
 
-from mnist_dp import hyperparameters as hp_file
+from mnist_dp.hyperparameters import Hyperparameters
 from mnist_dp.privacy.accountant import compose_epsilon, steps_within_budget
 from mnist_dp.privacy.events import DpEvent
 from mnist_dp.privacy.ledger import Examples, Ledger
@@ -28,8 +28,8 @@ from mnist_dp.utils.errors import UserError
 log = logging.getLogger("substratools.mnist_dp")
 
 
-def check_plan(framework: str, hp: hp_file.Hyperparameters, sizes: list, rounds: int,
-               wheres: list) -> hp_file.Hyperparameters:
+def check_plan(framework: str, hp: Hyperparameters, sizes: list, rounds: int,
+               wheres: list) -> Hyperparameters:
     """What the train tasks of a plan would refuse, checked before anything is registered: each organisation's run
     (check_run: `sizes[k]` examples, errors named `wheres[k]`), a target_epsilon no σ meets, and a max_epsilon below
     the ε of its first step, with σ as the tasks will get it (noise_for_rounds for several rounds). `framework`: the
@@ -45,21 +45,22 @@ def check_plan(framework: str, hp: hp_file.Hyperparameters, sizes: list, rounds:
     return hp
 
 
-def check_first_step(framework: str, hp: hp_file.Hyperparameters, plan: SamplingPlan, sigma: float,
+def check_first_step(framework: str, hp: Hyperparameters, plan: SamplingPlan, sigma: float,
                      where: str = "") -> None:
-    """Refuse a max_epsilon below the ε of a single step of this run at σ (no earlier run on its data): it could
-    not train at all. The scripts check it up front (check_plan), a train task again (apply_budget)."""
+    """Refuse hp's max_epsilon below the ε of a single step of a `framework` run of `plan` at gradient noise `sigma`
+    (no earlier run on its data): it could not train at all. The scripts check it up front (check_plan, `where`
+    naming the organisation), a train task again (apply_budget)."""
     one_step = compose_epsilon([run_event(framework, (), hp, plan, sigma, 1)], hp.delta)
     if one_step > hp.max_epsilon:
         raise UserError(f"{where + ': ' if where else ''}max_epsilon = {hp.max_epsilon} is below the ε of a single "
                         f"step ({one_step:.3f} at δ = {hp.delta:g}); raise max_epsilon or the noise")
 
 
-def apply_budget(framework: str, identities: tuple, hp: hp_file.Hyperparameters, plan: SamplingPlan, sigma: float,
+def apply_budget(framework: str, identities: tuple, hp: Hyperparameters, plan: SamplingPlan, sigma: float,
                  prior: list) -> SamplingPlan:
-    """With max_epsilon: the plan cut at the last step that keeps ε (prior runs on this data included)
-    within budget; 0 steps when the prior runs spent it (the train task passes its input model on); refuses
-    a budget below a single step's ε."""
+    """With hp's max_epsilon: `plan` cut at the last step that keeps ε within budget, for a `framework` run at
+    gradient noise `sigma` on the samples `identities` after the runs `prior` on them; 0 steps when the prior runs
+    spent it (the train task passes its input model on); refuses a budget below a single step's ε."""
     if not hp.dp or hp.max_epsilon is None:
         return plan
     run = run_event(framework, identities, hp, plan, sigma, plan.steps)
@@ -82,7 +83,7 @@ class RunPrivacy:
     examples (Ledger.histories: usually one list; several when an input model trained on parts of its data)."""
 
     framework: str
-    hp: hp_file.Hyperparameters
+    hp: Hyperparameters
     identities: tuple  # the data samples' keyed identities
     plan: SamplingPlan
     sigma: float
@@ -96,16 +97,17 @@ class RunPrivacy:
         eps = max(compose_epsilon(prior + [partial], self.hp.delta, "rdp") for prior in self.histories)
         return f"ε(RDP)={eps:.2f} δ={self.hp.delta:g}"
 
-    def event(self, result, code: dict | None) -> DpEvent:
-        """The ledger event of the run as it ran (`result`: skeleton.FitResult)."""
-        return run_event(self.framework, self.identities, self.hp, self.plan, result.noise_multiplier, result.steps,
-                         ran=result, code=code)
+    def event(self, ran, code: dict | None) -> DpEvent:
+        """The ledger event of the run as it ran (`ran`: the skeleton's interface.Ran)."""
+        return run_event(self.framework, self.identities, self.hp, self.plan, ran.noise_multiplier, ran.steps,
+                         ran=ran, code=code)
 
 
-def for_task(framework: str, hp: hp_file.Hyperparameters, plan: SamplingPlan, ledger: Ledger,
+def for_task(framework: str, hp: Hyperparameters, plan: SamplingPlan, ledger: Ledger,
              samples: list) -> RunPrivacy:
-    """The privacy plan of a train task on data `samples` (the opener's), after the runs of `ledger`: its
-    examples are recorded in the ledger, σ holds for the worst of their histories, and so does the budget."""
+    """The privacy plan of a `framework` train task of `plan` (with hyperparameters `hp`) on data `samples` (the
+    opener's), after the runs of `ledger`: its examples are recorded in the ledger, σ holds for the worst of their
+    histories, and so does the budget."""
     identities = tuple(s["identity"] for s in samples)
     ledger.add_examples({s["identity"]: Examples.of(s["key"], s["examples"]) for s in samples})
     histories = ledger.histories(identities)

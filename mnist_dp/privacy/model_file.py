@@ -18,7 +18,7 @@ import shutil
 import zipfile
 from dataclasses import dataclass, field
 
-from mnist_dp import hyperparameters as hp_file
+from mnist_dp import hyperparameters
 from mnist_dp.privacy.events import count_stddev
 from mnist_dp.privacy.ledger import Ledger
 from mnist_dp.privacy.planning import check_delta
@@ -124,7 +124,7 @@ def check_run_settings(ledger: Ledger, meta: dict) -> None:
     if missing:
         raise ValueError(f"metadata lacks {missing}")
     for name in ("delta", "batch_size", "max_grad_norm", "max_epsilon", "secure_mode"):
-        hp_file.check_value(name, hp[name], "metadata")
+        hyperparameters.check_value(name, hp[name], "metadata")
     check_delta(hp["delta"], max(e.n for e in ledger.events), "metadata: delta")
     if AGGREGATED in hp:
         _check_aggregated(ledger, meta)

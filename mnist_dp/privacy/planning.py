@@ -12,7 +12,8 @@ import logging
 import math
 from dataclasses import dataclass
 
-from mnist_dp import hyperparameters as hp_file
+from mnist_dp import hyperparameters
+from mnist_dp.hyperparameters import Hyperparameters
 from mnist_dp.privacy import accountant, events
 from mnist_dp.privacy.events import NO_CLIPPING, NOISE_STAGES, PER_EXAMPLE, DpEvent, NoiseSchedule
 from mnist_dp.utils.errors import UserError
@@ -54,7 +55,7 @@ class SamplingPlan:
         return self.steps < self.planned_steps
 
     @classmethod
-    def from_hyperparameters(cls, n: int, hp: hp_file.Hyperparameters, where: str) -> SamplingPlan:
+    def from_hyperparameters(cls, n: int, hp: Hyperparameters, where: str) -> SamplingPlan:
         if hp.batch_size > n:
             raise UserError(f"{where}: batch_size = {hp.batch_size} is larger than the {n} training examples")
         plan = cls(n=n, steps_per_epoch=math.ceil(n / hp.batch_size), epochs=hp.epochs)
@@ -68,7 +69,7 @@ class SamplingPlan:
 MAX_STEPS = 1_000_000  # days of training on a CPU; beyond it a typo is likelier than a plan
 
 
-def noise_schedule(hp: hp_file.Hyperparameters, plan: SamplingPlan, sigma: float) -> NoiseSchedule:
+def noise_schedule(hp: Hyperparameters, plan: SamplingPlan, sigma: float) -> NoiseSchedule:
     """What noise every step of the run adds: σ (the first stage's), the decay, and adaptive clipping's count."""
     if not hp.dp:
         return NoiseSchedule(0.0)
@@ -77,7 +78,7 @@ def noise_schedule(hp: hp_file.Hyperparameters, plan: SamplingPlan, sigma: float
     return NoiseSchedule(sigma, hp.noise_decay, decay_steps, count)
 
 
-def count_stddev(hp: hp_file.Hyperparameters, plan: SamplingPlan) -> float:
+def count_stddev(hp: Hyperparameters, plan: SamplingPlan) -> float:
     return events.count_stddev(hp.clip_count_stddev, plan.expected_batch_size)
 
 
@@ -86,7 +87,7 @@ NO_SECURE_MODE = {"tf": "TF Privacy offers no secure noise generator; use the to
                         "or set secure_mode to false"}
 
 
-def check_run(framework: str, hp: hp_file.Hyperparameters, n: int, where: str) -> SamplingPlan:
+def check_run(framework: str, hp: Hyperparameters, n: int, where: str) -> SamplingPlan:
     """What a train task on `n` examples would refuse before it resolves σ, checked where the sizes are known: the
     task itself, and the scripts before they register anything (with check_target: budget.check_plan)."""
     check_delta(hp.delta, n, where=f"{where}: delta")
@@ -104,7 +105,7 @@ def check_delta(delta: float, n: int, where: str = "delta") -> None:
                         "choose a smaller delta")
 
 
-def check_noise(hp: hp_file.Hyperparameters, plan: SamplingPlan, where: str) -> None:
+def check_noise(hp: Hyperparameters, plan: SamplingPlan, where: str) -> None:
     """Refuse a step with less noise than events.MIN_NOISE_MULTIPLIER (its ε is huge and PLD cannot compute it in
     reasonable time): a given σ too small, or adaptive clipping's count too little noised for any σ. A σ calibrated
     from target_epsilon never goes below the floor (the calibration's own checks, worded by `refused`)."""
@@ -132,7 +133,7 @@ def check_noise(hp: hp_file.Hyperparameters, plan: SamplingPlan, where: str) -> 
                         f"huge ε; raise noise_multiplier{' or noise_decay' if decay else ''}")
 
 
-def check_target(hp: hp_file.Hyperparameters, plan: SamplingPlan, where: str) -> None:
+def check_target(hp: Hyperparameters, plan: SamplingPlan, where: str) -> None:
     """Refuse a target_epsilon no σ meets on fresh data, without calibrating: the scripts' check before they
     register a plan whose tasks calibrate σ themselves (a task's calibration checks it again with the earlier
     runs of its data)."""
@@ -144,7 +145,7 @@ def check_target(hp: hp_file.Hyperparameters, plan: SamplingPlan, where: str) ->
             raise refused(exc, hp, plan, where) from None
 
 
-def resolve_noise_multiplier(hp: hp_file.Hyperparameters, plan: SamplingPlan, prior: list, repeats: int = 1,
+def resolve_noise_multiplier(hp: Hyperparameters, plan: SamplingPlan, prior: list, repeats: int = 1,
                              where: str = "") -> float:
     """σ of a run of `plan`: 0 without DP, hp's noise_multiplier if given, else the least σ that keeps the data's
     ε within target_epsilon after the earlier runs `prior` on it and `repeats` runs of this one."""
@@ -162,12 +163,13 @@ def resolve_noise_multiplier(hp: hp_file.Hyperparameters, plan: SamplingPlan, pr
     return sigma
 
 
-def refused(why: accountant.NoSigma, hp: hp_file.Hyperparameters, plan: SamplingPlan, where: str = "",
+def refused(why: accountant.NoSigma, hp: Hyperparameters, plan: SamplingPlan, where: str = "",
             prior: list = (), repeats: int = 1) -> UserError:
-    """The accountant's reason why no σ meets hp.target_epsilon, in the words of the setting to change."""
+    """The accountant's reason why no σ meets hp.target_epsilon, in the words of the setting to change, for a run
+    of `plan` repeated `repeats` times after the runs `prior` on its data; `where` names the hyperparameters."""
     target = f"{where + ': ' if where else ''}target_epsilon = {hp.target_epsilon}"
     over = f"at δ = {hp.delta:g} over {plan.steps * repeats} steps{' after the input model' if prior else ''}"
-    most = hp_file.MAX_NOISE_MULTIPLIER
+    most = hyperparameters.MAX_NOISE_MULTIPLIER
     match why:
         case accountant.PriorNotPrivate():
             text = (f"{where + ': ' if where else ''}cannot calibrate to a target epsilon: the input model was "
@@ -193,7 +195,7 @@ def refused(why: accountant.NoSigma, hp: hp_file.Hyperparameters, plan: Sampling
     return UserError(text)
 
 
-def noise_for_rounds(hp: hp_file.Hyperparameters, sizes: list, rounds: int) -> hp_file.Hyperparameters:
+def noise_for_rounds(hp: Hyperparameters, sizes: list, rounds: int) -> Hyperparameters:
     """Fix σ for a plan that trains on the same data `rounds` times.
 
     A train task calibrates σ from target_epsilon for its own run; in round 2 its data's budget is already
@@ -210,18 +212,18 @@ def noise_for_rounds(hp: hp_file.Hyperparameters, sizes: list, rounds: int) -> h
     return dataclasses.replace(hp, noise_multiplier=max(sigmas), target_epsilon=None)
 
 
-def run_event(framework: str, data: tuple, hp: hp_file.Hyperparameters, plan: SamplingPlan, sigma: float,
-              steps: int, ran=None, code: dict | None = None) -> DpEvent:
-    """The DP event of `steps` steps of a run of `plan` on `data` (its samples' identities) at gradient noise σ,
-    the schedule and count noise from `hp`: what the budget and the progress bar account. For the ledger, `ran`
-    (the skeleton's FitResult) adds what the run did (the library's own ε, whether its noise can be replayed),
-    `code` its provenance, and the event gets a new run id."""
+def run_event(framework: str, data: tuple, hp: Hyperparameters, plan: SamplingPlan, sigma: float, steps: int,
+              ran=None, code: dict | None = None) -> DpEvent:
+    """The DP event of `steps` steps of a `framework` run of `plan` on `data` (its samples' identities) at gradient
+    noise `sigma`, the schedule and count noise from `hp`: what the budget and the progress bar account. For the
+    ledger, `ran` (interface.Ran, as skeleton.fit completes it) adds what the run did (its clipping unit, the
+    library's own ε, whether its noise can be replayed), `code` its provenance, and the event gets a new run id."""
     schedule = noise_schedule(hp, plan, sigma)
     event = DpEvent(framework, data, plan.n, plan.sample_rate, sigma, steps, PER_EXAMPLE if hp.dp else NO_CLIPPING,
                     hp.max_grad_norm, noise_decay=schedule.noise_decay, decay_steps=schedule.decay_steps,
                     count_noise_multiplier=schedule.count_noise_multiplier)
     if ran is None:
         return event
-    return dataclasses.replace(event, run_id=events.new_run_id(), clipping=ran.clipping, sample_rate=ran.sample_rate,
+    return dataclasses.replace(event, run_id=events.new_run_id(), clipping=ran.clipping,
                                library_epsilon=tuple(sorted(ran.library_epsilon.items())), batch_size=hp.batch_size,
                                planned_steps=plan.planned_steps, code=code, replayable_noise=ran.replayable_noise)

@@ -86,8 +86,8 @@ def fit(case, images, labels, sigma, dp=True, noise_seed=0, epochs=1, batch_size
     plan = planning.SamplingPlan.from_hyperparameters(len(labels), hp, "test")
     model = case.algo.new_model(0, case.network)
     before = interface.flat_weights(case.algo, model)
-    result = skeleton.fit(case.algo, model, images, labels, hp, plan, sigma, lambda steps: "")
-    return before - interface.flat_weights(case.algo, model), result  # = lr × the update applied
+    ran = skeleton.fit(case.algo, model, images, labels, hp, plan, sigma, lambda steps: "")
+    return before - interface.flat_weights(case.algo, model), ran  # = lr × the update applied
 
 
 def wrong_labels(case, images):
@@ -102,8 +102,8 @@ def test_every_per_example_contribution_is_clipped_to_c(framework):
         assert np.linalg.norm(raw) > 10 * C  # deliberately huge
         clipped, _ = fit(framework, HUGE[i : i + 1], labels[i : i + 1], sigma=0.0)
         assert np.linalg.norm(clipped) == pytest.approx(C, rel=1e-3)  # clipped to exactly C
-    update, result = fit(framework, HUGE, labels, sigma=0.0)
-    assert result.batch_sizes == [8] and result.clipping == "per-example"
+    update, ran = fit(framework, HUGE, labels, sigma=0.0)
+    assert ran.batch_sizes == [8] and ran.clipping == "per-example"
     assert np.linalg.norm(update) <= C * (1 + 1e-4)  # mean of 8 contributions of norm ≤ C
 
 
@@ -121,8 +121,8 @@ def test_noise_has_standard_deviation_sigma_c_over_the_expected_batch(framework)
 
 def test_without_dp_nothing_is_clipped_or_noised_and_with_dp_seeds_differ(framework):
     labels = wrong_labels(framework, HUGE)
-    plain, result = fit(framework, HUGE, labels, sigma=1.0, dp=False)
-    assert result.noise_multiplier == 0 and result.clipping == "none"
+    plain, ran = fit(framework, HUGE, labels, sigma=1.0, dp=False)
+    assert ran.noise_multiplier == 0 and ran.clipping == "none"
     assert np.linalg.norm(plain) > 10 * C  # not clipped
     again, _ = fit(framework, HUGE, labels, sigma=1.0, dp=False, noise_seed=1)
     np.testing.assert_allclose(again, plain, rtol=1e-4, atol=1e-6)  # no noise: the seed changes nothing
@@ -135,9 +135,9 @@ def test_without_dp_nothing_is_clipped_or_noised_and_with_dp_seeds_differ(framew
 
 def test_by_default_two_runs_on_identical_inputs_draw_different_noise(framework):
     sigma = 2.0
-    first, result = fit(framework, IMAGES, LABELS, sigma=sigma, noise_seed=None)
+    first, ran = fit(framework, IMAGES, LABELS, sigma=sigma, noise_seed=None)
     second, _ = fit(framework, IMAGES, LABELS, sigma=sigma, noise_seed=None)
-    assert not result.replayable_noise
+    assert not ran.replayable_noise
     difference = first - second  # noise minus independent noise: std √2·σC/E[B]
     assert np.std(difference) == pytest.approx(np.sqrt(2) * sigma * C / len(LABELS), rel=0.03)
 
@@ -176,13 +176,13 @@ def first_batch(plan, hp, noise_seed):
 def test_every_framework_trains_binomial_poisson_batches_exactly_the_planned_steps(framework):
     n, batch = 64, 8  # q = 1/8
     images, labels = np.resize(IMAGES, (n, 28, 28)), np.resize(LABELS, n)
-    _, result = fit(framework, images, labels, sigma=1.0, epochs=40, batch_size=batch)
-    assert len(result.batch_sizes) == 320
-    assert_binomial(result.batch_sizes, n, 1 / 8)
+    _, ran = fit(framework, images, labels, sigma=1.0, epochs=40, batch_size=batch)
+    assert len(ran.batch_sizes) == 320
+    assert_binomial(ran.batch_sizes, n, 1 / 8)
     hp = make_hp(batch_size=batch, epochs=40)
     plan = planning.SamplingPlan.from_hyperparameters(n, hp, "test")
     drawn = skeleton.sampled_batches(plan, hp, RunRandomness.for_run(0), lambda steps: "", "t")
-    assert result.batch_sizes == [len(b) for b in drawn]  # the shared sampler's batches are what trains
+    assert ran.batch_sizes == [len(b) for b in drawn]  # the shared sampler's batches are what trains
 
 
 def stepwise(case, images, labels, sigma, clip_class=interface.ClipNorm, **changes):
@@ -282,13 +282,13 @@ def test_every_utility_option_trains_and_the_ledger_records_what_changes_epsilon
     plan = planning.SamplingPlan.from_hyperparameters(len(LABELS), hp, "test")  # 2 steps per epoch, 4 planned
     model = framework.algo.new_model(0, framework.network)
     before = interface.flat_weights(framework.algo, model)
-    result = skeleton.fit(framework.algo, model, IMAGES, LABELS, hp, plan, 1.0, lambda steps: "")
+    ran = skeleton.fit(framework.algo, model, IMAGES, LABELS, hp, plan, 1.0, lambda steps: "")
     after = interface.flat_weights(framework.algo, model)
     assert np.all(np.isfinite(after)) and not np.allclose(after, before)
-    event = planning.run_event(framework.name, ("d",), hp, plan, result.noise_multiplier, result.steps, ran=result)
+    event = planning.run_event(framework.name, ("d",), hp, plan, ran.noise_multiplier, ran.steps, ran=ran)
     assert (event.noise_decay, event.decay_steps) == (0.5, 1)  # σ halves at each quarter of the 4 steps
     assert event.count_noise_multiplier == pytest.approx(2 * plan.expected_batch_size / 20)
-    assert result.library_epsilon == {}  # no library accounts for a schedule or a count: none is shown
+    assert ran.library_epsilon == {}  # no library accounts for a schedule or a count: none is shown
 
 
 @pytest.mark.parametrize("framework", [(f, "scattering", "cnn") for f in FRAMEWORKS], indirect=True,

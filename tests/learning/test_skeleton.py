@@ -76,15 +76,15 @@ def test_a_library_epsilon_that_is_not_finite_is_dropped_with_a_warning():
     skeleton.log.addHandler(handler)
     level, skeleton.log.level = skeleton.log.level, logging.WARNING  # nor a level substratools set for its logger
     try:
-        result = skeleton.fit(LibraryFigures(), None, np.zeros((100, 28, 28), np.float32), np.zeros(100, np.int64),
+        ran = skeleton.fit(LibraryFigures(), None, np.zeros((100, 28, 28), np.float32), np.zeros(100, np.int64),
                               hp, plan, 1.0, lambda steps: "")
     finally:
         skeleton.log.removeHandler(handler)
         skeleton.log.level = level
-    assert result.library_epsilon == {"fine": 2.5}
+    assert ran.library_epsilon == {"fine": 2.5}
     assert [r.getMessage().split(";")[0] for r in records] == [
         "torch: monitor gave epsilon = nan for this run", "torch: statement gave epsilon = inf for this run"]
-    event = planning.run_event("torch", ("d",), hp, plan, result.noise_multiplier, result.steps, ran=result,
+    event = planning.run_event("torch", ("d",), hp, plan, ran.noise_multiplier, ran.steps, ran=ran,
                                code={"function": "train", "archive_digest": None})
     assert events.DpEvent.from_json(event.to_json()) == event  # as a model file stores it: readable again
 
