@@ -223,10 +223,12 @@ def parse_arguments(argv):
     black.add_argument("--batch-size", type=images, help=f"expected batch size (default: {BLACK_BOX['batch_size']})")
     black.add_argument("--no-baseline", action="store_true", help="skip the non-private run")
     args = parser.parse_args(argv)
-    mode, other = ("white-box", BLACK_BOX) if args.white_box else ("black-box", WHITE_BOX)
-    options.refuse_unused("with --white-box" if args.white_box else "without --white-box (the black-box audit)",
-                          {f"--{name.replace('_', '-')}": getattr(args, name) for name in other})
-    for name, value in {**DEFAULTS[mode], **(WHITE_BOX if args.white_box else BLACK_BOX)}.items():
+    if args.white_box:
+        mode, own, other, said = "white-box", WHITE_BOX, BLACK_BOX, "with --white-box"
+    else:
+        mode, own, other, said = "black-box", BLACK_BOX, WHITE_BOX, "without --white-box (the black-box audit)"
+    options.refuse_unused(said, {f"--{name.replace('_', '-')}": getattr(args, name) for name in other})
+    for name, value in {**DEFAULTS[mode], **own}.items():
         setattr(args, name, value if getattr(args, name) is None else getattr(args, name))
     if not args.white_box and args.train_size + args.canaries > sources.EMBEDDED_SIZE:
         parser.error(f"--train-size {args.train_size} with --canaries {args.canaries}: the audit draws them from the "

@@ -59,11 +59,7 @@ class KeysFile:
         self.path = Path(path) if path else None
         self.content = {}
         if self.path and self.path.exists():
-            try:
-                self.content = json_input.loads(self.path.read_text(), str(self.path))
-            except (OSError, json.JSONDecodeError) as exc:
-                raise UserError(f"{self.path}: cannot read this keys file ({exc}); "
-                                "fix it, or move it away to register everything again") from None
+            self.content = json_input.read(self.path, "keys file")  # moved away: everything is registered again
             if not isinstance(self.content, dict):
                 raise UserError(f"{self.path}: not a keys file (expected a JSON object); move it away")
 

@@ -33,8 +33,8 @@ THREAT_MODEL = (
     "can match them to a candidate dataset or example; they show how many examples two runs share); Substra's "
     "performances give ε and the test accuracy (by default nothing computed on the "
     "training data); the logs give timings and step counts. The batches and the noise are not released.")
-TRAIN_SCORES = ("- **Training-data accuracy was published** (--score-train): it is computed on the training data "
-                "without noise, so it is **not covered by ε**.")
+TRAIN_SCORES = ("**Training-data accuracy was published** (--score-train): it is computed on the training data "
+                "without noise, so it is **not covered by ε**")
 
 
 SHARED_EXAMPLES = (
@@ -106,24 +106,21 @@ def privacy_statement(saved: ModelFile, per_organization: dict | None = None, tr
                 "ε = ∞. It must not leave the organisations that hold its training data.")
     epsilon = ledger.epsilon(delta, REPORTED_ACCOUNTANT)
     keys = ledger.keys()
-    flagged = ([f"**replayable noise** ({REPLAYABLE_WARNING})"] if any(e.replayable_noise for e in ledger.events)
-               else []) + (["**training-data accuracy published** (--score-train): not covered by ε"]
-                           if train_scores else [])
+    flagged = ([f"**Replayable noise**: {REPLAYABLE_WARNING}"] if any(e.replayable_noise for e in ledger.events)
+               else []) + ([TRAIN_SCORES] if train_scores else [])
     lines = [
         f"**(ε, δ) = ({epsilon:.3f}, {delta:g})** by {ACCOUNTANT_NAMES[REPORTED_ACCOUNTANT]} (reported), the worst "
         "case over every example whose influence is in these weights, whichever organisation holds it (the unit: "
         "one organisation's record).",
         f"- Covered: the {len(ledger.events)} training run(s) and {sum(e.steps for e in ledger.events):,} steps "
-        "listed below, on the data samples they name.",
+        "listed below, on the data samples they name (by keyed identity); the initialisation is data-independent "
+        "(seeded) and costs nothing.",
         f"- Flagged: {'; '.join(flagged) if flagged else 'nothing'}.",
         "",
         f"- {ACCOUNTANT_NAMES['rdp']}: ε = {ledger.epsilon(delta, 'rdp'):.3f}, beside it (a looser bound).",
         *([f"- An individual whose records every organisation here holds (under each of the {len(keys)} identity "
            f"keys): ε = {ledger.epsilon_in_every_organization(delta, REPORTED_ACCOUNTANT):.3f}, every run composed."]
           if len(keys) > 1 else []),
-        *([f"- **Replayable noise**: {REPLAYABLE_WARNING}."] if any(e.replayable_noise for e in ledger.events)
-          else []),
-        *([TRAIN_SCORES] if train_scores else []),
         "- Training runs in the ledger (in order):",
     ]
     for i, e in enumerate(ledger.events, 1):
@@ -173,8 +170,6 @@ def privacy_statement(saved: ModelFile, per_organization: dict | None = None, tr
                  "run, stored nowhere" + (f", except run(s) {', '.join(map(str, replayed))}, drawn from noise_seed "
                                           f"{hp.get('noise_seed')!r} (replayable)" if replayed else "")
                  + f"; secure_mode (floating-point-attack-resistant noise): {secure}.")
-    lines.append("- Covered: every training step recorded above, on the data samples it names (by keyed identity); "
-                 "the initialisation is data-independent (seeded) and costs nothing.")
     if assumptions:
         lines.append(shared_assumptions(is_federated(saved)))
     return "\n".join(lines)

@@ -63,7 +63,7 @@ def test_a_failure_half_way_keeps_the_keys_obtained(client, tmp_path, tiny_data,
 def test_bad_keys_file_and_bad_folds(client, tmp_path, tiny_data):
     path = tmp_path / "assets_keys.json"
     path.write_text("{not json")
-    with pytest.raises(UserError, match="assets_keys.json: cannot read"):
+    with pytest.raises(UserError, match=r"assets_keys.json: not valid JSON \(.*\); fix the keys file or move it away"):
         registry.KeysFile(path)
     path.write_text("{}")
     with pytest.raises(UserError, match="no 'dataset_key'.*add_dataset_objective"):

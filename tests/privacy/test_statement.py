@@ -29,13 +29,16 @@ def test_statement_gives_epsilon_with_delta_relation_sampling_clipping_and_exclu
     assert "Replayable noise" not in text and "not covered by ε" not in text
 
 
-def test_replayable_noise_and_training_data_scores_are_flagged_in_one_line_each():
+def test_replayable_noise_and_training_data_scores_are_flagged_once_in_the_card():
     replayed = DpEvent("tf", ("fp-a",), 300, 0.2, 1.0, 5, PER_EXAMPLE, 1.0, replayable_noise=True)
     text = statement.privacy_statement(saved([EVENT, replayed], noise_seed=7), train_scores=True)
     assert "**Replayable noise**: its noise was drawn from noise_seed: its ε holds only while that seed stays " \
            "secret" in text and "for experiments, not for release" in text
     assert "except run(s) 2, drawn from noise_seed 7 (replayable)" in text
     assert "**Training-data accuracy was published** (--score-train)" in text and "**not covered by ε**" in text
+    card = text.split("\n\n")[0]
+    assert text.count("**Replayable noise**") == card.count("**Replayable noise**") == 1
+    assert text.count("**Training-data accuracy") == card.count("**Training-data accuracy") == 1
 
 
 def test_statement_shows_the_budget_and_epsilon_per_data_group():
@@ -105,8 +108,10 @@ def test_the_statement_opens_with_a_card_and_leaves_the_shared_assumptions_to_th
     model = saved([EVENT])
     card = statement.privacy_statement(model, train_scores=True).split("\n\n")[0].splitlines()
     assert card[0].startswith(f"**(ε, δ) = ({model.ledger.epsilon(1e-4):.3f}, 0.0001)** by PLD")
-    assert card[1] == "- Covered: the 1 training run(s) and 5 steps listed below, on the data samples they name."
-    assert card[2] == "- Flagged: **training-data accuracy published** (--score-train): not covered by ε."
+    assert card[1] == ("- Covered: the 1 training run(s) and 5 steps listed below, on the data samples they name (by "
+                       "keyed identity); the initialisation is data-independent (seeded) and costs nothing.")
+    assert card[2] == ("- Flagged: **Training-data accuracy was published** (--score-train): it is computed on the "
+                       "training data without noise, so it is **not covered by ε**.")
     assert len(card) == 3 and "- Flagged: nothing." in statement.privacy_statement(model)
     alone, in_a_report = statement.privacy_statement(model), statement.privacy_statement(model, assumptions=False)
     assert statement.THREAT_MODEL in alone and statement.THREAT_MODEL not in in_a_report
