@@ -1,14 +1,13 @@
 """DP-SGD on MNIST with MindSpore 2.9 + MindArmour 2.0 on CPU, as Substra train / predict functions.
 
-Only framework code lives here; the sampling plan, σ, the ledger and ε come from the skeleton,
-`mnist_dp.learning.skeleton`.
+Only framework code lives here; the sampling plan, σ, the ledger and ε come from `mnist_dp.learning.skeleton`.
 Run alone:  python assets/algo_mindspore_dp/algo.py --function-name train --inputs '[...]' --outputs '[...]'
 
 How the DP step works, and why not MindArmour's `DPModel` (it refuses device_target CPU, clips per microbatch,
 expects fixed batches): exact per-example gradients from each layer's input and output gradient (book-keeping,
 as the tf algo) in GRAPH mode, clipped and summed; noise from MindArmour's `NoiseGaussianRandom`; its
-`RDPMonitor` as a cross-check. Convolutions are Im2Col patches times a matrix (`PatchConv2d`): 15 ms against
-MindSpore 2.9's CPU Conv2D's 280 ms, and what the per-example gradients need anyway (docs/design.md).
+`RDPMonitor` as a cross-check. Convolutions are Im2Col patches times a matrix (`PatchConv2d`): far faster than
+MindSpore 2.9's CPU Conv2D, and what the per-example gradients need anyway (timings: docs/design.md).
 """
 import io
 import logging
@@ -65,7 +64,8 @@ class PatchConv2d(nn.Conv2d):
 
     def construct(self, x):
         (kh, kw), (sh, sw) = self.kernel_size, self.stride[-2:]
-        height, width = (x.shape[2] + 2 * self.padding - kh) // sh + 1, (x.shape[3] + 2 * self.padding - kw) // sw + 1
+        height = (x.shape[2] + 2 * self.padding - kh) // sh + 1
+        width = (x.shape[3] + 2 * self.padding - kw) // sw + 1
         return self.pre_activation(self.patches(x)).reshape(x.shape[0], self.out_channels, height, width)
 
 

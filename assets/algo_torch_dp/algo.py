@@ -216,7 +216,8 @@ def noise_generator(randomness) -> torch.Generator:
     left = 1 makes the first draw twist the whole state."""
     generator = torch.Generator()
     state = bytearray(generator.get_state().numpy().tobytes())
-    header, words = struct.calcsize("<qiiQ"), randomness.words("gradient noise", 624).astype("<u8").tobytes()
+    header = struct.calcsize("<qiiQ")
+    words = randomness.words("gradient noise", 624).astype("<u8").tobytes()
     state[:header] = struct.pack("<qiiQ", 0, 1, 1, 0)
     state[header:header + len(words)] = words
     state[header + len(words):] = bytes(len(state) - header - len(words))

@@ -146,5 +146,7 @@ def _described(array: np.ndarray) -> str:
     nan = array.dtype.kind == "f" and np.isnan(array).any()
     if nan and np.isnan(array).all():
         return f"{array.dtype}, all NaN"
-    low, high = (f"{v:.6g}" if array.dtype.kind == "f" else str(v) for v in (np.nanmin(array), np.nanmax(array)))
+    low, high = np.nanmin(array), np.nanmax(array)
+    if array.dtype.kind == "f":
+        low, high = f"{low:.6g}", f"{high:.6g}"
     return f"{array.dtype} with values {low}..{high}{' and NaN' if nan else ''}"
