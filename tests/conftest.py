@@ -40,6 +40,10 @@ def pytest_collection_modifyitems(items):
     for group, members in shared_runs(items).items():
         for item in members:
             item.add_marker(pytest.mark.xdist_group(group))
+    # The longest first, so that no worker starts an 8-minute Docker test while the other has nothing left (xdist
+    # hands them out in this order): the bundle's image, the other Docker tests, the slow ones, the fast ones.
+    items.sort(key=lambda item: (Path(item.fspath).name not in SLOW_MODULES, "docker_daemon" not in item.fixturenames,
+                                 item.get_closest_marker("slow") is None))
 
 
 def shared_runs(items):
