@@ -37,13 +37,25 @@ def pytest_collection_modifyitems(items):
         where = Path(item.fspath).relative_to(REPO / "tests").parts
         if where[0] in SLOW_FOLDERS or where[-1] in SLOW_MODULES:
             item.add_marker(pytest.mark.slow)
-    for group, members in shared_runs(items).items():
+    groups = shared_runs(items)
+    for group, members in groups.items():
         for item in members:
             item.add_marker(pytest.mark.xdist_group(group))
     # The longest first, so that no worker starts an 8-minute Docker test while the other has nothing left (xdist
-    # hands them out in this order): the bundle's image, the other Docker tests, the slow ones, the fast ones.
-    items.sort(key=lambda item: (Path(item.fspath).name not in SLOW_MODULES, "docker_daemon" not in item.fixturenames,
-                                 item.get_closest_marker("slow") is None))
+    # hands them out in this order): the bundle's image, the other Docker tests, the slow ones, the fast ones. A
+    # group moves as one, its tests kept together: a worker runs its tests in this order, and a test of another
+    # module in between would tear the group's run down, to be made again.
+    def cost(item):
+        return (Path(item.fspath).name not in SLOW_MODULES, "docker_daemon" not in item.fixturenames,
+                item.get_closest_marker("slow") is None)
+
+    group_of = {id(item): group for group, members in groups.items() for item in members}
+    first = {}  # group -> (its costliest test's cost, where its first test was)
+    for position, item in enumerate(items):
+        group = group_of.get(id(item), position)
+        first[group] = min(first.get(group, (cost(item), position)), (cost(item), position))
+    order = {id(item): (*first[group_of.get(id(item), position)], position) for position, item in enumerate(items)}
+    items.sort(key=lambda item: order[id(item)])
 
 
 def shared_runs(items):
@@ -67,6 +79,15 @@ def shared_runs(items):
                 group_of[fixture] = name
         group_of.update(dict.fromkeys(shared, name))
     return groups
+
+
+def pytest_configure(config):
+    # One torch thread in each test worker (the workers are one per core): two workers each spinning two OpenMP
+    # threads on two cores ran torch's in-process mechanism tests 8 times slower. Subprocesses keep the default.
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")

@@ -45,7 +45,7 @@ def test_help_and_bad_input(tmp_path, tiny_data):
     assert proc.returncode == 2 and "--folds 5" in proc.stderr and "Traceback" not in proc.stderr
     (tmp_path / "assets_keys.json").write_text("[")
     proc = run("--data", tiny_data)
-    assert proc.returncode == 2 and "assets_keys.json: cannot read" in proc.stderr
+    assert proc.returncode == 2 and "assets_keys.json: not valid JSON" in proc.stderr and "move it away" in proc.stderr
     assert (tmp_path / "assets_keys.json").read_text() == "["  # never overwritten
     (tmp_path / "assets_keys.json").unlink()
     (tmp_path / "images.npy").write_text("not a folder")
