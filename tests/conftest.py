@@ -32,6 +32,7 @@ SLOW_FOLDERS = ("assets", "federated", "scripts", "benchmarks")
 SLOW_MODULES = ("test_dockerfile.py",)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's, which names each test by the xdist_group marked here
 def pytest_collection_modifyitems(items):
     for item in items:
         where = Path(item.fspath).relative_to(REPO / "tests").parts
