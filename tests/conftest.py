@@ -60,9 +60,9 @@ def pytest_collection_modifyitems(items):
 
 
 def shared_runs(items):
-    """The tests run in parallel (pytest-xdist, `-n auto --dist loadgroup` in pyproject.toml). Tests that share
+    """The tests run in parallel (pytest-xdist, `--dist loadgroup` in pyproject.toml). Tests that share
     a module-scoped fixture (a training run, a plan), directly or through another test, must go to one worker,
-    so that the run is made once: this groups them, each group named by its first fixture."""
+    so that the run is made once: this groups them, each group named by one of its fixtures."""
     group_of = {}  # a fixture, with its parameter, -> the group that holds it
     groups = {}  # group name -> its tests
     for item in items:
