@@ -76,8 +76,7 @@ def fit(framework: Framework, model, images: np.ndarray, labels: np.ndarray, hp:
     `noise_scale` below 1 is the audit's broken mechanism: the steps add that fraction of the noise while the
     result still says σ. through(batches, plan): what the batches pass through on their way to the framework
     (substrafl's index generator, which counts them); it must hand on every batch unchanged."""
-    if hp.dp and hp.secure_mode and framework.name in planning.NO_SECURE_MODE:  # as check_run, which a caller may skip
-        raise UserError(f"secure_mode: {planning.NO_SECURE_MODE[framework.name]}")
+    planning.check_secure_mode(framework.name, hp)  # as check_run does, which a caller may skip
     randomness = randomness or RunRandomness.for_run(hp.noise_seed)
     inputs = Network.of(hp).inputs(images)
     timing.mark("features")  # fixed features: the scattering transform of every image (nothing for pixels)

@@ -90,7 +90,7 @@ def steps_within_budget(prior_events: Sequence[DpEvent], next_run: DpEvent, delt
 
 class NoSigma(Exception):
     """No σ up to MAX_NOISE_MULTIPLIER meets the target: each subclass says why, with the numbers that show it.
-    Words for the user come from the caller, who knows which setting to change (privacy/plan.py)."""
+    Words for the user come from the caller, who knows which setting to change (planning.py)."""
 
     def __str__(self) -> str:
         return repr(self)
@@ -148,8 +148,8 @@ def calibrate_noise_multiplier(
     (the gradient noise of the first steps) is calibrated, its decay and count noise kept. repeats: the run is
     repeated that many times (rounds of training on the same data). No step gets less than MIN_NOISE_MULTIPLIER.
     """
+    least = noise_range(target_epsilon, delta, sample_rate, steps, schedule, prior_events, repeats)
     segments = _segments_at(sample_rate, steps, schedule, prior_events, repeats)
-    least = _least_meeting(target_epsilon, delta, segments, schedule, steps, prior_events)
 
     def epsilon(accountant: str):  # _epsilon remembers: the search asks again for σ it tried (a bracket's ends)
         return lambda sigma: _epsilon(_counts(segments(sigma)), delta, accountant)
@@ -165,12 +165,6 @@ def noise_range(target_epsilon: float, delta: float, sample_rate: float, steps: 
     """The least σ a calibration may return (least_sigma), after checking that some σ up to MAX_NOISE_MULTIPLIER
     meets the target; else the NoSigma that says why. The arguments are calibrate_noise_multiplier's: this is its
     first part, for a caller that checks a target before it calibrates (in another process)."""
-    return _least_meeting(target_epsilon, delta, _segments_at(sample_rate, steps, schedule, prior_events, repeats),
-                          schedule, steps, prior_events)
-
-
-def _least_meeting(target_epsilon: float, delta: float, segments, schedule: NoiseSchedule, steps: int,
-                   prior_events: Sequence[DpEvent]) -> float:
     if any(not e.is_private for e in prior_events):
         raise PriorNotPrivate()
     spent_before = compose_epsilon(prior_events, delta) if prior_events else 0.0
@@ -179,6 +173,8 @@ def _least_meeting(target_epsilon: float, delta: float, segments, schedule: Nois
     least = least_sigma(schedule, steps)
     if least > MAX_NOISE_MULTIPLIER:
         raise DecayTooSteep(least)
+
+    segments = _segments_at(sample_rate, steps, schedule, prior_events, repeats)
 
     def spent(sigma: float) -> float:
         return _epsilon(_counts(segments(sigma)), delta, REPORTED_ACCOUNTANT)

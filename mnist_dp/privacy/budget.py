@@ -2,7 +2,7 @@
 stop it early, checked by the scripts for a whole plan before anything is registered.
 
 The task skeleton (learning/skeleton.py) asks for it once (`for_task`) and records the event it returns; a run's
-plan, its noise and its checks are plan.py's, ε is the accountant's.
+plan, its noise and its checks are planning.py's, ε is the accountant's.
 """
 from __future__ import annotations
 

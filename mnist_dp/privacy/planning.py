@@ -91,11 +91,17 @@ def check_run(framework: str, hp: Hyperparameters, n: int, where: str) -> Sampli
     """What a train task on `n` examples would refuse before it resolves σ, checked where the sizes are known: the
     task itself, and the scripts before they register anything (with check_target: budget.check_plan)."""
     check_delta(hp.delta, n, where=f"{where}: delta")
-    if hp.dp and hp.secure_mode and framework in NO_SECURE_MODE:  # without DP there is no noise, in any framework
-        raise UserError(f"{where}: secure_mode: {NO_SECURE_MODE[framework]}")
+    check_secure_mode(framework, hp, where)
     plan = SamplingPlan.from_hyperparameters(n, hp, where)
     check_noise(hp, plan, where)
     return plan
+
+
+def check_secure_mode(framework: str, hp: Hyperparameters, where: str = "") -> None:
+    """Refuse secure_mode for a framework whose DP library has no secure noise generator (without DP there is no
+    noise, in any framework): check_run's check, and skeleton.fit's for a caller that skips check_run."""
+    if hp.dp and hp.secure_mode and framework in NO_SECURE_MODE:
+        raise UserError(f"{where + ': ' if where else ''}secure_mode: {NO_SECURE_MODE[framework]}")
 
 
 def check_delta(delta: float, n: int, where: str = "delta") -> None:
@@ -167,18 +173,19 @@ def refused(why: accountant.NoSigma, hp: Hyperparameters, plan: SamplingPlan, wh
             prior: list = (), repeats: int = 1) -> UserError:
     """The accountant's reason why no σ meets hp.target_epsilon, in the words of the setting to change, for a run
     of `plan` repeated `repeats` times after the runs `prior` on its data; `where` names the hyperparameters."""
-    target = f"{where + ': ' if where else ''}target_epsilon = {hp.target_epsilon}"
+    named = f"{where}: " if where else ""
+    target = f"{named}target_epsilon = {hp.target_epsilon}"
     over = f"at δ = {hp.delta:g} over {plan.steps * repeats} steps{' after the input model' if prior else ''}"
     most = hyperparameters.MAX_NOISE_MULTIPLIER
     match why:
         case accountant.PriorNotPrivate():
-            text = (f"{where + ': ' if where else ''}cannot calibrate to a target epsilon: the input model was "
+            text = (f"{named}cannot calibrate to a target epsilon: the input model was "
                     "trained without DP (epsilon = inf)")
         case accountant.PriorSpent(epsilon=spent):
             text = (f"{target} is already spent by the input model (epsilon = {spent:.3f}); raise the target or "
                     "train from scratch")
         case accountant.DecayTooSteep(least=least):
-            text = (f"{where + ': ' if where else ''}noise_decay = {hp.noise_decay:g} lowers the noise so far that "
+            text = (f"{named}noise_decay = {hp.noise_decay:g} lowers the noise so far that "
                     f"keeping every step's noise multiplier at {events.MIN_NOISE_MULTIPLIER:g} or more needs "
                     f"σ = {least:.3g} in the first steps, more than {most:g}; raise noise_decay (1: constant)")
         case accountant.CountAloneSpends(epsilon=spent):
