@@ -128,6 +128,14 @@ _RULES = {
     "clip_count_stddev": (float, True, _within(0, MAX_NORM), f"a number in (0, {MAX_NORM:g}] or null"),
     "noise_seed": (int, True, lambda v: 0 <= v <= MAX_SEED, f"an integer from 0 to {MAX_SEED} or null"),
 }
+KEYS = tuple(_RULES)
+
+
+def kind(name: str) -> type:
+    """The JSON type of hyperparameter `name`: int, float, bool or str."""
+    return _RULES[name][0]
+
+
 _JSON_NAMES = {bool: "a boolean", int: "an integer", float: "a decimal number", str: "a string", list: "an array",
                dict: "an object", type(None): "null"}
 _NOISE = ("noise_multiplier", "target_epsilon", "max_epsilon", "noise_decay", "clip_quantile", "clip_learning_rate",

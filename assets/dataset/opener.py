@@ -139,11 +139,11 @@ def example_digests(images, labels):
 
 def example_ids(key, digests):
     """The examples' names in a released ledger: the first 64 bits of an HMAC of each digest under the sample's
-    key, sorted (uint64). Two runs' ledgers tell which examples they share; without the key nobody can tell
-    whether a candidate example is one of them. Two examples colliding (2^-64 per pair) only merges their
-    accounts, which over-states ε, never under-states it."""
-    ids = np.array([int.from_bytes(hmac.digest(key, d, "sha256")[:8], "big") for d in digests], dtype=np.uint64)
-    return np.sort(ids)
+    key (uint64, in the order of the images: a search splits its validation examples by them; the ledger sorts
+    them). Two runs' ledgers tell which examples they share; without the key nobody can tell whether a candidate
+    example is one of them. Two examples colliding (2^-64 per pair) only merges their accounts, which over-states ε,
+    never under-states it."""
+    return np.array([int.from_bytes(hmac.digest(key, d, "sha256")[:8], "big") for d in digests], dtype=np.uint64)
 
 
 class Sample(collections.namedtuple("Sample", "folder images labels identity key_id ids digests")):
@@ -207,7 +207,7 @@ def combine(samples, problem=None):
         "images": np.concatenate([s.images for s in samples]),
         "labels": np.concatenate([s.labels for s in samples]),
         # One entry per data sample: the privacy ledger names the sample by its keyed identity and its examples by
-        # their keyed ids, so that ε is composed per example across runs.
+        # their keyed ids (in the order of its images), so that ε is composed per example across runs.
         "samples": [{"identity": s.identity, "n": int(len(s.labels)), "key": s.key_id, "examples": s.ids}
                     for s in samples],
     }

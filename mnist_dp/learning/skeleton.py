@@ -65,7 +65,7 @@ def sampled_batches(plan: SamplingPlan, hp: Hyperparameters, randomness: RunRand
 
 def fit(framework: Framework, model, images: np.ndarray, labels: np.ndarray, hp: Hyperparameters,
         plan: SamplingPlan, sigma: float, on_epoch: EpochCallback, randomness: RunRandomness | None = None,
-        canaries=None, through=None) -> Ran:
+        canaries=None, through=None, inputs: np.ndarray | None = None) -> Ran:
     """One training run of `framework`, and what it ran: the batch sizes and its library's ε from the framework,
     σ, the clipping unit and where the randomness came from completed here.
 
@@ -75,10 +75,11 @@ def fit(framework: Framework, model, images: np.ndarray, labels: np.ndarray, hp:
     (default: fresh, or from hp.noise_seed). canaries: the white-box audit's (audit.DiracCanaries), whose
     `noise_scale` below 1 is the audit's broken mechanism: the steps add that fraction of the noise while the
     result still says σ. through(batches, plan): what the batches pass through on their way to the framework
-    (substrafl's index generator, which counts them); it must hand on every batch unchanged."""
+    (substrafl's index generator, which counts them); it must hand on every batch unchanged. inputs: the network's
+    inputs of `images` when the caller has them (a search's candidates share them), else computed here."""
     planning.check_secure_mode(framework.name, hp)  # as check_run does, which a caller may skip
     randomness = randomness or RunRandomness.for_run(hp.noise_seed)
-    inputs = Network.of(hp).inputs(images)
+    inputs = Network.of(hp).inputs(images) if inputs is None else inputs
     timing.mark("features")  # fixed features: the scattering transform of every image (nothing for pixels)
     added = sigma if canaries is None else sigma * canaries.noise_scale
     step = DpStep(planning.noise_schedule(hp, plan, added), ClipNorm(hp, plan, randomness), randomness, canaries)
@@ -197,7 +198,7 @@ def train(framework: Framework, inputs: dict, outputs: dict, hyperparameters_pat
     if ran is None:  # the budget of this data is spent: nothing trained, nothing was added to the ledger
         model_file.copy(inputs["model"], outputs["model"])
         summary = statement.privacy_summary(ledger, hp.delta)
-        _save_epsilon(outputs["epsilon"], summary["epsilon"])
+        save_epsilon(outputs["epsilon"], summary["epsilon"])
         timing.end_task("saving", dp=hp.dp)
         return summary
     # 5. Save the model with its ledger, and ε.
@@ -205,7 +206,7 @@ def train(framework: Framework, inputs: dict, outputs: dict, hyperparameters_pat
                                                            run_settings(run)))
     summary = statement.privacy_summary(ledger, hp.delta)
     summary["library_epsilon"] = ran.library_epsilon
-    _save_epsilon(outputs["epsilon"], summary["epsilon"])
+    save_epsilon(outputs["epsilon"], summary["epsilon"])
     log.info("trained %d steps, q=%.4g, sigma=%.4g: %s", ran.steps, run.plan.sample_rate, ran.noise_multiplier,
              statement.describe(summary))
     timing.end_task("saving", dp=hp.dp)
@@ -325,10 +326,15 @@ def predicted_labels(framework: Framework, model, images: np.ndarray, network: N
 
 
 def run_functions(framework: Framework, hyperparameters_path: Path) -> None:
-    """An algo asset's command line: register its substratools functions `train`, `predict` and `aggregate`
-    (the contract's names) and run the one asked for. Registering only here keeps several algo modules
+    """An algo asset's command line: register its substratools functions `train`, `predict`, `aggregate` and
+    `tune` (the contract's names) and run the one asked for. Registering only here keeps several algo modules
     importable in one process (substratools' registry is global)."""
     import substratools as tools
+
+    from mnist_dp.learning import search  # it trains through this module
+
+    def tune_function(inputs, outputs, task_properties):
+        search.tune(framework, inputs, outputs, hyperparameters_path)
 
     def train_function(inputs, outputs, task_properties):
         train(framework, inputs, outputs, hyperparameters_path)
@@ -339,7 +345,8 @@ def run_functions(framework: Framework, hyperparameters_path: Path) -> None:
     def aggregate_function(inputs, outputs, task_properties):
         aggregate(framework, inputs, outputs, hyperparameters_path)
 
-    for function, name in ((train_function, "train"), (predict_function, "predict"), (aggregate_function, "aggregate")):
+    for function, name in ((train_function, "train"), (predict_function, "predict"), (aggregate_function, "aggregate"),
+                           (tune_function, "tune")):
         function.__name__ = name  # substratools logs it
         tools.register(function, name)
     run_cli(tools.execute, task=True)
@@ -358,6 +365,6 @@ def check_outputs_writable(outputs: dict) -> None:
                             "choose another path")
 
 
-def _save_epsilon(path, epsilon: float) -> None:
+def save_epsilon(path, epsilon: float) -> None:
     # Substra's performance file (a non-private model's ε = inf is JSON's non-standard `Infinity`).
     atomic.write_performance(path, float(epsilon))

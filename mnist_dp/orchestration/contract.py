@@ -15,6 +15,12 @@ CONTRACT = {
         [FunctionOutputSpec(identifier="model", kind=AssetKind.model, multiple=False),
          FunctionOutputSpec(identifier="epsilon", kind=AssetKind.performance, multiple=False)],
     ),
+    # A private hyperparameter search: the best of its candidates, trained on the data, with ε of the whole search.
+    "tune": (
+        [_OPENER, _SAMPLES],
+        [FunctionOutputSpec(identifier="model", kind=AssetKind.model, multiple=False),
+         FunctionOutputSpec(identifier="epsilon", kind=AssetKind.performance, multiple=False)],
+    ),
     "predict": (
         [_OPENER, _SAMPLES,
          FunctionInputSpec(identifier="model", kind=AssetKind.model, optional=False, multiple=False)],

@@ -1,8 +1,10 @@
 """The accountant: ε from DP events, by Google's ``dp_accounting``, and σ calibrated to a target.
 
 PLD is the reported figure, RDP is shown beside it. Steps of equal (q, σ), whichever run took them, are
-composed as one self-composition. Mathematics only: a target no σ meets is a NoSigma carrying its numbers, which
-the callers that know the hyperparameters (planning.py) put in a user's words.
+composed as one self-composition. A private hyperparameter search (events.Search) is composed by RDP, the
+only accountant that composes a repeated selection: an account that holds one is composed by RDP as a whole.
+Mathematics only: a target no σ meets is a NoSigma carrying its numbers, which the callers that know the
+hyperparameters (planning.py) put in a user's words.
 """
 from __future__ import annotations
 
@@ -12,11 +14,13 @@ import math
 from collections.abc import Sequence
 
 import dp_accounting
+import numpy as np
 from dp_accounting import pld, rdp
+from dp_accounting.rdp import rdp_privacy_accountant
 from scipy import optimize
 
 from mnist_dp.hyperparameters import MAX_NOISE_MULTIPLIER
-from mnist_dp.privacy.events import MIN_NOISE_MULTIPLIER, DpEvent, NoiseSchedule
+from mnist_dp.privacy.events import MIN_NOISE_MULTIPLIER, Candidate, DpEvent, NoiseSchedule, Search
 
 ACCOUNTANTS = ("pld", "rdp")
 REPORTED_ACCOUNTANT = "pld"
@@ -55,21 +59,52 @@ def _new_accountant(accountant: str) -> dp_accounting.PrivacyAccountant:
 
 
 def compose_epsilon(events: Sequence[DpEvent], delta: float, accountant: str = REPORTED_ACCOUNTANT) -> float:
-    """ε at δ of the sequential composition of `events` (inf if any is non-private)."""
+    """ε at δ of the sequential composition of `events` (inf if any is non-private); by RDP whatever `accountant`
+    says when one of them is a search."""
     if any(not e.is_private for e in events):
         return math.inf
     if not events:
         return 0.0
-    return _epsilon(_counts(segment for e in events for segment in e.segments()), delta, accountant)
+    counts = _counts(segment for e in events if e.search is None for segment in e.segments())
+    return _epsilon(counts, delta, accountant, tuple(e.search for e in events if e.search is not None))
 
 
 @functools.lru_cache(maxsize=256)
-def _epsilon(counts: tuple, delta: float, accountant: str) -> float:
-    """ε of the steps `counts` (from `_counts`): remembered, since the organisations of a federated ledger
-    usually have equal accounts, a report asks for each one's ε again, and a calibration for the σ it tried."""
+def _epsilon(counts: tuple, delta: float, accountant: str, searches: tuple = ()) -> float:
+    """ε of the steps `counts` (from `_counts`) and the `searches`: remembered, since the organisations of a
+    federated ledger usually have equal accounts, a report asks for each one's ε again, and a calibration for the σ
+    it tried."""
+    if searches:  # PLD cannot compose a repeated selection: RDP composes everything
+        curve = sum((search_rdp(s) for s in searches), _rdp_curve(_poisson_gaussians(counts)) if counts else 0.0)
+        return float(rdp_privacy_accountant.compute_epsilon(RDP_ORDERS, curve, delta)[0])
     acc = _new_accountant(accountant)
     acc.compose(_poisson_gaussians(counts))
     return float(acc.get_epsilon(delta))
+
+
+RDP_ORDERS = np.asarray(rdp_privacy_accountant.DEFAULT_RDP_ORDERS, dtype=np.float64)
+
+
+def _rdp_curve(event: dp_accounting.DpEvent) -> np.ndarray:
+    """RDP of `event` at every order of RDP_ORDERS (dp_accounting's RDP accountant)."""
+    acc = rdp.RdpAccountant(list(RDP_ORDERS))
+    acc.compose(event)
+    return acc.rdp
+
+
+@functools.lru_cache(maxsize=256)
+def search_rdp(search: Search) -> np.ndarray:
+    """RDP of a search, at every order of RDP_ORDERS, as its face sees it: a training example, the repeated
+    selection of a candidate's training (a candidate's profile is a random choice among `candidates`: Rényi
+    divergence is jointly quasi-convex, so its RDP is at most the worst profile's at every order); a validation
+    example, that of its Gaussian score. With one profile it is exactly dp_accounting's
+    RepeatAndSelectDpEvent(profile, mean, shape), whose RDP it computes by the same function."""
+    if search.face == "score":
+        single = _rdp_curve(dp_accounting.GaussianDpEvent(search.score_noise_multiplier))
+    else:
+        single = np.max([_rdp_curve(_poisson_gaussians(_counts(c.segments()))) for c in search.candidates], axis=0)
+    return np.asarray(rdp_privacy_accountant._compute_rdp_repeat_and_select(  # noqa: SLF001 - the accountant's own
+        RDP_ORDERS, single, search.mean, search.shape))
 
 
 
@@ -150,9 +185,10 @@ def calibrate_noise_multiplier(
     """
     least = noise_range(target_epsilon, delta, sample_rate, steps, schedule, prior_events, repeats)
     segments = _segments_at(sample_rate, steps, schedule, prior_events, repeats)
+    searches = _searches(prior_events)
 
     def epsilon(accountant: str):  # _epsilon remembers: the search asks again for σ it tried (a bracket's ends)
-        return lambda sigma: _epsilon(_counts(segments(sigma)), delta, accountant)
+        return lambda sigma: _epsilon(_counts(segments(sigma)), delta, accountant, searches)
 
     try:
         return _calibrate(epsilon("pld"), epsilon("rdp"), target_epsilon, tol, least, MAX_NOISE_MULTIPLIER)
@@ -175,9 +211,10 @@ def noise_range(target_epsilon: float, delta: float, sample_rate: float, steps: 
         raise DecayTooSteep(least)
 
     segments = _segments_at(sample_rate, steps, schedule, prior_events, repeats)
+    searches = _searches(prior_events)
 
     def spent(sigma: float) -> float:
-        return _epsilon(_counts(segments(sigma)), delta, REPORTED_ACCOUNTANT)
+        return _epsilon(_counts(segments(sigma)), delta, REPORTED_ACCOUNTANT, searches)
 
     if spent(MAX_NOISE_MULTIPLIER) > target_epsilon:
         if schedule.count_noise_multiplier and spent(math.inf) >= target_epsilon:  # σ = inf: the count's noise alone
@@ -189,13 +226,18 @@ def noise_range(target_epsilon: float, delta: float, sample_rate: float, steps: 
 def _segments_at(sample_rate: float, steps: int, schedule: NoiseSchedule, prior_events: Sequence[DpEvent],
                  repeats: int):
     """σ -> the (q, σ, steps) segments of `prior_events`, then of `repeats` runs of `steps` steps at gradient noise
-    σ (`schedule`'s decay and count noise kept): what a calibration composes for each σ it tries."""
-    prior = [segment for e in prior_events for segment in e.segments()]
+    σ (`schedule`'s decay and count noise kept): what a calibration composes for each σ it tries (with the searches
+    among `prior_events`, `_searches`)."""
+    prior = [segment for e in prior_events if e.search is None for segment in e.segments()]
 
     def segments(sigma: float) -> list:
         return prior + [(sample_rate, effective, count)
                         for effective, count in schedule.with_sigma(sigma).segments(steps)] * repeats
     return segments
+
+
+def _searches(events: Sequence[DpEvent]) -> tuple:
+    return tuple(e.search for e in events if e.search is not None)
 
 
 def least_sigma(schedule: NoiseSchedule, steps: int) -> float:
@@ -251,3 +293,58 @@ def _root(epsilon, target_epsilon: float, lower: float, upper: float, tol: float
         else:
             raise ArithmeticError(f"no σ within {tol} of {root} meets the target")
     return root
+
+
+def calibrate_search(target_epsilon: float, delta: float, profiles: Sequence[tuple], mean: float, shape: float,
+                     tol: float = 1e-3) -> tuple:
+    """The σ of each of a search's privacy `profiles` ((q, steps, NoiseSchedule whose σ is calibrated), one per
+    distinct profile of the search space) that ends its training examples' ε (RDP) at or below `target_epsilon`,
+    or a NoSigma. One factor s is calibrated: profile i gets σ_i = s · q_i·√steps_i / max_j q_j·√steps_j (for small
+    q their RDP then nearly agree, so none is noisier than it needs), kept between its least σ and the most."""
+    weights = [q * math.sqrt(steps) for q, steps, _ in profiles]
+    weights = [w / max(weights) for w in weights]
+    least = [least_sigma(schedule, steps) for _, steps, schedule in profiles]
+    if max(least) > MAX_NOISE_MULTIPLIER:
+        raise DecayTooSteep(max(least))
+
+    def sigmas(factor: float) -> tuple:
+        return tuple(min(max(factor * w, low), MAX_NOISE_MULTIPLIER) for w, low in zip(weights, least))
+
+    def epsilon(factor: float) -> float:
+        return search_epsilon(profiles, sigmas(factor), mean, shape, delta)
+
+    lower, upper = min(low / w for low, w in zip(least, weights)), MAX_NOISE_MULTIPLIER / min(weights)
+    if epsilon(upper) > target_epsilon:
+        raise TooManySteps(epsilon(upper))
+    if epsilon(lower) > target_epsilon:
+        try:
+            lower = _root(epsilon, target_epsilon, lower, upper, tol)
+        except (ValueError, ArithmeticError, RuntimeError) as exc:
+            raise NumericsGaveUp(f"{type(exc).__name__}: {exc}") from None
+    found = tuple(math.ceil(sigma / tol) * tol for sigma in sigmas(lower))  # rounded up: ε only falls
+    while search_epsilon(profiles, found, mean, shape, delta) > target_epsilon:  # Brent's root may sit a hair below
+        found = tuple(sigma + tol for sigma in found)
+    return tuple(round(sigma, 6) for sigma in found)
+
+
+def search_epsilon(profiles: Sequence[tuple], sigmas: Sequence[float], mean: float, shape: float,
+                   delta: float) -> float:
+    """ε at δ (RDP) of a search's training examples: candidates of `profiles` ((q, steps, NoiseSchedule)) at
+    gradient noise `sigmas`."""
+    candidates = tuple(Candidate(q, steps, *dataclasses.astuple(schedule.with_sigma(sigma)))
+                       for (q, steps, schedule), sigma in zip(profiles, sigmas))
+    return _epsilon((), delta, "rdp", (Search(mean, shape, candidates, 1.0, 1, 1),))
+
+
+def calibrate_score_noise(target_epsilon: float, delta: float, mean: float, shape: float, tol: float = 1e-3) -> float:
+    """The least noise multiplier of a search's validation score (a count, sensitivity 1) that keeps its validation
+    examples' ε (RDP) within `target_epsilon`; TooManySteps if even MAX_NOISE_MULTIPLIER spends more."""
+    def epsilon(sigma: float) -> float:
+        return _epsilon((), delta, "rdp", (Search(mean, shape, (), sigma, 1, 1, face="score"),))
+
+    if epsilon(MAX_NOISE_MULTIPLIER) > target_epsilon:
+        raise TooManySteps(epsilon(MAX_NOISE_MULTIPLIER))
+    sigma = math.ceil(_root(epsilon, target_epsilon, tol, MAX_NOISE_MULTIPLIER, tol) / tol) * tol
+    while epsilon(sigma) > target_epsilon:
+        sigma += tol
+    return round(sigma, 6)

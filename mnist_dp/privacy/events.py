@@ -12,6 +12,8 @@ import math
 import re
 import uuid
 
+import numpy as np
+
 from mnist_dp.utils.errors import UserError
 
 PER_EXAMPLE = "per-example"
@@ -64,6 +66,7 @@ _EVENT_FIELDS = {
              and (v["archive_digest"] is None or _text(v["archive_digest"])),
              'an object {"function": name, "archive_digest": digest or null}'),
     "replayable_noise": (lambda v: isinstance(v, bool), "true or false"),
+    "search": (lambda v: v is None or isinstance(v, Search), "null or a search object"),  # Search.from_json first
 }
 
 
@@ -104,13 +107,22 @@ class DpEvent:
     # The run's batches and noise came from the noise_seed hyperparameter (randomness.py), not fresh OS entropy:
     # whoever knows the seed can replay them, and its ε then holds for no one else.
     replayable_noise: bool = False
+    # A private hyperparameter search (Search) that released this run's model as the best of its candidates: this
+    # run trained on the examples of `data` outside its validation split, and the whole search is what is accounted.
+    search: Search | None = None
 
     @property
     def is_private(self) -> bool:
         return self.noise_multiplier > 0
 
+    @property
+    def trained_n(self) -> int:
+        """The examples the run trained on: n, less a search's validation split."""
+        return self.n - (self.search.validation_n if self.search else 0)
+
     def to_json(self) -> dict:
-        return {**dataclasses.asdict(self), "data": list(self.data), "library_epsilon": dict(self.library_epsilon)}
+        return {**dataclasses.asdict(self), "data": list(self.data), "library_epsilon": dict(self.library_epsilon),
+                "search": self.search.to_json() if self.search else None}
 
     @classmethod
     def from_json(cls, record) -> DpEvent:
@@ -123,6 +135,8 @@ class DpEvent:
         missing, unknown = fields - set(record), set(record) - fields
         if missing or unknown:
             raise UserError(f"privacy ledger event: missing {sorted(missing)}, unknown {sorted(unknown)}")
+        if record["search"] is not None:
+            record["search"] = Search.from_json(record["search"])
         for name, (test, what) in _EVENT_FIELDS.items():
             if not test(record[name]):
                 raise UserError(f"privacy ledger event: {name} = {json.dumps(record[name])} must be {what}")
@@ -133,10 +147,12 @@ class DpEvent:
 
     def check_consistent(self) -> None:
         """q, steps and clipping must agree with each other as the skeleton makes them."""
-        steps_per_epoch = math.ceil(self.n / self.batch_size)
+        n = self.trained_n
+        steps_per_epoch = math.ceil(n / self.batch_size) if n > 0 else 0
         problems = []
-        if self.batch_size > self.n:
-            problems.append(f"batch_size {self.batch_size} > n {self.n}")
+        if self.batch_size > n:
+            problems.append(f"batch_size {self.batch_size} > the {n} examples trained on")
+            steps_per_epoch = 1
         if not math.isclose(self.sample_rate, 1.0 / steps_per_epoch, rel_tol=1e-12):
             problems.append(f"q = {self.sample_rate} but 1 / ceil(n / batch_size) = {1.0 / steps_per_epoch}")
         if self.planned_steps % steps_per_epoch:
@@ -154,6 +170,8 @@ class DpEvent:
             # No task trains so (planning.check_noise), and the accountant could run for hours on it.
             problems.append(f"a step's noise multiplier {self.schedule().smallest(self.steps):.3g} is below "
                             f"{MIN_NOISE_MULTIPLIER}, the least a train task allows")
+        if self.search:
+            problems += self.search.problems(self)
         if problems:
             raise UserError(f"privacy ledger event ({self.framework}) is inconsistent: {'; '.join(problems)}")
 
@@ -167,7 +185,7 @@ class DpEvent:
 
 _ADDED_LATER = {"noise_decay": 1.0, "decay_steps": 0, "count_noise_multiplier": 0.0, "run_id": None,
                 # Ledgers from before fresh noise by default: seeded from public values, so replayable.
-                "replayable_noise": True}
+                "replayable_noise": True, "search": None}
 
 
 def new_run_id() -> str:
@@ -220,3 +238,118 @@ class NoiseSchedule:
 
     def with_sigma(self, sigma: float) -> NoiseSchedule:
         return dataclasses.replace(self, sigma=sigma)
+
+
+# A private search (Papernot & Steinke 2022): the number of candidates is drawn from a truncated negative binomial of
+# this shape (0: logarithmic, 1: geometric) or a Poisson ("poisson") distribution, with the given mean.
+POISSON = "poisson"
+# The validation split is a function of each example's keyed id alone (VALIDATION_MODULUS), never of the other
+# examples: adding or removing one example moves no other example between training and validation.
+VALIDATION_MODULUS = 1000
+
+
+def validation_mask(ids: np.ndarray, permille: int) -> np.ndarray:
+    """Which examples (by their keyed 64-bit ids, the ledger's names) a search holds out for validation: those
+    whose id is below `permille` modulo VALIDATION_MODULUS (HMAC ids are uniform, so about permille / 1000 of
+    them)."""
+    return np.asarray(ids, dtype=np.uint64) % np.uint64(VALIDATION_MODULUS) < np.uint64(permille)
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """One privacy profile a search's candidate trains with: Poisson rate q, its planned steps and its noise
+    schedule (σ of the first steps, decay, adaptive clipping's count). Every candidate with this profile composes
+    these steps; the learning rate, clipping norm and the rest do not change them."""
+
+    sample_rate: float
+    steps: int
+    noise_multiplier: float
+    noise_decay: float = 1.0
+    decay_steps: int = 0
+    count_noise_multiplier: float = 0.0
+
+    def segments(self) -> list:
+        """[(q, effective σ, steps)] of the candidate's run, as the accountant composes them."""
+        schedule = NoiseSchedule(self.noise_multiplier, self.noise_decay, self.decay_steps, self.count_noise_multiplier)
+        return [(self.sample_rate, sigma, steps) for sigma, steps in schedule.segments(self.steps)]
+
+
+_CANDIDATE_FIELDS = {
+    "sample_rate": _EVENT_FIELDS["sample_rate"], "steps": _EVENT_FIELDS["steps"],
+    "noise_multiplier": (_number(lambda v: v >= MIN_NOISE_MULTIPLIER), f"a number >= {MIN_NOISE_MULTIPLIER}"),
+    "noise_decay": _EVENT_FIELDS["noise_decay"], "decay_steps": _EVENT_FIELDS["decay_steps"],
+    "count_noise_multiplier": _EVENT_FIELDS["count_noise_multiplier"],
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Search:
+    """A private hyperparameter search that released one model, the best of its candidates (Papernot & Steinke,
+    ICLR 2022, "Hyperparameter tuning with Rényi DP"; dp_accounting's RepeatAndSelectDpEvent).
+
+    The number of candidates K is drawn from a distribution of `mean` and `shape` and never released. Each
+    candidate draws its hyperparameters from the search space, trains with DP-SGD on the examples outside the
+    validation split (its privacy profile one of `candidates`) and is scored by its number of correct predictions
+    on the validation split plus Gaussian noise of std `score_noise_multiplier` (a count's sensitivity is 1); only
+    the best candidate's model leaves the search.
+
+    Per example: a training example is covered by the repeated selection of the candidate's training (a random
+    choice among `candidates`, whose Rényi divergence is at most the worst of theirs at every order), a validation
+    example by that of its score alone. `face` says which one an account composes ("training", as stored, or
+    "score": Ledger.accounts makes it for the validation examples).
+    """
+
+    mean: float  # E[K] >= 1
+    shape: float  # >= 0, math.inf for Poisson
+    candidates: tuple  # the distinct Candidate profiles of the search space
+    score_noise_multiplier: float
+    validation_permille: int  # examples whose id modulo 1000 is below it are the validation split
+    validation_n: int  # how many of the event's examples that is
+    face: str = "training"
+
+    def to_json(self) -> dict:
+        return {"mean": self.mean, "shape": POISSON if math.isinf(self.shape) else self.shape,
+                "candidates": [dataclasses.asdict(c) for c in self.candidates],
+                "score_noise_multiplier": self.score_noise_multiplier,
+                "validation_permille": self.validation_permille, "validation_n": self.validation_n}
+
+    def scored(self) -> Search:
+        """The search as a validation example sees it: its score only."""
+        return dataclasses.replace(self, face="score")
+
+    @classmethod
+    def from_json(cls, record) -> Search:
+        where = "privacy ledger event: search"
+        names = {"mean", "shape", "candidates", "score_noise_multiplier", "validation_permille", "validation_n"}
+        if not isinstance(record, dict) or set(record) != names:
+            raise UserError(f"{where} must be an object with exactly {sorted(names)}")
+        checks = {"mean": (_number(lambda v: v >= 1), "a number >= 1"),
+                  "shape": (lambda v: v == POISSON or _number(lambda x: x >= 0)(v), f'a number >= 0 or "{POISSON}"'),
+                  "candidates": (lambda v: isinstance(v, list) and bool(v) and all(
+                      isinstance(c, dict) and set(c) == set(_CANDIDATE_FIELDS)
+                      and all(test(c[k]) for k, (test, _) in _CANDIDATE_FIELDS.items()) for c in v),
+                      f"a non-empty list of objects {sorted(_CANDIDATE_FIELDS)}, each a candidate's privacy profile"),
+                  "score_noise_multiplier": (_number(lambda v: v > 0), "a positive number"),
+                  "validation_permille": (lambda v: _integer(1)(v) and v < VALIDATION_MODULUS,
+                                          f"an integer from 1 to {VALIDATION_MODULUS - 1}"),
+                  "validation_n": (_integer(1), "a positive integer")}
+        for name, (test, what) in checks.items():
+            if not test(record[name]):
+                raise UserError(f"{where}: {name} = {json.dumps(record[name])[:60]} must be {what}")
+        return cls(float(record["mean"]), math.inf if record["shape"] == POISSON else float(record["shape"]),
+                   tuple(Candidate(**c) for c in record["candidates"]), float(record["score_noise_multiplier"]),
+                   record["validation_permille"], record["validation_n"])
+
+    def problems(self, event: DpEvent) -> list:
+        """What in `event`, the released run, disagrees with its search: its profile must be one of the
+        candidates', with every planned step run."""
+        released = Candidate(event.sample_rate, event.planned_steps, event.noise_multiplier, event.noise_decay,
+                             event.decay_steps, event.count_noise_multiplier)
+        problems = []
+        if released not in self.candidates:
+            problems.append("the released run's privacy profile is not one of the search's candidates")
+        if event.steps != event.planned_steps:
+            problems.append("a search's released run stopped early (a search runs every planned step)")
+        if self.validation_n >= event.n:
+            problems.append(f"validation_n {self.validation_n} leaves no training example of n {event.n}")
+        return problems

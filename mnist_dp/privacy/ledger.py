@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from mnist_dp.privacy.accountant import REPORTED_ACCOUNTANT, compose_epsilon
-from mnist_dp.privacy.events import PER_EXAMPLE, DpEvent
+from mnist_dp.privacy.events import PER_EXAMPLE, DpEvent, validation_mask
 from mnist_dp.utils.errors import UserError
 
 
@@ -70,9 +70,10 @@ class Examples:
 class Account:
     """Examples trained on by exactly the same runs: their ε composes `events`."""
 
-    events: tuple  # the DpEvents, in training order
+    events: tuple  # the DpEvents, in training order (a search's as these examples see it: Ledger.parts)
     samples: frozenset  # identities of the data samples holding these examples
     examples: int | None  # how many (None: not recorded)
+    runs: tuple  # the position of each of `events` in the ledger
 
 
 class Ledger:
@@ -126,17 +127,28 @@ class Ledger:
                                 f"{sum(map(len, named))} examples ({distinct} distinct): the file was edited or "
                                 "damaged; its privacy figure cannot be trusted")
 
+    def parts(self) -> list:
+        """[(index of a run in `events`, the run as its examples are accounted)]: a run is one part, a search two,
+        its training face (its examples outside the validation split) and its score face (those inside)."""
+        parts = []
+        for k, event in enumerate(self.events):
+            parts.append((k, event))
+            if event.search is not None:
+                parts.append((k, dataclasses.replace(event, search=event.search.scored())))
+        return parts
+
     def accounts(self) -> list:
         """The examples trained on, grouped by the runs that trained on them: [Account]. The ε of an example
         composes its account's events. A run touches the examples of the data samples it names, and only those:
-        another key's examples are another organisation's records. A run whose examples are not recorded (an older
-        ledger) counts for every example."""
-        events = self.events
-        if not events:
+        another key's examples are another organisation's records; a search's validation examples get its score
+        face, the others its training face. A run whose examples are not recorded (an older ledger) counts for
+        every example, and so does each face of a search there."""
+        parts = self.parts()
+        if not parts:
             return []
-        every_sample = frozenset(i for e in events for i in e.data)
-        if any(i not in self.examples for e in events for i in e.data):
-            return [Account(tuple(events), every_sample, None)]
+        every_sample = frozenset(i for e in self.events for i in e.data)
+        if any(i not in self.examples for e in self.events for i in e.data):
+            return [Account(tuple(event for _, event in parts), every_sample, None, tuple(k for k, _ in parts))]
         groups: dict = {}
         for key in sorted({self.examples[i].key for i in every_sample}):
             samples = sorted(i for i in every_sample if self.examples[i].key == key)
@@ -144,21 +156,26 @@ class Ledger:
             universe = np.unique(np.concatenate(arrays))
             holds = {i: np.isin(universe, array, assume_unique=True) for i, array in zip(samples, arrays)}
             columns = []
-            for event in events:
+            for _, event in parts:
                 own = [holds[i] for i in event.data if i in holds]  # its data under this key, if any
-                columns.append(np.logical_or.reduce(own) if own else np.zeros(len(universe), dtype=bool))
+                touched = np.logical_or.reduce(own) if own else np.zeros(len(universe), dtype=bool)
+                if event.search is not None:
+                    held_out = validation_mask(universe, event.search.validation_permille)
+                    touched &= held_out if event.search.face == "score" else ~held_out
+                columns.append(touched)
             matrix = np.stack(columns + [holds[i] for i in samples], axis=1)
             # One row per distinct pattern (rows packed to bytes: np.unique on them is fast).
             packed = np.packbits(matrix, axis=1)
             _, first, counts = np.unique(packed.view(np.dtype((np.void, packed.shape[1]))).ravel(),
                                          return_index=True, return_counts=True)
             for row, count in zip(matrix[first], counts):
-                touched = tuple(np.flatnonzero(row[:len(events)]))
-                held = {samples[j] for j in np.flatnonzero(row[len(events):])}
+                touched = tuple(np.flatnonzero(row[:len(parts)]))
+                held = {samples[j] for j in np.flatnonzero(row[len(parts):])}
                 group = groups.setdefault(touched, [set(), 0])
                 group[0] |= held
                 group[1] += int(count)
-        return [Account(tuple(events[i] for i in touched), frozenset(held), count)
+        return [Account(tuple(parts[i][1] for i in touched), frozenset(held), count,
+                        tuple(parts[i][0] for i in touched))
                 for touched, (held, count) in groups.items() if touched]
 
     def epsilon(self, delta: float, accountant: str = REPORTED_ACCOUNTANT, data: Iterable[str] | None = None) -> float:
@@ -189,12 +206,16 @@ class Ledger:
         lists of runs that trained on one of them, without the lists another one contains ([[]]: none did)."""
         probe = DpEvent("next run", tuple(data), sum(len(self.examples[i]) for i in data), 1.0, 1.0, 1, PER_EXAMPLE,
                         1.0)
-        position = {id(e): k for k, e in enumerate(self.events)}
-        found = {frozenset(position[id(e)] for e in account.events if e is not probe)
-                 for account in Ledger([*self.events, probe], self.examples).accounts()
-                 if any(e is probe for e in account.events)}
+        last = len(self.events)  # the probe's position
+        found = {frozenset((k, _face(e)) for e, k in zip(account.events, account.runs) if k != last)
+                 for account in Ledger([*self.events, probe], self.examples).accounts() if last in account.runs}
         found = [h for h in found if not any(h < other for other in found)]
-        return sorted(([self.events[k] for k in sorted(h)] for h in found), key=len, reverse=True) or [[]]
+        part = {(k, _face(e)): e for k, e in self.parts()}
+        return sorted(([part[k] for k in sorted(h)] for h in found), key=len, reverse=True) or [[]]
+
+
+def _face(event: DpEvent) -> str:
+    return event.search.face if event.search is not None else ""
 
 
 def merge(ledgers: Sequence[Ledger]) -> Ledger:

@@ -136,7 +136,7 @@ def check_run_settings(ledger: Ledger, meta: dict) -> None:
     differ = [f"{name} {getattr(last, name)!r} (metadata: {value!r})" for name, value in expected.items()
               if not (isinstance(value, (int, float)) and math.isclose(getattr(last, name), value, rel_tol=1e-9))]
     # Adaptive clipping's count noise, as the skeleton derives it (models saved before the option: none).
-    expected_count = (2 * count_stddev(hp.get("clip_count_stddev"), last.n * last.sample_rate)
+    expected_count = (2 * count_stddev(hp.get("clip_count_stddev"), last.trained_n * last.sample_rate)
                       if hp.get("clip_quantile") is not None else 0.0)
     if not math.isclose(last.count_noise_multiplier, expected_count, rel_tol=1e-9):
         differ.append(f"count_noise_multiplier {last.count_noise_multiplier!r} (metadata: {expected_count!r})")

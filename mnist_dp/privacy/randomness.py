@@ -22,7 +22,9 @@ import numpy as np
 
 ENTROPY_BITS = 256
 _POOL_WORDS = ENTROPY_BITS // 32  # numpy's SeedSequence keeps 128 bits unless told more
-PURPOSES = {"batches": 0, "gradient noise": 1, "count noise": 2}
+PURPOSES = {"batches": 0, "gradient noise": 1, "count noise": 2,
+            # A private search's: how many candidates and their hyperparameters, their scores' noise, each one's run.
+            "search": 3, "score noise": 4, "candidate": 5}
 REPLAYABLE_WARNING = ("its noise was drawn from noise_seed: its ε holds only while that seed stays secret (whoever "
                       "knows it can replay training); a model for experiments, not for release")
 
@@ -53,6 +55,13 @@ class RunRandomness:
 
     def _sequence(self, purpose: str) -> np.random.SeedSequence:
         return np.random.SeedSequence(self.entropy, spawn_key=(PURPOSES[purpose],), pool_size=_POOL_WORDS)
+
+    def candidate(self, index: int) -> RunRandomness:
+        """The randomness of a search's `index`-th candidate run: streams of its own, as fresh (or as replayable)
+        as the search's."""
+        words = np.random.SeedSequence(self.entropy, spawn_key=(PURPOSES["candidate"], index),
+                                       pool_size=_POOL_WORDS).generate_state(_POOL_WORDS, np.uint32)
+        return RunRandomness(int.from_bytes(words.astype(">u4").tobytes(), "big"), self.replayable)
 
     def numpy(self, purpose: str) -> np.random.Generator:
         """A numpy generator (PCG64: 128-bit state and 128-bit increment) for `purpose`."""

@@ -78,11 +78,53 @@ MECHANISM = [
 ]
 
 
-def shared_assumptions(federated: bool) -> str:
-    """What holds for every model's statement, said once in a report: the relation, the mechanism, the threat model
-    (across organisations too when `federated`), the accounting unit and what ε does not cover."""
-    return "\n".join([*MECHANISM, THREAT_MODEL, *([FEDERATED_THREAT_MODEL] if federated else []),
-                      "- Accounting unit: " + SHARED_EXAMPLES, "- Not covered: " + "; ".join(NOT_COVERED) + "."])
+SEARCH = (
+    "- Private hyperparameter search (Papernot & Steinke, ICLR 2022): the number of candidates K is drawn at random "
+    "and never released; each candidate draws its hyperparameters from the search space, trains with DP-SGD on the "
+    "examples outside the validation split (a function of each example's keyed id alone) and is scored by its count "
+    "of correct validation predictions plus Gaussian noise; only the best candidate's model is released. The "
+    "accountant composes RepeatAndSelect(candidate, mean, shape) by RDP, which is the only one of its accountants "
+    "that can (PLD cannot): a ledger holding a search is composed by RDP as a whole. A training example pays for the "
+    "candidates' training (their privacy profiles' worst Rényi divergence at each order), a validation example for "
+    "their scores only. The search's run time grows with K: ε assumes whoever ε is claimed against does not see how "
+    "long the task ran (Substra records its start and end).")
+# NOT_COVERED's first line where a search ran: the search is covered, anything tried besides it is not.
+SEARCHED_NOT_COVERED = ("model selection or training on the same data besides the private search (each such try "
+                        "spends privacy that this ledger does not see)")
+
+
+def shared_assumptions(federated: bool, searched: bool = False) -> str:
+    """What holds for every model's statement, said once in a report: the relation, the mechanism (with a private
+    search's when `searched`), the threat model (across organisations too when `federated`), the accounting unit and
+    what ε does not cover."""
+    not_covered = [SEARCHED_NOT_COVERED, *NOT_COVERED[1:]] if searched else NOT_COVERED
+    return "\n".join([*MECHANISM, *([SEARCH] if searched else []), THREAT_MODEL,
+                      *([FEDERATED_THREAT_MODEL] if federated else []),
+                      "- Accounting unit: " + SHARED_EXAMPLES, "- Not covered: " + "; ".join(not_covered) + "."])
+
+
+def has_search(saved: ModelFile) -> bool:
+    return any(e.search is not None for e in saved.ledger.events)
+
+
+def reported_accountant(ledger: Ledger) -> str:
+    """The name of the accountant that composed the ledger's ε: PLD, or RDP when it holds a search."""
+    if any(e.search is not None for e in ledger.events):
+        return ACCOUNTANT_NAMES["rdp"] + ", as the ledger holds a private search, which PLD cannot compose"
+    return ACCOUNTANT_NAMES[REPORTED_ACCOUNTANT]
+
+
+def _search(event) -> str:
+    """A search event's own line: the search, then the released candidate's run."""
+    search = event.search
+    shape = {0.0: "logarithmic", 1.0: "geometric"}.get(search.shape, "Poisson" if search.shape == float("inf")
+                                                         else f"truncated negative binomial, shape {search.shape:g}")
+    profiles = "; ".join(f"q = {c.sample_rate:.4g}, σ = {c.noise_multiplier:.4g}, {c.steps} steps"
+                         for c in search.candidates)
+    return (f"private search of {search.mean:g} candidates on average ({shape} distribution, K never released); "
+            f"{search.validation_n} validation examples (id mod 1000 < {search.validation_permille}) scored with "
+            f"noise σ = {search.score_noise_multiplier:.4g}; candidate profile(s): {profiles}; the released "
+            f"candidate trained on n = {event.trained_n}, ")
 
 
 def is_federated(saved: ModelFile) -> bool:
@@ -105,16 +147,19 @@ def privacy_statement(saved: ModelFile, per_organization: dict | None = None, tr
         return (f"**Not private**: this {saved.framework} model was trained without DP (no clipping, no noise); "
                 "ε = ∞. It must not leave the organisations that hold its training data.")
     epsilon = ledger.epsilon(delta, REPORTED_ACCOUNTANT)
+    searches = sum(e.search is not None for e in ledger.events)
     keys = ledger.keys()
     flagged = ([f"**Replayable noise**: {REPLAYABLE_WARNING}"] if any(e.replayable_noise for e in ledger.events)
                else []) + ([TRAIN_SCORES] if train_scores else [])
     lines = [
-        f"**(ε, δ) = ({epsilon:.3f}, {delta:g})** by {ACCOUNTANT_NAMES[REPORTED_ACCOUNTANT]} (reported), the worst "
+        f"**(ε, δ) = ({epsilon:.3f}, {delta:g})** by {reported_accountant(ledger)} (reported), the worst "
         "case over every example whose influence is in these weights, whichever organisation holds it (the unit: "
         "one organisation's record).",
         f"- Covered: the {len(ledger.events)} training run(s) and {sum(e.steps for e in ledger.events):,} steps "
-        "listed below, on the data samples they name (by keyed identity); the initialisation is data-independent "
-        "(seeded) and costs nothing.",
+        "listed below, on the data samples they name (by keyed identity)"
+        + (f", and the whole of the {searches} private hyperparameter search(es) that chose them: every candidate "
+           "trained and scored, not only the one released" if searches else "")
+        + "; the initialisation is data-independent (seeded) and costs nothing.",
         f"- Flagged: {'; '.join(flagged) if flagged else 'nothing'}.",
         "",
         f"- {ACCOUNTANT_NAMES['rdp']}: ε = {ledger.epsilon(delta, 'rdp'):.3f}, beside it (a looser bound).",
@@ -126,7 +171,7 @@ def privacy_statement(saved: ModelFile, per_organization: dict | None = None, tr
     for i, e in enumerate(ledger.events, 1):
         library = "; ".join(f"{name}: ε = {value:.3f}" for name, value in e.library_epsilon)
         lines.append(f"  {i}. {e.framework}: {len(e.data)} data sample(s) ({sorted(e.data)[0][:8]}…), n = {e.n}, "
-                     f"q = {e.sample_rate:.4g}, "
+                     + (_search(e) if e.search else "") + f"q = {e.sample_rate:.4g}, "
                      f"σ = {e.noise_multiplier:.4g}{_schedule(e)}, {e.steps} steps, clipping {e.clipping} "
                      + (f"adaptive from C = {e.max_grad_norm:g} (count noise multiplier {e.count_noise_multiplier:.4g})"
                         if e.count_noise_multiplier else f"to C = {e.max_grad_norm:g}")
@@ -160,9 +205,9 @@ def privacy_statement(saved: ModelFile, per_organization: dict | None = None, tr
         lines.append("- Per organisation (identity key id; the worst ε of its examples): " + ", ".join(
             f"{key}: {ledger.epsilon(delta, data=ledger.samples_under(key)):.3f}" for key in keys))
     elif len(accounts) > 1:
-        run_number = {id(e): k for k, e in enumerate(ledger.events, 1)}
         lines.append("- Per group of examples trained on by the same runs: " + ", ".join(
-            f"{account.examples} example(s) of run(s) {', '.join(str(run_number[id(e)]) for e in account.events)}: "
+            f"{account.examples} example(s) of run(s) "
+            f"{', '.join(_part(k, e) for k, e in zip(account.runs, account.events))}: "
             f"{compose_epsilon(account.events, delta):.3f}" for account in accounts))
     replayed = [i for i, e in enumerate(ledger.events, 1) if e.replayable_noise]
     secure = "on" if hp.get("secure_mode") else "off"
@@ -171,17 +216,25 @@ def privacy_statement(saved: ModelFile, per_organization: dict | None = None, tr
                                           f"{hp.get('noise_seed')!r} (replayable)" if replayed else "")
                  + f"; secure_mode (floating-point-attack-resistant noise): {secure}.")
     if assumptions:
-        lines.append(shared_assumptions(is_federated(saved)))
+        lines.append(shared_assumptions(is_federated(saved), has_search(saved)))
     return "\n".join(lines)
 
 
+def _part(run: int, event) -> str:
+    """Run number `run` (0-based) of a per-group line, with the face of a search an example saw."""
+    if event.search is None:
+        return str(run + 1)
+    return f"{run + 1} ({'its validation scores' if event.search.face == 'score' else 'its candidates trained'})"
+
+
 def privacy_summary(ledger: Ledger, delta: float) -> dict:
-    """The figures a task logs and a results record keeps: ε (PLD, reported), RDP beside it, δ, the accountant."""
+    """The figures a task logs and a results record keeps: ε (PLD, reported; RDP with a search), RDP beside it, δ,
+    the accountant."""
     return {
         "epsilon": ledger.epsilon(delta, REPORTED_ACCOUNTANT),
         "epsilon_rdp": ledger.epsilon(delta, "rdp"),
         "delta": delta,
-        "accountant": ACCOUNTANT_NAMES[REPORTED_ACCOUNTANT],
+        "accountant": reported_accountant(ledger),
     }
 
 

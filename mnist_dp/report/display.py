@@ -155,7 +155,8 @@ def write_summary(path: Path, title: str, facts: list, records: list, performanc
                   ""]
     if any(any(e.is_private for e in saved.ledger.events) for _, saved in models):
         lines += ["### What every statement above assumes", "",
-                  statement.shared_assumptions(any(statement.is_federated(saved) for _, saved in models)), ""]
+                  statement.shared_assumptions(any(statement.is_federated(saved) for _, saved in models),
+                                             any(statement.has_search(saved) for _, saved in models)), ""]
     lines += ["## Performances as recorded by Substra (`get_performances`)", "",
               markdown_table(*performance_table(performances)), ""]
     atomic.write_text(path, "\n".join(lines))

@@ -1,0 +1,129 @@
+"""A private hyperparameter search, run (Papernot & Steinke 2022): K candidates, K drawn at random and never
+released; each draws its hyperparameters from the search space, trains from scratch with the skeleton's `fit` (the
+train task's DP-SGD run) on the examples outside the validation split, and is scored by its noisy count of correct
+predictions on the examples inside it. Only the best candidate leaves: its model, with a ledger whose one event is
+the whole search (privacy/search.py); the other candidates' weights and every score stay in this process.
+
+`tune` is the substratools function body; `run_search` the search itself, which benchmarks call in memory.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from mnist_dp import hyperparameters, search_space
+from mnist_dp.hyperparameters import Hyperparameters
+from mnist_dp.learning import skeleton
+from mnist_dp.learning.interface import Framework, Network, Ran
+from mnist_dp.privacy import model_file, provenance, statement
+from mnist_dp.privacy.ledger import Examples, Ledger
+from mnist_dp.privacy.planning import SamplingPlan
+from mnist_dp.privacy.randomness import REPLAYABLE_WARNING, RunRandomness
+from mnist_dp.privacy.search import SearchPlan, draw_count, plan_search, validation_split
+from mnist_dp.utils import timing
+from mnist_dp.utils.errors import UserError
+
+log = logging.getLogger("substratools.mnist_dp")
+
+
+@dataclass
+class Searched:
+    """What a search released (the best candidate: its model, hyperparameters, sampling plan and run), and, for
+    benchmarks only, what it did not: how many candidates it trained."""
+
+    model: object
+    hp: Hyperparameters
+    plan: SamplingPlan
+    ran: Ran
+    candidates: int  # K: never logged, saved or returned by a task
+    seconds: float
+
+
+def run_search(framework: Framework, images: np.ndarray, labels: np.ndarray, held_out: np.ndarray,
+               search: SearchPlan, randomness: RunRandomness, where: str) -> Searched | None:
+    """The search of `search` by `framework` on `images` [n, 28, 28] and `labels` [n], `held_out` [n] marking the
+    validation examples; `randomness` draws K, the candidates, their runs and the scores' noise; `where` names the
+    hyperparameters in errors. None when K = 0 (possible with the Poisson distribution only): nothing to release."""
+    start = time.perf_counter()
+    rng, score_noise = randomness.numpy("search"), randomness.numpy("score noise")
+    count = draw_count(rng, search.search.mean, search.search.shape)
+    train_x, train_y = images[~held_out], labels[~held_out]
+    validation_x, validation_y = images[held_out], labels[held_out]
+    inputs = {}  # features -> (training inputs, validation inputs): the candidates share them
+    best, best_score = None, -np.inf
+    for index in range(count):
+        hp = search.search.draw(search.base, rng)
+        plan, sigma = search.candidate(hp, where)
+        network = Network.of(hp)
+        if hp.features not in inputs:
+            inputs[hp.features] = network.inputs(train_x), network.inputs(validation_x)
+        model = framework.new_model(hp.seed, network)
+        ran = skeleton.fit(framework, model, train_x, train_y, hp, plan, sigma, lambda steps: "",
+                           randomness.candidate(index), inputs=inputs[hp.features][0])
+        score = correct(framework, model, network, inputs[hp.features][1], validation_y)
+        score += score_noise.normal(0.0, search.score_noise_multiplier)
+        if not finite(framework, model):  # a diverged candidate never wins (a function of its own output)
+            score = -np.inf
+        if best is None or score > best_score:
+            best, best_score = Searched(model, hp, plan, ran, count, 0.0), score
+    if best is None:
+        return None
+    best.seconds = time.perf_counter() - start
+    return best
+
+
+def correct(framework: Framework, model, network: Network, inputs: np.ndarray, labels: np.ndarray) -> int:
+    """How many of the validation examples (their network `inputs`) the model classifies right: the score's count,
+    of sensitivity 1 (one example more or less changes it by at most 1)."""
+    batch = getattr(framework, "predict_batch_size", skeleton.PREDICT_BATCH_SIZE)
+    logits = np.concatenate([framework.batch_logits(model, inputs[i : i + batch])
+                             for i in range(0, len(inputs), batch)]) if len(inputs) else np.zeros((0, 10))
+    return int(np.sum(np.argmax(logits, axis=1) == labels))
+
+
+def finite(framework: Framework, model) -> bool:
+    return all(np.all(np.isfinite(np.asarray(a))) for a in framework.weight_arrays(model))
+
+
+def tune(framework: Framework, inputs: dict, outputs: dict, hyperparameters_path: Path) -> dict:
+    """The substratools `tune` function body: a private search on the organisation's data (the search file beside
+    the hyperparameters, search_space.FILE_NAME; the default search without one) -> the best candidate's model, its
+    ledger holding the search, and ε. Logs nothing that depends on the number of candidates."""
+    timing.begin_task("tune", framework=framework.name)
+    skeleton.check_outputs_writable(outputs)
+    data = inputs["datasamples"]
+    where = str(hyperparameters_path)
+    base = hyperparameters.load(hyperparameters_path)
+    search_file = Path(hyperparameters_path).with_name(search_space.FILE_NAME)
+    search = search_space.load(search_file if search_file.is_file() else None)
+    skeleton.check_data(framework, data, base, where)  # copies, and the checks of a run on the whole data
+    held_out = validation_split(data, search.validation_permille)
+    plan = plan_search(framework.name, base, search, len(held_out), int(held_out.sum()), where)
+    randomness = RunRandomness.for_run(base.noise_seed, 0, tuple(s["identity"] for s in data["samples"]))
+    if randomness.replayable:
+        log.warning("noise_seed = %d: %s", base.noise_seed, REPLAYABLE_WARNING)
+    timing.mark("setup")
+    searched = run_search(framework, data["images"], data["labels"], held_out, plan, randomness, where)
+    timing.mark("search")
+    if searched is None:
+        raise UserError(f"{where}: the search drew no candidate (the Poisson distribution allows it, with "
+                                 "probability exp(-mean)); nothing is released: run the task again")
+    skeleton.check_finite(framework, searched.model, "every candidate of the search diverged",
+                          f"nothing was saved; lower learning_rate or max_grad_norm in the search space or {where}")
+    ledger = Ledger(examples={s["identity"]: Examples.of(s["key"], s["examples"]) for s in data["samples"]})
+    identities = tuple(s["identity"] for s in data["samples"])
+    ledger.add(plan.event(framework.name, identities, searched.hp, searched.plan, searched.ran,
+                          provenance.running_code(Path(hyperparameters_path).parent, "tune")))
+    settings = {**searched.hp.to_json(), "noise_multiplier": searched.ran.noise_multiplier,
+                "planned_steps": searched.plan.planned_steps, "stopped_by_budget": False}
+    model_file.save(outputs["model"], model_file.ModelFile(framework.name, framework.dump_model(searched.model),
+                                                           ledger, settings))
+    summary = statement.privacy_summary(ledger, base.delta)
+    skeleton.save_epsilon(outputs["epsilon"], summary["epsilon"])
+    log.info("search: released the best candidate: %s", statement.describe(summary))
+    timing.end_task("saving", dp=True)
+    return summary

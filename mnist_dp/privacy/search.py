@@ -1,0 +1,116 @@
+"""A private hyperparameter search's privacy, decided before its first candidate: the validation split, σ of every
+privacy profile a candidate may have (calibrated so that the whole search, not one run, ends at target_epsilon),
+the validation score's noise, and the ledger event of the model it releases (events.Search).
+
+Each example pays for one face of the search: an example outside the validation split for the candidates' training
+(repeated and selected), one inside it for their noisy scores; so both are calibrated to the target, and neither
+costs the other anything. learning/search.py runs the search.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from dp_accounting.rdp import rdp_privacy_accountant
+
+from mnist_dp import search_space
+from mnist_dp.hyperparameters import Hyperparameters
+from mnist_dp.privacy import accountant, planning
+from mnist_dp.privacy.events import Candidate, DpEvent, Search, validation_mask
+from mnist_dp.privacy.planning import SamplingPlan
+from mnist_dp.search_space import SearchSpace
+from mnist_dp.utils.errors import UserError
+
+log = logging.getLogger("substratools.mnist_dp")
+
+
+def profile(hp: Hyperparameters, plan: SamplingPlan) -> tuple:
+    """What decides a candidate's DP event besides σ: (q, planned steps, its noise schedule at σ = 1)."""
+    return plan.sample_rate, plan.planned_steps, planning.noise_schedule(hp, plan, 1.0)
+
+
+@dataclass(frozen=True)
+class SearchPlan:
+    """A search's privacy plan on `n` examples, `validation_n` of them held out: σ by profile (`profile`) and the
+    noise multiplier of the validation score (a count of correct predictions, sensitivity 1)."""
+
+    search: SearchSpace
+    base: Hyperparameters  # the algo's hyperparameters: what the space does not search
+    n: int
+    validation_n: int
+    sigmas: dict  # profile -> σ
+    score_noise_multiplier: float
+
+    @property
+    def trained_n(self) -> int:
+        return self.n - self.validation_n
+
+    def candidate(self, hp: Hyperparameters, where: str) -> tuple:
+        """(SamplingPlan, σ) of a candidate drawn with hyperparameters `hp`."""
+        plan = SamplingPlan.from_hyperparameters(self.trained_n, hp, where)
+        return plan, self.sigmas[profile(hp, plan)]
+
+    def event(self, framework: str, data: tuple, hp: Hyperparameters, plan: SamplingPlan, ran, code: dict | None
+              ) -> DpEvent:
+        """The ledger event of the released candidate (`hp`, `plan`, what it `ran`) on the samples `data`: its run
+        on the training examples, with the whole search it won (events.Search)."""
+        candidates = tuple(sorted({Candidate(q, steps, *dataclasses.astuple(schedule.with_sigma(sigma)))
+                                   for (q, steps, schedule), sigma in self.sigmas.items()}, key=repr))
+        search = Search(self.search.mean, self.search.shape, candidates, self.score_noise_multiplier,
+                        self.search.validation_permille, self.validation_n)
+        run = planning.run_event(framework, data, hp, plan, ran.noise_multiplier, ran.steps, ran=ran, code=code)
+        return dataclasses.replace(run, n=self.n, search=search)
+
+
+def draw_count(rng: np.random.Generator, mean: float, shape: float) -> int:
+    """K, the number of candidates, drawn from the distribution the accountant composes, with dp_accounting's own
+    parameter γ for the mean: Poisson (shape inf; K may be 0), else the truncated negative binomial
+    P(K = k) ∝ (1-γ)^k · C(k+shape-1, k) for k ≥ 1 (shape 0: the logarithmic distribution; 1: the geometric)."""
+    if math.isinf(shape):
+        return int(rng.poisson(mean))
+    gamma = rdp_privacy_accountant._gamma_truncated_negative_binomial(shape, mean)  # noqa: SLF001 - as the accountant
+    if gamma >= 1:  # mean 1: always one candidate
+        return 1
+    if shape == 0:
+        return int(rng.logseries(1 - gamma))
+    if shape == 1:
+        return int(rng.geometric(gamma))
+    while True:  # the negative binomial of `shape` successes, conditioned on k ≥ 1
+        count = int(rng.negative_binomial(shape, gamma))
+        if count > 0:
+            return count
+
+
+def validation_split(data: dict, permille: int) -> np.ndarray:
+    """The opener's `data` -> which of its examples (in the order of its images) a search holds out: those whose keyed
+    id is below `permille` modulo 1000 (events.validation_mask)."""
+    return validation_mask(np.concatenate([s["examples"] for s in data["samples"]]), permille)
+
+
+def plan_search(framework: str, base: Hyperparameters, search: SearchSpace, n: int, validation_n: int,
+                where: str) -> SearchPlan:
+    """The privacy plan of a `framework` search of `search` around `base` on `n` examples, `validation_n` of them
+    held out, or a UserError naming `where` (the task, and the scripts before they register anything, ask it): σ of
+    every profile so that the training examples' ε ends at base.target_epsilon, and the score's noise so that the
+    validation examples' does."""
+    profiles = search_space.check_with(search, base, where)
+    if validation_n == 0 or validation_n == n:
+        raise UserError(f"{where}: validation_fraction = {search.validation_fraction:g} holds out {validation_n} of "
+                        f"the {n} examples; a search needs examples on both sides: change validation_fraction")
+    distinct = {}
+    for hp in profiles:
+        plan = planning.check_run(framework, hp, n - validation_n, where)
+        distinct.setdefault(profile(hp, plan), (hp, plan))
+    target, delta = base.target_epsilon, base.delta
+    try:
+        sigmas = accountant.calibrate_search(target, delta, list(distinct), search.mean, search.shape)
+        score = accountant.calibrate_score_noise(target, delta, search.mean, search.shape)
+    except accountant.NoSigma as exc:
+        hp, plan = max(distinct.values(), key=lambda pair: pair[1].planned_steps * pair[1].sample_rate)
+        raise planning.refused(exc, hp, plan, f"{where} (a search of {search.mean:g} candidates on average)") from None
+    log.info("search: calibrated noise_multiplier %s for a total epsilon of %.3g at delta %.1e (score noise %.3g)",
+             ", ".join(f"{s:.4f}" for s in sigmas), target, delta, score)
+    return SearchPlan(search, base, n, validation_n, dict(zip(distinct, sigmas)), score)
