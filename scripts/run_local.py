@@ -10,17 +10,19 @@ Substra clients each own a share of the training data, and ε is reported per or
 - --strategy fedavg: federated averaging; each round every organisation trains from the global model
   (`epochs` local epochs), an aggregate task averages their models weighted by their numbers of
   examples, and the new global model is scored on the test set.
+With --search, every organisation instead runs a private hyperparameter search on its own data (a tune task: the
+best of a random number of candidates, ε covering the whole search) and its model is scored on the test set.
 Writes results.json, summary.md, results.png and the model files (models/) to --output. This replaces
 `substra run-local`.
 """
 import shutil
 from pathlib import Path
 
-from mnist_dp import hyperparameters
+from mnist_dp import hyperparameters, search_space
 from mnist_dp.assets import ALGO_ASSETS
 from mnist_dp.data import dataset, samples
 from mnist_dp.orchestration import compute_plan, connection, registry
-from mnist_dp.privacy import budget
+from mnist_dp.privacy import budget, search
 from mnist_dp.report import results
 from mnist_dp.utils import atomic, options
 from mnist_dp.utils.errors import UserError, run_cli
@@ -47,6 +49,10 @@ def build_parser():
                         help="organisations sharing the training data, each with its own dataset; the data needs "
                              "at least this many train data samples (default: %(default)s)")
     compute_plan.add_arguments(parser, "organisations")
+    parser.add_argument("--search", metavar="FILE", default=None,
+                        help="instead of one training, a private hyperparameter search at each organisation: FILE is a "
+                             "search file (docs/privacy.md, \"Private hyperparameter search\"), or `default` for the "
+                             "bundle's; target_epsilon is then the whole search's (default: no search)")
     parser.add_argument("--share-with", default="",
                         help="comma-separated organisation ids also allowed to read the models and predictions "
                              "(default: only the organisations whose tasks need them)")
@@ -61,8 +67,14 @@ def main(argv=None):
         raise UserError("--baseline with --backend remote: the baseline's accuracy, not covered by ε, would be a "
                         "performance every organisation on the node sees; train it on a local backend")
     compute_plan.check_options(args.strategy, args.score_train)
+    searched = None
+    if args.search is not None:
+        options.refuse_unused("with --search (one search per organisation, its model scored on the test set)", {
+            "--baseline": args.baseline, "--rounds": args.rounds != 1, "--strategy fedavg": args.strategy == "fedavg",
+            "--score-train": args.score_train})
+        searched = search_space.load(None if args.search == "default" else Path(args.search))
     runs_per_framework = 2 if args.baseline else 1
-    tasks = compute_plan.count_tasks(args.strategy, args.rounds, args.organizations,
+    tasks = compute_plan.count_tasks("search" if searched else args.strategy, args.rounds, args.organizations,
                                      len(frameworks) * runs_per_framework, args.score_train)
     compute_plan.check_size(tasks, f"--rounds {args.rounds} with --organizations {args.organizations}, --strategy "
                                    f"{args.strategy} and {len(frameworks) * runs_per_framework} run(s)")
@@ -94,13 +106,15 @@ def main(argv=None):
         holdings = registry.split_among(data_dir, args.organizations, flag="--organizations")
         dataset.check_organization_keys(data_dir, holdings)  # each organisation its own key, as deployed
         # What each organisation's train task refuses (an example two organisations hold is accounted per example).
-        identities = {folder: sample.identity for own in holdings
-                      for folder, sample in zip(own, samples.check_examples(own))}
+        read = {folder: sample for own in holdings for folder, sample in zip(own, samples.check_examples(own))}
+        identities = {folder: sample.identity for folder, sample in read.items()}
         sizes = [sum(map(samples.sample_size, own)) for own in holdings]
         for run, (framework, hp) in runs.items():  # each with the hyperparameters its tasks will get
-            runs[run] = framework, budget.check_plan(
-                framework, hp, sizes, args.rounds,
-                [f"{run} hyperparameters ({overrides.source}), organisation {k}" for k in range(1, len(sizes) + 1)])
+            wheres = [f"{run} hyperparameters ({overrides.source}), organisation {k}" for k in range(1, len(sizes) + 1)]
+            if searched:
+                check_search(framework, hp, searched, [[read[f] for f in own] for own in holdings], wheres)
+            else:
+                runs[run] = framework, budget.check_plan(framework, hp, sizes, args.rounds, wheres)
 
         keys = registry.KeysFile()  # in memory: a local run starts from an empty backend
         shares, test, holdings = registry.register_organizations(clients, keys, data_dir)
@@ -110,10 +124,14 @@ def main(argv=None):
         builder = compute_plan.PlanBuilder(share_with=compute_plan.id_list(args.share_with))
         score = registry.register_objective(client, keys, work / "archives")
         for run, (framework, hp) in runs.items():
-            functions = registry.register_algo(client, keys, run, framework, hp.to_json(), work / "archives",
-                                               compute_plan.STRATEGIES[args.strategy])
+            functions = registry.register_algo(
+                client, keys, run, framework, hp.to_json(), work / "archives",
+                compute_plan.SEARCH_FUNCTIONS if searched else compute_plan.STRATEGIES[args.strategy],
+                searched.to_json() if searched else None)
             functions["score"] = score
-            if args.strategy == "fedavg":
+            if searched:
+                builder.search(run, functions, shares, test)
+            elif args.strategy == "fedavg":
                 builder.fedavg(run, functions, shares, args.rounds, test)
             else:
                 builder.chain(run, functions, [(r, share) for r in range(1, args.rounds + 1) for share in shares],
@@ -124,8 +142,18 @@ def main(argv=None):
             compute_plan.new_key(), {run: framework for run, (framework, _) in runs.items()}, organizations, output,
             "mnist-dp: DP-SGD on MNIST with Substra",
             [f"{args.backend} backend, data: {data_dir}",
-             f"{args.organizations} organisation(s), {args.rounds} round(s), "
-             f"{compute_plan.describe_strategy(args.strategy)}: {', '.join(organizations)}"])
+             f"{args.organizations} organisation(s), " + (
+                 f"a private search each ({args.search}): {', '.join(organizations)}" if searched else
+                 f"{args.rounds} round(s), {compute_plan.describe_strategy(args.strategy)}: "
+                 f"{', '.join(organizations)}")])
+
+
+def check_search(framework: str, hp, searched, holdings: list, wheres: list) -> None:
+    """What each organisation's tune task would refuse (its search's plan on its own samples, read: opener.Sample),
+    checked before anything is registered: the same numbers the task computes (search.plan_search)."""
+    for own, where in zip(holdings, wheres):
+        held_out = sum(int(search.validation_mask(s.ids, searched.validation_permille).sum()) for s in own)
+        search.plan_search(framework, hp, searched, sum(len(s.ids) for s in own), held_out, where)
 
 
 def remove_leftovers(local_worker: Path) -> None:

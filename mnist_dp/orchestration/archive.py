@@ -89,11 +89,12 @@ def shared_modules(asset_files) -> list:
     return sorted(done)
 
 
-def build(asset_dir: Path, function: str, dest: Path, replace: dict | None = None) -> Path:
+def build(asset_dir: Path, function: str, dest: Path, replace: dict | None = None, add: dict | None = None) -> Path:
     """Write ``dest`` (tar.gz): the asset's files, ``Dockerfile`` for `function`, the shared modules
     and the manifest of them all (provenance.py), whose digest identifies the archive.
 
-    `replace` maps an asset file name to new bytes (e.g. a tuned hyperparameters.json).
+    `replace` maps an asset file name to new bytes (e.g. a tuned hyperparameters.json); `add` a file name the asset
+    does not have to its bytes (a search file).
     """
     asset_dir = Path(asset_dir)
     dockerfile = dockerfile_path(asset_dir, function)
@@ -112,6 +113,10 @@ def build(asset_dir: Path, function: str, dest: Path, replace: dict | None = Non
         raise UserError(f"{asset_dir}: cannot replace {sorted(unknown)}: no such file in the asset")
 
     contents = {name: replace.get(name) or path.read_bytes() for name, path in files.items()}
+    clash = set(add or {}) & set(files)
+    if clash:
+        raise UserError(f"{asset_dir}: cannot add {sorted(clash)}: the asset has such a file")
+    contents.update(add or {})
     contents["Dockerfile"] = dockerfile.read_bytes()
     python_files = [files[name] for name in files if name.endswith(".py")]
     for name in ["__init__.py"] + shared_modules(python_files):

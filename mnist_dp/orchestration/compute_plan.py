@@ -43,7 +43,7 @@ class Role:
     """What a task is, for reports and failure messages: which run, step, round and organisation."""
 
     run: str  # e.g. "torch" or "torch-baseline"
-    step: str  # "train", "aggregate", "predict" or "score"
+    step: str  # "train", "tune", "aggregate", "predict" or "score"
     round_idx: int
     organization: str  # where the task runs
     split: str | None = None  # predict and score: "train" (the train task's own data) or "test"
@@ -62,6 +62,7 @@ def describe_role(role: Role) -> str:
 
 # strategy -> the algo functions it runs
 STRATEGIES = {"cyclic": ("train", "predict"), "fedavg": ("train", "predict", "aggregate")}
+SEARCH_FUNCTIONS = ("tune", "predict")  # a private search at each organisation (PlanBuilder.search)
 
 
 # Tasks in one compute plan at most: a local backend runs them one after the other, seconds each and a train task
@@ -88,8 +89,9 @@ def add_arguments(parser, holders: str) -> None:
 def count_tasks(strategy: str, rounds: int, holders: int, runs: int = 1, score_train: bool = False) -> int:
     """The tasks PlanBuilder makes for `runs` runs of `rounds` rounds through `holders` data shares. Per round, cyclic:
     at each holder a train task, then predict and score on the test data (and on its own with score_train); fedavg:
-    a train task at each holder, then one aggregate, predict and score."""
-    per_round = holders * (3 + 2 * score_train) if strategy == "cyclic" else holders + 3
+    a train task at each holder, then one aggregate, predict and score. A search (one round): at each holder a tune
+    task, then predict and score."""
+    per_round = holders * (3 + 2 * score_train) if strategy in ("cyclic", "search") else holders + 3
     return runs * rounds * per_round
 
 
@@ -183,6 +185,17 @@ class PlanBuilder:
             self.evaluate(global_model, keys["predict"], keys["score"], test, "test")
             aggregated.append(global_model)
         return aggregated
+
+    def search(self, run: str, keys: dict, shares: list, test: Share) -> list:
+        """A private hyperparameter search at each share's organisation on its own data (a tune task), each released
+        model evaluated on `test`. `keys`: the run's function keys by function name. Returns the tune task ids."""
+        tuned = []
+        for share in shares:
+            task = self._add(keys["tune"], share.organization, self._data(share), ["model", "epsilon"],
+                             Role(run, "tune", 1, share.organization))
+            self.evaluate(task, keys["predict"], keys["score"], test, "test")
+            tuned.append(task)
+        return tuned
 
     def readers(self) -> dict:
         """(task id, output) -> organisations that must read it: its own, its consumers', share_with."""

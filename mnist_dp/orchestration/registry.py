@@ -14,6 +14,7 @@ from pathlib import Path
 import substra
 from substra.sdk.schemas import DataSampleSpec, DatasetSpec, FunctionSpec
 
+from mnist_dp import search_space
 from mnist_dp.assets import ALGO_ASSETS, DATASET_ASSET, OBJECTIVE_ASSET
 from mnist_dp.data import samples
 from mnist_dp.data.dataset import check_organization_keys, sample_folders, split_advice
@@ -144,17 +145,20 @@ def register_samples(client: substra.Client, keys: KeysFile, dataset_key: str, f
 
 
 def register_function(client: substra.Client, keys: KeysFile, asset_dir: Path, function: str, name: str,
-                      build_dir: Path, hyperparameters: dict | None = None) -> str:
-    """Build the self-contained archive of `function` ("train", "predict", "aggregate" or "score") of the asset in
-    `asset_dir` into `build_dir`, with `hyperparameters` in place of its file if given, and register it on `client`
-    as `name` (public: any worker may run it), or reuse the key `keys` holds for the same archive. Returns the key."""
+                      build_dir: Path, hyperparameters: dict | None = None, search: dict | None = None) -> str:
+    """Build the self-contained archive of `function` ("train", "predict", "aggregate", "tune" or "score") of the
+    asset in `asset_dir` into `build_dir`, with `hyperparameters` in place of its file if given and the search file
+    `search` (search_space.SearchSpace.to_json) beside it, and register it on `client` as `name` (public: any
+    worker may run it), or reuse the key `keys` holds for the same archive. Returns the key."""
     description = asset_dir / "description.md"
     if not description.is_file():
         raise UserError(f"{description}: missing; every asset needs a description.md")
     replace = None
     if hyperparameters is not None:
         replace = {"hyperparameters.json": (json.dumps(hyperparameters, indent=2) + "\n").encode()}
-    archive_path = archive.build(asset_dir, function, Path(build_dir) / f"{name.replace(' ', '_')}.tar.gz", replace)
+    add = {search_space.FILE_NAME: (json.dumps(search, indent=2) + "\n").encode()} if search is not None else None
+    archive_path = archive.build(asset_dir, function, Path(build_dir) / f"{name.replace(' ', '_')}.tar.gz", replace,
+                                 add)
     inputs, outputs = CONTRACT[function]
     spec = FunctionSpec(name=name, description=description, file=archive_path, permissions=public(),
                         inputs=inputs, outputs=outputs)
@@ -206,11 +210,13 @@ def register_objective(client: substra.Client, keys: KeysFile, build_dir: Path) 
 
 
 def register_algo(client: substra.Client, keys: KeysFile, run: str, framework: str, hyperparameters: dict,
-                  build_dir: Path, functions: tuple) -> dict:
+                  build_dir: Path, functions: tuple, search: dict | None = None) -> dict:
     """{function: key} of the algo run `run` of `framework`: its `functions` (those of a strategy,
-    compute_plan.STRATEGIES) with these hyperparameters inside, built in `build_dir` (register_function)."""
+    compute_plan.STRATEGIES) with these hyperparameters (and search file) inside, built in `build_dir`
+    (register_function)."""
     asset = ALGO_ASSETS[framework]
-    return {function: register_function(client, keys, asset, function, f"{run} {function}", build_dir, hyperparameters)
+    return {function: register_function(client, keys, asset, function, f"{run} {function}", build_dir, hyperparameters,
+                                        search if function == "tune" else None)
             for function in functions}
 
 
