@@ -76,6 +76,16 @@ def run_search(framework: Framework, images: np.ndarray, labels: np.ndarray, hel
     return best
 
 
+def released_ledger(framework: Framework, data: dict, plan: SearchPlan, searched: Searched, code: dict | None
+                    ) -> Ledger:
+    """The ledger of the model a search of `plan` released (`searched`) on the opener's `data`: its examples, and the
+    search as one event (`code`: the running function's provenance, None in memory)."""
+    ledger = Ledger(examples={s["identity"]: Examples.of(s["key"], s["examples"]) for s in data["samples"]})
+    identities = tuple(s["identity"] for s in data["samples"])
+    ledger.add(plan.event(framework.name, identities, searched.hp, searched.plan, searched.ran, code))
+    return ledger
+
+
 def correct(framework: Framework, model, network: Network, inputs: np.ndarray, labels: np.ndarray) -> int:
     """How many of the validation examples (their network `inputs`) the model classifies right: the score's count,
     of sensitivity 1 (one example more or less changes it by at most 1)."""
@@ -114,10 +124,8 @@ def tune(framework: Framework, inputs: dict, outputs: dict, hyperparameters_path
                                  "probability exp(-mean)); nothing is released: run the task again")
     skeleton.check_finite(framework, searched.model, "every candidate of the search diverged",
                           f"nothing was saved; lower learning_rate or max_grad_norm in the search space or {where}")
-    ledger = Ledger(examples={s["identity"]: Examples.of(s["key"], s["examples"]) for s in data["samples"]})
-    identities = tuple(s["identity"] for s in data["samples"])
-    ledger.add(plan.event(framework.name, identities, searched.hp, searched.plan, searched.ran,
-                          provenance.running_code(Path(hyperparameters_path).parent, "tune")))
+    ledger = released_ledger(framework, data, plan, searched,
+                             provenance.running_code(Path(hyperparameters_path).parent, "tune"))
     settings = {**searched.hp.to_json(), "noise_multiplier": searched.ran.noise_multiplier,
                 "planned_steps": searched.plan.planned_steps, "stopped_by_budget": False}
     model_file.save(outputs["model"], model_file.ModelFile(framework.name, framework.dump_model(searched.model),
