@@ -217,3 +217,17 @@ def load(path: Path | None) -> SearchSpace:
     if path is None:
         return parse(DEFAULT, "the default search")
     return parse(json_input.read(Path(path), "search file"), str(path))
+
+
+def add_argument(parser) -> None:
+    """--search, the same on every script that trains."""
+    parser.add_argument("--search", metavar="FILE", default=None,
+                        help="instead of training once, a private hyperparameter search on each organisation's data "
+                             "(a tune task; only the best candidate's model is released): FILE is a search file "
+                             "(docs/privacy.md, \"Private hyperparameter search\") or `default` for the bundle's; "
+                             "target_epsilon is then the whole search's (default: no search)")
+
+
+def from_option(value: str | None) -> SearchSpace | None:
+    """The search --search names (None: no search)."""
+    return None if value is None else load(None if value == "default" else Path(value))

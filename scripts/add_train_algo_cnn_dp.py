@@ -6,7 +6,9 @@ Reads the keys file written by scripts/add_dataset_objective.py. With --strategy
 training goes through the train folds one after the other (one train task per fold, each continuing
 from the model before), with predict and score after each; with --strategy fedavg each round trains
 every fold from the global model and an aggregate task averages them, then predict and score on the
-test set. --rounds repeats either. ε is per fold (the folds hold disjoint data). The algo's and the
+test set. --rounds repeats either. ε is per fold (the folds hold disjoint data). With --search, one tune task
+runs a private hyperparameter search on every fold's data together and its model is scored on the test set. The
+algo's and the
 plan's keys are added to the keys file; the reports (results.json, summary.md, results.png) and the
 model files go to --output. With a local backend (which forgets everything between runs) the dataset
 and objective are registered again from the data folder named in the keys file.
@@ -14,12 +16,12 @@ and objective are registered again from the data folder named in the keys file.
 import tempfile
 from pathlib import Path
 
-from mnist_dp import hyperparameters
+from mnist_dp import hyperparameters, search_space
 from mnist_dp.assets import ALGO_ASSETS
 from mnist_dp.data import dataset, samples
 from mnist_dp.hyperparameters import Hyperparameters
 from mnist_dp.orchestration import compute_plan, connection, registry
-from mnist_dp.privacy import budget
+from mnist_dp.privacy import budget, search
 from mnist_dp.report import results
 from mnist_dp.utils import atomic, options
 from mnist_dp.utils.errors import UserError, run_cli
@@ -37,6 +39,7 @@ def build_parser():
     parser.add_argument("--output", type=Path, default=None,
                         help="folder for the reports and model files (default: results/<framework>)")
     compute_plan.add_arguments(parser, "folds")
+    search_space.add_argument(parser)
     parser.add_argument("--share-with", default="",
                         help="comma-separated organisation ids also allowed to read the model and predictions "
                              "(default: this organisation only)")
@@ -46,7 +49,8 @@ def build_parser():
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    compute_plan.check_options(args.strategy, args.score_train)
+    compute_plan.check_options(args.strategy, args.score_train, args.search is not None, args.rounds)
+    searched = search_space.from_option(args.search)
     connection.check_settings(args.backend, args.client_name)  # refused now, before --output is made
     if not args.keys_file.is_file():
         raise UserError(f"{args.keys_file}: no keys file; run scripts/add_dataset_objective.py first")
@@ -60,25 +64,30 @@ def main(argv=None):
     for field in ("organization_id", "dataset_key", "objective_key", "test_data_sample_keys"):
         keys.require(field)  # a damaged keys file is named now, not half-way through
     folds = keys.require("train_data_sample_keys")
-    compute_plan.check_size(compute_plan.count_tasks(args.strategy, args.rounds, len(folds), 1, args.score_train),
+    compute_plan.check_size(compute_plan.count_tasks("search" if searched else args.strategy, args.rounds,
+                                                     1 if searched else len(folds), 1, args.score_train),
                             f"--rounds {args.rounds} with the {len(folds)} fold(s) of {args.keys_file} and --strategy "
                             f"{args.strategy}")
     data_dir = Path(keys.require("data"))
     dataset.check_output_outside(data_dir, args.output or Path("results") / args.framework)
-    if data_dir.is_dir():  # what each train task would refuse, checked before anything is registered
+    where = f"{args.framework} hyperparameters ({args.hyperparameters or 'the asset'})"
+    if data_dir.is_dir() and searched:  # what the tune task would refuse, checked before anything is registered
+        read = samples.check_examples([f for own in registry.split_among(data_dir, len(folds)) for f in own])
+        search.check_plan(args.framework, hp, searched, [[s.ids for s in read]], [where])
+    elif data_dir.is_dir():  # what each train task would refuse, checked before anything is registered
         sizes = [sum(map(samples.sample_size, own)) for own in registry.split_among(data_dir, len(folds))]
         hp = budget.check_plan(args.framework, hp, sizes, args.rounds,
-                                 [f"{args.framework} hyperparameters ({args.hyperparameters or 'the asset'}), fold {k}"
-                                  for k in range(1, len(sizes) + 1)])
+                                 [f"{where}, fold {k}" for k in range(1, len(sizes) + 1)])
     elif args.rounds > 1 and hp.dp and hp.target_epsilon is not None:
         raise UserError(f"--rounds {args.rounds} with target_epsilon: σ is calibrated for every fold's size, but the "
                         f"data folder {data_dir} named in {args.keys_file} is not here; give noise_multiplier in "
                         "--hyperparameters instead")
     with atomic.exclusive((args.output or Path("results") / args.framework).resolve(), "--output folder") as output:
-        register_and_run(args, keys, hp, output)
+        register_and_run(args, keys, hp, output, searched)
 
 
-def register_and_run(args, keys: registry.KeysFile, hp: Hyperparameters, output: Path) -> None:
+def register_and_run(args, keys: registry.KeysFile, hp: Hyperparameters, output: Path,
+                     searched: search_space.SearchSpace | None) -> None:
     client = connection.connect(args.backend, args.client_name, args.keys_file.resolve().parent)
     run = args.framework
     with tempfile.TemporaryDirectory() as build_dir:
@@ -86,8 +95,10 @@ def register_and_run(args, keys: registry.KeysFile, hp: Hyperparameters, output:
             registry.register_dataset_objective(client, keys, Path(keys.require("data")),
                                                 len(keys.require("train_data_sample_keys")), Path(build_dir))
         registry.check_on_node(client, keys)
-        functions = registry.register_algo(client, keys, run, args.framework, hp.to_json(), Path(build_dir),
-                                           compute_plan.STRATEGIES[args.strategy])
+        functions = registry.register_algo(
+            client, keys, run, args.framework, hp.to_json(), Path(build_dir),
+            compute_plan.SEARCH_FUNCTIONS if searched else compute_plan.STRATEGIES[args.strategy],
+            searched.to_json() if searched else None)
     keys.add_algo(args.framework, functions)
 
     owner, dataset = keys.require("organization_id"), keys.require("dataset_key")
@@ -96,7 +107,9 @@ def register_and_run(args, keys: registry.KeysFile, hp: Hyperparameters, output:
     test = compute_plan.Share(owner, dataset, tuple(keys.require("test_data_sample_keys")))
     builder = compute_plan.PlanBuilder(share_with=compute_plan.id_list(args.share_with))
     functions = {**functions, "score": keys.require("objective_key")}
-    if args.strategy == "fedavg":
+    if searched:  # the organisation's data: every fold
+        builder.search(run, functions, [compute_plan.Share(owner, dataset, sum(map(tuple, folds), ()))], test)
+    elif args.strategy == "fedavg":
         builder.fedavg(run, functions, shares, args.rounds, test)
     else:  # the folds are at one organisation: each train task is numbered as a round of its own in the reports
         builder.chain(run, functions, list(enumerate(shares * args.rounds, 1)), test, args.score_train)
@@ -107,8 +120,9 @@ def register_and_run(args, keys: registry.KeysFile, hp: Hyperparameters, output:
     results.run_and_report(client, builder, f"mnist-dp {run}", plan_key, {run: args.framework}, {owner: None}, output,
                           f"mnist-dp: {run} on a Substra node",
                           [f"{args.backend} backend, keys file: {args.keys_file.resolve()}",
-                           f"{len(folds)} fold(s) at {owner}, {args.rounds} round(s), "
-                           f"{compute_plan.describe_strategy(args.strategy)}"])
+                           f"{len(folds)} fold(s) at {owner}, " + (
+                               f"a private search on all of them ({args.search})" if searched else
+                               f"{args.rounds} round(s), {compute_plan.describe_strategy(args.strategy)}")])
 
 
 if __name__ == "__main__":

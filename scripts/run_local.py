@@ -49,10 +49,7 @@ def build_parser():
                         help="organisations sharing the training data, each with its own dataset; the data needs "
                              "at least this many train data samples (default: %(default)s)")
     compute_plan.add_arguments(parser, "organisations")
-    parser.add_argument("--search", metavar="FILE", default=None,
-                        help="instead of one training, a private hyperparameter search at each organisation: FILE is a "
-                             "search file (docs/privacy.md, \"Private hyperparameter search\"), or `default` for the "
-                             "bundle's; target_epsilon is then the whole search's (default: no search)")
+    search_space.add_argument(parser)
     parser.add_argument("--share-with", default="",
                         help="comma-separated organisation ids also allowed to read the models and predictions "
                              "(default: only the organisations whose tasks need them)")
@@ -66,13 +63,10 @@ def main(argv=None):
     if args.baseline and args.backend == "remote":
         raise UserError("--baseline with --backend remote: the baseline's accuracy, not covered by ε, would be a "
                         "performance every organisation on the node sees; train it on a local backend")
-    compute_plan.check_options(args.strategy, args.score_train)
-    searched = None
-    if args.search is not None:
-        options.refuse_unused("with --search (one search per organisation, its model scored on the test set)", {
-            "--baseline": args.baseline, "--rounds": args.rounds != 1, "--strategy fedavg": args.strategy == "fedavg",
-            "--score-train": args.score_train})
-        searched = search_space.load(None if args.search == "default" else Path(args.search))
+    compute_plan.check_options(args.strategy, args.score_train, args.search is not None, args.rounds)
+    if args.search is not None:  # the baseline is one training run: compare with a run without --search
+        options.refuse_unused("with --search", {"--baseline": args.baseline})
+    searched = search_space.from_option(args.search)
     runs_per_framework = 2 if args.baseline else 1
     tasks = compute_plan.count_tasks("search" if searched else args.strategy, args.rounds, args.organizations,
                                      len(frameworks) * runs_per_framework, args.score_train)
@@ -112,7 +106,7 @@ def main(argv=None):
         for run, (framework, hp) in runs.items():  # each with the hyperparameters its tasks will get
             wheres = [f"{run} hyperparameters ({overrides.source}), organisation {k}" for k in range(1, len(sizes) + 1)]
             if searched:
-                check_search(framework, hp, searched, [[read[f] for f in own] for own in holdings], wheres)
+                search.check_plan(framework, hp, searched, [[read[f].ids for f in own] for own in holdings], wheres)
             else:
                 runs[run] = framework, budget.check_plan(framework, hp, sizes, args.rounds, wheres)
 
@@ -146,14 +140,6 @@ def main(argv=None):
                  f"a private search each ({args.search}): {', '.join(organizations)}" if searched else
                  f"{args.rounds} round(s), {compute_plan.describe_strategy(args.strategy)}: "
                  f"{', '.join(organizations)}")])
-
-
-def check_search(framework: str, hp, searched, holdings: list, wheres: list) -> None:
-    """What each organisation's tune task would refuse (its search's plan on its own samples, read: opener.Sample),
-    checked before anything is registered: the same numbers the task computes (search.plan_search)."""
-    for own, where in zip(holdings, wheres):
-        held_out = sum(int(search.validation_mask(s.ids, searched.validation_permille).sum()) for s in own)
-        search.plan_search(framework, hp, searched, sum(len(s.ids) for s in own), held_out, where)
 
 
 def remove_leftovers(local_worker: Path) -> None:

@@ -102,9 +102,13 @@ def check_size(tasks: int, asked: str) -> None:
                         "tasks run one after the other); use fewer rounds or organisations")
 
 
-def check_options(strategy: str, score_train: bool) -> None:
+def check_options(strategy: str, score_train: bool, search: bool = False, rounds: int = 1) -> None:
     """Refuse what a strategy would ignore: --score-train scores each cyclic model on its own organisation's data;
-    a fedavg round's model is the average, which no organisation trained alone."""
+    a fedavg round's model is the average, which no organisation trained alone. A search (--search) is one tune task
+    per organisation, its model scored on the test set."""
+    if search:
+        options.refuse_unused("with --search (one search per organisation, its model scored on the test set)", {
+            "--rounds": rounds != 1, "--strategy fedavg": strategy == "fedavg", "--score-train": score_train})
     if strategy == "fedavg":
         options.refuse_unused("with --strategy fedavg", {"--score-train": score_train})
 

@@ -90,6 +90,15 @@ def validation_split(data: dict, permille: int) -> np.ndarray:
     return validation_mask(np.concatenate([s["examples"] for s in data["samples"]]), permille)
 
 
+def check_plan(framework: str, hp: Hyperparameters, search: SearchSpace, ids: list, wheres: list) -> None:
+    """What each organisation's tune task would refuse, checked by the scripts before anything is registered: the
+    search's plan on its own examples (`ids[k]`: the keyed ids of organisation k's samples, one array each), the
+    same numbers the task computes; errors name `wheres[k]`."""
+    for own, where in zip(ids, wheres):
+        held_out = sum(int(validation_mask(array, search.validation_permille).sum()) for array in own)
+        plan_search(framework, hp, search, sum(len(array) for array in own), held_out, where)
+
+
 def plan_search(framework: str, base: Hyperparameters, search: SearchSpace, n: int, validation_n: int,
                 where: str) -> SearchPlan:
     """The privacy plan of a `framework` search of `search` around `base` on `n` examples, `validation_n` of them

@@ -28,7 +28,8 @@ FEDAVG = "fedavg"  # where an averaged model was "trained": by every organisatio
 STATEMENT = ("ε is for the add/remove-one-example relation, Poisson sampling and per-example clipping; "
              "each example's ε composes the steps that trained on it, and ε (PLD) is the worst example's (with "
              "several organisations, each one's ε is that of its own records, the examples it holds; an individual "
-             "every organisation holds: epsilon_in_every_organization in results.json).")
+             "every organisation holds: epsilon_in_every_organization in results.json). A model whose ledger holds a "
+             "private search is composed by RDP (the accountant column says so): its ε (PLD) column is RDP's figure.")
 
 
 def _cell(record, key: str, fmt: str) -> str:

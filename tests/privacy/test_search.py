@@ -1,0 +1,166 @@
+"""mnist_dp/privacy/search.py and the search's accounting (events.Search, accountant.search_rdp, Ledger.parts): ε of
+a private hyperparameter search against an independent recomputation with dp_accounting, the number of candidates
+against its distribution, σ calibrated for the whole search, per-example faces, and the ledger's checks."""
+import dataclasses
+import math
+
+import dp_accounting
+import numpy as np
+import pytest
+from conftest import dict_hp
+from dp_accounting import rdp
+from dp_accounting.rdp import rdp_privacy_accountant
+from scipy import stats
+
+from mnist_dp import search_space
+from mnist_dp.privacy import accountant
+from mnist_dp.privacy.events import Candidate, DpEvent, Search, validation_mask
+from mnist_dp.privacy.ledger import Examples, Ledger
+from mnist_dp.privacy.search import draw_count, plan_search
+from mnist_dp.utils.errors import UserError
+
+DELTA = 1e-5
+
+
+def dp_sgd(q, steps, sigma):
+    return dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), steps)
+
+
+RELEASED = (Candidate(1 / 8, 240, 1.3),)
+
+
+def search_event(candidates=RELEASED, mean=4.0, shape=0.0, score=3.0, permille=100,
+                 n=4000, validation_n=400):
+    """The ledger event of a search's released run: the first candidate's profile, as the tune task records it."""
+    first = candidates[0]
+    batch = math.ceil((n - validation_n) * first.sample_rate)
+    return DpEvent("torch", ("s",), n, first.sample_rate, first.noise_multiplier, first.steps, "per-example", 0.1,
+                   batch_size=batch, planned_steps=first.steps, code={"function": "tune", "archive_digest": None},
+                   search=Search(mean, shape, tuple(candidates), score, permille, validation_n))
+
+
+@pytest.mark.parametrize("shape", [0.0, 0.5, 1.0, math.inf])
+def test_epsilon_of_a_search_is_dp_accountings_repeat_and_select(shape):
+    event = search_event(shape=shape)
+    independent = rdp.RdpAccountant().compose(
+        dp_accounting.dp_event.RepeatAndSelectDpEvent(dp_sgd(1 / 8, 240, 1.3), 4.0, shape)).get_epsilon(DELTA)
+    assert accountant.compose_epsilon([event], DELTA) == pytest.approx(independent, rel=1e-9)
+    score = rdp.RdpAccountant().compose(
+        dp_accounting.dp_event.RepeatAndSelectDpEvent(dp_accounting.GaussianDpEvent(3.0), 4.0, shape))
+    scored = dataclasses.replace(event, search=event.search.scored())
+    assert accountant.compose_epsilon([scored], DELTA) == pytest.approx(score.get_epsilon(DELTA), rel=1e-9)
+
+
+def test_a_search_of_several_profiles_is_bounded_by_the_worst_at_every_order():
+    profiles = [(1 / 8, 240, 1.3), (1 / 40, 1200, 1.1)]
+    event = search_event(tuple(Candidate(*p) for p in profiles))
+    curves = [rdp.RdpAccountant().compose(dp_sgd(*p)).rdp for p in profiles]
+    orders = rdp.RdpAccountant().orders
+    worst = rdp_privacy_accountant._compute_rdp_repeat_and_select(orders, np.max(curves, axis=0), 4.0, 0.0)
+    independent = rdp_privacy_accountant.compute_epsilon(orders, worst, DELTA)[0]
+    assert accountant.compose_epsilon([event], DELTA) == pytest.approx(independent, rel=1e-9)
+    for p in profiles:  # never below a search of either profile alone
+        alone = rdp.RdpAccountant().compose(dp_accounting.dp_event.RepeatAndSelectDpEvent(dp_sgd(*p), 4.0, 0.0))
+        assert accountant.compose_epsilon([event], DELTA) >= alone.get_epsilon(DELTA) - 1e-9
+
+
+def test_a_search_costs_more_than_its_one_released_run_and_later_runs_compose_by_rdp():
+    event = search_event()
+    one_run = rdp.RdpAccountant().compose(dp_sgd(1 / 8, 240, 1.3)).get_epsilon(DELTA)
+    assert accountant.compose_epsilon([event], DELTA) > one_run
+    later = dataclasses.replace(event, search=None, n=3600)
+    independent = rdp.RdpAccountant().compose(dp_accounting.ComposedDpEvent([
+        dp_accounting.dp_event.RepeatAndSelectDpEvent(dp_sgd(1 / 8, 240, 1.3), 4.0, 0.0), dp_sgd(1 / 8, 240, 1.3)]))
+    # PLD is asked for, RDP answers: PLD cannot compose the search
+    assert accountant.compose_epsilon([event, later], DELTA, "pld") == pytest.approx(independent.get_epsilon(DELTA))
+
+
+@pytest.mark.parametrize("shape, distribution", [
+    (0.0, lambda gamma: stats.logser(1 - gamma)),
+    (1.0, lambda gamma: stats.geom(gamma)),
+    (math.inf, None),
+    (2.0, lambda gamma: stats.nbinom(2.0, gamma)),  # conditioned on k >= 1 below
+])
+def test_the_number_of_candidates_follows_its_distribution(shape, distribution):
+    mean, draws = 4.0, 20_000
+    rng = np.random.default_rng(11)
+    counts = np.bincount([draw_count(rng, mean, shape) for _ in range(draws)])
+    if shape == math.inf:
+        pmf = stats.poisson(mean).pmf
+    else:
+        law = distribution(rdp_privacy_accountant._gamma_truncated_negative_binomial(shape, mean))
+        pmf = (lambda k: law.pmf(k) / (1 - law.pmf(0))) if shape == 2.0 else law.pmf
+    assert (counts[0] == 0) == (shape != math.inf)  # only Poisson may draw no candidate
+    ks = np.arange(len(counts))
+    expected = pmf(ks) * draws
+    keep = expected >= 5  # chi-square cells, the tail pooled into the last
+    observed = np.append(counts[keep], draws - counts[keep].sum())
+    expected = np.append(expected[keep], draws - expected[keep].sum())
+    assert stats.chisquare(observed, expected).pvalue > 1e-3
+    assert np.mean(np.repeat(ks, counts)) == pytest.approx(mean, rel=0.05)
+
+
+def test_sigma_is_calibrated_so_the_whole_search_ends_at_the_target():
+    hp = dict_hp(epochs=2, batch_size=50, target_epsilon=3.0)
+    space = search_space.parse({"space": {"learning_rate": [0.1, 0.2]}}, "x")
+    plan = plan_search("torch", hp, space, 1000, 100, "x")
+    ((q, steps, schedule), sigma), = plan.sigmas.items()
+    search = Search(space.mean, space.shape, (Candidate(q, steps, sigma),), plan.score_noise_multiplier, 100, 100)
+    event = search_event(search.candidates, score=plan.score_noise_multiplier, n=1000, validation_n=100)
+    assert accountant.compose_epsilon([event], DELTA) <= 3.0
+    lower = search_event((Candidate(q, steps, sigma - 0.01),), n=1000, validation_n=100)
+    assert accountant.compose_epsilon([lower], DELTA) > 3.0
+    scored = dataclasses.replace(event, search=event.search.scored())
+    assert 2.9 < accountant.compose_epsilon([scored], DELTA) <= 3.0  # the validation examples end there too
+    single = accountant.calibrate_noise_multiplier(3.0, DELTA, q, steps)
+    assert sigma > single  # the search costs noise
+
+
+def test_profiles_of_several_batch_sizes_get_their_own_sigma_and_the_worst_bounds_the_search():
+    hp = dict_hp(epochs=2, batch_size=50, target_epsilon=3.0)
+    space = search_space.parse({"space": {"batch_size": [25, 100], "epochs": [1, 2]}}, "x")
+    plan = plan_search("torch", hp, space, 1000, 100, "x")
+    assert len(plan.sigmas) == 4 and len(set(plan.sigmas.values())) == 4
+    event = search_event(tuple(Candidate(q, steps, sigma) for (q, steps, _), sigma in plan.sigmas.items()),
+                         n=1000, validation_n=100)
+    assert 2.8 < accountant.compose_epsilon([event], DELTA) <= 3.0
+
+
+def test_a_target_no_search_can_meet_is_refused_in_a_line():
+    hp = dict_hp(epochs=500, batch_size=500, target_epsilon=0.05)
+    space = search_space.parse({"space": {"learning_rate": [0.1, 0.2]}}, "hp.json")
+    with pytest.raises(UserError, match=r"hp.json \(a search of 4 candidates on average\): target_epsilon = 0.05"):
+        plan_search("torch", hp, space, 1000, 100, "hp.json")
+
+
+def test_each_example_pays_for_its_own_face_of_the_search():
+    ids = np.random.default_rng(3).integers(0, 2**63, 2000, dtype=np.uint64)
+    held = validation_mask(ids, 100)
+    assert 0.07 < held.mean() < 0.13
+    event = search_event(n=2000, validation_n=int(held.sum()))
+    ledger = Ledger([event], {"s": Examples.of("0" * 16, ids)})
+    faces = {(a.events[0].search.face, a.examples) for a in ledger.accounts()}
+    assert faces == {("training", 2000 - int(held.sum())), ("score", int(held.sum()))}
+    assert ledger.epsilon(DELTA) == pytest.approx(max(accountant.compose_epsilon([e], DELTA)
+                                                      for _, e in ledger.parts()))
+    again = Ledger.from_json(ledger.to_json())
+    assert again.events == ledger.events and again.epsilon(DELTA) == ledger.epsilon(DELTA)
+    # a later run on the same data: its history is the face each example saw
+    histories = ledger.histories(["s"])
+    assert sorted(h[0].search.face for h in histories) == ["score", "training"]
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda s: {**s, "mean": 0.5}, "mean = 0.5 must be a number >= 1"),
+    (lambda s: {**s, "shape": -1}, "shape = -1 must be"),
+    (lambda s: {**s, "candidates": []}, "candidates"),
+    (lambda s: {**s, "candidates": [{**s["candidates"][0], "noise_multiplier": 9.0}]}, "not one of the search's"),
+    (lambda s: {**s, "validation_n": 4000}, "leaves no training example"),
+    (lambda s: {**s, "face": "score"}, "exactly"),
+])
+def test_a_damaged_search_in_a_ledger_is_refused(edit, message):
+    record = search_event().to_json()
+    record["search"] = edit(record["search"])
+    with pytest.raises(UserError, match=message):
+        DpEvent.from_json(record)
