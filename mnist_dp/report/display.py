@@ -116,15 +116,15 @@ def write_results(path: Path, records: list) -> None:
 
 
 def performance_table(frame) -> tuple:
-    """Substra's performances (from get_performances): one row per run and round, one column per
-    metric and organisation. Returns (headers, rows)."""
+    """Substra's performances (from get_performances): one row per run, round and model (where it was trained), one
+    column per metric and the organisation that computed it. Returns (headers, rows)."""
     if frame.empty:
         return ["run"], []
-    wide = frame.pivot_table(index=["run", "round"], columns=["metric", "worker"], values="performance",
+    wide = frame.pivot_table(index=["run", "round", "trained_at"], columns=["metric", "worker"], values="performance",
                              aggfunc="first").sort_index()
-    headers = ["run", "round"] + [f"{metric} @ {worker}" for metric, worker in wide.columns]
-    rows = [[run, rnd] + [_number(v) for v in values]
-            for (run, rnd), values in zip(wide.index, wide.itertuples(index=False))]
+    headers = ["run", "round", "model trained at"] + [f"{metric} @ {worker}" for metric, worker in wide.columns]
+    rows = [[run, rnd, trained] + [_number(v) for v in values]
+            for (run, rnd, trained), values in zip(wide.index, wide.itertuples(index=False))]
     return headers, rows
 
 

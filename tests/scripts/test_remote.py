@@ -21,7 +21,8 @@ from substra_node_stub import SubstraNodeStub
 from mnist_dp.assets import ALGO_ASSETS, DATASET_ASSET, OBJECTIVE_ASSET, load_asset_module
 from mnist_dp.data.dataset import sample_folders
 from mnist_dp.data.samples import sample_identity
-from mnist_dp.learning import interface, skeleton
+from mnist_dp import search_space
+from mnist_dp.learning import interface, search, skeleton
 from mnist_dp.orchestration.contract import CONTRACT
 from mnist_dp.orchestration.execution import LOG_TAIL_LINES, POLLING_VARIABLE
 from mnist_dp.privacy import model_file
@@ -127,6 +128,9 @@ class NoLearning:
     def fit(self, model, images, labels, hp, sampling, step, batches):
         return interface.Ran(batch_sizes=[len(batch) for batch in batches])
 
+    def batch_logits(self, model, inputs):
+        return np.zeros((len(inputs), 10))
+
     def weight_arrays(self, model):
         return [np.frombuffer(model, np.uint8).astype(np.float64)]
 
@@ -136,16 +140,19 @@ class NoLearning:
 
 def write_model_file(dest: Path, opener: Path, data_folders: list, hyperparameters: Path,
                      input_model: Path | None = None) -> float:
-    """Write a model file as a torch train task does and return the ε it outputs. The one place
-    that knows how a model file is made: the real training skeleton (skeleton.train: ledger,
-    hyperparameters, ε) and dataset opener around NoLearning, so a change of the file's format
-    made there reaches these tests unchanged."""
+    """Write a model file as a torch train task does (a tune task when the function holds a search file) and return
+    the ε it outputs. The one place that knows how a model file is made: the real training skeleton (skeleton.train,
+    or search.tune: ledger, hyperparameters, ε) and dataset opener around NoLearning, so a change of the file's
+    format made there reaches these tests unchanged."""
     opener_module = load_asset_module(opener, f"stub_node_opener_{uuid.uuid4().hex}")
     inputs = {"datasamples": opener_module.MnistOpener().get_data([str(f) for f in data_folders])}
     if input_model:
         inputs["model"] = str(input_model)
     outputs = {"model": str(dest), "epsilon": str(dest.with_name(dest.name + ".epsilon"))}
-    skeleton.train(NoLearning(), inputs, outputs, hyperparameters)
+    if hyperparameters.with_name(search_space.FILE_NAME).is_file():
+        search.tune(NoLearning(), inputs, outputs, hyperparameters)
+    else:
+        skeleton.train(NoLearning(), inputs, outputs, hyperparameters)
     return json.loads(Path(outputs["epsilon"]).read_text())["all"]
 
 
@@ -372,6 +379,35 @@ def test_a_plan_run_on_the_node_reports_accuracy_and_epsilon_from_the_models_it_
     assert ("GET", f"/compute_plan/{plan_key}/perf/") in node.calls() and node.unexpected == []
     written = [p for p in tmp_path.rglob("*") if p.is_file() and p.suffix in (".json", ".md")]
     assert TOKEN not in proc.stdout + proc.stderr and not any(TOKEN in p.read_text() for p in written)
+
+
+def test_a_search_on_the_node_is_one_tune_task_on_every_fold_with_the_search_file_inside(node, registered, tmp_path):
+    epsilons = train_on_node(node, tmp_path / "node")
+    searched = {"space": {"learning_rate": [0.1, 0.2]}, "mean_candidates": 2, "shape": 1, "validation_fraction": 0.2}
+    (tmp_path / "search.json").write_text(json.dumps(searched))
+    (tmp_path / "hp.json").write_text(json.dumps({**HYPERPARAMETERS, "noise_multiplier": None, "target_epsilon": 3.0}))
+    proc = run("add_train_algo_cnn_dp.py", "--framework", FRAMEWORK, "--hyperparameters", tmp_path / "hp.json",
+               "--keys-file", registered, "--output", tmp_path / "results", "--search", tmp_path / "search.json",
+               cwd=tmp_path, env=environment(node), polling=0.01)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    keys = json.loads(registered.read_text())
+    algo = keys["algos"][FRAMEWORK]
+    assert set(algo) == {"tune", "predict"}
+    files = tar_gz_members(node.functions[algo["tune"]].files["file"])
+    assert json.loads(files[search_space.FILE_NAME]) == search_space.parse(searched, "x").to_json()
+    assert files["Dockerfile"] == (ALGO_ASSETS[FRAMEWORK] / "Dockerfile.tune").read_bytes()
+    assert (node.functions[algo["tune"]].sent["inputs"], node.functions[algo["tune"]].sent["outputs"]) == \
+        contract("tune")
+    tasks = [t.record for t in node.plan_tasks(keys["compute_plans"][FRAMEWORK]["key"])]
+    tuned = [t for t in tasks if t["function"]["key"] == algo["tune"]]
+    assert len(tasks) == 3 and len(tuned) == 1  # tune, predict, score
+    assert sorted(i["asset_key"] for i in tuned[0]["inputs"] if i["identifier"] == "datasamples") == \
+        sorted(k for fold in keys["train_data_sample_keys"] for k in fold)  # every fold, in one search
+    record, = json.loads((tmp_path / "results" / "results.json").read_text())
+    saved = model_file.load(record["model_file"], FRAMEWORK)
+    (event,) = saved.ledger.events
+    assert event.search is not None and event.search.mean == 2 and len(event.data) == 2
+    assert record["epsilon"] == pytest.approx(epsilons[tuned[0]["key"]]) and 2.5 < record["epsilon"] <= 3.0
 
 
 def test_federated_averaging_on_the_node_averages_each_round_and_accounts_each_fold_once(node, registered, tmp_path,

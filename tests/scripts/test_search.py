@@ -1,0 +1,162 @@
+"""--search: a private hyperparameter search at each organisation as Substra tasks (run_local.py, subprocess
+backend), the tune function through the substratools command line, and the search file's bad inputs."""
+import hashlib
+import json
+import re
+import subprocess
+import sys
+import zipfile
+
+import numpy as np
+import pytest
+from conftest import REPO, TINY_HYPERPARAMETERS, extract_function, samples, tiny_hyperparameters
+
+from mnist_dp.assets import ALGO_ASSETS, DATASET_ASSET
+from mnist_dp.data import dataset
+from mnist_dp.data.samples import sample_identity
+from mnist_dp.privacy import model_file
+from mnist_dp.privacy.randomness import RunRandomness
+from mnist_dp.privacy.search import draw_count
+
+SCRIPT = REPO / "scripts" / "run_local.py"
+SEARCH = {"space": {"learning_rate": [0.05, 0.1, 0.2], "ema_decay": [0.0, 0.5]}, "mean_candidates": 2, "shape": 1,
+          "validation_fraction": 0.2}
+HYPERPARAMETERS = {**TINY_HYPERPARAMETERS, "noise_multiplier": None, "target_epsilon": 3.0}
+
+
+def run_local(tmp_path, data, search, hp=HYPERPARAMETERS, *args):
+    (tmp_path / "hp.json").write_text(json.dumps(hp))
+    if isinstance(search, dict):
+        (tmp_path / "search.json").write_text(json.dumps(search))
+        search = tmp_path / "search.json"
+    return subprocess.run([sys.executable, SCRIPT, "--data", data, "--output", tmp_path / "out", "--hyperparameters",
+                           tmp_path / "hp.json", "--frameworks", "torch", "--search", search, *map(str, args)],
+                          capture_output=True, text=True, cwd=tmp_path)
+
+
+@pytest.fixture(scope="module")
+def searched(tmp_path_factory, tiny_data_2orgs):
+    tmp = tmp_path_factory.mktemp("search")
+    proc = run_local(tmp, tiny_data_2orgs, SEARCH, HYPERPARAMETERS, "--organizations", 2)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc, tmp / "out"
+
+
+def model_files(folder):
+    """Every model file under `folder`, wherever Substra or the report put it: {path: sha256 of its weights}."""
+    found = {}
+    for path in folder.rglob("*"):
+        if path.is_file() and zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as archive:
+                if "weights.bin" in archive.namelist():
+                    found[path] = hashlib.sha256(archive.read("weights.bin")).hexdigest()
+    return found
+
+
+def test_each_organisation_releases_one_model_whose_ledger_is_its_whole_search(searched, tiny_data_2orgs):
+    proc, out = searched
+    records = json.loads((out / "results.json").read_text())
+    assert len(records) == 2 and len({r["organization"] for r in records}) == 2
+    holdings = dataset.sample_folders(tiny_data_2orgs, "train")
+    for record, folder in zip(records, holdings):
+        saved = model_file.load(record["model_file"], "torch")
+        (event,) = saved.ledger.events
+        assert event.search is not None and event.search.mean == 2 and event.search.shape == 1
+        assert event.data == (sample_identity(folder),)  # its own organisation's data only
+        assert 2.5 < record["epsilon"] <= 3.0 and record["epsilon"] == pytest.approx(record["epsilon_in_substra"])
+        assert "RDP" in record["accountant"]
+    summary = (out / "summary.md").read_text()
+    assert "the whole of the 1 private hyperparameter search(es)" in summary
+    assert "besides the private search" in summary  # the not-covered line names what the search does not cover
+
+
+def test_only_the_best_candidates_model_and_no_score_leaves_a_search(searched):
+    proc, out = searched
+    records = json.loads((out / "results.json").read_text())
+    released = {hashlib.sha256(model_file.load(r["model_file"]).weights).hexdigest() for r in records}
+    # Every model file anywhere in the run (Substra's work files included) is a released one: no other candidate's.
+    assert set(model_files(out).values()) == released
+    # Substra's performances: each tune task's ε and each released model's test accuracy, nothing else.
+    performances = (out / "summary.md").read_text().split("## Performances as recorded by Substra")[1]
+    headers, *rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in performances.splitlines()
+                      if line.startswith("| ") and not line.startswith("|---")]
+    organizations = sorted(r["organization"] for r in records)
+    assert headers == ["run", "round", "model trained at", *(f"epsilon @ {org}" for org in organizations),
+                       f"test_accuracy @ {organizations[0]}"], headers
+    assert sorted(row[2] for row in rows) == organizations  # one row per released model
+    by_org = {r["organization"]: r for r in records}
+    for row in rows:
+        values = [None if v == "-" else float(v) for v in row[3:]]
+        assert sum(v is not None for v in values) == 2  # its tune task's ε, its test accuracy: no other figure
+        assert values[-1] == pytest.approx(by_org[row[2]]["test_accuracy"], abs=1e-4)
+    assert "validation" not in proc.stdout + proc.stderr
+
+
+def test_nothing_a_tune_task_logs_or_writes_depends_on_the_number_of_candidates(tmp_path, tiny_data):
+    folders = samples(tiny_data, "train")
+    identities = tuple(sorted(sample_identity(f) for f in folders))
+    counts = {seed: draw_count(RunRandomness.for_run(seed, 0, identities).numpy("search"), 2, 1) for seed in range(40)}
+    few, many = min(counts, key=counts.get), max(counts, key=counts.get)
+    assert counts[few] == 1 and counts[many] >= 4
+    search_file = json.dumps(SEARCH).encode()
+    logs, outputs = [], []
+    for seed in (few, many):
+        hp = tiny_hyperparameters("torch", noise_multiplier=None, target_epsilon=3.0, noise_seed=seed)
+        folder = extract_function(ALGO_ASSETS["torch"], "tune", tmp_path / f"build{seed}", hp)
+        (folder / "search.json").write_bytes(search_file)
+        out = tmp_path / f"out{seed}"
+        out.mkdir()
+        resources = [{"id": "opener", "value": str(DATASET_ASSET / "opener.py"), "multiple": False}] + [
+            {"id": "datasamples", "value": f, "multiple": True} for f in folders]
+        outs = [{"id": "model", "value": str(out / "model"), "multiple": False},
+                {"id": "epsilon", "value": str(out / "epsilon"), "multiple": False}]
+        proc = subprocess.run([sys.executable, "algo.py", "--function-name", "tune", "--inputs", json.dumps(resources),
+                               "--outputs", json.dumps(outs), "--log-level", "debug"],
+                              capture_output=True, text=True, cwd=folder)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        # The same lines, numbers and times aside: no line per candidate, no count, no score.
+        logs.append([re.sub(r"[0-9.e+-]+", "#", re.sub(r"^\S+ \S+ ", "", line))
+                     for line in (proc.stdout + proc.stderr).splitlines() if line.strip()])
+        outputs.append(sorted(p.name for p in out.iterdir()))
+    assert logs[0] == logs[1] and outputs[0] == outputs[1] == ["epsilon", "model"]
+
+
+@pytest.mark.parametrize("search, message", [
+    ({"space": {}}, '"space" must be a non-empty object'),
+    ({"space": {"lr": [0.1]}}, "space.lr: unknown hyperparameter"),
+    ({"space": {"learning_rate": {"low": 0.0, "high": 2.0}}}, "learning_rate = 0.0 must be a number in (0, 1000]"),
+    ({"space": {"learning_rate": [0.1]}, "mean_candidates": 0.5}, "mean_candidates = 0.5 must be a number from 1"),
+    ({"space": {"learning_rate": [0.1]}, "shape": -1}, "shape = -1 must be a number >= 0"),
+    ({"space": {"target_epsilon": [1.0, 2.0]}}, "target_epsilon is one setting for the whole search"),
+    ({"space": {"epochs": {"low": 1, "high": 3}}, "validation_fraction": 0.9}, "validation_fraction = 0.9 must be"),
+    ({"space": {"noise_decay": {"low": 0.5, "high": 1.0}}}, "noise_decay changes a candidate's noise"),
+    ({"space": {"learning_rate": [0.1]}, "candidates": 3}, "unknown key(s) ['candidates']"),
+])
+def test_a_bad_search_file_is_one_line_and_nothing_is_registered(tmp_path, tiny_data, search, message):
+    proc = run_local(tmp_path, tiny_data, search)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and message in proc.stderr, proc.stderr
+    assert str(tmp_path / "search.json") in proc.stderr  # names the user's file
+    assert not (tmp_path / "out").exists()  # refused before the output folder, the data or any registration
+
+
+@pytest.mark.parametrize("hp, args, message", [
+    ({**HYPERPARAMETERS, "target_epsilon": 0.01}, (), "(a search of 2 candidates on average): target_epsilon = 0.01"),
+    (TINY_HYPERPARAMETERS, (), "a search needs target_epsilon"),
+    ({**HYPERPARAMETERS, "max_epsilon": 2.0}, (), "set max_epsilon to null"),
+    (HYPERPARAMETERS, ("--rounds", 2), "--rounds"),
+    (HYPERPARAMETERS, ("--baseline",), "--baseline"),
+])
+def test_a_search_no_task_could_run_is_refused_before_anything_is_registered(tmp_path, tiny_data, hp, args, message):
+    proc = run_local(tmp_path, tiny_data, SEARCH, hp, *args)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and message in proc.stderr, proc.stderr
+    assert not list((tmp_path / "out").glob("substra/archives/*"))  # nothing was built or registered
+
+
+def test_the_default_search_is_valid_for_the_bundles_hyperparameters(tmp_path, tiny_data):
+    from mnist_dp import hyperparameters, search_space
+
+    for framework, asset in ALGO_ASSETS.items():
+        base = hyperparameters.load(asset / hyperparameters.FILE_NAME)
+        assert len(search_space.check_with(search_space.load(None), base, framework)) == 1  # one privacy profile
+        drawn = search_space.load(None).draw(base, np.random.default_rng(0))
+        assert 0.25 <= drawn.learning_rate <= 4 and drawn.ema_decay in (0.0, 0.9, 0.99)
