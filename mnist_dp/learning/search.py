@@ -64,8 +64,8 @@ def run_search(framework: Framework, images: np.ndarray, labels: np.ndarray, hel
         model = framework.new_model(hp.seed, network)
         ran = skeleton.fit(framework, model, train_x, train_y, hp, plan, sigma, lambda steps: "",
                            randomness.candidate(index), inputs=inputs[hp.features][0])
-        score = correct(framework, model, network, inputs[hp.features][1], validation_y)
-        score += score_noise.normal(0.0, search.score_noise_multiplier)
+        score = noisy_count(correct(framework, model, network, inputs[hp.features][1], validation_y),
+                            search.score_noise_multiplier, score_noise)
         if not finite(framework, model):  # a diverged candidate never wins (a function of its own output)
             score = -np.inf
         if best is None or score > best_score:
@@ -93,6 +93,12 @@ def correct(framework: Framework, model, network: Network, inputs: np.ndarray, l
     logits = np.concatenate([framework.batch_logits(model, inputs[i : i + batch])
                              for i in range(0, len(inputs), batch)]) if len(inputs) else np.zeros((0, 10))
     return int(np.sum(np.argmax(logits, axis=1) == labels))
+
+
+def noisy_count(count: int, noise_multiplier: float, rng: np.random.Generator) -> float:
+    """A candidate's score: its count of correct validation predictions plus Gaussian noise of std
+    `noise_multiplier` (the count's sensitivity is 1), what the accountant's score face composes."""
+    return count + rng.normal(0.0, noise_multiplier)
 
 
 def finite(framework: Framework, model) -> bool:

@@ -131,6 +131,34 @@ def test_continuing_training_composes_the_ledger(trained, tmp_path):
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_a_search_in_every_framework_releases_a_model_that_predicts_and_trains_on(framework, tmp_path, tiny_data,
+                                                                                  opener_path):
+    # Two candidates on average: the search as the tune task runs it, with each framework's DP step.
+    folder = extract_function(ALGO_ASSETS[framework], "tune", tmp_path / "fn-tune",
+                              tiny_hyperparameters(framework, noise_multiplier=None, target_epsilon=3.0))
+    (folder / "search.json").write_text(json.dumps({"space": {"learning_rate": [0.05, 0.1]}, "mean_candidates": 2}))
+    tuned = {"model": tmp_path / "tuned", "epsilon": tmp_path / "tuned-epsilon.json"}
+    run_function(folder / "algo.py", "tune", {"opener": opener_path, "datasamples": samples(tiny_data, "train")}, tuned)
+    saved = model_file.load(tuned["model"], framework)
+    (event,) = saved.ledger.events
+    assert event.search is not None and event.framework == framework and saved.hyperparameters["learning_rate"] in \
+        (0.05, 0.1)
+    assert 2.5 < read_epsilon(tuned["epsilon"]) <= 3.0
+    run_function(ALGO_ASSETS[framework] / "algo.py", "predict",
+                 {"opener": opener_path, "datasamples": samples(tiny_data, "test"), "model": tuned["model"]},
+                 {"predictions": tmp_path / "predictions"})
+    assert np.load(tmp_path / "predictions").shape == (100,)
+    # Training on from the released model: the search and the new run compose (by RDP, as the search needs).
+    proc, more = train(tmp_path, framework, tiny_data, opener_path, model=tuned["model"], name="more",
+                       learning_rate=saved.hyperparameters["learning_rate"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ledger = model_file.load(more["model"]).ledger
+    assert [e.search is not None for e in ledger.events] == [True, False]
+    assert read_epsilon(more["epsilon"]) == pytest.approx(ledger.epsilon(1e-4)) and \
+        read_epsilon(more["epsilon"]) > read_epsilon(tuned["epsilon"])
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_target_epsilon_gives_the_same_sigma_everywhere_and_the_budget_stops_training(framework, tmp_path, tiny_data,
                                                                                          opener_path):
     delta, q, planned = TINY_HYPERPARAMETERS["delta"], 1 / 5, 5  # 300 examples, batch 64: 5 steps per epoch

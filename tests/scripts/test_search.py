@@ -140,7 +140,8 @@ def test_a_bad_search_file_is_one_line_and_nothing_is_registered(tmp_path, tiny_
 
 
 @pytest.mark.parametrize("hp, args, message", [
-    ({**HYPERPARAMETERS, "target_epsilon": 0.01}, (), "(a search of 2 candidates on average): target_epsilon = 0.01"),
+    ({**HYPERPARAMETERS, "target_epsilon": 0.001}, (), "(a search of 2 candidates on average): target_epsilon = 0.001: "
+                                                     "even noise_multiplier = 1000"),
     (TINY_HYPERPARAMETERS, (), "a search needs target_epsilon"),
     ({**HYPERPARAMETERS, "max_epsilon": 2.0}, (), "set max_epsilon to null"),
     (HYPERPARAMETERS, ("--rounds", 2), "--rounds"),

@@ -1,0 +1,71 @@
+"""mnist_dp/learning/search.py: a search trains K candidates drawn from the space, scores each with its noisy count
+of correct validation predictions (the noise measured), and releases the best one only."""
+import numpy as np
+import pytest
+from conftest import dict_hp
+
+from mnist_dp import search_space
+from mnist_dp.learning import interface, search
+from mnist_dp.privacy.randomness import RunRandomness
+from mnist_dp.privacy.search import draw_count, plan_search
+
+
+class Remembering:
+    """An interface.Framework that learns nothing: a model is the learning rate it was trained with, and it classifies
+    right the first `correct[learning_rate]` validation examples."""
+
+    name = "torch"
+
+    def __init__(self, correct):
+        self.correct, self.trained = correct, []
+
+    def new_model(self, seed, network):
+        return {}
+
+    def fit(self, model, inputs, labels, hp, plan, step, batches):
+        model["learning_rate"] = hp.learning_rate
+        self.trained.append(hp.learning_rate)
+        return interface.Ran(batch_sizes=[len(batch) for batch in batches])
+
+    def batch_logits(self, model, inputs):
+        right = np.arange(len(inputs)) < self.correct[model["learning_rate"]]
+        logits = np.zeros((len(inputs), 10))
+        logits[np.arange(len(inputs)), np.where(right, 0, 1)] = 1.0  # every label is 0 below
+        return logits
+
+    def weight_arrays(self, model):
+        return [np.array([model["learning_rate"]])]
+
+
+def test_the_noisy_score_has_the_planned_standard_deviation():
+    rng = np.random.default_rng(5)
+    draws = np.array([search.noisy_count(120, 2.5, rng) for _ in range(40_000)])
+    assert draws.mean() == pytest.approx(120, abs=0.05)
+    assert draws.std() == pytest.approx(2.5, rel=0.02)
+
+
+def test_the_search_trains_k_candidates_and_releases_the_best_noisy_score(monkeypatch):
+    hp = dict_hp(epochs=1, batch_size=50, target_epsilon=3.0, features="pixels")
+    space = search_space.parse({"space": {"learning_rate": [0.1, 0.2, 0.3]}, "mean_candidates": 5, "shape": 1}, "x")
+    n = 400
+    held_out = np.arange(n) % 10 == 0
+    plan = plan_search("torch", hp, space, n, int(held_out.sum()), "x")
+    scores = []
+    real_noisy_count = search.noisy_count
+
+    def recording(count, noise_multiplier, rng):
+        assert noise_multiplier == plan.score_noise_multiplier
+        scores.append(real_noisy_count(count, noise_multiplier, rng))
+        return scores[-1]
+
+    monkeypatch.setattr(search, "noisy_count", recording)
+    images, labels = np.zeros((n, 28, 28), np.float32), np.zeros(n, np.int64)
+    for seed in range(5):
+        framework = Remembering({0.1: 10, 0.2: 30, 0.3: 20})
+        randomness = RunRandomness.for_run(seed, 0, ("s",))
+        scores.clear()
+        found = search.run_search(framework, images, labels, held_out, plan, randomness, "x")
+        expected_k = draw_count(randomness.numpy("search"), 5.0, 1.0)
+        assert len(framework.trained) == len(scores) == found.candidates == expected_k
+        best = int(np.argmax(scores))
+        assert found.model["learning_rate"] == framework.trained[best] == found.hp.learning_rate
