@@ -12,7 +12,7 @@ from substra.sdk.backends.local.compute.spawner.subprocess import _get_entrypoin
 from mnist_dp.orchestration import archive
 from mnist_dp.utils.errors import UserError
 
-FUNCTIONS = [(ALGO_ASSETS[f], fn) for f in sorted(ALGO_ASSETS) for fn in ("train", "predict", "aggregate")] + [
+FUNCTIONS = [(ALGO_ASSETS[f], fn) for f in sorted(ALGO_ASSETS) for fn in ("train", "predict", "aggregate", "tune")] + [
     (OBJECTIVE_ASSET, "score")]
 
 
@@ -48,6 +48,12 @@ def test_hyperparameters_can_be_replaced(tmp_path):
         assert tar.extractfile("hyperparameters.json").read() == b"{}"
     with pytest.raises(UserError, match="no such file"):
         archive.build(asset, "train", tmp_path / "g.tar.gz", {"nope.json": b""})
+    # a file the asset does not have is added (a search file), never in place of one it has
+    path = archive.build(asset, "tune", tmp_path / "h.tar.gz", add={"search.json": b"{}"})
+    with tarfile.open(path) as tar:
+        assert tar.extractfile("search.json").read() == b"{}"
+    with pytest.raises(UserError, match="cannot add"):
+        archive.build(asset, "tune", tmp_path / "i.tar.gz", add={"hyperparameters.json": b"{}"})
 
 
 def test_bad_entrypoint_is_refused(tmp_path):
