@@ -64,9 +64,9 @@ def run_search(framework: Framework, images: np.ndarray, labels: np.ndarray, hel
         model = framework.new_model(hp.seed, network)
         ran = skeleton.fit(framework, model, train_x, train_y, hp, plan, sigma, lambda steps: "",
                            randomness.candidate(index), inputs=inputs[hp.features][0])
-        score = noisy_count(correct(framework, model, network, inputs[hp.features][1], validation_y),
+        score = noisy_count(correct(framework, model, inputs[hp.features][1], validation_y),
                             search.score_noise_multiplier, score_noise)
-        if not finite(framework, model):  # a diverged candidate never wins (a function of its own output)
+        if skeleton.non_finite(framework, model)[0]:  # a diverged candidate never wins (a function of its output)
             score = -np.inf
         if best is None or score > best_score:
             best, best_score = Searched(model, hp, plan, ran, count, 0.0), score
@@ -86,23 +86,16 @@ def released_ledger(framework: Framework, data: dict, plan: SearchPlan, searched
     return ledger
 
 
-def correct(framework: Framework, model, network: Network, inputs: np.ndarray, labels: np.ndarray) -> int:
+def correct(framework: Framework, model, inputs: np.ndarray, labels: np.ndarray) -> int:
     """How many of the validation examples (their network `inputs`) the model classifies right: the score's count,
     of sensitivity 1 (one example more or less changes it by at most 1)."""
-    batch = getattr(framework, "predict_batch_size", skeleton.PREDICT_BATCH_SIZE)
-    logits = np.concatenate([framework.batch_logits(model, inputs[i : i + batch])
-                             for i in range(0, len(inputs), batch)]) if len(inputs) else np.zeros((0, 10))
-    return int(np.sum(np.argmax(logits, axis=1) == labels))
+    return int(np.sum(np.argmax(skeleton.logits(framework, model, inputs), axis=1) == labels))
 
 
 def noisy_count(count: int, noise_multiplier: float, rng: np.random.Generator) -> float:
     """A candidate's score: its count of correct validation predictions plus Gaussian noise of std
     `noise_multiplier` (the count's sensitivity is 1), what the accountant's score face composes."""
     return count + rng.normal(0.0, noise_multiplier)
-
-
-def finite(framework: Framework, model) -> bool:
-    return all(np.all(np.isfinite(np.asarray(a))) for a in framework.weight_arrays(model))
 
 
 def tune(framework: Framework, inputs: dict, outputs: dict, hyperparameters_path: Path) -> dict:
@@ -116,7 +109,7 @@ def tune(framework: Framework, inputs: dict, outputs: dict, hyperparameters_path
     base = hyperparameters.load(hyperparameters_path)
     search_file = Path(hyperparameters_path).with_name(search_space.FILE_NAME)
     search = search_space.load(search_file if search_file.is_file() else None)
-    skeleton.check_data(framework, data, base, where)  # copies, and the checks of a run on the whole data
+    skeleton.refuse_copies(data)  # a run's checks are plan_search's, for each privacy profile on the training split
     held_out = validation_split(data, search.validation_permille)
     plan = plan_search(framework.name, base, search, len(held_out), int(held_out.sum()), where)
     randomness = RunRandomness.for_run(base.noise_seed, 0, tuple(s["identity"] for s in data["samples"]))

@@ -157,13 +157,17 @@ def load_weights(framework: Framework, saved: model_file.ModelFile, path, networ
     return model
 
 
+def non_finite(framework: Framework, model) -> tuple:
+    """(how many of the model's weights are NaN or infinite, how many weights it has)."""
+    arrays = [np.asarray(a) for a in framework.weight_arrays(model)]
+    return sum(a.size - int(np.count_nonzero(np.isfinite(a))) for a in arrays), sum(a.size for a in arrays)
+
+
 def check_finite(framework: Framework, model, where: str, todo: str) -> None:
     """No model with a NaN or infinite weight is saved or used: a diverged run must fail, not pass on garbage."""
-    arrays = [np.asarray(a) for a in framework.weight_arrays(model)]
-    bad = sum(a.size - int(np.count_nonzero(np.isfinite(a))) for a in arrays)
+    bad, total = non_finite(framework, model)
     if bad:
-        raise UserError(f"{where}: {bad} of the model's {sum(a.size for a in arrays)} weights are NaN or infinite; "
-                        f"{todo}")
+        raise UserError(f"{where}: {bad} of the model's {total} weights are NaN or infinite; {todo}")
 
 
 def _load_input_model(framework: Framework, inputs: dict, network: Network):
@@ -214,11 +218,16 @@ def train(framework: Framework, inputs: dict, outputs: dict, hyperparameters_pat
 
 
 def check_data(framework: Framework, data: dict, hp: Hyperparameters, where: str) -> SamplingPlan:
-    """The opener's data (`get_data`'s dict) refused if it holds copies of an example (trained twice, it would be
-    accounted once), else the sampling plan of a run of `hp` on it (planning.check_run's checks)."""
+    """The opener's data (`get_data`'s dict) refused if it holds copies of an example (refuse_copies), else the
+    sampling plan of a run of `hp` on it (planning.check_run's checks)."""
+    refuse_copies(data)
+    return planning.check_run(framework.name, hp, len(data["labels"]), where)
+
+
+def refuse_copies(data: dict) -> None:
+    """Refuse the opener's data if it holds copies of an example: trained twice, it would be accounted once."""
     if data.get("copies"):
         raise UserError(data["copies"])
-    return planning.check_run(framework.name, hp, len(data["labels"]), where)
 
 
 def train_in_memory(framework: Framework, model, ledger: Ledger, data: dict, hp: Hyperparameters,
@@ -315,10 +324,14 @@ def predict(framework: Framework, inputs: dict, outputs: dict) -> None:
 
 def predict_in_batches(framework: Framework, model, images: np.ndarray, network: Network) -> np.ndarray:
     """Class scores [N, 10] (before softmax) of images [N, 28, 28]; the predicted label is their argmax."""
+    return logits(framework, model, network.inputs(images))
+
+
+def logits(framework: Framework, model, inputs: np.ndarray) -> np.ndarray:
+    """Class scores [N, 10] of the network's `inputs` (Network.inputs), a batch at a time."""
     batch_size = getattr(framework, "predict_batch_size", PREDICT_BATCH_SIZE)
-    inputs = network.inputs(images)
     return np.concatenate([framework.batch_logits(model, inputs[i : i + batch_size])
-                           for i in range(0, len(inputs), batch_size)])
+                           for i in range(0, len(inputs), batch_size)] or [np.zeros((0, 10))])
 
 
 def predicted_labels(framework: Framework, model, images: np.ndarray, network: Network) -> np.ndarray:

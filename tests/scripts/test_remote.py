@@ -18,10 +18,10 @@ import requests
 from conftest import REPO, TINY_HYPERPARAMETERS, tiny_hyperparameters
 from substra_node_stub import SubstraNodeStub
 
+from mnist_dp import search_space
 from mnist_dp.assets import ALGO_ASSETS, DATASET_ASSET, OBJECTIVE_ASSET, load_asset_module
 from mnist_dp.data.dataset import sample_folders
 from mnist_dp.data.samples import sample_identity
-from mnist_dp import search_space
 from mnist_dp.learning import interface, search, skeleton
 from mnist_dp.orchestration.contract import CONTRACT
 from mnist_dp.orchestration.execution import LOG_TAIL_LINES, POLLING_VARIABLE
