@@ -161,3 +161,19 @@ def test_the_default_search_is_valid_for_the_bundles_hyperparameters(tmp_path, t
         assert len(search_space.check_with(search_space.load(None), base, framework)) == 1  # one privacy profile
         drawn = search_space.load(None).draw(base, np.random.default_rng(0))
         assert 0.25 <= drawn.learning_rate <= 4 and drawn.ema_decay in (0.0, 0.9, 0.99)
+
+
+def test_a_search_runs_in_the_functions_docker_images_as_in_subprocesses(docker_daemon, tmp_path, tiny_data):
+    """The tune function's image (Dockerfile.tune) runs the same search: with the same noise_seed, the same candidates
+    and the same released model's hyperparameters and ε as Substra's subprocess mode."""
+    replayed = {**HYPERPARAMETERS, "noise_seed": 4}
+    released = []
+    for backend in ("subprocess", "docker"):
+        (tmp_path / backend).mkdir()
+        proc = run_local(tmp_path / backend, tiny_data, SEARCH, replayed, "--backend", backend)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        (record,) = json.loads((tmp_path / backend / "out" / "results.json").read_text())
+        saved = model_file.load(record["model_file"], "torch")
+        released.append((record["epsilon"], saved.hyperparameters["learning_rate"], saved.hyperparameters["ema_decay"],
+                         saved.ledger.events[0].search))
+    assert released[0] == released[1]
