@@ -162,7 +162,9 @@ def privacy_statement(saved: ModelFile, per_organization: dict | None = None, tr
         + "; the initialisation is data-independent (seeded) and costs nothing.",
         f"- Flagged: {'; '.join(flagged) if flagged else 'nothing'}.",
         "",
-        f"- {ACCOUNTANT_NAMES['rdp']}: ε = {ledger.epsilon(delta, 'rdp'):.3f}, beside it (a looser bound).",
+        f"- {ACCOUNTANT_NAMES['rdp']}: ε = {ledger.epsilon(delta, 'rdp'):.3f}, "
+        + ("the reported figure itself (a search is composed by RDP only)." if searches else
+           "beside it (a looser bound)."),
         *([f"- An individual whose records every organisation here holds (under each of the {len(keys)} identity "
            f"keys): ε = {ledger.epsilon_in_every_organization(delta, REPORTED_ACCOUNTANT):.3f}, every run composed."]
           if len(keys) > 1 else []),

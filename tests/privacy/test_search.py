@@ -164,3 +164,23 @@ def test_a_damaged_search_in_a_ledger_is_refused(edit, message):
     record["search"] = edit(record["search"])
     with pytest.raises(UserError, match=message):
         DpEvent.from_json(record)
+
+
+def test_the_statement_says_the_search_is_covered_and_composed_by_rdp(tmp_path):
+    from conftest import dp_event, save_model
+
+    from mnist_dp.privacy import model_file, statement
+
+    searched = model_file.load(save_model(tmp_path / "searched", [search_event()]))
+    text = statement.privacy_statement(searched)
+    assert "by RDP (Google dp_accounting), as the ledger holds a private search, which PLD cannot compose" in text
+    assert "and the whole of the 1 private hyperparameter search(es) that chose them" in text
+    assert "K never released" in text and "how long the task ran" in text
+    assert "Not covered: " + statement.SEARCHED_NOT_COVERED in text
+    # its examples not recorded: every example is accounted as if it had seen both faces
+    event = search_event()
+    both = accountant.compose_epsilon([event, dataclasses.replace(event, search=event.search.scored())], DELTA)
+    assert f"(ε, δ) = ({both:.3f}" in text
+    once = model_file.load(save_model(tmp_path / "once", [dp_event()]))
+    text = statement.privacy_statement(once)
+    assert "Not covered: " + statement.NOT_COVERED[0] in text and "search" not in text
