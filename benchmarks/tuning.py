@@ -185,19 +185,24 @@ def report(records: list) -> str:
 
 def main(argv=None):
     parser = options.ArgumentParser(__doc__)
-    parser.add_argument("--datasets", type=options.names(DATASETS), default=",".join(DATASETS),
-                        help="comma-separated data sets (default: %(default)s)")
-    parser.add_argument("--methods", type=options.names(METHODS), default=",".join(METHODS),
-                        help="comma-separated methods (default: %(default)s)")
-    parser.add_argument("--seeds", type=options.integer(1, utility.MAX_SEEDS), default=3,
-                        help="seeds per data set and method (default: %(default)s)")
+    parser.add_argument("--datasets", type=options.names(DATASETS), default=None,
+                        help=f"comma-separated data sets (default: {','.join(DATASETS)})")
+    parser.add_argument("--methods", type=options.names(METHODS), default=None,
+                        help=f"comma-separated methods (default: {','.join(METHODS)})")
+    parser.add_argument("--seeds", type=options.integer(1, utility.MAX_SEEDS), default=None,
+                        help="seeds per data set and method (default: 3)")
     parser.add_argument("--results", type=Path, default=RESULTS,
                         help="the JSON records, resumed if present; tuning.md is written beside it "
                              "(default: %(default)s)")
     parser.add_argument("--report-only", action="store_true", help="train nothing; tuning.md from --results")
     args = parser.parse_args(argv)
-    records = read(args.results) if args.report_only else run_all(args.datasets, args.methods, args.seeds,
-                                                                  args.results)
+    if args.report_only:
+        options.refuse_unused("with --report-only", {"--datasets": args.datasets, "--methods": args.methods,
+                                                     "--seeds": args.seeds})
+        records = read(args.results)
+    else:
+        records = run_all(args.datasets or list(DATASETS), args.methods or list(METHODS), args.seeds or 3,
+                          args.results)
     text = report(records)
     atomic.write_text(args.results.with_name("tuning.md"), text)
     print(text)

@@ -76,6 +76,9 @@ CASES = [
     ("benchmarks/audit.py", ["--seed", "-1"], "--seed: -1 is not"),
     ("benchmarks/audit.py", ["--white-box", "--epochs", "3"], "--epochs has no effect with --white-box"),
     ("benchmarks/docker_images.py", ["--functions", ""], "--functions: '': give at least 1"),
+    ("benchmarks/tuning.py", ["--seeds", "0"], "--seeds: 0 is not"),
+    ("benchmarks/tuning.py", ["--datasets", "mnist60k"], "--datasets: unknown"),
+    ("benchmarks/tuning.py", ["--report-only", "--seeds", "2"], "--seeds has no effect with --report-only"),
 ]
 
 

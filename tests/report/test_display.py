@@ -26,7 +26,7 @@ RECORDS = [
 PERFORMANCES = pd.DataFrame({
     "task_key": ["a", "b"], "worker": ["Org1", "Org2"], "round": [1, 1], "identifier": ["performance", "epsilon"],
     "performance": [0.5, math.inf], "run": ["torch", "torch"], "metric": ["test_accuracy", "epsilon"],
-    "train_task": ["t", "t"]})
+    "train_task": ["t", "t"], "trained_at": ["Org1", "Org1"]})
 
 
 def test_table_shows_round_organisation_and_epsilon_per_organisation():
@@ -62,7 +62,7 @@ def test_reports_are_written(tmp_path):
     assert results[2]["epsilon"] is None and results[2]["epsilon_by_organization"] == {"Org1": None, "Org2": 0.0}
     summary = (tmp_path / "summary.md").read_text()
     assert "- fact one" in summary and "task X failed" in summary and "![test accuracy and ε](results.png)" in summary
-    assert "| torch | 1 | ∞ | 0.5000 |" in summary  # Substra's performances, pivoted by metric and worker
+    assert "| torch | 1 | Org1 | ∞ | 0.5000 |" in summary  # Substra's performances, pivoted by metric and worker
     assert (tmp_path / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["models", "results.json", "results.png", "summary.md"]
     # one privacy statement per run, from its last model: per organisation, with the library's figure

@@ -68,7 +68,7 @@ WRITERS = {
               lambda path: model_file.load(path).weights[0]),
     "predictions": (lambda path, v: predictions.save(path, [v] * 10_000),
                     lambda path: predictions.load(path, 10_000)[0]),
-    "epsilon": (lambda path, v: skeleton._save_epsilon(path, v),
+    "epsilon": (lambda path, v: skeleton.save_epsilon(path, v),
                 lambda path: json.loads(path.read_text())["all"]),
     "report": (lambda path, v: atomic.write_json(path, [v] * 10_000),
                lambda path: json.loads(path.read_text())[0]),
