@@ -141,6 +141,7 @@ def collect(client: substra.Client, plan_key: str, framework: str, organizations
     frame = pd.DataFrame({"task_key": perfs.task_key, "worker": perfs.worker, "round": perfs.round_idx,
                           "metric": perfs.identifier, "performance": perfs.performance})
     frame["run"] = framework
+    frame["trained_at"] = frame["worker"]  # each organisation evaluates its own local state
     records = []
     for (task_key, org, round_idx), rows in frame.groupby(["task_key", "worker", "round"], sort=False):
         metric = dict(zip(rows.metric, rows.performance))
