@@ -120,7 +120,7 @@ def tune(framework: Framework, inputs: dict, outputs: dict, hyperparameters_path
     timing.mark("search")
     if searched is None:
         raise UserError(f"{where}: the search drew no candidate (the Poisson distribution allows it, with "
-                                 "probability exp(-mean)); nothing is released: run the task again")
+                        "probability exp(-mean)); nothing is released: run the task again")
     skeleton.check_finite(framework, searched.model, "every candidate of the search diverged",
                           f"nothing was saved; lower learning_rate or max_grad_norm in the search space or {where}")
     ledger = released_ledger(framework, data, plan, searched,
