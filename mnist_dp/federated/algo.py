@@ -119,7 +119,7 @@ class DpTraining:
             "nothing was sent; lower learning_rate or max_grad_norm", through)
         if ran is None:  # no budget stops a run without max_epsilon, refused above
             raise RuntimeError(f"{self.framework_name}: a run without max_epsilon trained no step")
-        self.settings = skeleton.run_settings(run)
+        self.settings = skeleton.run_settings(run.hp, run.sigma, run.plan)
         self.own_data = tuple(sample["identity"] for sample in data["samples"])
         return plan.n
 

@@ -20,7 +20,7 @@ from mnist_dp.hyperparameters import Hyperparameters
 from mnist_dp.learning import skeleton
 from mnist_dp.learning.interface import Framework, Network, Ran
 from mnist_dp.privacy import model_file, provenance, statement
-from mnist_dp.privacy.ledger import Examples, Ledger
+from mnist_dp.privacy.ledger import Ledger
 from mnist_dp.privacy.planning import SamplingPlan
 from mnist_dp.privacy.randomness import REPLAYABLE_WARNING, RunRandomness
 from mnist_dp.privacy.search import SearchPlan, draw_count, plan_search, validation_split
@@ -80,8 +80,8 @@ def released_ledger(framework: Framework, data: dict, plan: SearchPlan, searched
                     ) -> Ledger:
     """The ledger of the model a search of `plan` released (`searched`) on the opener's `data`: its examples, and the
     search as one event (`code`: the running function's provenance, None in memory)."""
-    ledger = Ledger(examples={s["identity"]: Examples.of(s["key"], s["examples"]) for s in data["samples"]})
-    identities = tuple(s["identity"] for s in data["samples"])
+    ledger = Ledger()
+    identities = ledger.add_samples(data["samples"])
     ledger.add(plan.event(framework.name, identities, searched.hp, searched.plan, searched.ran, code))
     return ledger
 
@@ -125,8 +125,7 @@ def tune(framework: Framework, inputs: dict, outputs: dict, hyperparameters_path
                           f"nothing was saved; lower learning_rate or max_grad_norm in the search space or {where}")
     ledger = released_ledger(framework, data, plan, searched,
                              provenance.running_code(Path(hyperparameters_path).parent, "tune"))
-    settings = {**searched.hp.to_json(), "noise_multiplier": searched.ran.noise_multiplier,
-                "planned_steps": searched.plan.planned_steps, "stopped_by_budget": False}
+    settings = skeleton.run_settings(searched.hp, searched.ran.noise_multiplier, searched.plan)
     model_file.save(outputs["model"], model_file.ModelFile(framework.name, framework.dump_model(searched.model),
                                                            ledger, settings))
     summary = statement.privacy_summary(ledger, base.delta)

@@ -207,7 +207,7 @@ def train(framework: Framework, inputs: dict, outputs: dict, hyperparameters_pat
         return summary
     # 5. Save the model with its ledger, and ε.
     model_file.save(outputs["model"], model_file.ModelFile(framework.name, framework.dump_model(model), ledger,
-                                                           run_settings(run)))
+                                                           run_settings(run.hp, run.sigma, run.plan)))
     summary = statement.privacy_summary(ledger, hp.delta)
     summary["library_epsilon"] = ran.library_epsilon
     save_epsilon(outputs["epsilon"], summary["epsilon"])
@@ -253,11 +253,12 @@ def train_in_memory(framework: Framework, model, ledger: Ledger, data: dict, hp:
     return run, ran
 
 
-def run_settings(run: budget.RunPrivacy) -> dict:
-    """The model file metadata of a model just trained by `run`: the hyperparameters and the settings it ran with
-    (which model_file.load checks against the ledger's last run)."""
-    return {**run.hp.to_json(), "noise_multiplier": run.sigma, "planned_steps": run.plan.planned_steps,
-            "stopped_by_budget": run.plan.stopped_by_budget}
+def run_settings(hp: Hyperparameters, sigma: float, plan: SamplingPlan) -> dict:
+    """The model file metadata of a model just trained with hyperparameters `hp` at gradient noise `sigma` by the
+    sampling plan `plan`: the hyperparameters and the settings it ran with (which model_file.load checks against
+    the ledger's last run)."""
+    return {**hp.to_json(), "noise_multiplier": sigma, "planned_steps": plan.planned_steps,
+            "stopped_by_budget": plan.stopped_by_budget}
 
 
 def aggregate(framework: Framework, inputs: dict, outputs: dict, hyperparameters_path: Path) -> None:

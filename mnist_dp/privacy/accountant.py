@@ -66,7 +66,7 @@ def compose_epsilon(events: Sequence[DpEvent], delta: float, accountant: str = R
     if not events:
         return 0.0
     counts = _counts(segment for e in events if e.search is None for segment in e.segments())
-    return _epsilon(counts, delta, accountant, tuple(e.search for e in events if e.search is not None))
+    return _epsilon(counts, delta, accountant, _searches(events))
 
 
 @functools.lru_cache(maxsize=256)
@@ -266,11 +266,14 @@ def _calibrate(pld_epsilon, rdp_epsilon, target_epsilon: float, tol: float, leas
         if lower == least:
             return round(math.ceil(least / tol) * tol, 6)
         upper, lower = lower, max(lower / 2, least)
-    sigma = _root(pld_epsilon, target_epsilon, lower, upper, tol)
-    # Brent's method lands within tol of the optimum on either side: step up until the budget holds (at `most` it
-    # does).
+    return _rounded_up(pld_epsilon, _root(pld_epsilon, target_epsilon, lower, upper, tol), target_epsilon, tol, most)
+
+
+def _rounded_up(epsilon, sigma: float, target_epsilon: float, tol: float, most: float) -> float:
+    """`sigma`, a root Brent's method found within `tol` on either side, rounded up to `tol` and stepped up until
+    `epsilon` meets the target (at `most` it does)."""
     sigma = math.ceil(sigma / tol) * tol
-    while sigma < most and pld_epsilon(sigma) > target_epsilon:
+    while sigma < most and epsilon(sigma) > target_epsilon:
         sigma += tol
     return round(min(sigma, most), 6)
 
@@ -331,7 +334,7 @@ def search_epsilon(profiles: Sequence[tuple], sigmas: Sequence[float], mean: flo
                    delta: float) -> float:
     """ε at δ (RDP) of a search's training examples: candidates of `profiles` ((q, steps, NoiseSchedule)) at
     gradient noise `sigmas`."""
-    candidates = tuple(Candidate(q, steps, *dataclasses.astuple(schedule.with_sigma(sigma)))
+    candidates = tuple(Candidate.of(q, steps, schedule.with_sigma(sigma))
                        for (q, steps, schedule), sigma in zip(profiles, sigmas))
     return _epsilon((), delta, "rdp", (Search(mean, shape, candidates, 1.0, 1, 1),))
 
@@ -344,7 +347,5 @@ def calibrate_score_noise(target_epsilon: float, delta: float, mean: float, shap
 
     if epsilon(MAX_NOISE_MULTIPLIER) > target_epsilon:
         raise TooManySteps(epsilon(MAX_NOISE_MULTIPLIER))
-    sigma = math.ceil(_root(epsilon, target_epsilon, tol, MAX_NOISE_MULTIPLIER, tol) / tol) * tol
-    while epsilon(sigma) > target_epsilon:
-        sigma += tol
-    return round(sigma, 6)
+    return _rounded_up(epsilon, _root(epsilon, target_epsilon, tol, MAX_NOISE_MULTIPLIER, tol), target_epsilon, tol,
+                       MAX_NOISE_MULTIPLIER)

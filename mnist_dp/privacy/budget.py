@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from mnist_dp.hyperparameters import Hyperparameters
 from mnist_dp.privacy.accountant import compose_epsilon, steps_within_budget
 from mnist_dp.privacy.events import DpEvent
-from mnist_dp.privacy.ledger import Examples, Ledger
+from mnist_dp.privacy.ledger import Ledger
 from mnist_dp.privacy.planning import (
     SamplingPlan,
     check_run,
@@ -108,8 +108,7 @@ def for_task(framework: str, hp: Hyperparameters, plan: SamplingPlan, ledger: Le
     """The privacy plan of a `framework` train task of `plan` (with hyperparameters `hp`) on data `samples` (the
     opener's), after the runs of `ledger`: its examples are recorded in the ledger, σ holds for the worst of their
     histories, and so does the budget."""
-    identities = tuple(s["identity"] for s in samples)
-    ledger.add_examples({s["identity"]: Examples.of(s["key"], s["examples"]) for s in samples})
+    identities = ledger.add_samples(samples)
     histories = ledger.histories(identities)
     sigma = max(resolve_noise_multiplier(hp, plan, prior) for prior in histories)
     plan = min((apply_budget(framework, identities, hp, plan, sigma, prior) for prior in histories),

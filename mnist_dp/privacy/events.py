@@ -268,10 +268,16 @@ class Candidate:
     decay_steps: int = 0
     count_noise_multiplier: float = 0.0
 
+    @classmethod
+    def of(cls, sample_rate: float, steps: int, schedule: NoiseSchedule) -> Candidate:
+        return cls(sample_rate, steps, *dataclasses.astuple(schedule))
+
+    def schedule(self) -> NoiseSchedule:
+        return NoiseSchedule(self.noise_multiplier, self.noise_decay, self.decay_steps, self.count_noise_multiplier)
+
     def segments(self) -> list:
         """[(q, effective σ, steps)] of the candidate's run, as the accountant composes them."""
-        schedule = NoiseSchedule(self.noise_multiplier, self.noise_decay, self.decay_steps, self.count_noise_multiplier)
-        return [(self.sample_rate, sigma, steps) for sigma, steps in schedule.segments(self.steps)]
+        return [(self.sample_rate, sigma, steps) for sigma, steps in self.schedule().segments(self.steps)]
 
 
 _CANDIDATE_FIELDS = {
@@ -343,8 +349,7 @@ class Search:
     def problems(self, event: DpEvent) -> list:
         """What in `event`, the released run, disagrees with its search: its profile must be one of the
         candidates', with every planned step run."""
-        released = Candidate(event.sample_rate, event.planned_steps, event.noise_multiplier, event.noise_decay,
-                             event.decay_steps, event.count_noise_multiplier)
+        released = Candidate.of(event.sample_rate, event.planned_steps, event.schedule())
         problems = []
         if released not in self.candidates:
             problems.append("the released run's privacy profile is not one of the search's candidates")

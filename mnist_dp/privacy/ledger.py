@@ -44,6 +44,11 @@ class Examples:
     def __len__(self) -> int:
         return len(self.ids) // 8
 
+    def add_samples(self, samples: list) -> tuple:
+        """Record the examples of the opener's data samples (get_data's "samples"); returns their identities."""
+        self.add_examples({s["identity"]: Examples.of(s["key"], s["examples"]) for s in samples})
+        return tuple(s["identity"] for s in samples)
+
     def to_json(self) -> dict:
         return {"key": self.key, "ids": base64.b64encode(self.ids).decode("ascii")}
 
@@ -92,6 +97,11 @@ class Ledger:
             if self.examples.setdefault(identity, named) != named:
                 raise UserError(f"data sample {identity[:8]}… is recorded with two different sets of examples: a model "
                                 "file was edited or damaged; its privacy figure cannot be trusted")
+
+    def add_samples(self, samples: list) -> tuple:
+        """Record the examples of the opener's data samples (get_data's "samples"); returns their identities."""
+        self.add_examples({s["identity"]: Examples.of(s["key"], s["examples"]) for s in samples})
+        return tuple(s["identity"] for s in samples)
 
     def to_json(self) -> dict:
         return {"events": [e.to_json() for e in self.events],

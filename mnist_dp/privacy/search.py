@@ -57,7 +57,7 @@ class SearchPlan:
               ) -> DpEvent:
         """The ledger event of the released candidate (`hp`, `plan`, what it `ran`) on the samples `data`: its run
         on the training examples, with the whole search it won (events.Search)."""
-        candidates = tuple(sorted({Candidate(q, steps, *dataclasses.astuple(schedule.with_sigma(sigma)))
+        candidates = tuple(sorted({Candidate.of(q, steps, schedule.with_sigma(sigma))
                                    for (q, steps, schedule), sigma in self.sigmas.items()}, key=repr))
         search = Search(self.search.mean, self.search.shape, candidates, self.score_noise_multiplier,
                         self.search.validation_permille, self.validation_n)
