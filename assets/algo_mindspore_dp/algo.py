@@ -31,7 +31,7 @@ except ModuleNotFoundError:  # run from the repository: make the shared package 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from mnist_dp.hyperparameters import Hyperparameters
-from mnist_dp.learning import chunks, features, interface, skeleton
+from mnist_dp.learning import chunks, features, initial_weights, interface, skeleton
 from mnist_dp.learning.interface import GROUP_SIZE, MNIST_MEAN, MNIST_STD, NORM_EPS
 from mnist_dp.privacy.planning import SamplingPlan
 
@@ -134,7 +134,7 @@ class ConvNet(nn.Cell):
 
 
 class ScatteringLinear(nn.Cell):
-    """A linear classifier on scattering features [B, 3969], zero at the start as in every framework (convex)."""
+    """A linear classifier on scattering features [B, 3969]."""
 
     GRADIENT_ORDER = ("fc.weight", "fc.bias")
 
@@ -395,8 +395,7 @@ class MindSporeMindArmour:
     predict_batch_size = 1000
 
     def new_model(self, seed: int, network: interface.Network) -> nn.Cell:
-        ms.set_seed(seed)
-        return build_network(network)
+        return self.set_weight_arrays(build_network(network), initial_weights.draw(network, seed))
 
     # Model I/O is section 3's (weights that are not its parameters: see skeleton.load_weights).
     load_model = staticmethod(model_from_bytes)
@@ -432,10 +431,15 @@ class MindSporeMindArmour:
         return interface.Ran(batch_sizes, library)
 
     def weight_arrays(self, net: nn.Cell) -> list[np.ndarray]:
+        # The common layout (initial_weights.py) is MindSpore's own: OIHW kernels, [out, in] dense weights.
         return [p.asnumpy() for p in net.get_parameters()]
 
     def set_weight_arrays(self, net: nn.Cell, arrays: list[np.ndarray]) -> nn.Cell:
-        for parameter, array in zip(net.get_parameters(), arrays):
+        parameters = list(net.get_parameters())
+        if [tuple(p.shape) for p in parameters] != [np.shape(a) for a in arrays]:  # set_data would take any shape
+            raise ValueError(f"weights shaped {[np.shape(a) for a in arrays]}, the network's "
+                             f"{[tuple(p.shape) for p in parameters]}")
+        for parameter, array in zip(parameters, arrays):
             parameter.set_data(ms.Tensor(array))
         return net
 

@@ -35,7 +35,7 @@ except ModuleNotFoundError:  # run from the repository: make the shared package 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from mnist_dp.hyperparameters import Hyperparameters
-from mnist_dp.learning import features, interface, skeleton
+from mnist_dp.learning import features, initial_weights, interface, skeleton
 from mnist_dp.learning.interface import GROUP_SIZE, MNIST_MEAN, MNIST_STD, NORM_EPS
 from mnist_dp.privacy.planning import SamplingPlan
 
@@ -45,11 +45,10 @@ HYPERPARAMETERS = Path(__file__).with_name("hyperparameters.json")
 
 # --- 1. The network -------------------------------------------------------------------------------------------------
 
-def build_network(network, seed=0):
+def build_network(network):
     """The network `network` names (the same as the other algos'): the TF Privacy tutorial CNN (26,010
     parameters) on pixels; on scattering features Tramèr & Boneh's ScatterNet CNN with a linear shortcut (72,756)
-    or a linear classifier (zero weights at the start, as in every framework)."""
-    tf.keras.utils.set_random_seed(seed)
+    or a linear classifier. Its weights are Keras' draw until new_model or model_from_bytes sets them."""
     layers = tf.keras.layers
     if network.features == "pixels":
         model = pixel_cnn(network.activation)
@@ -58,7 +57,7 @@ def build_network(network, seed=0):
     else:
         model = tf.keras.Sequential([
             layers.Input((features.SCATTERING_DIM,)),  # [B, 3969]
-            layers.Dense(10, kernel_initializer="zeros"),  # -> [B, 10] logits
+            layers.Dense(10),  # -> [B, 10] logits
         ])
     # Summed loss: the clipped gradients are then the *sum* of the per-example clipped gradients.
     model.compile(loss=tf.keras.losses.SparseCategoricalCrossentropy(
@@ -83,7 +82,7 @@ def pixel_cnn(activation):
 
 def scatter_cnn(activation):
     """Each convolution's output group-normalised (no learnt scale) before its activation, and a linear shortcut
-    from the features to the logits (zero at the start), as the other algos'."""
+    from the features to the logits, as the other algos'."""
     layers = tf.keras.layers
     channels, size = features.SCATTERING_CHANNELS, features.SCATTERING_SIZE
 
@@ -103,7 +102,7 @@ def scatter_cnn(activation):
         layers.Dense(10),  # -> [B, 10]
     ]:
         x = layer(x)
-    shortcut = layers.Dense(10, use_bias=False, kernel_initializer="zeros")  # the CNN's last bias serves both
+    shortcut = layers.Dense(10, use_bias=False)  # the CNN's last bias serves both
     return tf.keras.Model(inputs, layers.Add()([x, shortcut(inputs)]))  # -> [B, 10] logits
 
 
@@ -261,8 +260,9 @@ def make_dp_step(model, optimizer, expected_batch_size, generator, with_canaries
 
     def audited_step(x, y, max_grad_norm, noise_multiplier):
         clipped_sum, unclipped = (clip if x.shape[0] else nothing_clipped)(x, y, max_grad_norm)
-        update([tf.constant(g) for g in with_canaries([g.numpy() for g in clipped_sum])], max_grad_norm,
-               noise_multiplier)
+        pixels = on_pixels(model)  # the canaries are coordinates of weight_arrays, in the common layout
+        with_them = from_common(with_canaries(to_common([g.numpy() for g in clipped_sum], pixels)), pixels)
+        update([tf.constant(g) for g in with_them], max_grad_norm, noise_multiplier)
         return unclipped
 
     return audited_step
@@ -284,7 +284,7 @@ def new_optimizer(hp):
     `use_ema`), copied into the model at the end of training."""
     ema = {"use_ema": True, "ema_momentum": hp.ema_decay} if hp.ema_decay else {}
     if hp.optimizer == "adam":
-        return tf.keras.optimizers.Adam(hp.learning_rate, **ema)
+        return tf.keras.optimizers.Adam(hp.learning_rate, epsilon=1e-8, **ema)  # torch's and MindSpore's ε
     return tf.keras.optimizers.SGD(hp.learning_rate, momentum=hp.momentum, **ema)
 
 
@@ -305,6 +305,46 @@ def tf_privacy_statement_epsilon(n, batch_size, epochs, noise_multiplier, delta)
 def as_input(inputs):
     """Images [N, 28, 28] get their channel axis (NHWC); scattering features stay [N, 3969]."""
     return inputs[..., None] if inputs.ndim == 3 else inputs
+
+
+# The pixel CNN's fc1 kernel (its 5th array): Keras flattens the [4, 4, 32] map height-width-channel, the common
+# layout channel-height-width.
+PIXEL_FC1, PIXEL_MAP = 4, (4, 4, 32)
+
+
+def on_pixels(model) -> bool:
+    """Whether the model is the pixel CNN (its input images [B, 28, 28, 1]), whose flattening differs."""
+    return len(model.input_shape) == 4
+
+
+def to_common(arrays, pixels):
+    """Keras' get_weights() -> the common layout (initial_weights.py): HWIO kernels to OIHW, [in, out] dense
+    kernels to [out, in]; `pixels`: the arrays are the pixel CNN's."""
+    common = []
+    for index, array in enumerate(arrays):
+        if array.ndim == 4:
+            array = array.transpose(3, 2, 0, 1)
+        elif array.ndim == 2:
+            array = array.T
+            if pixels and index == PIXEL_FC1:  # columns (h, w, c) -> (c, h, w)
+                array = array.reshape(-1, *PIXEL_MAP).transpose(0, 3, 1, 2).reshape(array.shape)
+        common.append(np.ascontiguousarray(array))
+    return common
+
+
+def from_common(arrays, pixels):
+    """The common layout -> Keras' get_weights(): to_common's inverse."""
+    keras = []
+    for index, array in enumerate(arrays):
+        if array.ndim == 4:
+            array = array.transpose(2, 3, 1, 0)
+        elif array.ndim == 2:
+            if pixels and index == PIXEL_FC1:  # columns (c, h, w) -> (h, w, c)
+                height, width, channels = PIXEL_MAP
+                array = array.reshape(-1, channels, height, width).transpose(0, 2, 3, 1).reshape(array.shape)
+            array = array.T
+        keras.append(np.ascontiguousarray(array))
+    return keras
 
 
 def model_to_bytes(model) -> bytes:
@@ -328,7 +368,7 @@ class TensorFlowPrivacy:
     name = "tf"
 
     def new_model(self, seed: int, network: interface.Network) -> tf.keras.Model:
-        return build_network(network, seed)
+        return self.set_weight_arrays(build_network(network), initial_weights.draw(network, seed))
 
     # Model I/O is section 3's (weights that are not Keras weights: see skeleton.load_weights).
     load_model = staticmethod(model_from_bytes)
@@ -362,10 +402,10 @@ class TensorFlowPrivacy:
         return interface.Ran(batch_sizes, library)
 
     def weight_arrays(self, model: tf.keras.Model) -> list[np.ndarray]:
-        return model.get_weights()
+        return to_common(model.get_weights(), on_pixels(model))
 
     def set_weight_arrays(self, model: tf.keras.Model, arrays: list[np.ndarray]) -> tf.keras.Model:
-        model.set_weights(arrays)
+        model.set_weights(from_common(arrays, on_pixels(model)))
         return model
 
     def batch_logits(self, model: tf.keras.Model, images: np.ndarray) -> np.ndarray:

@@ -27,7 +27,7 @@ except ModuleNotFoundError:  # run from the repository: make the shared package 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from mnist_dp.hyperparameters import Hyperparameters
-from mnist_dp.learning import features, interface, skeleton
+from mnist_dp.learning import features, initial_weights, interface, skeleton
 from mnist_dp.learning.interface import MNIST_MEAN, MNIST_STD
 from mnist_dp.privacy.planning import SamplingPlan
 
@@ -73,8 +73,8 @@ class ScatterConvNet(nn.Module):
     """Tramèr & Boneh's (2021) ScatterNet CNN with a linear shortcut (72,756 parameters): two convolutions and two
     dense layers on the scattering features, already normalised per example (features.py), plus a linear map of
     the same features added to the logits. Each convolution's output is group-normalised (groups of 4 channels, no
-    learnt scale: nothing to clip) before its activation. The shortcut starts at zero, so training starts from the
-    CNN alone; each change gave about +0.4 points on Fashion-MNIST (docs/benchmarks.md)."""
+    learnt scale: nothing to clip) before its activation. The shortcut starts at zero (initial_weights.py), so
+    training starts from the CNN alone; each change gave about +0.4 points on Fashion-MNIST (docs/benchmarks.md)."""
 
     def __init__(self, activation="tanh"):
         super().__init__()
@@ -86,7 +86,6 @@ class ScatterConvNet(nn.Module):
         self.fc1 = nn.Linear(32 * 4 * 4, 32)
         self.fc2 = nn.Linear(32, 10)
         self.shortcut = nn.Linear(features.SCATTERING_DIM, 10, bias=False)  # fc2's bias serves both
-        nn.init.zeros_(self.shortcut.weight)
 
     def forward(self, features_in):
         # features_in: [B, 3969] scattering features
@@ -101,16 +100,12 @@ class ScatterConvNet(nn.Module):
 
 def build_network(network):
     """The network `network` names: the tutorial CNN on pixels; on scattering features the ScatterNet CNN or a
-    linear classifier (zero weights at the start, as in every framework: the problem is convex, so nothing is
-    lost)."""
+    linear classifier. Its weights are torch's draw until new_model or model_from_bytes sets them."""
     if network.features == "pixels":
         return SampleConvNet(network.activation)
     if network.network == "cnn":
         return ScatterConvNet(network.activation)
-    model = nn.Linear(features.SCATTERING_DIM, 10)  # [B, 3969] -> [B, 10] logits
-    nn.init.zeros_(model.weight)
-    nn.init.zeros_(model.bias)
-    return model
+    return nn.Linear(features.SCATTERING_DIM, 10)  # [B, 3969] -> [B, 10] logits
 
 
 # --- 2. The DP step: book-keeping per-example clipping, then Opacus' noise and the optimizer -------------------------
@@ -341,8 +336,7 @@ class TorchOpacus:
     name = "torch"
 
     def new_model(self, seed: int, network: interface.Network) -> nn.Module:
-        torch.manual_seed(seed)
-        return build_network(network)
+        return self.set_weight_arrays(build_network(network), initial_weights.draw(network, seed))
 
     # Model I/O is section 3's (weights that are not a state dict: see skeleton.load_weights).
     load_model = staticmethod(model_from_bytes)
@@ -378,6 +372,7 @@ class TorchOpacus:
         return interface.Ran(batch_sizes, library)
 
     def weight_arrays(self, model: nn.Module) -> list[np.ndarray]:
+        # The common layout (initial_weights.py) is torch's own state dict.
         return [t.detach().numpy().copy() for t in model.state_dict().values()]
 
     def set_weight_arrays(self, model: nn.Module, arrays: list[np.ndarray]) -> nn.Module:

@@ -86,7 +86,8 @@ EpochCallback = Callable[[int], str]
 class Framework(Protocol):
     name: str
 
-    def new_model(self, seed: int, network: Network): ...
+    def new_model(self, seed: int, network: Network):
+        """`network` with the initial weights initial_weights.draw(network, seed): the same in every framework."""
 
     def load_model(self, weights: bytes, network: Network): ...
 
@@ -104,7 +105,8 @@ class Framework(Protocol):
         calls it with `predict_batch_size` images (a framework's own attribute, else PREDICT_BATCH_SIZE)."""
 
     def weight_arrays(self, model) -> list:
-        """Every weight of the model, as numpy arrays in a fixed order (federated averaging, tests)."""
+        """Every weight of the model as numpy arrays in the common layout of initial_weights.py (the same order and
+        shapes in every framework): federated averaging, the white-box audit's canaries, tests."""
 
     def set_weight_arrays(self, model, arrays: list):
         """The model with its weights replaced by `arrays` (the order of `weight_arrays`); returns it."""

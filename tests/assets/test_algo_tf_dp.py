@@ -49,9 +49,9 @@ def test_conv_patches_match_tf_extract_patches(padding, kernel, stride):
 def model_and_batch(request, batch):
     """Each CNN with a batch of its inputs: the tutorial CNN on images, the ScatterNet CNN on features."""
     if request.param == "pixels":
-        return algo.build_network(CNN), batch
+        return algo.FRAMEWORK.new_model(0, CNN), batch
     x = np.random.default_rng(0).normal(size=(7, 3969)).astype(np.float32)
-    return algo.build_network(Network("scattering", "tanh", "cnn")), (tf.constant(x), batch[1])
+    return algo.FRAMEWORK.new_model(0, Network("scattering", "tanh", "cnn")), (tf.constant(x), batch[1])
 
 
 def test_registry_norms_are_the_exact_per_example_gradient_norms(model_and_batch):
@@ -77,7 +77,7 @@ def test_clipped_sum_is_the_sum_of_clipped_per_example_gradients(model_and_batch
 
 
 def test_a_huge_gradient_is_clipped_to_the_norm(batch):
-    model = algo.build_network(Network("pixels", "relu"))  # ReLU: the gradient grows with the input, tanh's saturates
+    model = algo.FRAMEWORK.new_model(0, Network("pixels", "relu"))  # ReLU: its gradient grows with the input
     x = batch[0][:1] * 1e3
     wrong_label = tf.argmin(model(x), axis=1)  # the most wrong class: a very large gradient
     assert norm(naive_per_example_gradients(model, x, wrong_label)[0]) > 1e3
