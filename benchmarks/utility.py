@@ -19,7 +19,9 @@ markers) next to --results.
 import concurrent.futures
 import functools
 import hashlib
+import itertools
 import json
+import math
 import multiprocessing
 import os
 import re
@@ -51,23 +53,29 @@ MAX_SEEDS = 100  # trainings per point: beyond it a typo is likelier than a plan
 SET_BY_THE_BENCHMARK = ("noise_multiplier", "target_epsilon", "max_epsilon", "delta", "seed", "noise_seed", "dp",
                         "secure_mode")
 RESULTS = Path(__file__).resolve().parent / "results" / "utility.jsonl"
-# The issue's goals, (dataset, ε) -> least accuracy in every framework (at --seeds-at the mean over the seeds):
-# above every published result at ε = 3 and 1 on Fashion-MNIST; on the embedded MNIST-4k, the frameworks within
-# MAX_SPREAD of each other too.
-GOALS = {("fmnist", 3.0): 0.900, ("fmnist", 1.0): 0.885, ("mnist4k", 3.0): 0.965}
-MAX_SPREAD = 0.01
+# The goals, (dataset, ε) -> least accuracy in every framework (at --seeds-at the mean over the seeds): above the
+# best credible published result at ε = 3 and 1 on Fashion-MNIST, and on the embedded MNIST-4k.
+GOALS = {("fmnist", 3.0): 0.900, ("fmnist", 1.0): 0.885, ("mnist4k", 3.0): 0.970}
+# On MNIST-4k at --seeds-at every framework reaches FLOOR, and no two frameworks' seeds tell them apart: a
+# two-sample (Welch) t-test's p-value at least ALPHA.
+FLOOR, ALPHA = 0.965, 0.05
+# The initial weights the points were trained from: drawn once by mnist_dp/learning/initial_weights.py and loaded
+# into every framework. Points of the results file without the field drew them with each library's initialiser.
+INITIAL_WEIGHTS = "common"
 # Published results on these datasets with this CNN or close (δ = 1e-5; their ε from older RDP accountants
-# with their own sampling, so compare loosely): (dataset, ε, accuracy, label).
+# with their own sampling, so compare loosely): (dataset, ε, accuracy, label, disputed). DPSUR's selective updates
+# are accounted without the change in sampling probability the selection causes (arXiv 2606.04384): its figures
+# are plotted, marked disputed, and no goal is set against them.
 PUBLISHED = [
-    ("mnist", 2.93, 0.981, "Papernot et al. 2021, tanh CNN (60k)"),
-    ("mnist", 3.0, 0.981, "Tramèr & Boneh 2021, tanh CNN (60k)"),
-    ("fmnist", 2.7, 0.861, "Papernot et al. 2021, tanh CNN"),
-    ("fmnist", 3.0, 0.860, "Tramèr & Boneh 2021, tanh CNN"),
-    ("fmnist", 3.0, 0.890, "Tramèr & Boneh 2021, ScatterNet + CNN"),
-    ("fmnist", 3.0, 0.897, "Tramèr & Boneh 2021, ScatterNet + linear"),
-    ("fmnist", 3.0, 0.8809, "DPNAS"),
-    ("fmnist", 3.0, 0.8971, "DPSUR (Fu et al. 2023)"),
-    ("fmnist", 1.0, 0.8838, "DPSUR (Fu et al. 2023)"),
+    ("mnist", 2.93, 0.981, "Papernot et al. 2021, tanh CNN (60k)", False),
+    ("mnist", 3.0, 0.981, "Tramèr & Boneh 2021, tanh CNN (60k)", False),
+    ("fmnist", 2.7, 0.861, "Papernot et al. 2021, tanh CNN", False),
+    ("fmnist", 3.0, 0.860, "Tramèr & Boneh 2021, tanh CNN", False),
+    ("fmnist", 3.0, 0.890, "Tramèr & Boneh 2021, ScatterNet + CNN", False),
+    ("fmnist", 3.0, 0.897, "Tramèr & Boneh 2021, ScatterNet + linear", False),
+    ("fmnist", 3.0, 0.8809, "DPNAS", False),
+    ("fmnist", 3.0, 0.8971, "DPSUR (Fu et al. 2023)", True),
+    ("fmnist", 1.0, 0.8838, "DPSUR (Fu et al. 2023)", True),
 ]
 
 
@@ -126,8 +134,8 @@ def run_point(framework, dataset, epsilon, seed, changes, validation):
 
 
 def point_key(row):
-    return json.dumps([row[k] for k in ("dataset", "framework", "target_epsilon", "seed", "changes", "validation")],
-                      sort_keys=True)
+    return json.dumps([row[k] for k in ("dataset", "framework", "target_epsilon", "seed", "changes", "validation")]
+                      + [row.get("initial_weights", "each library's")], sort_keys=True)
 
 
 def slug(name):
@@ -172,7 +180,8 @@ def run_all(args, changes):
     pools = {}  # one child process per data set and framework (its features computed once)
     for dataset, framework, epsilon, seed in points:
         row = {"dataset": dataset, "framework": framework, "target_epsilon": epsilon, "seed": seed,
-               "changes": changes, "validation": args.validation, "label": args.label}
+               "changes": changes, "validation": args.validation, "label": args.label,
+               "initial_weights": INITIAL_WEIGHTS}
         if point_key(row) in done:
             continue
         if (dataset, framework) not in pools:
@@ -192,7 +201,7 @@ def run_all(args, changes):
 
 
 def summarise(rows, label, validation):
-    """{(dataset, framework, target ε or None): (mean accuracy, spread, seeds, mean ε)} of one label."""
+    """{(dataset, framework, target ε or None): (mean accuracy, spread, seeds, mean ε, accuracies)} of one label."""
     groups = {}
     for row in rows:
         if row.get("label") == label and row["validation"] == validation:
@@ -201,7 +210,7 @@ def summarise(rows, label, validation):
     for key, group in groups.items():
         accuracies = [r["accuracy"] for r in group]
         summary[key] = (statistics.mean(accuracies), statistics.pstdev(accuracies), len(group),
-                        statistics.mean(r["epsilon"] for r in group))
+                        statistics.mean(r["epsilon"] for r in group), accuracies)
     return summary
 
 
@@ -224,26 +233,46 @@ def table(summary, epsilons, validation):
                 if (dataset, framework, epsilon) not in summary:
                     cells.append("–")
                     continue
-                mean, spread, seeds, _ = summary[dataset, framework, epsilon]
+                mean, spread, seeds, *_ = summary[dataset, framework, epsilon]
                 cells.append(f"{100 * mean:.1f}" + (f" ± {100 * spread:.1f} ({seeds})" if seeds > 1 else ""))
             lines.append(f"| {framework} | " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)
 
 
-def goals(summary):
-    """Each of the issue's goals (GOALS, MAX_SPREAD) that the summary has points for, met or MISSED, as lines."""
+def goals(summary, seeds_at):
+    """Each goal (GOALS, FLOOR and the frameworks' two-sample tests) that the summary has points for, met or
+    MISSED, as lines."""
     lines = []
     for (dataset, epsilon), goal in GOALS.items():
         points = {k[1]: v[0] for k, v in summary.items() if k[0] == dataset and k[2] == epsilon}
         for framework, accuracy in points.items():
             lines.append(f"{dataset} {framework}: {100 * accuracy:.1f}% at ε = {epsilon:g} (goal ≥ {100 * goal:.1f}%): "
-                         + ("met" if accuracy >= goal else f"MISSED by {100 * (goal - accuracy):.1f} points"))
-        if dataset == "mnist4k" and len(points) > 1:
-            spread = max(points.values()) - min(points.values())
-            lines.append(f"{dataset}: frameworks within {100 * spread:.1f} points of each other at ε = {epsilon:g} "
-                         f"(goal ≤ {100 * MAX_SPREAD:.0f}): " + ("met" if spread <= MAX_SPREAD else "MISSED"))
+                         + met(accuracy, goal))
+    seeds = {k[1]: v[4] for k, v in summary.items() if k[0] == "mnist4k" and k[2] == seeds_at and v[2] > 1}
+    for framework, accuracies in seeds.items():
+        lines.append(f"mnist4k {framework}: {100 * statistics.mean(accuracies):.1f}% at ε = {seeds_at:g} (floor ≥ "
+                     f"{100 * FLOOR:.1f}%): " + met(statistics.mean(accuracies), FLOOR))
+    for first, second in itertools.combinations(seeds, 2):
+        lines.append(indistinguishable(first, seeds[first], second, seeds[second], seeds_at))
     return lines
+
+
+def met(accuracy, goal):
+    return "met" if accuracy >= goal else f"MISSED by {100 * (goal - accuracy):.1f} points"
+
+
+def indistinguishable(first, a, second, b, epsilon):
+    """Whether two frameworks' accuracies over their seeds tell them apart: the difference of their means against
+    its standard error, and Welch's two-sample t-test (unequal variances) at level ALPHA."""
+    from scipy import stats
+
+    error = math.sqrt(statistics.variance(a) / len(a) + statistics.variance(b) / len(b))
+    difference = statistics.mean(a) - statistics.mean(b)
+    p_value = float(stats.ttest_ind(a, b, equal_var=False).pvalue) if error else (1.0 if not difference else 0.0)
+    return (f"mnist4k {first} − {second} at ε = {epsilon:g}: {100 * difference:+.2f} points, standard error "
+            f"{100 * error:.2f}, Welch p = {p_value:.2f} ({len(a)} and {len(b)} seeds; goal: not told apart at "
+            f"p < {ALPHA:g}): " + ("met" if p_value >= ALPHA else "MISSED"))
 
 
 def ablation_table(rows, labels, dataset, epsilon, validation):
@@ -261,7 +290,7 @@ def ablation_table(rows, labels, dataset, epsilon, validation):
             if (dataset, framework, epsilon) not in summary:
                 cells.append("–")
                 continue
-            mean, spread, seeds, _ = summary[dataset, framework, epsilon]
+            mean, spread, seeds, *_ = summary[dataset, framework, epsilon]
             cells.append(f"{100 * mean:.1f}" + (f" ± {100 * spread:.1f} ({seeds})" if seeds > 1 else ""))
         described = ", ".join(f"{k} {json.dumps(v)}" for k, v in changes.items()) or "none"
         lines.append(f"| {label} | {described} | " + " | ".join(cells) + " |")
@@ -290,8 +319,12 @@ def plot(summary, path, validation):
                 ax.axhline(100 * base[0], linestyle="--", color=colours.get(framework), alpha=0.6,
                            label=f"{framework} non-private")
         published = [p for p in PUBLISHED if dataset.startswith(p[0])]
-        for (_, eps, acc, label), marker in zip(published, "*PXsD^v"):
-            ax.scatter([eps], [100 * acc], marker=marker, s=90, color="black", zorder=5, label=label)
+        for (_, eps, acc, label, disputed), marker in zip(published, "*PXsD^v"):
+            if disputed:  # hollow and grey, and said so
+                ax.scatter([eps], [100 * acc], marker=marker, s=90, facecolors="none", edgecolors="grey", zorder=5,
+                           label=f"{label}: disputed accounting")
+            else:
+                ax.scatter([eps], [100 * acc], marker=marker, s=90, color="black", zorder=5, label=label)
         ax.set_xscale("log")
         ax.set_xticks([1, 2, 3, 8])
         ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
@@ -383,7 +416,8 @@ def main(argv=None):
         raise UserError(f"{args.results}: no results for label {args.label!r}")
     name = f"utility-{args.label}{'-validation' if args.validation else ''}"
     markdown, png = result_file(args.results, name, ".md"), result_file(args.results, name, ".png")
-    text = table(summary, args.epsilons, args.validation) + "\n" + "".join(f"- {line}\n" for line in goals(summary))
+    text = table(summary, args.epsilons, args.validation) + "\n" + "".join(
+        f"- {line}\n" for line in goals(summary, args.seeds_at))
     atomic.write_text(markdown, text)
     plot(summary, png, args.validation)
     print(text + f"\nwrote {markdown} and {png}")
