@@ -125,9 +125,9 @@ class DpStep:
     plan.expected_batch_size, and then reports its count of unclipped examples to clip.update (adaptive clipping;
     a no-op otherwise). Without DP: σ = 0 and nothing is clipped.
 
-    `canaries`: the white-box audit's (mnist_dp/privacy/audit.py, benchmarks/audit.py --white-box) and nobody
-    else's: the skeleton's `train` never sets it. When set, a framework passes each step's clipped sum through
-    `with_canaries` between the clipping and the noise."""
+    `canaries`: the benchmarks' only: the white-box audit's (mnist_dp/privacy/audit.py, benchmarks/audit.py
+    --white-box) and benchmarks/same_noise.py's shared noise; the skeleton's `train` never sets it. When set, a
+    framework passes each step's clipped sum through `with_canaries` between the clipping and the noise."""
 
     noise: NoiseSchedule
     clip: ClipNorm

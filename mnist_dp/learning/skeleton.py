@@ -72,8 +72,8 @@ def fit(framework: Framework, model, images: np.ndarray, labels: np.ndarray, hp:
     model: the framework's model, trained in place. images, labels: the training data, [n, 28, 28] and [n].
     hp, plan: the hyperparameters and the sampling plan (q, the steps to run). sigma: the gradient noise of the
     first steps (0 without DP). on_epoch: the progress text after each epoch (ε so far). randomness: the run's
-    (default: fresh, or from hp.noise_seed). canaries: the white-box audit's (audit.DiracCanaries), whose
-    `noise_scale` below 1 is the audit's broken mechanism: the steps add that fraction of the noise while the
+    (default: fresh, or from hp.noise_seed). canaries: the white-box audit's (audit.DiracCanaries, or
+    benchmarks/same_noise.py's shared noise), whose `noise_scale` below 1 is the audit's broken mechanism: the steps add that fraction of the noise while the
     result still says σ. through(batches, plan): what the batches pass through on their way to the framework
     (substrafl's index generator, which counts them); it must hand on every batch unchanged. inputs: the network's
     inputs of `images` when the caller has them (a search's candidates share them), else computed here."""
