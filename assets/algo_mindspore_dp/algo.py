@@ -407,8 +407,7 @@ class MindSporeMindArmour:
         average = MovingAverage(net.trainable_params(), hp.ema_decay) if hp.ema_decay else None
         net.set_train(True)
         images, labels = as_input(images), labels.astype(np.int32)
-        canaries = step.canary_hook  # the white-box audit's only
-        dp_step = make_dp_step(net, optimizer, plan.expected_batch_size, step.randomness, canaries) if hp.dp else None
+        dp_step = hp.dp and make_dp_step(net, optimizer, plan.expected_batch_size, step.randomness, step.canary_hook)
         plain_step = None if hp.dp else make_plain_step(net, optimizer)
         batch_sizes = []
         for batch in batches:
@@ -431,14 +430,11 @@ class MindSporeMindArmour:
         return interface.Ran(batch_sizes, library)
 
     def weight_arrays(self, net: nn.Cell) -> list[np.ndarray]:
-        # The common layout (initial_weights.py) is MindSpore's own: OIHW kernels, [out, in] dense weights.
         return [p.asnumpy() for p in net.get_parameters()]
 
     def set_weight_arrays(self, net: nn.Cell, arrays: list[np.ndarray]) -> nn.Cell:
         parameters = list(net.get_parameters())
-        if [tuple(p.shape) for p in parameters] != [np.shape(a) for a in arrays]:  # set_data would take any shape
-            raise ValueError(f"weights shaped {[np.shape(a) for a in arrays]}, the network's "
-                             f"{[tuple(p.shape) for p in parameters]}")
+        interface.check_shapes(arrays, [p.shape for p in parameters])  # set_data would take any shape
         for parameter, array in zip(parameters, arrays):
             parameter.set_data(ms.Tensor(array))
         return net

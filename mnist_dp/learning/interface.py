@@ -112,6 +112,12 @@ class Framework(Protocol):
         """The model with its weights replaced by `arrays` (the order of `weight_arrays`); returns it."""
 
 
+def check_shapes(arrays: list, shapes: list) -> None:
+    """Refuse weight arrays that are not shaped as a network's parameters (`shapes`), one for one."""
+    if [tuple(np.shape(a)) for a in arrays] != [tuple(shape) for shape in shapes]:
+        raise ValueError(f"weights shaped {[np.shape(a) for a in arrays]}, the network's {[tuple(s) for s in shapes]}")
+
+
 def flat_weights(framework: Framework, model) -> np.ndarray:
     """All weights in one vector (the mechanism tests measure updates with it)."""
     return np.concatenate([a.ravel() for a in framework.weight_arrays(model)])

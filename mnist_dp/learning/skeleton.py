@@ -73,10 +73,11 @@ def fit(framework: Framework, model, images: np.ndarray, labels: np.ndarray, hp:
     hp, plan: the hyperparameters and the sampling plan (q, the steps to run). sigma: the gradient noise of the
     first steps (0 without DP). on_epoch: the progress text after each epoch (ε so far). randomness: the run's
     (default: fresh, or from hp.noise_seed). canaries: the white-box audit's (audit.DiracCanaries, or
-    benchmarks/same_noise.py's shared noise), whose `noise_scale` below 1 is the audit's broken mechanism: the steps add that fraction of the noise while the
-    result still says σ. through(batches, plan): what the batches pass through on their way to the framework
-    (substrafl's index generator, which counts them); it must hand on every batch unchanged. inputs: the network's
-    inputs of `images` when the caller has them (a search's candidates share them), else computed here."""
+    benchmarks/same_noise.py's shared noise), whose `noise_scale` below 1 is the audit's broken mechanism: the
+    steps add that fraction of the noise while the result still says σ. through(batches, plan): what the batches
+    pass through on their way to the framework (substrafl's index generator, which counts them); it must hand on
+    every batch unchanged. inputs: the network's inputs of `images` when the caller has them (a search's candidates
+    share them), else computed here."""
     planning.check_secure_mode(framework.name, hp)  # as check_run does, which a caller may skip
     randomness = randomness or RunRandomness.for_run(hp.noise_seed)
     inputs = Network.of(hp).inputs(images) if inputs is None else inputs

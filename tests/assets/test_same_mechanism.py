@@ -40,7 +40,7 @@ def test_every_framework_starts_from_the_same_drawn_weights(algos, network):
 def test_initial_weights_follow_torchs_default_distribution():
     """U(±1/√fan_in) for weights and biases, zero for the shortcut: torch's Kaiming-uniform (a = √5)."""
     network = interface.Network("scattering", "tanh", "cnn")
-    for (name, shape, fan_in), array in zip(initial_weights.layout(network), initial_weights.draw(network, 0)):
+    for (name, _, fan_in), array in zip(initial_weights.layout(network), initial_weights.draw(network, 0)):
         if fan_in == initial_weights.ZERO:
             assert not array.any(), name
             continue
@@ -89,7 +89,7 @@ def test_noise_free_dp_steps_move_every_framework_to_the_same_weights(algos, net
     plan = planning.SamplingPlan.from_hyperparameters(len(labels), hp, "test")
     assert plan.sample_rate == 1.0 and plan.steps == 3
     inputs = network.inputs(images)
-    moved, norms = {}, []
+    moved = {}
     for name, framework in algos.items():
         model = framework.new_model(hp.seed, network)
         start = interface.flat_weights(framework, model)
