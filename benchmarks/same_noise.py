@@ -10,7 +10,8 @@ Everything else is already shared: the initial weights (drawn from the seed), th
 from the seed), the features. If the three algos are one mechanism, the shared-noise runs differ by float rounding
 only, and what separates the own-noise runs is their noise draws.
 
-Writes OUTPUT/same-noise.json (one record per run) and OUTPUT/same-noise.md (accuracy per seed, both ways).
+Writes OUTPUT/same-noise.json (one record per run, as each finishes) and OUTPUT/same-noise.md (accuracy per seed,
+both ways).
 
     python benchmarks/same_noise.py [--frameworks torch,tf,mindspore] [--seeds 5] [--epsilon 3] [--output DIR]
 """
@@ -124,6 +125,7 @@ def main(argv=None):
                                 "seeds, DP on)")
     warnings.filterwarnings("ignore")
     data = mnist4k(args.train_size)
+    args.output.mkdir(parents=True, exist_ok=True)
     records = []
     for framework in args.frameworks:
         algo = load_asset_module(ALGO_ASSETS[framework] / "algo.py", f"algo_{framework}")
@@ -132,8 +134,8 @@ def main(argv=None):
                 records.append(run(algo, framework, data, seed, args, noise))
                 print(f"{framework:<10} seed {seed} {noise:<12}: accuracy {records[-1]['accuracy']:.4f}, "
                       f"{records[-1]['seconds']:.0f} s", flush=True)
-    args.output.mkdir(parents=True, exist_ok=True)
-    atomic.write_text(args.output / "same-noise.json", json.dumps(records, indent=1) + "\n")
+                # Written as it goes: a run stopped half-way keeps what it measured.
+                atomic.write_text(args.output / "same-noise.json", json.dumps(records, indent=1) + "\n")
     text = report(records, args.frameworks)
     atomic.write_text(args.output / "same-noise.md", text)
     print(text + f"\nwrote {args.output / 'same-noise.json'} and {args.output / 'same-noise.md'}")
