@@ -79,6 +79,9 @@ CASES = [
     ("benchmarks/tuning.py", ["--seeds", "0"], "--seeds: 0 is not"),
     ("benchmarks/tuning.py", ["--datasets", "mnist60k"], "--datasets: unknown"),
     ("benchmarks/tuning.py", ["--report-only", "--seeds", "2"], "--seeds has no effect with --report-only"),
+    ("benchmarks/same_noise.py", ["--seeds", "0"], "--seeds: 0 is not an integer from 1 to 100"),
+    ("benchmarks/same_noise.py", ["--set", "noise_seed=3"], "--set noise_seed: the benchmark sets it"),
+    ("benchmarks/same_noise.py", ["--train-size", "5"], "--train-size: 5 is not an integer from 10"),
 ]
 
 

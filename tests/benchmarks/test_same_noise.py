@@ -1,4 +1,5 @@
-"""benchmarks/same_noise.py: given the same noise, the frameworks train to the same model; the report says so."""
+"""benchmarks/same_noise.py: given the same noise, the frameworks train to the same model; the report says so.
+(Its bad options are tests/test_entry_points.py's.)"""
 import json
 import subprocess
 import sys
@@ -23,13 +24,3 @@ def test_with_the_same_noise_every_framework_reaches_the_same_accuracy(tmp_path)
     assert len(set(shared.values())) == 1, shared  # one mechanism: the noise draws were all that differed
     assert min(shared.values()) > 0.3  # it learnt something (ten classes)
     assert "The same accuracy in every framework at 1 of 1 seeds." in (tmp_path / "same-noise.md").read_text()
-
-
-@pytest.mark.parametrize("options, message", [
-    (["--seeds", "0"], "error: argument --seeds: 0 is not an integer from 1 to 100 (see same_noise.py --help)"),
-    (["--set", "noise_seed=3"], "error: --set noise_seed: the benchmark sets it"),
-])
-def test_bad_options_are_one_line_errors(options, message):
-    result = subprocess.run([sys.executable, str(SAME_NOISE), *options], capture_output=True, text=True)
-    assert result.returncode == 2
-    assert len(result.stderr.strip().splitlines()) == 1 and result.stderr.startswith(message), result.stderr
