@@ -18,6 +18,7 @@ both ways).
 import json
 import os
 import statistics
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -29,18 +30,18 @@ import numpy as np
 
 from mnist_dp import hyperparameters
 from mnist_dp.assets import ALGO_ASSETS, load_asset_module
-from mnist_dp.data import sources
 from mnist_dp.learning import skeleton
 from mnist_dp.learning.interface import Network
 from mnist_dp.privacy import planning
 from mnist_dp.utils import atomic, options
 from mnist_dp.utils.errors import run_cli
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # utility.py: the data, δ and the keys a benchmark sets
+import utility  # noqa: E402
+
 RESULTS = Path(__file__).resolve().parent / "results"
-DELTA = 1e-5
+DELTA = utility.DELTA
 SHARED, OWN = "shared noise", "own noise"
-SET_BY_THE_BENCHMARK = ("noise_multiplier", "target_epsilon", "max_epsilon", "delta", "seed", "noise_seed", "dp",
-                        "secure_mode")
 
 
 class SharedNoise:
@@ -58,12 +59,9 @@ class SharedNoise:
 
 
 def mnist4k(train_size):
-    """The default run's split, images in [0, 1]: the first `train_size` of its 4,000 training images."""
-    images, labels = sources.load_embedded()
-    (train_x, train_y), (test_x, test_y) = sources.split_train_test(images, labels, 4000, 1000, 0)
-    scale = lambda x: x.astype(np.float32) / 255.0  # noqa: E731
-    return (scale(train_x[:train_size]), train_y[:train_size].astype(np.int64)), (scale(test_x),
-                                                                                   test_y.astype(np.int64))
+    """The default run's split (utility.py's): the first `train_size` of its 4,000 training images, its test set."""
+    (train_x, train_y), test = utility.load_dataset("mnist4k", False)
+    return (train_x[:train_size], train_y[:train_size]), test
 
 
 def run(algo, framework, data, seed, args, noise):
@@ -121,8 +119,8 @@ def main(argv=None):
     parser.add_argument("--output", type=Path, default=RESULTS, help="folder of the results (default: %(default)s)")
     args = parser.parse_args(argv)
     args.changes = hyperparameters.parse_assignments(args.set)
-    hyperparameters.refuse_keys(args.changes, SET_BY_THE_BENCHMARK, "the benchmark sets it (σ for --epsilon, the "
-                                "seeds, DP on)")
+    hyperparameters.refuse_keys(args.changes, utility.SET_BY_THE_BENCHMARK,
+                                "the benchmark sets it (σ for --epsilon, the seeds, DP on)")
     warnings.filterwarnings("ignore")
     data = mnist4k(args.train_size)
     args.output.mkdir(parents=True, exist_ok=True)
