@@ -24,3 +24,18 @@ def test_pixels_pass_through_and_unknown_features_are_refused():
     assert features.transform(images, "pixels") is images
     with pytest.raises(ValueError, match="unknown features"):
         features.transform(images, "hog")
+
+
+def test_the_batched_transform_gives_kymatios_numbers():
+    """features.py computes kymatio's scattering2d itself, batched: the same numbers within float32 rounding, in
+    kymatio's channel order, across a block boundary (250 images a block) and for a lone image."""
+    images = sources.load_embedded()[0][:260].astype(np.float32) / 255
+    reference = features.kymatio_scattering(images)  # -> [260, 81, 7, 7]
+    maps = features.scattering_maps(images)
+    assert maps.shape == reference.shape == (260, 81, 7, 7) and maps.dtype == np.float32
+    np.testing.assert_allclose(maps, reference, rtol=0, atol=2e-6)
+    np.testing.assert_allclose(features.scattering_maps(images[255:256]), reference[255:256], rtol=0, atol=2e-6)
+    # and the features are the group normalisation of those numbers
+    groups = reference.reshape(260, features.GROUPS, -1)
+    normalised = (groups - groups.mean(axis=2, keepdims=True)) / np.sqrt(groups.var(axis=2, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(features.scattering(images), normalised.reshape(260, -1), rtol=0, atol=1e-4)
