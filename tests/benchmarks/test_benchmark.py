@@ -3,6 +3,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 from conftest import FRAMEWORKS
 
@@ -59,3 +60,19 @@ def test_data_that_is_not_data_samples_is_one_line_and_exit_2(tmp_path):
     proc = subprocess.run([sys.executable, BENCHMARK, "--skip-steps", "--data", str(tmp_path / "none")],
                           capture_output=True, text=True)
     assert proc.returncode == 2 and "none: no manifest.json" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_the_features_timing_times_both_transforms_and_the_target_line_judges_the_speed_up(monkeypatch, capsys):
+    """The two transforms take turns, each gets its own time per image, and the target line says met or MISSED."""
+    calls = []
+    monkeypatch.setattr(benchmark, "embedded_train_set", lambda: (np.zeros((10, 28, 28), np.float32), None))
+    monkeypatch.setattr(features, "kymatio_scattering", lambda images: calls.append("kymatio") or time.sleep(0.02))
+    monkeypatch.setattr(features, "scattering_maps", lambda images: calls.append("ours") or time.sleep(0.002))
+    timings = benchmark.measure_features(2)
+    assert calls == ["kymatio", "ours", "kymatio", "ours"]  # taking turns
+    speedup = timings["kymatio's numpy transform"] / timings["features.py (used)"]
+    assert 3 < speedup < 20
+    benchmark.print_targets({}, {}, speedup, None, [])
+    assert f"met    scattering features, kymatio's time / features.py's: {speedup:.2f}×" in capsys.readouterr().out
+    benchmark.print_targets({}, {}, 4.0, None, [])
+    assert "MISSED scattering features" in capsys.readouterr().out
