@@ -2,13 +2,13 @@
 
 A scattering network (Bruna & Mallat 2013, "Invariant scattering convolution networks") is a convolutional
 network whose filters are fixed Morlet wavelets, not learnt: with J = 2 and 8 orientations a 28×28 image
-becomes 81 channels of 7×7 (kymatio's numpy implementation). Each example's channels are then normalised
+becomes 81 channels of 7×7 (kymatio's transform). Each example's channels are then normalised
 in 27 groups of 3 (group normalisation without learnt parameters). Nothing here looks at more than one
 example, so the features cost no privacy; only the classifier on top is trained with DP-SGD.
 
 Computed here in numpy, once, for every framework: the three algos train the same classifier on the same
 numbers. kymatio's filters and algorithm (reflection padding, products in Fourier, subsampling by periodising the
-spectrum), batched: every filter at once, each low-pass as one matrix product, two blocks of images at a time.
+spectrum), batched: every filter at once, each low-pass as one matrix product, a block of images per core.
 That is about 4× faster than kymatio's own numpy transform (0.3 ms an image on 2 cores; benchmarks/benchmark.py
 times both), and equal to it within float32 rounding (tests/learning/test_features.py).
 """
