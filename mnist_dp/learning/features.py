@@ -27,7 +27,7 @@ SCATTERING_J, ORIENTATIONS = 2, 8
 SCATTERING_CHANNELS, SCATTERING_SIZE, GROUPS = 81, 7, 27
 SCATTERING_DIM = SCATTERING_CHANNELS * SCATTERING_SIZE ** 2  # 3,969 numbers per image
 _PAD, _PADDED, _HALF = 4, 36, 18  # kymatio pads 28 -> 36 by reflection (its compute_padding); 18: resolution 1
-_BATCH = 250  # images a block: bounds the transform's memory (about 150 MB a block)
+_BATCH = 125  # images a block: bounds the transform's memory (about 60 MB a block at its peak)
 _THREADS = min(4, os.cpu_count() or 1)  # blocks at once (numpy and scipy's FFT release the GIL); memory bounds it
 
 
@@ -127,13 +127,18 @@ def _block(images: np.ndarray) -> np.ndarray:
     out[:, 0] = x.reshape(b, -1) @ f.low_36  # order 0: the image's low-pass
     spectra = scipy.fft.fft2(x)  # -> [b, 36, 36]
     fine = np.abs(scipy.fft.ifft2(spectra[:, None] * f.fine, overwrite_x=True))  # |x ⋆ ψ(0, θ)|: [b, 8, 36, 36]
-    coarse = np.abs(scipy.fft.ifft2(_periodised_products(_aliases(spectra.transpose(1, 2, 0))), axes=(0, 1)))
+    coarse = np.abs(scipy.fft.ifft2(_periodised_products(_aliases(spectra.transpose(1, 2, 0))), axes=(0, 1),
+                                    overwrite_x=True))  # -> [18, 18, b, 8]
     out[:, 1 : 1 + ORIENTATIONS] = (fine.reshape(-1, _PADDED ** 2) @ f.low_36).reshape(b, ORIENTATIONS, -1)
     out[:, 1 + ORIENTATIONS : 1 + 2 * ORIENTATIONS] = (f.low_18.T @ coarse.reshape(_HALF ** 2, -1)).reshape(
         -1, b, ORIENTATIONS).transpose(1, 2, 0)
     # Order 2: ||x ⋆ ψ(0, θ1)| ⋆ ψ(1, θ2)|↓2, for the b·8 maps of order 1 at scale 0.
-    spectra = scipy.fft.fft2(np.ascontiguousarray(fine.transpose(2, 3, 0, 1)), axes=(0, 1))  # -> [36, 36, b, 8]
-    second = np.abs(scipy.fft.ifft2(_periodised_products(_aliases(spectra)), axes=(0, 1)))  # -> [18, 18, b·8, 8]
+    # Its arrays are the block's largest (products: 40 MB), so each goes as soon as the next is made.
+    aliases = _aliases(scipy.fft.fft2(np.ascontiguousarray(fine.transpose(2, 3, 0, 1)), axes=(0, 1)))
+    products = _periodised_products(aliases)  # -> [18, 18, b·8, 8]
+    del aliases
+    second = np.abs(scipy.fft.ifft2(products, axes=(0, 1), overwrite_x=True))
+    del products
     low = f.low_18.T @ second.reshape(_HALF ** 2, -1)  # -> [49, b·8·8]
     out[:, 1 + 2 * ORIENTATIONS :] = low.reshape(-1, b, ORIENTATIONS ** 2).transpose(1, 2, 0)
     return out

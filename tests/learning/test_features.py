@@ -28,8 +28,8 @@ def test_pixels_pass_through_and_unknown_features_are_refused():
 
 def test_the_batched_transform_gives_kymatios_numbers():
     """features.py computes kymatio's scattering2d itself, batched: the same numbers within float32 rounding, in
-    kymatio's channel order, across a block boundary (250 images a block) and for a lone image."""
-    images = sources.load_embedded()[0][:260].astype(np.float32) / 255
+    kymatio's channel order, across block boundaries (features._BATCH images a block) and for a lone image."""
+    images = sources.load_embedded()[0][:260].astype(np.float32) / 255  # 260: more than two blocks
     reference = features.kymatio_scattering(images)  # -> [260, 81, 7, 7]
     maps = features.scattering_maps(images)
     assert maps.shape == reference.shape == (260, 81, 7, 7) and maps.dtype == np.float32
