@@ -9,7 +9,7 @@ example, so the features cost no privacy; only the classifier on top is trained 
 Computed here in numpy, once, for every framework: the three algos train the same classifier on the same
 numbers. kymatio's filters and algorithm (reflection padding, products in Fourier, subsampling by periodising the
 spectrum), batched: every filter at once, each low-pass as one matrix product, a block of images per core.
-That is about 4× faster than kymatio's own numpy transform (0.3 ms an image on 2 cores; benchmarks/benchmark.py
+That is about 5× faster than kymatio's own numpy transform (0.25 ms an image on 2 cores; benchmarks/benchmark.py
 times both), and equal to it within float32 rounding (tests/learning/test_features.py).
 """
 from __future__ import annotations
