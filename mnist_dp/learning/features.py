@@ -133,7 +133,7 @@ def _block(images: np.ndarray) -> np.ndarray:
     out[:, 1 + ORIENTATIONS : 1 + 2 * ORIENTATIONS] = (f.low_18.T @ coarse.reshape(_HALF ** 2, -1)).reshape(
         -1, b, ORIENTATIONS).transpose(1, 2, 0)
     # Order 2: ||x ⋆ ψ(0, θ1)| ⋆ ψ(1, θ2)|↓2, for the b·8 maps of order 1 at scale 0.
-    # Its arrays are the block's largest (products: 40 MB), so each goes as soon as the next is made.
+    # Its arrays are the block's largest (products: 21 MB a block), so each goes as soon as the next is made.
     aliases = _aliases(scipy.fft.fft2(np.ascontiguousarray(fine.transpose(2, 3, 0, 1)), axes=(0, 1)))
     products = _periodised_products(aliases)  # -> [18, 18, b·8, 8]
     del aliases
@@ -151,10 +151,10 @@ def _by_blocks(images: np.ndarray, out: np.ndarray, compute) -> np.ndarray:
     from threadpoolctl import threadpool_limits
     from tqdm import tqdm
 
-    images = np.asarray(images, np.float32)
+    _filters()  # once, before the threads
 
     def fill(start: int) -> int:
-        block = images[start : start + _BATCH]
+        block = np.asarray(images[start : start + _BATCH], np.float32)
         out[start : start + len(block)] = compute(_block(block))
         return len(block)
 
