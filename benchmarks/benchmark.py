@@ -158,7 +158,7 @@ def time_tf(algo, images, labels, hp, plan, steps, network):
     def run(make_step, batches):
         model = algo.build_network(network)
         step = make_step(model, tf.keras.optimizers.SGD(hp.learning_rate, momentum=hp.momentum))
-        return (lambda x, y: step(tf.constant(algo.as_input(x)), tf.constant(y))), batches
+        return (lambda x, y: step(algo.as_input(x), tf.constant(y))), batches
 
     def dp_step(model, optimizer):  # the algo's, at this C and σ = 1
         step = algo.make_dp_step(model, optimizer, plan.expected_batch_size,
@@ -209,7 +209,7 @@ def time_mindspore(algo, images, labels, hp, plan, steps, network):
         step = make_step(net, nn.SGD(net.trainable_params(), learning_rate=hp.learning_rate, momentum=hp.momentum))
 
         def timed(x, y):  # the algo's steps index a batch out of the whole set: give them this batch whole
-            step(algo.as_input(x), y.astype(np.int32), np.arange(len(y)))
+            step(x, y.astype(np.int32), np.arange(len(y)))
             net.trainable_params()[0].asnumpy()  # GRAPH mode runs asynchronously: wait for the update
         return timed, batches
 

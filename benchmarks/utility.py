@@ -103,10 +103,10 @@ def remember_features(scattering):
     memory = {}
 
     @functools.wraps(scattering)
-    def remembered(images):
-        key = hashlib.sha1(images.tobytes()).hexdigest()
+    def remembered(images, *dtype):
+        key = (hashlib.sha1(images.tobytes()).hexdigest(), *dtype)
         if key not in memory:
-            memory[key] = scattering(images)
+            memory[key] = scattering(images, *dtype)
         return memory[key]
 
     remembered.remembers = True

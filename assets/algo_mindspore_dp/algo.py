@@ -294,7 +294,7 @@ class NoisyUpdate(nn.Cell):
 
 
 def make_dp_step(net, optimizer, expected_batch_size, randomness, with_canaries=None):
-    """One DP-SGD step `step(images, labels, batch, C, σ)` on images[batch] (as_input's; labels int32): clip each
+    """One DP-SGD step `step(images, labels, batch, C, σ)` on images[batch] (as stored; labels int32): clip each
     example's gradient to C, sum the chunks, add N(0, σ²C²), divide by E[B], update; returns how many had ‖g_i‖ ≤ C."""
     clipped_sum = ClippedGradientSum(net, optimizer.parameters)
     update = NoisyUpdate(optimizer, expected_batch_size, randomness)
@@ -303,7 +303,7 @@ def make_dp_step(net, optimizer, expected_batch_size, randomness, with_canaries=
     def step(images, labels, batch, max_grad_norm, noise_multiplier):
         total = None
         for index, mask in chunks.padded_chunks(batch, sizes):
-            part = clipped_sum(ms.Tensor(images[index]), ms.Tensor(labels[index]), ms.Tensor(mask), max_grad_norm)
+            part = clipped_sum(as_input(images[index]), ms.Tensor(labels[index]), ms.Tensor(mask), max_grad_norm)
             total = part if total is None else tuple(a + b for a, b in zip(total, part))
         *gradients, unclipped = total
         if with_canaries is not None:  # the white-box audit's canaries (DpStep.with_canaries), before the noise
@@ -321,7 +321,7 @@ def make_plain_step(net, optimizer):
     train_step = nn.TrainOneStepCell(nn.WithLossCell(net, loss), optimizer)
 
     def step(images, labels, batch):
-        return train_step(ms.Tensor(images[batch]), ms.Tensor(labels[batch]))
+        return train_step(as_input(images[batch]), ms.Tensor(labels[batch]))
 
     return step
 
@@ -364,9 +364,9 @@ def mindarmour_epsilon(n, sample_rate, noise_multiplier, steps, delta):
 
 # --- 3. Model I/O: inputs as the network takes them, weights as bytes -----------------------------------------------
 
-def as_input(inputs):
-    """Images [N, 28, 28] get their channel axis (NCHW); scattering features stay [N, 3969]."""
-    return inputs[:, None] if inputs.ndim == 3 else inputs
+def as_input(inputs) -> ms.Tensor:
+    """A float32 tensor as the network takes it: images with a channel axis (NCHW), features widened (features.py)."""
+    return ms.Tensor(inputs[:, None] if inputs.ndim == 3 else inputs).astype(ms.float32)
 
 
 def model_to_bytes(net) -> bytes:
@@ -406,7 +406,7 @@ class MindSporeMindArmour:
         optimizer = new_optimizer(net, hp)
         average = MovingAverage(net.trainable_params(), hp.ema_decay) if hp.ema_decay else None
         net.set_train(True)
-        images, labels = as_input(images), labels.astype(np.int32)
+        labels = labels.astype(np.int32)
         dp_step = hp.dp and make_dp_step(net, optimizer, plan.expected_batch_size, step.randomness, step.canary_hook)
         plain_step = None if hp.dp else make_plain_step(net, optimizer)
         batch_sizes = []
@@ -441,7 +441,7 @@ class MindSporeMindArmour:
 
     def batch_logits(self, net: nn.Cell, images: np.ndarray) -> np.ndarray:
         net.set_train(False)
-        return net(ms.Tensor(as_input(images))).asnumpy()
+        return net(as_input(images)).asnumpy()
 
 
 FRAMEWORK = MindSporeMindArmour()

@@ -302,9 +302,10 @@ def tf_privacy_statement_epsilon(n, batch_size, epochs, noise_multiplier, delta)
 
 # --- 3. Model I/O: inputs as the network takes them, weights as bytes -----------------------------------------------
 
-def as_input(inputs):
-    """Images [N, 28, 28] get their channel axis (NHWC); scattering features stay [N, 3969]."""
-    return inputs[..., None] if inputs.ndim == 3 else inputs
+def as_input(inputs) -> tf.Tensor:
+    """A float32 tensor as the network takes it: images [N, 28, 28] get their channel axis (NHWC); scattering
+    features stay [N, 3969], widened from float16 (features.py)."""
+    return tf.cast(inputs[..., None] if inputs.ndim == 3 else inputs, tf.float32)
 
 
 # The pixel CNN's fc1 kernel (its 5th array): Keras flattens the [4, 4, 32] map height-width-channel, the common
@@ -377,7 +378,6 @@ class TensorFlowPrivacy:
     def fit(self, model: tf.keras.Model, images: np.ndarray, labels: np.ndarray, hp: Hyperparameters,
             plan: SamplingPlan, step: interface.DpStep, batches: Iterable[np.ndarray]) -> interface.Ran:
         optimizer = new_optimizer(hp)
-        images = as_input(images)
         if hp.dp:
             dp_step = make_dp_step(model, optimizer, plan.expected_batch_size, noise_generator(step.randomness),
                                    step.canary_hook)
@@ -385,7 +385,7 @@ class TensorFlowPrivacy:
             plain_step = make_plain_step(model, optimizer)
         batch_sizes = []
         for batch in batches:
-            x, y = tf.constant(images[batch]), tf.constant(labels[batch])
+            x, y = as_input(images[batch]), tf.constant(labels[batch])  # each batch widened to float32 alone
             if hp.dp:
                 unclipped = dp_step(x, y, tf.constant(step.clip.value, tf.float32),
                                     tf.constant(step.noise.gradient_sigma(len(batch_sizes)), tf.float32))

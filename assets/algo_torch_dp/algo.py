@@ -311,9 +311,15 @@ class MovingAverage:
 
 # --- 3. Model I/O: inputs as the network takes them, weights as bytes -----------------------------------------------
 
-def as_input(inputs):
-    """Inputs as the network takes them: images [N, 28, 28] get their channel axis, features stay [N, 3969]."""
+def as_tensor(inputs):
+    """Inputs as the network takes them, as stored (no copy): images [N, 28, 28] get their channel axis, features
+    stay [N, 3969] (float16: features.py)."""
     return torch.from_numpy(inputs[:, None] if inputs.ndim == 3 else inputs)
+
+
+def as_input(inputs):
+    """The same in float32, as the network computes."""
+    return as_tensor(inputs).float()
 
 
 def model_to_bytes(model) -> bytes:
@@ -344,7 +350,7 @@ class TorchOpacus:
 
     def fit(self, model: nn.Module, images: np.ndarray, labels: np.ndarray, hp: Hyperparameters, plan: SamplingPlan,
             step: interface.DpStep, batches: Iterable[np.ndarray]) -> interface.Ran:
-        inputs, targets = as_input(images), torch.from_numpy(labels)
+        inputs, targets = as_tensor(images), torch.from_numpy(labels)  # each batch is widened to float32 alone
         optimizer = new_optimizer(model, hp)
         average = MovingAverage(model, hp.ema_decay)
         if hp.dp:
@@ -358,11 +364,11 @@ class TorchOpacus:
         for batch in batches:
             index = torch.from_numpy(batch)
             if hp.dp:  # the schedule's σ and the clipping norm of this step
-                unclipped = dp_step(inputs[index], targets[index], step.clip.value,
+                unclipped = dp_step(inputs[index].float(), targets[index], step.clip.value,
                                     step.noise.gradient_sigma(len(batch_sizes)))
                 step.clip.update(unclipped, len(batch))  # adaptive clipping's count (a no-op otherwise)
             else:
-                plain_step(inputs[index], targets[index])
+                plain_step(inputs[index].float(), targets[index])
             average.update(model)
             batch_sizes.append(len(batch))
         average.copy_to(model)

@@ -11,6 +11,10 @@ numbers. kymatio's filters and algorithm (reflection padding, products in Fourie
 spectrum), batched: every filter at once, each low-pass as one matrix product, a block of images per core.
 That is about 5× faster than kymatio's own numpy transform (0.25 ms an image on 2 cores; benchmarks/benchmark.py
 times both), and equal to it within float32 rounding (tests/learning/test_features.py).
+
+The networks are given the features kept in float16 (TRAINED_DTYPE) and widen each batch to float32 in their own
+framework: 60,000 images' features take 476 MB instead of 952, which is what keeps a train task on 60,000 images
+under 1.5 GB (docs/design.md, "memory"). The rounding, 2⁻¹¹ of each number, is a function of each image alone.
 """
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ SCATTERING_DIM = SCATTERING_CHANNELS * SCATTERING_SIZE ** 2  # 3,969 numbers per
 _PAD, _PADDED, _HALF = 4, 36, 18  # kymatio pads 28 -> 36 by reflection (its compute_padding); 18: resolution 1
 _BATCH = 125  # images a block: bounds the transform's memory (about 60 MB a block at its peak)
 _THREADS = min(4, os.cpu_count() or 1)  # blocks at once (numpy and scipy's FFT release the GIL); memory bounds it
+TRAINED_DTYPE = np.float16  # the features as the networks are given them (module docstring)
 
 
 def _kymatio():
@@ -179,16 +184,17 @@ def _group_normalised(maps: np.ndarray) -> np.ndarray:
     return ((groups - mean) / np.sqrt(var + 1e-5)).reshape(len(maps), -1)
 
 
-def scattering(images: np.ndarray) -> np.ndarray:
-    """Images [N, 28, 28] in [0, 1] -> group-normalised scattering features [N, 3969] (float32), normalised block
-    by block: no second copy of the features."""
-    return _by_blocks(images, np.empty((len(images), SCATTERING_DIM), np.float32), _group_normalised)
+def scattering(images: np.ndarray, dtype=np.float32) -> np.ndarray:
+    """Images [N, 28, 28] in [0, 1] -> group-normalised scattering features [N, 3969], computed in float32 and kept
+    in `dtype`, normalised block by block: no second copy of the features."""
+    return _by_blocks(images, np.empty((len(images), SCATTERING_DIM), dtype), _group_normalised)
 
 
 def transform(images: np.ndarray, features: str) -> np.ndarray:
-    """What the network is given: the images themselves ("pixels") or their scattering features."""
+    """What the network is given: the images themselves ("pixels") or their scattering features (in
+    TRAINED_DTYPE)."""
     if features == "pixels":
         return images
     if features == "scattering":
-        return scattering(images)
+        return scattering(images, TRAINED_DTYPE)
     raise ValueError(f"unknown features {features!r}, expected one of {FEATURES}")

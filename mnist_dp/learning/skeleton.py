@@ -69,7 +69,8 @@ def fit(framework: Framework, model, images: np.ndarray, labels: np.ndarray, hp:
     """One training run of `framework`, and what it ran: the batch sizes and its library's ε from the framework,
     σ, the clipping unit and where the randomness came from completed here.
 
-    model: the framework's model, trained in place. images, labels: the training data, [n, 28, 28] and [n].
+    model: the framework's model, trained in place. images, labels: the training data, [n, 28, 28] and [n] (images
+    may be None when `inputs` is given).
     hp, plan: the hyperparameters and the sampling plan (q, the steps to run). sigma: the gradient noise of the
     first steps (0 without DP). on_epoch: the progress text after each epoch (ε so far). randomness: the run's
     (default: fresh, or from hp.noise_seed). canaries: the white-box audit's (audit.DiracCanaries, or
@@ -199,7 +200,8 @@ def train(framework: Framework, inputs: dict, outputs: dict, hyperparameters_pat
     # 3. The DP steps, and 4. the ledger: this run as it ran.
     run, ran = train_in_memory(framework, model, ledger, data, hp, plan,
                                   provenance.running_code(Path(hyperparameters_path).parent, "train"),
-                                  f"nothing was saved; lower learning_rate or max_grad_norm in {hyperparameters_path}")
+                                  f"nothing was saved; lower learning_rate or max_grad_norm in {hyperparameters_path}",
+                                  release_images=True)
     if ran is None:  # the budget of this data is spent: nothing trained, nothing was added to the ledger
         model_file.copy(inputs["model"], outputs["model"])
         summary = statement.privacy_summary(ledger, hp.delta)
@@ -232,12 +234,14 @@ def refuse_copies(data: dict) -> None:
 
 
 def train_in_memory(framework: Framework, model, ledger: Ledger, data: dict, hp: Hyperparameters,
-                    plan: SamplingPlan, code: dict, if_diverged: str, through=None) -> tuple:
+                    plan: SamplingPlan, code: dict, if_diverged: str, through=None, release_images=False) -> tuple:
     """One training run of `model` (in place) by `framework` on the opener's `data`, after the runs of `ledger`, to
     which its event is added: (its budget.RunPrivacy, what it Ran), or (RunPrivacy, None) when the data's budget
     is spent and nothing ran. `hp`, `plan`: the hyperparameters and the sampling plan check_data made of them;
     `code`: provenance of the running function; `if_diverged`: what to do, when a weight is not finite after
-    training; `through`: as in `fit`. The substratools train task and the substrafl algos (mnist_dp/federated)
+    training; `through`: as in `fit`; `release_images`: the task's own `data`, read by nothing after this: its
+    images give way to the network's inputs (a set of 60,000 takes 188 MB in float32, which would stay beside
+    their features through training). The substratools train task and the substrafl algos (mnist_dp/federated)
     both train through here."""
     run = budget.for_task(framework.name, hp, plan, ledger, data["samples"])
     randomness = RunRandomness.for_run(hp.noise_seed, len(ledger.events), run.identities)
@@ -246,8 +250,11 @@ def train_in_memory(framework: Framework, model, ledger: Ledger, data: dict, hp:
     timing.mark("setup")  # input model, σ calibration, budget
     if run.plan.steps == 0:
         return run, None
-    ran = fit(framework, model, data["images"], data["labels"], hp, run.plan, run.sigma, run.progress, randomness,
-              through=through)
+    inputs = Network.of(hp).inputs(data["images"])
+    if release_images:
+        data["images"] = None
+    ran = fit(framework, model, None, data["labels"], hp, run.plan, run.sigma, run.progress, randomness,
+              through=through, inputs=inputs)
     timing.mark("training")  # the steps after the first
     check_finite(framework, model, f"training diverged in {ran.steps} steps", if_diverged)
     ledger.add(run.event(ran, code=code))

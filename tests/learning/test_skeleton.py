@@ -144,3 +144,39 @@ def test_an_organisation_that_trained_nothing_weighs_nothing_in_the_average(tmp_
         skeleton.aggregate(ArrayModels(), {"models": []}, {"model": str(tmp_path / "none")}, tmp_path / "hp.json")
 
 
+
+
+class SeesItsInputs:
+    """A framework that records the inputs it trains on, and whether the task's data still held its images then."""
+
+    name = "torch"
+
+    def __init__(self, data):
+        self.data, self.seen = data, None
+
+    def fit(self, model, inputs, labels, hp, plan, step, batches):
+        self.seen = inputs.dtype, inputs.shape, self.data["images"]
+        return interface.Ran([len(batch) for batch in batches])
+
+    def weight_arrays(self, model):
+        return []
+
+
+def test_a_train_task_trains_on_float16_features_and_lets_its_images_go(opener_path):
+    """A train task's memory: the features in float16, and no float32 images beside them while training (a set of
+    60,000 takes 188 MB); a caller that keeps its data (substrafl's algos) keeps its images."""
+    import importlib.util
+
+    from mnist_dp.privacy.ledger import Ledger
+
+    spec = importlib.util.spec_from_file_location("opener", opener_path)
+    opener = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(opener)
+    hp = dict_hp(epochs=1, batch_size=20, noise_multiplier=1.0, target_epsilon=None, features="scattering")
+    for release in (True, False):
+        data = opener.MnistOpener().fake_data(40)
+        images, framework = data["images"], SeesItsInputs(data)
+        plan = skeleton.check_data(framework, data, hp, "x")
+        skeleton.train_in_memory(framework, None, Ledger(), data, hp, plan, {}, "", release_images=release)
+        assert framework.seen[:2] == (np.float16, (40, 3969))
+        assert (framework.seen[2] is None) == release and (data["images"] is images) != release
