@@ -4,7 +4,6 @@ Only framework code lives here; the sampling plan, σ, the ledger and ε come fr
 `mnist_dp.learning.skeleton`.
 Run alone:  python assets/algo_torch_dp/algo.py --function-name train --inputs '[...]' --outputs '[...]'
 """
-import functools
 import io
 import logging
 import os
@@ -27,7 +26,7 @@ except ModuleNotFoundError:  # run from the repository: make the shared package 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from mnist_dp.hyperparameters import Hyperparameters
-from mnist_dp.learning import features, initial_weights, interface, skeleton
+from mnist_dp.learning import conv_grams, features, initial_weights, interface, skeleton
 from mnist_dp.learning.interface import MNIST_MEAN, MNIST_STD
 from mnist_dp.privacy.planning import SamplingPlan
 
@@ -131,36 +130,21 @@ def conv_example_gradients(layer: nn.Conv2d, inputs: torch.Tensor, out_grads: to
     return torch.bmm(out_grads.flatten(2), patches.transpose(1, 2))
 
 
-@functools.cache
-def patch_pair_index(out_h, out_w, kh, kw, sh, sw, hs, ws) -> torch.Tensor:
-    """[kh·kw·P·P] indices into the flattened phase Grams [sh·sw, hs·ws, hs·ws] of conv_weight_norms: for each
-    kernel offset (u, v) and each pair of output positions (p, p'), the pair of pixels under it. At position
-    (i, j) the offset reads padded pixel (sh·i + u, sw·j + v): pixel (i + u // sh, j + v // sw) of the phase
-    (u mod sh, v mod sw)."""
-    i, j = torch.arange(out_h).repeat_interleave(out_w), torch.arange(out_w).repeat(out_h)  # [P]
-    u, v = torch.arange(kh).repeat_interleave(kw)[:, None], torch.arange(kw).repeat(kh)[:, None]  # [kh·kw, 1]
-    pixels = (i + u // sh) * ws + j + v // sw  # [kh·kw, P]: the pixel under each offset and position, in its phase
-    phase = (u % sh) * sw + v % sw  # [kh·kw, 1]
-    return ((phase * hs * ws)[:, :, None] * hs * ws + pixels[:, :, None] * hs * ws + pixels[:, None, :]).flatten()
-
-
 def conv_weight_norms(layer: nn.Conv2d, inputs: torch.Tensor, out_grads: torch.Tensor) -> torch.Tensor:
-    """Each example's squared kernel-gradient norm [B]: ‖Σ_p g_p a_pᵀ‖² = Σ_{p,p'} (g_p·g_p')(a_p·a_p') over output
-    positions, the patches' dot products read off Gram matrices of the padded pixels when those are smaller than
-    the per-example gradients (the ScatterNet CNN's layers; F.unfold's im2col is slow on CPU). A stride s splits
-    the pixels into s × s phases (rows and columns by their remainder mod s), and a kernel offset reads one phase
-    only: each phase's own Gram is all that is needed (a quarter of the pixel pairs at s = 2), all in one product."""
+    """Each example's squared kernel-gradient norm [B] from the Grams of its input pixels' phases (conv_grams.py),
+    when those are smaller than the per-example gradients (the ScatterNet CNN's layers; F.unfold's im2col is slow
+    on CPU): every phase in one batched product, then one gather."""
     (ph, pw), (kh, kw), (sh, sw) = layer.padding, layer.kernel_size, layer.stride
     height, width = inputs.shape[2] + 2 * ph, inputs.shape[3] + 2 * pw
     if (height * width) ** 2 > layer.weight.numel():  # the pixel CNN: per-example gradients
         return conv_example_gradients(layer, inputs, out_grads).flatten(1).square().sum(1)
     batch, channels = inputs.shape[:2]
-    hs, ws = -(-height // sh), -(-width // sw)  # a phase's size; the padding below makes every phase as large
+    hs, ws = conv_grams.phase_size(height, sh), conv_grams.phase_size(width, sw)
     padded = F.pad(inputs, (pw, pw + ws * sw - width, ph, ph + hs * sh - height))  # -> [B, in, hs·sh, ws·sw]
     phases = padded.view(batch, channels, hs, sh, ws, sw).permute(0, 3, 5, 1, 2, 4).reshape(-1, channels, hs * ws)
     grams = torch.bmm(phases.transpose(1, 2), phases).view(batch, -1)  # -> [B, sh·sw·(hs·ws)²]
     out_h, out_w = out_grads.shape[2:]
-    index = patch_pair_index(out_h, out_w, kh, kw, sh, sw, hs, ws)
+    index = torch.from_numpy(conv_grams.patch_pair_index(out_h, out_w, kh, kw, sh, sw, hs, ws))
     patch_grams = grams.index_select(1, index).view(batch, kh * kw, -1).sum(1)  # -> [B, P·P]
     grads = out_grads.flatten(2)  # [B, out, P]
     return (torch.bmm(grads.transpose(1, 2), grads).flatten(1) * patch_grams).sum(1)
