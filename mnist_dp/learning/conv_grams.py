@@ -1,4 +1,4 @@
-"""A convolution's per-example gradient norms from Gram matrices of its input pixels, for the torch and tf algos.
+"""A convolution's per-example gradient norms from Gram matrices of its input pixels (torch's conv_weight_norms).
 
 Example i's kernel gradient is Σ_p g_p a_pᵀ over output positions p (g_p: the output gradient there, a_p: the input
 patch under it), so its squared norm is Σ_{p,p'} (g_p·g_p')(a_p·a_p'). The patches' dot products are sums of pixel
