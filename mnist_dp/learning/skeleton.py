@@ -186,7 +186,8 @@ def _load_input_model(framework: Framework, inputs: dict, network: Network):
 
 def train(framework: Framework, inputs: dict, outputs: dict, hyperparameters_path: Path) -> dict:
     """The substratools `train` function body: data -> model -> DP step -> ledger -> save. Returns the privacy
-    summary it logged."""
+    summary it logged. The task's data gives up its images once their features are made (inputs["datasamples"]
+    ["images"] is None after): a caller that runs several tasks in one process gives each its own data dict."""
     timing.begin_task("train", framework=framework.name)
     check_outputs_writable(outputs)
     # 1. Data, and what it may spend (privacy/: q, steps, σ, budget, over the earlier runs of its examples).
