@@ -144,8 +144,6 @@ def test_an_organisation_that_trained_nothing_weighs_nothing_in_the_average(tmp_
         skeleton.aggregate(ArrayModels(), {"models": []}, {"model": str(tmp_path / "none")}, tmp_path / "hp.json")
 
 
-
-
 class SeesItsInputs:
     """A framework that records the inputs it trains on, and whether the task's data still held its images then."""
 
