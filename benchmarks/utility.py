@@ -103,10 +103,10 @@ def remember_features(scattering):
     memory = {}
 
     @functools.wraps(scattering)
-    def remembered(images, *dtype):
-        key = (hashlib.sha1(images.tobytes()).hexdigest(), *dtype)
+    def remembered(images, dtype=np.float32):
+        key = hashlib.sha1(images.tobytes()).hexdigest(), np.dtype(dtype).str
         if key not in memory:
-            memory[key] = scattering(images, *dtype)
+            memory[key] = scattering(images, dtype)
         return memory[key]
 
     remembered.remembers = True

@@ -163,13 +163,10 @@ class SeesItsInputs:
 def test_a_train_task_trains_on_float16_features_and_lets_its_images_go(opener_path):
     """A train task's memory: the features in float16, and no float32 images beside them while training (a set of
     60,000 takes 188 MB); a caller that keeps its data (substrafl's algos) keeps its images."""
-    import importlib.util
-
+    from mnist_dp.assets import load_asset_module
     from mnist_dp.privacy.ledger import Ledger
 
-    spec = importlib.util.spec_from_file_location("opener", opener_path)
-    opener = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(opener)
+    opener = load_asset_module(opener_path, "opener_for_skeleton_tests")
     hp = dict_hp(epochs=1, batch_size=20, noise_multiplier=1.0, target_epsilon=None, features="scattering")
     for release in (True, False):
         data = opener.MnistOpener().fake_data(40)
