@@ -35,7 +35,7 @@ except ModuleNotFoundError:  # run from the repository: make the shared package 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from mnist_dp.hyperparameters import Hyperparameters
-from mnist_dp.learning import features, initial_weights, interface, skeleton
+from mnist_dp.learning import conv_grams, features, initial_weights, interface, skeleton
 from mnist_dp.learning.interface import GROUP_SIZE, MNIST_MEAN, MNIST_STD, NORM_EPS
 from mnist_dp.privacy.planning import SamplingPlan
 
@@ -113,8 +113,7 @@ def conv2d_layer_computation(layer_instance, input_args, input_kwargs, tape, num
 
     For example i, the kernel gradient is P_iᵀ G_i, with P_i the input patches [positions, kh·kw·c_in]
     and G_i the gradient of the summed loss w.r.t. the pre-activation output [positions, c_out];
-    the bias gradient is the sum of G_i over positions. Both are [B, ≤ 8·1024] here, so we form them
-    and return the squared norms.
+    the bias gradient is the sum of G_i over positions. Their squared norms: `conv_kernel_norms` and the bias's.
     """
     if input_kwargs or len(input_args) != 1 or num_microbatches is not None:
         raise NotImplementedError("Conv2D registry function: one input, no kwargs, no microbatches")
@@ -131,16 +130,33 @@ def conv2d_layer_computation(layer_instance, input_args, input_kwargs, tape, num
 
     def sqr_norm_fn(grads):
         batch = tf.shape(grads)[0]
-        patches = conv_patches(inputs, layer_instance, grads.shape[1:3])
-        patches = tf.reshape(patches, [batch, -1, tf.shape(patches)[-1]])  # [B, P, K]
-        grads = tf.reshape(grads, [batch, -1, tf.shape(grads)[-1]])  # [B, P, c_out]
-        kernel_grads = tf.einsum("bpk,bpc->bkc", patches, grads)  # per-example kernel gradients
-        sqr_norms = tf.reduce_sum(tf.square(kernel_grads), axis=[1, 2])
+        sqr_norms = conv_kernel_norms(inputs, layer_instance, grads)
         if layer_instance.use_bias:
-            sqr_norms += tf.reduce_sum(tf.square(tf.reduce_sum(grads, axis=1)), axis=1)
+            sqr_norms += tf.reduce_sum(tf.square(tf.reduce_sum(tf.reshape(grads, [batch, -1, grads.shape[-1]]), 1)), 1)
         return sqr_norms
 
     return base_vars, outputs, sqr_norm_fn
+
+
+def conv_kernel_norms(inputs, layer, grads):
+    """Each example's squared kernel-gradient norm [B] from its input [B, H, W, c_in] and the gradient of the
+    pre-activation output [B, H', W', c_out]: from the Gram of its input pixels (conv_grams.py) when that is smaller
+    than its kernel gradient (the ScatterNet CNN's layers, whose first layer's patches cost about as much as a plain
+    step), else from the patches (the pixel CNN's)."""
+    (kh, kw), (sh, sw), (out_h, out_w) = layer.kernel_size, layer.strides, grads.shape[1:3]
+    batch, (in_h, in_w, channels) = tf.shape(grads)[0], inputs.shape[1:]
+    grads = tf.reshape(grads, [batch, out_h * out_w, grads.shape[-1]])  # [B, P, c_out]
+    if not conv_grams.pixel_grams_are_smaller(in_h, in_w, kh * kw * channels * grads.shape[-1]):
+        patches = tf.reshape(conv_patches(inputs, layer, (out_h, out_w)), [batch, out_h * out_w, -1])  # [B, P, K]
+        return tf.reduce_sum(tf.square(tf.einsum("bpk,bpc->bkc", patches, grads)), axis=[1, 2])
+    # SAME pads (span - H) // 2 on top, the rest below; columns alike
+    top = max((out_h - 1) * sh + kh - in_h, 0) // 2 if layer.padding == "same" else 0
+    left = max((out_w - 1) * sw + kw - in_w, 0) // 2 if layer.padding == "same" else 0
+    sums = conv_grams.patch_pair_sums(in_h, in_w, out_h, out_w, kh, kw, sh, sw, top, left)
+    pixels = tf.reshape(inputs, [batch, in_h * in_w, channels])
+    grams = tf.reshape(tf.matmul(pixels, pixels, transpose_b=True), [batch, -1])  # -> [B, (H·W)²]
+    patch_grams = tf.sparse.sparse_dense_matmul(grams, tf.sparse.SparseTensor(*sums))  # -> [B, P·P]
+    return tf.reduce_sum(tf.reshape(tf.matmul(grads, grads, transpose_b=True), [batch, -1]) * patch_grams, 1)
 
 
 def conv_patches(inputs, layer, out_shape):

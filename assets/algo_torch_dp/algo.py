@@ -4,6 +4,7 @@ Only framework code lives here; the sampling plan, σ, the ledger and ε come fr
 `mnist_dp.learning.skeleton`.
 Run alone:  python assets/algo_torch_dp/algo.py --function-name train --inputs '[...]' --outputs '[...]'
 """
+import functools
 import io
 import logging
 import os
@@ -131,23 +132,27 @@ def conv_example_gradients(layer: nn.Conv2d, inputs: torch.Tensor, out_grads: to
 
 
 def conv_weight_norms(layer: nn.Conv2d, inputs: torch.Tensor, out_grads: torch.Tensor) -> torch.Tensor:
-    """Each example's squared kernel-gradient norm [B] from the Grams of its input pixels' phases (conv_grams.py),
-    when those are smaller than the per-example gradients (the ScatterNet CNN's layers; F.unfold's im2col is slow
-    on CPU): every phase in one batched product, then one gather."""
+    """Each example's squared kernel-gradient norm [B] from the Gram of its input pixels (conv_grams.py) when that
+    is smaller than its kernel gradient (the ScatterNet CNN's layers; F.unfold's im2col is slow on CPU): one
+    batched product, then one sparse product that sums the pixel pairs of each patch pair."""
     (ph, pw), (kh, kw), (sh, sw) = layer.padding, layer.kernel_size, layer.stride
-    height, width = inputs.shape[2] + 2 * ph, inputs.shape[3] + 2 * pw
-    if (height * width) ** 2 > layer.weight.numel():  # the pixel CNN: per-example gradients
+    batch, channels, height, width = inputs.shape
+    if not conv_grams.pixel_grams_are_smaller(height, width, layer.weight.numel()):  # the pixel CNN
         return conv_example_gradients(layer, inputs, out_grads).flatten(1).square().sum(1)
-    batch, channels = inputs.shape[:2]
-    hs, ws = conv_grams.phase_size(height, sh), conv_grams.phase_size(width, sw)
-    padded = F.pad(inputs, (pw, pw + ws * sw - width, ph, ph + hs * sh - height))  # -> [B, in, hs·sh, ws·sw]
-    phases = padded.view(batch, channels, hs, sh, ws, sw).permute(0, 3, 5, 1, 2, 4).reshape(-1, channels, hs * ws)
-    grams = torch.bmm(phases.transpose(1, 2), phases).view(batch, -1)  # -> [B, sh·sw·(hs·ws)²]
-    out_h, out_w = out_grads.shape[2:]
-    index = torch.from_numpy(conv_grams.patch_pair_index(out_h, out_w, kh, kw, sh, sw, hs, ws))
-    patch_grams = grams.index_select(1, index).view(batch, kh * kw, -1).sum(1)  # -> [B, P·P]
+    pixels = inputs.flatten(2)  # [B, in, H·W]
+    grams = torch.bmm(pixels.transpose(1, 2), pixels).flatten(1)  # -> [B, (H·W)²]
+    sums = patch_pair_sums(height, width, *out_grads.shape[2:], kh, kw, sh, sw, ph, pw)
+    patch_grams = torch.sparse.mm(sums, grams.t()).t()  # -> [B, P·P]
     grads = out_grads.flatten(2)  # [B, out, P]
     return (torch.bmm(grads.transpose(1, 2), grads).flatten(1) * patch_grams).sum(1)
+
+
+@functools.cache
+def patch_pair_sums(*shape) -> torch.Tensor:
+    """conv_grams.patch_pair_sums(*shape) transposed, as a sparse tensor [P·P, (H·W)²] (made once per shape)."""
+    indices, values, size = conv_grams.patch_pair_sums(*shape)
+    return torch.sparse_coo_tensor(torch.from_numpy(indices[:, ::-1].T.copy()), torch.from_numpy(values), size[::-1],
+                                   check_invariants=True).coalesce()
 
 
 def clip_and_sum(model: nn.Module, inputs, targets, max_grad_norm) -> torch.Tensor:

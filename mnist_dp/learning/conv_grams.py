@@ -1,11 +1,10 @@
-"""A convolution's per-example gradient norms from Gram matrices of its input pixels (torch's conv_weight_norms).
+"""A convolution's per-example gradient norms from the Gram matrix of its input pixels (torch's and tf's norms).
 
 Example i's kernel gradient is Σ_p g_p a_pᵀ over output positions p (g_p: the output gradient there, a_p: the input
-patch under it), so its squared norm is Σ_{p,p'} (g_p·g_p')(a_p·a_p'). The patches' dot products are sums of pixel
-dot products, one per kernel offset. With stride s, offset (u, v) at position (i, j) reads padded pixel
-(s·i + u, s·j + v): pixel (i + u // s, j + v // s) of the phase (u mod s, v mod s), the pixels whose row and
-column leave those remainders. So only each phase's own pixel Gram is needed (a quarter of all pixel pairs at
-s = 2), and `patch_pair_index` says where each patch pair's terms lie in them.
+patch under it), so its squared norm is Σ_{p,p'} (g_p·g_p')(a_p·a_p'). A patch pair's dot product a_p·a_p' is a sum
+of pixel dot products, one per kernel offset: offset (u, v) at position (i, j) reads padded pixel (s·i + u, s·j + v).
+So one Gram of the example's unpadded pixels (H·W)² and a fixed sparse sum give every patch pair: `patch_pair_sums`
+says which pixel pairs each one sums (a padding pixel adds 0, so its pairs are left out).
 """
 from __future__ import annotations
 
@@ -14,20 +13,29 @@ import functools
 import numpy as np
 
 
-def phase_size(span: int, stride: int) -> int:
-    """Pixels of a phase along one axis of `span` padded pixels (padding to a multiple of the stride makes every
-    phase this size)."""
-    return -(-span // stride)
+def pixel_grams_are_smaller(height: int, width: int, kernel_size: int) -> bool:
+    """Whether an example's pixel Gram (of its `height` × `width` input) has at most as many entries as its kernel
+    gradient (`kernel_size` weights): then norms from the Gram cost less than from per-example gradients."""
+    return (height * width) ** 2 <= kernel_size
 
 
 @functools.cache
-def patch_pair_index(out_h: int, out_w: int, kh: int, kw: int, sh: int, sw: int, hs: int, ws: int) -> np.ndarray:
-    """[kh·kw·P·P] indices (int64) into the flattened phase Grams [sh·sw, hs·ws, hs·ws] (phase r·sw + c, pixels
-    row-major): for each kernel offset (u, v), then each pair of output positions (p, p') (row-major, P = out_h·out_w),
-    the pair of pixels under that offset. Summing over the offsets gives the patch Gram [P, P]. Cached: one array
-    for every call, which callers read only."""
+def patch_pair_sums(in_h: int, in_w: int, out_h: int, out_w: int, kh: int, kw: int, sh: int, sw: int, top: int,
+                    left: int) -> tuple[np.ndarray, np.ndarray, tuple[int, int]]:
+    """Which pixel pairs make each patch pair: a sparse 0/1 matrix [(H·W)², P·P] as (indices [n, 2] int64 in
+    row-major order, values float32, shape), so that an example's flattened pixel Gram times it is its patch Gram,
+    flattened. The input [H, W] = [in_h, in_w] is padded by `top` rows and `left` columns before the convolution
+    reads it; pairs with a padding pixel are 0 and left out. P = out_h·out_w positions, row-major. Cached: the
+    same read-only arrays for every call."""
     i, j = np.repeat(np.arange(out_h), out_w), np.tile(np.arange(out_w), out_h)  # [P]
     u, v = np.repeat(np.arange(kh), kw)[:, None], np.tile(np.arange(kw), kh)[:, None]  # [kh·kw, 1]
-    pixels = (i + u // sh) * ws + j + v // sw  # [kh·kw, P]: the pixel under each offset and position, in its phase
-    first = ((u % sh) * sw + v % sw) * (hs * ws) + pixels  # its row in the phases' stacked Grams
-    return (first[:, :, None] * (hs * ws) + pixels[:, None, :]).reshape(-1).astype(np.int64)
+    rows, columns = sh * i + u - top, sw * j + v - left  # [kh·kw, P]: the pixel under each offset
+    pixels = np.where((rows >= 0) & (rows < in_h) & (columns >= 0) & (columns < in_w), rows * in_w + columns, -1)
+    first, second = pixels[:, :, None], pixels[:, None, :]  # [kh·kw, P, P]: each offset's pixel pair, per patch pair
+    inside = ((first >= 0) & (second >= 0)).reshape(-1)
+    entries = (first * (in_h * in_w) + second).reshape(-1)[inside]
+    pairs = np.broadcast_to(np.arange((out_h * out_w) ** 2), (kh * kw, (out_h * out_w) ** 2)).reshape(-1)[inside]
+    order = np.lexsort((pairs, entries))  # offsets of one patch pair read distinct pixel pairs: no duplicates
+    indices, values = np.stack([entries, pairs], 1)[order].astype(np.int64), np.ones(len(order), np.float32)
+    indices.flags.writeable = values.flags.writeable = False
+    return indices, values, ((in_h * in_w) ** 2, (out_h * out_w) ** 2)

@@ -6,6 +6,7 @@ import pytest
 from conftest import ALGO_ASSETS
 
 from mnist_dp.assets import load_asset_module
+from mnist_dp.learning import conv_grams
 from mnist_dp.learning.interface import Network
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -43,6 +44,28 @@ def test_conv_patches_match_tf_extract_patches(padding, kernel, stride):
                                          padding.upper())
     # same patch under each output position; the order inside a patch may differ (only norms are used)
     np.testing.assert_allclose(tf.sort(ours, axis=-1), tf.sort(reference, axis=-1), rtol=1e-6)
+
+
+@pytest.mark.parametrize("channels, out, kernel, stride, padding, size, grams", [
+    (1, 16, 8, 2, "same", 28, False),  # the pixel CNN's first layer: per-example gradients from patches
+    (16, 32, 4, 2, "valid", 13, False),  # and its second
+    (81, 16, 3, 2, "same", 7, True),  # the ScatterNet CNN's first layer: patch Grams from the pixel Gram
+    (16, 32, 3, 1, "same", 4, True),  # and its second
+    (81, 6, 3, 3, "valid", 6, True),  # a stride as wide as the kernel
+    (64, 32, 2, 2, "same", 5, True),  # SAME padding all at the bottom and right
+    (64, 64, 1, 2, "same", 6, True),  # a last row and column the convolution never reads
+])
+def test_conv_kernel_norms_are_the_per_example_gradient_norms(channels, out, kernel, stride, padding, size, grams):
+    layer = tf.keras.layers.Conv2D(out, kernel, strides=stride, padding=padding)
+    x = tf.random.stateless_uniform((5, size, size, channels), seed=(1, 2))
+    out_grads = tf.random.stateless_normal(layer(x).shape, seed=(3, 4))
+    assert conv_grams.pixel_grams_are_smaller(size, size, kernel * kernel * channels * out) == grams
+    expected = []
+    for i in range(len(x)):  # example i's gradient of <output_i, out_grads_i>
+        with tf.GradientTape() as tape:
+            inner = tf.reduce_sum(layer(x[i : i + 1]) * out_grads[i : i + 1])
+        expected.append(float(tf.reduce_sum(tf.square(tape.gradient(inner, layer.kernel)))))
+    np.testing.assert_allclose(algo.conv_kernel_norms(x, layer, out_grads), expected, rtol=1e-4)
 
 
 @pytest.fixture(scope="module", params=["pixels", "scattering"])

@@ -8,7 +8,7 @@ from conftest import ALGO_ASSETS, tiny_hyperparameters
 
 from mnist_dp.assets import load_asset_module
 from mnist_dp.data.samples import in_memory
-from mnist_dp.learning import skeleton
+from mnist_dp.learning import conv_grams, skeleton
 from mnist_dp.privacy import model_file
 from mnist_dp.privacy.randomness import RunRandomness
 
@@ -16,18 +16,20 @@ torch = pytest.importorskip("torch")
 algo = load_asset_module(ALGO_ASSETS["torch"] / "algo.py", "algo_torch_dp")
 
 
-@pytest.mark.parametrize("channels, kernel, stride, padding, size", [
-    (1, 8, 2, 3, 28),  # the pixel CNN's first layer: per-example gradients by one grouped convolution
-    (16, 4, 2, 0, 13),  # its second layer: patches and a batched product
-    (1, 3, 2, 0, 10),  # a stride that leaves extra rows in the grouped convolution
-    (81, 3, 2, 1, 7),  # the ScatterNet CNN's first layer: patch Grams from the pixel Gram
-    (16, 3, 1, 1, 4),  # and its second
-    (81, 3, 3, 0, 6),  # patch Grams with a stride as wide as the kernel
-    (32, 2, 1, 0, 5),  # an even kernel
+@pytest.mark.parametrize("channels, out, kernel, stride, padding, size, grams", [
+    (1, 16, 8, 2, 3, 28, False),  # the pixel CNN's first layer: per-example gradients by one grouped convolution
+    (16, 32, 4, 2, 0, 13, False),  # its second layer: patches and a batched product
+    (1, 6, 3, 2, 0, 10, False),  # a stride that leaves extra rows in the grouped convolution
+    (81, 16, 3, 2, 1, 7, True),  # the ScatterNet CNN's first layer: patch Grams from the pixel Gram
+    (16, 32, 3, 1, 1, 4, True),  # and its second
+    (81, 6, 3, 3, 0, 6, True),  # patch Grams with a stride as wide as the kernel
+    (32, 6, 2, 1, 0, 5, True),  # an even kernel
+    (64, 64, 1, 2, 0, 6, True),  # a last row and column the convolution never reads
 ])
-def test_conv_weight_norms_are_the_per_example_gradient_norms(channels, kernel, stride, padding, size):
+def test_conv_weight_norms_are_the_per_example_gradient_norms(channels, out, kernel, stride, padding, size, grams):
     torch.manual_seed(0)
-    layer = torch.nn.Conv2d(channels, 6, kernel, stride=stride, padding=padding)
+    layer = torch.nn.Conv2d(channels, out, kernel, stride=stride, padding=padding)
+    assert conv_grams.pixel_grams_are_smaller(size, size, layer.weight.numel()) == grams
     x = torch.rand(5, channels, size, size)
     out_grads = torch.randn_like(layer(x))
     expected = []
