@@ -151,7 +151,7 @@ def conv_weight_norms(layer: nn.Conv2d, inputs: torch.Tensor, out_grads: torch.T
 def patch_pair_sums(*shape) -> torch.Tensor:
     """conv_grams.patch_pair_sums(*shape) transposed, as a sparse tensor [P·P, (H·W)²] (made once per shape)."""
     indices, values, size = conv_grams.patch_pair_sums(*shape)
-    return torch.sparse_coo_tensor(torch.from_numpy(indices[:, ::-1].T.copy()), torch.from_numpy(values), size[::-1],
+    return torch.sparse_coo_tensor(torch.from_numpy(indices[:, ::-1].T.copy()), torch.tensor(values), size[::-1],
                                    check_invariants=True).coalesce()
 
 
