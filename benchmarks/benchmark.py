@@ -92,12 +92,13 @@ def interleaved_medians(variants):
     return {name: statistics.median(seconds[WARMUP:]) for name, seconds in times.items()}
 
 
-def poisson_batches(images, labels, plan, count, seed=0):
-    """Batches as a DP train task samples them: each example in w.p. q = plan.sample_rate."""
+def poisson_batches(images, labels, plan, count, seed=0, rows=None):
+    """Batches as a DP train task samples them: each example in w.p. q = plan.sample_rate. With `rows` (one per
+    example, e.g. the first layer's patch Grams a task makes before training), each batch's rows of it too."""
     rng = np.random.default_rng(seed)
     for _ in range(count):
         picked = np.flatnonzero(rng.random(plan.n) < plan.sample_rate)
-        yield images[picked], labels[picked]
+        yield (images[picked], labels[picked]) + (() if rows is None else (rows[picked],))
 
 
 def fixed_batches(images, labels, hp, count, seed=0):
@@ -131,24 +132,26 @@ def time_torch(algo, images, labels, hp, plan, steps, network):
             model = GradSampleModuleFastGradientClipping(model, max_grad_norm=hp.max_grad_norm, use_ghost_clipping=True)
             criterion = DPLossFastGradientClipping(model, optimizer, criterion)
 
-        def step(x, y):
+        # the algo's step takes the first layer's patch Grams that a train task makes once, before its steps
+        known = algo.data_grams(model, images) if mode.startswith("book-keeping") else None
+
+        def step(x, y, known_rows=None):
             optimizer.zero_grad()
             if mode.startswith("book-keeping"):  # the algo's: clipped sum in p.grad, then the noise
-                algo.clip_and_sum(model, algo.as_input(x), torch.from_numpy(y), hp.max_grad_norm)
+                algo.clip_and_sum(model, algo.as_input(x), torch.from_numpy(y), hp.max_grad_norm,
+                                  None if known is None else (known[0], known_rows))
             else:
                 criterion(model(algo.as_input(x)), torch.from_numpy(y)).backward()
             optimizer.step()
-        return step
+        batches = (fixed_batches(images, labels, hp, steps + WARMUP) if mode == "plain" else
+                   poisson_batches(images, labels, plan, steps + WARMUP, rows=None if known is None else known[1]))
+        return step, batches
 
     variants = {"Opacus per-example hooks (its default)": "hooks",
                 "Opacus ghost clipping, 2 backward passes (before)": "ghost",
                 "book-keeping, 1 backward pass (used)": "book-keeping",
                 "the same, secure_mode noise": "book-keeping-secure"}
-    return {
-        PLAIN: (make("plain"), fixed_batches(images, labels, hp, steps + WARMUP)),
-        **{name: (make(mode), poisson_batches(images, labels, plan, steps + WARMUP))
-           for name, mode in variants.items()},
-    }
+    return {PLAIN: make("plain"), **{name: make(mode) for name, mode in variants.items()}}
 
 
 def time_tf(algo, images, labels, hp, plan, steps, network):
@@ -158,12 +161,15 @@ def time_tf(algo, images, labels, hp, plan, steps, network):
     def run(make_step, batches):
         model = algo.build_network(network)
         step = make_step(model, tf.keras.optimizers.SGD(hp.learning_rate, momentum=hp.momentum))
-        return (lambda x, y: step(algo.as_input(x), tf.constant(y))), batches
+        return (lambda x, y, *rows: step(algo.as_input(x), tf.constant(y), *rows)), batches
 
-    def dp_step(model, optimizer):  # the algo's, at this C and σ = 1
+    def dp_step(model, optimizer):  # the algo's, at this C and σ = 1, with the patch Grams a task makes first
+        known = algo.data_grams(model, images)
         step = algo.make_dp_step(model, optimizer, plan.expected_batch_size,
-                                 algo.noise_generator(RunRandomness.fresh()))
-        return lambda x, y: step(x, y, tf.constant(hp.max_grad_norm, tf.float32), tf.constant(1.0))
+                                 algo.noise_generator(RunRandomness.fresh()), None, None if known is None else known[0])
+        return lambda x, y, rows=None: step(x, y, tf.constant(hp.max_grad_norm, tf.float32), tf.constant(1.0), rows)
+
+    known = algo.data_grams(algo.build_network(network), images)  # the rows of the batches below
 
     def two_pass(model, optimizer):  # TF Privacy's own clipped-gradient routine, same noise and update
         registry = algo.make_layer_registry()
@@ -182,8 +188,7 @@ def time_tf(algo, images, labels, hp, plan, steps, network):
         "TF Privacy compute_clipped_gradients (2 passes)": run(
             two_pass, poisson_batches(images, labels, plan, steps + WARMUP)),
         "fast clipping + book-keeping (used)": run(
-            dp_step,
-            poisson_batches(images, labels, plan, steps + WARMUP)),
+            dp_step, poisson_batches(images, labels, plan, steps + WARMUP, rows=None if known is None else known[1])),
     }
 
 

@@ -1,16 +1,14 @@
 """DP-SGD on MNIST with TensorFlow 2.15 + TensorFlow Privacy, as Substra train / predict functions.
 
-Only framework code lives here; the sampling plan, σ, the ledger and ε come from the skeleton,
-`mnist_dp.learning.skeleton`.
+Only framework code lives here; the sampling plan, σ, the ledger and ε come from `mnist_dp.learning.skeleton`.
 Run alone:  python assets/algo_tf_dp/algo.py --function-name train --inputs '[...]' --outputs '[...]'
 
-How the DP step works, and why not TF Privacy's Keras DP optimizers: those compute per-example
-gradients through Conv2D with vectorized_map, ~300x slower than a plain step on a CPU. Instead we
-use TF Privacy's *fast gradient clipping*: exact per-example gradient norms from each layer's
-inputs and output gradients (its layer registry; TF Privacy ships Dense but no Conv2D, so
-`conv2d_layer_computation` below adds one), clip weights min(1, C / norm_i), the clipped sum from
-the same tape (`clipped_gradient_sum`), and Gaussian noise from a `tf.random.Generator` whose whole Philox
-state (192 bits) comes from the run's fresh entropy: TF Privacy's `add_aggregate_noise` draws from
+How the DP step works, and why not TF Privacy's Keras DP optimizers: those compute per-example gradients through
+Conv2D with vectorized_map, ~300x slower than a plain step on a CPU. Instead we use TF Privacy's *fast gradient
+clipping*: exact per-example gradient norms from each layer's inputs and output gradients (its layer registry; TF
+Privacy ships Dense but no Conv2D, so `conv2d_layer_computation` below adds one), clip weights min(1, C / norm_i),
+the clipped sum from the same tape (`clipped_gradient_sum`), and Gaussian noise from a `tf.random.Generator` whose
+whole Philox state (192 bits) comes from the run's fresh entropy: TF Privacy's `add_aggregate_noise` draws from
 `tf.random.normal`, whose seeds TensorFlow cuts to 31 bits (or takes 32 bits of process entropy).
 """
 import functools
@@ -55,10 +53,7 @@ def build_network(network):
     elif network.network == "cnn":
         model = scatter_cnn(network.activation)
     else:
-        model = tf.keras.Sequential([
-            layers.Input((features.SCATTERING_DIM,)),  # [B, 3969]
-            layers.Dense(10),  # -> [B, 10] logits
-        ])
+        model = tf.keras.Sequential([layers.Input((features.SCATTERING_DIM,)), layers.Dense(10)])  # [B, 3969] -> logits
     # Summed loss: the clipped gradients are then the *sum* of the per-example clipped gradients.
     model.compile(loss=tf.keras.losses.SparseCategoricalCrossentropy(
         from_logits=True, reduction=tf.keras.losses.Reduction.SUM))
@@ -108,13 +103,11 @@ def scatter_cnn(activation):
 
 # --- 2. The DP step: per-example clipping by TF Privacy's fast gradient clipping (with a Conv2D entry), noise -------
 
-def conv2d_layer_computation(layer_instance, input_args, input_kwargs, tape, num_microbatches=None):
-    """TF Privacy layer-registry function for `tf.keras.layers.Conv2D` (fast gradient clipping).
-
-    For example i, the kernel gradient is P_iᵀ G_i, with P_i the input patches [positions, kh·kw·c_in]
-    and G_i the gradient of the summed loss w.r.t. the pre-activation output [positions, c_out];
-    the bias gradient is the sum of G_i over positions. Their squared norms: `conv_kernel_norms` and the bias's.
-    """
+def conv2d_layer_computation(layer_instance, input_args, input_kwargs, tape, num_microbatches=None, known=None):
+    """TF Privacy layer-registry function for `tf.keras.layers.Conv2D` (fast gradient clipping). For example i,
+    the kernel gradient is P_iᵀ G_i, with P_i the input patches [positions, kh·kw·c_in] and G_i the gradient of the
+    summed loss w.r.t. the pre-activation output [positions, c_out]; the bias gradient is the sum of G_i over
+    positions. Their squared norms: `conv_kernel_norms` (for the layer of `known`, from the batch's data_grams)."""
     if input_kwargs or len(input_args) != 1 or num_microbatches is not None:
         raise NotImplementedError("Conv2D registry function: one input, no kwargs, no microbatches")
     if layer_instance.groups != 1 or tuple(layer_instance.dilation_rate) != (1, 1) or \
@@ -129,8 +122,12 @@ def conv2d_layer_computation(layer_instance, input_args, input_kwargs, tape, num
     outputs = activation(base_vars) if activation else base_vars
 
     def sqr_norm_fn(grads):
-        batch = tf.shape(grads)[0]
-        sqr_norms = conv_kernel_norms(inputs, layer_instance, grads)
+        batch, positions = tf.shape(grads)[0], grads.shape[1] * grads.shape[2]
+        if known is not None and layer_instance is known[0]:  # Σ_{p,p'} (g_p·g_p')(a_p·a_p') from packed a_p·a_p'
+            grams = tf.reshape(tf.einsum("bijc,bklc->bijkl", grads, grads), [batch, -1])  # -> [B, P·P]
+            sqr_norms = tf.reduce_sum(tf.gather(grams, conv_grams.packed_pairs(positions), axis=1) * known[1], 1)
+        else:
+            sqr_norms = conv_kernel_norms(inputs, layer_instance, grads)
         if layer_instance.use_bias:
             sqr_norms += tf.reduce_sum(tf.square(tf.reduce_sum(tf.reshape(grads, [batch, -1, grads.shape[-1]]), 1)), 1)
         return sqr_norms
@@ -143,29 +140,44 @@ def conv_kernel_norms(inputs, layer, grads):
     pre-activation output [B, H', W', c_out]: from the Gram of its input pixels (conv_grams.py) when that is smaller
     than its kernel gradient (the ScatterNet CNN's layers, whose first layer's patches cost about as much as a plain
     step), else from the patches (the pixel CNN's)."""
-    (kh, kw), (sh, sw), (out_h, out_w) = layer.kernel_size, layer.strides, grads.shape[1:3]
+    (kh, kw), (out_h, out_w) = layer.kernel_size, grads.shape[1:3]
     batch, (in_h, in_w, channels) = tf.shape(grads)[0], inputs.shape[1:]
     grads = tf.reshape(grads, [batch, out_h * out_w, grads.shape[-1]])  # [B, P, c_out]
     if not conv_grams.pixel_grams_are_smaller(in_h, in_w, kh * kw * channels * grads.shape[-1]):
         patches = tf.reshape(conv_patches(inputs, layer, (out_h, out_w)), [batch, out_h * out_w, -1])  # [B, P, K]
         return tf.reduce_sum(tf.square(tf.einsum("bpk,bpc->bkc", patches, grads)), axis=[1, 2])
-    # SAME pads (span - H) // 2 on top, the rest below; columns alike
-    top = max((out_h - 1) * sh + kh - in_h, 0) // 2 if layer.padding == "same" else 0
-    left = max((out_w - 1) * sw + kw - in_w, 0) // 2 if layer.padding == "same" else 0
-    sums = conv_grams.patch_pair_sums(in_h, in_w, out_h, out_w, kh, kw, sh, sw, top, left)
+    sums = conv_grams.patch_pair_sums(in_h, in_w, *geometry(layer, in_h, in_w, out_h, out_w))
     pixels = tf.reshape(inputs, [batch, in_h * in_w, channels])
     grams = tf.reshape(tf.matmul(pixels, pixels, transpose_b=True), [batch, -1])  # -> [B, (H·W)²]
     patch_grams = tf.sparse.sparse_dense_matmul(grams, tf.sparse.SparseTensor(*sums))  # -> [B, P·P]
     return tf.reduce_sum(tf.reshape(tf.matmul(grads, grads, transpose_b=True), [batch, -1]) * patch_grams, 1)
 
 
-def conv_patches(inputs, layer, out_shape):
-    """The input patch under each output position: [B, H', W', kh·kw·c_in] (in some fixed order).
+def data_grams(model, images: np.ndarray):
+    """The ScatterNet CNN's first Conv2D and every example's packed patch Grams under it (conv_grams.patch_grams):
+    its input is the features themselves (reordered), so they are made once, not at every step. None for the other
+    networks (whose first layer is dense, or takes its norms from patches)."""
+    layer = next((layer for layer in model.layers if isinstance(layer, tf.keras.layers.Conv2D)), None)
+    size = features.SCATTERING_SIZE
+    if on_pixels(model) or layer is None or \
+            not conv_grams.pixel_grams_are_smaller(size, size, layer.kernel.shape.num_elements()):
+        return None
+    pixels = images.reshape(-1, features.SCATTERING_CHANNELS, size, size)
+    return layer, conv_grams.patch_grams(pixels, *geometry(layer, size, size, *layer.output.shape[1:3]))
 
-    tf.image.extract_patches is slow on CPU for the first layer (15 ms of a 12 ms training step);
-    when the kernel is a multiple of the stride, space_to_depth plus kh/s · kw/s shifted slices
-    gives the same patches with cheap copies. Only norms are taken, so the order inside K is free.
-    """
+
+def geometry(layer, in_h, in_w, out_h, out_w):
+    """A Conv2D's (out_h, out_w, kh, kw, sh, sw, top, left) for conv_grams: SAME pads half its rows above, rounded
+    down, the rest below; columns alike."""
+    (kh, kw), (sh, sw) = layer.kernel_size, layer.strides
+    top, left = max((out_h - 1) * sh + kh - in_h, 0) // 2, max((out_w - 1) * sw + kw - in_w, 0) // 2
+    return (out_h, out_w, kh, kw, sh, sw) + ((top, left) if layer.padding == "same" else (0, 0))
+
+
+def conv_patches(inputs, layer, out_shape):
+    """The input patch under each output position: [B, H', W', kh·kw·c_in] (in some fixed order: only norms are
+    taken). When the kernel is a multiple of the stride, space_to_depth and kh/s · kw/s shifted slices give them with
+    cheap copies (tf.image.extract_patches took 15 ms of a 12 ms step on the pixel CNN's first layer)."""
     (kh, kw), (sh, sw) = layer.kernel_size, layer.strides
     if kh % sh or kw % sw or sh != sw:
         return tf.image.extract_patches(inputs, [1, kh, kw, 1], [1, sh, sw, 1], [1, 1, 1, 1], layer.padding.upper())
@@ -182,25 +194,22 @@ def conv_patches(inputs, layer, out_shape):
                       for i in range(kh // sh) for j in range(kw // sw)], axis=-1)
 
 
-def make_layer_registry():
+def make_layer_registry(known=None):
     from tensorflow_privacy.privacy.fast_gradient_clipping import layer_registry
 
     registry = layer_registry.make_default_layer_registry()  # Dense, Embedding
-    registry.insert(tf.keras.layers.Conv2D, conv2d_layer_computation)
+    registry.insert(tf.keras.layers.Conv2D, functools.partial(conv2d_layer_computation, known=known))
     return registry
 
 
 def clipped_gradient_sum(model, registry, x, y, max_grad_norm):
-    """Σ_i min(1, C / ‖g_i‖) g_i over the batch, with one forward and one backward pass, and the number
-    of examples whose gradient norm was at most C.
-
-    TF Privacy's `compute_clipped_gradients_and_outputs` does this with a second forward and
-    backward pass of a re-weighted loss (3.3x a plain step here). We use the same TF Privacy parts
-    (`model_forward_pass` with the registry generator, registry norm functions, `compute_clip_weights`)
-    but keep the tape: the gradient of Σ_i w_i ℓ_i w.r.t. a layer's pre-activation output Z is w_i
-    times that of Σ_i ℓ_i, so each layer's weight gradient is one vector-Jacobian product from Z
-    ("book-keeping", Bu et al. 2023). Returns the gradients in `model.trainable_variables` order.
-    """
+    """Σ_i min(1, C / ‖g_i‖) g_i over the batch, with one forward and one backward pass, and the number of examples
+    whose gradient norm was at most C. TF Privacy's `compute_clipped_gradients_and_outputs` does this with a second
+    forward and backward pass of a re-weighted loss (3.3x a plain step here). We use the same TF Privacy parts
+    (`model_forward_pass` with the registry generator, registry norm functions, `compute_clip_weights`) but keep the
+    tape: the gradient of Σ_i w_i ℓ_i w.r.t. a layer's pre-activation output Z is w_i times that of Σ_i ℓ_i, so each
+    layer's weight gradient is one vector-Jacobian product from Z ("book-keeping", Bu et al. 2023). Returns the
+    gradients in `model.trainable_variables` order."""
     from tensorflow_privacy.privacy.fast_gradient_clipping import clip_grads, gradient_clipping_utils
 
     with tf.GradientTape(persistent=True, watch_accessed_variables=False) as tape:
@@ -240,42 +249,48 @@ def batch_spec(model):
     return tf.TensorSpec([None, *model.input_shape[1:]], tf.float32), tf.TensorSpec([None], tf.int64)
 
 
-def make_dp_step(model, optimizer, expected_batch_size, generator, with_canaries=None):
-    """One DP-SGD step `step(x, y, C, σ)`: clip each example's gradient to C, sum, add N(0, σ²C²) drawn from
-    `generator`, divide by E[B]. Returns how many examples had a gradient norm ≤ C (adaptive clipping's count,
-    before noise). `with_canaries`: the white-box audit's DpStep.with_canaries, called between the clipping and
-    the noise (the step is then two graphs)."""
-    registry = make_layer_registry()
-
+def make_dp_step(model, optimizer, expected_batch_size, generator, with_canaries=None, known_layer=None):
+    """One DP-SGD step `step(x, y, C, σ, rows=None)`: clip each example's gradient to C, sum, add N(0, σ²C²) drawn
+    from `generator`, divide by E[B]. Returns how many examples had a gradient norm ≤ C (adaptive clipping's count,
+    before noise). `known_layer`: data_grams' Conv2D, whose norms come from `rows`, the batch's rows of its patch
+    Grams (given at every step exactly when known_layer is). `with_canaries`: the white-box audit's
+    DpStep.with_canaries, called between the clipping and the noise (the step is then two graphs)."""
     def noisy_update(clipped_sum, max_grad_norm, noise_multiplier):
         noisy_sum = [g + generator.normal(tf.shape(g), stddev=noise_multiplier * max_grad_norm) for g in clipped_sum]
         # Divide by the *expected* batch size (a constant, as Opacus does): dividing by the realised
         # size would make the update depend on the data beyond what the mechanism accounts for.
         optimizer.apply_gradients([(g / expected_batch_size, v) for g, v in zip(noisy_sum, model.trainable_variables)])
 
-    def nothing_clipped(x, y, max_grad_norm):
-        """An empty Poisson batch's clipped sum: zeros (Keras' Conv2D fails on a batch of 0). It is still a step,
-        the noise alone, as the accountant counts it."""
+    def clip(x, y, max_grad_norm, rows):
+        registry = make_layer_registry(None if known_layer is None else (known_layer, rows))
+        return clipped_gradient_sum(model, registry, x, y, max_grad_norm)
+
+    def nothing_clipped(x, y, max_grad_norm, rows):
+        """An empty Poisson batch's clipped sum: zeros (Keras' Conv2D fails on 0 examples); its noise is a step."""
         return [tf.zeros_like(v) for v in model.trainable_variables], tf.constant(0, tf.int32)
 
-    clip = functools.partial(clipped_gradient_sum, model, registry)
-
     def step_of(clipped):
-        @tf.function(input_signature=(*batch_spec(model), SCALAR, SCALAR))
-        def step(x, y, max_grad_norm, noise_multiplier):
-            clipped_sum, unclipped = clipped(x, y, max_grad_norm)
+        @tf.function(input_signature=(*batch_spec(model), SCALAR, SCALAR, tf.TensorSpec([None, None], tf.float32)))
+        def step(x, y, max_grad_norm, noise_multiplier, rows):
+            clipped_sum, unclipped = clipped(x, y, max_grad_norm, rows)
             noisy_update(clipped_sum, max_grad_norm, noise_multiplier)
             return unclipped
 
         return step
 
+    def given(x, rows):  # a batch's rows, as a tensor ([B, 0] for a step without known_layer)
+        if (rows is None) != (known_layer is None):
+            raise ValueError("a DP step takes its batch's patch Grams exactly when it was made with their layer")
+        return tf.zeros([x.shape[0], 0]) if rows is None else tf.constant(rows)
+
     if with_canaries is None:
         step, noise_only_step = step_of(clip), step_of(nothing_clipped)
-        return lambda x, y, *noise: (step if x.shape[0] else noise_only_step)(x, y, *noise)
+        return lambda x, y, max_grad_norm, noise_multiplier, rows=None: (step if x.shape[0] else noise_only_step)(
+            x, y, max_grad_norm, noise_multiplier, given(x, rows))
     clip, update = tf.function(clip), tf.function(noisy_update)
 
-    def audited_step(x, y, max_grad_norm, noise_multiplier):
-        clipped_sum, unclipped = (clip if x.shape[0] else nothing_clipped)(x, y, max_grad_norm)
+    def audited_step(x, y, max_grad_norm, noise_multiplier, rows=None):
+        clipped_sum, unclipped = (clip if x.shape[0] else nothing_clipped)(x, y, max_grad_norm, given(x, rows))
         pixels = on_pixels(model)  # the canaries are coordinates of weight_arrays, in the common layout
         with_them = from_common(with_canaries(to_common([g.numpy() for g in clipped_sum], pixels)), pixels)
         update([tf.constant(g) for g in with_them], max_grad_norm, noise_multiplier)
@@ -357,8 +372,7 @@ def from_common(arrays, pixels):
             array = array.transpose(2, 3, 1, 0)
         elif array.ndim == 2:
             if pixels and index == PIXEL_FC1:  # columns (c, h, w) -> (h, w, c)
-                height, width, channels = PIXEL_MAP
-                array = array.reshape(-1, channels, height, width).transpose(0, 2, 3, 1).reshape(array.shape)
+                array = array.reshape(-1, PIXEL_MAP[2], *PIXEL_MAP[:2]).transpose(0, 2, 3, 1).reshape(array.shape)
             array = array.T
         keras.append(np.ascontiguousarray(array))
     return keras
@@ -395,8 +409,9 @@ class TensorFlowPrivacy:
             plan: SamplingPlan, step: interface.DpStep, batches: Iterable[np.ndarray]) -> interface.Ran:
         optimizer = new_optimizer(hp)
         if hp.dp:
+            known = data_grams(model, images)  # the first layer's patch Grams, if it has them
             dp_step = make_dp_step(model, optimizer, plan.expected_batch_size, noise_generator(step.randomness),
-                                   step.canary_hook)
+                                   step.canary_hook, None if known is None else known[0])
         else:
             plain_step = make_plain_step(model, optimizer)
         batch_sizes = []
@@ -404,7 +419,8 @@ class TensorFlowPrivacy:
             x, y = as_input(images[batch]), tf.constant(labels[batch])  # each batch widened to float32 alone
             if hp.dp:
                 unclipped = dp_step(x, y, tf.constant(step.clip.value, tf.float32),
-                                    tf.constant(step.noise.gradient_sigma(len(batch_sizes)), tf.float32))
+                                    tf.constant(step.noise.gradient_sigma(len(batch_sizes)), tf.float32),
+                                    None if known is None else known[1][batch])
                 step.clip.update(int(unclipped), len(batch))  # adaptive clipping's count (a no-op otherwise)
             else:
                 plain_step(x, y)

@@ -141,10 +141,14 @@ def conv_weight_norms(layer: nn.Conv2d, inputs: torch.Tensor, out_grads: torch.T
         return conv_example_gradients(layer, inputs, out_grads).flatten(1).square().sum(1)
     pixels = inputs.flatten(2)  # [B, in, H·W]
     grams = torch.bmm(pixels.transpose(1, 2), pixels).flatten(1)  # -> [B, (H·W)²]
-    sums = patch_pair_sums(height, width, *out_grads.shape[2:], kh, kw, sh, sw, ph, pw)
-    patch_grams = grams @ sums  # -> [B, P·P]
+    patch_grams = grams @ patch_pair_sums(height, width, *out_grads.shape[2:], kh, kw, sh, sw, ph, pw)  # [B, P·P]
+    return (output_grams(out_grads) * patch_grams).sum(1)
+
+
+def output_grams(out_grads: torch.Tensor) -> torch.Tensor:
+    """[B, out, H', W'] output gradients -> each example's Gram of them over positions, flattened [B, P·P]."""
     grads = out_grads.flatten(2)  # [B, out, P]
-    return (torch.bmm(grads.transpose(1, 2), grads).flatten(1) * patch_grams).sum(1)
+    return torch.bmm(grads.transpose(1, 2), grads).flatten(1)
 
 
 @functools.cache
@@ -158,10 +162,32 @@ def patch_pair_sums(*shape) -> torch.Tensor:
         return coo.to_sparse_csr()
 
 
-def clip_and_sum(model: nn.Module, inputs, targets, max_grad_norm) -> torch.Tensor:
+@functools.cache
+def packed_pairs(positions: int) -> torch.Tensor:
+    return torch.tensor(conv_grams.packed_pairs(positions))
+
+
+def data_grams(model: nn.Module, images: np.ndarray) -> tuple[nn.Conv2d, torch.Tensor] | None:
+    """The ScatterNet CNN's first convolution and every example's packed patch Grams under it
+    (conv_grams.patch_grams): its input is the features themselves, so they are made once, not at every step;
+    clip_and_sum takes a batch's rows. None for the other networks (whose first layer is dense, or takes its norms
+    from per-example gradients)."""
+    if not isinstance(model, ScatterConvNet):
+        return None
+    layer, size = model.conv1, features.SCATTERING_SIZE
+    (ph, pw), (kh, kw), (sh, sw) = layer.padding, layer.kernel_size, layer.stride
+    if not conv_grams.pixel_grams_are_smaller(size, size, layer.weight.numel()):
+        return None
+    pixels = images.reshape(-1, layer.in_channels, size, size)
+    out_h, out_w = (size + 2 * ph - kh) // sh + 1, (size + 2 * pw - kw) // sw + 1
+    return layer, torch.from_numpy(conv_grams.patch_grams(pixels, out_h, out_w, kh, kw, sh, sw, ph, pw))
+
+
+def clip_and_sum(model: nn.Module, inputs, targets, max_grad_norm, known_grams=None) -> torch.Tensor:
     """Sets every parameter's .grad to the sum over the batch of the per-example gradients of the cross-entropy,
     each clipped to norm `max_grad_norm`; returns the per-example norms before clipping. Every parameter must
-    belong to an nn.Linear on [B, in] inputs or a plain nn.Conv2d, each called once a forward pass."""
+    belong to an nn.Linear on [B, in] inputs or a plain nn.Conv2d, each called once a forward pass. known_grams:
+    (a Conv2d whose input is `inputs` itself, these examples' rows of data_grams), for that layer's norms."""
     calls = []
     hooks = [module.register_forward_hook(lambda module, args, out: calls.append((module, args[0].detach(), out)))
              for module in model.modules() if isinstance(module, (nn.Linear, nn.Conv2d))]
@@ -186,6 +212,9 @@ def clip_and_sum(model: nn.Module, inputs, targets, max_grad_norm) -> torch.Tens
         for (layer, layer_in, _), grads in zip(calls, out_grads):
             if isinstance(layer, nn.Linear):  # one example's weight gradient is g xᵀ: its norm is ‖g‖·‖x‖
                 squares += grads.square().sum(1) * layer_in.square().sum(1)
+            elif known_grams is not None and layer is known_grams[0]:
+                squares += (output_grams(grads)[:, packed_pairs(grads.shape[2] * grads.shape[3])]
+                            * known_grams[1]).sum(1)
             else:
                 squares += conv_weight_norms(layer, layer_in, grads)
             if layer.bias is not None:
@@ -241,10 +270,11 @@ def secure_generator(secure_mode: bool, randomness) -> torch.Generator:
 
 
 def make_dp_step(model, optimizer, expected_batch_size, generator, secure_mode, sample_rate, with_canaries=None):
-    """One DP-SGD step `step(x, y, C, σ)`: clip each example's gradient to C, sum, add N(0, σ²C²) drawn from
-    `generator`, divide by E[B] (Opacus' optimizer). Returns how many examples had a gradient norm ≤ C (adaptive
-    clipping's count, before noise), and Opacus' own PRV accountant, which follows the steps. `with_canaries`: the
-    white-box audit's DpStep.with_canaries, called between the clipping and the noise."""
+    """One DP-SGD step `step(x, y, C, σ, known_grams=None)` (clip_and_sum's known_grams): clip each example's
+    gradient to C, sum, add N(0, σ²C²) drawn from `generator`, divide by E[B] (Opacus' optimizer). Returns how many
+    examples had a gradient norm ≤ C (adaptive clipping's count, before noise), and Opacus' own PRV accountant,
+    which follows the steps. `with_canaries`: the white-box audit's DpStep.with_canaries, called between the
+    clipping and the noise."""
     from opacus.accountants import PRVAccountant
     from opacus.optimizers import DPOptimizerFastGradientClipping
 
@@ -254,12 +284,12 @@ def make_dp_step(model, optimizer, expected_batch_size, generator, secure_mode, 
     accountant = PRVAccountant()  # Opacus' own figure, beside ours in the statement
     optimizer.attach_step_hook(accountant.get_optimizer_hook_fn(sample_rate=sample_rate))
 
-    def step(x: torch.Tensor, y: torch.Tensor, max_grad_norm: float, noise_multiplier: float) -> int:
+    def step(x: torch.Tensor, y: torch.Tensor, max_grad_norm: float, noise_multiplier: float, known_grams=None) -> int:
         optimizer.zero_grad()
         optimizer.noise_multiplier, optimizer.max_grad_norm = noise_multiplier, max_grad_norm
         unclipped = 0
         if len(x):  # p.grad holds the clipped sum
-            unclipped = int((clip_and_sum(model, x, y, max_grad_norm) <= max_grad_norm).sum())
+            unclipped = int((clip_and_sum(model, x, y, max_grad_norm, known_grams) <= max_grad_norm).sum())
         else:  # an empty Poisson batch: nothing to clip, the noise alone
             for param in model.parameters():
                 param.grad = torch.zeros_like(param)
@@ -354,6 +384,7 @@ class TorchOpacus:
         optimizer = new_optimizer(model, hp)
         average = MovingAverage(model, hp.ema_decay)
         if hp.dp:
+            known = data_grams(model, images)  # the first layer's patch Grams, if it has them
             dp_step, accountant = make_dp_step(model, optimizer, plan.expected_batch_size,
                                                secure_generator(hp.secure_mode, step.randomness), hp.secure_mode,
                                                plan.sample_rate, step.canary_hook)
@@ -365,7 +396,8 @@ class TorchOpacus:
             index = torch.from_numpy(batch)
             if hp.dp:  # the schedule's σ and the clipping norm of this step
                 unclipped = dp_step(inputs[index].float(), targets[index], step.clip.value,
-                                    step.noise.gradient_sigma(len(batch_sizes)))
+                                    step.noise.gradient_sigma(len(batch_sizes)),
+                                    None if known is None else (known[0], known[1][index]))
                 step.clip.update(unclipped, len(batch))  # adaptive clipping's count (a no-op otherwise)
             else:
                 plain_step(inputs[index].float(), targets[index])

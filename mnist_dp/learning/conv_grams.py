@@ -5,12 +5,19 @@ patch under it), so its squared norm is Σ_{p,p'} (g_p·g_p')(a_p·a_p'). A patc
 of pixel dot products, one per kernel offset: offset (u, v) at position (i, j) reads padded pixel (s·i + u, s·j + v).
 So one Gram of the example's unpadded pixels (H·W)² and a fixed sparse sum give every patch pair: `patch_pair_sums`
 says which pixel pairs each one sums (a padding pixel adds 0, so its pairs are left out).
+
+A layer whose input is the data itself (the ScatterNet CNN's first convolution, on the scattering features) has patch
+Grams that no weight changes: `patch_grams` computes them once for the whole training set, packed (the Gram is
+symmetric), and a step only takes its batch's rows (`packed_pairs` says which entries of the output gradients' Gram
+they pair with).
 """
 from __future__ import annotations
 
 import functools
 
 import numpy as np
+
+CHUNK = 1000  # examples per batched product in patch_grams (about 20 MB of pixel Grams at 49 pixels)
 
 
 def pixel_grams_are_smaller(height: int, width: int, kernel_size: int) -> bool:
@@ -39,3 +46,34 @@ def patch_pair_sums(in_h: int, in_w: int, out_h: int, out_w: int, kh: int, kw: i
     indices, values = np.stack([entries, pairs], 1)[order].astype(np.int64), np.ones(len(order), np.float32)
     indices.flags.writeable = values.flags.writeable = False
     return indices, values, ((in_h * in_w) ** 2, (out_h * out_w) ** 2)
+
+
+@functools.cache
+def packed_pairs(positions: int) -> np.ndarray:
+    """The flat indices p·P + p' (p ≤ p', row-major) of a [P, P] Gram's upper triangle: the entries `patch_grams`
+    keeps, in its order. Read-only."""
+    first, second = np.triu_indices(positions)
+    index = first * positions + second
+    index.flags.writeable = False
+    return index
+
+
+def patch_grams(pixels: np.ndarray, out_h: int, out_w: int, kh: int, kw: int, sh: int, sw: int, top: int,
+                left: int) -> np.ndarray:
+    """Each example's patch Gram A (A_pp' = a_p·a_p'), packed: [N, P(P+1)/2] float32, the entries of `packed_pairs`,
+    those off the diagonal doubled, so that for a symmetric G (the output gradients' Gram) Σ_{p,p'} G_pp' A_pp' is
+    Σ_k G[packed_pairs[k]] · row_k. pixels [N, C, H, W] (any float dtype): the input of a layer that no weight
+    changes; the other arguments are patch_pair_sums'. Computed in float32, CHUNK examples at a time."""
+    import scipy.sparse
+
+    count, channels, height, width = pixels.shape
+    indices, values, shape = patch_pair_sums(height, width, out_h, out_w, kh, kw, sh, sw, top, left)
+    sums = scipy.sparse.csr_matrix((values, (indices[:, 0], indices[:, 1])), shape=shape)  # [(H·W)², P·P]
+    kept = packed_pairs(out_h * out_w)
+    doubled = np.where(kept // (out_h * out_w) == kept % (out_h * out_w), 1, 2).astype(np.float32)
+    packed = np.empty((count, len(kept)), np.float32)
+    for start in range(0, count, CHUNK):
+        block = pixels[start : start + CHUNK].reshape(-1, channels, height * width).astype(np.float32)
+        grams = np.matmul(block.transpose(0, 2, 1), block).reshape(len(block), -1)  # -> [n, (H·W)²]
+        packed[start : start + len(block)] = np.asarray(grams @ sums)[:, kept] * doubled
+    return packed

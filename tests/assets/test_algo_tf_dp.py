@@ -87,13 +87,19 @@ def test_registry_norms_are_the_exact_per_example_gradient_norms(model_and_batch
     np.testing.assert_allclose(norms, expected, rtol=1e-4)
 
 
-def test_clipped_sum_is_the_sum_of_clipped_per_example_gradients(model_and_batch):
+@pytest.mark.parametrize("with_data_grams", [False, True])
+def test_clipped_sum_is_the_sum_of_clipped_per_example_gradients(model_and_batch, with_data_grams):
     model, batch = model_and_batch
     per_example = naive_per_example_gradients(model, *batch)
     norms = sorted(norm(g) for g in per_example)
     clip = (norms[3] + norms[4]) / 2  # some examples clipped, some not, none at the boundary
     expected = [sum(g[k] * min(1.0, clip / norm(g)) for g in per_example) for k in range(len(per_example[0]))]
-    got, unclipped = algo.clipped_gradient_sum(model, algo.make_layer_registry(), *batch, clip)
+    known = algo.data_grams(model, batch[0].numpy()) if with_data_grams else None
+    assert (known is not None) == (with_data_grams and not algo.on_pixels(model))
+    if known is not None:  # a batch takes its rows out of order: they must follow their examples (a sum is not)
+        order = np.random.default_rng(1).permutation(len(batch[1]))
+        batch, known = (tf.gather(batch[0], order), tf.gather(batch[1], order)), (known[0], known[1][order])
+    got, unclipped = algo.clipped_gradient_sum(model, algo.make_layer_registry(known), *batch, clip)
     assert int(unclipped) == sum(norm(g) <= clip for g in per_example)  # adaptive clipping's count
     for ours, reference in zip(got, expected):
         np.testing.assert_allclose(ours, reference, rtol=1e-4, atol=1e-6)

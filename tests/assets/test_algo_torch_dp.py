@@ -52,7 +52,8 @@ def naive_clipped_sum(model, inputs, targets, clip):
 
 
 @pytest.mark.parametrize("features, network", [("scattering", "cnn"), ("pixels", "cnn"), ("scattering", "linear")])
-def test_clip_and_sum_is_the_sum_of_per_example_clipped_gradients(features, network):
+@pytest.mark.parametrize("with_data_grams", [False, True])
+def test_clip_and_sum_is_the_sum_of_per_example_clipped_gradients(features, network, with_data_grams):
     from mnist_dp.learning import interface
 
     torch.manual_seed(0)
@@ -63,7 +64,12 @@ def test_clip_and_sum_is_the_sum_of_per_example_clipped_gradients(features, netw
     inputs = torch.randn(9, 3969) * 0.05 if features == "scattering" else torch.rand(9, 1, 28, 28)
     targets = torch.arange(9) % 10
     expected = naive_clipped_sum(model, inputs, targets, 0.1)
-    norms = algo.clip_and_sum(model, inputs, targets, 0.1)
+    known = algo.data_grams(model, inputs.numpy()) if with_data_grams else None
+    assert (known is not None) == (with_data_grams and (features, network) == ("scattering", "cnn"))
+    if known is not None:  # a batch takes its rows out of order: they must follow their examples (a sum is not)
+        order = torch.randperm(len(inputs))
+        inputs, targets, known = inputs[order], targets[order], (known[0], known[1][order])
+    norms = algo.clip_and_sum(model, inputs, targets, 0.1, known)
     assert (norms > 0.1).any() and (norms < 1e3).all()  # some examples were clipped
     for param, want in zip(model.parameters(), expected):
         np.testing.assert_allclose(param.grad.numpy(), want.numpy(), atol=1e-6)
