@@ -348,7 +348,8 @@ def print_default_run(data=None):
         results = json_input.read(Path(folder) / "results" / "results.json", "results file")
 
     print(f"\nwall time {wall:.1f} s ({wall / 60:.2f} min), {len(records)} tasks; seconds per task and phase "
-          "(start = process start, imports and data loading; first step includes graph compilation):")
+          "(start = process start, imports and data loading; first step includes graph compilation and the first "
+          "layer's patch Grams):")
     header = "".join(f"{phase:>10}" for phase in ("start", "setup", "features", "1st step", "training", "load",
                                                       "predict", "score", "save"))
     print(f"  {'task':<26}{header}{'total':>9}{'peak MB':>9}")

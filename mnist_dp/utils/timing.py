@@ -1,5 +1,6 @@
 """Where a task's time goes: process start and imports, σ calibration, the first step (graph
-compilation), training, predict, scoring, saving; and the task process's peak memory.
+compilation, and what a framework makes before its steps: the first layer's patch Grams), training, predict,
+scoring, saving; and the task process's peak memory.
 
 Every Substra task is a new Python process that imports its framework, so the time before a function
 body starts is measured from the process's own start (Linux `/proc`). A task logs one line with its
