@@ -154,13 +154,13 @@ def conv_kernel_norms(inputs, layer, grads):
 
 
 def data_grams(model, images: np.ndarray):
-    """The ScatterNet CNN's first Conv2D and every example's packed patch Grams under it (conv_grams.patch_grams):
-    its input is the features themselves (reordered), so they are made once, not at every step. None for the other
-    networks (whose first layer is dense, or takes its norms from patches)."""
+    """The ScatterNet CNN's first Conv2D and every example's packed patch Grams under it (conv_grams.patch_grams), made
+    once, not at every step: that layer reads the features themselves, moved. None for the other networks."""
     layer = next((layer for layer in model.layers if isinstance(layer, tf.keras.layers.Conv2D)), None)
     size = features.SCATTERING_SIZE
-    if on_pixels(model) or layer is None or \
-            not conv_grams.pixel_grams_are_smaller(size, size, layer.kernel.shape.num_elements()):
+    reorders = (tf.keras.layers.InputLayer, tf.keras.layers.Reshape, tf.keras.layers.Permute)  # the data, moved
+    if layer is None or not all(isinstance(before, reorders) for before in model.layers[:model.layers.index(layer)]) \
+            or not conv_grams.pixel_grams_are_smaller(size, size, layer.kernel.shape.num_elements()):
         return None
     pixels = images.reshape(-1, features.SCATTERING_CHANNELS, size, size)
     return layer, conv_grams.patch_grams(pixels, *geometry(layer, size, size, *layer.output.shape[1:3]))

@@ -213,6 +213,8 @@ def clip_and_sum(model: nn.Module, inputs, targets, max_grad_norm, known_grams=N
             if isinstance(layer, nn.Linear):  # one example's weight gradient is g xᵀ: its norm is ‖g‖·‖x‖
                 squares += grads.square().sum(1) * layer_in.square().sum(1)
             elif known_grams is not None and layer is known_grams[0]:
+                if layer_in.data_ptr() != inputs.data_ptr() or layer_in.numel() != inputs.numel():
+                    raise ValueError("clip_and_sum: the layer of known_grams must read the inputs themselves")
                 squares += (output_grams(grads)[:, packed_pairs(grads.shape[2] * grads.shape[3])]
                             * known_grams[1]).sum(1)
             else:

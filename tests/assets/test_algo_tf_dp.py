@@ -105,6 +105,23 @@ def test_clipped_sum_is_the_sum_of_clipped_per_example_gradients(model_and_batch
         np.testing.assert_allclose(ours, reference, rtol=1e-4, atol=1e-6)
 
 
+def test_a_dp_step_takes_the_first_layers_patch_grams_exactly_when_made_with_their_layer():
+    from mnist_dp.privacy.randomness import RunRandomness
+
+    model = algo.FRAMEWORK.new_model(0, Network("scattering", "tanh", "cnn"))
+    x = np.random.default_rng(0).normal(size=(4, 3969)).astype(np.float32)
+    layer, rows = algo.data_grams(model, x)
+    generator = algo.noise_generator(RunRandomness.fresh())
+    with_layer = algo.make_dp_step(model, tf.keras.optimizers.SGD(0.1), 4.0, generator, None, layer)
+    without = algo.make_dp_step(model, tf.keras.optimizers.SGD(0.1), 4.0, generator)
+    args = (tf.constant(x), tf.constant([0, 1, 2, 3], tf.int64), tf.constant(1.0), tf.constant(1.0))
+    with pytest.raises(ValueError, match="exactly when"):
+        with_layer(*args)  # its rows forgotten: the layer's norms could not be taken
+    with pytest.raises(ValueError, match="exactly when"):
+        without(*args, rows)
+    assert 0 <= int(with_layer(*args, rows)) <= 4
+
+
 def test_a_huge_gradient_is_clipped_to_the_norm(batch):
     model = algo.FRAMEWORK.new_model(0, Network("pixels", "relu"))  # ReLU: its gradient grows with the input
     x = batch[0][:1] * 1e3

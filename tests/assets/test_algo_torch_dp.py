@@ -81,6 +81,16 @@ def test_clip_and_sum_refuses_a_parameter_it_cannot_clip():
         algo.clip_and_sum(model, torch.randn(3, 4), torch.zeros(3, dtype=torch.long), 1.0)
 
 
+def test_clip_and_sum_refuses_patch_grams_of_a_layer_that_does_not_read_the_inputs():
+    from mnist_dp.learning import interface
+
+    model = algo.build_network(interface.Network("scattering", "tanh", "cnn"))
+    inputs = torch.randn(3, 3969)
+    _, rows = algo.data_grams(model, inputs.numpy())
+    with pytest.raises(ValueError, match="read the inputs"):  # conv2 has 16 positions too: its norms would be wrong
+        algo.clip_and_sum(model, inputs, torch.zeros(3, dtype=torch.long), 1.0, (model.conv2, rows))
+
+
 @pytest.mark.parametrize("n", [930, 990])
 def test_every_planned_step_runs_where_opacus_own_sampler_runs_one_fewer(tmp_path, n):
     """Opacus' DPDataLoader runs int(1/q) steps an epoch: 92 for q = 1/93 in floating point."""
