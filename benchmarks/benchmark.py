@@ -169,7 +169,7 @@ def time_tf(algo, images, labels, hp, plan, steps, network):
                                  algo.noise_generator(RunRandomness.fresh()), None, None if known is None else known[0])
         return lambda x, y, rows=None: step(x, y, tf.constant(hp.max_grad_norm, tf.float32), tf.constant(1.0), rows)
 
-    known = algo.data_grams(algo.build_network(network), images)  # the rows of the batches below
+    first_grams = algo.data_grams(algo.build_network(network), images)  # the rows of the DP batches below
 
     def two_pass(model, optimizer):  # TF Privacy's own clipped-gradient routine, same noise and update
         registry = algo.make_layer_registry()
@@ -188,7 +188,8 @@ def time_tf(algo, images, labels, hp, plan, steps, network):
         "TF Privacy compute_clipped_gradients (2 passes)": run(
             two_pass, poisson_batches(images, labels, plan, steps + WARMUP)),
         "fast clipping + book-keeping (used)": run(
-            dp_step, poisson_batches(images, labels, plan, steps + WARMUP, rows=None if known is None else known[1])),
+            dp_step, poisson_batches(images, labels, plan, steps + WARMUP,
+                                     rows=None if first_grams is None else first_grams[1])),
     }
 
 
