@@ -196,7 +196,7 @@ def time_tf(algo, images, labels, hp, plan, steps, network):
 def time_mindspore(algo, images, labels, hp, plan, steps, network):
     from mindspore import nn
 
-    class Conv2dNet(algo.ConvNet):
+    class Conv2dNet(algo.networks.TutorialCNN):
         """The same network on MindSpore's own nn.Conv2d: what PatchConv2d replaced."""
 
         def __init__(self):
@@ -224,7 +224,7 @@ def time_mindspore(algo, images, labels, hp, plan, steps, network):
         return lambda images, labels, batch: step(images, labels, batch, hp.max_grad_norm, 1.0)
 
     large, small = chunks.chunk_sizes(plan.expected_batch_size)
-    build = lambda: algo.build_network(network)  # noqa: E731
+    build = lambda: algo.networks.build_network(network)  # noqa: E731
     variants = {PLAIN: run(build, algo.make_plain_step, fixed_batches(images, labels, hp, steps + WARMUP))}
     if network.features == "pixels" and network.network == "cnn":  # the network PatchConv2d was measured on
         variants["non-private on nn.Conv2d (before; 8 steps)"] = run(

@@ -6,8 +6,8 @@ Run alone:  python assets/algo_mindspore_dp/algo.py --function-name train --inpu
 How the DP step works, and why not MindArmour's `DPModel` (it refuses device_target CPU, clips per microbatch,
 expects fixed batches): exact per-example gradients from each layer's input and output gradient (book-keeping,
 as the tf algo) in GRAPH mode, clipped and summed; noise from MindArmour's `NoiseGaussianRandom`; its
-`RDPMonitor` as a cross-check. Convolutions are Im2Col patches times a matrix (`PatchConv2d`): far faster than
-MindSpore 2.9's CPU Conv2D, and what the per-example gradients need anyway (timings: docs/design.md).
+`RDPMonitor` as a cross-check. The networks, and each one's clipped-sum graph, are in `networks.py` beside this
+file: built from what MindSpore 2.9's CPU kernels run fast (its Conv2D does not; timings: docs/benchmarks.md).
 """
 import io
 import logging
@@ -29,131 +29,20 @@ try:
     import mnist_dp  # noqa: F401 - inside a function archive it sits next to this file
 except ModuleNotFoundError:  # run from the repository: make the shared package importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+if str(Path(__file__).resolve().parent) not in sys.path:  # imported by a test or a benchmark: networks.py's folder
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import networks
 
 from mnist_dp.hyperparameters import Hyperparameters
-from mnist_dp.learning import chunks, features, initial_weights, interface, skeleton
-from mnist_dp.learning.interface import GROUP_SIZE, MNIST_MEAN, MNIST_STD, NORM_EPS
+from mnist_dp.learning import chunks, initial_weights, interface, skeleton
 from mnist_dp.privacy.planning import SamplingPlan
 
 HYPERPARAMETERS = Path(__file__).with_name("hyperparameters.json")
 ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
 
 
-# --- 1. The network -------------------------------------------------------------------------------------------------
-
-class PatchConv2d(nn.Conv2d):
-    """`nn.Conv2d` (same parameters, names and initialisation), computed as Im2Col patches times the
-    kernel matrix (the module docstring says why). Output [B, out_channels, H', W'] as Conv2d's.
-    Handles what this CNN uses: groups 1, dilation 1, one padding for every side; a bias unless told not to."""
-
-    def __init__(self, *args, has_bias=True, **kwargs):
-        super().__init__(*args, has_bias=has_bias, **kwargs)
-        if self.group != 1 or tuple(self.dilation[-2:]) != (1, 1) or not isinstance(self.padding, int):
-            raise ValueError("PatchConv2d: groups 1, dilation 1 and an int padding only")
-        self.batch_matmul, self.bias_add = ops.BatchMatMul(), ops.BiasAdd()
-
-    def patches(self, x):
-        """[B, C, H, W] -> [B, C·kh·kw, H'·W']: each output position's input, in the weight's (C, kh, kw) order."""
-        return ops.unfold(x, self.kernel_size, 1, self.padding, self.stride)
-
-    def pre_activation(self, patches):
-        """Patches -> the convolution's output [B, out_channels, H'·W'] (bias added)."""
-        kernel = self.weight.reshape(self.out_channels, -1)  # -> [out, C·kh·kw]
-        kernels = ops.broadcast_to(kernel, (patches.shape[0],) + kernel.shape)  # one per example
-        return self.bias_add(self.batch_matmul(kernels, patches), self.bias)
-
-    def construct(self, x):
-        (kh, kw), (sh, sw) = self.kernel_size, self.stride[-2:]
-        height = (x.shape[2] + 2 * self.padding - kh) // sh + 1
-        width = (x.shape[3] + 2 * self.padding - kw) // sw + 1
-        return self.pre_activation(self.patches(x)).reshape(x.shape[0], self.out_channels, height, width)
-
-
-class GroupNorm(nn.Cell):
-    """The other algos' GroupNorm on a conv output [B, C, H·W]: nn.GroupNorm keeps gamma and beta even unused."""
-
-    def construct(self, z):
-        groups = z.reshape(z.shape[0], -1, GROUP_SIZE * z.shape[2])  # -> [B, C / GROUP_SIZE, GROUP_SIZE·H·W]
-        centred = groups - groups.mean(axis=2, keep_dims=True)
-        return (centred / ops.sqrt((centred * centred).mean(axis=2, keep_dims=True) + NORM_EPS)).reshape(z.shape)
-
-
-def _probed(z, probes, index):
-    """z + probes[index]: with a zero probe, the gradient w.r.t. the probe is the gradient w.r.t. z."""
-    return z if probes is None else z + probes[index]
-
-
-class ConvNet(nn.Cell):
-    """The CNNs, the same networks as the other algos': on pixels the TF Privacy / Opacus tutorial CNN (26,010
-    parameters); on scattering features Tramèr & Boneh's ScatterNet CNN, its convolutions group-normalised, with a
-    linear shortcut from the features to the logits (72,756)."""
-
-    def __init__(self, activation="tanh", scattering=False):
-        super().__init__()
-        self.scattering = scattering
-        # The parameters, in the order ClippedGradientSum returns their gradients.
-        self.GRADIENT_ORDER = ("conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias", "fc1.weight", "fc1.bias",
-                               "fc2.weight", "fc2.bias") + (("shortcut.weight",) if scattering else ())
-        if scattering:  # [B, 81, 7, 7] -> conv [B, 16, 4, 4] -> conv [B, 32, 4, 4]
-            self.conv1 = PatchConv2d(features.SCATTERING_CHANNELS, 16, 3, stride=2, pad_mode="pad", padding=1)
-            self.conv2 = PatchConv2d(16, 32, 3, stride=1, pad_mode="pad", padding=1)
-            self.pool, self.norm, self.conv_shapes = nn.Identity(), GroupNorm(), ((16, 4, 4), (32, 4, 4))
-        else:  # [B, 1, 28, 28] -> conv [B, 16, 14, 14] -> pool [B, 16, 13, 13] -> conv [B, 32, 5, 5] -> pool 4×4
-            self.conv1 = PatchConv2d(1, 16, 8, stride=2, pad_mode="pad", padding=3)
-            self.conv2 = PatchConv2d(16, 32, 4, stride=2, pad_mode="valid")
-            self.pool, self.norm, self.conv_shapes = nn.MaxPool2d(2, 1), nn.Identity(), ((16, 14, 14), (32, 5, 5))
-        self.fc1, self.fc2, self.flatten = nn.Dense(32 * 4 * 4, 32), nn.Dense(32, 10), nn.Flatten()
-        self.shortcut = nn.Dense(features.SCATTERING_DIM, 10, weight_init=0, has_bias=False) if scattering else None
-        self.act = {"tanh": nn.Tanh, "relu": nn.ReLU}[activation]()  # "tanh" or "relu", as the other algos
-        # Each weighted layer's output [B, ...] (before its activation): the shapes of `forward`'s probes.
-        self.probe_shapes = tuple((c, h * w) for c, h, w in self.conv_shapes) + ((32,), (10,))
-
-    def construct(self, x):
-        return self.forward(x)[0]
-
-    def forward(self, x, probes=None):
-        """Logits, and the input of each weighted layer (a convolution's patches), for the per-example
-        gradients of ClippedGradientSum; `probes` (zeros shaped [B, *probe_shapes[i]]) are added to each
-        layer's output so that the loss can be differentiated with respect to it."""
-        batch, features_in = x.shape[0], x
-        if self.scattering:  # x: [B, 3969] -> [B, 81, 7, 7]
-            x = x.reshape(batch, features.SCATTERING_CHANNELS, features.SCATTERING_SIZE, features.SCATTERING_SIZE)
-        else:  # x: [B, 1, 28, 28] in [0, 1]
-            x = (x - MNIST_MEAN) / MNIST_STD
-        patches1 = self.conv1.patches(x)  # -> [B, 64, 196] on pixels, [B, 729, 16] on scattering features
-        z1 = _probed(self.conv1.pre_activation(patches1), probes, 0)  # -> [B, 16, 196] ([B, 16, 16])
-        x = self.pool(self.act(self.norm(z1).reshape((batch,) + self.conv_shapes[0])))  # -> [B, 16, 13, 13] (4×4)
-        patches2 = self.conv2.patches(x)  # -> [B, 256, 25] ([B, 144, 16])
-        z2 = _probed(self.conv2.pre_activation(patches2), probes, 1)  # -> [B, 32, 25] ([B, 32, 16])
-        x = self.pool(self.act(self.norm(z2).reshape((batch,) + self.conv_shapes[1])))  # -> [B, 32, 4, 4]
-        hidden_in = self.flatten(x)  # -> [B, 512]
-        hidden = self.act(_probed(self.fc1(hidden_in), probes, 2))  # -> [B, 32]
-        logits = self.fc2(hidden) + (self.shortcut(features_in) if self.scattering else 0)  # -> [B, 10]
-        logits = _probed(logits, probes, 3)
-        return logits, (patches1, patches2, hidden_in, hidden)
-
-
-class ScatteringLinear(nn.Cell):
-    """A linear classifier on scattering features [B, 3969]."""
-
-    GRADIENT_ORDER = ("fc.weight", "fc.bias")
-
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Dense(features.SCATTERING_DIM, 10, weight_init="zeros", bias_init="zeros")
-        self.probe_shapes = ((10,),)  # the logits, as ConvNet's
-
-    def construct(self, x):
-        return self.fc(x)  # -> [B, 10] logits
-
-
-def build_network(network):
-    if network.network == "linear":
-        return ScatteringLinear()
-    return ConvNet(network.activation, scattering=network.features == "scattering")
-
-
-# --- 2. The DP step: exact per-example clipping in GRAPH mode, MindArmour's noise, the optimizer --------------------
+# --- 1. The DP step: exact per-example clipping in GRAPH mode, MindArmour's noise, the optimizer --------------------
 
 def import_mindarmour():
     """MindArmour 2.0 warns (and sleeps 1 s) at import, predating MindSpore 2.9, which runs it fine: kept quiet."""
@@ -166,69 +55,6 @@ def import_mindarmour():
     return NoiseGaussianRandom, RDPMonitor
 
 
-class _ClippedSumGraph(nn.Cell):
-    """The GRAPH-mode body of ClippedGradientSum (the probes must be inputs of the graph: MindSpore folds
-    zeros made inside it into constants, which have no gradient)."""
-
-    def __init__(self, net, grad_position=(1, 2, 3, 4), has_aux=True):
-        super().__init__(auto_prefix=False)
-        self.net = net
-        self.loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="sum")
-        self.output_grads = ms.grad(self.probed_loss, grad_position=grad_position, has_aux=has_aux)
-        self.batch_matmul_tb = ops.BatchMatMul(transpose_b=True)
-        self.matmul_ta = ops.MatMul(transpose_a=True)
-
-    def probed_loss(self, x, probe1, probe2, probe3, probe4, y):
-        logits, inputs = self.net.forward(x, (probe1, probe2, probe3, probe4))
-        return self.loss(logits, y), inputs[0], inputs[1], inputs[2], inputs[3]
-
-    def construct(self, x, y, mask, max_grad_norm, probe1, probe2, probe3, probe4):
-        # Σ_i ℓ_i: example i's loss depends only on its own row, so row i of each output gradient is ℓ_i's.
-        (g1, g2, g3, g4), (patches1, patches2, hidden_in, hidden) = self.output_grads(
-            x, probe1, probe2, probe3, probe4, y)
-        batch = x.shape[0]
-        kernel1 = self.batch_matmul_tb(g1, patches1)  # per-example kernel gradients -> [B, 16, 64]
-        kernel2 = self.batch_matmul_tb(g2, patches2)  # -> [B, 32, 256]
-        bias1, bias2 = g1.sum(2), g2.sum(2)  # -> [B, 16], [B, 32]
-        # A dense layer's per-example weight gradient is g_i a_iᵀ, of squared norm ‖g_i‖²‖a_i‖².
-        sqr_norms = (ops.square(kernel1).reshape(batch, -1).sum(1) + ops.square(bias1).sum(1)
-                     + ops.square(kernel2).reshape(batch, -1).sum(1) + ops.square(bias2).sum(1)
-                     + ops.square(g3).sum(1) * (ops.square(hidden_in).sum(1) + 1)
-                     # fc2's weight, its bias and the shortcut's weight (g4 x_iᵀ) share the output gradient g4
-                     + ops.square(g4).sum(1) * (ops.square(hidden).sum(1) + 1
-                                                + (ops.square(x).sum(1) if self.net.scattering else 0)))
-        norms = ops.sqrt(sqr_norms)
-        weight = ops.minimum(1.0, max_grad_norm / ops.maximum(norms, 1e-12)) * mask  # [B]
-        unclipped = ((norms <= max_grad_norm).astype(ms.float32) * mask).sum()  # adaptive clipping's count
-        row, column = weight.reshape(1, -1), weight.reshape(-1, 1)
-        sums = (ops.matmul(row, kernel1.reshape(batch, -1)).reshape(self.net.conv1.weight.shape),
-                ops.matmul(row, bias1).reshape(-1),
-                ops.matmul(row, kernel2.reshape(batch, -1)).reshape(self.net.conv2.weight.shape),
-                ops.matmul(row, bias2).reshape(-1),
-                self.matmul_ta(g3 * column, hidden_in), ops.matmul(row, g3).reshape(-1),
-                self.matmul_ta(g4 * column, hidden), ops.matmul(row, g4).reshape(-1))
-        return sums + ((self.matmul_ta(g4 * column, x),) if self.net.scattering else ()) + (unclipped,)
-
-
-class _LinearClippedSumGraph(_ClippedSumGraph):
-    """ClippedGradientSum's GRAPH-mode body for ScatteringLinear: the example's weight gradient is g_i x_iᵀ
-    (g_i the gradient of its loss w.r.t. its logits), of squared norm ‖g_i‖²(‖x_i‖² + 1) with the bias."""
-
-    def __init__(self, net):
-        super().__init__(net, grad_position=1, has_aux=False)
-
-    def probed_loss(self, x, probe, y):
-        return self.loss(self.net.fc(x) + probe, y)
-
-    def construct(self, x, y, mask, max_grad_norm, probe):
-        g = self.output_grads(x, probe, y)  # -> [B, 10]
-        norms = ops.sqrt(ops.square(g).sum(1) * (ops.square(x).sum(1) + 1))
-        weight = ops.minimum(1.0, max_grad_norm / ops.maximum(norms, 1e-12)) * mask  # [B]
-        unclipped = ((norms <= max_grad_norm).astype(ms.float32) * mask).sum()
-        return (self.matmul_ta(g * weight.reshape(-1, 1), x), ops.matmul(weight.reshape(1, -1), g).reshape(-1),
-                unclipped)
-
-
 class ClippedGradientSum:
     """Σ_i mask_i · min(1, C / ‖g_i‖) · g_i over one chunk from exact per-example gradients (one backward pass to each
     layer's output, each example's gradient from its layer inputs), in `weights` order, then how many had ‖g_i‖ ≤ C."""
@@ -236,7 +62,7 @@ class ClippedGradientSum:
     def __init__(self, net, weights):
         if tuple(w.name for w in weights) != net.GRADIENT_ORDER:
             raise ValueError(f"ClippedGradientSum returns {net.GRADIENT_ORDER}, not {[w.name for w in weights]}")
-        self.graph = _LinearClippedSumGraph(net) if isinstance(net, ScatteringLinear) else _ClippedSumGraph(net)
+        self.graph = net.clipped_sum_graph()
         self.probe_shapes = net.probe_shapes
         self.probes = {}  # chunk size -> zero probes
 
@@ -362,11 +188,12 @@ def mindarmour_epsilon(n, sample_rate, noise_multiplier, steps, delta):
     return float(monitor._compute_privacy_steps(list(range(steps)))[0])
 
 
-# --- 3. Model I/O: inputs as the network takes them, weights as bytes -----------------------------------------------
+# --- 2. Model I/O: inputs as the network takes them, weights as bytes -----------------------------------------------
 
 def as_input(inputs) -> ms.Tensor:
-    """A float32 tensor as the network takes it: images with a channel axis (NCHW), features widened (features.py)."""
-    return ms.Tensor(inputs[:, None] if inputs.ndim == 3 else inputs).astype(ms.float32)
+    """A tensor as the network takes it: images with a channel axis (NCHW). The networks widen float16 features
+    (features.py) to float32 in their graph: a cast outside it is a PyNative op, slower."""
+    return ms.Tensor(inputs[:, None] if inputs.ndim == 3 else inputs)
 
 
 def model_to_bytes(net) -> bytes:
@@ -378,7 +205,7 @@ def model_to_bytes(net) -> bytes:
 
 def model_from_bytes(weights: bytes, network):
     """The network `network` names with the parameters of `model_to_bytes` (every one, no pickle)."""
-    net = build_network(network)
+    net = networks.build_network(network)
     with np.load(io.BytesIO(weights), allow_pickle=False) as arrays:
         params = {name: ms.Parameter(ms.Tensor(arrays[name]), name=name) for name in arrays.files}
     not_loaded, _ = ms.load_param_into_net(net, params, strict_load=True)
@@ -387,7 +214,7 @@ def model_from_bytes(weights: bytes, network):
     return net
 
 
-# --- 4. The Framework object: what the skeleton calls ---------------------------------------------------------------
+# --- 3. The Framework object: what the skeleton calls ---------------------------------------------------------------
 
 class MindSporeMindArmour:
     name = "mindspore"
@@ -395,7 +222,7 @@ class MindSporeMindArmour:
     predict_batch_size = 1000
 
     def new_model(self, seed: int, network: interface.Network) -> nn.Cell:
-        return self.set_weight_arrays(build_network(network), initial_weights.draw(network, seed))
+        return self.set_weight_arrays(networks.build_network(network), initial_weights.draw(network, seed))
 
     # Model I/O is section 3's (weights that are not its parameters: see skeleton.load_weights).
     load_model = staticmethod(model_from_bytes)

@@ -26,6 +26,17 @@ def pixel_grams_are_smaller(height: int, width: int, kernel_size: int) -> bool:
     return (height * width) ** 2 <= kernel_size
 
 
+def patch_pixels(in_h: int, in_w: int, out_h: int, out_w: int, kh: int, kw: int, sh: int, sw: int, top: int,
+                 left: int) -> np.ndarray:
+    """The pixel under each kernel offset of each patch: [P, kh·kw] int64, a row-major index into the unpadded
+    [H, W] = [in_h, in_w] input, -1 where the offset reads padding (`top` rows and `left` columns are added before
+    the convolution reads). P = out_h·out_w positions, positions and offsets both row-major."""
+    i, j = np.repeat(np.arange(out_h), out_w)[:, None], np.tile(np.arange(out_w), out_h)[:, None]  # [P, 1]
+    u, v = np.repeat(np.arange(kh), kw), np.tile(np.arange(kw), kh)  # [kh·kw]
+    rows, columns = sh * i + u - top, sw * j + v - left  # [P, kh·kw]: the pixel under each offset
+    return np.where((rows >= 0) & (rows < in_h) & (columns >= 0) & (columns < in_w), rows * in_w + columns, -1)
+
+
 @functools.cache
 def patch_pair_sums(in_h: int, in_w: int, out_h: int, out_w: int, kh: int, kw: int, sh: int, sw: int, top: int,
                     left: int) -> tuple[np.ndarray, np.ndarray, tuple[int, int]]:
@@ -34,10 +45,7 @@ def patch_pair_sums(in_h: int, in_w: int, out_h: int, out_w: int, kh: int, kw: i
     flattened. The input [H, W] = [in_h, in_w] is padded by `top` rows and `left` columns before the convolution
     reads it; pairs with a padding pixel are 0 and left out. P = out_h·out_w positions, row-major. Cached: the
     same read-only arrays for every call."""
-    i, j = np.repeat(np.arange(out_h), out_w), np.tile(np.arange(out_w), out_h)  # [P]
-    u, v = np.repeat(np.arange(kh), kw)[:, None], np.tile(np.arange(kw), kh)[:, None]  # [kh·kw, 1]
-    rows, columns = sh * i + u - top, sw * j + v - left  # [kh·kw, P]: the pixel under each offset
-    pixels = np.where((rows >= 0) & (rows < in_h) & (columns >= 0) & (columns < in_w), rows * in_w + columns, -1)
+    pixels = patch_pixels(in_h, in_w, out_h, out_w, kh, kw, sh, sw, top, left).T  # -> [kh·kw, P]
     first, second = pixels[:, :, None], pixels[:, None, :]  # [kh·kw, P, P]: each offset's pixel pair, per patch pair
     inside = ((first >= 0) & (second >= 0)).reshape(-1)
     entries = (first * (in_h * in_w) + second).reshape(-1)[inside]

@@ -1,5 +1,5 @@
-"""The MindSpore algo's convolution and DP machinery against MindSpore's own layers and naive
-per-example gradients, and MindArmour's noise."""
+"""The MindSpore algo's networks and DP machinery against MindSpore's own layers and naive per-example gradients,
+and MindArmour's noise."""
 import os
 
 import numpy as np
@@ -11,6 +11,7 @@ from mnist_dp.assets import load_asset_module
 os.environ.setdefault("GLOG_v", "3")
 ms = pytest.importorskip("mindspore")
 algo = load_asset_module(ALGO_ASSETS["mindspore"] / "algo.py", "algo_mindspore_dp")
+networks = algo.networks
 
 
 CHUNK = 16
@@ -20,19 +21,126 @@ CHUNK = 16
 def net_and_batch(request):
     rng = np.random.default_rng(0)
     if request.param == "cnn":
-        net, x = algo.ConvNet(), rng.random((CHUNK, 1, 28, 28), dtype=np.float32)
-    elif request.param == "scatter-cnn":
-        net, x = algo.ConvNet(scattering=True), rng.normal(size=(CHUNK, 3969)).astype(np.float32)
+        net, x = networks.TutorialCNN(), rng.random((CHUNK, 1, 28, 28), dtype=np.float32)
+        reference = net  # its PatchConv2d is tested against nn.Conv2d below
+    elif request.param == "scatter-cnn":  # random weights everywhere: the shortcut starts at 0
+        net, x = networks.ScatterNetCNN(), rng.normal(size=(CHUNK, 3969)).astype(np.float32)
+        reference = same_weights(ScatterNetReference(), randomised(net, rng))
     else:  # random weights: the zero start would give every example the same gradient norm
-        net, x = algo.ScatteringLinear(), rng.normal(size=(CHUNK, 3969)).astype(np.float32)
-        net.fc.weight.set_data(ms.Tensor(rng.normal(0, 0.01, (10, 3969)).astype(np.float32)))
+        net, x = randomised(networks.ScatteringLinear(), rng), rng.normal(size=(CHUNK, 3969)).astype(np.float32)
+        reference = net
     y = rng.integers(0, 10, CHUNK).astype(np.int32)
-    return net, x, y
+    return net, x, y, reference
+
+
+def randomised(net, rng):
+    for parameter in net.get_parameters():
+        parameter.set_data(ms.Tensor(rng.normal(0, 0.1, parameter.shape).astype(np.float32)))
+    return net
+
+
+def same_weights(reference, net):
+    """`reference` with `net`'s parameters (every one of net's, by name)."""
+    arrays = {p.name: p.asnumpy() for p in net.get_parameters()}
+    for parameter in reference.get_parameters():
+        if parameter.name in arrays:
+            parameter.set_data(ms.Tensor(arrays.pop(parameter.name)))
+    assert not arrays, f"the reference has no {sorted(arrays)}"
+    return reference
+
+
+class ScatterNetReference(ms.nn.Cell):
+    """The ScatterNet CNN from MindSpore's own layers, as the torch and tf algos build it: what ScatterNetCNN
+    must compute, in value and gradient."""
+
+    def __init__(self):
+        from mindspore import nn
+
+        super().__init__()
+        self.conv1 = nn.Conv2d(81, 16, 3, stride=2, pad_mode="pad", padding=1, has_bias=True)
+        self.conv2 = nn.Conv2d(16, 32, 3, stride=1, pad_mode="pad", padding=1, has_bias=True)
+        self.fc1, self.fc2 = nn.Dense(512, 32), nn.Dense(32, 10)
+        self.shortcut = nn.Dense(3969, 10, has_bias=False)
+        self.norm1 = nn.GroupNorm(4, 16, eps=1e-5, affine=False)
+        self.norm2 = nn.GroupNorm(8, 32, eps=1e-5, affine=False)
+        self.tanh, self.flatten = nn.Tanh(), nn.Flatten()
+
+    def construct(self, x):
+        x = x.astype(ms.float32)
+        h = self.tanh(self.norm1(self.conv1(x.reshape(-1, 81, 7, 7))))  # -> [B, 16, 4, 4]
+        h = self.tanh(self.norm2(self.conv2(h)))  # -> [B, 32, 4, 4]
+        return self.fc2(self.tanh(self.fc1(self.flatten(h)))) + self.shortcut(x)
+
+
+def parameter_gradients(net, x, y):
+    from mindspore import nn
+
+    loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="sum")
+    grads = ms.grad(nn.WithLossCell(net, loss), grad_position=None, weights=net.trainable_params())(x, y)
+    return {p.name: g.asnumpy() for p, g in zip(net.trainable_params(), grads)}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_scatternet_cnn_is_the_cnn_of_mindspores_own_layers_in_value_and_gradient(dtype):
+    rng = np.random.default_rng(2)
+    net = randomised(networks.ScatterNetCNN(), rng)
+    reference = same_weights(ScatterNetReference(), net)
+    x, y = ms.Tensor(rng.normal(size=(5, 3969)).astype(dtype)), ms.Tensor(rng.integers(0, 10, 5).astype(np.int32))
+    np.testing.assert_allclose(net(x).asnumpy(), reference(x).asnumpy(), rtol=1e-5, atol=1e-5)
+    expected = parameter_gradients(reference, x, y)
+    got = parameter_gradients(net, x, y)
+    assert list(got) == list(networks.ScatterNetCNN.GRADIENT_ORDER)
+    for name, gradient in got.items():
+        np.testing.assert_allclose(gradient, expected[name], rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("size, kernel, stride, padding", [(4, 3, 1, 1), (7, 3, 2, 1), (6, 2, 2, 0), (5, 3, 1, 2)])
+def test_toeplitz_convolution_is_mindspores_conv2d_in_value_and_gradient(size, kernel, stride, padding):
+    from mindspore import nn
+
+    rng = np.random.default_rng(3)
+    ours = networks.ToeplitzConv2d(size, 3, 4, kernel, stride, padding)
+    reference = nn.Conv2d(3, 4, kernel, stride=stride, pad_mode="pad" if padding else "valid", padding=padding)
+    weight = ms.Tensor(rng.normal(size=(4, 3, kernel, kernel)).astype(np.float32))
+    reference.weight.set_data(weight)
+    x = rng.normal(size=(2, 3, size, size)).astype(np.float32)
+    channels_last = ms.Tensor(x.transpose(0, 2, 3, 1).reshape(2, -1))
+
+    def squared(z, w):  # the squared output of ours, in NCHW order as the reference's
+        return (ours(z, w) ** 2).sum()
+
+    out = ours(channels_last, weight).asnumpy()
+    np.testing.assert_allclose(out.reshape(reference(ms.Tensor(x)).shape), reference(ms.Tensor(x)).asnumpy(),
+                               rtol=1e-5, atol=1e-5)
+    input_grad, weight_grad = ms.grad(squared, grad_position=(0, 1))(channels_last, weight)
+    ref_input, (ref_weight,) = ms.grad(SquaredOutput(reference), grad_position=0,
+                                       weights=reference.trainable_params())(ms.Tensor(x))
+    np.testing.assert_allclose(input_grad.asnumpy(), ref_input.asnumpy().transpose(0, 2, 3, 1).reshape(2, -1),
+                               rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(weight_grad.asnumpy(), ref_weight.asnumpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_group_norm_is_mindspores_in_value_and_gradient_in_any_layout():
+    from mindspore import nn
+
+    rng = np.random.default_rng(4)
+    z = rng.normal(size=(3, 8, 5)).astype(np.float32)  # [B, C, P]: 8 channels in 2 groups of 4, 5 positions
+    reference = nn.GroupNorm(2, 8, eps=1e-5, affine=False)
+    expected = reference(ms.Tensor(z[..., None])).asnumpy()[..., 0]
+    expected_grad = ms.grad(SquaredOutput(reference))(ms.Tensor(z[..., None])).asnumpy()[..., 0]
+    groups = np.arange(8) // 4
+    for layout, entry_groups in (((0, 1, 2), np.repeat(groups, 5)), ((0, 2, 1), np.tile(groups, 5))):
+        ours = networks.GroupNorm(entry_groups)
+        laid = ms.Tensor(np.ascontiguousarray(z.transpose(layout)).reshape(3, -1))
+        shape = z.transpose(layout).shape  # [B, C, P] channel-major, then [B, P, C]: channels last
+        np.testing.assert_allclose(ours(laid).asnumpy().reshape(shape), expected.transpose(layout), atol=1e-5)
+        np.testing.assert_allclose(ms.grad(SquaredOutput(ours))(laid).asnumpy().reshape(shape),
+                                   expected_grad.transpose(layout), atol=1e-4)
 
 
 def test_patch_convolution_refuses_what_it_does_not_compute():
     with pytest.raises(ValueError, match="dilation 1"):
-        algo.PatchConv2d(1, 4, 3, dilation=2)
+        networks.PatchConv2d(1, 4, 3, dilation=2)
 
 
 class SquaredOutput(ms.nn.Cell):
@@ -50,7 +158,7 @@ def test_patch_convolution_is_mindspores_conv2d_in_value_and_gradient(channels, 
     from mindspore import nn
 
     pad_mode = "pad" if padding else "valid"
-    ours = algo.PatchConv2d(channels, 5, kernel, stride=stride, pad_mode=pad_mode, padding=padding, has_bias=True)
+    ours = networks.PatchConv2d(channels, 5, kernel, stride=stride, pad_mode=pad_mode, padding=padding, has_bias=True)
     reference = nn.Conv2d(channels, 5, kernel, stride=stride, pad_mode=pad_mode, padding=padding, has_bias=True)
     assert [p.name for p in ours.get_parameters()] == [p.name for p in reference.get_parameters()]
     ms.load_param_into_net(reference, {p.name: ms.Parameter(p.data.copy(), name=p.name) for p in ours.get_parameters()})
@@ -65,18 +173,16 @@ def test_patch_convolution_is_mindspores_conv2d_in_value_and_gradient(channels, 
         np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
 
 
-def naive_per_example_gradients(net, x, y, count):
-    from mindspore import nn
-
-    loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="sum")
-    grad = ms.grad(nn.WithLossCell(net, loss), grad_position=None, weights=net.trainable_params())
-    return [[g.asnumpy() for g in grad(ms.Tensor(x[i : i + 1]), ms.Tensor(y[i : i + 1]))] for i in range(count)]
+def naive_per_example_gradients(net, x, y, count, order):
+    """Each of the first `count` examples' gradients, one backward pass each, as a list in `order` (names)."""
+    per_example = [parameter_gradients(net, ms.Tensor(x[i : i + 1]), ms.Tensor(y[i : i + 1])) for i in range(count)]
+    return [[grads[name] for name in order] for grads in per_example]
 
 
 def test_clipped_sum_is_the_masked_sum_of_clipped_per_example_gradients(net_and_batch):
-    net, x, y = net_and_batch
+    net, x, y, reference = net_and_batch
     count = 6  # the rest of the chunk is padding, masked out
-    per_example = naive_per_example_gradients(net, x, y, count)
+    per_example = naive_per_example_gradients(reference, x, y, count, net.GRADIENT_ORDER)
     norms = [np.sqrt(sum(np.sum(g ** 2) for g in grads)) for grads in per_example]
     clip = float(np.median(norms))  # some examples clipped, some not
     mask = np.zeros(CHUNK, np.float32)
