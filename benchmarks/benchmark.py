@@ -214,14 +214,14 @@ def time_mindspore(algo, images, labels, hp, plan, steps, network):
         net = make_net()
         step = make_step(net, nn.SGD(net.trainable_params(), learning_rate=hp.learning_rate, momentum=hp.momentum))
 
-        def timed(x, y):  # the algo's steps index a batch out of the whole set: give them this batch whole
-            step(x, y.astype(np.int32), np.arange(len(y)))
+        def timed(x, y, *rows):  # the algo's steps index a batch out of the whole set: give them this batch whole
+            step(x, y.astype(np.int32), np.arange(len(y)), *rows)
             net.trainable_params()[0].asnumpy()  # GRAPH mode runs asynchronously: wait for the update
         return timed, batches
 
-    def dp(net, optimizer):  # the algo's, at this C and σ = 1
+    def dp(net, optimizer):  # the algo's, at this C and σ = 1, with the data rows a task makes first
         step = algo.make_dp_step(net, optimizer, plan.expected_batch_size, RunRandomness.fresh())
-        return lambda images, labels, batch: step(images, labels, batch, hp.max_grad_norm, 1.0)
+        return lambda images, labels, batch, rows=None: step(images, labels, batch, hp.max_grad_norm, 1.0, rows)
 
     large, small = chunks.chunk_sizes(plan.expected_batch_size)
     build = lambda: algo.networks.build_network(network)  # noqa: E731
@@ -230,7 +230,7 @@ def time_mindspore(algo, images, labels, hp, plan, steps, network):
         variants["non-private on nn.Conv2d (before; 8 steps)"] = run(
             Conv2dNet, algo.make_plain_step, fixed_batches(images, labels, hp, min(steps, 8) + WARMUP))
     variants[f"book-keeping per-example clipping, chunks of {large} / {small} (used)"] = run(
-        build, dp, poisson_batches(images, labels, plan, steps + WARMUP))
+        build, dp, poisson_batches(images, labels, plan, steps + WARMUP, rows=algo.data_rows(build(), images)))
     return variants
 
 

@@ -185,6 +185,7 @@ class PatchGather(nn.Cell):
         pixels = conv_grams.patch_pixels(size, size, out, out, kernel, kernel, stride, stride, padding, padding)
         self.index = ms.Tensor(np.where(pixels < 0, size * size, pixels).reshape(-1).astype(np.int32))
         self.positions, self.offsets = pixels.shape
+        self.geometry = (out, out, kernel, kernel, stride, stride, padding, padding)  # conv_grams' arguments
 
     def construct(self, pixels):
         batch, channels = pixels.shape[0], pixels.shape[2]
@@ -256,13 +257,17 @@ class GroupNorm(nn.Cell):
         self.member, self.spread = ms.Tensor(member), ms.Tensor(np.ascontiguousarray(member.T))
         self.size = float(member.sum(0)[0])
 
+    def group_means(self, z):
+        return ops.matmul(z, self.member) / self.size  # -> [B, G]
+
     def mean(self, z):
         """Each entry's group mean, [B, D]."""
-        return ops.matmul(ops.matmul(z, self.member) / self.size, self.spread)
+        return ops.matmul(self.group_means(z), self.spread)
 
     def centred_and_scale(self, z):
+        """z minus its group means, and each entry's 1 / (its group's standard deviation), [B, D] each."""
         centred = z - self.mean(z)
-        return centred, ops.rsqrt(self.mean(centred * centred) + NORM_EPS)
+        return centred, ops.matmul(ops.rsqrt(self.group_means(centred * centred) + NORM_EPS), self.spread)
 
     def construct(self, z):
         centred, scale = self.centred_and_scale(z)
@@ -294,6 +299,19 @@ class ScatterNetCNN(nn.Cell):
         self.norm2 = GroupNorm(np.repeat(np.arange(32) // GROUP_SIZE, 16))  # conv2's: (channel, position)
         self.probe_shapes = ((16, 16), (32, 16), (32,), (10,))
 
+    def data_rows(self, x):
+        """What the clipped sum needs of each example that no weight changes, made once per task (its step then
+        takes a batch's rows): [N, 137] float32, the first convolution's packed patch Gram (that layer reads the
+        features themselves: conv_grams.patch_grams) and the features' squared norm (the shortcut's input)."""
+        size = features.SCATTERING_SIZE
+        x = np.asarray(x).reshape(len(x), features.SCATTERING_CHANNELS, size, size)
+        rows = np.empty((len(x), ROW_WIDTH), np.float32)
+        rows[:, :-1] = conv_grams.patch_grams(x, *self.patches1.geometry)
+        for start in range(0, len(x), conv_grams.CHUNK):
+            block = x[start : start + conv_grams.CHUNK].reshape(-1, features.SCATTERING_DIM).astype(np.float32)
+            rows[start : start + len(block), -1] = np.einsum("ij,ij->i", block, block)
+        return rows
+
     def construct(self, x):
         return self.forward(x)[0]
 
@@ -319,25 +337,36 @@ class ScatterNetCNN(nn.Cell):
         return _ScatterNetClippedSum(self)
 
 
+ROW_WIDTH = len(conv_grams.packed_pairs(16)) + 1  # ScatterNetCNN.data_rows: a packed [16, 16] Gram, a squared norm
+
+
 class _ScatterNetClippedSum(_ClippedSumGraph):
     """The ScatterNet CNN's clipped sum. A convolution's per-example kernel gradient Σ_p g_p a_pᵀ (over positions
     p: g_p the output gradient, a_p the patch) has squared norm Σ_pq (g_p·g_q)(a_p·a_q), from two [16, 16] Grams
-    per example, and the clipped sum is one product of the weighted output gradients with the patches: no
-    per-example kernel is formed."""
+    per example (the first layer's patch Grams are the batch's data rows), and the clipped sum is one product of the
+    weighted output gradients with the patches: no per-example kernel is formed."""
 
-    def construct(self, x, y, mask, max_grad_norm, probe1, probe2, probe3, probe4):
+    def __init__(self, net):
+        super().__init__(net)
+        self.packed = ms.Tensor(conv_grams.packed_pairs(16).astype(np.int32))
+
+    def construct(self, x, y, mask, max_grad_norm, rows, probe1, probe2, probe3, probe4):
         (g1, g2, g3, g4), (patches1, a1, hidden_in, hidden, x) = self.output_grads(
             x, probe1, probe2, probe3, probe4, y)
         batch, net = x.shape[0], self.net
         patches1 = patches1.reshape(batch, 16, 9 * 81)
         patches2 = net.product2.patches(a1.reshape(batch, 16, 16))  # -> [B, 16, 144]
         g2 = ops.transpose(g2, (0, 2, 1))  # -> [B, 16, 32]: position, channel, as g1
-        # A dense layer's per-example weight gradient is g_i a_iᵀ, of squared norm ‖g_i‖²‖a_i‖² (+ ‖g_i‖² its bias);
-        # fc2 and the shortcut share the logits' gradient g4.
+        # What multiplies each row entry: the output gradients' Gram at its pair (conv1's kernel), then ‖g4‖² for the
+        # features' squared norm (the shortcut's weight gradient is g4 xᵀ: its squared norm is ‖g4‖²‖x‖²).
+        logit_squares = ops.square(g4).sum(1)
+        from_rows = ops.concat((ops.gather(self.batch_matmul_tb(g1, g1).reshape(batch, -1), self.packed, 1),
+                                logit_squares.reshape(-1, 1)), 1)
+        # A dense layer's per-example weight gradient is g_i a_iᵀ, of squared norm ‖g_i‖²‖a_i‖² (+ ‖g_i‖² its bias).
         weight, unclipped = self.clip_weights(
-            self.conv_norms(g1, patches1) + self.conv_norms(g2, patches2)
+            (from_rows * rows).sum(1) + ops.square(g1.sum(1)).sum(1) + self.conv_norms(g2, patches2)
             + ops.square(g3).sum(1) * (ops.square(hidden_in).sum(1) + 1)
-            + ops.square(g4).sum(1) * (ops.square(hidden).sum(1) + 1 + ops.square(x).sum(1)), mask, max_grad_norm)
+            + logit_squares * (ops.square(hidden).sum(1) + 1), mask, max_grad_norm)
         row, column, each = weight.reshape(1, -1), weight.reshape(-1, 1), weight.reshape(-1, 1, 1)
         g1, g2 = g1 * each, g2 * each
         return (kernel_of(self.patch_product(g1, patches1), net.conv1.weight.shape), g1.sum((0, 1)),

@@ -187,12 +187,27 @@ def test_clipped_sum_is_the_masked_sum_of_clipped_per_example_gradients(net_and_
     clip = float(np.median(norms))  # some examples clipped, some not
     mask = np.zeros(CHUNK, np.float32)
     mask[:count] = 1
-    *got, unclipped = algo.ClippedGradientSum(net, net.trainable_params())(ms.Tensor(x), ms.Tensor(y),
-                                                                           ms.Tensor(mask), clip)
+    # The data rows of a larger set whose examples sit in a shuffled order, taken at this chunk's places in it.
+    place = np.random.default_rng(5).permutation(3 * CHUNK)[:CHUNK]
+    stored = np.random.default_rng(6).normal(size=(3 * CHUNK, *x.shape[1:])).astype(np.float32)
+    stored[place] = x
+    rows = algo.data_rows(net, stored)
+    assert (rows is not None) == isinstance(net, networks.ScatterNetCNN)
+    *got, unclipped = algo.ClippedGradientSum(net, net.trainable_params())(
+        ms.Tensor(x), ms.Tensor(y), ms.Tensor(mask), clip, None if rows is None else rows[place])
     assert int(unclipped.asnumpy()) == sum(norm <= clip for norm in norms)  # adaptive clipping's count
     for k, ours in enumerate(got):
         expected = sum(grads[k] * min(1.0, clip / norm) for grads, norm in zip(per_example, norms))
         np.testing.assert_allclose(ours.asnumpy(), expected, rtol=1e-3, atol=1e-5)
+
+
+def test_the_clipped_sum_refuses_a_chunk_without_the_rows_its_norms_rest_on_and_rows_it_does_not_take():
+    x, y, mask = ms.Tensor(np.zeros((4, 3969), np.float32)), ms.Tensor(np.zeros(4, np.int32)), ms.Tensor(np.ones(4))
+    scatter_cnn, linear = networks.ScatterNetCNN(), networks.ScatteringLinear()
+    with pytest.raises(ValueError, match="takes its chunk's data rows"):
+        algo.ClippedGradientSum(scatter_cnn, scatter_cnn.trainable_params())(x, y, mask, 1.0)
+    with pytest.raises(ValueError, match="takes no data rows"):
+        algo.ClippedGradientSum(linear, linear.trainable_params())(x, y, mask, 1.0, np.zeros((4, 137), np.float32))
 
 
 def test_mindarmour_noise_has_std_sigma_c_and_is_fresh_at_every_step():
