@@ -158,18 +158,18 @@ def time_tf(algo, images, labels, hp, plan, steps, network):
     import tensorflow as tf
     from tensorflow_privacy.privacy.fast_gradient_clipping import clip_grads
 
-    def run(make_step, batches):
-        model = algo.build_network(network)
+    def run(make_step, batches, model=None):
+        model = model or algo.build_network(network)
         step = make_step(model, tf.keras.optimizers.SGD(hp.learning_rate, momentum=hp.momentum))
         return (lambda x, y, *rows: step(algo.as_input(x), tf.constant(y), *rows)), batches
 
-    def dp_step(model, optimizer):  # the algo's, at this C and σ = 1, with the patch Grams a task makes first
-        known = algo.data_grams(model, images)
+    dp_model = algo.build_network(network)
+    known = algo.data_grams(dp_model, images)  # its first layer's patch Grams, made once as a task makes them
+
+    def dp_step(model, optimizer):  # the algo's, at this C and σ = 1
         step = algo.make_dp_step(model, optimizer, plan.expected_batch_size,
                                  algo.noise_generator(RunRandomness.fresh()), None, None if known is None else known[0])
         return lambda x, y, rows=None: step(x, y, tf.constant(hp.max_grad_norm, tf.float32), tf.constant(1.0), rows)
-
-    first_grams = algo.data_grams(algo.build_network(network), images)  # the rows of the DP batches below
 
     def two_pass(model, optimizer):  # TF Privacy's own clipped-gradient routine, same noise and update
         registry = algo.make_layer_registry()
@@ -188,8 +188,8 @@ def time_tf(algo, images, labels, hp, plan, steps, network):
         "TF Privacy compute_clipped_gradients (2 passes)": run(
             two_pass, poisson_batches(images, labels, plan, steps + WARMUP)),
         "fast clipping + book-keeping (used)": run(
-            dp_step, poisson_batches(images, labels, plan, steps + WARMUP,
-                                     rows=None if first_grams is None else first_grams[1])),
+            dp_step, poisson_batches(images, labels, plan, steps + WARMUP, rows=None if known is None else known[1]),
+            dp_model),
     }
 
 

@@ -54,9 +54,8 @@ def build_network(network):
         model = scatter_cnn(network.activation)
     else:
         model = tf.keras.Sequential([layers.Input((features.SCATTERING_DIM,)), layers.Dense(10)])  # [B, 3969] -> logits
-    # Summed loss: the clipped gradients are then the *sum* of the per-example clipped gradients.
-    model.compile(loss=tf.keras.losses.SparseCategoricalCrossentropy(
-        from_logits=True, reduction=tf.keras.losses.Reduction.SUM))
+    loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=tf.keras.losses.Reduction.SUM)
+    model.compile(loss=loss)  # summed: the clipped gradients are then the *sum* of the per-example clipped ones
     return model
 
 
@@ -122,14 +121,13 @@ def conv2d_layer_computation(layer_instance, input_args, input_kwargs, tape, num
     outputs = activation(base_vars) if activation else base_vars
 
     def sqr_norm_fn(grads):
-        batch, positions = tf.shape(grads)[0], grads.shape[1] * grads.shape[2]
         if known is not None and layer_instance is known[0]:  # Σ_{p,p'} (g_p·g_p')(a_p·a_p') from packed a_p·a_p'
-            grams = tf.reshape(tf.einsum("bijc,bklc->bijkl", grads, grads), [batch, -1])  # -> [B, P·P]
-            sqr_norms = tf.reduce_sum(tf.gather(grams, conv_grams.packed_pairs(positions), axis=1) * known[1], 1)
+            packed = tf.gather(output_grams(grads), conv_grams.packed_pairs(grads.shape[1] * grads.shape[2]), axis=1)
+            sqr_norms = tf.reduce_sum(packed * known[1], 1)
         else:
             sqr_norms = conv_kernel_norms(inputs, layer_instance, grads)
-        if layer_instance.use_bias:
-            sqr_norms += tf.reduce_sum(tf.square(tf.reduce_sum(tf.reshape(grads, [batch, -1, grads.shape[-1]]), 1)), 1)
+        if layer_instance.use_bias:  # the bias gradient: the output gradient summed over positions
+            sqr_norms += tf.reduce_sum(tf.square(tf.reduce_sum(grads, [1, 2])), 1)
         return sqr_norms
 
     return base_vars, outputs, sqr_norm_fn
@@ -150,7 +148,13 @@ def conv_kernel_norms(inputs, layer, grads):
     pixels = tf.reshape(inputs, [batch, in_h * in_w, channels])
     grams = tf.reshape(tf.matmul(pixels, pixels, transpose_b=True), [batch, -1])  # -> [B, (H·W)²]
     patch_grams = tf.sparse.sparse_dense_matmul(grams, tf.sparse.SparseTensor(*sums))  # -> [B, P·P]
-    return tf.reduce_sum(tf.reshape(tf.matmul(grads, grads, transpose_b=True), [batch, -1]) * patch_grams, 1)
+    return tf.reduce_sum(output_grams(grads) * patch_grams, 1)
+
+
+def output_grams(grads):
+    """Each example's g_p·g_p' over output positions p, flattened: [B, H', W', c] (or [B, P, c]) -> [B, P·P]."""
+    flat = tf.reshape(grads, [tf.shape(grads)[0], -1, grads.shape[-1]])
+    return tf.reshape(tf.matmul(flat, flat, transpose_b=True), [tf.shape(grads)[0], -1])
 
 
 def data_grams(model, images: np.ndarray):
@@ -218,10 +222,8 @@ def clipped_gradient_sum(model, registry, x, y, max_grad_norm):
         logits, layers = gradient_clipping_utils.model_forward_pass(model, x, generator)
         summed_loss = model.loss(y, logits)  # reduction SUM: Σ_i ℓ_i
     layers = [layer for layer in layers if layer is not None]  # layers without weights yield None
-    base_vars = [layer[0] for layer in layers]
-    base_grads = tape.gradient(summed_loss, base_vars)
-    sqr_norms = tf.add_n([sqr_norm_fn(g) for (_, sqr_norm_fn, _), g in zip(layers, base_grads)])
-    norms = tf.sqrt(sqr_norms)
+    base_grads = tape.gradient(summed_loss, [layer[0] for layer in layers])
+    norms = tf.sqrt(tf.add_n([sqr_norm_fn(g) for (_, sqr_norm_fn, _), g in zip(layers, base_grads)]))
     clip_weights = clip_grads.compute_clip_weights(max_grad_norm, norms)  # min(1, C/‖g_i‖)
     grads = {}
     for (base, _, weights), g in zip(layers, base_grads):
@@ -327,15 +329,13 @@ def tf_privacy_statement_epsilon(n, batch_size, epochs, noise_multiplier, delta)
     statement = compute_dp_sgd_privacy_statement(
         number_of_examples=n, batch_size=batch_size, num_epochs=epochs, noise_multiplier=noise_multiplier,
         delta=delta, used_microbatching=False)
-    line = next(line for line in statement.splitlines() if "Poisson sampling" in line)
-    return float(line.split()[-1])
+    return float(next(line for line in statement.splitlines() if "Poisson sampling" in line).split()[-1])
 
 
 # --- 3. Model I/O: inputs as the network takes them, weights as bytes -----------------------------------------------
 
 def as_input(inputs) -> tf.Tensor:
-    """A float32 tensor as the network takes it: images [N, 28, 28] get their channel axis (NHWC); scattering
-    features stay [N, 3969], widened from float16 (features.py)."""
+    """A float32 tensor as the network takes it: images [N, 28, 28] get a channel axis (NHWC), features widened."""
     return tf.cast(inputs[..., None] if inputs.ndim == 3 else inputs, tf.float32)
 
 
