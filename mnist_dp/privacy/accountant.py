@@ -251,17 +251,21 @@ def least_sigma(schedule: NoiseSchedule, steps: int) -> float:
     return room ** -0.5 / schedule.with_sigma(1.0).gradient_sigma(steps - 1) * (1 + 1e-9)
 
 
+FIRST_LOWER_END = 0.9  # of the RDP-calibrated σ: where _calibrate's bracket for PLD starts
+
+
 def _calibrate(pld_epsilon, rdp_epsilon, target_epsilon: float, tol: float, least: float, most: float) -> float:
     # σ is searched in [least, most] (the floors of every step's noise and the ceiling; PLD meets the target at
     # `most`: noise_range). When `least` meets it, it is the answer: ε below the target, never above. PLD is slow
     # for small σ, so bracket it with RDP first: RDP over-estimates ε, hence the RDP-calibrated σ is an upper end
-    # for PLD.
+    # for PLD. PLD's σ is usually within a few per cent of it, so the lower end is tried there first, then halved
+    # (PLD's ε at half the σ took 1.8 of a 5.1 s calibration); only the search's speed depends on it.
     if rdp_epsilon(least) <= target_epsilon and pld_epsilon(least) <= target_epsilon:
         return round(math.ceil(least / tol) * tol, 6)
     upper = most  # where only PLD's figure meets the target below the ceiling (the count's noise comes close)
     if rdp_epsilon(most) <= target_epsilon:
         upper = min(most, _root(rdp_epsilon, target_epsilon, least, most, tol) + tol)
-    lower = max(upper / 2, least)
+    lower = max(upper * FIRST_LOWER_END, least)
     while pld_epsilon(lower) <= target_epsilon:
         if lower == least:
             return round(math.ceil(least / tol) * tol, 6)

@@ -83,6 +83,17 @@ def test_calibration_hits_the_target_from_below():
     assert slightly_less > 2.0
 
 
+@pytest.mark.parametrize("first_lower_end", [0.9, 0.999])
+def test_where_the_bracket_starts_changes_the_search_not_the_sigma(monkeypatch, first_lower_end):
+    """0.999 of RDP's σ still meets the target under PLD: the bracket then moves down (its halving path)."""
+    monkeypatch.setattr(accountant, "FIRST_LOWER_END", first_lower_end)
+    brackets, root = [], accountant._root
+    monkeypatch.setattr(accountant, "_root", lambda *args: brackets.append(args[2:4]) or root(*args))
+    assert calibrate_noise_multiplier(2.0, 1e-5, 1 / 16, 48) == 1.278  # test_calibration_hits_the_target_from_below's
+    lower, upper = brackets[-1]  # PLD's (the first is RDP's)
+    assert lower < 1.278 < upper and (lower > 1.2) == (first_lower_end == 0.9)
+
+
 def test_calibration_counts_the_input_models_steps():
     prior = [dp_event(4000, 250, 3, sigma=1.1)]
     sigma = calibrate_noise_multiplier(4.0, 1e-5, 1 / 16, 48, prior)
