@@ -14,6 +14,7 @@ import logging
 import math
 import os
 import sys
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -45,13 +46,16 @@ ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
 # --- 1. The DP step: exact per-example clipping in GRAPH mode, MindArmour's noise, the optimizer --------------------
 
 def import_mindarmour():
-    """MindArmour 2.0 warns (and sleeps 1 s) at import, predating MindSpore 2.9, which runs it fine: kept quiet."""
-    previous = logging.root.manager.disable
+    """MindArmour 2.0 warns at import, predating MindSpore 2.9, which runs it fine, and sleeps 1 s for the warning
+    to be read: kept quiet, without the sleep (a second of every train task)."""
+    previous, sleep = logging.root.manager.disable, time.sleep
     logging.disable(logging.WARNING)
+    time.sleep = lambda seconds: None  # only while its version check runs
     try:
         from mindarmour.privacy.diff_privacy import NoiseGaussianRandom, RDPMonitor
     finally:
         logging.disable(previous)
+        time.sleep = sleep
     return NoiseGaussianRandom, RDPMonitor
 
 
