@@ -184,6 +184,7 @@ class PatchGather(nn.Cell):
         out = (size + 2 * padding - kernel) // stride + 1
         pixels = conv_grams.patch_pixels(size, size, out, out, kernel, kernel, stride, stride, padding, padding)
         self.index = ms.Tensor(np.where(pixels < 0, size * size, pixels).reshape(-1).astype(np.int32))
+        self.pixels = pixels  # [P, k·k]: the pixel each offset of each position reads, -1 for padding
         self.positions, self.offsets = pixels.shape
         self.geometry = (out, out, kernel, kernel, stride, stride, padding, padding)  # conv_grams' arguments
 
@@ -219,9 +220,7 @@ class ToeplitzConv2d(nn.Cell):
         super().__init__()
         self.patches = PatchGather(size, kernel, stride, padding)
         self.weight_shape = (out_channels, in_channels, kernel, kernel)
-        out = (size + 2 * padding - kernel) // stride + 1
-        pixels = conv_grams.patch_pixels(size, size, out, out, kernel, kernel, stride, stride, padding, padding)
-        positions, offsets = pixels.shape
+        pixels, positions, offsets = self.patches.pixels, self.patches.positions, self.patches.offsets
         p, k = np.nonzero(pixels >= 0)  # each (position, offset) that reads a pixel: the entries of T it fills
         c, o = np.arange(in_channels)[None, :, None], np.arange(out_channels)[None, None, :]
         index = np.full((size * size * in_channels, out_channels * positions), math.prod(self.weight_shape))
