@@ -79,6 +79,13 @@ class ClippedGradientSum:
         self.probes = {}  # chunk size -> zero probes
 
     def __call__(self, x, y, mask, max_grad_norm, rows=None):
+        return self.run(x, y, mask, max_grad_norm, rows)[:-1]
+
+    def squared_norms(self, x, y, rows=None):
+        """Each example's squared gradient norm per parameter, [B, parameters] in `weights` order."""
+        return self.run(x, y, ms.Tensor(np.ones(x.shape[0], np.float32)), 1.0, rows)[-1]
+
+    def run(self, x, y, mask, max_grad_norm, rows):
         if (rows is None) == self.takes_rows:
             raise ValueError("this network's clipped sum takes " + ("its chunk's data rows" if self.takes_rows else
                                                                     "no data rows"))

@@ -33,7 +33,9 @@ def _activation(name):
 class _ClippedSumGraph(nn.Cell):
     """The GRAPH-mode body of a clipped per-example gradient sum: the output gradients of `net.forward`'s probed
     layers (the probes must be inputs of the graph: MindSpore folds zeros made inside it into constants, which
-    have no gradient), and the clip weights min(1, C / ‖g_i‖) of per-example squared norms."""
+    have no gradient), and the clip weights min(1, C / ‖g_i‖) of per-example squared norms. A graph returns the
+    clipped sums in GRADIENT_ORDER, how many were not clipped, and each example's squared gradient norm per
+    parameter [B, parameters]: each term of the norm is tested on its own (a small one is lost in the total)."""
 
     def __init__(self, net, grad_position=(1, 2, 3, 4), has_aux=True):
         super().__init__(auto_prefix=False)
@@ -48,10 +50,10 @@ class _ClippedSumGraph(nn.Cell):
         return (self.loss(logits, y),) + inputs
 
     @staticmethod
-    def clip_weights(sqr_norms, mask, max_grad_norm):
-        """[B] factors mask_i · min(1, C / ‖g_i‖), and how many unmasked examples had ‖g_i‖ ≤ C (adaptive clipping's
-        count)."""
-        norms = ops.sqrt(sqr_norms)
+    def clip_weights(squared_norms, mask, max_grad_norm):
+        """[B] factors mask_i · min(1, C / ‖g_i‖) from each example's squared gradient norm per parameter
+        [B, parameters], and how many unmasked examples had ‖g_i‖ ≤ C (adaptive clipping's count)."""
+        norms = ops.sqrt(squared_norms.sum(1))
         weight = ops.minimum(1.0, max_grad_norm / ops.maximum(norms, 1e-12)) * mask
         return weight, ((norms <= max_grad_norm).astype(ms.float32) * mask).sum()
 
@@ -135,19 +137,21 @@ class _TutorialClippedSum(_ClippedSumGraph):
         kernel1 = self.batch_matmul_tb(g1, patches1)  # per-example kernel gradients -> [B, 16, 64]
         kernel2 = self.batch_matmul_tb(g2, patches2)  # -> [B, 32, 256]
         bias1, bias2 = g1.sum(2), g2.sum(2)  # -> [B, 16], [B, 32]
-        # A dense layer's per-example weight gradient is g_i a_iᵀ, of squared norm ‖g_i‖²‖a_i‖² (+ ‖g_i‖² its bias).
-        weight, unclipped = self.clip_weights(
-            ops.square(kernel1).reshape(batch, -1).sum(1) + ops.square(bias1).sum(1)
-            + ops.square(kernel2).reshape(batch, -1).sum(1) + ops.square(bias2).sum(1)
-            + ops.square(g3).sum(1) * (ops.square(hidden_in).sum(1) + 1)
-            + ops.square(g4).sum(1) * (ops.square(hidden).sum(1) + 1), mask, max_grad_norm)
+        # A dense layer's per-example weight gradient is g_i a_iᵀ, of squared norm ‖g_i‖²‖a_i‖² (its bias's: ‖g_i‖²).
+        hidden_squares, logit_squares = ops.square(g3).sum(1), ops.square(g4).sum(1)
+        squared_norms = ops.stack((  # each example's, per parameter in GRADIENT_ORDER -> [B, 8]
+            ops.square(kernel1).reshape(batch, -1).sum(1), ops.square(bias1).sum(1),
+            ops.square(kernel2).reshape(batch, -1).sum(1), ops.square(bias2).sum(1),
+            hidden_squares * ops.square(hidden_in).sum(1), hidden_squares,
+            logit_squares * ops.square(hidden).sum(1), logit_squares), 1)
+        weight, unclipped = self.clip_weights(squared_norms, mask, max_grad_norm)
         row, column = weight.reshape(1, -1), weight.reshape(-1, 1)
         return (ops.matmul(row, kernel1.reshape(batch, -1)).reshape(self.net.conv1.weight.shape),
                 ops.matmul(row, bias1).reshape(-1),
                 ops.matmul(row, kernel2.reshape(batch, -1)).reshape(self.net.conv2.weight.shape),
                 ops.matmul(row, bias2).reshape(-1),
                 self.matmul_ta(g3 * column, hidden_in), ops.matmul(row, g3).reshape(-1),
-                self.matmul_ta(g4 * column, hidden), ops.matmul(row, g4).reshape(-1), unclipped)
+                self.matmul_ta(g4 * column, hidden), ops.matmul(row, g4).reshape(-1), unclipped, squared_norms)
 
 
 # --- Tramèr & Boneh's ScatterNet CNN, on scattering features --------------------------------------------------------
@@ -348,6 +352,9 @@ class _ScatterNetClippedSum(_ClippedSumGraph):
     def __init__(self, net):
         super().__init__(net)
         self.packed = ms.Tensor(conv_grams.packed_pairs(16).astype(np.int32))
+        # Sums over positions as products with 0/1 matrices: MindSpore's ReduceSum over a middle axis took longer.
+        self.position_sum1 = ms.Tensor(np.tile(np.eye(16, dtype=np.float32), (16, 1)))  # (position, channel) -> channel
+        self.position_sum2 = ms.Tensor(np.repeat(np.eye(32, dtype=np.float32), 16, 0))  # (channel, position) -> channel
 
     def construct(self, x, y, mask, max_grad_norm, rows, probe1, probe2, probe3, probe4):
         (g1, g2, g3, g4), (patches1, a1, hidden_in, hidden, x) = self.output_grads(
@@ -355,30 +362,33 @@ class _ScatterNetClippedSum(_ClippedSumGraph):
         batch, net = x.shape[0], self.net
         patches1 = patches1.reshape(batch, 16, 9 * 81)
         patches2 = net.product2.patches(a1.reshape(batch, 16, 16))  # -> [B, 16, 144]
+        bias1 = ops.matmul(g1.reshape(batch, 256), self.position_sum1)  # per-example bias gradients -> [B, 16]
+        bias2 = ops.matmul(g2.reshape(batch, 512), self.position_sum2)  # -> [B, 32]
         g2 = ops.transpose(g2, (0, 2, 1))  # -> [B, 16, 32]: position, channel, as g1
-        # What multiplies each row entry: the output gradients' Gram at its pair (conv1's kernel), then ‖g4‖² for the
-        # features' squared norm (the shortcut's weight gradient is g4 xᵀ: its squared norm is ‖g4‖²‖x‖²).
-        logit_squares = ops.square(g4).sum(1)
-        from_rows = ops.concat((ops.gather(self.batch_matmul_tb(g1, g1).reshape(batch, -1), self.packed, 1),
-                                logit_squares.reshape(-1, 1)), 1)
-        # A dense layer's per-example weight gradient is g_i a_iᵀ, of squared norm ‖g_i‖²‖a_i‖² (+ ‖g_i‖² its bias).
-        weight, unclipped = self.clip_weights(
-            (from_rows * rows).sum(1) + ops.square(g1.sum(1)).sum(1) + self.conv_norms(g2, patches2)
-            + ops.square(g3).sum(1) * (ops.square(hidden_in).sum(1) + 1)
-            + logit_squares * (ops.square(hidden).sum(1) + 1), mask, max_grad_norm)
+        # conv1's kernel: the output gradients' Gram at each pair of the rows' packed patch Gram. A dense layer's
+        # per-example weight gradient is g_i a_iᵀ, of squared norm ‖g_i‖²‖a_i‖² (its bias's: ‖g_i‖²); the shortcut's
+        # input is the features, whose squared norm is the rows' last entry.
+        hidden_squares, logit_squares = ops.square(g3).sum(1), ops.square(g4).sum(1)
+        output_grams = ops.gather(self.batch_matmul_tb(g1, g1).reshape(batch, -1), self.packed, 1)  # -> [B, 136]
+        squared_norms = ops.stack((  # each example's, per parameter in GRADIENT_ORDER -> [B, 9]
+            (output_grams * rows[:, :-1]).sum(1), ops.square(bias1).sum(1),
+            self.kernel_norms(g2, patches2), ops.square(bias2).sum(1),
+            hidden_squares * ops.square(hidden_in).sum(1), hidden_squares,
+            logit_squares * ops.square(hidden).sum(1), logit_squares, logit_squares * rows[:, -1]), 1)
+        weight, unclipped = self.clip_weights(squared_norms, mask, max_grad_norm)
         row, column, each = weight.reshape(1, -1), weight.reshape(-1, 1), weight.reshape(-1, 1, 1)
-        g1, g2 = g1 * each, g2 * each
-        return (kernel_of(self.patch_product(g1, patches1), net.conv1.weight.shape), g1.sum((0, 1)),
-                kernel_of(self.patch_product(g2, patches2), net.conv2.weight.shape), g2.sum((0, 1)),
+        return (kernel_of(self.patch_product(g1 * each, patches1), net.conv1.weight.shape),
+                ops.matmul(row, bias1).reshape(-1),
+                kernel_of(self.patch_product(g2 * each, patches2), net.conv2.weight.shape),
+                ops.matmul(row, bias2).reshape(-1),
                 self.matmul_ta(g3 * column, hidden_in), ops.matmul(row, g3).reshape(-1),
                 self.matmul_ta(g4 * column, hidden), ops.matmul(row, g4).reshape(-1),
-                self.matmul_ta(g4 * column, x), unclipped)
+                self.matmul_ta(g4 * column, x), unclipped, squared_norms)
 
-    def conv_norms(self, grads, patches):
-        """Each example's squared kernel and bias gradient norm [B] from output gradients [B, P, O] and patches
-        [B, P, K]."""
+    def kernel_norms(self, grads, patches):
+        """Each example's squared kernel gradient norm [B] from output gradients [B, P, O] and patches [B, P, K]."""
         grams = self.batch_matmul_tb(grads, grads) * self.batch_matmul_tb(patches, patches)  # -> [B, P, P]
-        return grams.reshape(grams.shape[0], -1).sum(1) + ops.square(grads.sum(1)).sum(1)
+        return grams.reshape(grams.shape[0], -1).sum(1)
 
     def patch_product(self, grads, patches):
         """Σ over examples and positions of g_p a_pᵀ: [O, K]."""
@@ -417,9 +427,11 @@ class _LinearClippedSum(_ClippedSumGraph):
     def construct(self, x, y, mask, max_grad_norm, probe):
         g = self.output_grads(x, probe, y)  # -> [B, 10]
         x = x.astype(ms.float32)
-        weight, unclipped = self.clip_weights(ops.square(g).sum(1) * (ops.square(x).sum(1) + 1), mask, max_grad_norm)
+        logit_squares = ops.square(g).sum(1)
+        squared_norms = ops.stack((logit_squares * ops.square(x).sum(1), logit_squares), 1)  # weight, bias -> [B, 2]
+        weight, unclipped = self.clip_weights(squared_norms, mask, max_grad_norm)
         return (self.matmul_ta(g * weight.reshape(-1, 1), x), ops.matmul(weight.reshape(1, -1), g).reshape(-1),
-                unclipped)
+                unclipped, squared_norms)
 
 
 def build_network(network):
