@@ -230,7 +230,7 @@ def time_mindspore(algo, images, labels, hp, plan, steps, network):
         variants["non-private on nn.Conv2d (before; 8 steps)"] = run(
             Conv2dNet, algo.make_plain_step, fixed_batches(images, labels, hp, min(steps, 8) + WARMUP))
     dp_net = build()  # its data rows made once, as a task makes them
-    variants[f"book-keeping per-example clipping, chunks of {large} / {small} (used)"] = run(
+    variants[f"book-keeping per-example clipping, chunks of {large}, {large + small} or {small} (used)"] = run(
         lambda: dp_net, dp, poisson_batches(images, labels, plan, steps + WARMUP, rows=algo.data_rows(dp_net, images)))
     return variants
 

@@ -1,12 +1,12 @@
-"""mnist_dp/learning/chunks.py: a Poisson batch in chunks of two fixed sizes, every index once."""
+"""mnist_dp/learning/chunks.py: a Poisson batch in chunks of fixed sizes, every index once."""
 import numpy as np
 import pytest
 
 from mnist_dp.learning import chunks
 
 
-@pytest.mark.parametrize("count, sizes", [(500, [512]), (530, [512, 64]), (1100, [512, 512, 64, 64]),
-                                          (200, [64, 64, 64, 64]), (0, [64])])
+@pytest.mark.parametrize("count, sizes", [(500, [512]), (530, [576]), (576, [576]), (577, [512, 64, 64]),
+                                          (1100, [512, 512, 64, 64]), (200, [64, 64, 64, 64]), (0, [64])])
 def test_padded_chunks_cover_every_index_once(count, sizes):
     indices = np.arange(count)
     got = list(chunks.padded_chunks(indices, chunks.chunk_sizes(500)))
