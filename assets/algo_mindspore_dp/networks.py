@@ -298,6 +298,7 @@ class ScatterNetCNN(nn.Cell):
         self.act = _activation(activation)
         self.patches1, self.product1 = PatchGather(size, 3, 2, 1), DataProduct()  # 7 × 7 -> 4 × 4 positions
         self.product2 = ToeplitzConv2d(4, 16, 32, 3, 1, 1)  # 4 × 4 -> 4 × 4
+        self.bias_add = ops.BiasAdd()  # a broadcast Add of the bias took 20 times longer
         self.norm1 = GroupNorm(np.tile(np.arange(16) // GROUP_SIZE, 16))  # conv1's output: (position, channel)
         self.norm2 = GroupNorm(np.repeat(np.arange(32) // GROUP_SIZE, 16))  # conv2's: (channel, position)
         self.probe_shapes = ((16, 16), (32, 16), (32,), (10,))
@@ -326,10 +327,10 @@ class ScatterNetCNN(nn.Cell):
         x = x.astype(ms.float32)  # a task's features are float16 (features.py)
         pixels = ops.transpose(x.reshape(batch, 81, 49), (0, 2, 1))  # -> [B, 49, 81]: channels last
         patches1 = self.patches1(pixels).reshape(batch * 16, 9 * 81)  # -> [B·16, 729]
-        z1 = self.product1(patches1, kernel_matrix(self.conv1.weight)) + self.conv1.bias  # -> [B·16, 16]
+        z1 = self.bias_add(self.product1(patches1, kernel_matrix(self.conv1.weight)), self.conv1.bias)  # [B·16, 16]
         z1 = _probed(z1.reshape(batch, 16, 16), probes, 0)  # [B, 16, 16]: position, channel
         a1 = self.act(self.norm1(z1.reshape(batch, 256)))  # -> [B, 256]: conv2's input, channels last
-        z2 = self.product2(a1, self.conv2.weight).reshape(batch, 32, 16) + self.conv2.bias.reshape(32, 1)
+        z2 = self.bias_add(self.product2(a1, self.conv2.weight).reshape(batch, 32, 16), self.conv2.bias)
         z2 = _probed(z2, probes, 1)  # [B, 32, 16]: channel, position (NCHW)
         hidden_in = self.act(self.norm2(z2.reshape(batch, 512)))  # -> [B, 512], flattened as the other algos'
         hidden = self.act(_probed(self.fc1(hidden_in), probes, 2))  # -> [B, 32]
