@@ -57,6 +57,13 @@ class _ClippedSumGraph(nn.Cell):
         weight = ops.minimum(1.0, max_grad_norm / ops.maximum(norms, 1e-12)) * mask
         return weight, ((norms <= max_grad_norm).astype(ms.float32) * mask).sum()
 
+    @staticmethod
+    def dense_norms(grads, inputs):
+        """A dense layer's per-example squared weight and bias gradient norms [B] each, from its output gradients
+        g_i and inputs a_i: the weight gradient g_i a_iᵀ has squared norm ‖g_i‖²‖a_i‖², the bias's is ‖g_i‖²."""
+        squares = ops.square(grads).sum(1)
+        return squares * ops.square(inputs).sum(1), squares
+
 
 # --- The TF Privacy / Opacus tutorial CNN, on pixels ----------------------------------------------------------------
 
@@ -137,13 +144,10 @@ class _TutorialClippedSum(_ClippedSumGraph):
         kernel1 = self.batch_matmul_tb(g1, patches1)  # per-example kernel gradients -> [B, 16, 64]
         kernel2 = self.batch_matmul_tb(g2, patches2)  # -> [B, 32, 256]
         bias1, bias2 = g1.sum(2), g2.sum(2)  # -> [B, 16], [B, 32]
-        # A dense layer's per-example weight gradient is g_i a_iᵀ, of squared norm ‖g_i‖²‖a_i‖² (its bias's: ‖g_i‖²).
-        hidden_squares, logit_squares = ops.square(g3).sum(1), ops.square(g4).sum(1)
         squared_norms = ops.stack((  # each example's, per parameter in GRADIENT_ORDER -> [B, 8]
             ops.square(kernel1).reshape(batch, -1).sum(1), ops.square(bias1).sum(1),
-            ops.square(kernel2).reshape(batch, -1).sum(1), ops.square(bias2).sum(1),
-            hidden_squares * ops.square(hidden_in).sum(1), hidden_squares,
-            logit_squares * ops.square(hidden).sum(1), logit_squares), 1)
+            ops.square(kernel2).reshape(batch, -1).sum(1), ops.square(bias2).sum(1))
+            + self.dense_norms(g3, hidden_in) + self.dense_norms(g4, hidden), 1)
         weight, unclipped = self.clip_weights(squared_norms, mask, max_grad_norm)
         row, column = weight.reshape(1, -1), weight.reshape(-1, 1)
         return (ops.matmul(row, kernel1.reshape(batch, -1)).reshape(self.net.conv1.weight.shape),
@@ -366,16 +370,14 @@ class _ScatterNetClippedSum(_ClippedSumGraph):
         bias1 = ops.matmul(g1.reshape(batch, 256), self.position_sum1)  # per-example bias gradients -> [B, 16]
         bias2 = ops.matmul(g2.reshape(batch, 512), self.position_sum2)  # -> [B, 32]
         g2 = ops.transpose(g2, (0, 2, 1))  # -> [B, 16, 32]: position, channel, as g1
-        # conv1's kernel: the output gradients' Gram at each pair of the rows' packed patch Gram. A dense layer's
-        # per-example weight gradient is g_i a_iᵀ, of squared norm ‖g_i‖²‖a_i‖² (its bias's: ‖g_i‖²); the shortcut's
-        # input is the features, whose squared norm is the rows' last entry.
-        hidden_squares, logit_squares = ops.square(g3).sum(1), ops.square(g4).sum(1)
+        # conv1's kernel: the output gradients' Gram at each pair of the rows' packed patch Gram. The shortcut shares
+        # fc2's output gradient g4 (its bias term ‖g4‖²); its input is the features, of squared norm the rows' last.
         output_grams = ops.gather(self.batch_matmul_tb(g1, g1).reshape(batch, -1), self.packed, 1)  # -> [B, 136]
+        fc2_weight, logit_squares = self.dense_norms(g4, hidden)
         squared_norms = ops.stack((  # each example's, per parameter in GRADIENT_ORDER -> [B, 9]
             (output_grams * rows[:, :-1]).sum(1), ops.square(bias1).sum(1),
-            self.kernel_norms(g2, patches2), ops.square(bias2).sum(1),
-            hidden_squares * ops.square(hidden_in).sum(1), hidden_squares,
-            logit_squares * ops.square(hidden).sum(1), logit_squares, logit_squares * rows[:, -1]), 1)
+            self.kernel_norms(g2, patches2), ops.square(bias2).sum(1))
+            + self.dense_norms(g3, hidden_in) + (fc2_weight, logit_squares, logit_squares * rows[:, -1]), 1)
         weight, unclipped = self.clip_weights(squared_norms, mask, max_grad_norm)
         row, column, each = weight.reshape(1, -1), weight.reshape(-1, 1), weight.reshape(-1, 1, 1)
         return (kernel_of(self.patch_product(g1 * each, patches1), net.conv1.weight.shape),
@@ -428,8 +430,7 @@ class _LinearClippedSum(_ClippedSumGraph):
     def construct(self, x, y, mask, max_grad_norm, probe):
         g = self.output_grads(x, probe, y)  # -> [B, 10]
         x = x.astype(ms.float32)
-        logit_squares = ops.square(g).sum(1)
-        squared_norms = ops.stack((logit_squares * ops.square(x).sum(1), logit_squares), 1)  # weight, bias -> [B, 2]
+        squared_norms = ops.stack(self.dense_norms(g, x), 1)  # weight, bias -> [B, 2]
         weight, unclipped = self.clip_weights(squared_norms, mask, max_grad_norm)
         return (self.matmul_ta(g * weight.reshape(-1, 1), x), ops.matmul(weight.reshape(1, -1), g).reshape(-1),
                 unclipped, squared_norms)
