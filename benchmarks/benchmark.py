@@ -223,14 +223,14 @@ def time_mindspore(algo, images, labels, hp, plan, steps, network):
         step = algo.make_dp_step(net, optimizer, plan.expected_batch_size, RunRandomness.fresh())
         return lambda images, labels, batch, rows=None: step(images, labels, batch, hp.max_grad_norm, 1.0, rows)
 
-    large, small = chunks.chunk_sizes(plan.expected_batch_size)
+    large, larger = chunks.chunk_sizes(plan.expected_batch_size)
     build = lambda: algo.networks.build_network(network)  # noqa: E731
     variants = {PLAIN: run(build, algo.make_plain_step, fixed_batches(images, labels, hp, steps + WARMUP))}
     if network.features == "pixels" and network.network == "cnn":  # the network PatchConv2d was measured on
         variants["non-private on nn.Conv2d (before; 8 steps)"] = run(
             Conv2dNet, algo.make_plain_step, fixed_batches(images, labels, hp, min(steps, 8) + WARMUP))
     dp_net = build()  # its data rows made once, as a task makes them
-    variants[f"book-keeping per-example clipping, chunks of {large}, {large + small} or {small} (used)"] = run(
+    variants[f"book-keeping per-example clipping, chunks of {large} or {larger} (used)"] = run(
         lambda: dp_net, dp, poisson_batches(images, labels, plan, steps + WARMUP, rows=algo.data_rows(dp_net, images)))
     return variants
 

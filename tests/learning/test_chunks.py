@@ -5,8 +5,8 @@ import pytest
 from mnist_dp.learning import chunks
 
 
-@pytest.mark.parametrize("count, sizes", [(500, [512]), (530, [576]), (576, [576]), (577, [512, 64, 64]),
-                                          (1100, [512, 512, 64, 64]), (200, [64, 64, 64, 64]), (0, [64])])
+@pytest.mark.parametrize("count, sizes", [(500, [512]), (512, [512]), (513, [576]), (576, [576]), (577, [576, 512]),
+                                          (1100, [576, 576]), (1153, [576, 576, 512]), (200, [512]), (0, [512])])
 def test_padded_chunks_cover_every_index_once(count, sizes):
     indices = np.arange(count)
     got = list(chunks.padded_chunks(indices, chunks.chunk_sizes(500)))
@@ -16,6 +16,6 @@ def test_padded_chunks_cover_every_index_once(count, sizes):
 
 
 def test_chunk_sizes_follow_the_expected_batch():
-    assert chunks.chunk_sizes(500) == (512, 64)
-    assert chunks.chunk_sizes(8) == (16, 2)
-    assert chunks.chunk_sizes(4096) == (4096, 512)
+    assert chunks.chunk_sizes(500) == (512, 576)
+    assert chunks.chunk_sizes(8) == (16, 18)
+    assert chunks.chunk_sizes(4096) == (4096, 4608)
