@@ -17,6 +17,8 @@ import functools
 
 import numpy as np
 
+from mnist_dp.learning import blocks
+
 CHUNK = 1000  # examples per batched product in patch_grams (about 20 MB of pixel Grams at 49 pixels)
 
 
@@ -71,7 +73,8 @@ def patch_grams(pixels: np.ndarray, out_h: int, out_w: int, kh: int, kw: int, sh
     """Each example's patch Gram A (A_pp' = a_p·a_p'), packed: [N, P(P+1)/2] float32, the entries of `packed_pairs`,
     those off the diagonal doubled, so that for a symmetric G (the output gradients' Gram) Σ_{p,p'} G_pp' A_pp' is
     Σ_k G[packed_pairs[k]] · row_k. pixels [N, C, H, W] (any float dtype): the input of a layer that no weight
-    changes; the other arguments are patch_pair_sums'. Computed in float32, CHUNK examples at a time."""
+    changes; the other arguments are patch_pair_sums'. Computed in float32, CHUNK examples at a time, in threads
+    (60,000 Fashion-MNIST features: 1.3 s in one, 0.6 in two)."""
     import scipy.sparse
 
     count, channels, height, width = pixels.shape
@@ -80,8 +83,13 @@ def patch_grams(pixels: np.ndarray, out_h: int, out_w: int, kh: int, kw: int, sh
     kept = packed_pairs(out_h * out_w)
     doubled = np.where(kept // (out_h * out_w) == kept % (out_h * out_w), 1, 2).astype(np.float32)
     packed = np.empty((count, len(kept)), np.float32)
-    for start in range(0, count, CHUNK):
+
+    def fill(start: int) -> int:
         block = pixels[start : start + CHUNK].reshape(-1, channels, height * width).astype(np.float32)
         grams = np.matmul(block.transpose(0, 2, 1), block).reshape(len(block), -1)  # -> [n, (H·W)²]
         packed[start : start + len(block)] = np.asarray(grams @ sums)[:, kept] * doubled
+        return len(block)
+
+    for _ in blocks.in_threads(fill, count, CHUNK):
+        pass
     return packed

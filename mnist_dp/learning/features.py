@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 
 import numpy as np
 
 from mnist_dp import hyperparameters
+from mnist_dp.learning import blocks
 
 FEATURES = hyperparameters.FEATURES
 SCATTERING_J, ORIENTATIONS = 2, 8
@@ -32,7 +32,6 @@ SCATTERING_CHANNELS, SCATTERING_SIZE, GROUPS = 81, 7, 27
 SCATTERING_DIM = SCATTERING_CHANNELS * SCATTERING_SIZE ** 2  # 3,969 numbers per image
 _PAD, _PADDED, _HALF = 4, 36, 18  # kymatio pads 28 -> 36 by reflection (its compute_padding); 18: resolution 1
 _BATCH = 125  # images a block: bounds the transform's memory (about 60 MB a block at its peak)
-_THREADS = min(4, os.cpu_count() or 1)  # blocks at once (numpy and scipy's FFT release the GIL); memory bounds it
 TRAINED_DTYPE = np.float16  # the features as the networks are given them (module docstring)
 
 
@@ -150,10 +149,7 @@ def _block(images: np.ndarray) -> np.ndarray:
 
 
 def _by_blocks(images: np.ndarray, out: np.ndarray, compute) -> np.ndarray:
-    """out[i : i + _BATCH] = compute(its images' _block) for every block, _THREADS blocks at once, with a bar."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from threadpoolctl import threadpool_limits
+    """out[i : i + _BATCH] = compute(its images' _block) for every block, blocks.THREADS at once, with a bar."""
     from tqdm import tqdm
 
     _filters()  # once, before the threads
@@ -163,11 +159,8 @@ def _by_blocks(images: np.ndarray, out: np.ndarray, compute) -> np.ndarray:
         out[start : start + len(block)] = compute(_block(block))
         return len(block)
 
-    # One BLAS thread for each block's matrix products: the blocks already fill the cores, and OpenBLAS's own threads
-    # on top of them oversubscribe the cores (0.32 ms an image, against 0.25, on 2 cores).
-    with threadpool_limits(1, user_api="blas"), ThreadPoolExecutor(_THREADS) as pool, \
-            tqdm(total=len(images), desc="scattering features", unit="image", disable=None) as bar:
-        for done in pool.map(fill, range(0, len(images), _BATCH)):
+    with tqdm(total=len(images), desc="scattering features", unit="image", disable=None) as bar:
+        for done in blocks.in_threads(fill, len(images), _BATCH):
             bar.update(done)
     return out
 

@@ -1,0 +1,20 @@
+"""Work on a data set block by block, several blocks at once in threads: numpy's matrix products and scipy's FFT
+release the GIL, so the blocks fill the cores."""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+
+THREADS = min(4, os.cpu_count() or 1)  # blocks at once; each block's memory bounds it
+
+
+def in_threads(fill: Callable[[int], int], count: int, size: int) -> Iterator[int]:
+    """fill(start) for every block start in range(0, count, size), THREADS at once; yields what each returned, in
+    order. One BLAS thread each: OpenBLAS's own threads on top of the blocks' oversubscribe the cores (0.32 ms an
+    image for the scattering features, against 0.25, on 2 cores)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(1, user_api="blas"), ThreadPoolExecutor(THREADS) as pool:
+        yield from pool.map(fill, range(0, count, size))
