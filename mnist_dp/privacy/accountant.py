@@ -277,9 +277,9 @@ def _least_on_grid(epsilon, target_epsilon: float, lower: float, upper: float, t
     """The least multiple of `tol` above `lower` whose `epsilon` meets the target (at most `most`), where ε(lower)
     does not, ε(upper) does and ε falls as σ grows: regula falsi (Illinois) on the grid's indices, interpolating in
     1/σ² (a Gaussian's privacy loss goes as 1/σ², and the secant lands closer). The σ returned had its own ε
-    computed and the grid point below it missed the target, so no rounding is checked afterwards. PLD's ε takes
-    0.5 s at the default run's σ: 5 of them with `lower`'s, where Brent's method, then checks of its root's rounding,
-    took 7 and returned a σ a grid point above the least (0.979 for 0.978)."""
+    computed, and the grid point below it missed the target or lies below a σ that did (`lower`): no rounding is
+    checked afterwards. PLD's ε takes 0.5 s at the default run's σ: 5 of them with `lower`'s, where Brent's method,
+    then checks of its root's rounding, took 7 and returned a σ a grid point above the least (0.979 for 0.978)."""
     def gap(k: int) -> float:  # k: a grid index, σ = k · tol as returned
         return epsilon(round(k * tol, 6)) - target_epsilon
 
