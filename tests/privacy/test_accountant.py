@@ -119,7 +119,6 @@ def test_the_grid_search_takes_the_least_point_of_a_falling_function():
     assert search(spiked, 3.0, 0.1, 6.9995)[0] == 7.001
 
 
-
 def test_calibration_counts_the_input_models_steps():
     prior = [dp_event(4000, 250, 3, sigma=1.1)]
     sigma = calibrate_noise_multiplier(4.0, 1e-5, 1 / 16, 48, prior)
