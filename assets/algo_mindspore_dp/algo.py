@@ -96,11 +96,21 @@ class ClippedGradientSum:
         return self.graph(x, y, mask, ms.Tensor(max_grad_norm, ms.float32), *rows, *self.probes[size])
 
 
-# MindSpore's random ops take a global and an op seed of 31 bits each: four MindArmour draws with their own op seeds
-# carry 5 × 31 = 155 bits of the run's fresh entropy. Their sum over 2 is N(0, 1), as Opacus' secure mode draws it
-# (resistant to floating-point attacks, Holohan & Braghin 2021): always so in MindSpore, secure_mode or not.
-NOISE_DRAWS = 4
+# Each MindArmour draw is one MindSpore 2.9 CPU `StandardNormal`: libstdc++'s minstd_rand0, 31 bits of state, set once
+# from its global and op seed (a Philox hash of the two, modulo 2³¹ − 1). So every draw of a run holds 31 bits, whatever
+# its seeds: five draws with their own op seeds hold 5 × 31 = 155 bits of the run's fresh entropy (four held 124, under
+# the 128 a run must have; tests/assets/test_algo_mindspore_dp.py checks the generator). Their sum over √5 is N(0, 1),
+# a sum of draws as Opacus' secure mode draws it (resistant to floating-point attacks, Holohan & Braghin 2021):
+# always so in MindSpore, secure_mode or not.
+NOISE_DRAWS = 5
 SEED_LIMIT = 2**31 - 1  # mindspore.common.seed keeps a seed modulo this
+
+
+def noise_seeds(randomness):
+    """The noise's global seed and one op seed per draw, each in [1, SEED_LIMIT) (0 would mean "pick one yourself")."""
+    words = randomness.words("gradient noise", 1 + NOISE_DRAWS)
+    global_seed, *op_seeds = [1 + int(word) % (SEED_LIMIT - 1) for word in words]
+    return global_seed, op_seeds
 
 
 class NoisyUpdate(nn.Cell):
@@ -118,9 +128,7 @@ class NoisyUpdate(nn.Cell):
         self.bounds = tuple(zip([0] + ends[:-1], ends))
         self.shapes = tuple(tuple(p.shape) for p in optimizer.parameters)
         self.every_weight = ms.Tensor(np.zeros(ends[-1], np.float32))  # the shape of one draw
-        # The global seed, then one op seed per draw, each in [1, SEED_LIMIT) (0 would mean "pick one yourself").
-        words = randomness.words("gradient noise", 1 + NOISE_DRAWS)
-        global_seed, *op_seeds = [1 + int(word) % (SEED_LIMIT - 1) for word in words]
+        global_seed, op_seeds = noise_seeds(randomness)
         ms.set_seed(global_seed)  # MindSpore bakes the seeds into the graph when it compiles this cell
         self.noises = nn.CellList([NoiseGaussianRandom(1.0, 1.0, seed=seed) for seed in op_seeds])
         self.scale = 1.0 / math.sqrt(NOISE_DRAWS)

@@ -7,6 +7,7 @@ import pytest
 from conftest import ALGO_ASSETS
 
 from mnist_dp.assets import load_asset_module
+from mnist_dp.privacy.randomness import RunRandomness
 
 os.environ.setdefault("GLOG_v", "3")
 ms = pytest.importorskip("mindspore")
@@ -228,3 +229,55 @@ def test_mindarmour_noise_has_std_sigma_c_and_is_fresh_at_every_step():
     first, second = noise(zeros).asnumpy(), noise(zeros).asnumpy()
     assert np.std(first) == pytest.approx(3.0, rel=0.03) and abs(np.mean(first)) < 0.1
     assert not np.allclose(first, second)
+
+
+# A model of MindSpore 2.9's CPU StandardNormal, which every MindArmour draw is: a Philox hash of the global and op
+# seed, kept modulo 2³¹ − 1 as the state of libstdc++'s minstd_rand0, then std::normal_distribution<float> (Marsaglia's
+# polar method). If MindSpore's generator changes, the noise's entropy (algo.py, NOISE_DRAWS) must be worked out again.
+MASK, MINSTD = 0xFFFFFFFF, 2**31 - 1
+
+
+def kernel_state(global_seed, op_seed):
+    counter, key = [global_seed & MASK, global_seed >> 32, op_seed & MASK, op_seed >> 32], [0x3EC8F720, 0x02461E29]
+    for _ in range(10):  # Philox4x32-10
+        a, b = 0xD2511F53 * counter[0], 0xCD9E8D57 * counter[2]
+        counter = [(b >> 32) ^ counter[1] ^ key[0], b & MASK, (a >> 32) ^ counter[3] ^ key[1], a & MASK]
+        key = [(key[0] + 0x9E3779B9) & MASK, (key[1] + 0xBB67AE85) & MASK]
+    return ((counter[1] << 32) | counter[0]) % MINSTD or 1
+
+
+def minstd_normals(state, count):
+    f, out = np.float32, []
+    while len(out) < count:
+        r2 = f(0)
+        while not 0 < r2 <= 1:
+            state = state * 16807 % MINSTD
+            x = f(2 * f(f(state - 1) / f(2147483646)) - 1)
+            state = state * 16807 % MINSTD
+            y = f(2 * f(f(state - 1) / f(2147483646)) - 1)
+            r2 = f(x * x + y * y)
+        scale = f(np.sqrt(f(-2) * np.log(r2) / r2))
+        out += [y * scale, x * scale]
+    return np.array(out[:count], np.float32)
+
+
+class UnitNoise(ms.nn.Cell):
+    def __init__(self, update):
+        super().__init__()
+        self.update = update
+
+    def construct(self):
+        return self.update.unit_noise(self.update.every_weight)
+
+
+def test_each_noise_draw_holds_31_bits_so_the_draws_together_hold_the_128_a_run_needs():
+    """The algo's unit noise is the sum over √NOISE_DRAWS of one minstd_rand0 stream per draw, each set by 31 bits
+    (the model above reproduces it from the seeds), so the noise holds NOISE_DRAWS × 31 bits of the run's entropy."""
+    net = networks.ScatteringLinear()
+    update = algo.NoisyUpdate(ms.nn.SGD(net.trainable_params()), 500, RunRandomness(2**200 + 12345))
+    drawn = UnitNoise(update)().asnumpy()[:64]
+    global_seed, op_seeds = algo.noise_seeds(RunRandomness(2**200 + 12345))
+    streams = [minstd_normals(kernel_state(global_seed, seed), 64) for seed in op_seeds]
+    np.testing.assert_allclose(drawn, np.sum(streams, 0) / np.sqrt(algo.NOISE_DRAWS), atol=2e-6)
+    assert len({kernel_state(global_seed, seed) for seed in op_seeds}) == algo.NOISE_DRAWS
+    assert algo.NOISE_DRAWS * 31 >= 128
