@@ -220,7 +220,8 @@ def time_mindspore(algo, images, labels, hp, plan, steps, network):
         return timed, batches
 
     def dp(net, optimizer):  # the algo's, at this C and σ = 1, with the data rows a task makes first
-        step = algo.make_dp_step(net, optimizer, plan.expected_batch_size, RunRandomness.fresh())
+        noise = RunRandomness.fresh().numpy("gradient noise")
+        step = algo.make_dp_step(net, optimizer, plan.expected_batch_size, noise)
         return lambda images, labels, batch, rows=None: step(images, labels, batch, hp.max_grad_norm, 1.0, rows)
 
     large, larger = chunks.chunk_sizes(plan.expected_batch_size)

@@ -17,8 +17,8 @@
 |                  | an integer: replayable batches and noise, for tests and experiments (the |
 |                  | model records it; ε holds only while it stays secret)                    |
 | dp               | false trains the non-private baseline (no clipping, no noise, ε = inf)   |
-| secure_mode      | floating-point-attack-resistant noise (torch: Opacus' secure mode;      |
-|                  | mindspore always draws so); tf refuses it: TF Privacy has none           |
+| secure_mode      | floating-point-attack-resistant noise (Opacus' secure mode, in torch and |
+|                  | mindspore); tf refuses it: TF Privacy has none                           |
 | features         | what the network is given: "scattering", fixed scattering features       |
 |                  | (Tramèr & Boneh 2021, features.py), or "pixels"                          |
 | network          | "cnn": on scattering features Tramèr & Boneh's ScatterNet CNN with a     |

@@ -5,9 +5,10 @@ Run alone:  python assets/algo_mindspore_dp/algo.py --function-name train --inpu
 
 How the DP step works, and why not MindArmour's `DPModel` (it refuses device_target CPU, clips per microbatch,
 expects fixed batches): exact per-example gradients from each layer's input and output gradient (book-keeping,
-as the tf algo) in GRAPH mode, clipped and summed; noise from MindArmour's `NoiseGaussianRandom`; its
-`RDPMonitor` as a cross-check. The networks, and each one's clipped-sum graph, are in `networks.py` beside this
-file: built from what MindSpore 2.9's CPU kernels run fast (its Conv2D does not; timings: docs/benchmarks.md).
+as the tf algo) in GRAPH mode, clipped and summed; Gaussian noise from numpy's PCG64 (MindArmour's
+`NoiseGaussianRandom` repeats itself on CPU: see "The noise is numpy's" below); MindArmour's `RDPMonitor` as a
+cross-check. The networks, and each one's clipped-sum graph, are in `networks.py` beside this file: built from what
+MindSpore 2.9's CPU kernels run fast (its Conv2D does not; timings: docs/benchmarks.md).
 """
 import io
 import logging
@@ -37,26 +38,27 @@ import networks
 
 from mnist_dp.hyperparameters import Hyperparameters
 from mnist_dp.learning import chunks, initial_weights, interface, skeleton
+from mnist_dp.privacy import randomness
 from mnist_dp.privacy.planning import SamplingPlan
 
 HYPERPARAMETERS = Path(__file__).with_name("hyperparameters.json")
 ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
 
 
-# --- 1. The DP step: exact per-example clipping in GRAPH mode, MindArmour's noise, the optimizer --------------------
+# --- 1. The DP step: exact per-example clipping in GRAPH mode, the noise, the optimizer -------------------------------
 
-def import_mindarmour():
-    """MindArmour 2.0 warns at import, predating MindSpore 2.9, which runs it fine, and sleeps 1 s for the warning
-    to be read: kept quiet, without the sleep (a second of every train task)."""
+def import_mindarmour(name):
+    """`name` from mindarmour.privacy.diff_privacy. MindArmour 2.0 warns at import, predating MindSpore 2.9, which
+    runs it fine, and sleeps 1 s for the warning to be read: kept quiet, without the sleep (a second of every task)."""
     previous, sleep = logging.root.manager.disable, time.sleep
     logging.disable(logging.WARNING)
     time.sleep = lambda seconds: None  # only while its version check runs
     try:
-        from mindarmour.privacy.diff_privacy import NoiseGaussianRandom, RDPMonitor
+        from mindarmour.privacy import diff_privacy
     finally:
         logging.disable(previous)
         time.sleep = sleep
-    return NoiseGaussianRandom, RDPMonitor
+    return getattr(diff_privacy, name)
 
 
 def data_rows(net, images):
@@ -86,6 +88,11 @@ class ClippedGradientSum:
         return self.run(x, y, ms.Tensor(np.ones(x.shape[0], np.float32)), 1.0, rows)[-1]
 
     def run(self, x, y, mask, max_grad_norm, rows):
+        return self.graph(*self.inputs(x, y, mask, max_grad_norm, rows))
+
+    def inputs(self, x, y, mask, max_grad_norm, rows):
+        """The graph's inputs for one chunk: the examples, their labels and mask, C, their data rows if the network
+        takes them, and zero probes (made once per chunk size)."""
         if (rows is None) == self.takes_rows:
             raise ValueError("this network's clipped sum takes " + ("its chunk's data rows" if self.takes_rows else
                                                                     "no data rows"))
@@ -93,83 +100,94 @@ class ClippedGradientSum:
         if size not in self.probes:
             self.probes[size] = tuple(ms.Tensor(np.zeros((size, *shape), np.float32)) for shape in self.probe_shapes)
         rows = () if rows is None else (ms.Tensor(rows),)
-        return self.graph(x, y, mask, ms.Tensor(max_grad_norm, ms.float32), *rows, *self.probes[size])
+        return (x, y, mask, ms.Tensor(max_grad_norm, ms.float32), *rows, *self.probes[size])
 
 
-# Each MindArmour draw is one MindSpore 2.9 CPU `StandardNormal`: libstdc++'s minstd_rand0, 31 bits of state, set once
-# from its global and op seed (a Philox hash of the two, modulo 2³¹ − 1). So every draw of a run holds 31 bits, whatever
-# its seeds: five draws with their own op seeds hold 5 × 31 = 155 bits of the run's fresh entropy (four held 124, under
-# the 128 a run must have; tests/assets/test_algo_mindspore_dp.py checks the generator). Their sum over √5 is N(0, 1),
-# a sum of draws as Opacus' secure mode draws it (resistant to floating-point attacks, Holohan & Braghin 2021):
-# always so in MindSpore, secure_mode or not.
-NOISE_DRAWS = 5
-SEED_LIMIT = 2**31 - 1  # mindspore.common.seed keeps a seed modulo this
-
-
-def noise_seeds(randomness):
-    """The noise's global seed and one op seed per draw, each in [1, SEED_LIMIT) (0 would mean "pick one yourself")."""
-    words = randomness.words("gradient noise", 1 + NOISE_DRAWS)
-    global_seed, *op_seeds = [1 + int(word) % (SEED_LIMIT - 1) for word in words]
-    return global_seed, op_seeds
-
+# The noise is numpy's. MindArmour's `NoiseGaussianRandom` is MindSpore's CPU `StandardNormal`: libstdc++'s
+# minstd_rand0, whose whole state is 31 bits (a Philox hash of the global and op seed, modulo 2³¹ − 1) and whose period
+# is 2³¹ − 2 numbers. A draw holds 31 bits of the run's entropy, so 128 bits take five draws; five draws over every
+# weight of the default network use 1.7e9 numbers of that period in a Fashion-MNIST task, so their stretches overlap
+# and about a quarter of the noise repeats numbers drawn elsewhere in the task, which the accountant's independent
+# steps do not allow (tests/assets/test_algo_mindspore_dp.py). numpy's PCG64, as the batches' generator, has a
+# 128-bit state taken whole from the run's randomness and a period of 2¹²⁸.
 
 class NoisyUpdate(nn.Cell):
-    """Add Gaussian noise of std `noise_std` (σ·C of this step) to the clipped sum, divide by E[B], take the
-    step. The noise: NOISE_DRAWS unit draws of MindArmour's `NoiseGaussianRandom` seeded from `randomness`, summed
-    over √NOISE_DRAWS and scaled (the schedule and adaptive clipping change σ·C from step to step). One draw covers
-    every weight, cut into the gradients' shapes: a draw per gradient repeats the same numbers in each (one seed,
-    one stream per call site), which would let two gradients' difference cancel the noise."""
+    """Add `noise` (unit Gaussian noise for every weight, flat: `unit_noise`) times `noise_std` (σ·C of this step: the
+    schedule and adaptive clipping change it from step to step) to the clipped sum, divide by E[B], take the step.
+    One flat draw cut into the gradients' shapes, so no two gradients share their noise."""
 
-    def __init__(self, optimizer, expected_batch_size, randomness):
+    def __init__(self, optimizer, expected_batch_size):
         super().__init__(auto_prefix=False)
-        NoiseGaussianRandom, _ = import_mindarmour()
         self.optimizer = optimizer
         ends = np.cumsum([math.prod(p.shape) for p in optimizer.parameters]).tolist()
         self.bounds = tuple(zip([0] + ends[:-1], ends))
         self.shapes = tuple(tuple(p.shape) for p in optimizer.parameters)
-        self.every_weight = ms.Tensor(np.zeros(ends[-1], np.float32))  # the shape of one draw
-        global_seed, op_seeds = noise_seeds(randomness)
-        ms.set_seed(global_seed)  # MindSpore bakes the seeds into the graph when it compiles this cell
-        self.noises = nn.CellList([NoiseGaussianRandom(1.0, 1.0, seed=seed) for seed in op_seeds])
-        self.scale = 1.0 / math.sqrt(NOISE_DRAWS)
         # The *expected* batch size, a constant as in Opacus: dividing by the realised size would make
         # the update depend on the data beyond what the mechanism accounts for.
         self.expected_batch_size = float(expected_batch_size)
 
-    def unit_noise(self, g):
-        total = self.noises[0](g)
-        for k in range(1, NOISE_DRAWS):
-            total = total + self.noises[k](g)
-        return total * self.scale
-
-    def construct(self, clipped_sum, noise_std):
-        noise = self.unit_noise(self.every_weight) * noise_std
+    def construct(self, clipped_sum, noise, noise_std):
+        noise = noise * noise_std
         noisy = ()
         for g, (start, end), shape in zip(clipped_sum, self.bounds, self.shapes):
             noisy += ((g + noise[start:end].reshape(shape)) / self.expected_batch_size,)
         return self.optimizer(noisy)
 
 
-def make_dp_step(net, optimizer, expected_batch_size, randomness, with_canaries=None):
+class ClippedNoisyUpdate(nn.Cell):
+    """The last chunk's clipped sum (`clipped_sum`, a ClippedGradientSum's graph) plus `carried` (the clipped sum of
+    the batch's earlier chunks), noised and applied by `update` (a NoisyUpdate), in one graph; returns how many of the
+    chunk's examples had ‖g_i‖ ≤ C. One graph call a step, where a clipped sum and then an update cost 1–1.4 ms more."""
+
+    def __init__(self, clipped_sum, update):
+        super().__init__(auto_prefix=False)
+        self.clipped_sum, self.update = clipped_sum, update
+
+    def construct(self, carried, noise, noise_std, *chunk):
+        sums = self.clipped_sum(*chunk)  # the gradients' clipped sums, the unclipped count, the squared norms
+        gradients = ()
+        for g, earlier in zip(sums[:-2], carried):
+            gradients += (g + earlier,)
+        return ops.depend(sums[-2], self.update(gradients, noise, noise_std))  # the count once the step is taken
+
+
+def unit_noise(rng, size, secure_mode):
+    """`size` N(0, 1) numbers for one step's noise, float32, from the run's "gradient noise" generator; with
+    secure_mode as Opacus' secure_mode draws them."""
+    return randomness.standard_normal(rng, (size,), secure_mode, np.float32)
+
+
+def make_dp_step(net, optimizer, expected_batch_size, rng, secure_mode=False, with_canaries=None):
     """One DP-SGD step `step(images, labels, batch, C, σ, rows)` on images[batch] (as stored; labels int32; rows:
     the images' data_rows, if the network has them): clip each example's gradient to C, sum the chunks, add
-    N(0, σ²C²), divide by E[B], update; returns how many had ‖g_i‖ ≤ C."""
+    N(0, σ²C²) from `rng` (the run's "gradient noise" generator), divide by E[B], update; returns how many had
+    ‖g_i‖ ≤ C. The last chunk is clipped, summed, noised and applied in one graph (ClippedNoisyUpdate)."""
     clipped_sum = ClippedGradientSum(net, optimizer.parameters)
-    update = NoisyUpdate(optimizer, expected_batch_size, randomness)
+    update = NoisyUpdate(optimizer, expected_batch_size)
+    last_chunk_and_update = ClippedNoisyUpdate(clipped_sum.graph, update)
+    size = sum(math.prod(p.shape) for p in optimizer.parameters)
+    nothing = ms.mutable(tuple(ms.Tensor(np.zeros(p.shape, np.float32)) for p in optimizer.parameters))
     sizes = chunks.chunk_sizes(expected_batch_size)
 
     def step(images, labels, batch, max_grad_norm, noise_multiplier, rows=None):
-        total = None
-        for index, mask in chunks.padded_chunks(batch, sizes):
-            part = clipped_sum(as_input(images[index]), ms.Tensor(labels[index]), ms.Tensor(mask), max_grad_norm,
-                               None if rows is None else rows[index])
-            total = part if total is None else tuple(a + b for a, b in zip(total, part))
-        *gradients, unclipped = total
-        if with_canaries is not None:  # the white-box audit's canaries (DpStep.with_canaries), before the noise
+        parts = [clipped_sum.inputs(as_input(images[index]), ms.Tensor(labels[index]), ms.Tensor(mask),
+                                    max_grad_norm, None if rows is None else rows[index])
+                 for index, mask in chunks.padded_chunks(batch, sizes)]
+        noise = ms.from_numpy(unit_noise(rng, size, secure_mode))
+        noise_std = ms.Tensor(noise_multiplier * max_grad_norm, ms.float32)  # σ = 0: the mechanism tests
+        if with_canaries is not None:  # the white-box audit's canaries (DpStep.with_canaries): the sum on the host
+            sums = [clipped_sum.graph(*inputs)[:-1] for inputs in parts]
+            *gradients, unclipped = [sum(column[1:], column[0]) for column in zip(*sums)]
             gradients = [ms.Tensor(g) for g in with_canaries([g.asnumpy() for g in gradients])]
-        # mutable: GRAPH mode takes a plain tuple for a constant and recompiles at every step. σ = 0: mechanism tests.
-        update(ms.mutable(tuple(gradients)), ms.Tensor(noise_multiplier * max_grad_norm, ms.float32))
-        return int(unclipped.asnumpy())
+            # mutable: GRAPH mode takes a plain tuple for a constant and recompiles at every step.
+            update(ms.mutable(tuple(gradients)), noise, noise_std)
+            return int(unclipped.asnumpy())
+        carried, unclipped = nothing, 0
+        for inputs in parts[:-1]:  # a batch above the larger chunk: about one step in 3,600 at the default batch
+            *sums, count, _ = clipped_sum.graph(*inputs)
+            carried = ms.mutable(tuple(a + b for a, b in zip(carried, sums)))
+            unclipped += int(count.asnumpy())
+        return unclipped + int(last_chunk_and_update(carried, noise, noise_std, *parts[-1]).asnumpy())
 
     return step
 
@@ -226,7 +244,7 @@ class AveragingOptimizer(nn.Cell):
 
 def mindarmour_epsilon(n, sample_rate, noise_multiplier, steps, delta):
     """MindArmour's RDPMonitor figure for this run, once for all steps (its step_end miscounts): above our RDP's."""
-    _, RDPMonitor = import_mindarmour()
+    RDPMonitor = import_mindarmour("RDPMonitor")
     batch = max(1, round(n * sample_rate))
     if batch >= n:
         return float("nan")
@@ -284,7 +302,9 @@ class MindSporeMindArmour:
             optimizer = AveragingOptimizer(optimizer, average)  # every step then updates the average too
         net.set_train(True)
         labels = labels.astype(np.int32)
-        dp_step = hp.dp and make_dp_step(net, optimizer, plan.expected_batch_size, step.randomness, step.canary_hook)
+        noise_rng = step.randomness.numpy("gradient noise")
+        dp_step = hp.dp and make_dp_step(net, optimizer, plan.expected_batch_size, noise_rng, hp.secure_mode,
+                                          step.canary_hook)
         rows = data_rows(net, images) if hp.dp else None  # kept in memory as the features, never written
         plain_step = None if hp.dp else make_plain_step(net, optimizer)
         batch_sizes = []

@@ -17,7 +17,7 @@ from mnist_dp.privacy import planning
 from mnist_dp.privacy.events import NoiseSchedule
 from mnist_dp.privacy.model_file import ModelFile
 from mnist_dp.privacy.planning import SamplingPlan
-from mnist_dp.privacy.randomness import RunRandomness
+from mnist_dp.privacy.randomness import RunRandomness, standard_normal
 
 # The network's input normalisation (MNIST's pixel mean and std), the first layer of every framework's CNN.
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
@@ -127,9 +127,9 @@ def flat_weights(framework: Framework, model) -> np.ndarray:
 class DpStep:
     """What the privacy mechanism of every step uses, as the skeleton decided it. Step t (0-based) adds Gaussian
     noise of std noise.gradient_sigma(t) · clip.value to the sum of the examples' gradients clipped to clip.value,
-    drawn from a generator the framework seeds from randomness.words("gradient noise", ...), divides by
-    plan.expected_batch_size, and then reports its count of unclipped examples to clip.update (adaptive clipping;
-    a no-op otherwise). Without DP: σ = 0 and nothing is clipped.
+    drawn from the run's "gradient noise" stream (a generator whose whole state comes from randomness), divides
+    by plan.expected_batch_size, and then reports its count of unclipped examples to clip.update (adaptive
+    clipping; a no-op otherwise). Without DP: σ = 0 and nothing is clipped.
 
     `canaries`: the benchmarks' only: the white-box audit's (mnist_dp/privacy/audit.py, benchmarks/audit.py
     --white-box) and benchmarks/same_noise.py's shared noise; the skeleton's `train` never sets it. When set, a
@@ -175,11 +175,8 @@ class ClipNorm:
         self.secure = hp.secure_mode
 
     def count_noise(self) -> float:
-        """One draw of N(0, s²). With secure_mode, as Opacus' secure_mode draws the gradient noise: the sum of four
-        draws over 2, whose low bits no longer reveal the value drawn (the floating-point attack, Mironov 2012)."""
-        if self.secure:
-            return float(self.rng.normal(0.0, self.stddev, size=4).sum() / 2)
-        return float(self.rng.normal(0.0, self.stddev))
+        """One draw of N(0, s²), as Opacus' secure_mode draws the noise when secure_mode is on."""
+        return float(self.stddev * standard_normal(self.rng, secure=self.secure))
 
     def update(self, unclipped: int, batch_size: int) -> None:
         """After a step on `batch_size` examples of which `unclipped` had a gradient norm ≤ C."""

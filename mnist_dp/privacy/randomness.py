@@ -70,3 +70,11 @@ class RunRandomness:
     def words(self, purpose: str, count: int, dtype=np.uint32) -> np.ndarray:
         """`count` seed words (uint32 or uint64) for a framework's own generator, for `purpose`."""
         return self._sequence(purpose).generate_state(count, dtype)
+
+
+def standard_normal(rng: np.random.Generator, shape: tuple = (), secure: bool = False, dtype=np.float64):
+    """N(0, 1) draws of `shape` from `rng`. With `secure`, as Opacus' secure_mode draws its noise: the sum of four
+    draws over 2, whose low bits no longer reveal the value drawn (the floating-point attack, Mironov 2012)."""
+    if secure:
+        return rng.standard_normal((4, *shape), dtype).sum(0) / 2
+    return rng.standard_normal(shape, dtype)

@@ -20,7 +20,8 @@ NOT_COVERED = [
     "hyperparameter tuning, model selection or repeated training on the same data (each try spends privacy "
     "that this ledger does not see)",
     "the test data (its accuracy is published)",
-    "timing side channels, and floating-point attacks on the noise in tf, and in torch without secure_mode",
+    "timing side channels, and floating-point attacks on the noise in tf, and in torch and MindSpore without "
+    "secure_mode",
     "the size of the training data (n is in the ledger, and a published ε reveals ceil(n / batch_size))",
 ]
 
