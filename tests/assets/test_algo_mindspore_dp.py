@@ -1,5 +1,5 @@
 """The MindSpore algo's networks and DP machinery against MindSpore's own layers and naive per-example gradients,
-and MindArmour's noise."""
+the DP step's noise, and why that noise is not MindArmour's."""
 import os
 
 import numpy as np
