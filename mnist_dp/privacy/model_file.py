@@ -25,9 +25,10 @@ from mnist_dp.privacy.planning import check_delta
 from mnist_dp.utils import atomic, json_input
 from mnist_dp.utils.errors import UserError
 
-FORMAT = "mnist-dp-model/3"  # 2: digests in the metadata, provenance in every ledger event; 3: the examples
-# Read too: a /2 ledger names no examples, so each of its runs counts for every example (ledger.Ledger.accounts).
-READABLE = (FORMAT, "mnist-dp-model/2")
+FORMAT = "mnist-dp-model/4"  # 2: digests in the metadata, provenance in every ledger event; 3: the examples;
+# 4: MindSpore's noise from numpy. Read too: a /2 ledger names no examples, so each of its runs counts for every
+# example (ledger.Ledger.accounts); a MindSpore model before /4 is refused (see `load`).
+READABLE = (FORMAT, "mnist-dp-model/3", "mnist-dp-model/2")
 _META = "meta.json"
 _LEDGER = "ledger.json"
 _WEIGHTS = "weights.bin"
@@ -82,6 +83,10 @@ def load(path, framework: str | None = None) -> ModelFile:
         found = meta.get("format") if isinstance(meta, dict) else None
         raise UserError(f"{path}: unknown model format {found!r}, expected {FORMAT!r} (a model written by another "
                         "version of this bundle: train it again)")
+    if meta["framework"] == "mindspore" and meta["format"] != FORMAT:
+        raise UserError(f"{path}: a MindSpore model of format {meta['format']!r} drew MindArmour's noise, whose "
+                        "numbers repeat within a run (docs/design.md, where the randomness comes from): its ε does "
+                        "not hold; train it again")
     if framework is not None and meta["framework"] != framework:
         raise UserError(f"{path}: model was trained with {meta['framework']!r}, cannot load it into {framework!r}")
     for name, content in (("ledger", ledger_bytes), ("weights", weights)):

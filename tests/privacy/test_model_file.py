@@ -24,6 +24,17 @@ def test_wrong_framework_is_refused(tmp_path):
         model_file.load(tmp_path / "m", "tf")
 
 
+@pytest.mark.parametrize("framework", ["torch", "tf", "mindspore"])
+def test_an_earlier_format_is_read_except_a_mindspore_model_whose_noise_repeated(tmp_path, framework):
+    path = save_model(tmp_path / "m", [ledger_event(framework)])
+    rewrite_member(path, "meta.json", lambda meta: {**meta, "format": "mnist-dp-model/3"})
+    if framework != "mindspore":
+        assert model_file.load(path, framework).framework == framework
+        return
+    with pytest.raises(UserError, match="MindSpore model of format 'mnist-dp-model/3' drew MindArmour's noise"):
+        model_file.load(path, framework)
+
+
 @pytest.mark.parametrize("content", [b"", b"not a zip at all", b"PK\x03\x04truncated"])
 def test_corrupt_file_is_named(tmp_path, content):
     (tmp_path / "m").write_bytes(content)
