@@ -284,13 +284,11 @@ def _least_on_grid(epsilon, target_epsilon: float, lower: float, upper: float, t
         return epsilon(round(k * tol, 6)) - target_epsilon
 
     low, f_low = lower / tol, epsilon(lower) - target_epsilon  # a real index at first; above the target there
-    high = math.ceil(upper / tol - 1e-9)
-    f_high = gap(high)
-    while f_high > 0:  # ε(upper) met the target; a rounded-up σ's PLD figure may not, by a hair
-        if (high + 1) * tol > most:
-            return round(most, 6)
-        high += 1
-        f_high = gap(high)
+    upper = _rounded_up(epsilon, upper, target_epsilon, tol, most)  # a rounded-up σ's PLD figure may miss, by a hair
+    if upper == round(most, 6):
+        return upper
+    high = round(upper / tol)
+    f_high = gap(high)  # remembered by `epsilon`, as every figure a calibration asks again
     moved = None
     while high - math.floor(low) > 1:  # a grid point lies strictly between the ends
         a, b = low ** -2, high ** -2
@@ -309,12 +307,12 @@ def _least_on_grid(epsilon, target_epsilon: float, lower: float, upper: float, t
 
 
 def _rounded_up(epsilon, sigma: float, target_epsilon: float, tol: float, most: float) -> float:
-    """`sigma`, a root Brent's method found within `tol` on either side, rounded up to `tol` and stepped up until
-    `epsilon` meets the target (at `most` it does)."""
-    sigma = math.ceil(sigma / tol) * tol
-    while sigma < most and epsilon(sigma) > target_epsilon:
-        sigma += tol
-    return round(min(sigma, most), 6)
+    """`sigma` (a root found within `tol` on either side, or an upper end) rounded up to the grid of `tol` and
+    stepped up a grid point at a time until `epsilon` meets the target at the σ returned (at `most` it does)."""
+    k = math.ceil(sigma / tol - 1e-9)
+    while k * tol < most and epsilon(round(k * tol, 6)) > target_epsilon:
+        k += 1
+    return round(min(k * tol, most), 6)
 
 
 def _root(epsilon, target_epsilon: float, lower: float, upper: float, tol: float) -> float:
