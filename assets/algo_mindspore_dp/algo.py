@@ -176,18 +176,22 @@ def make_dp_step(net, optimizer, expected_batch_size, rng, secure_mode=False, wi
         noise = ms.from_numpy(unit_noise(rng, size, secure_mode))
         noise_std = ms.Tensor(noise_multiplier * max_grad_norm, ms.float32)  # σ = 0: the mechanism tests
         if with_canaries is not None:  # the white-box audit's canaries (DpStep.with_canaries): the sum on the host
-            sums = [clipped_sum.graph(*inputs)[:-1] for inputs in parts]
-            *gradients, unclipped = [sum(column[1:], column[0]) for column in zip(*sums)]
+            gradients, unclipped = summed(parts)
             gradients = [ms.Tensor(g) for g in with_canaries([g.asnumpy() for g in gradients])]
-            # mutable: GRAPH mode takes a plain tuple for a constant and recompiles at every step.
             update(ms.mutable(tuple(gradients)), noise, noise_std)
-            return int(unclipped.asnumpy())
-        carried, unclipped = nothing, 0
-        for inputs in parts[:-1]:  # a batch above the larger chunk: about one step in 3,600 at the default batch
-            *sums, count, _ = clipped_sum.graph(*inputs)
-            carried = ms.mutable(tuple(a + b for a, b in zip(carried, sums)))
-            unclipped += int(count.asnumpy())
+            return unclipped
+        carried, unclipped = summed(parts[:-1])  # a batch above the larger chunk: about one step in 3,600 by default
         return unclipped + int(last_chunk_and_update(carried, noise, noise_std, *parts[-1]).asnumpy())
+
+    def summed(parts):
+        """The clipped sums of chunks run through the clipped sum alone, and how many had ‖g_i‖ ≤ C (zeros and 0
+        for none). mutable: GRAPH mode takes a plain tuple for a constant and recompiles at every step."""
+        total, unclipped = nothing, 0
+        for inputs in parts:
+            *sums, count, _ = clipped_sum.graph(*inputs)
+            total = ms.mutable(tuple(a + b for a, b in zip(total, sums)))
+            unclipped += int(count.asnumpy())
+        return total, unclipped
 
     return step
 
