@@ -301,8 +301,9 @@ class Search:
 
     Per example: a training example is covered by the repeated selection of the candidate's training (a random
     choice among `candidates`, whose Rényi divergence is at most the worst of theirs at every order), a validation
-    example by that of its score alone. `face` says which one an account composes ("training", as stored, or
-    "score": Ledger.accounts makes it for the validation examples).
+    example by that of its score alone. `face` says which one an account composes ("training", as stored; "score":
+    Ledger.accounts makes it for the validation examples; "either": the worse of the two at every RDP order, for an
+    individual who may sit on either side, as in several organisations' data).
     """
 
     mean: float  # E[K] >= 1
@@ -322,6 +323,10 @@ class Search:
     def scored(self) -> Search:
         """The search as a validation example sees it: its score only."""
         return dataclasses.replace(self, face="score")
+
+    def either(self) -> Search:
+        """The search as an example on an unknown side of the split sees it: the worse face at every order."""
+        return dataclasses.replace(self, face="either")
 
     @classmethod
     def from_json(cls, record) -> Search:

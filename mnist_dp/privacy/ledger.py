@@ -208,8 +208,11 @@ class Ledger:
 
     def epsilon_in_every_organization(self, delta: float, accountant: str = REPORTED_ACCOUNTANT) -> float:
         """ε at δ of an individual whose records every organisation holds (and every data sample): every run
-        composed. The same as `epsilon` when the runs all trained on the same examples."""
-        return compose_epsilon(self.events, delta, accountant)
+        composed, each search by the worse of its two faces at every RDP order (one record may sit in one
+        organisation's validation split and another in another's training split). The same as `epsilon` when the
+        runs all trained on the same examples and none is a search."""
+        return compose_epsilon([e if e.search is None else dataclasses.replace(e, search=e.search.either())
+                                for e in self.events], delta, accountant)
 
     def histories(self, data: Sequence[str]) -> list:
         """The earlier runs of the examples of data samples `data` (recorded in `examples`), as the distinct

@@ -105,6 +105,7 @@ def plan_search(framework: str, base: Hyperparameters, search: SearchSpace, n: i
     held out, or a UserError naming `where` (the task, and the scripts before they register anything, ask it): σ of
     every profile so that the training examples' ε ends at base.target_epsilon, and the score's noise so that the
     validation examples' does."""
+    planning.check_delta(base.delta, n, where=f"{where}: delta")  # the released model's own check: the whole n
     profiles = search_space.check_with(search, base, where)
     if validation_n == 0 or validation_n == n:
         raise UserError(f"{where}: validation_fraction = {search.validation_fraction:g} holds out {validation_n} of "

@@ -184,3 +184,27 @@ def test_the_statement_says_the_search_is_covered_and_composed_by_rdp(tmp_path):
     once = model_file.load(save_model(tmp_path / "once", [dp_event()]))
     text = statement.privacy_statement(once)
     assert "Not covered: " + statement.NOT_COVERED[0] in text and "search" not in text
+
+
+def test_an_individual_in_every_organisation_pays_the_worse_face_of_each_search_at_every_order():
+    # Two organisations' searches: a score noise so low that the validation face is the worse at some orders.
+    ids = [np.random.default_rng(k).integers(0, 2**63, 2000, dtype=np.uint64) for k in (1, 2)]
+    events = [dataclasses.replace(search_event(n=2000, validation_n=int(validation_mask(own, 100).sum()), score=0.5),
+                                  data=(f"s{k}",)) for k, own in enumerate(ids)]
+    ledger = Ledger(events, {f"s{k}": Examples.of(f"{k}" * 16, own) for k, own in enumerate(ids)})
+    orders = rdp.RdpAccountant().orders
+    faces = [rdp.RdpAccountant().compose(dp_accounting.dp_event.RepeatAndSelectDpEvent(single, 4.0, 0.0)).rdp
+             for single in (dp_sgd(1 / 8, 240, 1.3), dp_accounting.GaussianDpEvent(0.5))]
+    assert np.any(faces[0] > faces[1]) and np.any(faces[1] > faces[0])  # neither face is the worse everywhere
+    independent = rdp_privacy_accountant.compute_epsilon(orders, 2 * np.maximum(*faces), DELTA)[0]
+    assert ledger.epsilon_in_every_organization(DELTA) == pytest.approx(independent, rel=1e-9)
+    training_only = rdp_privacy_accountant.compute_epsilon(orders, 2 * faces[0], DELTA)[0]
+    assert ledger.epsilon_in_every_organization(DELTA) > training_only  # what it reported before
+
+
+def test_delta_is_checked_against_every_example_before_a_search_starts():
+    # 1/1000 < δ < 1/900: the training split alone would accept it, the released model's check would not.
+    hp = dict_hp(batch_size=100, delta=1 / 950)
+    space = search_space.parse({"space": {"learning_rate": [0.1, 0.2]}}, "hp.json")
+    with pytest.raises(UserError, match=r"hp.json: delta = 0.00105\d* must be > 0 and < 1/n = 0.001 for n = 1000"):
+        plan_search("torch", hp, space, 1000, 100, "hp.json")
