@@ -265,10 +265,7 @@ def secure_generator(secure_mode: bool, randomness) -> torch.Generator:
         from opacus import PrivacyEngine
 
         return PrivacyEngine(secure_mode=True).secure_rng  # torchcsprng's /dev/urandom generator
-    if secure_mode:
-        skeleton.log.warning("secure_mode without torchcsprng: float-attack-resistant noise from a generator seeded "
-                             "with 256 fresh bits, but PyTorch's is not a CSPRNG")
-    return noise_generator(randomness)
+    return noise_generator(randomness)  # without torchcsprng: notices() says so, once per task
 
 
 def make_dp_step(model, optimizer, expected_batch_size, generator, secure_mode, sample_rate, with_canaries=None):
@@ -410,6 +407,12 @@ class TorchOpacus:
         if hp.dp and step.library_can_account:
             library["Opacus PRV (this run only)"] = accountant.get_epsilon(hp.delta)
         return interface.Ran(batch_sizes, library)
+
+    def notices(self, hp: Hyperparameters) -> list:
+        if hp.dp and hp.secure_mode and not has_torchcsprng():
+            return ["secure_mode without torchcsprng: float-attack-resistant noise from a generator seeded with 256 "
+                    "fresh bits, but PyTorch's is not a CSPRNG"]
+        return []
 
     def weight_arrays(self, model: nn.Module) -> list[np.ndarray]:
         # The common layout (initial_weights.py) is torch's own state dict.

@@ -111,6 +111,10 @@ class Framework(Protocol):
     def set_weight_arrays(self, model, arrays: list):
         """The model with its weights replaced by `arrays` (the order of `weight_arrays`); returns it."""
 
+    def notices(self, hp: Hyperparameters) -> list:
+        """What a run of `hp` warns the user about (lines), said once per task before any step, never from `fit`
+        (optional: none)."""
+
 
 def check_shapes(arrays: list, shapes: list) -> None:
     """Refuse weight arrays that are not shaped as a network's parameters (`shapes`), one for one."""

@@ -8,8 +8,10 @@ the whole search (privacy/search.py); the other candidates' weights and every sc
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,14 +19,14 @@ import numpy as np
 
 from mnist_dp import hyperparameters, search_space
 from mnist_dp.hyperparameters import Hyperparameters
+from mnist_dp.learning import features as feature_maps
 from mnist_dp.learning import skeleton
 from mnist_dp.learning.interface import Framework, Network, Ran
 from mnist_dp.privacy import model_file, provenance, statement
 from mnist_dp.privacy.ledger import Ledger
 from mnist_dp.privacy.planning import SamplingPlan
-from mnist_dp.privacy.randomness import REPLAYABLE_WARNING, RunRandomness
+from mnist_dp.privacy.randomness import RunRandomness
 from mnist_dp.privacy.search import SearchPlan, draw_count, plan_search, validation_split
-from mnist_dp.utils import timing
 from mnist_dp.utils.errors import UserError
 
 log = logging.getLogger("substratools.mnist_dp")
@@ -51,29 +53,49 @@ def run_search(framework: Framework, images: np.ndarray, labels: np.ndarray, hel
     start = time.perf_counter()
     rng, score_noise = randomness.numpy("search"), randomness.numpy("score noise")
     count = draw_count(rng, search.search.mean, search.search.shape)
-    train_x, train_y = images[~held_out], labels[~held_out]
-    validation_x, validation_y = images[held_out], labels[held_out]
-    inputs = {}  # features -> (training inputs, validation inputs): the candidates share them
+    train_y, validation_y = labels[~held_out], labels[held_out]
+    # Every features value the space may draw, made before the first candidate: which ones the candidates drew
+    # would otherwise show in the work done (and its progress bars).
+    drawn = search.search.space.get("features", (search.base.features,))
+    inputs = {features: (feature_maps.transform(images[~held_out], features),
+                         feature_maps.transform(images[held_out], features)) for features in drawn}
     best, best_score = None, -np.inf
-    for index in range(count):
-        hp = search.search.draw(search.base, rng)
-        plan, sigma = search.candidate(hp, where)
-        network = Network.of(hp)
-        if hp.features not in inputs:
-            inputs[hp.features] = network.inputs(train_x), network.inputs(validation_x)
-        model = framework.new_model(hp.seed, network)
-        ran = skeleton.fit(framework, model, train_x, train_y, hp, plan, sigma, lambda steps: "",
-                           randomness.candidate(index), inputs=inputs[hp.features][0])
-        score = noisy_count(correct(framework, model, inputs[hp.features][1], validation_y),
-                            search.score_noise_multiplier, score_noise)
-        if skeleton.non_finite(framework, model)[0]:  # a diverged candidate never wins (a function of its output)
-            score = -np.inf
-        if best is None or score > best_score:
-            best, best_score = Searched(model, hp, plan, ran, count, 0.0), score
+    with silenced():
+        for index in range(count):
+            hp = search.search.draw(search.base, rng)
+            plan, sigma = search.candidate(hp, where)
+            model = framework.new_model(hp.seed, Network.of(hp))
+            ran = skeleton.fit(framework, model, None, train_y, hp, plan, sigma, lambda steps: "",
+                               randomness.candidate(index), inputs=inputs[hp.features][0], progress=False)
+            score = noisy_count(correct(framework, model, inputs[hp.features][1], validation_y),
+                                search.score_noise_multiplier, score_noise)
+            if skeleton.non_finite(framework, model)[0]:  # a diverged candidate never wins (a function of its output)
+                score = -np.inf
+            if best is None or score > best_score:
+                best, best_score = Searched(model, hp, plan, ran, count, 0.0), score
     if best is None:
         return None
     best.seconds = time.perf_counter() - start
     return best
+
+
+def _no_run_time(record: logging.LogRecord) -> bool:
+    """substratools' "… ran in N s" line after a function, which for a tune task grows with K."""
+    return " ran in " not in record.getMessage()
+
+
+@contextlib.contextmanager
+def silenced():
+    """No log record and no Python warning while the candidates train: their number is K, which is secret (a
+    library's warning may come from some candidates only). What a run warns about is said once before
+    (skeleton.say_notices); progress bars are off (skeleton.fit's `progress`)."""
+    logging.disable(logging.CRITICAL)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logging.disable(logging.NOTSET)
 
 
 def released_ledger(framework: Framework, data: dict, plan: SearchPlan, searched: Searched, code: dict | None
@@ -101,9 +123,10 @@ def noisy_count(count: int, noise_multiplier: float, rng: np.random.Generator) -
 def tune(framework: Framework, inputs: dict, outputs: dict, hyperparameters_path: Path) -> dict:
     """The substratools `tune` function body: a private search on the organisation's data (the search file beside
     the hyperparameters, search_space.FILE_NAME; the default search without one) -> the best candidate's model, its
-    ledger holding the search, and ε. Logs nothing that depends on the number of candidates."""
-    timing.begin_task("tune", framework=framework.name)
+    ledger holding the search, and ε. Logs and writes nothing that depends on the number of candidates: no
+    progress bar per candidate, warnings once before them, and no time or memory line (both grow with K)."""
     skeleton.check_outputs_writable(outputs)
+    logging.getLogger("substratools.function").addFilter(_no_run_time)
     data = inputs["datasamples"]
     where = str(hyperparameters_path)
     base = hyperparameters.load(hyperparameters_path)
@@ -113,11 +136,8 @@ def tune(framework: Framework, inputs: dict, outputs: dict, hyperparameters_path
     held_out = validation_split(data, search.validation_permille)
     plan = plan_search(framework.name, base, search, len(held_out), int(held_out.sum()), where)
     randomness = RunRandomness.for_run(base.noise_seed, 0, tuple(s["identity"] for s in data["samples"]))
-    if randomness.replayable:
-        log.warning("noise_seed = %d: %s", base.noise_seed, REPLAYABLE_WARNING)
-    timing.mark("setup")
+    skeleton.say_notices(framework, base, randomness)  # the candidates' too (the space searches no such key)
     searched = run_search(framework, data["images"], data["labels"], held_out, plan, randomness, where)
-    timing.mark("search")
     if searched is None:
         raise UserError(f"{where}: the search drew no candidate (the Poisson distribution allows it, with "
                         "probability exp(-mean)); nothing is released: run the task again")
@@ -131,5 +151,4 @@ def tune(framework: Framework, inputs: dict, outputs: dict, hyperparameters_path
     summary = statement.privacy_summary(ledger, base.delta)
     skeleton.save_epsilon(outputs["epsilon"], summary["epsilon"])
     log.info("search: released the best candidate: %s", statement.describe(summary))
-    timing.end_task("saving", dp=True)
     return summary

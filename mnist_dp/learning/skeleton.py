@@ -37,9 +37,10 @@ log = logging.getLogger("substratools.mnist_dp")
 
 
 def sampled_batches(plan: SamplingPlan, hp: Hyperparameters, randomness: RunRandomness,
-                    on_epoch: EpochCallback, name: str):
+                    on_epoch: EpochCallback, name: str, progress: bool = True):
     """Yield the index batch of every step of a run (exactly plan.steps), with a progress bar named for the
-    framework `name` whose text after each epoch is `on_epoch`'s. `randomness` draws them; `hp` says whether to.
+    framework `name` whose text after each epoch is `on_epoch`'s (none when `progress` is False: a search's
+    candidates, whose number is secret). `randomness` draws them; `hp` says whether to.
 
     With DP, Poisson sampling as the accountant assumes: each example joins each batch independently
     with probability q (batch sizes vary; a batch may be empty and is still a step). The non-private
@@ -50,7 +51,7 @@ def sampled_batches(plan: SamplingPlan, hp: Hyperparameters, randomness: RunRand
 
     rng = randomness.numpy("batches")
     # Steps are counted here, not by the bar: a bar without a terminal (a Substra task) counts nothing.
-    with tqdm(total=plan.steps, desc=f"train ({name})", unit="step", disable=None) as bar:
+    with tqdm(total=plan.steps, desc=f"train ({name})", unit="step", disable=None if progress else True) as bar:
         for step in range(1, plan.steps + 1):
             if hp.dp:
                 yield np.flatnonzero(rng.random(plan.n) < plan.sample_rate)
@@ -65,7 +66,7 @@ def sampled_batches(plan: SamplingPlan, hp: Hyperparameters, randomness: RunRand
 
 def fit(framework: Framework, model, images: np.ndarray, labels: np.ndarray, hp: Hyperparameters,
         plan: SamplingPlan, sigma: float, on_epoch: EpochCallback, randomness: RunRandomness | None = None,
-        canaries=None, through=None, inputs: np.ndarray | None = None) -> Ran:
+        canaries=None, through=None, inputs: np.ndarray | None = None, progress: bool = True) -> Ran:
     """One training run of `framework`, and what it ran: the batch sizes and its library's ε from the framework,
     σ, the clipping unit and where the randomness came from completed here.
 
@@ -78,14 +79,14 @@ def fit(framework: Framework, model, images: np.ndarray, labels: np.ndarray, hp:
     steps add that fraction of the noise while the result still says σ. through(batches, plan): what the batches
     pass through on their way to the framework (substrafl's index generator, which counts them); it must hand on
     every batch unchanged. inputs: the network's inputs of `images` when the caller has them (a search's candidates
-    share them), else computed here."""
+    share them), else computed here. progress: whether to draw the steps' progress bar."""
     planning.check_secure_mode(framework.name, hp)  # as check_run does, which a caller may skip
     randomness = randomness or RunRandomness.for_run(hp.noise_seed)
     inputs = Network.of(hp).inputs(images) if inputs is None else inputs
     timing.mark("features")  # fixed features: the scattering transform of every image (nothing for pixels)
     added = sigma if canaries is None else sigma * canaries.noise_scale
     step = DpStep(planning.noise_schedule(hp, plan, added), ClipNorm(hp, plan, randomness), randomness, canaries)
-    batches = sampled_batches(plan, hp, randomness, on_epoch, framework.name)
+    batches = sampled_batches(plan, hp, randomness, on_epoch, framework.name, progress)
     if through is not None:
         batches = through(batches, plan)
     ran = framework.fit(model, inputs, labels, hp, plan, step, batches)
@@ -246,8 +247,7 @@ def train_in_memory(framework: Framework, model, ledger: Ledger, data: dict, hp:
     both train through here."""
     run = budget.for_task(framework.name, hp, plan, ledger, data["samples"])
     randomness = RunRandomness.for_run(hp.noise_seed, len(ledger.events), run.identities)
-    if randomness.replayable:
-        log.warning("noise_seed = %d: %s", hp.noise_seed, REPLAYABLE_WARNING)
+    say_notices(framework, hp, randomness)
     timing.mark("setup")  # input model, σ calibration, budget
     if run.plan.steps == 0:
         return run, None
@@ -260,6 +260,16 @@ def train_in_memory(framework: Framework, model, ledger: Ledger, data: dict, hp:
     check_finite(framework, model, f"training diverged in {ran.steps} steps", if_diverged)
     ledger.add(run.event(ran, code=code))
     return run, ran
+
+
+def say_notices(framework: Framework, hp: Hyperparameters, randomness: RunRandomness) -> None:
+    """Log, once and before any step, what a run of `hp` warns about: replayable noise, and the framework's own
+    notices (Framework.notices). A search says them once for all its candidates: a line per candidate would
+    count them."""
+    if randomness.replayable:
+        log.warning("noise_seed = %d: %s", hp.noise_seed, REPLAYABLE_WARNING)
+    for notice in getattr(framework, "notices", lambda hp: [])(hp):
+        log.warning("%s", notice)
 
 
 def run_settings(hp: Hyperparameters, sigma: float, plan: SamplingPlan) -> dict:

@@ -97,8 +97,9 @@ def search_rdp(search: Search) -> np.ndarray:
     """RDP of a search, at every order of RDP_ORDERS, as its face sees it: a training example, the repeated
     selection of a candidate's training (a candidate's profile is a random choice among `candidates`: Rényi
     divergence is jointly quasi-convex, so its RDP is at most the worst profile's at every order); a validation
-    example, that of its Gaussian score; face "either", the larger of the two at each order. With one profile it is exactly dp_accounting's
-    RepeatAndSelectDpEvent(profile, mean, shape), whose RDP it computes by the same function."""
+    example, that of its Gaussian score; face "either", the larger of the two at each order. With one profile it is
+    exactly dp_accounting's RepeatAndSelectDpEvent(profile, mean, shape), whose RDP it computes by the same
+    function."""
     if search.face == "either":
         return np.maximum(search_rdp(search.scored()), search_rdp(dataclasses.replace(search, face="training")))
     if search.face == "score":

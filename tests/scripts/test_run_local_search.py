@@ -1,5 +1,6 @@
 """--search: a private hyperparameter search at each organisation as Substra tasks (run_local.py, subprocess
 backend), the tune function through the substratools command line, and the search file's bad inputs."""
+import difflib
 import hashlib
 import json
 import re
@@ -15,8 +16,6 @@ from mnist_dp.assets import ALGO_ASSETS, DATASET_ASSET
 from mnist_dp.data import dataset
 from mnist_dp.data.samples import sample_identity
 from mnist_dp.privacy import model_file
-from mnist_dp.privacy.randomness import RunRandomness
-from mnist_dp.privacy.search import draw_count
 
 SCRIPT = REPO / "scripts" / "run_local.py"
 SEARCH = {"space": {"learning_rate": [0.05, 0.1, 0.2], "ema_decay": [0.0, 0.5]}, "mean_candidates": 2, "shape": 1,
@@ -92,33 +91,72 @@ def test_only_the_best_candidates_model_and_no_score_leaves_a_search(searched):
     assert "validation" not in proc.stdout + proc.stderr
 
 
-def test_nothing_a_tune_task_logs_or_writes_depends_on_the_number_of_candidates(tmp_path, tiny_data):
+# Runs a tune task's algo.py with K, the number of candidates, forced to argv[1]: the search draws it in secret, so a
+# test cannot choose it otherwise under secure_mode (which refuses a noise_seed).
+FORCED_COUNT = """import runpy, sys
+from mnist_dp.learning import search
+count = int(sys.argv.pop(1))
+search.draw_count = lambda rng, mean, shape: count
+sys.argv[0] = "algo.py"
+runpy.run_path("algo.py", run_name="__main__")
+"""
+
+
+def in_a_terminal(command, cwd, env):
+    """Run `command` with its standard output and error on a pseudo-terminal (as Substra's docker mode gives a task):
+    (exit code, everything it wrote there, progress bars included)."""
+    import os
+    import pty
+
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=follower, stderr=follower)
+    os.close(follower)
+    written = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the terminal closed: the process and its children are done with it
+            break
+        if not chunk:
+            break
+        written += chunk
+    os.close(leader)
+    return proc.wait(), written.decode(errors="replace")
+
+
+@pytest.mark.parametrize("framework", list(ALGO_ASSETS))
+def test_nothing_a_tune_task_emits_depends_on_the_number_of_candidates(tmp_path, tiny_data, framework):
+    """A K = 1 and a K = 4 search under a terminal, with secure_mode where the framework has it: the same bytes on
+    the terminal, digits included (log lines' timestamps aside), the same timings file, the same outputs."""
+    import os
+
     folders = samples(tiny_data, "train")
-    identities = tuple(sorted(sample_identity(f) for f in folders))
-    counts = {seed: draw_count(RunRandomness.for_run(seed, 0, identities).numpy("search"), 2, 1) for seed in range(40)}
-    few, many = min(counts, key=counts.get), max(counts, key=counts.get)
-    assert counts[few] == 1 and counts[many] >= 4
-    search_file = json.dumps(SEARCH).encode()
-    logs, outputs = [], []
-    for seed in (few, many):
-        hp = tiny_hyperparameters("torch", noise_multiplier=None, target_epsilon=3.0, noise_seed=seed)
-        folder = extract_function(ALGO_ASSETS["torch"], "tune", tmp_path / f"build{seed}", hp)
-        (folder / "search.json").write_bytes(search_file)
-        out = tmp_path / f"out{seed}"
+    secure = framework != "tf"  # TF Privacy has no secure noise generator: its algo refuses secure_mode
+    hp = tiny_hyperparameters(framework, noise_multiplier=None, target_epsilon=3.0, noise_seed=None,
+                              secure_mode=secure)
+    folder = extract_function(ALGO_ASSETS[framework], "tune", tmp_path / "build", hp)
+    (folder / "search.json").write_text(json.dumps(SEARCH))
+    (folder / "forced_count.py").write_text(FORCED_COUNT)
+    resources = [{"id": "opener", "value": str(DATASET_ASSET / "opener.py"), "multiple": False}] + [
+        {"id": "datasamples", "value": f, "multiple": True} for f in folders]
+    written, timings, outputs = [], [], []
+    for count in (1, 4):
+        out = tmp_path / f"out{count}"
         out.mkdir()
-        resources = [{"id": "opener", "value": str(DATASET_ASSET / "opener.py"), "multiple": False}] + [
-            {"id": "datasamples", "value": f, "multiple": True} for f in folders]
         outs = [{"id": "model", "value": str(out / "model"), "multiple": False},
                 {"id": "epsilon", "value": str(out / "epsilon"), "multiple": False}]
-        proc = subprocess.run([sys.executable, "algo.py", "--function-name", "tune", "--inputs", json.dumps(resources),
-                               "--outputs", json.dumps(outs), "--log-level", "debug"],
-                              capture_output=True, text=True, cwd=folder)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        # The same lines, numbers and times aside: no line per candidate, no count, no score.
-        logs.append([re.sub(r"[0-9.e+-]+", "#", re.sub(r"^\S+ \S+ ", "", line))
-                     for line in (proc.stdout + proc.stderr).splitlines() if line.strip()])
+        timings_file = tmp_path / f"timings{count}.jsonl"
+        code, text = in_a_terminal(
+            [sys.executable, "forced_count.py", str(count), "--function-name", "tune", "--inputs",
+             json.dumps(resources), "--outputs", json.dumps(outs), "--log-level", "debug"], folder,
+            {**os.environ, "MNIST_DP_TIMINGS": str(timings_file)})
+        assert code == 0, text[-3000:]
+        written.append(re.sub(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", "<time>", text))
+        timings.append(timings_file.read_text() if timings_file.exists() else None)
         outputs.append(sorted(p.name for p in out.iterdir()))
-    assert logs[0] == logs[1] and outputs[0] == outputs[1] == ["epsilon", "model"]
+    assert "search: released the best candidate" in written[0]
+    assert written[0] == written[1], "\n".join(difflib.unified_diff(*(w.splitlines() for w in written), lineterm=""))
+    assert timings[0] == timings[1] and outputs[0] == outputs[1] == ["epsilon", "model"]
 
 
 @pytest.mark.parametrize("search, message", [
