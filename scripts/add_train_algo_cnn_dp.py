@@ -21,7 +21,7 @@ from mnist_dp.assets import ALGO_ASSETS
 from mnist_dp.data import dataset, samples
 from mnist_dp.hyperparameters import Hyperparameters
 from mnist_dp.orchestration import compute_plan, connection, registry
-from mnist_dp.privacy import budget, search
+from mnist_dp.privacy import budget, data_ledger, search
 from mnist_dp.report import results
 from mnist_dp.utils import atomic, options
 from mnist_dp.utils.errors import UserError, run_cli
@@ -75,9 +75,11 @@ def main(argv=None):
         read = samples.check_examples([f for own in registry.split_among(data_dir, len(folds)) for f in own])
         search.check_plan(args.framework, hp, searched, [[s.ids for s in read]], [where])
     elif data_dir.is_dir():  # what each train task would refuse, checked before anything is registered
-        sizes = [sum(map(samples.sample_size, own)) for own in registry.split_among(data_dir, len(folds))]
+        holdings = registry.split_among(data_dir, len(folds))
+        sizes = [sum(map(samples.sample_size, own)) for own in holdings]
+        spent = [(data_ledger.read(own), tuple(map(samples.sample_identity, own))) for own in holdings]
         hp = budget.check_plan(args.framework, hp, sizes, args.rounds,
-                                 [f"{where}, fold {k}" for k in range(1, len(sizes) + 1)])
+                               [f"{where}, fold {k}" for k in range(1, len(sizes) + 1)], spent)
     elif args.rounds > 1 and hp.dp and hp.target_epsilon is not None:
         raise UserError(f"--rounds {args.rounds} with target_epsilon: σ is calibrated for every fold's size, but the "
                         f"data folder {data_dir} named in {args.keys_file} is not here; give noise_multiplier in "
@@ -122,7 +124,9 @@ def register_and_run(args, keys: registry.KeysFile, hp: Hyperparameters, output:
                           [f"{args.backend} backend, keys file: {args.keys_file.resolve()}",
                            f"{len(folds)} fold(s) at {owner}, " + (
                                f"a private search on all of them ({args.search})" if searched else
-                               f"{args.rounds} round(s), {compute_plan.describe_strategy(args.strategy)}")])
+                               f"{args.rounds} round(s), {compute_plan.describe_strategy(args.strategy)}")],
+                          {owner: dataset.sample_folders(Path(keys.require("data")), "train")}
+                          if Path(keys.require("data")).is_dir() else None)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from mnist_dp import hyperparameters, search_space
 from mnist_dp.assets import ALGO_ASSETS
 from mnist_dp.data import dataset, samples
 from mnist_dp.orchestration import compute_plan, connection, registry
-from mnist_dp.privacy import budget, search
+from mnist_dp.privacy import budget, data_ledger, search
 from mnist_dp.report import results
 from mnist_dp.utils import atomic, options
 from mnist_dp.utils.errors import UserError, run_cli
@@ -103,12 +103,13 @@ def main(argv=None):
         read = {folder: sample for own in holdings for folder, sample in zip(own, samples.check_examples(own))}
         identities = {folder: sample.identity for folder, sample in read.items()}
         sizes = [sum(map(samples.sample_size, own)) for own in holdings]
+        spent = [(data_ledger.read(own), tuple(identities[f] for f in own)) for own in holdings]
         for run, (framework, hp) in runs.items():  # each with the hyperparameters its tasks will get
             wheres = [f"{run} hyperparameters ({overrides.source}), organisation {k}" for k in range(1, len(sizes) + 1)]
             if searched:
                 search.check_plan(framework, hp, searched, [[read[f].ids for f in own] for own in holdings], wheres)
             else:
-                runs[run] = framework, budget.check_plan(framework, hp, sizes, args.rounds, wheres)
+                runs[run] = framework, budget.check_plan(framework, hp, sizes, args.rounds, wheres, spent)
 
         keys = registry.KeysFile()  # in memory: a local run starts from an empty backend
         shares, test, holdings = registry.register_organizations(clients, keys, data_dir)
@@ -139,7 +140,7 @@ def main(argv=None):
              f"{args.organizations} organisation(s), " + (
                  f"a private search each ({args.search}): {', '.join(organizations)}" if searched else
                  f"{args.rounds} round(s), {compute_plan.describe_strategy(args.strategy)}: "
-                 f"{', '.join(organizations)}")])
+                 f"{', '.join(organizations)}")], holdings)
 
 
 def remove_leftovers(local_worker: Path) -> None:

@@ -138,9 +138,24 @@ def _check_output(dest: Path, force: bool) -> None:
         if not force:
             raise UserError(f"{dest} already holds data samples generate_data wrote; pass --force to replace them "
                             "(its train/, test/ and manifest.json; other files in it are kept)")
+        refuse_losing_ledgers(dest)
     for folder in (dest.parent, dest):
         if folder.is_dir() and not os.access(folder, os.W_OK | os.X_OK):
             raise cannot_write(folder, "permission denied")
+
+
+def refuse_losing_ledgers(dest: Path) -> None:
+    """Refuse to replace the data samples of `dest` when their own ledgers (data_ledger.LEDGER_FILE) record runs
+    released from them: what the data has spent would be lost with them."""
+    from mnist_dp.privacy.data_ledger import LEDGER_FILE
+
+    kept = [p for split in ("train", "test") for p in sorted((Path(dest) / split).glob(f"*/{LEDGER_FILE}"))
+            if p.stat().st_size]
+    if kept:
+        raise UserError(f"{dest}: its data samples' own ledgers record the runs released from them ({kept[0]}"
+                        f"{f' and {len(kept) - 1} more' if len(kept) > 1 else ''}): replacing or splitting them again "
+                        "would lose what they have spent; keep this folder, and write the new data to another one "
+                        "(--output of generate_data.py, --data of the scripts)")
 
 
 def _move_in(tmp: Path, dest: Path) -> None:

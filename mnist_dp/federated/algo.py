@@ -36,7 +36,7 @@ from mnist_dp.federated.strategy import LedgerSharedState, received_ledger
 from mnist_dp.hyperparameters import Hyperparameters
 from mnist_dp.learning import skeleton
 from mnist_dp.learning.interface import Framework, Network
-from mnist_dp.privacy import model_file, planning, provenance
+from mnist_dp.privacy import data_ledger, model_file, planning, provenance
 from mnist_dp.privacy.ledger import Ledger
 from mnist_dp.utils import atomic, json_input
 from mnist_dp.utils.errors import UserError
@@ -113,10 +113,12 @@ class DpTraining:
                               "no privacy is spent")
             return plan.n
         hp = self._hyperparameters_for_rounds(plan.n)
-        run, ran = skeleton.train_in_memory(
-            self.framework, self.model, self.ledger, data, hp, plan,
-            provenance.running_code(Path.cwd(), "substrafl train"),
-            "nothing was sent; lower learning_rate or max_grad_norm", through)
+        with data_ledger.held(skeleton.sample_folders(data)) as spent:
+            run, ran = skeleton.train_in_memory(
+                self.framework, self.model, self.ledger, data, hp, plan,
+                provenance.running_code(Path.cwd(), "substrafl train"),
+                "nothing was sent; lower learning_rate or max_grad_norm", through, spent=spent,
+                continuing=self.train_tasks > 1)
         if ran is None:  # no budget stops a run without max_epsilon, refused above
             raise RuntimeError(f"{self.framework_name}: a run without max_epsilon trained no step")
         self.settings = skeleton.run_settings(run.hp, run.sigma, run.plan)

@@ -22,7 +22,7 @@ from mnist_dp.hyperparameters import Hyperparameters
 from mnist_dp.learning import features as feature_maps
 from mnist_dp.learning import skeleton
 from mnist_dp.learning.interface import Framework, Network, Ran
-from mnist_dp.privacy import model_file, provenance, statement
+from mnist_dp.privacy import data_ledger, model_file, provenance, statement
 from mnist_dp.privacy.ledger import Ledger
 from mnist_dp.privacy.planning import SamplingPlan
 from mnist_dp.privacy.randomness import RunRandomness
@@ -145,10 +145,13 @@ def tune(framework: Framework, inputs: dict, outputs: dict, hyperparameters_path
                           f"nothing was saved; lower learning_rate or max_grad_norm in the search space or {where}")
     ledger = released_ledger(framework, data, plan, searched,
                              provenance.running_code(Path(hyperparameters_path).parent, "tune"))
+    with data_ledger.held(skeleton.sample_folders(data)) as spent:  # recorded before the model leaves the task
+        spent.record(ledger, ledger.events[-1])
     settings = skeleton.run_settings(searched.hp, searched.ran.noise_multiplier, searched.plan)
     model_file.save(outputs["model"], model_file.ModelFile(framework.name, framework.dump_model(searched.model),
                                                            ledger, settings))
     summary = statement.privacy_summary(ledger, base.delta)
     skeleton.save_epsilon(outputs["epsilon"], summary["epsilon"])
     log.info("search: released the best candidate: %s", statement.describe(summary))
+    skeleton.log_data_epsilon(spent.ledger, ledger.events[-1].data, base.delta)
     return summary

@@ -24,7 +24,7 @@ from mnist_dp import hyperparameters
 from mnist_dp.hyperparameters import Hyperparameters
 from mnist_dp.learning import predictions
 from mnist_dp.learning.interface import PREDICT_BATCH_SIZE, ClipNorm, DpStep, EpochCallback, Framework, Network, Ran
-from mnist_dp.privacy import budget, model_file, planning, provenance, statement
+from mnist_dp.privacy import budget, data_ledger, model_file, planning, provenance, statement
 from mnist_dp.privacy.events import NO_CLIPPING, PER_EXAMPLE
 from mnist_dp.privacy.ledger import Ledger, merge, own_runs
 from mnist_dp.privacy.planning import SamplingPlan
@@ -199,12 +199,14 @@ def train(framework: Framework, inputs: dict, outputs: dict, hyperparameters_pat
     model, ledger = _load_input_model(framework, inputs, Network.of(hp))
     if model is None:
         model = framework.new_model(hp.seed, Network.of(hp))
-    # 3. The DP steps, and 4. the ledger: this run as it ran.
-    run, ran = train_in_memory(framework, model, ledger, data, hp, plan,
-                                  provenance.running_code(Path(hyperparameters_path).parent, "train"),
-                                  f"nothing was saved; lower learning_rate or max_grad_norm in {hyperparameters_path}",
-                                  release_images=True)
+    # 3. The DP steps, and 4. the ledger: this run as it ran, recorded with the data before the model is saved.
+    with data_ledger.held(sample_folders(data)) as spent:
+        run, ran = train_in_memory(framework, model, ledger, data, hp, plan,
+                                   provenance.running_code(Path(hyperparameters_path).parent, "train"),
+                                   f"nothing was saved; lower learning_rate or max_grad_norm in {hyperparameters_path}",
+                                   release_images=True, spent=spent, continuing=bool(inputs.get("model")))
     if ran is None:  # the budget of this data is spent: nothing trained, nothing was added to the ledger
+        log.warning("the input model is passed on unchanged")
         model_file.copy(inputs["model"], outputs["model"])
         summary = statement.privacy_summary(ledger, hp.delta)
         save_epsilon(outputs["epsilon"], summary["epsilon"])
@@ -218,8 +220,21 @@ def train(framework: Framework, inputs: dict, outputs: dict, hyperparameters_pat
     save_epsilon(outputs["epsilon"], summary["epsilon"])
     log.info("trained %d steps, q=%.4g, sigma=%.4g: %s", ran.steps, run.plan.sample_rate, ran.noise_multiplier,
              statement.describe(summary))
+    log_data_epsilon(spent.ledger, run.identities, hp.delta)
     timing.end_task("saving", dp=hp.dp)
     return summary
+
+
+def sample_folders(data: dict) -> list:
+    """The folders of the opener's data samples (none for data made in memory)."""
+    return [s["folder"] for s in data["samples"] if s.get("folder")]
+
+
+def log_data_epsilon(spent: Ledger, identities: tuple, delta: float) -> None:
+    """Say what the task's data has spent over every run its own ledger records (data_ledger.py)."""
+    if spent.events:
+        log.info("this data's own ledger: %d run(s) released from it, ε = %.3f at δ = %g over all of them",
+                 len(spent.events), spent.epsilon(delta, data=identities), delta)
 
 
 def check_data(framework: Framework, data: dict, hp: Hyperparameters, where: str) -> SamplingPlan:
@@ -236,16 +251,27 @@ def refuse_copies(data: dict) -> None:
 
 
 def train_in_memory(framework: Framework, model, ledger: Ledger, data: dict, hp: Hyperparameters,
-                    plan: SamplingPlan, code: dict, if_diverged: str, through=None, release_images=False) -> tuple:
+                    plan: SamplingPlan, code: dict, if_diverged: str, through=None, release_images=False,
+                    spent: data_ledger.Held | None = None, continuing: bool = False) -> tuple:
     """One training run of `model` (in place) by `framework` on the opener's `data`, after the runs of `ledger`, to
     which its event is added: (its budget.RunPrivacy, what it Ran), or (RunPrivacy, None) when the data's budget
     is spent and nothing ran. `hp`, `plan`: the hyperparameters and the sampling plan check_data made of them;
     `code`: provenance of the running function; `if_diverged`: what to do, when a weight is not finite after
     training; `through`: as in `fit`; `release_images`: the task's own `data`, read by nothing after this: its
     images give way to the network's inputs (a set of 60,000 takes 188 MB in float32, which would stay beside
-    their features through training). The substratools train task and the substrafl algos (mnist_dp/federated)
-    both train through here."""
-    run = budget.for_task(framework.name, hp, plan, ledger, data["samples"])
+    their features through training); `spent`: the data's own ledger, held (data_ledger.held): a `continuing` run
+    (from a model received from elsewhere) composes its runs of this framework into `ledger`, the budget holds for
+    all of its runs, and the run is recorded in it before this returns. The substratools train task and the
+    substrafl algos (mnist_dp/federated) both train through here."""
+    lacking = data_ledger.absorb(ledger, spent.ledger, framework.name) if spent is not None and continuing else []
+    if lacking:
+        log.warning("the input model's ledger lacks %d %s run(s) that this organisation's own ledger records on "
+                    "this data (%s): they are composed into this model's ε", len(lacking), framework.name,
+                    ", ".join(e.run_id[:8] for e in lacking))
+    run = budget.for_task(framework.name, hp, plan, ledger, data["samples"], spent.ledger if spent else None)
+    if run.plan.steps == 0 and (lacking or not continuing):  # else the input model, as received, is passed on
+        raise UserError(f"max_epsilon = {hp.max_epsilon}: this data has spent its budget (its own ledger of the runs "
+                        "released from it: docs/privacy.md, \"The data's own ledger\"); nothing was trained or saved")
     randomness = RunRandomness.for_run(hp.noise_seed, len(ledger.events), run.identities)
     say_notices(framework, hp, randomness)
     timing.mark("setup")  # input model, σ calibration, budget
@@ -259,6 +285,8 @@ def train_in_memory(framework: Framework, model, ledger: Ledger, data: dict, hp:
     timing.mark("training")  # the steps after the first
     check_finite(framework, model, f"training diverged in {ran.steps} steps", if_diverged)
     ledger.add(run.event(ran, code=code))
+    if spent is not None:
+        spent.record(ledger, ledger.events[-1])
     return run, ran
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from mnist_dp.hyperparameters import Hyperparameters
 from mnist_dp.privacy.accountant import compose_epsilon, steps_within_budget
+from mnist_dp.privacy.data_ledger import absorb
 from mnist_dp.privacy.events import DpEvent
 from mnist_dp.privacy.ledger import Ledger
 from mnist_dp.privacy.planning import (
@@ -29,20 +30,40 @@ log = logging.getLogger("substratools.mnist_dp")
 
 
 def check_plan(framework: str, hp: Hyperparameters, sizes: list, rounds: int,
-               wheres: list) -> Hyperparameters:
+               wheres: list, spent: list | None = None) -> Hyperparameters:
     """What the train tasks of a plan would refuse, checked before anything is registered: each organisation's run
     (check_run: `sizes[k]` examples, errors named `wheres[k]`), a target_epsilon no σ meets, and a max_epsilon below
-    the ε of its first step, with σ as the tasks will get it (noise_for_rounds for several rounds). `framework`: the
-    algo's name; `rounds`: how many times the plan trains on each organisation's data. Returns the hyperparameters
-    the tasks get."""
+    the ε of its first step after what its data has spent, with σ as the tasks will get it (noise_for_rounds for
+    several rounds). `framework`: the algo's name; `rounds`: how many times the plan trains on each organisation's
+    data; `spent[k]`: organisation k's data's own ledger and its samples' identities (data_ledger.py). Returns the
+    hyperparameters the tasks get."""
     plans = [check_run(framework, hp, n, where) for n, where in zip(sizes, wheres)]
     hp = noise_for_rounds(hp, sizes, rounds)  # several rounds: σ is calibrated here, for all of them
-    for plan, where in zip(plans, wheres):  # each organisation's first task starts on fresh data
+    for k, (plan, where) in enumerate(zip(plans, wheres)):  # each organisation's first task starts a fresh model
         if hp.dp and hp.max_epsilon is not None:
-            check_first_step(framework, hp, plan, resolve_noise_multiplier(hp, plan, [], where=where), where)
+            sigma = resolve_noise_multiplier(hp, plan, [], where=where)
+            check_first_step(framework, hp, plan, sigma, where)
+            if spent:
+                check_spent(framework, hp, plan, sigma, *spent[k], where)
         else:
             check_target(hp, plan, where)  # the task calibrates σ itself: some σ must meet the target
     return hp
+
+
+def check_spent(framework: str, hp: Hyperparameters, plan: SamplingPlan, sigma: float, data: Ledger,
+                identities: tuple, where: str) -> None:
+    """Refuse hp's max_epsilon when the data of the samples `identities` has spent it: its own ledger `data` leaves
+    no room for one step of a `framework` run of `plan` at gradient noise `sigma`."""
+    if not data.events:
+        return
+    probe = Ledger(list(data.events), dict(data.examples))
+    for prior in probe.histories(identities):
+        if steps_within_budget(prior, run_event(framework, identities, hp, plan, sigma, 1), hp.delta,
+                               hp.max_epsilon) == 0:
+            raise UserError(f"{where}: max_epsilon = {hp.max_epsilon} is spent: this data's own ledger records "
+                            f"{len(data.events)} run(s) released from it, ε = {compose_epsilon(prior, hp.delta):.3f} "
+                            f"at δ = {hp.delta:g}, and one more step would pass it; raise max_epsilon (a budget for "
+                            "the data, over every run on it) or train on other data")
 
 
 def check_first_step(framework: str, hp: Hyperparameters, plan: SamplingPlan, sigma: float,
@@ -68,8 +89,8 @@ def apply_budget(framework: str, identities: tuple, hp: Hyperparameters, plan: S
     if allowed == 0 and not prior:
         check_first_step(framework, hp, plan, sigma)  # not even one step fits: it raises
     if allowed == 0:
-        log.warning("privacy budget spent: the input model's ε on this data is already %.3f at delta = %g and one "
-                    "more step would exceed max_epsilon = %g; no training, the input model is passed on unchanged",
+        log.warning("privacy budget spent: this data's ε is already %.3f at delta = %g (its own ledger and the input "
+                    "model's) and one more step would exceed max_epsilon = %g: no training",
                     compose_epsilon(prior, hp.delta), hp.delta, hp.max_epsilon)
     elif allowed < plan.steps:
         log.warning("privacy budget: stopping after %d of %d steps (max_epsilon = %g at delta = %g)",
@@ -104,13 +125,17 @@ class RunPrivacy:
 
 
 def for_task(framework: str, hp: Hyperparameters, plan: SamplingPlan, ledger: Ledger,
-             samples: list) -> RunPrivacy:
+             samples: list, spent: Ledger | None = None) -> RunPrivacy:
     """The privacy plan of a `framework` train task of `plan` (with hyperparameters `hp`) on data `samples` (the
-    opener's), after the runs of `ledger`: its examples are recorded in the ledger, σ holds for the worst of their
-    histories, and so does the budget."""
+    opener's), after the runs of `ledger`: its examples are recorded in the ledger, and σ holds for the worst of their
+    histories. The budget holds for those and for `spent`, the data's own ledger of these samples (data_ledger.py):
+    every run released from the data, in every framework."""
     identities = ledger.add_samples(samples)
     histories = ledger.histories(identities)
     sigma = max(resolve_noise_multiplier(hp, plan, prior) for prior in histories)
-    plan = min((apply_budget(framework, identities, hp, plan, sigma, prior) for prior in histories),
-               key=lambda cut: cut.steps)
+    everything = Ledger(list(ledger.events), dict(ledger.examples))
+    if spent is not None:
+        absorb(everything, spent, None)
+    plan = min((apply_budget(framework, identities, hp, plan, sigma, prior)
+                for prior in everything.histories(identities)), key=lambda cut: cut.steps)
     return RunPrivacy(framework, hp, identities, plan, sigma, histories)

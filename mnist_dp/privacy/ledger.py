@@ -190,12 +190,18 @@ class Ledger:
 
     def epsilon(self, delta: float, accountant: str = REPORTED_ACCOUNTANT, data: Iterable[str] | None = None) -> float:
         """Worst-case ε at δ over the examples (restricted to those of the data samples `data` if given)."""
+        return self.worst(delta, accountant, data)[0]
+
+    def worst(self, delta: float, accountant: str = REPORTED_ACCOUNTANT, data: Iterable[str] | None = None) -> tuple:
+        """(ε, Account) of the worst example at δ (of the data samples `data` if given); (0.0, None) without one."""
         wanted = None if data is None else set(data)
-        worst = 0.0
+        worst, which = 0.0, None
         for account in self.accounts():
             if wanted is None or account.samples & wanted:
-                worst = max(worst, compose_epsilon(account.events, delta, accountant))
-        return worst
+                epsilon = compose_epsilon(account.events, delta, accountant)
+                if which is None or epsilon > worst:
+                    worst, which = epsilon, account
+        return worst, which
 
     def keys(self) -> list:
         """The ids of the identity keys its examples are named under: one per organisation whose data it trained on

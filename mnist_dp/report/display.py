@@ -25,11 +25,14 @@ COLUMNS = [  # (key, header, format)
 ]
 MULTI_STAGE_ONLY = ("round", "organization")
 FEDAVG = "fedavg"  # where an averaged model was "trained": by every organisation
+DATA_EPSILON = "data's ε"  # the column of what the data has spent over every model released from it
 STATEMENT = ("ε is for the add/remove-one-example relation, Poisson sampling and per-example clipping; "
              "each example's ε composes the steps that trained on it, and ε (PLD) is the worst example's (with "
              "several organisations, each one's ε is that of its own records, the examples it holds; an individual "
              "every organisation holds: epsilon_in_every_organization in results.json). A model whose ledger holds a "
-             "private search is composed by RDP (the accountant column says so): its ε (PLD) column is RDP's figure.")
+             "private search is composed by RDP (the accountant column says so): its ε (PLD) column is RDP's figure. "
+             "data's ε: what the training data has spent over every model released from it so far, these and earlier "
+             "ones (its own ledger, kept with the data: data_epsilon_by_organization in results.json).")
 
 
 def _cell(record, key: str, fmt: str) -> str:
@@ -69,6 +72,12 @@ def _rows(records: list) -> tuple:
         headers[at:at] = [f"ε {org}" for org in organizations]
         for row, record in zip(rows, records):
             row[at:at] = [_epsilon(record.epsilon_by_organization.get(org)) for org in organizations]
+    spent = sorted({org for r in records for org in r.data_epsilon_by_organization})
+    if spent:  # what each organisation's data has spent over every model released from it
+        at = headers.index("ε (PLD)") + 1 + (len(organizations) if len(organizations) > 1 else 0)
+        headers[at:at] = [DATA_EPSILON if len(spent) == 1 else f"{DATA_EPSILON} {org}" for org in spent]
+        for row, record in zip(rows, records):
+            row[at:at] = [_epsilon(record.data_epsilon_by_organization.get(org)) for org in spent]
     return headers, rows
 
 

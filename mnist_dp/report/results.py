@@ -53,6 +53,12 @@ class Record:
     epsilon_in_substra: float | None = None  # what the train task itself published as its "epsilon" output
     # An individual whose records every organisation holds (every run composed); None with one organisation's data.
     epsilon_in_every_organization: float | None = None
+    # The steps its worst example's ε composes, at each organisation (with q and σ they recompute its ε).
+    steps_by_organization: dict = field(default_factory=dict)
+    # What each organisation's data has spent over every run released from it so far, this model's among them (its
+    # own ledger, privacy/data_ledger.py), and the steps that figure composes.
+    data_epsilon_by_organization: dict = field(default_factory=dict)
+    data_steps_by_organization: dict = field(default_factory=dict)
     warnings: list = field(default_factory=list)  # what ε does not cover in this record, one line each
 
     def __post_init__(self):
@@ -85,6 +91,7 @@ def model_record(path: Path, framework: str, organizations: dict) -> dict:
         "epsilon": summary["epsilon"],
         "epsilon_rdp": summary["epsilon_rdp"],
         "epsilon_by_organization": {org: saved.ledger.epsilon(delta, data=fps) for org, fps in organizations.items()},
+        "steps_by_organization": {org: steps(saved.ledger, delta, fps) for org, fps in organizations.items()},
         "epsilon_in_every_organization": (saved.ledger.epsilon_in_every_organization(delta)
                                           if len(saved.ledger.keys()) > 1 else None),
         "delta": delta,
@@ -106,12 +113,42 @@ def model_record(path: Path, framework: str, organizations: dict) -> dict:
     }
 
 
+def steps(ledger, delta: float, data) -> int:
+    """The steps of the runs behind the ledger's worst ε on the data samples `data` (None: all)."""
+    _, account = ledger.worst(delta, data=data)
+    return sum(e.steps for e in account.events) if account else 0
+
+
+def with_data_spent(records: list, data_folders: dict) -> None:
+    """Give each record what each organisation's data has spent (its own ledger in `data_folders`, {organisation:
+    its train sample folders}), after recording the released models' runs a task could not record itself (read-only
+    data samples: docker mode)."""
+    if not data_folders:
+        return
+    from mnist_dp.data.samples import sample_identity
+    from mnist_dp.privacy import data_ledger
+
+    identities = {org: {sample_identity(f): f for f in folders} for org, folders in data_folders.items()}
+    released = [model_file.load(r.model_file).ledger for r in records if r.model_file]
+    for own in identities.values():
+        data_ledger.record_released(own, released)
+    spent = {org: data_ledger.read(own.values()) for org, own in identities.items()}
+    for record in records:
+        record.data_epsilon_by_organization = {org: spent[org].epsilon(record.delta, data=own)
+                                               for org, own in identities.items()}
+        record.data_steps_by_organization = {org: steps(spent[org], record.delta, own)
+                                             for org, own in identities.items()}
+
+
 def run_and_report(client, builder: PlanBuilder, name: str, plan_key: str, frameworks: dict,
-                   organizations: dict, output: Path, title: str, facts: list) -> list:
+                   organizations: dict, output: Path, title: str, facts: list, data_folders: dict | None = None
+                   ) -> list:
     """Run the plan `builder` built (registered as `plan_key`, named `name`) on `client`, then report whatever
     finished into `output` (models, results.json, summary.md, results.png) and print the table; a failed plan is
     reported first and raised after. `frameworks`: run -> framework; `organizations`: organisation -> its data
-    sample identities; `title`, `facts`: the report's heading and its list of what was run. Returns the records."""
+    sample identities; `title`, `facts`: the report's heading and its list of what was run; `data_folders`:
+    organisation -> its train sample folders, whose own ledger gives what the data has spent. Returns the
+    records."""
     failure = None
     try:
         execution.run_plan(client, builder, name, plan_key)
@@ -119,6 +156,7 @@ def run_and_report(client, builder: PlanBuilder, name: str, plan_key: str, frame
         failure = exc
     records, performances, not_downloaded = collect(client, builder, plan_key, frameworks, organizations,
                                                     output / "models")
+    with_data_spent(records, data_folders)
     if not_downloaded:  # e.g. a node whose model export is off: its own figures are all there is
         facts = facts + [f"not downloaded, so not in the table: {', '.join(not_downloaded)}; their accuracy and ε "
                          "(as the train task computed it) are in Substra's performances below"]

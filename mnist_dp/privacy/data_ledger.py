@@ -1,0 +1,190 @@
+"""The data's own ledger: every run on an organisation's data, recorded by that organisation with the data.
+
+A model's ledger says what trained that model, as whoever sent the model says it. The data's ledger says what was
+released from the data: each train or tune task appends its run, with the examples it trained on, to the file
+LEDGER_FILE of every data sample folder it read, before its model leaves the task. It lives beside the sample's
+identity key and, like it, never goes to another organisation or to the aggregator. It is what holds whatever
+another party sends:
+
+- a train task continuing from an input model composes the model's ledger with the data's runs of the same
+  framework, as a union (`absorb`): a model whose ledger lacks one of them is accounted as if it had it;
+- max_epsilon is checked against the data's ledger with the new run, before any noise is drawn;
+- every report gives beside each model's ε what each organisation's data has spent over everything released from
+  it (`Record.epsilon`).
+
+A file is a journal: one JSON line per run, appended under an exclusive lock (flock) that the task holds from its
+budget check to its record, so two tasks on the same data at once never lose a spend and the second sees the
+first's. A line cut short by a crash is a run whose model never left its task: it is dropped before the next
+append. Any other line that is not a run record is refused: the file was edited or damaged.
+
+Where a task cannot write beside its data (Substra's docker mode and a node mount data samples read-only), it
+logs so and the scripts record the run from the released model after the plan (`record_released`).
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from mnist_dp.privacy.events import DpEvent
+from mnist_dp.privacy.ledger import Examples, Ledger
+from mnist_dp.utils.errors import UserError
+
+LEDGER_FILE = "privacy_ledger.jsonl"  # in each data sample folder, beside identity.key
+log = logging.getLogger("substratools.mnist_dp")
+
+
+def path_of(folder) -> Path:
+    return Path(folder) / LEDGER_FILE
+
+
+def read(folders) -> Ledger:
+    """The runs recorded with the data sample folders `folders`, each once, in the order first recorded."""
+    ledger = Ledger()
+    for folder in sorted(map(str, folders)):
+        try:
+            with open(path_of(folder), "rb") as f:
+                _read_into(ledger, f.read(), path_of(folder))
+        except FileNotFoundError:
+            continue
+    return ledger
+
+
+def _read_into(ledger: Ledger, content: bytes, path: Path) -> None:
+    lines = content.split(b"\n")
+    whole = lines[:-1]  # the last piece is "" after a full line, or a line cut short by a crash: never released
+    known = {e.run_id: e for e in ledger.events}
+    for number, line in enumerate(whole, 1):
+        try:
+            record = json.loads(line)
+            if not isinstance(record, dict) or set(record) != {"event", "examples"} \
+                    or not isinstance(record["examples"], dict):
+                raise ValueError('not an object {"event": ..., "examples": ...}')
+            event = DpEvent.from_json(record["event"])
+            examples = {i: Examples.from_json(i, e) for i, e in record["examples"].items()}
+            if event.run_id is None or set(examples) != set(event.data):
+                raise ValueError("a run record names its run id and the examples of every data sample it trained on")
+            ledger.add_examples(examples)
+        except (ValueError, UserError) as exc:
+            raise UserError(f"{path}: line {number} is not a run record ({exc}); the file was edited or damaged, "
+                            "and the privacy this data has spent cannot be known from it: restore it from a "
+                            "backup") from None
+        if event.run_id in known:
+            if known[event.run_id] != event:
+                raise UserError(f"{path}: run {event.run_id} is recorded twice, differently: the file was edited or "
+                                "damaged; restore it from a backup")
+            continue
+        known[event.run_id] = event
+        ledger.add(event)
+
+
+@dataclass
+class Held:
+    """The data's ledger of some data sample folders, locked for one task (`held`): `ledger` is what they record,
+    `writable` whether the task can append its run to every one of them."""
+
+    folders: list
+    files: list  # open files, each under an exclusive lock (or a shared one where read-only)
+    ledger: Ledger
+    writable: bool
+
+    def record(self, ledger: Ledger, event: DpEvent) -> None:
+        """Append `event`, the run just made, with its examples as `ledger` names them, to every folder's file
+        (flushed to disk before the model is saved); where the folders are read-only, say who records it."""
+        self.ledger.add_examples({i: ledger.examples[i] for i in event.data})
+        self.ledger.add(event)
+        if not self.writable:
+            log.info("the data samples are read-only here: this run is recorded in their %s by the script that "
+                     "reads the released model (docs/privacy.md, \"The data's own ledger\")", LEDGER_FILE)
+            return
+        line = (json.dumps(line_of(ledger, event), allow_nan=False) + "\n").encode()
+        for f in self.files:
+            _drop_cut_line(f)
+            os.write(f.fileno(), line)
+            os.fsync(f.fileno())
+
+
+def line_of(ledger: Ledger, event: DpEvent) -> dict:
+    return {"event": event.to_json(), "examples": {i: ledger.examples[i].to_json() for i in event.data}}
+
+
+def _drop_cut_line(f) -> None:
+    """A last line without its newline is a run cut short before its model was saved: it goes before the next."""
+    size = os.fstat(f.fileno()).st_size
+    if size == 0:
+        return
+    f.seek(0)
+    content = f.read()
+    if not content.endswith(b"\n"):
+        os.ftruncate(f.fileno(), content.rfind(b"\n") + 1)
+
+
+@contextlib.contextmanager
+def held(folders):
+    """The data's ledger of `folders`, locked exclusively (in folder order, so two tasks never deadlock) until the
+    block ends: read, check the budget against it, train, record, all with no other task's run in between.
+    Folders the task cannot write (read-only mounts) are read under a shared lock."""
+    files, writable = [], True
+    try:
+        for folder in sorted(map(str, folders)):
+            path = path_of(folder)
+            try:
+                f = open(path, "a+b")  # noqa: SIM115 - held open until the block ends
+                mode = fcntl.LOCK_EX
+            except OSError:
+                writable = False
+                try:
+                    f = open(path, "rb")  # noqa: SIM115
+                except FileNotFoundError:
+                    continue
+                mode = fcntl.LOCK_SH
+            files.append(f)
+            fcntl.flock(f.fileno(), mode)
+        ledger = Ledger()
+        for f in files:
+            f.seek(0)
+            _read_into(ledger, f.read(), Path(f.name))
+        yield Held(sorted(map(str, folders)), [f for f in files if f.mode != "rb"] if writable else [], ledger,
+                   writable)
+    finally:
+        for f in files:
+            f.close()  # closing releases the lock
+
+
+def absorb(model: Ledger, data: Ledger, framework: str | None) -> list:
+    """Add to the model's ledger (in place, before its runs) every `framework` run (None: every run) of the data's
+    ledger it lacks: what a train task continuing from an input model accounts, whatever its sender recorded.
+    Returns those runs. A run both hold must be recorded alike, else the model was edited (refused)."""
+    known = {e.run_id: e for e in model.events}
+    for event in data.events:
+        if known.get(event.run_id, event) != event:
+            raise UserError(f"input model: its ledger records training run {event.run_id} differently from this "
+                            "organisation's own ledger of its data: the model was edited; its privacy figure cannot "
+                            "be trusted")
+    lacking = [e for e in data.events if framework in (None, e.framework) and e.run_id not in known]
+    model.add_examples({i: data.examples[i] for e in lacking for i in e.data})
+    model.events[:0] = lacking
+    return lacking
+
+
+def record_released(folders_by_identity: dict, ledgers) -> int:
+    """Append to the data's ledger every run of the released models' `ledgers` on the sample folders
+    `folders_by_identity` ({sample identity: folder}) that it does not hold yet (a task that could not write
+    beside its data); returns how many runs were added."""
+    added = 0
+    runs = {}
+    for ledger in ledgers:
+        for event in ledger.events:
+            if event.run_id and any(i in folders_by_identity for i in event.data):
+                runs.setdefault(event.run_id, (ledger, event))
+    for ledger, event in runs.values():
+        folders = [folders_by_identity[i] for i in event.data if i in folders_by_identity]
+        with held(folders) as data:
+            if event.run_id not in {e.run_id for e in data.ledger.events}:
+                data.record(ledger, event)
+                added += 1
+    return added

@@ -1,0 +1,136 @@
+"""An organisation's figure holds whatever another party sends: a model whose ledger lacks the organisation's own
+earlier run (a doctored model from the previous organisation of a cyclic plan, or from the aggregator of a federated
+average) is accounted with that run, from the data's own ledger; max_epsilon stops the run that would pass it; a
+task killed after its model was saved has recorded its spend."""
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO, extract_function, independent_epsilon, tiny_hyperparameters
+
+from mnist_dp.assets import ALGO_ASSETS, DATASET_ASSET, load_asset_module
+from mnist_dp.data import dataset
+from mnist_dp.data.samples import sample_identity
+from mnist_dp.learning import skeleton
+from mnist_dp.privacy import data_ledger, model_file
+
+SIGMA, DELTA = 2.0, 1e-4
+HP = tiny_hyperparameters("torch", noise_multiplier=SIGMA, target_epsilon=None, delta=DELTA, ema_decay=0.0)
+ONE_RUN = 3  # steps of one epoch of batch 64 on an organisation's 150 examples: q = 1/3
+
+
+@pytest.fixture
+def organisations(tmp_path):
+    """Two organisations' data, 150 examples each under its own key, with nothing released from it yet."""
+    dest = tmp_path / "data"
+    dataset.generate(dest, train_size=300, test_size=50, train_samples=2, organizations=2, seed=3)
+    return [[str(f)] for f in dataset.sample_folders(dest, "train")]
+
+
+def train(tmp_path, name, folders, model=None, **changes):
+    """A train task of the torch algo at the organisation holding `folders`, from `model` if given: its output."""
+    hp_path = tmp_path / f"{name}.json"
+    hp_path.write_text(json.dumps({**HP, **changes}))
+    opener = load_asset_module(DATASET_ASSET / "opener.py", "opener_for_doctored_tests")
+    algo = load_asset_module(ALGO_ASSETS["torch"] / "algo.py", "torch_algo_for_doctored_tests")
+    inputs = {"datasamples": opener.MnistOpener().get_data(folders), **({"model": str(model)} if model else {})}
+    outputs = {"model": str(tmp_path / f"{name}.model"), "epsilon": str(tmp_path / f"{name}.epsilon")}
+    skeleton.train(algo.FRAMEWORK, inputs, outputs, hp_path)
+    return tmp_path / f"{name}.model"
+
+
+def doctored(tmp_path, how, own_model, other_model):
+    """A model carrying organisation 2's own weights but organisation 1's ledger: passed on in a cyclic plan (the
+    file edited, its digests recomputed), or averaged by an aggregator that left organisation 2's ledger out."""
+    path = tmp_path / f"doctored-{how}.model"
+    theirs = model_file.load(other_model)
+    if how == "cyclic":
+        mine = model_file.load(own_model)
+        model_file.save(path, model_file.ModelFile("torch", mine.weights, theirs.ledger, theirs.hyperparameters))
+    else:
+        algo = load_asset_module(ALGO_ASSETS["torch"] / "algo.py", "torch_algo_for_doctored_tests")
+        skeleton.aggregate(algo.FRAMEWORK, {"models": [str(other_model)]}, {"model": str(path)},
+                           tmp_path / "aggregate.json")
+    model_file.load(path, "torch")  # every check of a model file passes
+    return path
+
+
+@pytest.mark.parametrize("how", ["cyclic", "fedavg"])
+def test_a_model_lacking_the_organisations_own_run_is_accounted_with_it(tmp_path, organisations, how):
+    (tmp_path / "aggregate.json").write_text(json.dumps(HP))
+    first, second = organisations
+    own = train(tmp_path, "own", second)  # organisation 2's earlier run
+    other = train(tmp_path, "other", first)
+    again = train(tmp_path, "again", second, doctored(tmp_path, how, own, other))
+    saved = model_file.load(again, "torch")
+    mine = [sample_identity(f) for f in second]
+    both_runs = independent_epsilon(SIGMA, 1 / 3, 2 * ONE_RUN, DELTA)
+    assert saved.ledger.epsilon(DELTA, data=mine) == pytest.approx(both_runs, rel=1e-6)
+    assert json.loads((tmp_path / "again.epsilon").read_text())["all"] >= both_runs - 1e-9  # Substra's performance
+    assert len(data_ledger.read(second).events) == 2
+
+
+@pytest.mark.parametrize("how", ["cyclic", "fedavg"])
+def test_max_epsilon_stops_the_run_that_would_pass_it_whatever_the_input_model_says(tmp_path, organisations, how):
+    (tmp_path / "aggregate.json").write_text(json.dumps(HP))
+    first, second = organisations
+    one, two = (independent_epsilon(SIGMA, 1 / 3, k * ONE_RUN, DELTA) for k in (1, 2))
+    budget = (one + two) / 2  # one run fits, two do not
+    own = train(tmp_path, "own", second, max_epsilon=budget)
+    other = train(tmp_path, "other", first, max_epsilon=budget)
+    again = model_file.load(train(tmp_path, "again", second, doctored(tmp_path, how, own, other),
+                                  max_epsilon=budget), "torch")
+    mine = [sample_identity(f) for f in second]
+    last = again.ledger.events[-1]
+    assert again.hyperparameters["stopped_by_budget"] and 0 < last.steps < ONE_RUN
+    assert again.ledger.epsilon(DELTA, data=mine) == pytest.approx(
+        independent_epsilon(SIGMA, 1 / 3, ONE_RUN + last.steps, DELTA), rel=1e-6)
+    assert again.ledger.epsilon(DELTA, data=mine) <= budget
+    spent = data_ledger.read(second)
+    assert spent.epsilon(DELTA, data=mine) <= budget and spent.events[-1] == last
+
+
+# Runs a train task's algo.py and kills its process (SIGKILL: nothing runs after) the moment its model is saved.
+KILLED_AFTER_SAVE = """import os, runpy, signal, sys
+from mnist_dp.privacy import model_file
+save = model_file.save
+def save_then_die(path, model):
+    save(path, model)
+    os.kill(os.getpid(), signal.SIGKILL)
+model_file.save = save_then_die
+sys.argv[0] = "algo.py"
+runpy.run_path("algo.py", run_name="__main__")
+"""
+
+
+def test_a_task_killed_after_its_model_left_has_recorded_its_spend(tmp_path, organisations):
+    folder = extract_function(ALGO_ASSETS["torch"], "train", tmp_path / "build", HP)
+    (folder / "killed.py").write_text(KILLED_AFTER_SAVE)
+    resources = [{"id": "opener", "value": str(DATASET_ASSET / "opener.py"), "multiple": False},
+                 {"id": "datasamples", "value": organisations[0][0], "multiple": True}]
+    outputs = [{"id": "model", "value": str(tmp_path / "model"), "multiple": False},
+               {"id": "epsilon", "value": str(tmp_path / "epsilon"), "multiple": False}]
+    proc = subprocess.run([sys.executable, "killed.py", "--function-name", "train", "--inputs", json.dumps(resources),
+                           "--outputs", json.dumps(outputs)], cwd=folder, capture_output=True, text=True)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    released = model_file.load(tmp_path / "model", "torch").ledger.events[-1]
+    assert data_ledger.read(organisations[0]).events == [released]
+
+
+def test_two_train_tasks_on_the_same_data_at_once_both_record_their_spend(tmp_path, organisations):
+    folder = extract_function(ALGO_ASSETS["torch"], "train", tmp_path / "build", HP)
+    resources = json.dumps([{"id": "opener", "value": str(DATASET_ASSET / "opener.py"), "multiple": False},
+                            {"id": "datasamples", "value": organisations[0][0], "multiple": True}])
+    tasks = []
+    for k in range(2):
+        outputs = json.dumps([{"id": "model", "value": str(tmp_path / f"model{k}"), "multiple": False},
+                              {"id": "epsilon", "value": str(tmp_path / f"epsilon{k}"), "multiple": False}])
+        tasks.append(subprocess.Popen([sys.executable, "algo.py", "--function-name", "train", "--inputs", resources,
+                                       "--outputs", outputs], cwd=folder, stderr=subprocess.PIPE, text=True,
+                                      env={**os.environ, "PYTHONPATH": str(REPO)}))
+    assert all(task.wait(timeout=300) == 0 for task in tasks), [t.stderr.read()[-2000:] for t in tasks]
+    released = {model_file.load(tmp_path / f"model{k}", "torch").ledger.events[-1].run_id for k in range(2)}
+    assert {e.run_id for e in data_ledger.read(organisations[0]).events} == released

@@ -1,0 +1,116 @@
+"""The data's own ledger (privacy/data_ledger.py): a journal per data sample folder, appended under a lock, read as
+a union; a model's ledger absorbs the runs it lacks; a damaged record is refused; a replaced dataset never loses it."""
+import dataclasses
+import json
+import multiprocessing
+import time
+
+import numpy as np
+import pytest
+from conftest import ledger_event
+
+from mnist_dp.data import dataset
+from mnist_dp.privacy import data_ledger
+from mnist_dp.privacy.events import new_run_id
+from mnist_dp.privacy.ledger import Examples, Ledger
+from mnist_dp.utils.errors import UserError
+
+IDS = np.arange(1, 101, dtype=np.uint64)
+
+
+def run(data=("fp-a",), framework="torch", **changes):
+    """A ledger of one run on `data` (its examples named) and that run, as a train task records them."""
+    event = dataclasses.replace(ledger_event(framework, data, n=100 * len(data)), run_id=new_run_id(), **changes)
+    ledger = Ledger([event], {d: Examples.of("ab" * 8, IDS + 1000 * k) for k, d in enumerate(data)})
+    return ledger, event
+
+
+def recorded(folders, ledger, event):
+    with data_ledger.held(folders) as spent:
+        spent.record(ledger, event)
+
+
+def test_each_run_is_recorded_in_every_folder_it_read_and_read_back_once(tmp_path):
+    first, second = tmp_path / "0", tmp_path / "1"
+    first.mkdir(), second.mkdir()
+    both, alone = run(("fp-a", "fp-b")), run(("fp-a",))
+    recorded([first, second], *both)
+    recorded([first], *alone)
+    assert [e.run_id for e in data_ledger.read([first, second]).events] == [both[1].run_id, alone[1].run_id]
+    assert [e.run_id for e in data_ledger.read([second]).events] == [both[1].run_id]
+    again = data_ledger.read([first, second])
+    assert again.events == [both[1], alone[1]] and again.examples == {**alone[0].examples, **both[0].examples}
+
+
+def test_a_line_cut_short_by_a_crash_is_dropped_and_the_next_run_recorded_after_it(tmp_path):
+    kept, cut = run(), run()
+    recorded([tmp_path], *kept)
+    line = json.dumps(data_ledger.line_of(*cut)).encode()
+    with open(data_ledger.path_of(tmp_path), "ab") as f:
+        f.write(line[: len(line) // 2])  # killed half-way: its model was never saved
+    assert data_ledger.read([tmp_path]).events == [kept[1]]
+    after = run()
+    recorded([tmp_path], *after)
+    assert data_ledger.read([tmp_path]).events == [kept[1], after[1]]
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda line: line.replace(b'"steps": 10', b'"steps": 0'), "line 1 is not a run record"),
+    (lambda line: b"{}\n", "line 1 is not a run record"),
+    (lambda line: line.replace(b'"run_id": "', b'"run_id": null, "x": "'), "line 1 is not a run record"),
+])
+def test_an_edited_record_is_refused_naming_the_file_and_line(tmp_path, edit, message):
+    recorded([tmp_path], *run())
+    path = data_ledger.path_of(tmp_path)
+    path.write_bytes(edit(path.read_bytes()))
+    with pytest.raises(UserError, match=message) as caught:
+        data_ledger.read([tmp_path])
+    assert str(path) in str(caught.value)
+
+
+def test_a_run_recorded_twice_differently_is_refused(tmp_path):
+    ledger, event = run()
+    recorded([tmp_path], ledger, event)
+    recorded([tmp_path], ledger, dataclasses.replace(event, noise_multiplier=5.0))
+    with pytest.raises(UserError, match="recorded twice, differently"):
+        data_ledger.read([tmp_path])
+
+
+def test_a_model_absorbs_the_runs_of_its_framework_that_its_ledger_lacks():
+    model, earlier = run()
+    own, lacking = run()
+    _, other_framework = run(framework="tf")
+    data = Ledger([earlier, lacking, other_framework], {**model.examples})
+    added = data_ledger.absorb(model, data, "torch")
+    assert added == [lacking] and model.events == [lacking, earlier]
+    assert data_ledger.absorb(model, data, "torch") == []  # the union: nothing twice
+    doctored = Ledger([dataclasses.replace(earlier, noise_multiplier=9.0)], dict(model.examples))
+    with pytest.raises(UserError, match="records training run .* differently"):
+        data_ledger.absorb(doctored, data, "torch")
+
+
+def _append_slowly(folder, seconds):
+    ledger, event = run()
+    with data_ledger.held([folder]) as spent:
+        before = [e.run_id for e in spent.ledger.events]
+        time.sleep(seconds)  # a training run, holding the lock
+        spent.record(ledger, event)
+    return before, event.run_id
+
+
+def test_two_tasks_on_the_same_data_at_once_lose_neither_spend_and_the_second_sees_the_first(tmp_path):
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(2) as pool:
+        results = [pool.apply_async(_append_slowly, (tmp_path, 1.0)) for _ in range(2)]
+        (seen_a, run_a), (seen_b, run_b) = sorted((r.get(timeout=60) for r in results), key=lambda r: len(r[0]))
+    assert {e.run_id for e in data_ledger.read([tmp_path]).events} == {run_a, run_b}
+    assert seen_a == [] and seen_b == [run_a]  # the lock held from the budget check to the record
+
+
+def test_a_dataset_whose_samples_record_runs_is_never_replaced(tmp_path):
+    dest = tmp_path / "data"
+    dataset.generate(dest, train_size=100, test_size=20, train_samples=2, seed=1)
+    recorded([dataset.sample_folders(dest, "train")[1]], *run())
+    with pytest.raises(UserError, match=r"own ledgers record the runs released from them .*privacy_ledger.jsonl"):
+        dataset.generate(dest, train_size=100, test_size=20, train_samples=2, seed=2, force=True)
+    assert data_ledger.read(dataset.sample_folders(dest, "train")).events  # kept
