@@ -11,6 +11,7 @@ Poisson-subsampled Gaussian), and each command's time. Writes DIR/substrafl.json
 
     python benchmarks/substrafl_fedavg.py [--frameworks torch,tf,mindspore] [--organizations 2] [--rounds 3]
 """
+import shutil
 import subprocess
 import sys
 import time
@@ -21,10 +22,12 @@ from dp_accounting.pld import pld_privacy_accountant
 
 from mnist_dp import hyperparameters
 from mnist_dp.assets import ALGO_ASSETS, REPO
+from mnist_dp.data import dataset
 from mnist_dp.federated import experiment
 from mnist_dp.federated.algo import OWN_DATA, check_hyperparameters
 from mnist_dp.orchestration import compute_plan
 from mnist_dp.privacy import model_file
+from mnist_dp.privacy.data_ledger import LEDGER_FILE
 from mnist_dp.utils import atomic, json_input, options
 from mnist_dp.utils.errors import UserError, run_cli
 
@@ -78,13 +81,27 @@ def run(command: list, output: Path) -> tuple:
     return json_input.read(output / "results.json", "results file"), time.perf_counter() - start
 
 
+def fresh_copy(data: Path, organizations: int, dest: Path) -> Path:
+    """A copy of the data samples (the default data made first if missing) that nothing was released from: each path
+    of a comparison trains on its own, or the data's own ledger would count the first path's runs in the second's
+    continued models (privacy/data_ledger.py), as it must for two experiments on one organisation's data."""
+    dataset.generate_default_if_missing(data, train_samples=organizations, flag="--organizations",
+                                        organizations=organizations)
+    if dest.exists():
+        subprocess.run(["rm", "-rf", str(dest)], check=True)
+    shutil.copytree(data, dest, ignore=shutil.ignore_patterns(LEDGER_FILE))
+    return dest
+
+
 def compare(framework: str, args) -> dict:
-    common = ["--organizations", args.organizations, "--rounds", args.rounds, "--data", args.data,
-              "--hyperparameters", args.hyperparameters]
-    theirs, sfl_seconds = run([REPO / "examples" / "substrafl_fedavg.py", "--framework", framework, *common],
+    common = ["--organizations", args.organizations, "--rounds", args.rounds, "--hyperparameters",
+              args.hyperparameters]
+    theirs, sfl_seconds = run([REPO / "examples" / "substrafl_fedavg.py", "--framework", framework, *common, "--data",
+                               fresh_copy(args.data, args.organizations, args.work / "data-substrafl")],
                               args.work / f"substrafl-{framework}")
     ours, own_seconds = run([REPO / "scripts" / "run_local.py", "--frameworks", framework, "--strategy", "fedavg",
-                             *common], args.work / f"fedavg-{framework}")
+                             *common, "--data", fresh_copy(args.data, args.organizations, args.work / "data-fedavg")],
+                            args.work / f"fedavg-{framework}")
     last = [r for r in theirs if r["round"] == args.rounds]
     own_last = max(ours, key=lambda r: r["round"])
     runs = {r["organization"]: own_runs(r) for r in last}  # each organisation's, from its local state

@@ -42,9 +42,9 @@ def build_parser():
                         help="organisations, each holding a share of the train data (default: %(default)s)")
     parser.add_argument("--rounds", type=options.integer(1, compute_plan.MAX_TASKS), default=3,
                         help="FedAvg rounds (default: %(default)s)")
-    parser.add_argument("--data", type=Path, default=Path("data"),
+    parser.add_argument("--data", type=Path, default=None,
                         help="data samples written by scripts/generate_data.py; generated from the embedded MNIST "
-                             "subset if missing (default: %(default)s)")
+                             f"subset if missing ({dataset.DEFAULT_FOLDER_HELP})")
     parser.add_argument("--output", type=Path, default=Path("results-substrafl"),
                         help="folder for the reports, models/ and Substra's work files (default: %(default)s)")
     parser.add_argument("--hyperparameters", type=Path, default=EXAMPLES / "fedavg.json",
@@ -63,7 +63,7 @@ def main(argv=None):
     hp = hyperparameters.load(ALGO_ASSETS[args.framework] / hyperparameters.FILE_NAME,
                               hyperparameters.load_overrides(args.hyperparameters))
     check_hyperparameters(hp.to_json(), args.rounds, str(args.hyperparameters))  # what the algo refuses, refused now
-    data_dir, output = args.data.resolve(), args.output.resolve()
+    data_dir, output = (args.data or dataset.default_folder(args.organizations)).resolve(), args.output.resolve()
     dataset.check_output_outside(data_dir, output)
     with atomic.exclusive(output, "--output folder"):
         work = output / "substra"

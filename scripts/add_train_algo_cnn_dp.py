@@ -125,7 +125,7 @@ def register_and_run(args, keys: registry.KeysFile, hp: Hyperparameters, output:
                            f"{len(folds)} fold(s) at {owner}, " + (
                                f"a private search on all of them ({args.search})" if searched else
                                f"{args.rounds} round(s), {compute_plan.describe_strategy(args.strategy)}")],
-                          {owner: dataset.sample_folders(Path(keys.require("data")), "train")}
+                          {owner: registry.sample_folders(Path(keys.require("data")), "train")}
                           if Path(keys.require("data")).is_dir() else None)
 
 

@@ -5,7 +5,8 @@ Needs no ML framework (only numpy and dp_accounting): give it a model written by
 """
 from pathlib import Path
 
-from mnist_dp.privacy import model_file, statement
+from mnist_dp.data import samples
+from mnist_dp.privacy import data_ledger, model_file, statement
 from mnist_dp.utils import options
 from mnist_dp.utils.errors import run_cli
 
@@ -13,15 +14,22 @@ from mnist_dp.utils.errors import run_cli
 def build_parser():
     parser = options.ArgumentParser(__doc__)
     parser.add_argument("model", type=Path, nargs="+", help="model file(s) written by a train task")
+    parser.add_argument("--data", type=Path, nargs="+", metavar="SAMPLE",
+                        help="your organisation's training data sample folders: the statement adds what they have "
+                             "spent over every run released from them (their own ledger, privacy_ledger.jsonl)")
     return parser
 
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    spent = data_ledger.read(args.data) if args.data else None
+    own = [samples.sample_identity(folder) for folder in args.data or []]
     for path in args.model:
         saved = model_file.load(path)
         print(f"# {path} ({saved.framework})\n")
-        print(statement.privacy_statement(saved))
+        delta = saved.hyperparameters["delta"]
+        print(statement.privacy_statement(saved, data_spent={"your data": spent.epsilon(delta, data=own)}
+                                          if spent is not None else None))
         print()
 
 

@@ -32,9 +32,9 @@ def build_parser():
     parser = options.ArgumentParser(__doc__)
     parser.add_argument("--frameworks", type=options.names(ALGO_ASSETS), default=",".join(ALGO_ASSETS),
                         help="comma-separated frameworks to run (default: all, i.e. %(default)s)")
-    parser.add_argument("--data", type=Path, default=Path("data"),
+    parser.add_argument("--data", type=Path, default=None,
                         help="data samples written by scripts/generate_data.py; generated from the embedded "
-                             "MNIST subset if missing (default: %(default)s)")
+                             f"MNIST subset if missing ({dataset.DEFAULT_FOLDER_HELP})")
     parser.add_argument("--output", type=Path, default=Path("results"),
                         help="folder for the reports, models/ and Substra's local work files (default: %(default)s)")
     parser.add_argument("--hyperparameters", type=Path, default=None,
@@ -81,7 +81,7 @@ def main(argv=None):
     if "dp" in overrides.values:
         raise UserError(f"{overrides.source}: dp: run_local.py trains every framework with DP (and, with "
                         "--baseline, without it too); remove dp from this file")
-    data_dir, output = args.data.resolve(), args.output.resolve()
+    data_dir, output = (args.data or dataset.default_folder(args.organizations)).resolve(), args.output.resolve()
     dataset.check_output_outside(data_dir, output)
     runs = {}  # run name -> (framework, hyperparameters)
     for framework in frameworks:

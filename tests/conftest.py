@@ -14,6 +14,7 @@ import pytest
 from mnist_dp.assets import ALGO_ASSETS, DATASET_ASSET, OBJECTIVE_ASSET
 from mnist_dp.data import dataset
 from mnist_dp.orchestration import archive
+from mnist_dp.privacy.data_ledger import LEDGER_FILE
 from mnist_dp.privacy.events import NO_CLIPPING, PER_EXAMPLE, DpEvent
 from mnist_dp.privacy.ledger import Ledger
 
@@ -106,11 +107,15 @@ def docker_daemon():
         pytest.skip(reason)
 
 
+SHARED_DATA = []  # the session's data folders, which many tests train on
+
+
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory):
     """300 train examples in 2 data samples, 100 test examples, from the embedded MNIST subset."""
     dest = tmp_path_factory.mktemp("data") / "tiny"
     dataset.generate(dest, train_size=300, test_size=100, train_samples=2, seed=1)
+    SHARED_DATA.append(dest)
     return dest
 
 
@@ -120,7 +125,19 @@ def tiny_data_2orgs(tmp_path_factory):
     sample under its own identity key, the test set under a third."""
     dest = tmp_path_factory.mktemp("data") / "tiny-federated"
     dataset.generate(dest, train_size=300, test_size=100, train_samples=2, seed=1, organizations=2)
+    SHARED_DATA.append(dest)
     return dest
+
+
+@pytest.fixture(autouse=True)
+def nothing_spent_on_the_shared_data():
+    """After each test, the session's data folders lose the runs their own ledgers recorded (data_ledger.py): each
+    test starts from data nothing was released from, as the data it was written for. Tests of what the data's
+    ledger does across runs make data of their own."""
+    yield
+    for folder in SHARED_DATA:
+        for ledger in folder.glob(f"*/*/{LEDGER_FILE}"):
+            ledger.unlink()
 
 
 # Runs a command as root without the capabilities that let root write anywhere: a folder of mode

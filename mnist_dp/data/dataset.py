@@ -363,6 +363,16 @@ def generate(dest: Path, source: Path | None = None, train_size: int | None = No
                          keys=keys, test_key=test_key)
 
 
+def default_folder(organizations: int) -> Path:
+    """The scripts' data folder when the user names none: `data`, or for N > 1 organisations a folder of its own
+    (the default data split for one number of organisations cannot be split again for another once its own
+    ledgers record runs: refuse_losing_ledgers)."""
+    return Path("data") if organizations == 1 else Path(f"data-{organizations}-organizations")
+
+
+DEFAULT_FOLDER_HELP = "default: data, or data-N-organizations with --organizations N"
+
+
 def generate_default_if_missing(dest: Path, train_samples: int, flag: str = "--train-samples",
                                 organizations: int = 1) -> None:
     """The scripts' first run: write the embedded default data to `dest` unless it holds data samples, split among

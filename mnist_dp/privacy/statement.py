@@ -55,6 +55,11 @@ FEDERATED_THREAT_MODEL = (
     "leaves it, so no one else can test whether a candidate example is in them.")
 
 
+DATA_SPENT = ("- This model's ε counts the runs in its ledger. What the training data has spent over every model "
+              "released from it so far, this one and the others (its own ledger, kept with the data by its "
+              "organisation), at the same δ: ")
+
+
 def _schedule(event) -> str:
     if not event.decay_steps:
         return ""
@@ -134,14 +139,15 @@ def is_federated(saved: ModelFile) -> bool:
 
 
 def privacy_statement(saved: ModelFile, per_organization: dict | None = None, train_scores: bool = False,
-                      assumptions: bool = True) -> str:
+                      assumptions: bool = True, data_spent: dict | None = None) -> str:
     """Markdown. First a card: ε at δ and the accountant, what is covered, what is flagged. Then the details: RDP
     and each library's own figure, the runs behind it, the budget, ε per organisation, the noise's source; then,
     unless `assumptions` is False (a report that says them once, `shared_assumptions`), the neighbouring relation,
     the mechanism, the threat model and what is not covered.
 
     `per_organization`: {organisation: its ε}, as a report computed it; `train_scores`: the plan published
-    accuracies on the training data (--score-train)."""
+    accuracies on the training data (--score-train); `data_spent`: {organisation: what its data has spent over every
+    run released from it so far, this model's among them}, from the data's own ledger (data_ledger.py)."""
     ledger, hp = saved.ledger, saved.hyperparameters
     delta = hp["delta"]
     if not any(e.is_private for e in ledger.events):
@@ -169,6 +175,8 @@ def privacy_statement(saved: ModelFile, per_organization: dict | None = None, tr
         *([f"- An individual whose records every organisation here holds (under each of the {len(keys)} identity "
            f"keys): ε = {ledger.epsilon_in_every_organization(delta, REPORTED_ACCOUNTANT):.3f}, every run composed."]
           if len(keys) > 1 else []),
+        *([DATA_SPENT + ", ".join(f"{org}: ε = {value:.3f}" for org, value in data_spent.items()) + "."]
+          if data_spent else []),
         "- Training runs in the ledger (in order):",
     ]
     for i, e in enumerate(ledger.events, 1):

@@ -161,7 +161,8 @@ def write_summary(path: Path, title: str, facts: list, records: list, performanc
     for record, saved in models:
         by_org = record.epsilon_by_organization if len(record.epsilon_by_organization) > 1 else None
         scored_train = any(r.train_accuracy is not None for r in records if r.run == record.run)
-        lines += [f"### {record.run}", "", statement.privacy_statement(saved, by_org, scored_train, assumptions=False),
+        lines += [f"### {record.run}", "", statement.privacy_statement(saved, by_org, scored_train, assumptions=False,
+                                                                     data_spent=record.data_epsilon_by_organization),
                   ""]
     if any(any(e.is_private for e in saved.ledger.events) for _, saved in models):
         lines += ["### What every statement above assumes", "",

@@ -184,7 +184,8 @@ def test_target_epsilon_gives_the_same_sigma_everywhere_and_the_budget_stops_tra
     proc, more = train(tmp_path, framework, tiny_data, opener_path, model=outputs["model"], name="more",
                        noise_multiplier=sigma, target_epsilon=None, max_epsilon=budget)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert f"privacy budget spent: the input model's ε on this data is already {epsilon_after(3):.3f}" in proc.stderr
+    assert f"privacy budget spent: this data's ε is already {epsilon_after(3):.3f}" in proc.stderr
+    assert "the input model is passed on unchanged" in proc.stderr
     assert more["model"].read_bytes() == outputs["model"].read_bytes()
     assert read_epsilon(more["epsilon"]) == pytest.approx(epsilon_after(3))
     # the same model with its ledger edited (3 steps -> 1) must not pass where it is refused

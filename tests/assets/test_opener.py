@@ -37,8 +37,9 @@ def test_reads_and_concatenates_samples_in_the_order_of_their_content(tmp_path):
     for folders in ([a, b], renamed, renamed[::-1]):
         again = opener.MnistOpener().get_data([str(f) for f in folders])
         assert again["labels"].tolist() == got["labels"].tolist()
-        assert [{**s, "examples": s["examples"].tolist()} for s in again["samples"]] == \
-            [{**s, "examples": s["examples"].tolist()} for s in got["samples"]]
+        assert [{**s, "examples": s["examples"].tolist(), "folder": None} for s in again["samples"]] == \
+            [{**s, "examples": s["examples"].tolist(), "folder": None} for s in got["samples"]]
+        assert {s["folder"] for s in again["samples"]} == set(map(str, folders))  # where each sample's ledger is
 
 
 def test_identity_depends_on_content_and_key_only(tmp_path):

@@ -10,10 +10,10 @@ import subprocess
 import sys
 
 import pytest
-from conftest import FRAMEWORKS, REPO, TINY_HYPERPARAMETERS, follow_advice
+from conftest import FRAMEWORKS, REPO, TINY_HYPERPARAMETERS, follow_advice, independent_epsilon
 
 from mnist_dp.data import dataset, samples
-from mnist_dp.privacy import accountant, events, model_file
+from mnist_dp.privacy import accountant, data_ledger, events, model_file
 
 SCRIPT = REPO / "scripts" / "run_local.py"
 REQUIRED_KEYS = {"framework", "organization", "test_accuracy", "train_accuracy", "epsilon", "delta", "accountant",
@@ -170,6 +170,36 @@ def test_a_budget_below_one_organisations_first_step_is_refused_before_anything_
     assert proc.stderr.startswith(f"error: torch hyperparameters ({tmp_path / 'hp.json'}), organisation 2: "
                                   "max_epsilon = 2.5 is below the ε of a single step (2.949 at δ = 0.0001)")
     assert not list((tmp_path / "out").glob("substra/archives/*"))  # nothing was built or registered
+
+
+def test_two_runs_on_the_same_data_report_what_it_has_spent_over_all_six_models(tmp_path):
+    data = tmp_path / "data"
+    dataset.generate(data, train_size=300, test_size=100, train_samples=1, seed=1)
+    (tmp_path / "hp.json").write_text(json.dumps(TINY_HYPERPARAMETERS))  # σ = 1: q = 1/5, 5 steps a model
+    totals = []
+    for name in ("first", "second"):
+        proc = run_local("--data", data, "--output", tmp_path / name, "--hyperparameters", tmp_path / "hp.json",
+                         cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "data's ε" in proc.stdout  # the table's column
+        records = json.loads((tmp_path / name / "results.json").read_text())
+        assert len(records) == len(FRAMEWORKS)
+        for record in records:
+            ((org, total),) = record["data_epsilon_by_organization"].items()
+            models = len(FRAMEWORKS) * (len(totals) + 1)
+            assert record["data_steps_by_organization"] == {org: 5 * models}
+            assert total == pytest.approx(independent_epsilon(1.0, 1 / 5, 5 * models, 1e-4), rel=1e-6)
+            assert record["epsilon"] == pytest.approx(independent_epsilon(1.0, 1 / 5, 5, 1e-4), rel=1e-6)
+        totals.append(total)
+        assert f"ε = {total:.3f}" in (tmp_path / name / "summary.md").read_text()  # each statement gives it
+    # A budget below what the data has spent refuses a third run before anything is registered.
+    (tmp_path / "budget.json").write_text(json.dumps({**TINY_HYPERPARAMETERS, "max_epsilon": totals[-1] - 0.01}))
+    proc = run_local("--data", data, "--output", tmp_path / "third", "--hyperparameters", tmp_path / "budget.json",
+                     "--frameworks", "torch", cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert f"is spent: this data's own ledger records {2 * len(FRAMEWORKS)} run(s)" in proc.stderr
+    assert not list((tmp_path / "third").glob("substra/archives/*"))  # nothing was built or registered
+    assert len(data_ledger.read(dataset.sample_folders(data, "train")).events) == 2 * len(FRAMEWORKS)
 
 
 def test_help_and_bad_arguments(tmp_path):

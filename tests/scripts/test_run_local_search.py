@@ -4,6 +4,7 @@ import difflib
 import hashlib
 import json
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -130,17 +131,18 @@ def test_nothing_a_tune_task_emits_depends_on_the_number_of_candidates(tmp_path,
     the terminal, digits included (log lines' timestamps aside), the same timings file, the same outputs."""
     import os
 
-    folders = samples(tiny_data, "train")
     secure = framework != "tf"  # TF Privacy has no secure noise generator: its algo refuses secure_mode
     hp = tiny_hyperparameters(framework, noise_multiplier=None, target_epsilon=3.0, noise_seed=None,
                               secure_mode=secure)
     folder = extract_function(ALGO_ASSETS[framework], "tune", tmp_path / "build", hp)
     (folder / "search.json").write_text(json.dumps(SEARCH))
     (folder / "forced_count.py").write_text(FORCED_COUNT)
-    resources = [{"id": "opener", "value": str(DATASET_ASSET / "opener.py"), "multiple": False}] + [
-        {"id": "datasamples", "value": f, "multiple": True} for f in folders]
     written, timings, outputs = [], [], []
     for count in (1, 4):
+        shutil.rmtree(tmp_path / "data", ignore_errors=True)  # each search on a copy nothing was released from yet
+        data = shutil.copytree(tiny_data, tmp_path / "data")
+        resources = [{"id": "opener", "value": str(DATASET_ASSET / "opener.py"), "multiple": False}] + [
+            {"id": "datasamples", "value": f, "multiple": True} for f in samples(data, "train")]
         out = tmp_path / f"out{count}"
         out.mkdir()
         outs = [{"id": "model", "value": str(out / "model"), "multiple": False},
