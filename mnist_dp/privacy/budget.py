@@ -35,7 +35,7 @@ def check_plan(framework: str, hp: Hyperparameters, sizes: list, rounds: int,
     (check_run: `sizes[k]` examples, errors named `wheres[k]`), a target_epsilon no σ meets, and a max_epsilon below
     the ε of its first step after what its data has spent, with σ as the tasks will get it (noise_for_rounds for
     several rounds). `framework`: the algo's name; `rounds`: how many times the plan trains on each organisation's
-    data; `spent[k]`: organisation k's data's own ledger and its samples' identities (data_ledger.py). Returns the
+    data; `spent[k]`: organisation k's data's own ledger and its samples' examples (check_spent). Returns the
     hyperparameters the tasks get."""
     plans = [check_run(framework, hp, n, where) for n, where in zip(sizes, wheres)]
     hp = noise_for_rounds(hp, sizes, rounds)  # several rounds: σ is calibrated here, for all of them
@@ -51,12 +51,14 @@ def check_plan(framework: str, hp: Hyperparameters, sizes: list, rounds: int,
 
 
 def check_spent(framework: str, hp: Hyperparameters, plan: SamplingPlan, sigma: float, data: Ledger,
-                identities: tuple, where: str) -> None:
-    """Refuse hp's max_epsilon when the data of the samples `identities` has spent it: its own ledger `data` leaves
-    no room for one step of a `framework` run of `plan` at gradient noise `sigma`."""
+                examples: dict, where: str) -> None:
+    """Refuse hp's max_epsilon when the data samples `examples` ({identity: ledger.Examples}) have spent it: their own
+    ledger `data` leaves no room for one step of a `framework` run of `plan` at gradient noise `sigma`."""
     if not data.events:
         return
     probe = Ledger(list(data.events), dict(data.examples))
+    probe.add_examples(examples)
+    identities = tuple(examples)
     for prior in probe.histories(identities):
         if steps_within_budget(prior, run_event(framework, identities, hp, plan, sigma, 1), hp.delta,
                                hp.max_epsilon) == 0:

@@ -148,3 +148,21 @@ def test_secure_mode_is_refused_in_tf_only_where_it_would_draw_noise():
         planning.check_run("tf", dict_hp(secure_mode=True), 1000, "x")
     for framework in ("tf", "torch", "mindspore"):  # the baseline draws no noise: the key has no effect anywhere
         planning.check_run(framework, dict_hp(secure_mode=True, dp=False), 1000, "x")
+
+
+def test_a_budget_the_datas_own_ledger_has_spent_is_refused_up_front_whatever_samples_it_was_spent_on():
+    import numpy as np
+
+    from mnist_dp.privacy.ledger import Examples, Ledger
+
+    hp = dict_hp(batch_size=10, epochs=1, noise_multiplier=1.0, target_epsilon=None, delta=1e-3)
+    plan = planning.check_run("torch", hp, 200, "x")
+    ids = np.arange(1, 201, dtype=np.uint64)
+    earlier = planning.run_event("torch", ("a",), hp, planning.SamplingPlan.from_hyperparameters(100, hp, "x"), 1.0,
+                                 10, ran=None)
+    spent = Ledger([earlier], {"a": Examples.of("ab" * 8, ids[:100])})
+    now = {"a": spent.examples["a"], "b": Examples.of("ab" * 8, ids[100:])}  # b: nothing trained on it yet
+    one_run = accountant.compose_epsilon([earlier], hp.delta)
+    with pytest.raises(UserError, match=r"x: max_epsilon = [0-9.]+ is spent: this data.s own ledger records 1 run"):
+        budget.check_spent("torch", dataclasses.replace(hp, max_epsilon=one_run), plan, 1.0, spent, now, "x")
+    budget.check_spent("torch", dataclasses.replace(hp, max_epsilon=one_run + 1), plan, 1.0, spent, now, "x")
