@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mnist_dp.privacy.events import DpEvent
-from mnist_dp.privacy.ledger import Examples, Ledger
+from mnist_dp.privacy.ledger import Examples, Ledger, is_new
 from mnist_dp.utils.errors import UserError
 
 LEDGER_FILE = "privacy_ledger.jsonl"  # in each data sample folder, beside identity.key
@@ -73,13 +73,9 @@ def _read_into(ledger: Ledger, content: bytes, path: Path) -> None:
             raise UserError(f"{path}: line {number} is not a run record ({exc}); the file was edited or damaged, "
                             "and the privacy this data has spent cannot be known from it: restore it from a "
                             "backup") from None
-        if event.run_id in known:
-            if known[event.run_id] != event:
-                raise UserError(f"{path}: run {event.run_id} is recorded twice, differently: the file was edited or "
-                                "damaged; restore it from a backup")
-            continue
-        known[event.run_id] = event
-        ledger.add(event)
+        if is_new(known, event, f"{path}: run {event.run_id} is recorded twice, differently: the file was edited or "
+                                "damaged; restore it from a backup"):
+            ledger.add(event)
 
 
 @dataclass

@@ -251,14 +251,21 @@ def merge(ledgers: Sequence[Ledger]) -> Ledger:
                 raise UserError(f"a {event.framework} training run in an input model's ledger has no run id (a model "
                                 "written by an earlier version of this bundle): its runs cannot be told from the "
                                 "other inputs'; train it again")
-            if event.run_id in seen:
-                if seen[event.run_id] != event:
-                    raise UserError(f"two input models record training run {event.run_id} differently: a file was "
-                                    "edited or damaged; their privacy figure cannot be trusted")
-                continue
-            seen[event.run_id] = event
-            merged.append(event)
+            if is_new(seen, event, f"two input models record training run {event.run_id} differently: a file "
+                                   "was edited or damaged; their privacy figure cannot be trusted"):
+                merged.append(event)
     return Ledger(merged, examples.examples)
+
+
+def is_new(seen: dict, event: DpEvent, differently: str) -> bool:
+    """Whether `event` is a run `seen` ({run id: event}) does not hold yet, adding it: a union by run id. The same
+    run recorded twice differently is refused with the UserError `differently`."""
+    if event.run_id in seen:
+        if seen[event.run_id] != event:
+            raise UserError(differently)
+        return False
+    seen[event.run_id] = event
+    return True
 
 
 def own_runs(ledgers: Sequence[Ledger]) -> list:
