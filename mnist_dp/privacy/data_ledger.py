@@ -139,7 +139,11 @@ def held(folders):
                     continue
                 mode = fcntl.LOCK_SH
             files.append(f)
-            fcntl.flock(f.fileno(), mode)
+            try:
+                fcntl.flock(f.fileno(), mode | fcntl.LOCK_NB)
+            except BlockingIOError:
+                log.info("waiting for %s: another task on this data is recording its run", path)
+                fcntl.flock(f.fileno(), mode)
         ledger = Ledger()
         for f in files:
             f.seek(0)
