@@ -101,7 +101,7 @@ def _append_slowly(folder, seconds):
 def test_two_tasks_on_the_same_data_at_once_lose_neither_spend_and_the_second_sees_the_first(tmp_path):
     context = multiprocessing.get_context("fork")
     with context.Pool(2) as pool:
-        results = [pool.apply_async(_append_slowly, (tmp_path, 1.0)) for _ in range(2)]
+        results = [pool.apply_async(_append_slowly, (tmp_path, 0.5)) for _ in range(2)]
         (seen_a, run_a), (seen_b, run_b) = sorted((r.get(timeout=60) for r in results), key=lambda r: len(r[0]))
     assert {e.run_id for e in data_ledger.read([tmp_path]).events} == {run_a, run_b}
     assert seen_a == [] and seen_b == [run_a]  # the lock held from the budget check to the record
