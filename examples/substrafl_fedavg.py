@@ -27,7 +27,7 @@ from mnist_dp.federated.algo import METRICS, DpFedAvgAlgo, check_hyperparameters
 from mnist_dp.federated.strategy import DpFedAvg
 from mnist_dp.orchestration import compute_plan, connection, registry
 from mnist_dp.privacy import budget
-from mnist_dp.report import display
+from mnist_dp.report import display, results
 from mnist_dp.utils import atomic, options
 from mnist_dp.utils.errors import run_cli
 
@@ -104,6 +104,7 @@ def main(argv=None):
 
         records, performances = experiment.collect(clients[0], plan_key, args.framework, organizations,
                                                    output / "models")
+        results.with_data_spent(records, organizations.folders)
         written = display.write_reports(
             output, f"mnist-dp with substrafl: FedAvg in {args.framework}",
             [f"compute plan `{plan_key}`, {args.backend} backend, data: {data_dir}",

@@ -29,6 +29,7 @@ class Organizations:
     train_data_nodes: list
     test_data_nodes: list
     identities: dict  # organisation -> identities of its train data samples (its ε in the ledger)
+    folders: dict  # organisation -> its train data sample folders (their own ledger: what the data has spent)
 
 
 def count_tasks(organizations: int, rounds: int) -> int:
@@ -48,7 +49,7 @@ def register(clients: list, keys: registry.KeysFile, data_dir: Path) -> Organiza
          for s in shares],
         [TestDataNode(organization_id=t.organization, data_manager_key=t.dataset, data_sample_keys=list(t.samples))
          for t in tests],
-        {org: [samples.sample_identity(f) for f in folders] for org, folders in holdings.items()})
+        {org: [samples.sample_identity(f) for f in folders] for org, folders in holdings.items()}, holdings)
 
 
 def pinned_packages(framework: str) -> list:
