@@ -19,8 +19,6 @@ LABELS_FILE = "labels.npy"
 # released artefacts is an HMAC of its content under this key, so whoever holds a candidate dataset but not the key
 # cannot confirm it was trained on.
 KEY_FILE = "identity.key"
-# The organisation's own ledger of the runs released from the sample (mnist_dp/privacy/data_ledger.py), beside its key.
-LEDGER_FILE = "privacy_ledger.jsonl"
 _KEY = re.compile(r"[0-9a-fA-F]{64}")  # either case: the same 32 bytes
 IMAGE_SHAPE = (28, 28)
 NUM_CLASSES = 10
@@ -210,7 +208,8 @@ def combine(samples, problem=None):
         "labels": np.concatenate([s.labels for s in samples]),
         # One entry per data sample: the privacy ledger names the sample by its keyed identity and its examples by
         # their keyed ids (in the order of its images), so that ε is composed per example across runs.
-        # "folder": where the organisation keeps the sample, and its ledger of the runs on it (LEDGER_FILE).
+        # "folder": where the organisation keeps the sample, and its ledger of the runs on it (privacy_ledger.jsonl,
+        # which the tasks read and append: mnist_dp/privacy/data_ledger.py).
         "samples": [{"identity": s.identity, "n": int(len(s.labels)), "key": s.key_id, "examples": s.ids,
                      "folder": s.folder} for s in samples],
     }

@@ -22,6 +22,7 @@ import numpy as np
 from mnist_dp.data import keys as identity_keys
 from mnist_dp.data.samples import IMAGES_FILE, LABELS_FILE, opener, read_key, sample_fingerprint
 from mnist_dp.data.sources import EMBEDDED_SOURCE, checked_arrays, load_source, split_train_test, stratified_indices
+from mnist_dp.privacy.data_ledger import LEDGER_FILE
 from mnist_dp.utils import json_input
 from mnist_dp.utils.errors import UserError, cannot_write, writing_in
 
@@ -147,8 +148,6 @@ def _check_output(dest: Path, force: bool) -> None:
 def refuse_losing_ledgers(dest: Path) -> None:
     """Refuse to replace the data samples of `dest` when their own ledgers (data_ledger.LEDGER_FILE) record runs
     released from them: what the data has spent would be lost with them."""
-    from mnist_dp.privacy.data_ledger import LEDGER_FILE
-
     kept = [p for split in ("train", "test") for p in sorted((Path(dest) / split).glob(f"*/{LEDGER_FILE}"))
             if p.stat().st_size]
     if kept:

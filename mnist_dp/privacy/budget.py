@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from mnist_dp.hyperparameters import Hyperparameters
 from mnist_dp.privacy.accountant import compose_epsilon, steps_within_budget
-from mnist_dp.privacy.data_ledger import absorb
+from mnist_dp.privacy.data_ledger import union
 from mnist_dp.privacy.events import DpEvent
 from mnist_dp.privacy.ledger import Ledger
 from mnist_dp.privacy.planning import (
@@ -56,10 +56,8 @@ def check_spent(framework: str, hp: Hyperparameters, plan: SamplingPlan, sigma: 
     ledger `data` leaves no room for one step of a `framework` run of `plan` at gradient noise `sigma`."""
     if not data.events:
         return
-    probe = Ledger(list(data.events), dict(data.examples))
-    probe.add_examples(examples)
     identities = tuple(examples)
-    for prior in probe.histories(identities):
+    for prior in union(Ledger((), examples), data).histories(identities):
         if steps_within_budget(prior, run_event(framework, identities, hp, plan, sigma, 1), hp.delta,
                                hp.max_epsilon) == 0:
             raise UserError(f"{where}: max_epsilon = {hp.max_epsilon} is spent: this data's own ledger records "
@@ -135,9 +133,8 @@ def for_task(framework: str, hp: Hyperparameters, plan: SamplingPlan, ledger: Le
     identities = ledger.add_samples(samples)
     histories = ledger.histories(identities)
     sigma = max(resolve_noise_multiplier(hp, plan, prior) for prior in histories)
-    everything = Ledger(list(ledger.events), dict(ledger.examples))
-    if spent is not None:
-        absorb(everything, spent, None)
+    everything = ledger if spent is None else union(ledger, spent)
     plan = min((apply_budget(framework, identities, hp, plan, sigma, prior)
-                for prior in everything.histories(identities)), key=lambda cut: cut.steps)
+                for prior in (histories if everything is ledger else everything.histories(identities))),
+               key=lambda cut: cut.steps)
     return RunPrivacy(framework, hp, identities, plan, sigma, histories)

@@ -81,19 +81,17 @@ def _read_into(ledger: Ledger, content: bytes, path: Path) -> None:
 @dataclass
 class Held:
     """The data's ledger of some data sample folders, locked for one task (`held`): `ledger` is what they record,
-    `writable` whether the task can append its run to every one of them."""
+    `files` the open files the task appends its run to (none where a folder is read-only)."""
 
-    folders: list
-    files: list  # open files, each under an exclusive lock (or a shared one where read-only)
+    files: list  # open files, each under an exclusive lock
     ledger: Ledger
-    writable: bool
 
     def record(self, ledger: Ledger, event: DpEvent) -> None:
         """Append `event`, the run just made, with its examples as `ledger` names them, to every folder's file
         (flushed to disk before the model is saved); where the folders are read-only, say who records it."""
         self.ledger.add_examples({i: ledger.examples[i] for i in event.data})
         self.ledger.add(event)
-        if not self.writable:
+        if not self.files:
             log.info("the data samples are read-only here: this run is recorded in their %s by the script that "
                      "reads the released model (docs/privacy.md, \"The data's own ledger\")", LEDGER_FILE)
             return
@@ -148,8 +146,7 @@ def held(folders):
         for f in files:
             f.seek(0)
             _read_into(ledger, f.read(), Path(f.name))
-        yield Held(sorted(map(str, folders)), [f for f in files if f.mode != "rb"] if writable else [], ledger,
-                   writable)
+        yield Held(files if writable else [], ledger)
     finally:
         for f in files:
             f.close()  # closing releases the lock
@@ -160,22 +157,26 @@ def absorb(model: Ledger, data: Ledger, framework: str | None) -> list:
     ledger it lacks: what a train task continuing from an input model accounts, whatever its sender recorded.
     Returns those runs. A run both hold must be recorded alike, else the model was edited (refused)."""
     known = {e.run_id: e for e in model.events}
-    for event in data.events:
-        if known.get(event.run_id, event) != event:
-            raise UserError(f"input model: its ledger records training run {event.run_id} differently from this "
-                            "organisation's own ledger of its data: the model was edited; its privacy figure cannot "
-                            "be trusted")
-    lacking = [e for e in data.events if framework in (None, e.framework) and e.run_id not in known]
+    lacking = [e for e in data.events
+               if is_new(known, e, f"input model: its ledger records training run {e.run_id} differently from this "
+                                   "organisation's own ledger of its data: the model was edited; its privacy figure "
+                                   "cannot be trusted") and framework in (None, e.framework)]
     model.add_examples({i: data.examples[i] for e in lacking for i in e.data})
     model.events[:0] = lacking
     return lacking
 
 
-def record_released(folders_by_identity: dict, ledgers) -> int:
+def union(ledger: Ledger, data: Ledger) -> Ledger:
+    """A copy of `ledger` with every run of the data's ledger `data` it lacks, in every framework: what a budget for
+    the data counts (`ledger` itself when there is none to add). A run both hold must be recorded alike (absorb)."""
+    everything = Ledger(list(ledger.events), dict(ledger.examples))
+    return everything if absorb(everything, data, None) else ledger
+
+
+def record_released(folders_by_identity: dict, ledgers) -> None:
     """Append to the data's ledger every run of the released models' `ledgers` on the sample folders
     `folders_by_identity` ({sample identity: folder}) that it does not hold yet (a task that could not write
-    beside its data); returns how many runs were added."""
-    added = 0
+    beside its data)."""
     runs = {}
     for ledger in ledgers:
         for event in ledger.events:
@@ -186,5 +187,3 @@ def record_released(folders_by_identity: dict, ledgers) -> int:
         with held(folders) as data:
             if event.run_id not in {e.run_id for e in data.ledger.events}:
                 data.record(ledger, event)
-                added += 1
-    return added
