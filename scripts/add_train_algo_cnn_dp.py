@@ -20,7 +20,7 @@ from mnist_dp import hyperparameters, search_space
 from mnist_dp.assets import ALGO_ASSETS
 from mnist_dp.data import dataset, samples
 from mnist_dp.hyperparameters import Hyperparameters
-from mnist_dp.orchestration import compute_plan, connection, registry
+from mnist_dp.orchestration import compute_plan, connection, execution, registry
 from mnist_dp.privacy import budget, data_ledger, search
 from mnist_dp.privacy.ledger import Examples
 from mnist_dp.report import results
@@ -109,7 +109,10 @@ def register_and_run(args, keys: registry.KeysFile, hp: Hyperparameters, output:
     folds = keys.require("train_data_sample_keys")
     shares = [compute_plan.Share(owner, dataset, tuple(fold)) for fold in folds]
     test = compute_plan.Share(owner, dataset, tuple(keys.require("test_data_sample_keys")))
-    builder = compute_plan.PlanBuilder(share_with=compute_plan.id_list(args.share_with))
+    on_node = args.backend not in connection.LOCAL_BACKENDS  # a local backend forgets every task between runs
+    builder = compute_plan.PlanBuilder(share_with=compute_plan.id_list(args.share_with),
+                                       ledgers={owner: keys.require("ledger_task")}
+                                       if on_node and keys.get("ledger_task") else {})
     functions = {**functions, "score": keys.require("objective_key")}
     if searched:  # the organisation's data: every fold
         builder.search(run, functions, [compute_plan.Share(owner, dataset, sum(map(tuple, folds), ()))], test)
@@ -121,15 +124,18 @@ def register_and_run(args, keys: registry.KeysFile, hp: Hyperparameters, output:
     keys.add_compute_plan(args.framework, plan_key,
                           {task: compute_plan.describe_role(role) for task, role in builder.roles.items()})
     print(f"algo and compute plan keys added to {args.keys_file}")
-    results.run_and_report(client, builder, f"mnist-dp {run}", plan_key, {run: args.framework}, {owner: None}, output,
-                          f"mnist-dp: {run} on a Substra node",
-                          [f"{args.backend} backend, keys file: {args.keys_file.resolve()}",
-                           f"{len(folds)} fold(s) at {owner}, " + (
-                               f"a private search on all of them ({args.search})" if searched else
-                               f"{args.rounds} round(s), {compute_plan.describe_strategy(args.strategy)}")],
-                          {owner: registry.sample_folders(Path(keys.require("data")), "train")}
-                          if Path(keys.require("data")).is_dir() else None)
-
+    data_dir = Path(keys.require("data"))
+    try:
+        results.run_and_report(client, builder, f"mnist-dp {run}", plan_key, {run: args.framework}, {owner: None},
+                               output, f"mnist-dp: {run} on a Substra node",
+                               [f"{args.backend} backend, keys file: {args.keys_file.resolve()}",
+                                f"{len(folds)} fold(s) at {owner}, " + (
+                                    f"a private search on all of them ({args.search})" if searched else
+                                    f"{args.rounds} round(s), {compute_plan.describe_strategy(args.strategy)}")],
+                               {owner: registry.sample_folders(data_dir, "train")} if data_dir.is_dir() else None)
+    finally:  # the organisation's next plan on the node goes on from the last ledger this one made
+        if on_node:
+            keys.update(ledger_task=execution.last_done(client, builder.spending(owner)) or keys.get("ledger_task"))
 
 if __name__ == "__main__":
     run_cli(main, explain=connection.explain_refusal)

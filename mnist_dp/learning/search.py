@@ -145,8 +145,9 @@ def tune(framework: Framework, inputs: dict, outputs: dict, hyperparameters_path
                           f"nothing was saved; lower learning_rate or max_grad_norm in the search space or {where}")
     ledger = released_ledger(framework, data, plan, searched,
                              provenance.running_code(Path(hyperparameters_path).parent, "tune"))
-    with data_ledger.held(skeleton.sample_folders(data)) as spent:  # recorded before the model leaves the task
+    with data_ledger.held(skeleton.sample_folders(data), inputs.get("ledger")) as spent:  # before the model leaves
         spent.record(ledger, ledger.events[-1])
+        spent.pass_on(outputs.get("ledger"))
     settings = skeleton.run_settings(searched.hp, searched.ran.noise_multiplier, searched.plan)
     model_file.save(outputs["model"], model_file.ModelFile(framework.name, framework.dump_model(searched.model),
                                                            ledger, settings))

@@ -200,11 +200,12 @@ def train(framework: Framework, inputs: dict, outputs: dict, hyperparameters_pat
     if model is None:
         model = framework.new_model(hp.seed, Network.of(hp))
     # 3. The DP steps, and 4. the ledger: this run as it ran, recorded with the data before the model is saved.
-    with data_ledger.held(sample_folders(data)) as spent:
+    with data_ledger.held(sample_folders(data), inputs.get("ledger")) as spent:
         run, ran = train_in_memory(framework, model, ledger, data, hp, plan,
                                    provenance.running_code(Path(hyperparameters_path).parent, "train"),
                                    f"nothing was saved; lower learning_rate or max_grad_norm in {hyperparameters_path}",
                                    release_images=True, spent=spent, continuing=bool(inputs.get("model")))
+        spent.pass_on(outputs.get("ledger"))
     if ran is None:  # the budget of this data is spent: nothing trained, nothing was added to the ledger
         log.warning("the input model is passed on unchanged")
         model_file.copy(inputs["model"], outputs["model"])

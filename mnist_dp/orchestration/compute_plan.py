@@ -3,7 +3,8 @@ round's train tasks averaged by an aggregate task (federated averaging).
 
 Outputs get the least privilege that lets the plan run (contract.py): a model or predictions file is
 visible to the organisation that made it and to the organisations whose tasks consume it (plus any
-named with `share_with`); performances are public, as Substra requires.
+named with `share_with`); performances are public, as Substra requires. A train or tune task's `ledger`
+output, the data's own ledger, goes to its organisation's next train or tune task and to no one else.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from substra.sdk.schemas import (
     Permissions,
 )
 
-from mnist_dp.orchestration.contract import CONTRACT, public
+from mnist_dp.orchestration.contract import CONTRACT, OWNER_ONLY, public
 from mnist_dp.utils import options
 from mnist_dp.utils.errors import UserError
 
@@ -125,6 +126,9 @@ class PlanBuilder:
     share_with: tuple = ()  # organisations also allowed to read every model and predictions output
     tasks: list = field(default_factory=list)  # dicts, made into specs by `spec()`
     roles: dict = field(default_factory=dict)  # task id -> Role
+    # organisation -> its latest train or tune task (of this plan or an earlier one), whose `ledger` output its next
+    # train or tune task takes as input
+    ledgers: dict = field(default_factory=dict)
 
     @staticmethod
     def _data(share: Share) -> list:
@@ -138,13 +142,23 @@ class PlanBuilder:
         self.roles[task_id] = role
         return task_id
 
+    def _spending(self, function_key: str, share: Share, inputs: list, role: Role) -> str:
+        """A train or tune task at `share`'s organisation: it takes the `ledger` output of the organisation's
+        previous one, and its own goes to the next."""
+        previous = self.ledgers.get(share.organization)
+        if previous:
+            inputs.append(InputRef(identifier="ledger", parent_task_key=previous,
+                                   parent_task_output_identifier="ledger"))
+        task = self._add(function_key, share.organization, inputs, ["model", "epsilon", "ledger"], role)
+        self.ledgers[share.organization] = task
+        return task
+
     def train(self, run: str, function_key: str, share: Share, round_idx: int, parent: str | None = None) -> str:
         """Train at `share`'s organisation, continuing from the model of task `parent` if given."""
         inputs = self._data(share)
         if parent:
             inputs.append(InputRef(identifier="model", parent_task_key=parent, parent_task_output_identifier="model"))
-        return self._add(function_key, share.organization, inputs, ["model", "epsilon"],
-                         Role(run, "train", round_idx, share.organization))
+        return self._spending(function_key, share, inputs, Role(run, "train", round_idx, share.organization))
 
     def aggregate(self, run: str, function_key: str, trained: list, worker: str, round_idx: int) -> str:
         """Average the models of the `trained` tasks at organisation `worker` into the next global model."""
@@ -195,21 +209,27 @@ class PlanBuilder:
         model evaluated on `test`. `keys`: the run's function keys by function name. Returns the tune task ids."""
         tuned = []
         for share in shares:
-            task = self._add(keys["tune"], share.organization, self._data(share), ["model", "epsilon"],
-                             Role(run, "tune", 1, share.organization))
+            task = self._spending(keys["tune"], share, self._data(share), Role(run, "tune", 1, share.organization))
             self.evaluate(task, keys["predict"], keys["score"], test, "test")
             tuned.append(task)
         return tuned
 
+    def spending(self, organization: str) -> list:
+        """The ids of the train and tune tasks at `organization`, in the order their ledgers chain."""
+        return [t["task_id"] for t in self.tasks if t["worker"] == organization and "ledger" in t["outputs"]]
+
     def readers(self) -> dict:
-        """(task id, output) -> organisations that must read it: its own, its consumers', share_with."""
+        """(task id, output) -> organisations that must read it: its own, its consumers', share_with (but for an
+        OWNER_ONLY output, whose consumers are its own organisation's tasks: an output of an earlier plan is not in
+        the result)."""
         readers = {}
         for task in self.tasks:
             for output in task["outputs"]:
-                readers[(task["task_id"], output)] = {task["worker"], *self.share_with}
+                shared = () if output in OWNER_ONLY else self.share_with
+                readers[(task["task_id"], output)] = {task["worker"], *shared}
         for task in self.tasks:
             for ref in task["inputs"]:
-                if ref.parent_task_key:
+                if (ref.parent_task_key, ref.parent_task_output_identifier) in readers:
                     readers[(ref.parent_task_key, ref.parent_task_output_identifier)].add(task["worker"])
         return readers
 

@@ -6,20 +6,25 @@ from substra.sdk.schemas import AssetKind, FunctionInputSpec, FunctionOutputSpec
 
 _OPENER = FunctionInputSpec(identifier="opener", kind=AssetKind.data_manager, optional=False, multiple=False)
 _SAMPLES = FunctionInputSpec(identifier="datasamples", kind=AssetKind.data_sample, optional=False, multiple=True)
+# The data's own ledger (privacy/data_ledger.py) from the organisation's previous task, and passed on to its next:
+# every run on the organisation's data that the task knows, read by that organisation only (OWNER_ONLY).
+_LEDGER_IN = FunctionInputSpec(identifier="ledger", kind=AssetKind.model, optional=True, multiple=False)
+_LEDGER_OUT = FunctionOutputSpec(identifier="ledger", kind=AssetKind.model, multiple=False)
+OWNER_ONLY = frozenset({"ledger"})  # outputs no other organisation may read, whatever the plan shares
 
 # function -> (inputs, outputs)
 CONTRACT = {
     "train": (
         [_OPENER, _SAMPLES,
-         FunctionInputSpec(identifier="model", kind=AssetKind.model, optional=True, multiple=False)],
+         FunctionInputSpec(identifier="model", kind=AssetKind.model, optional=True, multiple=False), _LEDGER_IN],
         [FunctionOutputSpec(identifier="model", kind=AssetKind.model, multiple=False),
-         FunctionOutputSpec(identifier="epsilon", kind=AssetKind.performance, multiple=False)],
+         FunctionOutputSpec(identifier="epsilon", kind=AssetKind.performance, multiple=False), _LEDGER_OUT],
     ),
     # A private hyperparameter search: the best of its candidates, trained on the data, with ε of the whole search.
     "tune": (
-        [_OPENER, _SAMPLES],
+        [_OPENER, _SAMPLES, _LEDGER_IN],
         [FunctionOutputSpec(identifier="model", kind=AssetKind.model, multiple=False),
-         FunctionOutputSpec(identifier="epsilon", kind=AssetKind.performance, multiple=False)],
+         FunctionOutputSpec(identifier="epsilon", kind=AssetKind.performance, multiple=False), _LEDGER_OUT],
     ),
     "predict": (
         [_OPENER, _SAMPLES,

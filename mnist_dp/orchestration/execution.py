@@ -124,6 +124,11 @@ def task_status(client: substra.Client, task_id: str) -> ComputeTaskStatus | Non
         return None
 
 
+def last_done(client: substra.Client, task_ids: list) -> str | None:
+    """The last of `task_ids` that is done (None: none is)."""
+    return next((t for t in reversed(task_ids) if task_status(client, t) == ComputeTaskStatus.done), None)
+
+
 def performances(client: substra.Client, plan_key: str, roles: dict):
     """The plan's performances from Substra (get_performances), one row per performance, with the roles."""
     import pandas as pd

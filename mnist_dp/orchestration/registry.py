@@ -50,6 +50,7 @@ _SHAPES = {
     "train_data_sample_keys": (lambda v: isinstance(v, list) and bool(v) and all(map(_keys, v)),
                                "a list of folds, each a list of data sample keys"),
     "test_data_sample_keys": (_keys, "a list of data sample keys"),
+    "ledger_task": (lambda v: isinstance(v, str) and bool(v), "a task key (a string)"),
 }
 
 

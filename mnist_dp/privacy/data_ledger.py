@@ -17,8 +17,11 @@ budget check to its record, so two tasks on the same data at once never lose a s
 first's. A line cut short by a crash is a run whose model never left its task: it is dropped before the next
 append. Any other line that is not a run record is refused: the file was edited or damaged.
 
-Where a task cannot write beside its data (Substra's docker mode and a node mount data samples read-only), it
-logs so and the scripts record the run from the released model after the plan (`record_released`).
+A train or tune task in a compute plan also passes the ledger on as its `ledger` output, which only its own
+organisation may read, and takes the organisation's previous task's as its `ledger` input (`held(..., chained)`,
+`Held.pass_on`): where a task cannot write beside its data (Substra's docker mode and a node mount data samples
+read-only, and a task there reads them as they were when the plan started), the organisation's next task still
+sees the run. The scripts record the released runs in the data folders after the plan (`record_released`).
 """
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ from pathlib import Path
 
 from mnist_dp.privacy.events import DpEvent
 from mnist_dp.privacy.ledger import Examples, Ledger, is_new
+from mnist_dp.utils import atomic
 from mnist_dp.utils.errors import UserError
 
 LEDGER_FILE = "privacy_ledger.jsonl"  # in each data sample folder, beside identity.key
@@ -54,9 +58,18 @@ def read(folders) -> Ledger:
     return ledger
 
 
-def _read_into(ledger: Ledger, content: bytes, path: Path) -> None:
+def read_output(path) -> Ledger:
+    """The runs of a task's `ledger` output (`Held.pass_on`)."""
+    ledger = Ledger()
+    _read_into(ledger, Path(path).read_bytes(), Path(path), chained=True)
+    return ledger
+
+
+def _read_into(ledger: Ledger, content: bytes, path: Path, chained: bool = False) -> None:
     lines = content.split(b"\n")
     whole = lines[:-1]  # the last piece is "" after a full line, or a line cut short by a crash: never released
+    if chained and lines[-1]:  # a task output is written whole: a cut line there is damage, not a crash
+        whole = lines
     known = {e.run_id: e for e in ledger.events}
     for number, line in enumerate(whole, 1):
         try:
@@ -71,8 +84,9 @@ def _read_into(ledger: Ledger, content: bytes, path: Path) -> None:
             ledger.add_examples(examples)
         except (ValueError, UserError) as exc:
             raise UserError(f"{path}: line {number} is not a run record ({exc}); the file was edited or damaged, "
-                            "and the privacy this data has spent cannot be known from it: restore it from a "
-                            "backup") from None
+                            "and the privacy this data has spent cannot be known from it: "
+                            + ("give the task its organisation's last ledger output" if chained else
+                               "restore it from a backup")) from None
         if is_new(known, event, f"{path}: run {event.run_id} is recorded twice, differently: the file was edited or "
                                 "damaged; restore it from a backup"):
             ledger.add(event)
@@ -92,14 +106,22 @@ class Held:
         self.ledger.add_examples({i: ledger.examples[i] for i in event.data})
         self.ledger.add(event)
         if not self.files:
-            log.info("the data samples are read-only here: this run is recorded in their %s by the script that "
-                     "reads the released model (docs/privacy.md, \"The data's own ledger\")", LEDGER_FILE)
+            log.info("the data samples are read-only here: this run goes on in the task's ledger output, which only "
+                     "this organisation reads, and the script that reads the released model records it in their %s "
+                     "(docs/privacy.md, \"The data's own ledger\")", LEDGER_FILE)
             return
         line = (json.dumps(line_of(ledger, event), allow_nan=False) + "\n").encode()
         for f in self.files:
             _drop_cut_line(f)
             os.write(f.fileno(), line)
             os.fsync(f.fileno())
+
+    def pass_on(self, path) -> None:
+        """Write every run the task knows of its organisation's data, this task's too, to its `ledger` output `path`
+        (None: the task has none), for the organisation's next task; before the model is saved."""
+        if path is not None:
+            atomic.write_text(Path(path), "".join(json.dumps(line_of(self.ledger, e), allow_nan=False) + "\n"
+                                                  for e in self.ledger.events))
 
 
 def line_of(ledger: Ledger, event: DpEvent) -> dict:
@@ -118,10 +140,11 @@ def _drop_cut_line(f) -> None:
 
 
 @contextlib.contextmanager
-def held(folders):
+def held(folders, chained=None):
     """The data's ledger of `folders`, locked exclusively (in folder order, so two tasks never deadlock) until the
     block ends: read, check the budget against it, train, record, all with no other task's run in between.
-    Folders the task cannot write (read-only mounts) are read under a shared lock."""
+    Folders the task cannot write (read-only mounts) are read under a shared lock. `chained`: the task's `ledger`
+    input (its organisation's previous task's `ledger` output), whose runs are added, or None."""
     files, writable = [], True
     try:
         for folder in sorted(map(str, folders)):
@@ -146,6 +169,8 @@ def held(folders):
         for f in files:
             f.seek(0)
             _read_into(ledger, f.read(), Path(f.name))
+        if chained is not None:
+            _read_into(ledger, Path(chained).read_bytes(), Path(chained), chained=True)
         yield Held(files if writable else [], ledger)
     finally:
         for f in files:

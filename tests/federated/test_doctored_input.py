@@ -4,9 +4,11 @@ average) is accounted with that run, from the data's own ledger; max_epsilon sto
 task killed after its model was saved has recorded its spend."""
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import REPO, extract_function, independent_epsilon, tiny_hyperparameters
@@ -16,6 +18,7 @@ from mnist_dp.data import dataset
 from mnist_dp.data.samples import sample_identity
 from mnist_dp.learning import skeleton
 from mnist_dp.privacy import data_ledger, model_file
+from mnist_dp.utils.errors import UserError
 
 SIGMA, DELTA = 2.0, 1e-4
 HP = tiny_hyperparameters("torch", noise_multiplier=SIGMA, target_epsilon=None, delta=DELTA, ema_decay=0.0)
@@ -30,16 +33,28 @@ def organisations(tmp_path):
     return [[str(f)] for f in dataset.sample_folders(dest, "train")]
 
 
-def train(tmp_path, name, folders, model=None, **changes):
-    """A train task of the torch algo at the organisation holding `folders`, from `model` if given: its output."""
+def train(tmp_path, name, folders, model=None, ledger=None, **changes):
+    """A train task of the torch algo at the organisation holding `folders`, from `model` and with the `ledger`
+    input if given: its model (its ledger output is beside it, `name`.ledger)."""
     hp_path = tmp_path / f"{name}.json"
     hp_path.write_text(json.dumps({**HP, **changes}))
     opener = load_asset_module(DATASET_ASSET / "opener.py", "opener_for_doctored_tests")
     algo = load_asset_module(ALGO_ASSETS["torch"] / "algo.py", "torch_algo_for_doctored_tests")
-    inputs = {"datasamples": opener.MnistOpener().get_data(folders), **({"model": str(model)} if model else {})}
-    outputs = {"model": str(tmp_path / f"{name}.model"), "epsilon": str(tmp_path / f"{name}.epsilon")}
+    inputs = {"datasamples": opener.MnistOpener().get_data(folders), **({"model": str(model)} if model else {}),
+              **({"ledger": str(ledger)} if ledger else {})}
+    outputs = {"model": str(tmp_path / f"{name}.model"), "epsilon": str(tmp_path / f"{name}.epsilon"),
+               "ledger": str(tmp_path / f"{name}.ledger")}
     skeleton.train(algo.FRAMEWORK, inputs, outputs, hp_path)
     return tmp_path / f"{name}.model"
+
+
+def read_only_copy(tmpfs, folders):
+    """`folders` copied onto a file system then mounted read-only, as Substra's docker mode and a node give a
+    task its data samples."""
+    mount = tmpfs("size=16m")
+    copies = [shutil.copytree(f, mount / Path(f).name) for f in folders]
+    subprocess.run(["mount", "-o", "remount,ro", str(mount)], check=True)
+    return copies
 
 
 def doctored(tmp_path, how, own_model, other_model):
@@ -91,6 +106,35 @@ def test_max_epsilon_stops_the_run_that_would_pass_it_whatever_the_input_model_s
     assert again.ledger.epsilon(DELTA, data=mine) <= budget
     spent = data_ledger.read(second)
     assert spent.epsilon(DELTA, data=mine) <= budget and spent.events[-1] == last
+
+
+@pytest.mark.parametrize("how", ["cyclic", "fedavg"])
+def test_on_read_only_data_the_ledger_passed_from_task_to_task_keeps_the_organisations_run(tmp_path, organisations,
+                                                                                          tmpfs, how):
+    (tmp_path / "aggregate.json").write_text(json.dumps(HP))
+    first, second = organisations[0], read_only_copy(tmpfs, organisations[1])
+    own = train(tmp_path, "own", second)  # recorded nowhere beside the data: only in its ledger output
+    assert not data_ledger.read(second).events and len(data_ledger.read_output(tmp_path / "own.ledger").events) == 1
+    other = train(tmp_path, "other", first)
+    doctored_model = doctored(tmp_path, how, own, other)
+    mine = [sample_identity(f) for f in second]
+    both_runs = independent_epsilon(SIGMA, 1 / 3, 2 * ONE_RUN, DELTA)
+    again = model_file.load(train(tmp_path, "again", second, doctored_model, tmp_path / "own.ledger"), "torch")
+    assert again.ledger.epsilon(DELTA, data=mine) == pytest.approx(both_runs, rel=1e-6)
+    assert len(data_ledger.read_output(tmp_path / "again.ledger").events) == 2  # what the next task receives
+    budget = (independent_epsilon(SIGMA, 1 / 3, ONE_RUN, DELTA) + both_runs) / 2  # one run fits, two do not
+    stopped = model_file.load(train(tmp_path, "stopped", second, doctored_model, tmp_path / "own.ledger",
+                                    max_epsilon=budget), "torch")
+    assert stopped.hyperparameters["stopped_by_budget"] and 0 < stopped.ledger.events[-1].steps < ONE_RUN
+    assert stopped.ledger.epsilon(DELTA, data=mine) <= budget
+
+
+def test_a_damaged_ledger_input_is_refused_naming_it(tmp_path, organisations):
+    train(tmp_path, "own", organisations[1])
+    whole = (tmp_path / "own.ledger").read_bytes()
+    (tmp_path / "cut.ledger").write_bytes(whole[:-20])
+    with pytest.raises(UserError, match=r"cut\.ledger: line 1 is not a run record .*give the task its organisation's"):
+        train(tmp_path, "again", organisations[1], ledger=tmp_path / "cut.ledger")
 
 
 # Runs a train task's algo.py and kills its process (SIGKILL: nothing runs after) the moment its model is saved.

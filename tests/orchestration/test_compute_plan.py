@@ -114,3 +114,29 @@ def test_a_plan_of_more_than_max_tasks_is_refused_naming_what_sized_it():
     compute_plan.check_size(compute_plan.count_tasks("fedavg", compute_plan.MAX_TASKS // 5, 2), "x")  # MAX_TASKS
     with pytest.raises(UserError, match=r"^--rounds 1000000000 make 5,000,000,000 tasks, more than the 10,000"):
         compute_plan.check_size(compute_plan.count_tasks("fedavg", 10**9, 2), "--rounds 1000000000")
+
+
+@pytest.mark.parametrize("strategy", ["cyclic", "fedavg", "search"])
+def test_each_organisations_spending_tasks_pass_its_data_ledger_to_its_next_and_to_no_one_else(strategy):
+    builder = compute_plan.PlanBuilder(share_with=("Auditor",), ledgers={"Org2": "task-of-an-earlier-plan"})
+    keys = {**KEYS, "tune": "tune-fn"}
+    if strategy == "cyclic":
+        builder.chain("torch", keys, [(r, s) for r in (1, 2) for s in (ORG1, ORG2)], TEST)
+    elif strategy == "fedavg":
+        builder.fedavg("torch", keys, [ORG1, ORG2], 2, TEST)
+    else:
+        builder.search("torch", keys, [ORG1, ORG2], TEST)
+    by_id = {t["task_id"]: t for t in builder.tasks}
+    specs = {t.task_id: t for t in builder.spec("p", compute_plan.new_key()).tasks}
+    for org, earlier in (("Org1", None), ("Org2", "task-of-an-earlier-plan")):
+        chain = builder.spending(org)
+        assert len(chain) == (1 if strategy == "search" else 2) and builder.ledgers[org] == chain[-1]
+        for previous, task in zip([earlier, *chain], chain):
+            ledgers = [ref for ref in by_id[task]["inputs"] if ref.identifier == "ledger"]
+            assert [(r.parent_task_key, r.parent_task_output_identifier) for r in ledgers] == (
+                [(previous, "ledger")] if previous else [])
+            output = specs[task].outputs["ledger"].permissions
+            assert not output.public and output.authorized_ids == [org]  # not the Auditor, not the aggregator
+            assert "Auditor" in specs[task].outputs["model"].permissions.authorized_ids
+    spending = {t["function_key"] for t in builder.tasks if "ledger" in t["outputs"]}
+    assert spending == ({"tune-fn"} if strategy == "search" else {"train-fn"})

@@ -25,7 +25,7 @@ from mnist_dp.data.samples import sample_identity
 from mnist_dp.learning import interface, search, skeleton
 from mnist_dp.orchestration.contract import CONTRACT
 from mnist_dp.orchestration.execution import LOG_TAIL_LINES, POLLING_VARIABLE
-from mnist_dp.privacy import model_file
+from mnist_dp.privacy import data_ledger, model_file
 
 SCRIPTS = REPO / "scripts"
 CLIENT = "node1"
@@ -139,7 +139,7 @@ class NoLearning:
 
 
 def write_model_file(dest: Path, opener: Path, data_folders: list, hyperparameters: Path,
-                     input_model: Path | None = None) -> float:
+                     input_model: Path | None = None, input_ledger: Path | None = None) -> float:
     """Write a model file as a torch train task does (a tune task when the function holds a search file) and return
     the ε it outputs. The one place that knows how a model file is made: the real training skeleton (skeleton.train,
     or search.tune: ledger, hyperparameters, ε) and dataset opener around NoLearning, so a change of the file's
@@ -148,7 +148,10 @@ def write_model_file(dest: Path, opener: Path, data_folders: list, hyperparamete
     inputs = {"datasamples": opener_module.MnistOpener().get_data([str(f) for f in data_folders])}
     if input_model:
         inputs["model"] = str(input_model)
-    outputs = {"model": str(dest), "epsilon": str(dest.with_name(dest.name + ".epsilon"))}
+    if input_ledger:
+        inputs["ledger"] = str(input_ledger)
+    outputs = {"model": str(dest), "epsilon": str(dest.with_name(dest.name + ".epsilon")),
+               "ledger": str(dest.with_name(dest.name + ".ledger"))}
     if hyperparameters.with_name(search_space.FILE_NAME).is_file():
         search.tune(NoLearning(), inputs, outputs, hyperparameters)
     else:
@@ -168,13 +171,18 @@ def train_on_node(node: SubstraNodeStub, work: Path) -> dict:
     epsilons = {}
 
     def model_file_of(task, identifier):
-        if identifier != "model":
-            return f"{identifier} of task {task['key']}".encode()
         folder = work / task["key"]
+        if identifier not in ("model", "ledger"):
+            return f"{identifier} of task {task['key']}".encode()
+        if not (folder / "model").exists():  # the task's work makes both (asked for in identifier order)
+            run_task(task, folder)
+        return (folder / ("model" if identifier == "model" else "model.ledger")).read_bytes()
+
+    def run_task(task, folder):
         function_dir = folder / "function"
         with tarfile.open(fileobj=io.BytesIO(node.functions[task["function"]["key"]].files["file"])) as tar:
             tar.extractall(function_dir, filter="data")
-        samples, input_models = [], []
+        samples, input_models, input_ledger = [], [], None
         for ref in task["inputs"]:
             if ref["identifier"] == "opener":
                 opener = folder / "opener.py"
@@ -185,16 +193,21 @@ def train_on_node(node: SubstraNodeStub, work: Path) -> dict:
                     z.extractall(samples[-1])
             else:
                 parent = node.tasks[ref["parent_task_key"]].state["outputs"]
-                model_key = next(o["asset"]["key"] for o in parent if o["identifier"] == "model")
+                output = "ledger" if ref["identifier"] == "ledger" else "model"  # "model", or "models" to aggregate
+                asset_key = next(o["asset"]["key"] for o in parent if o["identifier"] == output)
+                if ref["identifier"] == "ledger":
+                    input_ledger = folder / "input.ledger"
+                    input_ledger.write_bytes(node.models[asset_key].files["file"])
+                    continue
                 input_models.append(folder / f"input-{len(input_models)}.model")
-                input_models[-1].write_bytes(node.models[model_key].files["file"])
+                input_models[-1].write_bytes(node.models[asset_key].files["file"])
         if samples:
             epsilons[task["key"]] = write_model_file(folder / "model", opener, samples,
-                                                     function_dir / "hyperparameters.json", *input_models)
+                                                     function_dir / "hyperparameters.json",
+                                                     input_models[0] if input_models else None, input_ledger)
         else:  # an aggregate task: the real averaging
             skeleton.aggregate(NoLearning(), {"models": [str(m) for m in input_models]},
                                {"model": str(folder / "model")}, function_dir / "hyperparameters.json")
-        return (folder / "model").read_bytes()
 
     def performance(task, identifier):
         if identifier == "epsilon":
@@ -348,7 +361,9 @@ def test_a_plan_run_on_the_node_reports_accuracy_and_epsilon_from_the_models_it_
         assert train["function"]["key"] == algo["train"] and train["worker"] == org
         assert data_inputs(train) == on(fold)
         assert parent(train, "model") == ([by_role[f"{FRAMEWORK} train, round 1 at {org}"]] if round_idx == 2 else [])
+        assert parent(train, "ledger") == parent(train, "model")  # the data's own ledger, from task to task
         assert permissions(train, "model") == private and permissions(train, "epsilon") == public
+        assert permissions(train, "ledger") == private
         for split, samples in (("train", fold), ("test", keys["test_data_sample_keys"])):
             score = tasks[by_role[f"{FRAMEWORK} score, round {round_idx} at {org} on {split}"]]
             predict = tasks[parent(score, "predictions")[0]]
@@ -376,6 +391,8 @@ def test_a_plan_run_on_the_node_reports_accuracy_and_epsilon_from_the_models_it_
             assert record[f"{split}_accuracy"] == pytest.approx(accuracy(record["round"], split))
     assert "ε (PLD)" in proc.stdout and "keys added to" in proc.stdout
     assert all(f"{record['epsilon']:.3f}" in proc.stdout for record in records)
+    last = by_role[f"{FRAMEWORK} train, round 2 at {org}"]
+    assert keys["ledger_task"] == last  # the organisation's next plan goes on from its last ledger
     assert ("GET", f"/compute_plan/{plan_key}/perf/") in node.calls() and node.unexpected == []
     written = [p for p in tmp_path.rglob("*") if p.is_file() and p.suffix in (".json", ".md")]
     assert TOKEN not in proc.stdout + proc.stderr and not any(TOKEN in p.read_text() for p in written)
@@ -541,3 +558,21 @@ def test_a_username_and_password_log_in_and_the_password_never_appears(tmp_path,
         proc = add_dataset_objective(node, tmp_path, tiny_data, username="alice", password="wrong-" + password)
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
         assert password not in proc.stdout + proc.stderr
+
+
+def test_the_next_plan_on_the_node_goes_on_from_the_ledger_the_last_one_left(node, registered, tmp_path):
+    train_on_node(node, tmp_path / "node")
+    assert add_train_algo(node, tmp_path).returncode == 0
+    first = json.loads(registered.read_text())
+    proc = add_train_algo(node, tmp_path, "--output", tmp_path / "again")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    keys = json.loads(registered.read_text())
+    plan = keys["compute_plans"][FRAMEWORK]
+    trains = [key for key, role in plan["tasks"].items() if " train, " in role]
+    ledgers = [[i["parent_task_key"] for i in node.tasks[t].record["inputs"] if i["identifier"] == "ledger"]
+               for t in trains]
+    assert ledgers == [[first["ledger_task"]], [trains[0]]] and keys["ledger_task"] == trains[-1]
+    # the ledger the second plan leaves holds the first plan's two runs on the organisation's data and its own two
+    served = next(o["asset"]["key"] for o in node.tasks[trains[-1]].state["outputs"] if o["identifier"] == "ledger")
+    (tmp_path / "served.ledger").write_bytes(node.models[served].files["file"])
+    assert len(data_ledger.read_output(tmp_path / "served.ledger").events) == 4
