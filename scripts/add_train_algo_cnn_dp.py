@@ -21,7 +21,7 @@ from mnist_dp.assets import ALGO_ASSETS
 from mnist_dp.data import dataset, samples
 from mnist_dp.hyperparameters import Hyperparameters
 from mnist_dp.orchestration import compute_plan, connection, execution, registry
-from mnist_dp.privacy import budget, data_ledger, search
+from mnist_dp.privacy import budget, search
 from mnist_dp.privacy.ledger import Examples
 from mnist_dp.report import results
 from mnist_dp.utils import atomic, options
@@ -78,7 +78,7 @@ def main(argv=None):
     elif data_dir.is_dir():  # what each train task would refuse, checked before anything is registered
         holdings = registry.split_among(data_dir, len(folds))
         sizes = [sum(map(samples.sample_size, own)) for own in holdings]
-        spent = [(data_ledger.read(own), {s.identity: Examples.of(s.key_id, s.ids)
+        spent = [(samples.spent_on(own), {s.identity: Examples.of(s.key_id, s.ids)
                                           for s in map(samples.read_sample, own)}) for own in holdings]
         hp = budget.check_plan(args.framework, hp, sizes, args.rounds,
                                [f"{where}, fold {k}" for k in range(1, len(sizes) + 1)], spent)

@@ -42,6 +42,11 @@ def build_parser():
     parser.add_argument("--add-key", type=Path, nargs="+", metavar="FOLDER",
                         help="instead: write one new identity key into each of these data sample folders that has "
                              "none (your own samples; an existing key is never replaced)")
+    parser.add_argument("--same-organization", type=Path, nargs="+", metavar="FOLDER",
+                        help="instead: make these data sample folders one organisation's, whatever keys they are under "
+                             "(e.g. one source written twice without --key-from): each gets the others' keys in its "
+                             "organization.keys, so a task counts an image named under any of them as one example, "
+                             "and their privacy ledgers become one file")
     parser.add_argument("--key-from", type=Path, metavar="SAMPLE",
                         help="use the identity key of this existing data sample folder of the same organisation "
                              "instead of a new one (with --organizations: organisation 1's; with --add-key too): new "
@@ -53,11 +58,19 @@ def build_parser():
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    if args.add_key:  # writes keys into existing folders: nothing of a new data set applies
-        options.refuse_unused("with --add-key", {
-            "--output": args.output, "--source": args.source, "--train-size": args.train_size,
-            "--test-size": args.test_size, "--train-samples": args.train_samples, "--seed": args.seed,
-            "--force": args.force, "--organizations": args.organizations})
+    for option, given in (("--add-key", args.add_key), ("--same-organization", args.same_organization)):
+        if given:  # works on existing folders: nothing of a new data set applies
+            options.refuse_unused(f"with {option}", {
+                "--output": args.output, "--source": args.source, "--train-size": args.train_size,
+                "--test-size": args.test_size, "--train-samples": args.train_samples, "--seed": args.seed,
+                "--force": args.force, "--organizations": args.organizations,
+                "--add-key": args.add_key and option != "--add-key",
+                "--key-from": args.key_from is not None and option != "--add-key"})
+    if args.same_organization:
+        count, runs = keys.same_organization(args.same_organization)
+        print(f"{len(args.same_organization)} data sample folder(s) made one organisation's: its {count} key(s) in "
+              f"each organization.keys, and one privacy ledger of {runs} run(s)")
+        return
     key = None if args.key_from is None else samples.read_key(args.key_from)
     if args.add_key:
         added = keys.add_key(args.add_key, key)

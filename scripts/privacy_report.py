@@ -6,7 +6,7 @@ Needs no ML framework (only numpy and dp_accounting): give it a model written by
 from pathlib import Path
 
 from mnist_dp.data import samples
-from mnist_dp.privacy import data_ledger, model_file, statement
+from mnist_dp.privacy import model_file, statement
 from mnist_dp.utils import options
 from mnist_dp.utils.errors import run_cli
 
@@ -22,7 +22,7 @@ def build_parser():
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    spent = data_ledger.read(args.data) if args.data else None
+    spent = samples.spent_on(args.data) if args.data else None
     own = [samples.sample_identity(folder) for folder in args.data or []]
     for path in args.model:
         saved = model_file.load(path)

@@ -22,7 +22,7 @@ from mnist_dp import hyperparameters, search_space
 from mnist_dp.assets import ALGO_ASSETS
 from mnist_dp.data import dataset, samples
 from mnist_dp.orchestration import compute_plan, connection, registry
-from mnist_dp.privacy import budget, data_ledger, search
+from mnist_dp.privacy import budget, search
 from mnist_dp.privacy.ledger import Examples
 from mnist_dp.report import results
 from mnist_dp.utils import atomic, options
@@ -104,7 +104,7 @@ def main(argv=None):
         read = {folder: sample for own in holdings for folder, sample in zip(own, samples.check_examples(own))}
         identities = {folder: sample.identity for folder, sample in read.items()}
         sizes = [sum(map(samples.sample_size, own)) for own in holdings]
-        spent = [(data_ledger.read(own), {read[f].identity: Examples.of(read[f].key_id, read[f].ids) for f in own})
+        spent = [(samples.spent_on(own), {read[f].identity: Examples.of(read[f].key_id, read[f].ids) for f in own})
                  for own in holdings]
         for run, (framework, hp) in runs.items():  # each with the hyperparameters its tasks will get
             wheres = [f"{run} hyperparameters ({overrides.source}), organisation {k}" for k in range(1, len(sizes) + 1)]

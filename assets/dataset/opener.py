@@ -19,6 +19,9 @@ LABELS_FILE = "labels.npy"
 # released artefacts is an HMAC of its content under this key, so whoever holds a candidate dataset but not the key
 # cannot confirm it was trained on.
 KEY_FILE = "identity.key"
+# Optional: the organisation's other identity keys, one per line (scripts/generate_data.py --same-organization), so
+# that its examples named under any of them are known as the same examples.
+RING_FILE = "organization.keys"
 _KEY = re.compile(r"[0-9a-fA-F]{64}")  # either case: the same 32 bytes
 IMAGE_SHAPE = (28, 28)
 NUM_CLASSES = 10
@@ -146,9 +149,29 @@ def example_ids(key, digests):
     return np.array([int.from_bytes(hmac.digest(key, d, "sha256")[:8], "big") for d in digests], dtype=np.uint64)
 
 
-class Sample(collections.namedtuple("Sample", "folder images labels identity key_id ids digests")):
-    """One data sample as read: its arrays, its keyed identity, the id of its key, its examples' keyed ids, and
-    their digests (compared within a task, never returned)."""
+class Sample(collections.namedtuple("Sample", "folder images labels identity key_id ids digests aliases",
+                                    defaults=(None,))):
+    """One data sample as read: its arrays, its keyed identity, the id of its key, its examples' keyed ids, their
+    digests (compared within a task, never returned), and `aliases`: {key id: the examples' ids under that key}
+    for each of the organisation's other keys (RING_FILE; None without one)."""
+
+
+def read_ring(folder):
+    """The organisation's other identity keys (bytes) of RING_FILE in `folder`: none without the file."""
+    path = os.path.join(folder, RING_FILE)
+    try:
+        with open(path, encoding="ascii") as f:
+            lines = f.read().split()
+    except FileNotFoundError:
+        return []
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DataSampleError(f"{path}: cannot read it ({exc}); make it readable, or remove it and run "
+                              "scripts/generate_data.py --same-organization again") from None
+    for number, line in enumerate(lines, 1):
+        if not _KEY.fullmatch(line):
+            raise DataSampleError(f"{path}: key {number} is not 64 hexadecimal digits; remove the file and run "
+                                  "scripts/generate_data.py --same-organization again")
+    return [bytes.fromhex(line) for line in lines]
 
 
 def read_sample(folder):
@@ -167,7 +190,8 @@ def read_sample(folder):
     key = read_key(folder)
     identity = hmac.new(key, _fingerprint(images_path, labels_path).encode(), hashlib.sha256).hexdigest()
     digests = example_digests(images, labels)
-    return Sample(folder, images, labels, identity, key_id(key), example_ids(key, digests), digests)
+    aliases = {key_id(other): example_ids(other, digests) for other in read_ring(folder) if other != key}
+    return Sample(folder, images, labels, identity, key_id(key), example_ids(key, digests), digests, aliases or None)
 
 
 def copies(samples):
@@ -210,8 +234,9 @@ def combine(samples, problem=None):
         # their keyed ids (in the order of its images), so that ε is composed per example across runs.
         # "folder": where the organisation keeps the sample, and its ledger of the runs on it (privacy_ledger.jsonl,
         # which the tasks read and append: mnist_dp/privacy/data_ledger.py).
+        # "aliases" (only with the organisation's other keys, RING_FILE): the same examples' ids under each of them.
         "samples": [{"identity": s.identity, "n": int(len(s.labels)), "key": s.key_id, "examples": s.ids,
-                     "folder": s.folder} for s in samples],
+                     "folder": s.folder, **({"aliases": s.aliases} if s.aliases else {})} for s in samples],
     }
 
 

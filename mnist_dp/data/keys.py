@@ -7,7 +7,18 @@ import secrets
 import shlex
 from pathlib import Path
 
-from mnist_dp.data.samples import IMAGES_FILE, KEY_FILE, LABELS_FILE, KeyFileProblem, key_id, read_key
+from mnist_dp.data.samples import (
+    IMAGES_FILE,
+    KEY_FILE,
+    LABELS_FILE,
+    RING_FILE,
+    KeyFileProblem,
+    key_id,
+    read_key,
+    read_ring,
+)
+from mnist_dp.privacy import data_ledger
+from mnist_dp.utils import atomic
 from mnist_dp.utils.errors import UserError, writing_in
 
 
@@ -40,6 +51,26 @@ def add_key(folders: list, key: str | None = None) -> list:
         with writing_in(folder):
             write_key(folder, key)
     return missing
+
+
+def same_organization(folders: list) -> tuple:
+    """Make data sample folders `folders` one organisation's, whatever keys they are under: each gets every other's
+    key in its ring file (the opener's RING_FILE, kept: keys are only added), so a task knows its examples under all
+    of them, and their privacy ledgers become one (data_ledger.join). Returns (the keys, the runs recorded)."""
+    folders = [Path(f) for f in folders]
+    for folder in folders:
+        if not (folder / IMAGES_FILE).is_file() or not (folder / LABELS_FILE).is_file():
+            raise UserError(f"{folder}: not a data sample folder (it needs {IMAGES_FILE} and {LABELS_FILE})")
+    own = {folder: read_key(folder) for folder in folders}
+    every = set(own.values())
+    rings = {folder: sorted(set(read_ring(folder)) | every - {own[folder]}) for folder in folders}
+    runs = data_ledger.join(folders)
+    for folder, ring in rings.items():
+        if ring:
+            with writing_in(folder):
+                atomic.write_text(folder / RING_FILE, "".join(key + "\n" for key in ring))
+                os.chmod(folder / RING_FILE, 0o600)
+    return len(every | {k for ring in rings.values() for k in ring}), runs
 
 
 def of_organization(own: list) -> dict:

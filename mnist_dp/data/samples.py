@@ -18,6 +18,7 @@ from mnist_dp.utils.errors import UserError
 IMAGES_FILE = "images.npy"
 LABELS_FILE = "labels.npy"
 KEY_FILE = "identity.key"  # the opener's KEY_FILE
+RING_FILE = "organization.keys"  # the opener's RING_FILE
 
 
 def sample_fingerprint(folder: Path) -> str:
@@ -64,6 +65,26 @@ def read_key(folder: Path) -> str:
         raise KeyFileProblem(exc) from None
     except opener().DataSampleError as exc:
         raise UserError(str(exc)) from None
+
+
+def read_ring(folder: Path) -> list:
+    """The organisation's other identity keys written in data sample folder `folder` (hex), as the opener reads
+    them (its RING_FILE; none without one)."""
+    try:
+        return [key.hex() for key in opener().read_ring(str(folder))]
+    except opener().DataSampleError as exc:
+        raise UserError(str(exc)) from None
+
+
+def spent_on(folders: list):
+    """The data's own ledger of data sample folders `folders` (privacy/data_ledger.py), with the examples it names
+    under their organisation's other keys known as these samples' (Ledger.link)."""
+    from mnist_dp.privacy import data_ledger
+
+    ledger = data_ledger.read(folders)
+    if any((Path(f) / RING_FILE).exists() for f in folders):
+        ledger.link(opener().combine([read_sample(f) for f in folders])["samples"])
+    return ledger
 
 
 def key_id(folder: Path) -> str:

@@ -59,4 +59,4 @@ def received_ledger(shared_state, own: Ledger) -> Ledger:
     if not own.events:
         return merged
     last = own.events[-1]
-    return Ledger([e for e in merged.events if e.run_id != last.run_id] + [last], merged.examples)
+    return merged.copy([e for e in merged.events if e.run_id != last.run_id] + [last])

@@ -148,6 +148,7 @@ def tune(framework: Framework, inputs: dict, outputs: dict, hyperparameters_path
     with data_ledger.held(skeleton.sample_folders(data), inputs.get("ledger")) as spent:  # before the model leaves
         spent.record(ledger, ledger.events[-1])
         spent.pass_on(outputs.get("ledger"))
+        spent.ledger.link(data["samples"])  # for the data's figure below: the organisation's other keys' runs too
     settings = skeleton.run_settings(searched.hp, searched.ran.noise_multiplier, searched.plan)
     model_file.save(outputs["model"], model_file.ModelFile(framework.name, framework.dump_model(searched.model),
                                                            ledger, settings))

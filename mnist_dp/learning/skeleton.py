@@ -264,6 +264,9 @@ def train_in_memory(framework: Framework, model, ledger: Ledger, data: dict, hp:
     (from a model received from elsewhere) composes its runs of this framework into `ledger`, the budget holds for
     all of its runs, and the run is recorded in it before this returns. The substratools train task and the
     substrafl algos (mnist_dp/federated) both train through here."""
+    for known in (ledger, spent.ledger if spent is not None else None):
+        if known is not None and known.link(data["samples"]):  # only with the organisation's other keys
+            log.info("this organisation's examples named under another of its keys are counted as the same examples")
     lacking = data_ledger.absorb(ledger, spent.ledger, framework.name) if spent is not None and continuing else []
     if lacking:
         log.warning("the input model's ledger lacks %d %s run(s) that this organisation's own ledger records on "

@@ -141,40 +141,88 @@ def _drop_cut_line(f) -> None:
 
 @contextlib.contextmanager
 def held(folders, chained=None):
-    """The data's ledger of `folders`, locked exclusively (in folder order, so two tasks never deadlock) until the
-    block ends: read, check the budget against it, train, record, all with no other task's run in between.
-    Folders the task cannot write (read-only mounts) are read under a shared lock. `chained`: the task's `ledger`
-    input (its organisation's previous task's `ledger` output), whose runs are added, or None."""
+    """The data's ledger of `folders`, locked exclusively until the block ends: read, check the budget against it,
+    train, record, all with no other task's run in between. Folders the task cannot write (read-only mounts) are
+    read under a shared lock. One file linked into several folders (`join`) is held once. `chained`: the task's
+    `ledger` input (its organisation's previous task's `ledger` output), whose runs are added, or None."""
     files, writable = [], True
     try:
-        for folder in sorted(map(str, folders)):
-            path = path_of(folder)
-            try:
-                f = open(path, "a+b")  # noqa: SIM115 - held open until the block ends
-                mode = fcntl.LOCK_EX
-            except OSError:
-                writable = False
+        while True:
+            files, writable = _open(folders)
+            for f, mode in files:  # in file order, so two tasks never deadlock
                 try:
-                    f = open(path, "rb")  # noqa: SIM115
-                except FileNotFoundError:
-                    continue
-                mode = fcntl.LOCK_SH
-            files.append(f)
-            try:
-                fcntl.flock(f.fileno(), mode | fcntl.LOCK_NB)
-            except BlockingIOError:
-                log.info("waiting for %s: another task on this data is recording its run", path)
-                fcntl.flock(f.fileno(), mode)
+                    fcntl.flock(f.fileno(), mode | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    log.info("waiting for %s: another task on this data is recording its run", f.name)
+                    fcntl.flock(f.fileno(), mode)
+            if all(_still_there(f) for f, _ in files):
+                break
+            for f, _ in files:  # a file was replaced while this task waited (join): open the new one
+                f.close()
         ledger = Ledger()
-        for f in files:
+        for f, _ in files:
             f.seek(0)
             _read_into(ledger, f.read(), Path(f.name))
         if chained is not None:
             _read_into(ledger, Path(chained).read_bytes(), Path(chained), chained=True)
-        yield Held(files if writable else [], ledger)
+        yield Held([f for f, _ in files] if writable else [], ledger)
     finally:
-        for f in files:
+        for f, _ in files:
             f.close()  # closing releases the lock
+
+
+def _open(folders) -> tuple:
+    """([(open file, lock mode)] of the folders' ledgers, each file once, in (device, inode) order; whether all
+    could be opened for appending)."""
+    files, writable = {}, True
+    for folder in sorted(map(str, folders)):
+        path = path_of(folder)
+        try:
+            f, mode = open(path, "a+b"), fcntl.LOCK_EX  # noqa: SIM115 - held open until the block ends
+        except OSError:
+            writable = False
+            try:
+                f, mode = open(path, "rb"), fcntl.LOCK_SH  # noqa: SIM115
+            except FileNotFoundError:
+                continue
+        stat = os.fstat(f.fileno())
+        if (stat.st_dev, stat.st_ino) in files:
+            f.close()
+        else:
+            files[(stat.st_dev, stat.st_ino)] = (f, mode)
+    return [files[k] for k in sorted(files)], writable
+
+
+def _still_there(f) -> bool:
+    try:
+        return os.stat(f.name).st_ino == os.fstat(f.fileno()).st_ino
+    except FileNotFoundError:
+        return False
+
+
+def join(folders) -> int:
+    """Make the data's ledgers of `folders` (one organisation's data sample folders) one file, hard-linked into
+    each: every run any of them records, once. A run recorded later on any of them is then recorded on all.
+    Returns the runs. Done under their locks; a task waiting for one opens the joined file."""
+    folders = [Path(f) for f in folders]
+    devices = {os.stat(f).st_dev for f in folders}
+    if len(devices) > 1:
+        raise UserError(f"{', '.join(map(str, folders))}: not all on one file system; the privacy ledgers of one "
+                        "organisation's data samples are joined by hard links: move them onto one")
+    with held(folders) as data:
+        if not data.files:  # a folder whose ledger could not be opened for appending
+            raise UserError(f"{', '.join(map(str, folders))}: cannot write the privacy ledger of each of these data "
+                            "samples; make the folders writable")
+        joined = folders[0] / f".{LEDGER_FILE}.joined"
+        atomic.write_text(joined, "".join(json.dumps(line_of(data.ledger, e), allow_nan=False) + "\n"
+                                          for e in data.ledger.events))
+        try:
+            for folder in folders:
+                os.link(joined, folder / f".{LEDGER_FILE}.link")
+                os.replace(folder / f".{LEDGER_FILE}.link", path_of(folder))
+        finally:
+            joined.unlink()
+        return len(data.ledger.events)
 
 
 def absorb(model: Ledger, data: Ledger, framework: str | None) -> list:
@@ -187,6 +235,7 @@ def absorb(model: Ledger, data: Ledger, framework: str | None) -> list:
                                    "organisation's own ledger of its data: the model was edited; its privacy figure "
                                    "cannot be trusted") and framework in (None, e.framework)]
     model.add_examples({i: data.examples[i] for e in lacking for i in e.data})
+    model.add_aliases({i: named for i, named in data.aliases.items() if i in model.examples})
     model.events[:0] = lacking
     return lacking
 
@@ -194,8 +243,8 @@ def absorb(model: Ledger, data: Ledger, framework: str | None) -> list:
 def union(ledger: Ledger, data: Ledger) -> Ledger:
     """A copy of `ledger` with every run of the data's ledger `data` it lacks, in every framework: what a budget for
     the data counts (`ledger` itself when there is none to add). A run both hold must be recorded alike (absorb)."""
-    everything = Ledger(list(ledger.events), dict(ledger.examples))
-    return everything if absorb(everything, data, None) else ledger
+    everything = ledger.copy(list(ledger.events))
+    return everything if absorb(everything, data, None) or data.aliases else ledger
 
 
 def record_released(folders_by_identity: dict, ledgers) -> None:

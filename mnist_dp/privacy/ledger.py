@@ -84,9 +84,16 @@ class Account:
 class Ledger:
     """The DP events behind one model, in training order, and the examples of the data samples they name."""
 
-    def __init__(self, events: Iterable[DpEvent] = (), examples: dict | None = None):
+    def __init__(self, events: Iterable[DpEvent] = (), examples: dict | None = None, aliases: dict | None = None):
         self.events = list(events)
         self.examples = dict(examples or {})  # data sample identity -> Examples
+        # data sample identity -> {key id: Examples}: some of its examples as named under another key of their
+        # organisation (`link`): a run on the sample trains on them too
+        self.aliases = {identity: dict(named) for identity, named in (aliases or {}).items()}
+
+    def copy(self, events: Iterable[DpEvent] | None = None) -> Ledger:
+        """The same examples and aliases, with `events` (default: these)."""
+        return Ledger(self.events if events is None else events, self.examples, self.aliases)
 
     def add(self, event: DpEvent) -> None:
         self.events.append(event)
@@ -103,9 +110,46 @@ class Ledger:
         self.add_examples({s["identity"]: Examples.of(s["key"], s["examples"]) for s in samples})
         return tuple(s["identity"] for s in samples)
 
+    def add_aliases(self, aliases: dict) -> None:
+        """Record other names of samples' examples ({identity: {key id: Examples}}); names of one sample under one
+        key are united (a name too many can only over-state ε)."""
+        for identity, named in aliases.items():
+            mine = self.aliases.setdefault(identity, {})
+            for key, examples in named.items():
+                mine[key] = examples if key not in mine else Examples.of(
+                    key, np.union1d(mine[key].array, examples.array))
+
+    def link(self, samples: list) -> int:
+        """Know as the task's own examples those this ledger names under another key of their organisation.
+        `samples`: the opener's data samples; one with "aliases" (its organisation's other keys: the opener's
+        RING_FILE) names its examples under each. A recorded sample under one of those keys gets, for each of its
+        ids that is one of these examples, that example's id under the task's key, as an alias: its runs then
+        compose with the task's on the same image. Returns how many recorded samples were linked."""
+        pairs: dict = {}  # (other key, own key) -> (ids under the other key, the same examples' ids under own key)
+        for sample in samples:
+            for key, ids in (sample.get("aliases") or {}).items():
+                other, own = pairs.get((key, sample["key"]), (np.empty(0, np.uint64),) * 2)
+                pairs[(key, sample["key"])] = (np.concatenate([other, np.asarray(ids, np.uint64)]),
+                                               np.concatenate([own, np.asarray(sample["examples"], np.uint64)]))
+        linked = 0
+        for identity, named in list(self.examples.items()):
+            for (key, own_key), (other, own) in pairs.items():
+                if named.key != key:
+                    continue
+                order = np.argsort(other)
+                at = np.minimum(np.searchsorted(other[order], named.array), len(other) - 1)
+                found = other[order][at] == named.array
+                if found.any():
+                    self.add_aliases({identity: {own_key: Examples.of(own_key, own[order[at[found]]])}})
+                    linked += 1
+        return linked
+
     def to_json(self) -> dict:
+        aliases = {identity: [self.aliases[identity][key].to_json() for key in sorted(self.aliases[identity])]
+                   for identity in sorted(self.aliases)}
         return {"events": [e.to_json() for e in self.events],
-                "examples": {identity: self.examples[identity].to_json() for identity in sorted(self.examples)}}
+                "examples": {identity: self.examples[identity].to_json() for identity in sorted(self.examples)},
+                **({"aliases": aliases} if aliases else {})}
 
     @classmethod
     def from_json(cls, records) -> Ledger:
@@ -113,11 +157,18 @@ class Ledger:
         run is then accounted as touching every example)."""
         if isinstance(records, list):
             return cls(DpEvent.from_json(r) for r in records)
-        if not isinstance(records, dict) or set(records) != {"events", "examples"} \
-                or not isinstance(records["events"], list) or not isinstance(records["examples"], dict):
-            raise UserError('privacy ledger must be an object {"events": [...], "examples": {...}}')
+        if not isinstance(records, dict) or set(records) - {"aliases"} != {"events", "examples"} \
+                or not isinstance(records["events"], list) or not isinstance(records["examples"], dict) \
+                or not isinstance(records.get("aliases", {}), dict):
+            raise UserError('privacy ledger must be an object {"events": [...], "examples": {...}} (and "aliases": '
+                            '{...})')
         ledger = cls((DpEvent.from_json(r) for r in records["events"]),
                      {identity: Examples.from_json(identity, named) for identity, named in records["examples"].items()})
+        for identity, named in records.get("aliases", {}).items():
+            if identity not in ledger.examples or not isinstance(named, list):
+                raise UserError(f"privacy ledger: aliases of data sample {identity[:8]}… must be a list of the "
+                                "examples of a sample it records")
+            ledger.add_aliases({identity: {e.key: e for e in (Examples.from_json(identity, n) for n in named)}})
         ledger.check_examples()
         return ledger
 
@@ -160,20 +211,25 @@ class Ledger:
         if any(i not in self.examples for e in self.events for i in e.data):
             return [Account(tuple(event for _, event in parts), every_sample, None, tuple(k for k, _ in parts))]
         groups: dict = {}
-        for key in sorted({self.examples[i].key for i in every_sample}):
-            samples = sorted(i for i in every_sample if self.examples[i].key == key)
-            arrays = [self.examples[i].array for i in samples]
-            universe = np.unique(np.concatenate(arrays))
-            holds = {i: np.isin(universe, array, assume_unique=True) for i, array in zip(samples, arrays)}
+        keys = {self.examples[i].key for i in every_sample} | {k for i in every_sample for k in self.aliases.get(i, {})}
+        for key in sorted(keys):
+            # (sample, its examples under this key, named by it rather than by an alias)
+            named = [(i, self.examples[i], True) for i in sorted(every_sample) if self.examples[i].key == key] + [
+                (i, self.aliases[i][key], False) for i in sorted(every_sample) if key in self.aliases.get(i, {})]
+            samples = [i for i, _, _ in named]
+            universe = np.unique(np.concatenate([examples.array for _, examples, _ in named]))
+            holds = [np.isin(universe, examples.array, assume_unique=True) for _, examples, _ in named]
             columns = []
             for _, event in parts:
-                own = [holds[i] for i in event.data if i in holds]  # its data under this key, if any
+                own = [h for (i, _, direct), h in zip(named, holds) if i in event.data and direct]
                 touched = np.logical_or.reduce(own) if own else np.zeros(len(universe), dtype=bool)
                 if event.search is not None:
                     held_out = validation_mask(universe, event.search.validation_permille)
                     touched &= held_out if event.search.face == "score" else ~held_out
-                columns.append(touched)
-            matrix = np.stack(columns + [holds[i] for i in samples], axis=1)
+                # An alias's examples took both faces of a search: its split was drawn by their other ids.
+                aliased = [h for (i, _, direct), h in zip(named, holds) if i in event.data and not direct]
+                columns.append(np.logical_or.reduce([touched, *aliased]))
+            matrix = np.stack(columns + holds, axis=1)
             # One row per distinct pattern (rows packed to bytes: np.unique on them is fast).
             packed = np.packbits(matrix, axis=1)
             _, first, counts = np.unique(packed.view(np.dtype((np.void, packed.shape[1]))).ravel(),
@@ -227,7 +283,7 @@ class Ledger:
                         1.0)
         last = len(self.events)  # the probe's position
         found = {frozenset((k, _face(e)) for e, k in zip(account.events, account.runs) if k != last)
-                 for account in Ledger([*self.events, probe], self.examples).accounts() if last in account.runs}
+                 for account in self.copy([*self.events, probe]).accounts() if last in account.runs}
         found = [h for h in found if not any(h < other for other in found)]
         part = {(k, _face(e)): e for k, e in self.parts()}
         return sorted(([part[k] for k in sorted(h)] for h in found), key=len, reverse=True) or [[]]
@@ -246,6 +302,7 @@ def merge(ledgers: Sequence[Ledger]) -> Ledger:
     merged, seen, examples = [], {}, Ledger()
     for ledger in ledgers:
         examples.add_examples(ledger.examples)
+        examples.add_aliases(ledger.aliases)
         for event in ledger.events:
             if event.run_id is None:
                 raise UserError(f"a {event.framework} training run in an input model's ledger has no run id (a model "
@@ -254,7 +311,7 @@ def merge(ledgers: Sequence[Ledger]) -> Ledger:
             if is_new(seen, event, f"two input models record training run {event.run_id} differently: a file "
                                    "was edited or damaged; their privacy figure cannot be trusted"):
                 merged.append(event)
-    return Ledger(merged, examples.examples)
+    return examples.copy(merged)
 
 
 def is_new(seen: dict, event: DpEvent, differently: str) -> bool:

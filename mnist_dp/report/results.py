@@ -125,14 +125,14 @@ def with_data_spent(records: list, data_folders: dict) -> None:
     data samples: docker mode)."""
     if not data_folders:
         return
-    from mnist_dp.data.samples import sample_identity
+    from mnist_dp.data import samples
     from mnist_dp.privacy import data_ledger
 
-    identities = {org: {sample_identity(f): f for f in folders} for org, folders in data_folders.items()}
+    identities = {org: {samples.sample_identity(f): f for f in folders} for org, folders in data_folders.items()}
     released = [model_file.load(r.model_file).ledger for r in records if r.model_file]
     for own in identities.values():
         data_ledger.record_released(own, released)
-    spent = {org: data_ledger.read(own.values()) for org, own in identities.items()}
+    spent = {org: samples.spent_on(list(own.values())) for org, own in identities.items()}
     for record in records:
         record.data_epsilon_by_organization = {org: spent[org].epsilon(record.delta, data=own)
                                                for org, own in identities.items()}

@@ -1,5 +1,6 @@
 """Identity keys a user's hands have been on: every refusal says what to do, and doing it literally makes the refused
 check pass (the pre-registration check every script runs: dataset.check_organization_keys)."""
+import os
 import shutil
 import subprocess
 import sys
@@ -131,3 +132,35 @@ def test_too_few_samples_for_the_organisations_gives_a_command_that_loses_nothin
     else:  # untouched; the new data is elsewhere
         assert {p: p.read_bytes() for p in data.rglob("*") if p.is_file()} == before
         registry.split_among(data.parent / "data-4-samples", 4)
+
+
+def test_same_organization_gives_each_folder_the_others_keys_and_one_ledger(tmp_path):
+    for name in ("first", "second"):  # one source written twice, each under a new key
+        dataset.generate(tmp_path / name, train_size=60, test_size=20, train_samples=1)
+    folders = [*dataset.sample_folders(tmp_path / "first", "train"), *dataset.sample_folders(tmp_path / "second",
+                                                                                             "train")]
+    (folders[0] / "privacy_ledger.jsonl").write_text("")  # a ledger with nothing yet, and a folder without one
+    own = [samples.read_key(f) for f in folders]
+    proc = run_generate_data("--same-organization", *folders)
+    assert proc.returncode == 0, proc.stderr
+    assert "2 data sample folder(s) made one organisation's: its 2 key(s)" in proc.stdout
+    assert [samples.read_key(f) for f in folders] == own  # each sample keeps its own key, so its identity
+    assert [samples.read_ring(f) for f in folders] == [[own[1]], [own[0]]]
+    assert all(oct((f / samples.RING_FILE).stat().st_mode)[-3:] == "600" for f in folders)
+    first, second = (os.stat(f / "privacy_ledger.jsonl") for f in folders)
+    assert (first.st_dev, first.st_ino) == (second.st_dev, second.st_ino)  # one file: a run on either is on both
+    read = samples.read_sample(folders[1])
+    assert list(read.aliases) == [samples.key_id(folders[0])]
+    assert set(read.aliases[samples.key_id(folders[0])]) == set(samples.read_sample(folders[0]).ids)  # the same images
+    assert run_generate_data("--same-organization", *folders).returncode == 0  # again: nothing changes
+    assert [samples.read_ring(f) for f in folders] == [[own[1]], [own[0]]]
+
+
+def test_a_ring_file_that_is_not_keys_is_one_line_naming_it(data):
+    folder = data / "train" / "0"
+    (folder / samples.RING_FILE).write_text("not a key\n")
+    with pytest.raises(UserError, match=rf"^{folder / samples.RING_FILE}: key 1 is not 64 hexadecimal digits; "
+                                        "remove the file and run scripts/generate_data.py --same-organization again"):
+        samples.read_sample(folder)
+    proc = run_generate_data("--same-organization", folder, "--seed", "3")
+    assert proc.returncode == 2 and proc.stderr == "error: --seed has no effect with --same-organization; drop it\n"

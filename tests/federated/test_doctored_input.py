@@ -14,7 +14,7 @@ import pytest
 from conftest import REPO, extract_function, independent_epsilon, tiny_hyperparameters
 
 from mnist_dp.assets import ALGO_ASSETS, DATASET_ASSET, load_asset_module
-from mnist_dp.data import dataset
+from mnist_dp.data import dataset, keys, samples
 from mnist_dp.data.samples import sample_identity
 from mnist_dp.learning import skeleton
 from mnist_dp.privacy import data_ledger, model_file
@@ -135,6 +135,38 @@ def test_a_damaged_ledger_input_is_refused_naming_it(tmp_path, organisations):
     (tmp_path / "cut.ledger").write_bytes(whole[:-20])
     with pytest.raises(UserError, match=r"cut\.ledger: line 1 is not a run record .*give the task its organisation's"):
         train(tmp_path, "again", organisations[1], ledger=tmp_path / "cut.ledger")
+
+
+@pytest.fixture
+def one_source_under_two_keys(tmp_path):
+    """One organisation's 150 examples written twice from one source, each time under a new key (generate_data.py
+    run twice without --key-from): the same images, two samples that name them differently."""
+    for name in ("first", "second"):
+        dataset.generate(tmp_path / name, train_size=150, test_size=50, train_samples=1, seed=3)
+    return [dataset.sample_folders(tmp_path / name, "train") for name in ("first", "second")]
+
+
+def test_an_image_under_two_of_the_organisations_keys_is_one_example_once_they_are_one_organisations(
+        tmp_path, one_source_under_two_keys):
+    first, second = one_source_under_two_keys
+    earlier = train(tmp_path, "earlier", first)
+    one, two, three = (independent_epsilon(SIGMA, 1 / 3, k * ONE_RUN, DELTA) for k in (1, 2, 3))
+    apart = model_file.load(train(tmp_path, "apart", second, earlier), "torch")
+    assert apart.ledger.epsilon(DELTA) == pytest.approx(one, rel=1e-6)  # two keys: two organisations' records
+    keys.same_organization([*first, *second])
+    # Continued on the second folder: the earlier run (first key), the apart run (the data's own ledger) and its own
+    # all trained on the same images. Apart, the keys' records would give two runs.
+    continued = model_file.load(train(tmp_path, "continued", second, earlier), "torch")
+    assert len(continued.ledger.events) == 3
+    assert continued.ledger.epsilon(DELTA) == pytest.approx(three, rel=1e-6)  # the headline, from the file alone
+    # One ledger for the organisation's data, whichever folder a run read: the three runs, each once.
+    assert data_ledger.read(first).events == data_ledger.read(second).events
+    assert len(data_ledger.read(second).events) == 3
+    mine = [sample_identity(f) for f in second]
+    assert samples.spent_on(second).epsilon(DELTA, data=mine) == pytest.approx(three, rel=1e-6)
+    # A fresh model on either folder is held to a budget its images spent under both keys.
+    with pytest.raises(UserError, match=r"^max_epsilon = .*: this data has spent its budget"):
+        train(tmp_path, "fresh", first, max_epsilon=(two + three) / 2)
 
 
 # Runs a train task's algo.py and kills its process (SIGKILL: nothing runs after) the moment its model is saved.

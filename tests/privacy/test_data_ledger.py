@@ -3,6 +3,7 @@ a union; a model's ledger absorbs the runs it lacks; a damaged record is refused
 import dataclasses
 import json
 import multiprocessing
+import threading
 import time
 
 import numpy as np
@@ -114,3 +115,36 @@ def test_a_dataset_whose_samples_record_runs_is_never_replaced(tmp_path):
     with pytest.raises(UserError, match=r"own ledgers record the runs released from them .*privacy_ledger.jsonl"):
         dataset.generate(dest, train_size=100, test_size=20, train_samples=2, seed=2, force=True)
     assert data_ledger.read(dataset.sample_folders(dest, "train")).events  # kept
+
+
+def test_joined_folders_share_one_file_that_a_task_holds_and_appends_to_once(tmp_path):
+    first, second = tmp_path / "0", tmp_path / "1"
+    first.mkdir(), second.mkdir()
+    before = [run(("fp-a",)), run(("fp-b",))]
+    recorded([first], *before[0])
+    recorded([second], *before[1])
+    assert data_ledger.join([first, second]) == 2
+    assert data_ledger.read([first]).events == data_ledger.read([second]).events
+    assert {e.run_id for e in data_ledger.read([first]).events} == {before[0][1].run_id, before[1][1].run_id}
+    with data_ledger.held([second, first]) as spent:  # one inode: one lock (a second would wait for the first)
+        assert len(spent.files) == 1
+        spent.record(*run(("fp-b",)))
+    assert len(data_ledger.read([first]).events) == 3
+    assert data_ledger.path_of(first).read_bytes().count(b"\n") == 3  # appended once
+    assert not list(tmp_path.rglob(".privacy_ledger*"))  # no work file left
+
+
+def test_a_task_waiting_while_the_ledger_is_joined_records_in_the_joined_file(tmp_path):
+    first, second = tmp_path / "0", tmp_path / "1"
+    first.mkdir(), second.mkdir()
+    waiting = run(("fp-a",))
+    with data_ledger.held([first]) as holder:
+        joiner = threading.Thread(target=data_ledger.join, args=([first, second],))
+        joiner.start()  # waits for the lock, then replaces the file
+        time.sleep(0.5)
+        thread = threading.Thread(target=recorded, args=([first], *waiting))
+        thread.start()  # opens the file the join replaces, then waits for its lock
+        time.sleep(0.5)
+        holder.record(*run(("fp-a",)))
+    thread.join(10), joiner.join(10)
+    assert len(data_ledger.read([second]).events) == 2  # neither run lost to the file the join replaced

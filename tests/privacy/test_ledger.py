@@ -112,3 +112,42 @@ def test_a_merge_refuses_runs_it_cannot_tell_apart():
     a = run(("a",))
     with pytest.raises(UserError, match=f"record training run {a.run_id} differently"):
         merge([Ledger([a]), Ledger([dataclasses.replace(a, steps=5)])])
+
+
+def test_a_samples_examples_linked_under_its_organisations_other_key_compose_with_the_runs_there():
+    # "a" under KEY and "b" under OTHER hold the same 4000 images; the task on "b" knows its images' ids under KEY
+    # (its ring), so it links "a": each a-id that is one of its images gets that image's b-id as an alias.
+    other = "fedcba9876543210"
+    runs = [dataclasses.replace(dp_event(4000, 250, 3, data=[i]), run_id=events.new_run_id()) for i in "ab"]
+    one_run, both = compose_epsilon(runs[:1], 1e-5), compose_epsilon(runs, 1e-5)
+    ledger = Ledger(runs, {**named({"a": range(4000)}), **named({"b": range(10_000, 14_000)}, key=other)})
+    assert ledger.epsilon(1e-5) == pytest.approx(one_run, rel=1e-9)
+    b_sample = {"identity": "b", "key": other, "examples": list(range(10_000, 14_000)), "aliases": {
+        KEY: list(range(3000, 7000))}}  # only a's last 1000 images are b's images (b-ids 10000..10999)
+    assert ledger.link([b_sample]) == 1
+    assert ledger.aliases["a"][other] == Examples.of(other, range(10_000, 11_000))
+    assert ledger.epsilon(1e-5) == pytest.approx(both, rel=1e-9)
+    assert sorted((a.examples, len(a.events)) for a in ledger.accounts() if a.samples == {"a", "b"}) == [(1000, 2)]
+    assert ledger.epsilon(1e-5, data=["b"]) == pytest.approx(both, rel=1e-9)
+    # The released ledger carries the link: its figure needs no key, and an older reader is refused, not misled.
+    again = Ledger.from_json(ledger.to_json())
+    assert again.aliases == ledger.aliases and again.epsilon(1e-5) == pytest.approx(both, rel=1e-9)
+    # Averaged with a copy that does not know the link (the aggregator holds no key): the link is kept.
+    assert merge([Ledger(runs, ledger.examples), again]).epsilon(1e-5) == pytest.approx(both, rel=1e-9)
+    with pytest.raises(UserError, match="aliases of data sample"):
+        Ledger.from_json({**ledger.to_json(), "aliases": {"c": []}})
+    assert "aliases" not in Ledger(runs, ledger.examples).to_json()  # without a link: the format of before
+
+
+def test_a_search_counts_both_faces_for_examples_it_reaches_through_a_link():
+    # The search split its validation examples by their a-ids, which the b-ids of the same images do not tell: each
+    # linked example is counted under both faces, never under the wrong one alone.
+    other = "fedcba9876543210"
+    searched = dataclasses.replace(dp_event(4000, 250, 3, data=["a"]), search=events.Search(
+        2.0, 1.0, (events.Candidate(1 / 16, 48, 1.1),), 8.0, 100, 400))
+    ledger = Ledger([searched], {**named({"a": range(4000)}), **named({"b": range(10_000, 14_000)}, key=other)})
+    ledger.link([{"identity": "b", "key": other, "examples": list(range(10_000, 14_000)),
+                  "aliases": {KEY: list(range(4000))}}])
+    faces = sorted((a.examples, tuple(e.search.face for e in a.events)) for a in ledger.accounts())
+    # Under a's key: 400 validation and 3600 training examples; under b's key, all 4000 with both faces.
+    assert faces == [(400, ("score",)), (3600, ("training",)), (4000, ("training", "score"))]
