@@ -35,7 +35,7 @@ from pathlib import Path
 
 from mnist_dp.privacy.events import DpEvent
 from mnist_dp.privacy.ledger import Examples, Ledger, is_new
-from mnist_dp.utils import atomic
+from mnist_dp.utils import atomic, json_input
 from mnist_dp.utils.errors import UserError
 
 LEDGER_FILE = "privacy_ledger.jsonl"  # in each data sample folder, beside identity.key
@@ -73,7 +73,7 @@ def _read_into(ledger: Ledger, content: bytes, path: Path, chained: bool = False
     known = {e.run_id: e for e in ledger.events}
     for number, line in enumerate(whole, 1):
         try:
-            record = json.loads(line)
+            record = json_input.loads(line, f"{path}: line {number}")
             if not isinstance(record, dict) or set(record) != {"event", "examples"} \
                     or not isinstance(record["examples"], dict):
                 raise ValueError('not an object {"event": ..., "examples": ...}')

@@ -83,6 +83,10 @@ def load(path, framework: str | None = None) -> ModelFile:
         found = meta.get("format") if isinstance(meta, dict) else None
         raise UserError(f"{path}: unknown model format {found!r}, expected {FORMAT!r} (a model written by another "
                         "version of this bundle: train it again)")
+    for name, kind in (("framework", str), ("hyperparameters", dict), ("ledger_sha256", str), ("weights_sha256", str)):
+        if not isinstance(meta.get(name), kind):
+            raise UserError(f"{path}: its metadata has no {name} ({kind.__name__}): the file was edited or damaged; "
+                            "its privacy figure cannot be trusted")
     if meta["framework"] == "mindspore" and meta["format"] != FORMAT:
         raise UserError(f"{path}: a MindSpore model of format {meta['format']!r} drew MindArmour's noise, whose "
                         "numbers repeat within a run (docs/design.md, where the randomness comes from): its ε does "
@@ -98,6 +102,9 @@ def load(path, framework: str | None = None) -> ModelFile:
         check_run_settings(ledger, meta)
     except (UserError, ValueError) as exc:
         raise UserError(f"{path}: {exc}") from None
+    except (KeyError, TypeError, AttributeError) as exc:  # a metadata value of another shape than the one written
+        raise UserError(f"{path}: its metadata is not as a train task writes it ({type(exc).__name__}: {exc}): the "
+                        "file was edited or damaged; its privacy figure cannot be trusted") from None
     return ModelFile(meta["framework"], weights, ledger, meta["hyperparameters"])
 
 

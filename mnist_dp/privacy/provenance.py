@@ -38,7 +38,7 @@ def running_code(folder: Path, function: str) -> dict:
         files = json.loads(manifest)["files"]
         changed = [name for name, sha in files.items()
                    if hashlib.sha256((Path(folder) / name).read_bytes()).hexdigest() != sha]
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
         changed = [MANIFEST_FILE]
     if changed:
         log.warning("the function's files differ from its archive manifest (%s): no archive digest recorded",

@@ -3,7 +3,7 @@
 Python's json keeps the last of two equal keys in an object without a word, so {"dp": true, ..., "dp": false}
 would train without DP while its first line says otherwise; such a file is refused, naming the key. An integer
 longer than any value of the bundle (options.MAX_DIGITS) is refused too, naming the file: past 4,300 digits Python
-would fail with a traceback of its own.
+would fail with a traceback of its own; so is a value nested too deeply for Python's parser.
 """
 import json
 from pathlib import Path
@@ -30,7 +30,11 @@ def loads(text: str | bytes, where: str):
                             f"has more than {MAX_DIGITS}: fix the file")
         return int(digits)
 
-    return json.loads(text, object_pairs_hook=unique, parse_int=integer)
+    try:
+        return json.loads(text, object_pairs_hook=unique, parse_int=integer)
+    except RecursionError:  # Python's parser recurses once per level of nesting
+        raise UserError(f"{where}: nested too deeply to read (no file this bundle reads nests more than a few "
+                        "levels); fix the file") from None
 
 
 def read(path: Path, what: str):
