@@ -12,7 +12,7 @@ except ModuleNotFoundError:  # run from the repository: make the shared package 
 
 from mnist_dp.learning import predictions
 from mnist_dp.utils import atomic, timing
-from mnist_dp.utils.errors import run_cli
+from mnist_dp.utils.errors import refuse_unknown_inputs, run_cli
 
 
 def accuracy(y_true: np.ndarray, y_pred: np.ndarray) -> float:
@@ -21,6 +21,7 @@ def accuracy(y_true: np.ndarray, y_pred: np.ndarray) -> float:
 
 @tools.register
 def score(inputs, outputs, task_properties):
+    refuse_unknown_inputs("score", inputs, {"datasamples", "predictions"})
     timing.begin_task("score")
     y_true = inputs["datasamples"]["labels"]
     y_pred = predictions.load(inputs["predictions"], len(y_true))

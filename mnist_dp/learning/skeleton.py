@@ -30,7 +30,7 @@ from mnist_dp.privacy.ledger import Ledger, merge, own_runs
 from mnist_dp.privacy.planning import SamplingPlan
 from mnist_dp.privacy.randomness import REPLAYABLE_WARNING, RunRandomness
 from mnist_dp.utils import atomic, timing
-from mnist_dp.utils.errors import UserError, run_cli
+from mnist_dp.utils.errors import UserError, refuse_unknown_inputs, run_cli
 
 # substratools configures the "substratools" logger (level from --log-level); log under it.
 log = logging.getLogger("substratools.mnist_dp")
@@ -390,6 +390,11 @@ def predicted_labels(framework: Framework, model, images: np.ndarray, network: N
     return np.argmax(predict_in_batches(framework, model, images, network), axis=1).astype(np.int64)
 
 
+# The inputs each function uses, as the function contract (orchestration/contract.py) declares them, but the opener.
+FUNCTION_INPUTS = {"train": {"datasamples", "model", "ledger"}, "tune": {"datasamples", "ledger"},
+                   "predict": {"datasamples", "model"}, "aggregate": {"models"}}
+
+
 def run_functions(framework: Framework, hyperparameters_path: Path) -> None:
     """An algo asset's command line: register its substratools functions `train`, `predict`, `aggregate` and
     `tune` (the contract's names) and run the one asked for. Registering only here keeps several algo modules
@@ -398,20 +403,15 @@ def run_functions(framework: Framework, hyperparameters_path: Path) -> None:
 
     from mnist_dp.learning import search  # it trains through this module
 
-    def tune_function(inputs, outputs, task_properties):
-        search.tune(framework, inputs, outputs, hyperparameters_path)
+    bodies = {"train": lambda inputs, outputs: train(framework, inputs, outputs, hyperparameters_path),
+              "predict": lambda inputs, outputs: predict(framework, inputs, outputs),
+              "aggregate": lambda inputs, outputs: aggregate(framework, inputs, outputs, hyperparameters_path),
+              "tune": lambda inputs, outputs: search.tune(framework, inputs, outputs, hyperparameters_path)}
+    for name, body in bodies.items():
+        def function(inputs, outputs, task_properties, name=name, body=body):
+            refuse_unknown_inputs(name, inputs, FUNCTION_INPUTS[name])
+            body(inputs, outputs)
 
-    def train_function(inputs, outputs, task_properties):
-        train(framework, inputs, outputs, hyperparameters_path)
-
-    def predict_function(inputs, outputs, task_properties):
-        predict(framework, inputs, outputs)
-
-    def aggregate_function(inputs, outputs, task_properties):
-        aggregate(framework, inputs, outputs, hyperparameters_path)
-
-    for function, name in ((train_function, "train"), (predict_function, "predict"), (aggregate_function, "aggregate"),
-                           (tune_function, "tune")):
         function.__name__ = name  # substratools logs it
         tools.register(function, name)
     run_cli(tools.execute, task=True)

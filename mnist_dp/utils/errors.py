@@ -15,6 +15,15 @@ class UserError(Exception):
     user_error = True
 
 
+def refuse_unknown_inputs(function: str, inputs: dict, known: set) -> None:
+    """A substratools function's `inputs` (its task inputs but the opener) refused if one is not in `known`, the
+    inputs it uses: an input it would ignore is refused, not ignored."""
+    unknown = sorted(set(inputs) - set(known))
+    if unknown:
+        raise UserError(f"input {unknown[0]!r}: the {function} function does not use it (it takes "
+                        f"{', '.join(sorted(known))}); remove it")
+
+
 def is_user_error(exc: BaseException) -> bool:
     # Duck-typed so that self-contained modules (the opener) can raise their own class with
     # `user_error = True` without importing this package.

@@ -468,3 +468,22 @@ def test_mindspore_with_one_batch_of_every_example_drops_mindarmours_nan(tmp_pat
     report = subprocess.run([sys.executable, str(REPO / "scripts" / "privacy_report.py"), str(outputs["model"])],
                             capture_output=True, text=True)
     assert report.returncode == 0 and "q = 1," in report.stdout, report.stderr
+
+
+def test_an_input_a_function_does_not_use_is_refused_not_ignored(tmp_path, tiny_data, opener_path, objective_script):
+    from mnist_dp.orchestration.contract import CONTRACT
+
+    for name, known in skeleton.FUNCTION_INPUTS.items():  # the functions check what the contract declares
+        assert {spec.identifier for spec in CONTRACT[name][0]} == known | ({"opener"} if "datasamples" in known
+                                                                           else set())
+    script = ALGO_ASSETS["torch"] / "algo.py"
+    (tmp_path / "any.model").write_bytes(b"never read")
+    inputs = {"opener": opener_path, "datasamples": samples(tiny_data, "train"), "model": tmp_path / "any.model"}
+    proc = run_function(script, "tune", inputs, {"model": tmp_path / "m", "epsilon": tmp_path / "e"}, check=False)
+    assert_one_line_error(proc, "input 'model': the tune function does not use it (it takes datasamples, ledger); "
+                                "remove it")
+    assert not (tmp_path / "m").exists()
+    proc = run_function(objective_script, "score", {**inputs, "predictions": tmp_path / "p"},
+                        {"performance": tmp_path / "performance"}, check=False)
+    assert_one_line_error(proc, "input 'model': the score function does not use it")
+
