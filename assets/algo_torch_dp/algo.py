@@ -405,7 +405,10 @@ class TorchOpacus:
         average.copy_to(model)
         library = {}
         if hp.dp and step.library_can_account:
-            library["Opacus PRV (this run only)"] = accountant.get_epsilon(hp.delta)
+            # Its RDP domain bound warns ("Optimal order is the largest alpha") of a comparison figure only.
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                library["Opacus PRV (this run only)"] = accountant.get_epsilon(hp.delta)
         return interface.Ran(batch_sizes, library)
 
     def notices(self, hp: Hyperparameters) -> list:

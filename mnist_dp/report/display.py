@@ -15,7 +15,7 @@ COLUMNS = [  # (key, header, format)
     ("organization", "trained at", "{}"),  # FEDAVG: averaged from every organisation's models
     ("train_accuracy", "train acc (not covered by ε)", "{:.4f}"),
     ("test_accuracy", "test acc", "{:.4f}"),
-    ("epsilon", "ε (PLD)", "{:.3f}"),
+    ("epsilon", "ε", "{:.3f}"),
     ("epsilon_rdp", "ε (RDP)", "{:.3f}"),
     ("delta", "δ", "{:g}"),
     ("accountant", "accountant", "{}"),
@@ -27,18 +27,25 @@ MULTI_STAGE_ONLY = ("round", "organization")
 FEDAVG = "fedavg"  # where an averaged model was "trained": by every organisation
 DATA_EPSILON = "data's ε"  # the column of what the data has spent over every model released from it
 STATEMENT = ("ε is for the add/remove-one-example relation, Poisson sampling and per-example clipping; "
-             "each example's ε composes the steps that trained on it, and ε (PLD) is the worst example's (with "
+             "each example's ε composes the steps that trained on it, and ε is the worst example's (with "
              "several organisations, each one's ε is that of its own records, the examples it holds; an individual "
-             "every organisation holds: epsilon_in_every_organization in results.json). A model whose ledger holds a "
-             "private search is composed by RDP (the accountant column says so): its ε (PLD) column is RDP's figure. "
+             "every organisation holds: epsilon_in_every_organization in results.json), by the accountant named "
+             "beside it: PLD, or RDP for a model whose ledger holds a private search (PLD cannot compose one). "
              "data's ε: what the training data has spent over every model released from it so far, these and earlier "
              "ones (its own ledger, kept with the data: data_epsilon_by_organization in results.json).")
+
+
+NOT_DP = ("delta", "accountant", "noise_multiplier")  # nothing to say of a model trained without DP
 
 
 def _cell(record, key: str, fmt: str) -> str:
     value = getattr(record, key)
     if key.startswith("epsilon"):
         return _epsilon(value, fmt)
+    if key in NOT_DP and not record.dp:
+        return "-"
+    if key == "accountant":  # the table's short form; results.json and the statement name it in full
+        return value.split(" ")[0] + (" (search)" if "search" in value else "")
     if value is None:
         return "-"
     if key == "dp":
@@ -68,13 +75,13 @@ def _rows(records: list) -> tuple:
             row.append("-" if r.max_epsilon is None else
                        f"{r.max_epsilon:g}{' (stopped)' if r.stopped_by_budget else ''}")
     if len(organizations) > 1:
-        at = headers.index("ε (PLD)") + 1
+        at = headers.index("ε") + 1
         headers[at:at] = [f"ε {org}" for org in organizations]
         for row, record in zip(rows, records):
             row[at:at] = [_epsilon(record.epsilon_by_organization.get(org)) for org in organizations]
     spent = sorted({org for r in records for org in r.data_epsilon_by_organization})
     if spent:  # what each organisation's data has spent over every model released from it
-        at = headers.index("ε (PLD)") + 1 + (len(organizations) if len(organizations) > 1 else 0)
+        at = headers.index("ε") + 1 + (len(organizations) if len(organizations) > 1 else 0)
         headers[at:at] = [DATA_EPSILON if len(spent) == 1 else f"{DATA_EPSILON} {org}" for org in spent]
         for row, record in zip(rows, records):
             row[at:at] = [_epsilon(record.data_epsilon_by_organization.get(org)) for org in spent]
@@ -210,7 +217,10 @@ def plot_trade_off(ax, records: list, colours: dict) -> None:
                        label=f"{run} (ε = ∞): {points[-1].test_accuracy:.3f}")
     private = [r.epsilon for r in records if r.dp and math.isfinite(r.epsilon)]
     ax.set_xlim(0, max(private + [1.0]) * 1.25)
-    ax.set_xlabel(f"ε (PLD) at δ = {records[0].delta:g}")
+    # At least 0.1 of accuracy, from a round tenth: an axis spanning 0.958-0.962 would magnify noise.
+    lowest = min([r.test_accuracy for r in records if r.test_accuracy is not None] + [1.0])
+    ax.set_ylim(max(0.0, math.floor(round((lowest - 0.05) * 10, 6)) / 10), 1.0)
+    ax.set_xlabel(f"ε at δ = {records[0].delta:g}")
     ax.set_ylabel("test accuracy")
     ax.set_title("privacy–utility trade-off")
     ax.grid(alpha=0.3)
@@ -245,7 +255,9 @@ def plot(path: Path, records: list) -> Path | None:
             drawn = ax.bar(xs, [v or 0 for v in values], width, label=name, color=colour, hatch=hatch,
                            edgecolor="white")
             ax.bar_label(drawn, labels=["-" if v is None else f"{v:.2f}" for v in values], fontsize=8)
-        ax.set_xticks(range(len(stages)), labels)
+        crowded = len(stages) > 3  # long organisation names would run into each other
+        ax.set_xticks(range(len(stages)), labels, rotation=35 if crowded else 0, ha="right" if crowded else "center",
+                      fontsize=8 if crowded else None)
         ax.set_ylim(0, top)
         ax.set_title(title)
         ax.set_ylabel(ylabel)
@@ -260,7 +272,7 @@ def plot(path: Path, records: list) -> Path | None:
         return None
 
     private = [run for run in runs if all(r.dp for r in records if r.run == run)]
-    eps_title = f"ε (PLD) at δ = {records[0].delta:g}" + (" per organisation's data" if len(organizations) > 1 else "")
+    eps_title = f"ε at δ = {records[0].delta:g}" + (" per organisation's data" if len(organizations) > 1 else "")
     if len(private) < len(runs):
         eps_title += "\n(non-private baselines: ε = ∞, not drawn)"
     if not multi:  # one train task per run: one bar per run

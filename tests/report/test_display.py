@@ -90,3 +90,35 @@ def test_the_trade_off_panel_puts_each_private_model_at_its_epsilon_and_each_bas
     assert list(curve.get_xdata()) == [1.0, 2.0] and list(curve.get_ydata()) == [0.8, 0.9]
     assert list(baseline.get_ydata()) == [0.95, 0.95] and baseline.get_color() == curve.get_color()
     plt.close(fig)
+
+
+def test_the_table_says_which_accountant_made_each_epsilon_and_nothing_of_dp_for_a_baseline():
+    searched = replace(record("torch", 1, "Org1", {"Org1": 2.0}),
+                       accountant="RDP (Google dp_accounting), as the ledger holds a private search, which PLD "
+                                  "cannot compose")
+    plain = replace(record("tf", 1, "Org1", {"Org1": 2.0}), accountant="PLD (Google dp_accounting)")
+    baseline = record("tf-baseline", 1, "Org1", {"Org1": math.inf}, dp=False)
+    headers, rows = display._rows([searched, plain, baseline])
+    column = {name: [row[headers.index(name)] for row in rows] for name in ("ε", "accountant", "δ", "σ")}
+    assert column["accountant"] == ["RDP (search)", "PLD", "-"]  # short, and true of every ε beside it
+    assert column["ε"][2] == "∞" and column["δ"][2] == column["σ"][2] == "-"  # a baseline has no δ, accountant, σ
+    assert "ε (PLD)" not in headers
+
+
+def test_the_pictures_neither_magnify_noise_nor_run_labels_together(tmp_path, monkeypatch):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    close = [replace(record("torch", 1, "Org1", {"Org1": 2.0}), test_accuracy=a) for a in (0.958, 0.962)]
+    ax = plt.figure().gca()
+    display.plot_trade_off(ax, close, {"torch": "C0"})
+    low, high = ax.get_ylim()
+    assert high == 1.0 and low == 0.9  # a tenth of accuracy at least, from a round tenth
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)  # keep the figure to look at its labels
+    stages = [record("torch", k, org, {"Org1": 1.0, "Org2": 1.0}) for k in (1, 2) for org in ("MyOrg1MSP", "MyOrg2MSP")]
+    display.plot(tmp_path / "p.png", stages)
+    accuracy_axis = figures[0].axes[1]
+    assert {label.get_rotation() for label in accuracy_axis.get_xticklabels()} == {35.0}

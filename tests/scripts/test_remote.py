@@ -389,7 +389,7 @@ def test_a_plan_run_on_the_node_reports_accuracy_and_epsilon_from_the_models_it_
         assert record["epsilon"] == pytest.approx(epsilons[train_key])
         for split in ("train", "test"):
             assert record[f"{split}_accuracy"] == pytest.approx(accuracy(record["round"], split))
-    assert "ε (PLD)" in proc.stdout and "keys added to" in proc.stdout
+    assert "  ε  " in proc.stdout and "keys added to" in proc.stdout
     assert all(f"{record['epsilon']:.3f}" in proc.stdout for record in records)
     last = by_role[f"{FRAMEWORK} train, round 2 at {org}"]
     assert keys["ledger_task"] == last  # the organisation's next plan goes on from its last ledger
