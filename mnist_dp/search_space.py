@@ -54,6 +54,8 @@ PRIVACY_KEYS = ("epochs", "batch_size", "noise_decay", "clip_quantile", "clip_co
 # The accounting's own settings: one value for the whole search (noise: the search calibrates σ to target_epsilon).
 FIXED = ("dp", "delta", "target_epsilon", "noise_multiplier", "max_epsilon", "noise_seed", "secure_mode")
 MAX_MEAN = 1_000  # candidates on average: each one a full training
+# K's truncated negative binomial: past this shape the accountant's bound is far looser than Poisson's (docs/privacy.md)
+MAX_SHAPE = 10
 MAX_PROFILES = 100  # distinct privacy profiles: each one an RDP curve in every calibration step
 MAX_COMBINATIONS = 10_000  # combinations of listed values checked against each other
 
@@ -107,6 +109,11 @@ class SearchSpace:
             values[name] = choice.draw(rng) if isinstance(choice, Range) else choice[int(rng.integers(len(choice)))]
         return dataclasses.replace(base, **values)
 
+    def profile_count(self) -> int:
+        """How many combinations `profiles` makes, counted without making them."""
+        return math.prod(self.space[k].high - self.space[k].low + 1 if isinstance(self.space[k], Range)
+                         else len(self.space[k]) for k in self.space if k in PRIVACY_KEYS)
+
     def profiles(self, base: Hyperparameters) -> list:
         """`base` with every combination of the values of the searched PRIVACY_KEYS: one per privacy profile a
         candidate may have (some may coincide)."""
@@ -134,9 +141,10 @@ def parse(values, where: str) -> SearchSpace:
     mean, shape, fraction = values["mean_candidates"], values["shape"], values["validation_fraction"]
     if not _number(mean) or not 1 <= mean <= MAX_MEAN:
         raise UserError(f"{where}: mean_candidates = {json.dumps(mean)} must be a number from 1 to {MAX_MEAN:,}")
-    if shape != POISSON and (not _number(shape) or shape < 0):
-        raise UserError(f"{where}: shape = {json.dumps(shape)} must be a number >= 0 (0: logarithmic, 1: geometric, "
-                        f"else a truncated negative binomial) or \"{POISSON}\"")
+    if shape != POISSON and (not _number(shape) or not 0 <= shape <= MAX_SHAPE):
+        raise UserError(f"{where}: shape = {json.dumps(shape)} must be a number from 0 to {MAX_SHAPE} (0: logarithmic, "
+                        f"1: geometric, else a truncated negative binomial) or \"{POISSON}\": a larger shape is "
+                        f"nearly Poisson, whose own bound (\"{POISSON}\") is far tighter")
     if not _number(fraction) or not 0.001 <= fraction <= 0.5:
         raise UserError(f"{where}: validation_fraction = {json.dumps(fraction)} must be a number from 0.001 to 0.5")
     if "space" not in values or not isinstance(values["space"], dict) or not values["space"]:
@@ -201,15 +209,14 @@ def check_with(search: SearchSpace, base: Hyperparameters, where: str) -> list:
     ranged = {name: choice for name, choice in search.space.items() if isinstance(choice, Range)}
     if math.prod(len(values) for values in listed.values()) > MAX_COMBINATIONS:
         raise UserError(f"{where}: the listed values make more than {MAX_COMBINATIONS:,} combinations; list fewer")
+    if search.profile_count() > MAX_PROFILES:  # counted before any is made: wide ranges would make millions
+        raise UserError(f"{where}: the space has {search.profile_count():,} privacy profiles (values of "
+                        f"{', '.join(PRIVACY_KEYS)} combined), more than {MAX_PROFILES}; list fewer values of them")
     for combination in itertools.product(*listed.values()):  # each with every range at its low, then its high end
         for end in ("low", "high"):
             chosen = {**{name: getattr(r, end) for name, r in ranged.items()}, **dict(zip(listed, combination))}
             hyperparameters.parse({**base.to_json(), **chosen}, f"{where}: the candidate {json.dumps(chosen)}")
-    profiles = search.profiles(base)
-    if len(profiles) > MAX_PROFILES:
-        raise UserError(f"{where}: the space has {len(profiles)} privacy profiles (values of {', '.join(PRIVACY_KEYS)} "
-                        f"combined), more than {MAX_PROFILES}; list fewer values of them")
-    return profiles
+    return search.profiles(base)
 
 
 def load(path: Path | None) -> SearchSpace:
