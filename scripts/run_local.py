@@ -15,7 +15,6 @@ best of a random number of candidates, ε covering the whole search) and its mod
 Writes results.json, summary.md, results.png and the model files (models/) to --output. This replaces
 `substra run-local`.
 """
-import shutil
 from pathlib import Path
 
 from mnist_dp import hyperparameters, search_space
@@ -25,7 +24,7 @@ from mnist_dp.orchestration import compute_plan, connection, registry
 from mnist_dp.privacy import budget, search
 from mnist_dp.privacy.ledger import Examples
 from mnist_dp.report import results
-from mnist_dp.utils import atomic, options
+from mnist_dp.utils import options
 from mnist_dp.utils.errors import UserError, run_cli
 
 
@@ -90,9 +89,15 @@ def main(argv=None):
             hp = hyperparameters.load(ALGO_ASSETS[framework] / hyperparameters.FILE_NAME, overrides.replace(dp=dp))
             runs[framework if dp else f"{framework}-baseline"] = (framework, hp)
 
-    with atomic.exclusive(output, "--output folder"):
-        work = output / "substra"  # Substra's local backend keeps its files in <work>/local-worker
-        remove_leftovers(work / "local-worker")
+    to_write = dataset.default_sizes_to_write(data_dir, args.organizations)
+    if to_write and not searched:  # what the train tasks would refuse of the data to be written, before writing it
+        for run, (framework, hp) in runs.items():
+            budget.check_plan(framework, hp, to_write, args.rounds,
+                              [f"{run} hyperparameters ({overrides.source}), organisation {k} of the default data"
+                               for k in range(1, len(to_write) + 1)])
+
+    work = output / "substra"  # Substra's local backend keeps its files in <work>/local-worker
+    with results.run_output(output, work):
         work.mkdir(exist_ok=True)
         clients = [connection.connect(args.backend, name, work) for name in client_names]
         dataset.generate_default_if_missing(data_dir, train_samples=args.organizations, flag="--organizations",
@@ -143,15 +148,6 @@ def main(argv=None):
                  f"a private search each ({args.search}): {', '.join(organizations)}" if searched else
                  f"{args.rounds} round(s), {compute_plan.describe_strategy(args.strategy)}: "
                  f"{', '.join(organizations)}")], holdings)
-
-
-def remove_leftovers(local_worker: Path) -> None:
-    """Substra's scratch files of an interrupted earlier run in this --output (we hold its lock, so
-    no other run is using them): a killed run cannot clean up after itself."""
-    if local_worker.is_dir() and any(local_worker.iterdir()):
-        size = sum(f.stat().st_size for f in local_worker.rglob("*") if f.is_file() and not f.is_symlink())
-        shutil.rmtree(local_worker)
-        print(f"removed {size / 1e6:.0f} MB of work files left in {local_worker} by an interrupted run")
 
 
 if __name__ == "__main__":

@@ -80,7 +80,8 @@ def write_dataset(dest: Path, train, test, train_samples: int, manifest: dict, f
         raise UserError(f"--organizations {organizations}: more than the {train_samples} train data sample(s) "
                         f"(--train-samples); give --train-samples {organizations} or more")
     if len(keys) > organizations:
-        raise UserError(f"{len(keys)} identity keys given for {organizations} organisation(s)")
+        raise UserError(f"--key-from: {len(keys)} samples for {organizations} organisation(s); give at most one per "
+                        "organisation, in order")
     _check_output(dest, force)
     parts = np.array_split(np.arange(len(train[1])), train_samples)
     parent = dest.parent
@@ -292,8 +293,9 @@ def split_advice(data_dir: Path, train_samples: int, organizations: int = 1) -> 
 
 def regenerate_command(data_dir: Path, manifest: dict, organizations: int, train_samples: int = 1) -> str:
     """The generate_data command that writes `data_dir` (ours, `manifest`) again for `organizations`, in at least
-    `train_samples` train samples, with the same examples: organisation 1 keeps its key (--key-from), the others get
-    new ones."""
+    `train_samples` train samples, with the same examples: each organisation it was written for keeps its key
+    (--key-from, organisation k's from its first sample, train/k-1, as the scripts' own re-split keeps them), a new
+    one gets a new key."""
     source = manifest.get("source")
     parts = ["python scripts/generate_data.py --output", shlex.quote(str(data_dir))]
     sizes = (manifest.get("train_examples"), manifest.get("test_examples"))
@@ -305,13 +307,14 @@ def regenerate_command(data_dir: Path, manifest: dict, organizations: int, train
     parts += ["--seed", str(manifest.get("seed", DEFAULT_SEED)),
               "--train-samples", str(max(organizations, train_samples, manifest.get("train_samples") or 1)),
               "--organizations", str(organizations), "--force"]
-    first = Path(data_dir) / "train" / "0"
-    try:
-        read_key(first)
-        parts += ["--key-from", shlex.quote(str(first))]
-    except UserError:
-        pass  # no key to keep
-    return " ".join(parts)
+    kept = []
+    for k in range(min(manifest.get("organizations") or 1, organizations)):
+        try:
+            read_key(Path(data_dir) / "train" / str(k))
+        except UserError:
+            break  # no key to keep from here on
+        kept.append(shlex.quote(str(Path(data_dir) / "train" / str(k))))
+    return " ".join(parts + (["--key-from", *kept] if kept else []))
 
 
 def _at_least_one(flag: str, value) -> int:
@@ -403,6 +406,22 @@ def generate_default_if_missing(dest: Path, train_samples: int, flag: str = "--t
     manifest = generate(dest, train_samples=train_samples, organizations=organizations)
     print(f"generated {manifest['train_examples']} train / {manifest['test_examples']} test examples in {dest}"
           + (f" for {organizations} organisations, each under its own identity key" if organizations > 1 else ""))
+
+
+def default_sizes_to_write(dest: Path, organizations: int) -> list | None:
+    """The train examples each organisation would hold if generate_default_if_missing(dest, organizations, ...,
+    organizations) wrote the default data now (one sample each: write_dataset's split), or None if it would write
+    nothing: what a run can check before it writes anything."""
+    dest = Path(dest)
+    if (dest / "train").is_dir():
+        held = sum(p.is_dir() for p in (dest / "train").iterdir())
+        written_for = (read_manifest(dest) or {}).get("organizations")
+        if not ((held < organizations or written_for != organizations) and _is_unchanged_default(dest)):
+            return None
+    elif _entries(dest):
+        return None  # refused by generate_default_if_missing, saying why
+    _check_default_holds(organizations, "--organizations")
+    return [len(part) for part in np.array_split(np.arange(DEFAULT_TRAIN_SIZE), organizations)]
 
 
 def _check_default_holds(train_samples: int, flag: str) -> None:

@@ -3,7 +3,10 @@ aggregate task's in federated averaging: framework, round, organisation), its pr
 from the model file's ledger beside Substra's performances; display.py shows them."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import datetime
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,6 +21,54 @@ from mnist_dp.privacy.events import PER_EXAMPLE
 from mnist_dp.privacy.randomness import REPLAYABLE_WARNING
 from mnist_dp.privacy.statement import privacy_summary
 from mnist_dp.report import display
+from mnist_dp.utils import atomic
+
+# What a run writes in its --output folder, all of it that run's: an earlier run's are moved aside first.
+REPORTS = ("results.json", "summary.md", "results.png", "models")
+EARLIER = "earlier"  # <output>/earlier/<when the earlier run wrote its results>/
+
+
+@contextlib.contextmanager
+def run_output(output: Path, work: Path | None = None):
+    """The --output folder of one run, held by it alone (atomic.exclusive), with no other run's reports in it: the
+    REPORTS an earlier run left there are moved into EARLIER/<their date>/ first, never deleted. `work`: Substra's
+    local work folder, whose scratch files (its local-worker/) a killed run leaves behind (removed, saying so) and
+    a run removes when it ends."""
+    with atomic.exclusive(output, "--output folder") as folder:
+        set_aside(folder)
+        worker = None if work is None else Path(work) / "local-worker"
+        if worker is not None and worker.is_dir() and any(worker.iterdir()):
+            size = sum(f.stat().st_size for f in worker.rglob("*") if f.is_file() and not f.is_symlink())
+            shutil.rmtree(worker)
+            print(f"removed {_size(size)} of work files left in {worker} by a run that was killed")
+        try:
+            yield folder
+        finally:
+            if worker is not None:
+                shutil.rmtree(worker, ignore_errors=True)
+
+
+def set_aside(output: Path) -> Path | None:
+    """Move the REPORTS an earlier run wrote in `output` into EARLIER/<the date of its results>/ (returned; None
+    when there were none)."""
+    found = [output / name for name in REPORTS if (output / name).exists()]
+    if not found:
+        return None
+    written = max(p.stat().st_mtime for p in found)
+    stamp = datetime.datetime.fromtimestamp(written).strftime("%Y-%m-%dT%H-%M-%S")
+    dest, k = output / EARLIER / stamp, 1
+    while dest.exists():
+        k += 1
+        dest = output / EARLIER / f"{stamp}-{k}"
+    dest.mkdir(parents=True)
+    for path in found:
+        path.rename(dest / path.name)
+    print(f"moved the earlier run's {', '.join(p.name for p in found)} to {dest}")
+    return dest
+
+
+def _size(size: int) -> str:
+    return f"{size / 1e6:.0f} MB" if size >= 1e6 else f"{size / 1e3:.0f} kB" if size >= 1e3 else f"{size} bytes"
 
 
 @dataclass

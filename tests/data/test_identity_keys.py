@@ -164,3 +164,18 @@ def test_a_ring_file_that_is_not_keys_is_one_line_naming_it(data):
         samples.read_sample(folder)
     proc = run_generate_data("--same-organization", folder, "--seed", "3")
     assert proc.returncode == 2 and proc.stderr == "error: --seed has no effect with --same-organization; drop it\n"
+
+
+def test_the_advice_for_more_organisations_keeps_every_organisations_key(tmp_path):
+    from mnist_dp.orchestration import registry
+
+    data = tmp_path / "data"
+    dataset.generate(data, train_size=60, test_size=20, train_samples=2, organizations=2)
+    kept = [samples.read_key(data / "train" / str(k)) for k in range(2)]
+    with pytest.raises(UserError) as refused:
+        registry.split_among(data, 3, flag="--organizations")
+    assert f"--key-from {data / 'train' / '0'} {data / 'train' / '1'}" in str(refused.value)
+    follow_advice(str(refused.value))
+    registry.split_among(data, 3)
+    assert [samples.read_key(data / "train" / str(k)) for k in range(2)] == kept  # as docs/data.md promises
+    assert samples.read_key(data / "train" / "2") not in kept

@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import FRAMEWORKS, REPO, TINY_HYPERPARAMETERS, follow_advice, independent_epsilon
@@ -80,7 +81,7 @@ def test_replayable_noise_and_training_data_scores_are_flagged(local_run):
 
 def test_table_and_reports_and_no_files_leak_into_the_working_directory(local_run):
     proc, tmp = local_run
-    assert "test acc" in proc.stdout and "ε (PLD)" in proc.stdout
+    assert "test acc" in proc.stdout and "  ε  " in proc.stdout
     assert sorted(p.name for p in tmp.iterdir()) == ["hp.json", "results"]
     assert {"results.json", "summary.md", "results.png", "models"} <= {p.name for p in (tmp / "results").iterdir()}
     summary = (tmp / "results" / "summary.md").read_text()
@@ -442,7 +443,8 @@ def test_a_second_run_on_the_same_output_is_refused_and_leftovers_are_removed(tm
         assert leftover.exists()
     proc = run_local("--data", tiny_data, "--output", out, "--hyperparameters", tmp_path / "hp.json", cwd=tmp_path)
     assert proc.returncode == 2 and "batch_size = 1000" in proc.stderr
-    assert "removed 2 MB of work files left in" in proc.stdout and not leftover.exists()
+    assert "removed 2 MB of work files left in" in proc.stdout and "by a run that was killed" in proc.stdout
+    assert not leftover.exists()
 
 
 def test_output_that_is_a_file_or_read_only_is_one_line(tmp_path, tiny_data):
@@ -501,3 +503,32 @@ def test_more_organisations_than_the_datas_samples_names_the_option_given(tmp_pa
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert proc.stderr.startswith(f"error: --organizations 3: {tiny_data} holds 2 train data sample(s) for 3 "
                                   "organisations (one at least each); use at most 2")
+
+
+def test_a_plan_the_default_data_cannot_hold_is_refused_before_it_is_written(tmp_path):
+    # 1,000 organisations would get 4 examples each, fewer than a batch: refused before any sample is written.
+    proc = run_local("--organizations", 1000, "--data", tmp_path / "new", "--output", tmp_path / "out", cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "organisation 1 of the default data" in proc.stderr and "batch" in proc.stderr
+    assert not (tmp_path / "new").exists() and not (tmp_path / "out").exists()
+
+
+def test_every_report_in_the_output_is_this_runs_and_an_earlier_runs_are_moved_aside(tmp_path, tiny_data):
+    out = tmp_path / "out"
+    (tmp_path / "hp.json").write_text(json.dumps(TINY_HYPERPARAMETERS))
+    first = run_local("--data", tiny_data, "--output", out, "--frameworks", "torch", "--baseline", "--hyperparameters",
+                      tmp_path / "hp.json", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert not list((out / "substra" / "local-worker").glob("*"))  # a run that ended leaves no work files
+    earlier = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()
+               and p.relative_to(out).parts[0] in ("results.json", "summary.md", "results.png", "models")}
+    second = run_local("--data", tiny_data, "--output", out, "--frameworks", "torch", "--hyperparameters",
+                       tmp_path / "hp.json", cwd=tmp_path)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert "removed" not in second.stdout  # nothing was left to remove: no untrue message
+    [moved] = (out / "earlier").iterdir()
+    assert f"moved the earlier run's results.json, summary.md, results.png, models to {moved}" in second.stdout
+    assert {p.relative_to(moved): p.read_bytes() for p in moved.rglob("*") if p.is_file()} == earlier  # kept whole
+    records = json.loads((out / "results.json").read_text())
+    assert sorted(p.name for p in (out / "models").iterdir()) == ["torch.model"]  # this run's only
+    assert [Path(r["model_file"]) for r in records] == [out / "models" / "torch.model"]
