@@ -19,6 +19,7 @@ from mnist_dp.orchestration import registry
 from mnist_dp.orchestration.execution import log_tail
 from mnist_dp.orchestration.task_logs import OutputTail, local_failure
 from mnist_dp.report.results import Record, model_record
+from mnist_dp.utils import progress
 from mnist_dp.utils.errors import UserError
 
 
@@ -86,6 +87,7 @@ def run(client: substra.Client, output: Path, **experiment) -> str:
 
     (output / "experiment").mkdir(parents=True, exist_ok=True)
     known = {plan.key for plan in client.list_compute_plan()}
+    progress.show_in_tasks()  # their output comes through OutputTail's pipe to our terminal
     with OutputTail() as tail, _containers_run_as_this_user(client):
         try:
             return execute_experiment(client=client, experiment_folder=str(output / "experiment"),

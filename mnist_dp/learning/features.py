@@ -25,6 +25,7 @@ import numpy as np
 
 from mnist_dp import hyperparameters
 from mnist_dp.learning import blocks
+from mnist_dp.utils import progress
 
 FEATURES = hyperparameters.FEATURES
 SCATTERING_J, ORIENTATIONS = 2, 8
@@ -150,8 +151,6 @@ def _block(images: np.ndarray) -> np.ndarray:
 
 def _by_blocks(images: np.ndarray, out: np.ndarray, compute) -> np.ndarray:
     """out[i : i + _BATCH] = compute(its images' _block) for every block, blocks.THREADS at once, with a bar."""
-    from tqdm import tqdm
-
     _filters()  # once, before the threads
 
     def fill(start: int) -> int:
@@ -159,7 +158,7 @@ def _by_blocks(images: np.ndarray, out: np.ndarray, compute) -> np.ndarray:
         out[start : start + len(block)] = compute(_block(block))
         return len(block)
 
-    with tqdm(total=len(images), desc="scattering features", unit="image", disable=None) as bar:
+    with progress.bar(len(images), "scattering features", "image") as bar:
         for done in blocks.in_threads(fill, len(images), _BATCH):
             bar.update(done)
     return out

@@ -30,6 +30,7 @@ from mnist_dp.privacy.ledger import Ledger, merge, own_runs
 from mnist_dp.privacy.planning import SamplingPlan
 from mnist_dp.privacy.randomness import REPLAYABLE_WARNING, RunRandomness
 from mnist_dp.utils import atomic, timing
+from mnist_dp.utils import progress as progress_bars
 from mnist_dp.utils.errors import UserError, refuse_unknown_inputs, run_cli
 
 # substratools configures the "substratools" logger (level from --log-level); log under it.
@@ -47,11 +48,9 @@ def sampled_batches(plan: SamplingPlan, hp: Hyperparameters, randomness: RunRand
     baseline takes shuffled batches of `batch_size`. Every framework trains on these batches (Opacus' own
     DPDataLoader runs int(1/q) steps an epoch, one fewer than planned for some q).
     """
-    from tqdm import tqdm
-
     rng = randomness.numpy("batches")
-    # Steps are counted here, not by the bar: a bar without a terminal (a Substra task) counts nothing.
-    with tqdm(total=plan.steps, desc=f"train ({name})", unit="step", disable=None if progress else True) as bar:
+    # Steps are counted here, not by the bar: a bar no terminal sees counts nothing.
+    with progress_bars.bar(plan.steps, f"train ({name})", "step", shown=progress) as bar:
         for step in range(1, plan.steps + 1):
             if hp.dp:
                 yield np.flatnonzero(rng.random(plan.n) < plan.sample_rate)

@@ -14,6 +14,7 @@ from substra.sdk.models import ComputePlanStatus, ComputeTaskStatus
 
 from mnist_dp.orchestration.compute_plan import PlanBuilder, describe_role
 from mnist_dp.orchestration.task_logs import OutputTail, local_failure
+from mnist_dp.utils import progress
 from mnist_dp.utils.errors import UserError
 
 
@@ -31,6 +32,7 @@ def run_plan(client: substra.Client, builder: PlanBuilder, name: str, key: str) 
 
     spec = builder.spec(name, key)
     if client.backend_mode != "remote":
+        progress.show_in_tasks()  # their output comes through OutputTail's pipe to our terminal
         with OutputTail() as tail:
             try:
                 client.add_compute_plan(spec)
