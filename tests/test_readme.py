@@ -73,3 +73,18 @@ def test_every_repository_path_the_documents_name_exists():
     missing = [f"{document.relative_to(REPO)}: {path}" for document in named
                for path in PATH.findall(document.read_text()) if not (REPO / path).exists()]
     assert not missing, "\n".join(missing)
+
+
+def test_the_readme_table_is_the_one_the_default_run_prints():
+    from mnist_dp.report import display
+    from mnist_dp.report.results import Record
+
+    records = [Record(run=f, round=1, organization="MyOrg1MSP", framework=f, dp=True, epsilon=2.999, epsilon_rdp=3.271,
+                      epsilon_by_organization={"MyOrg1MSP": 2.999}, delta=1e-5, accountant="PLD (Google dp_accounting)",
+                      noise_multiplier=2.866, sample_rate=0.125, steps=240, test_accuracy=0.96,
+                      data_epsilon_by_organization={"MyOrg1MSP": 5.549}) for f in ("torch", "tf", "mindspore")]
+    section = (REPO / "README.md").read_text().split("## What the default run prints and draws")[1]
+    printed = re.search(r"```\n(.*?)\n```", section, re.S).group(1).splitlines()
+    headers, rows = display._rows(records)
+    assert re.split(r"\s{2,}", printed[0].strip()) == headers  # the columns, in the order printed
+    assert [re.split(r"\s{2,}", line.strip())[:2] for line in printed[2:]] == [row[:2] for row in rows]
