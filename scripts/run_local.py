@@ -89,7 +89,8 @@ def main(argv=None):
             hp = hyperparameters.load(ALGO_ASSETS[framework] / hyperparameters.FILE_NAME, overrides.replace(dp=dp))
             runs[framework if dp else f"{framework}-baseline"] = (framework, hp)
 
-    to_write = dataset.default_sizes_to_write(data_dir, args.organizations)
+    to_write = dataset.generate_default_if_missing(data_dir, args.organizations, "--organizations", args.organizations,
+                                                  dry_run=True)
     if to_write and not searched:  # what the train tasks would refuse of the data to be written, before writing it
         for run, (framework, hp) in runs.items():
             budget.check_plan(framework, hp, to_write, args.rounds,

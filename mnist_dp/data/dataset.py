@@ -376,20 +376,24 @@ DEFAULT_FOLDER_HELP = "default: data, or data-N-organizations with --organizatio
 
 
 def generate_default_if_missing(dest: Path, train_samples: int, flag: str = "--train-samples",
-                                organizations: int = 1) -> None:
+                                organizations: int = 1, dry_run: bool = False) -> list | None:
     """The scripts' first run: write the embedded default data to `dest` unless it holds data samples, split among
     `organizations`, each under its own key. The default data written here, unchanged since, is split again when it
     has fewer than `train_samples` train samples or was written for another number of organisations; any other
     data is left as it is. `flag`: the script's option that asked for `train_samples`, which errors name (the user
-    gave no --train-samples)."""
+    gave no --train-samples). `dry_run`: write nothing, and return the train examples of each sample it would write
+    (None: none), which a run checks before it writes anything."""
     dest = Path(dest)
     _at_least_one(flag, train_samples)
     entries = _entries(dest)
+    sizes = [len(part) for part in np.array_split(np.arange(DEFAULT_TRAIN_SIZE), train_samples)]
     if (dest / "train").is_dir():
         held = sum(p.is_dir() for p in (dest / "train").iterdir())
         written_for = (read_manifest(dest) or {}).get("organizations")
         if (held < train_samples or written_for != organizations) and _is_unchanged_default(dest):
             _check_default_holds(train_samples, flag)
+            if dry_run:
+                return sizes
             print(f"{dest}: splitting the default data again into {train_samples} train samples for {organizations} "
                   f"organisation(s) (it had {held}; the same examples)")
             # Organisation k keeps its key (a model trained on the earlier split can be compared example by
@@ -398,30 +402,17 @@ def generate_default_if_missing(dest: Path, train_samples: int, flag: str = "--t
                                                         for k in range(min(written_for, organizations)))
             generate(dest, train_samples=train_samples, force=True, organizations=organizations, keys=kept,
                      test_key=read_key(dest / "test" / "0") if written_for else None)
-        return
+        return None
     if entries:
         raise UserError(f"{dest}: holds no data samples (no train/ folder) but other files ({_listed(entries)}); "
                         "give --data a folder of data samples written by scripts/generate_data.py, or a new folder")
     _check_default_holds(train_samples, flag)
+    if dry_run:
+        return sizes
     manifest = generate(dest, train_samples=train_samples, organizations=organizations)
     print(f"generated {manifest['train_examples']} train / {manifest['test_examples']} test examples in {dest}"
           + (f" for {organizations} organisations, each under its own identity key" if organizations > 1 else ""))
-
-
-def default_sizes_to_write(dest: Path, organizations: int) -> list | None:
-    """The train examples each organisation would hold if generate_default_if_missing(dest, organizations, ...,
-    organizations) wrote the default data now (one sample each: write_dataset's split), or None if it would write
-    nothing: what a run can check before it writes anything."""
-    dest = Path(dest)
-    if (dest / "train").is_dir():
-        held = sum(p.is_dir() for p in (dest / "train").iterdir())
-        written_for = (read_manifest(dest) or {}).get("organizations")
-        if not ((held < organizations or written_for != organizations) and _is_unchanged_default(dest)):
-            return None
-    elif _entries(dest):
-        return None  # refused by generate_default_if_missing, saying why
-    _check_default_holds(organizations, "--organizations")
-    return [len(part) for part in np.array_split(np.arange(DEFAULT_TRAIN_SIZE), organizations)]
+    return None
 
 
 def _check_default_holds(train_samples: int, flag: str) -> None:

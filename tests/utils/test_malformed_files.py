@@ -61,6 +61,11 @@ def test_a_model_whose_metadata_is_malformed_is_one_line_naming_it(tmp_path, edi
     rewrite_member(path, "meta.json", edit)
     with pytest.raises(UserError, match=rf"^{path}: {message}"):
         model_file.load(path)
+
+
+def test_the_report_of_a_model_without_its_framework_is_one_line_and_exit_2(tmp_path):
+    path = save_model(tmp_path / "m", [ledger_event()])
+    rewrite_member(path, "meta.json", lambda meta: {k: v for k, v in meta.items() if k != "framework"})
     proc = subprocess.run([sys.executable, REPO / "scripts" / "privacy_report.py", path], capture_output=True,
                           text=True)
     assert proc.returncode == 2 and proc.stderr.startswith(f"error: {path}: ") and proc.stderr.count("\n") == 1
