@@ -27,8 +27,9 @@ TINY_HYPERPARAMETERS = {"epochs": 1, "batch_size": 64, "noise_multiplier": 1.0, 
                         "delta": 1e-4}
 
 
-# The fast loop, `python -m pytest tests -m "not slow"` (a few minutes), runs everything that needs no training, no
-# Substra function and no Docker: these folders hold nothing else, and a test elsewhere that does is marked itself.
+# The fast loop, `python -m pytest tests -m "not slow"` (under two minutes), runs everything that needs no training,
+# no Substra function and no Docker: these folders hold nothing else, and a test elsewhere that does is marked
+# itself, as are the few accounting tests that take over 15 s each.
 SLOW_FOLDERS = ("assets", "federated", "scripts", "benchmarks")
 SLOW_MODULES = ("test_dockerfile.py",)
 

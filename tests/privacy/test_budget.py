@@ -34,6 +34,7 @@ def test_noise_for_rounds_keeps_every_organisation_within_the_target_after_the_l
     assert planning.noise_for_rounds(baseline, sizes, 3) is baseline
 
 
+@pytest.mark.slow  # over 15 s of PLD accounting: CI runs it, the fast loop does not
 def test_budget_cuts_the_plan_stops_when_spent_or_refuses():
     hp = hyperparameters.parse({**BASE_HP, "target_epsilon": None, "noise_multiplier": 1.0, "max_epsilon": 2.0}, "x")
     plan = planning.SamplingPlan.from_hyperparameters(1000, hp, "x")
