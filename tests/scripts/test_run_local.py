@@ -174,16 +174,17 @@ def test_a_budget_below_one_organisations_first_step_is_refused_before_anything_
 
 
 def test_two_runs_on_the_same_data_report_what_it_has_spent_over_all_six_models(tmp_path):
-    data = tmp_path / "data"
+    # Both into one output folder: every report in it is the latest run's, the earlier run's moved aside whole.
+    data, out = tmp_path / "data", tmp_path / "out"
     dataset.generate(data, train_size=300, test_size=100, train_samples=1, seed=1)
     (tmp_path / "hp.json").write_text(json.dumps(TINY_HYPERPARAMETERS))  # σ = 1: q = 1/5, 5 steps a model
-    totals = []
-    for name in ("first", "second"):
-        proc = run_local("--data", data, "--output", tmp_path / name, "--hyperparameters", tmp_path / "hp.json",
-                         cwd=tmp_path)
+    totals, reports = [], []
+    for _ in ("first", "second"):
+        proc = run_local("--data", data, "--output", out, "--hyperparameters", tmp_path / "hp.json", cwd=tmp_path)
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert "data's ε" in proc.stdout  # the table's column
-        records = json.loads((tmp_path / name / "results.json").read_text())
+        assert "removed" not in proc.stdout and not list((out / "substra" / "local-worker").glob("*"))  # no leftover
+        records = json.loads((out / "results.json").read_text())
         assert len(records) == len(FRAMEWORKS)
         for record in records:
             ((org, total),) = record["data_epsilon_by_organization"].items()
@@ -191,8 +192,15 @@ def test_two_runs_on_the_same_data_report_what_it_has_spent_over_all_six_models(
             assert record["data_steps_by_organization"] == {org: 5 * models}
             assert total == pytest.approx(independent_epsilon(1.0, 1 / 5, 5 * models, 1e-4), rel=1e-6)
             assert record["epsilon"] == pytest.approx(independent_epsilon(1.0, 1 / 5, 5, 1e-4), rel=1e-6)
+            assert Path(record["model_file"]).parent == out / "models"
         totals.append(total)
-        assert f"ε = {total:.3f}" in (tmp_path / name / "summary.md").read_text()  # each statement gives it
+        assert f"ε = {total:.3f}" in (out / "summary.md").read_text()  # each statement gives it
+        reports.append({p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()
+                        and p.relative_to(out).parts[0] in ("results.json", "summary.md", "results.png", "models")})
+    [moved] = (out / "earlier").iterdir()
+    assert f"moved the earlier run's results.json, summary.md, results.png, models to {moved}" in proc.stdout
+    assert {p.relative_to(moved): p.read_bytes() for p in moved.rglob("*") if p.is_file()} == reports[0]
+    assert set(reports[1]) == set(reports[0]) and reports[1] != reports[0]  # the latest run's, in their place
     # A budget below what the data has spent refuses a third run before anything is registered.
     (tmp_path / "budget.json").write_text(json.dumps({**TINY_HYPERPARAMETERS, "max_epsilon": totals[-1] - 0.01}))
     proc = run_local("--data", data, "--output", tmp_path / "third", "--hyperparameters", tmp_path / "budget.json",
@@ -512,23 +520,3 @@ def test_a_plan_the_default_data_cannot_hold_is_refused_before_it_is_written(tmp
     assert "organisation 1 of the default data" in proc.stderr and "batch" in proc.stderr
     assert not (tmp_path / "new").exists() and not (tmp_path / "out").exists()
 
-
-def test_every_report_in_the_output_is_this_runs_and_an_earlier_runs_are_moved_aside(tmp_path, tiny_data):
-    out = tmp_path / "out"
-    (tmp_path / "hp.json").write_text(json.dumps(TINY_HYPERPARAMETERS))
-    first = run_local("--data", tiny_data, "--output", out, "--frameworks", "torch", "--baseline", "--hyperparameters",
-                      tmp_path / "hp.json", cwd=tmp_path)
-    assert first.returncode == 0, first.stderr[-2000:]
-    assert not list((out / "substra" / "local-worker").glob("*"))  # a run that ended leaves no work files
-    earlier = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()
-               and p.relative_to(out).parts[0] in ("results.json", "summary.md", "results.png", "models")}
-    second = run_local("--data", tiny_data, "--output", out, "--frameworks", "torch", "--hyperparameters",
-                       tmp_path / "hp.json", cwd=tmp_path)
-    assert second.returncode == 0, second.stderr[-2000:]
-    assert "removed" not in second.stdout  # nothing was left to remove: no untrue message
-    [moved] = (out / "earlier").iterdir()
-    assert f"moved the earlier run's results.json, summary.md, results.png, models to {moved}" in second.stdout
-    assert {p.relative_to(moved): p.read_bytes() for p in moved.rglob("*") if p.is_file()} == earlier  # kept whole
-    records = json.loads((out / "results.json").read_text())
-    assert sorted(p.name for p in (out / "models").iterdir()) == ["torch.model"]  # this run's only
-    assert [Path(r["model_file"]) for r in records] == [out / "models" / "torch.model"]
