@@ -151,7 +151,11 @@ def parse(values, where: str) -> SearchSpace:
         raise UserError(f"{where}: \"space\" must be a non-empty object of hyperparameter -> list of values or range "
                         "{\"low\": ..., \"high\": ..., \"log\": true|false}")
     space = {name: _choice(name, choice, f"{where}: space.{name}") for name, choice in values["space"].items()}
-    return SearchSpace(space, float(mean), math.inf if shape == POISSON else float(shape), float(fraction))
+    search = SearchSpace(space, float(mean), math.inf if shape == POISSON else float(shape), float(fraction))
+    if search.profile_count() > MAX_PROFILES:  # counted before any is made: wide ranges would make millions
+        raise UserError(f"{where}: the space has {search.profile_count():,} privacy profiles (values of "
+                        f"{', '.join(PRIVACY_KEYS)} combined), more than {MAX_PROFILES}; list fewer values of them")
+    return search
 
 
 def _number(value) -> bool:
@@ -209,9 +213,6 @@ def check_with(search: SearchSpace, base: Hyperparameters, where: str) -> list:
     ranged = {name: choice for name, choice in search.space.items() if isinstance(choice, Range)}
     if math.prod(len(values) for values in listed.values()) > MAX_COMBINATIONS:
         raise UserError(f"{where}: the listed values make more than {MAX_COMBINATIONS:,} combinations; list fewer")
-    if search.profile_count() > MAX_PROFILES:  # counted before any is made: wide ranges would make millions
-        raise UserError(f"{where}: the space has {search.profile_count():,} privacy profiles (values of "
-                        f"{', '.join(PRIVACY_KEYS)} combined), more than {MAX_PROFILES}; list fewer values of them")
     for combination in itertools.product(*listed.values()):  # each with every range at its low, then its high end
         for end in ("low", "high"):
             chosen = {**{name: getattr(r, end) for name, r in ranged.items()}, **dict(zip(listed, combination))}
