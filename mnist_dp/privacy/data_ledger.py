@@ -110,7 +110,7 @@ class Held:
                      "this organisation reads, and the script that reads the released model records it in their %s "
                      "(docs/privacy.md, \"The data's own ledger\")", LEDGER_FILE)
             return
-        line = (json.dumps(line_of(ledger, event), allow_nan=False) + "\n").encode()
+        line = lines(ledger, [event]).encode()
         for f in self.files:
             _drop_cut_line(f)
             os.write(f.fileno(), line)
@@ -120,12 +120,16 @@ class Held:
         """Write every run the task knows of its organisation's data, this task's too, to its `ledger` output `path`
         (None: the task has none), for the organisation's next task; before the model is saved."""
         if path is not None:
-            atomic.write_text(Path(path), "".join(json.dumps(line_of(self.ledger, e), allow_nan=False) + "\n"
-                                                  for e in self.ledger.events))
+            atomic.write_text(Path(path), lines(self.ledger, self.ledger.events))
 
 
 def line_of(ledger: Ledger, event: DpEvent) -> dict:
     return {"event": event.to_json(), "examples": {i: ledger.examples[i].to_json() for i in event.data}}
+
+
+def lines(ledger: Ledger, events) -> str:
+    """The journal lines of `events`, their examples as `ledger` names them: what a file or a ledger output holds."""
+    return "".join(json.dumps(line_of(ledger, e), allow_nan=False) + "\n" for e in events)
 
 
 def _drop_cut_line(f) -> None:
@@ -214,8 +218,7 @@ def join(folders) -> int:
             raise UserError(f"{', '.join(map(str, folders))}: cannot write the privacy ledger of each of these data "
                             "samples; make the folders writable")
         joined = folders[0] / f".{LEDGER_FILE}.joined"
-        atomic.write_text(joined, "".join(json.dumps(line_of(data.ledger, e), allow_nan=False) + "\n"
-                                          for e in data.ledger.events))
+        atomic.write_text(joined, lines(data.ledger, data.ledger.events))
         try:
             for folder in folders:
                 os.link(joined, folder / f".{LEDGER_FILE}.link")
