@@ -31,11 +31,12 @@ EARLIER = "earlier"  # <output>/earlier/<when the earlier run wrote its results>
 @contextlib.contextmanager
 def run_output(output: Path, work: Path | None = None):
     """The --output folder of one run, held by it alone (atomic.exclusive), with no other run's reports in it: the
-    REPORTS an earlier run left there are moved into EARLIER/<their date>/ first, never deleted. `work`: Substra's
-    local work folder, whose scratch files (its local-worker/) a killed run leaves behind (removed, saying so) and
-    a run removes when it ends."""
+    REPORTS an earlier run left there are moved into EARLIER/<their date>/ first, never deleted, and put back if
+    this run stops (a refusal, an error) before writing any of its own. `work`: Substra's local work folder, whose
+    scratch files (its local-worker/) a killed run leaves behind (removed, saying so) and a run removes when it
+    ends."""
     with atomic.exclusive(output, "--output folder") as folder:
-        set_aside(folder)
+        earlier = set_aside(folder)
         worker = None if work is None else Path(work) / "local-worker"
         if worker is not None and worker.is_dir() and any(worker.iterdir()):
             size = sum(f.stat().st_size for f in worker.rglob("*") if f.is_file() and not f.is_symlink())
@@ -43,9 +44,25 @@ def run_output(output: Path, work: Path | None = None):
             print(f"removed {_size(size)} of work files left in {worker} by a run that was killed")
         try:
             yield folder
+        except BaseException:
+            if earlier is not None and not any((folder / name).exists() for name in REPORTS):
+                put_back(earlier, folder)
+                earlier = None
+            raise
         finally:
             if worker is not None:
                 shutil.rmtree(worker, ignore_errors=True)
+            if earlier is not None:
+                print(f"moved the earlier run's {', '.join(n for n in REPORTS if (earlier / n).exists())} to {earlier}")
+
+
+def put_back(earlier: Path, output: Path) -> None:
+    """Undo set_aside: the reports in `earlier` return to `output`, and their folder (and EARLIER, if empty) goes."""
+    for path in earlier.iterdir():
+        path.rename(output / path.name)
+    earlier.rmdir()
+    with contextlib.suppress(OSError):  # other runs' reports may still be there
+        earlier.parent.rmdir()
 
 
 def set_aside(output: Path) -> Path | None:
@@ -63,7 +80,6 @@ def set_aside(output: Path) -> Path | None:
     dest.mkdir(parents=True)
     for path in found:
         path.rename(dest / path.name)
-    print(f"moved the earlier run's {', '.join(p.name for p in found)} to {dest}")
     return dest
 
 

@@ -19,6 +19,7 @@ from mnist_dp.federated.algo import METRICS, DpFedAvgAlgo
 from mnist_dp.federated.strategy import DpFedAvg
 from mnist_dp.orchestration import connection, registry
 from mnist_dp.privacy import model_file
+from mnist_dp.report import results
 
 EXAMPLE = REPO / "examples" / "substrafl_fedavg.py"
 # Tiny, with σ calibrated to ε = 3 for the run (the recipe's target).
@@ -140,6 +141,24 @@ def test_an_output_inside_the_data_folder_is_refused_before_anything_is_written(
     done = run_example(tmp_path, data, "--output", data / "results")
     assert done.returncode == 2 and "is inside the data folder" in done.stderr and done.stderr.count("\n") == 1
     assert not (data / "results").exists()
+
+
+def test_a_refused_run_leaves_the_earlier_runs_reports_in_their_place(tmp_path, tiny_data_2orgs):
+    """Refused after it took the output folder (the data hold 2 organisations' samples, not 3)."""
+    out = tmp_path / "out"
+    (out / "models").mkdir(parents=True)
+    for name in ("results.json", "summary.md", "results.png", "models/torch.model"):
+        (out / name).write_text(f"the earlier run's {name}")
+    before = reports(out)
+    done = run_example(tmp_path, tiny_data_2orgs, "--organizations", "3")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "--organizations" in done.stderr, done.stderr
+    assert reports(out) == before
+    assert not (out / "earlier").exists() and "moved" not in done.stdout
+
+
+def reports(out):
+    return {p.relative_to(out): p.read_bytes() for p in out.rglob("*")
+            if p.is_file() and p.relative_to(out).parts[0] in results.REPORTS}
 
 
 def test_help():

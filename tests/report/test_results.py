@@ -1,7 +1,9 @@
+import pytest
 from test_display import RECORDS, with_model_files
 
 from mnist_dp.privacy import model_file
 from mnist_dp.report import results
+from mnist_dp.utils.errors import UserError
 
 
 def test_model_record_is_recomputed_from_the_model_file(tmp_path):
@@ -11,3 +13,47 @@ def test_model_record_is_recomputed_from_the_model_file(tmp_path):
     assert record["epsilon"] == saved.ledger.epsilon(1e-5) and record["epsilon_by_organization"]["Org2"] == 0.0
     assert record["max_epsilon"] == 2.0 and record["stopped_by_budget"] is True and record["steps"] == 10
     assert record["library_epsilon"] == {"Opacus PRV (this run only)": 1.49}
+
+
+def earlier_reports(output):
+    output.mkdir()
+    for name in ("results.json", "summary.md"):
+        (output / name).write_text(f"the earlier run's {name}")
+    (output / "models").mkdir()
+    (output / "models" / "torch.model").write_bytes(b"earlier model")
+    return reports(output)
+
+
+def reports(folder):
+    return {p.relative_to(folder): p.read_bytes() for p in folder.rglob("*")
+            if p.is_file() and p.relative_to(folder).parts[0] in results.REPORTS}
+
+
+def test_a_run_finds_its_output_folder_with_no_earlier_reports_and_they_are_kept_aside(tmp_path, capsys):
+    before = earlier_reports(tmp_path / "out")
+    with results.run_output(tmp_path / "out") as folder:
+        assert not any((folder / name).exists() for name in results.REPORTS)
+        (folder / "results.json").write_text("this run's")
+    [aside] = (tmp_path / "out" / results.EARLIER).iterdir()
+    assert reports(aside) == before
+    assert (tmp_path / "out" / "results.json").read_text() == "this run's"
+    assert f"moved the earlier run's results.json, summary.md, models to {aside}" in capsys.readouterr().out
+
+
+def test_a_run_that_stops_before_writing_a_report_puts_the_earlier_ones_back(tmp_path, capsys):
+    before = earlier_reports(tmp_path / "out")
+    with pytest.raises(UserError), results.run_output(tmp_path / "out", tmp_path / "out" / "substra"):
+        (tmp_path / "out" / "substra").mkdir()
+        raise UserError("refused")
+    assert reports(tmp_path / "out") == before
+    assert not (tmp_path / "out" / results.EARLIER).exists() and "moved" not in capsys.readouterr().out
+
+
+def test_a_run_that_fails_after_writing_a_report_keeps_the_earlier_ones_aside(tmp_path, capsys):
+    before = earlier_reports(tmp_path / "out")
+    with pytest.raises(RuntimeError), results.run_output(tmp_path / "out") as folder:
+        (folder / "models").mkdir()
+        raise RuntimeError("a task failed")
+    [aside] = (tmp_path / "out" / results.EARLIER).iterdir()
+    assert reports(aside) == before
+    assert f"to {aside}" in capsys.readouterr().out

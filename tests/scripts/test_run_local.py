@@ -203,11 +203,16 @@ def test_two_runs_on_the_same_data_report_what_it_has_spent_over_all_six_models(
     assert set(reports[1]) == set(reports[0]) and reports[1] != reports[0]  # the latest run's, in their place
     # A budget below what the data has spent refuses a third run before anything is registered.
     (tmp_path / "budget.json").write_text(json.dumps({**TINY_HYPERPARAMETERS, "max_epsilon": totals[-1] - 0.01}))
-    proc = run_local("--data", data, "--output", tmp_path / "third", "--hyperparameters", tmp_path / "budget.json",
+    archives = set(out.glob("substra/archives/*"))
+    proc = run_local("--data", data, "--output", out, "--hyperparameters", tmp_path / "budget.json",
                      "--frameworks", "torch", cwd=tmp_path)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert f"is spent: this data's own ledger records {2 * len(FRAMEWORKS)} run(s)" in proc.stderr
-    assert not list((tmp_path / "third").glob("substra/archives/*"))  # nothing was built or registered
+    assert set(out.glob("substra/archives/*")) == archives  # nothing was built or registered
+    # and the refused run leaves the latest run's reports where they were, and the first run's aside
+    assert [moved] == list((out / "earlier").iterdir()) and "moved" not in proc.stdout
+    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()
+            and p.relative_to(out).parts[0] in ("results.json", "summary.md", "results.png", "models")} == reports[1]
     assert len(data_ledger.read(dataset.sample_folders(data, "train")).events) == 2 * len(FRAMEWORKS)
 
 
