@@ -72,7 +72,8 @@ FIGURES = {
         ["docs/privacy.md"], "it is {:.3f} against {:.3f}",
         lambda: (one_run(FASHION_MNIST_TRAIN_SIZE)[0], search_sigma(FASHION_MNIST_TRAIN_SIZE))),
     "what a search costs on Fashion-MNIST": (
-        ["docs/benchmarks.md"], "σ = {:.3f} where one run needs {:.3f} (the search's RDP price, about one run at ε ≈ {:.1f})",
+        ["docs/benchmarks.md"],
+        "σ = {:.3f} where one run needs {:.3f} (the search's RDP price, about one run at ε ≈ {:.1f})",
         lambda: (search_sigma(FASHION_MNIST_TRAIN_SIZE), one_run(FASHION_MNIST_TRAIN_SIZE)[0],
                  run_epsilon(FASHION_MNIST_TRAIN_SIZE, sigma=search_sigma(FASHION_MNIST_TRAIN_SIZE)))),
     "a search of 8 candidates on Fashion-MNIST": (
@@ -119,7 +120,8 @@ def library_figures():
     prv.history = [(sigma, plan.sample_rate, plan.steps)]
     tf_algo = load_asset_module(ALGO_ASSETS["tf"] / "algo.py", "algo_tf_dp")
     ms_algo = load_asset_module(ALGO_ASSETS["mindspore"] / "algo.py", "algo_mindspore_dp")
-    return (prv.get_epsilon(hp.delta), tf_algo.tf_privacy_statement_epsilon(n, hp.batch_size, hp.epochs, sigma, hp.delta),
+    return (prv.get_epsilon(hp.delta),
+            tf_algo.tf_privacy_statement_epsilon(n, hp.batch_size, hp.epochs, sigma, hp.delta),
             ms_algo.mindarmour_epsilon(n, plan.sample_rate, sigma, plan.steps, hp.delta))
 
 
