@@ -55,3 +55,28 @@ def test_the_parts_of_the_package_import_each_other_in_one_direction_only():
     for part in graph:
         reach(part, [])
     assert graph.get("hyperparameters", set()) <= {"utils"} and graph.get("assets", set()) == set()
+
+
+FIRST_COMMIT_OF_THE_SUBJECT_RULE = "8ac0a85"  # earlier subjects predate the rule
+
+
+def test_every_commit_subject_since_the_rule_passes_the_commit_msg_hook(tmp_path):
+    """.githooks/commit-msg (≤ 72 characters) on each commit after the rule began."""
+    import pytest
+
+    listed = subprocess.run(["git", "log", "--format=%s", f"{FIRST_COMMIT_OF_THE_SUBJECT_RULE}^..HEAD"],
+                            capture_output=True, text=True, cwd=REPO)
+    if listed.returncode != 0:
+        pytest.skip(f"no git history reaching {FIRST_COMMIT_OF_THE_SUBJECT_RULE} here: {listed.stderr.strip()}")
+    subjects = listed.stdout.splitlines()
+    refused = []
+    for subject in subjects:
+        (tmp_path / "message").write_text(subject + "\n\nbody\n", encoding="utf-8")
+        hook = subprocess.run([sys.executable, str(REPO / ".githooks" / "commit-msg"), str(tmp_path / "message")],
+                              capture_output=True, text=True)
+        if hook.returncode != 0:
+            refused.append(hook.stderr.strip())
+    assert subjects and not refused, "\n".join(refused)
+    (tmp_path / "message").write_text("x" * 73 + "\n", encoding="utf-8")
+    assert subprocess.run([sys.executable, str(REPO / ".githooks" / "commit-msg"), str(tmp_path / "message")],
+                          capture_output=True).returncode == 1
