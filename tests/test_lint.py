@@ -21,40 +21,63 @@ def test_no_module_of_the_package_or_the_assets_is_longer_than_a_newcomer_reads_
     assert len(modules) > 30 and not long, long
 
 
-def package_imports() -> dict:
-    """{part of mnist_dp (a subpackage, or a top-level module): the other parts it imports}."""
+def module_imports() -> dict:
+    """{module of mnist_dp ("learning.skeleton", "hyperparameters"; a package by its folder): the other modules of
+    mnist_dp it imports}. `from mnist_dp.x import y` names module x.y when y is one, else module x."""
     import ast
 
+    paths = {".".join(path.relative_to(REPO / "mnist_dp").with_suffix("").parts).removesuffix("__init__")
+             .rstrip("."): path for path in (REPO / "mnist_dp").rglob("*.py")}
     graph = {}
-    for path in (REPO / "mnist_dp").rglob("*.py"):
-        part = path.relative_to(REPO / "mnist_dp").parts[0].removesuffix(".py")
+    for module, path in paths.items():
         for node in ast.walk(ast.parse(path.read_text())):
-            names = [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
-            names += [f"{node.module}.{a.name}" for a in getattr(node, "names", []) if isinstance(node, ast.ImportFrom)
-                      and node.module == "mnist_dp"]
-            names += [a.name for a in node.names] if isinstance(node, ast.Import) else []
-            for name in names:
-                parts = name.split(".")
-                if parts[0] == "mnist_dp" and len(parts) > 1 and parts[1] != part:
-                    graph.setdefault(part, set()).add(parts[1])
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("mnist_dp"):
+                base = node.module.removeprefix("mnist_dp").lstrip(".")
+                names = [f"{base}.{a.name}".lstrip(".") for a in node.names]
+                imported = [name if name in paths else base for name in names]
+            elif isinstance(node, ast.Import):
+                imported = [a.name.removeprefix("mnist_dp.") for a in node.names if a.name.startswith("mnist_dp.")]
+            else:
+                continue
+            graph.setdefault(module, set()).update(name for name in imported if name and name != module)
     return graph
+
+
+def package_imports() -> dict:
+    """{part of mnist_dp (a subpackage, or a top-level module): the other parts it imports}."""
+    graph = {}
+    for module, imported in module_imports().items():
+        part = module.split(".")[0]
+        graph.setdefault(part, set()).update(name.split(".")[0] for name in imported if name.split(".")[0] != part)
+    return graph
+
+
+def assert_no_cycle(graph: dict) -> None:
+    below = {}
+
+    def reach(node, path):
+        assert node not in path, f"import cycle: {' -> '.join([*path, node])}"
+        if node not in below:
+            below[node] = set().union(*({n} | reach(n, [*path, node]) for n in graph.get(node, ())))
+        return below[node]
+
+    for node in graph:
+        reach(node, [])
 
 
 def test_the_parts_of_the_package_import_each_other_in_one_direction_only():
     """No cycle between subpackages: each can be read, tested and changed knowing only the parts below it."""
     graph = package_imports()
     assert {"privacy", "learning", "data", "orchestration"} <= set(graph)
-    below = {}
-
-    def reach(part, path):
-        assert part not in path, f"import cycle: {' -> '.join([*path, part])}"
-        if part not in below:
-            below[part] = set().union(*({p} | reach(p, [*path, part]) for p in graph.get(part, ())))
-        return below[part]
-
-    for part in graph:
-        reach(part, [])
+    assert_no_cycle(graph)
     assert graph.get("hyperparameters", set()) <= {"utils"} and graph.get("assets", set()) == set()
+
+
+def test_no_two_modules_import_each_other_even_through_others():
+    graph = module_imports()
+    assert {"learning.functions", "learning.skeleton", "learning.search"} <= set(graph)
+    assert "learning.skeleton" in graph["learning.search"]
+    assert_no_cycle(graph)
 
 
 FIRST_COMMIT_OF_THE_SUBJECT_RULE = "8ac0a85"  # earlier subjects predate the rule

@@ -37,7 +37,7 @@ if str(Path(__file__).resolve().parent) not in sys.path:  # imported by a test o
 import networks
 
 from mnist_dp.hyperparameters import Hyperparameters
-from mnist_dp.learning import chunks, initial_weights, interface, skeleton
+from mnist_dp.learning import chunks, functions, initial_weights, interface
 from mnist_dp.privacy import randomness
 from mnist_dp.privacy.planning import SamplingPlan
 
@@ -294,7 +294,7 @@ class MindSporeMindArmour:
     def new_model(self, seed: int, network: interface.Network) -> nn.Cell:
         return self.set_weight_arrays(networks.build_network(network), initial_weights.draw(network, seed))
 
-    # Model I/O is section 3's (weights that are not its parameters: see skeleton.load_weights).
+    # Model I/O is section 2's (weights that are not its parameters: see skeleton.load_weights).
     load_model = staticmethod(model_from_bytes)
     dump_model = staticmethod(model_to_bytes)
 
@@ -347,4 +347,4 @@ class MindSporeMindArmour:
 FRAMEWORK = MindSporeMindArmour()
 
 if __name__ == "__main__":
-    skeleton.run_functions(FRAMEWORK, HYPERPARAMETERS)  # substratools' `train` and `predict`
+    functions.run(FRAMEWORK, HYPERPARAMETERS)

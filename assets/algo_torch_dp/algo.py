@@ -27,7 +27,7 @@ except ModuleNotFoundError:  # run from the repository: make the shared package 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from mnist_dp.hyperparameters import Hyperparameters
-from mnist_dp.learning import conv_grams, features, initial_weights, interface, skeleton
+from mnist_dp.learning import conv_grams, features, functions, initial_weights, interface
 from mnist_dp.learning.interface import MNIST_MEAN, MNIST_STD
 from mnist_dp.privacy.planning import SamplingPlan
 
@@ -434,4 +434,4 @@ class TorchOpacus:
 FRAMEWORK = TorchOpacus()
 
 if __name__ == "__main__":
-    skeleton.run_functions(FRAMEWORK, HYPERPARAMETERS)  # substratools' `train` and `predict`
+    functions.run(FRAMEWORK, HYPERPARAMETERS)

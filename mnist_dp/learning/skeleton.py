@@ -31,7 +31,7 @@ from mnist_dp.privacy.planning import SamplingPlan
 from mnist_dp.privacy.randomness import REPLAYABLE_WARNING, RunRandomness
 from mnist_dp.utils import atomic, timing
 from mnist_dp.utils import progress as progress_bars
-from mnist_dp.utils.errors import UserError, refuse_unknown_inputs, run_cli
+from mnist_dp.utils.errors import UserError
 
 # substratools configures the "substratools" logger (level from --log-level); log under it.
 log = logging.getLogger("substratools.mnist_dp")
@@ -387,33 +387,6 @@ def logits(framework: Framework, model, inputs: np.ndarray) -> np.ndarray:
 
 def predicted_labels(framework: Framework, model, images: np.ndarray, network: Network) -> np.ndarray:
     return np.argmax(predict_in_batches(framework, model, images, network), axis=1).astype(np.int64)
-
-
-# The inputs each function uses, as the function contract (orchestration/contract.py) declares them, but the opener.
-FUNCTION_INPUTS = {"train": {"datasamples", "model", "ledger"}, "tune": {"datasamples", "ledger"},
-                   "predict": {"datasamples", "model"}, "aggregate": {"models"}}
-
-
-def run_functions(framework: Framework, hyperparameters_path: Path) -> None:
-    """An algo asset's command line: register its substratools functions `train`, `predict`, `aggregate` and
-    `tune` (the contract's names) and run the one asked for. Registering only here keeps several algo modules
-    importable in one process (substratools' registry is global)."""
-    import substratools as tools
-
-    from mnist_dp.learning import search  # it trains through this module
-
-    bodies = {"train": lambda inputs, outputs: train(framework, inputs, outputs, hyperparameters_path),
-              "predict": lambda inputs, outputs: predict(framework, inputs, outputs),
-              "aggregate": lambda inputs, outputs: aggregate(framework, inputs, outputs, hyperparameters_path),
-              "tune": lambda inputs, outputs: search.tune(framework, inputs, outputs, hyperparameters_path)}
-    for name, body in bodies.items():
-        def function(inputs, outputs, task_properties, name=name, body=body):
-            refuse_unknown_inputs(name, inputs, FUNCTION_INPUTS[name])
-            body(inputs, outputs)
-
-        function.__name__ = name  # substratools logs it
-        tools.register(function, name)
-    run_cli(tools.execute, task=True)
 
 
 def check_outputs_writable(outputs: dict) -> None:

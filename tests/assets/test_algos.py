@@ -26,7 +26,7 @@ from conftest import (
 from mnist_dp.assets import load_asset_module
 from mnist_dp.data import dataset
 from mnist_dp.data.samples import KEY_FILE, sample_identity
-from mnist_dp.learning import interface, skeleton
+from mnist_dp.learning import functions, interface, skeleton
 from mnist_dp.orchestration import archive
 from mnist_dp.privacy import model_file
 from mnist_dp.privacy.accountant import calibrate_noise_multiplier, compose_epsilon
@@ -473,7 +473,7 @@ def test_mindspore_with_one_batch_of_every_example_drops_mindarmours_nan(tmp_pat
 def test_an_input_a_function_does_not_use_is_refused_not_ignored(tmp_path, tiny_data, opener_path, objective_script):
     from mnist_dp.orchestration.contract import CONTRACT
 
-    for name, known in skeleton.FUNCTION_INPUTS.items():  # the functions check what the contract declares
+    for name, known in functions.FUNCTION_INPUTS.items():  # the functions check what the contract declares
         assert {spec.identifier for spec in CONTRACT[name][0]} == known | ({"opener"} if "datasamples" in known
                                                                            else set())
     script = ALGO_ASSETS["torch"] / "algo.py"
