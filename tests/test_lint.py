@@ -1,4 +1,5 @@
 """The code passes the linter configured in pyproject.toml (ruff), so CI runs it with the tests."""
+import re
 import subprocess
 import sys
 
@@ -103,3 +104,35 @@ def test_every_commit_subject_since_the_rule_passes_the_commit_msg_hook(tmp_path
     (tmp_path / "message").write_text("x" * 73 + "\n", encoding="utf-8")
     assert subprocess.run([sys.executable, str(REPO / ".githooks" / "commit-msg"), str(tmp_path / "message")],
                           capture_output=True).returncode == 1
+
+
+# A measured time or speed-up in prose: "1.4 ms", "0.5 s", "2 minutes", "5× faster", "300x slower" (not "7 × 7").
+TIMING = re.compile(r"\b\d(?:[\d,.]*\d)?(?:\s*(?:ms|µs|seconds?|minutes?|hours?)|\s+(?:s|min|h))\b"
+                    r"|\b\d(?:\.\d+)?\s*×(?!\s*\d)|\b\d+(?:\.\d+)?x (?:faster|slower)")
+
+
+def prose_of(path):
+    """(line, text) of every comment and docstring of a Python file."""
+    import ast
+    import io
+    import tokenize
+
+    source = path.read_text()
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT:
+            yield token.start[0], token.string
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            docstring = ast.get_docstring(node, clean=False)
+            for k, line in enumerate((docstring or "").splitlines()):
+                yield node.body[0].lineno + k, line
+
+
+def test_no_comment_or_docstring_of_the_code_quotes_a_timing():
+    """Timings change with the code and the machine: they belong in docs/benchmarks.md or docs/design.md, which
+    name the command that measured them, not in the code they describe."""
+    found = [f"{path.relative_to(REPO)}:{line}: {text.strip()}"
+             for path in sorted([*(REPO / "mnist_dp").rglob("*.py"), *(REPO / "assets").rglob("*.py")])
+             for line, text in prose_of(path) if TIMING.search(text)]
+    assert not found, "\n".join(found)
+    assert TIMING.search("cost 1–1.4 ms more") and TIMING.search("5× faster") and not TIMING.search("7 × 7")

@@ -6,7 +6,7 @@ Run alone:  python assets/algo_mindspore_dp/algo.py --function-name train --inpu
 How the DP step works, and why not MindArmour's `DPModel` (it refuses device_target CPU, clips per microbatch,
 expects fixed batches): exact per-example gradients from each layer's input and output gradient (book-keeping,
 as the tf algo) in GRAPH mode, clipped and summed; Gaussian noise from numpy's PCG64 (MindArmour's
-`NoiseGaussianRandom` repeats itself on CPU: see "The noise is numpy's" below); MindArmour's `RDPMonitor` as a
+`NoiseGaussianRandom` repeats itself on CPU: docs/design.md); MindArmour's `RDPMonitor` as a
 cross-check. The networks, and each one's clipped-sum graph, are in `networks.py` beside this file: built from what
 MindSpore 2.9's CPU kernels run fast (its Conv2D does not; timings: docs/benchmarks.md).
 """
@@ -49,7 +49,7 @@ ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
 
 def import_mindarmour(name):
     """`name` from mindarmour.privacy.diff_privacy. MindArmour 2.0 warns at import, predating MindSpore 2.9, which
-    runs it fine, and sleeps 1 s for the warning to be read: kept quiet, without the sleep (a second of every task)."""
+    runs it fine, and sleeps for the warning to be read: kept quiet, without the sleep (docs/design.md)."""
     previous, sleep = logging.root.manager.disable, time.sleep
     logging.disable(logging.WARNING)
     time.sleep = lambda seconds: None  # only while its version check runs
@@ -103,13 +103,8 @@ class ClippedGradientSum:
         return (x, y, mask, ms.Tensor(max_grad_norm, ms.float32), *rows, *self.probes[size])
 
 
-# The noise is numpy's. MindArmour's `NoiseGaussianRandom` is MindSpore's CPU `StandardNormal`: libstdc++'s
-# minstd_rand0, whose whole state is 31 bits (a Philox hash of the global and op seed, modulo 2³¹ − 1) and whose period
-# is 2³¹ − 2 numbers. A draw holds 31 bits of the run's entropy, so 128 bits take five draws; five draws over every
-# weight of the default network use 1.7e9 numbers of that period in a Fashion-MNIST task, so their stretches overlap
-# and about a quarter of the noise repeats numbers drawn elsewhere in the task, which the accountant's independent
-# steps do not allow (tests/assets/test_algo_mindspore_dp.py). numpy's PCG64, as the batches' generator, has a
-# 128-bit state taken whole from the run's randomness and a period of 2¹²⁸.
+# The noise is numpy's PCG64: MindArmour's NoiseGaussianRandom has a 31-bit state and repeats its numbers
+# within a task, which the accountant's independent steps do not allow (docs/design.md).
 
 class NoisyUpdate(nn.Cell):
     """Add `noise` (unit Gaussian noise for every weight, flat: `unit_noise`) times `noise_std` (σ·C of this step: the
@@ -137,7 +132,7 @@ class NoisyUpdate(nn.Cell):
 class ClippedNoisyUpdate(nn.Cell):
     """The last chunk's clipped sum (`clipped_sum`, a ClippedGradientSum's graph) plus `carried` (the clipped sum of
     the batch's earlier chunks), noised and applied by `update` (a NoisyUpdate), in one graph; returns how many of the
-    chunk's examples had ‖g_i‖ ≤ C. One graph call a step, where a clipped sum and then an update cost 1–1.4 ms more."""
+    chunk's examples had ‖g_i‖ ≤ C. One graph call a step: two (a clipped sum, then an update) cost more."""
 
     def __init__(self, clipped_sum, update):
         super().__init__(auto_prefix=False)
@@ -234,7 +229,7 @@ class MovingAverage(nn.Cell):
 
 class AveragingOptimizer(nn.Cell):
     """`optimizer`'s step, then `average`'s (a MovingAverage), in the step's graph, as Keras' `use_ema` in the tf
-    algo: called as a graph of its own, the average cost about 1 ms a step more."""
+    algo: called as a graph of its own, the average cost more a step."""
 
     def __init__(self, optimizer, average):
         super().__init__(auto_prefix=False)
@@ -262,7 +257,7 @@ def mindarmour_epsilon(n, sample_rate, noise_multiplier, steps, delta):
 def as_input(inputs) -> ms.Tensor:
     """A tensor as the network takes it: images with a channel axis (NCHW). The networks widen float16 features
     (features.py) to float32 in their graph: a cast outside it is a PyNative op, slower. `from_numpy` shares the
-    array's memory, where `ms.Tensor` copied a batch of float16 features in 2.4 ms."""
+    array's memory, where `ms.Tensor` copies it."""
     return ms.from_numpy(np.ascontiguousarray(inputs[:, None] if inputs.ndim == 3 else inputs))
 
 

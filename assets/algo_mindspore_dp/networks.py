@@ -204,7 +204,7 @@ class PatchGather(nn.Cell):
 
 class DataProduct(nn.Cell):
     """patches @ kernelᵀ, for patches of the data (no gradient): its own gradient is the kernel's alone, one
-    product (MindSpore's generic MatMul gradient also forms the patches', and transposes: 6× the time)."""
+    product (MindSpore's generic MatMul gradient also forms the patches', with transposes: several times slower)."""
 
     def __init__(self):
         super().__init__()
@@ -302,7 +302,7 @@ class ScatterNetCNN(nn.Cell):
         self.act = _activation(activation)
         self.patches1, self.product1 = PatchGather(size, 3, 2, 1), DataProduct()  # 7 × 7 -> 4 × 4 positions
         self.product2 = ToeplitzConv2d(4, 16, 32, 3, 1, 1)  # 4 × 4 -> 4 × 4
-        self.bias_add = ops.BiasAdd()  # a broadcast Add took 4 times longer, and its gradient a ReduceSum
+        self.bias_add = ops.BiasAdd()  # a broadcast Add is slower, and its gradient a ReduceSum
         self.norm1 = GroupNorm(np.tile(np.arange(16) // GROUP_SIZE, 16))  # conv1's output: (position, channel)
         self.norm2 = GroupNorm(np.repeat(np.arange(32) // GROUP_SIZE, 16))  # conv2's: (channel, position)
         self.probe_shapes = ((16, 16), (32, 16), (32,), (10,))

@@ -3,13 +3,13 @@
 Only framework code lives here; the sampling plan, σ, the ledger and ε come from `mnist_dp.learning.skeleton`.
 Run alone:  python assets/algo_tf_dp/algo.py --function-name train --inputs '[...]' --outputs '[...]'
 
-How the DP step works, and why not TF Privacy's Keras DP optimizers: those compute per-example gradients through
-Conv2D with vectorized_map, ~300x slower than a plain step on a CPU. Instead we use TF Privacy's *fast gradient
-clipping*: exact per-example gradient norms from each layer's inputs and output gradients (its layer registry; TF
-Privacy ships Dense but no Conv2D, so `conv2d_layer_computation` below adds one), clip weights min(1, C / norm_i),
-the clipped sum from the same tape (`clipped_gradient_sum`), and Gaussian noise from a `tf.random.Generator` whose
-whole Philox state (192 bits) comes from the run's fresh entropy: TF Privacy's `add_aggregate_noise` draws from
-`tf.random.normal`, whose seeds TensorFlow cuts to 31 bits (or takes 32 bits of process entropy).
+How the DP step works, and why not TF Privacy's Keras DP optimizers: their per-example gradients through Conv2D
+(vectorized_map) are far slower than a plain step on a CPU (docs/design.md). Instead we use TF Privacy's *fast
+gradient clipping*: exact per-example norms from each layer's inputs and output gradients (its layer registry, with
+`conv2d_layer_computation` below for the Conv2D it lacks), clip weights min(1, C / norm_i), the clipped sum from
+the same tape (`clipped_gradient_sum`), and Gaussian noise from a `tf.random.Generator` whose whole Philox state
+(192 bits) comes from the run's fresh entropy: TF Privacy's `add_aggregate_noise` draws from `tf.random.normal`,
+whose seeds TensorFlow cuts to 31 bits (or takes 32 bits of process entropy).
 """
 import functools
 import io
@@ -181,7 +181,7 @@ def geometry(layer, in_h, in_w, out_h, out_w):
 def conv_patches(inputs, layer, out_shape):
     """The input patch under each output position: [B, H', W', kh·kw·c_in] (in some fixed order: only norms are
     taken). When the kernel is a multiple of the stride, space_to_depth and kh/s · kw/s shifted slices give them with
-    cheap copies (tf.image.extract_patches took 15 ms of a 12 ms step on the pixel CNN's first layer)."""
+    cheap copies, where tf.image.extract_patches costs more than the step it serves (docs/design.md)."""
     (kh, kw), (sh, sw) = layer.kernel_size, layer.strides
     if kh % sh or kw % sw or sh != sw:
         return tf.image.extract_patches(inputs, [1, kh, kw, 1], [1, sh, sw, 1], [1, 1, 1, 1], layer.padding.upper())

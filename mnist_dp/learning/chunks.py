@@ -19,7 +19,7 @@ def chunk_sizes(expected_batch_size):
 def padded_chunks(indices, sizes):
     """Yield (indices padded to a chunk size, mask) covering `indices` (at least one chunk, maybe empty).
     `sizes` = (large, larger): chunks of `larger` while more than `large` is left, then one of the two. Only two
-    shapes ever: a third would cost MindSpore a compilation (1.1 s on the default network) in a train task, for
+    shapes ever: a third would cost MindSpore a graph compilation in a train task, for
     the rare batch above `larger` (3.4 standard deviations at the default batch, about one in a task's 3,600)."""
     large, larger = sizes
     start = 0

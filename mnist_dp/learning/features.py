@@ -9,8 +9,8 @@ example, so the features cost no privacy; only the classifier on top is trained 
 Computed here in numpy, once, for every framework: the three algos train the same classifier on the same
 numbers. kymatio's filters and algorithm (reflection padding, products in Fourier, subsampling by periodising the
 spectrum), batched: every filter at once, each low-pass as one matrix product, a block of images per core.
-That is about 5× faster than kymatio's own numpy transform (0.25 ms an image on 2 cores; benchmarks/benchmark.py
-times both), and equal to it within float32 rounding (tests/learning/test_features.py).
+That is faster than kymatio's own numpy transform (benchmarks/benchmark.py times both; docs/benchmarks.md), and
+equal to it within float32 rounding (tests/learning/test_features.py).
 
 The networks are given the features kept in float16 (TRAINED_DTYPE) and widen each batch to float32 in their own
 framework: 60,000 images' features take 476 MB instead of 952, which is what keeps a train task on 60,000 images

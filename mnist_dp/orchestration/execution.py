@@ -51,11 +51,13 @@ def run_plan(client: substra.Client, builder: PlanBuilder, name: str, key: str) 
 
 
 POLLING_VARIABLE = "MNIST_DP_POLLING_SECONDS"
+DEFAULT_POLLING_SECONDS = 5
 
 
 def polling_seconds() -> float:
-    """How often a remote plan's progress is asked for: 5 s, or the environment's MNIST_DP_POLLING_SECONDS."""
-    text = os.environ.get(POLLING_VARIABLE, "5")
+    """Seconds between two requests for a remote plan's progress: the environment's MNIST_DP_POLLING_SECONDS, by
+    default DEFAULT_POLLING_SECONDS."""
+    text = os.environ.get(POLLING_VARIABLE, str(DEFAULT_POLLING_SECONDS))
     try:
         seconds = float(text)
     except ValueError:

@@ -262,7 +262,7 @@ def _calibrate(pld_epsilon, rdp_epsilon, target_epsilon: float, tol: float, leas
     # `most`: noise_range). When `least` meets it, it is the answer: ε below the target, never above. PLD is slow
     # for small σ, so bracket it with RDP first: RDP over-estimates ε, hence the RDP-calibrated σ is an upper end
     # for PLD. PLD's σ is usually within a few per cent of it, so the lower end is tried there first, then halved
-    # (PLD's ε at half the σ took 1.8 of a 5.1 s calibration); only the search's speed depends on it.
+    # (PLD at half the σ is the slowest figure); only the search's speed depends on it.
     if rdp_epsilon(least) <= target_epsilon and pld_epsilon(least) <= target_epsilon:
         return round(math.ceil(least / tol) * tol, 6)
     upper = most  # where only PLD's figure meets the target below the ceiling (the count's noise comes close)
@@ -281,8 +281,7 @@ def _least_on_grid(epsilon, target_epsilon: float, lower: float, upper: float, t
     does not, ε(upper) does and ε falls as σ grows: regula falsi (Illinois) on the grid's indices, interpolating in
     1/σ² (a Gaussian's privacy loss goes as 1/σ², and the secant lands closer). The σ returned had its own ε
     computed, and the grid point below it missed the target or lies below a σ that did (`lower`): no rounding is
-    checked afterwards. PLD's ε takes 0.5 s at the default run's σ: 5 of them with `lower`'s, where Brent's method,
-    then checks of its root's rounding, took 7 and returned a σ a grid point above the least (0.979 for 0.978)."""
+    checked afterwards, and fewer PLD figures are computed than by Brent's method (docs/design.md)."""
     def gap(k: int) -> float:  # k: a grid index, σ = k · tol as returned
         return epsilon(round(k * tol, 6)) - target_epsilon
 
