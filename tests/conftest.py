@@ -13,6 +13,7 @@ import pytest
 
 from mnist_dp.assets import ALGO_ASSETS, DATASET_ASSET, OBJECTIVE_ASSET
 from mnist_dp.data import dataset
+from mnist_dp.learning import interface
 from mnist_dp.orchestration import archive
 from mnist_dp.privacy.data_ledger import LEDGER_FILE
 from mnist_dp.privacy.events import NO_CLIPPING, PER_EXAMPLE, DpEvent
@@ -323,3 +324,25 @@ def follow_advice(message: str) -> None:
     proc = subprocess.run([sys.executable, *shlex.split(command.group(1))[1:]], cwd=REPO, capture_output=True,
                           text=True)
     assert proc.returncode == 0, f"{command.group(1)}: {proc.stderr}"
+
+
+class StepsThatLearnNothing(interface.Framework):
+    """The training hooks of a framework that needs no ML library: its steps change nothing and clip nothing.
+    Tests' fake frameworks subclass it and fill in what they look at."""
+
+    name = "torch"
+
+    def optimizer(self, model, hp):
+        return None
+
+    def dp_step(self, model, optimizer, inputs, labels, hp, plan, step):
+        return lambda batch, max_grad_norm, noise_multiplier: 0
+
+    def plain_step(self, model, optimizer, inputs, labels):
+        return lambda batch: None
+
+    def end_training(self, model, optimizer, hp):
+        pass
+
+    def library_epsilon(self, plan, steps, sigma, delta):
+        return {}

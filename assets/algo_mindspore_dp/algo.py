@@ -16,7 +16,6 @@ import math
 import os
 import sys
 import time
-from collections.abc import Iterable
 from pathlib import Path
 
 # Before MindSpore is imported: quiet its C++ log; protobuf's pure-Python implementation (docs/design.md).
@@ -37,7 +36,7 @@ if str(Path(__file__).resolve().parent) not in sys.path:  # imported by a test o
 import networks
 
 from mnist_dp.hyperparameters import Hyperparameters
-from mnist_dp.learning import chunks, functions, initial_weights, interface
+from mnist_dp.learning import chunks, functions, interface
 from mnist_dp.privacy import randomness
 from mnist_dp.privacy.planning import SamplingPlan
 
@@ -261,10 +260,10 @@ def as_input(inputs) -> ms.Tensor:
     return ms.from_numpy(np.ascontiguousarray(inputs[:, None] if inputs.ndim == 3 else inputs))
 
 
-def model_to_bytes(net) -> bytes:
+def model_to_bytes(model) -> bytes:
     """The parameters as an .npz, by name."""
     buffer = io.BytesIO()
-    np.savez(buffer, **{p.name: p.asnumpy() for p in net.get_parameters()})
+    np.savez(buffer, **{p.name: p.asnumpy() for p in model.get_parameters()})
     return buffer.getvalue()
 
 
@@ -281,62 +280,62 @@ def model_from_bytes(weights: bytes, network):
 
 # --- 3. The Framework object: what the skeleton calls ---------------------------------------------------------------
 
-class MindSporeMindArmour:
+class MindSporeMindArmour(interface.Framework):
     name = "mindspore"
     # GRAPH mode compiles once per input shape: 1000 cuts a test set of 10,000 images into equal batches.
     predict_batch_size = 1000
 
-    def new_model(self, seed: int, network: interface.Network) -> nn.Cell:
-        return self.set_weight_arrays(networks.build_network(network), initial_weights.draw(network, seed))
+    def network(self, network: interface.Network) -> nn.Cell:
+        return networks.build_network(network)
+
+    def optimizer(self, model: nn.Cell, hp: Hyperparameters) -> nn.Cell:
+        optimizer = new_optimizer(model, hp)
+        if hp.ema_decay:  # every step then updates the average too
+            optimizer = AveragingOptimizer(optimizer, MovingAverage(model.trainable_params(), hp.ema_decay))
+        return optimizer
+
+    def dp_step(self, model: nn.Cell, optimizer: nn.Cell, inputs: np.ndarray, labels: np.ndarray,
+                hp: Hyperparameters, plan: SamplingPlan, step: interface.DpStep):
+        model.set_train(True)
+        labels = labels.astype(np.int32)
+        dp_step = make_dp_step(model, optimizer, plan.expected_batch_size, step.randomness.numpy("gradient noise"),
+                               hp.secure_mode, step.canary_hook)
+        rows = data_rows(model, inputs)  # kept in memory as the features, never written
+        return lambda batch, max_grad_norm, noise_multiplier: dp_step(inputs, labels, batch, max_grad_norm,
+                                                                      noise_multiplier, rows)
+
+    def plain_step(self, model: nn.Cell, optimizer: nn.Cell, inputs: np.ndarray, labels: np.ndarray):
+        model.set_train(True)
+        labels = labels.astype(np.int32)
+        plain_step = make_plain_step(model, optimizer)
+        return lambda batch: plain_step(inputs, labels, batch)
+
+    def end_training(self, model: nn.Cell, optimizer: nn.Cell, hp: Hyperparameters) -> None:
+        if isinstance(optimizer, AveragingOptimizer):
+            optimizer.average.copy_to()
+        model.set_train(False)
+
+    def library_epsilon(self, plan: SamplingPlan, steps: int, sigma: float, delta: float) -> dict:
+        return {"MindArmour RDPMonitor (this run only)": mindarmour_epsilon(plan.n, plan.sample_rate, sigma, steps,
+                                                                            delta)}
 
     # Model I/O is section 2's (weights that are not its parameters: see skeleton.load_weights).
     load_model = staticmethod(model_from_bytes)
     dump_model = staticmethod(model_to_bytes)
 
-    def fit(self, net: nn.Cell, images: np.ndarray, labels: np.ndarray, hp: Hyperparameters, plan: SamplingPlan,
-            step: interface.DpStep, batches: Iterable[np.ndarray]) -> interface.Ran:
-        optimizer = new_optimizer(net, hp)
-        average = MovingAverage(net.trainable_params(), hp.ema_decay) if hp.ema_decay else None
-        if average is not None:
-            optimizer = AveragingOptimizer(optimizer, average)  # every step then updates the average too
-        net.set_train(True)
-        labels = labels.astype(np.int32)
-        noise_rng = step.randomness.numpy("gradient noise")
-        dp_step = hp.dp and make_dp_step(net, optimizer, plan.expected_batch_size, noise_rng, hp.secure_mode,
-                                          step.canary_hook)
-        rows = data_rows(net, images) if hp.dp else None  # kept in memory as the features, never written
-        plain_step = None if hp.dp else make_plain_step(net, optimizer)
-        batch_sizes = []
-        for batch in batches:
-            if hp.dp:
-                unclipped = dp_step(images, labels, batch, step.clip.value,
-                                    step.noise.gradient_sigma(len(batch_sizes)), rows)
-                step.clip.update(unclipped, len(batch))  # adaptive clipping's count (a no-op otherwise)
-            else:
-                plain_step(images, labels, batch)
-            batch_sizes.append(len(batch))
-        if average is not None:
-            average.copy_to()
-        net.set_train(False)
-        library = {}
-        if hp.dp and step.library_can_account:
-            library["MindArmour RDPMonitor (this run only)"] = mindarmour_epsilon(
-                plan.n, plan.sample_rate, step.noise.sigma, len(batch_sizes), hp.delta)
-        return interface.Ran(batch_sizes, library)
+    def weight_arrays(self, model: nn.Cell) -> list[np.ndarray]:
+        return [p.asnumpy() for p in model.get_parameters()]
 
-    def weight_arrays(self, net: nn.Cell) -> list[np.ndarray]:
-        return [p.asnumpy() for p in net.get_parameters()]
-
-    def set_weight_arrays(self, net: nn.Cell, arrays: list[np.ndarray]) -> nn.Cell:
-        parameters = list(net.get_parameters())
+    def set_weight_arrays(self, model: nn.Cell, arrays: list[np.ndarray]) -> nn.Cell:
+        parameters = list(model.get_parameters())
         interface.check_shapes(arrays, [p.shape for p in parameters])  # set_data would take any shape
         for parameter, array in zip(parameters, arrays):
             parameter.set_data(ms.Tensor(array))
-        return net
+        return model
 
-    def batch_logits(self, net: nn.Cell, images: np.ndarray) -> np.ndarray:
-        net.set_train(False)
-        return net(as_input(images)).asnumpy()
+    def batch_logits(self, model: nn.Cell, inputs: np.ndarray) -> np.ndarray:
+        model.set_train(False)
+        return model(as_input(inputs)).asnumpy()
 
 
 FRAMEWORK = MindSporeMindArmour()

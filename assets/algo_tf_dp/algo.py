@@ -16,7 +16,6 @@ import io
 import logging
 import os
 import sys
-from collections.abc import Iterable
 from pathlib import Path
 
 # Before TensorFlow is imported: quiet its C++ start-up log, and protobuf's pure-Python
@@ -33,7 +32,7 @@ except ModuleNotFoundError:  # run from the repository: make the shared package 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from mnist_dp.hyperparameters import Hyperparameters
-from mnist_dp.learning import conv_grams, features, functions, initial_weights, interface
+from mnist_dp.learning import conv_grams, features, functions, interface
 from mnist_dp.learning.interface import GROUP_SIZE, MNIST_MEAN, MNIST_STD, NORM_EPS
 from mnist_dp.privacy.planning import SamplingPlan
 
@@ -395,43 +394,45 @@ def model_from_bytes(weights: bytes, network):
 
 # --- 4. The Framework object: what the skeleton calls ---------------------------------------------------------------
 
-class TensorFlowPrivacy:
+class TensorFlowPrivacy(interface.Framework):
     name = "tf"
 
-    def new_model(self, seed: int, network: interface.Network) -> tf.keras.Model:
-        return self.set_weight_arrays(build_network(network), initial_weights.draw(network, seed))
+    def network(self, network: interface.Network) -> tf.keras.Model:
+        return build_network(network)
+
+    def optimizer(self, model: tf.keras.Model, hp: Hyperparameters) -> tf.keras.optimizers.Optimizer:
+        return new_optimizer(hp)  # Keras keeps the weight average itself (use_ema)
+
+    def dp_step(self, model: tf.keras.Model, optimizer: tf.keras.optimizers.Optimizer, inputs: np.ndarray,
+                labels: np.ndarray, hp: Hyperparameters, plan: SamplingPlan, step: interface.DpStep):
+        known = data_grams(model, inputs)  # the first layer's patch Grams, if it has them
+        dp_step = make_dp_step(model, optimizer, plan.expected_batch_size, noise_generator(step.randomness),
+                               step.canary_hook, None if known is None else known[0])
+
+        def one_step(batch: np.ndarray, max_grad_norm: float, noise_multiplier: float) -> int:
+            x, y = as_input(inputs[batch]), tf.constant(labels[batch])  # each batch widened to float32 alone
+            return int(dp_step(x, y, tf.constant(max_grad_norm, tf.float32), tf.constant(noise_multiplier, tf.float32),
+                               None if known is None else known[1][batch]))
+
+        return one_step
+
+    def plain_step(self, model: tf.keras.Model, optimizer: tf.keras.optimizers.Optimizer, inputs: np.ndarray,
+                   labels: np.ndarray):
+        plain_step = make_plain_step(model, optimizer)
+        return lambda batch: plain_step(as_input(inputs[batch]), tf.constant(labels[batch]))
+
+    def end_training(self, model: tf.keras.Model, optimizer: tf.keras.optimizers.Optimizer,
+                     hp: Hyperparameters) -> None:
+        if hp.ema_decay:
+            optimizer.finalize_variable_values(model.trainable_variables)  # the averaged weights are saved
+
+    def library_epsilon(self, plan: SamplingPlan, steps: int, sigma: float, delta: float) -> dict:
+        return {"TF Privacy statement, RDP, Poisson (this run only)": tf_privacy_statement_epsilon(
+            plan.n, plan.expected_batch_size, steps / plan.steps_per_epoch, sigma, delta)}
 
     # Model I/O is section 3's (weights that are not Keras weights: see skeleton.load_weights).
     load_model = staticmethod(model_from_bytes)
     dump_model = staticmethod(model_to_bytes)
-
-    def fit(self, model: tf.keras.Model, images: np.ndarray, labels: np.ndarray, hp: Hyperparameters,
-            plan: SamplingPlan, step: interface.DpStep, batches: Iterable[np.ndarray]) -> interface.Ran:
-        optimizer = new_optimizer(hp)
-        if hp.dp:
-            known = data_grams(model, images)  # the first layer's patch Grams, if it has them
-            dp_step = make_dp_step(model, optimizer, plan.expected_batch_size, noise_generator(step.randomness),
-                                   step.canary_hook, None if known is None else known[0])
-        else:
-            plain_step = make_plain_step(model, optimizer)
-        batch_sizes = []
-        for batch in batches:
-            x, y = as_input(images[batch]), tf.constant(labels[batch])  # each batch widened to float32 alone
-            if hp.dp:
-                unclipped = dp_step(x, y, tf.constant(step.clip.value, tf.float32),
-                                    tf.constant(step.noise.gradient_sigma(len(batch_sizes)), tf.float32),
-                                    None if known is None else known[1][batch])
-                step.clip.update(int(unclipped), len(batch))  # adaptive clipping's count (a no-op otherwise)
-            else:
-                plain_step(x, y)
-            batch_sizes.append(len(batch))
-        if hp.ema_decay:
-            optimizer.finalize_variable_values(model.trainable_variables)  # the averaged weights are saved
-        library = {}
-        if hp.dp and step.library_can_account:
-            library["TF Privacy statement, RDP, Poisson (this run only)"] = tf_privacy_statement_epsilon(
-                plan.n, plan.expected_batch_size, len(batch_sizes) / plan.steps_per_epoch, step.noise.sigma, hp.delta)
-        return interface.Ran(batch_sizes, library)
 
     def weight_arrays(self, model: tf.keras.Model) -> list[np.ndarray]:
         return to_common(model.get_weights(), on_pixels(model))
@@ -440,8 +441,8 @@ class TensorFlowPrivacy:
         model.set_weights(from_common(arrays, on_pixels(model)))
         return model
 
-    def batch_logits(self, model: tf.keras.Model, images: np.ndarray) -> np.ndarray:
-        return model(as_input(images), training=False).numpy()
+    def batch_logits(self, model: tf.keras.Model, inputs: np.ndarray) -> np.ndarray:
+        return model(as_input(inputs), training=False).numpy()
 
 
 FRAMEWORK = TensorFlowPrivacy()

@@ -11,7 +11,7 @@ import os
 import struct
 import sys
 import warnings
-from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 os.environ.setdefault("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "python")  # see docs/design.md: before any framework
@@ -27,7 +27,7 @@ except ModuleNotFoundError:  # run from the repository: make the shared package 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from mnist_dp.hyperparameters import Hyperparameters
-from mnist_dp.learning import conv_grams, features, functions, initial_weights, interface
+from mnist_dp.learning import conv_grams, features, functions, interface
 from mnist_dp.learning.interface import MNIST_MEAN, MNIST_STD
 from mnist_dp.privacy.planning import SamplingPlan
 
@@ -268,20 +268,16 @@ def secure_generator(secure_mode: bool, randomness) -> torch.Generator:
     return noise_generator(randomness)  # without torchcsprng: notices() says so, once per task
 
 
-def make_dp_step(model, optimizer, expected_batch_size, generator, secure_mode, sample_rate, with_canaries=None):
+def make_dp_step(model, optimizer, expected_batch_size, generator, secure_mode, with_canaries=None):
     """One DP-SGD step `step(x, y, C, σ, known_grams=None)` (clip_and_sum's known_grams): clip each example's
     gradient to C, sum, add N(0, σ²C²) drawn from `generator`, divide by E[B] (Opacus' optimizer). Returns how many
-    examples had a gradient norm ≤ C (adaptive clipping's count, before noise), and Opacus' own PRV accountant,
-    which follows the steps. `with_canaries`: the white-box audit's DpStep.with_canaries, called between the
-    clipping and the noise."""
-    from opacus.accountants import PRVAccountant
+    examples had a gradient norm ≤ C (adaptive clipping's count, before noise). `with_canaries`: the white-box
+    audit's DpStep.with_canaries, called between the clipping and the noise."""
     from opacus.optimizers import DPOptimizerFastGradientClipping
 
     optimizer = DPOptimizerFastGradientClipping(optimizer, noise_multiplier=1.0, max_grad_norm=1.0,
                                                 expected_batch_size=expected_batch_size, generator=generator,
                                                 secure_mode=secure_mode)
-    accountant = PRVAccountant()  # Opacus' own figure, beside ours in the statement
-    optimizer.attach_step_hook(accountant.get_optimizer_hook_fn(sample_rate=sample_rate))
 
     def step(x: torch.Tensor, y: torch.Tensor, max_grad_norm: float, noise_multiplier: float, known_grams=None) -> int:
         optimizer.zero_grad()
@@ -299,7 +295,7 @@ def make_dp_step(model, optimizer, expected_batch_size, generator, secure_mode, 
         optimizer.step()  # adds the noise and divides by the expected batch size
         return unclipped
 
-    return step, accountant
+    return step
 
 
 def make_plain_step(model, optimizer):
@@ -338,6 +334,14 @@ class MovingAverage:
                     p.copy_(w)
 
 
+@dataclass
+class AveragingOptimizer:
+    """hp's optimizer and the moving average of the weights its steps update (the `optimizer` hook's)."""
+
+    inner: torch.optim.Optimizer
+    average: MovingAverage
+
+
 # --- 3. Model I/O: inputs as the network takes them, weights as bytes -----------------------------------------------
 
 def as_tensor(inputs):
@@ -367,55 +371,60 @@ def model_from_bytes(weights: bytes, network):
 
 # --- 4. The Framework object: what the skeleton calls ---------------------------------------------------------------
 
-class TorchOpacus:
+class TorchOpacus(interface.Framework):
     name = "torch"
 
-    def new_model(self, seed: int, network: interface.Network) -> nn.Module:
-        return self.set_weight_arrays(build_network(network), initial_weights.draw(network, seed))
+    def network(self, network: interface.Network) -> nn.Module:
+        return build_network(network)
+
+    def optimizer(self, model: nn.Module, hp: Hyperparameters) -> AveragingOptimizer:
+        return AveragingOptimizer(new_optimizer(model, hp), MovingAverage(model, hp.ema_decay))
+
+    def dp_step(self, model: nn.Module, optimizer: AveragingOptimizer, inputs: np.ndarray, labels: np.ndarray,
+                hp: Hyperparameters, plan: SamplingPlan, step: interface.DpStep):
+        x, y = as_tensor(inputs), torch.from_numpy(labels)  # each batch is widened to float32 alone
+        known = data_grams(model, inputs)  # the first layer's patch Grams, if it has them
+        dp_step = make_dp_step(model, optimizer.inner, plan.expected_batch_size,
+                               secure_generator(hp.secure_mode, step.randomness), hp.secure_mode, step.canary_hook)
+        model.train()
+
+        def one_step(batch: np.ndarray, max_grad_norm: float, noise_multiplier: float) -> int:
+            index = torch.from_numpy(batch)
+            unclipped = dp_step(x[index].float(), y[index], max_grad_norm, noise_multiplier,
+                                None if known is None else (known[0], known[1][index]))
+            optimizer.average.update(model)
+            return unclipped
+
+        return one_step
+
+    def plain_step(self, model: nn.Module, optimizer: AveragingOptimizer, inputs: np.ndarray, labels: np.ndarray):
+        x, y = as_tensor(inputs), torch.from_numpy(labels)
+        plain_step = make_plain_step(model, optimizer.inner)
+        model.train()
+
+        def one_step(batch: np.ndarray) -> None:
+            index = torch.from_numpy(batch)
+            plain_step(x[index].float(), y[index])
+            optimizer.average.update(model)
+
+        return one_step
+
+    def end_training(self, model: nn.Module, optimizer: AveragingOptimizer, hp: Hyperparameters) -> None:
+        optimizer.average.copy_to(model)
+
+    def library_epsilon(self, plan: SamplingPlan, steps: int, sigma: float, delta: float) -> dict:
+        from opacus.accountants import PRVAccountant
+
+        accountant = PRVAccountant()
+        accountant.history = [(sigma, plan.sample_rate, steps)]  # as its optimizer hook records constant steps
+        # Its RDP domain bound warns ("Optimal order is the largest alpha") of a comparison figure only.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return {"Opacus PRV (this run only)": accountant.get_epsilon(delta)}
 
     # Model I/O is section 3's (weights that are not a state dict: see skeleton.load_weights).
     load_model = staticmethod(model_from_bytes)
     dump_model = staticmethod(model_to_bytes)
-
-    def fit(self, model: nn.Module, images: np.ndarray, labels: np.ndarray, hp: Hyperparameters, plan: SamplingPlan,
-            step: interface.DpStep, batches: Iterable[np.ndarray]) -> interface.Ran:
-        inputs, targets = as_tensor(images), torch.from_numpy(labels)  # each batch is widened to float32 alone
-        optimizer = new_optimizer(model, hp)
-        average = MovingAverage(model, hp.ema_decay)
-        if hp.dp:
-            known = data_grams(model, images)  # the first layer's patch Grams, if it has them
-            dp_step, accountant = make_dp_step(model, optimizer, plan.expected_batch_size,
-                                               secure_generator(hp.secure_mode, step.randomness), hp.secure_mode,
-                                               plan.sample_rate, step.canary_hook)
-        else:
-            plain_step = make_plain_step(model, optimizer)
-        model.train()
-        batch_sizes = []
-        for batch in batches:
-            index = torch.from_numpy(batch)
-            if hp.dp:  # the schedule's σ and the clipping norm of this step
-                unclipped = dp_step(inputs[index].float(), targets[index], step.clip.value,
-                                    step.noise.gradient_sigma(len(batch_sizes)),
-                                    None if known is None else (known[0], known[1][index]))
-                step.clip.update(unclipped, len(batch))  # adaptive clipping's count (a no-op otherwise)
-            else:
-                plain_step(inputs[index].float(), targets[index])
-            average.update(model)
-            batch_sizes.append(len(batch))
-        average.copy_to(model)
-        library = {}
-        if hp.dp and step.library_can_account:
-            # Its RDP domain bound warns ("Optimal order is the largest alpha") of a comparison figure only.
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                library["Opacus PRV (this run only)"] = accountant.get_epsilon(hp.delta)
-        return interface.Ran(batch_sizes, library)
-
-    def notices(self, hp: Hyperparameters) -> list:
-        if hp.dp and hp.secure_mode and not has_torchcsprng():
-            return ["secure_mode without torchcsprng: float-attack-resistant noise from a generator seeded with 256 "
-                    "fresh bits, but PyTorch's is not a CSPRNG"]
-        return []
 
     def weight_arrays(self, model: nn.Module) -> list[np.ndarray]:
         # The common layout (initial_weights.py) is torch's own state dict.
@@ -425,10 +434,16 @@ class TorchOpacus:
         model.load_state_dict({name: torch.from_numpy(a) for name, a in zip(model.state_dict(), arrays)})
         return model
 
-    def batch_logits(self, model: nn.Module, images: np.ndarray) -> np.ndarray:
+    def batch_logits(self, model: nn.Module, inputs: np.ndarray) -> np.ndarray:
         model.eval()
         with torch.no_grad():
-            return model(as_input(images)).numpy()
+            return model(as_input(inputs)).numpy()
+
+    def notices(self, hp: Hyperparameters) -> list:
+        if hp.dp and hp.secure_mode and not has_torchcsprng():
+            return ["secure_mode without torchcsprng: float-attack-resistant noise from a generator seeded with 256 "
+                    "fresh bits, but PyTorch's is not a CSPRNG"]
+        return []
 
 
 FRAMEWORK = TorchOpacus()

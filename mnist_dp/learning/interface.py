@@ -5,14 +5,14 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import numpy as np
 
 from mnist_dp.hyperparameters import Hyperparameters
 from mnist_dp.learning import features as feature_maps
+from mnist_dp.learning import initial_weights
 from mnist_dp.privacy import planning
 from mnist_dp.privacy.events import NoiseSchedule
 from mnist_dp.privacy.model_file import ModelFile
@@ -61,15 +61,13 @@ class Network:
 
 @dataclass
 class Ran:
-    """What a training run really ran. The framework's `fit` reports what only it knows (it must report, not
-    assume): the batch sizes, its library's ε, and σ where it differs; skeleton.fit completes the rest, and the
-    ledger's event is made from it (planning.run_event)."""
+    """What a training run really ran: the batch size of every step taken and the library's ε (skeleton.train_steps),
+    σ, the clipping unit and the noise's source (skeleton.fit); the ledger's event is made from it
+    (planning.run_event)."""
 
     batch_sizes: list  # examples in each step really taken: one entry per step
     library_epsilon: dict = field(default_factory=dict)  # the DP library's own ε for this run, for comparison
-    # The effective σ per example. A framework sets it only when it is not the σ it was given (a library clipping
-    # microbatches of m > 1 examples: σ/2); skeleton.fit fills it in (0 without DP).
-    noise_multiplier: float | None = None
+    noise_multiplier: float | None = None  # the effective σ per example (0 without DP): skeleton.fit's
     clipping: str | None = None  # the clipping unit (events.PER_EXAMPLE, or NO_CLIPPING without DP): skeleton.fit's
     replayable_noise: bool = False  # batches and noise from noise_seed (randomness.py): skeleton.fit's
 
@@ -83,37 +81,103 @@ class Ran:
 EpochCallback = Callable[[int], str]
 
 
-class Framework(Protocol):
+class Framework:
+    """What an algo asset fills in: a subclass with the same hooks, of the same signatures, in every framework
+    (HOOKS; `new_model` is shared, from them). The skeleton
+    (skeleton.py) calls them and owns everything else: the batches, σ and the clipping norm of each step, the
+    loop over the steps, when the weight average takes the model's place, whether a library's ε is asked, and
+    the ledger. `model` is the framework's network object; `optimizer` what its `optimizer` hook returned.
+
+    A fourth framework is one asset whose algo.py fills these hooks, for example::
+
+        class JaxPrivacy(interface.Framework):
+            name = "jax"
+
+            def network(self, network): return build(network)
+            def optimizer(self, model, hp): return optax_with_average(hp)
+            def dp_step(self, model, optimizer, inputs, labels, hp, plan, step):
+                return lambda batch, clip, sigma: clip_noise_and_apply(model, optimizer, inputs[batch], ...)
+            def plain_step(self, model, optimizer, inputs, labels): ...
+            def end_training(self, model, optimizer, hp): ...
+            def library_epsilon(self, plan, steps, sigma, delta): return {}
+            def load_model(self, weights, network): ...
+            def dump_model(self, model): ...
+            def weight_arrays(self, model): ...
+            def set_weight_arrays(self, model, arrays): ...
+            def batch_logits(self, model, inputs): ...
+    """
+
     name: str
 
-    def new_model(self, seed: int, network: Network):
-        """`network` with the initial weights initial_weights.draw(network, seed): the same in every framework."""
+    # 1. The network.
+    def network(self, network: Network):
+        """`network` untrained, as the framework builds it (`new_model` sets its initial weights)."""
+        raise NotImplementedError
 
-    def load_model(self, weights: bytes, network: Network): ...
+    # 2. Training: the skeleton's train_steps calls these, in this order.
+    def optimizer(self, model, hp: Hyperparameters):
+        """hp's optimizer (SGD with momentum, or Adam, at hp.learning_rate) over `model`'s weights, keeping after
+        every step hp.ema_decay's moving average of them (none at 0)."""
+        raise NotImplementedError
 
-    def dump_model(self, model) -> bytes: ...
+    def dp_step(self, model, optimizer, inputs: np.ndarray, labels: np.ndarray, hp: Hyperparameters,
+                plan: SamplingPlan, step: DpStep) -> Callable[[np.ndarray, float, float], int]:
+        """The DP-SGD step on `inputs` [n, ...] and `labels` [n]: a function of (batch: the indices of one Poisson
+        batch, maybe none; C: the clipping norm; σ: the noise multiplier) that clips each example's gradient to
+        C, sums them, adds N(0, σ²C²) from step.randomness's "gradient noise" stream (step.canaries' between the
+        two, when set), divides by plan.expected_batch_size, applies `optimizer`, and returns how many examples
+        had a gradient norm ≤ C. hp: for secure_mode."""
+        raise NotImplementedError
 
-    def fit(self, model, images: np.ndarray, labels: np.ndarray, hp: Hyperparameters,
-            plan: SamplingPlan, step: DpStep, batches: Iterable) -> Ran:
-        """Train `model` in place, one step per index batch of `batches` (exactly plan.steps of them), with
-        DP-SGD if hp.dp as `step` says (see DpStep). Called through the skeleton's `fit` (below), which draws
-        the batches and adds q and the clipping unit."""
+    def plain_step(self, model, optimizer, inputs: np.ndarray,
+                   labels: np.ndarray) -> Callable[[np.ndarray], None]:
+        """The non-private step: a function of one batch's indices that applies the batch's mean-loss gradient."""
+        raise NotImplementedError
 
-    def batch_logits(self, model, images: np.ndarray) -> np.ndarray:
-        """Class scores [B, 10] (before softmax) of one batch of inputs (images [B, 28, 28], or features
-        [B, 3969] for a network on scattering features); `predict_in_batches`
-        calls it with `predict_batch_size` images (a framework's own attribute, else PREDICT_BATCH_SIZE)."""
+    def end_training(self, model, optimizer, hp: Hyperparameters) -> None:
+        """After the last step: the weight average (hp.ema_decay) takes the weights' place in `model`."""
+        raise NotImplementedError
+
+    def library_epsilon(self, plan: SamplingPlan, steps: int, sigma: float, delta: float) -> dict:
+        """{name: ε at `delta`} of the DP library's own accountant for `steps` steps of `plan` at a constant
+        `sigma`, shown beside ours for comparison (the skeleton asks only where a library can account the run)."""
+        raise NotImplementedError
+
+    # 3. Weights in and out.
+    def load_model(self, weights: bytes, network: Network):
+        """The model of `network` with the weights `dump_model` wrote."""
+        raise NotImplementedError
+
+    def dump_model(self, model) -> bytes:
+        """The model's weights as bytes (the model file's weights)."""
+        raise NotImplementedError
 
     def weight_arrays(self, model) -> list:
         """Every weight of the model as numpy arrays in the common layout of initial_weights.py (the same order and
-        shapes in every framework): federated averaging, the white-box audit's canaries, tests."""
+        shapes in every framework): initial weights, federated averaging, the audit's canaries, tests."""
+        raise NotImplementedError
 
     def set_weight_arrays(self, model, arrays: list):
         """The model with its weights replaced by `arrays` (the order of `weight_arrays`); returns it."""
+        raise NotImplementedError
+
+    def batch_logits(self, model, inputs: np.ndarray) -> np.ndarray:
+        """Class scores [B, 10] (before softmax) of one batch of the network's inputs (images [B, 28, 28], or
+        features [B, 3969]); `predict_in_batches` calls it with `predict_batch_size` of them (a framework's own
+        attribute, else PREDICT_BATCH_SIZE)."""
+        raise NotImplementedError
 
     def notices(self, hp: Hyperparameters) -> list:
-        """What a run of `hp` warns the user about (lines), said once per task before any step, never from `fit`
-        (optional: none)."""
+        """What a run of `hp` warns the user about (lines), said once per task before any step (default: none)."""
+        return []
+
+    def new_model(self, seed: int, network: Network):
+        """`network` with the initial weights initial_weights.draw(network, seed): the same in every framework."""
+        return self.set_weight_arrays(self.network(network), initial_weights.draw(network, seed))
+
+
+HOOKS = ("network", "optimizer", "dp_step", "plain_step", "end_training", "library_epsilon", "load_model",
+         "dump_model", "weight_arrays", "set_weight_arrays", "batch_logits", "notices")
 
 
 def check_shapes(arrays: list, shapes: list) -> None:

@@ -88,14 +88,41 @@ def fit(framework: Framework, model, images: np.ndarray, labels: np.ndarray, hp:
     batches = sampled_batches(plan, hp, randomness, on_epoch, framework.name, progress)
     if through is not None:
         batches = through(batches, plan)
-    ran = framework.fit(model, inputs, labels, hp, plan, step, batches)
+    ran = train_steps(framework, model, inputs, labels, hp, plan, step, batches)
     if len(ran.batch_sizes) != plan.steps:  # the ledger records what ran; the frameworks must all run the plan
         raise RuntimeError(f"{framework.name} ran {len(ran.batch_sizes)} steps where the plan has {plan.steps}")
     return dataclasses.replace(
         ran, batch_sizes=list(ran.batch_sizes), replayable_noise=randomness.replayable,
         library_epsilon=comparable_library_epsilon(framework.name, ran.library_epsilon),
-        noise_multiplier=(sigma if ran.noise_multiplier is None else ran.noise_multiplier) if hp.dp else 0.0,
+        noise_multiplier=sigma if hp.dp else 0.0,
         clipping=PER_EXAMPLE if hp.dp else NO_CLIPPING)
+
+
+def train_steps(framework: Framework, model, inputs: np.ndarray, labels: np.ndarray, hp: Hyperparameters,
+                plan: SamplingPlan, step: DpStep, batches) -> Ran:
+    """Train `model` in place, one step of the framework's hooks per index batch of `batches`: with DP, each at
+    the step's clipping norm and σ (step.noise's schedule), its count of unclipped examples fed back to adaptive
+    clipping; then the weight average takes the weights' place, and the library's own ε is asked where it can
+    account the run. inputs, labels: the network's inputs [n, ...] and the labels [n]. Returns the batch sizes
+    and the library's ε (what skeleton.fit completes)."""
+    optimizer = framework.optimizer(model, hp)
+    if hp.dp:
+        dp_step = framework.dp_step(model, optimizer, inputs, labels, hp, plan, step)
+    else:
+        plain_step = framework.plain_step(model, optimizer, inputs, labels)
+    batch_sizes = []
+    for batch in batches:
+        if hp.dp:
+            unclipped = dp_step(batch, step.clip.value, step.noise.gradient_sigma(len(batch_sizes)))
+            step.clip.update(unclipped, len(batch))  # adaptive clipping's count (a no-op otherwise)
+        else:
+            plain_step(batch)
+        batch_sizes.append(len(batch))
+    framework.end_training(model, optimizer, hp)
+    library = {}
+    if hp.dp and step.library_can_account:
+        library = framework.library_epsilon(plan, len(batch_sizes), step.noise.sigma, hp.delta)
+    return Ran(batch_sizes, library)
 
 
 def comparable_library_epsilon(framework_name: str, library_epsilon: dict) -> dict:

@@ -186,8 +186,9 @@ def test_every_framework_trains_binomial_poisson_batches_exactly_the_planned_ste
 
 
 def stepwise(case, images, labels, sigma, clip_class=interface.ClipNorm, **changes):
-    """The framework's own `fit` on the skeleton's batches, the weights read before each batch is handed out:
-    (the update of every step (learning rate 1: the weight change), the weight arrays' shapes, the clip, what ran)."""
+    """The framework's steps (skeleton.train_steps) on the skeleton's batches, the weights read before each batch
+    is handed out: (the update of every step (learning rate 1: the weight change), the weight arrays' shapes, the
+    clip, what ran)."""
     hp = make_hp(**{"batch_size": len(labels), **dataclasses.asdict(case.network), **changes})
     plan = planning.SamplingPlan.from_hyperparameters(len(labels), hp, "test")
     model = case.algo.new_model(0, case.network)
@@ -202,7 +203,7 @@ def stepwise(case, images, labels, sigma, clip_class=interface.ClipNorm, **chang
             yield batch
         weights.append(interface.flat_weights(case.algo, model))
 
-    ran = case.algo.fit(model, case.network.inputs(images), labels, hp, plan, step, batches())
+    ran = skeleton.train_steps(case.algo, model, case.network.inputs(images), labels, hp, plan, step, batches())
     assert len(ran.batch_sizes) == plan.steps
     shapes = [a.shape for a in case.algo.weight_arrays(model)]
     return [before - after for before, after in zip(weights, weights[1:])], shapes, clip, ran

@@ -2,15 +2,15 @@
 of correct validation predictions (the noise measured), and releases the best one only."""
 import numpy as np
 import pytest
-from conftest import dict_hp
+from conftest import StepsThatLearnNothing, dict_hp
 
 from mnist_dp import search_space
-from mnist_dp.learning import interface, search
+from mnist_dp.learning import search
 from mnist_dp.privacy.randomness import RunRandomness
 from mnist_dp.privacy.search import draw_count, plan_search
 
 
-class Remembering:
+class Remembering(StepsThatLearnNothing):
     """An interface.Framework that learns nothing: a model is the learning rate it was trained with, and it classifies
     right the first `correct[learning_rate]` validation examples."""
 
@@ -22,10 +22,9 @@ class Remembering:
     def new_model(self, seed, network):
         return {}
 
-    def fit(self, model, inputs, labels, hp, plan, step, batches):
+    def optimizer(self, model, hp):
         model["learning_rate"] = hp.learning_rate
         self.trained.append(hp.learning_rate)
-        return interface.Ran(batch_sizes=[len(batch) for batch in batches])
 
     def batch_logits(self, model, inputs):
         right = np.arange(len(inputs)) < self.correct[model["learning_rate"]]

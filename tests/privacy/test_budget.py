@@ -1,5 +1,5 @@
-"""mnist_dp/privacy/planning.py and budget.py: what a training run may spend (sampling plan, σ, schedule, the
-up-front checks and their words, the budget)."""
+"""mnist_dp/privacy/budget.py: what a run may spend against what its data and its input model have spent: the
+budget cut, the up-front checks of a plan, and their words."""
 
 import dataclasses
 
@@ -9,29 +9,6 @@ from conftest import BASE_HP, dict_hp
 from mnist_dp import hyperparameters
 from mnist_dp.privacy import accountant, budget, events, planning
 from mnist_dp.utils.errors import UserError
-
-
-def test_sampling_plan_follows_opacus_convention():
-    plan = planning.SamplingPlan.from_hyperparameters(1001, hyperparameters.parse(BASE_HP, "x"), "x")
-    assert plan.steps_per_epoch == 21 and plan.sample_rate == pytest.approx(1 / 21) and plan.steps == 42
-
-
-def test_noise_for_rounds_keeps_every_organisation_within_the_target_after_the_last_round():
-    hp = hyperparameters.parse(BASE_HP, "x")
-    sizes, rounds = [1000, 600], 3
-    fixed = planning.noise_for_rounds(hp, sizes, rounds)
-    assert fixed.target_epsilon is None and fixed.noise_multiplier > 0
-    epsilons = []
-    for n in sizes:
-        plan = planning.SamplingPlan.from_hyperparameters(n, hp, "x")
-        event = events.DpEvent("torch", ("d",), n, plan.sample_rate, fixed.noise_multiplier, plan.steps,
-                                events.PER_EXAMPLE, 1.0)
-        epsilons.append(accountant.compose_epsilon([event] * rounds, hp.delta))
-    assert max(epsilons) <= hp.target_epsilon and max(epsilons) == pytest.approx(hp.target_epsilon, abs=0.02)
-    # one round, a fixed σ or no DP: nothing to do (each task calibrates its own run)
-    assert planning.noise_for_rounds(hp, sizes, 1) is hp
-    baseline = hyperparameters.parse({**BASE_HP, "dp": False}, "x")
-    assert planning.noise_for_rounds(baseline, sizes, 3) is baseline
 
 
 @pytest.mark.slow  # over 15 s of PLD accounting: CI runs it, the fast loop does not
@@ -45,15 +22,6 @@ def test_budget_cuts_the_plan_stops_when_spent_or_refuses():
     with pytest.raises(UserError, match="below the ε of a single step"):
         budget.apply_budget("torch", ("d",), hp, plan, 0.4, [])
     assert budget.apply_budget("torch", ("d",), hyperparameters.parse(BASE_HP, "x"), plan, 1.0, []) is plan
-
-
-def test_the_noise_schedule_and_the_count_follow_the_hyperparameters():
-    hp = hyperparameters.parse({**BASE_HP, "noise_decay": 0.5, "clip_quantile": 0.5}, "x")
-    plan = planning.SamplingPlan.from_hyperparameters(1001, hp, "x")  # 21 steps per epoch, 42 planned
-    noise = planning.noise_schedule(hp, plan, 2.0)
-    assert noise.decay_steps == 11 and noise.count_noise_multiplier == pytest.approx(2 * plan.expected_batch_size / 20)
-    assert [noise.gradient_sigma(t) for t in (0, 10, 11, 41)] == [2.0, 2.0, 1.0, 0.25]
-    assert planning.noise_schedule(dict_hp(dp=False), plan, 2.0).sigma == 0
 
 
 @pytest.mark.parametrize("changes, message", [
@@ -78,36 +46,6 @@ def test_noise_the_accountant_cannot_bound_is_refused_before_it_runs(changes, me
     with pytest.raises(UserError, match=r"^hp\.json: .*" + re.escape(message)):
         budget.check_plan("torch", dict_hp(**changes), [200], 1, ["hp.json"])
     assert time.perf_counter() - start < 10
-
-
-def test_a_task_is_told_why_no_sigma_meets_its_target_in_the_settings_words():
-    # The same checks run inside the task's calibration, with the runs its data already had.
-    hp = dict_hp(epochs=1, target_epsilon=1.0, clip_quantile=0.5, clip_count_stddev=2.0)  # 4 steps, the count's 4.0
-    plan = planning.SamplingPlan.from_hyperparameters(200, hp, "x")
-    assert planning.resolve_noise_multiplier(hp, plan, []) > 0  # one round fits; ten rounds of it do not
-    with pytest.raises(UserError, match=r"^hyperparameters: target_epsilon = 1.0: adaptive clipping's noisy count "
-                                        r"alone spends ε = 1.6\d\d at δ = 1e-05 over 40 steps, .* raise "
-                                        "clip_count_stddev"):
-        planning.noise_for_rounds(hp, [200], 10)
-    spent = planning.run_event("torch", ("d",), hp, plan, 1.0, 4)
-    with pytest.raises(UserError, match=r"^target_epsilon = 0.5 is already spent by the input model \(epsilon = "):
-        planning.resolve_noise_multiplier(dataclasses.replace(hp, target_epsilon=0.5), plan, [spent])
-    with pytest.raises(UserError, match="^cannot calibrate to a target epsilon: the input model was trained without"):
-        planning.resolve_noise_multiplier(hp, plan, [dataclasses.replace(spent, noise_multiplier=0.0)])
-
-
-@pytest.mark.parametrize("delta", [1 / 4000, 0.01, 0, -1e-5])
-def test_delta_must_be_below_one_over_n(delta):
-    with pytest.raises(UserError, match="^hp.json: delta = .* choose a smaller delta"):
-        planning.check_delta(delta, 4000, "hp.json: delta")
-    planning.check_delta(1e-5, 4000)
-
-
-def test_the_least_noise_allowed_passes():
-    least = dict_hp(noise_multiplier=events.MIN_NOISE_MULTIPLIER, target_epsilon=None)
-    planning.check_run("torch", least, 200, "x")
-    planning.check_run("torch", dict_hp(noise_multiplier=1.0, target_epsilon=None, clip_quantile=0.5,
-                                        clip_count_stddev=0.2), 200, "x")  # count 0.4, the gradient's 1: 0.37
 
 
 def test_a_budget_below_one_step_is_refused_before_registering_naming_the_organisation():
@@ -142,13 +80,6 @@ def test_the_budget_check_calibrates_sigma_as_the_tasks_will_get_it():
         dataclasses.replace(three, max_epsilon=between)
     with pytest.raises(UserError, match="^x: max_epsilon = .* is below the ε of a single step"):
         budget.check_plan("torch", dataclasses.replace(hp, max_epsilon=between), [200], 1, ["x"])
-
-
-def test_secure_mode_is_refused_in_tf_only_where_it_would_draw_noise():
-    with pytest.raises(UserError, match="secure_mode: TF Privacy offers no secure noise generator"):
-        planning.check_run("tf", dict_hp(secure_mode=True), 1000, "x")
-    for framework in ("tf", "torch", "mindspore"):  # the baseline draws no noise: the key has no effect anywhere
-        planning.check_run(framework, dict_hp(secure_mode=True, dp=False), 1000, "x")
 
 
 def test_a_budget_the_datas_own_ledger_has_spent_is_refused_up_front_whatever_samples_it_was_spent_on():

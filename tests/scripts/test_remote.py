@@ -15,14 +15,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import requests
-from conftest import REPO, TINY_HYPERPARAMETERS, tiny_hyperparameters
+from conftest import REPO, TINY_HYPERPARAMETERS, StepsThatLearnNothing, tiny_hyperparameters
 from substra_node_stub import SubstraNodeStub
 
 from mnist_dp import search_space
 from mnist_dp.assets import ALGO_ASSETS, DATASET_ASSET, OBJECTIVE_ASSET, load_asset_module
 from mnist_dp.data.dataset import sample_folders
 from mnist_dp.data.samples import sample_identity
-from mnist_dp.learning import interface, search, skeleton
+from mnist_dp.learning import search, skeleton
 from mnist_dp.orchestration.contract import CONTRACT
 from mnist_dp.orchestration.execution import LOG_TAIL_LINES, POLLING_VARIABLE
 from mnist_dp.privacy import data_ledger, model_file
@@ -111,7 +111,7 @@ def contract(function: str) -> tuple:
 # -- the node's train tasks ---------------------------------------------------------------------------
 
 
-class NoLearning:
+class NoLearning(StepsThatLearnNothing):
     """A interface.Framework that learns nothing and needs no ML library."""
 
     name = FRAMEWORK
@@ -124,9 +124,6 @@ class NoLearning:
 
     def dump_model(self, model):
         return model
-
-    def fit(self, model, images, labels, hp, sampling, step, batches):
-        return interface.Ran(batch_sizes=[len(batch) for batch in batches])
 
     def batch_logits(self, model, inputs):
         return np.zeros((len(inputs), 10))
