@@ -54,14 +54,14 @@ def register(clients: list, keys: registry.KeysFile, data_dir: Path) -> Organiza
 
 
 def pinned_packages(framework: str) -> list:
-    """The pip requirements of the framework's train function, as its Dockerfile.train pins them (one list for
+    """The pip requirements of the framework's functions, as its asset's Dockerfile pins them (one list for
     both kinds of images): `name==version` and any `--extra-index-url URL` (torch's CPU builds)."""
-    text = (ALGO_ASSETS[framework] / "Dockerfile.train").read_text()
+    text = (ALGO_ASSETS[framework] / "Dockerfile").read_text()
     return (re.findall(r"--extra-index-url \S+", text)
             + re.findall(r"(?<![\w.-])([A-Za-z0-9_.-]+==[A-Za-z0-9_.+-]+)", text))
 
 
-# Debian packages a framework needs besides pip's (as in its Dockerfile.train).
+# Debian packages a framework needs besides pip's (as in its asset's Dockerfile).
 SYSTEM_PACKAGES = {"mindspore": ["libgomp1", "libgl1", "libglib2.0-0"]}
 
 

@@ -1,4 +1,5 @@
-"""Self-contained function archives: an asset's files, its function's Dockerfile and the shared modules.
+"""Self-contained function archives: an asset's files, its Dockerfile made to run the function, and the shared
+modules.
 
 A remote Substra node builds each function archive with Docker, so the archive must hold every
 module of this repository that the asset imports. They are found by reading the asset's imports
@@ -13,6 +14,7 @@ import re
 import tarfile
 from pathlib import Path
 
+from mnist_dp.orchestration.contract import CONTRACT
 from mnist_dp.privacy import provenance
 from mnist_dp.utils.errors import UserError
 
@@ -22,11 +24,12 @@ PACKAGE_DIR = Path(__file__).resolve().parents[1]  # mnist_dp/
 _SCRIPT_REGEX = r"(?<=\")([^\"]*\.py)(?=\")"
 _FUNCTION_REGEX = r"\"\-\-function-name\"\,\s*\"([^\"]*)\""
 _SKIPPED = {"description.md", "__pycache__"}
+DOCKERFILE = "Dockerfile"
 
 
-def dockerfile_path(asset_dir: Path, function: str) -> Path:
-    """Each function of an asset has its own Dockerfile: ``Dockerfile.<function>``."""
-    return Path(asset_dir) / f"Dockerfile.{function}"
+def dockerfile_path(asset_dir: Path) -> Path:
+    """An asset's one Dockerfile: every function of the asset runs in its image, the ENTRYPOINT naming which."""
+    return Path(asset_dir) / DOCKERFILE
 
 
 def parse_entrypoint(dockerfile: Path) -> tuple:
@@ -39,6 +42,19 @@ def parse_entrypoint(dockerfile: Path) -> tuple:
     if len(scripts) != 1 or len(functions) != 1:
         raise UserError(f'{dockerfile}: ENTRYPOINT must look like ["python3", "algo.py", "--function-name", "train"]')
     return scripts[0], functions[0]
+
+
+def function_dockerfile(asset_dir: Path, function: str) -> bytes:
+    """The Dockerfile of one function's archive: the asset's Dockerfile with its ENTRYPOINT running `function`
+    (a function of the contract), so that an asset's functions cannot be built from images that drifted apart."""
+    dockerfile = dockerfile_path(asset_dir)
+    if not dockerfile.is_file():
+        raise UserError(f"{dockerfile}: missing; every asset needs its Dockerfile")
+    if function not in CONTRACT:
+        raise UserError(f"{asset_dir}: no function {function!r} in the contract ({', '.join(CONTRACT)})")
+    parse_entrypoint(dockerfile)
+    text = dockerfile.read_text()
+    return re.sub(_FUNCTION_REGEX, f'"--function-name", "{function}"', text).encode()
 
 
 def _module_file(dotted: str) -> Path | None:
@@ -97,16 +113,12 @@ def build(asset_dir: Path, function: str, dest: Path, replace: dict | None = Non
     does not have to its bytes (a search file).
     """
     asset_dir = Path(asset_dir)
-    dockerfile = dockerfile_path(asset_dir, function)
-    if not dockerfile.is_file():
-        raise UserError(f"{dockerfile}: missing; every function needs its own Dockerfile")
-    script, entry_function = parse_entrypoint(dockerfile)
-    if entry_function != function:
-        raise UserError(f"{dockerfile}: ENTRYPOINT runs function {entry_function!r}, expected {function!r}")
+    dockerfile = function_dockerfile(asset_dir, function)
+    script, _ = parse_entrypoint(dockerfile_path(asset_dir))
     files = {p.name: p for p in sorted(asset_dir.iterdir())
-             if p.is_file() and p.name not in _SKIPPED and not p.name.startswith("Dockerfile")}
+             if p.is_file() and p.name not in _SKIPPED and not p.name.startswith(DOCKERFILE)}
     if script not in files:
-        raise UserError(f"{dockerfile}: ENTRYPOINT script {script!r} is not in {asset_dir}")
+        raise UserError(f"{dockerfile_path(asset_dir)}: ENTRYPOINT script {script!r} is not in {asset_dir}")
     replace = dict(replace or {})
     unknown = set(replace) - set(files)
     if unknown:
@@ -117,7 +129,7 @@ def build(asset_dir: Path, function: str, dest: Path, replace: dict | None = Non
     if clash:
         raise UserError(f"{asset_dir}: cannot add {sorted(clash)}: the asset has such a file")
     contents.update(add or {})
-    contents["Dockerfile"] = dockerfile.read_bytes()
+    contents[DOCKERFILE] = dockerfile
     python_files = [files[name] for name in files if name.endswith(".py")]
     for name in ["__init__.py"] + shared_modules(python_files):
         contents[f"{PACKAGE}/{name}"] = (PACKAGE_DIR / name).read_bytes()

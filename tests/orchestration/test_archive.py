@@ -31,14 +31,25 @@ def test_archive_is_self_contained_and_substra_reads_its_entrypoint(tmp_path, as
     packages = {n.rsplit("/", 1)[0] for n in names if n.startswith("mnist_dp/")}
     assert {f"{package}/__init__.py" for package in packages} <= names
     assert not any(n.startswith("Dockerfile.") or n == "description.md" for n in names)
+    assert (tmp_path / "x" / "Dockerfile").read_bytes() == archive.function_dockerfile(asset, function)
 
 
-def test_every_dockerfile_has_one_exec_form_entrypoint():
-    for asset, function in FUNCTIONS:
-        dockerfile = archive.dockerfile_path(asset, function)
+def test_every_asset_has_one_dockerfile_with_one_exec_form_entrypoint():
+    for asset in {asset for asset, _ in FUNCTIONS}:
+        dockerfile = archive.dockerfile_path(asset)
         text = dockerfile.read_text()
         assert text.count("ENTRYPOINT") == 1, dockerfile
-        assert text.splitlines()[1].startswith("FROM python:3.11"), dockerfile
+        assert [line for line in text.splitlines() if line.startswith("FROM")] == [
+            "FROM python:3.11.7-slim-bookworm"], dockerfile
+        assert not list(asset.glob("Dockerfile.*")), asset
+
+
+def test_each_functions_dockerfile_is_the_assets_but_for_the_function_it_runs():
+    for asset, function in FUNCTIONS:
+        made = archive.function_dockerfile(asset, function).decode()
+        own = archive.dockerfile_path(asset).read_text()
+        assert made.count(f'"--function-name", "{function}"') == 1
+        assert made.splitlines()[:-1] == own.splitlines()[:-1] and made.splitlines()[-1].startswith("ENTRYPOINT")
 
 
 def test_hyperparameters_can_be_replaced(tmp_path):
@@ -58,14 +69,17 @@ def test_hyperparameters_can_be_replaced(tmp_path):
 
 def test_bad_entrypoint_is_refused(tmp_path):
     (tmp_path / "algo.py").write_text("")
-    (tmp_path / "Dockerfile.train").write_text('ENTRYPOINT python3 algo.py --function-name train\n')
+    with pytest.raises(UserError, match="missing"):
+        archive.build(tmp_path, "train", Path(tmp_path) / "a.tar.gz")
+    (tmp_path / "Dockerfile").write_text('ENTRYPOINT python3 algo.py --function-name train\n')
     with pytest.raises(UserError, match="ENTRYPOINT must look like"):
         archive.build(tmp_path, "train", tmp_path / "a.tar.gz")
-    (tmp_path / "Dockerfile.train").write_text('ENTRYPOINT ["python3", "algo.py", "--function-name", "predict"]\n')
-    with pytest.raises(UserError, match="expected 'train'"):
+    (tmp_path / "Dockerfile").write_text('ENTRYPOINT ["python3", "other.py", "--function-name", "train"]\n')
+    with pytest.raises(UserError, match="'other.py' is not in"):
         archive.build(tmp_path, "train", tmp_path / "a.tar.gz")
-    with pytest.raises(UserError, match="missing"):
-        archive.build(tmp_path, "score", Path(tmp_path) / "a.tar.gz")
+    (tmp_path / "Dockerfile").write_text('ENTRYPOINT ["python3", "algo.py", "--function-name", "train"]\n')
+    with pytest.raises(UserError, match="no function 'fit' in the contract"):
+        archive.build(tmp_path, "fit", tmp_path / "a.tar.gz")
 
 
 def test_unchanged_archives_are_byte_identical(tmp_path):  # so the keys file recognises them
@@ -118,7 +132,7 @@ def third_party_imports(files) -> set:
 
 @pytest.mark.parametrize("asset, function", FUNCTIONS, ids=lambda v: getattr(v, "name", v))
 def test_dockerfile_is_pinned_and_installs_exactly_what_the_function_imports(tmp_path, asset, function):
-    dockerfile = archive.dockerfile_path(asset, function)
+    dockerfile = archive.dockerfile_path(asset)
     base = re.search(r"^FROM (\S+)", dockerfile.read_text(), re.M).group(1)
     assert re.fullmatch(r"python:\d+\.\d+\.\d+-slim-\w+(@sha256:[0-9a-f]{64})?", base), f"{dockerfile}: {base}"
     installed = pip_installs(dockerfile)
@@ -139,8 +153,10 @@ def test_dockerfile_is_pinned_and_installs_exactly_what_the_function_imports(tmp
     assert not unused, f"{dockerfile}: installed but imported by nothing in the archive: {sorted(unused)}"
 
 
-@pytest.mark.parametrize("dockerfile", [archive.dockerfile_path(a, f) for a, f in FUNCTIONS] + [REPO / "Dockerfile"],
-                         ids=lambda p: f"{p.parent.name}/{p.name}")
+DOCKERFILES = sorted({archive.dockerfile_path(asset) for asset, _ in FUNCTIONS}) + [REPO / "Dockerfile"]
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_dockerfile_leaves_no_package_caches_or_lists(dockerfile):
     for run in re.findall(r"^RUN (.*)$", dockerfile.read_text().replace("\\\n", " "), re.M):
         if "pip install" in run:

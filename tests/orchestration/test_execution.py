@@ -60,8 +60,8 @@ def failing_plan(backend: str, asset, script: str, docker_lines: str, tiny_data)
     asset.mkdir()
     (asset / "description.md").write_text("A train function that fails on purpose.\n")
     (asset / "algo.py").write_text(script)
-    (asset / "Dockerfile.train").write_text(f"FROM python:3.11.7-slim-bookworm\n{docker_lines}\n"
-                                            'ENTRYPOINT ["python3", "algo.py", "--function-name", "train"]\n')
+    (asset / "Dockerfile").write_text(f"FROM python:3.11.7-slim-bookworm\n{docker_lines}\n"
+                                      'ENTRYPOINT ["python3", "algo.py", "--function-name", "train"]\n')
     client = connection.connect(backend, None, asset.parent)
     keys = registry.KeysFile()
     (share,), _, _ = registry.register_organizations([client], keys, tiny_data)

@@ -23,6 +23,7 @@ from mnist_dp.assets import ALGO_ASSETS, DATASET_ASSET, OBJECTIVE_ASSET, load_as
 from mnist_dp.data.dataset import sample_folders
 from mnist_dp.data.samples import sample_identity
 from mnist_dp.learning import search, skeleton
+from mnist_dp.orchestration import archive
 from mnist_dp.orchestration.contract import CONTRACT
 from mnist_dp.orchestration.execution import LOG_TAIL_LINES, POLLING_VARIABLE
 from mnist_dp.privacy import data_ledger, model_file
@@ -271,7 +272,7 @@ def test_add_dataset_objective_uploads_each_asset_and_keeps_the_keys_the_node_ga
     assert list(node.functions) == [keys["objective_key"]]
     objective = node.functions[keys["objective_key"]]
     files = tar_gz_members(objective.files["file"])
-    assert files["Dockerfile"] == (OBJECTIVE_ASSET / "Dockerfile.score").read_bytes()
+    assert files["Dockerfile"] == archive.function_dockerfile(OBJECTIVE_ASSET, "score")
     assert files["metrics.py"] == (OBJECTIVE_ASSET / "metrics.py").read_bytes()
     assert objective.files["description"] == (OBJECTIVE_ASSET / "description.md").read_bytes()
     assert objective.sent["name"] == "accuracy"
@@ -326,7 +327,7 @@ def test_a_plan_run_on_the_node_reports_accuracy_and_epsilon_from_the_models_it_
     for function in ("train", "predict"):
         registered_function = node.functions[algo[function]]
         files = tar_gz_members(registered_function.files["file"])
-        assert files["Dockerfile"] == (ALGO_ASSETS[FRAMEWORK] / f"Dockerfile.{function}").read_bytes()
+        assert files["Dockerfile"] == archive.function_dockerfile(ALGO_ASSETS[FRAMEWORK], function)
         assert files["algo.py"] == (ALGO_ASSETS[FRAMEWORK] / "algo.py").read_bytes()
         assert json.loads(files["hyperparameters.json"]) == tiny_hyperparameters(FRAMEWORK, **HYPERPARAMETERS)
         assert "mnist_dp/learning/skeleton.py" in files
@@ -409,7 +410,7 @@ def test_a_search_on_the_node_is_one_tune_task_on_every_fold_with_the_search_fil
     assert set(algo) == {"tune", "predict"}
     files = tar_gz_members(node.functions[algo["tune"]].files["file"])
     assert json.loads(files[search_space.FILE_NAME]) == search_space.parse(searched, "x").to_json()
-    assert files["Dockerfile"] == (ALGO_ASSETS[FRAMEWORK] / "Dockerfile.tune").read_bytes()
+    assert files["Dockerfile"] == archive.function_dockerfile(ALGO_ASSETS[FRAMEWORK], "tune")
     assert (node.functions[algo["tune"]].sent["inputs"], node.functions[algo["tune"]].sent["outputs"]) == \
         contract("tune")
     tasks = [t.record for t in node.plan_tasks(keys["compute_plans"][FRAMEWORK]["key"])]
@@ -433,7 +434,7 @@ def test_federated_averaging_on_the_node_averages_each_round_and_accounts_each_f
     org, folds, algo = keys["organization_id"], keys["train_data_sample_keys"], keys["algos"][FRAMEWORK]
     aggregate = node.functions[algo["aggregate"]]
     assert tar_gz_members(aggregate.files["file"])["Dockerfile"] == \
-        (ALGO_ASSETS[FRAMEWORK] / "Dockerfile.aggregate").read_bytes()
+        archive.function_dockerfile(ALGO_ASSETS[FRAMEWORK], "aggregate")
     assert (aggregate.sent["inputs"], aggregate.sent["outputs"]) == contract("aggregate")
 
     described = keys["compute_plans"][FRAMEWORK]["tasks"]

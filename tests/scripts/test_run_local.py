@@ -342,7 +342,7 @@ def test_function_images_hold_cpu_builds_only(docker_run):
 
 
 def test_federated_averaging_runs_in_every_frameworks_images(docker_daemon, tmp_path, tiny_data_2orgs):
-    """Each framework's aggregate function in its own image (Dockerfile.aggregate), between the organisations'
+    """Each framework's aggregate function in its own image, between the organisations'
     train tasks and the evaluation, as in the subprocess backend."""
     (tmp_path / "hp.json").write_text(json.dumps(TINY_HYPERPARAMETERS))
     proc = run_local("--backend", "docker", "--data", tiny_data_2orgs, "--output", tmp_path / "out",

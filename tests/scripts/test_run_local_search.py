@@ -207,7 +207,7 @@ def test_the_default_search_is_valid_for_the_bundles_hyperparameters(tmp_path, t
 
 
 def test_a_search_runs_in_the_functions_docker_images_as_in_subprocesses(docker_daemon, tmp_path, tiny_data):
-    """The tune function's image (Dockerfile.tune) runs the same search: with the same noise_seed, the same candidates
+    """The tune function's image runs the same search: with the same noise_seed, the same candidates
     and the same released model's hyperparameters and ε as Substra's subprocess mode."""
     replayed = {**HYPERPARAMETERS, "noise_seed": 4}
     released = []
