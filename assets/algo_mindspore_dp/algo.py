@@ -319,7 +319,6 @@ class MindSporeMindArmour(interface.Framework):
         return {"MindArmour RDPMonitor (this run only)": mindarmour_epsilon(plan.n, plan.sample_rate, sigma, steps,
                                                                             delta)}
 
-    # Model I/O is section 2's (weights that are not its parameters: see skeleton.load_weights).
     load_model = staticmethod(model_from_bytes)
     dump_model = staticmethod(model_to_bytes)
 

@@ -430,7 +430,6 @@ class TensorFlowPrivacy(interface.Framework):
         return {"TF Privacy statement, RDP, Poisson (this run only)": tf_privacy_statement_epsilon(
             plan.n, plan.expected_batch_size, steps / plan.steps_per_epoch, sigma, delta)}
 
-    # Model I/O is section 3's (weights that are not Keras weights: see skeleton.load_weights).
     load_model = staticmethod(model_from_bytes)
     dump_model = staticmethod(model_to_bytes)
 

@@ -417,12 +417,10 @@ class TorchOpacus(interface.Framework):
 
         accountant = PRVAccountant()
         accountant.history = [(sigma, plan.sample_rate, steps)]  # as its optimizer hook records constant steps
-        # Its RDP domain bound warns ("Optimal order is the largest alpha") of a comparison figure only.
-        with warnings.catch_warnings():
+        with warnings.catch_warnings():  # its RDP domain bound warns ("Optimal order is the largest alpha")
             warnings.simplefilter("ignore")
             return {"Opacus PRV (this run only)": accountant.get_epsilon(delta)}
 
-    # Model I/O is section 3's (weights that are not a state dict: see skeleton.load_weights).
     load_model = staticmethod(model_from_bytes)
     dump_model = staticmethod(model_to_bytes)
 

@@ -3,6 +3,7 @@ a union; a model's ledger absorbs the runs it lacks; a damaged record is refused
 import dataclasses
 import json
 import multiprocessing
+import signal
 import threading
 import time
 
@@ -100,10 +101,17 @@ def _append_slowly(folder, seconds):
 
 
 def test_two_tasks_on_the_same_data_at_once_lose_neither_spend_and_the_second_sees_the_first(tmp_path):
-    context = multiprocessing.get_context("fork")
-    with context.Pool(2) as pool:
+    # SIGTERM as the OS has it: a test before this one in the process may have run a script's run_cli, whose
+    # handler a forked worker would inherit. The pool is closed, not terminated: its workers end by themselves.
+    pool = multiprocessing.get_context("fork").Pool(2, signal.signal, (signal.SIGTERM, signal.SIG_DFL))
+    try:
         results = [pool.apply_async(_append_slowly, (tmp_path, 0.5)) for _ in range(2)]
         (seen_a, run_a), (seen_b, run_b) = sorted((r.get(timeout=60) for r in results), key=lambda r: len(r[0]))
+    except BaseException:
+        pool.terminate()
+        raise
+    pool.close()
+    pool.join()
     assert {e.run_id for e in data_ledger.read([tmp_path]).events} == {run_a, run_b}
     assert seen_a == [] and seen_b == [run_a]  # the lock held from the budget check to the record
 
