@@ -82,11 +82,11 @@ EpochCallback = Callable[[int], str]
 
 
 class Framework:
-    """What an algo asset fills in: a subclass with the same hooks, of the same signatures, in every framework
-    (HOOKS; `new_model` is shared, from them). The skeleton
-    (skeleton.py) calls them and owns everything else: the batches, σ and the clipping norm of each step, the
-    loop over the steps, when the weight average takes the model's place, whether a library's ε is asked, and
-    the ledger. `model` is the framework's network object; `optimizer` what its `optimizer` hook returned.
+    """What an algo asset fills in: a subclass with the same hooks (HOOKS), of the same signatures, in every
+    framework; `new_model` is made from them, once for all. The skeleton (skeleton.py) calls the hooks and owns
+    everything else: the batches, σ and the clipping norm of each step, the loop over the steps, when the weight
+    average takes the model's place, whether a library's ε is asked, and the ledger. `model` is the framework's
+    network object; `optimizer` what its `optimizer` hook returned.
 
     A fourth framework is one asset whose algo.py fills these hooks, for example::
 

@@ -1,9 +1,10 @@
 """The skeleton every algo asset shares: data -> model -> DP step -> ledger -> save.
 
-An asset supplies only a `Framework` (interface.py: model, weights (de)serialisation, one training run that reports
-what it ran, the logits of one batch); the rest lives here, once: the Poisson batches of the sampling plan,
-the DP step's noise and clipping, where the noise's randomness comes from (randomness.py), loading and checking
-models, and the task functions train, aggregate and predict. What a run may spend (q, steps, σ, the budget,
+An asset supplies only a `Framework` (interface.py: the hooks that build the network and its optimizer, take one
+DP or plain step, end the training, give the library's ε and move weights in and out); the rest lives here, once:
+the Poisson batches of the sampling plan and the loop over the steps (train_steps), each step's σ and clipping
+norm, where the noise's randomness comes from (randomness.py), loading and checking models, and the task
+functions train, aggregate and predict. What a run may spend (q, steps, σ, the budget,
 the DP event) is decided in privacy/ (planning.py, budget.py), which `train` asks once.
 """
 from __future__ import annotations
