@@ -30,7 +30,7 @@ TINY_HYPERPARAMETERS = {"epochs": 1, "batch_size": 64, "noise_multiplier": 1.0, 
 
 # The fast loop, `python -m pytest tests -m "not slow"` (under two minutes), runs everything that needs no training,
 # no Substra function and no Docker: these folders hold nothing else, and a test elsewhere that does is marked
-# itself, as are the few accounting tests that take over 15 s each.
+# itself, as are the few tests that take over 10 s each.
 SLOW_FOLDERS = ("assets", "federated", "scripts", "benchmarks")
 SLOW_MODULES = ("test_dockerfile.py",)
 

@@ -413,6 +413,7 @@ def test_add_key_gives_a_users_samples_one_key_and_never_replaces_one(tmp_path):
     assert proc.returncode == 2 and "not a data sample folder" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow  # writes the default data twice (over 10 s): CI runs it, the fast loop does not
 def test_key_from_puts_a_second_dataset_under_the_first_ones_key(tmp_path):
     assert generate_data("--output", tmp_path / "a", "--train-size", "100", "--test-size", "20").returncode == 0
     first = dataset.sample_folders(tmp_path / "a", "train")[0]

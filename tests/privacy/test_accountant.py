@@ -46,7 +46,7 @@ def test_a_target_that_even_the_most_noise_misses_says_what_the_ceiling_spends()
     assert raised.value.epsilon == pytest.approx(compose_epsilon([ceiling], 1e-5)) and raised.value.epsilon > 1e-4
 
 
-@pytest.mark.slow  # over 15 s of PLD accounting: CI runs it, the fast loop does not
+@pytest.mark.slow  # over 10 s of PLD accounting: CI runs it, the fast loop does not
 def test_no_calibrated_step_has_less_noise_than_the_floor():
     # The least noise allowed (MIN_NOISE_MULTIPLIER at the last steps) already meets a generous target: it is taken
     # (ε below the target), never less. With a decay of 1/2 over 4 stages the last steps get σ / 8.
@@ -120,7 +120,7 @@ def test_the_grid_search_takes_the_least_point_of_a_falling_function():
     assert search(spiked, 3.0, 0.1, 6.9995)[0] == 7.001
 
 
-@pytest.mark.slow  # over 15 s of PLD accounting: CI runs it, the fast loop does not
+@pytest.mark.slow  # over 10 s of PLD accounting: CI runs it, the fast loop does not
 def test_calibration_counts_the_input_models_steps():
     prior = [dp_event(4000, 250, 3, sigma=1.1)]
     sigma = calibrate_noise_multiplier(4.0, 1e-5, 1 / 16, 48, prior)
@@ -137,6 +137,7 @@ def test_calibration_refuses_a_spent_budget_and_a_non_private_input():
         calibrate_noise_multiplier(1.0, 1e-5, 1 / 16, 48, [dp_event(4000, 250, 3, sigma=0.0)])
 
 
+@pytest.mark.slow  # over 10 s of PLD accounting: CI runs it, the fast loop does not
 def test_steps_within_budget_is_the_last_step_that_fits():
     run = events.DpEvent("torch", ("a",), 1000, 0.05, 1.0, 400, events.PER_EXAMPLE, 1.0)
     budget = 2.0
@@ -160,6 +161,7 @@ def pld_of(segments, q, delta=1e-5):
     return accountant.get_epsilon(delta)
 
 
+@pytest.mark.slow  # over 10 s of PLD accounting: CI runs it, the fast loop does not
 def test_a_decaying_schedule_is_composed_block_by_block_as_it_ran():
     run = dataclasses.replace(dp_event(4000, 500, 5), noise_decay=0.5, decay_steps=10, steps=25)  # 40 planned
     expected = pld_of([(1.1, 10), (0.55, 10), (0.275, 5)], 1 / 8)

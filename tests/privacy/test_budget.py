@@ -11,7 +11,7 @@ from mnist_dp.privacy import accountant, budget, events, planning
 from mnist_dp.utils.errors import UserError
 
 
-@pytest.mark.slow  # over 15 s of PLD accounting: CI runs it, the fast loop does not
+@pytest.mark.slow  # over 10 s of PLD accounting: CI runs it, the fast loop does not
 def test_budget_cuts_the_plan_stops_when_spent_or_refuses():
     hp = hyperparameters.parse({**BASE_HP, "target_epsilon": None, "noise_multiplier": 1.0, "max_epsilon": 2.0}, "x")
     plan = planning.SamplingPlan.from_hyperparameters(1000, hp, "x")
