@@ -18,6 +18,7 @@ from mnist_dp.orchestration import archive
 from mnist_dp.privacy.data_ledger import LEDGER_FILE
 from mnist_dp.privacy.events import NO_CLIPPING, PER_EXAMPLE, DpEvent
 from mnist_dp.privacy.ledger import Ledger
+from mnist_dp.report import results
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -346,3 +347,10 @@ class StepsThatLearnNothing(interface.Framework):
 
     def library_epsilon(self, plan, steps, sigma, delta):
         return {}
+
+
+def report_files(folder: Path) -> dict:
+    """{path in `folder`: bytes} of the reports a run writes in its output folder (results.REPORTS), its lock and
+    Substra's work files left out."""
+    return {p.relative_to(folder): p.read_bytes() for p in folder.rglob("*")
+            if p.is_file() and p.relative_to(folder).parts[0] in results.REPORTS}

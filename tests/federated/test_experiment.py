@@ -9,7 +9,7 @@ import sys
 from types import SimpleNamespace
 
 import pytest
-from conftest import FRAMEWORKS, REPO, TINY_HYPERPARAMETERS, independent_epsilon
+from conftest import FRAMEWORKS, REPO, TINY_HYPERPARAMETERS, independent_epsilon, report_files
 from substrafl.evaluation_strategy import EvaluationStrategy
 from substrafl.nodes import AggregationNode
 from substrafl.remote.register import register as substrafl_register
@@ -19,7 +19,6 @@ from mnist_dp.federated.algo import METRICS, DpFedAvgAlgo
 from mnist_dp.federated.strategy import DpFedAvg
 from mnist_dp.orchestration import connection, registry
 from mnist_dp.privacy import model_file
-from mnist_dp.report import results
 
 EXAMPLE = REPO / "examples" / "substrafl_fedavg.py"
 # Tiny, with σ calibrated to ε = 3 for the run (the recipe's target).
@@ -149,16 +148,11 @@ def test_a_refused_run_leaves_the_earlier_runs_reports_in_their_place(tmp_path, 
     (out / "models").mkdir(parents=True)
     for name in ("results.json", "summary.md", "results.png", "models/torch.model"):
         (out / name).write_text(f"the earlier run's {name}")
-    before = reports(out)
+    before = report_files(out)
     done = run_example(tmp_path, tiny_data_2orgs, "--organizations", "3")
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "--organizations" in done.stderr, done.stderr
-    assert reports(out) == before
+    assert report_files(out) == before
     assert not (out / "earlier").exists() and "moved" not in done.stdout
-
-
-def reports(out):
-    return {p.relative_to(out): p.read_bytes() for p in out.rglob("*")
-            if p.is_file() and p.relative_to(out).parts[0] in results.REPORTS}
 
 
 def test_help():

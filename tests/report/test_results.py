@@ -1,4 +1,5 @@
 import pytest
+from conftest import report_files
 from test_display import RECORDS, with_model_files
 
 from mnist_dp.privacy import model_file
@@ -21,12 +22,7 @@ def earlier_reports(output):
         (output / name).write_text(f"the earlier run's {name}")
     (output / "models").mkdir()
     (output / "models" / "torch.model").write_bytes(b"earlier model")
-    return reports(output)
-
-
-def reports(folder):
-    return {p.relative_to(folder): p.read_bytes() for p in folder.rglob("*")
-            if p.is_file() and p.relative_to(folder).parts[0] in results.REPORTS}
+    return report_files(output)
 
 
 def test_a_run_finds_its_output_folder_with_no_earlier_reports_and_they_are_kept_aside(tmp_path, capsys):
@@ -35,7 +31,7 @@ def test_a_run_finds_its_output_folder_with_no_earlier_reports_and_they_are_kept
         assert not any((folder / name).exists() for name in results.REPORTS)
         (folder / "results.json").write_text("this run's")
     [aside] = (tmp_path / "out" / results.EARLIER).iterdir()
-    assert reports(aside) == before
+    assert report_files(aside) == before
     assert (tmp_path / "out" / "results.json").read_text() == "this run's"
     assert f"moved the earlier run's results.json, summary.md, models to {aside}" in capsys.readouterr().out
 
@@ -45,7 +41,7 @@ def test_a_run_that_stops_before_writing_a_report_puts_the_earlier_ones_back(tmp
     with pytest.raises(UserError), results.run_output(tmp_path / "out", tmp_path / "out" / "substra"):
         (tmp_path / "out" / "substra").mkdir()
         raise UserError("refused")
-    assert reports(tmp_path / "out") == before
+    assert report_files(tmp_path / "out") == before
     assert not (tmp_path / "out" / results.EARLIER).exists() and "moved" not in capsys.readouterr().out
 
 
@@ -55,5 +51,5 @@ def test_a_run_that_fails_after_writing_a_report_keeps_the_earlier_ones_aside(tm
         (folder / "models").mkdir()
         raise RuntimeError("a task failed")
     [aside] = (tmp_path / "out" / results.EARLIER).iterdir()
-    assert reports(aside) == before
+    assert report_files(aside) == before
     assert f"to {aside}" in capsys.readouterr().out

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import FRAMEWORKS, REPO, TINY_HYPERPARAMETERS, follow_advice, independent_epsilon
+from conftest import FRAMEWORKS, REPO, TINY_HYPERPARAMETERS, follow_advice, independent_epsilon, report_files
 
 from mnist_dp.data import dataset, samples
 from mnist_dp.privacy import accountant, data_ledger, events, model_file
@@ -195,11 +195,10 @@ def test_two_runs_on_the_same_data_report_what_it_has_spent_over_all_six_models(
             assert Path(record["model_file"]).parent == out / "models"
         totals.append(total)
         assert f"ε = {total:.3f}" in (out / "summary.md").read_text()  # each statement gives it
-        reports.append({p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()
-                        and p.relative_to(out).parts[0] in ("results.json", "summary.md", "results.png", "models")})
+        reports.append(report_files(out))
     [moved] = (out / "earlier").iterdir()
     assert f"moved the earlier run's results.json, summary.md, results.png, models to {moved}" in proc.stdout
-    assert {p.relative_to(moved): p.read_bytes() for p in moved.rglob("*") if p.is_file()} == reports[0]
+    assert report_files(moved) == reports[0]
     assert set(reports[1]) == set(reports[0]) and reports[1] != reports[0]  # the latest run's, in their place
     # A budget below what the data has spent refuses a third run before anything is registered.
     (tmp_path / "budget.json").write_text(json.dumps({**TINY_HYPERPARAMETERS, "max_epsilon": totals[-1] - 0.01}))
@@ -211,8 +210,7 @@ def test_two_runs_on_the_same_data_report_what_it_has_spent_over_all_six_models(
     assert set(out.glob("substra/archives/*")) == archives  # nothing was built or registered
     # and the refused run leaves the latest run's reports where they were, and the first run's aside
     assert [moved] == list((out / "earlier").iterdir()) and "moved" not in proc.stdout
-    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()
-            and p.relative_to(out).parts[0] in ("results.json", "summary.md", "results.png", "models")} == reports[1]
+    assert report_files(out) == reports[1]
     assert len(data_ledger.read(dataset.sample_folders(data, "train")).events) == 2 * len(FRAMEWORKS)
 
 
