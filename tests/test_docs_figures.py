@@ -111,18 +111,14 @@ def test_the_readme_table_quotes_the_default_runs_privacy_figures():
 
 
 def library_figures():
-    """Each DP library's own ε for the default run, as the algos compute it for their statements."""
-    from opacus.accountants import PRVAccountant
-
+    """Each DP library's own ε for the default run, from each algo's library_epsilon hook (torch, tf, MindSpore)."""
     sigma, plan = one_run(DEFAULT_TRAIN_SIZE)
-    hp, n = default_hp(), DEFAULT_TRAIN_SIZE
-    prv = PRVAccountant()
-    prv.history = [(sigma, plan.sample_rate, plan.steps)]
-    tf_algo = load_asset_module(ALGO_ASSETS["tf"] / "algo.py", "algo_tf_dp")
-    ms_algo = load_asset_module(ALGO_ASSETS["mindspore"] / "algo.py", "algo_mindspore_dp")
-    return (prv.get_epsilon(hp.delta),
-            tf_algo.tf_privacy_statement_epsilon(n, hp.batch_size, hp.epochs, sigma, hp.delta),
-            ms_algo.mindarmour_epsilon(n, plan.sample_rate, sigma, plan.steps, hp.delta))
+    figures = []
+    for framework in ("torch", "tf", "mindspore"):
+        algo = load_asset_module(ALGO_ASSETS[framework] / "algo.py", f"algo_{framework}_dp")
+        (figure,) = algo.FRAMEWORK.library_epsilon(plan, plan.steps, sigma, default_hp().delta).values()
+        figures.append(figure)
+    return figures
 
 
 @pytest.mark.slow
