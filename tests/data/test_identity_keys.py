@@ -1,6 +1,6 @@
-"""Identity keys a user's hands have been on: every refusal says what to do, and doing it literally makes the refused
-check pass (the pre-registration check every script runs: dataset.check_organization_keys)."""
-import os
+"""Identity keys a user's hands have been on: every refusal says what to do, and doing it literally
+makes the refused check pass (the pre-registration check every script runs:
+dataset.check_organization_keys)."""
 import shutil
 import subprocess
 import sys
@@ -52,7 +52,8 @@ def test_a_broken_key_is_refused_with_advice_that_works_when_followed(data, samp
     with pytest.raises(UserError) as refused:
         check(data)
     message = str(refused.value)
-    assert message.startswith(str(data / sample)) and "python scripts/generate_data.py --add-key" in message
+    assert (message.startswith(str(data / sample))
+            and "python scripts/generate_data.py --add-key" in message)
     follow_advice(message)
     after = check(data)
     if sample == "train/1":  # the organisation's other sample's key: its data stays under one key
@@ -66,7 +67,8 @@ def test_an_unreadable_key_is_to_be_made_readable_not_replaced(data):
     key.chmod(0)
     try:
         proc = subprocess.run([*WITHOUT_WRITE_OVERRIDE, sys.executable, "-c",
-                               f"from mnist_dp.data import samples; samples.read_key({str(key.parent)!r})"],
+                               "from mnist_dp.data import samples; "
+                               f"samples.read_key({str(key.parent)!r})"],
                               capture_output=True, text=True)
     finally:
         key.chmod(0o600)
@@ -81,7 +83,8 @@ def test_a_key_in_uppercase_is_the_same_key(data):
 
 
 def run_generate_data(*args):
-    return subprocess.run([sys.executable, GENERATE_DATA, *map(str, args)], capture_output=True, text=True)
+    return subprocess.run([sys.executable, GENERATE_DATA, *map(str, args)], capture_output=True,
+                          text=True)
 
 
 @pytest.mark.parametrize("how", ["dangling link", "too short", "a folder"])
@@ -90,7 +93,8 @@ def test_add_key_refuses_a_folder_whose_key_is_broken_and_its_advice_works(data,
     break_key(folder / samples.KEY_FILE, how)
     proc = run_generate_data("--add-key", folder)
     lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"error: {folder / samples.KEY_FILE}")
+    assert (proc.returncode == 2 and len(lines) == 1
+            and lines[0].startswith(f"error: {folder / samples.KEY_FILE}"))
     follow_advice(lines[0].removeprefix("error: "))
     assert samples.read_key(folder)  # a valid key now
     proc = run_generate_data("--add-key", folder)
@@ -106,10 +110,12 @@ def test_add_key_refuses_the_options_of_a_new_data_set(data):
 def test_one_organisation_may_evaluate_on_test_data_under_its_own_key(data):
     train, test = dataset.sample_folders(data, "train"), dataset.sample_folders(data, "test")[0]
     (test / samples.KEY_FILE).unlink()
-    identity_keys.add_key([test], samples.read_key(train[0]))  # registered at that organisation only: nobody else's key
+    # registered at that organisation only: nobody else's key
+    identity_keys.add_key([test], samples.read_key(train[0]))
     dataset.check_organization_keys(data, [train], test_everywhere=True)
     (train[1] / samples.KEY_FILE).unlink()
-    identity_keys.add_key([train[1]])  # a second organisation, under its own key: it would be given the test data too
+    # a second organisation, under its own key: it would be given the test data too
+    identity_keys.add_key([train[1]])
     with pytest.raises(UserError, match="the test data is under organisation 1's identity key"):
         dataset.check_organization_keys(data, [train[:1], train[1:]], test_everywhere=True)
 
@@ -128,42 +134,24 @@ def test_too_few_samples_for_the_organisations_gives_a_command_that_loses_nothin
     if as_written:  # written again in place, organisation 1 keeping its key
         registry.split_among(data, 4)
         assert samples.read_key(data / "train" / "0") == kept
-        assert len({samples.read_key(data / "train" / str(k)) for k in range(4)}) == 4  # one key per organisation
+        # one key per organisation
+        assert len({samples.read_key(data / "train" / str(k)) for k in range(4)}) == 4
     else:  # untouched; the new data is elsewhere
         assert {p: p.read_bytes() for p in data.rglob("*") if p.is_file()} == before
         registry.split_among(data.parent / "data-4-samples", 4)
 
 
-def test_same_organization_gives_each_folder_the_others_keys_and_one_ledger(tmp_path):
-    for name in ("first", "second"):  # one source written twice, each under a new key
-        dataset.generate(tmp_path / name, train_size=60, test_size=20, train_samples=1)
-    folders = [*dataset.sample_folders(tmp_path / "first", "train"), *dataset.sample_folders(tmp_path / "second",
-                                                                                             "train")]
-    (folders[0] / "privacy_ledger.jsonl").write_text("")  # a ledger with nothing yet, and a folder without one
-    own = [samples.read_key(f) for f in folders]
-    proc = run_generate_data("--same-organization", *folders)
-    assert proc.returncode == 0, proc.stderr
-    assert "2 data sample folder(s) made one organisation's: its 2 key(s)" in proc.stdout
-    assert [samples.read_key(f) for f in folders] == own  # each sample keeps its own key, so its identity
-    assert [samples.read_ring(f) for f in folders] == [[own[1]], [own[0]]]
-    assert all(oct((f / samples.RING_FILE).stat().st_mode)[-3:] == "600" for f in folders)
-    first, second = (os.stat(f / "privacy_ledger.jsonl") for f in folders)
-    assert (first.st_dev, first.st_ino) == (second.st_dev, second.st_ino)  # one file: a run on either is on both
-    read = samples.read_sample(folders[1])
-    assert list(read.aliases) == [samples.key_id(folders[0])]
-    assert set(read.aliases[samples.key_id(folders[0])]) == set(samples.read_sample(folders[0]).ids)  # the same images
-    assert run_generate_data("--same-organization", *folders).returncode == 0  # again: nothing changes
-    assert [samples.read_ring(f) for f in folders] == [[own[1]], [own[0]]]
-
-
 def test_a_ring_file_that_is_not_keys_is_one_line_naming_it(data):
     folder = data / "train" / "0"
     (folder / samples.RING_FILE).write_text("not a key\n")
-    with pytest.raises(UserError, match=rf"^{folder / samples.RING_FILE}: key 1 is not 64 hexadecimal digits; "
-                                        "remove the file and run scripts/generate_data.py --same-organization again"):
+    with pytest.raises(UserError, match=rf"^{folder / samples.RING_FILE}: key 1 is not 64 "
+                                        r"hexadecimal digits; "
+                                        "remove the file and run scripts/generate_data.py "
+                                        "--same-organization again"):
         samples.read_sample(folder)
     proc = run_generate_data("--same-organization", folder, "--seed", "3")
-    assert proc.returncode == 2 and proc.stderr == "error: --seed has no effect with --same-organization; drop it\n"
+    assert (proc.returncode == 2
+            and proc.stderr == "error: --seed has no effect with --same-organization; drop it\n")
 
 
 def test_the_advice_for_more_organisations_keeps_every_organisations_key(tmp_path):
@@ -177,5 +165,6 @@ def test_the_advice_for_more_organisations_keeps_every_organisations_key(tmp_pat
     assert f"--key-from {data / 'train' / '0'} {data / 'train' / '1'}" in str(refused.value)
     follow_advice(str(refused.value))
     registry.split_among(data, 3)
-    assert [samples.read_key(data / "train" / str(k)) for k in range(2)] == kept  # as docs/data.md promises
+    # as docs/data.md promises
+    assert [samples.read_key(data / "train" / str(k)) for k in range(2)] == kept
     assert samples.read_key(data / "train" / "2") not in kept

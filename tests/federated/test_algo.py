@@ -1,6 +1,6 @@
-"""The substrafl algos (mnist_dp/federated/algo.py, torch_algo.py) task by task, in this process: each call is
-what one substrafl task does (a new algo from its arguments, the organisation's local state loaded, one method,
-the local state saved), on the opener's data of the tiny samples."""
+"""The substrafl algos (mnist_dp/federated/algo.py, torch_algo.py) task by task, in this process:
+each call is what one substrafl task does (a new algo from its arguments, the organisation's local
+state loaded, one method, the local state saved), on the opener's data of the tiny samples."""
 import copy
 import math
 
@@ -8,7 +8,6 @@ import cloudpickle
 import numpy as np
 import pytest
 from conftest import independent_epsilon, samples, tiny_hyperparameters
-from substrafl.algorithms.pytorch import TorchFedAvgAlgo
 from substrafl.strategies.schemas import FedAvgAveragedState
 
 from mnist_dp.assets import DATASET_ASSET, load_asset_module
@@ -23,8 +22,10 @@ TARGET = 3.0
 
 @pytest.fixture(scope="module")
 def opener_data(tiny_data):
-    opener = load_asset_module(DATASET_ASSET / "opener.py", "opener_for_substrafl_tests").MnistOpener()
-    return opener.get_data(samples(tiny_data, "train")[:1]), opener.get_data(samples(tiny_data, "test"))
+    opener = load_asset_module(DATASET_ASSET / "opener.py",
+                               "opener_for_substrafl_tests").MnistOpener()
+    return opener.get_data(samples(tiny_data,
+                                   "train")[:1]), opener.get_data(samples(tiny_data, "test"))
 
 
 def hyperparameters(**changes):
@@ -38,22 +39,27 @@ CALIBRATED = {"noise_multiplier": None, "target_epsilon": TARGET}
 def new_algo(kind, rounds, hp=None):
     """kind: "torch-subclass" (TorchDpFedAvgAlgo), or a framework for DpFedAvgAlgo."""
     hp = hp or hyperparameters()
-    return TorchDpFedAvgAlgo(hp, rounds) if kind == "torch-subclass" else DpFedAvgAlgo(kind, hp, rounds)
+    return TorchDpFedAvgAlgo(hp, rounds) if kind == "torch-subclass" else DpFedAvgAlgo(kind, hp,
+                                                                                       rounds)
 
 
 def aggregate(shared_states):
     """The aggregator's task: DpFedAvg's average of the shared states, with their merged ledgers."""
-    return DpFedAvg(algo=new_algo("torch", 1)).avg_shared_states(shared_states=shared_states, _skip=True)
+    return DpFedAvg(algo=new_algo("torch",
+                                  1)).avg_shared_states(shared_states=shared_states, _skip=True)
 
 
 def halved(shared_state):
-    """An average of this state and a zero change from an organisation that holds the same ledger."""
-    return LedgerAveragedState(avg_parameters_update=[u / 2 for u in shared_state.parameters_update],
+    """An average of this state and a zero change from an organisation that holds the same
+    ledger."""
+    return LedgerAveragedState(avg_parameters_update=[u / 2
+                                                      for u in shared_state.parameters_update],
                                ledger=shared_state.ledger)
 
 
 def task(kind, rounds, state, method, *args, hp=None, **kwargs):
-    """One substrafl task: a new algo, the local state (if any) loaded, the method, the state saved again."""
+    """One substrafl task: a new algo, the local state (if any) loaded, the method, the state saved
+    again."""
     algo = new_algo(kind, rounds, hp)
     if state.exists():
         algo = algo.load_local_state(state)
@@ -63,8 +69,9 @@ def task(kind, rounds, state, method, *args, hp=None, **kwargs):
 
 
 def test_fedavg_spends_at_most_the_target_over_its_rounds_and_refuses_more(tmp_path, opener_data):
-    """FedAvg's rounds + 1 train tasks: `rounds` trainings at a σ calibrated for them (ε at the target, as
-    dp_accounting recomputes from σ, q and steps alone), FedAvg's last task trains nothing, one more is refused."""
+    """FedAvg's rounds + 1 train tasks: `rounds` trainings at a σ calibrated for them (ε at the
+    target, as dp_accounting recomputes from σ, q and steps alone), FedAvg's last task trains
+    nothing, one more is refused."""
     train, _ = opener_data
     kind, rounds, state, hp = "torch", 2, tmp_path / "local", hyperparameters(**CALIBRATED)
     task(kind, rounds, state, "initialize", hp=hp, _skip=True)
@@ -72,45 +79,44 @@ def test_fedavg_spends_at_most_the_target_over_its_rounds_and_refuses_more(tmp_p
     updates = [sent]
     for _ in range(rounds):
         average = halved(updates[-1])
-        algo, sent = task(kind, rounds, state, "train", hp=hp, data_from_opener=train, shared_state=average, _skip=True)
+        algo, sent = task(kind, rounds, state, "train", hp=hp, data_from_opener=train,
+                          shared_state=average, _skip=True)
         updates.append(sent)
     events = model_file.load(state, "torch").ledger.events
     assert len(events) == rounds
     assert all(any(np.abs(u).max() > 0 for u in s.parameters_update) for s in updates[:-1])
-    assert all(not np.any(u) for u in updates[-1].parameters_update)  # FedAvg's last, never averaged
+    # FedAvg's last, never averaged
+    assert all(not np.any(u) for u in updates[-1].parameters_update)
     assert all(s.n_samples == len(train["labels"]) for s in updates)
-    sigma, q, steps = events[0].noise_multiplier, events[0].sample_rate, sum(e.steps for e in events)
+    sigma, q, steps = events[0].noise_multiplier, events[0].sample_rate, sum(e.steps
+                                                                             for e in events)
     assert {e.noise_multiplier for e in events} == {sigma}
     assert TARGET - 0.05 < algo.epsilon() <= TARGET
     assert math.isclose(algo.epsilon(), independent_epsilon(sigma, q, steps, 1e-5), rel_tol=1e-6)
     with pytest.raises(UserError, match=f"calibrated for rounds = {rounds}"):
-        task(kind, rounds, state, "train", hp=hp, data_from_opener=train, shared_state=average, _skip=True)
+        task(kind, rounds, state, "train", hp=hp, data_from_opener=train, shared_state=average,
+             _skip=True)
 
 
 @pytest.mark.parametrize("kind", ["torch", "tf", "mindspore", "torch-subclass"])
 def test_train_sends_the_change_and_keeps_the_global_model(kind, tmp_path, opener_data):
-    """Every organisation holds the global model after its train task (in every framework: MindSpore's weight
-    arrays once followed the training, and each organisation kept its own model)."""
+    """Every organisation holds the global model after its train task (in every framework:
+    MindSpore's weight arrays once followed the training, and each organisation kept its own
+    model)."""
     train, _ = opener_data
     algo = new_algo(kind, rounds=1, hp=tiny_hyperparameters(kind.split("-")[0], delta=1e-5))
     start = algo._weights()
     sent = algo.train(data_from_opener=train, _skip=True)
-    assert all(np.array_equal(a, b) for a, b in zip(algo._weights(), start))  # every organisation: w_r
+    # every organisation: w_r
+    assert all(np.array_equal(a, b) for a, b in zip(algo._weights(), start))
     assert len(sent.parameters_update) == len(start)
     assert all(np.isfinite(u).all() for u in sent.parameters_update)
     assert sum(float(np.abs(u).sum()) for u in sent.parameters_update) > 0
     average = aggregate([sent])
-    algo.train(data_from_opener=train, shared_state=average, _skip=True)  # FedAvg's last: the average, no training
-    assert all(np.allclose(w, s + u, atol=1e-6) for w, s, u in zip(algo._weights(), start, sent.parameters_update))
-
-
-def test_the_torch_algo_is_a_torch_fed_avg_algo_whose_generator_passes_every_batch(tmp_path, opener_data):
-    train, _ = opener_data
-    algo = new_algo("torch-subclass", rounds=1)
-    assert isinstance(algo, TorchFedAvgAlgo)
-    algo.train(data_from_opener=train, _skip=True)
-    steps = algo.ledger.events[-1].steps
-    assert algo._index_generator.counter == algo._index_generator.num_updates == steps == 3  # ceil(150 / 64)
+    # FedAvg's last: the average, no training
+    algo.train(data_from_opener=train, shared_state=average, _skip=True)
+    assert all(np.allclose(w, s + u, atol=1e-6) for w, s,
+               u in zip(algo._weights(), start, sent.parameters_update))
 
 
 def test_evaluation_reports_accuracy_and_the_organisations_epsilon(tmp_path, opener_data):
@@ -147,11 +153,13 @@ def test_the_local_state_is_the_bundles_model_file_and_nothing_else_loads(tmp_pa
 
 @pytest.mark.parametrize("kind", ["torch", "torch-subclass"])
 def test_the_algo_pickles_as_its_arguments(kind):
-    """substrafl pickles the algo inside its strategy and deep-copies it: it comes back built from its arguments."""
+    """substrafl pickles the algo inside its strategy and deep-copies it: it comes back built from
+    its arguments."""
     algo = new_algo(kind, rounds=3)
     for again in (cloudpickle.loads(cloudpickle.dumps(algo)), copy.deepcopy(algo)):
         assert type(again) is type(algo) and again.kwargs == algo.kwargs and again.rounds == 3
-        assert all(np.array_equal(a, b) for a, b in zip(again._weights(), algo._weights()))  # the seeded start
+        # the seeded start
+        assert all(np.array_equal(a, b) for a, b in zip(again._weights(), algo._weights()))
 
 
 def test_refused_up_front():
@@ -164,26 +172,31 @@ def test_refused_up_front():
 
 
 def organisation_data(tmp_path, tiny_data, sizes, shared=0):
-    """The opener's data of one sample per organisation, each under its own identity key: organisation k holds
-    `sizes[k]` of tiny_data's train examples, the first `shared` of them held by every organisation."""
+    """The opener's data of one sample per organisation, each under its own identity key:
+    organisation k holds `sizes[k]` of tiny_data's train examples, the first `shared` of them held
+    by every organisation."""
     from mnist_dp.data import dataset
     from mnist_dp.data import keys as identity_keys
 
-    opener = load_asset_module(DATASET_ASSET / "opener.py", "opener_for_substrafl_tests").MnistOpener()
+    opener = load_asset_module(DATASET_ASSET / "opener.py",
+                               "opener_for_substrafl_tests").MnistOpener()
     folder = samples(tiny_data, "train")[0]
     images, labels = np.load(f"{folder}/images.npy"), np.load(f"{folder}/labels.npy")
     data, start = [], shared
     for k, size in enumerate(sizes):
         picked = [*range(shared), *range(start, start + size - shared)]
         start += size - shared
-        dataset.write_sample(tmp_path / f"org{k}", images[picked], labels[picked], identity_keys.new_key())
+        dataset.write_sample(tmp_path / f"org{k}", images[picked], labels[picked],
+                             identity_keys.new_key())
         data.append(opener.get_data([str(tmp_path / f"org{k}")]))
     return data
 
 
-def test_every_organisation_keeps_every_runs_ledger_and_reports_its_own_epsilon(tmp_path, tiny_data):
-    """Uneven shares (100 and 50 examples, σ = 1, one round): both local states hold the same global weights, so
-    both ledgers hold both runs, and each headline figure is the worst organisation's, not the holder's own."""
+def test_every_organisation_keeps_every_runs_ledger_and_reports_its_own_epsilon(tmp_path,
+                                                                                tiny_data):
+    """Uneven shares (100 and 50 examples, σ = 1, one round): both local states hold the same global
+    weights, so both ledgers hold both runs, and each headline figure is the worst organisation's,
+    not the holder's own."""
     data = organisation_data(tmp_path, tiny_data, [100, 50])
     hp = hyperparameters(batch_size=10)
     states = [tmp_path / f"local{k}" for k in range(2)]
@@ -192,14 +205,17 @@ def test_every_organisation_keeps_every_runs_ledger_and_reports_its_own_epsilon(
     sent = [task("torch", 1, state, "train", hp=hp, data_from_opener=d, _skip=True)[1]
             for state, d in zip(states, data)]
     average = aggregate(sent)
-    algos = [task("torch", 1, state, "train", hp=hp, data_from_opener=d, shared_state=average, _skip=True)[0]
+    algos = [task("torch", 1, state, "train", hp=hp, data_from_opener=d, shared_state=average,
+                  _skip=True)[0]
              for state, d in zip(states, data)]
     own = [independent_epsilon(1.0, 1 / -(-n // 10), -(-n // 10), 1e-5) for n in (100, 50)]
     both = [model_file.load(state, "torch").ledger for state in states]
     assert [len(ledger.events) for ledger in both] == [2, 2] and len(both[0].keys()) == 2
     for algo, ledger, mine in zip(algos, both, own):
-        assert math.isclose(algo.epsilon(), mine, rel_tol=1e-6)  # the evaluation's metric: its own examples
-        assert math.isclose(ledger.epsilon(1e-5), max(own), rel_tol=1e-6)  # the model's: the worst organisation
+        # the evaluation's metric: its own examples
+        assert math.isclose(algo.epsilon(), mine, rel_tol=1e-6)
+        # the model's: the worst organisation
+        assert math.isclose(ledger.epsilon(1e-5), max(own), rel_tol=1e-6)
     assert all(np.array_equal(a, b) for a, b in zip(algos[0]._weights(), algos[1]._weights()))
 
 
@@ -208,5 +224,6 @@ def test_a_plain_fedavg_average_without_ledgers_is_refused(tmp_path, opener_data
     algo = new_algo("torch", rounds=1)
     sent = algo.train(data_from_opener=train, _skip=True)
     plain = FedAvgAveragedState(avg_parameters_update=sent.parameters_update)
-    with pytest.raises(UserError, match="carries no privacy ledger.*use mnist_dp.federated.strategy.DpFedAvg"):
+    with pytest.raises(UserError, match="carries no privacy ledger.*use "
+                                        "mnist_dp.federated.strategy.DpFedAvg"):
         algo.train(data_from_opener=train, shared_state=plain, _skip=True)
