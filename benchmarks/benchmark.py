@@ -1,23 +1,23 @@
 """Speed and memory of every framework's training step, and of the whole default run.
 
 1. Steps, one child process per framework (so its peak memory is its own): the median time of
-   --steps optimizer steps (forward + backward + update) of each asset's network (hyperparameters.json,
-   with --set changes) on the embedded data's inputs at the asset's batch size: the non-private step
-   on fixed batches, as the baseline trains, and each DP variant on Poisson-sampled batches, with its
-   ratio to the non-private step. The variants take turns step by step, so the ratios hold on a noisy
-   machine. Then every framework's non-private step against torch's, taking turns in one process.
-   With the steps, the scattering features of the 4,000 training images: features.py's transform against
-   kymatio's own numpy transform, taking turns.
+   --steps optimizer steps (forward + backward + update) of each asset's network
+   (hyperparameters.json, with --set changes) on the embedded data's inputs at the asset's batch
+   size: the non-private step on fixed batches, as the baseline trains, and each DP variant on
+   Poisson-sampled batches, with its ratio to the non-private step. The variants take turns step by
+   step, so the ratios hold on a noisy machine. Then every framework's non-private step against
+   torch's, taking turns in one process. With the steps, the scattering features of the 4,000
+   training images: features.py's transform against kymatio's own numpy transform, taking turns.
 2. The default run, `python scripts/run_local.py` (3 frameworks with DP, embedded data) in a
    fresh folder, end to end: each task's time split into phases (from the record every task writes,
-   see mnist_dp/utils/timing.py) with its peak memory; the rest of the wall time is Substra's and the
-   scripts'. Accuracy and ε come from the run's results.json. With --data, the same run on
+   see mnist_dp/utils/timing.py) with its peak memory; the rest of the wall time is Substra's and
+   the scripts'. Accuracy and ε come from the run's results.json. With --data, the same run on
    those data samples, e.g. Fashion-MNIST's 60,000 images.
 3. The speed and memory targets against what was measured.
 
-    python benchmarks/benchmark.py [--frameworks torch,tf] [--steps 30] [--skip-run] [--set network=linear]
-    python scripts/generate_data.py --source /usr/share/datasets/fashion-mnist --output fmnist-data
-    python benchmarks/benchmark.py --skip-steps --data fmnist-data
+    python benchmarks/benchmark.py [--frameworks torch,tf] [--steps 30] [--skip-run] [--set
+    network=linear] python scripts/generate_data.py --source /usr/share/datasets/fashion-mnist
+    --output fmnist-data python benchmarks/benchmark.py --skip-steps --data fmnist-data
 """
 import concurrent.futures
 import json
@@ -48,8 +48,8 @@ from mnist_dp.utils import json_input, options, timing
 from mnist_dp.utils.errors import UserError, run_cli
 
 # The speed targets: every DP step within 1.5× its framework's plain step, MindSpore's
-# plain step within 2× torch's, the default run within 4 minutes, every task process within 1.5 GB and every
-# DP train task within 2 minutes, on Fashion-MNIST's 60,000 images too (--data).
+# plain step within 2× torch's, the default run within 4 minutes, every task process within 1.5 GB
+# and every DP train task within 2 minutes, on Fashion-MNIST's 60,000 images too (--data).
 MAX_DP_RATIO, MAX_MINDSPORE_VS_TORCH, MAX_RUN_SECONDS, MAX_TASK_MB = 1.5, 2.0, 240, 1536
 MAX_TRAIN_TASK_SECONDS = 120
 MIN_FEATURES_SPEEDUP = 5.0  # features.py's scattering transform against kymatio's numpy transform
@@ -69,15 +69,19 @@ def embedded_train_set():
 
 
 WARMUP = 3  # steps per variant not timed (graph compilation, allocations)
-# The hyperparameters a timed step uses (--set may change them): the network's and its DP step's (σ is fixed at 1).
-TIMED_KEYS = ("features", "network", "activation", "batch_size", "max_grad_norm", "learning_rate", "momentum")
-TIMED_STEPS, MAX_TIMED_STEPS = 30, 10_000  # per variant: the default, and a bound on what a run may ask
+# The hyperparameters a timed step uses (--set may change them): the network's and its DP step's (σ
+# is fixed at 1).
+TIMED_KEYS = ("features", "network", "activation", "batch_size", "max_grad_norm", "learning_rate",
+              "momentum")
+# per variant: the default, and a bound on what a run may ask
+TIMED_STEPS, MAX_TIMED_STEPS = 30, 10_000
 
 
 def interleaved_medians(variants):
     """{name: (step, batches)} -> {name: median seconds per step}. The variants take turns, one step
-    each, so a slow spell of a noisy machine falls on all of them alike and the ratios hold. `step(x, y)`
-    must return when the step has finished (frameworks that run asynchronously wait)."""
+    each, so a slow spell of a noisy machine falls on all of them alike and the ratios hold.
+    `step(x, y)` must return when the step has finished (frameworks that run asynchronously
+    wait)."""
     times = {name: [] for name in variants}
     pending = {name: (step, iter(batches)) for name, (step, batches) in variants.items()}
     while pending:
@@ -93,8 +97,9 @@ def interleaved_medians(variants):
 
 
 def poisson_batches(images, labels, plan, count, seed=0, rows=None):
-    """Batches as a DP train task samples them: each example in w.p. q = plan.sample_rate. With `rows` (one per
-    example, e.g. the first layer's patch Grams a task makes before training), each batch's rows of it too."""
+    """Batches as a DP train task samples them: each example in w.p. q = plan.sample_rate. With
+    `rows` (one per example, e.g. the first layer's patch Grams a task makes before training), each
+    batch's rows of it too."""
     rng = np.random.default_rng(seed)
     for _ in range(count):
         picked = np.flatnonzero(rng.random(plan.n) < plan.sample_rate)
@@ -124,15 +129,18 @@ def time_torch(algo, images, labels, hp, plan, steps, network):
             model = GradSampleModule(model)
             optimizer = DPOptimizer(optimizer, noise_multiplier=1.0, max_grad_norm=hp.max_grad_norm,
                                     expected_batch_size=plan.expected_batch_size)
-        elif mode != "plain":  # Opacus' noise on a clipped sum; "-secure": secure_mode noise (4 draws per weight)
-            optimizer = DPOptimizerFastGradientClipping(optimizer, noise_multiplier=1.0, max_grad_norm=hp.max_grad_norm,
-                                                        expected_batch_size=plan.expected_batch_size,
-                                                        secure_mode=mode.endswith("-secure"))
+        # Opacus' noise on a clipped sum; "-secure": secure_mode noise (4 draws per weight)
+        elif mode != "plain":
+            optimizer = DPOptimizerFastGradientClipping(
+                optimizer, noise_multiplier=1.0, max_grad_norm=hp.max_grad_norm,
+                expected_batch_size=plan.expected_batch_size, secure_mode=mode.endswith("-secure"))
         if mode == "ghost":
-            model = GradSampleModuleFastGradientClipping(model, max_grad_norm=hp.max_grad_norm, use_ghost_clipping=True)
+            model = GradSampleModuleFastGradientClipping(
+                model, max_grad_norm=hp.max_grad_norm, use_ghost_clipping=True)
             criterion = DPLossFastGradientClipping(model, optimizer, criterion)
 
-        # the algo's step takes the first layer's patch Grams that a train task makes once, before its steps
+        # the algo's step takes the first layer's patch Grams that a train task makes once, before
+        # its steps
         known = algo.data_grams(model, images) if mode.startswith("book-keeping") else None
 
         def step(x, y, known_rows=None):
@@ -144,7 +152,8 @@ def time_torch(algo, images, labels, hp, plan, steps, network):
                 criterion(model(algo.as_input(x)), torch.from_numpy(y)).backward()
             optimizer.step()
         batches = (fixed_batches(images, labels, hp, steps + WARMUP) if mode == "plain" else
-                   poisson_batches(images, labels, plan, steps + WARMUP, rows=None if known is None else known[1]))
+                   poisson_batches(images, labels, plan, steps + WARMUP, rows=None if known is None
+                                   else known[1]))
         return step, batches
 
     variants = {"Opacus per-example hooks (its default)": "hooks",
@@ -164,20 +173,25 @@ def time_tf(algo, images, labels, hp, plan, steps, network):
         return (lambda x, y, *rows: step(algo.as_input(x), tf.constant(y), *rows)), batches
 
     dp_model = algo.build_network(network)
-    known = algo.data_grams(dp_model, images)  # its first layer's patch Grams, made once as a task makes them
+    # its first layer's patch Grams, made once as a task makes them
+    known = algo.data_grams(dp_model, images)
 
     def dp_step(model, optimizer):  # the algo's, at this C and σ = 1
         step = algo.make_dp_step(model, optimizer, plan.expected_batch_size,
-                                 algo.noise_generator(RunRandomness.fresh()), None, None if known is None else known[0])
-        return lambda x, y, rows=None: step(x, y, tf.constant(hp.max_grad_norm, tf.float32), tf.constant(1.0), rows)
+                                 algo.noise_generator(RunRandomness.fresh()), None, None
+                                 if known is None else known[0])
+        return lambda x, y, rows=None: step(x, y, tf.constant(hp.max_grad_norm, tf.float32),
+                                            tf.constant(1.0), rows)
 
-    def two_pass(model, optimizer):  # TF Privacy's own clipped-gradient routine, same noise and update
+    # TF Privacy's own clipped-gradient routine, same noise and update
+    def two_pass(model, optimizer):
         registry = algo.make_layer_registry()
 
         @tf.function(input_signature=algo.batch_spec(model))
         def step(x, y):
             grads, _, _ = clip_grads.compute_clipped_gradients_and_outputs(
-                model, hp.max_grad_norm, registry, x, y, clipping_loss=lambda yt, yp, w: model.loss(yt, yp, w))
+                model, hp.max_grad_norm, registry, x, y, clipping_loss=lambda yt, yp,
+                w: model.loss(yt, yp, w))
             optimizer.apply_gradients(
                 [(g + tf.random.normal(tf.shape(g), stddev=hp.max_grad_norm), v)
                  for g, v in zip(grads, model.trainable_variables)])
@@ -188,7 +202,8 @@ def time_tf(algo, images, labels, hp, plan, steps, network):
         "TF Privacy compute_clipped_gradients (2 passes)": run(
             two_pass, poisson_batches(images, labels, plan, steps + WARMUP)),
         "fast clipping + book-keeping (used)": run(
-            dp_step, poisson_batches(images, labels, plan, steps + WARMUP, rows=None if known is None else known[1]),
+            dp_step, poisson_batches(images, labels, plan, steps + WARMUP, rows=None
+                                     if known is None else known[1]),
             dp_model),
     }
 
@@ -212,27 +227,36 @@ def time_mindspore(algo, images, labels, hp, plan, steps, network):
 
     def run(make_net, make_step, batches):
         net = make_net()
-        step = make_step(net, nn.SGD(net.trainable_params(), learning_rate=hp.learning_rate, momentum=hp.momentum))
+        step = make_step(net, nn.SGD(net.trainable_params(), learning_rate=hp.learning_rate,
+                                     momentum=hp.momentum))
 
-        def timed(x, y, *rows):  # the algo's steps index a batch out of the whole set: give them this batch whole
+        # the algo's steps index a batch out of the whole set: give them this batch whole
+        def timed(x, y, *rows):
             step(x, y.astype(np.int32), np.arange(len(y)), *rows)
-            net.trainable_params()[0].asnumpy()  # GRAPH mode runs asynchronously: wait for the update
+            # GRAPH mode runs asynchronously: wait for the update
+            net.trainable_params()[0].asnumpy()
         return timed, batches
 
-    def dp(net, optimizer):  # the algo's, at this C and σ = 1, with the data rows a task makes first
+    # the algo's, at this C and σ = 1, with the data rows a task makes first
+    def dp(net, optimizer):
         noise = RunRandomness.fresh().numpy("gradient noise")
         step = algo.make_dp_step(net, optimizer, plan.expected_batch_size, noise)
-        return lambda images, labels, batch, rows=None: step(images, labels, batch, hp.max_grad_norm, 1.0, rows)
+        return lambda images, labels, batch, rows=None: step(
+            images, labels, batch, hp.max_grad_norm, 1.0, rows)
 
     large, larger = chunks.chunk_sizes(plan.expected_batch_size)
     build = lambda: algo.networks.build_network(network)  # noqa: E731
-    variants = {PLAIN: run(build, algo.make_plain_step, fixed_batches(images, labels, hp, steps + WARMUP))}
-    if network.features == "pixels" and network.network == "cnn":  # the network PatchConv2d was measured on
+    variants = {PLAIN: run(build, algo.make_plain_step,
+                           fixed_batches(images, labels, hp, steps + WARMUP))}
+    # the network PatchConv2d was measured on
+    if network.features == "pixels" and network.network == "cnn":
         variants["non-private on nn.Conv2d (before; 8 steps)"] = run(
-            Conv2dNet, algo.make_plain_step, fixed_batches(images, labels, hp, min(steps, 8) + WARMUP))
+            Conv2dNet, algo.make_plain_step,
+            fixed_batches(images, labels, hp, min(steps, 8) + WARMUP))
     dp_net = build()  # its data rows made once, as a task makes them
     variants[f"book-keeping per-example clipping, chunks of {large} or {larger} (used)"] = run(
-        lambda: dp_net, dp, poisson_batches(images, labels, plan, steps + WARMUP, rows=algo.data_rows(dp_net, images)))
+        lambda: dp_net, dp, poisson_batches(images, labels, plan, steps + WARMUP,
+                                            rows=algo.data_rows(dp_net, images)))
     return variants
 
 
@@ -240,8 +264,9 @@ TIMERS = {"torch": time_torch, "tf": time_tf, "mindspore": time_mindspore}
 
 
 def step_variants(framework, steps, changes):
-    """{variant: (step, batches)} of one framework: the asset's hyperparameters with `changes`, its network on
-    the embedded data's inputs (scattering features are computed first, outside the timing)."""
+    """{variant: (step, batches)} of one framework: the asset's hyperparameters with `changes`, its
+    network on the embedded data's inputs (scattering features are computed first, outside the
+    timing)."""
     algo = load_algo(framework)
     hp = hyperparameters.load(ALGO_ASSETS[framework] / hyperparameters.FILE_NAME,
                               hyperparameters.Overrides(changes, "--set"))
@@ -252,7 +277,8 @@ def step_variants(framework, steps, changes):
 
 
 def measure_steps(framework, steps, changes):
-    """In a child process: the step timings of one framework, and the process's peak RSS after them."""
+    """In a child process: the step timings of one framework, and the process's peak RSS after
+    them."""
     warnings.filterwarnings("ignore")
     timings = interleaved_medians(step_variants(framework, steps, changes))
     return timings, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -267,13 +293,15 @@ def measure_plain_steps(frameworks, steps, changes):
 
 
 def in_child(function, *args):
-    with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+    with concurrent.futures.ProcessPoolExecutor(
+            1, mp_context=multiprocessing.get_context("spawn")) as pool:
         return pool.submit(function, *args).result()
 
 
 def print_steps(frameworks, steps, changes):
     described = ", ".join(f"{k} {json.dumps(v)}" for k, v in changes.items())
-    print(f"\n## Steps: {os.cpu_count()} CPU(s), median of {steps} steps per variant, each asset's hyperparameters"
+    print(f"\n## Steps: {os.cpu_count()} CPU(s), median of {steps} steps per variant, each asset's "
+          "hyperparameters"
           + (f" with {described}" if described else ""))
     dp_ratios = {}
     for framework in frameworks:
@@ -295,8 +323,8 @@ def print_steps(frameworks, steps, changes):
 
 
 def measure_features(rounds):
-    """Seconds per image of kymatio's numpy transform and of features.py's, on the run's training images, taking
-    turns `rounds` times: the median of each."""
+    """Seconds per image of kymatio's numpy transform and of features.py's, on the run's training
+    images, taking turns `rounds` times: the median of each."""
     from mnist_dp.learning import features
 
     images = embedded_train_set()[0]
@@ -314,52 +342,61 @@ def measure_features(rounds):
 def print_features():
     """Prints the scattering transforms' times; returns features.py's speed-up over kymatio's."""
     timings = in_child(measure_features, FEATURES_ROUNDS)
-    print(f"\n## Scattering features of the 4,000 training images, median of {FEATURES_ROUNDS} turns each")
+    print(f"\n## Scattering features of the 4,000 training images, median of {FEATURES_ROUNDS} "
+          "turns each")
     print(f"  {'transform':<30}{'ms/image':>10}{'60,000 images':>15}")
     for name, seconds in timings.items():
         print(f"  {name:<30}{seconds * 1e3:>10.3f}{seconds * 60_000:>13.1f} s")
     return timings["kymatio's numpy transform"] / timings["features.py (used)"]
 
 
-PHASES = ("start", "setup", "features", "first step", "training", "loading model", "predict", "score", "saving")
+PHASES = ("start", "setup", "features", "first step", "training", "loading model", "predict",
+          "score", "saving")
 
 
 def run_and_measure(command, env):
-    """In a fresh child process (so that its only children are the command's): run the command; return
-    its exit code, the end of its stderr, its wall time and the peak memory of its largest process."""
+    """In a fresh child process (so that its only children are the command's): run the command;
+    return its exit code, the end of its stderr, its wall time and the peak memory of its largest
+    process."""
     start = time.perf_counter()
     proc = subprocess.run(command, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - start
-    return proc.returncode, proc.stderr, wall, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    return proc.returncode, proc.stderr, wall, resource.getrusage(
+        resource.RUSAGE_CHILDREN).ru_maxrss / 1024
 
 
 def print_default_run(data=None):
-    """Runs scripts/run_local.py in a fresh folder (on `data`, if given); returns its wall time and the tasks'
-    records."""
+    """Runs scripts/run_local.py in a fresh folder (on `data`, if given); returns its wall time and
+    the tasks' records."""
     print("\n## The default run: python scripts/run_local.py " + (
         f"--data {data} (fresh output folder, every asset built)" if data else
         "(fresh folder: data generated, every asset built)"))
     with tempfile.TemporaryDirectory(prefix="mnist-dp-benchmark-") as folder:
         records_file = Path(folder) / "timings.jsonl"
-        command = [sys.executable, str(REPO / "scripts" / "run_local.py"), "--data", str(data or f"{folder}/data"),
+        command = [sys.executable, str(REPO / "scripts" / "run_local.py"), "--data",
+                   str(data or f"{folder}/data"),
                    "--output", f"{folder}/results"]
         returncode, stderr, wall, largest_mb = in_child(
             run_and_measure, command, {**os.environ, timing.TIMINGS_VARIABLE: str(records_file)})
         if returncode:
             sys.exit(f"error: run_local.py failed (exit {returncode}):\n{stderr[-3000:]}")
-        records = [json_input.loads(line, str(records_file)) for line in records_file.read_text().splitlines()]
+        records = [json_input.loads(line, str(records_file))
+                   for line in records_file.read_text().splitlines()]
         results = json_input.read(Path(folder) / "results" / "results.json", "results file")
 
-    print(f"\nwall time {wall:.1f} s ({wall / 60:.2f} min), {len(records)} tasks; seconds per task and phase "
-          "(start = process start, imports and data loading; first step includes graph compilation and the first "
-          "layer's patch Grams):")
-    header = "".join(f"{phase:>10}" for phase in ("start", "setup", "features", "1st step", "training", "load",
+    print(f"\nwall time {wall:.1f} s ({wall / 60:.2f} min), {len(records)} tasks; seconds per task "
+          "and phase (start = process start, imports and data loading; first step includes graph "
+          "compilation and the first layer's patch Grams):")
+    header = "".join(f"{phase:>10}"
+                     for phase in ("start", "setup", "features", "1st step", "training", "load",
                                                       "predict", "score", "save"))
     print(f"  {'task':<26}{header}{'total':>9}{'peak MB':>9}")
     totals = dict.fromkeys(PHASES, 0.0)
     for record in records:
         name = " ".join(str(part) for part in (record["function"], record.get("framework") or "",
-                                                 {True: "DP", False: "baseline"}.get(record.get("dp"), "")) if part)
+                                                 {True: "DP",
+                                                  False: "baseline"}.get(record.get("dp"), ""))
+                        if part)
         phases = record["phases"]
         cells = "".join(f"{phases[p]:>10.1f}" if p in phases else f"{'':>10}" for p in PHASES)
         print(f"  {name:<26}{cells}{sum(phases.values()):>9.1f}{record['peak_rss_mb']:>9.0f}")
@@ -367,14 +404,15 @@ def print_default_run(data=None):
             totals[phase] += seconds
     in_tasks = sum(totals.values())
     print(f"  {'all tasks':<26}{''.join(f'{totals[p]:>10.1f}' for p in PHASES)}{in_tasks:>9.1f}")
-    print(f"  outside the tasks (Substra: registration, archives, data copies; data generation): "
+    print("  outside the tasks (Substra: registration, archives, data copies; data generation): "
           f"{wall - in_tasks:.1f} s")
     print(f"  largest process of the run (run_local.py or a task): {largest_mb:.0f} MB")
     print("\naccuracy and ε of the run:")
     for result in results:
         epsilon = "∞" if result["epsilon"] is None else f"{result['epsilon']:.3f}"
-        print(f"  {result['run']:<20} test accuracy {result['test_accuracy']:.4f}, ε (PLD) {epsilon} at "
-              f"δ {result['delta']:g}, σ {result['noise_multiplier']:.3f}, {result['steps']} steps")
+        print(f"  {result['run']:<20} test accuracy {result['test_accuracy']:.4f}, ε (PLD) "
+              f"{epsilon} at δ {result['delta']:g}, σ {result['noise_multiplier']:.3f}, "
+              f"{result['steps']} steps")
     return wall, records
 
 
@@ -383,14 +421,16 @@ def print_targets(plain, dp_ratios, speedup, wall, records, data=None):
 
     def line(what, value, limit, unit="", at_least=False):
         met = value >= limit if at_least else value <= limit
-        print(f"  {'met   ' if met else 'MISSED'} {what}: {value:.2f}{unit} (target {'≥' if at_least else '≤'} "
-              f"{limit}{unit})")
+        print(f"  {'met   ' if met else 'MISSED'} {what}: {value:.2f}{unit} (target "
+              f"{'≥' if at_least else '≤'} {limit}{unit})")
 
     if speedup is not None:
-        line("scattering features, kymatio's time / features.py's", speedup, MIN_FEATURES_SPEEDUP, "×", at_least=True)
+        line("scattering features, kymatio's time / features.py's", speedup, MIN_FEATURES_SPEEDUP,
+             "×", at_least=True)
 
     if "torch" in plain and "mindspore" in plain:
-        line("MindSpore plain step / torch plain step", plain["mindspore"] / plain["torch"], MAX_MINDSPORE_VS_TORCH,
+        line("MindSpore plain step / torch plain step", plain["mindspore"] / plain["torch"],
+             MAX_MINDSPORE_VS_TORCH,
              "×")
     for framework, ratio in dp_ratios.items():
         line(f"{framework} DP step / its plain step", ratio, MAX_DP_RATIO, "×")
@@ -398,7 +438,8 @@ def print_targets(plain, dp_ratios, speedup, wall, records, data=None):
         if data is None:  # the embedded data's run; on other data only its tasks have targets
             line("default run", wall, MAX_RUN_SECONDS, " s")
         worst = max(records, key=lambda r: r["peak_rss_mb"])
-        line(f"peak memory of a task ({worst['function']} {worst.get('framework') or ''})", worst["peak_rss_mb"],
+        line(f"peak memory of a task ({worst['function']} {worst.get('framework') or ''})",
+             worst["peak_rss_mb"],
              MAX_TASK_MB, " MB")
         for record in records:
             if record["function"] == "train" and record.get("dp"):
@@ -409,21 +450,26 @@ def print_targets(plain, dp_ratios, speedup, wall, records, data=None):
 def main(argv=None):
     parser = options.ArgumentParser(__doc__)
     parser.add_argument("--frameworks", type=options.names(ALGO_ASSETS), default=None,
-                        help=f"comma-separated, for the step timings (default: {','.join(ALGO_ASSETS)})")
+                        help="comma-separated, for the step timings (default: "
+                             f"{','.join(ALGO_ASSETS)})")
     parser.add_argument("--steps", type=options.integer(1, MAX_TIMED_STEPS), default=None,
                         help=f"timed steps per variant (default: {TIMED_STEPS})")
-    parser.add_argument("--skip-run", action="store_true", help="only time the steps, not the default run")
-    parser.add_argument("--skip-steps", action="store_true", help="only the default run, not the step timings")
-    parser.add_argument("--data", type=Path, help="run the default run, DP only, on these data samples "
-                        "(scripts/generate_data.py's output) instead of the embedded data")
+    parser.add_argument("--skip-run", action="store_true",
+                        help="only time the steps, not the default run")
+    parser.add_argument("--skip-steps", action="store_true",
+                        help="only the default run, not the step timings")
+    parser.add_argument("--data", type=Path,
+                        help="run the default run, DP only, on these data samples "
+                             "(scripts/generate_data.py's output) instead of the embedded data")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="change a hyperparameter of every asset for the step timings (JSON value), "
-                             "e.g. --set network=linear")
+                        help="change a hyperparameter of every asset for the step timings (JSON "
+                             "value), e.g. --set network=linear")
     args = parser.parse_args(argv)
     if args.skip_run and args.skip_steps:
         raise UserError("--skip-run with --skip-steps: nothing would be measured; drop one")
     if args.skip_steps:
-        options.refuse_unused("with --skip-steps", {"--frameworks": args.frameworks, "--steps": args.steps,
+        options.refuse_unused("with --skip-steps",
+                              {"--frameworks": args.frameworks, "--steps": args.steps,
                                                     "--set": args.set})
     if args.skip_run:
         options.refuse_unused("with --skip-run", {"--data": args.data})
@@ -431,8 +477,9 @@ def main(argv=None):
         raise UserError(f"--data {args.data}: no manifest.json; write data samples there with "
                         "scripts/generate_data.py --output")
     changes = hyperparameters.parse_assignments(args.set)
-    hyperparameters.refuse_keys(changes, set(changes) - set(TIMED_KEYS), "the step timings use the network's keys "
-                                f"and the step's ({', '.join(TIMED_KEYS)}) only")
+    hyperparameters.refuse_keys(changes, set(changes) - set(TIMED_KEYS),
+                                "the step timings use the network's keys and the step's "
+                                f"({', '.join(TIMED_KEYS)}) only")
     plain, dp_ratios = ({}, {}) if args.skip_steps else print_steps(
         args.frameworks or list(ALGO_ASSETS), args.steps or TIMED_STEPS, changes)
     speedup = None if args.skip_steps else print_features()

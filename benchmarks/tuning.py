@@ -1,18 +1,21 @@
-"""What a private hyperparameter search buys, and what it costs: test accuracy at a total ε = 3 (δ = 1e-5), torch.
+"""What a private hyperparameter search buys, and what it costs: test accuracy at a total ε = 3 (δ =
+1e-5), torch.
 
 On each data set, per seed, three methods:
-- private-search: the bundle's default search (mnist_dp/search_space.py DEFAULT), run as the tune task runs it
-  (mnist_dp/learning/search.py), at a total ε = 3 that includes the search (RDP, the whole search composed);
-- default: the hand-tuned recipe (assets/algo_torch_dp/hyperparameters.json) at ε = 3 (PLD); its tuning, done by
-  hand on MNIST and Fashion-MNIST, is not counted;
-- non-private-grid: the upper reference, no DP: a grid over the search space's learning rates and weight averages,
-  the best on the same validation split, scored on the test set.
-Data sets: fmnist (Fashion-MNIST 60,000 / 10,000), mnist4k (the embedded 4,000 / 1,000 split), and faint, the
-recipe-off one: mnist4k's images at 1/2,000 of their contrast (FAINT below says why the recipe is off there).
+- private-search: the bundle's default search (mnist_dp/search_space.py DEFAULT), run as the tune
+  task runs it (mnist_dp/learning/search.py), at a total ε = 3 that includes the search (RDP, the
+  whole search composed);
+- default: the hand-tuned recipe (assets/algo_torch_dp/hyperparameters.json) at ε = 3 (PLD); its
+  tuning, done by hand on MNIST and Fashion-MNIST, is not counted;
+- non-private-grid: the upper reference, no DP: a grid over the search space's learning rates and
+  weight averages, the best on the same validation split, scored on the test set.
+Data sets: fmnist (Fashion-MNIST 60,000 / 10,000), mnist4k (the embedded 4,000 / 1,000 split), and
+faint, the recipe-off one: mnist4k's images at 1/2,000 of their contrast (FAINT below says why the
+recipe is off there).
 
-Writes benchmarks/results/tuning.json (one record per data set, method and seed: dataset, method, epsilon (null
-without DP), test_accuracy, candidates, seconds) as each record finishes, skipping records already there, and
-tuning.md beside it.
+Writes benchmarks/results/tuning.json (one record per data set, method and seed: dataset, method,
+epsilon (null without DP), test_accuracy, candidates, seconds) as each record finishes, skipping
+records already there, and tuning.md beside it.
 
     python benchmarks/tuning.py [--datasets faint,mnist4k,fmnist] [--seeds 3] [--report-only]
 """
@@ -28,13 +31,14 @@ os.environ.setdefault("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "python")
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # utility.py: the data and the features' memory
+# utility.py: the data and the features' memory
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 import utility  # noqa: E402
 
 from mnist_dp import hyperparameters, search_space  # noqa: E402
 from mnist_dp.assets import ALGO_ASSETS, load_asset_module  # noqa: E402
 from mnist_dp.data import samples  # noqa: E402
-from mnist_dp.learning import features, search, skeleton  # noqa: E402
+from mnist_dp.learning import features, model_io, search, skeleton  # noqa: E402
 from mnist_dp.learning.interface import Network  # noqa: E402
 from mnist_dp.privacy import planning  # noqa: E402
 from mnist_dp.privacy.ledger import Ledger  # noqa: E402
@@ -47,23 +51,26 @@ DATASETS = {"faint": "faint MNIST-4k (recipe off)", "mnist4k": "MNIST-4k (embedd
             "fmnist": "Fashion-MNIST 60k"}
 METHODS = ("private-search", "default", "non-private-grid")
 EPSILON, DELTA, FRAMEWORK = 3.0, 1e-5, "torch"
-# The non-private grid: the search space's learning rates (its ends and middle) and weight averages; the clipping
-# norm does nothing without DP.
+# The non-private grid: the search space's learning rates (its ends and middle) and weight averages;
+# the clipping norm does nothing without DP.
 GRID = [{"learning_rate": lr, "ema_decay": ema} for lr in (0.25, 1.0, 4.0) for ema in (0.0, 0.99)]
 RESULTS = Path(__file__).resolve().parent / "results" / "tuning.json"
-# The recipe-off data set: MNIST-4k as faint images, every pixel times FAINT (values in [0, 0.0005], as a 16-bit
-# sensor's raw counts over full scale can be). The scattering features' normalisation adds 1e-5 to each group's
-# variance (features.py), which for such faint images is of the order of the variance itself: the features come out
-# several times smaller, and the recipe's learning rate, tuned on full-contrast images, is too small for them.
+# The recipe-off data set: MNIST-4k as faint images, every pixel times FAINT (values in [0, 0.0005],
+# as a 16-bit sensor's raw counts over full scale can be). The scattering features' normalisation
+# adds 1e-5 to each group's variance (features.py), which for such faint images is of the order of
+# the variance itself: the features come out several times smaller, and the recipe's learning rate,
+# tuned on full-contrast images, is too small for them.
 FAINT = 0.0005
-# The issue's goals, data set -> (the least gap private-search - default, in words): on the recipe-off data the search
-# beats the recipe by 3 points or more; on Fashion-MNIST it loses at most 1 point to the recipe, whose tuning is free.
+# The issue's goals, data set -> (the least gap private-search - default, in words): on the
+# recipe-off data the search beats the recipe by 3 points or more; on Fashion-MNIST it loses at most
+# 1 point to the recipe, whose tuning is free.
 GOALS = {"faint": (0.03, "beats the default by at least 3 points"),
          "fmnist": (-0.01, "loses at most 1 point to the default")}
 
 
 def load(name: str):
-    """((train images, labels), (test images, labels)) of a data set, as utility.load_dataset gives them."""
+    """((train images, labels), (test images, labels)) of a data set, as utility.load_dataset gives
+    them."""
     if name == "faint":
         (train_x, train_y), (test_x, test_y) = utility.load_dataset("mnist4k", validation=False)
         return (train_x * FAINT, train_y), (test_x * FAINT, test_y)
@@ -71,24 +78,29 @@ def load(name: str):
 
 
 def base_hyperparameters(seed: int, **changes):
-    return hyperparameters.load(ALGO_ASSETS[FRAMEWORK] / hyperparameters.FILE_NAME, hyperparameters.Overrides({
-        "noise_multiplier": None, "target_epsilon": EPSILON, "max_epsilon": None, "delta": DELTA, "seed": seed,
-        "noise_seed": seed, "dp": True, "secure_mode": False, **changes}, "the benchmark's settings"))
+    return hyperparameters.load(ALGO_ASSETS[FRAMEWORK] / hyperparameters.FILE_NAME,
+                                hyperparameters.Overrides({
+        "noise_multiplier": None, "target_epsilon": EPSILON, "max_epsilon": None, "delta": DELTA,
+                                                           "seed": seed,
+        "noise_seed": seed, "dp": True, "secure_mode": False, **changes},
+                                                          "the benchmark's settings"))
 
 
 def accuracy(framework, model, network, images, labels) -> float:
-    return float(np.mean(skeleton.predicted_labels(framework, model, images, network) == labels))
+    return float(np.mean(model_io.predicted_labels(framework, model, images, network) == labels))
 
 
 def private_search(framework, dataset, train, test, seed) -> dict:
     data = samples.in_memory(*train, dataset)
     space = search_space.load(None)
     held_out = validation_split(data, space.validation_permille)
-    plan = plan_search(FRAMEWORK, base_hyperparameters(seed), space, len(held_out), int(held_out.sum()), "tuning")
+    plan = plan_search(FRAMEWORK, base_hyperparameters(seed), space, len(held_out),
+                       int(held_out.sum()), "tuning")
     found = search.run_search(framework, data["images"], data["labels"], held_out, plan,
                               RunRandomness.for_run(seed, 0, (dataset,)), "tuning")
     ledger = search.released_ledger(framework, data, plan, found, None)
-    return {"epsilon": ledger.epsilon(DELTA), "candidates": found.candidates, "seconds": found.seconds,
+    return {"epsilon": ledger.epsilon(DELTA), "candidates": found.candidates,
+            "seconds": found.seconds,
             "test_accuracy": accuracy(framework, found.model, Network.of(found.hp), *test),
             "chosen": {k: getattr(found.hp, k) for k in plan.search.space}}
 
@@ -96,7 +108,8 @@ def private_search(framework, dataset, train, test, seed) -> dict:
 def default(framework, dataset, train, test, seed) -> dict:
     hp = base_hyperparameters(seed)
     run = skeleton.fit_from_scratch(framework, *train, hp, "tuning")
-    event = planning.run_event(FRAMEWORK, (dataset,), hp, run.plan, run.ran.noise_multiplier, run.ran.steps,
+    event = planning.run_event(FRAMEWORK, (dataset,), hp, run.plan, run.ran.noise_multiplier,
+                               run.ran.steps,
                                ran=run.ran)
     return {"epsilon": Ledger([event]).epsilon(DELTA), "candidates": 1, "seconds": run.seconds,
             "test_accuracy": accuracy(framework, run.model, run.network, *test)}
@@ -108,12 +121,14 @@ def non_private_grid(framework, dataset, train, test, seed) -> dict:
     start, best = time.perf_counter(), None
     for point in GRID:
         hp = base_hyperparameters(seed, dp=False, target_epsilon=None, **point)
-        run = skeleton.fit_from_scratch(framework, train[0][~held_out], train[1][~held_out], hp, "tuning")
+        run = skeleton.fit_from_scratch(framework, train[0][~held_out], train[1][~held_out], hp,
+                                        "tuning")
         score = accuracy(framework, run.model, run.network, train[0][held_out], train[1][held_out])
         if best is None or score > best[0]:
             best = score, run, point
     return {"epsilon": None, "candidates": len(GRID), "seconds": time.perf_counter() - start,
-            "test_accuracy": accuracy(framework, best[1].model, best[1].network, *test), "chosen": best[2]}
+            "test_accuracy": accuracy(framework, best[1].model, best[1].network, *test),
+            "chosen": best[2]}
 
 
 RUN = {"private-search": private_search, "default": default, "non-private-grid": non_private_grid}
@@ -123,7 +138,8 @@ def run_all(datasets, methods, seeds, path: Path) -> list:
     records = read(path)
     done = {(r["dataset"], r["method"], r["seed"]) for r in records}
     warnings.filterwarnings("ignore")
-    features.scattering = utility.remember_features(features.scattering)  # each image set transformed once
+    # each image set transformed once
+    features.scattering = utility.remember_features(features.scattering)
     framework = load_asset_module(ALGO_ASSETS[FRAMEWORK] / "algo.py", f"algo_{FRAMEWORK}").FRAMEWORK
     for dataset in datasets:
         train, test = load(dataset)
@@ -134,9 +150,11 @@ def run_all(datasets, methods, seeds, path: Path) -> list:
                 record = {"dataset": dataset, "method": method, "seed": seed,
                           **RUN[method](framework, dataset, train, test, seed)}
                 record["seconds"] = round(record["seconds"], 1)
-                print(f"{dataset:<8} {method:<17} seed {seed}: accuracy {record['test_accuracy']:.4f}, ε = "
-                      f"{record['epsilon'] if record['epsilon'] is None else round(record['epsilon'], 3)}, "
-                      f"{record['candidates']} candidate(s), {record['seconds']:.0f} s", flush=True)
+                epsilon = record["epsilon"]
+                epsilon = epsilon if epsilon is None else round(epsilon, 3)
+                print(f"{dataset:<8} {method:<17} seed {seed}: accuracy "
+                      f"{record['test_accuracy']:.4f}, ε = {epsilon}, {record['candidates']} "
+                      f"candidate(s), {record['seconds']:.0f} s", flush=True)
                 records.append(record)
                 atomic.write_text(path, json.dumps(records, indent=1) + "\n")
     return records
@@ -147,19 +165,24 @@ def read(path: Path) -> list:
         return []
     records = json_input.read(path, "tuning results")
     if not isinstance(records, list):
-        raise UserError(f"{path}: must hold a JSON list of records; move it away or give another --results")
+        raise UserError(f"{path}: must hold a JSON list of records; move it away or give another "
+                        "--results")
     return records
 
 
 def report(records: list) -> str:
-    """tuning.md: per data set and method, the mean test accuracy (± the spread over seeds), ε, candidates, time."""
-    lines = ["# Private hyperparameter search: test accuracy at a total ε = 3 (δ = 1e-5), torch", "",
-             "Written by `python benchmarks/tuning.py` from `tuning.json`. private-search: the default search "
-             f"(mean {search_space.DEFAULT['mean_candidates']} candidates, logarithmic distribution, 10% of the "
-             "training data for validation) with ε covering the whole search; default: the hand-tuned recipe at "
-             "ε = 3, its tuning not counted; non-private-grid: no DP, the best of a 6-point grid on the same "
-             "validation split. Time: the whole method on 2 cores (features included).", "",
-             "| data set | method | test accuracy | ε | candidates (mean) | seconds (mean) | seeds |",
+    """tuning.md: per data set and method, the mean test accuracy (± the spread over seeds), ε,
+    candidates, time."""
+    lines = ["# Private hyperparameter search: test accuracy at a total ε = 3 (δ = 1e-5), torch",
+             "",
+             "Written by `python benchmarks/tuning.py` from `tuning.json`. private-search: the "
+             f"default search (mean {search_space.DEFAULT['mean_candidates']} candidates, "
+             "logarithmic distribution, 10% of the training data for validation) with ε covering "
+             "the whole search; default: the hand-tuned recipe at ε = 3, its tuning not counted; "
+             "non-private-grid: no DP, the best of a 6-point grid on the same validation split. "
+             "Time: the whole method on 2 cores (features included).", "",
+             "| data set | method | test accuracy | ε | candidates (mean) | seconds (mean) "
+             "| seeds |",
              "|---|---|---:|---:|---:|---:|---:|"]
     summary = {}
     for dataset in DATASETS:
@@ -169,17 +192,19 @@ def report(records: list) -> str:
                 continue
             accuracies = [r["test_accuracy"] for r in rows]
             spread = f" ± {statistics.stdev(accuracies) * 100:.1f}" if len(rows) > 1 else ""
-            epsilon = "∞ (no DP)" if rows[0]["epsilon"] is None else f"{max(r['epsilon'] for r in rows):.3f}"
+            epsilon = "∞ (no DP)" if rows[0][
+                "epsilon"] is None else f"{max(r['epsilon'] for r in rows):.3f}"
             summary[dataset, method] = statistics.mean(accuracies)
-            lines.append(f"| {DATASETS[dataset]} | {method} | {statistics.mean(accuracies) * 100:.1f}{spread} | "
-                         f"{epsilon} | {statistics.mean(r['candidates'] for r in rows):.1f} | "
+            lines.append(f"| {DATASETS[dataset]} | {method} | "
+                         f"{statistics.mean(accuracies) * 100:.1f}{spread} | {epsilon} | "
+                         f"{statistics.mean(r['candidates'] for r in rows):.1f} | "
                          f"{statistics.mean(r['seconds'] for r in rows):.0f} | {len(rows)} |")
     lines += ["", "## Goals", ""]
     for dataset, (least, words) in GOALS.items():
         if (dataset, "private-search") in summary and (dataset, "default") in summary:
             gap = summary[dataset, "private-search"] - summary[dataset, "default"]
-            lines.append(f"- {DATASETS[dataset]}: the private search {words}: {gap * 100:+.1f} points, "
-                         f"{'met' if gap >= least else 'MISSED'}.")
+            lines.append(f"- {DATASETS[dataset]}: the private search {words}: {gap * 100:+.1f} "
+                         f"points, {'met' if gap >= least else 'MISSED'}.")
     return "\n".join(lines) + "\n"
 
 
@@ -194,14 +219,17 @@ def main(argv=None):
     parser.add_argument("--results", type=Path, default=RESULTS,
                         help="the JSON records, resumed if present; tuning.md is written beside it "
                              "(default: %(default)s)")
-    parser.add_argument("--report-only", action="store_true", help="train nothing; tuning.md from --results")
+    parser.add_argument("--report-only", action="store_true",
+                        help="train nothing; tuning.md from --results")
     args = parser.parse_args(argv)
     if args.report_only:
-        options.refuse_unused("with --report-only", {"--datasets": args.datasets, "--methods": args.methods,
+        options.refuse_unused("with --report-only",
+                              {"--datasets": args.datasets, "--methods": args.methods,
                                                      "--seeds": args.seeds})
         records = read(args.results)
     else:
-        records = run_all(args.datasets or list(DATASETS), args.methods or list(METHODS), args.seeds or 3,
+        records = run_all(args.datasets or list(DATASETS), args.methods or list(METHODS),
+                          args.seeds or 3,
                           args.results)
     text = report(records)
     atomic.write_text(args.results.with_name("tuning.md"), text)

@@ -20,7 +20,8 @@ ALGO_ASSETS = {
 def load_asset_module(script: Path, name: str):
     """Import an asset's script (e.g. an algo.py) as module `name`, for tests and benchmarks.
 
-    It is registered in sys.modules: MindSpore's graph compiler re-imports a jitted function's module by name.
+    It is registered in sys.modules: MindSpore's graph compiler re-imports a jitted function's
+    module by name.
     """
     spec = importlib.util.spec_from_file_location(name, script)
     module = importlib.util.module_from_spec(spec)

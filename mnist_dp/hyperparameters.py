@@ -82,14 +82,17 @@ class Hyperparameters:
 
 
 # Bounds that catch typos and absurd values before any work starts: beyond them a run would take
-# days or hours of accounting (epochs = 10^9), ε would protect nothing (target_epsilon = 10^9), or every step would
-# overflow (learning_rate = 10^300). batch_size is bounded by the data (planning.SamplingPlan).
+# days or hours of accounting (epochs = 10^9), ε would protect nothing (target_epsilon = 10^9), or
+# every step would overflow (learning_rate = 10^300). batch_size is bounded by the data
+# (planning.SamplingPlan).
 MAX_EPOCHS = 10_000
 MAX_EPSILON = 100.0
 MAX_STEP_SIZE = 1_000.0  # learning_rate, clip_learning_rate
-MAX_NORM = 1e30  # max_grad_norm, clip_count_stddev: beyond it the noise (σ ≤ 1,000 times it) would overflow float32
-# The most noise a user may ask: a step at σ = 1000 spends ε < 0.01 at any q, and RDP's numerics fail above ~3e4
-# (q = 1e-3). The least is privacy.events.MIN_NOISE_MULTIPLIER, where the accountant's numerics stop.
+# max_grad_norm, clip_count_stddev: beyond it the noise (σ ≤ 1,000 times it) would overflow float32
+MAX_NORM = 1e30
+# The most noise a user may ask: a step at σ = 1000 spends ε < 0.01 at any q, and RDP's numerics
+# fail above ~3e4 (q = 1e-3). The least is privacy.events.MIN_NOISE_MULTIPLIER, where the
+# accountant's numerics stop.
 MAX_NOISE_MULTIPLIER = 1000.0
 FEATURES = ("pixels", "scattering")  # what the network is given (learning/features.py)
 NETWORKS = ("cnn", "linear")
@@ -106,13 +109,16 @@ def _within(low: float, high: float):
 _RULES = {
     "epochs": (int, False, lambda v: 1 <= v <= MAX_EPOCHS, f"an integer from 1 to {MAX_EPOCHS:,}"),
     "batch_size": (int, False, lambda v: v >= 1, "a positive integer"),
-    "learning_rate": (float, False, _within(0, MAX_STEP_SIZE), f"a number in (0, {MAX_STEP_SIZE:g}]"),
+    "learning_rate": (float, False, _within(0, MAX_STEP_SIZE),
+                      f"a number in (0, {MAX_STEP_SIZE:g}]"),
     "momentum": (float, False, lambda v: 0 <= v < 1, "a number in [0, 1)"),
     "max_grad_norm": (float, False, _within(0, MAX_NORM), f"a number in (0, {MAX_NORM:g}]"),
     "noise_multiplier": (float, True, _within(0, MAX_NOISE_MULTIPLIER),
                          f"a number in (0, {MAX_NOISE_MULTIPLIER:g}] or null"),
-    "target_epsilon": (float, True, _within(0, MAX_EPSILON), f"a number in (0, {MAX_EPSILON:g}] or null"),
-    "max_epsilon": (float, True, _within(0, MAX_EPSILON), f"a number in (0, {MAX_EPSILON:g}] or null"),
+    "target_epsilon": (float, True, _within(0, MAX_EPSILON),
+                       f"a number in (0, {MAX_EPSILON:g}] or null"),
+    "max_epsilon": (float, True, _within(0, MAX_EPSILON),
+                    f"a number in (0, {MAX_EPSILON:g}] or null"),
     "delta": (float, False, lambda v: 0 < v < 1, "a number in (0, 1)"),
     "seed": (int, False, lambda v: 0 <= v <= MAX_SEED, f"an integer from 0 to {MAX_SEED}"),
     "dp": (bool, False, None, "true or false"),
@@ -124,9 +130,12 @@ _RULES = {
     "ema_decay": (float, False, lambda v: 0 <= v < 1, "a number in [0, 1)"),
     "noise_decay": (float, False, _within(0, 1), "a number in (0, 1]"),
     "clip_quantile": (float, True, lambda v: 0 < v < 1, "a number in (0, 1) or null"),
-    "clip_learning_rate": (float, False, _within(0, MAX_STEP_SIZE), f"a number in (0, {MAX_STEP_SIZE:g}]"),
-    "clip_count_stddev": (float, True, _within(0, MAX_NORM), f"a number in (0, {MAX_NORM:g}] or null"),
-    "noise_seed": (int, True, lambda v: 0 <= v <= MAX_SEED, f"an integer from 0 to {MAX_SEED} or null"),
+    "clip_learning_rate": (float, False, _within(0, MAX_STEP_SIZE),
+                           f"a number in (0, {MAX_STEP_SIZE:g}]"),
+    "clip_count_stddev": (float, True, _within(0, MAX_NORM),
+                          f"a number in (0, {MAX_NORM:g}] or null"),
+    "noise_seed": (int, True, lambda v: 0 <= v <= MAX_SEED,
+                   f"an integer from 0 to {MAX_SEED} or null"),
 }
 KEYS = tuple(_RULES)
 
@@ -136,10 +145,13 @@ def kind(name: str) -> type:
     return _RULES[name][0]
 
 
-_JSON_NAMES = {bool: "a boolean", int: "an integer", float: "a decimal number", str: "a string", list: "an array",
+_JSON_NAMES = {bool: "a boolean", int: "an integer", float: "a decimal number", str: "a string",
+               list: "an array",
                dict: "an object", type(None): "null"}
-_NOISE = ("noise_multiplier", "target_epsilon", "max_epsilon", "noise_decay", "clip_quantile", "clip_learning_rate",
-          "clip_count_stddev")  # ignored by the non-private baseline (and secure_mode: it draws no noise)
+_NOISE = ("noise_multiplier", "target_epsilon", "max_epsilon", "noise_decay", "clip_quantile",
+          "clip_learning_rate",
+          # ignored by the non-private baseline (and secure_mode: it draws no noise)
+          "clip_count_stddev")
 
 
 def check_value(name: str, value, where: str, check_range: bool = True) -> None:
@@ -154,7 +166,8 @@ def check_value(name: str, value, where: str, check_range: bool = True) -> None:
     elif kind is int:
         ok = isinstance(value, int) and not isinstance(value, bool)
     else:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        ok = isinstance(value,
+                        (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     if not ok:
         found = _JSON_NAMES.get(type(value), type(value).__name__)
         raise UserError(f"{where}: {name} = {json.dumps(value)} is {found}; it must be {what}")
@@ -163,11 +176,12 @@ def check_value(name: str, value, where: str, check_range: bool = True) -> None:
 
 
 def check_values(values: dict, where: str) -> None:
-    """Every key known, every value of its exact type and in range (a non-private run's noise settings
-    are ignored, so only their types are checked)."""
+    """Every key known, every value of its exact type and in range (a non-private run's noise
+    settings are ignored, so only their types are checked)."""
     unknown = set(values) - set(_RULES)
     if unknown:
-        raise UserError(f"{where}: unknown hyperparameter(s) {sorted(unknown)}; known: {sorted(_RULES)}")
+        raise UserError(f"{where}: unknown hyperparameter(s) {sorted(unknown)}; known: "
+                        f"{sorted(_RULES)}")
     dp = values.get("dp", True)
     check_value("dp", dp, where)
     for name, value in values.items():
@@ -182,38 +196,45 @@ def parse(values: dict, where: str) -> Hyperparameters:
         raise UserError(f"{where}: missing hyperparameter(s) {sorted(missing)}")
     hp = Hyperparameters(**values)
     if hp.dp and (hp.noise_multiplier is None) == (hp.target_epsilon is None):
-        raise UserError(f"{where}: give exactly one of noise_multiplier and target_epsilon (the other null)")
+        raise UserError(f"{where}: give exactly one of noise_multiplier and target_epsilon (the "
+                        "other null)")
     if hp.network == "linear" and hp.features != "scattering":
-        raise UserError(f"{where}: network = \"linear\" is a classifier on scattering features; set features to "
-                        "\"scattering\", or network to \"cnn\" for pixels")
+        raise UserError(f"{where}: network = \"linear\" is a classifier on scattering features; "
+                        "set features to \"scattering\", or network to \"cnn\" for pixels")
     if hp.secure_mode and hp.noise_seed is not None:
-        raise UserError(f"{where}: noise_seed = {hp.noise_seed} makes the noise replayable, secure_mode asks for noise "
-                        "nobody can predict; set noise_seed to null or secure_mode to false")
+        raise UserError(f"{where}: noise_seed = {hp.noise_seed} makes the noise replayable, "
+                        "secure_mode asks for noise nobody can predict; set noise_seed to null or "
+                        "secure_mode to false")
     return hp
 
 
 def load(path: Path, overrides: Overrides | None = None) -> Hyperparameters:
-    """Read a hyperparameters file, optionally with some keys replaced (errors in a replaced key name
-    the file it came from)."""
+    """Read a hyperparameters file, optionally with some keys replaced (errors in a replaced key
+    name the file it came from)."""
     path = Path(path)
     values = _read_object(path, "hyperparameters file")
     if not overrides:
         return parse(values, str(path))
     hp = parse({**values, **overrides.values}, f"{path} with {overrides.source}")
-    for key, (has_effect, unless) in _EFFECT.items():  # a key the user changed must change something
+    # a key the user changed must change something
+    for key, (has_effect, unless) in _EFFECT.items():
         if key in overrides.values and not has_effect(hp):
             raise UserError(f"{overrides.source}: {key} has no effect {unless}; drop it")
     return hp
 
 
-# key -> (whether it has an effect on these hyperparameters, when it has none). Every file holds every key, so only
-# a change a user asks for is refused where it would be ignored. (The noise keys with dp = false are not: run_local's
-# --baseline trains the same hyperparameters without DP.)
+# key -> (whether it has an effect on these hyperparameters, when it has none). Every file holds
+# every key, so only a change a user asks for is refused where it would be ignored. (The noise keys
+# with dp = false are not: run_local's --baseline trains the same hyperparameters without DP.)
 _EFFECT = {
-    "momentum": (lambda hp: hp.optimizer == "sgd", "with optimizer \"adam\" (its own β = 0.9, 0.999)"),
-    "activation": (lambda hp: hp.network == "cnn", "with network \"linear\" (it has no activation)"),
-    "clip_learning_rate": (lambda hp: hp.clip_quantile is not None, "with clip_quantile null (C stays fixed)"),
-    "clip_count_stddev": (lambda hp: hp.clip_quantile is not None, "with clip_quantile null (no count is drawn)"),
+    "momentum": (lambda hp: hp.optimizer == "sgd",
+                 "with optimizer \"adam\" (its own β = 0.9, 0.999)"),
+    "activation": (lambda hp: hp.network == "cnn",
+                   "with network \"linear\" (it has no activation)"),
+    "clip_learning_rate": (lambda hp: hp.clip_quantile is not None,
+                           "with clip_quantile null (C stays fixed)"),
+    "clip_count_stddev": (lambda hp: hp.clip_quantile is not None,
+                          "with clip_quantile null (no count is drawn)"),
 }
 
 
@@ -232,8 +253,9 @@ class Overrides:
 
 
 def parse_assignments(items: list, option: str = "--set") -> dict:
-    """Command-line changes ["key=value", ...] (each value JSON; a bare word is a string: activation=relu) ->
-    {key: value}, each key known and each value checked as a hyperparameters file's."""
+    """Command-line changes ["key=value", ...] (each value JSON; a bare word is a string:
+    activation=relu) -> {key: value}, each key known and each value checked as a hyperparameters
+    file's."""
     changes = {}
     for item in items:
         key, sep, value = item.partition("=")
@@ -250,11 +272,12 @@ def parse_assignments(items: list, option: str = "--set") -> dict:
 
 
 def refuse_keys(changes: dict, keys, why: str, option: str = "--set") -> None:
-    """Refuse changes of `keys`, which the caller sets itself or does not use (`why` says which), in one line: a
-    change silently overwritten would be reported as applied."""
+    """Refuse changes of `keys`, which the caller sets itself or does not use (`why` says which), in
+    one line: a change silently overwritten would be reported as applied."""
     refused = [key for key in changes if key in keys]
     if refused:
-        raise UserError(f"{option} {', '.join(refused)}: {why}; drop {'it' if len(refused) == 1 else 'them'}")
+        raise UserError(f"{option} {', '.join(refused)}: {why}; drop "
+                        f"{'it' if len(refused) == 1 else 'them'}")
 
 
 def load_overrides(path: Path | None) -> Overrides:

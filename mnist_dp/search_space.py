@@ -1,5 +1,6 @@
-"""The search file: what a private hyperparameter search tries (its space), how many candidates it draws, and its
-validation split. JSON, every key checked as the hyperparameters file's are (hyperparameters.py):
+"""The search file: what a private hyperparameter search tries (its space), how many candidates it
+draws, and its validation split. JSON, every key checked as the hyperparameters file's are
+(hyperparameters.py):
 
     {
       "space": {                                   # key -> a list of values, or a range
@@ -7,15 +8,16 @@ validation split. JSON, every key checked as the hyperparameters file's are (hyp
         "max_grad_norm": {"low": 0.025, "high": 0.4, "log": true},
         "ema_decay": [0.0, 0.9, 0.99]
       },
-      "mean_candidates": 4,                        # E[K], K the number of candidates (never released)
-      "shape": 0,                                  # K's distribution: 0 logarithmic, 1 geometric, "poisson", ...
-      "validation_fraction": 0.1                   # of the training examples, held out to score the candidates
+      "mean_candidates": 4,                        # E[K], K the number of candidates (never
+      released) "shape": 0,                                  # K's distribution: 0 logarithmic, 1
+      geometric, "poisson", ... "validation_fraction": 0.1                   # of the training
+      examples, held out to score the candidates
     }
 
-A range draws uniformly (log-uniformly with "log": true; an integer key: an integer). Every other hyperparameter is
-the algo's own. A key that changes a candidate's privacy profile (PRIVACY_KEYS: its q, steps or noise schedule) takes
-a list, or an integer range, since the accountant composes each of its values; the settings of the accounting itself
-(FIXED) are not searched.
+A range draws uniformly (log-uniformly with "log": true; an integer key: an integer). Every other
+hyperparameter is the algo's own. A key that changes a candidate's privacy profile (PRIVACY_KEYS:
+its q, steps or noise schedule) takes a list, or an integer range, since the accountant composes
+each of its values; the settings of the accounting itself (FIXED) are not searched.
 """
 from __future__ import annotations
 
@@ -35,10 +37,11 @@ from mnist_dp.utils.errors import UserError
 
 FILE_NAME = "search.json"  # in a tune function's archive, beside hyperparameters.json
 POISSON = "poisson"  # as events.POISSON
-# The default search, around the hand-tuned recipe (hyperparameters.json) and wide enough for other MNIST-format
-# data: a step size and a clipping norm 4x either way, and the weight average's horizon. None of them changes a
-# candidate's privacy profile, so the search is exactly one RepeatAndSelectDpEvent. The logarithmic distribution
-# (shape 0) costs the least ε for its mean (Papernot & Steinke 2022, Figure 2).
+# The default search, around the hand-tuned recipe (hyperparameters.json) and wide enough for other
+# MNIST-format data: a step size and a clipping norm 4x either way, and the weight average's
+# horizon. None of them changes a candidate's privacy profile, so the search is exactly one
+# RepeatAndSelectDpEvent. The logarithmic distribution (shape 0) costs the least ε for its mean
+# (Papernot & Steinke 2022, Figure 2).
 DEFAULT = {
     "space": {
         "learning_rate": {"low": 0.25, "high": 4.0, "log": True},
@@ -49,12 +52,16 @@ DEFAULT = {
     "shape": 0,
     "validation_fraction": 0.1,
 }
-# What changes a candidate's DP event for a given σ: its q (batch_size), steps (epochs, batch_size) and schedule.
+# What changes a candidate's DP event for a given σ: its q (batch_size), steps (epochs, batch_size)
+# and schedule.
 PRIVACY_KEYS = ("epochs", "batch_size", "noise_decay", "clip_quantile", "clip_count_stddev")
-# The accounting's own settings: one value for the whole search (noise: the search calibrates σ to target_epsilon).
-FIXED = ("dp", "delta", "target_epsilon", "noise_multiplier", "max_epsilon", "noise_seed", "secure_mode")
+# The accounting's own settings: one value for the whole search (noise: the search calibrates σ to
+# target_epsilon).
+FIXED = ("dp", "delta", "target_epsilon", "noise_multiplier", "max_epsilon", "noise_seed",
+         "secure_mode")
 MAX_MEAN = 1_000  # candidates on average: each one a full training
-# K's truncated negative binomial: past this shape the accountant's bound is far looser than Poisson's (docs/privacy.md)
+# K's truncated negative binomial: past this shape the accountant's bound is far looser than
+# Poisson's (docs/privacy.md)
 MAX_SHAPE = 10
 MAX_PROFILES = 100  # distinct privacy profiles: each one an RDP curve in every calibration step
 MAX_COMBINATIONS = 10_000  # combinations of listed values checked against each other
@@ -62,7 +69,8 @@ MAX_COMBINATIONS = 10_000  # combinations of listed values checked against each 
 
 @dataclass(frozen=True)
 class Range:
-    """A hyperparameter drawn uniformly from [low, high] (log-uniformly if `log`; an integer key: an integer)."""
+    """A hyperparameter drawn uniformly from [low, high] (log-uniformly if `log`; an integer key: an
+    integer)."""
 
     low: int | float
     high: int | float
@@ -79,7 +87,8 @@ class Range:
     def draw(self, rng: np.random.Generator):
         if self.integer:  # log: the integer part of a log-uniform draw in [low, high + 1)
             if self.log:
-                return min(self.high, int(math.exp(rng.uniform(math.log(self.low), math.log(self.high + 1)))))
+                return min(self.high,
+                           int(math.exp(rng.uniform(math.log(self.low), math.log(self.high + 1)))))
             return int(rng.integers(self.low, self.high + 1))
         if self.log:
             return float(math.exp(rng.uniform(math.log(self.low), math.log(self.high))))
@@ -91,7 +100,8 @@ class Range:
 
 @dataclass(frozen=True)
 class SearchSpace:
-    """A search, as the search file says it: `space` maps a hyperparameter to a tuple of values or a Range."""
+    """A search, as the search file says it: `space` maps a hyperparameter to a tuple of values or a
+    Range."""
 
     space: dict
     mean: float
@@ -103,23 +113,28 @@ class SearchSpace:
         return round(self.validation_fraction * 1000)
 
     def draw(self, base: Hyperparameters, rng: np.random.Generator) -> Hyperparameters:
-        """One candidate: every searched key drawn (a list: uniformly among its values), the rest `base`'s."""
+        """One candidate: every searched key drawn (a list: uniformly among its values), the rest
+        `base`'s."""
         values = {}
         for name, choice in sorted(self.space.items()):
-            values[name] = choice.draw(rng) if isinstance(choice, Range) else choice[int(rng.integers(len(choice)))]
+            values[name] = choice.draw(rng) if isinstance(choice, Range) else choice[
+                int(rng.integers(len(choice)))]
         return dataclasses.replace(base, **values)
 
     def profile_count(self) -> int:
         """How many combinations `profiles` makes, counted without making them."""
-        return math.prod(self.space[k].high - self.space[k].low + 1 if isinstance(self.space[k], Range)
+        return math.prod(self.space[k].high - self.space[k].low + 1
+                         if isinstance(self.space[k], Range)
                          else len(self.space[k]) for k in self.space if k in PRIVACY_KEYS)
 
     def profiles(self, base: Hyperparameters) -> list:
-        """`base` with every combination of the values of the searched PRIVACY_KEYS: one per privacy profile a
-        candidate may have (some may coincide)."""
+        """`base` with every combination of the values of the searched PRIVACY_KEYS: one per privacy
+        profile a candidate may have (some may coincide)."""
         keys = sorted(k for k in self.space if k in PRIVACY_KEYS)
-        options = [self.space[k].values() if isinstance(self.space[k], Range) else self.space[k] for k in keys]
-        return [dataclasses.replace(base, **dict(zip(keys, values))) for values in itertools.product(*options)]
+        options = [self.space[k].values() if isinstance(self.space[k], Range) else self.space[k]
+                   for k in keys]
+        return [dataclasses.replace(base, **dict(zip(keys, values)))
+                for values in itertools.product(*options)]
 
     def to_json(self) -> dict:
         space = {name: choice.to_json() if isinstance(choice, Range) else list(choice)
@@ -132,29 +147,38 @@ class SearchSpace:
 def parse(values, where: str) -> SearchSpace:
     """A search file's object, every key checked; `where` names its source in errors."""
     if not isinstance(values, dict):
-        raise UserError(f"{where}: must hold a JSON object with \"space\" (and optionally \"mean_candidates\", "
-                        "\"shape\", \"validation_fraction\")")
+        raise UserError(f"{where}: must hold a JSON object with \"space\" (and optionally "
+                        "\"mean_candidates\", \"shape\", \"validation_fraction\")")
     values = {**{k: v for k, v in DEFAULT.items() if k != "space"}, **values}
     unknown = set(values) - set(DEFAULT)
     if unknown:
         raise UserError(f"{where}: unknown key(s) {sorted(unknown)}; known: {sorted(DEFAULT)}")
-    mean, shape, fraction = values["mean_candidates"], values["shape"], values["validation_fraction"]
+    mean, shape, fraction = values["mean_candidates"], values["shape"], values[
+        "validation_fraction"]
     if not _number(mean) or not 1 <= mean <= MAX_MEAN:
-        raise UserError(f"{where}: mean_candidates = {json.dumps(mean)} must be a number from 1 to {MAX_MEAN:,}")
+        raise UserError(f"{where}: mean_candidates = {json.dumps(mean)} must be a number from 1 to "
+                        f"{MAX_MEAN:,}")
     if shape != POISSON and (not _number(shape) or not 0 <= shape <= MAX_SHAPE):
-        raise UserError(f"{where}: shape = {json.dumps(shape)} must be a number from 0 to {MAX_SHAPE} (0: logarithmic, "
-                        f"1: geometric, else a truncated negative binomial) or \"{POISSON}\": a larger shape is "
-                        f"nearly Poisson, whose own bound (\"{POISSON}\") is far tighter")
+        raise UserError(f"{where}: shape = {json.dumps(shape)} must be a number from 0 to "
+                        f"{MAX_SHAPE} (0: logarithmic, 1: geometric, else a truncated negative "
+                        f"binomial) or \"{POISSON}\": a larger shape is nearly Poisson, whose own "
+                        f"bound (\"{POISSON}\") is far tighter")
     if not _number(fraction) or not 0.001 <= fraction <= 0.5:
-        raise UserError(f"{where}: validation_fraction = {json.dumps(fraction)} must be a number from 0.001 to 0.5")
+        raise UserError(f"{where}: validation_fraction = {json.dumps(fraction)} must be a number "
+                        "from 0.001 to 0.5")
     if "space" not in values or not isinstance(values["space"], dict) or not values["space"]:
-        raise UserError(f"{where}: \"space\" must be a non-empty object of hyperparameter -> list of values or range "
+        raise UserError(f"{where}: \"space\" must be a non-empty object of hyperparameter -> list "
+                        "of values or range "
                         "{\"low\": ..., \"high\": ..., \"log\": true|false}")
-    space = {name: _choice(name, choice, f"{where}: space.{name}") for name, choice in values["space"].items()}
-    search = SearchSpace(space, float(mean), math.inf if shape == POISSON else float(shape), float(fraction))
-    if search.profile_count() > MAX_PROFILES:  # counted before any is made: wide ranges would make millions
-        raise UserError(f"{where}: the space has {search.profile_count():,} privacy profiles (values of "
-                        f"{', '.join(PRIVACY_KEYS)} combined), more than {MAX_PROFILES}; list fewer values of them")
+    space = {name: _choice(name, choice, f"{where}: space.{name}") for name,
+             choice in values["space"].items()}
+    search = SearchSpace(space, float(mean), math.inf if shape == POISSON else float(shape),
+                         float(fraction))
+    # counted before any is made: wide ranges would make millions
+    if search.profile_count() > MAX_PROFILES:
+        raise UserError(f"{where}: the space has {search.profile_count():,} privacy profiles "
+                        f"(values of {', '.join(PRIVACY_KEYS)} combined), more than "
+                        f"{MAX_PROFILES}; list fewer values of them")
     return search
 
 
@@ -166,18 +190,21 @@ def _choice(name: str, choice, where: str):
     if name not in hyperparameters.KEYS:
         raise UserError(f"{where}: unknown hyperparameter; known: {sorted(hyperparameters.KEYS)}")
     if name in FIXED:
-        raise UserError(f"{where}: {name} is one setting for the whole search (the search calibrates σ so that it "
-                        f"ends at target_epsilon); set it in the hyperparameters, not in the space")
+        raise UserError(f"{where}: {name} is one setting for the whole search (the search "
+                        "calibrates σ so that it ends at target_epsilon); set it in the "
+                        "hyperparameters, not in the space")
     if isinstance(choice, list):
         if not choice:
             raise UserError(f"{where}: an empty list; give at least one value")
         for value in choice:
             hyperparameters.check_value(name, value, where)
         if len(set(map(json.dumps, choice))) < len(choice):
-            raise UserError(f"{where}: a value is listed twice (it would be drawn twice as often); list it once")
+            raise UserError(f"{where}: a value is listed twice (it would be drawn twice as often); "
+                            "list it once")
         return tuple(choice)
     if not isinstance(choice, dict) or not {"low", "high"} <= set(choice) <= {"low", "high", "log"}:
-        raise UserError(f"{where}: must be a list of values or a range {{\"low\": ..., \"high\": ..., \"log\": "
+        raise UserError(f"{where}: must be a list of values or a range {{\"low\": ..., \"high\": "
+                        "..., \"log\": "
                         "true|false}")
     if hyperparameters.kind(name) not in (int, float):
         raise UserError(f"{where}: a range of a non-numeric hyperparameter; give a list of values")
@@ -192,31 +219,37 @@ def _choice(name: str, choice, where: str):
     if log and low <= 0:
         raise UserError(f"{where}: a log range needs low > 0")
     if name in PRIVACY_KEYS and not integer:
-        raise UserError(f"{where}: {name} changes a candidate's noise, which the accountant composes value by value; "
-                        "give a list of values")
+        raise UserError(f"{where}: {name} changes a candidate's noise, which the accountant "
+                        "composes value by value; give a list of values")
     return Range(low, high, log) if integer else Range(float(low), float(high), log)
 
 
 def check_with(search: SearchSpace, base: Hyperparameters, where: str) -> list:
-    """The search checked against the algo's hyperparameters `base`: DP with target_epsilon (a search is calibrated as
-    a whole), no max_epsilon, every combination of listed values a valid hyperparameters file, at most MAX_PROFILES
-    privacy profiles. Returns its profiles (SearchSpace.profiles)."""
+    """The search checked against the algo's hyperparameters `base`: DP with target_epsilon (a
+    search is calibrated as a whole), no max_epsilon, every combination of listed values a valid
+    hyperparameters file, at most MAX_PROFILES privacy profiles. Returns its profiles
+    (SearchSpace.profiles)."""
     if not base.dp:
         raise UserError(f"{where}: a private search needs dp = true (without DP, ε = ∞)")
     if base.target_epsilon is None:
-        raise UserError(f"{where}: a search needs target_epsilon (null noise_multiplier): its σ is calibrated so that "
-                        "the whole search, not one run, ends at the target")
+        raise UserError(f"{where}: a search needs target_epsilon (null noise_multiplier): its σ is "
+                        "calibrated so that the whole search, not one run, ends at the target")
     if base.max_epsilon is not None:
-        raise UserError(f"{where}: max_epsilon stops one run early; a search runs every candidate in full: set "
-                        "max_epsilon to null")
-    listed = {name: choice for name, choice in search.space.items() if not isinstance(choice, Range)}
+        raise UserError(f"{where}: max_epsilon stops one run early; a search runs every candidate "
+                        "in full: set max_epsilon to null")
+    listed = {name: choice for name, choice in search.space.items()
+              if not isinstance(choice, Range)}
     ranged = {name: choice for name, choice in search.space.items() if isinstance(choice, Range)}
     if math.prod(len(values) for values in listed.values()) > MAX_COMBINATIONS:
-        raise UserError(f"{where}: the listed values make more than {MAX_COMBINATIONS:,} combinations; list fewer")
-    for combination in itertools.product(*listed.values()):  # each with every range at its low, then its high end
+        raise UserError(f"{where}: the listed values make more than {MAX_COMBINATIONS:,} "
+                        "combinations; list fewer")
+    # each with every range at its low, then its high end
+    for combination in itertools.product(*listed.values()):
         for end in ("low", "high"):
-            chosen = {**{name: getattr(r, end) for name, r in ranged.items()}, **dict(zip(listed, combination))}
-            hyperparameters.parse({**base.to_json(), **chosen}, f"{where}: the candidate {json.dumps(chosen)}")
+            chosen = {**{name: getattr(r, end) for name, r in ranged.items()},
+                      **dict(zip(listed, combination))}
+            hyperparameters.parse({**base.to_json(), **chosen},
+                                  f"{where}: the candidate {json.dumps(chosen)}")
     return search.profiles(base)
 
 
@@ -230,9 +263,10 @@ def load(path: Path | None) -> SearchSpace:
 def add_argument(parser) -> None:
     """--search, the same on every script that trains."""
     parser.add_argument("--search", metavar="FILE", default=None,
-                        help="instead of training once, a private hyperparameter search on each organisation's data "
-                             "(a tune task; only the best candidate's model is released): FILE is a search file "
-                             "(docs/privacy.md, \"Private hyperparameter search\") or `default` for the bundle's; "
+                        help="instead of training once, a private hyperparameter search on each "
+                             "organisation's data (a tune task; only the best candidate's model is "
+                             "released): FILE is a search file (docs/privacy.md, \"Private "
+                             "hyperparameter search\") or `default` for the bundle's; "
                              "target_epsilon is then the whole search's (default: no search)")
 
 

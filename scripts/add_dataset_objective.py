@@ -17,13 +17,15 @@ from mnist_dp.utils.errors import run_cli
 def build_parser():
     parser = options.ArgumentParser(__doc__)
     parser.add_argument("--data", type=Path, default=Path("data"),
-                        help="data samples written by scripts/generate_data.py; generated from the embedded "
-                             "MNIST subset if missing (default: %(default)s)")
+                        help="data samples written by scripts/generate_data.py; generated from the "
+                             "embedded MNIST subset if missing (default: %(default)s)")
     parser.add_argument("--keys-file", type=Path, default=Path("assets_keys.json"),
-                        help="JSON file the keys are written to, and read from on a re-run (default: %(default)s)")
+                        help="JSON file the keys are written to, and read from on a re-run "
+                             "(default: %(default)s)")
     parser.add_argument("--folds", type=options.integer(1, options.MAX_ORGANIZATIONS), default=1,
-                        help="groups the train data samples into this many folds; add_train_algo_cnn_dp.py "
-                             "trains on them one after the other (default: %(default)s)")
+                        help="groups the train data samples into this many folds; "
+                             "add_train_algo_cnn_dp.py trains on them one after the other "
+                             "(default: %(default)s)")
     connection.add_arguments(parser)
     return parser
 

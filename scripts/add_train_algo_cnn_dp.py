@@ -2,13 +2,13 @@
 averaging) on a Substra node, run a compute plan on the assets of the keys file, and report test
 accuracy and ε.
 
-Reads the keys file written by scripts/add_dataset_objective.py. With --strategy cyclic (the default)
-training goes through the train folds one after the other (one train task per fold, each continuing
-from the model before), with predict and score after each; with --strategy fedavg each round trains
-every fold from the global model and an aggregate task averages them, then predict and score on the
-test set. --rounds repeats either. ε is per fold (the folds hold disjoint data). With --search, one tune task
-runs a private hyperparameter search on every fold's data together and its model is scored on the test set. The
-algo's and the
+Reads the keys file written by scripts/add_dataset_objective.py. With --strategy cyclic (the
+default) training goes through the train folds one after the other (one train task per fold, each
+continuing from the model before), with predict and score after each; with --strategy fedavg each
+round trains every fold from the global model and an aggregate task averages them, then predict and
+score on the test set. --rounds repeats either. ε is per fold (the folds hold disjoint data). With
+--search, one tune task runs a private hyperparameter search on every fold's data together and its
+model is scored on the test set. The algo's and the
 plan's keys are added to the keys file; the reports (results.json, summary.md, results.png) and the
 model files go to --output. With a local backend (which forgets everything between runs) the dataset
 and objective are registered again from the data folder named in the keys file.
@@ -33,59 +33,71 @@ def build_parser():
     parser.add_argument("--framework", choices=list(ALGO_ASSETS), default="torch",
                         help="which algo asset to register and train (default: %(default)s)")
     parser.add_argument("--keys-file", type=Path, default=Path("assets_keys.json"),
-                        help="keys file of scripts/add_dataset_objective.py; the new keys are added to it "
-                             "(default: %(default)s)")
+                        help="keys file of scripts/add_dataset_objective.py; the new keys are "
+                             "added to it (default: %(default)s)")
     parser.add_argument("--hyperparameters", type=Path, default=None,
-                        help="JSON file whose keys replace those of the algo's hyperparameters.json")
+                        help="JSON file whose keys replace those of the algo's "
+                             "hyperparameters.json")
     parser.add_argument("--output", type=Path, default=None,
-                        help="folder for the reports and model files (default: results/<framework>)")
+                        help="folder for the reports and model files (default: "
+                             "results/<framework>)")
     compute_plan.add_arguments(parser, "folds")
     search_space.add_argument(parser)
     parser.add_argument("--share-with", default="",
-                        help="comma-separated organisation ids also allowed to read the model and predictions "
-                             "(default: this organisation only)")
+                        help="comma-separated organisation ids also allowed to read the model and "
+                             "predictions (default: this organisation only)")
     connection.add_arguments(parser)
     return parser
 
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    compute_plan.check_options(args.strategy, args.score_train, args.search is not None, args.rounds)
+    compute_plan.check_options(args.strategy, args.score_train, args.search is not None,
+                               args.rounds)
     searched = search_space.from_option(args.search)
-    connection.check_settings(args.backend, args.client_name)  # refused now, before --output is made
+    # refused now, before --output is made
+    connection.check_settings(args.backend, args.client_name)
     if not args.keys_file.is_file():
-        raise UserError(f"{args.keys_file}: no keys file; run scripts/add_dataset_objective.py first")
+        raise UserError(f"{args.keys_file}: no keys file; run scripts/add_dataset_objective.py "
+                        "first")
     keys = registry.KeysFile(args.keys_file)
     hp = hyperparameters.load(ALGO_ASSETS[args.framework] / hyperparameters.FILE_NAME,
                               hyperparameters.load_overrides(args.hyperparameters))
     if not hp.dp and args.backend == "remote":
-        raise UserError(f"{args.hyperparameters}: dp = false on a Substra node: the non-private model's accuracy, not "
-                        "covered by ε, would be a performance every organisation on the node sees; train a baseline "
-                        "locally (scripts/run_local.py --baseline)")
+        raise UserError(f"{args.hyperparameters}: dp = false on a Substra node: the non-private "
+                        "model's accuracy, not covered by ε, would be a performance every "
+                        "organisation on the node sees; train a baseline locally "
+                        "(scripts/run_local.py --baseline)")
     for field in ("organization_id", "dataset_key", "objective_key", "test_data_sample_keys"):
         keys.require(field)  # a damaged keys file is named now, not half-way through
     folds = keys.require("train_data_sample_keys")
-    compute_plan.check_size(compute_plan.count_tasks("search" if searched else args.strategy, args.rounds,
-                                                     1 if searched else len(folds), 1, args.score_train),
-                            f"--rounds {args.rounds} with the {len(folds)} fold(s) of {args.keys_file} and --strategy "
-                            f"{args.strategy}")
+    compute_plan.check_size(compute_plan.count_tasks("search" if searched else args.strategy,
+                                                     args.rounds,
+                                                     1 if searched else len(folds), 1,
+                                                     args.score_train),
+                            f"--rounds {args.rounds} with the {len(folds)} fold(s) of "
+                            f"{args.keys_file} and --strategy {args.strategy}")
     data_dir = Path(keys.require("data"))
     dataset.check_output_outside(data_dir, args.output or Path("results") / args.framework)
     where = f"{args.framework} hyperparameters ({args.hyperparameters or 'the asset'})"
-    if data_dir.is_dir() and searched:  # what the tune task would refuse, checked before anything is registered
-        read = samples.check_examples([f for own in registry.split_among(data_dir, len(folds)) for f in own])
+    # what the tune task would refuse, checked before anything is registered
+    if data_dir.is_dir() and searched:
+        read = samples.check_examples([f for own in registry.split_among(data_dir, len(folds))
+                                       for f in own])
         search.check_plan(args.framework, hp, searched, [[s.ids for s in read]], [where])
-    elif data_dir.is_dir():  # what each train task would refuse, checked before anything is registered
+    # what each train task would refuse, checked before anything is registered
+    elif data_dir.is_dir():
         holdings = registry.split_among(data_dir, len(folds))
         sizes = [sum(map(samples.sample_size, own)) for own in holdings]
         spent = [(samples.spent_on(own), {s.identity: Examples.of(s.key_id, s.ids)
-                                          for s in map(samples.read_sample, own)}) for own in holdings]
+                                          for s in map(samples.read_sample, own)})
+                 for own in holdings]
         hp = budget.check_plan(args.framework, hp, sizes, args.rounds,
                                [f"{where}, fold {k}" for k in range(1, len(sizes) + 1)], spent)
     elif args.rounds > 1 and hp.dp and hp.target_epsilon is not None:
-        raise UserError(f"--rounds {args.rounds} with target_epsilon: σ is calibrated for every fold's size, but the "
-                        f"data folder {data_dir} named in {args.keys_file} is not here; give noise_multiplier in "
-                        "--hyperparameters instead")
+        raise UserError(f"--rounds {args.rounds} with target_epsilon: σ is calibrated for every "
+                        f"fold's size, but the data folder {data_dir} named in {args.keys_file} is "
+                        "not here; give noise_multiplier in --hyperparameters instead")
     with results.run_output((args.output or Path("results") / args.framework).resolve()) as output:
         register_and_run(args, keys, hp, output, searched)
 
@@ -97,7 +109,8 @@ def register_and_run(args, keys: registry.KeysFile, hp: Hyperparameters, output:
     with tempfile.TemporaryDirectory() as build_dir:
         if args.backend in connection.LOCAL_BACKENDS:  # a new local backend starts empty
             registry.register_dataset_objective(client, keys, Path(keys.require("data")),
-                                                len(keys.require("train_data_sample_keys")), Path(build_dir))
+                                                len(keys.require("train_data_sample_keys")),
+                                                Path(build_dir))
         registry.check_on_node(client, keys)
         functions = registry.register_algo(
             client, keys, run, args.framework, hp.to_json(), Path(build_dir),
@@ -109,33 +122,44 @@ def register_and_run(args, keys: registry.KeysFile, hp: Hyperparameters, output:
     folds = keys.require("train_data_sample_keys")
     shares = [compute_plan.Share(owner, dataset, tuple(fold)) for fold in folds]
     test = compute_plan.Share(owner, dataset, tuple(keys.require("test_data_sample_keys")))
-    on_node = args.backend not in connection.LOCAL_BACKENDS  # a local backend forgets every task between runs
+    # a local backend forgets every task between runs
+    on_node = args.backend not in connection.LOCAL_BACKENDS
     builder = compute_plan.PlanBuilder(share_with=compute_plan.id_list(args.share_with),
                                        ledgers={owner: keys.require("ledger_task")}
                                        if on_node and keys.get("ledger_task") else {})
     functions = {**functions, "score": keys.require("objective_key")}
     if searched:  # the organisation's data: every fold
-        builder.search(run, functions, [compute_plan.Share(owner, dataset, sum(map(tuple, folds), ()))], test)
+        builder.search(run, functions,
+                       [compute_plan.Share(owner, dataset, sum(map(tuple, folds), ()))], test)
     elif args.strategy == "fedavg":
         builder.fedavg(run, functions, shares, args.rounds, test)
-    else:  # the folds are at one organisation: each train task is numbered as a round of its own in the reports
-        builder.chain(run, functions, list(enumerate(shares * args.rounds, 1)), test, args.score_train)
+    # the folds are at one organisation: each train task is numbered as a round of its own in the
+    # reports
+    else:
+        builder.chain(run, functions, list(enumerate(shares * args.rounds, 1)), test,
+                      args.score_train)
     plan_key = compute_plan.new_key()
     keys.add_compute_plan(args.framework, plan_key,
-                          {task: compute_plan.describe_role(role) for task, role in builder.roles.items()})
+                          {task: compute_plan.describe_role(role) for task,
+                           role in builder.roles.items()})
     print(f"algo and compute plan keys added to {args.keys_file}")
     data_dir = Path(keys.require("data"))
     try:
-        results.run_and_report(client, builder, f"mnist-dp {run}", plan_key, {run: args.framework}, {owner: None},
+        results.run_and_report(client, builder, f"mnist-dp {run}", plan_key, {run: args.framework},
+                               {owner: None},
                                output, f"mnist-dp: {run} on a Substra node",
                                [f"{args.backend} backend, keys file: {args.keys_file.resolve()}",
                                 f"{len(folds)} fold(s) at {owner}, " + (
-                                    f"a private search on all of them ({args.search})" if searched else
-                                    f"{args.rounds} round(s), {compute_plan.describe_strategy(args.strategy)}")],
-                               {owner: registry.sample_folders(data_dir, "train")} if data_dir.is_dir() else None)
+                                    "a private search on all of them "
+                                    f"({args.search})" if searched else
+                                    f"{args.rounds} round(s), "
+                                    f"{compute_plan.describe_strategy(args.strategy)}")],
+                               {owner: registry.sample_folders(data_dir, "train")}
+                               if data_dir.is_dir() else None)
     finally:  # the organisation's next plan on the node goes on from the last ledger this one made
         if on_node:
-            keys.update(ledger_task=execution.last_done(client, builder.spending(owner)) or keys.get("ledger_task"))
+            keys.update(ledger_task=execution.last_done(client, builder.spending(owner))
+                        or keys.get("ledger_task"))
 
 if __name__ == "__main__":
     run_cli(main, explain=connection.explain_refusal)

@@ -15,8 +15,9 @@ def build_parser():
     parser = options.ArgumentParser(__doc__)
     parser.add_argument("model", type=Path, nargs="+", help="model file(s) written by a train task")
     parser.add_argument("--data", type=Path, nargs="+", metavar="SAMPLE",
-                        help="your organisation's training data sample folders: the statement adds what they have "
-                             "spent over every run released from them (their own ledger, privacy_ledger.jsonl)")
+                        help="your organisation's training data sample folders: the statement adds "
+                             "what they have spent over every run released from them (their own "
+                             "ledger, privacy_ledger.jsonl)")
     return parser
 
 
@@ -28,7 +29,8 @@ def main(argv=None):
         saved = model_file.load(path)
         print(f"# {path} ({saved.framework})\n")
         delta = saved.hyperparameters["delta"]
-        print(statement.privacy_statement(saved, data_spent={"your data": spent.epsilon(delta, data=own)}
+        print(statement.privacy_statement(saved,
+                                          data_spent={"your data": spent.epsilon(delta, data=own)}
                                           if spent is not None else None))
         print()
 

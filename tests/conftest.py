@@ -25,18 +25,20 @@ REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "python")
 FRAMEWORKS = sorted(ALGO_ASSETS)
 # One epoch on a few hundred images: enough to exercise every code path in seconds.
-TINY_HYPERPARAMETERS = {"epochs": 1, "batch_size": 64, "noise_multiplier": 1.0, "target_epsilon": None,
+TINY_HYPERPARAMETERS = {"epochs": 1, "batch_size": 64, "noise_multiplier": 1.0,
+                        "target_epsilon": None,
                         "delta": 1e-4}
 
 
-# The fast loop, `python -m pytest tests -m "not slow"` (under two minutes), runs everything that needs no training,
-# no Substra function and no Docker: these folders hold nothing else, and a test elsewhere that does is marked
-# itself, as are the few tests that take over 10 s each.
+# The fast loop, `python -m pytest tests -m "not slow"` (under two minutes), runs everything that
+# needs no training, no Substra function and no Docker: these folders hold nothing else, and a test
+# elsewhere that does is marked itself, as are the few tests that take over 10 s each.
 SLOW_FOLDERS = ("assets", "federated", "scripts", "benchmarks")
 SLOW_MODULES = ("test_dockerfile.py",)
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's, which names each test by the xdist_group marked here
+# before xdist's, which names each test by the xdist_group marked here
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items):
     for item in items:
         where = Path(item.fspath).relative_to(REPO / "tests").parts
@@ -46,12 +48,14 @@ def pytest_collection_modifyitems(items):
     for group, members in groups.items():
         for item in members:
             item.add_marker(pytest.mark.xdist_group(group))
-    # The longest first, so that no worker starts an 8-minute Docker test while the other has nothing left (xdist
-    # hands them out in this order): the bundle's image, the other Docker tests, the slow ones, the fast ones. A
-    # group moves as one, its tests kept together: a worker runs its tests in this order, and a test of another
-    # module in between would tear the group's run down, to be made again.
+    # The longest first, so that no worker starts an 8-minute Docker test while the other has
+    # nothing left (xdist hands them out in this order): the bundle's image, the other Docker tests,
+    # the slow ones, the fast ones. A group moves as one, its tests kept together: a worker runs its
+    # tests in this order, and a test of another module in between would tear the group's run down,
+    # to be made again.
     def cost(item):
-        return (Path(item.fspath).name not in SLOW_MODULES, "docker_daemon" not in item.fixturenames,
+        return (Path(item.fspath).name not in SLOW_MODULES,
+                "docker_daemon" not in item.fixturenames,
                 item.get_closest_marker("slow") is None)
 
     group_of = {id(item): group for group, members in groups.items() for item in members}
@@ -59,19 +63,22 @@ def pytest_collection_modifyitems(items):
     for position, item in enumerate(items):
         group = group_of.get(id(item), position)
         first[group] = min(first.get(group, (cost(item), position)), (cost(item), position))
-    order = {id(item): (*first[group_of.get(id(item), position)], position) for position, item in enumerate(items)}
+    order = {id(item): (*first[group_of.get(id(item), position)], position) for position,
+             item in enumerate(items)}
     items.sort(key=lambda item: order[id(item)])
 
 
 def shared_runs(items):
-    """The tests run in parallel (pytest-xdist, `--dist loadgroup` in pyproject.toml). Tests that share
-    a module-scoped fixture (a training run, a plan), directly or through another test, must go to one worker,
-    so that the run is made once: this groups them, each group named by one of its fixtures."""
+    """The tests run in parallel (pytest-xdist, `--dist loadgroup` in pyproject.toml). Tests that
+    share a module-scoped fixture (a training run, a plan), directly or through another test, must
+    go to one worker, so that the run is made once: this groups them, each group named by one of its
+    fixtures."""
     group_of = {}  # a fixture, with its parameter, -> the group that holds it
     groups = {}  # group name -> its tests
     for item in items:
         callspec = getattr(item, "callspec", None)
-        shared = [f"{item.module.__name__}:{name}={callspec.params.get(name, '') if callspec else ''}"
+        shared = [
+            f"{item.module.__name__}:{name}={callspec.params.get(name, '') if callspec else ''}"
                   for name, definitions in item._fixtureinfo.name2fixturedefs.items()
                   if definitions[-1].scope == "module"]
         if not shared:
@@ -87,8 +94,9 @@ def shared_runs(items):
 
 
 def pytest_configure(config):
-    # One torch thread in each test worker (the workers are one per core): two workers each spinning two OpenMP
-    # threads on two cores ran torch's in-process mechanism tests 8 times slower. Subprocesses keep the default.
+    # One torch thread in each test worker (the workers are one per core): two workers each spinning
+    # two OpenMP threads on two cores ran torch's in-process mechanism tests 8 times slower.
+    # Subprocesses keep the default.
     if os.environ.get("PYTEST_XDIST_WORKER"):
         import torch
 
@@ -97,14 +105,16 @@ def pytest_configure(config):
 
 @pytest.fixture(scope="session")
 def docker_daemon():
-    """A Docker daemon to build and run the functions' images. Where none answers the test is skipped
-    (one line, saying how to start one), except on CI (CI=true), where the docker tests must run."""
+    """A Docker daemon to build and run the functions' images. Where none answers the test is
+    skipped (one line, saying how to start one), except on CI (CI=true), where the docker tests must
+    run."""
     import docker
 
     try:
         return docker.from_env().ping()
     except docker.errors.DockerException as exc:
-        reason = f"no Docker daemon answers ({type(exc).__name__}); bash .ci/docker-up starts one on our machines"
+        reason = (f"no Docker daemon answers ({type(exc).__name__}); bash .ci/docker-up starts one "
+                  "on our machines")
         if os.environ.get("CI") == "true":
             pytest.fail(f"{reason}: on CI the docker tests must run")
         pytest.skip(reason)
@@ -124,8 +134,8 @@ def tiny_data(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_data_2orgs(tmp_path_factory):
-    """The same examples as tiny_data for two organisations, as a deployment has them: each organisation's
-    sample under its own identity key, the test set under a third."""
+    """The same examples as tiny_data for two organisations, as a deployment has them: each
+    organisation's sample under its own identity key, the test set under a third."""
     dest = tmp_path_factory.mktemp("data") / "tiny-federated"
     dataset.generate(dest, train_size=300, test_size=100, train_samples=2, seed=1, organizations=2)
     SHARED_DATA.append(dest)
@@ -134,9 +144,9 @@ def tiny_data_2orgs(tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def nothing_spent_on_the_shared_data():
-    """After each test, the session's data folders lose the runs their own ledgers recorded (data_ledger.py): each
-    test starts from data nothing was released from, as the data it was written for. Tests of what the data's
-    ledger does across runs make data of their own."""
+    """After each test, the session's data folders lose the runs their own ledgers recorded
+    (data_ledger.py): each test starts from data nothing was released from, as the data it was
+    written for. Tests of what the data's ledger does across runs make data of their own."""
     yield
     for folder in SHARED_DATA:
         for ledger in folder.glob(f"*/*/{LEDGER_FILE}"):
@@ -144,17 +154,21 @@ def nothing_spent_on_the_shared_data():
 
 
 # Runs a command as root without the capabilities that let root write anywhere: a folder of mode
-# 0o555 is then read-only to it, as it would be to a user (tests run as root in CI and in the image).
+# 0o555 is then read-only to it, as it would be to a user (tests run as root in CI and in the
+# image).
 WITHOUT_WRITE_OVERRIDE = ["setpriv", "--bounding-set=-dac_override,-dac_read_search",
                           "--inh-caps=-dac_override,-dac_read_search", "--"]
 
 
-def ledger_event(framework="torch", data=("fp-a",), n=100, batch_size=10, sigma=1.0, epochs=1, steps=None,
+def ledger_event(framework="torch", data=("fp-a",), n=100, batch_size=10, sigma=1.0, epochs=1,
+                 steps=None,
                  library_epsilon=(), archive_digest=None):
-    """A ledger event as a train task writes it (provenance included), for tests that build model files."""
+    """A ledger event as a train task writes it (provenance included), for tests that build model
+    files."""
 
     steps_per_epoch = -(-n // batch_size)
-    return DpEvent(framework, tuple(data), n, 1 / steps_per_epoch, sigma, steps or steps_per_epoch * epochs,
+    return DpEvent(framework, tuple(data), n, 1 / steps_per_epoch, sigma, steps
+                   or steps_per_epoch * epochs,
                            PER_EXAMPLE if sigma else NO_CLIPPING, 1.0, tuple(library_epsilon),
                            batch_size, steps_per_epoch * epochs,
                            {"function": "train", "archive_digest": archive_digest})
@@ -163,8 +177,10 @@ def ledger_event(framework="torch", data=("fp-a",), n=100, batch_size=10, sigma=
 def dp_event(n=60000, batch=250, epochs=60, sigma=1.1, data=("a",)):
     """A DP event of `epochs` epochs at q = 1 / ceil(n / batch), for tests that compute an ε."""
     steps_per_epoch = -(-n // batch)
-    return DpEvent("torch", tuple(data), n, 1 / steps_per_epoch, sigma, steps_per_epoch * epochs, PER_EXAMPLE, 1.0,
-                   (), batch, steps_per_epoch * epochs, {"function": "train", "archive_digest": None})
+    return DpEvent("torch", tuple(data), n, 1 / steps_per_epoch, sigma, steps_per_epoch * epochs,
+                   PER_EXAMPLE, 1.0,
+                   (), batch, steps_per_epoch * epochs,
+                   {"function": "train", "archive_digest": None})
 
 
 def save_model(path, events, weights=b"weights", **settings):
@@ -174,23 +190,30 @@ def save_model(path, events, weights=b"weights", **settings):
     last = events[-1]
     hyperparameters = {"delta": 1e-5, "max_epsilon": None, "secure_mode": False, "noise_seed": None,
                        "batch_size": last.batch_size,
-                       "max_grad_norm": last.max_grad_norm, "noise_multiplier": last.noise_multiplier,
-                       "planned_steps": last.planned_steps, "stopped_by_budget": last.steps < last.planned_steps,
+                       "max_grad_norm": last.max_grad_norm,
+                       "noise_multiplier": last.noise_multiplier,
+                       "planned_steps": last.planned_steps,
+                       "stopped_by_budget": last.steps < last.planned_steps,
                        **settings}
-    model_file.save(path, model_file.ModelFile(last.framework, weights, Ledger(events), hyperparameters))
+    model_file.save(path,
+                    model_file.ModelFile(last.framework, weights, Ledger(events), hyperparameters))
     return path
 
 
 # Every hyperparameter, for tests of the skeleton and the privacy plan without an asset's file.
-BASE_HP = {"epochs": 2, "batch_size": 50, "learning_rate": 0.1, "momentum": 0.9, "max_grad_norm": 1.0,
-           "noise_multiplier": None, "target_epsilon": 2.0, "max_epsilon": None, "delta": 1e-5, "seed": 0, "dp": True,
-           "secure_mode": False, "features": "pixels", "network": "cnn", "activation": "tanh", "optimizer": "sgd",
+BASE_HP = {"epochs": 2, "batch_size": 50, "learning_rate": 0.1, "momentum": 0.9,
+           "max_grad_norm": 1.0,
+           "noise_multiplier": None, "target_epsilon": 2.0, "max_epsilon": None, "delta": 1e-5,
+           "seed": 0, "dp": True,
+           "secure_mode": False, "features": "pixels", "network": "cnn", "activation": "tanh",
+           "optimizer": "sgd",
            "ema_decay": 0.0, "noise_decay": 1.0, "clip_quantile": None, "clip_learning_rate": 0.2,
            "clip_count_stddev": None, "noise_seed": None}
 
 
 def independent_epsilon(sigma, q, steps, delta):
-    """ε of `steps` Poisson-subsampled Gaussian steps at (σ, q), from dp_accounting alone: none of our accounting."""
+    """ε of `steps` Poisson-subsampled Gaussian steps at (σ, q), from dp_accounting alone: none of
+    our accounting."""
     import dp_accounting
     from dp_accounting.pld import pld_privacy_accountant
 
@@ -207,7 +230,8 @@ def dict_hp(**changes):
 
 
 def rewrite_member(path, member, edit):
-    """Edit one JSON member of a model file in place, as a user with a zip tool and an editor would."""
+    """Edit one JSON member of a model file in place, as a user with a zip tool and an editor
+    would."""
     with zipfile.ZipFile(path) as archive:
         members = {name: archive.read(name) for name in archive.namelist()}
     members[member] = json.dumps(edit(json.loads(members[member]))).encode()
@@ -241,8 +265,8 @@ def extract_function(asset_dir, function, dest, hyperparameters=None):
 
 
 def run_function(script, function, inputs, outputs, check=True, cwd=None):
-    """Run a substratools function through its command line, as Substra's subprocess mode does (from the script's
-    folder, or `cwd`)."""
+    """Run a substratools function through its command line, as Substra's subprocess mode does (from
+    the script's folder, or `cwd`)."""
     def resources(mapping):
         out = []
         for identifier, value in mapping.items():
@@ -275,22 +299,23 @@ def objective_script():
 
 @pytest.fixture
 def tmpfs(tmp_path):
-    """mount(options) -> a folder on a new tmpfs mounted with `options` ("size=1m", "ro"): a real full disk or
-    read-only file system. Unmounted at the end; skipped where mounting is not permitted (root without
-    CAP_SYS_ADMIN, or not root)."""
+    """mount(options) -> a folder on a new tmpfs mounted with `options` ("size=1m", "ro"): a real
+    full disk or read-only file system. Unmounted at the end; skipped where mounting is not
+    permitted (root without CAP_SYS_ADMIN, or not root)."""
     mounted = []
 
     def mount(options):
         folder = tmp_path / f"tmpfs-{len(mounted)}"
         folder.mkdir()
         try:
-            proc = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)], capture_output=True,
+            proc = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)],
+                                  capture_output=True,
                                   text=True)
         except FileNotFoundError:
             pytest.skip("no mount command here: cannot make a small file system for this test")
         if proc.returncode != 0:
-            pytest.skip(f"mounting a tmpfs is not permitted here ({proc.stderr.strip()}): it needs root with "
-                        "CAP_SYS_ADMIN")
+            pytest.skip(f"mounting a tmpfs is not permitted here ({proc.stderr.strip()}): it needs "
+                        "root with CAP_SYS_ADMIN")
         mounted.append(folder)
         return folder
 
@@ -314,22 +339,24 @@ def fill_disk(folder):
 
 
 def follow_advice(message: str) -> None:
-    """Do literally what an error message advises: remove the files it names ("remove A B, then") and run the
-    python command it gives (from the repository's root, as the README's commands run), which must succeed."""
+    """Do literally what an error message advises: remove the files it names ("remove A B, then")
+    and run the python command it gives (from the repository's root, as the README's commands run),
+    which must succeed."""
     removed = re.search(r"remove (.+?), then", message)
     if removed:
         for path in shlex.split(removed.group(1)):
             os.rmdir(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
     command = re.search(r"(python scripts/\S+\.py.*?)(?:;|$)", message)
     assert command, f"no command to follow in: {message}"
-    proc = subprocess.run([sys.executable, *shlex.split(command.group(1))[1:]], cwd=REPO, capture_output=True,
+    proc = subprocess.run([sys.executable, *shlex.split(command.group(1))[1:]], cwd=REPO,
+                          capture_output=True,
                           text=True)
     assert proc.returncode == 0, f"{command.group(1)}: {proc.stderr}"
 
 
 class StepsThatLearnNothing(interface.Framework):
-    """The training hooks of a framework that needs no ML library: its steps change nothing and clip nothing.
-    Tests' fake frameworks subclass it and fill in what they look at."""
+    """The training hooks of a framework that needs no ML library: its steps change nothing and clip
+    nothing. Tests' fake frameworks subclass it and fill in what they look at."""
 
     name = "torch"
 
@@ -350,7 +377,7 @@ class StepsThatLearnNothing(interface.Framework):
 
 
 def report_files(folder: Path) -> dict:
-    """{path in `folder`: bytes} of the reports a run writes in its output folder (results.REPORTS), its lock and
-    Substra's work files left out."""
+    """{path in `folder`: bytes} of the reports a run writes in its output folder (results.REPORTS),
+    its lock and Substra's work files left out."""
     return {p.relative_to(folder): p.read_bytes() for p in folder.rglob("*")
             if p.is_file() and p.relative_to(folder).parts[0] in results.REPORTS}

@@ -83,13 +83,15 @@ def parse_multipart(body: bytes, content_type: str) -> dict:
         name = re.search(r'\bname="([^"]*)"', disposition)
         filename = re.search(r'\bfilename="([^"]*)"', disposition)
         if name:
-            parts[name.group(1)] = (filename.group(1) if filename else None, content.removesuffix(b"\r\n"))
+            parts[name.group(1)] = (filename.group(1) if filename else None,
+                                    content.removesuffix(b"\r\n"))
     return parts
 
 
 @dataclass
 class Asset:
-    """One stored asset: the record the node returns, what the client sent, the files it uploaded."""
+    """One stored asset: the record the node returns, what the client sent, the files it
+    uploaded."""
 
     record: dict
     sent: dict = field(default_factory=dict)
@@ -120,7 +122,8 @@ class SubstraNodeStub:
         self._lock = threading.RLock()
         self._server = None
 
-    # -- life cycle ---------------------------------------------------------------------------------
+    # -- life cycle
+    # ---------------------------------------------------------------------------------
 
     def __enter__(self):
         node = self
@@ -143,12 +146,14 @@ class SubstraNodeStub:
         host, port = self._server.server_address[:2]
         return f"http://{host}:{port}"
 
-    # -- test helpers -------------------------------------------------------------------------------
+    # -- test helpers
+    # -------------------------------------------------------------------------------
 
     def refuse(self, method: str, path: str, status: int, body, times: int = 1) -> None:
-        """The next `times` requests `method path` (`path`: a regular expression the whole path without
-        the query matches) answer `status` with `body`."""
-        self._refusals.append({"method": method, "path": path, "error": HttpError(status, body), "left": times})
+        """The next `times` requests `method path` (`path`: a regular expression the whole path
+        without the query matches) answer `status` with `body`."""
+        self._refusals.append({"method": method, "path": path, "error": HttpError(status, body),
+                               "left": times})
 
     def calls(self, method: str | None = None) -> list:
         """The (method, path) of every request received (of `method` only, if given), in order."""
@@ -158,7 +163,8 @@ class SubstraNodeStub:
         """The Assets of a plan's tasks, in the order they were submitted."""
         return [task for task in self.tasks.values() if task.record["compute_plan_key"] == plan_key]
 
-    # -- dispatch -----------------------------------------------------------------------------------
+    # -- dispatch
+    # -----------------------------------------------------------------------------------
 
     def _routes(self):
         return [
@@ -209,10 +215,12 @@ class SubstraNodeStub:
         if handler != self._login:  # logging in is how a client without a token gets one
             self._authenticate(headers.get("Authorization"))
         for refusal in self._refusals:
-            if refusal["method"] == method and re.fullmatch(refusal["path"], path) and refusal["left"] > 0:
+            if refusal["method"] == method and re.fullmatch(
+                    refusal["path"], path) and refusal["left"] > 0:
                 refusal["left"] -= 1
                 raise refusal["error"]
-        return handler(query=query, body=body, content_type=headers.get("Content-Type", ""), **match.groupdict())
+        return handler(query=query, body=body, content_type=headers.get("Content-Type", ""),
+                       **match.groupdict())
 
     def _authenticate(self, header: str | None) -> None:
         # As the node's token authentication: a wrong token is refused even on /info/.
@@ -280,10 +288,13 @@ class SubstraNodeStub:
 
     def _info(self, **_):
         return 200, {"host": self.url, "organization_id": self.organization_id,
-                     "organization_name": self.organization_id, "channel": "mychannel", "version": "stub",
-                     "orchestrator_version": "stub", "config": {"model_export_enabled": True}, "auth": {}}
+                     "organization_name": self.organization_id, "channel": "mychannel",
+                     "version": "stub",
+                     "orchestrator_version": "stub", "config": {"model_export_enabled": True},
+                     "auth": {}}
 
-    # -- data managers and data samples -------------------------------------------------------------
+    # -- data managers and data samples
+    # -------------------------------------------------------------
 
     def _add_dataset(self, body, content_type, **_):
         spec, files = self._json(body, content_type)
@@ -291,8 +302,10 @@ class SubstraNodeStub:
         self._require(files, "data_opener", "description")
         key = str(uuid.uuid4())
         record = {
-            "key": key, "name": spec["name"], "owner": self.organization_id, "creation_date": _now(),
-            "permissions": self._permissions(spec["permissions"]), "metadata": spec.get("metadata") or {},
+            "key": key, "name": spec["name"], "owner": self.organization_id,
+                  "creation_date": _now(),
+            "permissions": self._permissions(spec["permissions"]), "metadata": spec.get("metadata")
+                  or {},
             "opener": self._file("data_manager", key, "opener", files["data_opener"]),
             "description": self._file("data_manager", key, "description", files["description"]),
             "logs_permission": self._permissions(spec["logs_permission"])["process"],
@@ -306,15 +319,19 @@ class SubstraNodeStub:
         return 200, {**dataset.record, "data_sample_keys": samples}
 
     def _dataset_file(self, key, file, **_):
-        return 200, self._get(self.datasets, key).files["data_opener" if file == "opener" else "description"]
+        return 200, self._get(self.datasets,
+                              key).files["data_opener" if file == "opener" else "description"]
 
     def _add_data_samples(self, body, content_type, **_):
-        # One route for both modes: uploaded archives (local=True), or paths on the node (local=False).
+        # One route for both modes: uploaded archives (local=True), or paths on the node
+        # (local=False).
         spec, files = self._json(body, content_type)
         managers = spec.get("data_manager_keys") or []
         if not managers or any(k not in self.datasets for k in managers):
-            raise HttpError(400, {"detail": "One or more datamanager keys provided do not exist in local database. "
-                                            f"Please create them before. DataManager keys: {managers}"})
+            raise HttpError(400,
+                            {"detail": "One or more datamanager keys provided do not exist in "
+                                       "local database. Please create them before. DataManager "
+                                       f"keys: {managers}"})
         if files:
             sources = list(files.values())
             if not all(_is_archive(content) for content in sources):
@@ -327,16 +344,19 @@ class SubstraNodeStub:
         created = []
         for source in sources:
             key = str(uuid.uuid4())
-            record = {"key": key, "owner": self.organization_id, "data_manager_keys": list(managers),
+            record = {"key": key, "owner": self.organization_id,
+                      "data_manager_keys": list(managers),
                       "creation_date": _now()}
-            self.data_samples[key] = Asset(record, spec, {"archive": source} if files else {"path": source})
+            self.data_samples[key] = Asset(record, spec, {"archive": source} if files
+                                           else {"path": source})
             created.append({**record, "checksum": _sha256(source)})
         return 201, created
 
     def _get_data_sample(self, key, **_):
         return 200, self._get(self.data_samples, key).record
 
-    # -- functions ----------------------------------------------------------------------------------
+    # -- functions
+    # ----------------------------------------------------------------------------------
 
     def _add_function(self, body, content_type, **_):
         spec, files = self._json(body, content_type)
@@ -346,8 +366,10 @@ class SubstraNodeStub:
             raise HttpError(400, {"detail": "Archive must be zip or tar"})
         key = str(uuid.uuid4())
         record = {
-            "key": key, "name": spec["name"], "owner": self.organization_id, "creation_date": _now(),
-            "permissions": self._permissions(spec["permissions"]), "metadata": spec.get("metadata") or {},
+            "key": key, "name": spec["name"], "owner": self.organization_id,
+                  "creation_date": _now(),
+            "permissions": self._permissions(spec["permissions"]), "metadata": spec.get("metadata")
+                  or {},
             "description": self._file("function", key, "description", files["description"]),
             "archive": self._file("function", key, "file", files["file"]),
             "inputs": spec["inputs"], "outputs": spec["outputs"], "status": "FUNCTION_STATUS_READY",
@@ -361,7 +383,8 @@ class SubstraNodeStub:
     def _function_file(self, key, file, **_):
         return 200, self._get(self.functions, key).files[file]
 
-    # -- compute plans and tasks --------------------------------------------------------------------
+    # -- compute plans and tasks
+    # --------------------------------------------------------------------
 
     def _add_compute_plan(self, body, content_type, **_):
         spec, _files = self._json(body, content_type)
@@ -369,8 +392,10 @@ class SubstraNodeStub:
         key = spec["key"]
         if key in self.compute_plans:
             raise HttpError(409, {"key": key, "detail": "compute plan already exists"})
-        record = {"key": key, "tag": spec.get("tag") or "", "name": spec["name"], "owner": self.organization_id,
-                  "creator": "stub", "metadata": spec.get("metadata") or {}, "creation_date": _now(),
+        record = {"key": key, "tag": spec.get("tag") or "", "name": spec["name"],
+                  "owner": self.organization_id,
+                  "creator": "stub", "metadata": spec.get("metadata") or {},
+                  "creation_date": _now(),
                   "start_date": None, "end_date": None, "duration": None, "failed_task_key": None}
         self.compute_plans[key] = Asset(record, spec, state={"doing_polls": 0})
         return 201, self._plan_view(key)
@@ -402,31 +427,38 @@ class SubstraNodeStub:
         for ref in task["inputs"]:
             identifier = ref["identifier"]
             if identifier not in declared:
-                raise HttpError(400, {"detail": f"task {task['key']}: function has no input {identifier!r}"})
+                raise HttpError(400, {"detail": f"task {task['key']}: function has no input "
+                                                f"{identifier!r}"})
             counts[identifier] = counts.get(identifier, 0) + 1
             if ref.get("parent_task_key"):
                 parent = self._get_or_400(known, ref["parent_task_key"], "parent task").record
                 if ref.get("parent_task_output_identifier") not in parent["function"]["outputs"]:
-                    raise HttpError(400, {"detail": f"task {task['key']}: parent has no output "
-                                                    f"{ref.get('parent_task_output_identifier')!r}"})
+                    raise HttpError(400,
+                                    {"detail": f"task {task['key']}: parent has no output "
+                                               f"{ref.get('parent_task_output_identifier')!r}"})
                 ranks.append(parent["rank"] + 1)
             elif declared[identifier]["kind"] == "ASSET_DATA_MANAGER":
-                owner = self._get_or_400(self.datasets, ref.get("asset_key"), "data manager").record["owner"]
+                owner = self._get_or_400(self.datasets, ref.get("asset_key"),
+                                         "data manager").record["owner"]
                 if owner != task["worker"]:
-                    raise HttpError(400, {"detail": f"task {task['key']}: data of {owner} cannot be processed "
-                                                    f"at {task['worker']}"})
+                    raise HttpError(400, {"detail": f"task {task['key']}: data of {owner} cannot "
+                                                    f"be processed at {task['worker']}"})
             elif declared[identifier]["kind"] == "ASSET_DATA_SAMPLE":
                 self._get_or_400(self.data_samples, ref.get("asset_key"), "data sample")
             else:
-                raise HttpError(400, {"detail": f"task {task['key']}: input {identifier!r} needs a parent task"})
+                raise HttpError(400, {"detail": f"task {task['key']}: input {identifier!r} needs a "
+                                                "parent task"})
         for identifier, declaration in declared.items():
             if not declaration["optional"] and not counts.get(identifier):
-                raise HttpError(400, {"detail": f"task {task['key']}: missing input {identifier!r}"})
+                raise HttpError(400,
+                                {"detail": f"task {task['key']}: missing input {identifier!r}"})
             if not declaration["multiple"] and counts.get(identifier, 0) > 1:
-                raise HttpError(400, {"detail": f"task {task['key']}: input {identifier!r} is not multiple"})
+                raise HttpError(400, {"detail": f"task {task['key']}: input {identifier!r} is not "
+                                                "multiple"})
         if set(task["outputs"]) != set(function["outputs"]):
-            raise HttpError(400, {"detail": f"task {task['key']}: outputs {sorted(task['outputs'])}, function "
-                                            f"declares {sorted(function['outputs'])}"})
+            raise HttpError(400,
+                            {"detail": f"task {task['key']}: outputs {sorted(task['outputs'])}, "
+                                       f"function declares {sorted(function['outputs'])}"})
         return {
             "key": task["key"], "function": function, "owner": self.organization_id,
             "compute_plan_key": task["compute_plan_key"], "metadata": task.get("metadata") or {},
@@ -436,7 +468,8 @@ class SubstraNodeStub:
                         "parent_task_key": r.get("parent_task_key"),
                         "parent_task_output_identifier": r.get("parent_task_output_identifier")}
                        for r in task["inputs"]],
-            "outputs": {name: {"permissions": self._permissions(output["permissions"], task["worker"]),
+            "outputs": {name: {"permissions": self._permissions(output["permissions"], task[
+                "worker"]),
                                "transient": bool(output.get("transient", False))}
                         for name, output in task["outputs"].items()},
         }
@@ -467,23 +500,29 @@ class SubstraNodeStub:
         `performance` may read what `model_file` made (a train task writes its model and its ε)."""
         outputs = {}
         declared = task["function"]["outputs"]
-        for identifier in sorted(i for i, d in declared.items() if d["kind"] != "ASSET_PERFORMANCE"):
+        for identifier in sorted(i for i, d in declared.items()
+                                 if d["kind"] != "ASSET_PERFORMANCE"):
             key = str(uuid.uuid4())
             content = self.model_file(task, identifier)
             self.models[key] = Asset({
-                "key": key, "compute_task_key": task["key"], "address": self._file("model", key, "file", content),
+                "key": key, "compute_task_key": task["key"],
+                                      "address": self._file("model", key, "file", content),
                 "permissions": task["outputs"][identifier]["permissions"], "owner": task["worker"],
                 "creation_date": _now()}, files={"file": content})
             outputs[identifier] = {"identifier": identifier, "kind": declared[identifier]["kind"],
                                    "asset": self.models[key].record}
-        for identifier in sorted(i for i, d in declared.items() if d["kind"] == "ASSET_PERFORMANCE"):
+        for identifier in sorted(i for i, d in declared.items()
+                                 if d["kind"] == "ASSET_PERFORMANCE"):
             outputs[identifier] = {"identifier": identifier, "kind": "ASSET_PERFORMANCE", "asset": {
                 "compute_task_key": task["key"], "compute_task_output_identifier": identifier,
-                "performance_value": float(self.performance(task, identifier)), "creation_date": _now()}}
+                "performance_value": float(self.performance(
+                    task, identifier)), "creation_date": _now()}}
         return [outputs[identifier] for identifier in sorted(outputs)]
 
     def _finished(self, plan_key: str) -> bool:
-        return bool(self.plan_tasks(plan_key)) and self.compute_plans[plan_key].state["doing_polls"] >= self.doing_polls
+        return bool(
+            self.plan_tasks(plan_key)) and self.compute_plans[plan_key].state[
+                "doing_polls"] >= self.doing_polls
 
     def _task_status(self, task: Asset) -> str:
         if self._finished(task.record["compute_plan_key"]):
@@ -495,7 +534,8 @@ class SubstraNodeStub:
         error = {"STATUS_FAILED": "EXECUTION_ERROR"}.get(status)
         ended = status in ("STATUS_DONE", "STATUS_FAILED", "STATUS_CANCELED")
         return {**task.record, "status": status, "error_type": error,
-                "start_date": task.record["creation_date"] if status != "STATUS_WAITING_FOR_PARENT_TASKS" else None,
+                "start_date": task.record["creation_date"]
+                if status != "STATUS_WAITING_FOR_PARENT_TASKS" else None,
                 "end_date": _now() if ended else None}
 
     def _plan_view(self, key: str) -> dict:
@@ -531,19 +571,25 @@ class SubstraNodeStub:
     def _performances(self, key, **_):
         self._get(self.compute_plans, key)
         rows = []
-        for task in sorted(self.plan_tasks(key), key=lambda t: (t.record["rank"], t.record["worker"])):
+        for task in sorted(self.plan_tasks(key),
+                           key=lambda t: (t.record["rank"], t.record["worker"])):
             if self._task_status(task) != "STATUS_DONE":
                 continue
             for output in task.state["outputs"]:
                 if output["kind"] == "ASSET_PERFORMANCE":
                     rows.append({"compute_task": {
                         "key": task.record["key"], "function_key": task.record["function"]["key"],
-                        "rank": task.record["rank"], "round_idx": task.record["metadata"].get("round_idx"),
+                        "rank": task.record["rank"],
+                                                  "round_idx": task.record["metadata"].get(
+                                                      "round_idx"),
                         "worker": task.record["worker"]},
-                        "identifier": output["identifier"], "perf": output["asset"]["performance_value"]})
-        statistics = {"compute_tasks_distinct_ranks": sorted({t.record["rank"] for t in self.plan_tasks(key)}),
+                        "identifier": output["identifier"],
+                                 "perf": output["asset"]["performance_value"]})
+        statistics = {"compute_tasks_distinct_ranks": sorted({t.record[
+            "rank"] for t in self.plan_tasks(key)}),
                       "compute_tasks_distinct_rounds": sorted({t.record["metadata"].get("round_idx")
-                                                               for t in self.plan_tasks(key)} - {None})}
+                                                               for t in self.plan_tasks(key)} - {
+                                                                       None})}
         return 200, {"results": rows, "compute_plan_statistics": statistics}
 
     @staticmethod
@@ -557,8 +603,10 @@ class SubstraNodeStub:
 
     def _list_tasks(self, query, **_):
         views = [self._task_view(t) for t in self.tasks.values()]
-        return 200, self._page([v for v in views if all(self._matches(query, name, v[name]) for name in
-                                                        ("key", "compute_plan_key", "worker", "status", "rank"))])
+        return 200, self._page([v for v in views
+                                if all(self._matches(query, name, v[name]) for name in
+                                                        ("key", "compute_plan_key", "worker",
+                                                         "status", "rank"))])
 
     def _get_task(self, key, **_):
         return 200, self._task_view(self._get(self.tasks, key))
@@ -566,7 +614,8 @@ class SubstraNodeStub:
     def _output_assets(self, key, query, **_):
         task = self._get(self.tasks, key)
         outputs = task.state.get("outputs", []) if self._task_status(task) == "STATUS_DONE" else []
-        return 200, self._page([o for o in outputs if self._matches(query, "identifier", o["identifier"])
+        return 200, self._page([o for o in outputs
+                                if self._matches(query, "identifier", o["identifier"])
                                 and self._matches(query, "kind", o["kind"])])
 
     def _logs(self, key, **_):
@@ -588,8 +637,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _answer(self):
         url = urlsplit(self.path)
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        status, content_type, content = self.stub.handle(self.command, url.path, parse_qs(url.query),
-                                                         self.headers, body)
+        status, content_type, content = self.stub.handle(
+            self.command, url.path, parse_qs(url.query), self.headers, body)
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(content)))

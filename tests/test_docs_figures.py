@@ -1,6 +1,7 @@
-"""The privacy figures the documents quote for the default settings are the code's own: each is recomputed here
-from the function that produces it, so a change to the accounting or to the defaults that moves one fails until
-the document follows. Measured figures (accuracy, time) are the benchmarks' and name their commands instead."""
+"""The privacy figures the documents quote for the default settings are the code's own: each is
+recomputed here from the function that produces it, so a change to the accounting or to the defaults
+that moves one fails until the document follows. Measured figures (accuracy, time) are the
+benchmarks' and name their commands instead."""
 import functools
 import re
 
@@ -17,7 +18,8 @@ FASHION_MNIST_TRAIN_SIZE = 60_000
 
 
 def text(document: str) -> str:
-    """The document with every run of white space as one space: a figure's sentence may wrap anywhere."""
+    """The document with every run of white space as one space: a figure's sentence may wrap
+    anywhere."""
     return re.sub(r"\s+", " ", (REPO / document).read_text())
 
 
@@ -35,8 +37,8 @@ def one_run(n: int):
 
 
 def run_epsilon(n: int, runs: int = 1, how: str = "pld", sigma: float | None = None) -> float:
-    """ε at the default δ of `runs` default runs on the same n examples (the three frameworks' models), at the
-    calibrated σ or `sigma`."""
+    """ε at the default δ of `runs` default runs on the same n examples (the three frameworks'
+    models), at the calibrated σ or `sigma`."""
     calibrated, plan = one_run(n)
     sigma = calibrated if sigma is None else sigma
     event = planning.run_event("torch", ("data",), default_hp(), plan, sigma, plan.steps)
@@ -45,8 +47,8 @@ def run_epsilon(n: int, runs: int = 1, how: str = "pld", sigma: float | None = N
 
 @functools.cache
 def search_sigma(n: int, mean: int = 4) -> float:
-    """σ of each candidate of the default search (`mean` candidates on average) on n examples, a tenth held out,
-    as a tune task calibrates it."""
+    """σ of each candidate of the default search (`mean` candidates on average) on n examples, a
+    tenth held out, as a tune task calibrates it."""
     search = search_space.parse({**search_space.DEFAULT, "mean_candidates": mean}, "default")
     plan = plan_search("torch", default_hp(), search, n, n // 10, "default")
     (sigma,) = plan.sigmas.values()
@@ -55,15 +57,17 @@ def search_sigma(n: int, mean: int = 4) -> float:
 
 def default_run_figures():
     sigma, plan = one_run(DEFAULT_TRAIN_SIZE)
-    return sigma, plan.sample_rate, plan.steps, run_epsilon(DEFAULT_TRAIN_SIZE), run_epsilon(DEFAULT_TRAIN_SIZE,
-                                                                                            how="rdp")
+    return sigma, plan.sample_rate, plan.steps, run_epsilon(DEFAULT_TRAIN_SIZE), run_epsilon(
+        DEFAULT_TRAIN_SIZE, how="rdp")
 
 
 FIGURES = {
     "σ, q, steps and ε of the default run": (
-        ["docs/design.md"], "σ = {:.3f}, q = {:.3f}, {} steps, ε = {:.3f} (PLD) and {:.3f} (RDP)", default_run_figures),
+        ["docs/design.md"], "σ = {:.3f}, q = {:.3f}, {} steps, ε = {:.3f} (PLD) and {:.3f} "
+                            "(RDP)", default_run_figures),
     "one run's σ and the default search's": (
-        ["docs/privacy.md"], "one run needs σ = {:.3f} (PLD); a search of 4 candidates on average needs σ = {:.3f}",
+        ["docs/privacy.md"], "one run needs σ = {:.3f} (PLD); a search of 4 candidates on average "
+                             "needs σ = {:.3f}",
         lambda: (one_run(DEFAULT_TRAIN_SIZE)[0], search_sigma(DEFAULT_TRAIN_SIZE))),
     "the search's σ as one run's ε": (
         ["docs/privacy.md"], "(RDP), the noise of one run at ε ≈ {:.1f}",
@@ -73,12 +77,15 @@ FIGURES = {
         lambda: (one_run(FASHION_MNIST_TRAIN_SIZE)[0], search_sigma(FASHION_MNIST_TRAIN_SIZE))),
     "what a search costs on Fashion-MNIST": (
         ["docs/benchmarks.md"],
-        "σ = {:.3f} where one run needs {:.3f} (the search's RDP price, about one run at ε ≈ {:.1f})",
+        "σ = {:.3f} where one run needs {:.3f} (the search's RDP price, about one run at ε ≈ "
+        "{:.1f})",
         lambda: (search_sigma(FASHION_MNIST_TRAIN_SIZE), one_run(FASHION_MNIST_TRAIN_SIZE)[0],
-                 run_epsilon(FASHION_MNIST_TRAIN_SIZE, sigma=search_sigma(FASHION_MNIST_TRAIN_SIZE)))),
+                 run_epsilon(FASHION_MNIST_TRAIN_SIZE,
+                             sigma=search_sigma(FASHION_MNIST_TRAIN_SIZE)))),
     "a search of 8 candidates on Fashion-MNIST": (
         ["docs/benchmarks.md"], "(8: σ {:.3f} instead of {:.3f} on Fashion-MNIST",
-        lambda: (search_sigma(FASHION_MNIST_TRAIN_SIZE, 8), search_sigma(FASHION_MNIST_TRAIN_SIZE))),
+        lambda: (search_sigma(FASHION_MNIST_TRAIN_SIZE, 8),
+                 search_sigma(FASHION_MNIST_TRAIN_SIZE))),
     "the three default models together": (
         ["docs/privacy.md"], "report {:.3f} each; released together they are ε = {:.3f}",
         lambda: (run_epsilon(DEFAULT_TRAIN_SIZE), run_epsilon(DEFAULT_TRAIN_SIZE, 3))),
@@ -101,22 +108,26 @@ def test_the_readme_table_quotes_the_default_runs_privacy_figures():
     """Its σ, q, steps, ε, data's ε and RDP ε (accuracies are one run's and vary)."""
     sigma, q, steps, epsilon, rdp = default_run_figures()
     data = run_epsilon(DEFAULT_TRAIN_SIZE, 3)
-    table = [line for line in (REPO / "README.md").read_text().splitlines() if re.match(r"\s*(torch|tf|mindspore) ",
+    table = [line for line in (REPO / "README.md").read_text().splitlines()
+             if re.match(r"\s*(torch|tf|mindspore) ",
                                                                                        line)]
     assert len(table) == 3
     for row in table:
         cells = row.split()
         assert [cells[3], cells[4], cells[5], cells[8], cells[9], cells[10]] == [
-            f"{epsilon:.3f}", f"{data:.3f}", f"{rdp:.3f}", f"{sigma:.3f}", f"{q:.3f}", str(steps)], row
+            f"{epsilon:.3f}", f"{data:.3f}", f"{rdp:.3f}", f"{sigma:.3f}", f"{q:.3f}", str(
+                steps)], row
 
 
 def library_figures():
-    """Each DP library's own ε for the default run, from each algo's library_epsilon hook (torch, tf, MindSpore)."""
+    """Each DP library's own ε for the default run, from each algo's library_epsilon hook (torch,
+    tf, MindSpore)."""
     sigma, plan = one_run(DEFAULT_TRAIN_SIZE)
     figures = []
     for framework in ("torch", "tf", "mindspore"):
         algo = load_asset_module(ALGO_ASSETS[framework] / "algo.py", f"algo_{framework}_dp")
-        (figure,) = algo.FRAMEWORK.library_epsilon(plan, plan.steps, sigma, default_hp().delta).values()
+        (figure,) = algo.FRAMEWORK.library_epsilon(plan, plan.steps, sigma,
+                                                   default_hp().delta).values()
         figures.append(figure)
     return figures
 
@@ -124,32 +135,39 @@ def library_figures():
 @pytest.mark.slow
 def test_the_libraries_own_figures_the_documents_quote_are_theirs():
     prv, tf_privacy, mindarmour = library_figures()
-    assert (f"are {prv:.3f} (Opacus PRV), {tf_privacy:.3f} (TF Privacy) and {mindarmour:.3f} (MindArmour"
+    assert (f"are {prv:.3f} (Opacus PRV), {tf_privacy:.3f} (TF Privacy) and {mindarmour:.3f} "
+            "(MindArmour"
             in text("docs/design.md"))
     assert (f"Opacus' own PRV accountant gives {prv:.3f} for the torch run; TF Privacy's "
-            f"`compute_dp_sgd_privacy_statement` (RDP, Poisson, `used_microbatching=False`) gives {tf_privacy:.3f}"
+            "`compute_dp_sgd_privacy_statement` (RDP, Poisson, `used_microbatching=False`) gives "
+            f"{tf_privacy:.3f}"
             in text("README.md"))
     assert f"MindArmour's `RDPMonitor` gives {mindarmour:.3f}" in text("README.md")
 
 
 def audit_rows():
-    """The white-box rows of the audit's record (`python benchmarks/audit.py --white-box`), cells by name."""
+    """The white-box rows of the audit's record (`python benchmarks/audit.py --white-box`), cells by
+    name."""
     lines = (REPO / "benchmarks" / "results" / "audit.md").read_text().strip().splitlines()
     header = [cell.strip() for cell in lines[0].strip("|").split("|")]
-    return lines, [dict(zip(header, (cell.strip() for cell in line.strip("|").split("|")))) for line in lines[2:]]
+    return lines, [dict(zip(header, (cell.strip() for cell in line.strip("|").split("|"))))
+                   for line in lines[2:]]
 
 
 def test_the_audit_tables_are_the_audit_record():
-    """benchmarks.md copies the record whole; privacy.md's table is its white-box rows, as built beside broken."""
+    """benchmarks.md copies the record whole; privacy.md's table is its white-box rows, as built
+    beside broken."""
     lines, rows = audit_rows()
     assert "\n".join(lines) in (REPO / "docs" / "benchmarks.md").read_text()
     white = [row for row in rows if row["mode"] == "white-box"]
     assert len(white) == 12
-    built = {(row["framework"], row["claimed ε"]): row for row in white if row["mechanism"] == "as-built"}
+    built = {(row["framework"], row["claimed ε"]): row for row in white
+             if row["mechanism"] == "as-built"}
     privacy = (REPO / "docs" / "privacy.md").read_text()
     for row in white:
         if row["mechanism"] != "as-built":
             mine = built[row["framework"], row["claimed ε"]]
-            cells = [row["framework"], row["claimed ε"], f"{mine['95% lower bound']} ({mine['% of claim']} %)",
+            cells = [row["framework"], row["claimed ε"],
+                     f"{mine['95% lower bound']} ({mine['% of claim']} %)",
                      f"{row['95% lower bound']} ({row['% of claim']} %)"]
             assert f"| {' | '.join(cells)} |" in privacy

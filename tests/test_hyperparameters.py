@@ -26,9 +26,11 @@ def test_every_asset_ships_valid_hyperparameters_with_the_same_keys(framework):
     ({"momentum": 1.0}, "momentum"),
     ({"dp": "yes"}, "dp"),
     ({"lr": 0.1}, "unknown"),
-    ({"features": "wavelets"}, "features = \"wavelets\" must be one of \\['pixels', 'scattering'\\]"),
+    ({"features": "wavelets"},
+     "features = \"wavelets\" must be one of \\['pixels', 'scattering'\\]"),
     ({"network": "resnet"}, "network = \"resnet\" must be one of \\['cnn', 'linear'\\]"),
-    ({"features": "pixels", "network": "linear"}, "network = \"linear\" is a classifier on scattering features"),
+    ({"features": "pixels", "network": "linear"},
+     "network = \"linear\" is a classifier on scattering features"),
     ({"activation": "sigmoid"}, "activation"),
     ({"optimizer": "rmsprop"}, "optimizer"),
     ({"ema_decay": 1.0}, "ema_decay"),
@@ -37,7 +39,8 @@ def test_every_asset_ships_valid_hyperparameters_with_the_same_keys(framework):
     ({"clip_count_stddev": -1.0}, "clip_count_stddev"),
 ])
 def test_bad_values_are_named(tmp_path, changes, message):
-    values = {**json.loads((ALGO_ASSETS[FRAMEWORKS[0]] / "hyperparameters.json").read_text()), **changes}
+    values = {**json.loads((ALGO_ASSETS[FRAMEWORKS[0]] / "hyperparameters.json").read_text()),
+              **changes}
     path = tmp_path / "hp.json"
     path.write_text(json.dumps(values))
     with pytest.raises(UserError, match=message) as caught:
@@ -85,14 +88,17 @@ def test_overrides_file(tmp_path):
     ({"delta": "1e-5"}, 'delta = "1e-5" is a string'),
     ({"learning_rate": [0.1]}, "learning_rate = .0.1. is an array"),
     ({"epochs": 1000000000}, "epochs = 1000000000 must be an integer from 1 to 10,000"),
-    ({"target_epsilon": 1e9, "noise_multiplier": None}, "target_epsilon = 1000000000.0 must be a number in .0, 100]"),
+    ({"target_epsilon": 1e9, "noise_multiplier": None},
+     "target_epsilon = 1000000000.0 must be a number in .0, 100]"),
     ({"seed": -1}, "seed = -1 must be an integer from 0"),
     ({"delta": 1}, "delta = 1 must be a number in .0, 1."),
-    ({"noise_seed": "7"}, 'noise_seed = "7" is a string; it must be an integer from 0 to 2147483647 or null'),
+    ({"noise_seed": "7"},
+     'noise_seed = "7" is a string; it must be an integer from 0 to 2147483647 or null'),
     ({"noise_seed": 7.0}, "noise_seed = 7.0 is a decimal number"),
     ({"noise_seed": -1}, "noise_seed = -1 must be an integer from 0 to 2147483647 or null"),
 ])
-def test_every_hyperparameter_has_its_exact_json_type_and_an_error_names_the_users_file(tmp_path, changes, message):
+def test_every_hyperparameter_has_its_exact_json_type_and_an_error_names_the_users_file(
+        tmp_path, changes, message):
     path = tmp_path / "mine.json"
     path.write_text(json.dumps(changes))
     with pytest.raises(UserError, match=message) as caught:
@@ -104,14 +110,16 @@ def test_replayable_noise_and_secure_mode_exclude_each_other(tmp_path):
     path = tmp_path / "mine.json"
     path.write_text(json.dumps({"noise_seed": 3, "secure_mode": True}))
     asset = ALGO_ASSETS[FRAMEWORKS[0]] / hyperparameters.FILE_NAME
-    with pytest.raises(UserError, match="noise_seed = 3 makes the noise replayable, secure_mode asks"):
+    with pytest.raises(UserError,
+                       match="noise_seed = 3 makes the noise replayable, secure_mode asks"):
         hyperparameters.load(asset, hyperparameters.load_overrides(path))
     assert hyperparameters.load(asset).noise_seed is None  # fresh noise by default
 
 
 def test_an_error_from_combining_the_users_file_with_the_assets_names_both(tmp_path):
     path = tmp_path / "mine.json"
-    path.write_text(json.dumps({"noise_multiplier": 1.0}))  # the asset's target_epsilon stays: both given
+    # the asset's target_epsilon stays: both given
+    path.write_text(json.dumps({"noise_multiplier": 1.0}))
     asset = ALGO_ASSETS[FRAMEWORKS[0]] / hyperparameters.FILE_NAME
     with pytest.raises(UserError, match="exactly one") as caught:
         hyperparameters.load(asset, hyperparameters.load_overrides(path))
@@ -119,7 +127,8 @@ def test_an_error_from_combining_the_users_file_with_the_assets_names_both(tmp_p
 
 
 def test_a_key_given_twice_is_refused_naming_the_file_and_the_key(tmp_path):
-    # Python's json keeps the last of the two: this file would train without DP under a first line saying true.
+    # Python's json keeps the last of the two: this file would train without DP under a first line
+    # saying true.
     asset = json.loads((ALGO_ASSETS[FRAMEWORKS[0]] / hyperparameters.FILE_NAME).read_text())
     text = json.dumps(asset, indent=2)
     path = tmp_path / "hyperparameters.json"
@@ -135,9 +144,11 @@ def test_a_key_given_twice_is_refused_naming_the_file_and_the_key(tmp_path):
 
 
 def test_command_line_assignments_are_json_values_checked_as_a_files():
-    assert hyperparameters.parse_assignments(["epochs=3", "activation=relu", "ema_decay=0.5", "max_epsilon=null"]) == {
+    assert hyperparameters.parse_assignments(["epochs=3", "activation=relu", "ema_decay=0.5",
+                                              "max_epsilon=null"]) == {
         "epochs": 3, "activation": "relu", "ema_decay": 0.5, "max_epsilon": None}
-    for items, message in ((["epochs"], "expected key=value"), (["epochs=1", "epochs=2"], "given twice"),
+    for items, message in ((["epochs"], "expected key=value"),
+                           (["epochs=1", "epochs=2"], "given twice"),
                            (["epochs=1.5"], "--set: epochs = 1.5 is a decimal number"),
                            (["colour=red"], "colour")):
         with pytest.raises(UserError, match=message):
@@ -146,7 +157,8 @@ def test_command_line_assignments_are_json_values_checked_as_a_files():
 
 @pytest.mark.parametrize("changes, says", [
     ({"optimizer": "adam", "momentum": 0.5}, "momentum has no effect with optimizer \"adam\""),
-    ({"network": "linear", "features": "scattering", "activation": "relu"}, "activation has no effect with network"),
+    ({"network": "linear", "features": "scattering", "activation": "relu"},
+     "activation has no effect with network"),
     ({"clip_learning_rate": 0.5}, "clip_learning_rate has no effect with clip_quantile null"),
     ({"clip_count_stddev": 3.0}, "clip_count_stddev has no effect with clip_quantile null"),
 ])

@@ -16,18 +16,22 @@ MAX_MODULE_LINES = 450
 
 
 def test_no_module_of_the_package_or_the_assets_is_longer_than_a_newcomer_reads_at_once():
-    """A module that grows past MAX_MODULE_LINES holds more than one concern: split it by concern."""
+    """A module that grows past MAX_MODULE_LINES holds more than one concern: split it by
+    concern."""
     modules = [*(REPO / "mnist_dp").rglob("*.py"), *(REPO / "assets").rglob("*.py")]
-    long = {str(m.relative_to(REPO)): n for m in modules if (n := len(m.read_text().splitlines())) > MAX_MODULE_LINES}
+    long = {str(m.relative_to(REPO)): n for m in modules
+            if (n := len(m.read_text().splitlines())) > MAX_MODULE_LINES}
     assert len(modules) > 30 and not long, long
 
 
 def module_imports() -> dict:
-    """{module of mnist_dp ("learning.skeleton", "hyperparameters"; a package by its folder): the other modules of
-    mnist_dp it imports}. `from mnist_dp.x import y` names module x.y when y is one, else module x."""
+    """{module of mnist_dp ("learning.skeleton", "hyperparameters"; a package by its folder): the
+    other modules of mnist_dp it imports}. `from mnist_dp.x import y` names module x.y when y is
+    one, else module x."""
     import ast
 
-    paths = {".".join(path.relative_to(REPO / "mnist_dp").with_suffix("").parts).removesuffix("__init__")
+    paths = {".".join(path.relative_to(REPO / "mnist_dp").with_suffix("").parts).removesuffix(
+        "__init__")
              .rstrip("."): path for path in (REPO / "mnist_dp").rglob("*.py")}
     graph = {}
     for module, path in paths.items():
@@ -37,10 +41,12 @@ def module_imports() -> dict:
                 names = [f"{base}.{a.name}".lstrip(".") for a in node.names]
                 imported = [name if name in paths else base for name in names]
             elif isinstance(node, ast.Import):
-                imported = [a.name.removeprefix("mnist_dp.") for a in node.names if a.name.startswith("mnist_dp.")]
+                imported = [a.name.removeprefix("mnist_dp.") for a in node.names
+                            if a.name.startswith("mnist_dp.")]
             else:
                 continue
-            graph.setdefault(module, set()).update(name for name in imported if name and name != module)
+            graph.setdefault(module,
+                             set()).update(name for name in imported if name and name != module)
     return graph
 
 
@@ -49,7 +55,8 @@ def package_imports() -> dict:
     graph = {}
     for module, imported in module_imports().items():
         part = module.split(".")[0]
-        graph.setdefault(part, set()).update(name.split(".")[0] for name in imported if name.split(".")[0] != part)
+        graph.setdefault(part, set()).update(name.split(".")[0] for name in imported
+                                             if name.split(".")[0] != part)
     return graph
 
 
@@ -67,7 +74,8 @@ def assert_no_cycle(graph: dict) -> None:
 
 
 def test_the_parts_of_the_package_import_each_other_in_one_direction_only():
-    """No cycle between subpackages: each can be read, tested and changed knowing only the parts below it."""
+    """No cycle between subpackages: each can be read, tested and changed knowing only the parts
+    below it."""
     graph = package_imports()
     assert {"privacy", "learning", "data", "orchestration"} <= set(graph)
     assert_no_cycle(graph)
@@ -88,27 +96,33 @@ def test_every_commit_subject_since_the_rule_passes_the_commit_msg_hook(tmp_path
     """.githooks/commit-msg (≤ 72 characters) on each commit after the rule began."""
     import pytest
 
-    listed = subprocess.run(["git", "log", "--format=%s", f"{FIRST_COMMIT_OF_THE_SUBJECT_RULE}^..HEAD"],
+    listed = subprocess.run(["git", "log", "--format=%s",
+                             f"{FIRST_COMMIT_OF_THE_SUBJECT_RULE}^..HEAD"],
                             capture_output=True, text=True, cwd=REPO)
     if listed.returncode != 0:
-        pytest.skip(f"no git history reaching {FIRST_COMMIT_OF_THE_SUBJECT_RULE} here: {listed.stderr.strip()}")
+        pytest.skip(f"no git history reaching {FIRST_COMMIT_OF_THE_SUBJECT_RULE} here: "
+                    f"{listed.stderr.strip()}")
     subjects = listed.stdout.splitlines()
     refused = []
     for subject in subjects:
         (tmp_path / "message").write_text(subject + "\n\nbody\n", encoding="utf-8")
-        hook = subprocess.run([sys.executable, str(REPO / ".githooks" / "commit-msg"), str(tmp_path / "message")],
+        hook = subprocess.run([sys.executable, str(REPO / ".githooks" / "commit-msg"),
+                               str(tmp_path / "message")],
                               capture_output=True, text=True)
         if hook.returncode != 0:
             refused.append(hook.stderr.strip())
     assert subjects and not refused, "\n".join(refused)
     (tmp_path / "message").write_text("x" * 73 + "\n", encoding="utf-8")
-    assert subprocess.run([sys.executable, str(REPO / ".githooks" / "commit-msg"), str(tmp_path / "message")],
+    assert subprocess.run([sys.executable, str(REPO / ".githooks" / "commit-msg"),
+                           str(tmp_path / "message")],
                           capture_output=True).returncode == 1
 
 
-# A measured time or speed-up in prose: "1.4 ms", "0.5 s", "2 minutes", "5× faster", "300x slower" (not "7 × 7").
-TIMING = re.compile(r"\b\d(?:[\d,.]*\d)?(?:\s*(?:ms|µs|seconds?|minutes?|hours?)|\s+(?:s|min|h))\b"
-                    r"|\b\d(?:\.\d+)?\s*×(?!\s*\d)|\b\d+(?:\.\d+)?x (?:faster|slower)")
+# A measured time or speed-up in prose: "1.4 ms", "0.5 s", "2 minutes", "5× faster", "300x slower"
+# (not "7 × 7").
+TIMING = re.compile(
+    r"\b\d(?:[\d,.]*\d)?(?:\s*(?:ms|µs|seconds?|minutes?|hours?)|\s+(?:s|min|h))\b"
+    r"|\b\d(?:\.\d+)?\s*×(?!\s*\d)|\b\d+(?:\.\d+)?x (?:faster|slower)")
 
 
 def prose_of(path):
@@ -129,10 +143,12 @@ def prose_of(path):
 
 
 def test_no_comment_or_docstring_of_the_code_quotes_a_timing():
-    """Timings change with the code and the machine: they belong in docs/benchmarks.md or docs/design.md, which
-    name the command that measured them, not in the code they describe."""
+    """Timings change with the code and the machine: they belong in docs/benchmarks.md or
+    docs/design.md, which name the command that measured them, not in the code they describe."""
     found = [f"{path.relative_to(REPO)}:{line}: {text.strip()}"
-             for path in sorted([*(REPO / "mnist_dp").rglob("*.py"), *(REPO / "assets").rglob("*.py")])
+             for path in sorted([*(REPO / "mnist_dp").rglob("*.py"),
+                                 *(REPO / "assets").rglob("*.py")])
              for line, text in prose_of(path) if TIMING.search(text)]
     assert not found, "\n".join(found)
-    assert TIMING.search("cost 1–1.4 ms more") and TIMING.search("5× faster") and not TIMING.search("7 × 7")
+    assert TIMING.search("cost 1–1.4 ms "
+                         "more") and TIMING.search("5× faster") and not TIMING.search("7 × 7")

@@ -1,4 +1,5 @@
-"""The README's commands are the ones CI runs and the scripts accept; the documents' links resolve."""
+"""The README's commands are the ones CI runs and the scripts accept; the documents' links
+resolve."""
 import re
 from urllib.parse import unquote
 
@@ -18,7 +19,8 @@ def test_readme_run_command_is_the_main_job():
     assert "pip install -r requirements.txt && python scripts/run_local.py" in readme_commands()
 
 
-# Markdown links and images: [text](target) and ![alt](target), target optionally in <...> and with a title.
+# Markdown links and images: [text](target) and ![alt](target), target optionally in <...> and with
+# a title.
 LINK = re.compile(r"!?\[[^\]]*\]\(\s*(<[^>]*>|[^)\s]+)(?:\s+\"[^\"]*\")?\s*\)")
 
 
@@ -33,7 +35,8 @@ def prose(text):
 
 
 def anchors(document):
-    """GitHub's heading anchors: lower case, punctuation dropped, spaces as '-', repeats numbered."""
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces as '-', repeats
+    numbered."""
     seen, found = {}, set()
     for heading in re.findall(r"^#+\s+(.*?)\s*#*$", prose(document.read_text()), re.M):
         slug = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
@@ -43,8 +46,9 @@ def anchors(document):
 
 
 def test_every_relative_link_in_the_documents_resolves():
-    """Every relative link in README.md and docs/*.md names a file (or folder) of the repository, and a
-    heading that exists when it has an anchor: sections move between documents, links must follow."""
+    """Every relative link in README.md and docs/*.md names a file (or folder) of the repository,
+    and a heading that exists when it has an anchor: sections move between documents, links must
+    follow."""
     broken = []
     for document in documents():
         for target in LINK.findall(prose(document.read_text())):
@@ -61,14 +65,15 @@ def test_every_relative_link_in_the_documents_resolves():
     assert not broken, "\n".join(broken)
 
 
-# A repository path written out in a document or a description: `mnist_dp/privacy/ledger.py`, `scripts/run_local.py`.
-PATH = re.compile(r"(?<![\w/.-])((?:mnist_dp|assets|scripts|benchmarks|tests|docs|examples)/[\w/.-]*\w\.(?:py|md|json))"
-                  r"\b")
+# A repository path written out in a document or a description: `mnist_dp/privacy/ledger.py`,
+# `scripts/run_local.py`.
+PATH = re.compile(
+    r"(?<![\w/.-])((?:mnist_dp|assets|scripts|benchmarks|tests|docs|examples)/[\w/.-]*\w\.(?:py|md|json))\b")
 
 
 def test_every_repository_path_the_documents_name_exists():
-    """Modules move between packages: a path a document names must follow (README, docs/, the assets'
-    description.md files)."""
+    """Modules move between packages: a path a document names must follow (README, docs/, the
+    assets' description.md files)."""
     named = [*documents(), *sorted((REPO / "assets").glob("*/description.md"))]
     missing = [f"{document.relative_to(REPO)}: {path}" for document in named
                for path in PATH.findall(document.read_text()) if not (REPO / path).exists()]
@@ -79,12 +84,16 @@ def test_the_readme_table_is_the_one_the_default_run_prints():
     from mnist_dp.report import display
     from mnist_dp.report.results import Record
 
-    records = [Record(run=f, round=1, organization="MyOrg1MSP", framework=f, dp=True, epsilon=2.999, epsilon_rdp=3.271,
-                      epsilon_by_organization={"MyOrg1MSP": 2.999}, delta=1e-5, accountant="PLD (Google dp_accounting)",
+    records = [Record(run=f, round=1, organization="MyOrg1MSP", framework=f, dp=True, epsilon=2.999,
+                      epsilon_rdp=3.271,
+                      epsilon_by_organization={"MyOrg1MSP": 2.999}, delta=1e-5,
+                      accountant="PLD (Google dp_accounting)",
                       noise_multiplier=2.866, sample_rate=0.125, steps=240, test_accuracy=0.96,
-                      data_epsilon_by_organization={"MyOrg1MSP": 5.549}) for f in ("torch", "tf", "mindspore")]
+                      data_epsilon_by_organization={"MyOrg1MSP": 5.549})
+               for f in ("torch", "tf", "mindspore")]
     section = (REPO / "README.md").read_text().split("## What the default run prints and draws")[1]
     printed = re.search(r"```\n(.*?)\n```", section, re.S).group(1).splitlines()
     headers, rows = display._rows(records)
     assert re.split(r"\s{2,}", printed[0].strip()) == headers  # the columns, in the order printed
-    assert [re.split(r"\s{2,}", line.strip())[:2] for line in printed[2:]] == [row[:2] for row in rows]
+    assert [re.split(r"\s{2,}", line.strip())[:2]
+            for line in printed[2:]] == [row[:2] for row in rows]

@@ -1,5 +1,6 @@
-"""mnist_dp/search_space.py: a search file read and checked (every number bounded, every key the hyperparameters
-file's, refused in one line before any work), its draws, its privacy profiles and its JSON round trip."""
+"""mnist_dp/search_space.py: a search file read and checked (every number bounded, every key the
+hyperparameters file's, refused in one line before any work), its draws, its privacy profiles and
+its JSON round trip."""
 import math
 
 import numpy as np
@@ -24,14 +25,17 @@ def parse(**values):
     ({"candidates": 4}, "unknown key(s) ['candidates']"),
     ({"space": {}}, "\"space\" must be a non-empty object"),
     ({"space": {"lr": [1.0]}}, "space.lr: unknown hyperparameter"),
-    ({"space": {"target_epsilon": [1.0, 2.0]}}, "target_epsilon is one setting for the whole search"),
+    ({"space": {"target_epsilon": [1.0, 2.0]}},
+     "target_epsilon is one setting for the whole search"),
     ({"space": {"learning_rate": [1.0, 1.0]}}, "a value is listed twice"),
     ({"space": {"learning_rate": []}}, "an empty list"),
     ({"space": {"optimizer": {"low": 0, "high": 1}}}, "a range of a non-numeric hyperparameter"),
     ({"space": {"learning_rate": {"low": 2.0, "high": 1.0}}}, "low = 2.0 must be below high = 1.0"),
-    ({"space": {"learning_rate": {"low": 0.1, "high": 1.0, "log": "yes"}}}, "log = \"yes\" must be true or false"),
+    ({"space": {"learning_rate": {"low": 0.1, "high": 1.0, "log": "yes"}}},
+     "log = \"yes\" must be true or false"),
     ({"space": {"ema_decay": {"low": 0.0, "high": 0.9, "log": True}}}, "a log range needs low > 0"),
-    ({"space": {"noise_decay": {"low": 0.5, "high": 0.9}}}, "noise_decay changes a candidate's noise"),
+    ({"space": {"noise_decay": {"low": 0.5, "high": 0.9}}},
+     "noise_decay changes a candidate's noise"),
     ({"space": {"epochs": {"low": 1, "high": 200}}}, "200 privacy profiles"),
 ])
 def test_a_bad_search_file_is_one_line_naming_it(values, message):
@@ -46,18 +50,22 @@ def test_privacy_profiles_are_counted_without_being_made_and_made_once_each():
                                            "learning_rate": {"low": 0.1, "high": 1.0}}}, "s.json")
     profiles = search.profiles(dict_hp())
     assert search.profile_count() == len(profiles) == 6  # the learning rate changes no profile
-    assert {(hp.epochs, hp.batch_size) for hp in profiles} == {(e, b) for e in (1, 2, 3) for b in (10, 20)}
+    assert {(hp.epochs, hp.batch_size)
+            for hp in profiles} == {(e, b) for e in (1, 2, 3) for b in (10, 20)}
 
 
 def test_a_draw_takes_every_searched_key_from_its_range_or_list_and_the_rest_from_the_base():
-    search = search_space.parse({"space": {"learning_rate": {"low": 0.01, "high": 10.0, "log": True},
-                                           "epochs": {"low": 2, "high": 4}, "ema_decay": [0.0, 0.9]}}, "s.json")
+    search = search_space.parse({"space": {"learning_rate": {
+        "low": 0.01, "high": 10.0, "log": True},
+                                           "epochs": {"low": 2, "high": 4},
+                                           "ema_decay": [0.0, 0.9]}}, "s.json")
     base = dict_hp(max_grad_norm=0.7)
     rng = np.random.default_rng(0)
     draws = [search.draw(base, rng) for _ in range(2000)]
     rates = np.array([hp.learning_rate for hp in draws])
     assert rates.min() >= 0.01 and rates.max() <= 10.0
-    assert np.mean(rates < 0.1) == pytest.approx(1 / 3, abs=0.04)  # log-uniform: a third of the decades
+    # log-uniform: a third of the decades
+    assert np.mean(rates < 0.1) == pytest.approx(1 / 3, abs=0.04)
     assert {hp.epochs for hp in draws} == {2, 3, 4} and {hp.ema_decay for hp in draws} == {0.0, 0.9}
     assert {hp.max_grad_norm for hp in draws} == {0.7}
 
@@ -65,7 +73,8 @@ def test_a_draw_takes_every_searched_key_from_its_range_or_list_and_the_rest_fro
 @pytest.mark.parametrize("shape", [0, 2.5, "poisson"])
 def test_a_search_file_survives_its_json_round_trip(shape):
     search = search_space.parse({"space": {"learning_rate": {"low": 0.1, "high": 1.0, "log": True},
-                                           "batch_size": [10, 20]}, "mean_candidates": 3, "shape": shape,
+                                           "batch_size": [10, 20]}, "mean_candidates": 3,
+                                 "shape": shape,
                                  "validation_fraction": 0.2}, "s.json")
     assert search_space.parse(search.to_json(), "again") == search
     assert search.validation_permille == 200
@@ -75,18 +84,21 @@ def test_a_search_file_survives_its_json_round_trip(shape):
     ({"dp": False}, "a private search needs dp = true"),
     ({"target_epsilon": None, "noise_multiplier": 1.0}, "a search needs target_epsilon"),
     ({"max_epsilon": 5.0}, "set max_epsilon to null"),
-    ({"features": "pixels"}, 'the candidate {"network": "linear"}: network = "linear" is a classifier on scattering'),
+    ({"features": "pixels"},
+     'the candidate {"network": "linear"}: network = "linear" is a classifier on scattering'),
 ])
 def test_a_search_the_algos_hyperparameters_cannot_run_is_refused(base, message):
     search = search_space.parse({"space": {"network": ["cnn", "linear"]}}, "s.json")
     with pytest.raises(UserError) as refused:
         search_space.check_with(search, dict_hp(**{"features": "scattering", **base}), "s.json")
     assert str(refused.value).startswith("s.json") and message in str(refused.value)
-    assert len(search_space.check_with(search, dict_hp(features="scattering"), "s.json")) == 1  # one profile
+    # one profile
+    assert len(search_space.check_with(search, dict_hp(features="scattering"), "s.json")) == 1
 
 
 def test_the_option_names_the_default_search_a_file_or_none(tmp_path):
     assert search_space.from_option(None) is None
-    assert search_space.from_option("default") == search_space.parse(search_space.DEFAULT, "default")
+    assert search_space.from_option("default") == search_space.parse(
+        search_space.DEFAULT, "default")
     (tmp_path / "s.json").write_text('{"space": {"learning_rate": [1.0, 2.0]}}')
     assert search_space.from_option(str(tmp_path / "s.json")).space == {"learning_rate": (1.0, 2.0)}

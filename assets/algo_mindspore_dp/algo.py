@@ -1,14 +1,16 @@
 """DP-SGD on MNIST with MindSpore 2.9 + MindArmour 2.0 on CPU, as Substra train / predict functions.
 
-Only framework code lives here; the sampling plan, σ, the ledger and ε come from `mnist_dp.learning.skeleton`.
-Run alone:  python assets/algo_mindspore_dp/algo.py --function-name train --inputs '[...]' --outputs '[...]'
+Only framework code lives here; the sampling plan, σ, the ledger and ε come from
+`mnist_dp.learning.skeleton`. Run alone:  python assets/algo_mindspore_dp/algo.py --function-name
+train --inputs '[...]' --outputs '[...]'
 
-How the DP step works, and why not MindArmour's `DPModel` (it refuses device_target CPU, clips per microbatch,
-expects fixed batches): exact per-example gradients from each layer's input and output gradient (book-keeping,
-as the tf algo) in GRAPH mode, clipped and summed; Gaussian noise from numpy's PCG64 (MindArmour's
-`NoiseGaussianRandom` repeats itself on CPU: docs/design.md); MindArmour's `RDPMonitor` as a
-cross-check. The networks, and each one's clipped-sum graph, are in `networks.py` beside this file: built from what
-MindSpore 2.9's CPU kernels run fast (its Conv2D does not; timings: docs/benchmarks.md).
+How the DP step works, and why not MindArmour's `DPModel` (it refuses device_target CPU, clips per
+microbatch, expects fixed batches): exact per-example gradients from each layer's input and output
+gradient (book-keeping, as the tf algo) in GRAPH mode, clipped and summed; Gaussian noise from
+numpy's PCG64 (MindArmour's `NoiseGaussianRandom` repeats itself on CPU: docs/design.md);
+MindArmour's `RDPMonitor` as a cross-check. The networks, and each one's clipped-sum graph, are in
+`networks.py` beside this file: built from what MindSpore 2.9's CPU kernels run fast (its Conv2D
+does not; timings: docs/benchmarks.md).
 """
 import io
 import logging
@@ -18,7 +20,8 @@ import sys
 import time
 from pathlib import Path
 
-# Before MindSpore is imported: quiet its C++ log; protobuf's pure-Python implementation (docs/design.md).
+# Before MindSpore is imported: quiet its C++ log; protobuf's pure-Python implementation
+# (docs/design.md).
 os.environ.setdefault("GLOG_v", "3")
 os.environ.setdefault("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "python")
 
@@ -30,7 +33,8 @@ try:
     import mnist_dp  # noqa: F401 - inside a function archive it sits next to this file
 except ModuleNotFoundError:  # run from the repository: make the shared package importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-if str(Path(__file__).resolve().parent) not in sys.path:  # imported by a test or a benchmark: networks.py's folder
+# imported by a test or a benchmark: networks.py's folder
+if str(Path(__file__).resolve().parent) not in sys.path:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import networks
@@ -44,11 +48,13 @@ HYPERPARAMETERS = Path(__file__).with_name("hyperparameters.json")
 ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
 
 
-# --- 1. The DP step: exact per-example clipping in GRAPH mode, the noise, the optimizer -------------------------------
+# --- 1. The DP step: exact per-example clipping in GRAPH mode, the noise, the optimizer
+# -------------------------------
 
 def import_mindarmour(name):
-    """`name` from mindarmour.privacy.diff_privacy. MindArmour 2.0 warns at import, predating MindSpore 2.9, which
-    runs it fine, and sleeps for the warning to be read: kept quiet, without the sleep (docs/design.md)."""
+    """`name` from mindarmour.privacy.diff_privacy. MindArmour 2.0 warns at import, predating
+    MindSpore 2.9, which runs it fine, and sleeps for the warning to be read: kept quiet, without
+    the sleep (docs/design.md)."""
     previous, sleep = logging.root.manager.disable, time.sleep
     logging.disable(logging.WARNING)
     time.sleep = lambda seconds: None  # only while its version check runs
@@ -61,19 +67,21 @@ def import_mindarmour(name):
 
 
 def data_rows(net, images):
-    """Each example's numbers that the clipped sum needs and no weight changes (networks.py), made once per task:
-    [N, ...] float32 for a network with `data_rows`, else None."""
+    """Each example's numbers that the clipped sum needs and no weight changes (networks.py), made
+    once per task: [N, ...] float32 for a network with `data_rows`, else None."""
     return net.data_rows(images) if hasattr(net, "data_rows") else None
 
 
 class ClippedGradientSum:
-    """Σ_i mask_i · min(1, C / ‖g_i‖) · g_i over one chunk from exact per-example gradients (one backward pass to each
-    layer's output, each example's gradient from its layer inputs), in `weights` order, then how many had ‖g_i‖ ≤ C.
-    A network with `data_rows` needs these examples' rows of them: its norms rest on them, so none is refused."""
+    """Σ_i mask_i · min(1, C / ‖g_i‖) · g_i over one chunk from exact per-example gradients (one
+    backward pass to each layer's output, each example's gradient from its layer inputs), in
+    `weights` order, then how many had ‖g_i‖ ≤ C. A network with `data_rows` needs these examples'
+    rows of them: its norms rest on them, so none is refused."""
 
     def __init__(self, net, weights):
         if tuple(w.name for w in weights) != net.GRADIENT_ORDER:
-            raise ValueError(f"ClippedGradientSum returns {net.GRADIENT_ORDER}, not {[w.name for w in weights]}")
+            raise ValueError(f"ClippedGradientSum returns {net.GRADIENT_ORDER}, not "
+                             f"{[w.name for w in weights]}")
         self.graph = net.clipped_sum_graph()
         self.probe_shapes = net.probe_shapes
         self.takes_rows = hasattr(net, "data_rows")
@@ -83,32 +91,36 @@ class ClippedGradientSum:
         return self.run(x, y, mask, max_grad_norm, rows)[:-1]
 
     def squared_norms(self, x, y, rows=None):
-        """Each example's squared gradient norm per parameter, [B, parameters] in `weights` order."""
+        """Each example's squared gradient norm per parameter, [B, parameters] in `weights`
+        order."""
         return self.run(x, y, ms.Tensor(np.ones(x.shape[0], np.float32)), 1.0, rows)[-1]
 
     def run(self, x, y, mask, max_grad_norm, rows):
         return self.graph(*self.inputs(x, y, mask, max_grad_norm, rows))
 
     def inputs(self, x, y, mask, max_grad_norm, rows):
-        """The graph's inputs for one chunk: the examples, their labels and mask, C, their data rows if the network
-        takes them, and zero probes (made once per chunk size)."""
+        """The graph's inputs for one chunk: the examples, their labels and mask, C, their data rows
+        if the network takes them, and zero probes (made once per chunk size)."""
         if (rows is None) == self.takes_rows:
-            raise ValueError("this network's clipped sum takes " + ("its chunk's data rows" if self.takes_rows else
+            raise ValueError("this network's clipped sum takes " + (
+                "its chunk's data rows" if self.takes_rows else
                                                                     "no data rows"))
         size = x.shape[0]
         if size not in self.probes:
-            self.probes[size] = tuple(ms.Tensor(np.zeros((size, *shape), np.float32)) for shape in self.probe_shapes)
+            self.probes[size] = tuple(ms.Tensor(np.zeros((size, *shape), np.float32))
+                                      for shape in self.probe_shapes)
         rows = () if rows is None else (ms.Tensor(rows),)
         return (x, y, mask, ms.Tensor(max_grad_norm, ms.float32), *rows, *self.probes[size])
 
 
-# The noise is numpy's PCG64: MindArmour's NoiseGaussianRandom has a 31-bit state and repeats its numbers
-# within a task, which the accountant's independent steps do not allow (docs/design.md).
+# The noise is numpy's PCG64: MindArmour's NoiseGaussianRandom has a 31-bit state and repeats its
+# numbers within a task, which the accountant's independent steps do not allow (docs/design.md).
 
 class NoisyUpdate(nn.Cell):
-    """Add `noise` (unit Gaussian noise for every weight, flat: `unit_noise`) times `noise_std` (σ·C of this step: the
-    schedule and adaptive clipping change it from step to step) to the clipped sum, divide by E[B], take the step.
-    One flat draw cut into the gradients' shapes, so no two gradients share their noise."""
+    """Add `noise` (unit Gaussian noise for every weight, flat: `unit_noise`) times `noise_std` (σ·C
+    of this step: the schedule and adaptive clipping change it from step to step) to the clipped
+    sum, divide by E[B], take the step. One flat draw cut into the gradients' shapes, so no two
+    gradients share their noise."""
 
     def __init__(self, optimizer, expected_batch_size):
         super().__init__(auto_prefix=False)
@@ -116,8 +128,8 @@ class NoisyUpdate(nn.Cell):
         ends = np.cumsum([math.prod(p.shape) for p in optimizer.parameters]).tolist()
         self.bounds = tuple(zip([0] + ends[:-1], ends))
         self.shapes = tuple(tuple(p.shape) for p in optimizer.parameters)
-        # The *expected* batch size, a constant as in Opacus: dividing by the realised size would make
-        # the update depend on the data beyond what the mechanism accounts for.
+        # The *expected* batch size, a constant as in Opacus: dividing by the realised size would
+        # make the update depend on the data beyond what the mechanism accounts for.
         self.expected_batch_size = float(expected_batch_size)
 
     def construct(self, clipped_sum, noise, noise_std):
@@ -129,57 +141,68 @@ class NoisyUpdate(nn.Cell):
 
 
 class ClippedNoisyUpdate(nn.Cell):
-    """The last chunk's clipped sum (`clipped_sum`, a ClippedGradientSum's graph) plus `carried` (the clipped sum of
-    the batch's earlier chunks), noised and applied by `update` (a NoisyUpdate), in one graph; returns how many of the
-    chunk's examples had ‖g_i‖ ≤ C. One graph call a step: two (a clipped sum, then an update) cost more."""
+    """The last chunk's clipped sum (`clipped_sum`, a ClippedGradientSum's graph) plus `carried`
+    (the clipped sum of the batch's earlier chunks), noised and applied by `update` (a NoisyUpdate),
+    in one graph; returns how many of the chunk's examples had ‖g_i‖ ≤ C. One graph call a step: two
+    (a clipped sum, then an update) cost more."""
 
     def __init__(self, clipped_sum, update):
         super().__init__(auto_prefix=False)
         self.clipped_sum, self.update = clipped_sum, update
 
     def construct(self, carried, noise, noise_std, *chunk):
-        sums = self.clipped_sum(*chunk)  # the gradients' clipped sums, the unclipped count, the squared norms
+        # the gradients' clipped sums, the unclipped count, the squared norms
+        sums = self.clipped_sum(*chunk)
         gradients = ()
         for g, earlier in zip(sums[:-2], carried):
             gradients += (g + earlier,)
-        return ops.depend(sums[-2], self.update(gradients, noise, noise_std))  # the count once the step is taken
+        # the count once the step is taken
+        return ops.depend(sums[-2], self.update(gradients, noise, noise_std))
 
 
 def unit_noise(rng, size, secure_mode):
-    """`size` N(0, 1) numbers for one step's noise, float32, from the run's "gradient noise" generator; with
-    secure_mode as Opacus' secure_mode draws them."""
+    """`size` N(0, 1) numbers for one step's noise, float32, from the run's "gradient noise"
+    generator; with secure_mode as Opacus' secure_mode draws them."""
     return randomness.standard_normal(rng, (size,), secure_mode, np.float32)
 
 
 def make_dp_step(net, optimizer, expected_batch_size, rng, secure_mode=False, with_canaries=None):
-    """One DP-SGD step `step(images, labels, batch, C, σ, rows)` on images[batch] (as stored; labels int32; rows:
-    the images' data_rows, if the network has them): clip each example's gradient to C, sum the chunks, add
-    N(0, σ²C²) from `rng` (the run's "gradient noise" generator), divide by E[B], update; returns how many had
-    ‖g_i‖ ≤ C. The last chunk is clipped, summed, noised and applied in one graph (ClippedNoisyUpdate)."""
+    """One DP-SGD step `step(images, labels, batch, C, σ, rows)` on images[batch] (as stored; labels
+    int32; rows: the images' data_rows, if the network has them): clip each example's gradient to C,
+    sum the chunks, add N(0, σ²C²) from `rng` (the run's "gradient noise" generator), divide by
+    E[B], update; returns how many had ‖g_i‖ ≤ C. The last chunk is clipped, summed, noised and
+    applied in one graph (ClippedNoisyUpdate)."""
     clipped_sum = ClippedGradientSum(net, optimizer.parameters)
     update = NoisyUpdate(optimizer, expected_batch_size)
     last_chunk_and_update = ClippedNoisyUpdate(clipped_sum.graph, update)
     size = sum(math.prod(p.shape) for p in optimizer.parameters)
-    nothing = ms.mutable(tuple(ms.Tensor(np.zeros(p.shape, np.float32)) for p in optimizer.parameters))
+    nothing = ms.mutable(tuple(ms.Tensor(np.zeros(p.shape, np.float32))
+                               for p in optimizer.parameters))
     sizes = chunks.chunk_sizes(expected_batch_size)
 
     def step(images, labels, batch, max_grad_norm, noise_multiplier, rows=None):
-        parts = [clipped_sum.inputs(as_input(images[index]), ms.Tensor(labels[index]), ms.Tensor(mask),
+        parts = [clipped_sum.inputs(as_input(images[index]), ms.Tensor(labels[index]),
+                                    ms.Tensor(mask),
                                     max_grad_norm, None if rows is None else rows[index])
                  for index, mask in chunks.padded_chunks(batch, sizes)]
         noise = ms.from_numpy(unit_noise(rng, size, secure_mode))
-        noise_std = ms.Tensor(noise_multiplier * max_grad_norm, ms.float32)  # σ = 0: the mechanism tests
-        if with_canaries is not None:  # the white-box audit's canaries (DpStep.with_canaries): the sum on the host
+        # σ = 0: the mechanism tests
+        noise_std = ms.Tensor(noise_multiplier * max_grad_norm, ms.float32)
+        # the white-box audit's canaries (DpStep.with_canaries): the sum on the host
+        if with_canaries is not None:
             gradients, unclipped = summed(parts)
             gradients = [ms.Tensor(g) for g in with_canaries([g.asnumpy() for g in gradients])]
             update(ms.mutable(tuple(gradients)), noise, noise_std)
             return unclipped
-        carried, unclipped = summed(parts[:-1])  # a batch above the larger chunk: about one step in 3,600 by default
-        return unclipped + int(last_chunk_and_update(carried, noise, noise_std, *parts[-1]).asnumpy())
+        # a batch above the larger chunk: about one step in 3,600 by default
+        carried, unclipped = summed(parts[:-1])
+        return unclipped + int(last_chunk_and_update(carried, noise, noise_std,
+                                                     *parts[-1]).asnumpy())
 
     def summed(parts):
-        """The clipped sums of chunks run through the clipped sum alone, and how many had ‖g_i‖ ≤ C (zeros and 0
-        for none). mutable: GRAPH mode takes a plain tuple for a constant and recompiles at every step."""
+        """The clipped sums of chunks run through the clipped sum alone, and how many had ‖g_i‖ ≤ C
+        (zeros and 0 for none). mutable: GRAPH mode takes a plain tuple for a constant and
+        recompiles at every step."""
         total, unclipped = nothing, 0
         for inputs in parts:
             *sums, count, _ = clipped_sum.graph(*inputs)
@@ -191,7 +214,8 @@ def make_dp_step(net, optimizer, expected_batch_size, rng, secure_mode=False, wi
 
 
 def make_plain_step(net, optimizer):
-    """The non-private step on images[batch]: mean loss, plain gradients (MindSpore's TrainOneStepCell)."""
+    """The non-private step on images[batch]: mean loss, plain gradients (MindSpore's
+    TrainOneStepCell)."""
     loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
     train_step = nn.TrainOneStepCell(nn.WithLossCell(net, loss), optimizer)
 
@@ -208,7 +232,8 @@ def new_optimizer(net, hp):
 
 
 class MovingAverage(nn.Cell):
-    """A moving average of the weights after every step, put in the net by `copy_to`: post-processing, free."""
+    """A moving average of the weights after every step, put in the net by `copy_to`:
+    post-processing, free."""
 
     def __init__(self, params, decay):
         super().__init__(auto_prefix=False)
@@ -227,8 +252,8 @@ class MovingAverage(nn.Cell):
 
 
 class AveragingOptimizer(nn.Cell):
-    """`optimizer`'s step, then `average`'s (a MovingAverage), in the step's graph, as Keras' `use_ema` in the tf
-    algo: called as a graph of its own, the average cost more a step."""
+    """`optimizer`'s step, then `average`'s (a MovingAverage), in the step's graph, as Keras'
+    `use_ema` in the tf algo: called as a graph of its own, the average cost more a step."""
 
     def __init__(self, optimizer, average):
         super().__init__(auto_prefix=False)
@@ -241,22 +266,25 @@ class AveragingOptimizer(nn.Cell):
 
 
 def mindarmour_epsilon(n, sample_rate, noise_multiplier, steps, delta):
-    """MindArmour's RDPMonitor figure for this run, once for all steps (its step_end miscounts): above our RDP's."""
+    """MindArmour's RDPMonitor figure for this run, once for all steps (its step_end miscounts):
+    above our RDP's."""
     RDPMonitor = import_mindarmour("RDPMonitor")
     batch = max(1, round(n * sample_rate))
     if batch >= n:
         return float("nan")
     monitor = RDPMonitor(num_samples=n, batch_size=batch, initial_noise_multiplier=noise_multiplier,
-                         max_eps=1e9, target_delta=delta, noise_decay_mode=None, per_print_times=max(steps, 1))
+                         max_eps=1e9, target_delta=delta, noise_decay_mode=None,
+                         per_print_times=max(steps, 1))
     return float(monitor._compute_privacy_steps(list(range(steps)))[0])
 
 
-# --- 2. Model I/O: inputs as the network takes them, weights as bytes -----------------------------------------------
+# --- 2. Model I/O: inputs as the network takes them, weights as bytes
+# -----------------------------------------------
 
 def as_input(inputs) -> ms.Tensor:
-    """A tensor as the network takes it: images with a channel axis (NCHW). The networks widen float16 features
-    (features.py) to float32 in their graph: a cast outside it is a PyNative op, slower. `from_numpy` shares the
-    array's memory, where `ms.Tensor` copies it."""
+    """A tensor as the network takes it: images with a channel axis (NCHW). The networks widen
+    float16 features (features.py) to float32 in their graph: a cast outside it is a PyNative op,
+    slower. `from_numpy` shares the array's memory, where `ms.Tensor` copies it."""
     return ms.from_numpy(np.ascontiguousarray(inputs[:, None] if inputs.ndim == 3 else inputs))
 
 
@@ -268,7 +296,8 @@ def model_to_bytes(model) -> bytes:
 
 
 def model_from_bytes(weights: bytes, network):
-    """The network `network` names with the parameters of `model_to_bytes` (every one, no pickle)."""
+    """The network `network` names with the parameters of `model_to_bytes` (every one, no
+    pickle)."""
     net = networks.build_network(network)
     with np.load(io.BytesIO(weights), allow_pickle=False) as arrays:
         params = {name: ms.Parameter(ms.Tensor(arrays[name]), name=name) for name in arrays.files}
@@ -278,11 +307,13 @@ def model_from_bytes(weights: bytes, network):
     return net
 
 
-# --- 3. The Framework object: what the skeleton calls ---------------------------------------------------------------
+# --- 3. The Framework object: what the skeleton calls
+# ---------------------------------------------------------------
 
 class MindSporeMindArmour(interface.Framework):
     name = "mindspore"
-    # GRAPH mode compiles once per input shape: 1000 cuts a test set of 10,000 images into equal batches.
+    # GRAPH mode compiles once per input shape: 1000 cuts a test set of 10,000 images into equal
+    # batches.
     predict_batch_size = 1000
 
     def network(self, network: interface.Network) -> nn.Cell:
@@ -291,20 +322,23 @@ class MindSporeMindArmour(interface.Framework):
     def optimizer(self, model: nn.Cell, hp: Hyperparameters) -> nn.Cell:
         optimizer = new_optimizer(model, hp)
         if hp.ema_decay:  # every step then updates the average too
-            optimizer = AveragingOptimizer(optimizer, MovingAverage(model.trainable_params(), hp.ema_decay))
+            optimizer = AveragingOptimizer(optimizer,
+                                           MovingAverage(model.trainable_params(), hp.ema_decay))
         return optimizer
 
     def dp_step(self, model: nn.Cell, optimizer: nn.Cell, inputs: np.ndarray, labels: np.ndarray,
                 hp: Hyperparameters, plan: SamplingPlan, step: interface.DpStep):
         model.set_train(True)
         labels = labels.astype(np.int32)
-        dp_step = make_dp_step(model, optimizer, plan.expected_batch_size, step.randomness.numpy("gradient noise"),
+        dp_step = make_dp_step(model, optimizer, plan.expected_batch_size,
+                               step.randomness.numpy("gradient noise"),
                                hp.secure_mode, step.canary_hook)
         rows = data_rows(model, inputs)  # kept in memory as the features, never written
-        return lambda batch, max_grad_norm, noise_multiplier: dp_step(inputs, labels, batch, max_grad_norm,
-                                                                      noise_multiplier, rows)
+        return lambda batch, max_grad_norm, noise_multiplier: dp_step(
+            inputs, labels, batch, max_grad_norm, noise_multiplier, rows)
 
-    def plain_step(self, model: nn.Cell, optimizer: nn.Cell, inputs: np.ndarray, labels: np.ndarray):
+    def plain_step(self, model: nn.Cell, optimizer: nn.Cell, inputs: np.ndarray,
+                   labels: np.ndarray):
         model.set_train(True)
         labels = labels.astype(np.int32)
         plain_step = make_plain_step(model, optimizer)
@@ -316,7 +350,8 @@ class MindSporeMindArmour(interface.Framework):
         model.set_train(False)
 
     def library_epsilon(self, plan: SamplingPlan, steps: int, sigma: float, delta: float) -> dict:
-        return {"MindArmour RDPMonitor (this run only)": mindarmour_epsilon(plan.n, plan.sample_rate, sigma, steps,
+        return {"MindArmour RDPMonitor (this run "
+                "only)": mindarmour_epsilon(plan.n, plan.sample_rate, sigma, steps,
                                                                             delta)}
 
     load_model = staticmethod(model_from_bytes)
@@ -327,7 +362,8 @@ class MindSporeMindArmour(interface.Framework):
 
     def set_weight_arrays(self, model: nn.Cell, arrays: list[np.ndarray]) -> nn.Cell:
         parameters = list(model.get_parameters())
-        interface.check_shapes(arrays, [p.shape for p in parameters])  # set_data would take any shape
+        # set_data would take any shape
+        interface.check_shapes(arrays, [p.shape for p in parameters])
         for parameter, array in zip(parameters, arrays):
             parameter.set_data(ms.Tensor(array))
         return model

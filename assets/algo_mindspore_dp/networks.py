@@ -1,28 +1,30 @@
-"""The MindSpore algo's networks, each with the GRAPH-mode body of its clipped per-example gradient sum.
+"""The MindSpore algo's networks, each with the GRAPH-mode body of its clipped per-example gradient
+sum.
 
-Book-keeping, as the tf algo: one backward pass to every weighted layer's output gives each example's gradient
-there (row i of the output gradient is example i's: its loss depends only on its own row), and a layer's
-per-example weight gradient is that output gradient times the layer's input. So each network's `forward` returns
-its layers' inputs and adds zero "probes" to its layers' outputs, w.r.t. which the loss is differentiated.
+Book-keeping, as the tf algo: one backward pass to every weighted layer's output gives each
+example's gradient there (row i of the output gradient is example i's: its loss depends only on its
+own row), and a layer's per-example weight gradient is that output gradient times the layer's input.
+So each network's `forward` returns its layers' inputs and adds zero "probes" to its layers'
+outputs, w.r.t. which the loss is differentiated.
 
-MindSpore 2.9's CPU kernels shape this code (timings in docs/benchmarks.md): its Conv2D hands oneDNN plain NCHW
-tensors and gets oneDNN's reference convolution; Im2Col, Pad, strided slices, broadcast batched products and the
-generic gradients of MatMul and ReduceMean cost several times the arithmetic. Gathers, 2-D matrix products and cells
-that give their own gradient (`bprop`) are fast, so the ScatterNet CNN is built from those.
+MindSpore 2.9's CPU kernels shape this code (timings in docs/benchmarks.md): its Conv2D hands oneDNN
+plain NCHW tensors and gets oneDNN's reference convolution; Im2Col, Pad, strided slices, broadcast
+batched products and the generic gradients of MatMul and ReduceMean cost several times the
+arithmetic. Gathers, 2-D matrix products and cells that give their own gradient (`bprop`) are fast,
+so the ScatterNet CNN is built from those (its layers are in layers.py).
 """
-import math
-
+import layers  # beside this file: the ScatterNet CNN's layers
 import mindspore as ms
 import numpy as np
 from mindspore import nn, ops
-from mindspore.common.initializer import HeUniform, initializer
 
 from mnist_dp.learning import conv_grams, features
-from mnist_dp.learning.interface import GROUP_SIZE, MNIST_MEAN, MNIST_STD, NORM_EPS
+from mnist_dp.learning.interface import GROUP_SIZE, MNIST_MEAN, MNIST_STD
 
 
 def _probed(z, probes, index):
-    """z + probes[index]: with a zero probe, the gradient w.r.t. the probe is the gradient w.r.t. z."""
+    """z + probes[index]: with a zero probe, the gradient w.r.t. the probe is the gradient w.r.t.
+    z."""
     return z if probes is None else z + probes[index]
 
 
@@ -31,11 +33,12 @@ def _activation(name):
 
 
 class _ClippedSumGraph(nn.Cell):
-    """The GRAPH-mode body of a clipped per-example gradient sum: the output gradients of `net.forward`'s probed
-    layers (the probes must be inputs of the graph: MindSpore folds zeros made inside it into constants, which
-    have no gradient), and the clip weights min(1, C / ‖g_i‖) of per-example squared norms. A graph returns the
-    clipped sums in GRADIENT_ORDER, how many were not clipped, and each example's squared gradient norm per
-    parameter [B, parameters]: each term of the norm is tested on its own (a small one is lost in the total)."""
+    """The GRAPH-mode body of a clipped per-example gradient sum: the output gradients of
+    `net.forward`'s probed layers (the probes must be inputs of the graph: MindSpore folds zeros
+    made inside it into constants, which have no gradient), and the clip weights min(1, C / ‖g_i‖)
+    of per-example squared norms. A graph returns the clipped sums in GRADIENT_ORDER, how many were
+    not clipped, and each example's squared gradient norm per parameter [B, parameters]: each term
+    of the norm is tested on its own (a small one is lost in the total)."""
 
     def __init__(self, net, grad_position=(1, 2, 3, 4), has_aux=True):
         super().__init__(auto_prefix=False)
@@ -51,35 +54,41 @@ class _ClippedSumGraph(nn.Cell):
 
     @staticmethod
     def clip_weights(squared_norms, mask, max_grad_norm):
-        """[B] factors mask_i · min(1, C / ‖g_i‖) from each example's squared gradient norm per parameter
-        [B, parameters], and how many unmasked examples had ‖g_i‖ ≤ C (adaptive clipping's count)."""
+        """[B] factors mask_i · min(1, C / ‖g_i‖) from each example's squared gradient norm per
+        parameter [B, parameters], and how many unmasked examples had ‖g_i‖ ≤ C (adaptive clipping's
+        count)."""
         norms = ops.sqrt(squared_norms.sum(1))
         weight = ops.minimum(1.0, max_grad_norm / ops.maximum(norms, 1e-12)) * mask
         return weight, ((norms <= max_grad_norm).astype(ms.float32) * mask).sum()
 
     @staticmethod
     def dense_norms(grads, inputs):
-        """A dense layer's per-example squared weight and bias gradient norms [B] each, from its output gradients
-        g_i and inputs a_i: the weight gradient g_i a_iᵀ has squared norm ‖g_i‖²‖a_i‖², the bias's is ‖g_i‖²."""
+        """A dense layer's per-example squared weight and bias gradient norms [B] each, from its
+        output gradients g_i and inputs a_i: the weight gradient g_i a_iᵀ has squared norm
+        ‖g_i‖²‖a_i‖², the bias's is ‖g_i‖²."""
         squares = ops.square(grads).sum(1)
         return squares * ops.square(inputs).sum(1), squares
 
 
-# --- The TF Privacy / Opacus tutorial CNN, on pixels ----------------------------------------------------------------
+# --- The TF Privacy / Opacus tutorial CNN, on pixels
+# ----------------------------------------------------------------
 
 class PatchConv2d(nn.Conv2d):
     """`nn.Conv2d` (same parameters, names and initialisation), computed as Im2Col patches times the
     kernel matrix (the module docstring says why). Output [B, out_channels, H', W'] as Conv2d's.
-    Handles what this CNN uses: groups 1, dilation 1, one padding for every side; a bias unless told not to."""
+    Handles what this CNN uses: groups 1, dilation 1, one padding for every side; a bias unless told
+    not to."""
 
     def __init__(self, *args, has_bias=True, **kwargs):
         super().__init__(*args, has_bias=has_bias, **kwargs)
-        if self.group != 1 or tuple(self.dilation[-2:]) != (1, 1) or not isinstance(self.padding, int):
+        if self.group != 1 or tuple(
+                self.dilation[-2:]) != (1, 1) or not isinstance(self.padding, int):
             raise ValueError("PatchConv2d: groups 1, dilation 1 and an int padding only")
         self.batch_matmul, self.bias_add = ops.BatchMatMul(), ops.BiasAdd()
 
     def patches(self, x):
-        """[B, C, H, W] -> [B, C·kh·kw, H'·W']: each output position's input, in the weight's (C, kh, kw) order."""
+        """[B, C, H, W] -> [B, C·kh·kw, H'·W']: each output position's input, in the weight's (C,
+        kh, kw) order."""
         return ops.unfold(x, self.kernel_size, 1, self.padding, self.stride)
 
     def pre_activation(self, patches):
@@ -92,15 +101,17 @@ class PatchConv2d(nn.Conv2d):
         (kh, kw), (sh, sw) = self.kernel_size, self.stride[-2:]
         height = (x.shape[2] + 2 * self.padding - kh) // sh + 1
         width = (x.shape[3] + 2 * self.padding - kw) // sw + 1
-        return self.pre_activation(self.patches(x)).reshape(x.shape[0], self.out_channels, height, width)
+        return self.pre_activation(self.patches(x)).reshape(
+            x.shape[0], self.out_channels, height, width)
 
 
 class TutorialCNN(nn.Cell):
-    """The TF Privacy / Opacus tutorial CNN on pixels [B, 1, 28, 28] in [0, 1] (26,010 parameters), as the other
-    algos'."""
+    """The TF Privacy / Opacus tutorial CNN on pixels [B, 1, 28, 28] in [0, 1] (26,010 parameters),
+    as the other algos'."""
 
     # The parameters, in the order its clipped sum returns their gradients.
-    GRADIENT_ORDER = ("conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias", "fc1.weight", "fc1.bias",
+    GRADIENT_ORDER = ("conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias", "fc1.weight",
+                      "fc1.bias",
                       "fc2.weight", "fc2.bias")
 
     def __init__(self, activation="tanh"):
@@ -109,15 +120,16 @@ class TutorialCNN(nn.Cell):
         self.conv2 = PatchConv2d(16, 32, 4, stride=2, pad_mode="valid")
         self.fc1, self.fc2, self.flatten = nn.Dense(32 * 4 * 4, 32), nn.Dense(32, 10), nn.Flatten()
         self.pool, self.act = nn.MaxPool2d(2, 1), _activation(activation)
-        # Each weighted layer's output [B, ...] (before its activation): the shapes of `forward`'s probes.
+        # Each weighted layer's output [B, ...] (before its activation): the shapes of `forward`'s
+        # probes.
         self.probe_shapes = ((16, 196), (32, 25), (32,), (10,))
 
     def construct(self, x):
         return self.forward(x)[0]
 
     def forward(self, x, probes=None):
-        """Logits, and the input of each weighted layer (a convolution's patches); `probes` (zeros shaped
-        [B, *probe_shapes[i]]) are added to each layer's output."""
+        """Logits, and the input of each weighted layer (a convolution's patches); `probes` (zeros
+        shaped [B, *probe_shapes[i]]) are added to each layer's output."""
         batch = x.shape[0]
         x = (x.astype(ms.float32) - MNIST_MEAN) / MNIST_STD
         patches1 = self.conv1.patches(x)  # -> [B, 64, 196]
@@ -125,7 +137,8 @@ class TutorialCNN(nn.Cell):
         x = self.pool(self.act(z1.reshape(batch, 16, 14, 14)))  # -> [B, 16, 13, 13]
         patches2 = self.conv2.patches(x)  # -> [B, 256, 25]
         z2 = _probed(self.conv2.pre_activation(patches2), probes, 1)  # -> [B, 32, 25]
-        hidden_in = self.flatten(self.pool(self.act(z2.reshape(batch, 32, 5, 5))))  # -> [B, 32, 4, 4] -> [B, 512]
+        # -> [B, 32, 4, 4] -> [B, 512]
+        hidden_in = self.flatten(self.pool(self.act(z2.reshape(batch, 32, 5, 5))))
         hidden = self.act(_probed(self.fc1(hidden_in), probes, 2))  # -> [B, 32]
         logits = _probed(self.fc2(hidden), probes, 3)  # -> [B, 10]
         return logits, (patches1, patches2, hidden_in, hidden)
@@ -135,7 +148,8 @@ class TutorialCNN(nn.Cell):
 
 
 class _TutorialClippedSum(_ClippedSumGraph):
-    """The tutorial CNN's clipped sum: each example's kernel gradients from its patches (batched products)."""
+    """The tutorial CNN's clipped sum: each example's kernel gradients from its patches (batched
+    products)."""
 
     def construct(self, x, y, mask, max_grad_norm, probe1, probe2, probe3, probe4):
         (g1, g2, g3, g4), (patches1, patches2, hidden_in, hidden) = self.output_grads(
@@ -155,168 +169,52 @@ class _TutorialClippedSum(_ClippedSumGraph):
                 ops.matmul(row, kernel2.reshape(batch, -1)).reshape(self.net.conv2.weight.shape),
                 ops.matmul(row, bias2).reshape(-1),
                 self.matmul_ta(g3 * column, hidden_in), ops.matmul(row, g3).reshape(-1),
-                self.matmul_ta(g4 * column, hidden), ops.matmul(row, g4).reshape(-1), unclipped, squared_norms)
+                self.matmul_ta(g4 * column, hidden), ops.matmul(row, g4).reshape(-1), unclipped,
+                squared_norms)
 
 
-# --- Tramèr & Boneh's ScatterNet CNN, on scattering features --------------------------------------------------------
-
-def kernel_matrix(weight):
-    """A convolution's weight [O, C, k, k] as the matrix [O, k·k·C] its patches (offsets, then channels) multiply."""
-    return ops.transpose(weight, (0, 2, 3, 1)).reshape(weight.shape[0], -1)
-
-
-def kernel_of(matrix, shape):
-    """`kernel_matrix`'s inverse: a [O, k·k·C] matrix as a weight of `shape` [O, C, k, k]."""
-    out, channels, kh, kw = shape
-    return ops.transpose(matrix.reshape(out, kh, kw, channels), (0, 3, 1, 2))
-
-
-class ConvWeights(nn.Cell):
-    """A convolution's parameters, named and shaped as nn.Conv2d's (weight [O, C, k, k], bias [O]); the ScatterNet
-    CNN computes its convolutions itself."""
-
-    def __init__(self, in_channels, out_channels, kernel):
-        super().__init__()
-        shape = (out_channels, in_channels, kernel, kernel)
-        self.weight = ms.Parameter(initializer(HeUniform(math.sqrt(5)), shape, ms.float32), name="weight")
-        self.bias = ms.Parameter(initializer("zeros", (out_channels,), ms.float32), name="bias")
-
-
-class PatchGather(nn.Cell):
-    """Each output position's patch of a square convolution over pixels [B, H·W, C] (channels last), as rows
-    [B, P, k·k·C] (offsets, then channels). Padding reads a zero pixel appended to the input: one gather, where
-    Im2Col, Pad or strided slices cost several times more."""
-
-    def __init__(self, size, kernel, stride, padding):
-        super().__init__()
-        out = (size + 2 * padding - kernel) // stride + 1
-        pixels = conv_grams.patch_pixels(size, size, out, out, kernel, kernel, stride, stride, padding, padding)
-        self.index = ms.Tensor(np.where(pixels < 0, size * size, pixels).reshape(-1).astype(np.int32))
-        self.pixels = pixels  # [P, k·k]: the pixel each offset of each position reads, -1 for padding
-        self.positions, self.offsets = pixels.shape
-        self.geometry = (out, out, kernel, kernel, stride, stride, padding, padding)  # conv_grams' arguments
-
-    def construct(self, pixels):
-        batch, channels = pixels.shape[0], pixels.shape[2]
-        padded = ops.concat((pixels, ops.zeros((batch, 1, channels), pixels.dtype)), 1)
-        return ops.gather(padded, self.index, 1).reshape(batch, self.positions, self.offsets * channels)
-
-
-class DataProduct(nn.Cell):
-    """patches @ kernelᵀ, for patches of the data (no gradient): its own gradient is the kernel's alone, one
-    product (MindSpore's generic MatMul gradient also forms the patches', with transposes: several times slower)."""
-
-    def __init__(self):
-        super().__init__()
-        self.matmul_tb, self.matmul_ta = ops.MatMul(transpose_b=True), ops.MatMul(transpose_a=True)
-
-    def construct(self, patches, kernel):
-        return self.matmul_tb(patches, kernel)
-
-    def bprop(self, patches, kernel, out, dout):
-        return ops.zeros_like(patches), self.matmul_ta(dout, patches)
-
-
-class ToeplitzConv2d(nn.Cell):
-    """A square convolution (no bias) as one product with its Toeplitz matrix T: input [B, H·W·C] (pixels, channels
-    last), weight as nn.Conv2d's, output [B, O·P] in NCHW's (channel, position) order. T[pixel·C + c, o·P + p] is
-    weight[o, c, offset] for the offset of position p that reads that pixel, else 0. Its own gradient: the input's
-    is one more product; the kernel's is its patches' product with the output gradient (through T's gather it
-    would be a scatter-add, slower than the whole step)."""
-
-    def __init__(self, size, in_channels, out_channels, kernel, stride, padding):
-        super().__init__()
-        self.patches = PatchGather(size, kernel, stride, padding)
-        self.weight_shape = (out_channels, in_channels, kernel, kernel)
-        pixels, positions, offsets = self.patches.pixels, self.patches.positions, self.patches.offsets
-        p, k = np.nonzero(pixels >= 0)  # each (position, offset) that reads a pixel: the entries of T it fills
-        c, o = np.arange(in_channels)[None, :, None], np.arange(out_channels)[None, None, :]
-        index = np.full((size * size * in_channels, out_channels * positions), math.prod(self.weight_shape))
-        index[pixels[p, k][:, None, None] * in_channels + c, o * positions + p[:, None, None]] = (
-            (o * in_channels + c) * offsets + k[:, None, None])  # the weight's flat index; its size means 0
-        self.index, self.shape = ms.Tensor(index.reshape(-1).astype(np.int32)), index.shape
-        self.matmul_tb, self.matmul_ta = ops.MatMul(transpose_b=True), ops.MatMul(transpose_a=True)
-
-    def toeplitz(self, weight):
-        entries = ops.concat((weight.reshape(-1), ops.zeros(1, weight.dtype)))
-        return ops.gather(entries, self.index, 0).reshape(self.shape)
-
-    def construct(self, x, weight):
-        return ops.matmul(x, self.toeplitz(weight))
-
-    def bprop(self, x, weight, out, dout):
-        batch, (out_channels, in_channels, _, _) = x.shape[0], self.weight_shape
-        patches = self.patches(x.reshape(batch, -1, in_channels))  # -> [B, P, k·k·C]
-        grads = ops.transpose(dout.reshape(batch, out_channels, -1), (0, 2, 1))  # -> [B, P, O]
-        kernel = self.matmul_ta(grads.reshape(-1, out_channels), patches.reshape(-1, patches.shape[2]))
-        return self.matmul_tb(dout, self.toeplitz(weight)), kernel_of(kernel, self.weight_shape)
-
-
-class GroupNorm(nn.Cell):
-    """Group normalisation (no affine part) of z [B, D] in any layout: entry j is in group `groups[j]`, groups of
-    equal size. Group means are products with the 0/1 membership matrix, and the cell gives its own gradient:
-    MindSpore's for ReduceMean (a Tile) cost more than the normalisation."""
-
-    def __init__(self, groups):
-        super().__init__()
-        groups = np.asarray(groups)
-        member = (groups[:, None] == np.arange(groups.max() + 1)).astype(np.float32)  # -> [D, G]
-        self.member, self.spread = ms.Tensor(member), ms.Tensor(np.ascontiguousarray(member.T))
-        self.size = float(member.sum(0)[0])
-
-    def group_means(self, z):
-        return ops.matmul(z, self.member) / self.size  # -> [B, G]
-
-    def mean(self, z):
-        """Each entry's group mean, [B, D]."""
-        return ops.matmul(self.group_means(z), self.spread)
-
-    def centred_and_scale(self, z):
-        """z minus its group means, and each entry's 1 / (its group's standard deviation), [B, D] each."""
-        centred = z - self.mean(z)
-        return centred, ops.matmul(ops.rsqrt(self.group_means(centred * centred) + NORM_EPS), self.spread)
-
-    def construct(self, z):
-        centred, scale = self.centred_and_scale(z)
-        return centred * scale
-
-    def bprop(self, z, out, dout):
-        _, scale = self.centred_and_scale(z)
-        return (scale * (dout - self.mean(dout) - out * self.mean(dout * out)),)
-
+# --- Tramèr & Boneh's ScatterNet CNN, on scattering features
+# --------------------------------------------------------
 
 class ScatterNetCNN(nn.Cell):
-    """Tramèr & Boneh's ScatterNet CNN on scattering features [B, 3969] (81 channels × 7 × 7, channel-major), its
-    convolutions group-normalised, with a linear shortcut from the features to the logits (72,756 parameters): the
-    other algos' network, the convolutions computed otherwise (the module docstring says why). The first is its
-    patches (one gather of the features, channels last) times the kernel matrix, the second a Toeplitz product."""
+    """Tramèr & Boneh's ScatterNet CNN on scattering features [B, 3969] (81 channels × 7 × 7,
+    channel-major), its convolutions group-normalised, with a linear shortcut from the features to
+    the logits (72,756 parameters): the other algos' network, the convolutions computed otherwise
+    (the module docstring says why). The first is its patches (one gather of the features, channels
+    last) times the kernel matrix, the second a Toeplitz product."""
 
     GRADIENT_ORDER = TutorialCNN.GRADIENT_ORDER + ("shortcut.weight",)
 
     def __init__(self, activation="tanh"):
         super().__init__()
         channels, size = features.SCATTERING_CHANNELS, features.SCATTERING_SIZE
-        self.conv1, self.conv2 = ConvWeights(channels, 16, 3), ConvWeights(16, 32, 3)
+        self.conv1, self.conv2 = layers.ConvWeights(channels, 16, 3), layers.ConvWeights(16, 32, 3)
         self.fc1, self.fc2 = nn.Dense(32 * 16, 32), nn.Dense(32, 10)
         self.shortcut = nn.Dense(features.SCATTERING_DIM, 10, weight_init=0, has_bias=False)
         self.act = _activation(activation)
-        self.patches1, self.product1 = PatchGather(size, 3, 2, 1), DataProduct()  # 7 × 7 -> 4 × 4 positions
-        self.product2 = ToeplitzConv2d(4, 16, 32, 3, 1, 1)  # 4 × 4 -> 4 × 4
+        # 7 × 7 -> 4 × 4 positions
+        self.patches1, self.product1 = layers.PatchGather(size, 3, 2, 1), layers.DataProduct()
+        self.product2 = layers.ToeplitzConv2d(4, 16, 32, 3, 1, 1)  # 4 × 4 -> 4 × 4
         self.bias_add = ops.BiasAdd()  # a broadcast Add is slower, and its gradient a ReduceSum
-        self.norm1 = GroupNorm(np.tile(np.arange(16) // GROUP_SIZE, 16))  # conv1's output: (position, channel)
-        self.norm2 = GroupNorm(np.repeat(np.arange(32) // GROUP_SIZE, 16))  # conv2's: (channel, position)
+        # conv1's output: (position, channel)
+        self.norm1 = layers.GroupNorm(np.tile(np.arange(16) // GROUP_SIZE, 16))
+        # conv2's: (channel, position)
+        self.norm2 = layers.GroupNorm(np.repeat(np.arange(32) // GROUP_SIZE, 16))
         self.probe_shapes = ((16, 16), (32, 16), (32,), (10,))
 
     def data_rows(self, x):
-        """What the clipped sum needs of each example that no weight changes, made once per task (its step then
-        takes a batch's rows): [N, 137] float32, the first convolution's packed patch Gram (that layer reads the
-        features themselves: conv_grams.patch_grams) and the features' squared norm (the shortcut's input)."""
+        """What the clipped sum needs of each example that no weight changes, made once per task
+        (its step then takes a batch's rows): [N, 137] float32, the first convolution's packed patch
+        Gram (that layer reads the features themselves: conv_grams.patch_grams) and the features'
+        squared norm (the shortcut's input)."""
         size = features.SCATTERING_SIZE
         x = np.asarray(x).reshape(len(x), features.SCATTERING_CHANNELS, size, size)
         rows = np.empty((len(x), ROW_WIDTH), np.float32)
         rows[:, :-1] = conv_grams.patch_grams(x, *self.patches1.geometry)
         for start in range(0, len(x), conv_grams.CHUNK):
-            block = x[start : start + conv_grams.CHUNK].reshape(-1, features.SCATTERING_DIM).astype(np.float32)
+            block = x[
+                start : start + conv_grams.CHUNK].reshape(-1, features.SCATTERING_DIM).astype(
+                    np.float32)
             rows[start : start + len(block), -1] = np.einsum("ij,ij->i", block, block)
         return rows
 
@@ -324,19 +222,24 @@ class ScatterNetCNN(nn.Cell):
         return self.forward(x)[0]
 
     def forward(self, x, probes=None):
-        """Logits, and what each weighted layer's per-example gradient needs (the first convolution's patches, the
-        second's input, the dense layers' inputs, the features in float32); `probes` (zeros shaped
-        [B, *probe_shapes[i]]) are added to each layer's output."""
+        """Logits, and what each weighted layer's per-example gradient needs (the first
+        convolution's patches, the second's input, the dense layers' inputs, the features in
+        float32); `probes` (zeros shaped [B, *probe_shapes[i]]) are added to each layer's output."""
         batch = x.shape[0]
         x = x.astype(ms.float32)  # a task's features are float16 (features.py)
         pixels = ops.transpose(x.reshape(batch, 81, 49), (0, 2, 1))  # -> [B, 49, 81]: channels last
         patches1 = self.patches1(pixels).reshape(batch * 16, 9 * 81)  # -> [B·16, 729]
-        z1 = self.bias_add(self.product1(patches1, kernel_matrix(self.conv1.weight)), self.conv1.bias)  # [B·16, 16]
+        # [B·16, 16]
+        z1 = self.bias_add(self.product1(patches1, layers.kernel_matrix(self.conv1.weight)),
+                           self.conv1.bias)
         z1 = _probed(z1.reshape(batch, 16, 16), probes, 0)  # [B, 16, 16]: position, channel
-        a1 = self.act(self.norm1(z1.reshape(batch, 256)))  # -> [B, 256]: conv2's input, channels last
-        z2 = self.bias_add(self.product2(a1, self.conv2.weight).reshape(batch, 32, 16), self.conv2.bias)
+        # -> [B, 256]: conv2's input, channels last
+        a1 = self.act(self.norm1(z1.reshape(batch, 256)))
+        z2 = self.bias_add(self.product2(a1, self.conv2.weight).reshape(batch, 32, 16),
+                           self.conv2.bias)
         z2 = _probed(z2, probes, 1)  # [B, 32, 16]: channel, position (NCHW)
-        hidden_in = self.act(self.norm2(z2.reshape(batch, 512)))  # -> [B, 512], flattened as the other algos'
+        # -> [B, 512], flattened as the other algos'
+        hidden_in = self.act(self.norm2(z2.reshape(batch, 512)))
         hidden = self.act(_probed(self.fc1(hidden_in), probes, 2))  # -> [B, 32]
         logits = _probed(self.fc2(hidden) + self.shortcut(x), probes, 3)  # -> [B, 10]
         return logits, (patches1, a1, hidden_in, hidden, x)
@@ -345,21 +248,26 @@ class ScatterNetCNN(nn.Cell):
         return _ScatterNetClippedSum(self)
 
 
-ROW_WIDTH = len(conv_grams.packed_pairs(16)) + 1  # ScatterNetCNN.data_rows: a packed [16, 16] Gram, a squared norm
+# ScatterNetCNN.data_rows: a packed [16, 16] Gram, a squared norm
+ROW_WIDTH = len(conv_grams.packed_pairs(16)) + 1
 
 
 class _ScatterNetClippedSum(_ClippedSumGraph):
-    """The ScatterNet CNN's clipped sum. A convolution's per-example kernel gradient Σ_p g_p a_pᵀ (over positions
-    p: g_p the output gradient, a_p the patch) has squared norm Σ_pq (g_p·g_q)(a_p·a_q), from two [16, 16] Grams
-    per example (the first layer's patch Grams are the batch's data rows), and the clipped sum is one product of the
-    weighted output gradients with the patches: no per-example kernel is formed."""
+    """The ScatterNet CNN's clipped sum. A convolution's per-example kernel gradient Σ_p g_p a_pᵀ
+    (over positions p: g_p the output gradient, a_p the patch) has squared norm Σ_pq
+    (g_p·g_q)(a_p·a_q), from two [16, 16] Grams per example (the first layer's patch Grams are the
+    batch's data rows), and the clipped sum is one product of the weighted output gradients with the
+    patches: no per-example kernel is formed."""
 
     def __init__(self, net):
         super().__init__(net)
         self.packed = ms.Tensor(conv_grams.packed_pairs(16).astype(np.int32))
-        # Sums over positions as products with 0/1 matrices: MindSpore's ReduceSum over a middle axis took longer.
-        self.position_sum1 = ms.Tensor(np.tile(np.eye(16, dtype=np.float32), (16, 1)))  # (position, channel) -> channel
-        self.position_sum2 = ms.Tensor(np.repeat(np.eye(32, dtype=np.float32), 16, 0))  # (channel, position) -> channel
+        # Sums over positions as products with 0/1 matrices: MindSpore's ReduceSum over a middle
+        # axis took longer.
+        # (position, channel) -> channel
+        self.position_sum1 = ms.Tensor(np.tile(np.eye(16, dtype=np.float32), (16, 1)))
+        # (channel, position) -> channel
+        self.position_sum2 = ms.Tensor(np.repeat(np.eye(32, dtype=np.float32), 16, 0))
 
     def construct(self, x, y, mask, max_grad_norm, rows, probe1, probe2, probe3, probe4):
         (g1, g2, g3, g4), (patches1, a1, hidden_in, hidden, x) = self.output_grads(
@@ -367,38 +275,46 @@ class _ScatterNetClippedSum(_ClippedSumGraph):
         batch, net = x.shape[0], self.net
         patches1 = patches1.reshape(batch, 16, 9 * 81)
         patches2 = net.product2.patches(a1.reshape(batch, 16, 16))  # -> [B, 16, 144]
-        bias1 = ops.matmul(g1.reshape(batch, 256), self.position_sum1)  # per-example bias gradients -> [B, 16]
+        # per-example bias gradients -> [B, 16]
+        bias1 = ops.matmul(g1.reshape(batch, 256), self.position_sum1)
         bias2 = ops.matmul(g2.reshape(batch, 512), self.position_sum2)  # -> [B, 32]
         g2 = ops.transpose(g2, (0, 2, 1))  # -> [B, 16, 32]: position, channel, as g1
-        # conv1's kernel: the output gradients' Gram at each pair of the rows' packed patch Gram. The shortcut shares
-        # fc2's output gradient g4 (its bias term ‖g4‖²); its input is the features, of squared norm the rows' last.
-        output_grams = ops.gather(self.batch_matmul_tb(g1, g1).reshape(batch, -1), self.packed, 1)  # -> [B, 136]
+        # conv1's kernel: the output gradients' Gram at each pair of the rows' packed patch Gram.
+        # The shortcut shares fc2's output gradient g4 (its bias term ‖g4‖²); its input is the
+        # features, of squared norm the rows' last.
+        # -> [B, 136]
+        output_grams = ops.gather(self.batch_matmul_tb(g1, g1).reshape(batch, -1), self.packed, 1)
         fc2_weight, logit_squares = self.dense_norms(g4, hidden)
         squared_norms = ops.stack((  # each example's, per parameter in GRADIENT_ORDER -> [B, 9]
             (output_grams * rows[:, :-1]).sum(1), ops.square(bias1).sum(1),
             self.kernel_norms(g2, patches2), ops.square(bias2).sum(1))
-            + self.dense_norms(g3, hidden_in) + (fc2_weight, logit_squares, logit_squares * rows[:, -1]), 1)
+            + self.dense_norms(g3, hidden_in) + (fc2_weight, logit_squares,
+                                                 logit_squares * rows[:, -1]), 1)
         weight, unclipped = self.clip_weights(squared_norms, mask, max_grad_norm)
         row, column, each = weight.reshape(1, -1), weight.reshape(-1, 1), weight.reshape(-1, 1, 1)
-        return (kernel_of(self.patch_product(g1 * each, patches1), net.conv1.weight.shape),
+        return (layers.kernel_of(self.patch_product(g1 * each, patches1), net.conv1.weight.shape),
                 ops.matmul(row, bias1).reshape(-1),
-                kernel_of(self.patch_product(g2 * each, patches2), net.conv2.weight.shape),
+                layers.kernel_of(self.patch_product(g2 * each, patches2), net.conv2.weight.shape),
                 ops.matmul(row, bias2).reshape(-1),
                 self.matmul_ta(g3 * column, hidden_in), ops.matmul(row, g3).reshape(-1),
                 self.matmul_ta(g4 * column, hidden), ops.matmul(row, g4).reshape(-1),
                 self.matmul_ta(g4 * column, x), unclipped, squared_norms)
 
     def kernel_norms(self, grads, patches):
-        """Each example's squared kernel gradient norm [B] from output gradients [B, P, O] and patches [B, P, K]."""
-        grams = self.batch_matmul_tb(grads, grads) * self.batch_matmul_tb(patches, patches)  # -> [B, P, P]
+        """Each example's squared kernel gradient norm [B] from output gradients [B, P, O] and
+        patches [B, P, K]."""
+        # -> [B, P, P]
+        grams = self.batch_matmul_tb(grads, grads) * self.batch_matmul_tb(patches, patches)
         return grams.reshape(grams.shape[0], -1).sum(1)
 
     def patch_product(self, grads, patches):
         """Σ over examples and positions of g_p a_pᵀ: [O, K]."""
-        return self.matmul_ta(grads.reshape(-1, grads.shape[2]), patches.reshape(-1, patches.shape[2]))
+        return self.matmul_ta(grads.reshape(-1, grads.shape[2]),
+                              patches.reshape(-1, patches.shape[2]))
 
 
-# --- A linear classifier on scattering features ---------------------------------------------------------------------
+# --- A linear classifier on scattering features
+# ---------------------------------------------------------------------
 
 class ScatteringLinear(nn.Cell):
     """A linear classifier on scattering features [B, 3969]."""
@@ -418,8 +334,8 @@ class ScatteringLinear(nn.Cell):
 
 
 class _LinearClippedSum(_ClippedSumGraph):
-    """The linear classifier's clipped sum: the example's weight gradient is g_i x_iᵀ (g_i the gradient of its loss
-    w.r.t. its logits), of squared norm ‖g_i‖²(‖x_i‖² + 1) with the bias."""
+    """The linear classifier's clipped sum: the example's weight gradient is g_i x_iᵀ (g_i the
+    gradient of its loss w.r.t. its logits), of squared norm ‖g_i‖²(‖x_i‖² + 1) with the bias."""
 
     def __init__(self, net):
         super().__init__(net, grad_position=1, has_aux=False)
@@ -432,7 +348,8 @@ class _LinearClippedSum(_ClippedSumGraph):
         x = x.astype(ms.float32)
         squared_norms = ops.stack(self.dense_norms(g, x), 1)  # weight, bias -> [B, 2]
         weight, unclipped = self.clip_weights(squared_norms, mask, max_grad_norm)
-        return (self.matmul_ta(g * weight.reshape(-1, 1), x), ops.matmul(weight.reshape(1, -1), g).reshape(-1),
+        return (self.matmul_ta(g * weight.reshape(-1, 1), x),
+                ops.matmul(weight.reshape(1, -1), g).reshape(-1),
                 unclipped, squared_norms)
 
 

@@ -15,12 +15,12 @@ import substratools as tools
 
 IMAGES_FILE = "images.npy"
 LABELS_FILE = "labels.npy"
-# The sample's secret identity key (64 hex digits), its organisation's, which never leaves it: its identity in
-# released artefacts is an HMAC of its content under this key, so whoever holds a candidate dataset but not the key
-# cannot confirm it was trained on.
+# The sample's secret identity key (64 hex digits), its organisation's, which never leaves it: its
+# identity in released artefacts is an HMAC of its content under this key, so whoever holds a
+# candidate dataset but not the key cannot confirm it was trained on.
 KEY_FILE = "identity.key"
-# Optional: the organisation's other identity keys, one per line (scripts/generate_data.py --same-organization), so
-# that its examples named under any of them are known as the same examples.
+# Optional: the organisation's other identity keys, one per line (scripts/generate_data.py
+# --same-organization), so that its examples named under any of them are known as the same examples.
 RING_FILE = "organization.keys"
 _KEY = re.compile(r"[0-9a-fA-F]{64}")  # either case: the same 32 bytes
 IMAGE_SHAPE = (28, 28)
@@ -34,30 +34,33 @@ class DataSampleError(ValueError):
 
 
 class KeyFileError(DataSampleError):
-    """A sample's identity key missing or unusable: `problem` says what, then what to do about it. `remove` names a
-    file to remove (or a link) before a new key can be written; `readable` is False where the file only needs to be
-    made readable (a new key would change the sample's identity); `restore`: the file is a broken link, whose target
-    may be restored instead."""
+    """A sample's identity key missing or unusable: `problem` says what, then what to do about it.
+    `remove` names a file to remove (or a link) before a new key can be written; `readable` is False
+    where the file only needs to be made readable (a new key would change the sample's identity);
+    `restore`: the file is a broken link, whose target may be restored instead."""
 
     def __init__(self, folder, problem, remove=None, readable=True, restore=False):
-        self.folder, self.problem, self.remove, self.readable, self.restore = folder, problem, remove, readable, restore
+        self.folder, self.problem, self.remove, self.readable, self.restore = (
+            folder, problem, remove, readable, restore)
         super().__init__(self.advice())
 
     def advice(self, key_from=None):
-        """The message; `key_from`: a sample folder of the same organisation whose key the new one must be (an
-        organisation's samples are under one key)."""
+        """The message; `key_from`: a sample folder of the same organisation whose key the new one
+        must be (an organisation's samples are under one key)."""
         if not self.readable:
             return f"{self.problem}; make it readable to this user (e.g. chmod 600 it as its owner)"
         command = f"python scripts/generate_data.py --add-key {shlex.quote(str(self.folder))}"
         if key_from is not None:
             command += f" --key-from {shlex.quote(str(key_from))}"
         first = f"remove {shlex.quote(str(self.remove))}, then " if self.remove else ""
-        return f"{self.problem}; {'restore its target, or ' if self.restore else ''}{first}add a key with: {command}"
+        return (f"{self.problem}; {'restore its target, or ' if self.restore else ''}{first}add a "
+                f"key with: {command}")
 
 
 def _load_array(path):
     if not os.path.isfile(path):
-        raise DataSampleError(f"{path}: file missing; a data sample folder holds {IMAGES_FILE} and {LABELS_FILE}")
+        raise DataSampleError(f"{path}: file missing; a data sample folder holds {IMAGES_FILE} and "
+                              f"{LABELS_FILE}")
     try:
         return np.load(path, allow_pickle=False)
     except (OSError, ValueError) as exc:
@@ -67,25 +70,30 @@ def _load_array(path):
 def _images_as_float(images, path):
     """uint8 pixels are scaled to [0, 1]; float pixels must already be finite and in [0, 1]."""
     if images.ndim != 3 or images.shape[1:] != IMAGE_SHAPE:
-        raise DataSampleError(f"{path}: images must have shape [n, 28, 28], got {list(images.shape)}")
+        raise DataSampleError(f"{path}: images must have shape [n, 28, 28], got "
+                              f"{list(images.shape)}")
     if images.dtype == np.uint8:
         return images.astype(np.float32) / 255.0
     if images.dtype.kind != "f":
-        raise DataSampleError(f"{path}: images must be uint8 or float in [0, 1], got dtype {images.dtype}")
+        raise DataSampleError(f"{path}: images must be uint8 or float in [0, 1], got dtype "
+                              f"{images.dtype}")
     if not np.isfinite(images).all():
         raise DataSampleError(f"{path}: images contain NaN or infinite pixels")
     if images.size and (images.min() < 0 or images.max() > 1):
-        raise DataSampleError(f"{path}: float pixels must lie in [0, 1], found {images.min()}..{images.max()}")
+        raise DataSampleError(f"{path}: float pixels must lie in [0, 1], found "
+                              f"{images.min()}..{images.max()}")
     return images.astype(np.float32)
 
 
 def _labels_as_int(labels, path, n):
     if labels.ndim != 1 or labels.dtype.kind not in "iu":
-        raise DataSampleError(f"{path}: labels must be a 1-D integer array, got {labels.dtype} {list(labels.shape)}")
+        raise DataSampleError(f"{path}: labels must be a 1-D integer array, got {labels.dtype} "
+                              f"{list(labels.shape)}")
     if len(labels) != n:
         raise DataSampleError(f"{path}: {len(labels)} labels for {n} images")
     if labels.size and (labels.min() < 0 or labels.max() >= NUM_CLASSES):
-        raise DataSampleError(f"{path}: labels must be digits 0-9, found {labels.min()}..{labels.max()}")
+        raise DataSampleError(f"{path}: labels must be digits 0-9, found "
+                              f"{labels.min()}..{labels.max()}")
     return labels.astype(np.int64)
 
 
@@ -98,66 +106,77 @@ def _fingerprint(*paths):
 
 
 def read_key(folder):
-    """The sample's secret identity key (bytes); a KeyFileError saying what to do when it is missing or unusable."""
+    """The sample's secret identity key (bytes); a KeyFileError saying what to do when it is missing
+    or unusable."""
     path = os.path.join(folder, KEY_FILE)
     try:
         with open(path, encoding="ascii") as f:
             key = f.read().strip()
     except FileNotFoundError:
         if os.path.islink(path):
-            raise KeyFileError(folder, f"{path}: a link to {os.readlink(path)}, which does not exist",
+            raise KeyFileError(folder,
+                               f"{path}: a link to {os.readlink(path)}, which does not exist",
                                remove=path, restore=True) from None
-        raise KeyFileError(folder, f"{folder}: no {KEY_FILE}, the secret key that keeps the sample unrecognisable "
-                                   "in released models") from None
+        raise KeyFileError(folder, f"{folder}: no {KEY_FILE}, the secret key that keeps the sample "
+                                   "unrecognisable in released models") from None
     except IsADirectoryError:
         raise KeyFileError(folder, f"{path}: is a folder, not a key file", remove=path) from None
     except PermissionError as exc:
-        raise KeyFileError(folder, f"{path}: cannot read it ({exc.strerror})", readable=False) from None
+        raise KeyFileError(folder, f"{path}: cannot read it ({exc.strerror})",
+                           readable=False) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise KeyFileError(folder, f"{path}: cannot read it as text ({exc})", remove=path) from None
     if not _KEY.fullmatch(key):
-        raise KeyFileError(folder, f"{path}: must hold 64 hexadecimal digits (a random 256-bit key), not "
-                                   f"{len(key)} characters", remove=path)
+        raise KeyFileError(folder,
+                           f"{path}: must hold 64 hexadecimal digits (a random 256-bit key), not "
+                           f"{len(key)} characters", remove=path)
     return bytes.fromhex(key)
 
 
 def key_id(key):
-    """Which key named a sample's examples (16 hex digits that reveal nothing of the key). A key is one
-    organisation's: the ledger accounts examples under different keys as different organisations' records."""
+    """Which key named a sample's examples (16 hex digits that reveal nothing of the key). A key is
+    one organisation's: the ledger accounts examples under different keys as different
+    organisations' records."""
     return hmac.digest(key, b"mnist-dp identity key id", "sha256")[:8].hex()
 
 
 def example_digests(images, labels):
-    """One sha256 per example, of what the model sees: the image as float32 in [0, 1] (after _images_as_float;
-    -0.0 read as 0.0) and its label as int64. The same example stored as uint8 or as float gives one digest.
-    Never released: only compared inside the task, and named in the ledger under a key (example_ids)."""
+    """One sha256 per example, of what the model sees: the image as float32 in [0, 1] (after
+    _images_as_float; -0.0 read as 0.0) and its label as int64. The same example stored as uint8 or
+    as float gives one digest. Never released: only compared inside the task, and named in the
+    ledger under a key (example_ids)."""
     n = len(labels)
     if n == 0:
         return []
-    rows = (np.ascontiguousarray(images, dtype=np.float32).reshape(n, -1) + np.float32(0)).view(np.uint8)
+    rows = (np.ascontiguousarray(images,
+                                 dtype=np.float32).reshape(n, -1) + np.float32(0)).view(np.uint8)
     records = np.concatenate([rows, labels.astype("<i8").reshape(n, 1).view(np.uint8)], axis=1)
     view, width = memoryview(records).cast("B"), records.shape[1]
     return [hashlib.sha256(view[i:i + width]).digest() for i in range(0, n * width, width)]
 
 
 def example_ids(key, digests):
-    """The examples' names in a released ledger: the first 64 bits of an HMAC of each digest under the sample's
-    key (uint64, in the order of the images: a search splits its validation examples by them; the ledger sorts
-    them). Two runs' ledgers tell which examples they share; without the key nobody can tell whether a candidate
-    example is one of them. Two examples colliding (2^-64 per pair) only merges their accounts, which over-states ε,
-    never under-states it."""
-    return np.array([int.from_bytes(hmac.digest(key, d, "sha256")[:8], "big") for d in digests], dtype=np.uint64)
+    """The examples' names in a released ledger: the first 64 bits of an HMAC of each digest under
+    the sample's key (uint64, in the order of the images: a search splits its validation examples by
+    them; the ledger sorts them). Two runs' ledgers tell which examples they share; without the key
+    nobody can tell whether a candidate example is one of them. Two examples colliding (2^-64 per
+    pair) only merges their accounts, which over-states ε, never under-states it."""
+    return np.array([int.from_bytes(hmac.digest(key, d, "sha256")[:8], "big") for d in digests],
+                    dtype=np.uint64)
 
 
-class Sample(collections.namedtuple("Sample", "folder images labels identity key_id ids digests aliases",
+class Sample(collections.namedtuple("Sample",
+                                    "folder images labels identity key_id ids digests aliases",
                                     defaults=(None,))):
-    """One data sample as read: its arrays, its keyed identity, the id of its key, its examples' keyed ids, their
-    digests (compared within a task, never returned), and `aliases`: {key id: the examples' ids under that key}
-    for each of the organisation's other keys (RING_FILE; None without one)."""
+    """One data sample as read: its arrays, its keyed identity, the id of its key, its examples'
+    keyed ids, their digests (compared within a task, never returned), and `aliases`: {key id: the
+    examples' ids under that key} for each of the organisation's other keys (RING_FILE; None without
+    one)."""
 
 
 def read_ring(folder):
-    """The organisation's other identity keys (bytes) of RING_FILE in `folder`: none without the file."""
+    """The organisation's other identity keys (bytes) of RING_FILE in `folder`: none without the
+    file."""
     path = os.path.join(folder, RING_FILE)
     try:
         with open(path, encoding="ascii") as f:
@@ -165,20 +184,20 @@ def read_ring(folder):
     except FileNotFoundError:
         return []
     except (OSError, UnicodeDecodeError) as exc:
-        raise DataSampleError(f"{path}: cannot read it ({exc}); make it readable, or remove it and run "
-                              "scripts/generate_data.py --same-organization again") from None
+        raise DataSampleError(f"{path}: cannot read it ({exc}); make it readable, or remove it and "
+                              "run scripts/generate_data.py --same-organization again") from None
     for number, line in enumerate(lines, 1):
         if not _KEY.fullmatch(line):
-            raise DataSampleError(f"{path}: key {number} is not 64 hexadecimal digits; remove the file and run "
-                                  "scripts/generate_data.py --same-organization again")
+            raise DataSampleError(f"{path}: key {number} is not 64 hexadecimal digits; remove the "
+                                  "file and run scripts/generate_data.py --same-organization again")
     return [bytes.fromhex(line) for line in lines]
 
 
 def read_sample(folder):
     """One data sample folder -> Sample (images float32 [n, 28, 28] in [0, 1], labels int64 [n])."""
     if os.path.isfile(folder):
-        raise DataSampleError(f"{folder}: is a file, not a data sample folder (a folder holding {IMAGES_FILE} "
-                              f"and {LABELS_FILE})")
+        raise DataSampleError(f"{folder}: is a file, not a data sample folder (a folder holding "
+                              f"{IMAGES_FILE} and {LABELS_FILE})")
     if not os.path.isdir(folder):
         raise DataSampleError(f"{folder}: data sample folder not found")
     images_path = os.path.join(folder, IMAGES_FILE)
@@ -188,16 +207,19 @@ def read_sample(folder):
     if len(labels) == 0:
         raise DataSampleError(f"{folder}: data sample holds no example")
     key = read_key(folder)
-    identity = hmac.new(key, _fingerprint(images_path, labels_path).encode(), hashlib.sha256).hexdigest()
+    identity = hmac.new(key, _fingerprint(images_path, labels_path).encode(),
+                        hashlib.sha256).hexdigest()
     digests = example_digests(images, labels)
-    aliases = {key_id(other): example_ids(other, digests) for other in read_ring(folder) if other != key}
-    return Sample(folder, images, labels, identity, key_id(key), example_ids(key, digests), digests, aliases or None)
+    aliases = {key_id(other): example_ids(other, digests) for other in read_ring(folder)
+               if other != key}
+    return Sample(folder, images, labels, identity, key_id(key), example_ids(key, digests), digests,
+                  aliases or None)
 
 
 def copies(samples):
-    """None, or the line that refuses these samples for training: an example (what the model sees: image and
-    label) present twice among them, in one sample or in two, would be trained on as two copies but accounted as
-    one example. Only training refuses them (a test set may hold copies)."""
+    """None, or the line that refuses these samples for training: an example (what the model sees:
+    image and label) present twice among them, in one sample or in two, would be trained on as two
+    copies but accounted as one example. Only training refuses them (a test set may hold copies)."""
     first_holder, shared, repeated = {}, collections.Counter(), {}
     for i, sample in enumerate(samples):
         distinct = set(sample.digests)
@@ -208,35 +230,40 @@ def copies(samples):
             if holder != i:
                 shared[holder, i] += 1
     if shared:
-        # Each shared example is counted once, between the first sample holding it and a later one; for
-        # the first such pair in folder order that is every example the two share.
+        # Each shared example is counted once, between the first sample holding it and a later one;
+        # for the first such pair in folder order that is every example the two share.
         (first, later), count = min(shared.items())
         others = " (other samples share examples too)" if len(shared) > 1 else ""
-        return (f"{samples[later].folder} and {samples[first].folder} share {count} example(s){others} (the same "
-                "image, as the model sees it, with the same label); an example in two samples is trained on twice but "
-                "would be accounted once: remove the copies")
+        return (f"{samples[later].folder} and {samples[first].folder} share {count} "
+                f"example(s){others} (the same image, as the model sees it, with the same label); "
+                "an example in two samples is trained on twice but would be accounted once: remove "
+                "the copies")
     if repeated:
         i, count = min(repeated.items())
-        return (f"{samples[i].folder}: {count} example(s) are copies of others in this sample (the same image, as the "
-                "model sees it, with the same label); an example trained on as several copies would be accounted as "
-                "one: remove the copies (scripts/generate_data.py --source leaves them out of the samples it writes)")
+        return (f"{samples[i].folder}: {count} example(s) are copies of others in this sample (the "
+                "same image, as the model sees it, with the same label); an example trained on as "
+                "several copies would be accounted as one: remove the copies "
+                "(scripts/generate_data.py --source leaves them out of the samples it writes)")
     return None
 
 
 def combine(samples, problem=None):
-    """Concatenate read samples into the dict every function receives as inputs['datasamples'], with `problem`,
-    the line that refuses them for training (copies) or None."""
+    """Concatenate read samples into the dict every function receives as inputs['datasamples'], with
+    `problem`, the line that refuses them for training (copies) or None."""
     return {
         "copies": problem,
         "images": np.concatenate([s.images for s in samples]),
         "labels": np.concatenate([s.labels for s in samples]),
-        # One entry per data sample: the privacy ledger names the sample by its keyed identity and its examples by
-        # their keyed ids (in the order of its images), so that ε is composed per example across runs.
-        # "folder": where the organisation keeps the sample, and its ledger of the runs on it (privacy_ledger.jsonl,
-        # which the tasks read and append: mnist_dp/privacy/data_ledger.py).
-        # "aliases" (only with the organisation's other keys, RING_FILE): the same examples' ids under each of them.
-        "samples": [{"identity": s.identity, "n": int(len(s.labels)), "key": s.key_id, "examples": s.ids,
-                     "folder": s.folder, **({"aliases": s.aliases} if s.aliases else {})} for s in samples],
+        # One entry per data sample: the privacy ledger names the sample by its keyed identity and
+        # its examples by their keyed ids (in the order of its images), so that ε is composed per
+        # example across runs. "folder": where the organisation keeps the sample, and its ledger of
+        # the runs on it (privacy_ledger.jsonl, which the tasks read and append:
+        # mnist_dp/privacy/data_ledger.py). "aliases" (only with the organisation's other keys,
+        # RING_FILE): the same examples' ids under each of them.
+        "samples": [{"identity": s.identity, "n": int(len(s.labels)), "key": s.key_id,
+                     "examples": s.ids,
+                     "folder": s.folder, **({"aliases": s.aliases} if s.aliases else {})}
+                    for s in samples],
     }
 
 
@@ -245,8 +272,8 @@ class MnistOpener(tools.Opener):
         if not folders:
             raise DataSampleError("no data sample folder given to the opener")
         samples = [read_sample(folder) for folder in folders]
-        # In identity order: Substra names sample folders after random keys, and the order of the examples
-        # decides which ones each Poisson batch drawn from a noise_seed holds.
+        # In identity order: Substra names sample folders after random keys, and the order of the
+        # examples decides which ones each Poisson batch drawn from a noise_seed holds.
         return combine(sorted(samples, key=lambda sample: sample.identity), copies(samples))
 
     def fake_data(self, n_samples=None):

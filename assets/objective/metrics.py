@@ -1,4 +1,5 @@
-"""The objective: accuracy of predicted labels against the data samples' labels (substratools 1.0)."""
+"""The objective: accuracy of predicted labels against the data samples' labels (substratools
+1.0)."""
 import sys
 from pathlib import Path
 

@@ -1,5 +1,6 @@
-"""Identity keys on the data owner's side: a new key, written once into a sample folder, added to a user's own
-samples, and read per organisation, each refusal with the command that fixes it keeping every key it can."""
+"""Identity keys on the data owner's side: a new key, written once into a sample folder, added to a
+user's own samples, and read per organisation, each refusal with the command that fixes it keeping
+every key it can."""
 from __future__ import annotations
 
 import os
@@ -28,20 +29,23 @@ def new_key() -> str:
 
 
 def write_key(folder: Path, key: str) -> None:
-    # Created, never replaced (mode x): a sample's identity must not change under a ledger that names it.
+    # Created, never replaced (mode x): a sample's identity must not change under a ledger that
+    # names it.
     with open(Path(folder) / KEY_FILE, "x", encoding="ascii") as f:
         f.write(key + "\n")
     os.chmod(Path(folder) / KEY_FILE, 0o600)
 
 
 def add_key(folders: list, key: str | None = None) -> list:
-    """Give every data sample folder of `folders` that has no identity key one key, `key` or a new one (one
-    organisation's samples: the same key); returns the folders that got it. An existing key is never replaced: one
-    that is not a valid key (or a broken link) is refused, saying what to do, before any key is written."""
+    """Give every data sample folder of `folders` that has no identity key one key, `key` or a new
+    one (one organisation's samples: the same key); returns the folders that got it. An existing key
+    is never replaced: one that is not a valid key (or a broken link) is refused, saying what to do,
+    before any key is written."""
     missing = []
     for folder in map(Path, folders):
         if not (folder / IMAGES_FILE).is_file() or not (folder / LABELS_FILE).is_file():
-            raise UserError(f"{folder}: not a data sample folder (it needs {IMAGES_FILE} and {LABELS_FILE})")
+            raise UserError(f"{folder}: not a data sample folder (it needs {IMAGES_FILE} and "
+                            f"{LABELS_FILE})")
         if os.path.lexists(folder / KEY_FILE):
             read_key(folder)  # a valid key stays; anything else is refused with its remedy
         else:
@@ -54,13 +58,15 @@ def add_key(folders: list, key: str | None = None) -> list:
 
 
 def same_organization(folders: list) -> tuple:
-    """Make data sample folders `folders` one organisation's, whatever keys they are under: each gets every other's
-    key in its ring file (the opener's RING_FILE, kept: keys are only added), so a task knows its examples under all
-    of them, and their privacy ledgers become one (data_ledger.join). Returns (the keys, the runs recorded)."""
+    """Make data sample folders `folders` one organisation's, whatever keys they are under: each
+    gets every other's key in its ring file (the opener's RING_FILE, kept: keys are only added), so
+    a task knows its examples under all of them, and their privacy ledgers become one
+    (data_ledger.join). Returns (the keys, the runs recorded)."""
     folders = [Path(f) for f in folders]
     for folder in folders:
         if not (folder / IMAGES_FILE).is_file() or not (folder / LABELS_FILE).is_file():
-            raise UserError(f"{folder}: not a data sample folder (it needs {IMAGES_FILE} and {LABELS_FILE})")
+            raise UserError(f"{folder}: not a data sample folder (it needs {IMAGES_FILE} and "
+                            f"{LABELS_FILE})")
     own = {folder: read_key(folder) for folder in folders}
     every = set(own.values())
     rings = {folder: sorted(set(read_ring(folder)) | every - {own[folder]}) for folder in folders}
@@ -74,9 +80,9 @@ def same_organization(folders: list) -> tuple:
 
 
 def of_organization(own: list) -> dict:
-    """{folder: its key id} of one organisation's sample folders. A key missing or unusable is refused with the
-    command that gives its folder the key of another sample of the organisation that has one (its data is under
-    one key), or a new key when none has."""
+    """{folder: its key id} of one organisation's sample folders. A key missing or unusable is
+    refused with the command that gives its folder the key of another sample of the organisation
+    that has one (its data is under one key), or a new key when none has."""
     ids, problem = {}, None
     for folder in own:
         try:
@@ -89,12 +95,15 @@ def of_organization(own: list) -> dict:
 
 
 def rekey_advice(folders: list, key_from: Path | None) -> str:
-    """The commands that give `folders` another key: `key_from`'s, or a new one (the earlier ledgers of their examples
-    then name them under a key they no longer have: models trained before are not compared with later ones)."""
-    command = "python scripts/generate_data.py --add-key " + " ".join(shlex.quote(str(f)) for f in folders)
+    """The commands that give `folders` another key: `key_from`'s, or a new one (the earlier ledgers
+    of their examples then name them under a key they no longer have: models trained before are not
+    compared with later ones)."""
+    command = "python scripts/generate_data.py --add-key " + " ".join(
+        shlex.quote(str(f)) for f in folders)
     if key_from is not None:
         command += f" --key-from {shlex.quote(str(key_from))}"
     removed = " ".join(shlex.quote(str(Path(f) / KEY_FILE)) for f in folders)
     own = "its own" if len(folders) == 1 else "their own"
-    whose = f"a key of {own}" if key_from is None else f"the key of {key_from}, as the rest of their organisation"
+    whose = (f"a key of {own}" if key_from is None
+             else f"the key of {key_from}, as the rest of their organisation")
     return f"give {' '.join(map(str, folders))} {whose}: remove {removed}, then run: {command}"

@@ -1,9 +1,10 @@
-"""A data sample as a task reads it: the dataset asset's opener is the one definition (of its examples, its
-identity and their keyed ids); this module reads folders through it, and checks training data for copies.
+"""A data sample as a task reads it: the dataset asset's opener is the one definition (of its
+examples, its identity and their keyed ids); this module reads folders through it, and checks
+training data for copies.
 
 A data sample is a folder with ``images.npy`` (uint8, [n, 28, 28]), ``labels.npy`` (uint8, [n]) and
-``identity.key`` (its secret identity key); ``assets/dataset/description.md`` is the formal description and
-the opener validates it.
+``identity.key`` (its secret identity key); ``assets/dataset/description.md`` is the formal
+description and the opener validates it.
 """
 from __future__ import annotations
 
@@ -22,8 +23,8 @@ RING_FILE = "organization.keys"  # the opener's RING_FILE
 
 
 def sample_fingerprint(folder: Path) -> str:
-    """The content hash of a data sample: sha256 of images.npy then labels.npy. Never released: its keyed
-    form, `sample_identity`, names the sample in ledgers."""
+    """The content hash of a data sample: sha256 of images.npy then labels.npy. Never released: its
+    keyed form, `sample_identity`, names the sample in ledgers."""
     digest = hashlib.sha256()
     for name in (IMAGES_FILE, LABELS_FILE):
         digest.update((Path(folder) / name).read_bytes())
@@ -32,8 +33,9 @@ def sample_fingerprint(folder: Path) -> str:
 
 @functools.cache
 def opener():
-    """The dataset asset's opener module: the one definition of a data sample, its identity and its examples
-    (it is self-contained, as Substra ships it alone; the scripts use it rather than a copy)."""
+    """The dataset asset's opener module: the one definition of a data sample, its identity and its
+    examples (it is self-contained, as Substra ships it alone; the scripts use it rather than a
+    copy)."""
     from mnist_dp.assets import DATASET_ASSET, load_asset_module
 
     return load_asset_module(DATASET_ASSET / "opener.py", "mnist_dp_dataset_opener")
@@ -48,9 +50,9 @@ def read_sample(folder: Path):
 
 
 class KeyFileProblem(UserError):
-    """A sample's identity key missing or unusable (the opener's KeyFileError, as a UserError): `advice(key_from)`
-    is its message with the command that gives the folder the key of `key_from`, another sample of its
-    organisation."""
+    """A sample's identity key missing or unusable (the opener's KeyFileError, as a UserError):
+    `advice(key_from)` is its message with the command that gives the folder the key of `key_from`,
+    another sample of its organisation."""
 
     def __init__(self, error):
         super().__init__(str(error))
@@ -58,7 +60,8 @@ class KeyFileProblem(UserError):
 
 
 def read_key(folder: Path) -> str:
-    """The identity key of data sample folder `folder` (64 lowercase hex digits), checked as the opener checks it."""
+    """The identity key of data sample folder `folder` (64 lowercase hex digits), checked as the
+    opener checks it."""
     try:
         return opener().read_key(str(folder)).hex()
     except opener().KeyFileError as exc:
@@ -68,8 +71,8 @@ def read_key(folder: Path) -> str:
 
 
 def read_ring(folder: Path) -> list:
-    """The organisation's other identity keys written in data sample folder `folder` (hex), as the opener reads
-    them (its RING_FILE; none without one)."""
+    """The organisation's other identity keys written in data sample folder `folder` (hex), as the
+    opener reads them (its RING_FILE; none without one)."""
     try:
         return [key.hex() for key in opener().read_ring(str(folder))]
     except opener().DataSampleError as exc:
@@ -77,8 +80,9 @@ def read_ring(folder: Path) -> list:
 
 
 def spent_on(folders: list):
-    """The data's own ledger of data sample folders `folders` (privacy/data_ledger.py), with the examples it names
-    under their organisation's other keys known as these samples' (Ledger.link)."""
+    """The data's own ledger of data sample folders `folders` (privacy/data_ledger.py), with the
+    examples it names under their organisation's other keys known as these samples'
+    (Ledger.link)."""
     from mnist_dp.privacy import data_ledger
 
     ledger = data_ledger.read(folders)
@@ -88,18 +92,19 @@ def spent_on(folders: list):
 
 
 def key_id(folder: Path) -> str:
-    """The id of data sample folder `folder`'s identity key, as its ledger entries name it (reveals nothing of it)."""
+    """The id of data sample folder `folder`'s identity key, as its ledger entries name it (reveals
+    nothing of it)."""
     return opener().key_id(bytes.fromhex(read_key(folder)))
 
 
-# The key of examples held in memory (benchmarks and tests that train without sample folders): public, so their
-# ledgers are comparable with each other only, which is all they need.
+# The key of examples held in memory (benchmarks and tests that train without sample folders):
+# public, so their ledgers are comparable with each other only, which is all they need.
 IN_MEMORY_KEY = "00" * 32
 
 
 def in_memory(images: np.ndarray, labels: np.ndarray, identity: str) -> dict:
-    """What the opener returns for one data sample of these examples (images float32 in [0, 1], labels int),
-    named `identity`, its examples named under IN_MEMORY_KEY."""
+    """What the opener returns for one data sample of these examples (images float32 in [0, 1],
+    labels int), named `identity`, its examples named under IN_MEMORY_KEY."""
     key, reader = bytes.fromhex(IN_MEMORY_KEY), opener()
     images, labels = images.astype(np.float32), labels.astype(np.int64)
     digests = reader.example_digests(images, labels)
@@ -109,8 +114,8 @@ def in_memory(images: np.ndarray, labels: np.ndarray, identity: str) -> dict:
 
 
 def sample_identity(folder: Path) -> str:
-    """A data sample's identity in the privacy ledger, as the opener computes it: HMAC-SHA256 of its content
-    fingerprint under the key in its identity.key."""
+    """A data sample's identity in the privacy ledger, as the opener computes it: HMAC-SHA256 of its
+    content fingerprint under the key in its identity.key."""
     return read_sample(folder).identity
 
 
@@ -120,8 +125,9 @@ def sample_size(folder: Path) -> int:
 
 
 def check_examples(folders: list) -> list:
-    """Refuse training data sample folders that hold an example twice, in one sample or in two (the opener's
-    rule, which a train task applies): trained on twice, it would be accounted once. Returns them as read."""
+    """Refuse training data sample folders that hold an example twice, in one sample or in two (the
+    opener's rule, which a train task applies): trained on twice, it would be accounted once.
+    Returns them as read."""
     samples = [read_sample(folder) for folder in folders]
     problem = opener().copies(samples)
     if problem:

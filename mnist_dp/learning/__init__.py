@@ -1,1 +1,2 @@
-"""The train / predict / aggregate skeleton every algo asset shares, the interface an asset implements."""
+"""The train / predict / aggregate skeleton every algo asset shares, the interface an asset
+implements."""

@@ -1,5 +1,5 @@
-"""Work on a data set block by block, several blocks at once in threads: numpy's matrix products and scipy's FFT
-release the GIL, so the blocks fill the cores."""
+"""Work on a data set block by block, several blocks at once in threads: numpy's matrix products and
+scipy's FFT release the GIL, so the blocks fill the cores."""
 from __future__ import annotations
 
 import os
@@ -9,8 +9,9 @@ THREADS = min(4, os.cpu_count() or 1)  # blocks at once; each block's memory bou
 
 
 def in_threads(fill: Callable[[int], int], count: int, size: int) -> Iterator[int]:
-    """fill(start) for every block start in range(0, count, size), THREADS at once; yields what each returned, in
-    order. One BLAS thread each: OpenBLAS's own threads on top of the blocks' oversubscribe the cores."""
+    """fill(start) for every block start in range(0, count, size), THREADS at once; yields what each
+    returned, in order. One BLAS thread each: OpenBLAS's own threads on top of the blocks'
+    oversubscribe the cores."""
     from concurrent.futures import ThreadPoolExecutor
 
     from threadpoolctl import threadpool_limits

@@ -1,6 +1,7 @@
-"""An algo asset's command line: substratools' functions `train`, `predict`, `aggregate` and `tune` (the contract's
-names), each bound to the asset's Framework and hyperparameters file and refusing an input it does not use.
-Registering only here keeps several algo modules importable in one process (substratools' registry is global)."""
+"""An algo asset's command line: substratools' functions `train`, `predict`, `aggregate` and `tune`
+(the contract's names), each bound to the asset's Framework and hyperparameters file and refusing an
+input it does not use. Registering only here keeps several algo modules importable in one process
+(substratools' registry is global)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,21 +10,24 @@ from mnist_dp.learning import search, skeleton
 from mnist_dp.learning.interface import Framework
 from mnist_dp.utils.errors import refuse_unknown_inputs, run_cli
 
-# The inputs each function uses, as the function contract (orchestration/contract.py) declares them, but the opener.
+# The inputs each function uses, as the function contract (orchestration/contract.py) declares them,
+# but the opener.
 FUNCTION_INPUTS = {"train": {"datasamples", "model", "ledger"}, "tune": {"datasamples", "ledger"},
                    "predict": {"datasamples", "model"}, "aggregate": {"models"}}
 
 
 def run(framework: Framework, hyperparameters_path: Path) -> None:
-    """Register the four functions of `framework`'s asset, whose hyperparameters are `hyperparameters_path`, and
-    run the one substratools' command line asks for."""
+    """Register the four functions of `framework`'s asset, whose hyperparameters are
+    `hyperparameters_path`, and run the one substratools' command line asks for."""
     import substratools as tools
 
-    bodies = {"train": lambda inputs, outputs: skeleton.train(framework, inputs, outputs, hyperparameters_path),
+    bodies = {"train": lambda inputs,
+              outputs: skeleton.train(framework, inputs, outputs, hyperparameters_path),
               "predict": lambda inputs, outputs: skeleton.predict(framework, inputs, outputs),
               "aggregate": lambda inputs, outputs: skeleton.aggregate(framework, inputs, outputs,
                                                                       hyperparameters_path),
-              "tune": lambda inputs, outputs: search.tune(framework, inputs, outputs, hyperparameters_path)}
+              "tune": lambda inputs,
+              outputs: search.tune(framework, inputs, outputs, hyperparameters_path)}
     for name, body in bodies.items():
         def function(inputs, outputs, task_properties, name=name, body=body):
             refuse_unknown_inputs(name, inputs, FUNCTION_INPUTS[name])

@@ -1,6 +1,7 @@
-"""What an algo asset supplies, a `Framework`, and what passes between it and the skeleton (skeleton.py): the
-`Network` it builds, the `DpStep` each of its steps applies (noise schedule, clipping norm, randomness), and the
-`Ran` it reports back. An asset holds framework code only; everything else is the skeleton's.
+"""What an algo asset supplies, a `Framework`, and what passes between it and the skeleton
+(skeleton.py): the `Network` it builds, the `DpStep` each of its steps applies (noise schedule,
+clipping norm, randomness), and the `Ran` it reports back. An asset holds framework code only;
+everything else is the skeleton's.
 """
 from __future__ import annotations
 
@@ -19,20 +20,24 @@ from mnist_dp.privacy.model_file import ModelFile
 from mnist_dp.privacy.planning import SamplingPlan
 from mnist_dp.privacy.randomness import RunRandomness, standard_normal
 
-# The network's input normalisation (MNIST's pixel mean and std), the first layer of every framework's CNN.
+# The network's input normalisation (MNIST's pixel mean and std), the first layer of every
+# framework's CNN.
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
-# The ScatterNet CNN's group normalisation of each convolution's output, the same in every framework: channels
-# per group, and the ε added to the variance (each framework has its own default).
+# The ScatterNet CNN's group normalisation of each convolution's output, the same in every
+# framework: channels per group, and the ε added to the variance (each framework has its own
+# default).
 GROUP_SIZE, NORM_EPS = 4, 1e-5
-# Images per forward pass at prediction (bounds the memory); a framework may set its own `predict_batch_size`.
+# Images per forward pass at prediction (bounds the memory); a framework may set its own
+# `predict_batch_size`.
 PREDICT_BATCH_SIZE = 1024
 
 
 @dataclass(frozen=True)
 class Network:
-    """Which network a framework builds, the same in every framework: on "pixels" the TF Privacy / Opacus tutorial
-    CNN; on "scattering" features (features.py, the inputs the skeleton gives it) Tramèr & Boneh's ScatterNet CNN
-    with a linear shortcut ("cnn") or a linear classifier ("linear"); `activation` is the CNNs'."""
+    """Which network a framework builds, the same in every framework: on "pixels" the TF Privacy /
+    Opacus tutorial CNN; on "scattering" features (features.py, the inputs the skeleton gives it)
+    Tramèr & Boneh's ScatterNet CNN with a linear shortcut ("cnn") or a linear classifier
+    ("linear"); `activation` is the CNNs'."""
 
     features: str = "pixels"
     activation: str = "tanh"
@@ -44,49 +49,56 @@ class Network:
 
     @classmethod
     def of_saved(cls, saved: ModelFile) -> Network:
-        # Models saved before these options existed: the ReLU CNN on pixels; before "network", scattering features
-        # always fed the linear classifier.
+        # Models saved before these options existed: the ReLU CNN on pixels; before "network",
+        # scattering features always fed the linear classifier.
         hp = saved.hyperparameters
         features = hp.get("features", "pixels")
         return cls(features, hp.get("activation", "relu"),
                    hp.get("network", "linear" if features == "scattering" else "cnn"))
 
     def describe(self) -> str:
-        return f"network {self.network!r} on features {self.features!r}, activation {self.activation!r}"
+        return (f"network {self.network!r} on features {self.features!r}, activation "
+                f"{self.activation!r}")
 
     def inputs(self, images: np.ndarray) -> np.ndarray:
-        """Images [N, 28, 28] -> what the network takes: the same, or scattering features [N, 3969]."""
+        """Images [N, 28, 28] -> what the network takes: the same, or scattering features [N,
+        3969]."""
         return feature_maps.transform(images, self.features)
 
 
 @dataclass
 class Ran:
-    """What a training run really ran: the batch size of every step taken and the library's ε (skeleton.train_steps),
-    σ, the clipping unit and the noise's source (skeleton.fit); the ledger's event is made from it
-    (planning.run_event)."""
+    """What a training run really ran: the batch size of every step taken and the library's ε
+    (skeleton.train_steps), σ, the clipping unit and the noise's source (skeleton.fit); the ledger's
+    event is made from it (planning.run_event)."""
 
     batch_sizes: list  # examples in each step really taken: one entry per step
-    library_epsilon: dict = field(default_factory=dict)  # the DP library's own ε for this run, for comparison
-    noise_multiplier: float | None = None  # the effective σ per example (0 without DP): skeleton.fit's
-    clipping: str | None = None  # the clipping unit (events.PER_EXAMPLE, or NO_CLIPPING without DP): skeleton.fit's
-    replayable_noise: bool = False  # batches and noise from noise_seed (randomness.py): skeleton.fit's
+    # the DP library's own ε for this run, for comparison
+    library_epsilon: dict = field(default_factory=dict)
+    # the effective σ per example (0 without DP): skeleton.fit's
+    noise_multiplier: float | None = None
+    # the clipping unit (events.PER_EXAMPLE, or NO_CLIPPING without DP): skeleton.fit's
+    clipping: str | None = None
+    # batches and noise from noise_seed (randomness.py): skeleton.fit's
+    replayable_noise: bool = False
 
     @property
     def steps(self) -> int:
         return len(self.batch_sizes)
 
 
-# Called after each epoch with the number of steps run so far; returns a short progress text (ε so far) for
-# the progress bar.
+# Called after each epoch with the number of steps run so far; returns a short progress text (ε so
+# far) for the progress bar.
 EpochCallback = Callable[[int], str]
 
 
 class Framework:
-    """What an algo asset fills in: a subclass with the same hooks (HOOKS), of the same signatures, in every
-    framework; `new_model` is made from them, once for all. The skeleton (skeleton.py) calls the hooks and owns
-    everything else: the batches, σ and the clipping norm of each step, the loop over the steps, when the weight
-    average takes the model's place, whether a library's ε is asked, and the ledger. `model` is the framework's
-    network object; `optimizer` what its `optimizer` hook returned.
+    """What an algo asset fills in: a subclass with the same hooks (HOOKS), of the same signatures,
+    in every framework; `new_model` is made from them, once for all. The skeleton (skeleton.py)
+    calls the hooks and owns everything else: the batches, σ and the clipping norm of each step, the
+    loop over the steps, when the weight average takes the model's place, whether a library's ε is
+    asked, and the ledger. `model` is the framework's network object; `optimizer` what its
+    `optimizer` hook returned.
 
     A fourth framework is one asset whose algo.py fills these hooks, for example::
 
@@ -96,7 +108,8 @@ class Framework:
             def network(self, network): return build(network)
             def optimizer(self, model, hp): return optax_with_average(hp)
             def dp_step(self, model, optimizer, inputs, labels, hp, plan, step):
-                return lambda batch, clip, sigma: clip_noise_and_apply(model, optimizer, inputs[batch], ...)
+                return lambda batch, clip, sigma: clip_noise_and_apply(model, optimizer,
+                inputs[batch], ...)
             def plain_step(self, model, optimizer, inputs, labels): ...
             def end_training(self, model, optimizer, hp): ...
             def library_epsilon(self, plan, steps, sigma, delta): return {}
@@ -111,36 +124,41 @@ class Framework:
 
     # 1. The network.
     def network(self, network: Network):
-        """`network` untrained, as the framework builds it (`new_model` sets its initial weights)."""
+        """`network` untrained, as the framework builds it (`new_model` sets its initial
+        weights)."""
         raise NotImplementedError
 
     # 2. Training: the skeleton's train_steps calls these, in this order.
     def optimizer(self, model, hp: Hyperparameters):
-        """hp's optimizer (SGD with momentum, or Adam, at hp.learning_rate) over `model`'s weights, keeping after
-        every step hp.ema_decay's moving average of them (none at 0)."""
+        """hp's optimizer (SGD with momentum, or Adam, at hp.learning_rate) over `model`'s weights,
+        keeping after every step hp.ema_decay's moving average of them (none at 0)."""
         raise NotImplementedError
 
     def dp_step(self, model, optimizer, inputs: np.ndarray, labels: np.ndarray, hp: Hyperparameters,
                 plan: SamplingPlan, step: DpStep) -> Callable[[np.ndarray, float, float], int]:
-        """The DP-SGD step on `inputs` [n, ...] and `labels` [n]: a function of (batch: the indices of one Poisson
-        batch, maybe none; C: the clipping norm; σ: the noise multiplier) that clips each example's gradient to
-        C, sums them, adds N(0, σ²C²) from step.randomness's "gradient noise" stream (step.canaries' between the
-        two, when set), divides by plan.expected_batch_size, applies `optimizer`, and returns how many examples
-        had a gradient norm ≤ C. hp: for secure_mode."""
+        """The DP-SGD step on `inputs` [n, ...] and `labels` [n]: a function of (batch: the indices
+        of one Poisson batch, maybe none; C: the clipping norm; σ: the noise multiplier) that clips
+        each example's gradient to C, sums them, adds N(0, σ²C²) from step.randomness's "gradient
+        noise" stream (step.canaries' between the two, when set), divides by
+        plan.expected_batch_size, applies `optimizer`, and returns how many examples had a gradient
+        norm ≤ C. hp: for secure_mode."""
         raise NotImplementedError
 
     def plain_step(self, model, optimizer, inputs: np.ndarray,
                    labels: np.ndarray) -> Callable[[np.ndarray], None]:
-        """The non-private step: a function of one batch's indices that applies the batch's mean-loss gradient."""
+        """The non-private step: a function of one batch's indices that applies the batch's
+        mean-loss gradient."""
         raise NotImplementedError
 
     def end_training(self, model, optimizer, hp: Hyperparameters) -> None:
-        """After the last step: the weight average (hp.ema_decay) takes the weights' place in `model`."""
+        """After the last step: the weight average (hp.ema_decay) takes the weights' place in
+        `model`."""
         raise NotImplementedError
 
     def library_epsilon(self, plan: SamplingPlan, steps: int, sigma: float, delta: float) -> dict:
-        """{name: ε at `delta`} of the DP library's own accountant for `steps` steps of `plan` at a constant
-        `sigma`, shown beside ours for comparison (the skeleton asks only where a library can account the run)."""
+        """{name: ε at `delta`} of the DP library's own accountant for `steps` steps of `plan` at a
+        constant `sigma`, shown beside ours for comparison (the skeleton asks only where a library
+        can account the run)."""
         raise NotImplementedError
 
     # 3. Weights in and out.
@@ -153,37 +171,44 @@ class Framework:
         raise NotImplementedError
 
     def weight_arrays(self, model) -> list:
-        """Every weight of the model as numpy arrays in the common layout of initial_weights.py (the same order and
-        shapes in every framework): initial weights, federated averaging, the audit's canaries, tests."""
+        """Every weight of the model as numpy arrays in the common layout of initial_weights.py (the
+        same order and shapes in every framework): initial weights, federated averaging, the audit's
+        canaries, tests."""
         raise NotImplementedError
 
     def set_weight_arrays(self, model, arrays: list):
-        """The model with its weights replaced by `arrays` (the order of `weight_arrays`); returns it."""
+        """The model with its weights replaced by `arrays` (the order of `weight_arrays`); returns
+        it."""
         raise NotImplementedError
 
     def batch_logits(self, model, inputs: np.ndarray) -> np.ndarray:
-        """Class scores [B, 10] (before softmax) of one batch of the network's inputs (images [B, 28, 28], or
-        features [B, 3969]); `predict_in_batches` calls it with `predict_batch_size` of them (a framework's own
-        attribute, else PREDICT_BATCH_SIZE)."""
+        """Class scores [B, 10] (before softmax) of one batch of the network's inputs (images [B,
+        28, 28], or features [B, 3969]); `predict_in_batches` calls it with `predict_batch_size` of
+        them (a framework's own attribute, else PREDICT_BATCH_SIZE)."""
         raise NotImplementedError
 
     def notices(self, hp: Hyperparameters) -> list:
-        """What a run of `hp` warns the user about (lines), said once per task before any step (default: none)."""
+        """What a run of `hp` warns the user about (lines), said once per task before any step
+        (default: none)."""
         return []
 
     def new_model(self, seed: int, network: Network):
-        """`network` with the initial weights initial_weights.draw(network, seed): the same in every framework."""
+        """`network` with the initial weights initial_weights.draw(network, seed): the same in every
+        framework."""
         return self.set_weight_arrays(self.network(network), initial_weights.draw(network, seed))
 
 
-HOOKS = ("network", "optimizer", "dp_step", "plain_step", "end_training", "library_epsilon", "load_model",
+HOOKS = ("network", "optimizer", "dp_step", "plain_step", "end_training", "library_epsilon",
+         "load_model",
          "dump_model", "weight_arrays", "set_weight_arrays", "batch_logits", "notices")
 
 
 def check_shapes(arrays: list, shapes: list) -> None:
-    """Refuse weight arrays that are not shaped as a network's parameters (`shapes`), one for one."""
+    """Refuse weight arrays that are not shaped as a network's parameters (`shapes`), one for
+    one."""
     if [tuple(np.shape(a)) for a in arrays] != [tuple(shape) for shape in shapes]:
-        raise ValueError(f"weights shaped {[np.shape(a) for a in arrays]}, the network's {[tuple(s) for s in shapes]}")
+        raise ValueError(f"weights shaped {[np.shape(a) for a in arrays]}, the network's "
+                         f"{[tuple(s) for s in shapes]}")
 
 
 def flat_weights(framework: Framework, model) -> np.ndarray:
@@ -193,15 +218,17 @@ def flat_weights(framework: Framework, model) -> np.ndarray:
 
 @dataclass
 class DpStep:
-    """What the privacy mechanism of every step uses, as the skeleton decided it. Step t (0-based) adds Gaussian
-    noise of std noise.gradient_sigma(t) · clip.value to the sum of the examples' gradients clipped to clip.value,
-    drawn from the run's "gradient noise" stream (a generator whose whole state comes from randomness), divides
-    by plan.expected_batch_size, and then reports its count of unclipped examples to clip.update (adaptive
-    clipping; a no-op otherwise). Without DP: σ = 0 and nothing is clipped.
+    """What the privacy mechanism of every step uses, as the skeleton decided it. Step t (0-based)
+    adds Gaussian noise of std noise.gradient_sigma(t) · clip.value to the sum of the examples'
+    gradients clipped to clip.value, drawn from the run's "gradient noise" stream (a generator whose
+    whole state comes from randomness), divides by plan.expected_batch_size, and then reports its
+    count of unclipped examples to clip.update (adaptive clipping; a no-op otherwise). Without DP: σ
+    = 0 and nothing is clipped.
 
-    `canaries`: the benchmarks' only: the white-box audit's (mnist_dp/privacy/audit.py, benchmarks/audit.py
-    --white-box) and benchmarks/same_noise.py's shared noise; the skeleton's `train` never sets it. When set, a
-    framework passes each step's clipped sum through `with_canaries` between the clipping and the noise."""
+    `canaries`: the benchmarks' only: the white-box audit's (mnist_dp/privacy/audit.py,
+    benchmarks/audit.py --white-box) and benchmarks/same_noise.py's shared noise; the skeleton's
+    `train` never sets it. When set, a framework passes each step's clipped sum through
+    `with_canaries` between the clipping and the noise."""
 
     noise: NoiseSchedule
     clip: ClipNorm
@@ -209,29 +236,32 @@ class DpStep:
     canaries: object | None = None  # an audit.DiracCanaries
 
     def with_canaries(self, clipped_sum: list) -> list:
-        """This step's clipped sum (numpy arrays in the order of the framework's `weight_arrays`) with the audit's
-        canaries added, before the noise."""
+        """This step's clipped sum (numpy arrays in the order of the framework's `weight_arrays`)
+        with the audit's canaries added, before the noise."""
         return self.canaries.before_noise(clipped_sum, self.clip.value)
 
     @property
     def canary_hook(self):
-        """`with_canaries` when the audit set canaries, else None: what a framework's make_dp_step takes."""
+        """`with_canaries` when the audit set canaries, else None: what a framework's make_dp_step
+        takes."""
         return self.with_canaries if self.canaries is not None else None
 
     @property
     def library_can_account(self) -> bool:
-        """Whether a DP library's own accountant can account this run, for comparison with ours: a constant σ > 0
-        and no count noise (none knows a schedule or adaptive clipping's count; none has an ε without noise)."""
+        """Whether a DP library's own accountant can account this run, for comparison with ours: a
+        constant σ > 0 and no count noise (none knows a schedule or adaptive clipping's count; none
+        has an ε without noise)."""
         noise = self.noise
         return noise.sigma > 0 and not noise.decay_steps and not noise.count_noise_multiplier
 
 
 class ClipNorm:
-    """The clipping norm C of every step: max_grad_norm throughout, or with clip_quantile adaptive clipping
-    (Andrew et al. 2021, as Opacus' AdaClipDPOptimizer and TF Privacy's quantile-adaptive query): after each
-    step C ← C · exp(-rate · (b̃ - quantile)), b̃ the noisy fraction of the batch whose gradient norm was at
-    most C. The count is released with noise N(0, s²) on Σ_i (1[‖g_i‖ ≤ C] - 1/2), sensitivity 1/2, which the
-    ledger's count_noise_multiplier = 2s accounts for; its noise is drawn here, for every framework."""
+    """The clipping norm C of every step: max_grad_norm throughout, or with clip_quantile adaptive
+    clipping (Andrew et al. 2021, as Opacus' AdaClipDPOptimizer and TF Privacy's quantile-adaptive
+    query): after each step C ← C · exp(-rate · (b̃ - quantile)), b̃ the noisy fraction of the batch
+    whose gradient norm was at most C. The count is released with noise N(0, s²) on Σ_i (1[‖g_i‖ ≤
+    C] - 1/2), sensitivity 1/2, which the ledger's count_noise_multiplier = 2s accounts for; its
+    noise is drawn here, for every framework."""
 
     def __init__(self, hp: Hyperparameters, plan: SamplingPlan, randomness: RunRandomness):
         self.value = float(hp.max_grad_norm)
@@ -251,5 +281,6 @@ class ClipNorm:
         if not self.adaptive:
             return
         noisy = unclipped - batch_size / 2 + self.count_noise()
-        fraction = noisy / self.expected_batch_size + 0.5  # the expected, not the realised, batch size
+        # the expected, not the realised, batch size
+        fraction = noisy / self.expected_batch_size + 0.5
         self.value *= math.exp(-self.rate * (fraction - self.quantile))

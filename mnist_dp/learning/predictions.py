@@ -22,9 +22,10 @@ def load(path, n_expected: int) -> np.ndarray:
     except (OSError, ValueError) as exc:
         raise UserError(f"{path}: not a predictions file (.npy of int labels): {exc}") from None
     if labels.ndim != 1 or labels.dtype.kind not in "iu" or len(labels) != n_expected:
-        raise UserError(f"{path}: expected {n_expected} integer labels, got {labels.dtype} {list(labels.shape)}")
+        raise UserError(f"{path}: expected {n_expected} integer labels, got {labels.dtype} "
+                        f"{list(labels.shape)}")
     outside = labels[(labels < 0) | (labels >= NUM_CLASSES)]
     if outside.size:  # scored as merely wrong, a broken predict function would go unnoticed
-        raise UserError(f"{path}: {outside.size} predicted label(s) outside 0-{NUM_CLASSES - 1} (e.g. {outside[0]}); "
-                        "the predict function is broken")
+        raise UserError(f"{path}: {outside.size} predicted label(s) outside 0-{NUM_CLASSES - 1} "
+                        f"(e.g. {outside[0]}); the predict function is broken")
     return labels

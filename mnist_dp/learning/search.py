@@ -1,10 +1,12 @@
-"""A private hyperparameter search, run (Papernot & Steinke 2022): K candidates, K drawn at random and never
-released; each draws its hyperparameters from the search space, trains from scratch with the skeleton's `fit` (the
-train task's DP-SGD run) on the examples outside the validation split, and is scored by its noisy count of correct
-predictions on the examples inside it. Only the best candidate leaves: its model, with a ledger whose one event is
-the whole search (privacy/search.py); the other candidates' weights and every score stay in this process.
+"""A private hyperparameter search, run (Papernot & Steinke 2022): K candidates, K drawn at random
+and never released; each draws its hyperparameters from the search space, trains from scratch with
+the skeleton's `fit` (the train task's DP-SGD run) on the examples outside the validation split, and
+is scored by its noisy count of correct predictions on the examples inside it. Only the best
+candidate leaves: its model, with a ledger whose one event is the whole search (privacy/search.py);
+the other candidates' weights and every score stay in this process.
 
-`tune` is the substratools function body; `run_search` the search itself, which benchmarks call in memory.
+`tune` is the substratools function body; `run_search` the search itself, which benchmarks call in
+memory.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ import numpy as np
 from mnist_dp import hyperparameters, search_space
 from mnist_dp.hyperparameters import Hyperparameters
 from mnist_dp.learning import features as feature_maps
-from mnist_dp.learning import skeleton
+from mnist_dp.learning import model_io, skeleton
 from mnist_dp.learning.interface import Framework, Network, Ran
 from mnist_dp.privacy import data_ledger, model_file, provenance, statement
 from mnist_dp.privacy.ledger import Ledger
@@ -34,8 +36,8 @@ log = logging.getLogger("substratools.mnist_dp")
 
 @dataclass
 class Searched:
-    """What a search released (the best candidate: its model, hyperparameters, sampling plan and run), and, for
-    benchmarks only, what it did not: how many candidates it trained."""
+    """What a search released (the best candidate: its model, hyperparameters, sampling plan and
+    run), and, for benchmarks only, what it did not: how many candidates it trained."""
 
     model: object
     hp: Hyperparameters
@@ -47,15 +49,16 @@ class Searched:
 
 def run_search(framework: Framework, images: np.ndarray, labels: np.ndarray, held_out: np.ndarray,
                search: SearchPlan, randomness: RunRandomness, where: str) -> Searched | None:
-    """The search of `search` by `framework` on `images` [n, 28, 28] and `labels` [n], `held_out` [n] marking the
-    validation examples; `randomness` draws K, the candidates, their runs and the scores' noise; `where` names the
-    hyperparameters in errors. None when K = 0 (possible with the Poisson distribution only): nothing to release."""
+    """The search of `search` by `framework` on `images` [n, 28, 28] and `labels` [n], `held_out`
+    [n] marking the validation examples; `randomness` draws K, the candidates, their runs and the
+    scores' noise; `where` names the hyperparameters in errors. None when K = 0 (possible with the
+    Poisson distribution only): nothing to release."""
     start = time.perf_counter()
     rng, score_noise = randomness.numpy("search"), randomness.numpy("score noise")
     count = draw_count(rng, search.search.mean, search.search.shape)
     train_y, validation_y = labels[~held_out], labels[held_out]
-    # Every features value the space may draw, made before the first candidate: which ones the candidates drew
-    # would otherwise show in the work done (and its progress bars).
+    # Every features value the space may draw, made before the first candidate: which ones the
+    # candidates drew would otherwise show in the work done (and its progress bars).
     drawn = search.search.space.get("features", (search.base.features,))
     inputs = {features: (feature_maps.transform(images[~held_out], features),
                          feature_maps.transform(images[held_out], features)) for features in drawn}
@@ -66,10 +69,12 @@ def run_search(framework: Framework, images: np.ndarray, labels: np.ndarray, hel
             plan, sigma = search.candidate(hp, where)
             model = framework.new_model(hp.seed, Network.of(hp))
             ran = skeleton.fit(framework, model, None, train_y, hp, plan, sigma, lambda steps: "",
-                               randomness.candidate(index), inputs=inputs[hp.features][0], progress=False)
+                               randomness.candidate(index), inputs=inputs[hp.features][0],
+                               progress=False)
             score = noisy_count(correct(framework, model, inputs[hp.features][1], validation_y),
                                 search.score_noise_multiplier, score_noise)
-            if skeleton.non_finite(framework, model)[0]:  # a diverged candidate never wins (a function of its output)
+            # a diverged candidate never wins (a function of its output)
+            if model_io.non_finite(framework, model)[0]:
                 score = -np.inf
             if best is None or score > best_score:
                 best, best_score = Searched(model, hp, plan, ran, count, 0.0), score
@@ -86,9 +91,9 @@ def _no_run_time(record: logging.LogRecord) -> bool:
 
 @contextlib.contextmanager
 def silenced():
-    """No log record and no Python warning while the candidates train: their number is K, which is secret (a
-    library's warning may come from some candidates only). What a run warns about is said once before
-    (skeleton.say_notices); progress bars are off (skeleton.fit's `progress`)."""
+    """No log record and no Python warning while the candidates train: their number is K, which is
+    secret (a library's warning may come from some candidates only). What a run warns about is said
+    once before (skeleton.say_notices); progress bars are off (skeleton.fit's `progress`)."""
     logging.disable(logging.CRITICAL)
     try:
         with warnings.catch_warnings():
@@ -98,20 +103,23 @@ def silenced():
         logging.disable(logging.NOTSET)
 
 
-def released_ledger(framework: Framework, data: dict, plan: SearchPlan, searched: Searched, code: dict | None
+def released_ledger(framework: Framework, data: dict, plan: SearchPlan, searched: Searched,
+                    code: dict | None
                     ) -> Ledger:
-    """The ledger of the model a search of `plan` released (`searched`) on the opener's `data`: its examples, and the
-    search as one event (`code`: the running function's provenance, None in memory)."""
+    """The ledger of the model a search of `plan` released (`searched`) on the opener's `data`: its
+    examples, and the search as one event (`code`: the running function's provenance, None in
+    memory)."""
     ledger = Ledger()
     identities = ledger.add_samples(data["samples"])
-    ledger.add(plan.event(framework.name, identities, searched.hp, searched.plan, searched.ran, code))
+    ledger.add(plan.event(framework.name, identities, searched.hp, searched.plan, searched.ran,
+                          code))
     return ledger
 
 
 def correct(framework: Framework, model, inputs: np.ndarray, labels: np.ndarray) -> int:
-    """How many of the validation examples (their network `inputs`) the model classifies right: the score's count,
-    of sensitivity 1 (one example more or less changes it by at most 1)."""
-    return int(np.sum(np.argmax(skeleton.logits(framework, model, inputs), axis=1) == labels))
+    """How many of the validation examples (their network `inputs`) the model classifies right: the
+    score's count, of sensitivity 1 (one example more or less changes it by at most 1)."""
+    return int(np.sum(np.argmax(model_io.logits(framework, model, inputs), axis=1) == labels))
 
 
 def noisy_count(count: int, noise_multiplier: float, rng: np.random.Generator) -> float:
@@ -121,10 +129,11 @@ def noisy_count(count: int, noise_multiplier: float, rng: np.random.Generator) -
 
 
 def tune(framework: Framework, inputs: dict, outputs: dict, hyperparameters_path: Path) -> dict:
-    """The substratools `tune` function body: a private search on the organisation's data (the search file beside
-    the hyperparameters, search_space.FILE_NAME; the default search without one) -> the best candidate's model, its
-    ledger holding the search, and ε. Logs and writes nothing that depends on the number of candidates: no
-    progress bar per candidate, warnings once before them, and no time or memory line (both grow with K)."""
+    """The substratools `tune` function body: a private search on the organisation's data (the
+    search file beside the hyperparameters, search_space.FILE_NAME; the default search without one)
+    -> the best candidate's model, its ledger holding the search, and ε. Logs and writes nothing
+    that depends on the number of candidates: no progress bar per candidate, warnings once before
+    them, and no time or memory line (both grow with K)."""
     skeleton.check_outputs_writable(outputs)
     logging.getLogger("substratools.function").addFilter(_no_run_time)
     data = inputs["datasamples"]
@@ -132,25 +141,33 @@ def tune(framework: Framework, inputs: dict, outputs: dict, hyperparameters_path
     base = hyperparameters.load(hyperparameters_path)
     search_file = Path(hyperparameters_path).with_name(search_space.FILE_NAME)
     search = search_space.load(search_file if search_file.is_file() else None)
-    skeleton.refuse_copies(data)  # a run's checks are plan_search's, for each privacy profile on the training split
+    # a run's checks are plan_search's, for each privacy profile on the training split
+    skeleton.refuse_copies(data)
     held_out = validation_split(data, search.validation_permille)
     plan = plan_search(framework.name, base, search, len(held_out), int(held_out.sum()), where)
-    randomness = RunRandomness.for_run(base.noise_seed, 0, tuple(s["identity"] for s in data["samples"]))
-    skeleton.say_notices(framework, base, randomness)  # the candidates' too (the space searches no such key)
-    searched = run_search(framework, data["images"], data["labels"], held_out, plan, randomness, where)
+    randomness = RunRandomness.for_run(base.noise_seed, 0,
+                                       tuple(s["identity"] for s in data["samples"]))
+    # the candidates' too (the space searches no such key)
+    skeleton.say_notices(framework, base, randomness)
+    searched = run_search(framework, data["images"], data["labels"], held_out, plan, randomness,
+                          where)
     if searched is None:
-        raise UserError(f"{where}: the search drew no candidate (the Poisson distribution allows it, with "
-                        "probability exp(-mean)); nothing is released: run the task again")
-    skeleton.check_finite(framework, searched.model, "every candidate of the search diverged",
-                          f"nothing was saved; lower learning_rate or max_grad_norm in the search space or {where}")
+        raise UserError(f"{where}: the search drew no candidate (the Poisson distribution allows "
+                        "it, with probability exp(-mean)); nothing is released: run the task again")
+    model_io.check_finite(framework, searched.model, "every candidate of the search diverged",
+                          "nothing was saved; lower learning_rate or max_grad_norm in the search "
+                          f"space or {where}")
     ledger = released_ledger(framework, data, plan, searched,
                              provenance.running_code(Path(hyperparameters_path).parent, "tune"))
-    with data_ledger.held(skeleton.sample_folders(data), inputs.get("ledger")) as spent:  # before the model leaves
+    # before the model leaves
+    with data_ledger.held(skeleton.sample_folders(data), inputs.get("ledger")) as spent:
         spent.record(ledger, ledger.events[-1])
         spent.pass_on(outputs.get("ledger"))
-        spent.ledger.link(data["samples"])  # for the data's figure below: the organisation's other keys' runs too
+        # for the data's figure below: the organisation's other keys' runs too
+        spent.ledger.link(data["samples"])
     settings = skeleton.run_settings(searched.hp, searched.ran.noise_multiplier, searched.plan)
-    model_file.save(outputs["model"], model_file.ModelFile(framework.name, framework.dump_model(searched.model),
+    model_file.save(outputs["model"],
+                    model_file.ModelFile(framework.name, framework.dump_model(searched.model),
                                                            ledger, settings))
     summary = statement.privacy_summary(ledger, base.delta)
     skeleton.save_epsilon(outputs["epsilon"], summary["epsilon"])

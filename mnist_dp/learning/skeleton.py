@@ -1,11 +1,13 @@
 """The skeleton every algo asset shares: data -> model -> DP step -> ledger -> save.
 
-An asset supplies only a `Framework` (interface.py: the hooks that build the network and its optimizer, take one
-DP or plain step, end the training, give the library's ε and move weights in and out); the rest lives here, once:
-the Poisson batches of the sampling plan and the loop over the steps (train_steps), each step's σ and clipping
-norm, where the noise's randomness comes from (randomness.py), loading and checking models, and the task
-functions train, aggregate and predict. What a run may spend (q, steps, σ, the budget,
-the DP event) is decided in privacy/ (planning.py, budget.py), which `train` asks once.
+An asset supplies only a `Framework` (interface.py: the hooks that build the network and its
+optimizer, take one DP or plain step, end the training, give the library's ε and move weights in and
+out); the rest lives here, once: the Poisson batches of the sampling plan and the loop over the
+steps (train_steps), each step's σ and clipping norm, where the noise's randomness comes from
+(randomness.py), and the task functions train, aggregate and predict (models loaded and checked
+in model_io.py).
+What a run may spend (q, steps, σ, the budget, the DP event) is decided in privacy/ (planning.py,
+budget.py), which `train` asks once.
 """
 from __future__ import annotations
 
@@ -13,9 +15,7 @@ import dataclasses
 import logging
 import math
 import os
-import pickle
 import time
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,8 +23,15 @@ import numpy as np
 
 from mnist_dp import hyperparameters
 from mnist_dp.hyperparameters import Hyperparameters
-from mnist_dp.learning import predictions
-from mnist_dp.learning.interface import PREDICT_BATCH_SIZE, ClipNorm, DpStep, EpochCallback, Framework, Network, Ran
+from mnist_dp.learning import model_io, predictions
+from mnist_dp.learning.interface import (
+    ClipNorm,
+    DpStep,
+    EpochCallback,
+    Framework,
+    Network,
+    Ran,
+)
 from mnist_dp.privacy import budget, data_ledger, model_file, planning, provenance, statement
 from mnist_dp.privacy.events import NO_CLIPPING, PER_EXAMPLE
 from mnist_dp.privacy.ledger import Ledger, merge, own_runs
@@ -40,14 +47,15 @@ log = logging.getLogger("substratools.mnist_dp")
 
 def sampled_batches(plan: SamplingPlan, hp: Hyperparameters, randomness: RunRandomness,
                     on_epoch: EpochCallback, name: str, progress: bool = True):
-    """Yield the index batch of every step of a run (exactly plan.steps), with a progress bar named for the
-    framework `name` whose text after each epoch is `on_epoch`'s (none when `progress` is False: a search's
-    candidates, whose number is secret). `randomness` draws them; `hp` says whether to.
+    """Yield the index batch of every step of a run (exactly plan.steps), with a progress bar named
+    for the framework `name` whose text after each epoch is `on_epoch`'s (none when `progress` is
+    False: a search's candidates, whose number is secret). `randomness` draws them; `hp` says
+    whether to.
 
     With DP, Poisson sampling as the accountant assumes: each example joins each batch independently
     with probability q (batch sizes vary; a batch may be empty and is still a step). The non-private
-    baseline takes shuffled batches of `batch_size`. Every framework trains on these batches (Opacus' own
-    DPDataLoader runs int(1/q) steps an epoch, one fewer than planned for some q).
+    baseline takes shuffled batches of `batch_size`. Every framework trains on these batches
+    (Opacus' own DPDataLoader runs int(1/q) steps an epoch, one fewer than planned for some q).
     """
     rng = randomness.numpy("batches")
     # Steps are counted here, not by the bar: a bar no terminal sees counts nothing.
@@ -61,37 +69,46 @@ def sampled_batches(plan: SamplingPlan, hp: Hyperparameters, randomness: RunRand
             if step == 1:
                 timing.mark("first step")  # with the graph's compilation (tf, MindSpore)
             if step % plan.steps_per_epoch == 0 or step == plan.steps:
-                bar.set_postfix_str(f"epoch {math.ceil(step / plan.steps_per_epoch)}/{plan.epochs} {on_epoch(step)}")
+                bar.set_postfix_str(f"epoch {math.ceil(step / plan.steps_per_epoch)}/{plan.epochs} "
+                                    f"{on_epoch(step)}")
 
 
 def fit(framework: Framework, model, images: np.ndarray, labels: np.ndarray, hp: Hyperparameters,
-        plan: SamplingPlan, sigma: float, on_epoch: EpochCallback, randomness: RunRandomness | None = None,
-        canaries=None, through=None, inputs: np.ndarray | None = None, progress: bool = True) -> Ran:
-    """One training run of `framework`, and what it ran: the batch sizes and its library's ε from the framework,
-    σ, the clipping unit and where the randomness came from completed here.
+        plan: SamplingPlan, sigma: float, on_epoch: EpochCallback,
+        randomness: RunRandomness | None = None,
+        canaries=None, through=None, inputs: np.ndarray | None = None,
+        progress: bool = True) -> Ran:
+    """One training run of `framework`, and what it ran: the batch sizes and its library's ε from
+    the framework, σ, the clipping unit and where the randomness came from completed here.
 
-    model: the framework's model, trained in place. images, labels: the training data, [n, 28, 28] and [n] (images
-    may be None when `inputs` is given).
-    hp, plan: the hyperparameters and the sampling plan (q, the steps to run). sigma: the gradient noise of the
-    first steps (0 without DP). on_epoch: the progress text after each epoch (ε so far). randomness: the run's
-    (default: fresh, or from hp.noise_seed). canaries: the white-box audit's (audit.DiracCanaries, or
-    benchmarks/same_noise.py's shared noise), whose `noise_scale` below 1 is the audit's broken mechanism: the
-    steps add that fraction of the noise while the result still says σ. through(batches, plan): what the batches
-    pass through on their way to the framework (substrafl's index generator, which counts them); it must hand on
-    every batch unchanged. inputs: the network's inputs of `images` when the caller has them (a search's candidates
-    share them), else computed here. progress: whether to draw the steps' progress bar."""
+    model: the framework's model, trained in place. images, labels: the training data, [n, 28, 28]
+    and [n] (images may be None when `inputs` is given).
+    hp, plan: the hyperparameters and the sampling plan (q, the steps to run). sigma: the gradient
+    noise of the first steps (0 without DP). on_epoch: the progress text after each epoch (ε so
+    far). randomness: the run's (default: fresh, or from hp.noise_seed). canaries: the white-box
+    audit's (audit.DiracCanaries, or benchmarks/same_noise.py's shared noise), whose `noise_scale`
+    below 1 is the audit's broken mechanism: the steps add that fraction of the noise while the
+    result still says σ. through(batches, plan): what the batches pass through on their way to the
+    framework (substrafl's index generator, which counts them); it must hand on every batch
+    unchanged. inputs: the network's inputs of `images` when the caller has them (a search's
+    candidates share them), else computed here. progress: whether to draw the steps' progress
+    bar."""
     planning.check_secure_mode(framework.name, hp)  # as check_run does, which a caller may skip
     randomness = randomness or RunRandomness.for_run(hp.noise_seed)
     inputs = Network.of(hp).inputs(images) if inputs is None else inputs
-    timing.mark("features")  # fixed features: the scattering transform of every image (nothing for pixels)
+    # fixed features: the scattering transform of every image (nothing for pixels)
+    timing.mark("features")
     added = sigma if canaries is None else sigma * canaries.noise_scale
-    step = DpStep(planning.noise_schedule(hp, plan, added), ClipNorm(hp, plan, randomness), randomness, canaries)
+    step = DpStep(planning.noise_schedule(hp, plan, added), ClipNorm(hp, plan, randomness),
+                  randomness, canaries)
     batches = sampled_batches(plan, hp, randomness, on_epoch, framework.name, progress)
     if through is not None:
         batches = through(batches, plan)
     ran = train_steps(framework, model, inputs, labels, hp, plan, step, batches)
-    if len(ran.batch_sizes) != plan.steps:  # the ledger records what ran; the frameworks must all run the plan
-        raise RuntimeError(f"{framework.name} ran {len(ran.batch_sizes)} steps where the plan has {plan.steps}")
+    # the ledger records what ran; the frameworks must all run the plan
+    if len(ran.batch_sizes) != plan.steps:
+        raise RuntimeError(f"{framework.name} ran {len(ran.batch_sizes)} steps where the plan has "
+                           f"{plan.steps}")
     return dataclasses.replace(
         ran, batch_sizes=list(ran.batch_sizes), replayable_noise=randomness.replayable,
         library_epsilon=comparable_library_epsilon(framework.name, ran.library_epsilon),
@@ -99,13 +116,15 @@ def fit(framework: Framework, model, images: np.ndarray, labels: np.ndarray, hp:
         clipping=PER_EXAMPLE if hp.dp else NO_CLIPPING)
 
 
-def train_steps(framework: Framework, model, inputs: np.ndarray, labels: np.ndarray, hp: Hyperparameters,
+def train_steps(framework: Framework, model, inputs: np.ndarray, labels: np.ndarray,
+                hp: Hyperparameters,
                 plan: SamplingPlan, step: DpStep, batches) -> Ran:
-    """Train `model` in place, one step of the framework's hooks per index batch of `batches`: with DP, each at
-    the step's clipping norm and σ (step.noise's schedule), its count of unclipped examples fed back to adaptive
-    clipping; then the weight average takes the weights' place, and the library's own ε is asked where it can
-    account the run. inputs, labels: the network's inputs [n, ...] and the labels [n]. Returns the batch sizes
-    and the library's ε (what skeleton.fit completes)."""
+    """Train `model` in place, one step of the framework's hooks per index batch of `batches`: with
+    DP, each at the step's clipping norm and σ (step.noise's schedule), its count of unclipped
+    examples fed back to adaptive clipping; then the weight average takes the weights' place, and
+    the library's own ε is asked where it can account the run. inputs, labels: the network's inputs
+    [n, ...] and the labels [n]. Returns the batch sizes and the library's ε (what skeleton.fit
+    completes)."""
     optimizer = framework.optimizer(model, hp)
     if hp.dp:
         dp_step = framework.dp_step(model, optimizer, inputs, labels, hp, plan, step)
@@ -127,15 +146,17 @@ def train_steps(framework: Framework, model, inputs: np.ndarray, labels: np.ndar
 
 
 def comparable_library_epsilon(framework_name: str, library_epsilon: dict) -> dict:
-    """The DP library's own ε figures that are finite. It is only shown for comparison, and a figure that is not
-    a number (MindArmour's monitor at q = 1 gives NaN) compares with nothing and would make the ledger unreadable."""
+    """The DP library's own ε figures that are finite. It is only shown for comparison, and a figure
+    that is not a number (MindArmour's monitor at q = 1 gives NaN) compares with nothing and would
+    make the ledger unreadable."""
     kept = {}
     for name, value in library_epsilon.items():
         if math.isfinite(value):
             kept[name] = float(value)
         else:
-            log.warning("%s: %s gave epsilon = %s for this run; not kept (it is shown only for comparison; the "
-                        "ledger's epsilon does not depend on it)", framework_name, name, value)
+            log.warning("%s: %s gave epsilon = %s for this run; not kept (it is shown only for "
+                        "comparison; the ledger's epsilon does not depend on it)", framework_name,
+                        name, value)
     return kept
 
 
@@ -151,11 +172,13 @@ class Trained:
     seconds: float  # the training itself (features included)
 
 
-def fit_from_scratch(framework: Framework, images: np.ndarray, labels: np.ndarray, hp: Hyperparameters,
+def fit_from_scratch(framework: Framework, images: np.ndarray, labels: np.ndarray,
+                     hp: Hyperparameters,
                      where: str) -> Trained:
-    """A train task's work without Substra, for benchmarks and audits: the checks, σ (calibrated when hp asks), a
-    new model, `fit` (fresh noise unless hp.noise_seed). `framework`: the algo's; `images`, `labels`: the training
-    data, [n, 28, 28] and [n]; `where`: what an error names (the file or options the hyperparameters came from)."""
+    """A train task's work without Substra, for benchmarks and audits: the checks, σ (calibrated
+    when hp asks), a new model, `fit` (fresh noise unless hp.noise_seed). `framework`: the algo's;
+    `images`, `labels`: the training data, [n, 28, 28] and [n]; `where`: what an error names (the
+    file or options the hyperparameters came from)."""
     plan = planning.check_run(framework.name, hp, len(labels), where)
     sigma = planning.resolve_noise_multiplier(hp, plan, [])
     network = Network.of(hp)
@@ -165,75 +188,36 @@ def fit_from_scratch(framework: Framework, images: np.ndarray, labels: np.ndarra
     return Trained(model, network, plan, sigma, ran, time.perf_counter() - start)
 
 
-# What a framework's loader raises on bytes that are not its weights for the network (torch's unpickler, np.load,
-# a name or a shape the network lacks); a framework may also raise UserError itself.
-_NOT_WEIGHTS = (UserError, pickle.UnpicklingError, EOFError, RuntimeError, ValueError, KeyError, TypeError, OSError,
-                zipfile.BadZipFile)
-
-
-def load_weights(framework: Framework, saved: model_file.ModelFile, path, network: Network):
-    """The model of the weights of the model file at `path` (read as `saved`). Weights that are not the framework's
-    for `network`, or not finite, are refused naming the file: its digests only say it was not edited since."""
-    try:
-        model = framework.load_model(saved.weights, network)
-    except _NOT_WEIGHTS as exc:
-        # Its first sentence: torch's unpickler goes on for lines about torch.load's options.
-        first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "").split(". ")[0][:150]
-        detail = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
-        raise UserError(f"{path}: its weights cannot be loaded into this {framework.name} network ({detail}); the "
-                        f"file was not written by this bundle's {framework.name} algo: use one it trained") from None
-    check_finite(framework, model, str(path), "its training diverged: use another model, or train again with a "
-                                              "lower learning_rate or max_grad_norm")
-    return model
-
-
-def non_finite(framework: Framework, model) -> tuple:
-    """(how many of the model's weights are NaN or infinite, how many weights it has)."""
-    arrays = [np.asarray(a) for a in framework.weight_arrays(model)]
-    return sum(a.size - int(np.count_nonzero(np.isfinite(a))) for a in arrays), sum(a.size for a in arrays)
-
-
-def check_finite(framework: Framework, model, where: str, todo: str) -> None:
-    """No model with a NaN or infinite weight is saved or used: a diverged run must fail, not pass on garbage."""
-    bad, total = non_finite(framework, model)
-    if bad:
-        raise UserError(f"{where}: {bad} of the model's {total} weights are NaN or infinite; {todo}")
-
-
-def _load_input_model(framework: Framework, inputs: dict, network: Network):
-    if inputs.get("model"):
-        saved = model_file.load(inputs["model"], framework.name)
-        theirs = Network.of_saved(saved)
-        if theirs != network:
-            raise UserError(f"input model: its network is {theirs.describe()}, the hyperparameters say "
-                            f"{network.describe()}; set features, network and activation as the input model's")
-        log.info("continuing from input model: %d earlier training run(s) in its ledger", len(saved.ledger.events))
-        return load_weights(framework, saved, inputs["model"], network), saved.ledger
-    return None, Ledger()
-
-
+# What a framework's loader raises on bytes that are not its weights for the network (torch's
+# unpickler, np.load, a name or a shape the network lacks); a framework may also raise UserError
+# itself.
 def train(framework: Framework, inputs: dict, outputs: dict, hyperparameters_path: Path) -> dict:
-    """The substratools `train` function body: data -> model -> DP step -> ledger -> save. Returns the privacy
-    summary it logged. The task's data gives up its images once their features are made (inputs["datasamples"]
-    ["images"] is None after): a caller that runs several tasks in one process gives each its own data dict."""
+    """The substratools `train` function body: data -> model -> DP step -> ledger -> save. Returns
+    the privacy summary it logged. The task's data gives up its images once their features are made
+    (inputs["datasamples"] ["images"] is None after): a caller that runs several tasks in one
+    process gives each its own data dict."""
     timing.begin_task("train", framework=framework.name)
     check_outputs_writable(outputs)
-    # 1. Data, and what it may spend (privacy/: q, steps, σ, budget, over the earlier runs of its examples).
+    # 1. Data, and what it may spend (privacy/: q, steps, σ, budget, over the earlier runs of its
+    #    examples).
     data = inputs["datasamples"]
     hp = hyperparameters.load(hyperparameters_path)
     plan = check_data(framework, data, hp, str(hyperparameters_path))
     # 2. The model: the input model, or a seeded start (the same at every organisation).
-    model, ledger = _load_input_model(framework, inputs, Network.of(hp))
+    model, ledger = model_io.load_input_model(framework, inputs, Network.of(hp))
     if model is None:
         model = framework.new_model(hp.seed, Network.of(hp))
-    # 3. The DP steps, and 4. the ledger: this run as it ran, recorded with the data before the model is saved.
+    # 3. The DP steps, and 4. the ledger: this run as it ran, recorded with the data before the
+    #    model is saved.
     with data_ledger.held(sample_folders(data), inputs.get("ledger")) as spent:
-        run, ran = train_in_memory(framework, model, ledger, data, hp, plan,
-                                   provenance.running_code(Path(hyperparameters_path).parent, "train"),
-                                   f"nothing was saved; lower learning_rate or max_grad_norm in {hyperparameters_path}",
-                                   release_images=True, spent=spent, continuing=bool(inputs.get("model")))
+        run, ran = train_in_memory(
+            framework, model, ledger, data, hp, plan,
+            provenance.running_code(Path(hyperparameters_path).parent, "train"),
+            f"nothing was saved; lower learning_rate or max_grad_norm in {hyperparameters_path}",
+            release_images=True, spent=spent, continuing=bool(inputs.get("model")))
         spent.pass_on(outputs.get("ledger"))
-    if ran is None:  # the budget of this data is spent: nothing trained, nothing was added to the ledger
+    # the budget of this data is spent: nothing trained, nothing was added to the ledger
+    if ran is None:
         log.warning("the input model is passed on unchanged")
         model_file.copy(inputs["model"], outputs["model"])
         summary = statement.privacy_summary(ledger, hp.delta)
@@ -241,12 +225,15 @@ def train(framework: Framework, inputs: dict, outputs: dict, hyperparameters_pat
         timing.end_task("saving", dp=hp.dp)
         return summary
     # 5. Save the model with its ledger, and ε.
-    model_file.save(outputs["model"], model_file.ModelFile(framework.name, framework.dump_model(model), ledger,
-                                                           run_settings(run.hp, run.sigma, run.plan)))
+    model_file.save(outputs["model"],
+                    model_file.ModelFile(framework.name, framework.dump_model(model), ledger,
+                                                           run_settings(
+                                                               run.hp, run.sigma, run.plan)))
     summary = statement.privacy_summary(ledger, hp.delta)
     summary["library_epsilon"] = ran.library_epsilon
     save_epsilon(outputs["epsilon"], summary["epsilon"])
-    log.info("trained %d steps, q=%.4g, sigma=%.4g: %s", ran.steps, run.plan.sample_rate, ran.noise_multiplier,
+    log.info("trained %d steps, q=%.4g, sigma=%.4g: %s", ran.steps, run.plan.sample_rate,
+             ran.noise_multiplier,
              statement.describe(summary))
     log_data_epsilon(spent.ledger, run.identities, hp.delta)
     timing.end_task("saving", dp=hp.dp)
@@ -261,48 +248,61 @@ def sample_folders(data: dict) -> list:
 def log_data_epsilon(spent: Ledger, identities: tuple, delta: float) -> None:
     """Say what the task's data has spent over every run its own ledger records (data_ledger.py)."""
     if spent.events:
-        log.info("this data's own ledger: %d run(s) released from it, ε = %.3f at δ = %g over all of them",
+        log.info("this data's own ledger: %d run(s) released from it, ε = %.3f at δ = %g over all "
+                 "of them",
                  len(spent.events), spent.epsilon(delta, data=identities), delta)
 
 
 def check_data(framework: Framework, data: dict, hp: Hyperparameters, where: str) -> SamplingPlan:
-    """The opener's data (`get_data`'s dict) refused if it holds copies of an example (refuse_copies), else the
-    sampling plan of a run of `hp` on it (planning.check_run's checks)."""
+    """The opener's data (`get_data`'s dict) refused if it holds copies of an example
+    (refuse_copies), else the sampling plan of a run of `hp` on it (planning.check_run's checks)."""
     refuse_copies(data)
     return planning.check_run(framework.name, hp, len(data["labels"]), where)
 
 
 def refuse_copies(data: dict) -> None:
-    """Refuse the opener's data if it holds copies of an example: trained twice, it would be accounted once."""
+    """Refuse the opener's data if it holds copies of an example: trained twice, it would be
+    accounted once."""
     if data.get("copies"):
         raise UserError(data["copies"])
 
 
 def train_in_memory(framework: Framework, model, ledger: Ledger, data: dict, hp: Hyperparameters,
-                    plan: SamplingPlan, code: dict, if_diverged: str, through=None, release_images=False,
+                    plan: SamplingPlan, code: dict, if_diverged: str, through=None,
+                    release_images=False,
                     spent: data_ledger.Held | None = None, continuing: bool = False) -> tuple:
-    """One training run of `model` (in place) by `framework` on the opener's `data`, after the runs of `ledger`, to
-    which its event is added: (its budget.RunPrivacy, what it Ran), or (RunPrivacy, None) when the data's budget
-    is spent and nothing ran. `hp`, `plan`: the hyperparameters and the sampling plan check_data made of them;
-    `code`: provenance of the running function; `if_diverged`: what to do, when a weight is not finite after
-    training; `through`: as in `fit`; `release_images`: the task's own `data`, read by nothing after this: its
-    images give way to the network's inputs (a set of 60,000 takes 188 MB in float32, which would stay beside
-    their features through training); `spent`: the data's own ledger, held (data_ledger.held): a `continuing` run
-    (from a model received from elsewhere) composes its runs of this framework into `ledger`, the budget holds for
-    all of its runs, and the run is recorded in it before this returns. The substratools train task and the
-    substrafl algos (mnist_dp/federated) both train through here."""
+    """One training run of `model` (in place) by `framework` on the opener's `data`, after the runs
+    of `ledger`, to which its event is added: (its budget.RunPrivacy, what it Ran), or (RunPrivacy,
+    None) when the data's budget is spent and nothing ran. `hp`, `plan`: the hyperparameters and the
+    sampling plan check_data made of them; `code`: provenance of the running function;
+    `if_diverged`: what to do, when a weight is not finite after training; `through`: as in `fit`;
+    `release_images`: the task's own `data`, read by nothing after this: its images give way to the
+    network's inputs (a set of 60,000 takes 188 MB in float32, which would stay beside their
+    features through training); `spent`: the data's own ledger, held (data_ledger.held): a
+    `continuing` run (from a model received from elsewhere) composes its runs of this framework into
+    `ledger`, the budget holds for all of its runs, and the run is recorded in it before this
+    returns. The substratools train task and the substrafl algos (mnist_dp/federated) both train
+    through here."""
     for known in (ledger, spent.ledger if spent is not None else None):
-        if known is not None and known.link(data["samples"]):  # only with the organisation's other keys
-            log.info("this organisation's examples named under another of its keys are counted as the same examples")
-    lacking = data_ledger.absorb(ledger, spent.ledger, framework.name) if spent is not None and continuing else []
+        # only with the organisation's other keys
+        if known is not None and known.link(data["samples"]):
+            log.info("this organisation's examples named under another of its keys are counted as "
+                     "the same examples")
+    lacking = data_ledger.absorb(ledger, spent.ledger,
+                                 framework.name) if spent is not None and continuing else []
     if lacking:
-        log.warning("the input model's ledger lacks %d %s run(s) that this organisation's own ledger records on "
-                    "this data (%s): they are composed into this model's ε", len(lacking), framework.name,
+        log.warning("the input model's ledger lacks %d %s run(s) that this organisation's own "
+                    "ledger records on this data (%s): they are composed into this model's ε",
+                    len(lacking),
+                    framework.name,
                     ", ".join(e.run_id[:8] for e in lacking))
-    run = budget.for_task(framework.name, hp, plan, ledger, data["samples"], spent.ledger if spent else None)
-    if run.plan.steps == 0 and (lacking or not continuing):  # else the input model, as received, is passed on
-        raise UserError(f"max_epsilon = {hp.max_epsilon}: this data has spent its budget (its own ledger of the runs "
-                        "released from it: docs/privacy.md, \"The data's own ledger\"); nothing was trained or saved")
+    run = budget.for_task(framework.name, hp, plan, ledger, data["samples"], spent.ledger if spent
+                          else None)
+    # else the input model, as received, is passed on
+    if run.plan.steps == 0 and (lacking or not continuing):
+        raise UserError(f"max_epsilon = {hp.max_epsilon}: this data has spent its budget (its own "
+                        "ledger of the runs released from it: docs/privacy.md, \"The data's own "
+                        "ledger\"); nothing was trained or saved")
     randomness = RunRandomness.for_run(hp.noise_seed, len(ledger.events), run.identities)
     say_notices(framework, hp, randomness)
     timing.mark("setup")  # input model, σ calibration, budget
@@ -311,10 +311,11 @@ def train_in_memory(framework: Framework, model, ledger: Ledger, data: dict, hp:
     inputs = Network.of(hp).inputs(data["images"])
     if release_images:
         data["images"] = None
-    ran = fit(framework, model, None, data["labels"], hp, run.plan, run.sigma, run.progress, randomness,
+    ran = fit(framework, model, None, data["labels"], hp, run.plan, run.sigma, run.progress,
+              randomness,
               through=through, inputs=inputs)
     timing.mark("training")  # the steps after the first
-    check_finite(framework, model, f"training diverged in {ran.steps} steps", if_diverged)
+    model_io.check_finite(framework, model, f"training diverged in {ran.steps} steps", if_diverged)
     ledger.add(run.event(ran, code=code))
     if spent is not None:
         spent.record(ledger, ledger.events[-1])
@@ -322,9 +323,9 @@ def train_in_memory(framework: Framework, model, ledger: Ledger, data: dict, hp:
 
 
 def say_notices(framework: Framework, hp: Hyperparameters, randomness: RunRandomness) -> None:
-    """Log, once and before any step, what a run of `hp` warns about: replayable noise, and the framework's own
-    notices (Framework.notices). A search says them once for all its candidates: a line per candidate would
-    count them."""
+    """Log, once and before any step, what a run of `hp` warns about: replayable noise, and the
+    framework's own notices (Framework.notices). A search says them once for all its candidates: a
+    line per candidate would count them."""
     if randomness.replayable:
         log.warning("noise_seed = %d: %s", hp.noise_seed, REPLAYABLE_WARNING)
     for notice in getattr(framework, "notices", lambda hp: [])(hp):
@@ -332,18 +333,20 @@ def say_notices(framework: Framework, hp: Hyperparameters, randomness: RunRandom
 
 
 def run_settings(hp: Hyperparameters, sigma: float, plan: SamplingPlan) -> dict:
-    """The model file metadata of a model just trained with hyperparameters `hp` at gradient noise `sigma` by the
-    sampling plan `plan`: the hyperparameters and the settings it ran with (which model_file.load checks against
-    the ledger's last run)."""
+    """The model file metadata of a model just trained with hyperparameters `hp` at gradient noise
+    `sigma` by the sampling plan `plan`: the hyperparameters and the settings it ran with (which
+    model_file.load checks against the ledger's last run)."""
     return {**hp.to_json(), "noise_multiplier": sigma, "planned_steps": plan.planned_steps,
             "stopped_by_budget": plan.stopped_by_budget}
 
 
-def aggregate(framework: Framework, inputs: dict, outputs: dict, hyperparameters_path: Path) -> None:
-    """The substratools `aggregate` function body: federated averaging. The next global model's weights are the
-    mean of the input models' weights, each weighted by the examples of its own new training run (an input whose
-    organisation's budget was spent trained nothing and weighs 0); its ledger is the union of theirs
-    (merge). Averaging is post-processing: no privacy is spent here."""
+def aggregate(framework: Framework, inputs: dict, outputs: dict,
+              hyperparameters_path: Path) -> None:
+    """The substratools `aggregate` function body: federated averaging. The next global model's
+    weights are the mean of the input models' weights, each weighted by the examples of its own new
+    training run (an input whose organisation's budget was spent trained nothing and weighs 0); its
+    ledger is the union of theirs (merge). Averaging is post-processing: no privacy is spent
+    here."""
     timing.begin_task("aggregate", framework=framework.name)
     check_outputs_writable(outputs)
     paths = inputs.get("models") or []
@@ -352,38 +355,45 @@ def aggregate(framework: Framework, inputs: dict, outputs: dict, hyperparameters
     saved = [model_file.load(path, framework.name) for path in paths]
     network = Network.of_saved(saved[0])
     for path, other in zip(paths[1:], saved[1:]):
-        if Network.of_saved(other) != network or other.hyperparameters["delta"] != saved[0].hyperparameters["delta"]:
-            raise UserError(f"{path}: its network or delta differs from {paths[0]}'s; models averaged together must "
-                            "share the network and delta")
+        if Network.of_saved(other) != network or other.hyperparameters[
+                "delta"] != saved[0].hyperparameters["delta"]:
+            raise UserError(f"{path}: its network or delta differs from {paths[0]}'s; models "
+                            "averaged together must share the network and delta")
     ledgers = [s.ledger for s in saved]
     ledger = merge(ledgers)
-    added = [runs[-1] if runs else None for runs in own_runs(ledgers)]  # None: that input trained nothing
+    # None: that input trained nothing
+    added = [runs[-1] if runs else None for runs in own_runs(ledgers)]
     examples = [run.n if run else 0 for run in added]
-    models = [load_weights(framework, s, path, network) for s, path in zip(saved, paths)]
+    models = [model_io.load_weights(framework, s, path, network) for s, path in zip(saved, paths)]
     mean = weighted_mean([framework.weight_arrays(m) for m in models], examples)
     model = framework.set_weight_arrays(models[0], mean)
-    check_finite(framework, model, "aggregate: the average", "nothing was saved")  # finite inputs: never, but cheap
+    # finite inputs: never, but cheap
+    model_io.check_finite(framework, model, "aggregate: the average", "nothing was saved")
     timing.mark("averaging")
     model_file.save(outputs["model"], model_file.ModelFile(
         framework=framework.name, weights=framework.dump_model(model), ledger=ledger,
         hyperparameters=model_file.aggregate_metadata(
-            [s.hyperparameters for s in saved], [run.run_id if run else None for run in added], examples,
+            [s.hyperparameters
+             for s in saved], [run.run_id if run else None for run in added], examples,
             provenance.running_code(Path(hyperparameters_path).parent, "aggregate"))))
-    log.info("averaged %d models weighted by %s examples: %s", len(saved), examples,
-             statement.describe(statement.privacy_summary(ledger, saved[0].hyperparameters["delta"])))
+    log.info(
+        "averaged %d models weighted by %s examples: %s", len(saved), examples,
+        statement.describe(statement.privacy_summary(ledger, saved[0].hyperparameters["delta"])))
     timing.end_task("saving", dp=saved[0].hyperparameters.get("dp"))
 
 
 def weighted_mean(models: list, weights: list) -> list:
-    """Array by array, Σ_k w_k · models[k] / Σ_k w_k (in float64, returned in each array's dtype); all weights 0
-    (no input trained): the plain mean."""
+    """Array by array, Σ_k w_k · models[k] / Σ_k w_k (in float64, returned in each array's dtype);
+    all weights 0 (no input trained): the plain mean."""
     weights = np.asarray(weights, dtype=np.float64)
     if weights.sum() == 0:
         weights = np.ones_like(weights)
     shapes = [[a.shape for a in arrays] for arrays in models]
     if any(s != shapes[0] for s in shapes):
-        raise UserError("aggregate: the input models' weights differ in shape; they are not the same network")
-    return [(sum(w * arrays[i].astype(np.float64) for w, arrays in zip(weights, models)) / weights.sum())
+        raise UserError("aggregate: the input models' weights differ in shape; they are not the "
+                        "same network")
+    return [(sum(w * arrays[i].astype(np.float64) for w,
+                 arrays in zip(weights, models)) / weights.sum())
             .astype(models[0][i].dtype) for i in range(len(models[0]))]
 
 
@@ -393,28 +403,13 @@ def predict(framework: Framework, inputs: dict, outputs: dict) -> None:
     check_outputs_writable(outputs)
     saved = model_file.load(inputs["model"], framework.name)
     network = Network.of_saved(saved)
-    model = load_weights(framework, saved, inputs["model"], network)
+    model = model_io.load_weights(framework, saved, inputs["model"], network)
     timing.mark("loading model")
-    labels = predicted_labels(framework, model, inputs["datasamples"]["images"], network)  # features; compiling
+    # features; compiling
+    labels = model_io.predicted_labels(framework, model, inputs["datasamples"]["images"], network)
     timing.mark("predict")
     predictions.save(outputs["predictions"], labels)
     timing.end_task("saving", dp=saved.hyperparameters.get("dp"))
-
-
-def predict_in_batches(framework: Framework, model, images: np.ndarray, network: Network) -> np.ndarray:
-    """Class scores [N, 10] (before softmax) of images [N, 28, 28]; the predicted label is their argmax."""
-    return logits(framework, model, network.inputs(images))
-
-
-def logits(framework: Framework, model, inputs: np.ndarray) -> np.ndarray:
-    """Class scores [N, 10] of the network's `inputs` (Network.inputs), a batch at a time."""
-    batch_size = getattr(framework, "predict_batch_size", PREDICT_BATCH_SIZE)
-    return np.concatenate([framework.batch_logits(model, inputs[i : i + batch_size])
-                           for i in range(0, len(inputs), batch_size)] or [np.zeros((0, 10))])
-
-
-def predicted_labels(framework: Framework, model, images: np.ndarray, network: Network) -> np.ndarray:
-    return np.argmax(predict_in_batches(framework, model, images, network), axis=1).astype(np.int64)
 
 
 def check_outputs_writable(outputs: dict) -> None:
@@ -426,8 +421,8 @@ def check_outputs_writable(outputs: dict) -> None:
         if not path.parent.is_dir():
             raise UserError(f"output {identifier!r}: folder {path.parent} does not exist")
         if not os.access(path.parent, os.W_OK | os.X_OK):  # a read-only mount, permissions
-            raise UserError(f"output {identifier!r}: folder {path.parent} is not writable; make it writable or "
-                            "choose another path")
+            raise UserError(f"output {identifier!r}: folder {path.parent} is not writable; make it "
+                            "writable or choose another path")
 
 
 def save_epsilon(path, epsilon: float) -> None:

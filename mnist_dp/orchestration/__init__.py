@@ -1,1 +1,2 @@
-"""The Substra side: assets and their contract, function archives, compute plans, registration, execution."""
+"""The Substra side: assets and their contract, function archives, compute plans, registration,
+execution."""

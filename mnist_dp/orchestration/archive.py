@@ -1,5 +1,5 @@
-"""Self-contained function archives: an asset's files, its Dockerfile made to run the function, and the shared
-modules.
+"""Self-contained function archives: an asset's files, its Dockerfile made to run the function, and
+the shared modules.
 
 A remote Substra node builds each function archive with Docker, so the archive must hold every
 module of this repository that the asset imports. They are found by reading the asset's imports
@@ -28,38 +28,44 @@ DOCKERFILE = "Dockerfile"
 
 
 def dockerfile_path(asset_dir: Path) -> Path:
-    """An asset's one Dockerfile: every function of the asset runs in its image, the ENTRYPOINT naming which."""
+    """An asset's one Dockerfile: every function of the asset runs in its image, the ENTRYPOINT
+    naming which."""
     return Path(asset_dir) / DOCKERFILE
 
 
 def parse_entrypoint(dockerfile: Path) -> tuple:
-    """(script, function name) of a Dockerfile's ENTRYPOINT, read as substra's local mode reads it."""
+    """(script, function name) of a Dockerfile's ENTRYPOINT, read as substra's local mode reads
+    it."""
     lines = [line for line in Path(dockerfile).read_text().splitlines() if "ENTRYPOINT" in line]
     if len(lines) != 1:
-        raise UserError(f"{dockerfile}: expected exactly one line mentioning ENTRYPOINT, found {len(lines)}")
+        raise UserError(f"{dockerfile}: expected exactly one line mentioning ENTRYPOINT, found "
+                        f"{len(lines)}")
     scripts = re.findall(_SCRIPT_REGEX, lines[0])
     functions = re.findall(_FUNCTION_REGEX, lines[0])
     if len(scripts) != 1 or len(functions) != 1:
-        raise UserError(f'{dockerfile}: ENTRYPOINT must look like ["python3", "algo.py", "--function-name", "train"]')
+        raise UserError(f'{dockerfile}: ENTRYPOINT must look like ["python3", "algo.py", '
+                        '"--function-name", "train"]')
     return scripts[0], functions[0]
 
 
 def function_dockerfile(asset_dir: Path, function: str) -> bytes:
-    """The Dockerfile of one function's archive: the asset's Dockerfile with its ENTRYPOINT running `function`
-    (a function of the contract), so that an asset's functions cannot be built from images that drifted apart."""
+    """The Dockerfile of one function's archive: the asset's Dockerfile with its ENTRYPOINT running
+    `function` (a function of the contract), so that an asset's functions cannot be built from
+    images that drifted apart."""
     dockerfile = dockerfile_path(asset_dir)
     if not dockerfile.is_file():
         raise UserError(f"{dockerfile}: missing; every asset needs its Dockerfile")
     if function not in CONTRACT:
-        raise UserError(f"{asset_dir}: no function {function!r} in the contract ({', '.join(CONTRACT)})")
+        raise UserError(f"{asset_dir}: no function {function!r} in the contract "
+                        f"({', '.join(CONTRACT)})")
     parse_entrypoint(dockerfile)
     text = dockerfile.read_text()
     return re.sub(_FUNCTION_REGEX, f'"--function-name", "{function}"', text).encode()
 
 
 def _module_file(dotted: str) -> Path | None:
-    """The file of module ``mnist_dp.<dotted>`` (a module, or a package's ``__init__.py``); None for a name
-    that is not a module (a function or class imported from one)."""
+    """The file of module ``mnist_dp.<dotted>`` (a module, or a package's ``__init__.py``); None for
+    a name that is not a module (a function or class imported from one)."""
     path = PACKAGE_DIR.joinpath(*dotted.split("."))
     if path.with_suffix(".py").is_file():
         return path.with_suffix(".py")
@@ -69,8 +75,8 @@ def _module_file(dotted: str) -> Path | None:
 
 
 def _shared_imports(source: str, filename: str) -> set:
-    """The `mnist_dp` files a Python source imports, relative to the package ("privacy/ledger.py"), with the
-    ``__init__.py`` of every subpackage on the way (Python runs them first)."""
+    """The `mnist_dp` files a Python source imports, relative to the package ("privacy/ledger.py"),
+    with the ``__init__.py`` of every subpackage on the way (Python runs them first)."""
     found = set()
     for node in ast.walk(ast.parse(source, filename)):
         if isinstance(node, ast.Import):
@@ -91,8 +97,8 @@ def _shared_imports(source: str, filename: str) -> set:
 
 
 def shared_modules(asset_files) -> list:
-    """The `mnist_dp` files the given Python files need ("privacy/ledger.py", ...), following imports between
-    modules; the package's own ``__init__.py`` is always needed and not listed."""
+    """The `mnist_dp` files the given Python files need ("privacy/ledger.py", ...), following
+    imports between modules; the package's own ``__init__.py`` is always needed and not listed."""
     todo = set()
     for path in asset_files:
         todo |= _shared_imports(Path(path).read_text(), str(path))
@@ -105,12 +111,13 @@ def shared_modules(asset_files) -> list:
     return sorted(done)
 
 
-def build(asset_dir: Path, function: str, dest: Path, replace: dict | None = None, add: dict | None = None) -> Path:
+def build(asset_dir: Path, function: str, dest: Path, replace: dict | None = None,
+          add: dict | None = None) -> Path:
     """Write ``dest`` (tar.gz): the asset's files, ``Dockerfile`` for `function`, the shared modules
     and the manifest of them all (provenance.py), whose digest identifies the archive.
 
-    `replace` maps an asset file name to new bytes (e.g. a tuned hyperparameters.json); `add` a file name the asset
-    does not have to its bytes (a search file).
+    `replace` maps an asset file name to new bytes (e.g. a tuned hyperparameters.json); `add` a file
+    name the asset does not have to its bytes (a search file).
     """
     asset_dir = Path(asset_dir)
     dockerfile = function_dockerfile(asset_dir, function)
@@ -118,7 +125,8 @@ def build(asset_dir: Path, function: str, dest: Path, replace: dict | None = Non
     files = {p.name: p for p in sorted(asset_dir.iterdir())
              if p.is_file() and p.name not in _SKIPPED and not p.name.startswith(DOCKERFILE)}
     if script not in files:
-        raise UserError(f"{dockerfile_path(asset_dir)}: ENTRYPOINT script {script!r} is not in {asset_dir}")
+        raise UserError(f"{dockerfile_path(asset_dir)}: ENTRYPOINT script {script!r} is not in "
+                        f"{asset_dir}")
     replace = dict(replace or {})
     unknown = set(replace) - set(files)
     if unknown:

@@ -19,7 +19,8 @@ from mnist_dp.utils.errors import UserError
 
 
 class PlanFailed(UserError):
-    """A task failed: the message names it and ends with its log; the plan's finished work is kept."""
+    """A task failed: the message names it and ends with its log; the plan's finished work is
+    kept."""
 
 
 def run_plan(client: substra.Client, builder: PlanBuilder, name: str, key: str) -> None:
@@ -46,7 +47,8 @@ def run_plan(client: substra.Client, builder: PlanBuilder, name: str, key: str) 
     compute_plan = _wait(client, spec.key, len(builder.tasks), interval)
     if compute_plan.status != ComputePlanStatus.done:
         log = _remote_log(client, compute_plan.failed_task_key)
-        raise PlanFailed(_failure(client, builder, name, f"plan status {compute_plan.status.value}", log,
+        raise PlanFailed(_failure(client, builder, name, f"plan status {compute_plan.status.value}",
+                                  log,
                                   compute_plan.failed_task_key))
 
 
@@ -55,8 +57,8 @@ DEFAULT_POLLING_SECONDS = 5
 
 
 def polling_seconds() -> float:
-    """Seconds between two requests for a remote plan's progress: the environment's MNIST_DP_POLLING_SECONDS, by
-    default DEFAULT_POLLING_SECONDS."""
+    """Seconds between two requests for a remote plan's progress: the environment's
+    MNIST_DP_POLLING_SECONDS, by default DEFAULT_POLLING_SECONDS."""
     text = os.environ.get(POLLING_VARIABLE, str(DEFAULT_POLLING_SECONDS))
     try:
         seconds = float(text)
@@ -75,7 +77,8 @@ def _wait(client: substra.Client, key: str, task_count: int, interval: float):
         while True:
             compute_plan = client.get_compute_plan(key)
             bar.update(compute_plan.done_count - bar.n)
-            bar.set_postfix_str(f"{compute_plan.executing_count} executing, {compute_plan.failed_count} failed")
+            bar.set_postfix_str(f"{compute_plan.executing_count} executing, "
+                                f"{compute_plan.failed_count} failed")
             if compute_plan.status in finished:
                 return compute_plan
             time.sleep(interval)
@@ -96,19 +99,21 @@ LOG_TAIL_LINES = 15
 def _failure(client: substra.Client, builder: PlanBuilder, name: str, error: str, log: list,
              task_key: str | None = None) -> str:
     task_id, role, function = failed_task(client, builder, task_key)
-    where = f"task '{describe_role(role)}' ({task_id}), function {function!r}" if task_id else "an unknown task"
+    where = (f"task '{describe_role(role)}' ({task_id}), function {function!r}" if task_id
+             else "an unknown task")
     return f"compute plan {name!r} failed in {where}: {error}\n{log_tail(log)}"
 
 
 def log_tail(log: list) -> str:
-    """The end of a failed task's log as its failure message ends: its last LOG_TAIL_LINES non-blank lines."""
+    """The end of a failed task's log as its failure message ends: its last LOG_TAIL_LINES non-blank
+    lines."""
     tail = [line for line in log if line.strip()][-LOG_TAIL_LINES:]
     return "last lines of its log:\n" + "\n".join(f"  | {line}" for line in tail)
 
 
 def failed_task(client: substra.Client, builder: PlanBuilder, task_key: str | None = None) -> tuple:
-    """(task id, role, function name) of the failed task: `task_key` if the node said which, else the
-    first task found failed (substra's local backend leaves it 'executing')."""
+    """(task id, role, function name) of the failed task: `task_key` if the node said which, else
+    the first task found failed (substra's local backend leaves it 'executing')."""
     candidates = [task_key] if task_key in builder.roles else builder.roles
     for task_id in candidates:
         role = builder.roles[task_id]
@@ -130,24 +135,28 @@ def task_status(client: substra.Client, task_id: str) -> ComputeTaskStatus | Non
 
 def last_done(client: substra.Client, task_ids: list) -> str | None:
     """The last of `task_ids` that is done (None: none is)."""
-    return next((t for t in reversed(task_ids) if task_status(client, t) == ComputeTaskStatus.done), None)
+    return next((t for t in reversed(task_ids) if task_status(client, t) == ComputeTaskStatus.done),
+                None)
 
 
 def performances(client: substra.Client, plan_key: str, roles: dict):
-    """The plan's performances from Substra (get_performances), one row per performance, with the roles."""
+    """The plan's performances from Substra (get_performances), one row per performance, with the
+    roles."""
     import pandas as pd
 
     try:
         perfs = client.get_performances(plan_key)
     except substra.exceptions.NotFound:  # the plan was refused before it existed
         perfs = substra.sdk.models.Performances()
-    frame = pd.DataFrame({"task_key": perfs.task_key, "worker": perfs.worker, "round": perfs.round_idx,
+    frame = pd.DataFrame({"task_key": perfs.task_key, "worker": perfs.worker,
+                          "round": perfs.round_idx,
                           "identifier": perfs.identifier, "performance": perfs.performance})
     frame["run"] = [roles[k].run for k in frame.task_key]
     frame["metric"] = [f"{roles[k].split}_accuracy" if i == "performance" else i
                        for k, i in zip(frame.task_key, frame.identifier)]
     frame["train_task"] = [roles[k].train_task or k for k in frame.task_key]
-    # Whose model a performance is of: a round's models trained at several organisations are scored at one.
+    # Whose model a performance is of: a round's models trained at several organisations are scored
+    # at one.
     frame["trained_at"] = [roles[t].organization for t in frame.train_task]
     return frame
 

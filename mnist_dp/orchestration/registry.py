@@ -55,27 +55,32 @@ _SHAPES = {
 
 
 class KeysFile:
-    """Asset keys obtained from a node. `path=None` keeps them in memory only (a one-off local run)."""
+    """Asset keys obtained from a node. `path=None` keeps them in memory only (a one-off local
+    run)."""
 
     def __init__(self, path: Path | None = None):
         self.path = Path(path) if path else None
         self.content = {}
         if self.path and self.path.exists():
-            self.content = json_input.read(self.path, "keys file")  # moved away: everything is registered again
+            # moved away: everything is registered again
+            self.content = json_input.read(self.path, "keys file")
             if not isinstance(self.content, dict):
-                raise UserError(f"{self.path}: not a keys file (expected a JSON object); move it away")
+                raise UserError(f"{self.path}: not a keys file (expected a JSON object); move it "
+                                "away")
 
     def get(self, field: str, default=None):
         return self.content.get(field, default)
 
     def require(self, field: str):
         if field not in self.content:
-            raise UserError(f"{self.path}: no {field!r}; run scripts/add_dataset_objective.py first")
+            raise UserError(f"{self.path}: no {field!r}; run scripts/add_dataset_objective.py "
+                            "first")
         value = self.content[field]
         test, what = _SHAPES.get(field, (lambda v: True, ""))
         if not test(value):
-            raise UserError(f"{self.path}: {field} = {json.dumps(value)[:60]} must be {what}; fix the file, or move "
-                            "it away and run scripts/add_dataset_objective.py again")
+            raise UserError(f"{self.path}: {field} = {json.dumps(value)[:60]} must be {what}; fix "
+                            "the file, or move it away and run scripts/add_dataset_objective.py "
+                            "again")
         return value
 
     def update(self, **fields) -> None:
@@ -85,7 +90,8 @@ class KeysFile:
     def save(self) -> None:
         if self.path:  # the fingerprints last: the keys a reader wants come first
             content = {k: v for k, v in self.content.items() if k != "fingerprints"}
-            atomic.write_json(self.path, {**content, "fingerprints": self.content.get("fingerprints", {})})
+            atomic.write_json(self.path,
+                              {**content, "fingerprints": self.content.get("fingerprints", {})})
 
     def add_algo(self, framework: str, functions: dict) -> None:
         """algos: {framework: {"train": key, "predict": key[, "aggregate": key]}}."""
@@ -93,11 +99,12 @@ class KeysFile:
 
     def add_compute_plan(self, framework: str, key: str, tasks: dict) -> None:
         """compute_plans: {framework: {"key": plan key, "tasks": {task key: what the task is}}}."""
-        self.update(compute_plans={**self.get("compute_plans", {}), framework: {"key": key, "tasks": tasks}})
+        self.update(compute_plans={**self.get("compute_plans", {}),
+                                   framework: {"key": key, "tasks": tasks}})
 
     def reuse_or_register(self, client: substra.Client, kind: str, made_from: str, register) -> str:
-        """The key of an asset made from `made_from` (a fingerprint): reused if known and still on the
-        node, else `register()`ed and written to the file at once."""
+        """The key of an asset made from `made_from` (a fingerprint): reused if known and still on
+        the node, else `register()`ed and written to the file at once."""
         fingerprints = self.content.setdefault("fingerprints", {})
         for key, known in list(fingerprints.items()):
             if known == made_from:
@@ -121,7 +128,8 @@ def _exists(client: substra.Client, kind: str, key: str) -> bool:
 
 
 def register_dataset(client: substra.Client, keys: KeysFile, name: str, owner: str) -> str:
-    """The opener and its description, owned by and visible to organisation `owner` (the client's) only."""
+    """The opener and its description, owned by and visible to organisation `owner` (the client's)
+    only."""
     spec = DatasetSpec(
         name=name,
         data_opener=DATASET_ASSET / "opener.py",
@@ -134,7 +142,8 @@ def register_dataset(client: substra.Client, keys: KeysFile, name: str, owner: s
     return keys.reuse_or_register(client, "dataset", made_from, lambda: client.add_dataset(spec))
 
 
-def register_samples(client: substra.Client, keys: KeysFile, dataset_key: str, folders: list) -> list:
+def register_samples(client: substra.Client, keys: KeysFile, dataset_key: str,
+                     folders: list) -> list:
     """One data sample per folder, linked to the dataset; keys in folder order."""
     found = []
     for folder in folders:
@@ -145,20 +154,26 @@ def register_samples(client: substra.Client, keys: KeysFile, dataset_key: str, f
     return found
 
 
-def register_function(client: substra.Client, keys: KeysFile, asset_dir: Path, function: str, name: str,
-                      build_dir: Path, hyperparameters: dict | None = None, search: dict | None = None) -> str:
-    """Build the self-contained archive of `function` ("train", "predict", "aggregate", "tune" or "score") of the
-    asset in `asset_dir` into `build_dir`, with `hyperparameters` in place of its file if given and the search file
-    `search` (search_space.SearchSpace.to_json) beside it, and register it on `client` as `name` (public: any
-    worker may run it), or reuse the key `keys` holds for the same archive. Returns the key."""
+def register_function(client: substra.Client, keys: KeysFile, asset_dir: Path, function: str,
+                      name: str,
+                      build_dir: Path, hyperparameters: dict | None = None,
+                      search: dict | None = None) -> str:
+    """Build the self-contained archive of `function` ("train", "predict", "aggregate", "tune" or
+    "score") of the asset in `asset_dir` into `build_dir`, with `hyperparameters` in place of its
+    file if given and the search file `search` (search_space.SearchSpace.to_json) beside it, and
+    register it on `client` as `name` (public: any worker may run it), or reuse the key `keys` holds
+    for the same archive. Returns the key."""
     description = asset_dir / "description.md"
     if not description.is_file():
         raise UserError(f"{description}: missing; every asset needs a description.md")
     replace = None
     if hyperparameters is not None:
         replace = {"hyperparameters.json": (json.dumps(hyperparameters, indent=2) + "\n").encode()}
-    add = {search_space.FILE_NAME: (json.dumps(search, indent=2) + "\n").encode()} if search is not None else None
-    archive_path = archive.build(asset_dir, function, Path(build_dir) / f"{name.replace(' ', '_')}.tar.gz", replace,
+    add = None
+    if search is not None:
+        add = {search_space.FILE_NAME: (json.dumps(search, indent=2) + "\n").encode()}
+    archive_path = archive.build(asset_dir, function,
+                                 Path(build_dir) / f"{name.replace(' ', '_')}.tar.gz", replace,
                                  add)
     inputs, outputs = CONTRACT[function]
     spec = FunctionSpec(name=name, description=description, file=archive_path, permissions=public(),
@@ -168,26 +183,31 @@ def register_function(client: substra.Client, keys: KeysFile, asset_dir: Path, f
     return keys.reuse_or_register(client, "function", made_from, lambda: client.add_function(spec))
 
 
-def register_data(client: substra.Client, keys: KeysFile, owner: str, name: str, train_folders: list,
+def register_data(client: substra.Client, keys: KeysFile, owner: str, name: str,
+                  train_folders: list,
                   test_folders: list = ()) -> tuple:
     """The dataset of `owner` (the client's organisation) with its train (and test) data samples
     -> (train Share, test Share)."""
     dataset = register_dataset(client, keys, name, owner)
     train = Share(owner, dataset, tuple(register_samples(client, keys, dataset, train_folders)))
-    test = Share(owner, dataset, tuple(register_samples(client, keys, dataset, test_folders))) if test_folders else None
+    test = Share(owner, dataset, tuple(register_samples(client, keys, dataset,
+                                                        test_folders))) if test_folders else None
     return train, test
 
 
-def register_organizations(clients: list, keys: KeysFile, data_dir: Path, test_everywhere: bool = False) -> tuple:
+def register_organizations(clients: list, keys: KeysFile, data_dir: Path,
+                           test_everywhere: bool = False) -> tuple:
     """Organisation k (of N clients) registers its own dataset with train data samples k, k+N, ...;
-    the first one also holds the test samples (every one with `test_everywhere`). Returns (train Shares, test Share,
-    {organisation: folders}), or with `test_everywhere` a list of every organisation's test Share in the second
-    place. The caller compares every organisation's samples first (samples.check_examples), as run_local.py does."""
+    the first one also holds the test samples (every one with `test_everywhere`). Returns (train
+    Shares, test Share, {organisation: folders}), or with `test_everywhere` a list of every
+    organisation's test Share in the second place. The caller compares every organisation's samples
+    first (samples.check_examples), as run_local.py does."""
     shares, tests, holdings = [], [], {}
     for client, own in zip(clients, split_among(data_dir, len(clients))):
         owner = client.organization_info().organization_id
         share, test_share = register_data(client, keys, owner, f"MNIST ({owner})", own,
-                                          sample_folders(data_dir, "test") if test_everywhere or not shares else ())
+                                          sample_folders(data_dir, "test") if test_everywhere
+                                          or not shares else ())
         shares.append(share)
         tests.append(test_share)
         holdings[owner] = own
@@ -195,13 +215,14 @@ def register_organizations(clients: list, keys: KeysFile, data_dir: Path, test_e
 
 
 def split_among(data_dir: Path, organizations: int, flag: str | None = None) -> list:
-    """The train data sample folders of each of `organizations` (or folds): number k holds samples k, k+N, ...
-    `flag`: the user's option that asked for `organizations`, which an error names."""
+    """The train data sample folders of each of `organizations` (or folds): number k holds samples
+    k, k+N, ... `flag`: the user's option that asked for `organizations`, which an error names."""
     folders = sample_folders(data_dir, "train")
     if len(folders) < organizations:
         asked = f"{flag} {organizations}: " if flag else ""
-        raise UserError(f"{asked}{data_dir} holds {len(folders)} train data sample(s) for {organizations} "
-                        f"organisations (one at least each); use at most {len(folders)}, or "
+        raise UserError(f"{asked}{data_dir} holds {len(folders)} train data sample(s) for "
+                        f"{organizations} organisations (one at least each); use at most "
+                        f"{len(folders)}, or "
                         + split_advice(data_dir, organizations, organizations))
     return [folders[k::organizations] for k in range(organizations)]
 
@@ -210,13 +231,15 @@ def register_objective(client: substra.Client, keys: KeysFile, build_dir: Path) 
     return register_function(client, keys, OBJECTIVE_ASSET, "score", "accuracy", build_dir)
 
 
-def register_algo(client: substra.Client, keys: KeysFile, run: str, framework: str, hyperparameters: dict,
+def register_algo(client: substra.Client, keys: KeysFile, run: str, framework: str,
+                  hyperparameters: dict,
                   build_dir: Path, functions: tuple, search: dict | None = None) -> dict:
     """{function: key} of the algo run `run` of `framework`: its `functions` (those of a strategy,
-    compute_plan.STRATEGIES) with these hyperparameters (and search file) inside, built in `build_dir`
-    (register_function)."""
+    compute_plan.STRATEGIES) with these hyperparameters (and search file) inside, built in
+    `build_dir` (register_function)."""
     asset = ALGO_ASSETS[framework]
-    return {function: register_function(client, keys, asset, function, f"{run} {function}", build_dir, hyperparameters,
+    return {function: register_function(client, keys, asset, function, f"{run} {function}",
+                                        build_dir, hyperparameters,
                                         search if function == "tune" else None)
             for function in functions}
 
@@ -225,8 +248,9 @@ def check_on_node(client: substra.Client, keys: KeysFile) -> None:
     """The keys file's dataset and objective must exist on the node the client talks to."""
     for field, kind in (("dataset_key", "dataset"), ("objective_key", "function")):
         if not _exists(client, kind, keys.require(field)):
-            raise UserError(f"{keys.path}: {field} {keys.get(field)} is not on this Substra node; run "
-                            "scripts/add_dataset_objective.py with the same --client-name first")
+            raise UserError(f"{keys.path}: {field} {keys.get(field)} is not on this Substra node; "
+                            "run scripts/add_dataset_objective.py with the same --client-name "
+                            "first")
 
 
 def register_dataset_objective(client: substra.Client, keys: KeysFile, data_dir: Path, folds: int,
@@ -236,15 +260,19 @@ def register_dataset_objective(client: substra.Client, keys: KeysFile, data_dir:
     test_data_sample_keys, organization_id and the data folder they came from."""
     train_folders = sample_folders(data_dir, "train")
     if not isinstance(folds, int) or not 1 <= folds <= len(train_folders):
-        raise UserError(f"--folds {folds}: must be between 1 and the {len(train_folders)} train data sample(s) in "
-                        f"{data_dir}; use at most {len(train_folders)}, or " + split_advice(data_dir, folds))
+        raise UserError(f"--folds {folds}: must be between 1 and the {len(train_folders)} train "
+                        f"data sample(s) in {data_dir}; use at most {len(train_folders)}, or "
+                        + split_advice(data_dir, folds))
     check_organization_keys(data_dir, [train_folders])  # one organisation's samples, under one key,
     samples.check_examples(train_folders)  # compared before any is registered
     for folder in [*train_folders, *sample_folders(data_dir, "test")]:
-        samples.sample_identity(folder)  # every sample has its identity key, checked before any is registered
+        # every sample has its identity key, checked before any is registered
+        samples.sample_identity(folder)
     owner = client.organization_info().organization_id
-    train, test = register_data(client, keys, owner, "MNIST", train_folders, sample_folders(data_dir, "test"))
-    keys.update(organization_id=train.organization, data=str(Path(data_dir).resolve()), dataset_key=train.dataset,
+    train, test = register_data(client, keys, owner, "MNIST", train_folders,
+                                sample_folders(data_dir, "test"))
+    keys.update(organization_id=train.organization, data=str(Path(data_dir).resolve()),
+                dataset_key=train.dataset,
                 train_data_sample_keys=[list(train.samples[i::folds]) for i in range(folds)],
                 test_data_sample_keys=list(test.samples))
     keys.update(objective_key=register_objective(client, keys, build_dir))

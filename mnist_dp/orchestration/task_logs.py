@@ -1,8 +1,9 @@
 """Where a failed task's log comes from, read as a terminal shows it.
 
-Substra's subprocess mode keeps no log (a task writes straight to our terminal: `OutputTail` keeps its
-end); its docker mode keeps a failed task's container (`failed_container_log` reads and removes it) and
-joins a failed image build's output into one line (`failed_build_log`); a node serves logs itself.
+Substra's subprocess mode keeps no log (a task writes straight to our terminal: `OutputTail` keeps
+its end); its docker mode keeps a failed task's container (`failed_container_log` reads and removes
+it) and joins a failed image build's output into one line (`failed_build_log`); a node serves logs
+itself.
 """
 from __future__ import annotations
 
@@ -14,12 +15,15 @@ import sys
 import textwrap
 import threading
 
-# How substra's docker backend reports a task whose container failed (it names the function's image).
-_FAILED_CONTAINER = re.compile(r"Container '(?P<image>[^']+)' exited with status code '(?P<status>-?\d+)'")
+# How substra's docker backend reports a task whose container failed (it names the function's
+# image).
+_FAILED_CONTAINER = re.compile(r"Container '(?P<image>[^']+)' exited with status code "
+                               r"'(?P<status>-?\d+)'")
 
 
 def failed_container(message: str) -> tuple | None:
-    """(image, exit status) when `message` is how substra's docker backend reports a failed container."""
+    """(image, exit status) when `message` is how substra's docker backend reports a failed
+    container."""
     match = _FAILED_CONTAINER.fullmatch(message)
     return (match["image"], match["status"]) if match else None
 
@@ -29,7 +33,8 @@ def failed_container_log(image: str) -> list | None:
     substra's docker backend keeps a failed task's container. None if there is none."""
     import docker
 
-    containers = docker.from_env().containers.list(all=True, filters={"ancestor": image, "status": "exited"})
+    containers = docker.from_env().containers.list(all=True,
+                                                   filters={"ancestor": image, "status": "exited"})
     if not containers:
         return None
     container = max(containers, key=lambda c: c.attrs["State"]["FinishedAt"])
@@ -48,7 +53,8 @@ def failed_build_log(build_log: str) -> list:
     if steps:
         with contextlib.suppress(docker.errors.NotFound):
             docker.from_env().containers.get(steps[-1]).remove()
-    return [part for step in re.split(r"(?=Step \d+/\d+ : |---> )", build_log) for part in textwrap.wrap(step, 160)]
+    return [part for step in re.split(r"(?=Step \d+/\d+ : |---> )", build_log)
+            for part in textwrap.wrap(step, 160)]
 
 
 def terminal_lines(text: str) -> list:
@@ -60,8 +66,8 @@ def terminal_lines(text: str) -> list:
 class OutputTail:
     """While active, keep the last bytes written to this process's stdout and stderr (still shown).
 
-    Substra's local mode runs each task as a child process writing straight to our terminal and keeps
-    no log (its download_logs raises), so this is the only record of a failed task's output.
+    Substra's local mode runs each task as a child process writing straight to our terminal and
+    keeps no log (its download_logs raises), so this is the only record of a failed task's output.
     """
 
     def __init__(self, keep: int = 64 * 1024):
@@ -102,9 +108,10 @@ class OutputTail:
 
 
 def local_failure(exc: BaseException, tail: OutputTail) -> tuple:
-    """(what went wrong, the failed task's log) from an exception Substra's local backend raised while running a
-    plan's tasks (ExecutionError, BuildError or a node refusal): a process's exit status with the end of our own
-    output (`tail`), a container's exit status with its log, or a failed image build with its steps."""
+    """(what went wrong, the failed task's log) from an exception Substra's local backend raised
+    while running a plan's tasks (ExecutionError, BuildError or a node refusal): a process's exit
+    status with the end of our own output (`tail`), a container's exit status with its log, or a
+    failed image build with its steps."""
     from substra.sdk.backends.local.compute.spawner.base import BuildError
 
     cause = exc.args[0] if exc.args else None
@@ -112,7 +119,8 @@ def local_failure(exc: BaseException, tail: OutputTail) -> tuple:
         return f"its process exited with status {cause.returncode}", tail.lines()
     if container := failed_container(str(cause)):
         log = failed_container_log(container[0])
-        return f"its container exited with status {container[1]}", tail.lines() if log is None else log
+        return (f"its container exited with status {container[1]}", tail.lines() if log is None
+                else log)
     if isinstance(exc, BuildError):
         return "its Docker image did not build", failed_build_log(str(cause))
     return f"{type(exc).__name__}: {exc}", tail.lines()

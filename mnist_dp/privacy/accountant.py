@@ -1,10 +1,10 @@
 """The accountant: ε from DP events, by Google's ``dp_accounting``, and σ calibrated to a target.
 
-PLD is the reported figure, RDP is shown beside it. Steps of equal (q, σ), whichever run took them, are
-composed as one self-composition. A private hyperparameter search (events.Search) is composed by RDP, the
-only accountant that composes a repeated selection: an account that holds one is composed by RDP as a whole.
-Mathematics only: a target no σ meets is a NoSigma carrying its numbers, which the callers that know the
-hyperparameters (planning.py) put in a user's words.
+PLD is the reported figure, RDP is shown beside it. Steps of equal (q, σ), whichever run took them,
+are composed as one self-composition. A private hyperparameter search (events.Search) is composed by
+RDP, the only accountant that composes a repeated selection: an account that holds one is composed
+by RDP as a whole. Mathematics only: a target no σ meets is a NoSigma carrying its numbers, which
+the callers that know the hyperparameters (planning.py) put in a user's words.
 """
 from __future__ import annotations
 
@@ -33,9 +33,10 @@ NEIGHBOURING_RELATION = "add or remove one example"
 
 
 def _counts(segments) -> tuple:
-    """((q, σ), steps) of every distinct (q, σ) among the (q, σ, steps) `segments`, in a fixed order. Composition is
-    commutative, so the steps of equal q and σ, whichever run took them, are one self-composition: the same
-    mechanism, accounted once (federated rounds repeat the same run many times)."""
+    """((q, σ), steps) of every distinct (q, σ) among the (q, σ, steps) `segments`, in a fixed
+    order. Composition is commutative, so the steps of equal q and σ, whichever run took them, are
+    one self-composition: the same mechanism, accounted once (federated rounds repeat the same run
+    many times)."""
     counts = {}
     for sample_rate, sigma, steps in segments:
         counts[sample_rate, sigma] = counts.get((sample_rate, sigma), 0) + steps
@@ -45,7 +46,8 @@ def _counts(segments) -> tuple:
 def _poisson_gaussians(counts: tuple) -> dp_accounting.DpEvent:
     """The dp_accounting event of DP-SGD steps: Poisson-sampled Gaussians, composed in sequence."""
     parts = [dp_accounting.SelfComposedDpEvent(
-        dp_accounting.PoissonSampledDpEvent(sample_rate, dp_accounting.GaussianDpEvent(sigma)), count)
+        dp_accounting.PoissonSampledDpEvent(sample_rate,
+                                            dp_accounting.GaussianDpEvent(sigma)), count)
         for (sample_rate, sigma), count in counts]
     return parts[0] if len(parts) == 1 else dp_accounting.ComposedDpEvent(parts)
 
@@ -58,9 +60,10 @@ def _new_accountant(accountant: str) -> dp_accounting.PrivacyAccountant:
     raise ValueError(f"unknown accountant {accountant!r}, expected one of {ACCOUNTANTS}")
 
 
-def compose_epsilon(events: Sequence[DpEvent], delta: float, accountant: str = REPORTED_ACCOUNTANT) -> float:
-    """ε at δ of the sequential composition of `events` (inf if any is non-private); by RDP whatever `accountant`
-    says when one of them is a search."""
+def compose_epsilon(events: Sequence[DpEvent], delta: float,
+                    accountant: str = REPORTED_ACCOUNTANT) -> float:
+    """ε at δ of the sequential composition of `events` (inf if any is non-private); by RDP whatever
+    `accountant` says when one of them is a search."""
     if any(not e.is_private for e in events):
         return math.inf
     if not events:
@@ -71,11 +74,12 @@ def compose_epsilon(events: Sequence[DpEvent], delta: float, accountant: str = R
 
 @functools.lru_cache(maxsize=256)
 def _epsilon(counts: tuple, delta: float, accountant: str, searches: tuple = ()) -> float:
-    """ε of the steps `counts` (from `_counts`) and the `searches`: remembered, since the organisations of a
-    federated ledger usually have equal accounts, a report asks for each one's ε again, and a calibration for the σ
-    it tried."""
+    """ε of the steps `counts` (from `_counts`) and the `searches`: remembered, since the
+    organisations of a federated ledger usually have equal accounts, a report asks for each one's ε
+    again, and a calibration for the σ it tried."""
     if searches:  # PLD cannot compose a repeated selection: RDP composes everything
-        curve = sum((search_rdp(s) for s in searches), _rdp_curve(_poisson_gaussians(counts)) if counts else 0.0)
+        curve = sum((search_rdp(s) for s in searches), _rdp_curve(_poisson_gaussians(counts))
+                    if counts else 0.0)
         return float(rdp_privacy_accountant.compute_epsilon(RDP_ORDERS, curve, delta)[0])
     acc = _new_accountant(accountant)
     acc.compose(_poisson_gaussians(counts))
@@ -94,32 +98,37 @@ def _rdp_curve(event: dp_accounting.DpEvent) -> np.ndarray:
 
 @functools.lru_cache(maxsize=256)
 def search_rdp(search: Search) -> np.ndarray:
-    """RDP of a search, at every order of RDP_ORDERS, as its face sees it: a training example, the repeated
-    selection of a candidate's training (a candidate's profile is a random choice among `candidates`: Rényi
-    divergence is jointly quasi-convex, so its RDP is at most the worst profile's at every order); a validation
-    example, that of its Gaussian score; face "either", the larger of the two at each order. With one profile it is
-    exactly dp_accounting's RepeatAndSelectDpEvent(profile, mean, shape), whose RDP it computes by the same
-    function."""
+    """RDP of a search, at every order of RDP_ORDERS, as its face sees it: a training example, the
+    repeated selection of a candidate's training (a candidate's profile is a random choice among
+    `candidates`: Rényi divergence is jointly quasi-convex, so its RDP is at most the worst
+    profile's at every order); a validation example, that of its Gaussian score; face "either", the
+    larger of the two at each order. With one profile it is exactly dp_accounting's
+    RepeatAndSelectDpEvent(profile, mean, shape), whose RDP it computes by the same function."""
     if search.face == "either":
-        return np.maximum(search_rdp(search.scored()), search_rdp(dataclasses.replace(search, face="training")))
+        return np.maximum(search_rdp(search.scored()),
+                          search_rdp(dataclasses.replace(search, face="training")))
     if search.face == "score":
         single = _rdp_curve(dp_accounting.GaussianDpEvent(search.score_noise_multiplier))
     else:
-        single = np.max([_rdp_curve(_poisson_gaussians(_counts(c.segments()))) for c in search.candidates], axis=0)
+        single = np.max([_rdp_curve(_poisson_gaussians(_counts(c.segments())))
+                         for c in search.candidates], axis=0)
     return np.asarray(rdp_privacy_accountant._compute_rdp_repeat_and_select(  # noqa: SLF001 - the accountant's own
         RDP_ORDERS, single, search.mean, search.shape))
 
 
 
-def steps_within_budget(prior_events: Sequence[DpEvent], next_run: DpEvent, delta: float, max_epsilon: float) -> int:
-    """The most steps of `next_run` (at most its `steps`) after `prior_events` that keep ε at δ (PLD)
-    within `max_epsilon`; 0 when even one step would exceed it."""
+def steps_within_budget(prior_events: Sequence[DpEvent], next_run: DpEvent, delta: float,
+                        max_epsilon: float) -> int:
+    """The most steps of `next_run` (at most its `steps`) after `prior_events` that keep ε at δ
+    (PLD) within `max_epsilon`; 0 when even one step would exceed it."""
     def fits(steps: int) -> bool:
-        return compose_epsilon([*prior_events, dataclasses.replace(next_run, steps=steps)], delta) <= max_epsilon
+        return compose_epsilon([*prior_events, dataclasses.replace(next_run, steps=steps)],
+                               delta) <= max_epsilon
 
     if fits(next_run.steps):
         return next_run.steps
-    low, high = 0, next_run.steps  # invariant: `high` steps exceed the budget; `low` steps fit (or low = 0)
+    # invariant: `high` steps exceed the budget; `low` steps fit (or low = 0)
+    low, high = 0, next_run.steps
     while high - low > 1:
         middle = (low + high) // 2
         low, high = (middle, high) if fits(middle) else (low, middle)
@@ -127,8 +136,9 @@ def steps_within_budget(prior_events: Sequence[DpEvent], next_run: DpEvent, delt
 
 
 class NoSigma(Exception):
-    """No σ up to MAX_NOISE_MULTIPLIER meets the target: each subclass says why, with the numbers that show it.
-    Words for the user come from the caller, who knows which setting to change (planning.py)."""
+    """No σ up to MAX_NOISE_MULTIPLIER meets the target: each subclass says why, with the numbers
+    that show it. Words for the user come from the caller, who knows which setting to change
+    (planning.py)."""
 
     def __str__(self) -> str:
         return repr(self)
@@ -147,13 +157,15 @@ class PriorSpent(NoSigma):
 
 @dataclasses.dataclass
 class DecayTooSteep(NoSigma):
-    """Keeping every step's noise multiplier at MIN_NOISE_MULTIPLIER or more needs σ = `least` in the first steps."""
+    """Keeping every step's noise multiplier at MIN_NOISE_MULTIPLIER or more needs σ = `least` in
+    the first steps."""
     least: float
 
 
 @dataclasses.dataclass
 class CountAloneSpends(NoSigma):
-    """Adaptive clipping's noisy count alone (infinite gradient noise) spends `epsilon` ≥ the target."""
+    """Adaptive clipping's noisy count alone (infinite gradient noise) spends `epsilon` ≥ the
+    target."""
     epsilon: float
 
 
@@ -179,31 +191,37 @@ def calibrate_noise_multiplier(
     schedule: NoiseSchedule = NoiseSchedule(1.0),
     repeats: int = 1,
 ) -> float:
-    """The smallest σ (within `tol`, rounded up) that keeps ε at δ (PLD) within `target_epsilon`, or a NoSigma.
+    """The smallest σ (within `tol`, rounded up) that keeps ε at δ (PLD) within `target_epsilon`, or
+    a NoSigma.
 
-    target_epsilon, delta: the budget. sample_rate, steps: the run's Poisson rate q and its steps. prior_events: the
-    earlier runs on the same data, composed first. tol: the precision of σ. schedule: the run's noise, whose σ
-    (the gradient noise of the first steps) is calibrated, its decay and count noise kept. repeats: the run is
-    repeated that many times (rounds of training on the same data). No step gets less than MIN_NOISE_MULTIPLIER.
+    target_epsilon, delta: the budget. sample_rate, steps: the run's Poisson rate q and its steps.
+    prior_events: the earlier runs on the same data, composed first. tol: the precision of σ.
+    schedule: the run's noise, whose σ (the gradient noise of the first steps) is calibrated, its
+    decay and count noise kept. repeats: the run is repeated that many times (rounds of training on
+    the same data). No step gets less than MIN_NOISE_MULTIPLIER.
     """
     least = noise_range(target_epsilon, delta, sample_rate, steps, schedule, prior_events, repeats)
     segments = _segments_at(sample_rate, steps, schedule, prior_events, repeats)
     searches = _searches(prior_events)
 
-    def epsilon(accountant: str):  # _epsilon remembers: the search asks again for σ it tried (a bracket's ends)
+    # _epsilon remembers: the search asks again for σ it tried (a bracket's ends)
+    def epsilon(accountant: str):
         return lambda sigma: _epsilon(_counts(segments(sigma)), delta, accountant, searches)
 
     try:
-        return _calibrate(epsilon("pld"), epsilon("rdp"), target_epsilon, tol, least, MAX_NOISE_MULTIPLIER)
+        return _calibrate(epsilon("pld"), epsilon("rdp"), target_epsilon, tol, least,
+                          MAX_NOISE_MULTIPLIER)
     except (ValueError, ArithmeticError, RuntimeError) as exc:
         raise NumericsGaveUp(f"{type(exc).__name__}: {exc}") from None
 
 
-def noise_range(target_epsilon: float, delta: float, sample_rate: float, steps: int, schedule: NoiseSchedule,
+def noise_range(target_epsilon: float, delta: float, sample_rate: float, steps: int,
+                schedule: NoiseSchedule,
                 prior_events: Sequence[DpEvent] = (), repeats: int = 1) -> float:
-    """The least σ a calibration may return (least_sigma), after checking that some σ up to MAX_NOISE_MULTIPLIER
-    meets the target; else the NoSigma that says why. The arguments are calibrate_noise_multiplier's: this is its
-    first part, for a caller that checks a target before it calibrates (in another process)."""
+    """The least σ a calibration may return (least_sigma), after checking that some σ up to
+    MAX_NOISE_MULTIPLIER meets the target; else the NoSigma that says why. The arguments are
+    calibrate_noise_multiplier's: this is its first part, for a caller that checks a target before
+    it calibrates (in another process)."""
     if any(not e.is_private for e in prior_events):
         raise PriorNotPrivate()
     spent_before = compose_epsilon(prior_events, delta) if prior_events else 0.0
@@ -220,22 +238,25 @@ def noise_range(target_epsilon: float, delta: float, sample_rate: float, steps: 
         return _epsilon(_counts(segments(sigma)), delta, REPORTED_ACCOUNTANT, searches)
 
     if spent(MAX_NOISE_MULTIPLIER) > target_epsilon:
-        if schedule.count_noise_multiplier and spent(math.inf) >= target_epsilon:  # σ = inf: the count's noise alone
+        # σ = inf: the count's noise alone
+        if schedule.count_noise_multiplier and spent(math.inf) >= target_epsilon:
             raise CountAloneSpends(spent(math.inf))
         raise TooManySteps(spent(MAX_NOISE_MULTIPLIER))
     return least
 
 
-def _segments_at(sample_rate: float, steps: int, schedule: NoiseSchedule, prior_events: Sequence[DpEvent],
+def _segments_at(sample_rate: float, steps: int, schedule: NoiseSchedule,
+                 prior_events: Sequence[DpEvent],
                  repeats: int):
-    """σ -> the (q, σ, steps) segments of `prior_events`, then of `repeats` runs of `steps` steps at gradient noise
-    σ (`schedule`'s decay and count noise kept): what a calibration composes for each σ it tries (with the searches
-    among `prior_events`, `_searches`)."""
+    """σ -> the (q, σ, steps) segments of `prior_events`, then of `repeats` runs of `steps` steps at
+    gradient noise σ (`schedule`'s decay and count noise kept): what a calibration composes for each
+    σ it tries (with the searches among `prior_events`, `_searches`)."""
     prior = [segment for e in prior_events if e.search is None for segment in e.segments()]
 
     def segments(sigma: float) -> list:
         return prior + [(sample_rate, effective, count)
-                        for effective, count in schedule.with_sigma(sigma).segments(steps)] * repeats
+                        for effective,
+                        count in schedule.with_sigma(sigma).segments(steps)] * repeats
     return segments
 
 
@@ -244,28 +265,34 @@ def _searches(events: Sequence[DpEvent]) -> tuple:
 
 
 def least_sigma(schedule: NoiseSchedule, steps: int) -> float:
-    """The least σ whose every step (decay and count noise included) has an effective noise multiplier of at least
-    MIN_NOISE_MULTIPLIER (inf: none, the count's noise is too small): the lower end of a calibration."""
+    """The least σ whose every step (decay and count noise included) has an effective noise
+    multiplier of at least MIN_NOISE_MULTIPLIER (inf: none, the count's noise is too small): the
+    lower end of a calibration."""
     count = schedule.count_noise_multiplier
-    room = MIN_NOISE_MULTIPLIER ** -2 - (count ** -2 if count else 0.0)  # what the gradient may add to a step's σ⁻²
+    # what the gradient may add to a step's σ⁻²
+    room = MIN_NOISE_MULTIPLIER ** -2 - (count ** -2 if count else 0.0)
     if room <= 0:
         return math.inf
-    # A hair above it, so that the σ found passes the floor again where a task is handed it (noise_for_rounds).
+    # A hair above it, so that the σ found passes the floor again where a task is handed it
+    # (noise_for_rounds).
     return room ** -0.5 / schedule.with_sigma(1.0).gradient_sigma(steps - 1) * (1 + 1e-9)
 
 
 FIRST_LOWER_END = 0.9  # of the RDP-calibrated σ: where _calibrate's bracket for PLD starts
 
 
-def _calibrate(pld_epsilon, rdp_epsilon, target_epsilon: float, tol: float, least: float, most: float) -> float:
-    # σ is searched in [least, most] (the floors of every step's noise and the ceiling; PLD meets the target at
-    # `most`: noise_range). When `least` meets it, it is the answer: ε below the target, never above. PLD is slow
-    # for small σ, so bracket it with RDP first: RDP over-estimates ε, hence the RDP-calibrated σ is an upper end
-    # for PLD. PLD's σ is usually within a few per cent of it, so the lower end is tried there first, then halved
-    # (PLD at half the σ is the slowest figure); only the search's speed depends on it.
+def _calibrate(pld_epsilon, rdp_epsilon, target_epsilon: float, tol: float, least: float,
+               most: float) -> float:
+    # σ is searched in [least, most] (the floors of every step's noise and the ceiling; PLD meets
+    # the target at `most`: noise_range). When `least` meets it, it is the answer: ε below the
+    # target, never above. PLD is slow for small σ, so bracket it with RDP first: RDP over-estimates
+    # ε, hence the RDP-calibrated σ is an upper end for PLD. PLD's σ is usually within a few per
+    # cent of it, so the lower end is tried there first, then halved (PLD at half the σ is the
+    # slowest figure); only the search's speed depends on it.
     if rdp_epsilon(least) <= target_epsilon and pld_epsilon(least) <= target_epsilon:
         return round(math.ceil(least / tol) * tol, 6)
-    upper = most  # where only PLD's figure meets the target below the ceiling (the count's noise comes close)
+    # where only PLD's figure meets the target below the ceiling (the count's noise comes close)
+    upper = most
     if rdp_epsilon(most) <= target_epsilon:
         upper = min(most, _root(rdp_epsilon, target_epsilon, least, most, tol) + tol)
     lower = max(upper * FIRST_LOWER_END, least)
@@ -276,17 +303,21 @@ def _calibrate(pld_epsilon, rdp_epsilon, target_epsilon: float, tol: float, leas
     return _least_on_grid(pld_epsilon, target_epsilon, lower, upper, tol, most)
 
 
-def _least_on_grid(epsilon, target_epsilon: float, lower: float, upper: float, tol: float, most: float) -> float:
-    """The least multiple of `tol` above `lower` whose `epsilon` meets the target (at most `most`), where ε(lower)
-    does not, ε(upper) does and ε falls as σ grows: regula falsi (Illinois) on the grid's indices, interpolating in
-    1/σ² (a Gaussian's privacy loss goes as 1/σ², and the secant lands closer). The σ returned had its own ε
-    computed, and the grid point below it missed the target or lies below a σ that did (`lower`): no rounding is
-    checked afterwards, and fewer PLD figures are computed than by Brent's method (docs/design.md)."""
+def _least_on_grid(epsilon, target_epsilon: float, lower: float, upper: float, tol: float,
+                   most: float) -> float:
+    """The least multiple of `tol` above `lower` whose `epsilon` meets the target (at most `most`),
+    where ε(lower) does not, ε(upper) does and ε falls as σ grows: regula falsi (Illinois) on the
+    grid's indices, interpolating in 1/σ² (a Gaussian's privacy loss goes as 1/σ², and the secant
+    lands closer). The σ returned had its own ε computed, and the grid point below it missed the
+    target or lies below a σ that did (`lower`): no rounding is checked afterwards, and fewer PLD
+    figures are computed than by Brent's method (docs/design.md)."""
     def gap(k: int) -> float:  # k: a grid index, σ = k · tol as returned
         return epsilon(round(k * tol, 6)) - target_epsilon
 
-    low, f_low = lower / tol, epsilon(lower) - target_epsilon  # a real index at first; above the target there
-    upper = _rounded_up(epsilon, upper, target_epsilon, tol, most)  # a rounded-up σ's PLD figure may miss, by a hair
+    # a real index at first; above the target there
+    low, f_low = lower / tol, epsilon(lower) - target_epsilon
+    # a rounded-up σ's PLD figure may miss, by a hair
+    upper = _rounded_up(epsilon, upper, target_epsilon, tol, most)
     if upper == round(most, 6):
         return upper
     high = round(upper / tol)
@@ -294,11 +325,13 @@ def _least_on_grid(epsilon, target_epsilon: float, lower: float, upper: float, t
     moved = None
     while high - math.floor(low) > 1:  # a grid point lies strictly between the ends
         a, b = low ** -2, high ** -2
-        guess = (b - f_high * (b - a) / (f_high - f_low)) ** -0.5  # the secant's root, back from 1/k²
+        # the secant's root, back from 1/k²
+        guess = (b - f_high * (b - a) / (f_high - f_low)) ** -0.5
         k = min(max(math.ceil(guess - 1e-9), math.floor(low) + 1), high - 1)
         f = gap(k)
         if f <= 0:
-            if moved == "high":  # Illinois: an end kept twice has its gap halved, or it would be kept forever
+            # Illinois: an end kept twice has its gap halved, or it would be kept forever
+            if moved == "high":
                 f_low /= 2
             high, f_high, moved = k, f, "high"
         else:
@@ -309,8 +342,9 @@ def _least_on_grid(epsilon, target_epsilon: float, lower: float, upper: float, t
 
 
 def _rounded_up(epsilon, sigma: float, target_epsilon: float, tol: float, most: float) -> float:
-    """`sigma` (a root found within `tol` on either side, or an upper end) rounded up to the grid of `tol` and
-    stepped up a grid point at a time until `epsilon` meets the target at the σ returned (at `most` it does)."""
+    """`sigma` (a root found within `tol` on either side, or an upper end) rounded up to the grid of
+    `tol` and stepped up a grid point at a time until `epsilon` meets the target at the σ returned
+    (at `most` it does)."""
     k = math.ceil(sigma / tol - 1e-9)
     while k * tol < most and epsilon(round(k * tol, 6)) > target_epsilon:
         k += 1
@@ -318,9 +352,9 @@ def _rounded_up(epsilon, sigma: float, target_epsilon: float, tol: float, most: 
 
 
 def _root(epsilon, target_epsilon: float, lower: float, upper: float, tol: float) -> float:
-    """σ in [lower, upper] where `epsilon` meets the target, within `tol` on the side where it holds: the search of
-    dp_accounting.calibrate_dp_mechanism over an explicit bracket (Brent's method), on an `epsilon` that
-    remembers its figures."""
+    """σ in [lower, upper] where `epsilon` meets the target, within `tol` on the side where it
+    holds: the search of dp_accounting.calibrate_dp_mechanism over an explicit bracket (Brent's
+    method), on an `epsilon` that remembers its figures."""
     def gap(sigma: float) -> float:
         return epsilon(sigma) - target_epsilon
 
@@ -337,12 +371,14 @@ def _root(epsilon, target_epsilon: float, lower: float, upper: float, tol: float
     return root
 
 
-def calibrate_search(target_epsilon: float, delta: float, profiles: Sequence[tuple], mean: float, shape: float,
+def calibrate_search(target_epsilon: float, delta: float, profiles: Sequence[tuple], mean: float,
+                     shape: float,
                      tol: float = 1e-3) -> tuple:
-    """The σ of each of a search's privacy `profiles` ((q, steps, NoiseSchedule whose σ is calibrated), one per
-    distinct profile of the search space) that ends its training examples' ε (RDP) at or below `target_epsilon`,
-    or a NoSigma. One factor s is calibrated: profile i gets σ_i = s · q_i·√steps_i / max_j q_j·√steps_j (for small
-    q their RDP then nearly agree, so none is noisier than it needs), kept between its least σ and the most."""
+    """The σ of each of a search's privacy `profiles` ((q, steps, NoiseSchedule whose σ is
+    calibrated), one per distinct profile of the search space) that ends its training examples' ε
+    (RDP) at or below `target_epsilon`, or a NoSigma. One factor s is calibrated: profile i gets σ_i
+    = s · q_i·√steps_i / max_j q_j·√steps_j (for small q their RDP then nearly agree, so none is
+    noisier than it needs), kept between its least σ and the most."""
     weights = [q * math.sqrt(steps) for q, steps, _ in profiles]
     weights = [w / max(weights) for w in weights]
     least = [least_sigma(schedule, steps) for _, steps, schedule in profiles]
@@ -350,12 +386,14 @@ def calibrate_search(target_epsilon: float, delta: float, profiles: Sequence[tup
         raise DecayTooSteep(max(least))
 
     def sigmas(factor: float) -> tuple:
-        return tuple(min(max(factor * w, low), MAX_NOISE_MULTIPLIER) for w, low in zip(weights, least))
+        return tuple(min(max(factor * w, low), MAX_NOISE_MULTIPLIER) for w,
+                     low in zip(weights, least))
 
     def epsilon(factor: float) -> float:
         return search_epsilon(profiles, sigmas(factor), mean, shape, delta)
 
-    lower, upper = min(low / w for low, w in zip(least, weights)), MAX_NOISE_MULTIPLIER / min(weights)
+    lower, upper = min(low / w for low,
+                       w in zip(least, weights)), MAX_NOISE_MULTIPLIER / min(weights)
     if epsilon(upper) > target_epsilon:
         raise TooManySteps(epsilon(upper))
     if epsilon(lower) > target_epsilon:
@@ -363,28 +401,33 @@ def calibrate_search(target_epsilon: float, delta: float, profiles: Sequence[tup
             lower = _root(epsilon, target_epsilon, lower, upper, tol)
         except (ValueError, ArithmeticError, RuntimeError) as exc:
             raise NumericsGaveUp(f"{type(exc).__name__}: {exc}") from None
-    found = tuple(math.ceil(sigma / tol) * tol for sigma in sigmas(lower))  # rounded up: ε only falls
-    while search_epsilon(profiles, found, mean, shape, delta) > target_epsilon:  # Brent's root may sit a hair below
+    # rounded up: ε only falls
+    found = tuple(math.ceil(sigma / tol) * tol for sigma in sigmas(lower))
+    # Brent's root may sit a hair below
+    while search_epsilon(profiles, found, mean, shape, delta) > target_epsilon:
         found = tuple(sigma + tol for sigma in found)
     return tuple(round(sigma, 6) for sigma in found)
 
 
 def search_epsilon(profiles: Sequence[tuple], sigmas: Sequence[float], mean: float, shape: float,
                    delta: float) -> float:
-    """ε at δ (RDP) of a search's training examples: candidates of `profiles` ((q, steps, NoiseSchedule)) at
-    gradient noise `sigmas`."""
+    """ε at δ (RDP) of a search's training examples: candidates of `profiles` ((q, steps,
+    NoiseSchedule)) at gradient noise `sigmas`."""
     candidates = tuple(Candidate.of(q, steps, schedule.with_sigma(sigma))
                        for (q, steps, schedule), sigma in zip(profiles, sigmas))
     return _epsilon((), delta, "rdp", (Search(mean, shape, candidates, 1.0, 1, 1),))
 
 
-def calibrate_score_noise(target_epsilon: float, delta: float, mean: float, shape: float, tol: float = 1e-3) -> float:
-    """The least noise multiplier of a search's validation score (a count, sensitivity 1) that keeps its validation
-    examples' ε (RDP) within `target_epsilon`; TooManySteps if even MAX_NOISE_MULTIPLIER spends more."""
+def calibrate_score_noise(target_epsilon: float, delta: float, mean: float, shape: float,
+                          tol: float = 1e-3) -> float:
+    """The least noise multiplier of a search's validation score (a count, sensitivity 1) that keeps
+    its validation examples' ε (RDP) within `target_epsilon`; TooManySteps if even
+    MAX_NOISE_MULTIPLIER spends more."""
     def epsilon(sigma: float) -> float:
         return _epsilon((), delta, "rdp", (Search(mean, shape, (), sigma, 1, 1, face="score"),))
 
     if epsilon(MAX_NOISE_MULTIPLIER) > target_epsilon:
         raise TooManySteps(epsilon(MAX_NOISE_MULTIPLIER))
-    return _rounded_up(epsilon, _root(epsilon, target_epsilon, tol, MAX_NOISE_MULTIPLIER, tol), target_epsilon, tol,
+    return _rounded_up(epsilon, _root(epsilon, target_epsilon, tol, MAX_NOISE_MULTIPLIER, tol),
+                       target_epsilon, tol,
                        MAX_NOISE_MULTIPLIER)

@@ -1,15 +1,18 @@
-"""The privacy ledger a model file carries: its DP events in training order and the examples they trained on.
+"""The privacy ledger a model file carries: its DP events in training order and the examples they
+trained on.
 
-Accounting unit: an organisation's record. Neighbouring datasets differ by adding or removing one example (the
-image with its label, as the model sees it) of one organisation's data. Each organisation names its examples by a
-64-bit HMAC of their content under its own secret identity key, stored with its data samples and never sent to
-anyone (the opener computes both). Inside one organisation (one key) an example's ε composes every run that
-trained on it, whichever data sample held it: re-splitting or re-registering the same data cannot reset an
-account, and runs on disjoint examples compose in parallel. Examples named under different keys are different
-organisations' records: a run on one organisation's data does not touch another's, so each organisation's ε is
-that of its own examples. An individual whose records several organisations hold is covered by the composition
-of all their runs (`epsilon_in_every_organization`), which the statement gives beside the headline. Whoever holds
-a candidate example but not the organisation's key cannot tell from a released ledger whether it was trained on.
+Accounting unit: an organisation's record. Neighbouring datasets differ by adding or removing one
+example (the image with its label, as the model sees it) of one organisation's data. Each
+organisation names its examples by a 64-bit HMAC of their content under its own secret identity key,
+stored with its data samples and never sent to anyone (the opener computes both). Inside one
+organisation (one key) an example's ε composes every run that trained on it, whichever data sample
+held it: re-splitting or re-registering the same data cannot reset an account, and runs on disjoint
+examples compose in parallel. Examples named under different keys are different organisations'
+records: a run on one organisation's data does not touch another's, so each organisation's ε is that
+of its own examples. An individual whose records several organisations hold is covered by the
+composition of all their runs (`epsilon_in_every_organization`), which the statement gives beside
+the headline. Whoever holds a candidate example but not the organisation's key cannot tell from a
+released ledger whether it was trained on.
 """
 from __future__ import annotations
 
@@ -27,8 +30,9 @@ from mnist_dp.utils.errors import UserError
 
 @dataclasses.dataclass(frozen=True)
 class Examples:
-    """The examples of one data sample as a ledger names them: `key`, the id of the sample's identity key, and
-    `ids`, the examples' keyed 64-bit ids (the opener's example_ids), sorted, as big-endian bytes."""
+    """The examples of one data sample as a ledger names them: `key`, the id of the sample's
+    identity key, and `ids`, the examples' keyed 64-bit ids (the opener's example_ids), sorted, as
+    big-endian bytes."""
 
     key: str
     ids: bytes
@@ -45,7 +49,8 @@ class Examples:
         return len(self.ids) // 8
 
     def add_samples(self, samples: list) -> tuple:
-        """Record the examples of the opener's data samples (get_data's "samples"); returns their identities."""
+        """Record the examples of the opener's data samples (get_data's "samples"); returns their
+        identities."""
         self.add_examples({s["identity"]: Examples.of(s["key"], s["examples"]) for s in samples})
         return tuple(s["identity"] for s in samples)
 
@@ -60,7 +65,8 @@ class Examples:
         if not isinstance(record["key"], str) or not re.fullmatch(r"[0-9a-f]{16}", record["key"]):
             raise UserError(f"{where}: key must be 16 hexadecimal digits")
         try:
-            ids = base64.b64decode(record["ids"], validate=True) if isinstance(record["ids"], str) else None
+            ids = base64.b64decode(record["ids"],
+                                   validate=True) if isinstance(record["ids"], str) else None
         except ValueError:
             ids = None
         if not ids or len(ids) % 8:
@@ -75,20 +81,23 @@ class Examples:
 class Account:
     """Examples trained on by exactly the same runs: their ε composes `events`."""
 
-    events: tuple  # the DpEvents, in training order (a search's as these examples see it: Ledger.parts)
+    # the DpEvents, in training order (a search's as these examples see it: Ledger.parts)
+    events: tuple
     samples: frozenset  # identities of the data samples holding these examples
     examples: int | None  # how many (None: not recorded)
     runs: tuple  # the position of each of `events` in the ledger
 
 
 class Ledger:
-    """The DP events behind one model, in training order, and the examples of the data samples they name."""
+    """The DP events behind one model, in training order, and the examples of the data samples they
+    name."""
 
-    def __init__(self, events: Iterable[DpEvent] = (), examples: dict | None = None, aliases: dict | None = None):
+    def __init__(self, events: Iterable[DpEvent] = (), examples: dict | None = None,
+                 aliases: dict | None = None):
         self.events = list(events)
         self.examples = dict(examples or {})  # data sample identity -> Examples
-        # data sample identity -> {key id: Examples}: some of its examples as named under another key of their
-        # organisation (`link`): a run on the sample trains on them too
+        # data sample identity -> {key id: Examples}: some of its examples as named under another
+        # key of their organisation (`link`): a run on the sample trains on them too
         self.aliases = {identity: dict(named) for identity, named in (aliases or {}).items()}
 
     def copy(self, events: Iterable[DpEvent] | None = None) -> Ledger:
@@ -99,20 +108,23 @@ class Ledger:
         self.events.append(event)
 
     def add_examples(self, examples: dict) -> None:
-        """Record the examples of data samples ({identity: Examples}); a sample already recorded must agree."""
+        """Record the examples of data samples ({identity: Examples}); a sample already recorded
+        must agree."""
         for identity, named in examples.items():
             if self.examples.setdefault(identity, named) != named:
-                raise UserError(f"data sample {identity[:8]}… is recorded with two different sets of examples: a model "
-                                "file was edited or damaged; its privacy figure cannot be trusted")
+                raise UserError(f"data sample {identity[:8]}… is recorded with two different sets "
+                                "of examples: a model file was edited or damaged; its privacy "
+                                "figure cannot be trusted")
 
     def add_samples(self, samples: list) -> tuple:
-        """Record the examples of the opener's data samples (get_data's "samples"); returns their identities."""
+        """Record the examples of the opener's data samples (get_data's "samples"); returns their
+        identities."""
         self.add_examples({s["identity"]: Examples.of(s["key"], s["examples"]) for s in samples})
         return tuple(s["identity"] for s in samples)
 
     def add_aliases(self, aliases: dict) -> None:
-        """Record other names of samples' examples ({identity: {key id: Examples}}); names of one sample under one
-        key are united (a name too many can only over-state ε)."""
+        """Record other names of samples' examples ({identity: {key id: Examples}}); names of one
+        sample under one key are united (a name too many can only over-state ε)."""
         for identity, named in aliases.items():
             mine = self.aliases.setdefault(identity, {})
             for key, examples in named.items():
@@ -120,17 +132,20 @@ class Ledger:
                     key, np.union1d(mine[key].array, examples.array))
 
     def link(self, samples: list) -> int:
-        """Know as the task's own examples those this ledger names under another key of their organisation.
-        `samples`: the opener's data samples; one with "aliases" (its organisation's other keys: the opener's
-        RING_FILE) names its examples under each. A recorded sample under one of those keys gets, for each of its
-        ids that is one of these examples, that example's id under the task's key, as an alias: its runs then
-        compose with the task's on the same image. Returns how many recorded samples were linked."""
-        pairs: dict = {}  # (other key, own key) -> (ids under the other key, the same examples' ids under own key)
+        """Know as the task's own examples those this ledger names under another key of their
+        organisation. `samples`: the opener's data samples; one with "aliases" (its organisation's
+        other keys: the opener's RING_FILE) names its examples under each. A recorded sample under
+        one of those keys gets, for each of its ids that is one of these examples, that example's id
+        under the task's key, as an alias: its runs then compose with the task's on the same image.
+        Returns how many recorded samples were linked."""
+        # (other key, own key) -> (ids under the other key, the same examples' ids under own key)
+        pairs: dict = {}
         for sample in samples:
             for key, ids in (sample.get("aliases") or {}).items():
                 other, own = pairs.get((key, sample["key"]), (np.empty(0, np.uint64),) * 2)
-                pairs[(key, sample["key"])] = (np.concatenate([other, np.asarray(ids, np.uint64)]),
-                                               np.concatenate([own, np.asarray(sample["examples"], np.uint64)]))
+                pairs[(key, sample["key"])] = (
+                    np.concatenate([other, np.asarray(ids, np.uint64)]),
+                    np.concatenate([own, np.asarray(sample["examples"], np.uint64)]))
         linked = 0
         for identity, named in list(self.examples.items()):
             for (key, own_key), (other, own) in pairs.items():
@@ -140,57 +155,67 @@ class Ledger:
                 at = np.minimum(np.searchsorted(other[order], named.array), len(other) - 1)
                 found = other[order][at] == named.array
                 if found.any():
-                    self.add_aliases({identity: {own_key: Examples.of(own_key, own[order[at[found]]])}})
+                    self.add_aliases(
+                        {identity: {own_key: Examples.of(own_key, own[order[at[found]]])}})
                     linked += 1
         return linked
 
     def to_json(self) -> dict:
-        aliases = {identity: [self.aliases[identity][key].to_json() for key in sorted(self.aliases[identity])]
+        aliases = {identity: [self.aliases[identity][key].to_json()
+                              for key in sorted(self.aliases[identity])]
                    for identity in sorted(self.aliases)}
         return {"events": [e.to_json() for e in self.events],
-                "examples": {identity: self.examples[identity].to_json() for identity in sorted(self.examples)},
+                "examples": {identity: self.examples[identity].to_json()
+                             for identity in sorted(self.examples)},
                 **({"aliases": aliases} if aliases else {})}
 
     @classmethod
     def from_json(cls, records) -> Ledger:
-        """A ledger as `to_json` writes it, or a list of events (written before examples were recorded: every
-        run is then accounted as touching every example)."""
+        """A ledger as `to_json` writes it, or a list of events (written before examples were
+        recorded: every run is then accounted as touching every example)."""
         if isinstance(records, list):
             return cls(DpEvent.from_json(r) for r in records)
         if not isinstance(records, dict) or set(records) - {"aliases"} != {"events", "examples"} \
-                or not isinstance(records["events"], list) or not isinstance(records["examples"], dict) \
+                or not isinstance(records["events"],
+                                  list) or not isinstance(records["examples"], dict) \
                 or not isinstance(records.get("aliases", {}), dict):
-            raise UserError('privacy ledger must be an object {"events": [...], "examples": {...}} (and "aliases": '
-                            '{...})')
+            raise UserError('privacy ledger must be an object {"events": [...], "examples": {...}} '
+                            '(and "aliases": {...})')
         ledger = cls((DpEvent.from_json(r) for r in records["events"]),
-                     {identity: Examples.from_json(identity, named) for identity, named in records["examples"].items()})
+                     {identity: Examples.from_json(identity, named) for identity,
+                      named in records["examples"].items()})
         for identity, named in records.get("aliases", {}).items():
             if identity not in ledger.examples or not isinstance(named, list):
-                raise UserError(f"privacy ledger: aliases of data sample {identity[:8]}… must be a list of the "
-                                "examples of a sample it records")
-            ledger.add_aliases({identity: {e.key: e for e in (Examples.from_json(identity, n) for n in named)}})
+                raise UserError(f"privacy ledger: aliases of data sample {identity[:8]}… must be a "
+                                "list of the examples of a sample it records")
+            ledger.add_aliases({identity: {e.key: e
+                                           for e in (Examples.from_json(identity, n)
+                                                     for n in named)}})
         ledger.check_examples()
         return ledger
 
     def check_examples(self) -> None:
-        """Each run's examples, when recorded, are as many as its n, distinct, and every sample has its own."""
+        """Each run's examples, when recorded, are as many as its n, distinct, and every sample has
+        its own."""
         for event in self.events:
             named = [self.examples[i] for i in event.data if i in self.examples]
             if not named:
                 continue
             if len(named) < len(event.data):
-                raise UserError(f"privacy ledger: a {event.framework} run records the examples of some of its data "
-                                "samples only: the file was edited or damaged; its privacy figure cannot be trusted")
+                raise UserError(f"privacy ledger: a {event.framework} run records the examples of "
+                                "some of its data samples only: the file was edited or damaged; "
+                                "its privacy figure cannot be trusted")
             distinct = sum(len(np.unique(np.concatenate([e.array for e in named if e.key == key])))
                            for key in {e.key for e in named})
             if sum(map(len, named)) != event.n or distinct != event.n:
                 raise UserError(f"privacy ledger: a {event.framework} run of n = {event.n} names "
-                                f"{sum(map(len, named))} examples ({distinct} distinct): the file was edited or "
-                                "damaged; its privacy figure cannot be trusted")
+                                f"{sum(map(len, named))} examples ({distinct} distinct): the file "
+                                "was edited or damaged; its privacy figure cannot be trusted")
 
     def parts(self) -> list:
-        """[(index of a run in `events`, the run as its examples are accounted)]: a run is one part, a search two,
-        its training face (its examples outside the validation split) and its score face (those inside)."""
+        """[(index of a run in `events`, the run as its examples are accounted)]: a run is one part,
+        a search two, its training face (its examples outside the validation split) and its score
+        face (those inside)."""
         parts = []
         for k, event in enumerate(self.events):
             parts.append((k, event))
@@ -199,26 +224,32 @@ class Ledger:
         return parts
 
     def accounts(self) -> list:
-        """The examples trained on, grouped by the runs that trained on them: [Account]. The ε of an example
-        composes its account's events. A run touches the examples of the data samples it names, and only those:
-        another key's examples are another organisation's records; a search's validation examples get its score
-        face, the others its training face. A run whose examples are not recorded (an older ledger) counts for
-        every example, and so does each face of a search there."""
+        """The examples trained on, grouped by the runs that trained on them: [Account]. The ε of an
+        example composes its account's events. A run touches the examples of the data samples it
+        names, and only those: another key's examples are another organisation's records; a search's
+        validation examples get its score face, the others its training face. A run whose examples
+        are not recorded (an older ledger) counts for every example, and so does each face of a
+        search there."""
         parts = self.parts()
         if not parts:
             return []
         every_sample = frozenset(i for e in self.events for i in e.data)
         if any(i not in self.examples for e in self.events for i in e.data):
-            return [Account(tuple(event for _, event in parts), every_sample, None, tuple(k for k, _ in parts))]
+            return [Account(tuple(event for _, event in parts), every_sample, None,
+                            tuple(k for k, _ in parts))]
         groups: dict = {}
-        keys = {self.examples[i].key for i in every_sample} | {k for i in every_sample for k in self.aliases.get(i, {})}
+        keys = {self.examples[i].key
+                for i in every_sample} | {k for i in every_sample for k in self.aliases.get(i, {})}
         for key in sorted(keys):
             # (sample, its examples under this key, named by it rather than by an alias)
-            named = [(i, self.examples[i], True) for i in sorted(every_sample) if self.examples[i].key == key] + [
-                (i, self.aliases[i][key], False) for i in sorted(every_sample) if key in self.aliases.get(i, {})]
+            named = [(i, self.examples[i], True) for i in sorted(every_sample)
+                     if self.examples[i].key == key] + [
+                (i, self.aliases[i][key],
+                 False) for i in sorted(every_sample) if key in self.aliases.get(i, {})]
             samples = [i for i, _, _ in named]
             universe = np.unique(np.concatenate([examples.array for _, examples, _ in named]))
-            holds = [np.isin(universe, examples.array, assume_unique=True) for _, examples, _ in named]
+            holds = [np.isin(universe, examples.array, assume_unique=True) for _, examples,
+                     _ in named]
             columns = []
             for _, event in parts:
                 own = [h for (i, _, direct), h in zip(named, holds) if i in event.data and direct]
@@ -226,8 +257,10 @@ class Ledger:
                 if event.search is not None:
                     held_out = validation_mask(universe, event.search.validation_permille)
                     touched &= held_out if event.search.face == "score" else ~held_out
-                # An alias's examples took both faces of a search: its split was drawn by their other ids.
-                aliased = [h for (i, _, direct), h in zip(named, holds) if i in event.data and not direct]
+                # An alias's examples took both faces of a search: its split was drawn by their
+                # other ids.
+                aliased = [h for (i, _, direct), h in zip(named, holds) if i in event.data
+                           and not direct]
                 columns.append(np.logical_or.reduce([touched, *aliased]))
             matrix = np.stack(columns + holds, axis=1)
             # One row per distinct pattern (rows packed to bytes: np.unique on them is fast).
@@ -244,12 +277,16 @@ class Ledger:
                         tuple(parts[i][0] for i in touched))
                 for touched, (held, count) in groups.items() if touched]
 
-    def epsilon(self, delta: float, accountant: str = REPORTED_ACCOUNTANT, data: Iterable[str] | None = None) -> float:
-        """Worst-case ε at δ over the examples (restricted to those of the data samples `data` if given)."""
+    def epsilon(self, delta: float, accountant: str = REPORTED_ACCOUNTANT,
+                data: Iterable[str] | None = None) -> float:
+        """Worst-case ε at δ over the examples (restricted to those of the data samples `data` if
+        given)."""
         return self.worst(delta, accountant, data)[0]
 
-    def worst(self, delta: float, accountant: str = REPORTED_ACCOUNTANT, data: Iterable[str] | None = None) -> tuple:
-        """(ε, Account) of the worst example at δ (of the data samples `data` if given); (0.0, None) without one."""
+    def worst(self, delta: float, accountant: str = REPORTED_ACCOUNTANT,
+              data: Iterable[str] | None = None) -> tuple:
+        """(ε, Account) of the worst example at δ (of the data samples `data` if given); (0.0, None)
+        without one."""
         wanted = None if data is None else set(data)
         worst, which = 0.0, None
         for account in self.accounts():
@@ -260,26 +297,31 @@ class Ledger:
         return worst, which
 
     def keys(self) -> list:
-        """The ids of the identity keys its examples are named under: one per organisation whose data it trained on
-        (empty for a ledger that names no examples)."""
+        """The ids of the identity keys its examples are named under: one per organisation whose
+        data it trained on (empty for a ledger that names no examples)."""
         return sorted({named.key for named in self.examples.values()})
 
     def samples_under(self, key: str) -> list:
-        """The identities of the data samples whose examples are named under key id `key` (one organisation's)."""
+        """The identities of the data samples whose examples are named under key id `key` (one
+        organisation's)."""
         return sorted(identity for identity, named in self.examples.items() if named.key == key)
 
-    def epsilon_in_every_organization(self, delta: float, accountant: str = REPORTED_ACCOUNTANT) -> float:
-        """ε at δ of an individual whose records every organisation holds (and every data sample): every run
-        composed, each search by the worse of its two faces at every RDP order (one record may sit in one
-        organisation's validation split and another in another's training split). The same as `epsilon` when the
-        runs all trained on the same examples and none is a search."""
-        return compose_epsilon([e if e.search is None else dataclasses.replace(e, search=e.search.either())
+    def epsilon_in_every_organization(self, delta: float,
+                                      accountant: str = REPORTED_ACCOUNTANT) -> float:
+        """ε at δ of an individual whose records every organisation holds (and every data sample):
+        every run composed, each search by the worse of its two faces at every RDP order (one record
+        may sit in one organisation's validation split and another in another's training split). The
+        same as `epsilon` when the runs all trained on the same examples and none is a search."""
+        return compose_epsilon([e if e.search is None
+                                else dataclasses.replace(e, search=e.search.either())
                                 for e in self.events], delta, accountant)
 
     def histories(self, data: Sequence[str]) -> list:
-        """The earlier runs of the examples of data samples `data` (recorded in `examples`), as the distinct
-        lists of runs that trained on one of them, without the lists another one contains ([[]]: none did)."""
-        probe = DpEvent("next run", tuple(data), sum(len(self.examples[i]) for i in data), 1.0, 1.0, 1, PER_EXAMPLE,
+        """The earlier runs of the examples of data samples `data` (recorded in `examples`), as the
+        distinct lists of runs that trained on one of them, without the lists another one contains
+        ([[]]: none did)."""
+        probe = DpEvent("next run", tuple(data), sum(len(self.examples[i]) for i in data), 1.0, 1.0,
+                        1, PER_EXAMPLE,
                         1.0)
         last = len(self.events)  # the probe's position
         found = {frozenset((k, _face(e)) for e, k in zip(account.events, account.runs) if k != last)
@@ -294,29 +336,30 @@ def _face(event: DpEvent) -> str:
 
 
 def merge(ledgers: Sequence[Ledger]) -> Ledger:
-    """The ledger of a model averaged from several models (federated averaging): every training run of every
-    input, once. Averaging is post-processing, so nothing is added. Runs are told apart by `run_id`: the global
-    model's history, present in every input, is counted once, and each input's own new runs are all kept;
-    `accounts` then composes per example: in parallel across organisations' disjoint examples, in sequence for
-    an example two of them hold."""
+    """The ledger of a model averaged from several models (federated averaging): every training run
+    of every input, once. Averaging is post-processing, so nothing is added. Runs are told apart by
+    `run_id`: the global model's history, present in every input, is counted once, and each input's
+    own new runs are all kept; `accounts` then composes per example: in parallel across
+    organisations' disjoint examples, in sequence for an example two of them hold."""
     merged, seen, examples = [], {}, Ledger()
     for ledger in ledgers:
         examples.add_examples(ledger.examples)
         examples.add_aliases(ledger.aliases)
         for event in ledger.events:
             if event.run_id is None:
-                raise UserError(f"a {event.framework} training run in an input model's ledger has no run id (a model "
-                                "written by an earlier version of this bundle): its runs cannot be told from the "
-                                "other inputs'; train it again")
-            if is_new(seen, event, f"two input models record training run {event.run_id} differently: a file "
-                                   "was edited or damaged; their privacy figure cannot be trusted"):
+                raise UserError(f"a {event.framework} training run in an input model's ledger has "
+                                "no run id (a model written by an earlier version of this bundle): "
+                                "its runs cannot be told from the other inputs'; train it again")
+            if is_new(seen, event,
+                      f"two input models record training run {event.run_id} differently: a file "
+                      "was edited or damaged; their privacy figure cannot be trusted"):
                 merged.append(event)
     return examples.copy(merged)
 
 
 def is_new(seen: dict, event: DpEvent, differently: str) -> bool:
-    """Whether `event` is a run `seen` ({run id: event}) does not hold yet, adding it: a union by run id. The same
-    run recorded twice differently is refused with the UserError `differently`."""
+    """Whether `event` is a run `seen` ({run id: event}) does not hold yet, adding it: a union by
+    run id. The same run recorded twice differently is refused with the UserError `differently`."""
     if event.run_id in seen:
         if seen[event.run_id] != event:
             raise UserError(differently)
@@ -326,7 +369,7 @@ def is_new(seen: dict, event: DpEvent, differently: str) -> bool:
 
 
 def own_runs(ledgers: Sequence[Ledger]) -> list:
-    """For each ledger, its runs that are not in every one of `ledgers`: what each input model trained after
-    the history they share (the global model they started from)."""
+    """For each ledger, its runs that are not in every one of `ledgers`: what each input model
+    trained after the history they share (the global model they started from)."""
     shared = set.intersection(*({e.run_id for e in ledger.events} for ledger in ledgers))
     return [[e for e in ledger.events if e.run_id not in shared] for ledger in ledgers]

@@ -4,10 +4,11 @@ Substra hands out output paths without an extension, so everything is written th
 handle (no saver gets the chance to append a suffix). The ledger and metadata are JSON, readable
 with nothing but the standard library, so ε can be recomputed without any ML framework installed.
 
-Reading a model checks it before anything is computed from it: every ledger field (events.py, ledger.py), the
-sha256 of the ledger and of the weights recorded in the metadata, and the last training run of the
-ledger against the settings the metadata says it ran with. This catches a hand-edited or damaged
-file; it cannot stop whoever controls the training code, who can write any file (see docs/privacy.md).
+Reading a model checks it before anything is computed from it: every ledger field (events.py,
+ledger.py), the sha256 of the ledger and of the weights recorded in the metadata, and the last
+training run of the ledger against the settings the metadata says it ran with. This catches a
+hand-edited or damaged file; it cannot stop whoever controls the training code, who can write any
+file (see docs/privacy.md).
 """
 from __future__ import annotations
 
@@ -25,15 +26,18 @@ from mnist_dp.privacy.planning import check_delta
 from mnist_dp.utils import atomic, json_input
 from mnist_dp.utils.errors import UserError
 
-FORMAT = "mnist-dp-model/4"  # 2: digests in the metadata, provenance in every ledger event; 3: the examples;
-# 4: MindSpore's noise from numpy. Read too: a /2 ledger names no examples, so each of its runs counts for every
-# example (ledger.Ledger.accounts); a MindSpore model before /4 is refused (see `load`).
+# 2: digests in the metadata, provenance in every ledger event; 3: the examples;
+FORMAT = "mnist-dp-model/4"
+# 4: MindSpore's noise from numpy. Read too: a /2 ledger names no examples, so each of its runs
+# counts for every example (ledger.Ledger.accounts); a MindSpore model before /4 is refused (see
+# `load`).
 READABLE = (FORMAT, "mnist-dp-model/3", "mnist-dp-model/2")
 _META = "meta.json"
 _LEDGER = "ledger.json"
 _WEIGHTS = "weights.bin"
 # What a train task records about its own run next to the ledger (see skeleton.train).
-RUN_SETTINGS = ("delta", "batch_size", "max_grad_norm", "noise_multiplier", "max_epsilon", "secure_mode")
+RUN_SETTINGS = ("delta", "batch_size", "max_grad_norm", "noise_multiplier", "max_epsilon",
+                "secure_mode")
 
 
 @dataclass
@@ -49,9 +53,12 @@ def _sha256(data: bytes) -> str:
 
 
 def save(path, model: ModelFile) -> None:
-    """Write `model` atomically: a full disk or a crash never leaves half a model, nor harms the one at `path`."""
-    ledger = json.dumps(model.ledger.to_json(), indent=2, allow_nan=False).encode()  # load refuses NaN
-    meta = {"format": FORMAT, "framework": model.framework, "hyperparameters": model.hyperparameters,
+    """Write `model` atomically: a full disk or a crash never leaves half a model, nor harms the one
+    at `path`."""
+    # load refuses NaN
+    ledger = json.dumps(model.ledger.to_json(), indent=2, allow_nan=False).encode()
+    meta = {"format": FORMAT, "framework": model.framework,
+            "hyperparameters": model.hyperparameters,
             "ledger_sha256": _sha256(ledger), "weights_sha256": _sha256(model.weights)}
     with atomic.replacing(path) as tmp, open(tmp, "wb") as f, \
             zipfile.ZipFile(f, "w", compression=zipfile.ZIP_DEFLATED) as archive:
@@ -67,7 +74,8 @@ def copy(source, path) -> None:
 
 
 def load(path, framework: str | None = None) -> ModelFile:
-    """Read and check a model file; `framework` checks that the weights are for the caller's framework."""
+    """Read and check a model file; `framework` checks that the weights are for the caller's
+    framework."""
     try:
         with open(path, "rb") as f, zipfile.ZipFile(f) as archive:
             meta = json_input.loads(archive.read(_META), f"{path}: its metadata")
@@ -81,54 +89,61 @@ def load(path, framework: str | None = None) -> ModelFile:
         raise UserError(f"{path}: not a valid model file of this bundle ({exc})") from None
     if not isinstance(meta, dict) or meta.get("format") not in READABLE:
         found = meta.get("format") if isinstance(meta, dict) else None
-        raise UserError(f"{path}: unknown model format {found!r}, expected {FORMAT!r} (a model written by another "
-                        "version of this bundle: train it again)")
-    for name, kind in (("framework", str), ("hyperparameters", dict), ("ledger_sha256", str), ("weights_sha256", str)):
+        raise UserError(f"{path}: unknown model format {found!r}, expected {FORMAT!r} (a model "
+                        "written by another version of this bundle: train it again)")
+    for name, kind in (("framework", str), ("hyperparameters", dict), ("ledger_sha256", str),
+                       ("weights_sha256", str)):
         if not isinstance(meta.get(name), kind):
-            raise UserError(f"{path}: its metadata has no {name} ({kind.__name__}): the file was edited or damaged; "
-                            "its privacy figure cannot be trusted")
+            raise UserError(f"{path}: its metadata has no {name} ({kind.__name__}): the file was "
+                            "edited or damaged; its privacy figure cannot be trusted")
     if meta["framework"] == "mindspore" and meta["format"] != FORMAT:
-        raise UserError(f"{path}: a MindSpore model of format {meta['format']!r} drew MindArmour's noise, whose "
-                        "numbers repeat within a run (docs/design.md, where the randomness comes from): its ε does "
-                        "not hold; train it again")
+        raise UserError(f"{path}: a MindSpore model of format {meta['format']!r} drew MindArmour's "
+                        "noise, whose numbers repeat within a run (docs/design.md, where the "
+                        "randomness comes from): its ε does not hold; train it again")
     if framework is not None and meta["framework"] != framework:
-        raise UserError(f"{path}: model was trained with {meta['framework']!r}, cannot load it into {framework!r}")
+        raise UserError(f"{path}: model was trained with {meta['framework']!r}, cannot load it "
+                        f"into {framework!r}")
     for name, content in (("ledger", ledger_bytes), ("weights", weights)):
         if meta.get(f"{name}_sha256") != _sha256(content):
-            raise UserError(f"{path}: its {name} does not match the sha256 recorded in its metadata: the file was "
-                            "edited or damaged; its privacy figure cannot be trusted")
+            raise UserError(f"{path}: its {name} does not match the sha256 recorded in its "
+                            "metadata: the file was edited or damaged; its privacy figure cannot "
+                            "be trusted")
     try:
         ledger = Ledger.from_json(json_input.loads(ledger_bytes, "its ledger"))
         check_run_settings(ledger, meta)
     except (UserError, ValueError) as exc:
         raise UserError(f"{path}: {exc}") from None
-    except (KeyError, TypeError, AttributeError) as exc:  # a metadata value of another shape than the one written
-        raise UserError(f"{path}: its metadata is not as a train task writes it ({type(exc).__name__}: {exc}): the "
-                        "file was edited or damaged; its privacy figure cannot be trusted") from None
+    # a metadata value of another shape than the one written
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise UserError(f"{path}: its metadata is not as a train task writes it "
+                        f"({type(exc).__name__}: {exc}): the file was edited or damaged; its "
+                        "privacy figure cannot be trusted") from None
     return ModelFile(meta["framework"], weights, ledger, meta["hyperparameters"])
 
 
-# The metadata of an averaged model (skeleton.aggregate): each input's metadata, with the id and examples of
-# the run it added.
+# The metadata of an averaged model (skeleton.aggregate): each input's metadata, with the id and
+# examples of the run it added.
 AGGREGATED = "aggregate_of"
 
 
 def aggregate_metadata(inputs: list, run_ids: list, examples: list, code: dict) -> dict:
-    """An averaged model's metadata: the settings its inputs share (the first input's), `stopped_by_budget` if
-    any input's was, and under AGGREGATED every input's own metadata with the run it added (None: it trained
-    nothing) and its weight in the average (examples); `code` is what averaged them."""
+    """An averaged model's metadata: the settings its inputs share (the first input's),
+    `stopped_by_budget` if any input's was, and under AGGREGATED every input's own metadata with the
+    run it added (None: it trained nothing) and its weight in the average (examples); `code` is what
+    averaged them."""
     return {**{k: v for k, v in inputs[0].items() if k != AGGREGATED},
             "stopped_by_budget": any(hp.get("stopped_by_budget") for hp in inputs),
             # An input that trained nothing may be an average itself: its own inputs are not needed.
-            AGGREGATED: [{**{k: v for k, v in hp.items() if k != AGGREGATED}, "run_id": run_id, "examples": n}
+            AGGREGATED: [{**{k: v for k, v in hp.items() if k != AGGREGATED}, "run_id": run_id,
+                          "examples": n}
                          for hp, run_id, n in zip(inputs, run_ids, examples)],
             "aggregated_by": code}
 
 
 def check_run_settings(ledger: Ledger, meta: dict) -> None:
     """The ledger's runs must be the metadata's framework, and its last run must have run with the
-    settings recorded beside it: σ, batch size, clipping norm and planned steps. An averaged model: each
-    input's run, with that input's settings."""
+    settings recorded beside it: σ, batch size, clipping norm and planned steps. An averaged model:
+    each input's run, with that input's settings."""
     hp = meta.get("hyperparameters")
     if not isinstance(hp, dict) or not ledger.events:
         raise ValueError("metadata without hyperparameters, or an empty ledger")
@@ -145,38 +160,52 @@ def check_run_settings(ledger: Ledger, meta: dict) -> None:
     wrong = [e.framework for e in ledger.events if e.framework != meta["framework"]]
     expected = {"batch_size": hp["batch_size"], "planned_steps": hp["planned_steps"],
                 "max_grad_norm": hp["max_grad_norm"], "noise_multiplier": hp["noise_multiplier"]}
-    differ = [f"{name} {getattr(last, name)!r} (metadata: {value!r})" for name, value in expected.items()
-              if not (isinstance(value, (int, float)) and math.isclose(getattr(last, name), value, rel_tol=1e-9))]
-    # Adaptive clipping's count noise, as the skeleton derives it (models saved before the option: none).
-    expected_count = (2 * count_stddev(hp.get("clip_count_stddev"), last.trained_n * last.sample_rate)
+    differ = [f"{name} {getattr(last, name)!r} (metadata: {value!r})" for name,
+              value in expected.items()
+              if not (isinstance(value, (int, float))
+                      and math.isclose(getattr(last, name), value, rel_tol=1e-9))]
+    # Adaptive clipping's count noise, as the skeleton derives it (models saved before the option:
+    # none).
+    expected_count = (2 * count_stddev(hp.get("clip_count_stddev"),
+                                       last.trained_n * last.sample_rate)
                       if hp.get("clip_quantile") is not None else 0.0)
     if not math.isclose(last.count_noise_multiplier, expected_count, rel_tol=1e-9):
-        differ.append(f"count_noise_multiplier {last.count_noise_multiplier!r} (metadata: {expected_count!r})")
+        differ.append(f"count_noise_multiplier {last.count_noise_multiplier!r} (metadata: "
+                      f"{expected_count!r})")
     if last.noise_decay != hp.get("noise_decay", 1.0):
-        differ.append(f"noise_decay {last.noise_decay!r} (metadata: {hp.get('noise_decay', 1.0)!r})")
-    # Models saved before noise_seed existed have no such key, and their runs are all marked replayable.
+        differ.append(f"noise_decay {last.noise_decay!r} (metadata: "
+                      f"{hp.get('noise_decay', 1.0)!r})")
+    # Models saved before noise_seed existed have no such key, and their runs are all marked
+    # replayable.
     if "noise_seed" in hp and last.replayable_noise is not (hp["noise_seed"] is not None):
-        differ.append(f"replayable_noise {last.replayable_noise!r} (metadata: noise_seed {hp['noise_seed']!r})")
+        differ.append(f"replayable_noise {last.replayable_noise!r} (metadata: noise_seed "
+                      f"{hp['noise_seed']!r})")
     stopped = hp["stopped_by_budget"]
     if stopped is not (last.steps < last.planned_steps):
-        differ.append(f"steps {last.steps} of {last.planned_steps} planned (metadata: stopped_by_budget {stopped!r})")
+        differ.append(f"steps {last.steps} of {last.planned_steps} planned (metadata: "
+                      f"stopped_by_budget {stopped!r})")
     if wrong or differ:
         raise ValueError("its ledger disagrees with its metadata: "
-                         + "; ".join(differ + [f"a {f!r} run in a {meta['framework']!r} model" for f in wrong])
+                         + "; ".join(differ + [f"a {f!r} run in a {meta['framework']!r} model"
+                                               for f in wrong])
                          + "; the file was edited or damaged, its privacy figure cannot be trusted")
 
 
 def _check_aggregated(ledger: Ledger, meta: dict) -> None:
     inputs = meta["hyperparameters"][AGGREGATED]
     if not isinstance(inputs, list) or not inputs or not all(isinstance(hp, dict) for hp in inputs):
-        raise ValueError(f"metadata: {AGGREGATED} must be a non-empty list of the input models' metadata")
+        raise ValueError(f"metadata: {AGGREGATED} must be a non-empty list of the input models' "
+                         "metadata")
     position = {e.run_id: i for i, e in enumerate(ledger.events) if e.run_id}
     for k, hp in enumerate(inputs, 1):
         run_id = hp.get("run_id")
-        if run_id is None:  # that input trained nothing: its settings describe no run of this ledger
+        # that input trained nothing: its settings describe no run of this ledger
+        if run_id is None:
             continue
         if run_id not in position:
-            raise ValueError(f"its metadata names input {k}'s run {run_id!r}, which its ledger does not have; the "
-                             "file was edited or damaged, its privacy figure cannot be trusted")
+            raise ValueError(f"its metadata names input {k}'s run {run_id!r}, which its ledger "
+                             "does not have; the file was edited or damaged, its privacy figure "
+                             "cannot be trusted")
         # The input's own ledger ended with that run: check it as that input's file was checked.
-        check_run_settings(Ledger(ledger.events[: position[run_id] + 1]), {**meta, "hyperparameters": hp})
+        check_run_settings(Ledger(ledger.events[: position[run_id] + 1]),
+                           {**meta, "hyperparameters": hp})

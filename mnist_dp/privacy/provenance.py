@@ -19,7 +19,8 @@ log = logging.getLogger("substratools.mnist_dp")
 
 def manifest_bytes(contents: dict) -> bytes:
     """The manifest of an archive whose files are `contents` ({relative path: bytes})."""
-    files = {name: hashlib.sha256(data).hexdigest() for name, data in sorted(contents.items()) if name != MANIFEST_FILE}
+    files = {name: hashlib.sha256(data).hexdigest() for name, data in sorted(contents.items())
+             if name != MANIFEST_FILE}
     return (json.dumps({"files": files}, indent=2, sort_keys=True) + "\n").encode()
 
 
@@ -28,8 +29,8 @@ def digest(manifest: bytes) -> str:
 
 
 def running_code(folder: Path, function: str) -> dict:
-    """{"function", "archive_digest"} for a function running from `folder`: the digest of its archive
-    if every file the manifest lists is there unchanged, else null (and a warning)."""
+    """{"function", "archive_digest"} for a function running from `folder`: the digest of its
+    archive if every file the manifest lists is there unchanged, else null (and a warning)."""
     path = Path(folder) / MANIFEST_FILE
     if not path.is_file():
         return {"function": function, "archive_digest": None}
@@ -41,7 +42,8 @@ def running_code(folder: Path, function: str) -> dict:
     except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
         changed = [MANIFEST_FILE]
     if changed:
-        log.warning("the function's files differ from its archive manifest (%s): no archive digest recorded",
+        log.warning("the function's files differ from its archive manifest (%s): no archive digest "
+                    "recorded",
                     ", ".join(changed[:3]))
         return {"function": function, "archive_digest": None}
     return {"function": function, "archive_digest": digest(manifest)}

@@ -1,10 +1,11 @@
-"""A private hyperparameter search's privacy, decided before its first candidate: the validation split, σ of every
-privacy profile a candidate may have (calibrated so that the whole search, not one run, ends at target_epsilon),
-the validation score's noise, and the ledger event of the model it releases (events.Search).
+"""A private hyperparameter search's privacy, decided before its first candidate: the validation
+split, σ of every privacy profile a candidate may have (calibrated so that the whole search, not one
+run, ends at target_epsilon), the validation score's noise, and the ledger event of the model it
+releases (events.Search).
 
-Each example pays for one face of the search: an example outside the validation split for the candidates' training
-(repeated and selected), one inside it for their noisy scores; so both are calibrated to the target, and neither
-costs the other anything. learning/search.py runs the search.
+Each example pays for one face of the search: an example outside the validation split for the
+candidates' training (repeated and selected), one inside it for their noisy scores; so both are
+calibrated to the target, and neither costs the other anything. learning/search.py runs the search.
 """
 from __future__ import annotations
 
@@ -28,14 +29,16 @@ log = logging.getLogger("substratools.mnist_dp")
 
 
 def profile(hp: Hyperparameters, plan: SamplingPlan) -> tuple:
-    """What decides a candidate's DP event besides σ: (q, planned steps, its noise schedule at σ = 1)."""
+    """What decides a candidate's DP event besides σ: (q, planned steps, its noise schedule at σ =
+    1)."""
     return plan.sample_rate, plan.planned_steps, planning.noise_schedule(hp, plan, 1.0)
 
 
 @dataclass(frozen=True)
 class SearchPlan:
-    """A search's privacy plan on `n` examples, `validation_n` of them held out: σ by profile (`profile`) and the
-    noise multiplier of the validation score (a count of correct predictions, sensitivity 1)."""
+    """A search's privacy plan on `n` examples, `validation_n` of them held out: σ by profile
+    (`profile`) and the noise multiplier of the validation score (a count of correct predictions,
+    sensitivity 1)."""
 
     search: SearchSpace
     base: Hyperparameters  # the algo's hyperparameters: what the space does not search
@@ -53,22 +56,27 @@ class SearchPlan:
         plan = SamplingPlan.from_hyperparameters(self.trained_n, hp, where)
         return plan, self.sigmas[profile(hp, plan)]
 
-    def event(self, framework: str, data: tuple, hp: Hyperparameters, plan: SamplingPlan, ran, code: dict | None
+    def event(self, framework: str, data: tuple, hp: Hyperparameters, plan: SamplingPlan, ran,
+              code: dict | None
               ) -> DpEvent:
-        """The ledger event of the released candidate (`hp`, `plan`, what it `ran`) on the samples `data`: its run
-        on the training examples, with the whole search it won (events.Search)."""
+        """The ledger event of the released candidate (`hp`, `plan`, what it `ran`) on the samples
+        `data`: its run on the training examples, with the whole search it won (events.Search)."""
         candidates = tuple(sorted({Candidate.of(q, steps, schedule.with_sigma(sigma))
-                                   for (q, steps, schedule), sigma in self.sigmas.items()}, key=repr))
-        search = Search(self.search.mean, self.search.shape, candidates, self.score_noise_multiplier,
+                                   for (q, steps, schedule), sigma in self.sigmas.items()},
+                                  key=repr))
+        search = Search(self.search.mean, self.search.shape, candidates,
+                        self.score_noise_multiplier,
                         self.search.validation_permille, self.validation_n)
-        run = planning.run_event(framework, data, hp, plan, ran.noise_multiplier, ran.steps, ran=ran, code=code)
+        run = planning.run_event(framework, data, hp, plan, ran.noise_multiplier, ran.steps,
+                                 ran=ran, code=code)
         return dataclasses.replace(run, n=self.n, search=search)
 
 
 def draw_count(rng: np.random.Generator, mean: float, shape: float) -> int:
-    """K, the number of candidates, drawn from the distribution the accountant composes, with dp_accounting's own
-    parameter γ for the mean: Poisson (shape inf; K may be 0), else the truncated negative binomial
-    P(K = k) ∝ (1-γ)^k · C(k+shape-1, k) for k ≥ 1 (shape 0: the logarithmic distribution; 1: the geometric)."""
+    """K, the number of candidates, drawn from the distribution the accountant composes, with
+    dp_accounting's own parameter γ for the mean: Poisson (shape inf; K may be 0), else the
+    truncated negative binomial P(K = k) ∝ (1-γ)^k · C(k+shape-1, k) for k ≥ 1 (shape 0: the
+    logarithmic distribution; 1: the geometric)."""
     if math.isinf(shape):
         return int(rng.poisson(mean))
     gamma = rdp_privacy_accountant._gamma_truncated_negative_binomial(shape, mean)  # noqa: SLF001 - as the accountant
@@ -85,42 +93,51 @@ def draw_count(rng: np.random.Generator, mean: float, shape: float) -> int:
 
 
 def validation_split(data: dict, permille: int) -> np.ndarray:
-    """The opener's `data` -> which of its examples (in the order of its images) a search holds out: those whose keyed
-    id is below `permille` modulo 1000 (events.validation_mask)."""
+    """The opener's `data` -> which of its examples (in the order of its images) a search holds out:
+    those whose keyed id is below `permille` modulo 1000 (events.validation_mask)."""
     return validation_mask(np.concatenate([s["examples"] for s in data["samples"]]), permille)
 
 
-def check_plan(framework: str, hp: Hyperparameters, search: SearchSpace, ids: list, wheres: list) -> None:
-    """What each organisation's tune task would refuse, checked by the scripts before anything is registered: the
-    search's plan on its own examples (`ids[k]`: the keyed ids of organisation k's samples, one array each), the
-    same numbers the task computes; errors name `wheres[k]`."""
+def check_plan(framework: str, hp: Hyperparameters, search: SearchSpace, ids: list,
+               wheres: list) -> None:
+    """What each organisation's tune task would refuse, checked by the scripts before anything is
+    registered: the search's plan on its own examples (`ids[k]`: the keyed ids of organisation k's
+    samples, one array each), the same numbers the task computes; errors name `wheres[k]`."""
     for own, where in zip(ids, wheres):
-        held_out = sum(int(validation_mask(array, search.validation_permille).sum()) for array in own)
+        held_out = sum(int(validation_mask(array, search.validation_permille).sum())
+                       for array in own)
         plan_search(framework, hp, search, sum(len(array) for array in own), held_out, where)
 
 
-def plan_search(framework: str, base: Hyperparameters, search: SearchSpace, n: int, validation_n: int,
+def plan_search(framework: str, base: Hyperparameters, search: SearchSpace, n: int,
+                validation_n: int,
                 where: str) -> SearchPlan:
-    """The privacy plan of a `framework` search of `search` around `base` on `n` examples, `validation_n` of them
-    held out, or a UserError naming `where` (the task, and the scripts before they register anything, ask it): σ of
-    every profile so that the training examples' ε ends at base.target_epsilon, and the score's noise so that the
-    validation examples' does."""
-    planning.check_delta(base.delta, n, where=f"{where}: delta")  # the released model's own check: the whole n
+    """The privacy plan of a `framework` search of `search` around `base` on `n` examples,
+    `validation_n` of them held out, or a UserError naming `where` (the task, and the scripts before
+    they register anything, ask it): σ of every profile so that the training examples' ε ends at
+    base.target_epsilon, and the score's noise so that the validation examples' does."""
+    # the released model's own check: the whole n
+    planning.check_delta(base.delta, n, where=f"{where}: delta")
     profiles = search_space.check_with(search, base, where)
     if validation_n == 0 or validation_n == n:
-        raise UserError(f"{where}: validation_fraction = {search.validation_fraction:g} holds out {validation_n} of "
-                        f"the {n} examples; a search needs examples on both sides: change validation_fraction")
+        raise UserError(f"{where}: validation_fraction = {search.validation_fraction:g} holds out "
+                        f"{validation_n} of the {n} examples; a search needs examples on both "
+                        "sides: change validation_fraction")
     distinct = {}
     for hp in profiles:
         plan = planning.check_run(framework, hp, n - validation_n, where)
         distinct.setdefault(profile(hp, plan), (hp, plan))
     target, delta = base.target_epsilon, base.delta
     try:
-        sigmas = accountant.calibrate_search(target, delta, list(distinct), search.mean, search.shape)
+        sigmas = accountant.calibrate_search(target, delta, list(distinct), search.mean,
+                                             search.shape)
         score = accountant.calibrate_score_noise(target, delta, search.mean, search.shape)
     except accountant.NoSigma as exc:
-        hp, plan = max(distinct.values(), key=lambda pair: pair[1].planned_steps * pair[1].sample_rate)
-        raise planning.refused(exc, hp, plan, f"{where} (a search of {search.mean:g} candidates on average)") from None
-    log.info("search: calibrated noise_multiplier %s for a total epsilon of %.3g at delta %.1e (score noise %.3g)",
+        hp, plan = max(distinct.values(),
+                       key=lambda pair: pair[1].planned_steps * pair[1].sample_rate)
+        raise planning.refused(exc, hp, plan, f"{where} (a search of {search.mean:g} candidates on "
+                                              "average)") from None
+    log.info("search: calibrated noise_multiplier %s for a total epsilon of %.3g at delta %.1e "
+             "(score noise %.3g)",
              ", ".join(f"{s:.4f}" for s in sigmas), target, delta, score)
     return SearchPlan(search, base, n, validation_n, dict(zip(distinct, sigmas)), score)

@@ -17,47 +17,52 @@ from mnist_dp.privacy.model_file import AGGREGATED, ModelFile
 from mnist_dp.privacy.randomness import ENTROPY_BITS, REPLAYABLE_WARNING
 
 NOT_COVERED = [
-    "hyperparameter tuning, model selection or repeated training on the same data (each try spends privacy "
-    "that this ledger does not see)",
+    "hyperparameter tuning, model selection or repeated training on the same data (each try spends "
+    "privacy that this ledger does not see)",
     "the test data (its accuracy is published)",
-    "timing side channels, and floating-point attacks on the noise in tf, and in torch and MindSpore without "
-    "secure_mode",
-    "the size of the training data (n is in the ledger, and a published ε reveals ceil(n / batch_size))",
+    "timing side channels, and floating-point attacks on the noise in tf, and in torch and "
+    "MindSpore without secure_mode",
+    "the size of the training data (n is in the ledger, and a published ε reveals ceil(n / "
+    "batch_size))",
 ]
 
 THREAT_MODEL = (
-    "- Threat model: ε bounds what anyone learns about one training example from everything released, for an "
-    "adversary who has the code, the hyperparameters, this model file and every other example. What each "
-    "released artefact reveals: the weights are the mechanism's output (covered by ε); the ledger and metadata give "
-    "n, q = 1/⌈n/batch_size⌉, σ, C, the number of steps, each run's random id and framework, and each data "
-    "sample's identity and each example's as an HMAC under a secret key kept with the data (no one without the key "
-    "can match them to a candidate dataset or example; they show how many examples two runs share); Substra's "
-    "performances give ε and the test accuracy (by default nothing computed on the "
-    "training data); the logs give timings and step counts. The batches and the noise are not released.")
-TRAIN_SCORES = ("**Training-data accuracy was published** (--score-train): it is computed on the training data "
-                "without noise, so it is **not covered by ε**")
+    "- Threat model: ε bounds what anyone learns about one training example from everything "
+    "released, for an adversary who has the code, the hyperparameters, this model file and every "
+    "other example. What each released artefact reveals: the weights are the mechanism's output "
+    "(covered by ε); the ledger and metadata give n, q = 1/⌈n/batch_size⌉, σ, C, the number of "
+    "steps, each run's random id and framework, and each data sample's identity and each example's "
+    "as an HMAC under a secret key kept with the data (no one without the key can match them to a "
+    "candidate dataset or example; they show how many examples two runs share); Substra's "
+    "performances give ε and the test accuracy (by default nothing computed on the training data); "
+    "the logs give timings and step counts. The batches and the noise are not released.")
+TRAIN_SCORES = ("**Training-data accuracy was published** (--score-train): it is computed on the "
+                "training data without noise, so it is **not covered by ε**")
 
 
 SHARED_EXAMPLES = (
-    "one organisation's record: an example is what the model sees (the image after the opener's conversion, with "
-    "its label), whatever the file stored. Each organisation names its examples by a 64-bit HMAC under its own "
-    "identity key, which never leaves it. Inside one organisation ε composes the runs of each example, whichever "
-    "data samples held it (a task refuses data holding an example twice); examples under different keys are "
-    "different organisations' records, so each organisation's ε counts the runs on its own data. Released with the "
-    "ledger, exactly: how many examples each run trained on and how many two runs of one organisation share.")
+    "one organisation's record: an example is what the model sees (the image after the opener's "
+    "conversion, with its label), whatever the file stored. Each organisation names its examples "
+    "by a 64-bit HMAC under its own identity key, which never leaves it. Inside one organisation ε "
+    "composes the runs of each example, whichever data samples held it (a task refuses data "
+    "holding an example twice); examples under different keys are different organisations' "
+    "records, so each organisation's ε counts the runs on its own data. Released with the ledger, "
+    "exactly: how many examples each run trained on and how many two runs of one organisation "
+    "share.")
 
 FEDERATED_THREAT_MODEL = (
-    "- Across organisations: the other organisations and the aggregator are adversaries too. Each organisation, "
-    "and anyone holding a released model, receives the averaged (or passed-on) models with this ledger, and the "
-    "performances; the aggregator also receives every organisation's model or weight update, and each one's number "
-    "of examples. The weights and updates are DP outputs, covered by each organisation's ε; the ledger gives every "
-    "run's n, q, σ and steps; its example and sample ids are HMACs under each organisation's own key, which never "
-    "leaves it, so no one else can test whether a candidate example is in them.")
+    "- Across organisations: the other organisations and the aggregator are adversaries too. Each "
+    "organisation, and anyone holding a released model, receives the averaged (or passed-on) "
+    "models with this ledger, and the performances; the aggregator also receives every "
+    "organisation's model or weight update, and each one's number of examples. The weights and "
+    "updates are DP outputs, covered by each organisation's ε; the ledger gives every run's n, q, "
+    "σ and steps; its example and sample ids are HMACs under each organisation's own key, which "
+    "never leaves it, so no one else can test whether a candidate example is in them.")
 
 
-DATA_SPENT = ("- This model's ε counts the runs in its ledger. What the training data has spent over every model "
-              "released from it so far, this one and the others (its own ledger, kept with the data by its "
-              "organisation), at the same δ: ")
+DATA_SPENT = ("- This model's ε counts the runs in its ledger. What the training data has spent "
+              "over every model released from it so far, this one and the others (its own ledger, "
+              "kept with the data by its organisation), at the same δ: ")
 
 
 def _schedule(event) -> str:
@@ -77,36 +82,41 @@ def _code(code: dict | None) -> str:
 MECHANISM = [
     f"- Neighbouring datasets: {NEIGHBOURING_RELATION}.",
     f"- Sampling: {SAMPLING}, as the accountant assumes.",
-    "- Mechanism: DP-SGD; each step adds Gaussian noise of standard deviation σ·C to the sum of clipped "
-    "gradients; the accountant composes PoissonSampled(Gaussian(σ)) over the steps really run (with a "
-    "decaying noise schedule, each block of steps at its own σ; with adaptive clipping, the noisy count of "
-    "unclipped examples released at each step is part of that step's Gaussian mechanism, Andrew et al. 2021).",
+    "- Mechanism: DP-SGD; each step adds Gaussian noise of standard deviation σ·C to the sum of "
+    "clipped gradients; the accountant composes PoissonSampled(Gaussian(σ)) over the steps really "
+    "run (with a decaying noise schedule, each block of steps at its own σ; with adaptive "
+    "clipping, the noisy count of unclipped examples released at each step is part of that step's "
+    "Gaussian mechanism, Andrew et al. 2021).",
 ]
 
 
 SEARCH = (
-    "- Private hyperparameter search (Papernot & Steinke, ICLR 2022): the number of candidates K is drawn at random "
-    "and never released; each candidate draws its hyperparameters from the search space, trains with DP-SGD on the "
-    "examples outside the validation split (a function of each example's keyed id alone) and is scored by its count "
-    "of correct validation predictions plus Gaussian noise; only the best candidate's model is released. The "
-    "accountant composes RepeatAndSelect(candidate, mean, shape) by RDP, which is the only one of its accountants "
-    "that can (PLD cannot): a ledger holding a search is composed by RDP as a whole. A training example pays for the "
-    "candidates' training (their privacy profiles' worst Rényi divergence at each order), a validation example for "
-    "their scores only. The search's run time grows with K: ε assumes whoever ε is claimed against does not see how "
-    "long the task ran (Substra records its start and end).")
-# NOT_COVERED's first line where a search ran: the search is covered, anything tried besides it is not.
-SEARCHED_NOT_COVERED = ("model selection or training on the same data besides the private search (each such try "
-                        "spends privacy that this ledger does not see)")
+    "- Private hyperparameter search (Papernot & Steinke, ICLR 2022): the number of candidates K "
+    "is drawn at random and never released; each candidate draws its hyperparameters from the "
+    "search space, trains with DP-SGD on the examples outside the validation split (a function of "
+    "each example's keyed id alone) and is scored by its count of correct validation predictions "
+    "plus Gaussian noise; only the best candidate's model is released. The accountant composes "
+    "RepeatAndSelect(candidate, mean, shape) by RDP, which is the only one of its accountants that "
+    "can (PLD cannot): a ledger holding a search is composed by RDP as a whole. A training example "
+    "pays for the candidates' training (their privacy profiles' worst Rényi divergence at each "
+    "order), a validation example for their scores only. The search's run time grows with K: ε "
+    "assumes whoever ε is claimed against does not see how long the task ran (Substra records its "
+    "start and end).")
+# NOT_COVERED's first line where a search ran: the search is covered, anything tried besides it is
+# not.
+SEARCHED_NOT_COVERED = ("model selection or training on the same data besides the private search "
+                        "(each such try spends privacy that this ledger does not see)")
 
 
 def shared_assumptions(federated: bool, searched: bool = False) -> str:
-    """What holds for every model's statement, said once in a report: the relation, the mechanism (with a private
-    search's when `searched`), the threat model (across organisations too when `federated`), the accounting unit and
-    what ε does not cover."""
+    """What holds for every model's statement, said once in a report: the relation, the mechanism
+    (with a private search's when `searched`), the threat model (across organisations too when
+    `federated`), the accounting unit and what ε does not cover."""
     not_covered = [SEARCHED_NOT_COVERED, *NOT_COVERED[1:]] if searched else NOT_COVERED
     return "\n".join([*MECHANISM, *([SEARCH] if searched else []), THREAT_MODEL,
                       *([FEDERATED_THREAT_MODEL] if federated else []),
-                      "- Accounting unit: " + SHARED_EXAMPLES, "- Not covered: " + "; ".join(not_covered) + "."])
+                      "- Accounting unit: " + SHARED_EXAMPLES,
+                      "- Not covered: " + "; ".join(not_covered) + "."])
 
 
 def has_search(saved: ModelFile) -> bool:
@@ -114,97 +124,120 @@ def has_search(saved: ModelFile) -> bool:
 
 
 def reported_accountant(ledger: Ledger) -> str:
-    """The name of the accountant that composed the ledger's ε: PLD, or RDP when it holds a search."""
+    """The name of the accountant that composed the ledger's ε: PLD, or RDP when it holds a
+    search."""
     if any(e.search is not None for e in ledger.events):
-        return ACCOUNTANT_NAMES["rdp"] + ", as the ledger holds a private search, which PLD cannot compose"
+        return ACCOUNTANT_NAMES[
+            "rdp"] + ", as the ledger holds a private search, which PLD cannot compose"
     return ACCOUNTANT_NAMES[REPORTED_ACCOUNTANT]
 
 
 def _search(event) -> str:
     """A search event's own line: the search, then the released candidate's run."""
     search = event.search
-    shape = {0.0: "logarithmic", 1.0: "geometric"}.get(search.shape, "Poisson" if search.shape == float("inf")
-                                                         else f"truncated negative binomial, shape {search.shape:g}")
+    shape = {0.0: "logarithmic", 1.0: "geometric"}.get(
+        search.shape,
+        "Poisson" if search.shape == float("inf") else "truncated negative binomial, shape "
+                                                       f"{search.shape:g}")
     profiles = "; ".join(f"q = {c.sample_rate:.4g}, σ = {c.noise_multiplier:.4g}, {c.steps} steps"
                          for c in search.candidates)
-    return (f"private search of {search.mean:g} candidates on average ({shape} distribution, K never released); "
-            f"{search.validation_n} validation examples (id mod 1000 < {search.validation_permille}) scored with "
-            f"noise σ = {search.score_noise_multiplier:.4g}; candidate profile(s): {profiles}; the released "
+    return (f"private search of {search.mean:g} candidates on average ({shape} distribution, K "
+            f"never released); {search.validation_n} validation examples (id mod 1000 < "
+            f"{search.validation_permille}) scored with noise σ = "
+            f"{search.score_noise_multiplier:.4g}; candidate profile(s): {profiles}; the released "
             f"candidate trained on n = {event.trained_n}, ")
 
 
 def is_federated(saved: ModelFile) -> bool:
-    """Whether the model holds several organisations' runs (several identity keys) or is an average."""
+    """Whether the model holds several organisations' runs (several identity keys) or is an
+    average."""
     return len(saved.ledger.keys()) > 1 or bool(saved.hyperparameters.get(AGGREGATED))
 
 
-def privacy_statement(saved: ModelFile, per_organization: dict | None = None, train_scores: bool = False,
+def privacy_statement(saved: ModelFile, per_organization: dict | None = None,
+                      train_scores: bool = False,
                       assumptions: bool = True, data_spent: dict | None = None) -> str:
-    """Markdown. First a card: ε at δ and the accountant, what is covered, what is flagged. Then the details: RDP
-    and each library's own figure, the runs behind it, the budget, ε per organisation, the noise's source; then,
-    unless `assumptions` is False (a report that says them once, `shared_assumptions`), the neighbouring relation,
-    the mechanism, the threat model and what is not covered.
+    """Markdown. First a card: ε at δ and the accountant, what is covered, what is flagged. Then the
+    details: RDP and each library's own figure, the runs behind it, the budget, ε per organisation,
+    the noise's source; then, unless `assumptions` is False (a report that says them once,
+    `shared_assumptions`), the neighbouring relation, the mechanism, the threat model and what is
+    not covered.
 
-    `per_organization`: {organisation: its ε}, as a report computed it; `train_scores`: the plan published
-    accuracies on the training data (--score-train); `data_spent`: {organisation: what its data has spent over every
-    run released from it so far, this model's among them}, from the data's own ledger (data_ledger.py)."""
+    `per_organization`: {organisation: its ε}, as a report computed it; `train_scores`: the plan
+    published accuracies on the training data (--score-train); `data_spent`: {organisation: what its
+    data has spent over every run released from it so far, this model's among them}, from the data's
+    own ledger (data_ledger.py)."""
     ledger, hp = saved.ledger, saved.hyperparameters
     delta = hp["delta"]
     if not any(e.is_private for e in ledger.events):
-        return (f"**Not private**: this {saved.framework} model was trained without DP (no clipping, no noise); "
-                "ε = ∞. It must not leave the organisations that hold its training data.")
+        return (f"**Not private**: this {saved.framework} model was trained without DP (no "
+                "clipping, no noise); ε = ∞. It must not leave the organisations that hold its "
+                "training data.")
     epsilon = ledger.epsilon(delta, REPORTED_ACCOUNTANT)
     searches = sum(e.search is not None for e in ledger.events)
     keys = ledger.keys()
-    flagged = ([f"**Replayable noise**: {REPLAYABLE_WARNING}"] if any(e.replayable_noise for e in ledger.events)
+    flagged = ([f"**Replayable noise**: {REPLAYABLE_WARNING}"]
+               if any(e.replayable_noise for e in ledger.events)
                else []) + ([TRAIN_SCORES] if train_scores else [])
     lines = [
-        f"**(ε, δ) = ({epsilon:.3f}, {delta:g})** by {reported_accountant(ledger)} (reported), the worst "
-        "case over every example whose influence is in these weights, whichever organisation holds it (the unit: "
-        "one organisation's record).",
-        f"- Covered: the {len(ledger.events)} training run(s) and {sum(e.steps for e in ledger.events):,} steps "
-        "listed below, on the data samples they name (by keyed identity)"
-        + (f", and the whole of the {searches} private hyperparameter search(es) that chose them: every candidate "
-           "trained and scored, not only the one released" if searches else "")
+        f"**(ε, δ) = ({epsilon:.3f}, {delta:g})** by {reported_accountant(ledger)} (reported), the "
+        "worst case over every example whose influence is in these weights, whichever organisation "
+        "holds it (the unit: one organisation's record).",
+        f"- Covered: the {len(ledger.events)} training run(s) and "
+        f"{sum(e.steps for e in ledger.events):,} steps listed below, on the data samples they "
+        "name (by keyed identity)"
+        + (f", and the whole of the {searches} private hyperparameter search(es) that chose them: "
+           "every candidate trained and scored, not only the one released" if searches else "")
         + "; the initialisation is data-independent (seeded) and costs nothing.",
         f"- Flagged: {'; '.join(flagged) if flagged else 'nothing'}.",
         "",
         f"- {ACCOUNTANT_NAMES['rdp']}: ε = {ledger.epsilon(delta, 'rdp'):.3f}, "
         + ("the reported figure itself (a search is composed by RDP only)." if searches else
            "beside it (a looser bound)."),
-        *([f"- An individual whose records every organisation here holds (under each of the {len(keys)} identity "
-           f"keys): ε = {ledger.epsilon_in_every_organization(delta, REPORTED_ACCOUNTANT):.3f}, every run composed."]
+        *(["- An individual whose records every organisation here holds (under each of the "
+           f"{len(keys)} identity keys): ε = "
+           f"{ledger.epsilon_in_every_organization(delta, REPORTED_ACCOUNTANT):.3f}, every run "
+           "composed."]
           if len(keys) > 1 else []),
-        *([DATA_SPENT + ", ".join(f"{org}: ε = {value:.3f}" for org, value in data_spent.items()) + "."]
+        *([DATA_SPENT + ", ".join(f"{org}: ε = {value:.3f}" for org,
+                                  value in data_spent.items()) + "."]
           if data_spent else []),
         "- Training runs in the ledger (in order):",
     ]
     for i, e in enumerate(ledger.events, 1):
         library = "; ".join(f"{name}: ε = {value:.3f}" for name, value in e.library_epsilon)
-        lines.append(f"  {i}. {e.framework}: {len(e.data)} data sample(s) ({sorted(e.data)[0][:8]}…), n = {e.n}, "
-                     + (_search(e) if e.search else "") + f"q = {e.sample_rate:.4g}, "
-                     f"σ = {e.noise_multiplier:.4g}{_schedule(e)}, {e.steps} steps, clipping {e.clipping} "
-                     + (f"adaptive from C = {e.max_grad_norm:g} (count noise multiplier {e.count_noise_multiplier:.4g})"
+        lines.append(f"  {i}. {e.framework}: {len(e.data)} data sample(s) "
+                     f"({sorted(e.data)[0][:8]}…), n = {e.n}, "
+                     + (_search(e) if e.search
+                        else "") + f"q = {e.sample_rate:.4g}, σ = "
+                                   f"{e.noise_multiplier:.4g}{_schedule(e)}, {e.steps} steps, "
+                                   f"clipping {e.clipping} "
+                     + (f"adaptive from C = {e.max_grad_norm:g} (count noise multiplier "
+                        f"{e.count_noise_multiplier:.4g})"
                         if e.count_noise_multiplier else f"to C = {e.max_grad_norm:g}")
-                     + (f" ({library}; a library's figure covers its own run only, with its own conventions)"
+                     + (f" ({library}; a library's figure covers its own run only, with its own "
+                        "conventions)"
                         if library else "") + f"; {_code(e.code)}")
     averaged = hp.get(AGGREGATED)
     if averaged:
         lines.append(
-            f"- Federated averaging: this model is the average of {len(averaged)} models, each trained from the "
-            "same global model with DP-SGD on one organisation's data, weighted by the examples of that training "
-            f"({', '.join(str(a['examples']) for a in averaged)}). Averaging is post-processing of those models and "
-            "spends no privacy; each training run above is counted once (the global model's runs, shared by every "
-            "input, included). Each organisation's ε composes the runs on its own data; the averaging organisation "
-            "sees every input model, each covered by its organisation's ε.")
+            f"- Federated averaging: this model is the average of {len(averaged)} models, each "
+            "trained from the same global model with DP-SGD on one organisation's data, weighted "
+            "by the examples of that training "
+            f"({', '.join(str(a['examples']) for a in averaged)}). Averaging is post-processing of "
+            "those models and spends no privacy; each training run above is counted once (the "
+            "global model's runs, shared by every input, included). Each organisation's ε composes "
+            "the runs on its own data; the averaging organisation sees every input model, each "
+            "covered by its organisation's ε.")
     if hp.get("max_epsilon") is not None:
         if averaged:
-            stopped = ("an organisation's training stopped early to stay within it (its run above has fewer steps)"
-                       if hp.get("stopped_by_budget") else "every organisation's training ran every planned step "
-                       "within it")
+            stopped = ("an organisation's training stopped early to stay within it (its run above "
+                       "has fewer steps)"
+                       if hp.get("stopped_by_budget")
+                       else "every organisation's training ran every planned step within it")
         elif hp.get("stopped_by_budget"):
-            stopped = (f"training stopped after {ledger.events[-1].steps} of {hp['planned_steps']} planned steps to "
-                       "stay within it")
+            stopped = (f"training stopped after {ledger.events[-1].steps} of {hp['planned_steps']} "
+                       "planned steps to stay within it")
         else:
             stopped = "training ran every planned step within it"
         lines.append(f"- Budget: max_epsilon = {hp['max_epsilon']:g} at δ = {delta:g}; {stopped}.")
@@ -213,7 +246,8 @@ def privacy_statement(saved: ModelFile, per_organization: dict | None = None, tr
         lines.append("- Per organisation (the worst ε of the examples it holds): " + ", ".join(
             f"{org}: {value:.3f}" for org, value in per_organization.items()))
     elif len(keys) > 1:
-        lines.append("- Per organisation (identity key id; the worst ε of its examples): " + ", ".join(
+        lines.append(
+            "- Per organisation (identity key id; the worst ε of its examples): " + ", ".join(
             f"{key}: {ledger.epsilon(delta, data=ledger.samples_under(key)):.3f}" for key in keys))
     elif len(accounts) > 1:
         lines.append("- Per group of examples trained on by the same runs: " + ", ".join(
@@ -222,9 +256,11 @@ def privacy_statement(saved: ModelFile, per_organization: dict | None = None, tr
             f"{compose_epsilon(account.events, delta):.3f}" for account in accounts))
     replayed = [i for i, e in enumerate(ledger.events, 1) if e.replayable_noise]
     secure = "on" if hp.get("secure_mode") else "off"
-    lines.append(f"- Noise and batches: drawn from {ENTROPY_BITS} fresh bits of the operating system's entropy per "
-                 "run, stored nowhere" + (f", except run(s) {', '.join(map(str, replayed))}, drawn from noise_seed "
-                                          f"{hp.get('noise_seed')!r} (replayable)" if replayed else "")
+    lines.append(f"- Noise and batches: drawn from {ENTROPY_BITS} fresh bits of the operating "
+                 "system's entropy per run, stored "
+                 "nowhere" + (f", except run(s) {', '.join(map(str, replayed))}, drawn from "
+                              f"noise_seed {hp.get('noise_seed')!r} (replayable)" if replayed
+                                          else "")
                  + f"; secure_mode (floating-point-attack-resistant noise): {secure}.")
     if assumptions:
         lines.append(shared_assumptions(is_federated(saved), has_search(saved)))
@@ -235,12 +271,13 @@ def _part(run: int, event) -> str:
     """Run number `run` (0-based) of a per-group line, with the face of a search an example saw."""
     if event.search is None:
         return str(run + 1)
-    return f"{run + 1} ({'its validation scores' if event.search.face == 'score' else 'its candidates trained'})"
+    used = "its validation scores" if event.search.face == "score" else "its candidates trained"
+    return f"{run + 1} ({used})"
 
 
 def privacy_summary(ledger: Ledger, delta: float) -> dict:
-    """The figures a task logs and a results record keeps: ε (PLD, reported; RDP with a search), RDP beside it, δ,
-    the accountant."""
+    """The figures a task logs and a results record keeps: ε (PLD, reported; RDP with a search), RDP
+    beside it, δ, the accountant."""
     return {
         "epsilon": ledger.epsilon(delta, REPORTED_ACCOUNTANT),
         "epsilon_rdp": ledger.epsilon(delta, "rdp"),

@@ -1,5 +1,5 @@
-"""How a plan's results are shown: the records of its train tasks (results.py) as a table, and written
-as results.json, summary.md and results.png in the output folder. Formatting only."""
+"""How a plan's results are shown: the records of its train tasks (results.py) as a table, and
+written as results.json, summary.md and results.png in the output folder. Formatting only."""
 from __future__ import annotations
 
 import math
@@ -26,13 +26,15 @@ COLUMNS = [  # (key, header, format)
 MULTI_STAGE_ONLY = ("round", "organization")
 FEDAVG = "fedavg"  # where an averaged model was "trained": by every organisation
 DATA_EPSILON = "data's ε"  # the column of what the data has spent over every model released from it
-STATEMENT = ("ε is for the add/remove-one-example relation, Poisson sampling and per-example clipping; "
-             "each example's ε composes the steps that trained on it, and ε is the worst example's (with "
-             "several organisations, each one's ε is that of its own records, the examples it holds; an individual "
-             "every organisation holds: epsilon_in_every_organization in results.json), by the accountant named "
-             "beside it: PLD, or RDP for a model whose ledger holds a private search (PLD cannot compose one). "
-             "data's ε: what the training data has spent over every model released from it so far, these and earlier "
-             "ones (its own ledger, kept with the data: data_epsilon_by_organization in results.json).")
+STATEMENT = ("ε is for the add/remove-one-example relation, Poisson sampling and per-example "
+             "clipping; each example's ε composes the steps that trained on it, and ε is the worst "
+             "example's (with several organisations, each one's ε is that of its own records, the "
+             "examples it holds; an individual every organisation holds: "
+             "epsilon_in_every_organization in results.json), by the accountant named beside it: "
+             "PLD, or RDP for a model whose ledger holds a private search (PLD cannot compose "
+             "one). data's ε: what the training data has spent over every model released from it "
+             "so far, these and earlier ones (its own ledger, kept with the data: "
+             "data_epsilon_by_organization in results.json).")
 
 
 NOT_DP = ("delta", "accountant", "noise_multiplier")  # nothing to say of a model trained without DP
@@ -44,7 +46,8 @@ def _cell(record, key: str, fmt: str) -> str:
         return _epsilon(value, fmt)
     if key in NOT_DP and not record.dp:
         return "-"
-    if key == "accountant":  # the table's short form; results.json and the statement name it in full
+    # the table's short form; results.json and the statement name it in full
+    if key == "accountant":
         return value.split(" ")[0] + (" (search)" if "search" in value else "")
     if value is None:
         return "-"
@@ -54,8 +57,9 @@ def _cell(record, key: str, fmt: str) -> str:
 
 
 def _epsilon(value: float | None, fmt: str = "{:.3f}") -> str:
-    """Infinity, one rule: ∞ in tables for people, null in results.json (JSON has none), and Substra's
-    performance file holds JSON's non-standard Infinity (what substratools writes and Substra reads)."""
+    """Infinity, one rule: ∞ in tables for people, null in results.json (JSON has none), and
+    Substra's performance file holds JSON's non-standard Infinity (what substratools writes and
+    Substra reads)."""
     if value is None:
         return "-"
     return "∞" if math.isinf(value) else fmt.format(value)
@@ -69,7 +73,8 @@ def _rows(records: list) -> tuple:
                and any(getattr(r, c[0]) is not None for r in records)]
     headers = [header for _, header, _ in columns]
     rows = [[_cell(r, key, fmt) for key, _, fmt in columns] for r in records]
-    if any(r.max_epsilon is not None for r in records):  # the budget, and whether it stopped training
+    # the budget, and whether it stopped training
+    if any(r.max_epsilon is not None for r in records):
         headers.append("max ε")
         for row, r in zip(rows, records):
             row.append("-" if r.max_epsilon is None else
@@ -78,11 +83,13 @@ def _rows(records: list) -> tuple:
         at = headers.index("ε") + 1
         headers[at:at] = [f"ε {org}" for org in organizations]
         for row, record in zip(rows, records):
-            row[at:at] = [_epsilon(record.epsilon_by_organization.get(org)) for org in organizations]
+            row[at:at] = [_epsilon(record.epsilon_by_organization.get(org))
+                          for org in organizations]
     spent = sorted({org for r in records for org in r.data_epsilon_by_organization})
     if spent:  # what each organisation's data has spent over every model released from it
         at = headers.index("ε") + 1 + (len(organizations) if len(organizations) > 1 else 0)
-        headers[at:at] = [DATA_EPSILON if len(spent) == 1 else f"{DATA_EPSILON} {org}" for org in spent]
+        headers[at:at] = [DATA_EPSILON if len(spent) == 1 else f"{DATA_EPSILON} {org}"
+                          for org in spent]
         for row, record in zip(rows, records):
             row[at:at] = [_epsilon(record.data_epsilon_by_organization.get(org)) for org in spent]
     return headers, rows
@@ -132,13 +139,16 @@ def write_results(path: Path, records: list) -> None:
 
 
 def performance_table(frame) -> tuple:
-    """Substra's performances (from get_performances): one row per run, round and model (where it was trained), one
-    column per metric and the organisation that computed it. Returns (headers, rows)."""
+    """Substra's performances (from get_performances): one row per run, round and model (where it
+    was trained), one column per metric and the organisation that computed it. Returns (headers,
+    rows)."""
     if frame.empty:
         return ["run"], []
-    wide = frame.pivot_table(index=["run", "round", "trained_at"], columns=["metric", "worker"], values="performance",
+    wide = frame.pivot_table(index=["run", "round", "trained_at"], columns=["metric", "worker"],
+                             values="performance",
                              aggfunc="first").sort_index()
-    headers = ["run", "round", "model trained at"] + [f"{metric} @ {worker}" for metric, worker in wide.columns]
+    headers = ["run", "round",
+               "model trained at"] + [f"{metric} @ {worker}" for metric, worker in wide.columns]
     rows = [[run, rnd, trained] + [_number(v) for v in values]
             for (run, rnd, trained), values in zip(wide.index, wide.itertuples(index=False))]
     return headers, rows
@@ -150,9 +160,11 @@ def _number(value) -> str:
     return "∞" if math.isinf(value) else f"{value:.4f}"
 
 
-def write_summary(path: Path, title: str, facts: list, records: list, performances, plot: Path | None,
+def write_summary(path: Path, title: str, facts: list, records: list, performances,
+                  plot: Path | None,
                   failure: str | None = None) -> None:
-    """summary.md: what ran, the results table, the privacy statement, the plot, Substra's performances."""
+    """summary.md: what ran, the results table, the privacy statement, the plot, Substra's
+    performances."""
     headers, rows = _rows(records)
     lines = [f"# {title}", ""] + [f"- {fact}" for fact in facts] + [""]
     if failure:
@@ -168,13 +180,16 @@ def write_summary(path: Path, title: str, facts: list, records: list, performanc
     for record, saved in models:
         by_org = record.epsilon_by_organization if len(record.epsilon_by_organization) > 1 else None
         scored_train = any(r.train_accuracy is not None for r in records if r.run == record.run)
-        lines += [f"### {record.run}", "", statement.privacy_statement(saved, by_org, scored_train, assumptions=False,
+        lines += [f"### {record.run}", "",
+                  statement.privacy_statement(saved, by_org, scored_train, assumptions=False,
                                                                      data_spent=record.data_epsilon_by_organization),
                   ""]
     if any(any(e.is_private for e in saved.ledger.events) for _, saved in models):
         lines += ["### What every statement above assumes", "",
-                  statement.shared_assumptions(any(statement.is_federated(saved) for _, saved in models),
-                                             any(statement.has_search(saved) for _, saved in models)), ""]
+                  statement.shared_assumptions(any(statement.is_federated(saved) for _,
+                                                   saved in models),
+                                             any(statement.has_search(saved) for _,
+                                                 saved in models)), ""]
     lines += ["## Performances as recorded by Substra (`get_performances`)", "",
               markdown_table(*performance_table(performances)), ""]
     atomic.write_text(path, "\n".join(lines))
@@ -196,8 +211,9 @@ def _last_record_per_run(records: list) -> list:
 
 
 def plot_trade_off(ax, records: list, colours: dict) -> None:
-    """Test accuracy against ε: each private run's models in training order (one point per train task, at
-    the model's ε), each non-private baseline as a dashed line at its last accuracy, in its framework's colour."""
+    """Test accuracy against ε: each private run's models in training order (one point per train
+    task, at the model's ε), each non-private baseline as a dashed line at its last accuracy, in its
+    framework's colour."""
     runs = list(dict.fromkeys(r.run for r in records))
     framework_colour = {}
     for r in records:
@@ -210,14 +226,17 @@ def plot_trade_off(ax, records: list, colours: dict) -> None:
             ax.plot([r.epsilon for r in points], [r.test_accuracy for r in points], marker="o",
                     color=framework_colour[points[0].framework], label=run)
             last = points[-1]
-            ax.annotate(f"{last.test_accuracy:.3f}", (last.epsilon, last.test_accuracy), textcoords="offset points",
+            ax.annotate(f"{last.test_accuracy:.3f}", (last.epsilon, last.test_accuracy),
+                        textcoords="offset points",
                         xytext=(5, 4), fontsize=8)
         else:
-            ax.axhline(points[-1].test_accuracy, linestyle="--", color=framework_colour[points[0].framework],
+            ax.axhline(points[-1].test_accuracy, linestyle="--",
+                       color=framework_colour[points[0].framework],
                        label=f"{run} (ε = ∞): {points[-1].test_accuracy:.3f}")
     private = [r.epsilon for r in records if r.dp and math.isfinite(r.epsilon)]
     ax.set_xlim(0, max(private + [1.0]) * 1.25)
-    # At least 0.1 of accuracy, from a round tenth: an axis spanning 0.958-0.962 would magnify noise.
+    # At least 0.1 of accuracy, from a round tenth: an axis spanning 0.958-0.962 would magnify
+    # noise.
     lowest = min([r.test_accuracy for r in records if r.test_accuracy is not None] + [1.0])
     ax.set_ylim(max(0.0, math.floor(round((lowest - 0.05) * 10, 6)) / 10), 1.0)
     ax.set_xlabel(f"ε at δ = {records[0].delta:g}")
@@ -228,8 +247,8 @@ def plot_trade_off(ax, records: list, colours: dict) -> None:
 
 
 def plot(path: Path, records: list) -> Path | None:
-    """results.png: test accuracy against ε (left), then test accuracy and ε per organisation after each
-    train task, as bars."""
+    """results.png: test accuracy against ε (left), then test accuracy and ε per organisation after
+    each train task, as bars."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -245,18 +264,23 @@ def plot(path: Path, records: list) -> Path | None:
     fig, (trade_ax, acc_ax, eps_ax) = plt.subplots(1, 3, figsize=(18, 5.2))
     colours = {run: f"C{i}" for i, run in enumerate(runs)}  # a run has one colour in every panel
     plot_trade_off(trade_ax, records, colours)
-    hatches = {org: ["", "//", "..", "xx", "\\\\", "++"][i % 6] for i, org in enumerate(organizations)}
+    hatches = {org: ["", "//", "..", "xx", "\\\\", "++"][i % 6] for i,
+               org in enumerate(organizations)}
 
     def bars(ax, series: list, title: str, ylabel: str, top: float):
-        """series: (legend label, colour, hatch, values per stage); grouped bars, value on top of each."""
+        """series: (legend label, colour, hatch, values per stage); grouped bars, value on top of
+        each."""
         width = 0.8 / max(len(series), 1)
         for i, (name, colour, hatch, values) in enumerate(series):
             xs = [s + (i - (len(series) - 1) / 2) * width for s in range(len(stages))]
-            drawn = ax.bar(xs, [v or 0 for v in values], width, label=name, color=colour, hatch=hatch,
+            drawn = ax.bar(xs, [v or 0 for v in values], width, label=name, color=colour,
+                           hatch=hatch,
                            edgecolor="white")
-            ax.bar_label(drawn, labels=["-" if v is None else f"{v:.2f}" for v in values], fontsize=8)
+            ax.bar_label(drawn, labels=["-" if v is None else f"{v:.2f}" for v in values],
+                         fontsize=8)
         crowded = len(stages) > 3  # long organisation names would run into each other
-        ax.set_xticks(range(len(stages)), labels, rotation=35 if crowded else 0, ha="right" if crowded else "center",
+        ax.set_xticks(range(len(stages)), labels, rotation=35 if crowded else 0, ha="right"
+                      if crowded else "center",
                       fontsize=8 if crowded else None)
         ax.set_ylim(0, top)
         ax.set_title(title)
@@ -272,26 +296,34 @@ def plot(path: Path, records: list) -> Path | None:
         return None
 
     private = [run for run in runs if all(r.dp for r in records if r.run == run)]
-    eps_title = f"ε at δ = {records[0].delta:g}" + (" per organisation's data" if len(organizations) > 1 else "")
+    eps_title = f"ε at δ = {records[0].delta:g}" + (" per organisation's data"
+                                                    if len(organizations) > 1 else "")
     if len(private) < len(runs):
         eps_title += "\n(non-private baselines: ε = ∞, not drawn)"
     if not multi:  # one train task per run: one bar per run
-        for ax, shown, key, title, ylabel in ((acc_ax, runs, "test_accuracy", "test accuracy", "accuracy"),
+        for ax, shown, key, title, ylabel in ((acc_ax, runs, "test_accuracy", "test accuracy",
+                                               "accuracy"),
                                               (eps_ax, private, "epsilon", eps_title, "ε")):
             values = [value(run, stages[0], key) for run in shown]
-            drawn = ax.bar(shown, [v or 0 for v in values], 0.6, color=[colours[run] for run in shown])
-            ax.bar_label(drawn, labels=["-" if v is None else f"{v:.3f}" for v in values], fontsize=9)
+            drawn = ax.bar(shown, [v or 0 for v in values], 0.6,
+                           color=[colours[run] for run in shown])
+            ax.bar_label(drawn, labels=["-" if v is None else f"{v:.3f}" for v in values],
+                         fontsize=9)
             ax.set_title(title)
             ax.set_ylabel(ylabel)
             ax.tick_params(axis="x", labelrotation=20)
         acc_ax.set_ylim(0, 1.1)
-        eps_ax.set_ylim(0, max([value(run, stages[0], "epsilon") for run in private] + [1.0]) * 1.15)
+        eps_ax.set_ylim(0,
+                        max([value(run, stages[0], "epsilon") for run in private] + [1.0]) * 1.15)
     else:
         averaged = any(org == FEDAVG for _, org in stages)  # the evaluated models are averages
-        bars(acc_ax, [(run, colours[run], "", [value(run, s, "test_accuracy") for s in stages]) for run in runs],
-             "test accuracy after each round's average" if averaged else "test accuracy after each train task",
+        bars(acc_ax, [(run, colours[run], "", [value(run, s, "test_accuracy") for s in stages])
+                      for run in runs],
+             "test accuracy after each round's average" if averaged
+             else "test accuracy after each train task",
              "accuracy", 1.1)
-        eps_series = [(run if len(organizations) == 1 else f"{run}: data of {org}", colours[run], hatches[org],
+        eps_series = [(run if len(organizations) == 1 else f"{run}: data of {org}", colours[run],
+                       hatches[org],
                        [(value(run, s, "epsilon_by_organization") or {}).get(org) for s in stages])
                       for run in private for org in organizations]
         highest = max([v for *_, values in eps_series for v in values if v is not None] + [1.0])

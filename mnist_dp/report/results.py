@@ -1,6 +1,6 @@
-"""A plan's results: run it, then one record per evaluated model that finished (a train task's, or an
-aggregate task's in federated averaging: framework, round, organisation), its privacy figures recomputed
-from the model file's ledger beside Substra's performances; display.py shows them."""
+"""A plan's results: run it, then one record per evaluated model that finished (a train task's, or
+an aggregate task's in federated averaging: framework, round, organisation), its privacy figures
+recomputed from the model file's ledger beside Substra's performances; display.py shows them."""
 from __future__ import annotations
 
 import contextlib
@@ -23,23 +23,25 @@ from mnist_dp.privacy.statement import privacy_summary
 from mnist_dp.report import display
 from mnist_dp.utils import atomic
 
-# What a run writes in its --output folder, all of it that run's: an earlier run's are moved aside first.
+# What a run writes in its --output folder, all of it that run's: an earlier run's are moved aside
+# first.
 REPORTS = ("results.json", "summary.md", "results.png", "models")
 EARLIER = "earlier"  # <output>/earlier/<when the earlier run wrote its results>/
 
 
 @contextlib.contextmanager
 def run_output(output: Path, work: Path | None = None):
-    """The --output folder of one run, held by it alone (atomic.exclusive), with no other run's reports in it: the
-    REPORTS an earlier run left there are moved into EARLIER/<their date>/ first, never deleted, and put back if
-    this run stops (a refusal, an error) before writing any of its own. `work`: Substra's local work folder, whose
-    scratch files (its local-worker/) a killed run leaves behind (removed, saying so) and a run removes when it
-    ends."""
+    """The --output folder of one run, held by it alone (atomic.exclusive), with no other run's
+    reports in it: the REPORTS an earlier run left there are moved into EARLIER/<their date>/ first,
+    never deleted, and put back if this run stops (a refusal, an error) before writing any of its
+    own. `work`: Substra's local work folder, whose scratch files (its local-worker/) a killed run
+    leaves behind (removed, saying so) and a run removes when it ends."""
     with atomic.exclusive(output, "--output folder") as folder:
         earlier = set_aside(folder)
         worker = None if work is None else Path(work) / "local-worker"
         if worker is not None and worker.is_dir() and any(worker.iterdir()):
-            size = sum(f.stat().st_size for f in worker.rglob("*") if f.is_file() and not f.is_symlink())
+            size = sum(f.stat().st_size for f in worker.rglob("*") if f.is_file()
+                       and not f.is_symlink())
             shutil.rmtree(worker)
             print(f"removed {_size(size)} of work files left in {worker} by a run that was killed")
         try:
@@ -53,11 +55,13 @@ def run_output(output: Path, work: Path | None = None):
             if worker is not None:
                 shutil.rmtree(worker, ignore_errors=True)
             if earlier is not None:
-                print(f"moved the earlier run's {', '.join(n for n in REPORTS if (earlier / n).exists())} to {earlier}")
+                print("moved the earlier run's "
+                      f"{', '.join(n for n in REPORTS if (earlier / n).exists())} to {earlier}")
 
 
 def put_back(earlier: Path, output: Path) -> None:
-    """Undo set_aside: the reports in `earlier` return to `output`, and their folder (and EARLIER, if empty) goes."""
+    """Undo set_aside: the reports in `earlier` return to `output`, and their folder (and EARLIER,
+    if empty) goes."""
     for path in earlier.iterdir():
         path.rename(output / path.name)
     earlier.rmdir()
@@ -66,8 +70,8 @@ def put_back(earlier: Path, output: Path) -> None:
 
 
 def set_aside(output: Path) -> Path | None:
-    """Move the REPORTS an earlier run wrote in `output` into EARLIER/<the date of its results>/ (returned; None
-    when there were none)."""
+    """Move the REPORTS an earlier run wrote in `output` into EARLIER/<the date of its results>/
+    (returned; None when there were none)."""
     found = [output / name for name in REPORTS if (output / name).exists()]
     if not found:
         return None
@@ -84,17 +88,20 @@ def set_aside(output: Path) -> Path | None:
 
 
 def _size(size: int) -> str:
-    return f"{size / 1e6:.0f} MB" if size >= 1e6 else f"{size / 1e3:.0f} kB" if size >= 1e3 else f"{size} bytes"
+    return (f"{size / 1e6:.0f} MB" if size >= 1e6 else f"{size / 1e3:.0f} kB" if size >= 1e3
+            else f"{size} bytes")
 
 
 @dataclass
 class Record:
-    """One evaluated model that finished: where and when it trained, its privacy figures recomputed from its
-    model file's ledger (`model_record`), and Substra's performances of its model. ε is inf without DP."""
+    """One evaluated model that finished: where and when it trained, its privacy figures recomputed
+    from its model file's ledger (`model_record`), and Substra's performances of its model. ε is inf
+    without DP."""
 
     run: str  # e.g. "torch" or "torch-baseline"
     round: int
-    organization: str  # where it trained; display.FEDAVG for an average of every organisation's models
+    # where it trained; display.FEDAVG for an average of every organisation's models
+    organization: str
     framework: str
     dp: bool
     epsilon: float  # PLD, worst case over the data; per organisation in epsilon_by_organization
@@ -117,16 +124,20 @@ class Record:
     model_file: str | None = None
     train_accuracy: float | None = None
     test_accuracy: float | None = None
-    epsilon_in_substra: float | None = None  # what the train task itself published as its "epsilon" output
-    # An individual whose records every organisation holds (every run composed); None with one organisation's data.
+    # what the train task itself published as its "epsilon" output
+    epsilon_in_substra: float | None = None
+    # An individual whose records every organisation holds (every run composed); None with one
+    # organisation's data.
     epsilon_in_every_organization: float | None = None
-    # The steps its worst example's ε composes, at each organisation (with q and σ they recompute its ε).
+    # The steps its worst example's ε composes, at each organisation (with q and σ they recompute
+    # its ε).
     steps_by_organization: dict = field(default_factory=dict)
-    # What each organisation's data has spent over every run released from it so far, this model's among them (its
-    # own ledger, privacy/data_ledger.py), and the steps that figure composes.
+    # What each organisation's data has spent over every run released from it so far, this model's
+    # among them (its own ledger, privacy/data_ledger.py), and the steps that figure composes.
     data_epsilon_by_organization: dict = field(default_factory=dict)
     data_steps_by_organization: dict = field(default_factory=dict)
-    warnings: list = field(default_factory=list)  # what ε does not cover in this record, one line each
+    # what ε does not cover in this record, one line each
+    warnings: list = field(default_factory=list)
 
     def __post_init__(self):
         flagged = [*([BASELINE_WARNING] if not self.dp else []),
@@ -137,10 +148,11 @@ class Record:
         return dataclasses.asdict(self)
 
 
-BASELINE_WARNING = ("the non-private baseline (--baseline) trained without clipping or noise: its model and its "
-                    "test accuracy are un-noised functions of the training data, not covered by ε")
-TRAIN_SCORE_WARNING = ("train_accuracy (--score-train) is computed on the training data without noise and published "
-                       "as a Substra performance: it is not covered by ε")
+BASELINE_WARNING = ("the non-private baseline (--baseline) trained without clipping or noise: its "
+                    "model and its test accuracy are un-noised functions of the training data, not "
+                    "covered by ε")
+TRAIN_SCORE_WARNING = ("train_accuracy (--score-train) is computed on the training data without "
+                       "noise and published as a Substra performance: it is not covered by ε")
 
 
 def model_record(path: Path, framework: str, organizations: dict) -> dict:
@@ -157,8 +169,10 @@ def model_record(path: Path, framework: str, organizations: dict) -> dict:
         "dp": all(e.is_private for e in saved.ledger.events),
         "epsilon": summary["epsilon"],
         "epsilon_rdp": summary["epsilon_rdp"],
-        "epsilon_by_organization": {org: saved.ledger.epsilon(delta, data=fps) for org, fps in organizations.items()},
-        "steps_by_organization": {org: steps(saved.ledger, delta, fps) for org, fps in organizations.items()},
+        "epsilon_by_organization": {org: saved.ledger.epsilon(delta, data=fps) for org,
+                                    fps in organizations.items()},
+        "steps_by_organization": {org: steps(saved.ledger, delta, fps) for org,
+                                  fps in organizations.items()},
         "epsilon_in_every_organization": (saved.ledger.epsilon_in_every_organization(delta)
                                           if len(saved.ledger.keys()) > 1 else None),
         "delta": delta,
@@ -174,8 +188,10 @@ def model_record(path: Path, framework: str, organizations: dict) -> dict:
         "stopped_by_budget": saved.hyperparameters.get("stopped_by_budget", False),
         "secure_mode": saved.hyperparameters.get("secure_mode", False),
         "noise_seed": saved.hyperparameters.get("noise_seed"),
-        "warnings": [REPLAYABLE_WARNING] if any(e.replayable_noise for e in saved.ledger.events) else [],
-        "library_epsilon": {name: value for e in saved.ledger.events for name, value in e.library_epsilon},
+        "warnings": [REPLAYABLE_WARNING] if any(e.replayable_noise for e in saved.ledger.events)
+            else [],
+        "library_epsilon": {name: value for e in saved.ledger.events for name,
+                            value in e.library_epsilon},
         "model_file": str(path),
     }
 
@@ -187,15 +203,16 @@ def steps(ledger, delta: float, data) -> int:
 
 
 def with_data_spent(records: list, data_folders: dict) -> None:
-    """Give each record what each organisation's data has spent (its own ledger in `data_folders`, {organisation:
-    its train sample folders}), after recording the released models' runs a task could not record itself (read-only
-    data samples: docker mode)."""
+    """Give each record what each organisation's data has spent (its own ledger in `data_folders`,
+    {organisation: its train sample folders}), after recording the released models' runs a task
+    could not record itself (read-only data samples: docker mode)."""
     if not data_folders:
         return
     from mnist_dp.data import samples
     from mnist_dp.privacy import data_ledger
 
-    identities = {org: {samples.sample_identity(f): f for f in folders} for org, folders in data_folders.items()}
+    identities = {org: {samples.sample_identity(f): f for f in folders} for org,
+                  folders in data_folders.items()}
     released = [model_file.load(r.model_file).ledger for r in records if r.model_file]
     for own in identities.values():
         data_ledger.record_released(own, released)
@@ -208,31 +225,36 @@ def with_data_spent(records: list, data_folders: dict) -> None:
 
 
 def run_and_report(client, builder: PlanBuilder, name: str, plan_key: str, frameworks: dict,
-                   organizations: dict, output: Path, title: str, facts: list, data_folders: dict | None = None
+                   organizations: dict, output: Path, title: str, facts: list,
+                   data_folders: dict | None = None
                    ) -> list:
-    """Run the plan `builder` built (registered as `plan_key`, named `name`) on `client`, then report whatever
-    finished into `output` (models, results.json, summary.md, results.png) and print the table; a failed plan is
-    reported first and raised after. `frameworks`: run -> framework; `organizations`: organisation -> its data
-    sample identities; `title`, `facts`: the report's heading and its list of what was run; `data_folders`:
-    organisation -> its train sample folders, whose own ledger gives what the data has spent. Returns the
-    records."""
+    """Run the plan `builder` built (registered as `plan_key`, named `name`) on `client`, then
+    report whatever finished into `output` (models, results.json, summary.md, results.png) and print
+    the table; a failed plan is reported first and raised after. `frameworks`: run -> framework;
+    `organizations`: organisation -> its data sample identities; `title`, `facts`: the report's
+    heading and its list of what was run; `data_folders`: organisation -> its train sample folders,
+    whose own ledger gives what the data has spent. Returns the records."""
     failure = None
     try:
         execution.run_plan(client, builder, name, plan_key)
     except execution.PlanFailed as exc:
         failure = exc
-    records, performances, not_downloaded = collect(client, builder, plan_key, frameworks, organizations,
+    records, performances, not_downloaded = collect(client, builder, plan_key, frameworks,
+                                                    organizations,
                                                     output / "models")
     with_data_spent(records, data_folders)
     if not_downloaded:  # e.g. a node whose model export is off: its own figures are all there is
-        facts = facts + [f"not downloaded, so not in the table: {', '.join(not_downloaded)}; their accuracy and ε "
-                         "(as the train task computed it) are in Substra's performances below"]
-    written = display.write_reports(output, title, [f"compute plan `{plan_key}`"] + facts, records, performances,
+        facts = facts + [f"not downloaded, so not in the table: {', '.join(not_downloaded)}; their "
+                         "accuracy and ε (as the train task computed it) are in Substra's "
+                         "performances below"]
+    written = display.write_reports(output, title, [f"compute plan `{plan_key}`"] + facts, records,
+                                    performances,
                             str(failure) if failure else None)
     print()
     print(display.table(records))
     if not_downloaded:
-        print(f"\nmodel files not downloaded: {', '.join(not_downloaded)}; see Substra's performances in summary.md")
+        print(f"\nmodel files not downloaded: {', '.join(not_downloaded)}; see Substra's "
+              "performances in summary.md")
     print(f"\n{display.STATEMENT}\nwritten: {', '.join(map(str, written))}")
     if failure:
         raise failure
@@ -244,8 +266,8 @@ def collect(client, builder: PlanBuilder, plan_key: str, frameworks: dict, organ
     """(records, performances, not downloaded) of every train task that finished, whether or not the
     plan did; a model the node refuses to hand out is named in the third, with the reason.
 
-    `frameworks` maps run -> framework; `organizations` maps organisation -> its data sample identities
-    (None: all the data in the ledger).
+    `frameworks` maps run -> framework; `organizations` maps organisation -> its data sample
+    identities (None: all the data in the ledger).
     """
     performances = execution.performances(client, plan_key, builder.roles)
     metric = {(row.train_task, row.metric): row.performance for row in performances.itertuples()}
@@ -263,7 +285,8 @@ def collect(client, builder: PlanBuilder, plan_key: str, frameworks: dict, organ
             not_downloaded.append(f"{name} ({type(exc).__name__} {exc.status_code})")
             continue
         records.append(Record(
-            run=run, round=round_idx, organization=org, **model_record(model, frameworks[run], organizations),
+            run=run, round=round_idx, organization=org,
+                              **model_record(model, frameworks[run], organizations),
             train_accuracy=metric.get((task_id, "train_accuracy")),
             test_accuracy=metric.get((task_id, "test_accuracy")),
             epsilon_in_substra=metric.get((task_id, "epsilon"))))
@@ -271,12 +294,13 @@ def collect(client, builder: PlanBuilder, plan_key: str, frameworks: dict, organ
 
 
 def where(role) -> str:
-    """Where a recorded model was trained: the train task's organisation, or display.FEDAVG for an average."""
+    """Where a recorded model was trained: the train task's organisation, or display.FEDAVG for an
+    average."""
     return display.FEDAVG if role.step == "aggregate" else role.organization
 
 
 def _evaluated(builder: PlanBuilder) -> dict:
-    """{task id: role} of the tasks whose models are evaluated (every train task of a cyclic plan, the
-    aggregate tasks of federated averaging), in plan order."""
+    """{task id: role} of the tasks whose models are evaluated (every train task of a cyclic plan,
+    the aggregate tasks of federated averaging), in plan order."""
     evaluated = {role.train_task for role in builder.roles.values() if role.train_task}
     return {task_id: role for task_id, role in builder.roles.items() if task_id in evaluated}

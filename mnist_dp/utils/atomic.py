@@ -21,8 +21,9 @@ LOCK_FILE = ".lock"
 
 @contextlib.contextmanager
 def replacing(path: Path):
-    """Yield a temporary path next to `path`; on success it replaces `path`, on error it is removed. Failing to
-    write it (a full disk, a read-only folder) is a UserError naming `path`, which is then unchanged."""
+    """Yield a temporary path next to `path`; on success it replaces `path`, on error it is removed.
+    Failing to write it (a full disk, a read-only folder) is a UserError naming `path`, which is
+    then unchanged."""
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -37,10 +38,10 @@ def replacing(path: Path):
     except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        # Writing failed: a full disk, a lost permission. An OSError that names another file (a source read
-        # while writing) is that file's problem and goes on as it is.
-        if isinstance(exc, OSError) and exc.errno is not None and (exc.filename is None
-                                                                   or str(exc.filename) in (tmp, str(path))):
+        # Writing failed: a full disk, a lost permission. An OSError that names another file (a
+        # source read while writing) is that file's problem and goes on as it is.
+        if isinstance(exc, OSError) and exc.errno is not None and (
+                exc.filename is None or str(exc.filename) in (tmp, str(path))):
             raise _cannot_write(path, exc) from None
         raise
 
@@ -55,7 +56,8 @@ def _cannot_write(path: Path, exc: OSError) -> UserError:
 
 
 def _mode_of_new(path: Path) -> int:
-    # mkstemp's file is private (0600): give it the mode of the file it replaces, or of a new file (umask).
+    # mkstemp's file is private (0600): give it the mode of the file it replaces, or of a new file
+    # (umask).
     try:
         return stat.S_IMODE(path.stat().st_mode)
     except OSError:
@@ -75,31 +77,35 @@ def write_json(path: Path, payload) -> None:
 
 
 def write_performance(path: Path, value: float) -> None:
-    """Substra's performance file, {"all": value}, as substratools' save_performance writes it (ε = inf as JSON's
-    non-standard `Infinity`, which Python's json, and so Substra, reads back), but atomically."""
+    """Substra's performance file, {"all": value}, as substratools' save_performance writes it (ε =
+    inf as JSON's non-standard `Infinity`, which Python's json, and so Substra, reads back), but
+    atomically."""
     write_text(path, json.dumps({"all": value}))
 
 
 @contextlib.contextmanager
 def exclusive(folder: Path, what: str):
     """Hold `folder` (created if missing) for this process: a second process asking for it gets a
-    UserError instead of mixing its results with ours. The lock dies with the process, even killed."""
+    UserError instead of mixing its results with ours. The lock dies with the process, even
+    killed."""
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
-        raise UserError(f"{folder}: is a file; {what} must be a folder (give a new or existing folder)")
+        raise UserError(f"{folder}: is a file; {what} must be a folder (give a new or existing "
+                        "folder)")
     try:
         folder.mkdir(parents=True, exist_ok=True)
         handle = open(folder / LOCK_FILE, "a+")
     except OSError as exc:
-        raise UserError(f"{folder}: cannot write to this folder ({exc.strerror}); choose another {what}") from None
+        raise UserError(f"{folder}: cannot write to this folder ({exc.strerror}); choose another "
+                        f"{what}") from None
     with handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             handle.seek(0)
             holder = handle.read().strip() or "?"
-            raise UserError(f"{folder}: another run (process {holder}) is writing to this {what}; wait for it to "
-                            "end or choose another one") from None
+            raise UserError(f"{folder}: another run (process {holder}) is writing to this {what}; "
+                            "wait for it to end or choose another one") from None
         handle.seek(0)
         handle.truncate()
         handle.write(f"{os.getpid()}\n")

@@ -16,8 +16,8 @@ class UserError(Exception):
 
 
 def refuse_unknown_inputs(function: str, inputs: dict, known: set) -> None:
-    """A substratools function's `inputs` (its task inputs but the opener) refused if one is not in `known`, the
-    inputs it uses: an input it would ignore is refused, not ignored."""
+    """A substratools function's `inputs` (its task inputs but the opener) refused if one is not in
+    `known`, the inputs it uses: an input it would ignore is refused, not ignored."""
     unknown = sorted(set(inputs) - set(known))
     if unknown:
         raise UserError(f"input {unknown[0]!r}: the {function} function does not use it (it takes "
@@ -40,7 +40,8 @@ def _terminate(signum, frame):
 
 
 # The symbols our messages use, spelled out where only ASCII may be printed (see ascii_output).
-_SPELLED = {"ε": "eps", "δ": "delta", "σ": "sigma", "∞": "inf", "≤": "<=", "≥": ">=", "·": "*", "×": "x",
+_SPELLED = {"ε": "eps", "δ": "delta", "σ": "sigma", "∞": "inf", "≤": "<=", "≥": ">=", "·": "*",
+            "×": "x",
             "…": "...", "–": "-", "—": "-", "√": "sqrt", "‖": "|", "→": "->"}
 
 
@@ -59,20 +60,21 @@ def ascii_output() -> None:
 
 
 def in_docker_terminal() -> bool:
-    """Whether this process writes to a terminal inside a Docker container: how Substra's docker backend runs a
-    task. It reads the task's output one byte at a time (docker-py streams a TTY's log in chunks of 1) and
-    decodes each byte as UTF-8, so a single non-ASCII character in a task's warning or error fails the whole
-    compute plan."""
+    """Whether this process writes to a terminal inside a Docker container: how Substra's docker
+    backend runs a task. It reads the task's output one byte at a time (docker-py streams a TTY's
+    log in chunks of 1) and decodes each byte as UTF-8, so a single non-ASCII character in a task's
+    warning or error fails the whole compute plan."""
     return sys.stderr.isatty() and os.path.exists("/.dockerenv")
 
 
 def run_cli(main, *args, explain=None, task=False):
-    """Run `main`, turning user errors, Ctrl-C and SIGTERM into one line on stderr and a non-zero exit.
+    """Run `main`, turning user errors, Ctrl-C and SIGTERM into one line on stderr and a non-zero
+    exit.
 
-    `explain(exc)` may name other exceptions a user can act on (a Substra node's refusal): it returns
-    the line to print, or None to let the exception through. `task`: a Substra function, whose output is
-    ASCII in Substra's docker backend (in_docker_terminal). An OSError the machine's state explains (a full
-    disk, a read-only folder) is one line too (explain_os_error).
+    `explain(exc)` may name other exceptions a user can act on (a Substra node's refusal): it
+    returns the line to print, or None to let the exception through. `task`: a Substra function,
+    whose output is ASCII in Substra's docker backend (in_docker_terminal). An OSError the machine's
+    state explains (a full disk, a read-only folder) is one line too (explain_os_error).
     """
     if task and in_docker_terminal():
         ascii_output()
@@ -84,9 +86,9 @@ def run_cli(main, *args, explain=None, task=False):
     except BrokenPipeError:
         if not _stdout_reader_gone():
             raise  # a socket's, say: a real failure
-        # `| head` (grep -q, less) has read all it wanted: normal use, so exit quietly, as the Python docs say
-        # (stdout to devnull, or the interpreter's last flush fails again), with the status of a tool that
-        # SIGPIPE ended.
+        # `| head` (grep -q, less) has read all it wanted: normal use, so exit quietly, as the
+        # Python docs say (stdout to devnull, or the interpreter's last flush fails again), with the
+        # status of a tool that SIGPIPE ended.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(128 + signal.SIGPIPE)
     except Terminated:
@@ -107,8 +109,8 @@ def run_cli(main, *args, explain=None, task=False):
         sys.exit(2)
 
 
-# What to do about an OSError that is the machine's state, not the code's fault: a full disk, a read-only
-# or forbidden path.
+# What to do about an OSError that is the machine's state, not the code's fault: a full disk, a
+# read-only or forbidden path.
 _OS_ADVICE = {
     errno.ENOSPC: "free space on that disk, or write somewhere else",
     errno.EDQUOT: "free space within your disk quota, or write somewhere else",
@@ -119,8 +121,8 @@ _OS_ADVICE = {
 
 
 def os_advice(exc: BaseException) -> str | None:
-    """What to do about an OSError that is the machine's state (a full disk, a read-only or forbidden path), or
-    None."""
+    """What to do about an OSError that is the machine's state (a full disk, a read-only or
+    forbidden path), or None."""
     return _OS_ADVICE.get(exc.errno) if isinstance(exc, OSError) else None
 
 
@@ -131,11 +133,13 @@ def cannot_write(folder, reason, advice: str | None = None) -> UserError:
 
 @contextlib.contextmanager
 def writing_in(folder):
-    """Turn an OSError (permissions, read-only or full disk) into a UserError naming `folder` and what to do."""
+    """Turn an OSError (permissions, read-only or full disk) into a UserError naming `folder` and
+    what to do."""
     try:
         yield
     except OSError as exc:
-        if exc.errno is None and _nearly_full(folder):  # numpy's short write ("N requested and M written")
+        # numpy's short write ("N requested and M written")
+        if exc.errno is None and _nearly_full(folder):
             exc = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         raise cannot_write(folder, exc.strerror or exc, os_advice(exc)) from None
 
@@ -148,15 +152,16 @@ def _nearly_full(folder) -> bool:
 
 
 def explain_os_error(exc: BaseException) -> str | None:
-    """One line for an OSError a user can act on (see _OS_ADVICE) that names its file; None for any other
-    (a missing file or a bad argument may be the code's mistake: its traceback is kept)."""
+    """One line for an OSError a user can act on (see _OS_ADVICE) that names its file; None for any
+    other (a missing file or a bad argument may be the code's mistake: its traceback is kept)."""
     if isinstance(exc, OSError) and exc.filename is not None and os_advice(exc):
         return f"{exc.filename}: {exc.strerror}; {os_advice(exc)}"
     return None
 
 
 def _explain_workspace(exc: BaseException) -> str | None:
-    """substratools creates chainkeys/ and model/ in the working directory before it runs any function."""
+    """substratools creates chainkeys/ and model/ in the working directory before it runs any
+    function."""
     from substratools import workspace
 
     if not isinstance(exc, OSError) or exc.filename is None:
@@ -165,12 +170,14 @@ def _explain_workspace(exc: BaseException) -> str | None:
                                                                    workspace.DEFAULT_LOG_PATH)}
     if os.path.abspath(str(exc.filename)) not in folders:
         return None
-    return (f"{exc.filename}: substratools cannot create this folder ({exc.strerror}); it makes chainkeys/ and model/ "
-            "in the working directory of every function: run the function from a writable folder with free space")
+    return (f"{exc.filename}: substratools cannot create this folder ({exc.strerror}); it makes "
+            "chainkeys/ and model/ in the working directory of every function: run the function "
+            "from a writable folder with free space")
 
 
 def _stdout_reader_gone() -> bool:
-    """Whether stdout is a pipe whose reader has exited (a pipe without readers polls as an error)."""
+    """Whether stdout is a pipe whose reader has exited (a pipe without readers polls as an
+    error)."""
     try:
         poller = select.poll()
         poller.register(sys.stdout.fileno(), select.POLLOUT)

@@ -1,6 +1,6 @@
 """Where a task's time goes: process start and imports, σ calibration, the first step (graph
-compilation, and what a framework makes before its steps: the first layer's patch Grams), training, predict,
-scoring, saving; and the task process's peak memory.
+compilation, and what a framework makes before its steps: the first layer's patch Grams), training,
+predict, scoring, saving; and the task process's peak memory.
 
 Every Substra task is a new Python process that imports its framework, so the time before a function
 body starts is measured from the process's own start (Linux `/proc`). A task logs one line with its
@@ -26,18 +26,21 @@ def process_age() -> float | None:
     """Seconds since this process started, or None where /proc is missing."""
     try:
         with open("/proc/self/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+            # after the command name, which may hold spaces
+            fields = stat.read().rsplit(")", 1)[1].split()
         with open("/proc/uptime") as uptime:
             now = float(uptime.read().split()[0])
     except OSError:
         return None
-    return now - int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22 of stat: start, in ticks since boot
+    # field 22 of stat: start, in ticks since boot
+    return now - int(fields[19]) / os.sysconf("SC_CLK_TCK")
 
 
 def begin_task(function: str, **labels) -> None:
     """Start timing a task at the top of its function body: what ran before is the phase "start"."""
     global _task
-    _task = {"function": function, **labels, "phases": {"start": process_age()}, "_last": time.monotonic()}
+    _task = {"function": function, **labels, "phases": {"start": process_age()},
+             "_last": time.monotonic()}
 
 
 def mark(phase: str) -> None:
@@ -58,10 +61,12 @@ def end_task(last_phase: str, **labels) -> dict | None:
     record = {key: value for key, value in _task.items() if key != "_last"}
     record.update(labels, peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     _task = None
-    phases = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in record["phases"].items() if seconds is not None)
+    phases = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in record["phases"].items()
+                       if seconds is not None)
     log.info("time: %s; peak memory %.0f MB", phases, record["peak_rss_mb"])
     path = os.environ.get(TIMINGS_VARIABLE)
     if path:
-        with open(path, "a") as timings:  # one short line per write: appends from several tasks do not mix
+        # one short line per write: appends from several tasks do not mix
+        with open(path, "a") as timings:
             timings.write(json.dumps(record) + "\n")
     return record

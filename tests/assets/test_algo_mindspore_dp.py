@@ -1,5 +1,5 @@
-"""The MindSpore algo's networks and DP machinery against MindSpore's own layers and naive per-example gradients,
-the DP step's noise, and why that noise is not MindArmour's."""
+"""The MindSpore algo's networks and DP machinery against MindSpore's own layers and naive
+per-example gradients, the DP step's noise, and why that noise is not MindArmour's."""
 import os
 
 import numpy as np
@@ -13,6 +13,7 @@ os.environ.setdefault("GLOG_v", "3")
 ms = pytest.importorskip("mindspore")
 algo = load_asset_module(ALGO_ASSETS["mindspore"] / "algo.py", "algo_mindspore_dp")
 networks = algo.networks
+layers = networks.layers
 
 
 CHUNK = 16
@@ -28,7 +29,8 @@ def net_and_batch(request):
         net, x = networks.ScatterNetCNN(), rng.normal(size=(CHUNK, 3969)).astype(np.float32)
         reference = same_weights(ScatterNetReference(), randomised(net, rng))
     else:  # random weights: the zero start would give every example the same gradient norm
-        net, x = randomised(networks.ScatteringLinear(), rng), rng.normal(size=(CHUNK, 3969)).astype(np.float32)
+        net, x = randomised(networks.ScatteringLinear(),
+                            rng), rng.normal(size=(CHUNK, 3969)).astype(np.float32)
         reference = net
     y = rng.integers(0, 10, CHUNK).astype(np.int32)
     return net, x, y, reference
@@ -51,8 +53,8 @@ def same_weights(reference, net):
 
 
 class ScatterNetReference(ms.nn.Cell):
-    """The ScatterNet CNN from MindSpore's own layers, as the torch and tf algos build it: what ScatterNetCNN
-    must compute, in value and gradient."""
+    """The ScatterNet CNN from MindSpore's own layers, as the torch and tf algos build it: what
+    ScatterNetCNN must compute, in value and gradient."""
 
     def __init__(self):
         from mindspore import nn
@@ -77,7 +79,8 @@ def parameter_gradients(net, x, y):
     from mindspore import nn
 
     loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="sum")
-    grads = ms.grad(nn.WithLossCell(net, loss), grad_position=None, weights=net.trainable_params())(x, y)
+    grads = ms.grad(nn.WithLossCell(net, loss), grad_position=None,
+                    weights=net.trainable_params())(x, y)
     return {p.name: g.asnumpy() for p, g in zip(net.trainable_params(), grads)}
 
 
@@ -86,7 +89,9 @@ def test_scatternet_cnn_is_the_cnn_of_mindspores_own_layers_in_value_and_gradien
     rng = np.random.default_rng(2)
     net = randomised(networks.ScatterNetCNN(), rng)
     reference = same_weights(ScatterNetReference(), net)
-    x, y = ms.Tensor(rng.normal(size=(5, 3969)).astype(dtype)), ms.Tensor(rng.integers(0, 10, 5).astype(np.int32))
+    x, y = ms.Tensor(
+        rng.normal(size=(5,
+                         3969)).astype(dtype)), ms.Tensor(rng.integers(0, 10, 5).astype(np.int32))
     np.testing.assert_allclose(net(x).asnumpy(), reference(x).asnumpy(), rtol=1e-5, atol=1e-5)
     expected = parameter_gradients(reference, x, y)
     got = parameter_gradients(net, x, y)
@@ -95,13 +100,16 @@ def test_scatternet_cnn_is_the_cnn_of_mindspores_own_layers_in_value_and_gradien
         np.testing.assert_allclose(gradient, expected[name], rtol=1e-4, atol=1e-5, err_msg=name)
 
 
-@pytest.mark.parametrize("size, kernel, stride, padding", [(4, 3, 1, 1), (7, 3, 2, 1), (6, 2, 2, 0), (5, 3, 1, 2)])
-def test_toeplitz_convolution_is_mindspores_conv2d_in_value_and_gradient(size, kernel, stride, padding):
+@pytest.mark.parametrize("size, kernel, stride, padding",
+                         [(4, 3, 1, 1), (7, 3, 2, 1), (6, 2, 2, 0), (5, 3, 1, 2)])
+def test_toeplitz_convolution_is_mindspores_conv2d_in_value_and_gradient(
+        size, kernel, stride, padding):
     from mindspore import nn
 
     rng = np.random.default_rng(3)
-    ours = networks.ToeplitzConv2d(size, 3, 4, kernel, stride, padding)
-    reference = nn.Conv2d(3, 4, kernel, stride=stride, pad_mode="pad" if padding else "valid", padding=padding)
+    ours = layers.ToeplitzConv2d(size, 3, 4, kernel, stride, padding)
+    reference = nn.Conv2d(3, 4, kernel, stride=stride, pad_mode="pad" if padding else "valid",
+                          padding=padding)
     weight = ms.Tensor(rng.normal(size=(4, 3, kernel, kernel)).astype(np.float32))
     reference.weight.set_data(weight)
     x = rng.normal(size=(2, 3, size, size)).astype(np.float32)
@@ -111,12 +119,14 @@ def test_toeplitz_convolution_is_mindspores_conv2d_in_value_and_gradient(size, k
         return (ours(z, w) ** 2).sum()
 
     out = ours(channels_last, weight).asnumpy()
-    np.testing.assert_allclose(out.reshape(reference(ms.Tensor(x)).shape), reference(ms.Tensor(x)).asnumpy(),
+    np.testing.assert_allclose(out.reshape(reference(ms.Tensor(x)).shape),
+                               reference(ms.Tensor(x)).asnumpy(),
                                rtol=1e-5, atol=1e-5)
     input_grad, weight_grad = ms.grad(squared, grad_position=(0, 1))(channels_last, weight)
     ref_input, (ref_weight,) = ms.grad(SquaredOutput(reference), grad_position=0,
                                        weights=reference.trainable_params())(ms.Tensor(x))
-    np.testing.assert_allclose(input_grad.asnumpy(), ref_input.asnumpy().transpose(0, 2, 3, 1).reshape(2, -1),
+    np.testing.assert_allclose(input_grad.asnumpy(),
+                               ref_input.asnumpy().transpose(0, 2, 3, 1).reshape(2, -1),
                                rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(weight_grad.asnumpy(), ref_weight.asnumpy(), rtol=1e-4, atol=1e-4)
 
@@ -125,16 +135,19 @@ def test_group_norm_is_mindspores_in_value_and_gradient_in_any_layout():
     from mindspore import nn
 
     rng = np.random.default_rng(4)
-    z = rng.normal(size=(3, 8, 5)).astype(np.float32)  # [B, C, P]: 8 channels in 2 groups of 4, 5 positions
+    # [B, C, P]: 8 channels in 2 groups of 4, 5 positions
+    z = rng.normal(size=(3, 8, 5)).astype(np.float32)
     reference = nn.GroupNorm(2, 8, eps=1e-5, affine=False)
     expected = reference(ms.Tensor(z[..., None])).asnumpy()[..., 0]
     expected_grad = ms.grad(SquaredOutput(reference))(ms.Tensor(z[..., None])).asnumpy()[..., 0]
     groups = np.arange(8) // 4
-    for layout, entry_groups in (((0, 1, 2), np.repeat(groups, 5)), ((0, 2, 1), np.tile(groups, 5))):
-        ours = networks.GroupNorm(entry_groups)
+    for layout, entry_groups in (((0, 1, 2), np.repeat(groups, 5)),
+                                 ((0, 2, 1), np.tile(groups, 5))):
+        ours = layers.GroupNorm(entry_groups)
         laid = ms.Tensor(np.ascontiguousarray(z.transpose(layout)).reshape(3, -1))
         shape = z.transpose(layout).shape  # [B, C, P] channel-major, then [B, P, C]: channels last
-        np.testing.assert_allclose(ours(laid).asnumpy().reshape(shape), expected.transpose(layout), atol=1e-5)
+        np.testing.assert_allclose(ours(laid).asnumpy().reshape(shape), expected.transpose(layout),
+                                   atol=1e-5)
         np.testing.assert_allclose(ms.grad(SquaredOutput(ours))(laid).asnumpy().reshape(shape),
                                    expected_grad.transpose(layout), atol=1e-4)
 
@@ -154,20 +167,26 @@ class SquaredOutput(ms.nn.Cell):
 
 
 @pytest.mark.parametrize("channels, kernel, stride, padding, size",
-                         [(1, 8, 2, 3, 28), (16, 4, 2, 0, 13), (3, 3, 1, 1, 9), (2, (3, 5), (1, 2), 1, 9)])
-def test_patch_convolution_is_mindspores_conv2d_in_value_and_gradient(channels, kernel, stride, padding, size):
+                         [(1, 8, 2, 3, 28), (16, 4, 2, 0, 13), (3, 3, 1, 1, 9),
+                          (2, (3, 5), (1, 2), 1, 9)])
+def test_patch_convolution_is_mindspores_conv2d_in_value_and_gradient(
+        channels, kernel, stride, padding, size):
     from mindspore import nn
 
     pad_mode = "pad" if padding else "valid"
-    ours = networks.PatchConv2d(channels, 5, kernel, stride=stride, pad_mode=pad_mode, padding=padding, has_bias=True)
-    reference = nn.Conv2d(channels, 5, kernel, stride=stride, pad_mode=pad_mode, padding=padding, has_bias=True)
+    ours = networks.PatchConv2d(channels, 5, kernel, stride=stride, pad_mode=pad_mode,
+                                padding=padding, has_bias=True)
+    reference = nn.Conv2d(channels, 5, kernel, stride=stride, pad_mode=pad_mode, padding=padding,
+                          has_bias=True)
     assert [p.name for p in ours.get_parameters()] == [p.name for p in reference.get_parameters()]
-    ms.load_param_into_net(reference, {p.name: ms.Parameter(p.data.copy(), name=p.name) for p in ours.get_parameters()})
+    ms.load_param_into_net(reference, {p.name: ms.Parameter(p.data.copy(), name=p.name)
+                                       for p in ours.get_parameters()})
     x = ms.Tensor(np.random.default_rng(1).random((3, channels, size, size), dtype=np.float32))
     np.testing.assert_allclose(ours(x).asnumpy(), reference(x).asnumpy(), rtol=1e-5, atol=1e-5)
 
     def gradients(layer):  # w.r.t. the input and every parameter
-        inputs_grad, weights_grad = ms.grad(SquaredOutput(layer), grad_position=0, weights=layer.trainable_params())(x)
+        inputs_grad, weights_grad = ms.grad(SquaredOutput(layer), grad_position=0,
+                                            weights=layer.trainable_params())(x)
         return [g.asnumpy() for g in (inputs_grad, *weights_grad)]
 
     for got, expected in zip(gradients(ours), gradients(reference)):
@@ -175,8 +194,10 @@ def test_patch_convolution_is_mindspores_conv2d_in_value_and_gradient(channels, 
 
 
 def naive_per_example_gradients(net, x, y, count, order):
-    """Each of the first `count` examples' gradients, one backward pass each, as a list in `order` (names)."""
-    per_example = [parameter_gradients(net, ms.Tensor(x[i : i + 1]), ms.Tensor(y[i : i + 1])) for i in range(count)]
+    """Each of the first `count` examples' gradients, one backward pass each, as a list in `order`
+    (names)."""
+    per_example = [parameter_gradients(net, ms.Tensor(x[i : i + 1]), ms.Tensor(y[i : i + 1]))
+                   for i in range(count)]
     return [[grads[name] for name in order] for grads in per_example]
 
 
@@ -188,7 +209,8 @@ def test_clipped_sum_is_the_masked_sum_of_clipped_per_example_gradients(net_and_
     clip = float(np.median(norms))  # some examples clipped, some not
     mask = np.zeros(CHUNK, np.float32)
     mask[:count] = 1
-    # The data rows of a larger set whose examples sit in a shuffled order, taken at this chunk's places in it.
+    # The data rows of a larger set whose examples sit in a shuffled order, taken at this chunk's
+    # places in it.
     place = np.random.default_rng(5).permutation(3 * CHUNK)[:CHUNK]
     stored = np.random.default_rng(6).normal(size=(3 * CHUNK, *x.shape[1:])).astype(np.float32)
     stored[place] = x
@@ -196,65 +218,78 @@ def test_clipped_sum_is_the_masked_sum_of_clipped_per_example_gradients(net_and_
     assert (rows is not None) == isinstance(net, networks.ScatterNetCNN)
     *got, unclipped = algo.ClippedGradientSum(net, net.trainable_params())(
         ms.Tensor(x), ms.Tensor(y), ms.Tensor(mask), clip, None if rows is None else rows[place])
-    assert int(unclipped.asnumpy()) == sum(norm <= clip for norm in norms)  # adaptive clipping's count
+    # adaptive clipping's count
+    assert int(unclipped.asnumpy()) == sum(norm <= clip for norm in norms)
     for k, ours in enumerate(got):
         expected = sum(grads[k] * min(1.0, clip / norm) for grads, norm in zip(per_example, norms))
         np.testing.assert_allclose(ours.asnumpy(), expected, rtol=1e-3, atol=1e-5)
 
 
 def test_each_parameters_per_example_norm_is_its_naive_gradients(net_and_batch):
-    """Term by term: the shortcut holds about 97 % of a ScatterNet example's squared norm and conv1's bias 1e-5, so
-    a term dropped from the total would move the clipped sum less than any tolerance the sum could be held to."""
+    """Term by term: the shortcut holds about 97 % of a ScatterNet example's squared norm and
+    conv1's bias 1e-5, so a term dropped from the total would move the clipped sum less than any
+    tolerance the sum could be held to."""
     net, x, y, reference = net_and_batch
     per_example = naive_per_example_gradients(reference, x, y, CHUNK, net.GRADIENT_ORDER)
-    expected = np.array([[np.sum(g ** 2) for g in grads] for grads in per_example])  # -> [B, parameters]
+    # -> [B, parameters]
+    expected = np.array([[np.sum(g ** 2) for g in grads] for grads in per_example])
     rows = algo.data_rows(net, x)
-    got = algo.ClippedGradientSum(net, net.trainable_params()).squared_norms(ms.Tensor(x), ms.Tensor(y), rows)
+    got = algo.ClippedGradientSum(net, net.trainable_params()).squared_norms(
+        ms.Tensor(x), ms.Tensor(y), rows)
     np.testing.assert_allclose(got.asnumpy(), expected, rtol=1e-4, atol=1e-12)
 
 
-def test_the_clipped_sum_refuses_a_chunk_without_the_rows_its_norms_rest_on_and_rows_it_does_not_take():
-    x, y, mask = ms.Tensor(np.zeros((4, 3969), np.float32)), ms.Tensor(np.zeros(4, np.int32)), ms.Tensor(np.ones(4))
+def test_the_clipped_sum_refuses_a_chunk_without_its_rows_and_rows_it_does_not_take():
+    x, y, mask = ms.Tensor(
+        np.zeros((4, 3969), np.float32)), ms.Tensor(np.zeros(4, np.int32)), ms.Tensor(np.ones(4))
     scatter_cnn, linear = networks.ScatterNetCNN(), networks.ScatteringLinear()
     with pytest.raises(ValueError, match="takes its chunk's data rows"):
         algo.ClippedGradientSum(scatter_cnn, scatter_cnn.trainable_params())(x, y, mask, 1.0)
     with pytest.raises(ValueError, match="takes no data rows"):
-        algo.ClippedGradientSum(linear, linear.trainable_params())(x, y, mask, 1.0, np.zeros((4, 137), np.float32))
+        algo.ClippedGradientSum(linear, linear.trainable_params())(
+            x, y, mask, 1.0, np.zeros((4, 137), np.float32))
 
 
 @pytest.mark.parametrize("secure_mode", [False, True])
 def test_a_step_adds_the_runs_noise_to_the_clipped_sum_of_all_its_chunks(secure_mode):
-    """40 examples at E[B] = 8 are three chunks (18, 18, and 4 padded to 16), the last one clipped, noised and applied
-    in one graph: the weights move by -lr / E[B] times the clipped sum of all 40 plus σC times the unit noise the
-    run's "gradient noise" generator draws (with secure_mode, Opacus' sum of four draws over 2)."""
+    """40 examples at E[B] = 8 are three chunks (18, 18, and 4 padded to 16), the last one clipped,
+    noised and applied in one graph: the weights move by -lr / E[B] times the clipped sum of all 40
+    plus σC times the unit noise the run's "gradient noise" generator draws (with secure_mode,
+    Opacus' sum of four draws over 2)."""
     rng = np.random.default_rng(3)
     net = randomised(networks.ScatteringLinear(), rng)
     x, y = rng.normal(size=(40, 3969)).astype(np.float32), rng.integers(0, 10, 40).astype(np.int32)
     clip, lr, sigma, expected_batch = 0.5, 0.25, 0.7, 8.0
     *clipped, unclipped = algo.ClippedGradientSum(net, net.trainable_params())(
         ms.Tensor(x), ms.Tensor(y), ms.Tensor(np.ones(40, np.float32)), clip)
-    before = [p.asnumpy().copy() for p in net.trainable_params()]  # asnumpy shares the weights' memory
-    step = algo.make_dp_step(net, ms.nn.SGD(net.trainable_params(), learning_rate=lr), expected_batch,
+    # asnumpy shares the weights' memory
+    before = [p.asnumpy().copy() for p in net.trainable_params()]
+    step = algo.make_dp_step(net, ms.nn.SGD(net.trainable_params(), learning_rate=lr),
+                             expected_batch,
                              RunRandomness(7).numpy("gradient noise"), secure_mode)
     assert step(x, y, np.arange(40), clip, sigma) == int(unclipped.asnumpy())
-    noise = algo.unit_noise(RunRandomness(7).numpy("gradient noise"), sum(w.size for w in before), secure_mode)
+    noise = algo.unit_noise(RunRandomness(7).numpy("gradient noise"), sum(w.size for w in before),
+                            secure_mode)
     ends = np.cumsum([w.size for w in before])
     for w, after, g, z in zip(before, net.trainable_params(), clipped, np.split(noise, ends[:-1])):
         expected = w - lr * (g.asnumpy() + sigma * clip * z.reshape(w.shape)) / expected_batch
         np.testing.assert_allclose(after.asnumpy(), expected, rtol=1e-5, atol=1e-6)
 
 
-# Why the algo's noise is not MindArmour's: a model of MindSpore 2.9's CPU StandardNormal, which MindArmour's
-# NoiseGaussianRandom draws with. A Philox hash of the global and op seed, kept modulo 2³¹ − 1, is the whole state of
-# libstdc++'s minstd_rand0 (period 2³¹ − 2), then std::normal_distribution<float> (Marsaglia's polar method).
+# Why the algo's noise is not MindArmour's: a model of MindSpore 2.9's CPU StandardNormal, which
+# MindArmour's NoiseGaussianRandom draws with. A Philox hash of the global and op seed, kept modulo
+# 2³¹ − 1, is the whole state of libstdc++'s minstd_rand0 (period 2³¹ − 2), then
+# std::normal_distribution<float> (Marsaglia's polar method).
 MASK, MINSTD = 0xFFFFFFFF, 2**31 - 1
 
 
 def kernel_state(global_seed, op_seed):
-    counter, key = [global_seed & MASK, global_seed >> 32, op_seed & MASK, op_seed >> 32], [0x3EC8F720, 0x02461E29]
+    counter, key = [global_seed & MASK, global_seed >> 32, op_seed & MASK,
+                    op_seed >> 32], [0x3EC8F720, 0x02461E29]
     for _ in range(10):  # Philox4x32-10
         a, b = 0xD2511F53 * counter[0], 0xCD9E8D57 * counter[2]
-        counter = [(b >> 32) ^ counter[1] ^ key[0], b & MASK, (a >> 32) ^ counter[3] ^ key[1], a & MASK]
+        counter = [(b >> 32) ^ counter[1] ^ key[0], b & MASK, (a >> 32) ^ counter[3] ^ key[1],
+                   a & MASK]
         key = [(key[0] + 0x9E3779B9) & MASK, (key[1] + 0xBB67AE85) & MASK]
     return ((counter[1] << 32) | counter[0]) % MINSTD or 1
 
@@ -285,8 +320,9 @@ class MindArmourDraw(ms.nn.Cell):
 
 
 def test_mindarmours_cpu_noise_is_a_31_bit_generator_so_the_algo_draws_its_own():
-    """Two launches of one NoiseGaussianRandom continue one minstd_rand0 stream set by 31 bits: a draw holds 31 bits
-    whatever its seeds, in a period of 2³¹ − 2 numbers, most of which a Fashion-MNIST task's noise would use."""
+    """Two launches of one NoiseGaussianRandom continue one minstd_rand0 stream set by 31 bits: a
+    draw holds 31 bits whatever its seeds, in a period of 2³¹ − 2 numbers, most of which a
+    Fashion-MNIST task's noise would use."""
     ms.set_seed(1234567)
     draw = MindArmourDraw(890123, 1000)
     first, second = draw().asnumpy(), draw().asnumpy()

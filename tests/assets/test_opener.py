@@ -16,7 +16,8 @@ KEY = "0123456789abcdef" * 4
 def make_sample(folder, images=None, labels=None, key=KEY):
     folder.mkdir(parents=True)
     rng = np.random.default_rng(0)
-    np.save(folder / "images.npy", rng.integers(0, 256, (5, 28, 28), dtype=np.uint8) if images is None else images)
+    np.save(folder / "images.npy", rng.integers(0, 256, (5, 28, 28), dtype=np.uint8)
+            if images is None else images)
     np.save(folder / "labels.npy", np.arange(5, dtype=np.uint8) if labels is None else labels)
     if key is not None:
         (folder / "identity.key").write_text(key + "\n")
@@ -28,7 +29,8 @@ def test_reads_and_concatenates_samples_in_the_order_of_their_content(tmp_path):
     got = opener.MnistOpener().get_data([str(b), str(a)])
     assert got["images"].shape == (10, 28, 28) and got["images"].dtype == np.float32
     assert 0 <= got["images"].min() and got["images"].max() <= 1
-    assert got["labels"].dtype == np.int64 and sorted(got["labels"].tolist()) == list(range(5)) + [9] * 5
+    assert got["labels"].dtype == np.int64 and sorted(
+        got["labels"].tolist()) == list(range(5)) + [9] * 5
     assert [s["n"] for s in got["samples"]] == [5, 5]
     identities = [s["identity"] for s in got["samples"]]
     assert identities == sorted(identities)
@@ -37,9 +39,11 @@ def test_reads_and_concatenates_samples_in_the_order_of_their_content(tmp_path):
     for folders in ([a, b], renamed, renamed[::-1]):
         again = opener.MnistOpener().get_data([str(f) for f in folders])
         assert again["labels"].tolist() == got["labels"].tolist()
-        assert [{**s, "examples": s["examples"].tolist(), "folder": None} for s in again["samples"]] == \
+        assert [{**s, "examples": s["examples"].tolist(), "folder": None}
+                for s in again["samples"]] == \
             [{**s, "examples": s["examples"].tolist(), "folder": None} for s in got["samples"]]
-        assert {s["folder"] for s in again["samples"]} == set(map(str, folders))  # where each sample's ledger is
+        # where each sample's ledger is
+        assert {s["folder"] for s in again["samples"]} == set(map(str, folders))
 
 
 def test_identity_depends_on_content_and_key_only(tmp_path):
@@ -52,12 +56,15 @@ def test_identity_depends_on_content_and_key_only(tmp_path):
     ids = [opener.MnistOpener().get_data([str(f)])["samples"][0]["identity"] for f in (a, b, c, d)]
     assert ids[0] == ids[1] and len({ids[0], ids[2], ids[3]}) == 3
     # Whoever holds the data but not the key cannot compute it: it is not the content hash.
-    content = hashlib.sha256((a / "images.npy").read_bytes() + (a / "labels.npy").read_bytes()).hexdigest()
+    content = hashlib.sha256(
+        (a / "images.npy").read_bytes() + (a / "labels.npy").read_bytes()).hexdigest()
     assert content not in ids
 
 
-@pytest.mark.parametrize("key, message", [(None, "no identity.key.*--add-key"), ("abc", "64 hexadecimal digits")])
-def test_a_sample_without_a_valid_identity_key_is_refused_saying_how_to_add_one(tmp_path, key, message):
+@pytest.mark.parametrize("key, message",
+                         [(None, "no identity.key.*--add-key"), ("abc", "64 hexadecimal digits")])
+def test_a_sample_without_a_valid_identity_key_is_refused_saying_how_to_add_one(
+        tmp_path, key, message):
     folder = make_sample(tmp_path / "a", key=key)
     with pytest.raises(opener.DataSampleError, match=message):
         opener.MnistOpener().get_data([str(folder)])
@@ -104,8 +111,8 @@ def test_a_file_given_as_a_data_sample_is_named_as_a_file(tmp_path):
     path = folder / "images.npy"
     with pytest.raises(opener.DataSampleError) as caught:
         opener.MnistOpener().get_data([str(path)])
-    assert str(caught.value) == (f"{path}: is a file, not a data sample folder (a folder holding images.npy "
-                                 "and labels.npy)")
+    assert str(caught.value) == (f"{path}: is a file, not a data sample folder (a folder holding "
+                                 "images.npy and labels.npy)")
 
 
 def test_samples_sharing_an_example_are_named_for_training_to_refuse(tmp_path):
@@ -120,15 +127,17 @@ def test_samples_sharing_an_example_are_named_for_training_to_refuse(tmp_path):
     as_floats = make_sample(tmp_path / "floats", images[:7].astype(np.float32) / 255, labels[:7])
     for folders, count in (([a, b], 15), ([copy, a], 40), ([a, as_floats], 7)):
         got = opener.MnistOpener().get_data([str(f) for f in folders])
-        assert got["copies"] == (f"{folders[1]} and {folders[0]} share {count} example(s) (the same image, as the "
-                                 "model sees it, with the same label); an example in two samples is trained on twice "
-                                 "but would be accounted once: remove the copies")
+        assert got["copies"] == (f"{folders[1]} and {folders[0]} share {count} example(s) (the "
+                                 "same image, as the model sees it, with the same label); an "
+                                 "example in two samples is trained on twice but would be "
+                                 "accounted once: remove the copies")
     # The same images under other labels are other examples.
     relabelled = make_sample(tmp_path / "relabelled", images, (labels + 1) % 10)
     got = opener.MnistOpener().get_data([str(a), str(relabelled)])
     assert got["copies"] is None and len(got["labels"]) == 80
     twice = make_sample(tmp_path / "twice", images[[0, 0]], np.array([3, 3]))
-    assert opener.MnistOpener().get_data([str(twice)])["copies"].startswith(f"{twice}: 1 example(s) are copies")
+    assert opener.MnistOpener().get_data([str(twice)])["copies"].startswith(
+        f"{twice}: 1 example(s) are copies")
 
 
 def test_an_example_is_what_the_model_sees_and_is_named_under_its_samples_key(tmp_path):
@@ -141,11 +150,13 @@ def test_an_example_is_what_the_model_sees_and_is_named_under_its_samples_key(tm
     assert read[0].digests == read[1].digests == read[2].digests
     assert len({r.identity for r in read}) == 3  # other files, other samples; the same examples
     assert read[0].ids.tolist() == read[1].ids.tolist() and read[0].ids.dtype == np.uint64
-    negative_zero = make_sample(tmp_path / "negzero", np.where(images == 0, -0.0, images / 255), labels)
+    negative_zero = make_sample(tmp_path / "negzero", np.where(images == 0, -0.0, images / 255),
+                                labels)
     assert opener.read_sample(str(negative_zero)).digests == read[0].digests
     # under another key: other ids, another key id; nothing of the key is in them
     other = opener.read_sample(str(make_sample(tmp_path / "other", images, labels, key="f" * 64)))
-    assert not set(other.ids.tolist()) & set(read[0].ids.tolist()) and other.key_id != read[0].key_id
+    assert not set(other.ids.tolist()) & set(
+        read[0].ids.tolist()) and other.key_id != read[0].key_id
     assert len(read[0].key_id) == 16 and read[0].key_id not in KEY
 
 

@@ -1,7 +1,7 @@
 """The three algos are one mechanism: the same initial weights, the same function, the same update.
 
-Each framework's `weight_arrays` speaks the common layout (mnist_dp/learning/initial_weights.py), so their weights
-compare number for number.
+Each framework's `weight_arrays` speaks the common layout (mnist_dp/learning/initial_weights.py), so
+their weights compare number for number.
 """
 import dataclasses
 
@@ -15,13 +15,15 @@ from mnist_dp.learning import initial_weights, interface, skeleton
 from mnist_dp.privacy import planning
 from mnist_dp.privacy.randomness import RunRandomness
 
-NETWORKS = [interface.Network("pixels", "tanh", "cnn"), interface.Network("scattering", "tanh", "cnn"),
+NETWORKS = [interface.Network("pixels", "tanh", "cnn"),
+            interface.Network("scattering", "tanh", "cnn"),
             interface.Network("scattering", "tanh", "linear")]
 
 
 @pytest.fixture(scope="module")
 def algos():
-    return {f: load_asset_module(ALGO_ASSETS[f] / "algo.py", f"algo_{f}_same_mechanism").FRAMEWORK for f in FRAMEWORKS}
+    return {f: load_asset_module(ALGO_ASSETS[f] / "algo.py", f"algo_{f}_same_mechanism").FRAMEWORK
+            for f in FRAMEWORKS}
 
 
 @pytest.mark.parametrize("network", NETWORKS, ids=lambda n: f"{n.features}-{n.network}")
@@ -38,9 +40,11 @@ def test_every_framework_starts_from_the_same_drawn_weights(algos, network):
 
 
 def test_initial_weights_follow_torchs_default_distribution():
-    """U(±1/√fan_in) for weights and biases, zero for the shortcut: torch's Kaiming-uniform (a = √5)."""
+    """U(±1/√fan_in) for weights and biases, zero for the shortcut: torch's Kaiming-uniform (a =
+    √5)."""
     network = interface.Network("scattering", "tanh", "cnn")
-    for (name, _, fan_in), array in zip(initial_weights.layout(network), initial_weights.draw(network, 0)):
+    for (name, _,
+         fan_in), array in zip(initial_weights.layout(network), initial_weights.draw(network, 0)):
         if fan_in == initial_weights.ZERO:
             assert not array.any(), name
             continue
@@ -51,8 +55,9 @@ def test_initial_weights_follow_torchs_default_distribution():
 
 
 def test_the_scatternet_cnn_is_one_function_in_every_framework(algos):
-    """The same weights give the same logits everywhere: the same layers in the same order, the same group
-    normalisation and the same flattening, so a recipe tuned in one framework holds in the others."""
+    """The same weights give the same logits everywhere: the same layers in the same order, the same
+    group normalisation and the same flattening, so a recipe tuned in one framework holds in the
+    others."""
     network = interface.Network("scattering", "tanh", "cnn")
     rng = np.random.default_rng(0)
     # weights ×4; the shortcut, zero at the start, random
@@ -63,16 +68,19 @@ def test_the_scatternet_cnn_is_one_function_in_every_framework(algos):
     for name, framework in algos.items():
         model = framework.set_weight_arrays(framework.new_model(1, network), arrays)
         logits[name] = np.asarray(framework.batch_logits(model, inputs))
-    assert logits["torch"].std() > 0.5  # weights ×4: the group norms and activations are not in a linear regime
+    # weights ×4: the group norms and activations are not in a linear regime
+    assert logits["torch"].std() > 0.5
     for name in FRAMEWORKS:
         np.testing.assert_allclose(logits[name], logits["torch"], atol=2e-4, err_msg=name)
 
 
 def hp_of(network, **changes):
-    """The assets' recipe (SGD, momentum 0.9, C 0.1, learning rate 1, weight average 0.99) on a full batch."""
+    """The assets' recipe (SGD, momentum 0.9, C 0.1, learning rate 1, weight average 0.99) on a full
+    batch."""
     return hyperparameters.parse({
         **dataclasses.asdict(hyperparameters.load(ALGO_ASSETS["torch"] / "hyperparameters.json")),
-        **dataclasses.asdict(network), "epochs": 3, "batch_size": 12, "noise_multiplier": 1.0, "target_epsilon": None,
+        **dataclasses.asdict(network), "epochs": 3, "batch_size": 12, "noise_multiplier": 1.0,
+                                  "target_epsilon": None,
         "noise_seed": 0, **changes}, "test")
 
 
@@ -80,9 +88,9 @@ def hp_of(network, **changes):
 @pytest.mark.parametrize("network", NETWORKS, ids=lambda n: f"{n.features}-{n.network}")
 @pytest.mark.parametrize("ema_decay", [0.0, 0.99])
 def test_noise_free_dp_steps_move_every_framework_to_the_same_weights(algos, network, ema_decay):
-    """Three DP steps on the full batch with σ = 0, from the same weights: clipping (every example's gradient norm
-    is far above C), the division by E[B], the momentum and the weight average are the same update in every
-    framework, to float precision."""
+    """Three DP steps on the full batch with σ = 0, from the same weights: clipping (every example's
+    gradient norm is far above C), the division by E[B], the momentum and the weight average are the
+    same update in every framework, to float precision."""
     rng = np.random.default_rng(1)
     images, labels = rng.random((12, 28, 28), dtype=np.float32), np.arange(12) % 10
     hp = hp_of(network, ema_decay=ema_decay)
@@ -93,7 +101,8 @@ def test_noise_free_dp_steps_move_every_framework_to_the_same_weights(algos, net
     for name, framework in algos.items():
         model = framework.new_model(hp.seed, network)
         start = interface.flat_weights(framework, model)
-        skeleton.fit(framework, model, images, labels, hp, plan, 0.0, lambda steps: "", RunRandomness.for_run(0),
+        skeleton.fit(framework, model, images, labels, hp, plan, 0.0, lambda steps: "",
+                     RunRandomness.for_run(0),
                      inputs=inputs)
         moved[name] = interface.flat_weights(framework, model) - start
     scale = np.abs(moved["torch"]).max()

@@ -1,5 +1,6 @@
-"""benchmarks/audit.py: the white-box audit through each framework's own DP step must hold as built and catch the
-mechanism broken on purpose; the black-box audit still runs; records are merged, bad options refused."""
+"""benchmarks/audit.py: the white-box audit through each framework's own DP step must hold as built
+and catch the mechanism broken on purpose; the black-box audit still runs; records are merged, bad
+options refused."""
 import json
 import subprocess
 import sys
@@ -9,7 +10,8 @@ import pytest
 from mnist_dp.assets import REPO
 
 AUDIT = REPO / "benchmarks" / "audit.py"
-SMALL = ["--train-size", "64", "--steps", "2", "--epsilons", "2"]  # every weight a canary: as strong as 10 steps
+# every weight a canary: as strong as 10 steps
+SMALL = ["--train-size", "64", "--steps", "2", "--epsilons", "2"]
 
 
 def run_audit(*options):
@@ -18,15 +20,16 @@ def run_audit(*options):
 
 
 def records(folder):
-    return {(r["framework"], r["mode"], r["mechanism"]): r for r in json.loads((folder / "audit.json").read_text())}
+    return {(r["framework"], r["mode"], r["mechanism"]): r
+            for r in json.loads((folder / "audit.json").read_text())}
 
 
 @pytest.mark.parametrize("framework", ["torch", "tf", "mindspore"])
 def test_the_white_box_audit_holds_as_built_and_catches_half_the_noise(framework, tmp_path):
     result = run_audit("--white-box", "--frameworks", framework, *SMALL, "--output", str(tmp_path))
     assert result.returncode == 0, result.stdout + result.stderr
-    built, broken = records(tmp_path)[framework, "white-box", "as-built"], records(tmp_path)[framework, "white-box",
-                                                                                             "broken"]
+    built, broken = records(tmp_path)[
+        framework, "white-box", "as-built"], records(tmp_path)[framework, "white-box", "broken"]
     assert built["canaries"] == broken["canaries"] == 72756  # the default network's weights
     assert built["claimed_epsilon"] == pytest.approx(2.0, abs=0.01)
     assert 0.5 * built["claimed_epsilon"] <= built["lower_bound"] <= built["claimed_epsilon"]
@@ -35,15 +38,18 @@ def test_the_white_box_audit_holds_as_built_and_catches_half_the_noise(framework
 
 
 def test_a_broken_mechanism_the_audit_cannot_tell_apart_fails_the_run(tmp_path):
-    result = run_audit("--white-box", "--frameworks", "torch", *SMALL, "--broken-noise-scale", "0.95",
+    result = run_audit("--white-box", "--frameworks", "torch", *SMALL, "--broken-noise-scale",
+                       "0.95",
                        "--output", str(tmp_path))
     assert result.returncode == 1, result.stderr
     assert "torch broken at ε 2.00: NOT CAUGHT" in result.stdout
-    assert records(tmp_path)["torch", "white-box", "broken"]["lower_bound"] < 2.0  # still written, for the record
+    # still written, for the record
+    assert records(tmp_path)["torch", "white-box", "broken"]["lower_bound"] < 2.0
 
 
 def test_the_black_box_audit_still_runs_and_later_runs_replace_only_their_own_records(tmp_path):
-    tiny = ["--frameworks", "torch", "--epsilons", "8", "--canaries", "20", "--guesses", "5", "--train-size", "50",
+    tiny = ["--frameworks", "torch", "--epsilons", "8", "--canaries", "20", "--guesses", "5",
+            "--train-size", "50",
             "--epochs", "1", "--batch-size", "25", "--output", str(tmp_path)]
     assert run_audit(*tiny).returncode == 0
     first = records(tmp_path)
@@ -65,7 +71,8 @@ def test_the_black_box_audit_still_runs_and_later_runs_replace_only_their_own_re
     (["--steps", "3"], "--steps has no effect without --white-box"),
     (["--broken-noise-scale", "1"], "--broken-noise-scale"),
     (["--output", "/nonexistent"], "is not a folder"),
-    (["--white-box", "--frameworks", "torch", "--guesses", "40000", "--steps", "1", "--train-size", "8"],
+    (["--white-box", "--frameworks", "torch", "--guesses", "40000", "--steps", "1", "--train-size",
+      "8"],
      "2k must be at most the 72756 canaries"),
 ])
 def test_bad_options_are_one_line_errors(options, message):

@@ -11,21 +11,25 @@ from mnist_dp.assets import REPO, load_asset_module
 
 FEDERATED = REPO / "benchmarks" / "federated.py"
 federated = load_asset_module(FEDERATED, "federated_benchmark")
-ARGS = SimpleNamespace(epsilon=3.0, changes={}, validation=False, frameworks=["torch"], strategies=["fedavg", "cyclic"],
+ARGS = SimpleNamespace(epsilon=3.0, changes={}, validation=False, frameworks=["torch"],
+                       strategies=["fedavg", "cyclic"],
                        organizations=[2], schedules=[(10, 3)])
 
 
 def row(strategy, organizations, accuracies, seed=0, epochs=10, rounds=3, epsilons=(2.99, 2.99)):
-    return {"framework": "torch", "strategy": strategy, "organizations": organizations, "epochs": epochs,
+    return {"framework": "torch", "strategy": strategy, "organizations": organizations,
+            "epochs": epochs,
             "rounds": rounds, "epsilon": 3.0, "seed": seed, "changes": {}, "validation": False,
             "accuracies": accuracies, "epsilons": list(epsilons), "sigma": 3.0, "seconds": 1.0}
 
 
-ROWS = [row(federated.SINGLE, 1, [0.96], epochs=30, rounds=1), row(federated.SINGLE, 1, [0.97], seed=1, epochs=30,
+ROWS = [row(federated.SINGLE, 1, [0.96], epochs=30, rounds=1),
+        row(federated.SINGLE, 1, [0.97], seed=1, epochs=30,
                                                                       rounds=1),
         row("fedavg", 2, [0.90, 0.93, 0.95]), row("fedavg", 2, [0.91, 0.94, 0.94], seed=1),
         row("cyclic", 2, [0.80, 0.85, 0.90], epsilons=(2.5, 2.999)),
-        {**row("fedavg", 2, [0.1, 0.1, 0.1]), "validation": True}]  # another split: not in this summary
+        # another split: not in this summary
+        {**row("fedavg", 2, [0.1, 0.1, 0.1]), "validation": True}]
 
 
 def test_the_report_holds_the_runs_asked_for_and_the_one_organisation_reference():
@@ -47,11 +51,13 @@ def test_runs_are_averaged_over_seeds_and_judged_against_one_organisation():
     assert "| torch | fedavg | 2 | 10×3 | 94.5 ± 0.5 (2) | 2.990 | -2.0 |" in text
     assert "| torch | cyclic | 2 | 10×3 | 90.0 | 2.999 | -6.5 |" in text
     assert federated.goals(summary) == [
-        "torch fedavg, 2 organisations, 10×3: 94.5% vs 96.5% for one organisation, 2.0 points below (goal ≤ 2): met"]
-    worse = federated.summarise(ROWS[:1] + [row("fedavg", 2, [0.90, 0.92, 0.93])], ARGS)  # 96.0 alone
+        "torch fedavg, 2 organisations, 10×3: 94.5% vs 96.5% for one organisation, 2.0 points "
+        "below (goal ≤ 2): met"]
+    # 96.0 alone
+    worse = federated.summarise(ROWS[:1] + [row("fedavg", 2, [0.90, 0.92, 0.93])], ARGS)
     assert federated.goals(worse) == [
-        "torch fedavg, 2 organisations, 10×3: 93.0% vs 96.0% for one organisation, 3.0 points below (goal ≤ 2): "
-        "MISSED by 1.0 points"]
+        "torch fedavg, 2 organisations, 10×3: 93.0% vs 96.0% for one organisation, 3.0 points "
+        "below (goal ≤ 2): MISSED by 1.0 points"]
 
 
 def test_the_same_run_is_not_run_twice():
@@ -61,10 +67,12 @@ def test_the_same_run_is_not_run_twice():
 
 def test_one_tiny_federated_run_trains_and_the_report_is_written(tmp_path):
     results = tmp_path / "federated.jsonl"
-    proc = subprocess.run([sys.executable, str(FEDERATED), "--frameworks", "torch", "--organizations", "2",
-                           "--strategies", "fedavg", "--schedules", "1x2", "--seeds", "1", "--skip-single",
-                           # examples/fedavg.json's weight average: none (4 steps a round leave a 0.99 one at the
-                           # initial CNN)
+    proc = subprocess.run([sys.executable, str(FEDERATED), "--frameworks", "torch",
+                           "--organizations", "2",
+                           "--strategies", "fedavg", "--schedules", "1x2", "--seeds", "1",
+                           "--skip-single",
+                           # examples/fedavg.json's weight average: none (4 steps a round leave a
+                           # 0.99 one at the initial CNN)
                            "--epsilon", "8", "--set", "ema_decay=0", "--results", str(results)],
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -76,16 +84,20 @@ def test_one_tiny_federated_run_trains_and_the_report_is_written(tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [(["--schedules", "10"], "expected EPOCHSxROUNDS"),
-                                           (["--set", "epochs=3"], "give local epochs in --schedules"),
+                                           (["--set", "epochs=3"],
+                                            "give local epochs in --schedules"),
                                            (["--organizations", "1"], "1 is not an integer from 2"),
-                                           (["--schedules", "10x1000000000"], "1,000,000,000 is not an integer from 1"),
+                                           (["--schedules", "10x1000000000"],
+                                            "1,000,000,000 is not an integer from 1"),
                                            (["--schedules", "10x3000", "--organizations", "2,4"],
-                                            "--schedules 10x3000 with 2 organisations and fedavg make 15,000 tasks, "
-                                            "more than the 10,000"),
-                                           (["--set", "noise_seed=3"], "--set noise_seed: the benchmark sets it"),
-                                           (["--report-only", "--seeds", "2"], "--seeds has no effect with "
-                                                                               "--report-only")])
+                                            "--schedules 10x3000 with 2 organisations and fedavg "
+                                            "make 15,000 tasks, more than the 10,000"),
+                                           (["--set", "noise_seed=3"],
+                                            "--set noise_seed: the benchmark sets it"),
+                                           (["--report-only", "--seeds", "2"],
+                                            "--seeds has no effect with --report-only")])
 def test_bad_settings_are_refused_in_one_line(args, message):
-    proc = subprocess.run([sys.executable, str(FEDERATED), *args, "--report-only"], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, str(FEDERATED), *args, "--report-only"],
+                          capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr

@@ -1,5 +1,5 @@
-"""benchmarks/utility.py: how it groups, reports and judges points (the training is the skeleton's, tested
-elsewhere), and one real point on tiny settings."""
+"""benchmarks/utility.py: how it groups, reports and judges points (the training is the skeleton's,
+tested elsewhere), and one real point on tiny settings."""
 import json
 import re
 import subprocess
@@ -21,7 +21,8 @@ def row(framework, epsilon, accuracy, seed=0, label="default", dataset="mnist4k"
 
 
 ROWS = [row("torch", 3.0, 0.95), row("torch", 3.0, 0.97, seed=1), row("torch", None, 0.97),
-        row("tf", 3.0, 0.93), row("tf", None, 0.97), row("tf", 3.0, 0.5, label="other", changes={"epochs": 1})]
+        row("tf", 3.0, 0.93), row("tf", None, 0.97),
+        row("tf", 3.0, 0.5, label="other", changes={"epochs": 1})]
 
 
 def test_seeds_are_averaged_per_label_and_the_goals_are_judged():
@@ -36,7 +37,8 @@ def test_seeds_are_averaged_per_label_and_the_goals_are_judged():
     assert not any(" − " in line for line in goals)  # tf has one seed: no two-sample test
     fashion = utility.summarise([row("torch", 1.0, 0.886, dataset="fmnist"),
                                  row("torch", 3.0, 0.899, dataset="fmnist")], "default", False)
-    assert utility.goals(fashion, 3.0) == ["fmnist torch: 89.9% at ε = 3 (goal ≥ 90.0%): MISSED by 0.1 points",
+    assert utility.goals(fashion, 3.0) == ["fmnist torch: 89.9% at ε = 3 (goal ≥ 90.0%): MISSED by "
+                                           "0.1 points",
                                            "fmnist torch: 88.6% at ε = 1 (goal ≥ 88.5%): met"]
 
 
@@ -48,10 +50,12 @@ def test_two_frameworks_are_told_apart_by_welchs_test_on_their_seeds():
     near = utility.summarise(seeds("torch", [0.970, 0.968, 0.972, 0.969, 0.971])
                              + seeds("tf", [0.969, 0.971, 0.967, 0.972, 0.970]), "default", False)
     line = next(line for line in utility.goals(near, 3.0) if " − " in line)
-    assert line.startswith("mnist4k torch − tf at ε = 3: +0.02 points, standard error 0.11, Welch p = 0.86")
+    assert line.startswith("mnist4k torch − tf at ε = 3: +0.02 points, standard error 0.11, Welch "
+                           "p = 0.86")
     assert line.endswith(": met")
     apart = utility.summarise(seeds("torch", [0.970, 0.968, 0.972, 0.969, 0.971])
-                              + seeds("mindspore", [0.962, 0.961, 0.963, 0.960, 0.962]), "default", False)
+                              + seeds("mindspore", [0.962, 0.961, 0.963, 0.960, 0.962]), "default",
+                              False)
     line = next(line for line in utility.goals(apart, 3.0) if " − " in line)
     assert "+0.84 points" in line and line.endswith(": MISSED")
 
@@ -60,7 +64,8 @@ def test_the_reports_say_which_accuracy_they_show():
     summary = utility.summarise(ROWS, "default", False)
     assert "(test accuracy %" in utility.table(summary, [3.0], False)
     assert "(validation accuracy %" in utility.table(summary, [3.0], True)
-    assert "(validation accuracy %" in utility.ablation_table(ROWS, ["default"], "mnist4k", 3.0, True)
+    assert "(validation accuracy %" in utility.ablation_table(
+        ROWS, ["default"], "mnist4k", 3.0, True)
 
 
 def test_the_ablation_table_shows_each_labels_changes_and_accuracy():
@@ -71,7 +76,8 @@ def test_the_ablation_table_shows_each_labels_changes_and_accuracy():
 
 def test_a_point_already_in_the_results_has_the_same_key():
     assert utility.point_key(row("torch", 3.0, 0.1)) == utility.point_key(row("torch", 3.0, 0.9))
-    assert utility.point_key(row("torch", 3.0, 0.1)) != utility.point_key(row("torch", 3.0, 0.1, seed=1))
+    assert utility.point_key(row("torch", 3.0,
+                                 0.1)) != utility.point_key(row("torch", 3.0, 0.1, seed=1))
     # A point trained from each library's own initial weights is not one from the common ones.
     assert utility.point_key(row("torch", 3.0, 0.1)) != utility.point_key(
         {**row("torch", 3.0, 0.1), "initial_weights": utility.INITIAL_WEIGHTS})
@@ -100,17 +106,23 @@ RESULTS = REPO / "benchmarks" / "results"
 
 def test_every_committed_result_has_a_slug_name_and_each_label_its_report():
     names = [path.relative_to(RESULTS).as_posix() for path in RESULTS.rglob("*")]
-    assert names and [n for n in names if not re.fullmatch(r"[a-z0-9.-]+", n) or utility.slug(n) != n] == []
-    labels = {row["label"] for row in utility.read_results(RESULTS / "utility.jsonl") if not row["validation"]}
+    assert names and [n for n in names if not re.fullmatch(r"[a-z0-9.-]+", n)
+                      or utility.slug(n) != n] == []
+    labels = {row["label"] for row in utility.read_results(RESULTS / "utility.jsonl")
+              if not row["validation"]}
     assert labels and [label for label in sorted(labels)
-                       if not utility.result_file(RESULTS / "utility.jsonl", f"utility-{label}", ".md").exists()] == []
+                       if not utility.result_file(RESULTS / "utility.jsonl", f"utility-{label}",
+                                                  ".md").exists()] == []
 
 
 def test_one_tiny_point_trains_and_the_report_is_written(tmp_path):
     results = tmp_path / "utility.jsonl"
-    proc = subprocess.run([sys.executable, str(UTILITY), "--datasets", "mnist4k", "--frameworks", "torch",
-                           "--epsilons", "8", "--seeds", "1", "--skip-non-private", "--set", "epochs=1",
-                           # 8 steps are too few for a weight average of decay 0.99 to leave the initial CNN
+    proc = subprocess.run([sys.executable, str(UTILITY), "--datasets", "mnist4k", "--frameworks",
+                           "torch",
+                           "--epsilons", "8", "--seeds", "1", "--skip-non-private", "--set",
+                           "epochs=1",
+                           # 8 steps are too few for a weight average of decay 0.99 to leave the
+                           # initial CNN
                            "--set", "ema_decay=0", "--results", str(results), "--label", "tiny"],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]

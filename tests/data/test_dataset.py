@@ -1,29 +1,30 @@
-"""mnist_dp/data/dataset.py and scripts/generate_data.py: the dataset folders it writes from each source, what it
-refuses, the identity keys, and never harming a folder it did not write."""
+"""mnist_dp/data/dataset.py and scripts/generate_data.py: the dataset folders it writes from each
+source, what it refuses, the identity keys, and never harming a folder it did not write (the folder
+itself, its manifest and a killed run's leftovers: test_dataset_folder.py)."""
 import gzip
-import os
 import shutil
 import struct
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
-from conftest import REPO, WITHOUT_WRITE_OVERRIDE, follow_advice
+from conftest import REPO, follow_advice
 
-from mnist_dp.data import dataset, samples, sources
+from mnist_dp.data import dataset, dataset_folder, samples, sources
 from mnist_dp.data import keys as identity_keys
 from mnist_dp.utils.errors import UserError
 
 SCRIPT = REPO / "scripts" / "generate_data.py"
 
 def generate_data(*args, **kwargs):
-    return subprocess.run([sys.executable, SCRIPT, *map(str, args)], capture_output=True, text=True, **kwargs)
+    return subprocess.run([sys.executable, SCRIPT, *map(str, args)], capture_output=True, text=True,
+                          **kwargs)
 
 
 def one_error_line(proc) -> str:
-    """The script's only stderr line, after checking that it failed as a user error (exit 2, no traceback)."""
+    """The script's only stderr line, after checking that it failed as a user error (exit 2, no
+    traceback)."""
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
     return lines[0]
@@ -31,12 +32,15 @@ def one_error_line(proc) -> str:
 
 def save_npz(path, x_train, y_train=None):
     y_train = np.arange(len(x_train)) % 10 if y_train is None else y_train
-    np.savez(path, x_train=x_train, y_train=y_train, x_test=np.zeros((10, 28, 28), np.uint8), y_test=np.arange(10))
+    np.savez(path, x_train=x_train, y_train=y_train, x_test=np.zeros((10, 28, 28), np.uint8),
+             y_test=np.arange(10))
     return path
 
 
 def write_idx(path, array, magic):
-    payload = struct.pack(">I", magic) + struct.pack(f">{array.ndim}I", *array.shape) + array.astype(np.uint8).tobytes()
+    payload = struct.pack(">I",
+                          magic) + struct.pack(f">{array.ndim}I",
+                                               *array.shape) + array.astype(np.uint8).tobytes()
     path.write_bytes(gzip.compress(payload) if path.suffix == ".gz" else payload)
 
 
@@ -44,7 +48,8 @@ def write_idx(path, array, magic):
 def idx_folder(tmp_path):
     rng = np.random.default_rng(0)
     for prefix, n in (("train", 60), ("t10k", 20)):
-        write_idx(tmp_path / f"{prefix}-images-idx3-ubyte.gz", rng.integers(0, 256, (n, 28, 28)), 2051)
+        write_idx(tmp_path / f"{prefix}-images-idx3-ubyte.gz", rng.integers(0, 256, (n, 28, 28)),
+                  2051)
         write_idx(tmp_path / f"{prefix}-labels-idx1-ubyte", np.arange(n) % 10, 2049)
     return tmp_path
 
@@ -59,7 +64,8 @@ def test_embedded_default_is_real_mnist_split_stratified_and_disjoint(tmp_path):
     manifest = dataset.generate(tmp_path / "d", train_size=400, test_size=100, seed=3)
     train_x, train_y = read_split(tmp_path / "d", "train")
     test_x, test_y = read_split(tmp_path / "d", "test")
-    assert manifest["train_examples"] == 400 and train_x.shape == (400, 28, 28) and train_x.dtype == np.uint8
+    assert manifest[
+        "train_examples"] == 400 and train_x.shape == (400, 28, 28) and train_x.dtype == np.uint8
     assert np.bincount(train_y, minlength=10).tolist() == [40] * 10
     assert np.bincount(test_y, minlength=10).tolist() == [10] * 10
     assert len(set(map(bytes, train_x)) & set(map(bytes, test_x))) == 0
@@ -83,22 +89,12 @@ def test_train_set_is_split_into_sample_folders(tmp_path):
 def test_refuses_to_overwrite_without_force(tmp_path):
     dataset.generate(tmp_path / "d", train_size=50, test_size=10, seed=1)
     before = read_split(tmp_path / "d", "train")
-    with pytest.raises(UserError, match="already holds data samples generate_data wrote; pass --force"):
+    with pytest.raises(UserError,
+                       match="already holds data samples generate_data wrote; pass --force"):
         dataset.generate(tmp_path / "d", train_size=50, test_size=10, seed=2)
     assert np.array_equal(read_split(tmp_path / "d", "train")[0], before[0])
     dataset.generate(tmp_path / "d", train_size=60, test_size=10, seed=2, force=True)
     assert len(read_split(tmp_path / "d", "train")[1]) == 60
-
-
-def test_force_never_touches_a_folder_generate_data_did_not_write(tmp_path):
-    userdir = tmp_path / "userdir"
-    userdir.mkdir()
-    (userdir / "notes.txt").write_text("mine")
-    line = one_error_line(generate_data("--output", userdir, "--force"))
-    assert line == (f"error: {userdir}: holds files generate_data did not write (notes.txt); "
-                    "choose a new or empty folder")
-    assert [p.name for p in userdir.iterdir()] == ["notes.txt"] and (userdir / "notes.txt").read_text() == "mine"
-    assert [p.name for p in tmp_path.iterdir()] == ["userdir"]  # no temporary folder left either
 
 
 def test_force_replaces_only_train_test_and_manifest_and_keeps_the_users_files(tmp_path):
@@ -106,56 +102,39 @@ def test_force_replaces_only_train_test_and_manifest_and_keeps_the_users_files(t
     dataset.generate(dest, train_size=50, test_size=10, seed=1)
     (dest / "notes.txt").write_text("mine")
     (dest / "plots").mkdir()
-    manifest = dataset.generate(dest, train_size=60, test_size=10, train_samples=2, seed=2, force=True)
-    assert sorted(p.name for p in dest.iterdir()) == ["manifest.json", "notes.txt", "plots", "test", "train"]
+    manifest = dataset.generate(dest, train_size=60, test_size=10, train_samples=2, seed=2,
+                                force=True)
+    assert sorted(p.name for p in dest.iterdir()) == ["manifest.json", "notes.txt", "plots", "test",
+                                                      "train"]
     assert (dest / "notes.txt").read_text() == "mine" and (dest / "plots").is_dir()
-    assert dataset.read_manifest(dest) == manifest and manifest["written_by"] == dataset.WRITTEN_BY
+    assert dataset_folder.read_manifest(dest) == manifest
+    assert manifest["written_by"] == dataset_folder.WRITTEN_BY
     assert [f.name for f in dataset.sample_folders(dest, "train")] == ["0", "1"]
     assert len(read_split(dest, "train")[1]) == 60
     assert [p.name for p in tmp_path.iterdir()] == ["d"]
 
 
-def test_a_folder_of_other_files_is_refused_by_the_scripts_without_telling_them_to_pass_force(tmp_path):
+def test_a_folder_of_other_files_is_refused_by_the_scripts_without_telling_them_to_pass_force(
+        tmp_path):
     dest = tmp_path / "data"
     dest.mkdir()
     (dest / "notes.txt").write_text("mine")
     with pytest.raises(UserError) as caught:
         dataset.generate_default_if_missing(dest, train_samples=1)
-    assert str(caught.value) == (f"{dest}: holds no data samples (no train/ folder) but other files (notes.txt); "
-                                 "give --data a folder of data samples written by scripts/generate_data.py, "
-                                 "or a new folder")
+    assert str(caught.value) == (f"{dest}: holds no data samples (no train/ folder) but other "
+                                 "files (notes.txt); give --data a folder of data samples written "
+                                 "by scripts/generate_data.py, or a new folder")
     assert [p.name for p in dest.iterdir()] == ["notes.txt"]
-
-
-def test_an_output_that_is_a_file_is_one_clear_error(tmp_path):
-    path = tmp_path / "data"
-    path.write_text("not a folder")
-    line = one_error_line(generate_data("--output", path))
-    assert line == (f"error: {path}: is a file; the data samples are written to a folder: "
-                    "give the path of a new folder")
-    with pytest.raises(UserError, match="is a file"):
-        dataset.generate_default_if_missing(path, train_samples=1)
-    assert path.read_text() == "not a folder"
-
-
-@pytest.mark.parametrize("read_only", ["parent folder", "output folder"])
-def test_a_folder_that_cannot_be_written_is_named(tmp_path, read_only):
-    locked = tmp_path / "locked"
-    locked.mkdir(mode=0o555)
-    output = locked / "data" if read_only == "parent folder" else locked
-    proc = subprocess.run([*WITHOUT_WRITE_OVERRIDE, sys.executable, SCRIPT, "--output", output],
-                          capture_output=True, text=True, cwd=tmp_path)
-    line = one_error_line(proc)
-    assert line == f"error: {locked}: cannot write in this folder (permission denied); choose a folder you can write to"
-    assert list(locked.iterdir()) == []
 
 
 @pytest.fixture
 def full_disk(tmp_path):
-    """A real file system of 512 kB, too small for the default data (where this machine lets root mount one)."""
+    """A real file system of 512 kB, too small for the default data (where this machine lets root
+    mount one)."""
     disk = tmp_path / "disk"
     disk.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", disk], capture_output=True).returncode:
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", disk],
+                      capture_output=True).returncode:
         pytest.skip("cannot mount a small tmpfs here (needs root)")
     yield disk
     subprocess.run(["umount", disk], check=True)
@@ -163,17 +142,18 @@ def full_disk(tmp_path):
 
 def test_a_full_disk_is_named_as_such_and_nothing_is_left_on_it(full_disk):
     line = one_error_line(generate_data("--output", full_disk / "data"))
-    assert line == (f"error: {full_disk}: cannot write in this folder (No space left on device); free space on that "
-                    "disk, or write somewhere else")
+    assert line == (f"error: {full_disk}: cannot write in this folder (No space left on device); "
+                    "free space on that disk, or write somewhere else")
     assert list(full_disk.iterdir()) == []
 
 
 def test_float_images_are_refused_saying_what_was_found_and_what_to_do(tmp_path):
     images = np.random.default_rng(0).random((50, 28, 28))
     images[0, 0, :2] = 0.0, 1.0
-    line = one_error_line(generate_data("--source", save_npz(tmp_path / "f.npz", images), "--output", tmp_path / "d"))
-    assert line == (f"error: {tmp_path / 'f.npz'}: train images are float64 with values 0..1; images must be uint8 "
-                    "pixels 0-255: scale them to 0-255 and save them as uint8")
+    line = one_error_line(generate_data("--source", save_npz(tmp_path / "f.npz", images),
+                                        "--output", tmp_path / "d"))
+    assert line == (f"error: {tmp_path / 'f.npz'}: train images are float64 with values 0..1; "
+                    "images must be uint8 pixels 0-255: scale them to 0-255 and save them as uint8")
     assert not (tmp_path / "d").exists()
 
 
@@ -183,7 +163,8 @@ ONE_NAN = np.where(np.arange(50 * 784).reshape(50, 28, 28) == 0, np.nan, 0.5)
 @pytest.mark.parametrize("images, found", [
     (np.full((50, 28, 28), 300.0), "float64 with values 300..300"),
     (ONE_NAN, "float64 with values 0.5..0.5 and NaN"),
-    (np.full((50, 28, 28), 128.0, np.float32), "float32 with values 128..128"),  # integral floats too
+    # integral floats too
+    (np.full((50, 28, 28), 128.0, np.float32), "float32 with values 128..128"),
     (np.full((50, 28, 28), 256, np.int64), "int64 with values 256..256"),
     (np.full((50, 28, 28), -1, np.int16), "int16 with values -1..-1"),
 ])
@@ -209,68 +190,30 @@ def test_integer_images_within_0_255_are_cast_exactly(tmp_path):
 ])
 def test_labels_must_be_integer_digits(tmp_path, labels, found):
     images = np.zeros((50, 28, 28), np.uint8)
-    with pytest.raises(UserError, match=f"train labels are {found}; labels must be the digits 0-9 in an integer array"):
+    with pytest.raises(UserError, match=f"train labels are {found}; labels must be the digits 0-9 "
+                                        "in an integer array"):
         dataset.generate(tmp_path / "d", source=save_npz(tmp_path / "s.npz", images, labels))
 
 
-@pytest.mark.parametrize("flag, value", [("--train-size", -5), ("--test-size", 0), ("--train-samples", 0)])
+@pytest.mark.parametrize("flag, value",
+                         [("--train-size", -5), ("--test-size", 0), ("--train-samples", 0)])
 def test_sizes_must_be_whole_numbers_of_at_least_one_naming_the_flag(tmp_path, flag, value):
     line = one_error_line(generate_data("--output", tmp_path / "d", flag, value))
-    assert line == (f"error: argument {flag}: {value} is not an integer from 1 to 100,000,000 (see generate_data.py "
-                    "--help)")
+    assert line == (f"error: argument {flag}: {value} is not an integer from 1 to 100,000,000 (see "
+                    "generate_data.py --help)")
     with pytest.raises(UserError, match=f"^{flag} 2.5: must be a whole number"):
         dataset.generate(tmp_path / "d", **{flag[2:].replace("-", "_"): 2.5})
 
 
 def test_sizes_larger_than_the_source_name_the_flag(tmp_path):
-    source = save_npz(tmp_path / "s.npz", np.random.default_rng(0).integers(0, 256, (50, 28, 28), dtype=np.uint8))
+    source = save_npz(tmp_path / "s.npz",
+                      np.random.default_rng(0).integers(0, 256, (50, 28, 28), dtype=np.uint8))
     with pytest.raises(UserError, match="^--train-size 51: the source has only 50 train examples"):
         dataset.generate(tmp_path / "d", source=source, train_size=51)
     with pytest.raises(UserError, match="^--test-size 11: the source has only 10 test examples"):
         dataset.generate(tmp_path / "d", source=source, test_size=11)
     with pytest.raises(UserError, match="^--train-samples 51: more than the 50 train examples"):
         dataset.generate(tmp_path / "d", source=source, train_samples=51)
-
-
-def partial_folders(parent):
-    return sorted(p for p in parent.iterdir() if "-partial-" in p.name)
-
-
-def test_a_killed_run_leaves_a_partial_folder_that_the_next_run_removes(tmp_path):
-    for attempt in range(3):
-        # 4,000 sample folders take about a second to write: the run is killed in the middle.
-        proc = subprocess.Popen([sys.executable, SCRIPT, "--output", tmp_path / f"d{attempt}",
-                                 "--train-samples", "4000"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 120
-        while proc.poll() is None and time.monotonic() < deadline:
-            if any((p / "train").is_dir() for p in partial_folders(tmp_path)):
-                break
-            time.sleep(0.002)
-        proc.kill()
-        proc.wait()
-        if partial_folders(tmp_path):
-            break
-    else:
-        pytest.fail("generate_data ended each time before it could be killed in the middle of writing")
-    [partial] = partial_folders(tmp_path)
-    assert partial.name.startswith(f".d{attempt}-partial-{proc.pid}-") and (partial / "train").is_dir()
-    assert not (tmp_path / f"d{attempt}").exists()  # the interrupted run left no half dataset
-    dataset.generate(tmp_path / "next", train_size=50, test_size=10)
-    assert partial_folders(tmp_path) == []
-
-
-def test_partial_folders_of_a_running_writer_or_not_laid_out_as_ours_are_left_alone(tmp_path):
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    dead_pid = int(gone.stdout)
-    abandoned = tmp_path / f".d-partial-{dead_pid}-0123abcd"
-    running = tmp_path / f".d-partial-{os.getpid()}-0123abcd"  # this test's own process: alive
-    not_ours = tmp_path / f".notes-partial-{dead_pid}-0123abcd"
-    for folder in (abandoned, running):
-        (folder / "train" / "0").mkdir(parents=True)
-    not_ours.mkdir()
-    (not_ours / "diary.txt").write_text("mine")
-    dataset.generate(tmp_path / "d", train_size=50, test_size=10)
-    assert partial_folders(tmp_path) == sorted([running, not_ours])
 
 
 def test_the_default_data_is_split_again_when_a_script_needs_more_train_samples(tmp_path, capsys):
@@ -280,8 +223,9 @@ def test_the_default_data_is_split_again_when_a_script_needs_more_train_samples(
     train, test = read_split(dest, "train"), read_split(dest, "test")
     capsys.readouterr()
     dataset.generate_default_if_missing(dest, train_samples=2)
-    assert capsys.readouterr().out == (f"{dest}: splitting the default data again into 2 train samples for 1 "
-                                       "organisation(s) (it had 1; the same examples)\n")
+    assert capsys.readouterr().out == (f"{dest}: splitting the default data again into 2 train "
+                                       "samples for 1 organisation(s) (it had 1; the same "
+                                       "examples)\n")
     assert [f.name for f in dataset.sample_folders(dest, "train")] == ["0", "1"]
     for split, before in (("train", train), ("test", test)):
         after = read_split(dest, split)
@@ -298,20 +242,27 @@ def keys_of(dest):
 
 
 def test_each_organisation_gets_its_own_key_and_the_test_set_another(tmp_path):
-    manifest = dataset.generate(tmp_path / "d", train_size=100, test_size=20, train_samples=5, organizations=2)
+    manifest = dataset.generate(tmp_path / "d", train_size=100, test_size=20, train_samples=5,
+                                organizations=2)
     train, test = keys_of(tmp_path / "d")
     assert manifest["organizations"] == 2 and manifest["train_samples"] == 5
-    assert train[0::2] == [train[0]] * 3 and train[1::2] == [train[1]] * 2  # sample i: organisation i mod 2
+    # sample i: organisation i mod 2
+    assert train[0::2] == [train[0]] * 3 and train[1::2] == [train[1]] * 2
     assert len({train[0], train[1], test}) == 3
     one = dataset.generate(tmp_path / "e", train_size=100, test_size=20, train_samples=2)
     train, test = keys_of(tmp_path / "e")
-    assert one["organizations"] == 1 and train[0] == train[1] != test  # one organisation: one key, the test its own
-    with pytest.raises(UserError, match=r"--organizations 3: more than the 2 train data sample\(s\)"):
-        dataset.generate(tmp_path / "f", train_size=100, test_size=20, train_samples=2, organizations=3)
-    assert dataset.generate(tmp_path / "g", train_size=100, test_size=20, organizations=3)["train_samples"] == 3
+    # one organisation: one key, the test its own
+    assert one["organizations"] == 1 and train[0] == train[1] != test
+    with pytest.raises(UserError,
+                       match=r"--organizations 3: more than the 2 train data sample\(s\)"):
+        dataset.generate(tmp_path / "f", train_size=100, test_size=20, train_samples=2,
+                         organizations=3)
+    assert dataset.generate(tmp_path / "g", train_size=100, test_size=20,
+                            organizations=3)["train_samples"] == 3
 
 
-def test_the_default_data_is_split_again_for_another_number_of_organisations_keeping_their_keys(tmp_path, capsys):
+def test_the_default_data_is_split_again_for_another_number_of_organisations_keeping_their_keys(
+        tmp_path, capsys):
     dest = tmp_path / "data"
     dataset.generate_default_if_missing(dest, train_samples=2, organizations=2)
     (first, second, *_), test = keys_of(dest)
@@ -319,7 +270,8 @@ def test_the_default_data_is_split_again_for_another_number_of_organisations_kee
     dataset.generate_default_if_missing(dest, train_samples=3, organizations=3)
     train, again = keys_of(dest)
     assert train[:2] == [first, second] and train[2] not in (first, second) and again == test
-    dataset.generate_default_if_missing(dest, train_samples=1)  # back to one organisation: its first key
+    # back to one organisation: its first key
+    dataset.generate_default_if_missing(dest, train_samples=1)
     train, again = keys_of(dest)
     assert set(train) == {first} and again == test
     assert "for 1 organisation(s)" in capsys.readouterr().out
@@ -330,9 +282,10 @@ def test_the_default_data_is_split_again_for_another_number_of_organisations_kee
     (3, [[0, 1], [2]], "organisation 1's train data samples are under 2 identity keys"),
     (2, [[0], [1]], "the test data is under organisation 2's identity key"),
 ])
-def test_a_split_a_deployment_could_not_have_is_refused_with_commands_that_fix_it(tmp_path, organizations, holdings,
-                                                                                   problem):
-    dataset.generate(tmp_path / "d", train_size=100, test_size=20, train_samples=3, organizations=organizations)
+def test_a_split_a_deployment_could_not_have_is_refused_with_commands_that_fix_it(
+        tmp_path, organizations, holdings, problem):
+    dataset.generate(tmp_path / "d", train_size=100, test_size=20, train_samples=3,
+                     organizations=organizations)
     folders = dataset.sample_folders(tmp_path / "d", "train")
     if "test data" in problem:  # the test set under organisation 2's key
         test = dataset.sample_folders(tmp_path / "d", "test")[0]
@@ -375,7 +328,8 @@ def test_idx_source(idx_folder, tmp_path):
 def test_npz_source(tmp_path):
     rng = np.random.default_rng(0)
     np.savez(tmp_path / "mnist.npz", x_train=rng.integers(0, 256, (50, 28, 28), dtype=np.uint8),
-             y_train=np.arange(50) % 10, x_test=np.zeros((10, 28, 28), np.uint8), y_test=np.arange(10))
+             y_train=np.arange(50) % 10, x_test=np.zeros((10, 28, 28), np.uint8),
+             y_test=np.arange(10))
     manifest = dataset.generate(tmp_path / "d", source=tmp_path / "mnist.npz", train_size=30)
     assert (manifest["train_examples"], manifest["test_examples"]) == (30, 10)
 
@@ -387,16 +341,19 @@ def test_truncated_idx_file_is_named(idx_folder, tmp_path):
         dataset.generate(tmp_path / "d", source=idx_folder)
 
 
-def test_every_train_sample_gets_one_secret_identity_key_per_dataset_and_other_datasets_another(tmp_path):
+def test_every_train_sample_gets_one_secret_identity_key_per_dataset_and_other_datasets_another(
+        tmp_path):
     dataset.generate(tmp_path / "d", train_size=100, test_size=20, train_samples=2)
-    dataset.generate(tmp_path / "e", train_size=100, test_size=20, train_samples=2)  # the same examples
+    # the same examples
+    dataset.generate(tmp_path / "e", train_size=100, test_size=20, train_samples=2)
     folders = dataset.sample_folders(tmp_path / "d", "train")
     keys = {(f / samples.KEY_FILE).read_text() for f in folders}
     assert len(keys) == 1 and len(keys.pop().strip()) == 64
     assert oct((folders[0] / samples.KEY_FILE).stat().st_mode & 0o777) == "0o600"
     same_content = dataset.sample_folders(tmp_path / "e", "train")[0]
     assert samples.sample_fingerprint(same_content) == samples.sample_fingerprint(folders[0])
-    assert samples.sample_identity(same_content) != samples.sample_identity(folders[0])  # unlinkable without the key
+    # unlinkable without the key
+    assert samples.sample_identity(same_content) != samples.sample_identity(folders[0])
 
 
 def test_add_key_gives_a_users_samples_one_key_and_never_replaces_one(tmp_path):
@@ -407,27 +364,35 @@ def test_add_key_gives_a_users_samples_one_key_and_never_replaces_one(tmp_path):
     with pytest.raises(UserError, match=f"{second}: no identity.key.*--add-key {second}"):
         samples.sample_identity(second)
     proc = generate_data("--add-key", first, second)
-    assert proc.returncode == 0 and "identity key written to 1 of 2 folder(s)" in proc.stdout, proc.stderr
-    assert (first / samples.KEY_FILE).read_text() == kept and len(samples.sample_identity(second)) == 64
+    assert (proc.returncode == 0
+            and "identity key written to 1 of 2 folder(s)" in proc.stdout), proc.stderr
+    assert (first / samples.KEY_FILE).read_text() == kept and len(
+        samples.sample_identity(second)) == 64
     proc = generate_data("--add-key", tmp_path)
-    assert proc.returncode == 2 and "not a data sample folder" in proc.stderr and "Traceback" not in proc.stderr
+    assert (proc.returncode == 2 and "not a data sample folder" in proc.stderr
+            and "Traceback" not in proc.stderr)
 
 
 @pytest.mark.slow  # writes the default data twice (over 10 s): CI runs it, the fast loop does not
 def test_key_from_puts_a_second_dataset_under_the_first_ones_key(tmp_path):
-    assert generate_data("--output", tmp_path / "a", "--train-size", "100", "--test-size", "20").returncode == 0
+    assert generate_data("--output", tmp_path / "a", "--train-size", "100", "--test-size",
+                         "20").returncode == 0
     first = dataset.sample_folders(tmp_path / "a", "train")[0]
-    proc = generate_data("--output", tmp_path / "b", "--train-size", "100", "--test-size", "20", "--seed", "1",
+    proc = generate_data("--output", tmp_path / "b", "--train-size", "100", "--test-size", "20",
+                         "--seed", "1",
                          "--key-from", first)
     assert proc.returncode == 0, proc.stderr
     second = dataset.sample_folders(tmp_path / "b", "train")[0]
     assert samples.read_key(second) == samples.read_key(first)
     a, b = samples.read_sample(first), samples.read_sample(second)
-    assert a.key_id == b.key_id and a.identity != b.identity  # comparable examples, distinct samples
+    # comparable examples, distinct samples
+    assert a.key_id == b.key_id and a.identity != b.identity
     proc = generate_data("--output", tmp_path / "c", "--key-from", tmp_path)
     assert proc.returncode == 2 and f"error: {tmp_path}: no identity.key" in proc.stderr
-    proc = generate_data("--output", tmp_path / "c", "--train-size", "100", "--test-size", "20", "--key-from", first,
-                         "--organizations", "2")  # organisation 1's key; the other's and the test set's new
+    proc = generate_data("--output", tmp_path / "c", "--train-size", "100", "--test-size", "20",
+                         "--key-from", first,
+                         # organisation 1's key; the other's and the test set's new
+                         "--organizations", "2")
     assert proc.returncode == 0, proc.stderr
     train = dataset.sample_folders(tmp_path / "c", "train")
     keys = [samples.read_key(f) for f in [*train, *dataset.sample_folders(tmp_path / "c", "test")]]
@@ -436,9 +401,11 @@ def test_key_from_puts_a_second_dataset_under_the_first_ones_key(tmp_path):
 
 def test_cli_help_and_one_line_error(tmp_path):
     script = REPO / "scripts" / "generate_data.py"
-    help_text = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True).stdout
+    help_text = subprocess.run([sys.executable, script, "--help"], capture_output=True,
+                               text=True).stdout
     assert "--train-samples" in help_text
-    proc = subprocess.run([sys.executable, script, "--output", tmp_path / "d", "--source", tmp_path / "nothing.bin"],
+    proc = subprocess.run([sys.executable, script, "--output", tmp_path / "d", "--source",
+                           tmp_path / "nothing.bin"],
                           capture_output=True, text=True)
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "nothing.bin" in proc.stderr
@@ -446,7 +413,8 @@ def test_cli_help_and_one_line_error(tmp_path):
 
 def test_copies_of_an_example_in_the_source_are_left_out_saying_so(tmp_path):
     rng = np.random.default_rng(0)
-    images, labels = rng.integers(0, 256, (40, 28, 28), dtype=np.uint8), np.arange(40, dtype=np.uint8) % 10
+    images, labels = rng.integers(0, 256, (40, 28, 28),
+                                  dtype=np.uint8), np.arange(40, dtype=np.uint8) % 10
     images[30], labels[30] = images[2], labels[2]  # one example twice in the source's train set
     source = save_npz(tmp_path / "dup.npz", images, labels)
     proc = generate_data("--source", source, "--output", tmp_path / "d", "--train-samples", 3)
@@ -458,11 +426,14 @@ def test_copies_of_an_example_in_the_source_are_left_out_saying_so(tmp_path):
 
 
 @pytest.mark.parametrize("asked, message", [
-    (4001, "--organizations 4001: the default data has 4,000 train examples, fewer than one for each"),
+    (4001, "--organizations 4001: the default data has 4,000 train examples, fewer than one for "
+           "each"),
     (0, "--organizations 0: must be a whole number, at least 1"),
 ])
-def test_the_scripts_default_data_names_the_option_that_asked_for_its_samples(tmp_path, asked, message):
+def test_the_scripts_default_data_names_the_option_that_asked_for_its_samples(
+        tmp_path, asked, message):
     # The user gave --organizations (or --folds), not generate_data's --train-samples.
     with pytest.raises(UserError, match=f"^{message}"):
-        dataset.generate_default_if_missing(tmp_path / "d", train_samples=asked, flag="--organizations")
+        dataset.generate_default_if_missing(tmp_path / "d", train_samples=asked,
+                                            flag="--organizations")
     assert not (tmp_path / "d").exists()  # refused before anything is written

@@ -1,7 +1,8 @@
-"""An organisation's figure holds whatever another party sends: a model whose ledger lacks the organisation's own
-earlier run (a doctored model from the previous organisation of a cyclic plan, or from the aggregator of a federated
-average) is accounted with that run, from the data's own ledger; max_epsilon stops the run that would pass it; a
-task killed after its model was saved has recorded its spend."""
+"""An organisation's figure holds whatever another party sends: a model whose ledger lacks the
+organisation's own earlier run (a doctored model from the previous organisation of a cyclic plan, or
+from the aggregator of a federated average) is accounted with that run, from the data's own ledger;
+max_epsilon stops the run that would pass it; a task killed after its model was saved has recorded
+its spend."""
 import json
 import os
 import shutil
@@ -21,36 +22,40 @@ from mnist_dp.privacy import data_ledger, model_file
 from mnist_dp.utils.errors import UserError
 
 SIGMA, DELTA = 2.0, 1e-4
-HP = tiny_hyperparameters("torch", noise_multiplier=SIGMA, target_epsilon=None, delta=DELTA, ema_decay=0.0)
+HP = tiny_hyperparameters("torch", noise_multiplier=SIGMA, target_epsilon=None, delta=DELTA,
+                          ema_decay=0.0)
 ONE_RUN = 3  # steps of one epoch of batch 64 on an organisation's 150 examples: q = 1/3
 
 
 @pytest.fixture
 def organisations(tmp_path):
-    """Two organisations' data, 150 examples each under its own key, with nothing released from it yet."""
+    """Two organisations' data, 150 examples each under its own key, with nothing released from it
+    yet."""
     dest = tmp_path / "data"
     dataset.generate(dest, train_size=300, test_size=50, train_samples=2, organizations=2, seed=3)
     return [[str(f)] for f in dataset.sample_folders(dest, "train")]
 
 
 def train(tmp_path, name, folders, model=None, ledger=None, **changes):
-    """A train task of the torch algo at the organisation holding `folders`, from `model` and with the `ledger`
-    input if given: its model (its ledger output is beside it, `name`.ledger)."""
+    """A train task of the torch algo at the organisation holding `folders`, from `model` and with
+    the `ledger` input if given: its model (its ledger output is beside it, `name`.ledger)."""
     hp_path = tmp_path / f"{name}.json"
     hp_path.write_text(json.dumps({**HP, **changes}))
     opener = load_asset_module(DATASET_ASSET / "opener.py", "opener_for_doctored_tests")
     algo = load_asset_module(ALGO_ASSETS["torch"] / "algo.py", "torch_algo_for_doctored_tests")
-    inputs = {"datasamples": opener.MnistOpener().get_data(folders), **({"model": str(model)} if model else {}),
+    inputs = {"datasamples": opener.MnistOpener().get_data(folders),
+              **({"model": str(model)} if model else {}),
               **({"ledger": str(ledger)} if ledger else {})}
-    outputs = {"model": str(tmp_path / f"{name}.model"), "epsilon": str(tmp_path / f"{name}.epsilon"),
+    outputs = {"model": str(tmp_path / f"{name}.model"),
+               "epsilon": str(tmp_path / f"{name}.epsilon"),
                "ledger": str(tmp_path / f"{name}.ledger")}
     skeleton.train(algo.FRAMEWORK, inputs, outputs, hp_path)
     return tmp_path / f"{name}.model"
 
 
 def read_only_copy(tmpfs, folders):
-    """`folders` copied onto a file system then mounted read-only, as Substra's docker mode and a node give a
-    task its data samples."""
+    """`folders` copied onto a file system then mounted read-only, as Substra's docker mode and a
+    node give a task its data samples."""
     mount = tmpfs("size=16m")
     copies = [shutil.copytree(f, mount / Path(f).name) for f in folders]
     subprocess.run(["mount", "-o", "remount,ro", str(mount)], check=True)
@@ -58,13 +63,15 @@ def read_only_copy(tmpfs, folders):
 
 
 def doctored(tmp_path, how, own_model, other_model):
-    """A model carrying organisation 2's own weights but organisation 1's ledger: passed on in a cyclic plan (the
-    file edited, its digests recomputed), or averaged by an aggregator that left organisation 2's ledger out."""
+    """A model carrying organisation 2's own weights but organisation 1's ledger: passed on in a
+    cyclic plan (the file edited, its digests recomputed), or averaged by an aggregator that left
+    organisation 2's ledger out."""
     path = tmp_path / f"doctored-{how}.model"
     theirs = model_file.load(other_model)
     if how == "cyclic":
         mine = model_file.load(own_model)
-        model_file.save(path, model_file.ModelFile("torch", mine.weights, theirs.ledger, theirs.hyperparameters))
+        model_file.save(path, model_file.ModelFile("torch", mine.weights, theirs.ledger,
+                                                   theirs.hyperparameters))
     else:
         algo = load_asset_module(ALGO_ASSETS["torch"] / "algo.py", "torch_algo_for_doctored_tests")
         skeleton.aggregate(algo.FRAMEWORK, {"models": [str(other_model)]}, {"model": str(path)},
@@ -74,7 +81,8 @@ def doctored(tmp_path, how, own_model, other_model):
 
 
 @pytest.mark.parametrize("how", ["cyclic", "fedavg"])
-def test_a_model_lacking_the_organisations_own_run_is_accounted_with_it(tmp_path, organisations, how):
+def test_a_model_lacking_the_organisations_own_run_is_accounted_with_it(
+        tmp_path, organisations, how):
     (tmp_path / "aggregate.json").write_text(json.dumps(HP))
     first, second = organisations
     own = train(tmp_path, "own", second)  # organisation 2's earlier run
@@ -84,12 +92,14 @@ def test_a_model_lacking_the_organisations_own_run_is_accounted_with_it(tmp_path
     mine = [sample_identity(f) for f in second]
     both_runs = independent_epsilon(SIGMA, 1 / 3, 2 * ONE_RUN, DELTA)
     assert saved.ledger.epsilon(DELTA, data=mine) == pytest.approx(both_runs, rel=1e-6)
-    assert json.loads((tmp_path / "again.epsilon").read_text())["all"] >= both_runs - 1e-9  # Substra's performance
+    # Substra's performance
+    assert json.loads((tmp_path / "again.epsilon").read_text())["all"] >= both_runs - 1e-9
     assert len(data_ledger.read(second).events) == 2
 
 
 @pytest.mark.parametrize("how", ["cyclic", "fedavg"])
-def test_max_epsilon_stops_the_run_that_would_pass_it_whatever_the_input_model_says(tmp_path, organisations, how):
+def test_max_epsilon_stops_the_run_that_would_pass_it_whatever_the_input_model_says(
+        tmp_path, organisations, how):
     (tmp_path / "aggregate.json").write_text(json.dumps(HP))
     first, second = organisations
     one, two = (independent_epsilon(SIGMA, 1 / 3, k * ONE_RUN, DELTA) for k in (1, 2))
@@ -109,23 +119,30 @@ def test_max_epsilon_stops_the_run_that_would_pass_it_whatever_the_input_model_s
 
 
 @pytest.mark.parametrize("how", ["cyclic", "fedavg"])
-def test_on_read_only_data_the_ledger_passed_from_task_to_task_keeps_the_organisations_run(tmp_path, organisations,
-                                                                                          tmpfs, how):
+def test_on_read_only_data_the_ledger_passed_from_task_to_task_keeps_the_organisations_run(
+        tmp_path, organisations, tmpfs, how):
     (tmp_path / "aggregate.json").write_text(json.dumps(HP))
     first, second = organisations[0], read_only_copy(tmpfs, organisations[1])
-    own = train(tmp_path, "own", second)  # recorded nowhere beside the data: only in its ledger output
-    assert not data_ledger.read(second).events and len(data_ledger.read_output(tmp_path / "own.ledger").events) == 1
+    # recorded nowhere beside the data: only in its ledger output
+    own = train(tmp_path, "own", second)
+    assert not data_ledger.read(second).events and len(
+        data_ledger.read_output(tmp_path / "own.ledger").events) == 1
     other = train(tmp_path, "other", first)
     doctored_model = doctored(tmp_path, how, own, other)
     mine = [sample_identity(f) for f in second]
     both_runs = independent_epsilon(SIGMA, 1 / 3, 2 * ONE_RUN, DELTA)
-    again = model_file.load(train(tmp_path, "again", second, doctored_model, tmp_path / "own.ledger"), "torch")
+    again = model_file.load(train(tmp_path, "again", second, doctored_model,
+                                  tmp_path / "own.ledger"), "torch")
     assert again.ledger.epsilon(DELTA, data=mine) == pytest.approx(both_runs, rel=1e-6)
-    assert len(data_ledger.read_output(tmp_path / "again.ledger").events) == 2  # what the next task receives
-    budget = (independent_epsilon(SIGMA, 1 / 3, ONE_RUN, DELTA) + both_runs) / 2  # one run fits, two do not
-    stopped = model_file.load(train(tmp_path, "stopped", second, doctored_model, tmp_path / "own.ledger",
+    # what the next task receives
+    assert len(data_ledger.read_output(tmp_path / "again.ledger").events) == 2
+    # one run fits, two do not
+    budget = (independent_epsilon(SIGMA, 1 / 3, ONE_RUN, DELTA) + both_runs) / 2
+    stopped = model_file.load(train(tmp_path, "stopped", second, doctored_model,
+                                    tmp_path / "own.ledger",
                                     max_epsilon=budget), "torch")
-    assert stopped.hyperparameters["stopped_by_budget"] and 0 < stopped.ledger.events[-1].steps < ONE_RUN
+    assert stopped.hyperparameters[
+        "stopped_by_budget"] and 0 < stopped.ledger.events[-1].steps < ONE_RUN
     assert stopped.ledger.epsilon(DELTA, data=mine) <= budget
 
 
@@ -133,33 +150,39 @@ def test_a_damaged_ledger_input_is_refused_naming_it(tmp_path, organisations):
     train(tmp_path, "own", organisations[1])
     whole = (tmp_path / "own.ledger").read_bytes()
     (tmp_path / "cut.ledger").write_bytes(whole[:-20])
-    with pytest.raises(UserError, match=r"cut\.ledger: line 1 is not a run record .*give the task its organisation's"):
+    with pytest.raises(UserError, match=r"cut\.ledger: line 1 is not a run record .*give the task "
+                                        r"its organisation's"):
         train(tmp_path, "again", organisations[1], ledger=tmp_path / "cut.ledger")
 
 
 @pytest.fixture
 def one_source_under_two_keys(tmp_path):
-    """One organisation's 150 examples written twice from one source, each time under a new key (generate_data.py
-    run twice without --key-from): the same images, two samples that name them differently."""
+    """One organisation's 150 examples written twice from one source, each time under a new key
+    (generate_data.py run twice without --key-from): the same images, two samples that name them
+    differently."""
     for name in ("first", "second"):
         dataset.generate(tmp_path / name, train_size=150, test_size=50, train_samples=1, seed=3)
     return [dataset.sample_folders(tmp_path / name, "train") for name in ("first", "second")]
 
 
-def test_an_image_under_two_of_the_organisations_keys_is_one_example_once_they_are_one_organisations(
+def test_an_image_under_two_organisations_keys_is_one_example_once_they_are_one(
         tmp_path, one_source_under_two_keys):
     first, second = one_source_under_two_keys
     earlier = train(tmp_path, "earlier", first)
     one, two, three = (independent_epsilon(SIGMA, 1 / 3, k * ONE_RUN, DELTA) for k in (1, 2, 3))
     apart = model_file.load(train(tmp_path, "apart", second, earlier), "torch")
-    assert apart.ledger.epsilon(DELTA) == pytest.approx(one, rel=1e-6)  # two keys: two organisations' records
+    # two keys: two organisations' records
+    assert apart.ledger.epsilon(DELTA) == pytest.approx(one, rel=1e-6)
     keys.same_organization([*first, *second])
-    # Continued on the second folder: the earlier run (first key), the apart run (the data's own ledger) and its own
-    # all trained on the same images. Apart, the keys' records would give two runs.
+    # Continued on the second folder: the earlier run (first key), the apart run (the data's own
+    # ledger) and its own all trained on the same images. Apart, the keys' records would give two
+    # runs.
     continued = model_file.load(train(tmp_path, "continued", second, earlier), "torch")
     assert len(continued.ledger.events) == 3
-    assert continued.ledger.epsilon(DELTA) == pytest.approx(three, rel=1e-6)  # the headline, from the file alone
-    # One ledger for the organisation's data, whichever folder a run read: the three runs, each once.
+    # the headline, from the file alone
+    assert continued.ledger.epsilon(DELTA) == pytest.approx(three, rel=1e-6)
+    # One ledger for the organisation's data, whichever folder a run read: the three runs, each
+    # once.
     assert data_ledger.read(first).events == data_ledger.read(second).events
     assert len(data_ledger.read(second).events) == 3
     mine = [sample_identity(f) for f in second]
@@ -169,7 +192,8 @@ def test_an_image_under_two_of_the_organisations_keys_is_one_example_once_they_a
         train(tmp_path, "fresh", first, max_epsilon=(two + three) / 2)
 
 
-# Runs a train task's algo.py and kills its process (SIGKILL: nothing runs after) the moment its model is saved.
+# Runs a train task's algo.py and kills its process (SIGKILL: nothing runs after) the moment its
+# model is saved.
 KILLED_AFTER_SAVE = """import os, runpy, signal, sys
 from mnist_dp.privacy import model_file
 save = model_file.save
@@ -189,8 +213,10 @@ def test_a_task_killed_after_its_model_left_has_recorded_its_spend(tmp_path, org
                  {"id": "datasamples", "value": organisations[0][0], "multiple": True}]
     outputs = [{"id": "model", "value": str(tmp_path / "model"), "multiple": False},
                {"id": "epsilon", "value": str(tmp_path / "epsilon"), "multiple": False}]
-    proc = subprocess.run([sys.executable, "killed.py", "--function-name", "train", "--inputs", json.dumps(resources),
-                           "--outputs", json.dumps(outputs)], cwd=folder, capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "killed.py", "--function-name", "train", "--inputs",
+                           json.dumps(resources),
+                           "--outputs", json.dumps(outputs)], cwd=folder, capture_output=True,
+                          text=True)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     released = model_file.load(tmp_path / "model", "torch").ledger.events[-1]
     assert data_ledger.read(organisations[0]).events == [released]
@@ -198,15 +224,22 @@ def test_a_task_killed_after_its_model_left_has_recorded_its_spend(tmp_path, org
 
 def test_two_train_tasks_on_the_same_data_at_once_both_record_their_spend(tmp_path, organisations):
     folder = extract_function(ALGO_ASSETS["torch"], "train", tmp_path / "build", HP)
-    resources = json.dumps([{"id": "opener", "value": str(DATASET_ASSET / "opener.py"), "multiple": False},
+    resources = json.dumps([{"id": "opener", "value": str(DATASET_ASSET / "opener.py"),
+                             "multiple": False},
                             {"id": "datasamples", "value": organisations[0][0], "multiple": True}])
     tasks = []
     for k in range(2):
-        outputs = json.dumps([{"id": "model", "value": str(tmp_path / f"model{k}"), "multiple": False},
-                              {"id": "epsilon", "value": str(tmp_path / f"epsilon{k}"), "multiple": False}])
-        tasks.append(subprocess.Popen([sys.executable, "algo.py", "--function-name", "train", "--inputs", resources,
-                                       "--outputs", outputs], cwd=folder, stderr=subprocess.PIPE, text=True,
+        outputs = json.dumps([{"id": "model", "value": str(tmp_path / f"model{k}"),
+                               "multiple": False},
+                              {"id": "epsilon", "value": str(tmp_path / f"epsilon{k}"),
+                               "multiple": False}])
+        tasks.append(subprocess.Popen([sys.executable, "algo.py", "--function-name", "train",
+                                       "--inputs", resources,
+                                       "--outputs", outputs], cwd=folder, stderr=subprocess.PIPE,
+                                      text=True,
                                       env={**os.environ, "PYTHONPATH": str(REPO)}))
-    assert all(task.wait(timeout=300) == 0 for task in tasks), [t.stderr.read()[-2000:] for t in tasks]
-    released = {model_file.load(tmp_path / f"model{k}", "torch").ledger.events[-1].run_id for k in range(2)}
+    assert all(task.wait(timeout=300) == 0
+               for task in tasks), [t.stderr.read()[-2000:] for t in tasks]
+    released = {model_file.load(tmp_path / f"model{k}", "torch").ledger.events[-1].run_id
+                for k in range(2)}
     assert {e.run_id for e in data_ledger.read(organisations[0]).events} == released

@@ -1,6 +1,7 @@
-"""A substrafl experiment with the bundle's algos, end to end: examples/substrafl_fedavg.py on Substra's subprocess
-backend in every framework and in docker for torch (tiny data, 1 round), and what mnist_dp/federated/experiment.py
-does around substrafl: the pinned packages, the Dockerfile's user, a failed task named with its log."""
+"""A substrafl experiment with the bundle's algos, end to end: examples/substrafl_fedavg.py on
+Substra's subprocess backend in every framework and in docker for torch (tiny data, 1 round), and
+what mnist_dp/federated/experiment.py does around substrafl: the pinned packages, the Dockerfile's
+user, a failed task named with its log."""
 import json
 import math
 import shutil
@@ -22,47 +23,59 @@ from mnist_dp.privacy import model_file
 
 EXAMPLE = REPO / "examples" / "substrafl_fedavg.py"
 # Tiny, with σ calibrated to ε = 3 for the run (the recipe's target).
-TINY = {**TINY_HYPERPARAMETERS, "noise_multiplier": None, "target_epsilon": 3.0, "delta": 1e-5, "ema_decay": 0.0}
+TINY = {**TINY_HYPERPARAMETERS, "noise_multiplier": None, "target_epsilon": 3.0, "delta": 1e-5,
+        "ema_decay": 0.0}
 
 
 def run_example(tmp_path, data, *options):
     (tmp_path / "hp.json").write_text(json.dumps(TINY))
-    return subprocess.run([sys.executable, str(EXAMPLE), "--data", str(data), "--output", str(tmp_path / "out"),
+    return subprocess.run([sys.executable, str(EXAMPLE), "--data", str(data), "--output",
+                           str(tmp_path / "out"),
                            "--hyperparameters", str(tmp_path / "hp.json"), *options],
                           capture_output=True, text=True, cwd=tmp_path)
 
 
 def check_results(out, framework, organizations):
     records = json.loads((out / "results.json").read_text())
-    assert [(r["round"], r["organization"]) for r in records] == [(1, f"MyOrg{k}MSP")
-                                                                   for k in range(1, organizations + 1)]
-    assert len({r["test_accuracy"] for r in records}) == 1  # every organisation holds the global model
+    assert [(r["round"], r["organization"]) for r in records] == [
+        (1, f"MyOrg{k}MSP") for k in range(1, organizations + 1)]
+    # every organisation holds the global model
+    assert len({r["test_accuracy"] for r in records}) == 1
     assert 0 <= records[0]["test_accuracy"] <= 1
     orgs = [f"MyOrg{k}MSP" for k in range(1, organizations + 1)]
     for record in records:
         org = record["organization"]
         assert record["framework"] == framework and record["dp"]
-        # The local state's ledger holds every organisation's run (all are in the global weights): its figure is
-        # the worst organisation's, each organisation's own beside it, and the evaluation reported its own.
+        # The local state's ledger holds every organisation's run (all are in the global weights):
+        # its figure is the worst organisation's, each organisation's own beside it, and the
+        # evaluation reported its own.
         assert list(record["epsilon_by_organization"]) == orgs
         assert record["epsilon"] == max(record["epsilon_by_organization"].values()) <= 3.0
-        saved = model_file.load(record["model_file"], framework)  # the local state: the bundle's model file
-        assert len(saved.ledger.events) == organizations and len(saved.ledger.keys()) == organizations
+        # the local state: the bundle's model file
+        saved = model_file.load(record["model_file"], framework)
+        assert len(
+            saved.ledger.events) == organizations and len(saved.ledger.keys()) == organizations
         n = 300 // organizations  # the tiny data's examples, shared; batch 64
         for event, other in zip(saved.ledger.events, orgs):
-            assert event.steps == -(-n // 64) and event.sample_rate == pytest.approx(1 / -(-n // 64))
+            assert event.steps == -(-n // 64) and event.sample_rate == pytest.approx(
+                1 / -(-n // 64))
             assert math.isclose(record["epsilon_by_organization"][other], independent_epsilon(
-                event.noise_multiplier, event.sample_rate, event.steps, record["delta"]), rel_tol=1e-6)
-        assert math.isclose(record["epsilon_in_substra"], record["epsilon_by_organization"][org], rel_tol=1e-9)
-        # What each organisation's data has spent: this experiment's one run (recorded by its task, or in docker
-        # mode by the example from the local state), on data nothing else was trained on.
-        assert record["data_epsilon_by_organization"] == pytest.approx(record["epsilon_by_organization"], rel=1e-9)
+                event.noise_multiplier, event.sample_rate, event.steps, record["delta"]),
+                                rel_tol=1e-6)
+        assert math.isclose(record["epsilon_in_substra"], record["epsilon_by_organization"][org],
+                            rel_tol=1e-9)
+        # What each organisation's data has spent: this experiment's one run (recorded by its task,
+        # or in docker mode by the example from the local state), on data nothing else was trained
+        # on.
+        assert record["data_epsilon_by_organization"] == pytest.approx(
+            record["epsilon_by_organization"], rel=1e-9)
     assert (out / "summary.md").is_file() and (out / "results.png").is_file()
 
 
-# tf and MindSpore with one organisation, which runs their code in every kind of task with half the tasks (test_algo.py
-# checks in every framework that an organisation keeps the global model); torch with two organisations in docker
-# below, and beside the bundle's own plans in test_across_organisations.py.
+# tf and MindSpore with one organisation, which runs their code in every kind of task with half the
+# tasks (test_algo.py checks in every framework that an organisation keeps the global model); torch
+# with two organisations in docker below, and beside the bundle's own plans in
+# test_across_organisations.py.
 @pytest.mark.parametrize("framework", [f for f in FRAMEWORKS if f != "torch"])
 def test_the_example_runs_in_every_framework(framework, tmp_path, tiny_data):
     organizations = 1
@@ -74,26 +87,34 @@ def test_the_example_runs_in_every_framework(framework, tmp_path, tiny_data):
 
 
 def test_the_example_runs_in_substrafls_docker_images(docker_daemon, tmp_path, tiny_data_2orgs):
-    """substrafl's generated Dockerfile (FROM python:3.11-slim, its venv, our pinned packages from the index)."""
-    done = run_example(tmp_path, tiny_data_2orgs, "--framework", "torch", "--rounds", "1", "--backend", "docker")
+    """substrafl's generated Dockerfile (FROM python:3.11-slim, its venv, our pinned packages from
+    the index)."""
+    done = run_example(tmp_path, tiny_data_2orgs, "--framework", "torch", "--rounds", "1",
+                       "--backend", "docker")
     assert done.returncode == 0, done.stderr[-3000:]
     check_results(tmp_path / "out", "torch", 2)
 
 
 def test_a_failed_task_is_named_with_its_organisation_and_log(tmp_path, tiny_data_2orgs):
-    """An algo calibrated for 1 round in a 2-round experiment: the organisations' third train task refuses."""
+    """An algo calibrated for 1 round in a 2-round experiment: the organisations' third train task
+    refuses."""
     work = tmp_path / "substra"
     clients = [connection.connect("subprocess", work_dir=work) for _ in range(2)]
     organizations = experiment.register(clients, registry.KeysFile(), tiny_data_2orgs)
-    algo = DpFedAvgAlgo("torch", {**json.loads((REPO / "assets/algo_torch_dp/hyperparameters.json").read_text()),
+    algo = DpFedAvgAlgo("torch",
+                        {**json.loads((
+                            REPO / "assets/algo_torch_dp/hyperparameters.json").read_text()),
                                   **TINY_HYPERPARAMETERS}, rounds=1)
     with pytest.raises(experiment.ExperimentFailed) as failed:
         experiment.run(clients[0], tmp_path, strategy=DpFedAvg(algo=algo, metric_functions=METRICS),
                        train_data_nodes=organizations.train_data_nodes,
-                       aggregation_node=AggregationNode(organizations.train_data_nodes[0].organization_id),
-                       evaluation_strategy=EvaluationStrategy(test_data_nodes=organizations.test_data_nodes,
+                       aggregation_node=AggregationNode(organizations.train_data_nodes[
+                           0].organization_id),
+                       evaluation_strategy=EvaluationStrategy(
+                           test_data_nodes=organizations.test_data_nodes,
                                                               eval_rounds=[2]),
-                       num_rounds=2, dependencies=experiment.dependency("torch"), name="too many rounds")
+                       num_rounds=2, dependencies=experiment.dependency("torch"),
+                       name="too many rounds")
     message = str(failed.value)
     assert "substrafl experiment failed at organisation MyOrg" in message
     assert "function 'Training with DpFedAvgAlgo', round 2" in message
@@ -108,7 +129,8 @@ def test_the_pinned_packages_are_the_frameworks_dockerfiles_and_requirements():
         named = dict(p.split("==") for p in packages if "==" in p)
         assert {"numpy", "dp-accounting", "substratools"} <= set(named)
         assert all(pins[name] == version for name, version in named.items())
-    assert "--extra-index-url https://download.pytorch.org/whl/cpu" in experiment.pinned_packages("torch")
+    assert "--extra-index-url https://download.pytorch.org/whl/cpu" in experiment.pinned_packages(
+        "torch")
     assert {"torch", "opacus"} <= {p.split("==")[0] for p in experiment.pinned_packages("torch")}
 
 
@@ -119,7 +141,8 @@ def test_in_docker_mode_the_functions_run_as_this_user_and_the_template_is_resto
     assert substrafl_register.DOCKERFILE_TEMPLATE == template
     lines = patched.strip().splitlines()
     assert lines[-2].startswith("USER ") and lines[-1].startswith("ENTRYPOINT [")
-    assert patched.replace(lines[-2] + "\n", "").replace("# the user who owns the task folders on the host\n", "") \
+    assert patched.replace(lines[-2] + "\n",
+                           "").replace("# the user who owns the task folders on the host\n", "") \
         == template
     with experiment._containers_run_as_this_user(SimpleNamespace(backend_mode="subprocess")):
         assert substrafl_register.DOCKERFILE_TEMPLATE == template
@@ -134,11 +157,13 @@ def test_bad_options_are_one_line_errors(options, message, tmp_path, tiny_data):
     assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr
 
 
-def test_an_output_inside_the_data_folder_is_refused_before_anything_is_written(tmp_path, tiny_data):
+def test_an_output_inside_the_data_folder_is_refused_before_anything_is_written(
+        tmp_path, tiny_data):
     data = tmp_path / "data"
     shutil.copytree(tiny_data, data)
     done = run_example(tmp_path, data, "--output", data / "results")
-    assert done.returncode == 2 and "is inside the data folder" in done.stderr and done.stderr.count("\n") == 1
+    assert (done.returncode == 2 and "is inside the data folder" in done.stderr
+            and done.stderr.count("\n") == 1)
     assert not (data / "results").exists()
 
 
@@ -150,7 +175,8 @@ def test_a_refused_run_leaves_the_earlier_runs_reports_in_their_place(tmp_path, 
         (out / name).write_text(f"the earlier run's {name}")
     before = report_files(out)
     done = run_example(tmp_path, tiny_data_2orgs, "--organizations", "3")
-    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "--organizations" in done.stderr, done.stderr
+    assert done.returncode == 2 and done.stderr.count(
+        "\n") == 1 and "--organizations" in done.stderr, done.stderr
     assert report_files(out) == before
     assert not (out / "earlier").exists() and "moved" not in done.stdout
 

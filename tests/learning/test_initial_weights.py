@@ -1,4 +1,5 @@
-"""mnist_dp/learning/initial_weights.py: the common start every framework loads, drawn from `seed` alone."""
+"""mnist_dp/learning/initial_weights.py: the common start every framework loads, drawn from `seed`
+alone."""
 import numpy as np
 import pytest
 

@@ -1,5 +1,6 @@
-"""mnist_dp/learning/interface.py: the template every algo fills (Framework's hooks, read from the algos' source so
-that no ML library is imported), the shared new_model, and what passes between an algo and the skeleton."""
+"""mnist_dp/learning/interface.py: the template every algo fills (Framework's hooks, read from the
+algos' source so that no ML library is imported), the shared new_model, and what passes between an
+algo and the skeleton."""
 import ast
 import inspect
 
@@ -11,8 +12,9 @@ from mnist_dp.learning import initial_weights, interface
 
 
 def hook_signatures(algo_path):
-    """{hook: its parameter names} of the interface.Framework subclass in an algo.py, without importing it; a hook
-    given as `name = staticmethod(function)` has that module-level function's parameters."""
+    """{hook: its parameter names} of the interface.Framework subclass in an algo.py, without
+    importing it; a hook given as `name = staticmethod(function)` has that module-level function's
+    parameters."""
     module = ast.parse(algo_path.read_text())
     functions = {node.name: node for node in module.body if isinstance(node, ast.FunctionDef)}
     [cls] = [node for node in module.body if isinstance(node, ast.ClassDef)
@@ -35,8 +37,8 @@ def template_signatures():
 
 @pytest.mark.parametrize("framework", list(ALGO_ASSETS))
 def test_every_algo_fills_the_templates_hooks_with_the_same_signatures(framework):
-    """The three algos differ only in framework code: the same hook names, the same parameters, nothing else the
-    skeleton calls (notices is optional)."""
+    """The three algos differ only in framework code: the same hook names, the same parameters,
+    nothing else the skeleton calls (notices is optional)."""
     filled = hook_signatures(ALGO_ASSETS[framework] / "algo.py")
     template = template_signatures()
     assert set(filled) - {"notices"} == set(template) - {"notices"}, framework

@@ -1,5 +1,6 @@
-"""mnist_dp/learning/search.py: a search trains K candidates drawn from the space, scores each with its noisy count
-of correct validation predictions (the noise measured), and releases the best one only."""
+"""mnist_dp/learning/search.py: a search trains K candidates drawn from the space, scores each with
+its noisy count of correct validation predictions (the noise measured), and releases the best one
+only."""
 import numpy as np
 import pytest
 from conftest import StepsThatLearnNothing, dict_hp
@@ -11,8 +12,8 @@ from mnist_dp.privacy.search import draw_count, plan_search
 
 
 class Remembering(StepsThatLearnNothing):
-    """An interface.Framework that learns nothing: a model is the learning rate it was trained with, and it classifies
-    right the first `correct[learning_rate]` validation examples."""
+    """An interface.Framework that learns nothing: a model is the learning rate it was trained with,
+    and it classifies right the first `correct[learning_rate]` validation examples."""
 
     name = "torch"
 
@@ -45,7 +46,8 @@ def test_the_noisy_score_has_the_planned_standard_deviation():
 
 def test_the_search_trains_k_candidates_and_releases_the_best_noisy_score(monkeypatch):
     hp = dict_hp(epochs=1, batch_size=50, target_epsilon=3.0, features="pixels")
-    space = search_space.parse({"space": {"learning_rate": [0.1, 0.2, 0.3]}, "mean_candidates": 5, "shape": 1}, "x")
+    space = search_space.parse({"space": {"learning_rate": [0.1, 0.2, 0.3]}, "mean_candidates": 5,
+                                "shape": 1}, "x")
     n = 400
     held_out = np.arange(n) % 10 == 0
     plan = plan_search("torch", hp, space, n, int(held_out.sum()), "x")

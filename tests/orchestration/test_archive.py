@@ -12,7 +12,8 @@ from substra.sdk.backends.local.compute.spawner.subprocess import _get_entrypoin
 from mnist_dp.orchestration import archive
 from mnist_dp.utils.errors import UserError
 
-FUNCTIONS = [(ALGO_ASSETS[f], fn) for f in sorted(ALGO_ASSETS) for fn in ("train", "predict", "aggregate", "tune")] + [
+FUNCTIONS = [(ALGO_ASSETS[f], fn) for f in sorted(ALGO_ASSETS)
+             for fn in ("train", "predict", "aggregate", "tune")] + [
     (OBJECTIVE_ASSET, "score")]
 
 
@@ -31,7 +32,8 @@ def test_archive_is_self_contained_and_substra_reads_its_entrypoint(tmp_path, as
     packages = {n.rsplit("/", 1)[0] for n in names if n.startswith("mnist_dp/")}
     assert {f"{package}/__init__.py" for package in packages} <= names
     assert not any(n.startswith("Dockerfile.") or n == "description.md" for n in names)
-    assert (tmp_path / "x" / "Dockerfile").read_bytes() == archive.function_dockerfile(asset, function)
+    assert (
+        tmp_path / "x" / "Dockerfile").read_bytes() == archive.function_dockerfile(asset, function)
 
 
 def test_every_asset_has_one_dockerfile_with_one_exec_form_entrypoint():
@@ -49,7 +51,8 @@ def test_each_functions_dockerfile_is_the_assets_but_for_the_function_it_runs():
         made = archive.function_dockerfile(asset, function).decode()
         own = archive.dockerfile_path(asset).read_text()
         assert made.count(f'"--function-name", "{function}"') == 1
-        assert made.splitlines()[:-1] == own.splitlines()[:-1] and made.splitlines()[-1].startswith("ENTRYPOINT")
+        assert made.splitlines()[:-1] == own.splitlines()[:-1] and made.splitlines()[-1].startswith(
+            "ENTRYPOINT")
 
 
 def test_hyperparameters_can_be_replaced(tmp_path):
@@ -74,10 +77,12 @@ def test_bad_entrypoint_is_refused(tmp_path):
     (tmp_path / "Dockerfile").write_text('ENTRYPOINT python3 algo.py --function-name train\n')
     with pytest.raises(UserError, match="ENTRYPOINT must look like"):
         archive.build(tmp_path, "train", tmp_path / "a.tar.gz")
-    (tmp_path / "Dockerfile").write_text('ENTRYPOINT ["python3", "other.py", "--function-name", "train"]\n')
+    (tmp_path / "Dockerfile").write_text('ENTRYPOINT ["python3", "other.py", "--function-name", '
+                                         '"train"]\n')
     with pytest.raises(UserError, match="'other.py' is not in"):
         archive.build(tmp_path, "train", tmp_path / "a.tar.gz")
-    (tmp_path / "Dockerfile").write_text('ENTRYPOINT ["python3", "algo.py", "--function-name", "train"]\n')
+    (tmp_path / "Dockerfile").write_text('ENTRYPOINT ["python3", "algo.py", "--function-name", '
+                                         '"train"]\n')
     with pytest.raises(UserError, match="no function 'fit' in the contract"):
         archive.build(tmp_path, "fit", tmp_path / "a.tar.gz")
 
@@ -104,7 +109,8 @@ def requirement_pins() -> dict:
 
 
 def pip_installs(dockerfile: Path) -> dict:
-    """{package: version} of every `pip install` in a Dockerfile (pins are required: `name==version`)."""
+    """{package: version} of every `pip install` in a Dockerfile (pins are required:
+    `name==version`)."""
     text = dockerfile.read_text().replace("\\\n", " ")
     packages = {}
     for command in re.findall(r"pip install ([^\n&;]*)", text):
@@ -118,7 +124,8 @@ def pip_installs(dockerfile: Path) -> dict:
 
 
 def third_party_imports(files) -> set:
-    """Top-level modules imported anywhere in these files (lazy imports too), minus stdlib and local ones."""
+    """Top-level modules imported anywhere in these files (lazy imports too), minus stdlib and local
+    ones."""
     local = {Path(f).stem for f in files} | {"mnist_dp", "__future__"}
     found = set()
     for path in files:
@@ -131,14 +138,17 @@ def third_party_imports(files) -> set:
 
 
 @pytest.mark.parametrize("asset, function", FUNCTIONS, ids=lambda v: getattr(v, "name", v))
-def test_dockerfile_is_pinned_and_installs_exactly_what_the_function_imports(tmp_path, asset, function):
+def test_dockerfile_is_pinned_and_installs_exactly_what_the_function_imports(
+        tmp_path, asset, function):
     dockerfile = archive.dockerfile_path(asset)
     base = re.search(r"^FROM (\S+)", dockerfile.read_text(), re.M).group(1)
-    assert re.fullmatch(r"python:\d+\.\d+\.\d+-slim-\w+(@sha256:[0-9a-f]{64})?", base), f"{dockerfile}: {base}"
+    assert re.fullmatch(r"python:\d+\.\d+\.\d+-slim-\w+(@sha256:[0-9a-f]{64})?",
+                        base), f"{dockerfile}: {base}"
     installed = pip_installs(dockerfile)
     pins = requirement_pins()
     for name, version in installed.items():
-        assert pins.get(name) == version, f"{dockerfile}: {name}=={version} but requirements.txt pins {pins.get(name)}"
+        assert pins.get(name) == version, (
+            f"{dockerfile}: {name}=={version} but requirements.txt pins {pins.get(name)}")
 
     with tarfile.open(archive.build(asset, function, tmp_path / "f.tar.gz")) as tar:
         tar.extractall(tmp_path / "x", filter="data")
@@ -150,10 +160,12 @@ def test_dockerfile_is_pinned_and_installs_exactly_what_the_function_imports(tmp
     missing = {module for module, dists in needed.items() if not dists & set(installed)}
     assert not missing, f"{dockerfile}: imported but not installed: {sorted(missing)}"
     unused = set(installed) - set().union(*needed.values())
-    assert not unused, f"{dockerfile}: installed but imported by nothing in the archive: {sorted(unused)}"
+    assert not unused, (
+        f"{dockerfile}: installed but imported by nothing in the archive: {sorted(unused)}")
 
 
-DOCKERFILES = sorted({archive.dockerfile_path(asset) for asset, _ in FUNCTIONS}) + [REPO / "Dockerfile"]
+DOCKERFILES = sorted({archive.dockerfile_path(asset) for asset,
+                      _ in FUNCTIONS}) + [REPO / "Dockerfile"]
 
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: f"{p.parent.name}/{p.name}")
@@ -162,4 +174,5 @@ def test_dockerfile_leaves_no_package_caches_or_lists(dockerfile):
         if "pip install" in run:
             assert "--no-cache-dir" in run, f"{dockerfile}: {run}"
         if "apt-get install" in run:
-            assert "--no-install-recommends" in run and "rm -rf /var/lib/apt/lists/*" in run, f"{dockerfile}: {run}"
+            assert ("--no-install-recommends" in run
+                    and "rm -rf /var/lib/apt/lists/*" in run), f"{dockerfile}: {run}"

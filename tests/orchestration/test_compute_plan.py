@@ -5,7 +5,8 @@ from mnist_dp.utils.errors import UserError
 
 ORG1, ORG2 = compute_plan.Share("Org1", "d1", ("s1",)), compute_plan.Share("Org2", "d2", ("s2",))
 TEST = compute_plan.Share("Org1", "d1", ("t1",))
-KEYS = {"train": "train-fn", "predict": "predict-fn", "score": "score-fn", "aggregate": "aggregate-fn"}
+KEYS = {"train": "train-fn", "predict": "predict-fn", "score": "score-fn",
+        "aggregate": "aggregate-fn"}
 
 
 def build(share_with=(), score_train=False):
@@ -27,7 +28,8 @@ def test_chain_trains_in_rounds_passing_the_model_and_evaluates_after_each_task(
     builder, trained = build(score_train=True)
     assert len(trained) == 4 and len(builder.tasks) == 4 * 5  # train + 2 × (predict + score)
     roles = [builder.roles[t] for t in trained]
-    assert [(r.round_idx, r.organization) for r in roles] == [(1, "Org1"), (1, "Org2"), (2, "Org1"), (2, "Org2")]
+    assert [(r.round_idx, r.organization)
+            for r in roles] == [(1, "Org1"), (1, "Org2"), (2, "Org1"), (2, "Org2")]
     by_id = {t["task_id"]: t for t in builder.tasks}
     for parent, child in zip(trained, trained[1:]):
         (model,) = [ref for ref in by_id[child]["inputs"] if ref.identifier == "model"]
@@ -40,7 +42,8 @@ def test_outputs_get_least_privilege():
     builder, trained = build()
     spec = builder.spec("p", compute_plan.new_key())
     tasks = {t.task_id: t for t in spec.tasks}
-    # Org1's model goes to Org2 (next trainer) and is evaluated at Org1 (test data): both, no one else.
+    # Org1's model goes to Org2 (next trainer) and is evaluated at Org1 (test data): both, no one
+    # else.
     assert tasks[trained[0]].outputs["model"].permissions.authorized_ids == ["Org1", "Org2"]
     # the last model is read only by predict tasks at Org2 (its train share) and Org1 (test)
     assert tasks[trained[-1]].outputs["model"].permissions.authorized_ids == ["Org1", "Org2"]
@@ -84,8 +87,10 @@ def test_fedavg_trains_every_organisation_from_the_global_model_and_evaluates_ea
         assert [ref.identifier for ref in task["inputs"]] == ["models", "models"]
         trained = [ref.parent_task_key for ref in task["inputs"]]
         assert [by_id[t]["worker"] for t in trained] == ["Org1", "Org2"]
-        starts = {ref.parent_task_key for t in trained for ref in by_id[t]["inputs"] if ref.identifier == "model"}
-        assert starts == (set() if round_idx == 1 else {aggregated[round_idx - 2]})  # the round's global model
+        starts = {ref.parent_task_key for t in trained for ref in by_id[t]["inputs"]
+                  if ref.identifier == "model"}
+        # the round's global model
+        assert starts == (set() if round_idx == 1 else {aggregated[round_idx - 2]})
         evaluations = [r for r in builder.roles.values() if r.train_task == average]
         assert [(r.step, r.split, r.organization) for r in evaluations] == [
             ("predict", "test", "Org1"), ("score", "test", "Org1")]
@@ -95,30 +100,38 @@ def test_fedavg_trains_every_organisation_from_the_global_model_and_evaluates_ea
     # Org2's round model is read by the aggregating organisation only; the average by both trainers.
     assert tasks[org2_model].outputs["model"].permissions.authorized_ids == ["Org1", "Org2"]
     assert tasks[aggregated[0]].outputs["model"].permissions.authorized_ids == ["Org1", "Org2"]
-    assert tasks[aggregated[-1]].outputs["model"].permissions.authorized_ids == ["Org1"]  # evaluated at Org1 only
-    assert compute_plan.describe_role(builder.roles[aggregated[1]]) == "torch aggregate, round 2 at Org1"
+    # evaluated at Org1 only
+    assert tasks[aggregated[-1]].outputs["model"].permissions.authorized_ids == ["Org1"]
+    assert compute_plan.describe_role(
+        builder.roles[aggregated[1]]) == "torch aggregate, round 2 at Org1"
 
 
-@pytest.mark.parametrize("strategy, score_train", [("cyclic", False), ("cyclic", True), ("fedavg", False)])
+@pytest.mark.parametrize("strategy, score_train",
+                         [("cyclic", False), ("cyclic", True), ("fedavg", False)])
 def test_the_task_count_bound_is_the_plans_own(strategy, score_train):
     builder = compute_plan.PlanBuilder()
     for run in ("torch", "torch-baseline"):
         if strategy == "fedavg":
             builder.fedavg(run, KEYS, [ORG1, ORG2], 3, TEST)
         else:
-            builder.chain(run, KEYS, [(r, s) for r in (1, 2, 3) for s in (ORG1, ORG2)], TEST, score_train)
+            builder.chain(run, KEYS, [(r, s) for r in (1, 2, 3) for s in (ORG1, ORG2)], TEST,
+                          score_train)
     assert compute_plan.count_tasks(strategy, 3, 2, 2, score_train) == len(builder.tasks)
 
 
 def test_a_plan_of_more_than_max_tasks_is_refused_naming_what_sized_it():
-    compute_plan.check_size(compute_plan.count_tasks("fedavg", compute_plan.MAX_TASKS // 5, 2), "x")  # MAX_TASKS
-    with pytest.raises(UserError, match=r"^--rounds 1000000000 make 5,000,000,000 tasks, more than the 10,000"):
+    # MAX_TASKS
+    compute_plan.check_size(compute_plan.count_tasks("fedavg", compute_plan.MAX_TASKS // 5, 2), "x")
+    with pytest.raises(UserError, match=r"^--rounds 1000000000 make 5,000,000,000 tasks, more than "
+                                        r"the 10,000"):
         compute_plan.check_size(compute_plan.count_tasks("fedavg", 10**9, 2), "--rounds 1000000000")
 
 
 @pytest.mark.parametrize("strategy", ["cyclic", "fedavg", "search"])
-def test_each_organisations_spending_tasks_pass_its_data_ledger_to_its_next_and_to_no_one_else(strategy):
-    builder = compute_plan.PlanBuilder(share_with=("Auditor",), ledgers={"Org2": "task-of-an-earlier-plan"})
+def test_each_organisations_spending_tasks_pass_its_data_ledger_to_its_next_and_to_no_one_else(
+        strategy):
+    builder = compute_plan.PlanBuilder(share_with=("Auditor",),
+                                       ledgers={"Org2": "task-of-an-earlier-plan"})
     keys = {**KEYS, "tune": "tune-fn"}
     if strategy == "cyclic":
         builder.chain("torch", keys, [(r, s) for r in (1, 2) for s in (ORG1, ORG2)], TEST)
@@ -130,13 +143,15 @@ def test_each_organisations_spending_tasks_pass_its_data_ledger_to_its_next_and_
     specs = {t.task_id: t for t in builder.spec("p", compute_plan.new_key()).tasks}
     for org, earlier in (("Org1", None), ("Org2", "task-of-an-earlier-plan")):
         chain = builder.spending(org)
-        assert len(chain) == (1 if strategy == "search" else 2) and builder.ledgers[org] == chain[-1]
+        assert len(chain) == (1 if strategy == "search"
+                              else 2) and builder.ledgers[org] == chain[-1]
         for previous, task in zip([earlier, *chain], chain):
             ledgers = [ref for ref in by_id[task]["inputs"] if ref.identifier == "ledger"]
             assert [(r.parent_task_key, r.parent_task_output_identifier) for r in ledgers] == (
                 [(previous, "ledger")] if previous else [])
             output = specs[task].outputs["ledger"].permissions
-            assert not output.public and output.authorized_ids == [org]  # not the Auditor, not the aggregator
+            # not the Auditor, not the aggregator
+            assert not output.public and output.authorized_ids == [org]
             assert "Auditor" in specs[task].outputs["model"].permissions.authorized_ids
     spending = {t["function_key"] for t in builder.tasks if "ledger" in t["outputs"]}
     assert spending == ({"tune-fn"} if strategy == "search" else {"train-fn"})

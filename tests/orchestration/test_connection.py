@@ -1,4 +1,5 @@
-"""Connection settings come only from the environment / clients file, and errors never echo a secret."""
+"""Connection settings come only from the environment / clients file, and errors never echo a
+secret."""
 import subprocess
 import sys
 
@@ -59,11 +60,14 @@ def test_redact():
     assert connection.redact(f"token {SECRET} refused", [SECRET, None]) == "token *** refused"
 
 
-@pytest.mark.parametrize("script", ["add_dataset_objective.py", "add_train_algo_cnn_dp.py", "run_local.py"])
+@pytest.mark.parametrize("script",
+                         ["add_dataset_objective.py", "add_train_algo_cnn_dp.py", "run_local.py"])
 def test_every_script_takes_the_backend_and_fails_cleanly_on_bad_settings(tmp_path, script):
     path = REPO / "scripts" / script
-    assert "--client-name" in subprocess.run([sys.executable, path, "--help"], capture_output=True, text=True).stdout
-    env = {"PATH": "/usr/bin:/bin", "SUBSTRA_NODE_1_URL": UNREACHABLE, "SUBSTRA_NODE_1_USERNAME": "alice",
+    assert "--client-name" in subprocess.run([sys.executable, path, "--help"], capture_output=True,
+                                             text=True).stdout
+    env = {"PATH": "/usr/bin:/bin", "SUBSTRA_NODE_1_URL": UNREACHABLE,
+           "SUBSTRA_NODE_1_USERNAME": "alice",
            "SUBSTRA_NODE_1_PASSWORD": SECRET, "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION": "python"}
     (tmp_path / "assets_keys.json").write_text("{}")
     proc = subprocess.run([sys.executable, path, "--backend", "remote", "--client-name", "node-1"],
@@ -90,17 +94,22 @@ def test_a_node_refusal_is_one_line_with_secrets_masked(monkeypatch, capsys):
 
 def test_a_short_token_is_masked_only_where_it_stands_as_the_token():
     message = "Container exited; header Authorization: Token x; token=x"
-    assert connection.redact(message, ["x"]) == "Container exited; header Authorization: Token ***; token=***"
+    assert connection.redact(
+        message, ["x"]) == "Container exited; header Authorization: Token ***; token=***"
 
 
 def test_a_url_that_is_not_http_is_one_line_naming_the_setting(monkeypatch, tmp_path):
     monkeypatch.setenv("SUBSTRA_NODE_1_URL", "not-a-url")
     monkeypatch.setenv("SUBSTRA_NODE_1_TOKEN", SECRET)
-    with pytest.raises(UserError, match="URL 'not-a-url' is not an http.s. URL; set SUBSTRA_NODE_1_URL"):
+    with pytest.raises(UserError,
+                       match="URL 'not-a-url' is not an http.s. URL; set SUBSTRA_NODE_1_URL"):
         connection.connect("remote", "node-1")
-    env = {"PATH": "/usr/bin:/bin", "SUBSTRA_NODE_1_URL": "not-a-url", "SUBSTRA_NODE_1_TOKEN": SECRET,
+    env = {"PATH": "/usr/bin:/bin", "SUBSTRA_NODE_1_URL": "not-a-url",
+           "SUBSTRA_NODE_1_TOKEN": SECRET,
            "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION": "python"}
-    proc = subprocess.run([sys.executable, REPO / "scripts" / "add_dataset_objective.py", "--backend", "remote",
-                           "--client-name", "node-1"], capture_output=True, text=True, cwd=tmp_path, env=env)
+    proc = subprocess.run([sys.executable, REPO / "scripts" / "add_dataset_objective.py",
+                           "--backend", "remote",
+                           "--client-name", "node-1"], capture_output=True, text=True, cwd=tmp_path,
+                          env=env)
     assert proc.returncode == 2 and proc.stderr.startswith("error: client 'node-1': URL")
     assert "Traceback" not in proc.stderr

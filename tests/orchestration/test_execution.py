@@ -24,17 +24,20 @@ class FakeNode:
 
         self.polls += 1
         done = self.polls >= 3
-        return SimpleNamespace(done_count=1 if done else 0, executing_count=0 if done else 1, failed_count=int(done),
+        return SimpleNamespace(done_count=1 if done else 0, executing_count=0 if done else 1,
+                               failed_count=int(done),
                                status=ComputePlanStatus.failed if done else ComputePlanStatus.doing,
                                failed_task_key=self.failed if done else None)
 
     def get_logs(self, task_key):
-        return "\n".join(f"line {i}" for i in range(40)) + "\nerror: batch_size = 1000 is larger than the data\n"
+        return "\n".join(
+            f"line {i}" for i in range(40)) + "\nerror: batch_size = 1000 is larger than the data\n"
 
     def get_task(self, task_key):
         from substra.sdk.models import ComputeTaskStatus
 
-        return SimpleNamespace(status=ComputeTaskStatus.failed, function=SimpleNamespace(name="torch train"))
+        return SimpleNamespace(status=ComputeTaskStatus.failed,
+                               function=SimpleNamespace(name="torch train"))
 
 
 def test_a_remote_plan_is_polled_and_its_failure_names_the_task_and_ends_with_its_log(monkeypatch):
@@ -46,27 +49,32 @@ def test_a_remote_plan_is_polled_and_its_failure_names_the_task_and_ends_with_it
         execution.run_plan(node, builder, "p", key)
     message = str(caught.value)
     assert node.submitted.key == key and node.polls == 3
-    assert message.startswith(f"compute plan 'p' failed in task 'torch train, round 1 at Org1' ({node.failed}), "
-                              "function 'torch train': plan status PLAN_STATUS_FAILED")
+    assert message.startswith("compute plan 'p' failed in task 'torch train, round 1 at Org1' "
+                              f"({node.failed}), function 'torch train': plan status "
+                              "PLAN_STATUS_FAILED")
     tail = message.split("last lines of its log:\n")[1].splitlines()
-    assert len(tail) == execution.LOG_TAIL_LINES and tail[-1] == "  | error: batch_size = 1000 is larger than the data"
+    assert len(
+        tail) == execution.LOG_TAIL_LINES and tail[
+            -1] == "  | error: batch_size = 1000 is larger than the data"
 
 
 def failing_plan(backend: str, asset, script: str, docker_lines: str, tiny_data) -> tuple:
-    """Run a one-task plan whose train function is `script` (ENTRYPOINT-run from a Dockerfile made of
-    `docker_lines`) -> (the PlanFailed message, the organisation that trained)."""
+    """Run a one-task plan whose train function is `script` (ENTRYPOINT-run from a Dockerfile made
+    of `docker_lines`) -> (the PlanFailed message, the organisation that trained)."""
     from mnist_dp.orchestration import connection, registry
 
     asset.mkdir()
     (asset / "description.md").write_text("A train function that fails on purpose.\n")
     (asset / "algo.py").write_text(script)
     (asset / "Dockerfile").write_text(f"FROM python:3.11.7-slim-bookworm\n{docker_lines}\n"
-                                      'ENTRYPOINT ["python3", "algo.py", "--function-name", "train"]\n')
+                                      'ENTRYPOINT ["python3", "algo.py", "--function-name", '
+                                      '"train"]\n')
     client = connection.connect(backend, None, asset.parent)
     keys = registry.KeysFile()
     (share,), _, _ = registry.register_organizations([client], keys, tiny_data)
     builder = compute_plan.PlanBuilder()
-    builder.train(asset.name, registry.register_function(client, keys, asset, "train", f"{asset.name} train",
+    builder.train(asset.name,
+                  registry.register_function(client, keys, asset, "train", f"{asset.name} train",
                                                          asset.parent), share, 1)
     with pytest.raises(execution.PlanFailed) as caught:
         execution.run_plan(client, builder, "p", compute_plan.new_key())
@@ -80,9 +88,11 @@ def exited_containers() -> set:
 
 
 @pytest.mark.parametrize("backend", ["subprocess", "docker"])
-def test_a_task_failing_with_a_traceback_is_named_and_ends_with_its_own_log(backend, request, tmp_path, tiny_data):
+def test_a_task_failing_with_a_traceback_is_named_and_ends_with_its_own_log(
+        backend, request, tmp_path, tiny_data):
     """A function that raises: the plan's error names the task and shows the end of its own output,
-    traceback included; in docker mode that output is the container's log, and the container is removed."""
+    traceback included; in docker mode that output is the container's log, and the container is
+    removed."""
     if backend == "docker":
         request.getfixturevalue("docker_daemon")
         exited_before = exited_containers()
@@ -90,8 +100,10 @@ def test_a_task_failing_with_a_traceback_is_named_and_ends_with_its_own_log(back
         backend, tmp_path / "boom",
         "print('loading the data', flush=True)\nraise RuntimeError('boom inside the task')\n",
         "COPY . .", tiny_data)
-    status = "its container exited with status 1" if backend == "docker" else "its process exited with status 1"
-    assert message.startswith(f"compute plan 'p' failed in task 'boom train, round 1 at {organization}' (")
+    status = ("its container exited with status 1" if backend == "docker"
+              else "its process exited with status 1")
+    assert message.startswith("compute plan 'p' failed in task 'boom train, round 1 at "
+                              f"{organization}' (")
     assert f"function 'boom train': {status}\n" in message
     tail = message.split("last lines of its log:\n")[1].splitlines()
     assert "  | Traceback (most recent call last):" in tail
@@ -101,7 +113,8 @@ def test_a_task_failing_with_a_traceback_is_named_and_ends_with_its_own_log(back
         assert exited_containers() <= exited_before
 
 
-def test_a_function_whose_image_does_not_build_is_named_with_the_end_of_the_build(docker_daemon, tmp_path, tiny_data):
+def test_a_function_whose_image_does_not_build_is_named_with_the_end_of_the_build(
+        docker_daemon, tmp_path, tiny_data):
     exited_before = exited_containers()
     message, organization = failing_plan("docker", tmp_path / "unbuildable", "",
                                          'RUN echo "installing the impossible" && false', tiny_data)

@@ -1,4 +1,5 @@
-"""The keys file and registration with reuse, against a local Substra client (subprocess backend)."""
+"""The keys file and registration with reuse, against a local Substra client (subprocess
+backend)."""
 import json
 
 import pytest
@@ -22,28 +23,37 @@ def test_reuse_or_register_registers_once_per_content(client, tmp_path, tiny_dat
                                          client.organization_info().organization_id)
 
     first = keys.reuse_or_register(client, "dataset", "content-a", register)
-    assert keys.reuse_or_register(client, "dataset", "content-a", register) == first and len(calls) == 1
-    assert keys.reuse_or_register(client, "dataset", "content-b", register) != first and len(calls) == 2
-    # A key the node does not know (e.g. a keys file from another node) is registered again and dropped.
+    assert keys.reuse_or_register(client, "dataset", "content-a",
+                                  register) == first and len(calls) == 1
+    assert keys.reuse_or_register(client, "dataset", "content-b",
+                                  register) != first and len(calls) == 2
+    # A key the node does not know (e.g. a keys file from another node) is registered again and
+    # dropped.
     keys.content["fingerprints"] = {"not-on-this-node": "content-c"}
     fresh = keys.reuse_or_register(client, "dataset", "content-c", register)
-    assert len(calls) == 3 and json.loads(keys.path.read_text())["fingerprints"] == {fresh: "content-c"}
+    assert len(calls) == 3 and json.loads(
+        keys.path.read_text())["fingerprints"] == {fresh: "content-c"}
 
 
 def test_keys_file_holds_folds_and_a_rerun_reuses_every_key(client, tmp_path, tiny_data):
     path = tmp_path / "assets_keys.json"
-    registry.register_dataset_objective(client, registry.KeysFile(path), tiny_data, 2, tmp_path / "build")
+    registry.register_dataset_objective(client, registry.KeysFile(path), tiny_data, 2,
+                                        tmp_path / "build")
     written = json.loads(path.read_text())
-    assert {"dataset_key", "objective_key", "train_data_sample_keys", "test_data_sample_keys", "organization_id",
+    assert {"dataset_key", "objective_key", "train_data_sample_keys", "test_data_sample_keys",
+            "organization_id",
             "data", "fingerprints"} <= set(written)
-    assert [len(fold) for fold in written["train_data_sample_keys"]] == [1, 1]  # 2 train samples, 2 folds
+    # 2 train samples, 2 folds
+    assert [len(fold) for fold in written["train_data_sample_keys"]] == [1, 1]
     assert len(written["test_data_sample_keys"]) == 1
     datasets, functions = len(client.list_dataset()), len(client.list_function())
 
-    registry.register_dataset_objective(client, registry.KeysFile(path), tiny_data, 2, tmp_path / "build")
+    registry.register_dataset_objective(client, registry.KeysFile(path), tiny_data, 2,
+                                        tmp_path / "build")
     assert json.loads(path.read_text()) == written
     assert (len(client.list_dataset()), len(client.list_function())) == (datasets, functions)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["assets_keys.json", "build", "local-worker"]
+    assert sorted(p.name
+                  for p in tmp_path.iterdir()) == ["assets_keys.json", "build", "local-worker"]
 
 
 def test_a_failure_half_way_keeps_the_keys_obtained(client, tmp_path, tiny_data, monkeypatch):
@@ -53,7 +63,8 @@ def test_a_failure_half_way_keeps_the_keys_obtained(client, tmp_path, tiny_data,
     monkeypatch.setattr(registry, "register_objective", broken)
     path = tmp_path / "assets_keys.json"
     with pytest.raises(UserError, match="objective refused"):
-        registry.register_dataset_objective(client, registry.KeysFile(path), tiny_data, 1, tmp_path / "build")
+        registry.register_dataset_objective(client, registry.KeysFile(path), tiny_data, 1,
+                                            tmp_path / "build")
     written = json.loads(path.read_text())
     assert "objective_key" not in written
     assert client.get_dataset(written["dataset_key"]).key == written["dataset_key"]
@@ -63,13 +74,15 @@ def test_a_failure_half_way_keeps_the_keys_obtained(client, tmp_path, tiny_data,
 def test_bad_keys_file_and_bad_folds(client, tmp_path, tiny_data):
     path = tmp_path / "assets_keys.json"
     path.write_text("{not json")
-    with pytest.raises(UserError, match=r"assets_keys.json: not valid JSON \(.*\); fix the keys file or move it away"):
+    with pytest.raises(UserError, match=r"assets_keys.json: not valid JSON \(.*\); fix the keys "
+                                        r"file or move it away"):
         registry.KeysFile(path)
     path.write_text("{}")
     with pytest.raises(UserError, match="no 'dataset_key'.*add_dataset_objective"):
         registry.KeysFile(path).require("dataset_key")
     with pytest.raises(UserError, match="--folds 3"):
-        registry.register_dataset_objective(client, registry.KeysFile(path), tiny_data, 3, tmp_path / "build")
+        registry.register_dataset_objective(client, registry.KeysFile(path), tiny_data, 3,
+                                            tmp_path / "build")
 
 
 

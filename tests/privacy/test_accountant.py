@@ -1,5 +1,5 @@
-"""mnist_dp/privacy/accountant.py: ε from DP events (reference values, schedules, count noise), σ calibrated
-to a target (or why none meets it), the budget's last step."""
+"""mnist_dp/privacy/accountant.py: ε from DP events (reference values, schedules, count noise), σ
+calibrated to a target (or why none meets it), the budget's last step."""
 import dataclasses
 import math
 
@@ -7,7 +7,12 @@ import pytest
 from conftest import dp_event
 
 from mnist_dp.privacy import accountant, events
-from mnist_dp.privacy.accountant import calibrate_noise_multiplier, compose_epsilon, noise_range, steps_within_budget
+from mnist_dp.privacy.accountant import (
+    calibrate_noise_multiplier,
+    compose_epsilon,
+    noise_range,
+    steps_within_budget,
+)
 from mnist_dp.privacy.events import DpEvent
 from mnist_dp.privacy.ledger import Ledger
 
@@ -42,27 +47,33 @@ def test_non_private_event_makes_epsilon_infinite():
 def test_a_target_that_even_the_most_noise_misses_says_what_the_ceiling_spends():
     with pytest.raises(accountant.TooManySteps) as raised:
         calibrate_noise_multiplier(1e-4, 1e-5, 0.125, 240)
-    ceiling = DpEvent("torch", ("a",), 4000, 0.125, accountant.MAX_NOISE_MULTIPLIER, 240, "per-example", 1.0)
-    assert raised.value.epsilon == pytest.approx(compose_epsilon([ceiling], 1e-5)) and raised.value.epsilon > 1e-4
+    ceiling = DpEvent("torch", ("a",), 4000, 0.125, accountant.MAX_NOISE_MULTIPLIER, 240,
+                      "per-example", 1.0)
+    assert raised.value.epsilon == pytest.approx(
+        compose_epsilon([ceiling], 1e-5)) and raised.value.epsilon > 1e-4
 
 
 @pytest.mark.slow  # over 10 s of PLD accounting: CI runs it, the fast loop does not
 def test_no_calibrated_step_has_less_noise_than_the_floor():
-    # The least noise allowed (MIN_NOISE_MULTIPLIER at the last steps) already meets a generous target: it is taken
-    # (ε below the target), never less. With a decay of 1/2 over 4 stages the last steps get σ / 8.
+    # The least noise allowed (MIN_NOISE_MULTIPLIER at the last steps) already meets a generous
+    # target: it is taken (ε below the target), never less. With a decay of 1/2 over 4 stages the
+    # last steps get σ / 8.
     floor = events.MIN_NOISE_MULTIPLIER
     for schedule, last in ((events.NoiseSchedule(1.0), 1.0),
                            (events.NoiseSchedule(1.0, noise_decay=0.5, decay_steps=2), 1 / 8)):
         sigma = calibrate_noise_multiplier(99.0, 1e-5, 0.125, 8, schedule=schedule)
-        assert floor / last < sigma < floor / last + 0.0011  # rounded up to calibrate's tolerance, 0.001
+        # rounded up to calibrate's tolerance, 0.001
+        assert floor / last < sigma < floor / last + 0.0011
         assert schedule.with_sigma(sigma).smallest(8) >= floor
-        run = DpEvent("torch", ("a",), 4000, 0.125, sigma, 8, "per-example", 1.0, noise_decay=schedule.noise_decay,
+        run = DpEvent("torch", ("a",), 4000, 0.125, sigma, 8, "per-example", 1.0,
+                      noise_decay=schedule.noise_decay,
                       decay_steps=schedule.decay_steps)
         assert compose_epsilon([run], 1e-5) <= 99.0
 
 
 def test_a_target_adaptive_clippings_count_alone_spends_is_refused_naming_the_knob():
-    schedule = events.NoiseSchedule(1.0, count_noise_multiplier=4.0)  # the count alone: 0.52 in 4 steps, 1.65 in 40
+    # the count alone: 0.52 in 4 steps, 1.65 in 40
+    schedule = events.NoiseSchedule(1.0, count_noise_multiplier=4.0)
     with pytest.raises(accountant.CountAloneSpends) as raised:
         calibrate_noise_multiplier(0.4, 1e-5, 0.25, 4, schedule=schedule)
     assert round(raised.value.epsilon, 3) == 0.521
@@ -71,7 +82,8 @@ def test_a_target_adaptive_clippings_count_alone_spends_is_refused_naming_the_kn
         noise_range(1.0, 1e-5, 0.25, 4, schedule, repeats=10)
     assert round(raised.value.epsilon, 2) == 1.65
     sigma = calibrate_noise_multiplier(1.0, 1e-5, 0.25, 4, schedule=schedule)
-    run = events.DpEvent("torch", ("a",), 200, 0.25, sigma, 4, "per-example", 1.0, count_noise_multiplier=4.0)
+    run = events.DpEvent("torch", ("a",), 200, 0.25, sigma, 4, "per-example", 1.0,
+                         count_noise_multiplier=4.0)
     assert 0.98 < compose_epsilon([run], 1e-5) <= 1.0
 
 
@@ -86,36 +98,46 @@ def test_calibration_hits_the_target_from_below():
 
 @pytest.mark.parametrize("first_lower_end", [0.9, 0.999])
 def test_where_the_bracket_starts_changes_the_search_not_the_sigma(monkeypatch, first_lower_end):
-    """0.999 of RDP's σ still meets the target under PLD: the bracket then moves down (its halving path)."""
+    """0.999 of RDP's σ still meets the target under PLD: the bracket then moves down (its halving
+    path)."""
     monkeypatch.setattr(accountant, "FIRST_LOWER_END", first_lower_end)
     brackets, search = [], accountant._least_on_grid
-    monkeypatch.setattr(accountant, "_least_on_grid", lambda *args: brackets.append(args[2:4]) or search(*args))
-    assert calibrate_noise_multiplier(2.0, 1e-5, 1 / 16, 48) == 1.278  # test_calibration_hits_the_target_from_below's
+    monkeypatch.setattr(accountant, "_least_on_grid", lambda *args: brackets.append(args[2:4])
+                        or search(*args))
+    # test_calibration_hits_the_target_from_below's
+    assert calibrate_noise_multiplier(2.0, 1e-5, 1 / 16, 48) == 1.278
     (lower, upper), = brackets
     assert lower < 1.278 < upper and (lower > 1.2) == (first_lower_end == 0.9)
 
 
-@pytest.mark.parametrize("target, sample_rate, steps", [(3.0, 500 / 60000, 3600), (3.0, 0.125, 240), (1.0, 0.25, 8)])
+@pytest.mark.parametrize("target, sample_rate, steps",
+                         [(3.0, 500 / 60000, 3600), (3.0, 0.125, 240), (1.0, 0.25, 8)])
 def test_calibration_returns_the_least_sigma_on_its_grid(target, sample_rate, steps):
-    """The grid point just below the σ found spends more than the target (Brent's root, rounded up, was one point
-    above the least for both default runs: σ 0.979 and 2.867 where 0.978 and 2.866 met the target)."""
+    """The grid point just below the σ found spends more than the target (Brent's root, rounded up,
+    was one point above the least for both default runs: σ 0.979 and 2.867 where 0.978 and 2.866 met
+    the target)."""
     sigma = calibrate_noise_multiplier(target, 1e-5, sample_rate, steps)
-    spent = [compose_epsilon([DpEvent("torch", ("a",), 1000, sample_rate, s, steps, "per-example", 1.0)], 1e-5)
+    spent = [compose_epsilon([DpEvent("torch", ("a",), 1000, sample_rate, s, steps, "per-example",
+                                      1.0)], 1e-5)
              for s in (sigma, round(sigma - 1e-3, 6))]
     assert spent[0] <= target < spent[1]
 
 
 def test_the_grid_search_takes_the_least_point_of_a_falling_function():
-    """Regula falsi over the grid of 0.001, between a σ that misses the target and one that meets it."""
+    """Regula falsi over the grid of 0.001, between a σ that misses the target and one that meets
+    it."""
     def search(epsilon, target, lower, upper):
         tried = []
-        found = accountant._least_on_grid(lambda s: tried.append(s) or epsilon(s), target, lower, upper, 1e-3, 20.0)
+        found = accountant._least_on_grid(lambda s: tried.append(s) or epsilon(s), target, lower,
+                                          upper, 1e-3, 20.0)
         return found, tried
 
     assert search(lambda s: 10 - s, 3.0, 0.1, 10.0)[0] == 7.0  # exactly on the target: met
     found, tried = search(lambda s: s ** -4, 9.0, 0.1, 10.0)  # steep: 9^(-1/4) = 0.57735
-    assert found == 0.578 and len(tried) <= 14  # about as many as bisection (log2 of 9,900 grid points)
-    # A rounded-up upper end that misses the target by a hair (PLD's numerics) is stepped up, never taken.
+    # about as many as bisection (log2 of 9,900 grid points)
+    assert found == 0.578 and len(tried) <= 14
+    # A rounded-up upper end that misses the target by a hair (PLD's numerics) is stepped up, never
+    # taken.
     spiked = lambda s: 3.0001 if s == 7.0 else 10 - s  # noqa: E731
     assert search(spiked, 3.0, 0.1, 6.9995)[0] == 7.001
 
@@ -151,34 +173,41 @@ def test_steps_within_budget_is_the_last_step_that_fits():
 
 
 def pld_of(segments, q, delta=1e-5):
-    """ε of Poisson-subsampled Gaussians [(σ, steps)] composed in order, straight from dp_accounting."""
+    """ε of Poisson-subsampled Gaussians [(σ, steps)] composed in order, straight from
+    dp_accounting."""
     import dp_accounting
     from dp_accounting import pld
 
     accountant = pld.PLDAccountant()
     for sigma, steps in segments:
-        accountant.compose(dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), steps)
+        accountant.compose(
+            dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), steps)
     return accountant.get_epsilon(delta)
 
 
 @pytest.mark.slow  # over 10 s of PLD accounting: CI runs it, the fast loop does not
 def test_a_decaying_schedule_is_composed_block_by_block_as_it_ran():
-    run = dataclasses.replace(dp_event(4000, 500, 5), noise_decay=0.5, decay_steps=10, steps=25)  # 40 planned
+    # 40 planned
+    run = dataclasses.replace(dp_event(4000, 500, 5), noise_decay=0.5, decay_steps=10, steps=25)
     expected = pld_of([(1.1, 10), (0.55, 10), (0.275, 5)], 1 / 8)
     assert Ledger([run]).epsilon(1e-5) == pytest.approx(expected, rel=1e-9)
-    assert Ledger([run]).epsilon(1e-5) > Ledger([dataclasses.replace(run, decay_steps=0)]).epsilon(1e-5)
+    assert Ledger([run]).epsilon(1e-5) > Ledger(
+        [dataclasses.replace(run, decay_steps=0)]).epsilon(1e-5)
 
 
 def test_adaptive_clippings_noisy_count_is_part_of_every_step():
     run = dataclasses.replace(dp_event(4000, 500, 4), count_noise_multiplier=2.0)
-    combined = (1.1 ** -2 + 2.0 ** -2) ** -0.5  # one Gaussian on the joint (gradient sum, count) vector
+    # one Gaussian on the joint (gradient sum, count) vector
+    combined = (1.1 ** -2 + 2.0 ** -2) ** -0.5
     assert Ledger([run]).epsilon(1e-5) == pytest.approx(pld_of([(combined, 32)], 1 / 8), rel=1e-9)
     assert Ledger([run]).epsilon(1e-5) > Ledger([dp_event(4000, 500, 4)]).epsilon(1e-5)
 
 
 def test_calibration_holds_the_target_with_a_schedule_and_a_count():
-    schedule = events.NoiseSchedule(1.0, noise_decay=0.8, decay_steps=12, count_noise_multiplier=40.0)
+    schedule = events.NoiseSchedule(1.0, noise_decay=0.8, decay_steps=12,
+                                    count_noise_multiplier=40.0)
     sigma = calibrate_noise_multiplier(3.0, 1e-5, 1 / 8, 48, schedule=schedule)
-    run = dataclasses.replace(dp_event(4000, 500, 6), noise_multiplier=sigma, noise_decay=0.8, decay_steps=12,
+    run = dataclasses.replace(dp_event(4000, 500, 6), noise_multiplier=sigma, noise_decay=0.8,
+                              decay_steps=12,
                               count_noise_multiplier=40.0, steps=48)
     assert 2.95 < Ledger([run]).epsilon(1e-5) <= 3.0

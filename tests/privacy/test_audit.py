@@ -15,7 +15,8 @@ def test_no_evidence_gives_zero_and_perfect_guesses_give_a_positive_bound():
 
 
 def test_the_bound_is_sound_on_randomized_response():
-    """ε0-randomized response is exactly ε0-DP: the 95% bound may exceed ε0 at most ~5% of the time."""
+    """ε0-randomized response is exactly ε0-DP: the 95% bound may exceed ε0 at most ~5% of the
+    time."""
     rng = np.random.default_rng(0)
     epsilon0, m, trials = 1.0, 1000, 200
     p = 1 / (1 + math.exp(-epsilon0))
@@ -38,14 +39,15 @@ def test_guess_counts_right_answers():
 
 
 def gaussian_scores(rng, m, mu):
-    """The scores of m canaries under μ-GDP's own mechanism (one Gaussian of mean μ if included, 0 if not)."""
+    """The scores of m canaries under μ-GDP's own mechanism (one Gaussian of mean μ if included, 0
+    if not)."""
     included = rng.random(m) < 0.5
     return rng.normal(size=m) + mu * included, included
 
 
 def test_the_gaussian_bound_is_sound_on_the_gaussian_mechanism():
-    """μ0-GDP's own mechanism: the 95% f-DP bound may exceed ε(μ0) at most ~5% of the time, and it sits well above
-    Steinke et al.'s on the same guesses (the point of it)."""
+    """μ0-GDP's own mechanism: the 95% f-DP bound may exceed ε(μ0) at most ~5% of the time, and it
+    sits well above Steinke et al.'s on the same guesses (the point of it)."""
     rng = np.random.default_rng(0)
     mu0, delta, m, k, trials = 2.0, 1e-5, 4000, 100, 100
     claim = audit.gaussian_epsilon(mu0, delta)
@@ -70,8 +72,8 @@ def test_the_gaussian_bound_grows_with_the_evidence_and_is_zero_without_it():
 
 
 def test_gaussian_epsilon_agrees_with_the_accountant():
-    """μ-GDP is one Gaussian mechanism of σ = 1/μ: dp_accounting's PLD (pessimistic by its discretisation) must
-    give the same ε, a little above."""
+    """μ-GDP is one Gaussian mechanism of σ = 1/μ: dp_accounting's PLD (pessimistic by its
+    discretisation) must give the same ε, a little above."""
     import dp_accounting
 
     for mu in (0.5, 1.67):
@@ -88,13 +90,16 @@ def test_dirac_canaries_add_c_on_included_coordinates_and_keep_the_real_sum():
     for _ in range(3):
         out = canaries.before_noise(real, 0.5)
     assert [a.shape for a in out] == [(2, 2), (2,)]
-    np.testing.assert_allclose(np.concatenate([a.ravel() for a in out]), np.arange(6) + 0.5 * included)
+    np.testing.assert_allclose(np.concatenate([a.ravel() for a in out]),
+                               np.arange(6) + 0.5 * included)
     np.testing.assert_allclose(canaries.real_sum, 3 * np.arange(6.0))
-    # SGD without momentum: the weights moved by -lr / E[B] times the noisy sums; no noise: scores = steps · 1[in]
+    # SGD without momentum: the weights moved by -lr / E[B] times the noisy sums; no noise: scores =
+    # steps · 1[in]
     start = np.zeros(6)
     end = -(2.0 / 4.0) * 3 * np.concatenate([a.ravel() for a in out])
     np.testing.assert_allclose(canaries.scores(start, end, 2.0, 4.0), 3 * included)
-    with pytest.raises(ValueError, match="one C"):  # adaptive clipping: the scores' unit would be wrong
+    # adaptive clipping: the scores' unit would be wrong
+    with pytest.raises(ValueError, match="one C"):
         canaries.before_noise(real, 0.4)
     with pytest.raises(ValueError, match="q = 1"):
         audit.DiracCanaries([(6,)], included, sample_rate=0.5)

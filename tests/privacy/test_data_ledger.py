@@ -1,5 +1,6 @@
-"""The data's own ledger (privacy/data_ledger.py): a journal per data sample folder, appended under a lock, read as
-a union; a model's ledger absorbs the runs it lacks; a damaged record is refused; a replaced dataset never loses it."""
+"""The data's own ledger (privacy/data_ledger.py): a journal per data sample folder, appended under
+a lock, read as a union; a model's ledger absorbs the runs it lacks; a damaged record is refused; a
+replaced dataset never loses it."""
 import dataclasses
 import json
 import multiprocessing
@@ -21,8 +22,10 @@ IDS = np.arange(1, 101, dtype=np.uint64)
 
 
 def run(data=("fp-a",), framework="torch", **changes):
-    """A ledger of one run on `data` (its examples named) and that run, as a train task records them."""
-    event = dataclasses.replace(ledger_event(framework, data, n=100 * len(data)), run_id=new_run_id(), **changes)
+    """A ledger of one run on `data` (its examples named) and that run, as a train task records
+    them."""
+    event = dataclasses.replace(ledger_event(framework, data, n=100 * len(data)),
+                                run_id=new_run_id(), **changes)
     ledger = Ledger([event], {d: Examples.of("ab" * 8, IDS + 1000 * k) for k, d in enumerate(data)})
     return ledger, event
 
@@ -38,10 +41,12 @@ def test_each_run_is_recorded_in_every_folder_it_read_and_read_back_once(tmp_pat
     both, alone = run(("fp-a", "fp-b")), run(("fp-a",))
     recorded([first, second], *both)
     recorded([first], *alone)
-    assert [e.run_id for e in data_ledger.read([first, second]).events] == [both[1].run_id, alone[1].run_id]
+    assert [e.run_id
+            for e in data_ledger.read([first, second]).events] == [both[1].run_id, alone[1].run_id]
     assert [e.run_id for e in data_ledger.read([second]).events] == [both[1].run_id]
     again = data_ledger.read([first, second])
-    assert again.events == [both[1], alone[1]] and again.examples == {**alone[0].examples, **both[0].examples}
+    assert again.events == [both[1], alone[1]] and again.examples == {
+        **alone[0].examples, **both[0].examples}
 
 
 def test_a_line_cut_short_by_a_crash_is_dropped_and_the_next_run_recorded_after_it(tmp_path):
@@ -59,7 +64,8 @@ def test_a_line_cut_short_by_a_crash_is_dropped_and_the_next_run_recorded_after_
 @pytest.mark.parametrize("edit, message", [
     (lambda line: line.replace(b'"steps": 10', b'"steps": 0'), "line 1 is not a run record"),
     (lambda line: b"{}\n", "line 1 is not a run record"),
-    (lambda line: line.replace(b'"run_id": "', b'"run_id": null, "x": "'), "line 1 is not a run record"),
+    (lambda line: line.replace(b'"run_id": "', b'"run_id": null, "x": "'),
+     "line 1 is not a run record"),
 ])
 def test_an_edited_record_is_refused_naming_the_file_and_line(tmp_path, edit, message):
     recorded([tmp_path], *run())
@@ -100,13 +106,17 @@ def _append_slowly(folder, seconds):
     return before, event.run_id
 
 
-def test_two_tasks_on_the_same_data_at_once_lose_neither_spend_and_the_second_sees_the_first(tmp_path):
-    # SIGTERM as the OS has it: a test before this one in the process may have run a script's run_cli, whose
-    # handler a forked worker would inherit. The pool is closed, not terminated: its workers end by themselves.
-    pool = multiprocessing.get_context("fork").Pool(2, signal.signal, (signal.SIGTERM, signal.SIG_DFL))
+def test_two_tasks_on_the_same_data_at_once_lose_neither_spend_and_the_second_sees_the_first(
+        tmp_path):
+    # SIGTERM as the OS has it: a test before this one in the process may have run a script's
+    # run_cli, whose handler a forked worker would inherit. The pool is closed, not terminated: its
+    # workers end by themselves.
+    pool = multiprocessing.get_context("fork").Pool(2, signal.signal,
+                                                    (signal.SIGTERM, signal.SIG_DFL))
     try:
         results = [pool.apply_async(_append_slowly, (tmp_path, 0.5)) for _ in range(2)]
-        (seen_a, run_a), (seen_b, run_b) = sorted((r.get(timeout=60) for r in results), key=lambda r: len(r[0]))
+        (seen_a, run_a), (seen_b, run_b) = sorted((r.get(timeout=60) for r in results),
+                                                  key=lambda r: len(r[0]))
     except BaseException:
         pool.terminate()
         raise
@@ -120,7 +130,8 @@ def test_a_dataset_whose_samples_record_runs_is_never_replaced(tmp_path):
     dest = tmp_path / "data"
     dataset.generate(dest, train_size=100, test_size=20, train_samples=2, seed=1)
     recorded([dataset.sample_folders(dest, "train")[1]], *run())
-    with pytest.raises(UserError, match=r"own ledgers record the runs released from them .*privacy_ledger.jsonl"):
+    with pytest.raises(UserError, match=r"own ledgers record the runs released from them "
+                                        r".*privacy_ledger.jsonl"):
         dataset.generate(dest, train_size=100, test_size=20, train_samples=2, seed=2, force=True)
     assert data_ledger.read(dataset.sample_folders(dest, "train")).events  # kept
 
@@ -133,8 +144,10 @@ def test_joined_folders_share_one_file_that_a_task_holds_and_appends_to_once(tmp
     recorded([second], *before[1])
     assert data_ledger.join([first, second]) == 2
     assert data_ledger.read([first]).events == data_ledger.read([second]).events
-    assert {e.run_id for e in data_ledger.read([first]).events} == {before[0][1].run_id, before[1][1].run_id}
-    with data_ledger.held([second, first]) as spent:  # one inode: one lock (a second would wait for the first)
+    assert {e.run_id
+            for e in data_ledger.read([first]).events} == {before[0][1].run_id, before[1][1].run_id}
+    # one inode: one lock (a second would wait for the first)
+    with data_ledger.held([second, first]) as spent:
         assert len(spent.files) == 1
         spent.record(*run(("fp-b",)))
     assert len(data_ledger.read([first]).events) == 3
@@ -155,4 +168,5 @@ def test_a_task_waiting_while_the_ledger_is_joined_records_in_the_joined_file(tm
         time.sleep(0.5)
         holder.record(*run(("fp-a",)))
     thread.join(10), joiner.join(10)
-    assert len(data_ledger.read([second]).events) == 2  # neither run lost to the file the join replaced
+    # neither run lost to the file the join replaced
+    assert len(data_ledger.read([second]).events) == 2

@@ -9,12 +9,14 @@ from mnist_dp.utils.errors import UserError
 
 def test_a_ledger_event_with_less_noise_than_any_task_allows_is_refused():
     record = Ledger([dp_event(4000, 250, 3, sigma=0.05)]).to_json()  # PLD would take hours on it
-    with pytest.raises(UserError, match="noise multiplier 0.05 is below 0.3, the least a train task allows"):
+    with pytest.raises(UserError,
+                       match="noise multiplier 0.05 is below 0.3, the least a train task allows"):
         Ledger.from_json(record)
 
 
 @pytest.mark.parametrize("field, value, message", [
-    ("clipping", "per-batch", "clipping = .per-batch. must be one of"),  # its sensitivity is not one example's C
+    # its sensitivity is not one example's C
+    ("clipping", "per-batch", "clipping = .per-batch. must be one of"),
     ("sample_rate", 0, "sample_rate = 0 must be a number in"),
     ("noise_multiplier", -1, "noise_multiplier = -1 must be a number >= 0"),
     ("noise_multiplier", float("nan"), "noise_multiplier = NaN must be"),
@@ -47,7 +49,8 @@ def test_a_ledger_written_before_schedules_and_adaptive_clipping_reads_as_neithe
 
 
 @pytest.mark.parametrize("changes, message", [
-    ({"noise_decay": 0.5}, "noise_decay 0.5 with decay_steps 0"),  # a schedule read as constant: ε too low
+    # a schedule read as constant: ε too low
+    ({"noise_decay": 0.5}, "noise_decay 0.5 with decay_steps 0"),
     ({"decay_steps": 8}, "noise_decay 1.0 with decay_steps 8"),
     ({"noise_decay": 0.5, "decay_steps": 3}, "decay_steps 3 but the schedule has 4 blocks"),
 ])

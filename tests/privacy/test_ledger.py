@@ -1,5 +1,5 @@
-"""mnist_dp/privacy/ledger.py: ε per example (parallel and sequential composition), the examples table, merging
-the ledgers of averaged models."""
+"""mnist_dp/privacy/ledger.py: ε per example (parallel and sequential composition), the examples
+table, merging the ledgers of averaged models."""
 import dataclasses
 
 import pytest
@@ -16,7 +16,8 @@ from mnist_dp.utils.errors import UserError
 KEY = "0123456789abcdef"  # a key id: the examples below are named under one identity key
 
 def named(samples: dict, key=KEY) -> dict:
-    """An examples table: data sample identity -> Examples of the given ids (ranges stand for keyed ids)."""
+    """An examples table: data sample identity -> Examples of the given ids (ranges stand for keyed
+    ids)."""
     return {identity: Examples.of(key, list(ids)) for identity, ids in samples.items()}
 
 
@@ -30,22 +31,25 @@ def test_runs_on_disjoint_data_compose_in_parallel():
 
 
 def test_an_example_in_two_samples_composes_both_runs_that_trained_on_it():
-    # Two splits of the same data (other samples, other identities) sharing 100 examples: those 100 were trained
-    # on by both runs, and ε is theirs, the worst example's.
+    # Two splits of the same data (other samples, other identities) sharing 100 examples: those 100
+    # were trained on by both runs, and ε is theirs, the worst example's.
     runs = [dp_event(4000, 250, 3, data=["a"]), dp_event(4000, 250, 3, data=["b"])]
     ledger = Ledger(runs, named({"a": range(4000), "b": range(3900, 7900)}))
     both = compose_epsilon(runs, 1e-5)
     assert ledger.epsilon(1e-5) == pytest.approx(both, rel=1e-9)
     assert both > Ledger(runs[:1]).epsilon(1e-5) + 0.5
-    assert sorted((a.examples, len(a.events)) for a in ledger.accounts()) == [(100, 2), (3900, 1), (3900, 1)]
-    assert ledger.histories(["b"]) == [runs]  # its shared examples' runs: what a next run on "b" must add to
+    assert sorted((a.examples, len(a.events))
+                  for a in ledger.accounts()) == [(100, 2), (3900, 1), (3900, 1)]
+    # its shared examples' runs: what a next run on "b" must add to
+    assert ledger.histories(["b"]) == [runs]
 
 
 def test_examples_under_different_keys_are_different_organisations_records():
     runs = [dp_event(4000, 250, 3, data=["a"]), dp_event(4000, 250, 3, data=["b"])]
     one_run, both = compose_epsilon(runs[:1], 1e-5), compose_epsilon(runs, 1e-5)
-    # Two organisations, each its own key: a run on one's data does not touch the other's records, even where the
-    # ids happen to be equal (they are HMACs under different keys, so equal ids say nothing).
+    # Two organisations, each its own key: a run on one's data does not touch the other's records,
+    # even where the ids happen to be equal (they are HMACs under different keys, so equal ids say
+    # nothing).
     two_keys = {**named({"a": range(4000)}), **named({"b": range(4000)}, key="fedcba9876543210")}
     ledger = Ledger(runs, two_keys)
     assert ledger.keys() == [KEY, "fedcba9876543210"]
@@ -57,10 +61,12 @@ def test_examples_under_different_keys_are_different_organisations_records():
     assert ledger.epsilon_in_every_organization(1e-5) == pytest.approx(both, rel=1e-9)
     assert both > one_run + 0.5
     # One key, the same ids: the same examples, trained on by both runs.
-    assert Ledger(runs, named({"a": range(4000), "b": range(4000)})).epsilon(1e-5) == pytest.approx(both, rel=1e-9)
+    assert Ledger(runs, named({"a": range(4000),
+                               "b": range(4000)})).epsilon(1e-5) == pytest.approx(both, rel=1e-9)
     # a ledger that names no examples (a model file of format 2): every run counts for every example
     assert Ledger(runs).epsilon(1e-5) == pytest.approx(both, rel=1e-9)
-    assert Ledger.from_json([e.to_json() for e in runs]).epsilon(1e-5) == pytest.approx(both, rel=1e-9)
+    assert Ledger.from_json([e.to_json()
+                             for e in runs]).epsilon(1e-5) == pytest.approx(both, rel=1e-9)
 
 
 @pytest.mark.parametrize("ids, message", [
@@ -75,14 +81,16 @@ def test_a_ledger_whose_examples_disagree_with_its_runs_is_refused(ids, message)
 
 
 def test_ledger_json_round_trip():
-    ledger = Ledger([dp_event(4000, 250, 3, data=["x", "y"])], named({"x": range(2000), "y": range(5000, 7000)}))
+    ledger = Ledger([dp_event(4000, 250, 3, data=["x", "y"])],
+                    named({"x": range(2000), "y": range(5000, 7000)}))
     again = Ledger.from_json(ledger.to_json())
     assert again.events == ledger.events and again.examples == ledger.examples
 
 
 def run(data, steps=10, n=100):
     """A training run with its id, as a train task records it."""
-    return dataclasses.replace(DpEvent("torch", data, n, 0.1, 1.0, steps, events.PER_EXAMPLE, 1.0, batch_size=10,
+    return dataclasses.replace(DpEvent("torch", data, n, 0.1, 1.0, steps, events.PER_EXAMPLE, 1.0,
+                                       batch_size=10,
                                        planned_steps=max(steps, 10)), run_id=events.new_run_id())
 
 
@@ -95,18 +103,22 @@ def test_merged_ledgers_count_the_shared_history_once_and_every_new_run():
     merged = merge(inputs)
     assert merged.events == history + [a2, b2]
     assert own_runs(inputs) == [[a2], [b2]]
-    # each organisation's ε: its two runs, recomputed from σ, q and steps alone; the model's ε is the worst
-    two_runs = compose_epsilon([DpEvent("torch", ("x",), 100, 0.1, 1.0, 20, events.PER_EXAMPLE, 1.0)], 1e-5)
+    # each organisation's ε: its two runs, recomputed from σ, q and steps alone; the model's ε is
+    # the worst
+    two_runs = compose_epsilon([DpEvent("torch", ("x",), 100, 0.1, 1.0, 20, events.PER_EXAMPLE,
+                                        1.0)], 1e-5)
     assert merged.epsilon(1e-5, data=["a"]) == pytest.approx(two_runs, rel=1e-6)
     assert merged.epsilon(1e-5) == pytest.approx(two_runs, rel=1e-6)
-    # the same run given twice is one run; a second run on the same data, identical but for its id, is two
+    # the same run given twice is one run; a second run on the same data, identical but for its id,
+    # is two
     assert merge([Ledger(history + [a2])] * 2).events == history + [a2]
     twin = dataclasses.replace(a2, run_id=events.new_run_id())
     assert len(merge([Ledger([a2]), Ledger([twin])]).events) == 2
 
 
 def test_a_merge_refuses_runs_it_cannot_tell_apart():
-    old = DpEvent("torch", ("a",), 100, 0.1, 1.0, 10, events.PER_EXAMPLE, 1.0)  # no run id: an earlier version's
+    # no run id: an earlier version's
+    old = DpEvent("torch", ("a",), 100, 0.1, 1.0, 10, events.PER_EXAMPLE, 1.0)
     with pytest.raises(UserError, match="has no run id"):
         merge([Ledger([old]), Ledger([run(("b",))])])
     a = run(("a",))
@@ -115,39 +127,50 @@ def test_a_merge_refuses_runs_it_cannot_tell_apart():
 
 
 def test_a_samples_examples_linked_under_its_organisations_other_key_compose_with_the_runs_there():
-    # "a" under KEY and "b" under OTHER hold the same 4000 images; the task on "b" knows its images' ids under KEY
-    # (its ring), so it links "a": each a-id that is one of its images gets that image's b-id as an alias.
+    # "a" under KEY and "b" under OTHER hold the same 4000 images; the task on "b" knows its images'
+    # ids under KEY (its ring), so it links "a": each a-id that is one of its images gets that
+    # image's b-id as an alias.
     other = "fedcba9876543210"
-    runs = [dataclasses.replace(dp_event(4000, 250, 3, data=[i]), run_id=events.new_run_id()) for i in "ab"]
+    runs = [dataclasses.replace(dp_event(4000, 250, 3, data=[i]), run_id=events.new_run_id())
+            for i in "ab"]
     one_run, both = compose_epsilon(runs[:1], 1e-5), compose_epsilon(runs, 1e-5)
-    ledger = Ledger(runs, {**named({"a": range(4000)}), **named({"b": range(10_000, 14_000)}, key=other)})
+    ledger = Ledger(runs, {**named({"a": range(4000)}),
+                           **named({"b": range(10_000, 14_000)}, key=other)})
     assert ledger.epsilon(1e-5) == pytest.approx(one_run, rel=1e-9)
     b_sample = {"identity": "b", "key": other, "examples": list(range(10_000, 14_000)), "aliases": {
-        KEY: list(range(3000, 7000))}}  # only a's last 1000 images are b's images (b-ids 10000..10999)
+        # only a's last 1000 images are b's images (b-ids 10000..10999)
+        KEY: list(range(3000, 7000))}}
     assert ledger.link([b_sample]) == 1
     assert ledger.aliases["a"][other] == Examples.of(other, range(10_000, 11_000))
     assert ledger.epsilon(1e-5) == pytest.approx(both, rel=1e-9)
-    assert sorted((a.examples, len(a.events)) for a in ledger.accounts() if a.samples == {"a", "b"}) == [(1000, 2)]
+    assert sorted((a.examples, len(a.events)) for a in ledger.accounts()
+                  if a.samples == {"a", "b"}) == [(1000, 2)]
     assert ledger.epsilon(1e-5, data=["b"]) == pytest.approx(both, rel=1e-9)
-    # The released ledger carries the link: its figure needs no key, and an older reader is refused, not misled.
+    # The released ledger carries the link: its figure needs no key, and an older reader is refused,
+    # not misled.
     again = Ledger.from_json(ledger.to_json())
     assert again.aliases == ledger.aliases and again.epsilon(1e-5) == pytest.approx(both, rel=1e-9)
-    # Averaged with a copy that does not know the link (the aggregator holds no key): the link is kept.
-    assert merge([Ledger(runs, ledger.examples), again]).epsilon(1e-5) == pytest.approx(both, rel=1e-9)
+    # Averaged with a copy that does not know the link (the aggregator holds no key): the link is
+    # kept.
+    assert merge([Ledger(runs, ledger.examples),
+                  again]).epsilon(1e-5) == pytest.approx(both, rel=1e-9)
     with pytest.raises(UserError, match="aliases of data sample"):
         Ledger.from_json({**ledger.to_json(), "aliases": {"c": []}})
-    assert "aliases" not in Ledger(runs, ledger.examples).to_json()  # without a link: the format of before
+    # without a link: the format of before
+    assert "aliases" not in Ledger(runs, ledger.examples).to_json()
 
 
 def test_a_search_counts_both_faces_for_examples_it_reaches_through_a_link():
-    # The search split its validation examples by their a-ids, which the b-ids of the same images do not tell: each
-    # linked example is counted under both faces, never under the wrong one alone.
+    # The search split its validation examples by their a-ids, which the b-ids of the same images do
+    # not tell: each linked example is counted under both faces, never under the wrong one alone.
     other = "fedcba9876543210"
     searched = dataclasses.replace(dp_event(4000, 250, 3, data=["a"]), search=events.Search(
         2.0, 1.0, (events.Candidate(1 / 16, 48, 1.1),), 8.0, 100, 400))
-    ledger = Ledger([searched], {**named({"a": range(4000)}), **named({"b": range(10_000, 14_000)}, key=other)})
+    ledger = Ledger([searched], {**named({"a": range(4000)}),
+                                 **named({"b": range(10_000, 14_000)}, key=other)})
     ledger.link([{"identity": "b", "key": other, "examples": list(range(10_000, 14_000)),
                   "aliases": {KEY: list(range(4000))}}])
     faces = sorted((a.examples, tuple(e.search.face for e in a.events)) for a in ledger.accounts())
-    # Under a's key: 400 validation and 3600 training examples; under b's key, all 4000 with both faces.
+    # Under a's key: 400 validation and 3600 training examples; under b's key, all 4000 with both
+    # faces.
     assert faces == [(400, ("score",)), (3600, ("training",)), (4000, ("training", "score"))]

@@ -11,7 +11,8 @@ from mnist_dp.utils.errors import UserError
 
 def test_round_trip_through_an_extensionless_path(tmp_path):
     events = [ledger_event("torch")]
-    path = save_model(tmp_path / "model", events, weights=b"\x00weights")  # Substra's output paths have no extension
+    # Substra's output paths have no extension
+    path = save_model(tmp_path / "model", events, weights=b"\x00weights")
     assert [p.name for p in tmp_path.iterdir()] == ["model"]
     loaded = model_file.load(path, "torch")
     assert loaded.weights == b"\x00weights" and loaded.ledger.events == events
@@ -25,13 +26,15 @@ def test_wrong_framework_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("framework", ["torch", "tf", "mindspore"])
-def test_an_earlier_format_is_read_except_a_mindspore_model_whose_noise_repeated(tmp_path, framework):
+def test_an_earlier_format_is_read_except_a_mindspore_model_whose_noise_repeated(
+        tmp_path, framework):
     path = save_model(tmp_path / "m", [ledger_event(framework)])
     rewrite_member(path, "meta.json", lambda meta: {**meta, "format": "mnist-dp-model/3"})
     if framework != "mindspore":
         assert model_file.load(path, framework).framework == framework
         return
-    with pytest.raises(UserError, match="MindSpore model of format 'mnist-dp-model/3' drew MindArmour's noise"):
+    with pytest.raises(UserError, match="MindSpore model of format 'mnist-dp-model/3' drew "
+                                        "MindArmour's noise"):
         model_file.load(path, framework)
 
 
@@ -50,7 +53,8 @@ def with_digest(edit_ledger):
         with zipfile.ZipFile(path) as archive:
             ledger = archive.read("ledger.json")
         import hashlib
-        rewrite_member(path, "meta.json", lambda meta: {**meta, "ledger_sha256": hashlib.sha256(ledger).hexdigest()})
+        rewrite_member(path, "meta.json",
+                       lambda meta: {**meta, "ledger_sha256": hashlib.sha256(ledger).hexdigest()})
     return apply
 
 
@@ -62,7 +66,8 @@ EDITS = [("steps", 1), ("noise_multiplier", 100.0), ("sample_rate", 0.0), ("n", 
 def test_a_hand_edited_ledger_is_refused_by_its_digest(tmp_path, field, value):
     path = save_model(tmp_path / "m", [ledger_event(n=100, batch_size=50, epochs=2)])
     rewrite_member(path, "ledger.json", ledger_edit(field, value))
-    with pytest.raises(UserError, match="does not match the sha256 recorded in its metadata") as caught:
+    with pytest.raises(UserError,
+                       match="does not match the sha256 recorded in its metadata") as caught:
         model_file.load(path)
     assert str(path) in str(caught.value)
 
@@ -80,7 +85,8 @@ def test_a_hand_edited_ledger_is_refused_by_its_digest(tmp_path, field, value):
     ("replayable_noise", True, "replayable_noise True .metadata: noise_seed None."),
     ("surprise", 1, "unknown \\['surprise'\\]"),
 ])
-def test_a_ledger_edited_with_its_digest_is_still_caught_by_its_own_fields(tmp_path, field, value, message):
+def test_a_ledger_edited_with_its_digest_is_still_caught_by_its_own_fields(
+        tmp_path, field, value, message):
     path = save_model(tmp_path / "m", [ledger_event(n=100, batch_size=50, epochs=2)])
     with_digest(ledger_edit(field, value))(path)
     with pytest.raises(UserError, match=message):
@@ -99,8 +105,10 @@ def test_edited_weights_and_metadata_are_refused(tmp_path):
         model_file.load(path)
     path = save_model(tmp_path / "n", [ledger_event()])
     rewrite_member(path, "meta.json",
-            lambda meta: {**meta, "hyperparameters": {**meta["hyperparameters"], "noise_multiplier": 9.0}})
-    with pytest.raises(UserError, match="ledger disagrees with its metadata: noise_multiplier 1.0 .metadata: 9.0."):
+            lambda meta: {**meta,
+                          "hyperparameters": {**meta["hyperparameters"], "noise_multiplier": 9.0}})
+    with pytest.raises(UserError, match="ledger disagrees with its metadata: noise_multiplier 1.0 "
+                                        ".metadata: 9.0."):
         model_file.load(path)
 
 
@@ -113,7 +121,8 @@ def test_adaptive_clipping_and_a_schedule_must_agree_with_the_metadata(tmp_path)
     import dataclasses
 
     counted = dataclasses.replace(ledger_event(), count_noise_multiplier=5.0)
-    with pytest.raises(UserError, match=r"count_noise_multiplier 5.0 \(metadata: 0.0\)"):  # a count not declared
+    # a count not declared
+    with pytest.raises(UserError, match=r"count_noise_multiplier 5.0 \(metadata: 0.0\)"):
         model_file.load(save_model(tmp_path / "a", [counted]))
     model_file.load(save_model(tmp_path / "b", [counted], clip_quantile=0.5, clip_count_stddev=2.5))
     with pytest.raises(UserError, match=r"noise_decay 1.0 \(metadata: 0.5\)"):
@@ -121,13 +130,16 @@ def test_adaptive_clipping_and_a_schedule_must_agree_with_the_metadata(tmp_path)
 
 
 def averaged_model(path):
-    """A model averaged from two organisations' runs, its metadata as skeleton.aggregate writes it."""
+    """A model averaged from two organisations' runs, its metadata as skeleton.aggregate writes
+    it."""
     import dataclasses
 
 
-    runs = [dataclasses.replace(ledger_event("torch", data=(org,), n=n, batch_size=10), run_id=new_run_id())
+    runs = [dataclasses.replace(ledger_event("torch", data=(org,), n=n, batch_size=10),
+                                run_id=new_run_id())
             for org, n in (("fp-a", 100), ("fp-b", 50))]
-    inputs = [model_file.load(save_model(path.with_name(f"input-{k}"), [e]), "torch").hyperparameters
+    inputs = [model_file.load(save_model(path.with_name(f"input-{k}"), [e]),
+                              "torch").hyperparameters
               for k, e in enumerate(runs)]
     meta = model_file.aggregate_metadata(inputs, [e.run_id for e in runs], [e.n for e in runs],
                                          {"function": "aggregate", "archive_digest": None})
@@ -140,13 +152,16 @@ def test_an_averaged_models_runs_are_each_checked_against_their_inputs_settings(
     assert [a["planned_steps"] for a in saved.hyperparameters[model_file.AGGREGATED]] == [10, 5]
     averaged_model(tmp_path / "sigma")
     rewrite_member(tmp_path / "sigma", "meta.json", lambda meta: {**meta, "hyperparameters": {
-        **meta["hyperparameters"], model_file.AGGREGATED: [meta["hyperparameters"][model_file.AGGREGATED][0], {
+        **meta["hyperparameters"], model_file.AGGREGATED: [meta["hyperparameters"][
+            model_file.AGGREGATED][0], {
             **meta["hyperparameters"][model_file.AGGREGATED][1], "noise_multiplier": 9.0}]}})
     with pytest.raises(UserError, match="noise_multiplier 1.0 \\(metadata: 9.0\\)"):
         model_file.load(tmp_path / "sigma", "torch")
     averaged_model(tmp_path / "id")
     rewrite_member(tmp_path / "id", "meta.json", lambda meta: {**meta, "hyperparameters": {
-        **meta["hyperparameters"], model_file.AGGREGATED: [{**meta["hyperparameters"][model_file.AGGREGATED][0],
+        **meta["hyperparameters"], model_file.AGGREGATED: [{**meta["hyperparameters"][
+            model_file.AGGREGATED][0],
                                                             "run_id": "0" * 32}]}})
-    with pytest.raises(UserError, match="names input 1's run '0{32}', which its ledger does not have"):
+    with pytest.raises(UserError,
+                       match="names input 1's run '0{32}', which its ledger does not have"):
         model_file.load(tmp_path / "id", "torch")

@@ -22,17 +22,21 @@ def test_a_function_running_from_its_archive_records_the_archives_digest(tmp_pat
     (folder / "__pycache__" / "algo.pyc").write_bytes(b"x")
     digest = archive.archive_digest(tar_path)
     assert digest.startswith("sha256:")
-    assert provenance.running_code(folder, "train") == {"function": "train", "archive_digest": digest}
+    assert provenance.running_code(folder,
+                                   "train") == {"function": "train", "archive_digest": digest}
 
 
 def test_changed_files_or_no_archive_record_no_digest(tmp_path):
     _, folder, _ = unpacked(tmp_path)
     (folder / "hyperparameters.json").write_text('{"epochs": 1000}')
     assert provenance.running_code(folder, "train")["archive_digest"] is None
-    assert provenance.running_code(ALGO_ASSETS[FRAMEWORKS[0]], "train")["archive_digest"] is None  # the repository
+    # the repository
+    assert provenance.running_code(ALGO_ASSETS[FRAMEWORKS[0]], "train")["archive_digest"] is None
 
 
 def test_other_hyperparameters_make_another_archive_digest(tmp_path):
-    one = archive.build(ALGO_ASSETS[FRAMEWORKS[0]], "train", tmp_path / "a.tar.gz", {"hyperparameters.json": b"{}"})
-    two = archive.build(ALGO_ASSETS[FRAMEWORKS[0]], "train", tmp_path / "b.tar.gz", {"hyperparameters.json": b"{ }"})
+    one = archive.build(ALGO_ASSETS[FRAMEWORKS[0]], "train", tmp_path / "a.tar.gz",
+                        {"hyperparameters.json": b"{}"})
+    two = archive.build(ALGO_ASSETS[FRAMEWORKS[0]], "train", tmp_path / "b.tar.gz",
+                        {"hyperparameters.json": b"{ }"})
     assert archive.archive_digest(one) != archive.archive_digest(two)

@@ -1,6 +1,7 @@
-"""mnist_dp/privacy/search.py and the search's accounting (events.Search, accountant.search_rdp, Ledger.parts): ε of
-a private hyperparameter search against an independent recomputation with dp_accounting, the number of candidates
-against its distribution, σ calibrated for the whole search, per-example faces, and the ledger's checks."""
+"""mnist_dp/privacy/search.py and the search's accounting (events.Search, accountant.search_rdp,
+Ledger.parts): ε of a private hyperparameter search against an independent recomputation with
+dp_accounting, the number of candidates against its distribution, σ calibrated for the whole search,
+per-example faces, and the ledger's checks."""
 import dataclasses
 import math
 
@@ -32,11 +33,14 @@ RELEASED = (Candidate(1 / 8, 240, 1.3),)
 
 def search_event(candidates=RELEASED, mean=4.0, shape=0.0, score=3.0, permille=100,
                  n=4000, validation_n=400):
-    """The ledger event of a search's released run: the first candidate's profile, as the tune task records it."""
+    """The ledger event of a search's released run: the first candidate's profile, as the tune task
+    records it."""
     first = candidates[0]
     batch = math.ceil((n - validation_n) * first.sample_rate)
-    return DpEvent("torch", ("s",), n, first.sample_rate, first.noise_multiplier, first.steps, "per-example", 0.1,
-                   batch_size=batch, planned_steps=first.steps, code={"function": "tune", "archive_digest": None},
+    return DpEvent("torch", ("s",), n, first.sample_rate, first.noise_multiplier, first.steps,
+                   "per-example", 0.1,
+                   batch_size=batch, planned_steps=first.steps,
+                   code={"function": "tune", "archive_digest": None},
                    search=Search(mean, shape, tuple(candidates), score, permille, validation_n))
 
 
@@ -44,12 +48,15 @@ def search_event(candidates=RELEASED, mean=4.0, shape=0.0, score=3.0, permille=1
 def test_epsilon_of_a_search_is_dp_accountings_repeat_and_select(shape):
     event = search_event(shape=shape)
     independent = rdp.RdpAccountant().compose(
-        dp_accounting.dp_event.RepeatAndSelectDpEvent(dp_sgd(1 / 8, 240, 1.3), 4.0, shape)).get_epsilon(DELTA)
+        dp_accounting.dp_event.RepeatAndSelectDpEvent(dp_sgd(1 / 8, 240, 1.3), 4.0,
+                                                      shape)).get_epsilon(DELTA)
     assert accountant.compose_epsilon([event], DELTA) == pytest.approx(independent, rel=1e-9)
     score = rdp.RdpAccountant().compose(
-        dp_accounting.dp_event.RepeatAndSelectDpEvent(dp_accounting.GaussianDpEvent(3.0), 4.0, shape))
+        dp_accounting.dp_event.RepeatAndSelectDpEvent(dp_accounting.GaussianDpEvent(3.0), 4.0,
+                                                      shape))
     scored = dataclasses.replace(event, search=event.search.scored())
-    assert accountant.compose_epsilon([scored], DELTA) == pytest.approx(score.get_epsilon(DELTA), rel=1e-9)
+    assert accountant.compose_epsilon([scored],
+                                      DELTA) == pytest.approx(score.get_epsilon(DELTA), rel=1e-9)
 
 
 def test_a_search_of_several_profiles_is_bounded_by_the_worst_at_every_order():
@@ -57,11 +64,13 @@ def test_a_search_of_several_profiles_is_bounded_by_the_worst_at_every_order():
     event = search_event(tuple(Candidate(*p) for p in profiles))
     curves = [rdp.RdpAccountant().compose(dp_sgd(*p)).rdp for p in profiles]
     orders = rdp.RdpAccountant().orders
-    worst = rdp_privacy_accountant._compute_rdp_repeat_and_select(orders, np.max(curves, axis=0), 4.0, 0.0)
+    worst = rdp_privacy_accountant._compute_rdp_repeat_and_select(
+        orders, np.max(curves, axis=0), 4.0, 0.0)
     independent = rdp_privacy_accountant.compute_epsilon(orders, worst, DELTA)[0]
     assert accountant.compose_epsilon([event], DELTA) == pytest.approx(independent, rel=1e-9)
     for p in profiles:  # never below a search of either profile alone
-        alone = rdp.RdpAccountant().compose(dp_accounting.dp_event.RepeatAndSelectDpEvent(dp_sgd(*p), 4.0, 0.0))
+        alone = rdp.RdpAccountant().compose(
+            dp_accounting.dp_event.RepeatAndSelectDpEvent(dp_sgd(*p), 4.0, 0.0))
         assert accountant.compose_epsilon([event], DELTA) >= alone.get_epsilon(DELTA) - 1e-9
 
 
@@ -71,9 +80,11 @@ def test_a_search_costs_more_than_its_one_released_run_and_later_runs_compose_by
     assert accountant.compose_epsilon([event], DELTA) > one_run
     later = dataclasses.replace(event, search=None, n=3600)
     independent = rdp.RdpAccountant().compose(dp_accounting.ComposedDpEvent([
-        dp_accounting.dp_event.RepeatAndSelectDpEvent(dp_sgd(1 / 8, 240, 1.3), 4.0, 0.0), dp_sgd(1 / 8, 240, 1.3)]))
+        dp_accounting.dp_event.RepeatAndSelectDpEvent(dp_sgd(1 / 8, 240, 1.3), 4.0,
+                                                      0.0), dp_sgd(1 / 8, 240, 1.3)]))
     # PLD is asked for, RDP answers: PLD cannot compose the search
-    assert accountant.compose_epsilon([event, later], DELTA, "pld") == pytest.approx(independent.get_epsilon(DELTA))
+    assert accountant.compose_epsilon([event, later], DELTA,
+                                      "pld") == pytest.approx(independent.get_epsilon(DELTA))
 
 
 @pytest.mark.parametrize("shape, distribution", [
@@ -106,13 +117,16 @@ def test_sigma_is_calibrated_so_the_whole_search_ends_at_the_target():
     space = search_space.parse({"space": {"learning_rate": [0.1, 0.2]}}, "x")
     plan = plan_search("torch", hp, space, 1000, 100, "x")
     ((q, steps, schedule), sigma), = plan.sigmas.items()
-    search = Search(space.mean, space.shape, (Candidate(q, steps, sigma),), plan.score_noise_multiplier, 100, 100)
-    event = search_event(search.candidates, score=plan.score_noise_multiplier, n=1000, validation_n=100)
+    search = Search(space.mean, space.shape, (Candidate(q, steps, sigma),),
+                    plan.score_noise_multiplier, 100, 100)
+    event = search_event(search.candidates, score=plan.score_noise_multiplier, n=1000,
+                         validation_n=100)
     assert accountant.compose_epsilon([event], DELTA) <= 3.0
     lower = search_event((Candidate(q, steps, sigma - 0.01),), n=1000, validation_n=100)
     assert accountant.compose_epsilon([lower], DELTA) > 3.0
     scored = dataclasses.replace(event, search=event.search.scored())
-    assert 2.9 < accountant.compose_epsilon([scored], DELTA) <= 3.0  # the validation examples end there too
+    # the validation examples end there too
+    assert 2.9 < accountant.compose_epsilon([scored], DELTA) <= 3.0
     one_run = rdp.RdpAccountant().compose(dp_sgd(q, steps, sigma)).get_epsilon(DELTA)
     assert one_run < 2.5  # the search costs noise: one run at its σ would spend much less
 
@@ -122,7 +136,8 @@ def test_profiles_of_several_batch_sizes_get_their_own_sigma_and_the_worst_bound
     space = search_space.parse({"space": {"batch_size": [25, 100], "epochs": [1, 2]}}, "x")
     plan = plan_search("torch", hp, space, 1000, 100, "x")
     assert len(plan.sigmas) == 4 and len(set(plan.sigmas.values())) == 4
-    event = search_event(tuple(Candidate(q, steps, sigma) for (q, steps, _), sigma in plan.sigmas.items()),
+    event = search_event(tuple(Candidate(q, steps, sigma) for (q, steps, _),
+                               sigma in plan.sigmas.items()),
                          n=1000, validation_n=100)
     assert 2.8 < accountant.compose_epsilon([event], DELTA) <= 3.0
 
@@ -130,7 +145,8 @@ def test_profiles_of_several_batch_sizes_get_their_own_sigma_and_the_worst_bound
 def test_a_target_no_search_can_meet_is_refused_in_a_line():
     hp = dict_hp(epochs=500, batch_size=500, target_epsilon=0.05)
     space = search_space.parse({"space": {"learning_rate": [0.1, 0.2]}}, "hp.json")
-    with pytest.raises(UserError, match=r"hp.json \(a search of 4 candidates on average\): target_epsilon = 0.05"):
+    with pytest.raises(UserError, match=r"hp.json \(a search of 4 candidates on average\): "
+                                        r"target_epsilon = 0.05"):
         plan_search("torch", hp, space, 1000, 100, "hp.json")
 
 
@@ -155,7 +171,8 @@ def test_each_example_pays_for_its_own_face_of_the_search():
     (lambda s: {**s, "mean": 0.5}, "mean = 0.5 must be a number >= 1"),
     (lambda s: {**s, "shape": -1}, "shape = -1 must be"),
     (lambda s: {**s, "candidates": []}, "candidates"),
-    (lambda s: {**s, "candidates": [{**s["candidates"][0], "noise_multiplier": 9.0}]}, "not one of the search's"),
+    (lambda s: {**s, "candidates": [{**s["candidates"][0], "noise_multiplier": 9.0}]},
+     "not one of the search's"),
     (lambda s: {**s, "validation_n": 4000}, "leaves no training example"),
     (lambda s: {**s, "face": "score"}, "exactly"),
 ])
@@ -173,13 +190,16 @@ def test_the_statement_says_the_search_is_covered_and_composed_by_rdp(tmp_path):
 
     searched = model_file.load(save_model(tmp_path / "searched", [search_event()]))
     text = statement.privacy_statement(searched)
-    assert "by RDP (Google dp_accounting), as the ledger holds a private search, which PLD cannot compose" in text
+    assert ("by RDP (Google dp_accounting), as the ledger holds a private search, which PLD cannot "
+            "compose" in text)
     assert "and the whole of the 1 private hyperparameter search(es) that chose them" in text
     assert "K never released" in text and "how long the task ran" in text
     assert "Not covered: " + statement.SEARCHED_NOT_COVERED in text
     # its examples not recorded: every example is accounted as if it had seen both faces
     event = search_event()
-    both = accountant.compose_epsilon([event, dataclasses.replace(event, search=event.search.scored())], DELTA)
+    both = accountant.compose_epsilon([event,
+                                       dataclasses.replace(event, search=event.search.scored())],
+                                      DELTA)
     assert f"(ε, δ) = ({both:.3f}" in text
     once = model_file.load(save_model(tmp_path / "once", [dp_event()]))
     text = statement.privacy_statement(once)
@@ -187,15 +207,20 @@ def test_the_statement_says_the_search_is_covered_and_composed_by_rdp(tmp_path):
 
 
 def test_an_individual_in_every_organisation_pays_the_worse_face_of_each_search_at_every_order():
-    # Two organisations' searches: a score noise so low that the validation face is the worse at some orders.
+    # Two organisations' searches: a score noise so low that the validation face is the worse at
+    # some orders.
     ids = [np.random.default_rng(k).integers(0, 2**63, 2000, dtype=np.uint64) for k in (1, 2)]
-    events = [dataclasses.replace(search_event(n=2000, validation_n=int(validation_mask(own, 100).sum()), score=0.5),
+    events = [dataclasses.replace(search_event(n=2000,
+                                               validation_n=int(validation_mask(own, 100).sum()),
+                                               score=0.5),
                                   data=(f"s{k}",)) for k, own in enumerate(ids)]
     ledger = Ledger(events, {f"s{k}": Examples.of(f"{k}" * 16, own) for k, own in enumerate(ids)})
     orders = rdp.RdpAccountant().orders
-    faces = [rdp.RdpAccountant().compose(dp_accounting.dp_event.RepeatAndSelectDpEvent(single, 4.0, 0.0)).rdp
+    faces = [rdp.RdpAccountant().compose(dp_accounting.dp_event.RepeatAndSelectDpEvent(
+        single, 4.0, 0.0)).rdp
              for single in (dp_sgd(1 / 8, 240, 1.3), dp_accounting.GaussianDpEvent(0.5))]
-    assert np.any(faces[0] > faces[1]) and np.any(faces[1] > faces[0])  # neither face is the worse everywhere
+    # neither face is the worse everywhere
+    assert np.any(faces[0] > faces[1]) and np.any(faces[1] > faces[0])
     independent = rdp_privacy_accountant.compute_epsilon(orders, 2 * np.maximum(*faces), DELTA)[0]
     assert ledger.epsilon_in_every_organization(DELTA) == pytest.approx(independent, rel=1e-9)
     training_only = rdp_privacy_accountant.compute_epsilon(orders, 2 * faces[0], DELTA)[0]
@@ -203,18 +228,21 @@ def test_an_individual_in_every_organisation_pays_the_worse_face_of_each_search_
 
 
 def test_delta_is_checked_against_every_example_before_a_search_starts():
-    # 1/1000 < δ < 1/900: the training split alone would accept it, the released model's check would not.
+    # 1/1000 < δ < 1/900: the training split alone would accept it, the released model's check would
+    # not.
     hp = dict_hp(batch_size=100, delta=1 / 950)
     space = search_space.parse({"space": {"learning_rate": [0.1, 0.2]}}, "hp.json")
-    with pytest.raises(UserError, match=r"hp.json: delta = 0.00105\d* must be > 0 and < 1/n = 0.001 for n = 1000"):
+    with pytest.raises(UserError, match=r"hp.json: delta = 0.00105\d* must be > 0 and < 1/n = "
+                                        r"0.001 for n = 1000"):
         plan_search("torch", hp, space, 1000, 100, "hp.json")
 
 
 @pytest.mark.parametrize("shape", [0.0, search_space.MAX_SHAPE, math.inf])
 @pytest.mark.parametrize("mean", [1.0, float(search_space.MAX_MEAN)])
 def test_at_the_search_files_bounds_the_accounting_still_calibrates_a_tight_sigma(mean, shape):
-    """Every corner of mean_candidates × shape a search file may give (Poisson is shape ∞): σ stays far below the
-    ceiling, meets the target, and a step of the grid below it does not, so no bound makes the figure degenerate."""
+    """Every corner of mean_candidates × shape a search file may give (Poisson is shape ∞): σ stays
+    far below the ceiling, meets the target, and a step of the grid below it does not, so no bound
+    makes the figure degenerate."""
     profile = (1 / 8, 240, NoiseSchedule(1.0))
     (sigma,) = accountant.calibrate_search(3.0, DELTA, [profile], mean, shape)
     assert sigma < accountant.MAX_NOISE_MULTIPLIER / 10

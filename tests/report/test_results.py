@@ -9,10 +9,13 @@ from mnist_dp.utils.errors import UserError
 
 def test_model_record_is_recomputed_from_the_model_file(tmp_path):
     [with_file] = with_model_files(RECORDS[:1], tmp_path / "models")
-    record = results.model_record(with_file.model_file, "torch", {"Org1": ["fp-a"], "Org2": ["fp-b"]})
+    record = results.model_record(with_file.model_file, "torch",
+                                  {"Org1": ["fp-a"], "Org2": ["fp-b"]})
     saved = model_file.load(with_file.model_file)
-    assert record["epsilon"] == saved.ledger.epsilon(1e-5) and record["epsilon_by_organization"]["Org2"] == 0.0
-    assert record["max_epsilon"] == 2.0 and record["stopped_by_budget"] is True and record["steps"] == 10
+    assert record["epsilon"] == saved.ledger.epsilon(1e-5) and record[
+        "epsilon_by_organization"]["Org2"] == 0.0
+    assert record["max_epsilon"] == 2.0 and record[
+        "stopped_by_budget"] is True and record["steps"] == 10
     assert record["library_epsilon"] == {"Opacus PRV (this run only)": 1.49}
 
 
@@ -25,7 +28,8 @@ def earlier_reports(output):
     return report_files(output)
 
 
-def test_a_run_finds_its_output_folder_with_no_earlier_reports_and_they_are_kept_aside(tmp_path, capsys):
+def test_a_run_finds_its_output_folder_with_no_earlier_reports_and_they_are_kept_aside(
+        tmp_path, capsys):
     before = earlier_reports(tmp_path / "out")
     with results.run_output(tmp_path / "out") as folder:
         assert not any((folder / name).exists() for name in results.REPORTS)
@@ -33,16 +37,19 @@ def test_a_run_finds_its_output_folder_with_no_earlier_reports_and_they_are_kept
     [aside] = (tmp_path / "out" / results.EARLIER).iterdir()
     assert report_files(aside) == before
     assert (tmp_path / "out" / "results.json").read_text() == "this run's"
-    assert f"moved the earlier run's results.json, summary.md, models to {aside}" in capsys.readouterr().out
+    assert ("moved the earlier run's results.json, summary.md, models to "
+            f"{aside}" in capsys.readouterr().out)
 
 
 def test_a_run_that_stops_before_writing_a_report_puts_the_earlier_ones_back(tmp_path, capsys):
     before = earlier_reports(tmp_path / "out")
-    with pytest.raises(UserError), results.run_output(tmp_path / "out", tmp_path / "out" / "substra"):
+    with pytest.raises(UserError), results.run_output(tmp_path / "out",
+                                                      tmp_path / "out" / "substra"):
         (tmp_path / "out" / "substra").mkdir()
         raise UserError("refused")
     assert report_files(tmp_path / "out") == before
-    assert not (tmp_path / "out" / results.EARLIER).exists() and "moved" not in capsys.readouterr().out
+    assert not (
+        tmp_path / "out" / results.EARLIER).exists() and "moved" not in capsys.readouterr().out
 
 
 def test_a_run_that_fails_after_writing_a_report_keeps_the_earlier_ones_aside(tmp_path, capsys):

@@ -12,7 +12,8 @@ from mnist_dp.utils.errors import UserError
 SCRIPT = REPO / "scripts" / "add_dataset_objective.py"
 
 
-def test_writes_the_keys_file_and_a_rerun_reuses_every_key(tmp_path, tiny_data, capsys, monkeypatch):
+def test_writes_the_keys_file_and_a_rerun_reuses_every_key(
+        tmp_path, tiny_data, capsys, monkeypatch):
     # A node keeps its assets and its organisation between runs; a local client keeps them for its
     # lifetime, so both runs share one client here (a new local client would be a new organisation).
     from mnist_dp.orchestration import connection
@@ -25,47 +26,58 @@ def test_writes_the_keys_file_and_a_rerun_reuses_every_key(tmp_path, tiny_data, 
     script.main(argv)
     first = json.loads(keys_file.read_text())
     assert [len(fold) for fold in first["train_data_sample_keys"]] == [1, 1]
-    assert first["data"] == str(tiny_data) and first["organization_id"] == client.organization_info().organization_id
+    assert first["data"] == str(tiny_data) and first[
+        "organization_id"] == client.organization_info().organization_id
     assert all(key in first["fingerprints"] for key in
                [first["dataset_key"], first["objective_key"], *first["test_data_sample_keys"]])
     counts = len(client.list_dataset()), len(client.list_data_sample()), len(client.list_function())
     script.main(argv)
     assert json.loads(keys_file.read_text()) == first
-    assert (len(client.list_dataset()), len(client.list_data_sample()), len(client.list_function())) == counts
+    assert (len(client.list_dataset()), len(client.list_data_sample()),
+            len(client.list_function())) == counts
     assert "keys written to" in capsys.readouterr().out
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["assets_keys.json", "local-worker"]  # no temporary left
+    # no temporary left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["assets_keys.json", "local-worker"]
 
 
 def test_help_and_bad_input(tmp_path, tiny_data):
     def run(*args):
-        return subprocess.run([sys.executable, SCRIPT, *map(str, args)], capture_output=True, text=True, cwd=tmp_path)
+        return subprocess.run([sys.executable, SCRIPT, *map(str, args)], capture_output=True,
+                              text=True, cwd=tmp_path)
 
     assert "--keys-file" in run("--help").stdout
     proc = run("--data", tiny_data, "--folds", 5)
     assert proc.returncode == 2 and "--folds 5" in proc.stderr and "Traceback" not in proc.stderr
     (tmp_path / "assets_keys.json").write_text("[")
     proc = run("--data", tiny_data)
-    assert proc.returncode == 2 and "assets_keys.json: not valid JSON" in proc.stderr and "move it away" in proc.stderr
+    assert (proc.returncode == 2 and "assets_keys.json: not valid JSON" in proc.stderr
+            and "move it away" in proc.stderr)
     assert (tmp_path / "assets_keys.json").read_text() == "["  # never overwritten
     (tmp_path / "assets_keys.json").unlink()
     (tmp_path / "images.npy").write_text("not a folder")
     proc = run("--data", tmp_path / "images.npy")
-    assert proc.returncode == 2 and proc.stderr.startswith(f"error: {tmp_path / 'images.npy'}: is a file")
-    assert "Traceback" not in proc.stderr and (tmp_path / "images.npy").read_text() == "not a folder"
+    assert proc.returncode == 2 and proc.stderr.startswith(
+        f"error: {tmp_path / 'images.npy'}: is a file")
+    assert "Traceback" not in proc.stderr and (
+        tmp_path / "images.npy").read_text() == "not a folder"
 
 
 def test_missing_keys_file_for_the_train_script(tmp_path):
-    script = load_asset_module(REPO / "scripts" / "add_train_algo_cnn_dp.py", "add_train_algo_cnn_dp")
+    script = load_asset_module(REPO / "scripts" / "add_train_algo_cnn_dp.py",
+                               "add_train_algo_cnn_dp")
     with pytest.raises(UserError, match="run scripts/add_dataset_objective.py first"):
         script.main(["--keys-file", str(tmp_path / "none.json")])
 
 
-def test_examples_shared_between_an_organisations_samples_are_refused_at_registration(tmp_path, tiny_data):
+def test_examples_shared_between_an_organisations_samples_are_refused_at_registration(
+        tmp_path, tiny_data):
     from test_run_local import shuffled_copy
 
     data = shuffled_copy(tiny_data, tmp_path / "data")
-    proc = subprocess.run([sys.executable, SCRIPT, "--data", data], capture_output=True, text=True, cwd=tmp_path)
-    assert proc.returncode == 2 and "share 150 example(s)" in proc.stderr and "Traceback" not in proc.stderr
+    proc = subprocess.run([sys.executable, SCRIPT, "--data", data], capture_output=True, text=True,
+                          cwd=tmp_path)
+    assert (proc.returncode == 2 and "share 150 example(s)" in proc.stderr
+            and "Traceback" not in proc.stderr)
     assert not (tmp_path / "assets_keys.json").exists()  # nothing registered
 
 
@@ -74,6 +86,8 @@ def test_a_read_only_keys_folder_is_one_line(tmp_path, tiny_data):
 
     (tmp_path / "ro").mkdir(mode=0o555)
     proc = subprocess.run([*WITHOUT_WRITE_OVERRIDE, sys.executable, SCRIPT, "--data", tiny_data,
-                           "--keys-file", tmp_path / "ro" / "keys.json"], capture_output=True, text=True, cwd=tmp_path)
-    assert proc.returncode == 2 and proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr, proc.stderr
+                           "--keys-file", tmp_path / "ro" / "keys.json"], capture_output=True,
+                          text=True, cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.startswith(
+        "error: ") and "Traceback" not in proc.stderr, proc.stderr
     assert "Permission denied" in proc.stderr

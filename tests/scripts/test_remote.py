@@ -36,7 +36,8 @@ FRAMEWORK = "torch"
 # report accounts ε a dozen times and PLD takes about a second per ε at σ = 1 with q = 1/3.
 HYPERPARAMETERS = {**TINY_HYPERPARAMETERS, "batch_size": 150, "noise_multiplier": 4.0}
 FAILURE_LOG = "\n".join([f"epoch {i}: loading batch" for i in range(20)]
-                        + ["", "error: batch_size = 1000 is larger than the 150 training examples", ""])
+                        + ["", "error: batch_size = 1000 is larger than the 150 training examples",
+                           ""])
 
 
 @pytest.fixture
@@ -59,17 +60,20 @@ def run(script, *args, cwd, env, polling=None):
     if polling is not None:  # a node's plan is polled every 5 s by default
         env = {**env, POLLING_VARIABLE: str(polling)}
     return subprocess.run([sys.executable, SCRIPTS / script, *map(str, args), "--backend", "remote",
-                           "--client-name", CLIENT], capture_output=True, text=True, cwd=cwd, env=env, timeout=120)
+                           "--client-name", CLIENT], capture_output=True, text=True, cwd=cwd,
+                          env=env, timeout=120)
 
 
 def add_dataset_objective(node, tmp_path, data_dir, **settings):
-    return run("add_dataset_objective.py", "--data", data_dir, "--folds", 2, "--keys-file", tmp_path / "keys.json",
+    return run("add_dataset_objective.py", "--data", data_dir, "--folds", 2, "--keys-file",
+               tmp_path / "keys.json",
                cwd=tmp_path, env=environment(node, **settings))
 
 
 def add_train_algo(node, tmp_path, *args):
     (tmp_path / "hp.json").write_text(json.dumps(HYPERPARAMETERS))
-    return run("add_train_algo_cnn_dp.py", "--framework", FRAMEWORK, "--hyperparameters", tmp_path / "hp.json",
+    return run("add_train_algo_cnn_dp.py", "--framework", FRAMEWORK, "--hyperparameters",
+               tmp_path / "hp.json",
                "--keys-file", tmp_path / "keys.json", "--output", tmp_path / "results", *args,
                cwd=tmp_path, env=environment(node), polling=0.01)
 
@@ -103,13 +107,16 @@ def folder_files(folder: Path) -> dict:
 
 
 def contract(function: str) -> tuple:
-    """A function's inputs and outputs as the SDK sends them: {identifier: {kind, optional, multiple}}."""
+    """A function's inputs and outputs as the SDK sends them: {identifier: {kind, optional,
+    multiple}}."""
     inputs, outputs = CONTRACT[function]
-    return ({i.identifier: {"kind": i.kind.value, "optional": i.optional, "multiple": i.multiple} for i in inputs},
+    return ({i.identifier: {"kind": i.kind.value, "optional": i.optional, "multiple": i.multiple}
+             for i in inputs},
             {o.identifier: {"kind": o.kind.value, "multiple": o.multiple} for o in outputs})
 
 
-# -- the node's train tasks ---------------------------------------------------------------------------
+# -- the node's train tasks
+# ---------------------------------------------------------------------------
 
 
 class NoLearning(StepsThatLearnNothing):
@@ -138,10 +145,11 @@ class NoLearning(StepsThatLearnNothing):
 
 def write_model_file(dest: Path, opener: Path, data_folders: list, hyperparameters: Path,
                      input_model: Path | None = None, input_ledger: Path | None = None) -> float:
-    """Write a model file as a torch train task does (a tune task when the function holds a search file) and return
-    the ε it outputs. The one place that knows how a model file is made: the real training skeleton (skeleton.train,
-    or search.tune: ledger, hyperparameters, ε) and dataset opener around NoLearning, so a change of the file's
-    format made there reaches these tests unchanged."""
+    """Write a model file as a torch train task does (a tune task when the function holds a search
+    file) and return the ε it outputs. The one place that knows how a model file is made: the real
+    training skeleton (skeleton.train, or search.tune: ledger, hyperparameters, ε) and dataset
+    opener around NoLearning, so a change of the file's format made there reaches these tests
+    unchanged."""
     opener_module = load_asset_module(opener, f"stub_node_opener_{uuid.uuid4().hex}")
     inputs = {"datasamples": opener_module.MnistOpener().get_data([str(f) for f in data_folders])}
     if input_model:
@@ -172,13 +180,15 @@ def train_on_node(node: SubstraNodeStub, work: Path) -> dict:
         folder = work / task["key"]
         if identifier not in ("model", "ledger"):
             return f"{identifier} of task {task['key']}".encode()
-        if not (folder / "model").exists():  # the task's work makes both (asked for in identifier order)
+        # the task's work makes both (asked for in identifier order)
+        if not (folder / "model").exists():
             run_task(task, folder)
         return (folder / ("model" if identifier == "model" else "model.ledger")).read_bytes()
 
     def run_task(task, folder):
         function_dir = folder / "function"
-        with tarfile.open(fileobj=io.BytesIO(node.functions[task["function"]["key"]].files["file"])) as tar:
+        with tarfile.open(
+                fileobj=io.BytesIO(node.functions[task["function"]["key"]].files["file"])) as tar:
             tar.extractall(function_dir, filter="data")
         samples, input_models, input_ledger = [], [], None
         for ref in task["inputs"]:
@@ -187,11 +197,13 @@ def train_on_node(node: SubstraNodeStub, work: Path) -> dict:
                 opener.write_bytes(node.datasets[ref["asset_key"]].files["data_opener"])
             elif ref["identifier"] == "datasamples":
                 samples.append(folder / "data" / ref["asset_key"])
-                with zipfile.ZipFile(io.BytesIO(node.data_samples[ref["asset_key"]].files["archive"])) as z:
+                with zipfile.ZipFile(
+                        io.BytesIO(node.data_samples[ref["asset_key"]].files["archive"])) as z:
                     z.extractall(samples[-1])
             else:
                 parent = node.tasks[ref["parent_task_key"]].state["outputs"]
-                output = "ledger" if ref["identifier"] == "ledger" else "model"  # "model", or "models" to aggregate
+                # "model", or "models" to aggregate
+                output = "ledger" if ref["identifier"] == "ledger" else "model"
                 asset_key = next(o["asset"]["key"] for o in parent if o["identifier"] == output)
                 if ref["identifier"] == "ledger":
                     input_ledger = folder / "input.ledger"
@@ -202,10 +214,12 @@ def train_on_node(node: SubstraNodeStub, work: Path) -> dict:
         if samples:
             epsilons[task["key"]] = write_model_file(folder / "model", opener, samples,
                                                      function_dir / "hyperparameters.json",
-                                                     input_models[0] if input_models else None, input_ledger)
+                                                     input_models[0] if input_models else None,
+                                                     input_ledger)
         else:  # an aggregate task: the real averaging
             skeleton.aggregate(NoLearning(), {"models": [str(m) for m in input_models]},
-                               {"model": str(folder / "model")}, function_dir / "hyperparameters.json")
+                               {"model": str(folder / "model")},
+                               function_dir / "hyperparameters.json")
 
     def performance(task, identifier):
         if identifier == "epsilon":
@@ -216,11 +230,13 @@ def train_on_node(node: SubstraNodeStub, work: Path) -> dict:
     return epsilons
 
 
-# -- the stub itself ----------------------------------------------------------------------------------
+# -- the stub itself
+# ----------------------------------------------------------------------------------
 
 
 def test_the_stub_refuses_a_wrong_token_and_records_paths_it_does_not_know(node):
-    assert requests.get(f"{node.url}/info/", headers={"Authorization": "Token wrong"}).status_code == 401
+    assert requests.get(f"{node.url}/info/",
+                        headers={"Authorization": "Token wrong"}).status_code == 401
     assert requests.get(f"{node.url}/info/").status_code == 401
     answer = requests.get(f"{node.url}/no_such_route/", headers={"Authorization": f"Token {TOKEN}"})
     assert answer.status_code == 404 and answer.json() == {"detail": "Not found."}
@@ -241,13 +257,16 @@ def test_the_stub_takes_data_samples_uploaded_or_as_paths_on_the_node(node, tiny
     assert zip_members(node.data_samples[uploaded].files["archive"]) == folder_files(folder)
     assert node.data_samples[on_node].files["path"] == str(folder).encode()
     assert client.get_dataset(dataset).data_sample_keys == [uploaded, on_node]
-    assert client.list_task(filters={"compute_plan_key": [str(uuid.uuid4())]}) == [] and node.unexpected == []
+    assert client.list_task(
+        filters={"compute_plan_key": [str(uuid.uuid4())]}) == [] and node.unexpected == []
 
 
-# -- add_dataset_objective.py -------------------------------------------------------------------------
+# -- add_dataset_objective.py
+# -------------------------------------------------------------------------
 
 
-def test_add_dataset_objective_uploads_each_asset_and_keeps_the_keys_the_node_gave(node, registered, tiny_data):
+def test_add_dataset_objective_uploads_each_asset_and_keeps_the_keys_the_node_gave(
+        node, registered, tiny_data):
     keys = json.loads(registered.read_text())
     org = node.organization_id
     assert keys["organization_id"] == org
@@ -255,7 +274,8 @@ def test_add_dataset_objective_uploads_each_asset_and_keeps_the_keys_the_node_ga
     dataset = node.datasets[keys["dataset_key"]]
     assert dataset.files["data_opener"] == (DATASET_ASSET / "opener.py").read_bytes()
     assert dataset.files["description"] == (DATASET_ASSET / "description.md").read_bytes()
-    assert dataset.sent["permissions"] == dataset.sent["logs_permission"] == {"public": False, "authorized_ids": [org]}
+    assert dataset.sent["permissions"] == dataset.sent["logs_permission"] == {
+        "public": False, "authorized_ids": [org]}
 
     # One uploaded archive per data sample folder, linked to the dataset, keys in fold order.
     folds, test_keys = keys["train_data_sample_keys"], keys["test_data_sample_keys"]
@@ -268,7 +288,8 @@ def test_add_dataset_objective_uploads_each_asset_and_keeps_the_keys_the_node_ga
             assert zip_members(node.data_samples[key].files["archive"]) == folder_files(folder)
             assert node.data_samples[key].sent["data_manager_keys"] == [keys["dataset_key"]]
 
-    # The objective: a public function whose archive is built to run on a node (its Dockerfile inside).
+    # The objective: a public function whose archive is built to run on a node (its Dockerfile
+    # inside).
     assert list(node.functions) == [keys["objective_key"]]
     objective = node.functions[keys["objective_key"]]
     files = tar_gz_members(objective.files["file"])
@@ -282,7 +303,8 @@ def test_add_dataset_objective_uploads_each_asset_and_keeps_the_keys_the_node_ga
     assert TOKEN not in registered.read_text()
 
 
-def test_add_dataset_objective_run_again_reuses_every_key_and_registers_nothing(node, registered, tmp_path, tiny_data):
+def test_add_dataset_objective_run_again_reuses_every_key_and_registers_nothing(
+        node, registered, tmp_path, tiny_data):
     before, posts = registered.read_text(), node.calls("POST")
     proc = add_dataset_objective(node, tmp_path, tiny_data)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -291,12 +313,14 @@ def test_add_dataset_objective_run_again_reuses_every_key_and_registers_nothing(
     asked = set(node.calls("GET"))
     assert ("GET", f"/data_manager/{keys['dataset_key']}/") in asked
     assert ("GET", f"/function/{keys['objective_key']}/") in asked
-    for key in [*keys["train_data_sample_keys"][0], *keys["train_data_sample_keys"][1], *keys["test_data_sample_keys"]]:
+    for key in [*keys["train_data_sample_keys"][0], *keys["train_data_sample_keys"][1],
+                *keys["test_data_sample_keys"]]:
         assert ("GET", f"/data_sample/{key}/") in asked
     assert keys["dataset_key"] in proc.stdout and node.unexpected == []
 
 
-def test_a_data_sample_the_node_no_longer_knows_is_registered_again(node, registered, tmp_path, tiny_data):
+def test_a_data_sample_the_node_no_longer_knows_is_registered_again(
+        node, registered, tmp_path, tiny_data):
     keys = json.loads(registered.read_text())
     lost = keys["test_data_sample_keys"][0]
     del node.data_samples[lost]
@@ -305,22 +329,27 @@ def test_a_data_sample_the_node_no_longer_knows_is_registered_again(node, regist
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert node.calls("POST")[posts:] == [("POST", "/data_sample/")]
     again = json.loads(registered.read_text())
-    assert again["test_data_sample_keys"] == [key for key in node.data_samples if key not in keys["fingerprints"]]
-    assert {k: v for k, v in again.items() if k not in ("test_data_sample_keys", "fingerprints")} == \
+    assert again["test_data_sample_keys"] == [key for key in node.data_samples
+                                              if key not in keys["fingerprints"]]
+    assert {k: v for k, v in again.items()
+            if k not in ("test_data_sample_keys", "fingerprints")} == \
         {k: v for k, v in keys.items() if k not in ("test_data_sample_keys", "fingerprints")}
 
 
-# -- add_train_algo_cnn_dp.py -------------------------------------------------------------------------
+# -- add_train_algo_cnn_dp.py
+# -------------------------------------------------------------------------
 
 
-def test_a_plan_run_on_the_node_reports_accuracy_and_epsilon_from_the_models_it_downloads(node, registered, tmp_path,
-                                                                                         tiny_data):
+def test_a_plan_run_on_the_node_reports_accuracy_and_epsilon_from_the_models_it_downloads(
+        node, registered, tmp_path, tiny_data):
     epsilons = train_on_node(node, tmp_path / "node")
     node.doing_polls = 2
-    proc = add_train_algo(node, tmp_path, "--score-train")  # the training data's scores too (not by default)
+    # the training data's scores too (not by default)
+    proc = add_train_algo(node, tmp_path, "--score-train")
     assert proc.returncode == 0, proc.stderr[-3000:]
     keys = json.loads(registered.read_text())
-    org, dataset, folds = keys["organization_id"], keys["dataset_key"], keys["train_data_sample_keys"]
+    org, dataset, folds = keys["organization_id"], keys["dataset_key"], keys[
+        "train_data_sample_keys"]
 
     # The algo's functions: its code, its Dockerfile per function, the tuned hyperparameters inside.
     algo = keys["algos"][FRAMEWORK]
@@ -329,18 +358,23 @@ def test_a_plan_run_on_the_node_reports_accuracy_and_epsilon_from_the_models_it_
         files = tar_gz_members(registered_function.files["file"])
         assert files["Dockerfile"] == archive.function_dockerfile(ALGO_ASSETS[FRAMEWORK], function)
         assert files["algo.py"] == (ALGO_ASSETS[FRAMEWORK] / "algo.py").read_bytes()
-        assert json.loads(files["hyperparameters.json"]) == tiny_hyperparameters(FRAMEWORK, **HYPERPARAMETERS)
+        assert json.loads(
+            files["hyperparameters.json"]) == tiny_hyperparameters(FRAMEWORK, **HYPERPARAMETERS)
         assert "mnist_dp/learning/skeleton.py" in files
         assert registered_function.sent["name"] == f"{FRAMEWORK} {function}"
-        assert (registered_function.sent["inputs"], registered_function.sent["outputs"]) == contract(function)
+        assert (registered_function.sent["inputs"],
+                registered_function.sent["outputs"]) == contract(function)
 
-    # The plan: train through the folds in order, predict and score after each on its fold and on the test set.
+    # The plan: train through the folds in order, predict and score after each on its fold and on
+    # the test set.
     plan_key = keys["compute_plans"][FRAMEWORK]["key"]
     described = keys["compute_plans"][FRAMEWORK]["tasks"]
     tasks = {t.record["key"]: t.record for t in node.plan_tasks(plan_key)}
-    assert list(node.compute_plans) == [plan_key] and set(tasks) == set(described) and len(tasks) == 2 * 5
+    assert list(
+        node.compute_plans) == [plan_key] and set(tasks) == set(described) and len(tasks) == 2 * 5
     by_role = {description: key for key, description in described.items()}
-    private, public = {"public": False, "authorized_ids": [org]}, {"public": True, "authorized_ids": []}
+    private, public = {"public": False,
+                       "authorized_ids": [org]}, {"public": True, "authorized_ids": []}
 
     def data_inputs(task):
         return [(i["identifier"], i["asset_key"]) for i in task["inputs"] if i["asset_key"]]
@@ -358,28 +392,36 @@ def test_a_plan_run_on_the_node_reports_accuracy_and_epsilon_from_the_models_it_
         train = tasks[by_role[f"{FRAMEWORK} train, round {round_idx} at {org}"]]
         assert train["function"]["key"] == algo["train"] and train["worker"] == org
         assert data_inputs(train) == on(fold)
-        assert parent(train, "model") == ([by_role[f"{FRAMEWORK} train, round 1 at {org}"]] if round_idx == 2 else [])
-        assert parent(train, "ledger") == parent(train, "model")  # the data's own ledger, from task to task
+        assert parent(train, "model") == ([by_role[f"{FRAMEWORK} train, round 1 at {org}"]]
+                                          if round_idx == 2 else [])
+        # the data's own ledger, from task to task
+        assert parent(train, "ledger") == parent(train, "model")
         assert permissions(train, "model") == private and permissions(train, "epsilon") == public
         assert permissions(train, "ledger") == private
         for split, samples in (("train", fold), ("test", keys["test_data_sample_keys"])):
             score = tasks[by_role[f"{FRAMEWORK} score, round {round_idx} at {org} on {split}"]]
             predict = tasks[parent(score, "predictions")[0]]
-            assert score["function"]["key"] == keys["objective_key"] and predict["function"]["key"] == algo["predict"]
+            assert score["function"]["key"] == keys[
+                "objective_key"] and predict["function"]["key"] == algo["predict"]
             assert data_inputs(score) == data_inputs(predict) == on(samples)
-            assert parent(predict, "model") == [train["key"]] and score["worker"] == predict["worker"] == org
-            assert permissions(predict, "predictions") == private and permissions(score, "performance") == public
+            assert parent(predict,
+                          "model") == [train["key"]] and score["worker"] == predict["worker"] == org
+            assert permissions(
+                predict, "predictions") == private and permissions(score, "performance") == public
 
-    # The report: figures recomputed from the model files downloaded from the node, beside its performances.
+    # The report: figures recomputed from the model files downloaded from the node, beside its
+    # performances.
     records = json.loads((tmp_path / "results" / "results.json").read_text())
     assert [r["round"] for r in records] == [1, 2]
     train_folders = sample_folders(tiny_data, "train")
     for record in records:
         train_key = by_role[f"{FRAMEWORK} train, round {record['round']} at {org}"]
-        served = next(o["asset"]["key"] for o in node.tasks[train_key].state["outputs"] if o["identifier"] == "model")
+        served = next(o["asset"]["key"] for o in node.tasks[train_key].state["outputs"]
+                      if o["identifier"] == "model")
         assert Path(record["model_file"]).read_bytes() == node.models[served].files["file"]
         saved = model_file.load(record["model_file"], FRAMEWORK)
-        # Each round continued from the one before, on its own fold: the tasks got the right samples.
+        # Each round continued from the one before, on its own fold: the tasks got the right
+        # samples.
         assert [event.data for event in saved.ledger.events] == \
             [(sample_identity(folder),) for folder in train_folders[:record["round"]]]
         assert record["epsilon"] == pytest.approx(saved.ledger.epsilon(HYPERPARAMETERS["delta"]))
@@ -393,16 +435,22 @@ def test_a_plan_run_on_the_node_reports_accuracy_and_epsilon_from_the_models_it_
     assert keys["ledger_task"] == last  # the organisation's next plan goes on from its last ledger
     assert ("GET", f"/compute_plan/{plan_key}/perf/") in node.calls() and node.unexpected == []
     written = [p for p in tmp_path.rglob("*") if p.is_file() and p.suffix in (".json", ".md")]
-    assert TOKEN not in proc.stdout + proc.stderr and not any(TOKEN in p.read_text() for p in written)
+    assert TOKEN not in proc.stdout + proc.stderr and not any(
+        TOKEN in p.read_text() for p in written)
 
 
-def test_a_search_on_the_node_is_one_tune_task_on_every_fold_with_the_search_file_inside(node, registered, tmp_path):
+def test_a_search_on_the_node_is_one_tune_task_on_every_fold_with_the_search_file_inside(
+        node, registered, tmp_path):
     epsilons = train_on_node(node, tmp_path / "node")
-    searched = {"space": {"learning_rate": [0.1, 0.2]}, "mean_candidates": 2, "shape": 1, "validation_fraction": 0.2}
+    searched = {"space": {"learning_rate": [0.1, 0.2]}, "mean_candidates": 2, "shape": 1,
+                "validation_fraction": 0.2}
     (tmp_path / "search.json").write_text(json.dumps(searched))
-    (tmp_path / "hp.json").write_text(json.dumps({**HYPERPARAMETERS, "noise_multiplier": None, "target_epsilon": 3.0}))
-    proc = run("add_train_algo_cnn_dp.py", "--framework", FRAMEWORK, "--hyperparameters", tmp_path / "hp.json",
-               "--keys-file", registered, "--output", tmp_path / "results", "--search", tmp_path / "search.json",
+    (tmp_path / "hp.json").write_text(json.dumps({**HYPERPARAMETERS, "noise_multiplier": None,
+                                                  "target_epsilon": 3.0}))
+    proc = run("add_train_algo_cnn_dp.py", "--framework", FRAMEWORK, "--hyperparameters",
+               tmp_path / "hp.json",
+               "--keys-file", registered, "--output", tmp_path / "results", "--search",
+               tmp_path / "search.json",
                cwd=tmp_path, env=environment(node), polling=0.01)
     assert proc.returncode == 0, proc.stderr[-3000:]
     keys = json.loads(registered.read_text())
@@ -411,54 +459,65 @@ def test_a_search_on_the_node_is_one_tune_task_on_every_fold_with_the_search_fil
     files = tar_gz_members(node.functions[algo["tune"]].files["file"])
     assert json.loads(files[search_space.FILE_NAME]) == search_space.parse(searched, "x").to_json()
     assert files["Dockerfile"] == archive.function_dockerfile(ALGO_ASSETS[FRAMEWORK], "tune")
-    assert (node.functions[algo["tune"]].sent["inputs"], node.functions[algo["tune"]].sent["outputs"]) == \
+    assert (node.functions[algo["tune"]].sent["inputs"],
+            node.functions[algo["tune"]].sent["outputs"]) == \
         contract("tune")
     tasks = [t.record for t in node.plan_tasks(keys["compute_plans"][FRAMEWORK]["key"])]
     tuned = [t for t in tasks if t["function"]["key"] == algo["tune"]]
     assert len(tasks) == 3 and len(tuned) == 1  # tune, predict, score
-    assert sorted(i["asset_key"] for i in tuned[0]["inputs"] if i["identifier"] == "datasamples") == \
-        sorted(k for fold in keys["train_data_sample_keys"] for k in fold)  # every fold, in one search
+    # every fold, in one search
+    assert sorted(i["asset_key"] for i in tuned[0]["inputs"]
+                  if i["identifier"] == "datasamples") == \
+        sorted(k for fold in keys["train_data_sample_keys"] for k in fold)
     record, = json.loads((tmp_path / "results" / "results.json").read_text())
     saved = model_file.load(record["model_file"], FRAMEWORK)
     (event,) = saved.ledger.events
     assert event.search is not None and event.search.mean == 2 and len(event.data) == 2
-    assert record["epsilon"] == pytest.approx(epsilons[tuned[0]["key"]]) and 2.5 < record["epsilon"] <= 3.0
+    assert record["epsilon"] == pytest.approx(
+        epsilons[tuned[0]["key"]]) and 2.5 < record["epsilon"] <= 3.0
 
 
-def test_federated_averaging_on_the_node_averages_each_round_and_accounts_each_fold_once(node, registered, tmp_path,
-                                                                                          tiny_data):
+def test_federated_averaging_on_the_node_averages_each_round_and_accounts_each_fold_once(
+        node, registered, tmp_path, tiny_data):
     epsilons = train_on_node(node, tmp_path / "node")
     proc = add_train_algo(node, tmp_path, "--strategy", "fedavg", "--rounds", 2)
     assert proc.returncode == 0, proc.stderr[-3000:]
     keys = json.loads(registered.read_text())
-    org, folds, algo = keys["organization_id"], keys["train_data_sample_keys"], keys["algos"][FRAMEWORK]
+    org, folds, algo = keys["organization_id"], keys[
+        "train_data_sample_keys"], keys["algos"][FRAMEWORK]
     aggregate = node.functions[algo["aggregate"]]
     assert tar_gz_members(aggregate.files["file"])["Dockerfile"] == \
         archive.function_dockerfile(ALGO_ASSETS[FRAMEWORK], "aggregate")
     assert (aggregate.sent["inputs"], aggregate.sent["outputs"]) == contract("aggregate")
 
     described = keys["compute_plans"][FRAMEWORK]["tasks"]
-    tasks = {t.record["key"]: t.record for t in node.plan_tasks(keys["compute_plans"][FRAMEWORK]["key"])}
+    tasks = {t.record["key"]: t.record
+             for t in node.plan_tasks(keys["compute_plans"][FRAMEWORK]["key"])}
     assert len(tasks) == 2 * 5  # per round: a train task per fold, the aggregate, predict and score
     averages = [key for key, text in described.items() if text.startswith(f"{FRAMEWORK} aggregate")]
-    assert [described[key] for key in averages] == [f"{FRAMEWORK} aggregate, round {r} at {org}" for r in (1, 2)]
+    assert [described[key]
+            for key in averages] == [f"{FRAMEWORK} aggregate, round {r} at {org}" for r in (1, 2)]
     for round_idx, average in enumerate(averages, 1):
-        trained = [i["parent_task_key"] for i in tasks[average]["inputs"] if i["identifier"] == "models"]
+        trained = [i["parent_task_key"] for i in tasks[average]["inputs"]
+                   if i["identifier"] == "models"]
         assert [[i["asset_key"] for i in tasks[t]["inputs"] if i["identifier"] == "datasamples"]
                 for t in trained] == folds
-        starts = {i["parent_task_key"] for t in trained for i in tasks[t]["inputs"] if i["identifier"] == "model"}
+        starts = {i["parent_task_key"] for t in trained for i in tasks[t]["inputs"]
+                  if i["identifier"] == "model"}
         assert starts == (set() if round_idx == 1 else {averages[0]})
 
     records = json.loads((tmp_path / "results" / "results.json").read_text())
     assert [(r["round"], r["organization"]) for r in records] == [(1, "fedavg"), (2, "fedavg")]
     for record in records:
         saved = model_file.load(record["model_file"], FRAMEWORK)
-        # every fold's run of every round, once: 2 per round (the global model's runs are not counted twice)
+        # every fold's run of every round, once: 2 per round (the global model's runs are not
+        # counted twice)
         assert len(saved.ledger.events) == 2 * record["round"]
         assert len({e.run_id for e in saved.ledger.events}) == len(saved.ledger.events)
         one_fold = [e for e in saved.ledger.events if e.data == saved.ledger.events[0].data]
         assert len(one_fold) == record["round"]
-        assert record["epsilon"] == pytest.approx(saved.ledger.epsilon(HYPERPARAMETERS["delta"], data=one_fold[0].data))
+        assert record["epsilon"] == pytest.approx(
+            saved.ledger.epsilon(HYPERPARAMETERS["delta"], data=one_fold[0].data))
         assert record["test_accuracy"] == pytest.approx(accuracy(record["round"], "test"))
     # The aggregate published no ε; each train task did, from its own model's ledger.
     assert len(epsilons) == 4 and node.unexpected == []
@@ -466,20 +525,25 @@ def test_federated_averaging_on_the_node_averages_each_round_and_accounts_each_f
         (tmp_path / "results" / "summary.md").read_text()
 
 
-def test_a_node_that_refuses_model_downloads_still_gets_its_report_from_substras_figures(node, registered, tmp_path):
+def test_a_node_that_refuses_model_downloads_still_gets_its_report_from_substras_figures(
+        node, registered, tmp_path):
     train_on_node(node, tmp_path / "node")
-    node.refuse("GET", "/model/[^/]+/file/", 403, {"detail": "model export is disabled on this node"}, times=2)
+    node.refuse("GET", "/model/[^/]+/file/", 403,
+                {"detail": "model export is disabled on this node"}, times=2)
     proc = add_train_algo(node, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "model files not downloaded: torch-round1-" in proc.stdout and "(AuthorizationError 403)" in proc.stdout
+    assert ("model files not downloaded: torch-round1-" in proc.stdout
+            and "(AuthorizationError 403)" in proc.stdout)
     assert json.loads((tmp_path / "results" / "results.json").read_text()) == []
     summary = (tmp_path / "results" / "summary.md").read_text()
-    assert "their accuracy and ε (as the train task computed it) are in Substra's performances below" in summary
-    assert "| torch | 1 |" in summary and "| torch | 2 |" in summary  # Substra's own figures, per round
+    assert ("their accuracy and ε (as the train task computed it) are in Substra's performances "
+            "below" in summary)
+    # Substra's own figures, per round
+    assert "| torch | 1 |" in summary and "| torch | 2 |" in summary
 
 
-def test_a_task_failed_on_the_node_exits_2_naming_it_and_ending_with_the_log_the_node_serves(node, registered,
-                                                                                              tmp_path):
+def test_a_task_failed_on_the_node_exits_2_naming_it_and_ending_with_the_log_the_node_serves(
+        node, registered, tmp_path):
     node.fail_when = lambda task: task["function"]["name"] == f"{FRAMEWORK} train"
     node.failure_log = FAILURE_LOG
     node.doing_polls = 1
@@ -488,12 +552,15 @@ def test_a_task_failed_on_the_node_exits_2_naming_it_and_ending_with_the_log_the
     keys = json.loads(registered.read_text())
     org, plan_key = keys["organization_id"], keys["compute_plans"][FRAMEWORK]["key"]
     failed = node.compute_plans[plan_key].record["failed_task_key"]
-    assert keys["compute_plans"][FRAMEWORK]["tasks"][failed] == f"{FRAMEWORK} train, round 1 at {org}"
+    assert keys[
+        "compute_plans"][FRAMEWORK]["tasks"][failed] == f"{FRAMEWORK} train, round 1 at {org}"
     (line,) = error_lines(proc.stderr)
-    assert line == (f"error: compute plan 'mnist-dp {FRAMEWORK}' failed in task '{FRAMEWORK} train, round 1 at {org}' "
-                    f"({failed}), function '{FRAMEWORK} train': plan status PLAN_STATUS_FAILED")
+    assert line == (f"error: compute plan 'mnist-dp {FRAMEWORK}' failed in task '{FRAMEWORK} "
+                    f"train, round 1 at {org}' ({failed}), function '{FRAMEWORK} train': plan "
+                    "status PLAN_STATUS_FAILED")
     tail = proc.stderr.split("last lines of its log:\n", 1)[1].splitlines()
-    expected = [f"  | {text}" for text in FAILURE_LOG.splitlines() if text.strip()][-LOG_TAIL_LINES:]
+    expected = [f"  | {text}" for text in FAILURE_LOG.splitlines()
+                if text.strip()][-LOG_TAIL_LINES:]
     assert tail == expected
     assert ("GET", f"/task/{failed}/logs/") in node.calls() and node.unexpected == []
     assert json.loads((tmp_path / "results" / "results.json").read_text()) == []
@@ -501,10 +568,12 @@ def test_a_task_failed_on_the_node_exits_2_naming_it_and_ending_with_the_log_the
     assert TOKEN not in proc.stdout + proc.stderr
 
 
-# -- refusals and secrets ---------------------------------------------------------------------------
+# -- refusals and secrets
+# ---------------------------------------------------------------------------
 
 
-def test_a_wrong_token_ends_in_one_error_line_with_exit_2_and_registers_nothing(node, tmp_path, tiny_data):
+def test_a_wrong_token_ends_in_one_error_line_with_exit_2_and_registers_nothing(
+        node, tmp_path, tiny_data):
     wrong = "tok-wrong-8d2e6b40"
     proc = add_dataset_objective(node, tmp_path, tiny_data, token=wrong)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
@@ -520,8 +589,10 @@ def test_a_refusal_by_the_node_prints_nothing_but_the_error_line(node, tmp_path,
     assert proc.stderr.splitlines() == error_lines(proc.stderr), proc.stderr
 
 
-def test_the_token_never_appears_even_when_the_node_echoes_it_in_an_error(node, tmp_path, tiny_data):
-    node.refuse("POST", "/data_sample/", 400, {"detail": f"refused: request with Authorization: Token {TOKEN}"})
+def test_the_token_never_appears_even_when_the_node_echoes_it_in_an_error(
+        node, tmp_path, tiny_data):
+    node.refuse("POST", "/data_sample/", 400,
+                {"detail": f"refused: request with Authorization: Token {TOKEN}"})
     proc = add_dataset_objective(node, tmp_path, tiny_data)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     (line,) = error_lines(proc.stderr)
@@ -529,15 +600,18 @@ def test_the_token_never_appears_even_when_the_node_echoes_it_in_an_error(node, 
     assert TOKEN not in proc.stdout + proc.stderr
 
 
-def test_an_error_echoing_the_token_is_masked_in_the_error_line_and_keeps_the_keys_obtained(node, tmp_path,
-                                                                                           tiny_data):
-    node.refuse("POST", "/data_sample/", 400, {"detail": f"refused: request with Authorization: Token {TOKEN}"})
+def test_an_error_echoing_the_token_is_masked_in_the_error_line_and_keeps_the_keys_obtained(
+        node, tmp_path, tiny_data):
+    node.refuse("POST", "/data_sample/", 400,
+                {"detail": f"refused: request with Authorization: Token {TOKEN}"})
     proc = add_dataset_objective(node, tmp_path, tiny_data)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     (line,) = error_lines(proc.stderr)
-    assert line == "error: Substra refused: InvalidRequest: refused: request with Authorization: Token ***"
+    assert (line == "error: Substra refused: InvalidRequest: refused: request with Authorization: "
+                    "Token ***")
     # The dataset registered before the refusal is in the keys file: the next run reuses it.
-    assert list(node.datasets) == list(json.loads((tmp_path / "keys.json").read_text())["fingerprints"])
+    assert list(node.datasets) == list(
+        json.loads((tmp_path / "keys.json").read_text())["fingerprints"])
     assert TOKEN not in (tmp_path / "keys.json").read_text()
     proc = add_dataset_objective(node, tmp_path, tiny_data)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -550,15 +624,18 @@ def test_a_username_and_password_log_in_and_the_password_never_appears(tmp_path,
         proc = add_dataset_objective(node, tmp_path, tiny_data, username="alice", password=password)
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert node.calls()[0] == ("POST", "/api-token-auth/") and node.unexpected == []
-        # The session the login opened is closed when the script ends (substra's client does it on exit).
+        # The session the login opened is closed when the script ends (substra's client does it on
+        # exit).
         assert node.calls()[-1] == ("DELETE", "/active-api-tokens/") and node.sessions == {}
         assert password not in proc.stdout + proc.stderr
-        proc = add_dataset_objective(node, tmp_path, tiny_data, username="alice", password="wrong-" + password)
+        proc = add_dataset_objective(node, tmp_path, tiny_data, username="alice",
+                                     password="wrong-" + password)
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
         assert password not in proc.stdout + proc.stderr
 
 
-def test_the_next_plan_on_the_node_goes_on_from_the_ledger_the_last_one_left(node, registered, tmp_path):
+def test_the_next_plan_on_the_node_goes_on_from_the_ledger_the_last_one_left(
+        node, registered, tmp_path):
     train_on_node(node, tmp_path / "node")
     assert add_train_algo(node, tmp_path).returncode == 0
     first = json.loads(registered.read_text())
@@ -567,10 +644,13 @@ def test_the_next_plan_on_the_node_goes_on_from_the_ledger_the_last_one_left(nod
     keys = json.loads(registered.read_text())
     plan = keys["compute_plans"][FRAMEWORK]
     trains = [key for key, role in plan["tasks"].items() if " train, " in role]
-    ledgers = [[i["parent_task_key"] for i in node.tasks[t].record["inputs"] if i["identifier"] == "ledger"]
+    ledgers = [[i["parent_task_key"] for i in node.tasks[t].record["inputs"]
+                if i["identifier"] == "ledger"]
                for t in trains]
     assert ledgers == [[first["ledger_task"]], [trains[0]]] and keys["ledger_task"] == trains[-1]
-    # the ledger the second plan leaves holds the first plan's two runs on the organisation's data and its own two
-    served = next(o["asset"]["key"] for o in node.tasks[trains[-1]].state["outputs"] if o["identifier"] == "ledger")
+    # the ledger the second plan leaves holds the first plan's two runs on the organisation's data
+    # and its own two
+    served = next(o["asset"]["key"] for o in node.tasks[trains[-1]].state["outputs"]
+                  if o["identifier"] == "ledger")
     (tmp_path / "served.ledger").write_bytes(node.models[served].files["file"])
     assert len(data_ledger.read_output(tmp_path / "served.ledger").events) == 4

@@ -1,5 +1,6 @@
-"""--search: a private hyperparameter search at each organisation as Substra tasks (run_local.py, subprocess
-backend), the tune function through the substratools command line, and the search file's bad inputs."""
+"""--search: a private hyperparameter search at each organisation as Substra tasks (run_local.py,
+subprocess backend), the tune function through the substratools command line, and the search file's
+bad inputs."""
 import difflib
 import hashlib
 import json
@@ -19,7 +20,8 @@ from mnist_dp.data.samples import sample_identity
 from mnist_dp.privacy import model_file
 
 SCRIPT = REPO / "scripts" / "run_local.py"
-SEARCH = {"space": {"learning_rate": [0.05, 0.1, 0.2], "ema_decay": [0.0, 0.5]}, "mean_candidates": 2, "shape": 1,
+SEARCH = {"space": {"learning_rate": [0.05, 0.1, 0.2], "ema_decay": [0.0, 0.5]},
+          "mean_candidates": 2, "shape": 1,
           "validation_fraction": 0.2}
 HYPERPARAMETERS = {**TINY_HYPERPARAMETERS, "noise_multiplier": None, "target_epsilon": 3.0}
 
@@ -29,8 +31,10 @@ def run_local(tmp_path, data, search, hp=HYPERPARAMETERS, *args):
     if isinstance(search, dict):
         (tmp_path / "search.json").write_text(json.dumps(search))
         search = tmp_path / "search.json"
-    return subprocess.run([sys.executable, SCRIPT, "--data", data, "--output", tmp_path / "out", "--hyperparameters",
-                           tmp_path / "hp.json", "--frameworks", "torch", "--search", search, *map(str, args)],
+    return subprocess.run([sys.executable, SCRIPT, "--data", data, "--output", tmp_path / "out",
+                           "--hyperparameters",
+                           tmp_path / "hp.json", "--frameworks", "torch", "--search", search,
+                           *map(str, args)],
                           capture_output=True, text=True, cwd=tmp_path)
 
 
@@ -43,7 +47,8 @@ def searched(tmp_path_factory, tiny_data_2orgs):
 
 
 def model_files(folder):
-    """Every model file under `folder`, wherever Substra or the report put it: {path: sha256 of its weights}."""
+    """Every model file under `folder`, wherever Substra or the report put it: {path: sha256 of its
+    weights}."""
     found = {}
     for path in folder.rglob("*"):
         if path.is_file() and zipfile.is_zipfile(path):
@@ -53,7 +58,8 @@ def model_files(folder):
     return found
 
 
-def test_each_organisation_releases_one_model_whose_ledger_is_its_whole_search(searched, tiny_data_2orgs):
+def test_each_organisation_releases_one_model_whose_ledger_is_its_whole_search(
+        searched, tiny_data_2orgs):
     proc, out = searched
     records = json.loads((out / "results.json").read_text())
     assert len(records) == 2 and len({r["organization"] for r in records}) == 2
@@ -63,37 +69,46 @@ def test_each_organisation_releases_one_model_whose_ledger_is_its_whole_search(s
         (event,) = saved.ledger.events
         assert event.search is not None and event.search.mean == 2 and event.search.shape == 1
         assert event.data == (sample_identity(folder),)  # its own organisation's data only
-        assert 2.5 < record["epsilon"] <= 3.0 and record["epsilon"] == pytest.approx(record["epsilon_in_substra"])
+        assert 2.5 < record["epsilon"] <= 3.0 and record["epsilon"] == pytest.approx(
+            record["epsilon_in_substra"])
         assert "RDP" in record["accountant"]
     summary = (out / "summary.md").read_text()
     assert "the whole of the 1 private hyperparameter search(es)" in summary
-    assert "besides the private search" in summary  # the not-covered line names what the search does not cover
+    # the not-covered line names what the search does not cover
+    assert "besides the private search" in summary
 
 
 def test_only_the_best_candidates_model_and_no_score_leaves_a_search(searched):
     proc, out = searched
     records = json.loads((out / "results.json").read_text())
-    released = {hashlib.sha256(model_file.load(r["model_file"]).weights).hexdigest() for r in records}
-    # Every model file anywhere in the run (Substra's work files included) is a released one: no other candidate's.
+    released = {hashlib.sha256(model_file.load(r["model_file"]).weights).hexdigest()
+                for r in records}
+    # Every model file anywhere in the run (Substra's work files included) is a released one: no
+    # other candidate's.
     assert set(model_files(out).values()) == released
-    # Substra's performances: each tune task's ε and each released model's test accuracy, nothing else.
-    performances = (out / "summary.md").read_text().split("## Performances as recorded by Substra")[1]
-    headers, *rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in performances.splitlines()
+    # Substra's performances: each tune task's ε and each released model's test accuracy, nothing
+    # else.
+    performances = (out / "summary.md").read_text().split(
+        "## Performances as recorded by Substra")[1]
+    headers, *rows = [[cell.strip() for cell in line.split("|")[1:-1]]
+                      for line in performances.splitlines()
                       if line.startswith("| ") and not line.startswith("|---")]
     organizations = sorted(r["organization"] for r in records)
-    assert headers == ["run", "round", "model trained at", *(f"epsilon @ {org}" for org in organizations),
+    assert headers == ["run", "round", "model trained at",
+                       *(f"epsilon @ {org}" for org in organizations),
                        f"test_accuracy @ {organizations[0]}"], headers
     assert sorted(row[2] for row in rows) == organizations  # one row per released model
     by_org = {r["organization"]: r for r in records}
     for row in rows:
         values = [None if v == "-" else float(v) for v in row[3:]]
-        assert sum(v is not None for v in values) == 2  # its tune task's ε, its test accuracy: no other figure
+        # its tune task's ε, its test accuracy: no other figure
+        assert sum(v is not None for v in values) == 2
         assert values[-1] == pytest.approx(by_org[row[2]]["test_accuracy"], abs=1e-4)
     assert "validation" not in proc.stdout + proc.stderr
 
 
-# Runs a tune task's algo.py with K, the number of candidates, forced to argv[1]: the search draws it in secret, so a
-# test cannot choose it otherwise under secure_mode (which refuses a noise_seed).
+# Runs a tune task's algo.py with K, the number of candidates, forced to argv[1]: the search draws
+# it in secret, so a test cannot choose it otherwise under secure_mode (which refuses a noise_seed).
 FORCED_COUNT = """import runpy, sys
 from mnist_dp.learning import search
 count = int(sys.argv.pop(1))
@@ -104,13 +119,14 @@ runpy.run_path("algo.py", run_name="__main__")
 
 
 def in_a_terminal(command, cwd, env):
-    """Run `command` with its standard output and error on a pseudo-terminal (as Substra's docker mode gives a task):
-    (exit code, everything it wrote there, progress bars included)."""
+    """Run `command` with its standard output and error on a pseudo-terminal (as Substra's docker
+    mode gives a task): (exit code, everything it wrote there, progress bars included)."""
     import os
     import pty
 
     leader, follower = pty.openpty()
-    proc = subprocess.Popen(command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=follower, stderr=follower)
+    proc = subprocess.Popen(command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=follower,
+                            stderr=follower)
     os.close(follower)
     written = b""
     while True:
@@ -126,12 +142,15 @@ def in_a_terminal(command, cwd, env):
 
 
 @pytest.mark.parametrize("framework", list(ALGO_ASSETS))
-def test_nothing_a_tune_task_emits_depends_on_the_number_of_candidates(tmp_path, tiny_data, framework):
-    """A K = 1 and a K = 4 search under a terminal, with secure_mode where the framework has it: the same bytes on
-    the terminal, digits included (log lines' timestamps aside), the same timings file, the same outputs."""
+def test_nothing_a_tune_task_emits_depends_on_the_number_of_candidates(
+        tmp_path, tiny_data, framework):
+    """A K = 1 and a K = 4 search under a terminal, with secure_mode where the framework has it: the
+    same bytes on the terminal, digits included (log lines' timestamps aside), the same timings
+    file, the same outputs."""
     import os
 
-    secure = framework != "tf"  # TF Privacy has no secure noise generator: its algo refuses secure_mode
+    # TF Privacy has no secure noise generator: its algo refuses secure_mode
+    secure = framework != "tf"
     hp = tiny_hyperparameters(framework, noise_multiplier=None, target_epsilon=3.0, noise_seed=None,
                               secure_mode=secure)
     folder = extract_function(ALGO_ASSETS[framework], "tune", tmp_path / "build", hp)
@@ -139,9 +158,11 @@ def test_nothing_a_tune_task_emits_depends_on_the_number_of_candidates(tmp_path,
     (folder / "forced_count.py").write_text(FORCED_COUNT)
     written, timings, outputs = [], [], []
     for count in (1, 4):
-        shutil.rmtree(tmp_path / "data", ignore_errors=True)  # each search on a copy nothing was released from yet
+        # each search on a copy nothing was released from yet
+        shutil.rmtree(tmp_path / "data", ignore_errors=True)
         data = shutil.copytree(tiny_data, tmp_path / "data")
-        resources = [{"id": "opener", "value": str(DATASET_ASSET / "opener.py"), "multiple": False}] + [
+        resources = [{"id": "opener", "value": str(DATASET_ASSET / "opener.py"),
+                      "multiple": False}] + [
             {"id": "datasamples", "value": f, "multiple": True} for f in samples(data, "train")]
         out = tmp_path / f"out{count}"
         out.mkdir()
@@ -157,43 +178,56 @@ def test_nothing_a_tune_task_emits_depends_on_the_number_of_candidates(tmp_path,
         timings.append(timings_file.read_text() if timings_file.exists() else None)
         outputs.append(sorted(p.name for p in out.iterdir()))
     assert "search: released the best candidate" in written[0]
-    assert written[0] == written[1], "\n".join(difflib.unified_diff(*(w.splitlines() for w in written), lineterm=""))
+    assert written[0] == written[1], "\n".join(
+        difflib.unified_diff(*(w.splitlines() for w in written), lineterm=""))
     assert timings[0] == timings[1] and outputs[0] == outputs[1] == ["epsilon", "model"]
 
 
 @pytest.mark.parametrize("search, message", [
     ({"space": {}}, '"space" must be a non-empty object'),
     ({"space": {"lr": [0.1]}}, "space.lr: unknown hyperparameter"),
-    ({"space": {"learning_rate": {"low": 0.0, "high": 2.0}}}, "learning_rate = 0.0 must be a number in (0, 1000]"),
-    ({"space": {"learning_rate": [0.1]}, "mean_candidates": 0.5}, "mean_candidates = 0.5 must be a number from 1"),
+    ({"space": {"learning_rate": {"low": 0.0, "high": 2.0}}},
+     "learning_rate = 0.0 must be a number in (0, 1000]"),
+    ({"space": {"learning_rate": [0.1]}, "mean_candidates": 0.5},
+     "mean_candidates = 0.5 must be a number from 1"),
     ({"space": {"learning_rate": [0.1]}, "shape": -1}, "shape = -1 must be a number from 0 to 10"),
-    ({"space": {"learning_rate": [0.1]}, "shape": 1e6}, 'nearly Poisson, whose own bound ("poisson") is far tighter'),
+    ({"space": {"learning_rate": [0.1]}, "shape": 1e6},
+     'nearly Poisson, whose own bound ("poisson") is far tighter'),
     ({"space": {"epochs": {"low": 1, "high": 10000}, "batch_size": {"low": 1, "high": 4000}}},
      "the space has 40,000,000 privacy profiles"),  # refused before one is made
-    ({"space": {"target_epsilon": [1.0, 2.0]}}, "target_epsilon is one setting for the whole search"),
-    ({"space": {"epochs": {"low": 1, "high": 3}}, "validation_fraction": 0.9}, "validation_fraction = 0.9 must be"),
-    ({"space": {"noise_decay": {"low": 0.5, "high": 1.0}}}, "noise_decay changes a candidate's noise"),
+    ({"space": {"target_epsilon": [1.0, 2.0]}},
+     "target_epsilon is one setting for the whole search"),
+    ({"space": {"epochs": {"low": 1, "high": 3}}, "validation_fraction": 0.9},
+     "validation_fraction = 0.9 must be"),
+    ({"space": {"noise_decay": {"low": 0.5, "high": 1.0}}},
+     "noise_decay changes a candidate's noise"),
     ({"space": {"learning_rate": [0.1]}, "candidates": 3}, "unknown key(s) ['candidates']"),
 ])
-def test_a_bad_search_file_is_one_line_and_nothing_is_registered(tmp_path, tiny_data, search, message):
+def test_a_bad_search_file_is_one_line_and_nothing_is_registered(
+        tmp_path, tiny_data, search, message):
     proc = run_local(tmp_path, tiny_data, search)
-    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and message in proc.stderr, proc.stderr
+    assert proc.returncode == 2 and proc.stderr.count(
+        "\n") == 1 and message in proc.stderr, proc.stderr
     assert str(tmp_path / "search.json") in proc.stderr  # names the user's file
-    assert not (tmp_path / "out").exists()  # refused before the output folder, the data or any registration
+    # refused before the output folder, the data or any registration
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("hp, args, message", [
-    ({**HYPERPARAMETERS, "target_epsilon": 0.001}, (), "(a search of 2 candidates on average): target_epsilon = 0.001: "
-                                                     "even noise_multiplier = 1000"),
+    ({**HYPERPARAMETERS, "target_epsilon": 0.001}, (),
+     "(a search of 2 candidates on average): target_epsilon = 0.001: even noise_multiplier = 1000"),
     (TINY_HYPERPARAMETERS, (), "a search needs target_epsilon"),
     ({**HYPERPARAMETERS, "max_epsilon": 2.0}, (), "set max_epsilon to null"),
     (HYPERPARAMETERS, ("--rounds", 2), "--rounds"),
     (HYPERPARAMETERS, ("--baseline",), "--baseline"),
 ])
-def test_a_search_no_task_could_run_is_refused_before_anything_is_registered(tmp_path, tiny_data, hp, args, message):
+def test_a_search_no_task_could_run_is_refused_before_anything_is_registered(
+        tmp_path, tiny_data, hp, args, message):
     proc = run_local(tmp_path, tiny_data, SEARCH, hp, *args)
-    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and message in proc.stderr, proc.stderr
-    assert not list((tmp_path / "out").glob("substra/archives/*"))  # nothing was built or registered
+    assert proc.returncode == 2 and proc.stderr.count(
+        "\n") == 1 and message in proc.stderr, proc.stderr
+    # nothing was built or registered
+    assert not list((tmp_path / "out").glob("substra/archives/*"))
 
 
 def test_the_default_search_is_valid_for_the_bundles_hyperparameters(tmp_path, tiny_data):
@@ -201,12 +235,14 @@ def test_the_default_search_is_valid_for_the_bundles_hyperparameters(tmp_path, t
 
     for framework, asset in ALGO_ASSETS.items():
         base = hyperparameters.load(asset / hyperparameters.FILE_NAME)
-        assert len(search_space.check_with(search_space.load(None), base, framework)) == 1  # one privacy profile
+        # one privacy profile
+        assert len(search_space.check_with(search_space.load(None), base, framework)) == 1
         drawn = search_space.load(None).draw(base, np.random.default_rng(0))
         assert 0.25 <= drawn.learning_rate <= 4 and drawn.ema_decay in (0.0, 0.9, 0.99)
 
 
-def test_a_search_runs_in_the_functions_docker_images_as_in_subprocesses(docker_daemon, tmp_path, tiny_data):
+def test_a_search_runs_in_the_functions_docker_images_as_in_subprocesses(
+        docker_daemon, tmp_path, tiny_data):
     """The tune function's image runs the same search: with the same noise_seed, the same candidates
     and the same released model's hyperparameters and ε as Substra's subprocess mode."""
     replayed = {**HYPERPARAMETERS, "noise_seed": 4}
@@ -217,6 +253,7 @@ def test_a_search_runs_in_the_functions_docker_images_as_in_subprocesses(docker_
         assert proc.returncode == 0, proc.stderr[-3000:]
         (record,) = json.loads((tmp_path / backend / "out" / "results.json").read_text())
         saved = model_file.load(record["model_file"], "torch")
-        released.append((record["epsilon"], saved.hyperparameters["learning_rate"], saved.hyperparameters["ema_decay"],
+        released.append((record["epsilon"], saved.hyperparameters["learning_rate"],
+                         saved.hyperparameters["ema_decay"],
                          saved.ledger.events[0].search))
     assert released[0] == released[1]

@@ -37,10 +37,13 @@ def test_an_output_folder_is_held_by_one_process_at_a_time(tmp_path):
 
     folder = tmp_path / "results"
     with atomic.exclusive(folder, "--output folder"):
-        other = subprocess.run([sys.executable, "-c", "import sys; from mnist_dp.utils import atomic\n"
-                                f"with atomic.exclusive({str(folder)!r}, '--output folder'): pass"],
-                               capture_output=True, text=True, cwd=atomic.Path(atomic.__file__).parents[2])
-        assert "another run (process" in other.stderr and "is writing to this --output folder" in other.stderr
+        other = subprocess.run([sys.executable, "-c",
+                                "import sys; from mnist_dp.utils import atomic\nwith "
+                                f"atomic.exclusive({str(folder)!r}, '--output folder'): pass"],
+                               capture_output=True, text=True,
+                               cwd=atomic.Path(atomic.__file__).parents[2])
+        assert ("another run (process" in other.stderr
+                and "is writing to this --output folder" in other.stderr)
     with atomic.exclusive(folder, "--output folder"):  # released when the holder is done
         pass
 
@@ -61,8 +64,8 @@ def _model(path, weights):
     return save_model(path, [ledger_event()], weights)
 
 
-# Every file a task writes, as (write(path, version), read(path)): a model, predictions, the ε (performance) file;
-# and a report's JSON.
+# Every file a task writes, as (write(path, version), read(path)): a model, predictions, the ε
+# (performance) file; and a report's JSON.
 WRITERS = {
     "model": (lambda path, v: _model(path, bytes([v]) * 50_000),
               lambda path: model_file.load(path).weights[0]),
@@ -87,10 +90,12 @@ def test_a_full_disk_is_one_user_error_and_the_previous_file_stays_readable(name
     fill_disk(disk)
     with pytest.raises(UserError) as error:
         write(path, 2)
-    assert str(error.value).startswith(f"{path}: cannot write it (No space left on device) (the previous file is "
-                                       f"unchanged); free space on the disk of {disk}")
+    assert str(error.value).startswith(f"{path}: cannot write it (No space left on device) (the "
+                                       "previous file is unchanged); free space on the disk of "
+                                       f"{disk}")
     assert path.read_bytes() == before and read(path) == 1
-    assert sorted(p.name for p in disk.iterdir()) == sorted(["filler", name])  # no temporary file left
+    # no temporary file left
+    assert sorted(p.name for p in disk.iterdir()) == sorted(["filler", name])
     (disk / "filler").unlink()
     write(path, 2)  # space again: written
     assert read(path) == 2
@@ -98,8 +103,8 @@ def test_a_full_disk_is_one_user_error_and_the_previous_file_stays_readable(name
 
 def test_a_read_only_folder_is_one_user_error(tmpfs):
     disk = tmpfs("ro")
-    with pytest.raises(UserError, match=f"^{disk}/model: cannot write it .Read-only file system.; make {disk} "
-                                        "writable or choose another path$"):
+    with pytest.raises(UserError, match=f"^{disk}/model: cannot write it .Read-only file system.; "
+                                        f"make {disk} writable or choose another path$"):
         _model(disk / "model", b"w")
 
 

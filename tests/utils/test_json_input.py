@@ -1,5 +1,6 @@
-"""mnist_dp/utils/json_input.py: every JSON file the bundle reads is read strictly, and each way it can be wrong is
-one UserError naming the file (tests/utils/test_malformed_files.py drives the same through every reader)."""
+"""mnist_dp/utils/json_input.py: every JSON file the bundle reads is read strictly, and each way it
+can be wrong is one UserError naming the file (tests/utils/test_malformed_files.py drives the same
+through every reader)."""
 import json
 
 import pytest

@@ -1,5 +1,6 @@
-"""Progress bars inside a task (mnist_dp/utils/progress.py): drawn where the script that runs the task copies its
-output to a terminal, never for a search's candidates, and never with a rate or a time."""
+"""Progress bars inside a task (mnist_dp/utils/progress.py): drawn where the script that runs the
+task copies its output to a terminal, never for a search's candidates, and never with a rate or a
+time."""
 import io
 import os
 import subprocess
@@ -18,7 +19,8 @@ with progress.bar(3, "train (torch)", "step", shown={shown}) as bar:
 
 def drawn(shown=True, **env) -> str:
     """What a task's bar writes to its stderr, a pipe as in Substra's subprocess mode."""
-    proc = subprocess.run([sys.executable, "-c", DRAW.format(shown=shown)], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-c", DRAW.format(shown=shown)], capture_output=True,
+                          text=True,
                           env={**env, "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 0, proc.stderr
     return proc.stderr
@@ -28,7 +30,8 @@ def test_a_task_draws_its_bar_when_the_script_says_a_terminal_sees_it():
     assert drawn() == ""  # a pipe, and nobody said a terminal is at its end
     shown = drawn(**{progress.VARIABLE: "1"})
     assert "train (torch): 100% 3/3 steps" in shown
-    assert "it/s" not in shown and "s/step" not in shown and "<" not in shown and "00:" not in shown  # no timing
+    # no timing
+    assert "it/s" not in shown and "s/step" not in shown and "<" not in shown and "00:" not in shown
     assert drawn(shown=False, **{progress.VARIABLE: "1"}) == ""  # a search's candidates: never
 
 

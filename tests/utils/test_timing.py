@@ -39,6 +39,8 @@ def test_without_a_task_marks_do_nothing_and_nothing_is_written(tmp_path, monkey
 
 
 def test_process_age_counts_from_the_process_start():
-    code = ("import time; time.sleep(0.5); from mnist_dp.utils import timing; print(timing.process_age())")
-    age = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    code = ("import time; time.sleep(0.5); from mnist_dp.utils import timing; "
+            "print(timing.process_age())")
+    age = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                               check=True).stdout)
     assert 0.5 <= age < 5

@@ -1,0 +1,203 @@
+"""The TF algo's networks, and each example's squared gradient norm under them.
+
+The Keras networks (the other algos' networks), and what TF Privacy's fast gradient clipping needs
+to take per-example norms through them: its layer registry with a Conv2D entry
+(`conv2d_layer_computation`), norms from patches or from Grams of the input pixels (conv_grams.py),
+and the first convolution's patch Grams, made once per task (`data_grams`).
+"""
+import functools
+
+import numpy as np
+import tensorflow as tf
+
+from mnist_dp.learning import conv_grams, features
+from mnist_dp.learning.interface import GROUP_SIZE, MNIST_MEAN, MNIST_STD, NORM_EPS
+
+# --- 1. The networks ------------------------------------------------------------------------------
+
+def build_network(network):
+    """The network `network` names (the same as the other algos'): the TF Privacy tutorial CNN
+    (26,010 parameters) on pixels; on scattering features Tramèr & Boneh's ScatterNet CNN with a
+    linear shortcut (72,756) or a linear classifier. Its weights are Keras' draw until new_model or
+    model_from_bytes sets them."""
+    layers = tf.keras.layers
+    if network.features == "pixels":
+        model = pixel_cnn(network.activation)
+    elif network.network == "cnn":
+        model = scatter_cnn(network.activation)
+    else:
+        # [B, 3969] -> logits
+        model = tf.keras.Sequential([layers.Input((features.SCATTERING_DIM,)), layers.Dense(10)])
+    loss = tf.keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True, reduction=tf.keras.losses.Reduction.SUM)
+    # summed: the clipped gradients are then the *sum* of the per-example clipped ones
+    model.compile(loss=loss)
+    return model
+
+
+def pixel_cnn(activation):
+    layers = tf.keras.layers
+    return tf.keras.Sequential([
+        layers.Input((28, 28, 1)),  # [B, 28, 28, 1] in [0, 1]
+        layers.Rescaling(1 / MNIST_STD, offset=-MNIST_MEAN / MNIST_STD),
+        # -> [B, 14, 14, 16]
+        layers.Conv2D(16, 8, strides=2, padding="same", activation=activation),
+        layers.MaxPool2D(2, 1),  # -> [B, 13, 13, 16]
+        layers.Conv2D(32, 4, strides=2, padding="valid", activation=activation),  # -> [B, 5, 5, 32]
+        layers.MaxPool2D(2, 1),  # -> [B, 4, 4, 32]
+        layers.Flatten(),  # -> [B, 512]
+        layers.Dense(32, activation=activation),  # -> [B, 32]
+        layers.Dense(10),  # -> [B, 10] logits
+    ])
+
+
+def scatter_cnn(activation):
+    """Each convolution's output group-normalised (no learnt scale) before its activation, and a
+    linear shortcut from the features to the logits, as the other algos'."""
+    layers = tf.keras.layers
+    channels, size = features.SCATTERING_CHANNELS, features.SCATTERING_SIZE
+
+    def normalised(width):  # [B, 4, 4, width], groups of GROUP_SIZE channels, then the activation
+        return [layers.GroupNormalization(width // GROUP_SIZE, epsilon=NORM_EPS, center=False,
+                                          scale=False),
+                layers.Activation(activation)]
+
+    inputs = x = layers.Input((features.SCATTERING_DIM,))  # [B, 3969] scattering features
+    for layer in [
+        layers.Reshape((channels, size, size)),  # -> [B, 81, 7, 7], their order
+        layers.Permute((2, 3, 1)),  # -> [B, 7, 7, 81]
+        layers.Conv2D(16, 3, strides=2, padding="same"), *normalised(16),  # -> [B, 4, 4, 16]
+        layers.Conv2D(32, 3, strides=1, padding="same"), *normalised(32),  # -> [B, 4, 4, 32]
+        layers.Permute((3, 1, 2)),  # -> [B, 32, 4, 4]: flattened in the other algos' order
+        layers.Flatten(),  # -> [B, 512]
+        layers.Dense(32, activation=activation),  # -> [B, 32]
+        layers.Dense(10),  # -> [B, 10]
+    ]:
+        x = layer(x)
+    shortcut = layers.Dense(10, use_bias=False)  # the CNN's last bias serves both
+    return tf.keras.Model(inputs, layers.Add()([x, shortcut(inputs)]))  # -> [B, 10] logits
+
+
+# --- 2. Per-example gradient norms: the layer registry, with a Conv2D entry -----------------------
+
+def conv2d_layer_computation(layer_instance, input_args, input_kwargs, tape, num_microbatches=None,
+                             known=None):
+    """TF Privacy layer-registry function for `tf.keras.layers.Conv2D` (fast gradient clipping). For
+    example i, the kernel gradient is P_iᵀ G_i, with P_i the input patches [positions, kh·kw·c_in]
+    and G_i the gradient of the summed loss w.r.t. the pre-activation output [positions, c_out]; the
+    bias gradient is the sum of G_i over positions. Their squared norms: `conv_kernel_norms` (for
+    the layer of `known`, from the batch's data_grams)."""
+    if input_kwargs or len(input_args) != 1 or num_microbatches is not None:
+        raise NotImplementedError("Conv2D registry function: one input, no kwargs, no microbatches")
+    if layer_instance.groups != 1 or tuple(layer_instance.dilation_rate) != (1, 1) or \
+            layer_instance.data_format != "channels_last":
+        raise NotImplementedError("Conv2D registry function: groups=1, dilation 1, channels_last "
+                                  "only")
+    inputs = input_args[0]
+    activation = layer_instance.activation
+    layer_instance.activation = None
+    base_vars = layer_instance(inputs)  # pre-activation output [B, H', W', c_out]
+    tape.watch(base_vars)
+    layer_instance.activation = activation
+    outputs = activation(base_vars) if activation else base_vars
+
+    def sqr_norm_fn(grads):
+        # Σ_{p,p'} (g_p·g_p')(a_p·a_p') from packed a_p·a_p'
+        if known is not None and layer_instance is known[0]:
+            packed = tf.gather(output_grams(grads),
+                               conv_grams.packed_pairs(grads.shape[1] * grads.shape[2]), axis=1)
+            sqr_norms = tf.reduce_sum(packed * known[1], 1)
+        else:
+            sqr_norms = conv_kernel_norms(inputs, layer_instance, grads)
+        if layer_instance.use_bias:  # the bias gradient: the output gradient summed over positions
+            sqr_norms += tf.reduce_sum(tf.square(tf.reduce_sum(grads, [1, 2])), 1)
+        return sqr_norms
+
+    return base_vars, outputs, sqr_norm_fn
+
+
+def conv_kernel_norms(inputs, layer, grads):
+    """Each example's squared kernel-gradient norm [B] from its input [B, H, W, c_in] and the
+    gradient of the pre-activation output [B, H', W', c_out]: from the Gram of its input pixels
+    (conv_grams.py) when that is smaller than its kernel gradient (the ScatterNet CNN's layers,
+    whose first layer's patches cost about as much as a plain step), else from the patches (the
+    pixel CNN's)."""
+    (kh, kw), (out_h, out_w) = layer.kernel_size, grads.shape[1:3]
+    batch, (in_h, in_w, channels) = tf.shape(grads)[0], inputs.shape[1:]
+    grads = tf.reshape(grads, [batch, out_h * out_w, grads.shape[-1]])  # [B, P, c_out]
+    if not conv_grams.pixel_grams_are_smaller(in_h, in_w, kh * kw * channels * grads.shape[-1]):
+        # [B, P, K]
+        patches = tf.reshape(conv_patches(inputs, layer, (out_h, out_w)),
+                             [batch, out_h * out_w, -1])
+        return tf.reduce_sum(tf.square(tf.einsum("bpk,bpc->bkc", patches, grads)), axis=[1, 2])
+    sums = conv_grams.patch_pair_sums(in_h, in_w, *geometry(layer, in_h, in_w, out_h, out_w))
+    pixels = tf.reshape(inputs, [batch, in_h * in_w, channels])
+    grams = tf.reshape(tf.matmul(pixels, pixels, transpose_b=True), [batch, -1])  # -> [B, (H·W)²]
+    patch_grams = tf.sparse.sparse_dense_matmul(grams, tf.sparse.SparseTensor(*sums))  # -> [B, P·P]
+    return tf.reduce_sum(output_grams(grads) * patch_grams, 1)
+
+
+def output_grams(grads):
+    """Each example's g_p·g_p' over output positions p, flattened: [B, H', W', c] (or [B, P, c]) ->
+    [B, P·P]."""
+    flat = tf.reshape(grads, [tf.shape(grads)[0], -1, grads.shape[-1]])
+    return tf.reshape(tf.matmul(flat, flat, transpose_b=True), [tf.shape(grads)[0], -1])
+
+
+def data_grams(model, images: np.ndarray):
+    """The ScatterNet CNN's first Conv2D and every example's packed patch Grams under it
+    (conv_grams.patch_grams), made once, not at every step: that layer reads the features
+    themselves, moved. None for the other networks."""
+    layer = next((layer for layer in model.layers if isinstance(layer, tf.keras.layers.Conv2D)),
+                 None)
+    size = features.SCATTERING_SIZE
+    # the data, moved
+    reorders = (tf.keras.layers.InputLayer, tf.keras.layers.Reshape, tf.keras.layers.Permute)
+    if layer is None or not all(isinstance(before, reorders)
+                                for before in model.layers[:model.layers.index(layer)]) \
+            or not conv_grams.pixel_grams_are_smaller(size, size,
+                                                      layer.kernel.shape.num_elements()):
+        return None
+    pixels = images.reshape(-1, features.SCATTERING_CHANNELS, size, size)
+    return layer, conv_grams.patch_grams(pixels,
+                                         *geometry(layer, size, size, *layer.output.shape[1:3]))
+
+
+def geometry(layer, in_h, in_w, out_h, out_w):
+    """A Conv2D's (out_h, out_w, kh, kw, sh, sw, top, left) for conv_grams: SAME pads half its rows
+    above, rounded down, the rest below; columns alike."""
+    (kh, kw), (sh, sw) = layer.kernel_size, layer.strides
+    top, left = max((out_h - 1) * sh + kh - in_h, 0) // 2, max((out_w - 1) * sw + kw - in_w, 0) // 2
+    return (out_h, out_w, kh, kw, sh, sw) + ((top, left) if layer.padding == "same" else (0, 0))
+
+
+def conv_patches(inputs, layer, out_shape):
+    """The input patch under each output position: [B, H', W', kh·kw·c_in] (in some fixed order:
+    only norms are taken). When the kernel is a multiple of the stride, space_to_depth and kh/s ·
+    kw/s shifted slices give them with cheap copies, where tf.image.extract_patches costs more than
+    the step it serves (docs/design.md)."""
+    (kh, kw), (sh, sw) = layer.kernel_size, layer.strides
+    if kh % sh or kw % sw or sh != sw:
+        return tf.image.extract_patches(inputs, [1, kh, kw, 1], [1, sh, sw, 1], [1, 1, 1, 1],
+                                        layer.padding.upper())
+    out_h, out_w = out_shape
+    span_h, span_w = (out_h - 1) * sh + kh, (out_w - 1) * sw + kw  # input rows/cols the conv reads
+    if layer.padding == "same":
+        in_h, in_w = inputs.shape[1:3]
+        pad_h, pad_w = max(span_h - in_h, 0), max(span_w - in_w, 0)
+        inputs = tf.pad(inputs, [[0, 0], [pad_h // 2, pad_h - pad_h // 2],
+                                 [pad_w // 2, pad_w - pad_w // 2], [0, 0]])
+    blocks = inputs[:, :span_h, :span_w, :]
+    if sh > 1:
+        blocks = tf.nn.space_to_depth(blocks, sh)  # [B, span/s, span/s, s·s·c_in]
+    return tf.concat([blocks[:, i : i + out_h, j : j + out_w, :]
+                      for i in range(kh // sh) for j in range(kw // sw)], axis=-1)
+
+
+def make_layer_registry(known=None):
+    from tensorflow_privacy.privacy.fast_gradient_clipping import layer_registry
+
+    registry = layer_registry.make_default_layer_registry()  # Dense, Embedding
+    registry.insert(tf.keras.layers.Conv2D,
+                    functools.partial(conv2d_layer_computation, known=known))
+    return registry

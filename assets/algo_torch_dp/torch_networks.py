@@ -1,0 +1,169 @@
+"""The torch algo's networks, and each example's squared convolution-gradient norm under them.
+
+The networks (the other algos' networks), and what the book-keeping clipping in algo.py needs for
+their convolutions: per-example kernel gradients, norms from Grams of the input pixels
+(conv_grams.py), and the first convolution's patch Grams, made once per task (`data_grams`).
+"""
+import functools
+import warnings
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mnist_dp.learning import conv_grams, features, interface
+from mnist_dp.learning.interface import MNIST_MEAN, MNIST_STD
+
+# --- 1. The networks ------------------------------------------------------------------------------
+
+ACTIVATIONS = {"tanh": torch.tanh, "relu": F.relu}
+
+
+class SampleConvNet(nn.Module):
+    """The TF Privacy / Opacus tutorial CNN (26,010 parameters): small enough for DP-SGD on a CPU.
+    `activation` "tanh" (tempered sigmoid: bounded activations keep gradient norms small under
+    clipping) or "relu" (the tutorial's)."""
+
+    def __init__(self, activation="tanh"):
+        super().__init__()
+        self.act = ACTIVATIONS[activation]
+        self.conv1 = nn.Conv2d(1, 16, 8, stride=2, padding=3)
+        self.conv2 = nn.Conv2d(16, 32, 4, stride=2)
+        self.fc1 = nn.Linear(32 * 4 * 4, 32)
+        self.fc2 = nn.Linear(32, 10)
+
+    def forward(self, x):
+        # x: [B, 1, 28, 28] in [0, 1]
+        x = (x - MNIST_MEAN) / MNIST_STD
+        x = self.act(self.conv1(x))  # -> [B, 16, 14, 14]
+        x = F.max_pool2d(x, 2, 1)  # -> [B, 16, 13, 13]
+        x = self.act(self.conv2(x))  # -> [B, 32, 5, 5]
+        x = F.max_pool2d(x, 2, 1)  # -> [B, 32, 4, 4]
+        x = x.flatten(1)  # -> [B, 512]
+        x = self.act(self.fc1(x))  # -> [B, 32]
+        return self.fc2(x)  # -> [B, 10] logits
+
+
+class ScatterConvNet(nn.Module):
+    """Tramèr & Boneh's (2021) ScatterNet CNN with a linear shortcut (72,756 parameters): two
+    convolutions and two dense layers on the scattering features, already normalised per example
+    (features.py), plus a linear map of the same features added to the logits. Each convolution's
+    output is group-normalised (groups of 4 channels, no learnt scale: nothing to clip) before its
+    activation. The shortcut starts at zero (initial_weights.py), so training starts from the CNN
+    alone; each change gave about +0.4 points on Fashion-MNIST (docs/benchmarks.md)."""
+
+    def __init__(self, activation="tanh"):
+        super().__init__()
+        self.act = ACTIVATIONS[activation]
+        self.conv1 = nn.Conv2d(features.SCATTERING_CHANNELS, 16, 3, stride=2, padding=1)
+        self.norm1 = nn.GroupNorm(16 // interface.GROUP_SIZE, 16, eps=interface.NORM_EPS,
+                                  affine=False)
+        self.conv2 = nn.Conv2d(16, 32, 3, stride=1, padding=1)
+        self.norm2 = nn.GroupNorm(32 // interface.GROUP_SIZE, 32, eps=interface.NORM_EPS,
+                                  affine=False)
+        self.fc1 = nn.Linear(32 * 4 * 4, 32)
+        self.fc2 = nn.Linear(32, 10)
+        self.shortcut = nn.Linear(features.SCATTERING_DIM, 10, bias=False)  # fc2's bias serves both
+
+    def forward(self, features_in):
+        # features_in: [B, 3969] scattering features
+        size = features.SCATTERING_SIZE
+        x = features_in.view(-1, features.SCATTERING_CHANNELS, size, size)  # -> [B, 81, 7, 7]
+        x = self.act(self.norm1(self.conv1(x)))  # -> [B, 16, 4, 4]
+        x = self.act(self.norm2(self.conv2(x)))  # -> [B, 32, 4, 4]
+        x = x.flatten(1)  # -> [B, 512]
+        x = self.act(self.fc1(x))  # -> [B, 32]
+        return self.fc2(x) + self.shortcut(features_in)  # -> [B, 10] logits
+
+
+def build_network(network):
+    """The network `network` names: the tutorial CNN on pixels; on scattering features the
+    ScatterNet CNN or a linear classifier. Its weights are torch's draw until new_model or
+    model_from_bytes sets them."""
+    if network.features == "pixels":
+        return SampleConvNet(network.activation)
+    if network.network == "cnn":
+        return ScatterConvNet(network.activation)
+    return nn.Linear(features.SCATTERING_DIM, 10)  # [B, 3969] -> [B, 10] logits
+
+
+# --- 2. Each example's convolution gradient norms -------------------------------------------------
+
+def conv_example_gradients(layer: nn.Conv2d, inputs: torch.Tensor,
+                           out_grads: torch.Tensor) -> torch.Tensor:
+    """Each example's kernel gradient [B, out, in·kh·kw] of a Conv2d (groups 1, dilation 1, zero
+    padding) from its input [B, in, H, W] and the gradient of its output [B, out, H', W']."""
+    batch, channels = inputs.shape[:2]
+    if channels == 1:
+        # One convolution with the batch as groups: each example's input correlated with its own
+        # output gradient, dilated by the stride; patches (below) are faster with many input
+        # channels (design.md, §4).
+        kernels = F.conv2d(inputs.reshape(1, batch, *inputs.shape[2:]),
+                           out_grads.reshape(batch * layer.out_channels, 1, *out_grads.shape[2:]),
+                           padding=layer.padding, dilation=layer.stride, groups=batch)
+        kh, kw = layer.kernel_size  # a stride that does not divide the span leaves extra rows: cut
+        return kernels[:, :, :kh, :kw].reshape(batch, layer.out_channels, -1)
+    # [B, K, P]
+    patches = F.unfold(inputs, layer.kernel_size, layer.dilation, layer.padding, layer.stride)
+    return torch.bmm(out_grads.flatten(2), patches.transpose(1, 2))
+
+
+def conv_weight_norms(layer: nn.Conv2d, inputs: torch.Tensor,
+                      out_grads: torch.Tensor) -> torch.Tensor:
+    """Each example's squared kernel-gradient norm [B] from the Gram of its input pixels
+    (conv_grams.py) when that is smaller than its kernel gradient (the ScatterNet CNN's layers;
+    F.unfold's im2col is slow on CPU): one batched product, then one sparse product that sums the
+    pixel pairs of each patch pair."""
+    (ph, pw), (kh, kw), (sh, sw) = layer.padding, layer.kernel_size, layer.stride
+    batch, channels, height, width = inputs.shape
+    if not conv_grams.pixel_grams_are_smaller(height, width, layer.weight.numel()):  # the pixel CNN
+        return conv_example_gradients(layer, inputs, out_grads).flatten(1).square().sum(1)
+    pixels = inputs.flatten(2)  # [B, in, H·W]
+    grams = torch.bmm(pixels.transpose(1, 2), pixels).flatten(1)  # -> [B, (H·W)²]
+    # [B, P·P]
+    patch_grams = grams @ patch_pair_sums(height, width, *out_grads.shape[2:], kh, kw, sh, sw, ph,
+                                          pw)
+    return (output_grams(out_grads) * patch_grams).sum(1)
+
+
+def output_grams(out_grads: torch.Tensor) -> torch.Tensor:
+    """[B, out, H', W'] output gradients -> each example's Gram of them over positions, flattened
+    [B, P·P]."""
+    grads = out_grads.flatten(2)  # [B, out, P]
+    return torch.bmm(grads.transpose(1, 2), grads).flatten(1)
+
+
+@functools.cache
+def patch_pair_sums(*shape) -> torch.Tensor:
+    """conv_grams.patch_pair_sums(*shape) as a sparse CSR tensor [(H·W)², P·P], made once per shape
+    (a dense matrix times CSR was the fastest of torch's sparse products here)."""
+    indices, values, size = conv_grams.patch_pair_sums(*shape)
+    coo = torch.sparse_coo_tensor(torch.from_numpy(indices.T.copy()), torch.tensor(values), size,
+                                  check_invariants=True)
+    with warnings.catch_warnings():
+        # "sparse CSR support is in beta": what it is used for works
+        warnings.simplefilter("ignore", UserWarning)
+        return coo.to_sparse_csr()
+
+
+@functools.cache
+def packed_pairs(positions: int) -> torch.Tensor:
+    return torch.tensor(conv_grams.packed_pairs(positions))
+
+
+def data_grams(model: nn.Module, images: np.ndarray) -> tuple[nn.Conv2d, torch.Tensor] | None:
+    """The ScatterNet CNN's first convolution and every example's packed patch Grams under it
+    (conv_grams.patch_grams): its input is the features themselves, so they are made once, not at
+    every step; clip_and_sum takes a batch's rows. None for the other networks (whose first layer is
+    dense, or takes its norms from per-example gradients)."""
+    if not isinstance(model, ScatterConvNet):
+        return None
+    layer, size = model.conv1, features.SCATTERING_SIZE
+    (ph, pw), (kh, kw), (sh, sw) = layer.padding, layer.kernel_size, layer.stride
+    if not conv_grams.pixel_grams_are_smaller(size, size, layer.weight.numel()):
+        return None
+    pixels = images.reshape(-1, layer.in_channels, size, size)
+    out_h, out_w = (size + 2 * ph - kh) // sh + 1, (size + 2 * pw - kw) // sw + 1
+    return layer, torch.from_numpy(
+        conv_grams.patch_grams(pixels, out_h, out_w, kh, kw, sh, sw, ph, pw))

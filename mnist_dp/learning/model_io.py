@@ -1,0 +1,92 @@
+"""A framework's model as the tasks meet it: loaded from a model file and checked (the network the
+hyperparameters name, finite weights), and run on images, a batch at a time (logits, labels).
+"""
+from __future__ import annotations
+
+import logging
+import pickle
+import zipfile
+
+import numpy as np
+
+from mnist_dp.learning.interface import PREDICT_BATCH_SIZE, Framework, Network
+from mnist_dp.privacy import model_file
+from mnist_dp.privacy.ledger import Ledger
+from mnist_dp.utils.errors import UserError
+
+# substratools configures the "substratools" logger (level from --log-level); log under it.
+log = logging.getLogger("substratools.mnist_dp")
+
+
+_NOT_WEIGHTS = (UserError, pickle.UnpicklingError, EOFError, RuntimeError, ValueError, KeyError,
+                TypeError, OSError,
+                zipfile.BadZipFile)
+
+
+def load_weights(framework: Framework, saved: model_file.ModelFile, path, network: Network):
+    """The model of the weights of the model file at `path` (read as `saved`). Weights that are not
+    the framework's for `network`, or not finite, are refused naming the file: its digests only say
+    it was not edited since."""
+    try:
+        model = framework.load_model(saved.weights, network)
+    except _NOT_WEIGHTS as exc:
+        # Its first sentence: torch's unpickler goes on for lines about torch.load's options.
+        first = next((line.strip() for line in str(exc).splitlines() if line.strip()),
+                     "").split(". ")[0][:150]
+        detail = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+        raise UserError(f"{path}: its weights cannot be loaded into this {framework.name} network "
+                        f"({detail}); the file was not written by this bundle's {framework.name} "
+                        "algo: use one it trained") from None
+    check_finite(framework, model, str(path),
+                 "its training diverged: use another model, or train again with a lower "
+                 "learning_rate or max_grad_norm")
+    return model
+
+
+def non_finite(framework: Framework, model) -> tuple:
+    """(how many of the model's weights are NaN or infinite, how many weights it has)."""
+    arrays = [np.asarray(a) for a in framework.weight_arrays(model)]
+    return sum(a.size - int(np.count_nonzero(np.isfinite(a)))
+               for a in arrays), sum(a.size for a in arrays)
+
+
+def check_finite(framework: Framework, model, where: str, todo: str) -> None:
+    """No model with a NaN or infinite weight is saved or used: a diverged run must fail, not pass
+    on garbage."""
+    bad, total = non_finite(framework, model)
+    if bad:
+        raise UserError(f"{where}: {bad} of the model's {total} weights are NaN or infinite; "
+                        f"{todo}")
+
+
+def load_input_model(framework: Framework, inputs: dict, network: Network):
+    if inputs.get("model"):
+        saved = model_file.load(inputs["model"], framework.name)
+        theirs = Network.of_saved(saved)
+        if theirs != network:
+            raise UserError(f"input model: its network is {theirs.describe()}, the hyperparameters "
+                            f"say {network.describe()}; set features, network and activation as "
+                            "the input model's")
+        log.info("continuing from input model: %d earlier training run(s) in its ledger",
+                 len(saved.ledger.events))
+        return load_weights(framework, saved, inputs["model"], network), saved.ledger
+    return None, Ledger()
+
+
+def predict_in_batches(framework: Framework, model, images: np.ndarray,
+                       network: Network) -> np.ndarray:
+    """Class scores [N, 10] (before softmax) of images [N, 28, 28]; the predicted label is their
+    argmax."""
+    return logits(framework, model, network.inputs(images))
+
+
+def logits(framework: Framework, model, inputs: np.ndarray) -> np.ndarray:
+    """Class scores [N, 10] of the network's `inputs` (Network.inputs), a batch at a time."""
+    batch_size = getattr(framework, "predict_batch_size", PREDICT_BATCH_SIZE)
+    return np.concatenate([framework.batch_logits(model, inputs[i : i + batch_size])
+                           for i in range(0, len(inputs), batch_size)] or [np.zeros((0, 10))])
+
+
+def predicted_labels(framework: Framework, model, images: np.ndarray,
+                     network: Network) -> np.ndarray:
+    return np.argmax(predict_in_batches(framework, model, images, network), axis=1).astype(np.int64)
