@@ -1,17 +1,21 @@
 """A framework's model as the tasks meet it: loaded from a model file and checked (the network the
-hyperparameters name, finite weights), and run on images, a batch at a time (logits, labels).
+hyperparameters name, finite weights), run on images a batch at a time (logits, labels), and the
+task's outputs: checked writable before the work, ε saved as Substra's performance.
 """
 from __future__ import annotations
 
 import logging
+import os
 import pickle
 import zipfile
+from pathlib import Path
 
 import numpy as np
 
 from mnist_dp.learning.interface import PREDICT_BATCH_SIZE, Framework, Network
 from mnist_dp.privacy import model_file
 from mnist_dp.privacy.ledger import Ledger
+from mnist_dp.utils import atomic
 from mnist_dp.utils.errors import UserError
 
 # substratools configures the "substratools" logger (level from --log-level); log under it.
@@ -90,3 +94,21 @@ def logits(framework: Framework, model, inputs: np.ndarray) -> np.ndarray:
 def predicted_labels(framework: Framework, model, images: np.ndarray,
                      network: Network) -> np.ndarray:
     return np.argmax(predict_in_batches(framework, model, images, network), axis=1).astype(np.int64)
+
+
+def check_outputs_writable(outputs: dict) -> None:
+    """Fail before the work, not after it: every output path must be a file we can create."""
+    for identifier, path in outputs.items():
+        path = Path(path)
+        if path.is_dir():
+            raise UserError(f"output {identifier!r}: {path} is a folder; give a file path")
+        if not path.parent.is_dir():
+            raise UserError(f"output {identifier!r}: folder {path.parent} does not exist")
+        if not os.access(path.parent, os.W_OK | os.X_OK):  # a read-only mount, permissions
+            raise UserError(f"output {identifier!r}: folder {path.parent} is not writable; make it "
+                            "writable or choose another path")
+
+
+def save_epsilon(path, epsilon: float) -> None:
+    # Substra's performance file (a non-private model's ε = inf is JSON's non-standard `Infinity`).
+    atomic.write_performance(path, float(epsilon))

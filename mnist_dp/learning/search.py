@@ -134,7 +134,7 @@ def tune(framework: Framework, inputs: dict, outputs: dict, hyperparameters_path
     -> the best candidate's model, its ledger holding the search, and ε. Logs and writes nothing
     that depends on the number of candidates: no progress bar per candidate, warnings once before
     them, and no time or memory line (both grow with K)."""
-    skeleton.check_outputs_writable(outputs)
+    model_io.check_outputs_writable(outputs)
     logging.getLogger("substratools.function").addFilter(_no_run_time)
     data = inputs["datasamples"]
     where = str(hyperparameters_path)
@@ -170,7 +170,7 @@ def tune(framework: Framework, inputs: dict, outputs: dict, hyperparameters_path
                     model_file.ModelFile(framework.name, framework.dump_model(searched.model),
                                                            ledger, settings))
     summary = statement.privacy_summary(ledger, base.delta)
-    skeleton.save_epsilon(outputs["epsilon"], summary["epsilon"])
+    model_io.save_epsilon(outputs["epsilon"], summary["epsilon"])
     log.info("search: released the best candidate: %s", statement.describe(summary))
     skeleton.log_data_epsilon(spent.ledger, ledger.events[-1].data, base.delta)
     return summary

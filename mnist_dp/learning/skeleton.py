@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,8 +36,8 @@ from mnist_dp.privacy.events import NO_CLIPPING, PER_EXAMPLE
 from mnist_dp.privacy.ledger import Ledger, merge, own_runs
 from mnist_dp.privacy.planning import SamplingPlan
 from mnist_dp.privacy.randomness import REPLAYABLE_WARNING, RunRandomness
-from mnist_dp.utils import atomic, timing
 from mnist_dp.utils import progress as progress_bars
+from mnist_dp.utils import timing
 from mnist_dp.utils.errors import UserError
 
 # substratools configures the "substratools" logger (level from --log-level); log under it.
@@ -47,10 +46,18 @@ log = logging.getLogger("substratools.mnist_dp")
 
 def sampled_batches(plan: SamplingPlan, hp: Hyperparameters, randomness: RunRandomness,
                     on_epoch: EpochCallback, name: str, progress: bool = True):
-    """Yield the index batch of every step of a run (exactly plan.steps), with a progress bar named
-    for the framework `name` whose text after each epoch is `on_epoch`'s (none when `progress` is
-    False: a search's candidates, whose number is secret). `randomness` draws them; `hp` says
-    whether to.
+    """Yield the index batch of every step of a run, with a progress bar.
+
+    Args:
+      plan: the sampling plan: n, q and the number of steps (exactly plan.steps batches).
+      hp: the hyperparameters: with dp, Poisson batches; without, `batch_size` shuffled indices.
+      randomness: the run's randomness, which draws the batches.
+      on_epoch: the progress text after each epoch (ε so far).
+      name: the framework's name, in the bar's title.
+      progress: whether to draw the bar (not for a search's candidates, whose number is secret).
+
+    Yields:
+      int64 index arrays into the training data, one per step.
 
     With DP, Poisson sampling as the accountant assumes: each example joins each batch independently
     with probability q (batch sizes vary; a batch may be empty and is still a step). The non-private
@@ -78,21 +85,31 @@ def fit(framework: Framework, model, images: np.ndarray, labels: np.ndarray, hp:
         randomness: RunRandomness | None = None,
         canaries=None, through=None, inputs: np.ndarray | None = None,
         progress: bool = True) -> Ran:
-    """One training run of `framework`, and what it ran: the batch sizes and its library's ε from
-    the framework, σ, the clipping unit and where the randomness came from completed here.
+    """One training run of `framework`.
 
-    model: the framework's model, trained in place. images, labels: the training data, [n, 28, 28]
-    and [n] (images may be None when `inputs` is given).
-    hp, plan: the hyperparameters and the sampling plan (q, the steps to run). sigma: the gradient
-    noise of the first steps (0 without DP). on_epoch: the progress text after each epoch (ε so
-    far). randomness: the run's (default: fresh, or from hp.noise_seed). canaries: the white-box
-    audit's (audit.DiracCanaries, or benchmarks/same_noise.py's shared noise), whose `noise_scale`
-    below 1 is the audit's broken mechanism: the steps add that fraction of the noise while the
-    result still says σ. through(batches, plan): what the batches pass through on their way to the
-    framework (substrafl's index generator, which counts them); it must hand on every batch
-    unchanged. inputs: the network's inputs of `images` when the caller has them (a search's
-    candidates share them), else computed here. progress: whether to draw the steps' progress
-    bar."""
+    Args:
+      framework: the algo's Framework (its hooks take the steps).
+      model: the framework's model, trained in place.
+      images: the training images [n, 28, 28]; may be None when `inputs` is given.
+      labels: the training labels [n].
+      hp: the hyperparameters.
+      plan: the sampling plan (n, q, the steps to run).
+      sigma: the gradient noise multiplier of the first steps (0 without DP).
+      on_epoch: the progress text after each epoch (ε so far).
+      randomness: the run's (default: fresh, or from hp.noise_seed).
+      canaries: the white-box audit's (audit.DiracCanaries, or benchmarks/same_noise.py's shared
+        noise). A `noise_scale` below 1 is the audit's broken mechanism: the steps add that
+        fraction of the noise while the result still says σ.
+      through: through(batches, plan), what the batches pass through on their way to the
+        framework (substrafl's index generator, which counts them); it must hand on every batch.
+      inputs: the network's inputs of `images` when the caller has them (a search's candidates
+        share them), else computed here.
+      progress: whether to draw the steps' progress bar.
+
+    Returns:
+      What ran (Ran): the batch sizes and the library's ε from the framework; σ, the clipping unit
+      and where the noise came from, completed here.
+    """
     planning.check_secure_mode(framework.name, hp)  # as check_run does, which a caller may skip
     randomness = randomness or RunRandomness.for_run(hp.noise_seed)
     inputs = Network.of(hp).inputs(images) if inputs is None else inputs
@@ -119,12 +136,25 @@ def fit(framework: Framework, model, images: np.ndarray, labels: np.ndarray, hp:
 def train_steps(framework: Framework, model, inputs: np.ndarray, labels: np.ndarray,
                 hp: Hyperparameters,
                 plan: SamplingPlan, step: DpStep, batches) -> Ran:
-    """Train `model` in place, one step of the framework's hooks per index batch of `batches`: with
-    DP, each at the step's clipping norm and σ (step.noise's schedule), its count of unclipped
-    examples fed back to adaptive clipping; then the weight average takes the weights' place, and
-    the library's own ε is asked where it can account the run. inputs, labels: the network's inputs
-    [n, ...] and the labels [n]. Returns the batch sizes and the library's ε (what skeleton.fit
-    completes)."""
+    """Train `model` in place, one step of the framework's hooks per index batch.
+
+    With DP, each step runs at the step's clipping norm and σ (step.noise's schedule), and its
+    count of unclipped examples goes back to adaptive clipping. Then the weight average takes the
+    weights' place, and the library's own ε is asked where it can account the run.
+
+    Args:
+      framework: the algo's Framework.
+      model: the framework's model, trained in place.
+      inputs: the network's inputs [n, ...].
+      labels: the labels [n].
+      hp: the hyperparameters.
+      plan: the sampling plan.
+      step: the DP step's settings: noise schedule, clipping norm, randomness, canaries.
+      batches: the index batches, one per step (sampled_batches).
+
+    Returns:
+      Ran with the batch sizes and the library's ε only (what fit completes).
+    """
     optimizer = framework.optimizer(model, hp)
     if hp.dp:
         dp_step = framework.dp_step(model, optimizer, inputs, labels, hp, plan, step)
@@ -197,7 +227,7 @@ def train(framework: Framework, inputs: dict, outputs: dict, hyperparameters_pat
     (inputs["datasamples"] ["images"] is None after): a caller that runs several tasks in one
     process gives each its own data dict."""
     timing.begin_task("train", framework=framework.name)
-    check_outputs_writable(outputs)
+    model_io.check_outputs_writable(outputs)
     # 1. Data, and what it may spend (privacy/: q, steps, σ, budget, over the earlier runs of its
     #    examples).
     data = inputs["datasamples"]
@@ -221,7 +251,7 @@ def train(framework: Framework, inputs: dict, outputs: dict, hyperparameters_pat
         log.warning("the input model is passed on unchanged")
         model_file.copy(inputs["model"], outputs["model"])
         summary = statement.privacy_summary(ledger, hp.delta)
-        save_epsilon(outputs["epsilon"], summary["epsilon"])
+        model_io.save_epsilon(outputs["epsilon"], summary["epsilon"])
         timing.end_task("saving", dp=hp.dp)
         return summary
     # 5. Save the model with its ledger, and ε.
@@ -231,7 +261,7 @@ def train(framework: Framework, inputs: dict, outputs: dict, hyperparameters_pat
                                                                run.hp, run.sigma, run.plan)))
     summary = statement.privacy_summary(ledger, hp.delta)
     summary["library_epsilon"] = ran.library_epsilon
-    save_epsilon(outputs["epsilon"], summary["epsilon"])
+    model_io.save_epsilon(outputs["epsilon"], summary["epsilon"])
     log.info("trained %d steps, q=%.4g, sigma=%.4g: %s", ran.steps, run.plan.sample_rate,
              ran.noise_multiplier,
              statement.describe(summary))
@@ -348,7 +378,7 @@ def aggregate(framework: Framework, inputs: dict, outputs: dict,
     ledger is the union of theirs (merge). Averaging is post-processing: no privacy is spent
     here."""
     timing.begin_task("aggregate", framework=framework.name)
-    check_outputs_writable(outputs)
+    model_io.check_outputs_writable(outputs)
     paths = inputs.get("models") or []
     if not paths:
         raise UserError("aggregate: no input models; give one or more in the 'models' input")
@@ -400,7 +430,7 @@ def weighted_mean(models: list, weights: list) -> list:
 def predict(framework: Framework, inputs: dict, outputs: dict) -> None:
     """The substratools `predict` function body."""
     timing.begin_task("predict", framework=framework.name)
-    check_outputs_writable(outputs)
+    model_io.check_outputs_writable(outputs)
     saved = model_file.load(inputs["model"], framework.name)
     network = Network.of_saved(saved)
     model = model_io.load_weights(framework, saved, inputs["model"], network)
@@ -410,21 +440,3 @@ def predict(framework: Framework, inputs: dict, outputs: dict) -> None:
     timing.mark("predict")
     predictions.save(outputs["predictions"], labels)
     timing.end_task("saving", dp=saved.hyperparameters.get("dp"))
-
-
-def check_outputs_writable(outputs: dict) -> None:
-    """Fail before the work, not after it: every output path must be a file we can create."""
-    for identifier, path in outputs.items():
-        path = Path(path)
-        if path.is_dir():
-            raise UserError(f"output {identifier!r}: {path} is a folder; give a file path")
-        if not path.parent.is_dir():
-            raise UserError(f"output {identifier!r}: folder {path.parent} does not exist")
-        if not os.access(path.parent, os.W_OK | os.X_OK):  # a read-only mount, permissions
-            raise UserError(f"output {identifier!r}: folder {path.parent} is not writable; make it "
-                            "writable or choose another path")
-
-
-def save_epsilon(path, epsilon: float) -> None:
-    # Substra's performance file (a non-private model's ε = inf is JSON's non-standard `Infinity`).
-    atomic.write_performance(path, float(epsilon))

@@ -341,7 +341,7 @@ def test_aggregate_averages_by_examples_and_counts_every_run_once(framework, tmp
         for x, y, m in zip(a, b, mean):
             np.testing.assert_array_equal(
                 m,
-                ((200 * x.astype(np.float64) + 100 * y.astype(np.float64)) / 300) .astype(x.dtype))
+                ((200 * x.astype(np.float64) + 100 * y.astype(np.float64)) / 300).astype(x.dtype))
         # every run once: the global model's (in both inputs) and each organisation's new one
         assert saved.ledger.events == saved_a.ledger.events + saved_b.ledger.events[-1:]
         assert len(saved.ledger.events) == 2 * round_idx

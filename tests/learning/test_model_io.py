@@ -267,3 +267,31 @@ def test_a_network_on_scattering_features_is_given_features_not_images():
     scores = model_io.predict_in_batches(framework, None, images,
                                          Network("scattering", "tanh", "linear"))
     assert scores.shape == (9, 10) and framework.batches == [(7, 3969), (2, 3969)]
+
+
+# --- the task's outputs
+
+
+def test_an_output_path_that_is_a_folder_or_in_a_missing_folder_is_refused_before_the_work(
+        tmp_path):
+    """Each output must be a file that can be created: a folder, or a file in a missing folder,
+    is refused naming the output."""
+    (tmp_path / "model").mkdir()
+    with pytest.raises(UserError, match=f"output 'model': {tmp_path / 'model'} is a folder"):
+        model_io.check_outputs_writable({"model": tmp_path / "model"})
+    with pytest.raises(UserError, match=f"output 'epsilon': folder {tmp_path / 'no'} does not"):
+        model_io.check_outputs_writable({"epsilon": tmp_path / "no" / "epsilon"})
+    model_io.check_outputs_writable({"model": tmp_path / "m", "epsilon": tmp_path / "e"})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+
+
+def test_epsilon_is_saved_as_the_performance_substra_reads_infinity_included(tmp_path):
+    """substratools' performance file ({"all": value}); a non-private model's ε = inf as JSON's
+    non-standard `Infinity`, which Substra reads back."""
+    import json
+
+    model_io.save_epsilon(tmp_path / "e", 1.25)
+    assert json.loads((tmp_path / "e").read_text()) == {"all": 1.25}
+    model_io.save_epsilon(tmp_path / "inf", float("inf"))
+    assert (tmp_path / "inf").read_text() == '{"all": Infinity}'
+    assert json.loads((tmp_path / "inf").read_text()) == {"all": float("inf")}

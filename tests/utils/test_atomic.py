@@ -4,7 +4,7 @@ import stat
 
 import pytest
 
-from mnist_dp.learning import predictions, skeleton
+from mnist_dp.learning import model_io, predictions
 from mnist_dp.privacy import model_file
 from mnist_dp.utils import atomic
 from mnist_dp.utils.errors import UserError
@@ -71,7 +71,7 @@ WRITERS = {
               lambda path: model_file.load(path).weights[0]),
     "predictions": (lambda path, v: predictions.save(path, [v] * 10_000),
                     lambda path: predictions.load(path, 10_000)[0]),
-    "epsilon": (lambda path, v: skeleton.save_epsilon(path, v),
+    "epsilon": (lambda path, v: model_io.save_epsilon(path, v),
                 lambda path: json.loads(path.read_text())["all"]),
     "report": (lambda path, v: atomic.write_json(path, [v] * 10_000),
                lambda path: json.loads(path.read_text())[0]),
