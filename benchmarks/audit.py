@@ -78,14 +78,13 @@ def audit_hyperparameters(framework, args, epsilon, changes):
     return hyperparameters.load(ALGO_ASSETS[framework] / hyperparameters.FILE_NAME,
                                 hyperparameters.Overrides({
         "noise_multiplier": None, "target_epsilon": epsilon, "max_epsilon": None,
-                                                           "delta": args.delta,
-        "seed": args.seed, "noise_seed": args.seed, **changes}, "the audit's options"))
+                                                           "delta": args.delta, "seed": args.seed,
+        "noise_seed": args.seed, **changes}, "the audit's options"))
 
 
 def claimed_epsilon(framework, hp, plan, ran):
     return Ledger([planning.run_event(framework, ("audit",), hp, plan, ran.noise_multiplier,
-                                      ran.steps,
-                                      ran=ran)]).epsilon(hp.delta)
+                                      ran.steps, ran=ran)]).epsilon(hp.delta)
 
 
 def white_box_run(framework, algo, args, epsilon, noise_scale):
@@ -118,8 +117,7 @@ def white_box_run(framework, algo, args, epsilon, noise_scale):
             "estimator": FDP,
             "lower_bound_steinke": audit.epsilon_lower_bound(m, guesses, correct, hp.delta, BETA),
             "sigma": sigma, "steps": ran.steps, "canaries": m, "guesses": guesses,
-            "correct": correct,
-            "seconds": round(time.perf_counter() - began, 1)}
+            "correct": correct, "seconds": round(time.perf_counter() - began, 1)}
 
 
 def black_box_run(framework, algo, args, epsilon):
@@ -145,9 +143,8 @@ def black_box_run(framework, algo, args, epsilon):
             "claimed_epsilon": claimed_epsilon(framework, hp, run.plan, run.ran) if epsilon
             else None,
             "lower_bound": audit.epsilon_lower_bound(args.canaries, guesses, correct, hp.delta,
-                                                     BETA),
-            "estimator": STEINKE, "sigma": run.sigma, "steps": run.ran.steps,
-            "canaries": args.canaries,
+                                                     BETA), "estimator": STEINKE,
+            "sigma": run.sigma, "steps": run.ran.steps, "canaries": args.canaries,
             "guesses": guesses, "correct": correct, "seconds": round(run.seconds, 1)}
 
 
@@ -183,20 +180,17 @@ def verdict(record):
 def table(records):
     """The markdown table of `records`."""
     columns = ["framework", "mode", "mechanism", "claimed ε", "95% lower bound", "% of claim",
-               "Steinke et al.",
-               "correct / guesses", "canaries", "σ", "steps", "seconds"]
+               "Steinke et al.", "correct / guesses", "canaries", "σ", "steps", "seconds"]
     lines = ["| " + " | ".join(columns) + " |", "|---|---|---|" + "---:|" * (len(columns) - 3)]
     for r in records:
         claimed, bound = r["claimed_epsilon"], r["lower_bound"]
         steinke = r.get("lower_bound_steinke", bound)  # the black-box bound is Steinke et al.'s
         cells = [r["framework"], r["mode"],
                  f"broken ({r['noise_added']:g} of the noise)" if r["mechanism"] == "broken"
-                 else r["mechanism"],
-                 "–" if claimed is None else f"{claimed:.2f}", f"{bound:.2f}",
+                 else r["mechanism"], "–" if claimed is None else f"{claimed:.2f}", f"{bound:.2f}",
                  "–" if claimed is None else f"{100 * bound / claimed:.0f}", f"{steinke:.2f}",
                  f"{r['correct']} / {r['guesses']}", f"{r['canaries']:,}", f"{r['sigma']:.3g}",
-                 str(r["steps"]),
-                 f"{r['seconds']:.0f}"]
+                 str(r["steps"]), f"{r['seconds']:.0f}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -244,8 +238,7 @@ def parse_arguments(argv):
     parser.add_argument("--train-size", type=images,
                         help="real training images (default: white-box 256, black-box 1000)")
     parser.add_argument("--delta", type=options.number(0, 1, low_open=True, high_open=True),
-                        default=1e-5,
-                        help="(default: %(default)s)")
+                        default=1e-5, help="(default: %(default)s)")
     parser.add_argument("--seed", type=options.integer(0, options.MAX_SEED), default=0,
                         help="canaries, inclusion, images and training seed (default: %(default)s)")
     white = parser.add_argument_group("white-box")
@@ -299,8 +292,7 @@ def main(argv=None):
             claimed = "no DP" if r["claimed_epsilon"] is None else f"{r['claimed_epsilon']:.3f}"
             print(f"{framework:<10} {r['mechanism']:<12} claimed {claimed:>7}  lower bound "
                   f"{r['lower_bound']:6.3f}  {r['correct']}/{r['guesses']} correct  "
-                  f"{r['seconds']:.0f}s  {verdict(r) or ''}",
-                  flush=True)
+                  f"{r['seconds']:.0f}s  {verdict(r) or ''}", flush=True)
         records += added
     merged, replaced = merge(args.output / "audit.json", records)
     atomic.write_text(args.output / "audit.json", json.dumps(merged, indent=1) + "\n")

@@ -203,8 +203,7 @@ def time_tf(algo, images, labels, hp, plan, steps, network):
             two_pass, poisson_batches(images, labels, plan, steps + WARMUP)),
         "fast clipping + book-keeping (used)": run(
             dp_step, poisson_batches(images, labels, plan, steps + WARMUP, rows=None
-                                     if known is None else known[1]),
-            dp_model),
+                                     if known is None else known[1]), dp_model),
     }
 
 
@@ -374,8 +373,7 @@ def print_default_run(data=None):
     with tempfile.TemporaryDirectory(prefix="mnist-dp-benchmark-") as folder:
         records_file = Path(folder) / "timings.jsonl"
         command = [sys.executable, str(REPO / "scripts" / "run_local.py"), "--data",
-                   str(data or f"{folder}/data"),
-                   "--output", f"{folder}/results"]
+                   str(data or f"{folder}/data"), "--output", f"{folder}/results"]
         returncode, stderr, wall, largest_mb = in_child(
             run_and_measure, command, {**os.environ, timing.TIMINGS_VARIABLE: str(records_file)})
         if returncode:
@@ -430,8 +428,7 @@ def print_targets(plain, dp_ratios, speedup, wall, records, data=None):
 
     if "torch" in plain and "mindspore" in plain:
         line("MindSpore plain step / torch plain step", plain["mindspore"] / plain["torch"],
-             MAX_MINDSPORE_VS_TORCH,
-             "×")
+             MAX_MINDSPORE_VS_TORCH, "×")
     for framework, ratio in dp_ratios.items():
         line(f"{framework} DP step / its plain step", ratio, MAX_DP_RATIO, "×")
     if wall is not None:
@@ -439,8 +436,7 @@ def print_targets(plain, dp_ratios, speedup, wall, records, data=None):
             line("default run", wall, MAX_RUN_SECONDS, " s")
         worst = max(records, key=lambda r: r["peak_rss_mb"])
         line(f"peak memory of a task ({worst['function']} {worst.get('framework') or ''})",
-             worst["peak_rss_mb"],
-             MAX_TASK_MB, " MB")
+             worst["peak_rss_mb"], MAX_TASK_MB, " MB")
         for record in records:
             if record["function"] == "train" and record.get("dp"):
                 line(f"DP train task {record.get('framework')}", sum(record["phases"].values()),

@@ -58,8 +58,7 @@ def measure(client, name: str, context: Path, warm_only: bool) -> dict:
     warm = build(client, context, tag, nocache=False)
     size = client.images.get(tag).attrs["Size"] / 1e6
     return {"image": name, "cold": cold, "warm": warm, "size": size,
-            "own": own_megabytes(client, tag, base),
-            "largest": largest_packages(client, tag)}
+            "own": own_megabytes(client, tag, base), "largest": largest_packages(client, tag)}
 
 
 def function_context(name: str, dest: Path) -> Path:

@@ -75,8 +75,8 @@ def parse_schedule(text):
 
 def run_key(row):
     return json.dumps([row[k] for k in ("framework", "strategy", "organizations", "epochs",
-                                        "rounds", "epsilon",
-                                        "seed", "changes", "validation")], sort_keys=True)
+                                        "rounds", "epsilon", "seed", "changes",
+                                        "validation")], sort_keys=True)
 
 
 def simulate(framework, strategy, organizations, epochs, rounds, epsilon, seed, changes,
@@ -95,8 +95,8 @@ def simulate(framework, strategy, organizations, epochs, rounds, epsilon, seed, 
     hp = hyperparameters.load(ALGO_ASSETS[framework] / hyperparameters.FILE_NAME,
                               hyperparameters.Overrides({
         **changes, "epochs": epochs, "noise_multiplier": None, "target_epsilon": epsilon,
-                                                         "max_epsilon": None,
-        "delta": DELTA, "seed": seed, "noise_seed": seed, "dp": True, "secure_mode": False},
+                                                         "max_epsilon": None, "delta": DELTA,
+        "seed": seed, "noise_seed": seed, "dp": True, "secure_mode": False},
         "the benchmark's settings"))
     start = time.perf_counter()
     hp = planning.noise_for_rounds(hp, [len(i) for i in shares], rounds)  # as run_local.py does
@@ -121,8 +121,7 @@ def simulate(framework, strategy, organizations, epochs, rounds, epsilon, seed, 
                 trained = [train(share, model) for share in holdings]
                 model = tmp / f"global-{task}"
                 skeleton.aggregate(algo, {"models": [str(m) for m in trained]},
-                                   {"model": str(model)},
-                                   tmp / "hyperparameters.json")
+                                   {"model": str(model)}, tmp / "hyperparameters.json")
             else:  # cyclic, or one organisation
                 for share in holdings:
                     model = train(share, model)
@@ -160,9 +159,8 @@ def run_all(args):
         asset_epochs = hyperparameters.load(
             ALGO_ASSETS[framework] / hyperparameters.FILE_NAME).epochs
         row = {"framework": framework, "strategy": strategy, "organizations": organizations,
-               "epochs": epochs or asset_epochs, "rounds": rounds,
-               "epsilon": args.epsilon, "seed": seed, "changes": args.changes,
-               "validation": args.validation}
+               "epochs": epochs or asset_epochs, "rounds": rounds, "epsilon": args.epsilon,
+               "seed": seed, "changes": args.changes, "validation": args.validation}
         if run_key(row) in done:
             continue
         if pool_framework != framework:
@@ -171,14 +169,12 @@ def run_all(args):
             pool, pool_framework = concurrent.futures.ProcessPoolExecutor(
                 1, mp_context=multiprocessing.get_context("spawn")), framework
         row.update(pool.submit(simulate, framework, "cyclic" if strategy == SINGLE else strategy,
-                               organizations,
-                               row["epochs"], rounds, args.epsilon, seed, args.changes,
-                               args.validation).result())
+                               organizations, row["epochs"], rounds, args.epsilon, seed,
+                               args.changes, args.validation).result())
         print(f"{framework:<10} {strategy:<16} {organizations} org {row['epochs']:>2}x{rounds:<2} "
               f"seed {seed}: accuracy by round {' '.join(f'{a:.4f}' for a in row['accuracies'])}; "
               f"ε per organisation {max(row['epsilons']):.3f}, σ = {row['sigma']:.3f}, "
-              f"{row['seconds']:.0f} s",
-              flush=True)
+              f"{row['seconds']:.0f} s", flush=True)
         with path.open("a") as f:
             f.write(json.dumps(row) + "\n")
     if pool:
@@ -196,8 +192,8 @@ def summarise(rows, args):
                                               and row["organizations"] in
                                               args.organizations
                                               and (row["epochs"], row["rounds"]) in args.schedules)
-        if (row["epsilon"], row["changes"],
-            row["validation"]) == (args.epsilon, args.changes, args.validation) \
+        if (row["epsilon"], row["changes"], row["validation"]) == (args.epsilon, args.changes,
+            args.validation) \
                 and row["framework"] in args.frameworks and asked:
             key = (row["framework"], row["strategy"], row["organizations"], row["epochs"],
                    row["rounds"])
@@ -240,8 +236,8 @@ def table(summary, args):
 def goals(summary):
     """The issue's goal, per framework and fedavg schedule with 2 organisations: met or MISSED."""
     lines = []
-    for (framework, strategy, organizations, epochs,
-         rounds), (mean, *_rest) in sorted(summary.items()):
+    for (framework, strategy, organizations, epochs, rounds), (mean,
+         *_rest) in sorted(summary.items()):
         single = single_accuracy(summary, framework)
         if strategy == "fedavg" and organizations == 2 and single is not None:
             gap = round(100 * (single - mean), 1)  # judged as shown, to a tenth of a point
@@ -301,15 +297,13 @@ def main(argv=None):
                         help="comma-separated counts, each at least 2 (one organisation is always "
                              "the reference) (default: %(default)s)")
     parser.add_argument("--strategies", type=options.names(STRATEGIES),
-                        default=",".join(STRATEGIES),
-                        help="comma-separated (default: %(default)s)")
+                        default=",".join(STRATEGIES), help="comma-separated (default: %(default)s)")
     parser.add_argument("--schedules", type=options.comma_list(parse_schedule), default="10x3",
                         help="comma-separated EPOCHSxROUNDS: local epochs per round and rounds "
                              "(default: %(default)s)")
     parser.add_argument("--epsilon",
                         type=options.number(0, hyperparameters.MAX_EPSILON, low_open=True),
-                        default=3.0,
-                        help="ε of every organisation (default: %(default)s)")
+                        default=3.0, help="ε of every organisation (default: %(default)s)")
     parser.add_argument("--seeds", type=options.integer(1, utility.MAX_SEEDS),
                         help=f"seeds of every run (default: {SEEDS})")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -329,9 +323,8 @@ def main(argv=None):
         options.refuse_unused("with --report-only",
                               {"--seeds": args.seeds, "--skip-single": args.skip_single})
     args.seeds = SEEDS if args.seeds is None else args.seeds
-    for organizations, strategy, (epochs,
-                                  rounds) in itertools.product(args.organizations, args.strategies,
-                                                                       args.schedules):
+    for organizations, strategy, (epochs, rounds) in itertools.product(args.organizations,
+                                  args.strategies, args.schedules):
         # each run simulates it
         compute_plan.check_size(compute_plan.count_tasks(strategy, rounds, organizations),
                                 f"--schedules {epochs}x{rounds} with {organizations} organisations "

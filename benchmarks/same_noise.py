@@ -60,8 +60,8 @@ class SharedNoise:
         self.rng, self.sigma = np.random.default_rng(seed), sigma
 
     def before_noise(self, clipped_sum: list, clip_norm: float) -> list:
-        return [(np.asarray(g,
-                            np.float64) + self.rng.normal(0.0, self.sigma * clip_norm, np.shape(g)))
+        return [(np.asarray(g, np.float64) + self.rng.normal(0.0, self.sigma * clip_norm,
+                            np.shape(g)))
                 .astype(np.float32) for g in clipped_sum]
 
 
@@ -91,8 +91,7 @@ def run(algo, framework, data, seed, args, noise):
     accuracy = float(np.mean(model_io.predicted_labels(algo.FRAMEWORK, model, test_x,
                                                        network) == test_y))
     return {"framework": framework, "seed": seed, "noise": noise, "epsilon": args.epsilon,
-            "sigma": sigma,
-            "steps": plan.steps, "train_size": len(train_y), "accuracy": accuracy,
+            "sigma": sigma, "steps": plan.steps, "train_size": len(train_y), "accuracy": accuracy,
             "seconds": round(time.perf_counter() - began, 1)}
 
 
@@ -131,8 +130,7 @@ def main(argv=None):
                         help="seeds 0 .. N-1 (default: 5)")
     parser.add_argument("--epsilon",
                         type=options.number(0, hyperparameters.MAX_EPSILON, low_open=True),
-                        default=3.0,
-                        help="target ε at δ = 1e-5 (default: 3)")
+                        default=3.0, help="target ε at δ = 1e-5 (default: 3)")
     parser.add_argument("--train-size", type=options.integer(10, 4000), default=4000,
                         help="training images, the first of the split's 4,000 (default: 4000)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",

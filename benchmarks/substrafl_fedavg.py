@@ -44,8 +44,7 @@ def build_parser():
                         default=",".join(ALGO_ASSETS),
                         help="comma-separated (default: %(default)s)")
     parser.add_argument("--organizations", type=options.integer(1, options.MAX_ORGANIZATIONS),
-                        default=2,
-                        help="(default: %(default)s)")
+                        default=2, help="(default: %(default)s)")
     parser.add_argument("--rounds", type=options.integer(1, compute_plan.MAX_TASKS), default=3,
                         help="(default: %(default)s)")
     parser.add_argument("--hyperparameters", type=Path, default=REPO / "examples" / "fedavg.json",
@@ -84,8 +83,7 @@ def run(command: list, output: Path) -> tuple:
         subprocess.run(["rm", "-rf", str(output)], check=True)
     start = time.perf_counter()
     done = subprocess.run([sys.executable, *map(str, command), "--output", str(output)],
-                          capture_output=True,
-                          text=True)
+                          capture_output=True, text=True)
     if done.returncode:
         raise UserError(f"{' '.join(map(str, command))} failed (exit "
                         f"{done.returncode}):\n{done.stderr[-3000:]}")
@@ -109,13 +107,11 @@ def compare(framework: str, args) -> dict:
     common = ["--organizations", args.organizations, "--rounds", args.rounds, "--hyperparameters",
               args.hyperparameters]
     theirs, sfl_seconds = run([REPO / "examples" / "substrafl_fedavg.py", "--framework", framework,
-                               *common, "--data",
-                               fresh_copy(args.data, args.organizations,
+                               *common, "--data", fresh_copy(args.data, args.organizations,
                                           args.work / "data-substrafl")],
                               args.work / f"substrafl-{framework}")
     ours, own_seconds = run([REPO / "scripts" / "run_local.py", "--frameworks", framework,
-                             "--strategy", "fedavg",
-                             *common, "--data",
+                             "--strategy", "fedavg", *common, "--data",
                              fresh_copy(args.data, args.organizations, args.work / "data-fedavg")],
                             args.work / f"fedavg-{framework}")
     last = [r for r in theirs if r["round"] == args.rounds]
@@ -150,8 +146,7 @@ def compare(framework: str, args) -> dict:
 def table(rows: list) -> str:
     lines = ["| framework | substrafl FedAvg % | own fedavg % | difference (points) | ε per "
              "organisation: results.json / recomputed / evaluation | own fedavg ε | σ | q | steps "
-             "| seconds: substrafl / own |",
-             "|---|---:|---:|---:|---|---|---:|---:|---:|---|"]
+             "| seconds: substrafl / own |", "|---|---:|---:|---:|---|---|---:|---:|---:|---|"]
     for r in rows:
         orgs = sorted(r["substrafl_epsilon_by_organization"])
         eps = "; ".join(f"{r['substrafl_epsilon_by_organization'][o]:.3f} / "

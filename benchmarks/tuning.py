@@ -81,9 +81,8 @@ def base_hyperparameters(seed: int, **changes):
     return hyperparameters.load(ALGO_ASSETS[FRAMEWORK] / hyperparameters.FILE_NAME,
                                 hyperparameters.Overrides({
         "noise_multiplier": None, "target_epsilon": EPSILON, "max_epsilon": None, "delta": DELTA,
-                                                           "seed": seed,
-        "noise_seed": seed, "dp": True, "secure_mode": False, **changes},
-                                                          "the benchmark's settings"))
+                                                           "seed": seed, "noise_seed": seed,
+        "dp": True, "secure_mode": False, **changes}, "the benchmark's settings"))
 
 
 def accuracy(framework, model, network, images, labels) -> float:
@@ -109,8 +108,7 @@ def default(framework, dataset, train, test, seed) -> dict:
     hp = base_hyperparameters(seed)
     run = skeleton.fit_from_scratch(framework, *train, hp, "tuning")
     event = planning.run_event(FRAMEWORK, (dataset,), hp, run.plan, run.ran.noise_multiplier,
-                               run.ran.steps,
-                               ran=run.ran)
+                               run.ran.steps, ran=run.ran)
     return {"epsilon": Ledger([event]).epsilon(DELTA), "candidates": 1, "seconds": run.seconds,
             "test_accuracy": accuracy(framework, run.model, run.network, *test)}
 
@@ -174,16 +172,14 @@ def report(records: list) -> str:
     """tuning.md: per data set and method, the mean test accuracy (± the spread over seeds), ε,
     candidates, time."""
     lines = ["# Private hyperparameter search: test accuracy at a total ε = 3 (δ = 1e-5), torch",
-             "",
-             "Written by `python benchmarks/tuning.py` from `tuning.json`. private-search: the "
+             "", "Written by `python benchmarks/tuning.py` from `tuning.json`. private-search: the "
              f"default search (mean {search_space.DEFAULT['mean_candidates']} candidates, "
              "logarithmic distribution, 10% of the training data for validation) with ε covering "
              "the whole search; default: the hand-tuned recipe at ε = 3, its tuning not counted; "
              "non-private-grid: no DP, the best of a 6-point grid on the same validation split. "
              "Time: the whole method on 2 cores (features included).", "",
              "| data set | method | test accuracy | ε | candidates (mean) | seconds (mean) "
-             "| seeds |",
-             "|---|---|---:|---:|---:|---:|---:|"]
+             "| seeds |", "|---|---|---:|---:|---:|---:|---:|"]
     summary = {}
     for dataset in DATASETS:
         for method in METHODS:
@@ -229,8 +225,7 @@ def main(argv=None):
         records = read(args.results)
     else:
         records = run_all(args.datasets or list(DATASETS), args.methods or list(METHODS),
-                          args.seeds or 3,
-                          args.results)
+                          args.seeds or 3, args.results)
     text = report(records)
     atomic.write_text(args.results.with_name("tuning.md"), text)
     print(text)

@@ -54,8 +54,7 @@ DELTA = 1e-5
 MAX_SEEDS = 100  # trainings per point: beyond it a typo is likelier than a plan
 # What every point sets itself (point()), whatever --set says.
 SET_BY_THE_BENCHMARK = ("noise_multiplier", "target_epsilon", "max_epsilon", "delta", "seed",
-                        "noise_seed", "dp",
-                        "secure_mode")
+                        "noise_seed", "dp", "secure_mode")
 RESULTS = Path(__file__).resolve().parent / "results" / "utility.jsonl"
 # The goals, (dataset, ε) -> least accuracy in every framework (at --seeds-at the mean over the
 # seeds): above the best credible published result at ε = 3 and 1 on Fashion-MNIST, and on the
@@ -135,18 +134,16 @@ def run_point(framework, dataset, epsilon, seed, changes, validation):
     hp = hyperparameters.load(ALGO_ASSETS[framework] / hyperparameters.FILE_NAME,
                               hyperparameters.Overrides({
         **changes, "noise_multiplier": None, "target_epsilon": epsilon if dp else None,
-                                                         "max_epsilon": None,
-        "delta": DELTA, "seed": seed, "noise_seed": seed, "dp": dp, "secure_mode": False},
+                                                         "max_epsilon": None, "delta": DELTA,
+        "seed": seed, "noise_seed": seed, "dp": dp, "secure_mode": False},
                                                         "the benchmark's settings"))
     run = skeleton.fit_from_scratch(algo.FRAMEWORK, train_x, train_y, hp, "utility")
     predicted = model_io.predicted_labels(algo.FRAMEWORK, run.model, test_x, run.network)
     event = planning.run_event(framework, (dataset,), hp, run.plan, run.ran.noise_multiplier,
-                               run.ran.steps,
-                                ran=run.ran)
+                               run.ran.steps, ran=run.ran)
     return {"accuracy": float(np.mean(predicted == test_y)),
-            "epsilon": Ledger([event]).epsilon(DELTA),
-            "sigma": run.sigma, "steps": run.ran.steps, "seconds": round(run.seconds, 1),
-            "hyperparameters": hp.to_json()}
+            "epsilon": Ledger([event]).epsilon(DELTA), "sigma": run.sigma, "steps": run.ran.steps,
+            "seconds": round(run.seconds, 1), "hyperparameters": hp.to_json()}
 
 
 def point_key(row):
@@ -313,8 +310,7 @@ def ablation_table(rows, labels, dataset, epsilon, validation):
     lines = [f"**{DATASETS[dataset]}, ε = {epsilon:g}** ({accuracy_name(validation)} %, mean ± "
              "standard deviation (seeds))", "",
              "| configuration | changes from the assets' hyperparameters | " + " | ".join(
-                 frameworks) + " |",
-             "|---|---|" + "---:|" * len(frameworks)]
+                 frameworks) + " |", "|---|---|" + "---:|" * len(frameworks)]
     for label in labels:
         summary = summarise(rows, label, validation)
         changes = next((r["changes"] for r in rows if r.get("label") == label), {})
@@ -348,8 +344,7 @@ def plot(summary, path, validation):
             if points:
                 eps, acc, spread = zip(*points)
                 ax.errorbar(eps, [100 * a for a in acc], yerr=[100 * s for s in spread], marker="o",
-                            capsize=3,
-                            color=colours.get(framework), label=f"{framework} (DP-SGD)")
+                            capsize=3, color=colours.get(framework), label=f"{framework} (DP-SGD)")
             base = summary.get((dataset, framework, None))
             if base:
                 ax.axhline(100 * base[0], linestyle="--", color=colours.get(framework), alpha=0.6,
@@ -358,8 +353,7 @@ def plot(summary, path, validation):
         for (_, eps, acc, label, disputed), marker in zip(published, "*PXsD^v"):
             if disputed:  # hollow and grey, and said so
                 ax.scatter([eps], [100 * acc], marker=marker, s=90, facecolors="none",
-                           edgecolors="grey", zorder=5,
-                           label=f"{label}: disputed accounting")
+                           edgecolors="grey", zorder=5, label=f"{label}: disputed accounting")
             else:
                 ax.scatter([eps], [100 * acc], marker=marker, s=90, color="black", zorder=5,
                            label=label)
@@ -379,8 +373,7 @@ def plot(summary, path, validation):
 
 
 DEFAULTS = {"frameworks": list(ALGO_ASSETS), "epsilons": [1.0, 2.0, 3.0, 8.0], "seeds": 3,
-            "seeds_at": 3.0,
-            "label": "default"}
+            "seeds_at": 3.0, "label": "default"}
 
 
 def main(argv=None):
@@ -419,9 +412,8 @@ def main(argv=None):
     if args.ablation is not None:
         options.refuse_unused("with --ablation", {
             "--frameworks": args.frameworks, "--epsilons": args.epsilons, "--seeds": args.seeds,
-                                                  "--set": args.set,
-            "--label": args.label, "--skip-non-private": args.skip_non_private,
-                                                  "--report-only": args.report_only})
+                                                  "--set": args.set, "--label": args.label,
+            "--skip-non-private": args.skip_non_private, "--report-only": args.report_only})
     elif args.report_only:
         options.refuse_unused("with --report-only",
                               {"--seeds": args.seeds, "--seeds-at": args.seeds_at,

@@ -120,16 +120,14 @@ def main(argv=None):
                 name=f"mnist-dp substrafl FedAvg ({args.framework})")
 
         records, performances = experiment.collect(clients[0], plan_key, args.framework,
-                                                   organizations,
-                                                   output / "models")
+                                                   organizations, output / "models")
         results.with_data_spent(records, organizations.folders)
         written = display.write_reports(
             output, f"mnist-dp with substrafl: FedAvg in {args.framework}",
             [f"compute plan `{plan_key}`, {args.backend} backend, data: {data_dir}",
              f"{args.organizations} organisation(s), {args.rounds} round(s) of substrafl's FedAvg; "
              "every organisation evaluates the global model on the test set and reports its own ε"],
-                                        records,
-                                        performances)
+                                        records, performances)
     print(display.table(records))
     print(f"\n{display.STATEMENT}\nwritten: {', '.join(map(str, written))}")
 

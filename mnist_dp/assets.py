@@ -11,8 +11,7 @@ DATASET_ASSET = ASSETS / "dataset"
 OBJECTIVE_ASSET = ASSETS / "objective"
 # framework name -> algo asset folder. A new framework is one more line here.
 ALGO_ASSETS = {
-    "torch": ASSETS / "algo_torch_dp",
-    "tf": ASSETS / "algo_tf_dp",
+    "torch": ASSETS / "algo_torch_dp", "tf": ASSETS / "algo_tf_dp",
     "mindspore": ASSETS / "algo_mindspore_dp",
 }
 

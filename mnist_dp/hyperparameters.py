@@ -121,8 +121,7 @@ _RULES = {
                     f"a number in (0, {MAX_EPSILON:g}] or null"),
     "delta": (float, False, lambda v: 0 < v < 1, "a number in (0, 1)"),
     "seed": (int, False, lambda v: 0 <= v <= MAX_SEED, f"an integer from 0 to {MAX_SEED}"),
-    "dp": (bool, False, None, "true or false"),
-    "secure_mode": (bool, False, None, "true or false"),
+    "dp": (bool, False, None, "true or false"), "secure_mode": (bool, False, None, "true or false"),
     "features": (str, False, lambda v: v in FEATURES, f"one of {list(FEATURES)}"),
     "network": (str, False, lambda v: v in NETWORKS, f"one of {list(NETWORKS)}"),
     "activation": (str, False, lambda v: v in ACTIVATIONS, f"one of {list(ACTIVATIONS)}"),
@@ -146,8 +145,7 @@ def kind(name: str) -> type:
 
 
 _JSON_NAMES = {bool: "a boolean", int: "an integer", float: "a decimal number", str: "a string",
-               list: "an array",
-               dict: "an object", type(None): "null"}
+               list: "an array", dict: "an object", type(None): "null"}
 _NOISE = ("noise_multiplier", "target_epsilon", "max_epsilon", "noise_decay", "clip_quantile",
           "clip_learning_rate",
           # ignored by the non-private baseline (and secure_mode: it draws no noise)
@@ -166,8 +164,8 @@ def check_value(name: str, value, where: str, check_range: bool = True) -> None:
     elif kind is int:
         ok = isinstance(value, int) and not isinstance(value, bool)
     else:
-        ok = isinstance(value,
-                        (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        ok = isinstance(value, (int, float)) and not isinstance(value,
+                        bool) and math.isfinite(value)
     if not ok:
         found = _JSON_NAMES.get(type(value), type(value).__name__)
         raise UserError(f"{where}: {name} = {json.dumps(value)} is {found}; it must be {what}")

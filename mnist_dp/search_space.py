@@ -45,12 +45,8 @@ POISSON = "poisson"  # as events.POISSON
 DEFAULT = {
     "space": {
         "learning_rate": {"low": 0.25, "high": 4.0, "log": True},
-        "max_grad_norm": {"low": 0.025, "high": 0.4, "log": True},
-        "ema_decay": [0.0, 0.9, 0.99],
-    },
-    "mean_candidates": 4,
-    "shape": 0,
-    "validation_fraction": 0.1,
+        "max_grad_norm": {"low": 0.025, "high": 0.4, "log": True}, "ema_decay": [0.0, 0.9, 0.99],
+    }, "mean_candidates": 4, "shape": 0, "validation_fraction": 0.1,
 }
 # What changes a candidate's DP event for a given σ: its q (batch_size), steps (epochs, batch_size)
 # and schedule.

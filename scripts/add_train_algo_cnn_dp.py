@@ -72,8 +72,7 @@ def main(argv=None):
         keys.require(field)  # a damaged keys file is named now, not half-way through
     folds = keys.require("train_data_sample_keys")
     compute_plan.check_size(compute_plan.count_tasks("search" if searched else args.strategy,
-                                                     args.rounds,
-                                                     1 if searched else len(folds), 1,
+                                                     args.rounds, 1 if searched else len(folds), 1,
                                                      args.score_train),
                             f"--rounds {args.rounds} with the {len(folds)} fold(s) of "
                             f"{args.keys_file} and --strategy {args.strategy}")
@@ -146,8 +145,7 @@ def register_and_run(args, keys: registry.KeysFile, hp: Hyperparameters, output:
     data_dir = Path(keys.require("data"))
     try:
         results.run_and_report(client, builder, f"mnist-dp {run}", plan_key, {run: args.framework},
-                               {owner: None},
-                               output, f"mnist-dp: {run} on a Substra node",
+                               {owner: None}, output, f"mnist-dp: {run} on a Substra node",
                                [f"{args.backend} backend, keys file: {args.keys_file.resolve()}",
                                 f"{len(folds)} fold(s) at {owner}, " + (
                                     "a private search on all of them "

@@ -76,8 +76,8 @@ def main(argv=None):
             options.refuse_unused(f"with {option}", {
                 "--output": args.output, "--source": args.source, "--train-size": args.train_size,
                 "--test-size": args.test_size, "--train-samples": args.train_samples,
-                                                     "--seed": args.seed,
-                "--force": args.force, "--organizations": args.organizations,
+                                                     "--seed": args.seed, "--force": args.force,
+                "--organizations": args.organizations,
                 "--add-key": args.add_key and option != "--add-key",
                 "--key-from": args.key_from is not None and option != "--add-key"})
     if args.same_organization:
@@ -98,8 +98,7 @@ def main(argv=None):
     manifest = dataset.generate(output, args.source, args.train_size, args.test_size,
                                 args.train_samples,
                                 dataset.DEFAULT_SEED if args.seed is None else args.seed,
-                                args.force, organizations,
-                                given)
+                                args.force, organizations, given)
     among = f" among {organizations} organisations" if organizations > 1 else ""
     print(f"wrote {manifest['train_examples']} train examples in {manifest['train_samples']} "
           f"sample(s){among} and {manifest['test_examples']} test examples to {output}/ (source: "

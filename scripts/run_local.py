@@ -80,8 +80,8 @@ def main(argv=None):
     searched = search_space.from_option(args.search)
     runs_per_framework = 2 if args.baseline else 1
     tasks = compute_plan.count_tasks("search" if searched else args.strategy, args.rounds,
-                                     args.organizations,
-                                     len(frameworks) * runs_per_framework, args.score_train)
+                                     args.organizations, len(frameworks) * runs_per_framework,
+                                     args.score_train)
     compute_plan.check_size(tasks,
                             f"--rounds {args.rounds} with --organizations {args.organizations}, "
                             f"--strategy {args.strategy} and "
@@ -107,8 +107,7 @@ def main(argv=None):
             runs[framework if dp else f"{framework}-baseline"] = (framework, hp)
 
     to_write = dataset.generate_default_if_missing(data_dir, args.organizations, "--organizations",
-                                                   args.organizations,
-                                                  dry_run=True)
+                                                   args.organizations, dry_run=True)
     # what the train tasks would refuse of the data to be written, before writing it
     if to_write and not searched:
         for run, (framework, hp) in runs.items():
@@ -172,11 +171,9 @@ def main(argv=None):
                               test, args.score_train)
         results.run_and_report(
             client, builder, f"mnist-dp local run ({args.organizations} organisation(s), "
-                             f"{args.rounds} round(s), {args.strategy})",
-            compute_plan.new_key(), {run: framework for run, (framework, _) in runs.items()},
-                               organizations, output,
-            "mnist-dp: DP-SGD on MNIST with Substra",
-            [f"{args.backend} backend, data: {data_dir}",
+                             f"{args.rounds} round(s), {args.strategy})", compute_plan.new_key(),
+            {run: framework for run, (framework, _) in runs.items()}, organizations, output,
+            "mnist-dp: DP-SGD on MNIST with Substra", [f"{args.backend} backend, data: {data_dir}",
              f"{args.organizations} organisation(s), " + (
                  f"a private search each ({args.search}): "
                  f"{', '.join(organizations)}" if searched else

@@ -26,8 +26,7 @@ os.environ.setdefault("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "python")
 FRAMEWORKS = sorted(ALGO_ASSETS)
 # One epoch on a few hundred images: enough to exercise every code path in seconds.
 TINY_HYPERPARAMETERS = {"epochs": 1, "batch_size": 64, "noise_multiplier": 1.0,
-                        "target_epsilon": None,
-                        "delta": 1e-4}
+                        "target_epsilon": None, "delta": 1e-4}
 
 
 # The fast loop, `python -m pytest tests -m "not slow"` (under two minutes), runs everything that
@@ -55,8 +54,7 @@ def pytest_collection_modifyitems(items):
     # to be made again.
     def cost(item):
         return (Path(item.fspath).name not in SLOW_MODULES,
-                "docker_daemon" not in item.fixturenames,
-                item.get_closest_marker("slow") is None)
+                "docker_daemon" not in item.fixturenames, item.get_closest_marker("slow") is None)
 
     group_of = {id(item): group for group, members in groups.items() for item in members}
     first = {}  # group -> (its costliest test's cost, where its first test was)
@@ -161,16 +159,14 @@ WITHOUT_WRITE_OVERRIDE = ["setpriv", "--bounding-set=-dac_override,-dac_read_sea
 
 
 def ledger_event(framework="torch", data=("fp-a",), n=100, batch_size=10, sigma=1.0, epochs=1,
-                 steps=None,
-                 library_epsilon=(), archive_digest=None):
+                 steps=None, library_epsilon=(), archive_digest=None):
     """A ledger event as a train task writes it (provenance included), for tests that build model
     files."""
 
     steps_per_epoch = -(-n // batch_size)
     return DpEvent(framework, tuple(data), n, 1 / steps_per_epoch, sigma, steps
-                   or steps_per_epoch * epochs,
-                           PER_EXAMPLE if sigma else NO_CLIPPING, 1.0, tuple(library_epsilon),
-                           batch_size, steps_per_epoch * epochs,
+                   or steps_per_epoch * epochs, PER_EXAMPLE if sigma else NO_CLIPPING, 1.0,
+                           tuple(library_epsilon), batch_size, steps_per_epoch * epochs,
                            {"function": "train", "archive_digest": archive_digest})
 
 
@@ -178,8 +174,7 @@ def dp_event(n=60000, batch=250, epochs=60, sigma=1.1, data=("a",)):
     """A DP event of `epochs` epochs at q = 1 / ceil(n / batch), for tests that compute an ε."""
     steps_per_epoch = -(-n // batch)
     return DpEvent("torch", tuple(data), n, 1 / steps_per_epoch, sigma, steps_per_epoch * epochs,
-                   PER_EXAMPLE, 1.0,
-                   (), batch, steps_per_epoch * epochs,
+                   PER_EXAMPLE, 1.0, (), batch, steps_per_epoch * epochs,
                    {"function": "train", "archive_digest": None})
 
 
@@ -189,12 +184,10 @@ def save_model(path, events, weights=b"weights", **settings):
 
     last = events[-1]
     hyperparameters = {"delta": 1e-5, "max_epsilon": None, "secure_mode": False, "noise_seed": None,
-                       "batch_size": last.batch_size,
-                       "max_grad_norm": last.max_grad_norm,
+                       "batch_size": last.batch_size, "max_grad_norm": last.max_grad_norm,
                        "noise_multiplier": last.noise_multiplier,
                        "planned_steps": last.planned_steps,
-                       "stopped_by_budget": last.steps < last.planned_steps,
-                       **settings}
+                       "stopped_by_budget": last.steps < last.planned_steps, **settings}
     model_file.save(path,
                     model_file.ModelFile(last.framework, weights, Ledger(events), hyperparameters))
     return path
@@ -202,11 +195,9 @@ def save_model(path, events, weights=b"weights", **settings):
 
 # Every hyperparameter, for tests of the skeleton and the privacy plan without an asset's file.
 BASE_HP = {"epochs": 2, "batch_size": 50, "learning_rate": 0.1, "momentum": 0.9,
-           "max_grad_norm": 1.0,
-           "noise_multiplier": None, "target_epsilon": 2.0, "max_epsilon": None, "delta": 1e-5,
-           "seed": 0, "dp": True,
-           "secure_mode": False, "features": "pixels", "network": "cnn", "activation": "tanh",
-           "optimizer": "sgd",
+           "max_grad_norm": 1.0, "noise_multiplier": None, "target_epsilon": 2.0,
+           "max_epsilon": None, "delta": 1e-5, "seed": 0, "dp": True, "secure_mode": False,
+           "features": "pixels", "network": "cnn", "activation": "tanh", "optimizer": "sgd",
            "ema_decay": 0.0, "noise_decay": 1.0, "clip_quantile": None, "clip_learning_rate": 0.2,
            "clip_count_stddev": None, "noise_seed": None}
 
@@ -275,8 +266,8 @@ def run_function(script, function, inputs, outputs, check=True, cwd=None):
             out += [{"id": identifier, "value": str(v), "multiple": multiple} for v in values]
         return json.dumps(out)
 
-    cmd = [sys.executable, str(script), "--function-name", function,
-           "--inputs", resources(inputs), "--outputs", resources(outputs), "--log-level", "warning"]
+    cmd = [sys.executable, str(script), "--function-name", function, "--inputs", resources(inputs),
+           "--outputs", resources(outputs), "--log-level", "warning"]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd or Path(script).parent)
     if check and proc.returncode != 0:
         raise AssertionError(f"{function} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -309,8 +300,7 @@ def tmpfs(tmp_path):
         folder.mkdir()
         try:
             proc = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)],
-                                  capture_output=True,
-                                  text=True)
+                                  capture_output=True, text=True)
         except FileNotFoundError:
             pytest.skip("no mount command here: cannot make a small file system for this test")
         if proc.returncode != 0:
@@ -349,8 +339,7 @@ def follow_advice(message: str) -> None:
     command = re.search(r"(python scripts/\S+\.py.*?)(?:;|$)", message)
     assert command, f"no command to follow in: {message}"
     proc = subprocess.run([sys.executable, *shlex.split(command.group(1))[1:]], cwd=REPO,
-                          capture_output=True,
-                          text=True)
+                          capture_output=True, text=True)
     assert proc.returncode == 0, f"{command.group(1)}: {proc.stderr}"
 
 

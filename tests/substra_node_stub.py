@@ -169,8 +169,7 @@ class SubstraNodeStub:
     def _routes(self):
         return [
             ("POST", r"/api-token-auth/", self._login),
-            ("DELETE", r"/active-api-tokens/", self._logout),
-            ("GET", r"/info/", self._info),
+            ("DELETE", r"/active-api-tokens/", self._logout), ("GET", r"/info/", self._info),
             ("POST", r"/data_manager/", self._add_dataset),
             ("GET", rf"/data_manager/{KEY}/", self._get_dataset),
             ("GET", rf"/data_manager/{KEY}/(?P<file>opener|description)/", self._dataset_file),
@@ -182,12 +181,10 @@ class SubstraNodeStub:
             ("POST", r"/compute_plan/", self._add_compute_plan),
             ("GET", rf"/compute_plan/{KEY}/", self._get_compute_plan),
             ("GET", rf"/compute_plan/{KEY}/perf/", self._performances),
-            ("POST", r"/task/bulk_create/", self._add_tasks),
-            ("GET", r"/task/", self._list_tasks),
+            ("POST", r"/task/bulk_create/", self._add_tasks), ("GET", r"/task/", self._list_tasks),
             ("GET", rf"/task/{KEY}/", self._get_task),
             ("GET", rf"/task/{KEY}/output_assets/", self._output_assets),
-            ("GET", rf"/task/{KEY}/logs/", self._logs),
-            ("GET", rf"/model/{KEY}/", self._get_model),
+            ("GET", rf"/task/{KEY}/logs/", self._logs), ("GET", rf"/model/{KEY}/", self._get_model),
             ("GET", rf"/model/{KEY}/file/", self._model_file),
         ]
 
@@ -289,9 +286,8 @@ class SubstraNodeStub:
     def _info(self, **_):
         return 200, {"host": self.url, "organization_id": self.organization_id,
                      "organization_name": self.organization_id, "channel": "mychannel",
-                     "version": "stub",
-                     "orchestrator_version": "stub", "config": {"model_export_enabled": True},
-                     "auth": {}}
+                     "version": "stub", "orchestrator_version": "stub",
+                     "config": {"model_export_enabled": True}, "auth": {}}
 
     # -- data managers and data samples
     # -------------------------------------------------------------
@@ -303,10 +299,9 @@ class SubstraNodeStub:
         key = str(uuid.uuid4())
         record = {
             "key": key, "name": spec["name"], "owner": self.organization_id,
-                  "creation_date": _now(),
-            "permissions": self._permissions(spec["permissions"]), "metadata": spec.get("metadata")
-                  or {},
-            "opener": self._file("data_manager", key, "opener", files["data_opener"]),
+                  "creation_date": _now(), "permissions": self._permissions(spec["permissions"]),
+            "metadata": spec.get("metadata")
+                  or {}, "opener": self._file("data_manager", key, "opener", files["data_opener"]),
             "description": self._file("data_manager", key, "description", files["description"]),
             "logs_permission": self._permissions(spec["logs_permission"])["process"],
         }
@@ -328,8 +323,7 @@ class SubstraNodeStub:
         spec, files = self._json(body, content_type)
         managers = spec.get("data_manager_keys") or []
         if not managers or any(k not in self.datasets for k in managers):
-            raise HttpError(400,
-                            {"detail": "One or more datamanager keys provided do not exist in "
+            raise HttpError(400, {"detail": "One or more datamanager keys provided do not exist in "
                                        "local database. Please create them before. DataManager "
                                        f"keys: {managers}"})
         if files:
@@ -345,8 +339,7 @@ class SubstraNodeStub:
         for source in sources:
             key = str(uuid.uuid4())
             record = {"key": key, "owner": self.organization_id,
-                      "data_manager_keys": list(managers),
-                      "creation_date": _now()}
+                      "data_manager_keys": list(managers), "creation_date": _now()}
             self.data_samples[key] = Asset(record, spec, {"archive": source} if files
                                            else {"path": source})
             created.append({**record, "checksum": _sha256(source)})
@@ -367,12 +360,12 @@ class SubstraNodeStub:
         key = str(uuid.uuid4())
         record = {
             "key": key, "name": spec["name"], "owner": self.organization_id,
-                  "creation_date": _now(),
-            "permissions": self._permissions(spec["permissions"]), "metadata": spec.get("metadata")
+                  "creation_date": _now(), "permissions": self._permissions(spec["permissions"]),
+            "metadata": spec.get("metadata")
                   or {},
             "description": self._file("function", key, "description", files["description"]),
-            "archive": self._file("function", key, "file", files["file"]),
-            "inputs": spec["inputs"], "outputs": spec["outputs"], "status": "FUNCTION_STATUS_READY",
+            "archive": self._file("function", key, "file", files["file"]), "inputs": spec["inputs"],
+            "outputs": spec["outputs"], "status": "FUNCTION_STATUS_READY",
         }
         self.functions[key] = Asset(record, spec, files)
         return 201, record
@@ -393,9 +386,8 @@ class SubstraNodeStub:
         if key in self.compute_plans:
             raise HttpError(409, {"key": key, "detail": "compute plan already exists"})
         record = {"key": key, "tag": spec.get("tag") or "", "name": spec["name"],
-                  "owner": self.organization_id,
-                  "creator": "stub", "metadata": spec.get("metadata") or {},
-                  "creation_date": _now(),
+                  "owner": self.organization_id, "creator": "stub",
+                  "metadata": spec.get("metadata") or {}, "creation_date": _now(),
                   "start_date": None, "end_date": None, "duration": None, "failed_task_key": None}
         self.compute_plans[key] = Asset(record, spec, state={"doing_polls": 0})
         return 201, self._plan_view(key)
@@ -433,8 +425,7 @@ class SubstraNodeStub:
             if ref.get("parent_task_key"):
                 parent = self._get_or_400(known, ref["parent_task_key"], "parent task").record
                 if ref.get("parent_task_output_identifier") not in parent["function"]["outputs"]:
-                    raise HttpError(400,
-                                    {"detail": f"task {task['key']}: parent has no output "
+                    raise HttpError(400, {"detail": f"task {task['key']}: parent has no output "
                                                f"{ref.get('parent_task_output_identifier')!r}"})
                 ranks.append(parent["rank"] + 1)
             elif declared[identifier]["kind"] == "ASSET_DATA_MANAGER":
@@ -469,8 +460,7 @@ class SubstraNodeStub:
                         "parent_task_output_identifier": r.get("parent_task_output_identifier")}
                        for r in task["inputs"]],
             "outputs": {name: {"permissions": self._permissions(output["permissions"], task[
-                "worker"]),
-                               "transient": bool(output.get("transient", False))}
+                "worker"]), "transient": bool(output.get("transient", False))}
                         for name, output in task["outputs"].items()},
         }
 
@@ -579,11 +569,9 @@ class SubstraNodeStub:
                 if output["kind"] == "ASSET_PERFORMANCE":
                     rows.append({"compute_task": {
                         "key": task.record["key"], "function_key": task.record["function"]["key"],
-                        "rank": task.record["rank"],
-                                                  "round_idx": task.record["metadata"].get(
+                        "rank": task.record["rank"], "round_idx": task.record["metadata"].get(
                                                       "round_idx"),
-                        "worker": task.record["worker"]},
-                        "identifier": output["identifier"],
+                        "worker": task.record["worker"]}, "identifier": output["identifier"],
                                  "perf": output["asset"]["performance_value"]})
         statistics = {"compute_tasks_distinct_ranks": sorted({t.record[
             "rank"] for t in self.plan_tasks(key)}),

@@ -16,8 +16,7 @@ END_TO_END = [f"tests/scripts/test_run_local.py::test_{name}" for name in (
     "replayable_noise_and_training_data_scores_are_flagged",
     "table_and_reports_and_no_files_leak_into_the_working_directory")]
 INSIDE = ["python", "-m", "pytest", "-q", "-p", "no:cacheprovider",
-          "tests/privacy/test_accountant.py",
-          "tests/test_readme.py", *END_TO_END]
+          "tests/privacy/test_accountant.py", "tests/test_readme.py", *END_TO_END]
 
 
 def test_the_bundle_image_builds_and_runs_the_tests_inside(docker_daemon):

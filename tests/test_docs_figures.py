@@ -64,8 +64,7 @@ def default_run_figures():
 FIGURES = {
     "σ, q, steps and ε of the default run": (
         ["docs/design.md"], "σ = {:.3f}, q = {:.3f}, {} steps, ε = {:.3f} (PLD) and {:.3f} "
-                            "(RDP)", default_run_figures),
-    "one run's σ and the default search's": (
+                            "(RDP)", default_run_figures), "one run's σ and the default search's": (
         ["docs/privacy.md"], "one run needs σ = {:.3f} (PLD); a search of 4 candidates on average "
                              "needs σ = {:.3f}",
         lambda: (one_run(DEFAULT_TRAIN_SIZE)[0], search_sigma(DEFAULT_TRAIN_SIZE))),
@@ -85,8 +84,7 @@ FIGURES = {
     "a search of 8 candidates on Fashion-MNIST": (
         ["docs/benchmarks.md"], "(8: σ {:.3f} instead of {:.3f} on Fashion-MNIST",
         lambda: (search_sigma(FASHION_MNIST_TRAIN_SIZE, 8),
-                 search_sigma(FASHION_MNIST_TRAIN_SIZE))),
-    "the three default models together": (
+                 search_sigma(FASHION_MNIST_TRAIN_SIZE))), "the three default models together": (
         ["docs/privacy.md"], "report {:.3f} each; released together they are ε = {:.3f}",
         lambda: (run_epsilon(DEFAULT_TRAIN_SIZE), run_epsilon(DEFAULT_TRAIN_SIZE, 3))),
     "the six models of two default runs": (
@@ -109,8 +107,7 @@ def test_the_readme_table_quotes_the_default_runs_privacy_figures():
     sigma, q, steps, epsilon, rdp = default_run_figures()
     data = run_epsilon(DEFAULT_TRAIN_SIZE, 3)
     table = [line for line in (REPO / "README.md").read_text().splitlines()
-             if re.match(r"\s*(torch|tf|mindspore) ",
-                                                                                       line)]
+             if re.match(r"\s*(torch|tf|mindspore) ", line)]
     assert len(table) == 3
     for row in table:
         cells = row.split()

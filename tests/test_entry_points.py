@@ -98,8 +98,7 @@ CASES = [
      "--seeds has no effect with --report-only"),
     ("benchmarks/same_noise.py", ["--seeds", "0"], "--seeds: 0 is not an integer from 1 to 100"),
     ("benchmarks/same_noise.py", ["--set", "noise_seed=3"],
-     "--set noise_seed: the benchmark sets it"),
-    ("benchmarks/same_noise.py", ["--train-size", "5"],
+     "--set noise_seed: the benchmark sets it"), ("benchmarks/same_noise.py", ["--train-size", "5"],
      "--train-size: 5 is not an integer from 10"),
 ]
 
@@ -154,8 +153,7 @@ def test_a_manifest_with_an_integer_too_long_is_named(tmp_path, capsys, tiny_dat
     manifest = json.loads((data / "manifest.json").read_text())
     (data / "manifest.json").write_text(json.dumps(manifest)[:-1] + f', "extra": {HUGE}}}')
     line = refused("scripts/run_local.py",
-                   ["--data", data, "--output", tmp_path / "out", "--organizations", "3"],
-                   capsys)
+                   ["--data", data, "--output", tmp_path / "out", "--organizations", "3"], capsys)
     assert line.startswith(f"error: {data / 'manifest.json'}: an integer of 5,000 digits")
 
 

@@ -97,8 +97,8 @@ def test_every_commit_subject_since_the_rule_passes_the_commit_msg_hook(tmp_path
     import pytest
 
     listed = subprocess.run(["git", "log", "--format=%s",
-                             f"{FIRST_COMMIT_OF_THE_SUBJECT_RULE}^..HEAD"],
-                            capture_output=True, text=True, cwd=REPO)
+                             f"{FIRST_COMMIT_OF_THE_SUBJECT_RULE}^..HEAD"], capture_output=True,
+                            text=True, cwd=REPO)
     if listed.returncode != 0:
         pytest.skip(f"no git history reaching {FIRST_COMMIT_OF_THE_SUBJECT_RULE} here: "
                     f"{listed.stderr.strip()}")
@@ -107,15 +107,13 @@ def test_every_commit_subject_since_the_rule_passes_the_commit_msg_hook(tmp_path
     for subject in subjects:
         (tmp_path / "message").write_text(subject + "\n\nbody\n", encoding="utf-8")
         hook = subprocess.run([sys.executable, str(REPO / ".githooks" / "commit-msg"),
-                               str(tmp_path / "message")],
-                              capture_output=True, text=True)
+                               str(tmp_path / "message")], capture_output=True, text=True)
         if hook.returncode != 0:
             refused.append(hook.stderr.strip())
     assert subjects and not refused, "\n".join(refused)
     (tmp_path / "message").write_text("x" * 73 + "\n", encoding="utf-8")
     assert subprocess.run([sys.executable, str(REPO / ".githooks" / "commit-msg"),
-                           str(tmp_path / "message")],
-                          capture_output=True).returncode == 1
+                           str(tmp_path / "message")], capture_output=True).returncode == 1
 
 
 # A measured time or speed-up in prose: "1.4 ms", "0.5 s", "2 minutes", "5× faster", "300x slower"

@@ -85,10 +85,9 @@ def test_the_readme_table_is_the_one_the_default_run_prints():
     from mnist_dp.report.results import Record
 
     records = [Record(run=f, round=1, organization="MyOrg1MSP", framework=f, dp=True, epsilon=2.999,
-                      epsilon_rdp=3.271,
-                      epsilon_by_organization={"MyOrg1MSP": 2.999}, delta=1e-5,
-                      accountant="PLD (Google dp_accounting)",
-                      noise_multiplier=2.866, sample_rate=0.125, steps=240, test_accuracy=0.96,
+                      epsilon_rdp=3.271, epsilon_by_organization={"MyOrg1MSP": 2.999}, delta=1e-5,
+                      accountant="PLD (Google dp_accounting)", noise_multiplier=2.866,
+                      sample_rate=0.125, steps=240, test_accuracy=0.96,
                       data_epsilon_by_organization={"MyOrg1MSP": 5.549})
                for f in ("torch", "tf", "mindspore")]
     section = (REPO / "README.md").read_text().split("## What the default run prints and draws")[1]

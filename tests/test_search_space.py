@@ -56,8 +56,7 @@ def test_privacy_profiles_are_counted_without_being_made_and_made_once_each():
 
 def test_a_draw_takes_every_searched_key_from_its_range_or_list_and_the_rest_from_the_base():
     search = search_space.parse({"space": {"learning_rate": {
-        "low": 0.01, "high": 10.0, "log": True},
-                                           "epochs": {"low": 2, "high": 4},
+        "low": 0.01, "high": 10.0, "log": True}, "epochs": {"low": 2, "high": 4},
                                            "ema_decay": [0.0, 0.9]}}, "s.json")
     base = dict_hp(max_grad_norm=0.7)
     rng = np.random.default_rng(0)
@@ -74,8 +73,7 @@ def test_a_draw_takes_every_searched_key_from_its_range_or_list_and_the_rest_fro
 def test_a_search_file_survives_its_json_round_trip(shape):
     search = search_space.parse({"space": {"learning_rate": {"low": 0.1, "high": 1.0, "log": True},
                                            "batch_size": [10, 20]}, "mean_candidates": 3,
-                                 "shape": shape,
-                                 "validation_fraction": 0.2}, "s.json")
+                                 "shape": shape, "validation_fraction": 0.2}, "s.json")
     assert search_space.parse(search.to_json(), "again") == search
     assert search.validation_permille == 200
 
@@ -83,8 +81,7 @@ def test_a_search_file_survives_its_json_round_trip(shape):
 @pytest.mark.parametrize("base, message", [
     ({"dp": False}, "a private search needs dp = true"),
     ({"target_epsilon": None, "noise_multiplier": 1.0}, "a search needs target_epsilon"),
-    ({"max_epsilon": 5.0}, "set max_epsilon to null"),
-    ({"features": "pixels"},
+    ({"max_epsilon": 5.0}, "set max_epsilon to null"), ({"features": "pixels"},
      'the candidate {"network": "linear"}: network = "linear" is a classifier on scattering'),
 ])
 def test_a_search_the_algos_hyperparameters_cannot_run_is_refused(base, message):

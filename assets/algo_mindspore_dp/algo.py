@@ -182,8 +182,8 @@ def make_dp_step(net, optimizer, expected_batch_size, rng, secure_mode=False, wi
 
     def step(images, labels, batch, max_grad_norm, noise_multiplier, rows=None):
         parts = [clipped_sum.inputs(as_input(images[index]), ms.Tensor(labels[index]),
-                                    ms.Tensor(mask),
-                                    max_grad_norm, None if rows is None else rows[index])
+                                    ms.Tensor(mask), max_grad_norm,
+                                    None if rows is None else rows[index])
                  for index, mask in chunks.padded_chunks(batch, sizes)]
         noise = ms.from_numpy(unit_noise(rng, size, secure_mode))
         # σ = 0: the mechanism tests
@@ -331,8 +331,8 @@ class MindSporeMindArmour(interface.Framework):
         model.set_train(True)
         labels = labels.astype(np.int32)
         dp_step = make_dp_step(model, optimizer, plan.expected_batch_size,
-                               step.randomness.numpy("gradient noise"),
-                               hp.secure_mode, step.canary_hook)
+                               step.randomness.numpy("gradient noise"), hp.secure_mode,
+                               step.canary_hook)
         rows = data_rows(model, inputs)  # kept in memory as the features, never written
         return lambda batch, max_grad_norm, noise_multiplier: dp_step(
             inputs, labels, batch, max_grad_norm, noise_multiplier, rows)
@@ -351,8 +351,7 @@ class MindSporeMindArmour(interface.Framework):
 
     def library_epsilon(self, plan: SamplingPlan, steps: int, sigma: float, delta: float) -> dict:
         return {"MindArmour RDPMonitor (this run "
-                "only)": mindarmour_epsilon(plan.n, plan.sample_rate, sigma, steps,
-                                                                            delta)}
+                "only)": mindarmour_epsilon(plan.n, plan.sample_rate, sigma, steps, delta)}
 
     load_model = staticmethod(model_from_bytes)
     dump_model = staticmethod(model_to_bytes)

@@ -61,8 +61,8 @@ class PatchGather(nn.Cell):
     def construct(self, pixels):
         batch, channels = pixels.shape[0], pixels.shape[2]
         padded = ops.concat((pixels, ops.zeros((batch, 1, channels), pixels.dtype)), 1)
-        return ops.gather(padded, self.index,
-                          1).reshape(batch, self.positions, self.offsets * channels)
+        return ops.gather(padded, self.index, 1).reshape(batch, self.positions,
+                          self.offsets * channels)
 
 
 class DataProduct(nn.Cell):

@@ -111,8 +111,7 @@ class TutorialCNN(nn.Cell):
 
     # The parameters, in the order its clipped sum returns their gradients.
     GRADIENT_ORDER = ("conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias", "fc1.weight",
-                      "fc1.bias",
-                      "fc2.weight", "fc2.bias")
+                      "fc1.bias", "fc2.weight", "fc2.bias")
 
     def __init__(self, activation="tanh"):
         super().__init__()
@@ -167,10 +166,9 @@ class _TutorialClippedSum(_ClippedSumGraph):
         return (ops.matmul(row, kernel1.reshape(batch, -1)).reshape(self.net.conv1.weight.shape),
                 ops.matmul(row, bias1).reshape(-1),
                 ops.matmul(row, kernel2.reshape(batch, -1)).reshape(self.net.conv2.weight.shape),
-                ops.matmul(row, bias2).reshape(-1),
-                self.matmul_ta(g3 * column, hidden_in), ops.matmul(row, g3).reshape(-1),
-                self.matmul_ta(g4 * column, hidden), ops.matmul(row, g4).reshape(-1), unclipped,
-                squared_norms)
+                ops.matmul(row, bias2).reshape(-1), self.matmul_ta(g3 * column, hidden_in),
+                ops.matmul(row, g3).reshape(-1), self.matmul_ta(g4 * column, hidden),
+                ops.matmul(row, g4).reshape(-1), unclipped, squared_norms)
 
 
 # --- Tramèr & Boneh's ScatterNet CNN, on scattering features
@@ -295,10 +293,10 @@ class _ScatterNetClippedSum(_ClippedSumGraph):
         return (layers.kernel_of(self.patch_product(g1 * each, patches1), net.conv1.weight.shape),
                 ops.matmul(row, bias1).reshape(-1),
                 layers.kernel_of(self.patch_product(g2 * each, patches2), net.conv2.weight.shape),
-                ops.matmul(row, bias2).reshape(-1),
-                self.matmul_ta(g3 * column, hidden_in), ops.matmul(row, g3).reshape(-1),
-                self.matmul_ta(g4 * column, hidden), ops.matmul(row, g4).reshape(-1),
-                self.matmul_ta(g4 * column, x), unclipped, squared_norms)
+                ops.matmul(row, bias2).reshape(-1), self.matmul_ta(g3 * column, hidden_in),
+                ops.matmul(row, g3).reshape(-1), self.matmul_ta(g4 * column, hidden),
+                ops.matmul(row, g4).reshape(-1), self.matmul_ta(g4 * column, x), unclipped,
+                squared_norms)
 
     def kernel_norms(self, grads, patches):
         """Each example's squared kernel gradient norm [B] from output gradients [B, P, O] and
@@ -349,8 +347,7 @@ class _LinearClippedSum(_ClippedSumGraph):
         squared_norms = ops.stack(self.dense_norms(g, x), 1)  # weight, bias -> [B, 2]
         weight, unclipped = self.clip_weights(squared_norms, mask, max_grad_norm)
         return (self.matmul_ta(g * weight.reshape(-1, 1), x),
-                ops.matmul(weight.reshape(1, -1), g).reshape(-1),
-                unclipped, squared_norms)
+                ops.matmul(weight.reshape(1, -1), g).reshape(-1), unclipped, squared_norms)
 
 
 def build_network(network):

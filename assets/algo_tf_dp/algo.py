@@ -99,8 +99,8 @@ SCALAR = tf.TensorSpec([], tf.float32)
 def batch_spec(model):
     """The (inputs, labels) signature of a training step: the model's input shape, any batch
     size."""
-    return tf.TensorSpec([None, *model.input_shape[1:]],
-                         tf.float32), tf.TensorSpec([None], tf.int64)
+    return tf.TensorSpec([None, *model.input_shape[1:]], tf.float32), tf.TensorSpec([None],
+                         tf.int64)
 
 
 def make_dp_step(model, optimizer, expected_batch_size, generator, with_canaries=None,
@@ -194,8 +194,8 @@ def tf_privacy_statement_epsilon(n, batch_size, epochs, noise_multiplier, delta)
     # sensitivity).
     statement = compute_dp_sgd_privacy_statement(
         number_of_examples=n, batch_size=batch_size, num_epochs=epochs,
-                                                 noise_multiplier=noise_multiplier,
-        delta=delta, used_microbatching=False)
+                                                 noise_multiplier=noise_multiplier, delta=delta,
+        used_microbatching=False)
     return float(next(line for line in statement.splitlines()
                       if "Poisson sampling" in line).split()[-1])
 
@@ -243,8 +243,8 @@ def from_common(arrays, pixels):
             array = array.transpose(2, 3, 1, 0)
         elif array.ndim == 2:
             if pixels and index == PIXEL_FC1:  # columns (c, h, w) -> (h, w, c)
-                array = array.reshape(-1, PIXEL_MAP[2],
-                                      *PIXEL_MAP[:2]).transpose(0, 2, 3, 1).reshape(array.shape)
+                array = array.reshape(-1, PIXEL_MAP[2], *PIXEL_MAP[:2]).transpose(0, 2, 3,
+                                      1).reshape(array.shape)
             array = array.T
         keras.append(np.ascontiguousarray(array))
     return keras
@@ -279,13 +279,12 @@ class TensorFlowPrivacy(interface.Framework):
         return new_optimizer(hp)  # Keras keeps the weight average itself (use_ema)
 
     def dp_step(self, model: tf.keras.Model, optimizer: tf.keras.optimizers.Optimizer,
-                inputs: np.ndarray,
-                labels: np.ndarray, hp: Hyperparameters, plan: SamplingPlan,
+                inputs: np.ndarray, labels: np.ndarray, hp: Hyperparameters, plan: SamplingPlan,
                 step: interface.DpStep):
         known = data_grams(model, inputs)  # the first layer's patch Grams, if it has them
         dp_step = make_dp_step(model, optimizer, plan.expected_batch_size,
-                               noise_generator(step.randomness),
-                               step.canary_hook, None if known is None else known[0])
+                               noise_generator(step.randomness), step.canary_hook,
+                               None if known is None else known[0])
 
         def one_step(batch: np.ndarray, max_grad_norm: float, noise_multiplier: float) -> int:
             # each batch widened to float32 alone
@@ -297,8 +296,7 @@ class TensorFlowPrivacy(interface.Framework):
         return one_step
 
     def plain_step(self, model: tf.keras.Model, optimizer: tf.keras.optimizers.Optimizer,
-                   inputs: np.ndarray,
-                   labels: np.ndarray):
+                   inputs: np.ndarray, labels: np.ndarray):
         plain_step = make_plain_step(model, optimizer)
         return lambda batch: plain_step(as_input(inputs[batch]), tf.constant(labels[batch]))
 

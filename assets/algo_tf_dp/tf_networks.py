@@ -59,8 +59,7 @@ def scatter_cnn(activation):
 
     def normalised(width):  # [B, 4, 4, width], groups of GROUP_SIZE channels, then the activation
         return [layers.GroupNormalization(width // GROUP_SIZE, epsilon=NORM_EPS, center=False,
-                                          scale=False),
-                layers.Activation(activation)]
+                                          scale=False), layers.Activation(activation)]
 
     inputs = x = layers.Input((features.SCATTERING_DIM,))  # [B, 3969] scattering features
     for layer in [

@@ -162,8 +162,7 @@ def make_dp_step(model, optimizer, expected_batch_size, generator, secure_mode, 
 
     optimizer = DPOptimizerFastGradientClipping(optimizer, noise_multiplier=1.0, max_grad_norm=1.0,
                                                 expected_batch_size=expected_batch_size,
-                                                generator=generator,
-                                                secure_mode=secure_mode)
+                                                generator=generator, secure_mode=secure_mode)
 
     def step(x: torch.Tensor, y: torch.Tensor, max_grad_norm: float, noise_multiplier: float,
              known_grams=None) -> int:
@@ -274,8 +273,8 @@ class TorchOpacus(interface.Framework):
         return AveragingOptimizer(new_optimizer(model, hp), MovingAverage(model, hp.ema_decay))
 
     def dp_step(self, model: nn.Module, optimizer: AveragingOptimizer, inputs: np.ndarray,
-                labels: np.ndarray,
-                hp: Hyperparameters, plan: SamplingPlan, step: interface.DpStep):
+                labels: np.ndarray, hp: Hyperparameters, plan: SamplingPlan,
+                step: interface.DpStep):
         x, y = as_tensor(inputs), torch.from_numpy(labels)  # each batch is widened to float32 alone
         known = data_grams(model, inputs)  # the first layer's patch Grams, if it has them
         dp_step = make_dp_step(model, optimizer.inner, plan.expected_batch_size,

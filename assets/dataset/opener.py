@@ -148,8 +148,8 @@ def example_digests(images, labels):
     n = len(labels)
     if n == 0:
         return []
-    rows = (np.ascontiguousarray(images,
-                                 dtype=np.float32).reshape(n, -1) + np.float32(0)).view(np.uint8)
+    rows = (np.ascontiguousarray(images, dtype=np.float32).reshape(n,
+                                 -1) + np.float32(0)).view(np.uint8)
     records = np.concatenate([rows, labels.astype("<i8").reshape(n, 1).view(np.uint8)], axis=1)
     view, width = memoryview(records).cast("B"), records.shape[1]
     return [hashlib.sha256(view[i:i + width]).digest() for i in range(0, n * width, width)]
@@ -251,8 +251,7 @@ def combine(samples, problem=None):
     """Concatenate read samples into the dict every function receives as inputs['datasamples'], with
     `problem`, the line that refuses them for training (copies) or None."""
     return {
-        "copies": problem,
-        "images": np.concatenate([s.images for s in samples]),
+        "copies": problem, "images": np.concatenate([s.images for s in samples]),
         "labels": np.concatenate([s.labels for s in samples]),
         # One entry per data sample: the privacy ledger names the sample by its keyed identity and
         # its examples by their keyed ids (in the order of its images), so that ε is composed per
@@ -261,8 +260,8 @@ def combine(samples, problem=None):
         # mnist_dp/privacy/data_ledger.py). "aliases" (only with the organisation's other keys,
         # RING_FILE): the same examples' ids under each of them.
         "samples": [{"identity": s.identity, "n": int(len(s.labels)), "key": s.key_id,
-                     "examples": s.ids,
-                     "folder": s.folder, **({"aliases": s.aliases} if s.aliases else {})}
+                     "examples": s.ids, "folder": s.folder,
+                     **({"aliases": s.aliases} if s.aliases else {})}
                     for s in samples],
     }
 

@@ -154,8 +154,7 @@ def check_organization_keys(data_dir: Path, holdings: list, test_everywhere: boo
         if shared:
             problem = (f"organisations {shared[0]} and {k} hold data under one identity key; each "
                        "organisation's key must be its own: a shared key lets either recognise the "
-                       "other's examples in a released ledger",
-                       list(own), None)
+                       "other's examples in a released ledger", list(own), None)
             break
     else:
         # registered beside another organisation's data
@@ -211,8 +210,7 @@ def regenerate_command(data_dir: Path, manifest: dict, organizations: int,
         parts += ["--source", shlex.quote(str(source)), *given_sizes]
     elif source == EMBEDDED_SOURCE and sizes != (DEFAULT_TRAIN_SIZE, DEFAULT_TEST_SIZE):
         parts += given_sizes
-    parts += ["--seed", str(manifest.get("seed", DEFAULT_SEED)),
-              "--train-samples",
+    parts += ["--seed", str(manifest.get("seed", DEFAULT_SEED)), "--train-samples",
               str(max(organizations, train_samples, manifest.get("train_samples") or 1)),
               "--organizations", str(organizations), "--force"]
     kept = []
@@ -232,9 +230,9 @@ def _at_least_one(flag: str, value) -> int:
 
 
 def generate(dest: Path, source: Path | None = None, train_size: int | None = None,
-             test_size: int | None = None,
-             train_samples: int | None = None, seed: int = DEFAULT_SEED, force: bool = False,
-             organizations: int = 1, keys: tuple = (), test_key: str | None = None) -> dict:
+             test_size: int | None = None, train_samples: int | None = None,
+             seed: int = DEFAULT_SEED, force: bool = False, organizations: int = 1,
+             keys: tuple = (), test_key: str | None = None) -> dict:
     """Build the train/test data samples in `dest` from `source` (None: the embedded subset; see the
     module docstring) and return the manifest. Deterministic for a seed, but for the identity keys
     (`keys`, `test_key`: reuse these; write_dataset). `train_size`, `test_size`: examples, None for
@@ -277,8 +275,7 @@ def generate(dest: Path, source: Path | None = None, train_size: int | None = No
     manifest = {"source": EMBEDDED_SOURCE if source is None else str(Path(source).resolve()),
                 "seed": seed}
     return write_dataset(dest, train, test, train_samples, manifest, force=force,
-                         organizations=organizations,
-                         keys=keys, test_key=test_key)
+                         organizations=organizations, keys=keys, test_key=test_key)
 
 
 def default_folder(organizations: int) -> Path:
@@ -319,8 +316,7 @@ def generate_default_if_missing(dest: Path, train_samples: int, flag: str = "--t
             kept = () if written_for is None else tuple(
                 read_key(dest / "train" / str(k)) for k in range(min(written_for, organizations)))
             generate(dest, train_samples=train_samples, force=True, organizations=organizations,
-                     keys=kept,
-                     test_key=read_key(dest / "test" / "0") if written_for else None)
+                     keys=kept, test_key=read_key(dest / "test" / "0") if written_for else None)
         return None
     if entries:
         raise UserError(f"{dest}: holds no data samples (no train/ folder) but other files "

@@ -54,11 +54,9 @@ def register(clients: list, keys: registry.KeysFile, data_dir: Path) -> Organiza
     return Organizations(
         [TrainDataNode(organization_id=s.organization, data_manager_key=s.dataset,
                        data_sample_keys=list(s.samples))
-         for s in shares],
-        [TestDataNode(organization_id=t.organization, data_manager_key=t.dataset,
+         for s in shares], [TestDataNode(organization_id=t.organization, data_manager_key=t.dataset,
                       data_sample_keys=list(t.samples))
-         for t in tests],
-        {org: [samples.sample_identity(f) for f in folders] for org,
+         for t in tests], {org: [samples.sample_identity(f) for f in folders] for org,
          folders in holdings.items()}, holdings)
 
 
@@ -158,13 +156,13 @@ def collect(client: substra.Client, plan_key: str, framework: str, organizations
 
     perfs = client.get_performances(plan_key)
     frame = pd.DataFrame({"task_key": perfs.task_key, "worker": perfs.worker,
-                          "round": perfs.round_idx,
-                          "metric": perfs.identifier, "performance": perfs.performance})
+                          "round": perfs.round_idx, "metric": perfs.identifier,
+                          "performance": perfs.performance})
     frame["run"] = framework
     frame["trained_at"] = frame["worker"]  # each organisation evaluates its own local state
     records = []
-    for (task_key, org,
-         round_idx), rows in frame.groupby(["task_key", "worker", "round"], sort=False):
+    for (task_key, org, round_idx), rows in frame.groupby(["task_key", "worker", "round"],
+         sort=False):
         metric = dict(zip(rows.metric, rows.performance))
         if round_idx == 0:  # the seeded start, before any training: no model file, ε 0
             continue

@@ -33,8 +33,7 @@ def pixel_grams_are_smaller(height: int, width: int, kernel_size: int) -> bool:
 
 
 def patch_pixels(in_h: int, in_w: int, out_h: int, out_w: int, kh: int, kw: int, sh: int, sw: int,
-                 top: int,
-                 left: int) -> np.ndarray:
+                 top: int, left: int) -> np.ndarray:
     """The pixel under each kernel offset of each patch: [P, kh·kw] int64, a row-major index into
     the unpadded [H, W] = [in_h, in_w] input, -1 where the offset reads padding (`top` rows and
     `left` columns are added before the convolution reads). P = out_h·out_w positions, positions and
@@ -49,8 +48,7 @@ def patch_pixels(in_h: int, in_w: int, out_h: int, out_w: int, kh: int, kw: int,
 
 @functools.cache
 def patch_pair_sums(in_h: int, in_w: int, out_h: int, out_w: int, kh: int, kw: int, sh: int,
-                    sw: int, top: int,
-                    left: int) -> tuple[np.ndarray, np.ndarray, tuple[int, int]]:
+                    sw: int, top: int, left: int) -> tuple[np.ndarray, np.ndarray, tuple[int, int]]:
     """Which pixel pairs make each patch pair: a sparse 0/1 matrix [(H·W)², P·P] as (indices [n, 2]
     int64 in row-major order, values float32, shape), so that an example's flattened pixel Gram
     times it is its patch Gram, flattened. The input [H, W] = [in_h, in_w] is padded by `top` rows
@@ -65,8 +63,8 @@ def patch_pair_sums(in_h: int, in_w: int, out_h: int, out_w: int, kh: int, kw: i
                             (kh * kw, (out_h * out_w) ** 2)).reshape(-1)[inside]
     # offsets of one patch pair read distinct pixel pairs: no duplicates
     order = np.lexsort((pairs, entries))
-    indices, values = np.stack([entries, pairs],
-                               1)[order].astype(np.int64), np.ones(len(order), np.float32)
+    indices, values = np.stack([entries, pairs], 1)[order].astype(np.int64), np.ones(len(order),
+                               np.float32)
     indices.flags.writeable = values.flags.writeable = False
     return indices, values, ((in_h * in_w) ** 2, (out_h * out_w) ** 2)
 
@@ -82,8 +80,7 @@ def packed_pairs(positions: int) -> np.ndarray:
 
 
 def patch_grams(pixels: np.ndarray, out_h: int, out_w: int, kh: int, kw: int, sh: int, sw: int,
-                top: int,
-                left: int) -> np.ndarray:
+                top: int, left: int) -> np.ndarray:
     """Each example's patch Gram A (A_pp' = a_p·a_p'), packed: [N, P(P+1)/2] float32, the entries of
     `packed_pairs`, those off the diagonal doubled, so that for a symmetric G (the output gradients'
     Gram) Σ_{p,p'} G_pp' A_pp' is Σ_k G[packed_pairs[k]] · row_k. pixels [N, C, H, W] (any float

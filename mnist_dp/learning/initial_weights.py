@@ -25,8 +25,7 @@ def layout(network) -> list[tuple[str, tuple, int]]:
     order and layout; fan_in ZERO: starts at zero."""
     if network.features == "pixels":  # the TF Privacy / Opacus tutorial CNN
         return [*_conv("conv1", 1, 16, 8), *_conv("conv2", 16, 32, 4),
-                *_dense("fc1", 32 * 4 * 4, 32),
-                *_dense("fc2", 32, 10)]
+                *_dense("fc1", 32 * 4 * 4, 32), *_dense("fc2", 32, 10)]
     if network.network == "cnn":  # Tramèr & Boneh's ScatterNet CNN with its linear shortcut
         return [*_conv("conv1", features.SCATTERING_CHANNELS, 16, 3), *_conv("conv2", 16, 32, 3),
                 *_dense("fc1", 32 * 4 * 4, 32), *_dense("fc2", 32, 10),
@@ -38,8 +37,7 @@ def layout(network) -> list[tuple[str, tuple, int]]:
 def _conv(name, channels_in, channels_out, kernel):
     fan_in = channels_in * kernel * kernel
     return [(f"{name}.weight", (channels_out, channels_in, kernel, kernel), fan_in),
-            (f"{name}.bias", (channels_out,),
-                                                                                        fan_in)]
+            (f"{name}.bias", (channels_out,), fan_in)]
 
 
 def _dense(name, width_in, width_out):

@@ -199,8 +199,8 @@ class Framework:
 
 
 HOOKS = ("network", "optimizer", "dp_step", "plain_step", "end_training", "library_epsilon",
-         "load_model",
-         "dump_model", "weight_arrays", "set_weight_arrays", "batch_logits", "notices")
+         "load_model", "dump_model", "weight_arrays", "set_weight_arrays", "batch_logits",
+         "notices")
 
 
 def check_shapes(arrays: list, shapes: list) -> None:

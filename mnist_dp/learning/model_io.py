@@ -23,8 +23,7 @@ log = logging.getLogger("substratools.mnist_dp")
 
 
 _NOT_WEIGHTS = (UserError, pickle.UnpicklingError, EOFError, RuntimeError, ValueError, KeyError,
-                TypeError, OSError,
-                zipfile.BadZipFile)
+                TypeError, OSError, zipfile.BadZipFile)
 
 
 def load_weights(framework: Framework, saved: model_file.ModelFile, path, network: Network):

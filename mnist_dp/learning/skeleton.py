@@ -82,9 +82,8 @@ def sampled_batches(plan: SamplingPlan, hp: Hyperparameters, randomness: RunRand
 
 def fit(framework: Framework, model, images: np.ndarray, labels: np.ndarray, hp: Hyperparameters,
         plan: SamplingPlan, sigma: float, on_epoch: EpochCallback,
-        randomness: RunRandomness | None = None,
-        canaries=None, through=None, inputs: np.ndarray | None = None,
-        progress: bool = True) -> Ran:
+        randomness: RunRandomness | None = None, canaries=None, through=None,
+        inputs: np.ndarray | None = None, progress: bool = True) -> Ran:
     """One training run of `framework`.
 
     Args:
@@ -129,13 +128,11 @@ def fit(framework: Framework, model, images: np.ndarray, labels: np.ndarray, hp:
     return dataclasses.replace(
         ran, batch_sizes=list(ran.batch_sizes), replayable_noise=randomness.replayable,
         library_epsilon=comparable_library_epsilon(framework.name, ran.library_epsilon),
-        noise_multiplier=sigma if hp.dp else 0.0,
-        clipping=PER_EXAMPLE if hp.dp else NO_CLIPPING)
+        noise_multiplier=sigma if hp.dp else 0.0, clipping=PER_EXAMPLE if hp.dp else NO_CLIPPING)
 
 
 def train_steps(framework: Framework, model, inputs: np.ndarray, labels: np.ndarray,
-                hp: Hyperparameters,
-                plan: SamplingPlan, step: DpStep, batches) -> Ran:
+                hp: Hyperparameters, plan: SamplingPlan, step: DpStep, batches) -> Ran:
     """Train `model` in place, one step of the framework's hooks per index batch.
 
     With DP, each step runs at the step's clipping norm and σ (step.noise's schedule), and its
@@ -203,8 +200,7 @@ class Trained:
 
 
 def fit_from_scratch(framework: Framework, images: np.ndarray, labels: np.ndarray,
-                     hp: Hyperparameters,
-                     where: str) -> Trained:
+                     hp: Hyperparameters, where: str) -> Trained:
     """A train task's work without Substra, for benchmarks and audits: the checks, σ (calibrated
     when hp asks), a new model, `fit` (fresh noise unless hp.noise_seed). `framework`: the algo's;
     `images`, `labels`: the training data, [n, 28, 28] and [n]; `where`: what an error names (the
@@ -263,8 +259,7 @@ def train(framework: Framework, inputs: dict, outputs: dict, hyperparameters_pat
     summary["library_epsilon"] = ran.library_epsilon
     model_io.save_epsilon(outputs["epsilon"], summary["epsilon"])
     log.info("trained %d steps, q=%.4g, sigma=%.4g: %s", ran.steps, run.plan.sample_rate,
-             ran.noise_multiplier,
-             statement.describe(summary))
+             ran.noise_multiplier, statement.describe(summary))
     log_data_epsilon(spent.ledger, run.identities, hp.delta)
     timing.end_task("saving", dp=hp.dp)
     return summary
@@ -279,8 +274,7 @@ def log_data_epsilon(spent: Ledger, identities: tuple, delta: float) -> None:
     """Say what the task's data has spent over every run its own ledger records (data_ledger.py)."""
     if spent.events:
         log.info("this data's own ledger: %d run(s) released from it, ε = %.3f at δ = %g over all "
-                 "of them",
-                 len(spent.events), spent.epsilon(delta, data=identities), delta)
+                 "of them", len(spent.events), spent.epsilon(delta, data=identities), delta)
 
 
 def check_data(framework: Framework, data: dict, hp: Hyperparameters, where: str) -> SamplingPlan:
@@ -299,8 +293,8 @@ def refuse_copies(data: dict) -> None:
 
 def train_in_memory(framework: Framework, model, ledger: Ledger, data: dict, hp: Hyperparameters,
                     plan: SamplingPlan, code: dict, if_diverged: str, through=None,
-                    release_images=False,
-                    spent: data_ledger.Held | None = None, continuing: bool = False) -> tuple:
+                    release_images=False, spent: data_ledger.Held | None = None,
+                    continuing: bool = False) -> tuple:
     """One training run of `model` (in place) by `framework` on the opener's `data`, after the runs
     of `ledger`, to which its event is added: (its budget.RunPrivacy, what it Ran), or (RunPrivacy,
     None) when the data's budget is spent and nothing ran. `hp`, `plan`: the hyperparameters and the
@@ -323,9 +317,7 @@ def train_in_memory(framework: Framework, model, ledger: Ledger, data: dict, hp:
     if lacking:
         log.warning("the input model's ledger lacks %d %s run(s) that this organisation's own "
                     "ledger records on this data (%s): they are composed into this model's ε",
-                    len(lacking),
-                    framework.name,
-                    ", ".join(e.run_id[:8] for e in lacking))
+                    len(lacking), framework.name, ", ".join(e.run_id[:8] for e in lacking))
     run = budget.for_task(framework.name, hp, plan, ledger, data["samples"], spent.ledger if spent
                           else None)
     # else the input model, as received, is passed on
@@ -342,8 +334,7 @@ def train_in_memory(framework: Framework, model, ledger: Ledger, data: dict, hp:
     if release_images:
         data["images"] = None
     ran = fit(framework, model, None, data["labels"], hp, run.plan, run.sigma, run.progress,
-              randomness,
-              through=through, inputs=inputs)
+              randomness, through=through, inputs=inputs)
     timing.mark("training")  # the steps after the first
     model_io.check_finite(framework, model, f"training diverged in {ran.steps} steps", if_diverged)
     ledger.add(run.event(ran, code=code))

@@ -193,13 +193,11 @@ class PlanBuilder:
         model = InputRef(identifier="model", parent_task_key=train_task,
                          parent_task_output_identifier="model")
         predict_id = self._add(predict_key, share.organization, self._data(share) + [model],
-                               ["predictions"],
-                               replace(role, step="predict"))
+                               ["predictions"], replace(role, step="predict"))
         predictions = InputRef(identifier="predictions", parent_task_key=predict_id,
                                parent_task_output_identifier="predictions")
         return self._add(score_key, share.organization, self._data(share) + [predictions],
-                         ["performance"],
-                         replace(role, step="score"))
+                         ["performance"], replace(role, step="score"))
 
     def chain(self, run: str, keys: dict, stages: list, test: Share,
               score_train: bool = False) -> list:

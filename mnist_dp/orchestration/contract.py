@@ -23,8 +23,7 @@ CONTRACT = {
     "train": (
         [_OPENER, _SAMPLES,
          FunctionInputSpec(identifier="model", kind=AssetKind.model, optional=True, multiple=False),
-         _LEDGER_IN],
-        [FunctionOutputSpec(identifier="model", kind=AssetKind.model, multiple=False),
+         _LEDGER_IN], [FunctionOutputSpec(identifier="model", kind=AssetKind.model, multiple=False),
          FunctionOutputSpec(identifier="epsilon", kind=AssetKind.performance, multiple=False),
          _LEDGER_OUT],
     ),
@@ -35,8 +34,7 @@ CONTRACT = {
         [FunctionOutputSpec(identifier="model", kind=AssetKind.model, multiple=False),
          FunctionOutputSpec(identifier="epsilon", kind=AssetKind.performance, multiple=False),
          _LEDGER_OUT],
-    ),
-    "predict": (
+    ), "predict": (
         [_OPENER, _SAMPLES,
          FunctionInputSpec(identifier="model", kind=AssetKind.model, optional=False,
                            multiple=False)],
@@ -48,8 +46,7 @@ CONTRACT = {
         [FunctionInputSpec(identifier="models", kind=AssetKind.model, optional=False,
                            multiple=True)],
         [FunctionOutputSpec(identifier="model", kind=AssetKind.model, multiple=False)],
-    ),
-    "score": (
+    ), "score": (
         [_OPENER, _SAMPLES,
          FunctionInputSpec(identifier="predictions", kind=AssetKind.model, optional=False,
                            multiple=False)],

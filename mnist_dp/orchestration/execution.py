@@ -48,8 +48,7 @@ def run_plan(client: substra.Client, builder: PlanBuilder, name: str, key: str) 
     if compute_plan.status != ComputePlanStatus.done:
         log = _remote_log(client, compute_plan.failed_task_key)
         raise PlanFailed(_failure(client, builder, name, f"plan status {compute_plan.status.value}",
-                                  log,
-                                  compute_plan.failed_task_key))
+                                  log, compute_plan.failed_task_key))
 
 
 POLLING_VARIABLE = "MNIST_DP_POLLING_SECONDS"
@@ -149,8 +148,8 @@ def performances(client: substra.Client, plan_key: str, roles: dict):
     except substra.exceptions.NotFound:  # the plan was refused before it existed
         perfs = substra.sdk.models.Performances()
     frame = pd.DataFrame({"task_key": perfs.task_key, "worker": perfs.worker,
-                          "round": perfs.round_idx,
-                          "identifier": perfs.identifier, "performance": perfs.performance})
+                          "round": perfs.round_idx, "identifier": perfs.identifier,
+                          "performance": perfs.performance})
     frame["run"] = [roles[k].run for k in frame.task_key]
     frame["metric"] = [f"{roles[k].split}_accuracy" if i == "performance" else i
                        for k, i in zip(frame.task_key, frame.identifier)]

@@ -131,10 +131,8 @@ def register_dataset(client: substra.Client, keys: KeysFile, name: str, owner: s
     """The opener and its description, owned by and visible to organisation `owner` (the client's)
     only."""
     spec = DatasetSpec(
-        name=name,
-        data_opener=DATASET_ASSET / "opener.py",
-        description=DATASET_ASSET / "description.md",
-        permissions=owner_only(owner),
+        name=name, data_opener=DATASET_ASSET / "opener.py",
+        description=DATASET_ASSET / "description.md", permissions=owner_only(owner),
         logs_permission=owner_only(owner),
     )
     made_from = fingerprint(spec.data_opener, spec.description, name, spec.permissions.model_dump(),
@@ -155,8 +153,7 @@ def register_samples(client: substra.Client, keys: KeysFile, dataset_key: str,
 
 
 def register_function(client: substra.Client, keys: KeysFile, asset_dir: Path, function: str,
-                      name: str,
-                      build_dir: Path, hyperparameters: dict | None = None,
+                      name: str, build_dir: Path, hyperparameters: dict | None = None,
                       search: dict | None = None) -> str:
     """Build the self-contained archive of `function` ("train", "predict", "aggregate", "tune" or
     "score") of the asset in `asset_dir` into `build_dir`, with `hyperparameters` in place of its
@@ -173,8 +170,7 @@ def register_function(client: substra.Client, keys: KeysFile, asset_dir: Path, f
     if search is not None:
         add = {search_space.FILE_NAME: (json.dumps(search, indent=2) + "\n").encode()}
     archive_path = archive.build(asset_dir, function,
-                                 Path(build_dir) / f"{name.replace(' ', '_')}.tar.gz", replace,
-                                 add)
+                                 Path(build_dir) / f"{name.replace(' ', '_')}.tar.gz", replace, add)
     inputs, outputs = CONTRACT[function]
     spec = FunctionSpec(name=name, description=description, file=archive_path, permissions=public(),
                         inputs=inputs, outputs=outputs)
@@ -184,8 +180,7 @@ def register_function(client: substra.Client, keys: KeysFile, asset_dir: Path, f
 
 
 def register_data(client: substra.Client, keys: KeysFile, owner: str, name: str,
-                  train_folders: list,
-                  test_folders: list = ()) -> tuple:
+                  train_folders: list, test_folders: list = ()) -> tuple:
     """The dataset of `owner` (the client's organisation) with its train (and test) data samples
     -> (train Share, test Share)."""
     dataset = register_dataset(client, keys, name, owner)
@@ -232,8 +227,8 @@ def register_objective(client: substra.Client, keys: KeysFile, build_dir: Path) 
 
 
 def register_algo(client: substra.Client, keys: KeysFile, run: str, framework: str,
-                  hyperparameters: dict,
-                  build_dir: Path, functions: tuple, search: dict | None = None) -> dict:
+                  hyperparameters: dict, build_dir: Path, functions: tuple,
+                  search: dict | None = None) -> dict:
     """{function: key} of the algo run `run` of `framework`: its `functions` (those of a strategy,
     compute_plan.STRATEGIES) with these hyperparameters (and search file) inside, built in
     `build_dir` (register_function)."""

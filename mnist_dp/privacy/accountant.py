@@ -25,8 +25,7 @@ from mnist_dp.privacy.events import MIN_NOISE_MULTIPLIER, Candidate, DpEvent, No
 ACCOUNTANTS = ("pld", "rdp")
 REPORTED_ACCOUNTANT = "pld"
 ACCOUNTANT_NAMES = {
-    "pld": "PLD (Google dp_accounting)",
-    "rdp": "RDP (Google dp_accounting)",
+    "pld": "PLD (Google dp_accounting)", "rdp": "RDP (Google dp_accounting)",
 }
 SAMPLING = "Poisson (each example joins each batch independently with probability q)"
 NEIGHBOURING_RELATION = "add or remove one example"
@@ -182,14 +181,9 @@ class NumericsGaveUp(NoSigma):
 
 
 def calibrate_noise_multiplier(
-    target_epsilon: float,
-    delta: float,
-    sample_rate: float,
-    steps: int,
-    prior_events: Sequence[DpEvent] = (),
-    tol: float = 1e-3,
-    schedule: NoiseSchedule = NoiseSchedule(1.0),
-    repeats: int = 1,
+    target_epsilon: float, delta: float, sample_rate: float, steps: int,
+    prior_events: Sequence[DpEvent] = (), tol: float = 1e-3,
+    schedule: NoiseSchedule = NoiseSchedule(1.0), repeats: int = 1,
 ) -> float:
     """The smallest σ (within `tol`, rounded up) that keeps ε at δ (PLD) within `target_epsilon`, or
     a NoSigma.
@@ -216,8 +210,8 @@ def calibrate_noise_multiplier(
 
 
 def noise_range(target_epsilon: float, delta: float, sample_rate: float, steps: int,
-                schedule: NoiseSchedule,
-                prior_events: Sequence[DpEvent] = (), repeats: int = 1) -> float:
+                schedule: NoiseSchedule, prior_events: Sequence[DpEvent] = (),
+                repeats: int = 1) -> float:
     """The least σ a calibration may return (least_sigma), after checking that some σ up to
     MAX_NOISE_MULTIPLIER meets the target; else the NoSigma that says why. The arguments are
     calibrate_noise_multiplier's: this is its first part, for a caller that checks a target before
@@ -246,8 +240,7 @@ def noise_range(target_epsilon: float, delta: float, sample_rate: float, steps: 
 
 
 def _segments_at(sample_rate: float, steps: int, schedule: NoiseSchedule,
-                 prior_events: Sequence[DpEvent],
-                 repeats: int):
+                 prior_events: Sequence[DpEvent], repeats: int):
     """σ -> the (q, σ, steps) segments of `prior_events`, then of `repeats` runs of `steps` steps at
     gradient noise σ (`schedule`'s decay and count noise kept): what a calibration composes for each
     σ it tries (with the searches among `prior_events`, `_searches`)."""
@@ -372,8 +365,7 @@ def _root(epsilon, target_epsilon: float, lower: float, upper: float, tol: float
 
 
 def calibrate_search(target_epsilon: float, delta: float, profiles: Sequence[tuple], mean: float,
-                     shape: float,
-                     tol: float = 1e-3) -> tuple:
+                     shape: float, tol: float = 1e-3) -> tuple:
     """The σ of each of a search's privacy `profiles` ((q, steps, NoiseSchedule whose σ is
     calibrated), one per distinct profile of the search space) that ends its training examples' ε
     (RDP) at or below `target_epsilon`, or a NoSigma. One factor s is calibrated: profile i gets σ_i
@@ -429,5 +421,4 @@ def calibrate_score_noise(target_epsilon: float, delta: float, mean: float, shap
     if epsilon(MAX_NOISE_MULTIPLIER) > target_epsilon:
         raise TooManySteps(epsilon(MAX_NOISE_MULTIPLIER))
     return _rounded_up(epsilon, _root(epsilon, target_epsilon, tol, MAX_NOISE_MULTIPLIER, tol),
-                       target_epsilon, tol,
-                       MAX_NOISE_MULTIPLIER)
+                       target_epsilon, tol, MAX_NOISE_MULTIPLIER)

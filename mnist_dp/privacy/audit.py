@@ -161,8 +161,7 @@ class DiracCanaries:
         self.real_sum += real
         with_canaries = (real + clip_norm * self.included).astype(np.float32)
         return [part.reshape(shape) for part,
-                shape in zip(np.split(with_canaries, np.cumsum(self.sizes)[:-1]),
-                                                            self.shapes)]
+                shape in zip(np.split(with_canaries, np.cumsum(self.sizes)[:-1]), self.shapes)]
 
     def scores(self, start: np.ndarray, end: np.ndarray, learning_rate: float,
                expected_batch_size: float

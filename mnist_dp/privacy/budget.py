@@ -31,8 +31,8 @@ from mnist_dp.utils.errors import UserError
 log = logging.getLogger("substratools.mnist_dp")
 
 
-def check_plan(framework: str, hp: Hyperparameters, sizes: list, rounds: int,
-               wheres: list, spent: list | None = None) -> Hyperparameters:
+def check_plan(framework: str, hp: Hyperparameters, sizes: list, rounds: int, wheres: list,
+               spent: list | None = None) -> Hyperparameters:
     """What the train tasks of a plan would refuse, checked before anything is registered: each
     organisation's run (check_run: `sizes[k]` examples, errors named `wheres[k]`), a target_epsilon
     no σ meets, and a max_epsilon below the ε of its first step after what its data has spent, with
@@ -66,8 +66,7 @@ def check_spent(framework: str, hp: Hyperparameters, plan: SamplingPlan, sigma: 
     identities = tuple(examples)
     for prior in union(Ledger((), examples), data).histories(identities):
         if steps_within_budget(prior, run_event(framework, identities, hp, plan, sigma, 1),
-                               hp.delta,
-                               hp.max_epsilon) == 0:
+                               hp.delta, hp.max_epsilon) == 0:
             raise UserError(f"{where}: max_epsilon = {hp.max_epsilon} is spent: this data's own "
                             f"ledger records {len(data.events)} run(s) released from it, ε = "
                             f"{compose_epsilon(prior, hp.delta):.3f} at δ = {hp.delta:g}, and one "
@@ -89,8 +88,7 @@ def check_first_step(framework: str, hp: Hyperparameters, plan: SamplingPlan, si
 
 
 def apply_budget(framework: str, identities: tuple, hp: Hyperparameters, plan: SamplingPlan,
-                 sigma: float,
-                 prior: list) -> SamplingPlan:
+                 sigma: float, prior: list) -> SamplingPlan:
     """With hp's max_epsilon: `plan` cut at the last step that keeps ε within budget, for a
     `framework` run at gradient noise `sigma` on the samples `identities` after the runs `prior` on
     them; 0 steps when the prior runs spent it (the train task passes its input model on); refuses a
@@ -104,12 +102,10 @@ def apply_budget(framework: str, identities: tuple, hp: Hyperparameters, plan: S
     if allowed == 0:
         log.warning("privacy budget spent: this data's ε is already %.3f at delta = %g (its own "
                     "ledger and the input model's) and one more step would exceed max_epsilon = "
-                    "%g: no training",
-                    compose_epsilon(prior, hp.delta), hp.delta, hp.max_epsilon)
+                    "%g: no training", compose_epsilon(prior, hp.delta), hp.delta, hp.max_epsilon)
     elif allowed < plan.steps:
         log.warning("privacy budget: stopping after %d of %d steps (max_epsilon = %g at delta = "
-                    "%g)",
-                    allowed, plan.steps, hp.max_epsilon, hp.delta)
+                    "%g)", allowed, plan.steps, hp.max_epsilon, hp.delta)
     return dataclasses.replace(plan, max_steps=allowed)
 
 
@@ -139,12 +135,11 @@ class RunPrivacy:
     def event(self, ran, code: dict | None) -> DpEvent:
         """The ledger event of the run as it ran (`ran`: the skeleton's interface.Ran)."""
         return run_event(self.framework, self.identities, self.hp, self.plan, ran.noise_multiplier,
-                         ran.steps,
-                         ran=ran, code=code)
+                         ran.steps, ran=ran, code=code)
 
 
-def for_task(framework: str, hp: Hyperparameters, plan: SamplingPlan, ledger: Ledger,
-             samples: list, spent: Ledger | None = None) -> RunPrivacy:
+def for_task(framework: str, hp: Hyperparameters, plan: SamplingPlan, ledger: Ledger, samples: list,
+             spent: Ledger | None = None) -> RunPrivacy:
     """The privacy plan of a `framework` train task of `plan` (with hyperparameters `hp`) on data
     `samples` (the opener's), after the runs of `ledger`: its examples are recorded in the ledger,
     and σ holds for the worst of their histories. The budget holds for those and for `spent`, the
@@ -156,6 +151,5 @@ def for_task(framework: str, hp: Hyperparameters, plan: SamplingPlan, ledger: Le
     everything = ledger if spent is None else union(ledger, spent)
     plan = min((apply_budget(framework, identities, hp, plan, sigma, prior)
                 for prior in (histories if everything is ledger
-                              else everything.histories(identities))),
-               key=lambda cut: cut.steps)
+                              else everything.histories(identities))), key=lambda cut: cut.steps)
     return RunPrivacy(framework, hp, identities, plan, sigma, histories)

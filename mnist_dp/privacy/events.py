@@ -51,8 +51,7 @@ def _text(v) -> bool:
 _EVENT_FIELDS = {
     "framework": (_text, "a framework name"),
     "data": (lambda v: isinstance(v, list) and bool(v) and all(map(_text, v))
-             and len(set(v)) == len(v),
-             "a non-empty list of distinct data sample identities"),
+             and len(set(v)) == len(v), "a non-empty list of distinct data sample identities"),
     "n": (_integer(1), "a positive integer"),
     "sample_rate": (_number(lambda v: 0 < v <= 1), "a number in (0, 1]"),
     "noise_multiplier": (_number(lambda v: v >= 0), "a number >= 0"),
@@ -396,10 +395,9 @@ class Search:
             if not test(record[name]):
                 raise UserError(f"{where}: {name} = {json.dumps(record[name])[:60]} must be {what}")
         return cls(float(record["mean"]), math.inf if record["shape"] == POISSON
-                   else float(record["shape"]),
-                   tuple(Candidate(**c) for c in record["candidates"]),
-                   float(record["score_noise_multiplier"]),
-                   record["validation_permille"], record["validation_n"])
+                   else float(record["shape"]), tuple(Candidate(**c) for c in record["candidates"]),
+                   float(record["score_noise_multiplier"]), record["validation_permille"],
+                   record["validation_n"])
 
     def problems(self, event: DpEvent) -> list:
         """What in `event`, the released run, disagrees with its search: its profile must be one of

@@ -65,8 +65,8 @@ class Examples:
         if not isinstance(record["key"], str) or not re.fullmatch(r"[0-9a-f]{16}", record["key"]):
             raise UserError(f"{where}: key must be 16 hexadecimal digits")
         try:
-            ids = base64.b64decode(record["ids"],
-                                   validate=True) if isinstance(record["ids"], str) else None
+            ids = base64.b64decode(record["ids"], validate=True) if isinstance(record["ids"],
+                                   str) else None
         except ValueError:
             ids = None
         if not ids or len(ids) % 8:
@@ -176,8 +176,8 @@ class Ledger:
         if isinstance(records, list):
             return cls(DpEvent.from_json(r) for r in records)
         if not isinstance(records, dict) or set(records) - {"aliases"} != {"events", "examples"} \
-                or not isinstance(records["events"],
-                                  list) or not isinstance(records["examples"], dict) \
+                or not isinstance(records["events"], list) or not isinstance(records["examples"],
+                                  dict) \
                 or not isinstance(records.get("aliases", {}), dict):
             raise UserError('privacy ledger must be an object {"events": [...], "examples": {...}} '
                             '(and "aliases": {...})')
@@ -321,8 +321,7 @@ class Ledger:
         distinct lists of runs that trained on one of them, without the lists another one contains
         ([[]]: none did)."""
         probe = DpEvent("next run", tuple(data), sum(len(self.examples[i]) for i in data), 1.0, 1.0,
-                        1, PER_EXAMPLE,
-                        1.0)
+                        1, PER_EXAMPLE, 1.0)
         last = len(self.events)  # the probe's position
         found = {frozenset((k, _face(e)) for e, k in zip(account.events, account.runs) if k != last)
                  for account in self.copy([*self.events, probe]).accounts() if last in account.runs}

@@ -58,8 +58,8 @@ def save(path, model: ModelFile) -> None:
     # load refuses NaN
     ledger = json.dumps(model.ledger.to_json(), indent=2, allow_nan=False).encode()
     meta = {"format": FORMAT, "framework": model.framework,
-            "hyperparameters": model.hyperparameters,
-            "ledger_sha256": _sha256(ledger), "weights_sha256": _sha256(model.weights)}
+            "hyperparameters": model.hyperparameters, "ledger_sha256": _sha256(ledger),
+            "weights_sha256": _sha256(model.weights)}
     with atomic.replacing(path) as tmp, open(tmp, "wb") as f, \
             zipfile.ZipFile(f, "w", compression=zipfile.ZIP_DEFLATED) as archive:
         archive.writestr(_META, json.dumps(meta, indent=2))

@@ -179,14 +179,13 @@ def resolve_noise_multiplier(hp: Hyperparameters, plan: SamplingPlan, prior: lis
         return float(hp.noise_multiplier)
     try:
         sigma = accountant.calibrate_noise_multiplier(hp.target_epsilon, hp.delta, plan.sample_rate,
-                                                      plan.steps,
-                                                      prior, schedule=noise_schedule(hp, plan, 1.0),
+                                                      plan.steps, prior,
+                                                      schedule=noise_schedule(hp, plan, 1.0),
                                                       repeats=repeats)
     except accountant.NoSigma as exc:
         raise refused(exc, hp, plan, where, prior, repeats) from None
     log.info("calibrated noise_multiplier = %.4f for target epsilon %.3g at delta %.1e", sigma,
-             hp.target_epsilon,
-             hp.delta)
+             hp.target_epsilon, hp.delta)
     return sigma
 
 
@@ -246,8 +245,7 @@ def noise_for_rounds(hp: Hyperparameters, sizes: list, rounds: int) -> Hyperpara
 
 
 def run_event(framework: str, data: tuple, hp: Hyperparameters, plan: SamplingPlan, sigma: float,
-              steps: int,
-              ran=None, code: dict | None = None) -> DpEvent:
+              steps: int, ran=None, code: dict | None = None) -> DpEvent:
     """The DP event of `steps` steps of a `framework` run of `plan` on `data` (its samples'
     identities) at gradient noise `sigma`, the schedule and count noise from `hp`: what the budget
     and the progress bar account. For the ledger, `ran` (interface.Ran, as skeleton.fit completes
@@ -255,14 +253,12 @@ def run_event(framework: str, data: tuple, hp: Hyperparameters, plan: SamplingPl
     replayed), `code` its provenance, and the event gets a new run id."""
     schedule = noise_schedule(hp, plan, sigma)
     event = DpEvent(framework, data, plan.n, plan.sample_rate, sigma, steps, PER_EXAMPLE if hp.dp
-                    else NO_CLIPPING,
-                    hp.max_grad_norm, noise_decay=schedule.noise_decay,
+                    else NO_CLIPPING, hp.max_grad_norm, noise_decay=schedule.noise_decay,
                     decay_steps=schedule.decay_steps,
                     count_noise_multiplier=schedule.count_noise_multiplier)
     if ran is None:
         return event
     return dataclasses.replace(event, run_id=events.new_run_id(), clipping=ran.clipping,
                                library_epsilon=tuple(sorted(ran.library_epsilon.items())),
-                               batch_size=hp.batch_size,
-                               planned_steps=plan.planned_steps, code=code,
-                               replayable_noise=ran.replayable_noise)
+                               batch_size=hp.batch_size, planned_steps=plan.planned_steps,
+                               code=code, replayable_noise=ran.replayable_noise)

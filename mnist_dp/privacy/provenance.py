@@ -43,7 +43,6 @@ def running_code(folder: Path, function: str) -> dict:
         changed = [MANIFEST_FILE]
     if changed:
         log.warning("the function's files differ from its archive manifest (%s): no archive digest "
-                    "recorded",
-                    ", ".join(changed[:3]))
+                    "recorded", ", ".join(changed[:3]))
         return {"function": function, "archive_digest": None}
     return {"function": function, "archive_digest": digest(manifest)}

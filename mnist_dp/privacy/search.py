@@ -65,8 +65,8 @@ class SearchPlan:
                                    for (q, steps, schedule), sigma in self.sigmas.items()},
                                   key=repr))
         search = Search(self.search.mean, self.search.shape, candidates,
-                        self.score_noise_multiplier,
-                        self.search.validation_permille, self.validation_n)
+                        self.score_noise_multiplier, self.search.validation_permille,
+                        self.validation_n)
         run = planning.run_event(framework, data, hp, plan, ran.noise_multiplier, ran.steps,
                                  ran=ran, code=code)
         return dataclasses.replace(run, n=self.n, search=search)
@@ -110,8 +110,7 @@ def check_plan(framework: str, hp: Hyperparameters, search: SearchSpace, ids: li
 
 
 def plan_search(framework: str, base: Hyperparameters, search: SearchSpace, n: int,
-                validation_n: int,
-                where: str) -> SearchPlan:
+                validation_n: int, where: str) -> SearchPlan:
     """The privacy plan of a `framework` search of `search` around `base` on `n` examples,
     `validation_n` of them held out, or a UserError naming `where` (the task, and the scripts before
     they register anything, ask it): σ of every profile so that the training examples' ε ends at
@@ -138,6 +137,5 @@ def plan_search(framework: str, base: Hyperparameters, search: SearchSpace, n: i
         raise planning.refused(exc, hp, plan, f"{where} (a search of {search.mean:g} candidates on "
                                               "average)") from None
     log.info("search: calibrated noise_multiplier %s for a total epsilon of %.3g at delta %.1e "
-             "(score noise %.3g)",
-             ", ".join(f"{s:.4f}" for s in sigmas), target, delta, score)
+             "(score noise %.3g)", ", ".join(f"{s:.4f}" for s in sigmas), target, delta, score)
     return SearchPlan(search, base, n, validation_n, dict(zip(distinct, sigmas)), score)

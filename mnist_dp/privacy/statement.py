@@ -18,8 +18,7 @@ from mnist_dp.privacy.randomness import ENTROPY_BITS, REPLAYABLE_WARNING
 
 NOT_COVERED = [
     "hyperparameter tuning, model selection or repeated training on the same data (each try spends "
-    "privacy that this ledger does not see)",
-    "the test data (its accuracy is published)",
+    "privacy that this ledger does not see)", "the test data (its accuracy is published)",
     "timing side channels, and floating-point attacks on the noise in tf, and in torch and "
     "MindSpore without secure_mode",
     "the size of the training data (n is in the ledger, and a published ε reveals ceil(n / "
@@ -155,8 +154,8 @@ def is_federated(saved: ModelFile) -> bool:
 
 
 def privacy_statement(saved: ModelFile, per_organization: dict | None = None,
-                      train_scores: bool = False,
-                      assumptions: bool = True, data_spent: dict | None = None) -> str:
+                      train_scores: bool = False, assumptions: bool = True,
+                      data_spent: dict | None = None) -> str:
     """Markdown. First a card: ε at δ and the accountant, what is covered, what is flagged. Then the
     details: RDP and each library's own figure, the runs behind it, the budget, ε per organisation,
     the noise's source; then, unless `assumptions` is False (a report that says them once,
@@ -189,8 +188,7 @@ def privacy_statement(saved: ModelFile, per_organization: dict | None = None,
         + (f", and the whole of the {searches} private hyperparameter search(es) that chose them: "
            "every candidate trained and scored, not only the one released" if searches else "")
         + "; the initialisation is data-independent (seeded) and costs nothing.",
-        f"- Flagged: {'; '.join(flagged) if flagged else 'nothing'}.",
-        "",
+        f"- Flagged: {'; '.join(flagged) if flagged else 'nothing'}.", "",
         f"- {ACCOUNTANT_NAMES['rdp']}: ε = {ledger.epsilon(delta, 'rdp'):.3f}, "
         + ("the reported figure itself (a search is composed by RDP only)." if searches else
            "beside it (a looser bound)."),
@@ -198,11 +196,9 @@ def privacy_statement(saved: ModelFile, per_organization: dict | None = None,
            f"{len(keys)} identity keys): ε = "
            f"{ledger.epsilon_in_every_organization(delta, REPORTED_ACCOUNTANT):.3f}, every run "
            "composed."]
-          if len(keys) > 1 else []),
-        *([DATA_SPENT + ", ".join(f"{org}: ε = {value:.3f}" for org,
+          if len(keys) > 1 else []), *([DATA_SPENT + ", ".join(f"{org}: ε = {value:.3f}" for org,
                                   value in data_spent.items()) + "."]
-          if data_spent else []),
-        "- Training runs in the ledger (in order):",
+          if data_spent else []), "- Training runs in the ledger (in order):",
     ]
     for i, e in enumerate(ledger.events, 1):
         library = "; ".join(f"{name}: ε = {value:.3f}" for name, value in e.library_epsilon)
@@ -280,8 +276,7 @@ def privacy_summary(ledger: Ledger, delta: float) -> dict:
     beside it, δ, the accountant."""
     return {
         "epsilon": ledger.epsilon(delta, REPORTED_ACCOUNTANT),
-        "epsilon_rdp": ledger.epsilon(delta, "rdp"),
-        "delta": delta,
+        "epsilon_rdp": ledger.epsilon(delta, "rdp"), "delta": delta,
         "accountant": reported_accountant(ledger),
     }
 

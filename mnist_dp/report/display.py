@@ -9,19 +9,13 @@ from mnist_dp.privacy import model_file, statement
 from mnist_dp.utils import atomic
 
 COLUMNS = [  # (key, header, format)
-    ("framework", "framework", "{}"),
-    ("dp", "DP", "{}"),
-    ("round", "round", "{}"),
+    ("framework", "framework", "{}"), ("dp", "DP", "{}"), ("round", "round", "{}"),
     ("organization", "trained at", "{}"),  # FEDAVG: averaged from every organisation's models
     ("train_accuracy", "train acc (not covered by ε)", "{:.4f}"),
-    ("test_accuracy", "test acc", "{:.4f}"),
-    ("epsilon", "ε", "{:.3f}"),
-    ("epsilon_rdp", "ε (RDP)", "{:.3f}"),
-    ("delta", "δ", "{:g}"),
-    ("accountant", "accountant", "{}"),
-    ("noise_multiplier", "σ", "{:.3f}"),
-    ("sample_rate", "q", "{:.4g}"),
-    ("steps", "steps", "{}"),
+    ("test_accuracy", "test acc", "{:.4f}"), ("epsilon", "ε", "{:.3f}"),
+    ("epsilon_rdp", "ε (RDP)", "{:.3f}"), ("delta", "δ", "{:g}"),
+    ("accountant", "accountant", "{}"), ("noise_multiplier", "σ", "{:.3f}"),
+    ("sample_rate", "q", "{:.4g}"), ("steps", "steps", "{}"),
 ]
 MULTI_STAGE_ONLY = ("round", "organization")
 FEDAVG = "fedavg"  # where an averaged model was "trained": by every organisation
@@ -145,10 +139,9 @@ def performance_table(frame) -> tuple:
     if frame.empty:
         return ["run"], []
     wide = frame.pivot_table(index=["run", "round", "trained_at"], columns=["metric", "worker"],
-                             values="performance",
-                             aggfunc="first").sort_index()
-    headers = ["run", "round",
-               "model trained at"] + [f"{metric} @ {worker}" for metric, worker in wide.columns]
+                             values="performance", aggfunc="first").sort_index()
+    headers = ["run", "round", "model trained at"] + [f"{metric} @ {worker}" for metric,
+               worker in wide.columns]
     rows = [[run, rnd, trained] + [_number(v) for v in values]
             for (run, rnd, trained), values in zip(wide.index, wide.itertuples(index=False))]
     return headers, rows
@@ -161,8 +154,7 @@ def _number(value) -> str:
 
 
 def write_summary(path: Path, title: str, facts: list, records: list, performances,
-                  plot: Path | None,
-                  failure: str | None = None) -> None:
+                  plot: Path | None, failure: str | None = None) -> None:
     """summary.md: what ran, the results table, the privacy statement, the plot, Substra's
     performances."""
     headers, rows = _rows(records)
@@ -227,8 +219,7 @@ def plot_trade_off(ax, records: list, colours: dict) -> None:
                     color=framework_colour[points[0].framework], label=run)
             last = points[-1]
             ax.annotate(f"{last.test_accuracy:.3f}", (last.epsilon, last.test_accuracy),
-                        textcoords="offset points",
-                        xytext=(5, 4), fontsize=8)
+                        textcoords="offset points", xytext=(5, 4), fontsize=8)
         else:
             ax.axhline(points[-1].test_accuracy, linestyle="--",
                        color=framework_colour[points[0].framework],
@@ -274,14 +265,12 @@ def plot(path: Path, records: list) -> Path | None:
         for i, (name, colour, hatch, values) in enumerate(series):
             xs = [s + (i - (len(series) - 1) / 2) * width for s in range(len(stages))]
             drawn = ax.bar(xs, [v or 0 for v in values], width, label=name, color=colour,
-                           hatch=hatch,
-                           edgecolor="white")
+                           hatch=hatch, edgecolor="white")
             ax.bar_label(drawn, labels=["-" if v is None else f"{v:.2f}" for v in values],
                          fontsize=8)
         crowded = len(stages) > 3  # long organisation names would run into each other
         ax.set_xticks(range(len(stages)), labels, rotation=35 if crowded else 0, ha="right"
-                      if crowded else "center",
-                      fontsize=8 if crowded else None)
+                      if crowded else "center", fontsize=8 if crowded else None)
         ax.set_ylim(0, top)
         ax.set_title(title)
         ax.set_ylabel(ylabel)
@@ -318,10 +307,8 @@ def plot(path: Path, records: list) -> Path | None:
     else:
         averaged = any(org == FEDAVG for _, org in stages)  # the evaluated models are averages
         bars(acc_ax, [(run, colours[run], "", [value(run, s, "test_accuracy") for s in stages])
-                      for run in runs],
-             "test accuracy after each round's average" if averaged
-             else "test accuracy after each train task",
-             "accuracy", 1.1)
+                      for run in runs], "test accuracy after each round's average" if averaged
+             else "test accuracy after each train task", "accuracy", 1.1)
         eps_series = [(run if len(organizations) == 1 else f"{run}: data of {org}", colours[run],
                        hatches[org],
                        [(value(run, s, "epsilon_by_organization") or {}).get(org) for s in stages])

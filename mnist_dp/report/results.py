@@ -165,34 +165,26 @@ def model_record(path: Path, framework: str, organizations: dict) -> dict:
     last = saved.ledger.events[-1]
     summary = privacy_summary(saved.ledger, delta)
     return {
-        "framework": framework,
-        "dp": all(e.is_private for e in saved.ledger.events),
-        "epsilon": summary["epsilon"],
-        "epsilon_rdp": summary["epsilon_rdp"],
+        "framework": framework, "dp": all(e.is_private for e in saved.ledger.events),
+        "epsilon": summary["epsilon"], "epsilon_rdp": summary["epsilon_rdp"],
         "epsilon_by_organization": {org: saved.ledger.epsilon(delta, data=fps) for org,
                                     fps in organizations.items()},
         "steps_by_organization": {org: steps(saved.ledger, delta, fps) for org,
                                   fps in organizations.items()},
         "epsilon_in_every_organization": (saved.ledger.epsilon_in_every_organization(delta)
                                           if len(saved.ledger.keys()) > 1 else None),
-        "delta": delta,
-        "accountant": summary["accountant"],
-        "noise_multiplier": last.noise_multiplier,
-        "sample_rate": last.sample_rate,
-        "steps": sum(e.steps for e in saved.ledger.events),
-        "clipping": last.clipping,
-        "max_grad_norm": last.max_grad_norm,
-        "sampling": SAMPLING,
+        "delta": delta, "accountant": summary["accountant"],
+        "noise_multiplier": last.noise_multiplier, "sample_rate": last.sample_rate,
+        "steps": sum(e.steps for e in saved.ledger.events), "clipping": last.clipping,
+        "max_grad_norm": last.max_grad_norm, "sampling": SAMPLING,
         "neighbouring_relation": NEIGHBOURING_RELATION,
         "max_epsilon": saved.hyperparameters.get("max_epsilon"),
         "stopped_by_budget": saved.hyperparameters.get("stopped_by_budget", False),
         "secure_mode": saved.hyperparameters.get("secure_mode", False),
         "noise_seed": saved.hyperparameters.get("noise_seed"),
         "warnings": [REPLAYABLE_WARNING] if any(e.replayable_noise for e in saved.ledger.events)
-            else [],
-        "library_epsilon": {name: value for e in saved.ledger.events for name,
-                            value in e.library_epsilon},
-        "model_file": str(path),
+            else [], "library_epsilon": {name: value for e in saved.ledger.events for name,
+                            value in e.library_epsilon}, "model_file": str(path),
     }
 
 
@@ -240,16 +232,14 @@ def run_and_report(client, builder: PlanBuilder, name: str, plan_key: str, frame
     except execution.PlanFailed as exc:
         failure = exc
     records, performances, not_downloaded = collect(client, builder, plan_key, frameworks,
-                                                    organizations,
-                                                    output / "models")
+                                                    organizations, output / "models")
     with_data_spent(records, data_folders)
     if not_downloaded:  # e.g. a node whose model export is off: its own figures are all there is
         facts = facts + [f"not downloaded, so not in the table: {', '.join(not_downloaded)}; their "
                          "accuracy and ε (as the train task computed it) are in Substra's "
                          "performances below"]
     written = display.write_reports(output, title, [f"compute plan `{plan_key}`"] + facts, records,
-                                    performances,
-                            str(failure) if failure else None)
+                                    performances, str(failure) if failure else None)
     print()
     print(display.table(records))
     if not_downloaded:

@@ -41,8 +41,7 @@ def _terminate(signum, frame):
 
 # The symbols our messages use, spelled out where only ASCII may be printed (see ascii_output).
 _SPELLED = {"ε": "eps", "δ": "delta", "σ": "sigma", "∞": "inf", "≤": "<=", "≥": ">=", "·": "*",
-            "×": "x",
-            "…": "...", "–": "-", "—": "-", "√": "sqrt", "‖": "|", "→": "->"}
+            "×": "x", "…": "...", "–": "-", "—": "-", "√": "sqrt", "‖": "|", "→": "->"}
 
 
 def _spell_out(error: UnicodeEncodeError):

@@ -120,14 +120,13 @@ def test_toeplitz_convolution_is_mindspores_conv2d_in_value_and_gradient(
 
     out = ours(channels_last, weight).asnumpy()
     np.testing.assert_allclose(out.reshape(reference(ms.Tensor(x)).shape),
-                               reference(ms.Tensor(x)).asnumpy(),
-                               rtol=1e-5, atol=1e-5)
+                               reference(ms.Tensor(x)).asnumpy(), rtol=1e-5, atol=1e-5)
     input_grad, weight_grad = ms.grad(squared, grad_position=(0, 1))(channels_last, weight)
     ref_input, (ref_weight,) = ms.grad(SquaredOutput(reference), grad_position=0,
                                        weights=reference.trainable_params())(ms.Tensor(x))
     np.testing.assert_allclose(input_grad.asnumpy(),
-                               ref_input.asnumpy().transpose(0, 2, 3, 1).reshape(2, -1),
-                               rtol=1e-4, atol=1e-4)
+                               ref_input.asnumpy().transpose(0, 2, 3, 1).reshape(2, -1), rtol=1e-4,
+                               atol=1e-4)
     np.testing.assert_allclose(weight_grad.asnumpy(), ref_weight.asnumpy(), rtol=1e-4, atol=1e-4)
 
 
@@ -265,8 +264,7 @@ def test_a_step_adds_the_runs_noise_to_the_clipped_sum_of_all_its_chunks(secure_
     # asnumpy shares the weights' memory
     before = [p.asnumpy().copy() for p in net.trainable_params()]
     step = algo.make_dp_step(net, ms.nn.SGD(net.trainable_params(), learning_rate=lr),
-                             expected_batch,
-                             RunRandomness(7).numpy("gradient noise"), secure_mode)
+                             expected_batch, RunRandomness(7).numpy("gradient noise"), secure_mode)
     assert step(x, y, np.arange(40), clip, sigma) == int(unclipped.asnumpy())
     noise = algo.unit_noise(RunRandomness(7).numpy("gradient noise"), sum(w.size for w in before),
                             secure_mode)

@@ -21,8 +21,8 @@ CNN = Network("pixels", "tanh")
 @pytest.fixture(scope="module")
 def batch():
     rng = np.random.default_rng(0)
-    return tf.constant(rng.random((7, 28, 28, 1),
-                                  dtype=np.float32)), tf.constant(rng.integers(0, 10, 7))
+    return tf.constant(rng.random((7, 28, 28, 1), dtype=np.float32)), tf.constant(rng.integers(0,
+                                  10, 7))
 
 
 def naive_per_example_gradients(model, x, y):
@@ -46,8 +46,7 @@ def test_conv_patches_match_tf_extract_patches(padding, kernel, stride):
     out_shape = layer(x).shape[1:3]
     ours = networks.conv_patches(x, layer, out_shape)
     reference = tf.image.extract_patches(x, [1, kernel, kernel, 1], [1, stride, stride, 1],
-                                         [1, 1, 1, 1],
-                                         padding.upper())
+                                         [1, 1, 1, 1], padding.upper())
     # same patch under each output position; the order inside a patch may differ (only norms are
     # used)
     np.testing.assert_allclose(tf.sort(ours, axis=-1), tf.sort(reference, axis=-1), rtol=1e-6)
@@ -112,8 +111,8 @@ def test_clipped_sum_is_the_sum_of_clipped_per_example_gradients(model_and_batch
     # a batch takes its rows out of order: they must follow their examples (a sum is not)
     if known is not None:
         order = np.random.default_rng(1).permutation(len(batch[1]))
-        batch, known = (tf.gather(batch[0], order),
-                        tf.gather(batch[1], order)), (known[0], known[1][order])
+        batch, known = (tf.gather(batch[0], order), tf.gather(batch[1], order)), (known[0],
+                        known[1][order])
     got, unclipped = algo.clipped_gradient_sum(model, networks.make_layer_registry(known), *batch,
                                                clip)
     assert int(unclipped) == sum(norm(g) <= clip for g in per_example)  # adaptive clipping's count

@@ -109,8 +109,7 @@ def test_every_planned_step_runs_where_opacus_own_sampler_runs_one_fewer(tmp_pat
     samples = in_memory(rng.random((n, 28, 28), dtype=np.float32), np.arange(n) % 10, "sample")
     hp_path = tmp_path / "hyperparameters.json"
     hp_path.write_text(json.dumps(tiny_hyperparameters("torch", batch_size=10, features="pixels",
-                                                       network="cnn",
-                                                       ema_decay=0.0, delta=1e-5)))
+                                                       network="cnn", ema_decay=0.0, delta=1e-5)))
     outputs = {"model": str(tmp_path / "model"), "epsilon": str(tmp_path / "epsilon")}
     skeleton.train(algo.FRAMEWORK, {"datasamples": samples}, outputs, hp_path)
     saved = model_file.load(outputs["model"], "torch")

@@ -73,8 +73,8 @@ def test_train_writes_a_model_whose_ledger_is_what_ran(trained):
     [event] = saved.ledger.events
     hp = tiny_hyperparameters(framework)
     steps_per_epoch = math.ceil(300 / hp["batch_size"])
-    assert (event.n, event.steps,
-            event.noise_multiplier) == (300, steps_per_epoch, hp["noise_multiplier"])
+    assert (event.n, event.steps, event.noise_multiplier) == (300, steps_per_epoch,
+            hp["noise_multiplier"])
     assert event.sample_rate == pytest.approx(1 / steps_per_epoch)
     assert event.clipping == "per-example" and len(event.data) == 2  # two train data samples
     # which code made it: the function archive it ran from (the one a node would have registered)
@@ -156,14 +156,12 @@ def test_a_search_in_every_framework_releases_a_model_that_predicts_and_trains_o
     assert 2.5 < read_epsilon(tuned["epsilon"]) <= 3.0
     run_function(ALGO_ASSETS[framework] / "algo.py", "predict",
                  {"opener": opener_path, "datasamples": samples(tiny_data, "test"),
-                  "model": tuned["model"]},
-                 {"predictions": tmp_path / "predictions"})
+                  "model": tuned["model"]}, {"predictions": tmp_path / "predictions"})
     assert np.load(tmp_path / "predictions").shape == (100,)
     # Training on from the released model: the search and the new run compose (by RDP, as the search
     # needs).
     proc, more = train(tmp_path, framework, tiny_data, opener_path, model=tuned["model"],
-                       name="more",
-                       learning_rate=saved.hyperparameters["learning_rate"])
+                       name="more", learning_rate=saved.hyperparameters["learning_rate"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     ledger = model_file.load(more["model"]).ledger
     assert [e.search is not None for e in ledger.events] == [True, False]
@@ -184,8 +182,7 @@ def test_target_epsilon_gives_the_same_sigma_everywhere_and_the_budget_stops_tra
 
     budget = (epsilon_after(3) + epsilon_after(4)) / 2
     proc, outputs = train(tmp_path, framework, tiny_data, opener_path, noise_multiplier=None,
-                          target_epsilon=8.0,
-                          max_epsilon=budget)
+                          target_epsilon=8.0, max_epsilon=budget)
     assert proc.returncode == 0, proc.stderr[-3000:]
     saved = model_file.load(outputs["model"], framework)
     [event] = saved.ledger.events
@@ -201,8 +198,7 @@ def test_target_epsilon_gives_the_same_sigma_everywhere_and_the_budget_stops_tra
     # the 4th step at this σ would exceed the budget: a task continuing from this model trains
     # nothing and passes the model on unchanged (in a plan, the other organisations go on)
     proc, more = train(tmp_path, framework, tiny_data, opener_path, model=outputs["model"],
-                       name="more",
-                       noise_multiplier=sigma, target_epsilon=None, max_epsilon=budget)
+                       name="more", noise_multiplier=sigma, target_epsilon=None, max_epsilon=budget)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"privacy budget spent: this data's ε is already {epsilon_after(3):.3f}" in proc.stderr
     assert "the input model is passed on unchanged" in proc.stderr
@@ -212,8 +208,7 @@ def test_target_epsilon_gives_the_same_sigma_everywhere_and_the_budget_stops_tra
 
     rewrite_member(outputs["model"], "ledger.json", ledger_edit("steps", 1))
     proc, _ = train(tmp_path, framework, tiny_data, opener_path, model=outputs["model"],
-                    name="edited",
-                    noise_multiplier=sigma, target_epsilon=None, max_epsilon=budget)
+                    name="edited", noise_multiplier=sigma, target_epsilon=None, max_epsilon=budget)
     assert_one_line_error(proc, str(outputs["model"]),
                           "its ledger does not match the sha256 recorded")
 
@@ -223,16 +218,15 @@ def test_the_default_network_is_the_scatternet_cnn_with_the_same_layers_in_every
     # trained with the asset's own hyperparameters, one epoch
     framework, outputs, tiny_data, opener = trained
     saved = model_file.load(outputs["model"], framework)
-    assert (saved.hyperparameters["features"],
-            saved.hyperparameters["network"]) == ("scattering", "cnn")
+    assert (saved.hyperparameters["features"], saved.hyperparameters["network"]) == ("scattering",
+            "cnn")
     algo = load_asset_module(ALGO_ASSETS[framework] / "algo.py", f"algo_{framework}_scatternet")
     network = interface.Network.of_saved(saved)
     weights = algo.FRAMEWORK.weight_arrays(algo.FRAMEWORK.load_model(saved.weights, network))
     # conv 81→16 (3×3), conv 16→32 (3×3), dense 512→32, dense 32→10, each with its bias, and the
     # shortcut 3969→10 without one: in any layout
     assert sorted(a.size for a in weights) == sorted([81 * 16 * 9, 16, 16 * 32 * 9, 32, 512 * 32,
-                                                      32, 32 * 10, 10,
-                                                      3969 * 10])
+                                                      32, 32 * 10, 10, 3969 * 10])
     # nothing left at zero: the shortcut (zero at first) trained
     assert all(np.abs(w).sum() > 0 for w in weights)
     [event] = saved.ledger.events
@@ -434,11 +428,9 @@ def test_a_full_disk_is_one_line_and_the_model_it_would_replace_stays_readable(
     old.write_bytes(trained["model"].read_bytes())
     fill_disk(disk)
     proc = run_function(ALGO_ASSETS["torch"] / "algo.py", "aggregate",
-                        {"models": [trained["model"]]},
-                        {"model": old}, check=False)
+                        {"models": [trained["model"]]}, {"model": old}, check=False)
     assert_one_line_error(proc, f"{old}: cannot write it (No space left on device) (the previous "
-                                "file is unchanged)",
-                          f"free space on the disk of {disk}")
+                                "file is unchanged)", f"free space on the disk of {disk}")
     assert old.read_bytes() == trained["model"].read_bytes()
     saved = model_file.load(old, "torch")
     algo = load_asset_module(ALGO_ASSETS["torch"] / "algo.py", "algo_torch_full_disk").FRAMEWORK
@@ -455,8 +447,7 @@ def test_a_read_only_working_directory_or_output_folder_is_one_line(
     proc = run_function(script, "train", inputs,
                         {"model": tmp_path / "m", "epsilon": tmp_path / "e"}, check=False,
                         cwd=read_only)
-    assert_one_line_error(proc,
-                          f"{read_only}/chainkeys/: substratools cannot create this folder "
+    assert_one_line_error(proc, f"{read_only}/chainkeys/: substratools cannot create this folder "
                           "(Read-only file system)", "run the function from a writable folder")
     proc = run_function(objective_script, "score",
                         {"opener": opener_path, "datasamples": samples(tiny_data, "test"),
@@ -486,8 +477,7 @@ def test_weights_that_are_not_the_frameworks_fail_in_one_line_in_predict_and_tra
     bad = craft_model(tmp_path / "bad", "torch", b"garbage" * 100)
     proc = run_function(ALGO_ASSETS["torch"] / "algo.py", "predict",
                         {"opener": opener_path, "datasamples": samples(tiny_data, "test"),
-                         "model": bad},
-                        {"predictions": tmp_path / "predictions"}, check=False)
+                         "model": bad}, {"predictions": tmp_path / "predictions"}, check=False)
     assert_one_line_error(proc, f"{bad}: its weights cannot be loaded into this torch network")
     proc, outputs = train(tmp_path, "torch", tiny_data, opener_path, model=bad, features="pixels",
                           network="cnn")
@@ -501,8 +491,7 @@ def test_a_diverged_run_fails_in_one_line_and_saves_nothing(
     # The tutorial CNN on pixels has no normalisation: relu activations of weights moved by noise of
     # std 1e30 overflow.
     proc, outputs = train(tmp_path, framework, tiny_data, opener_path, max_grad_norm=1e30,
-                          features="pixels",
-                          activation="relu", ema_decay=0.0)
+                          features="pixels", activation="relu", ema_decay=0.0)
     assert_one_line_error(proc, "training diverged in 5 steps",
                           "weights are NaN or infinite; nothing was saved; lower learning_rate or "
                           "max_grad_norm in")
@@ -519,8 +508,7 @@ def test_a_model_with_non_finite_weights_is_refused_and_never_averaged(tmp_path)
     proc = run_function(ALGO_ASSETS["torch"] / "algo.py", "aggregate", {"models": [nan]},
                         {"model": tmp_path / "global"}, check=False)
     assert_one_line_error(proc, f"{nan}: {arrays[0][0].size} of the model's 26010 weights are NaN "
-                                "or infinite",
-                          "its training diverged")
+                                "or infinite", "its training diverged")
     assert not (tmp_path / "global").exists()
 
 
@@ -535,8 +523,7 @@ def test_mindspore_with_one_batch_of_every_example_drops_mindarmours_nan(
     [event] = model_file.load(outputs["model"], "mindspore").ledger.events
     assert event.sample_rate == 1 and event.library_epsilon == ()
     report = subprocess.run([sys.executable, str(REPO / "scripts" / "privacy_report.py"),
-                             str(outputs["model"])],
-                            capture_output=True, text=True)
+                             str(outputs["model"])], capture_output=True, text=True)
     assert report.returncode == 0 and "q = 1," in report.stdout, report.stderr
 
 

@@ -58,8 +58,7 @@ class ScaledStart:
 
     def new_model(self, seed, network):
         model = self.framework.new_model(seed, network)
-        return self.framework.set_weight_arrays(model,
-                                                [a * self.scale
+        return self.framework.set_weight_arrays(model, [a * self.scale
                                                  for a in self.framework.weight_arrays(model)])
 
 
@@ -80,10 +79,9 @@ def make_hp(**changes):
     return hyperparameters.parse({
         "epochs": 1, "batch_size": 8, "learning_rate": 1.0, "momentum": 0.0, "max_grad_norm": C,
         "noise_multiplier": 1.0, "target_epsilon": None, "max_epsilon": None, "delta": 1e-5,
-                                  "seed": 0, "dp": True,
-        "secure_mode": False, "features": "pixels", "network": "cnn", "activation": "tanh",
-                                  "optimizer": "sgd",
-        "ema_decay": 0.0, "noise_decay": 1.0, "clip_quantile": None, "clip_learning_rate": 0.2,
+                                  "seed": 0, "dp": True, "secure_mode": False, "features": "pixels",
+        "network": "cnn", "activation": "tanh", "optimizer": "sgd", "ema_decay": 0.0,
+        "noise_decay": 1.0, "clip_quantile": None, "clip_learning_rate": 0.2,
         "clip_count_stddev": None, "noise_seed": 0, **changes}, "test")
 
 
@@ -272,10 +270,8 @@ def test_adaptive_clipping_count_noise_has_its_standard_deviation(framework):
     # the batch size, and the noise is what moved C: log(C'/C) = -rate · ((unclipped - B/2 + z) /
     # E[B] + 1/2 - quantile).
     _, _, clip, _ = stepwise(framework, images, labels, sigma=0.0, clip_class=RecordingClip,
-                             epochs=50, batch_size=8,
-                          max_grad_norm=1e6, learning_rate=0.01, clip_quantile=quantile,
-                             clip_learning_rate=rate,
-                          clip_count_stddev=stddev)
+                             epochs=50, batch_size=8, max_grad_norm=1e6, learning_rate=0.01,
+                          clip_quantile=quantile, clip_learning_rate=rate, clip_count_stddev=stddev)
     unclipped, sizes, before, after = map(np.array, zip(*clip.history))
     assert len(sizes) == 400 and np.array_equal(unclipped, sizes)  # the real step's count
     noise = 8 * (-np.log(after / before) / rate + quantile - 0.5) - unclipped + sizes / 2
@@ -310,8 +306,7 @@ def assert_binomial(sizes, n, q):
 
 def test_every_utility_option_trains_and_the_ledger_records_what_changes_epsilon(framework):
     hp = make_hp(epochs=2, batch_size=4, optimizer="adam", learning_rate=0.01, ema_decay=0.5,
-                 noise_decay=0.5,
-                 clip_quantile=0.5, **dataclasses.asdict(framework.network))
+                 noise_decay=0.5, clip_quantile=0.5, **dataclasses.asdict(framework.network))
     # 2 steps per epoch, 4 planned
     plan = planning.SamplingPlan.from_hyperparameters(len(LABELS), hp, "test")
     model = framework.algo.new_model(0, framework.network)
@@ -355,13 +350,12 @@ def test_an_empty_poisson_batch_is_a_step_of_noise_alone_and_a_run_at_expected_b
 
 
 def test_secure_mode_draws_adaptive_clippings_count_noise_as_the_sum_of_four_over_two():
-    hp, secure_hp = make_hp(clip_quantile=0.5,
-                            noise_seed=None), make_hp(clip_quantile=0.5, noise_seed=None,
-                                                                         secure_mode=True)
+    hp, secure_hp = make_hp(clip_quantile=0.5, noise_seed=None), make_hp(clip_quantile=0.5,
+                            noise_seed=None, secure_mode=True)
     plan = planning.SamplingPlan.from_hyperparameters(8, hp, "test")
     randomness = RunRandomness(12345)
-    plain, secure = interface.ClipNorm(hp, plan,
-                                       randomness), interface.ClipNorm(secure_hp, plan, randomness)
+    plain, secure = interface.ClipNorm(hp, plan, randomness), interface.ClipNorm(secure_hp, plan,
+                                       randomness)
     draws = np.array([secure.count_noise() for _ in range(4000)])
     same_stream = randomness.numpy("count noise").normal(0.0, plain.stddev, size=(4000, 4))
     # never a single draw

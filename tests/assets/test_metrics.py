@@ -22,9 +22,7 @@ def metrics(monkeypatch):
 
 
 @pytest.mark.parametrize("y_true, y_pred, expected", [
-    ([0, 1, 2, 3], [0, 1, 0, 3], 0.75),
-    ([7, 7, 7], [7, 7, 7], 1.0),
-    ([1, 2], [2, 1], 0.0),
+    ([0, 1, 2, 3], [0, 1, 0, 3], 0.75), ([7, 7, 7], [7, 7, 7], 1.0), ([1, 2], [2, 1], 0.0),
     ([0, 1, 2, 3, 4, 5, 6, 7], [0, 1, 2, 9, 9, 9, 9, 9], 0.375),
 ])
 def test_accuracy_is_the_share_of_labels_predicted_right(metrics, y_true, y_pred, expected):

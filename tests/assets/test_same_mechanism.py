@@ -43,8 +43,8 @@ def test_initial_weights_follow_torchs_default_distribution():
     """U(±1/√fan_in) for weights and biases, zero for the shortcut: torch's Kaiming-uniform (a =
     √5)."""
     network = interface.Network("scattering", "tanh", "cnn")
-    for (name, _,
-         fan_in), array in zip(initial_weights.layout(network), initial_weights.draw(network, 0)):
+    for (name, _, fan_in), array in zip(initial_weights.layout(network),
+         initial_weights.draw(network, 0)):
         if fan_in == initial_weights.ZERO:
             assert not array.any(), name
             continue
@@ -80,8 +80,7 @@ def hp_of(network, **changes):
     return hyperparameters.parse({
         **dataclasses.asdict(hyperparameters.load(ALGO_ASSETS["torch"] / "hyperparameters.json")),
         **dataclasses.asdict(network), "epochs": 3, "batch_size": 12, "noise_multiplier": 1.0,
-                                  "target_epsilon": None,
-        "noise_seed": 0, **changes}, "test")
+                                  "target_epsilon": None, "noise_seed": 0, **changes}, "test")
 
 
 @pytest.mark.slow
@@ -102,8 +101,7 @@ def test_noise_free_dp_steps_move_every_framework_to_the_same_weights(algos, net
         model = framework.new_model(hp.seed, network)
         start = interface.flat_weights(framework, model)
         skeleton.fit(framework, model, images, labels, hp, plan, 0.0, lambda steps: "",
-                     RunRandomness.for_run(0),
-                     inputs=inputs)
+                     RunRandomness.for_run(0), inputs=inputs)
         moved[name] = interface.flat_weights(framework, model) - start
     scale = np.abs(moved["torch"]).max()
     assert scale > 1e-4  # the steps moved the weights

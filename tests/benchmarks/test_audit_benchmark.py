@@ -39,8 +39,7 @@ def test_the_white_box_audit_holds_as_built_and_catches_half_the_noise(framework
 
 def test_a_broken_mechanism_the_audit_cannot_tell_apart_fails_the_run(tmp_path):
     result = run_audit("--white-box", "--frameworks", "torch", *SMALL, "--broken-noise-scale",
-                       "0.95",
-                       "--output", str(tmp_path))
+                       "0.95", "--output", str(tmp_path))
     assert result.returncode == 1, result.stderr
     assert "torch broken at ε 2.00: NOT CAUGHT" in result.stdout
     # still written, for the record
@@ -49,8 +48,7 @@ def test_a_broken_mechanism_the_audit_cannot_tell_apart_fails_the_run(tmp_path):
 
 def test_the_black_box_audit_still_runs_and_later_runs_replace_only_their_own_records(tmp_path):
     tiny = ["--frameworks", "torch", "--epsilons", "8", "--canaries", "20", "--guesses", "5",
-            "--train-size", "50",
-            "--epochs", "1", "--batch-size", "25", "--output", str(tmp_path)]
+            "--train-size", "50", "--epochs", "1", "--batch-size", "25", "--output", str(tmp_path)]
     assert run_audit(*tiny).returncode == 0
     first = records(tmp_path)
     assert set(first) == {("torch", "black-box", "as-built"), ("torch", "black-box", "non-private")}
@@ -72,8 +70,7 @@ def test_the_black_box_audit_still_runs_and_later_runs_replace_only_their_own_re
     (["--broken-noise-scale", "1"], "--broken-noise-scale"),
     (["--output", "/nonexistent"], "is not a folder"),
     (["--white-box", "--frameworks", "torch", "--guesses", "40000", "--steps", "1", "--train-size",
-      "8"],
-     "2k must be at most the 72756 canaries"),
+      "8"], "2k must be at most the 72756 canaries"),
 ])
 def test_bad_options_are_one_line_errors(options, message):
     result = run_audit(*options)

@@ -35,8 +35,7 @@ def test_variants_take_turns_and_each_gets_its_median_after_the_warmup():
 
 def test_help_and_a_bad_framework():
     assert "default run" in subprocess.run([sys.executable, BENCHMARK, "--help"],
-                                           capture_output=True, text=True,
-                                           check=True).stdout
+                                           capture_output=True, text=True, check=True).stdout
     proc = subprocess.run([sys.executable, BENCHMARK, "--frameworks", "jax"], capture_output=True,
                           text=True)
     assert proc.returncode == 2 and proc.stderr.startswith(
@@ -56,16 +55,14 @@ def test_every_variant_steps_the_network_that_set_names_on_its_inputs(framework)
 
 def test_a_bad_set_is_one_line_and_exit_2():
     proc = subprocess.run([sys.executable, BENCHMARK, "--skip-run", "--set", "colour=red"],
-                          capture_output=True,
-                          text=True)
+                          capture_output=True, text=True)
     assert proc.returncode == 2 and "colour" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_data_that_is_not_data_samples_is_one_line_and_exit_2(tmp_path):
     """Else run_local.py would generate the embedded data there and time the wrong run."""
     proc = subprocess.run([sys.executable, BENCHMARK, "--skip-steps", "--data",
-                           str(tmp_path / "none")],
-                          capture_output=True, text=True)
+                           str(tmp_path / "none")], capture_output=True, text=True)
     assert (proc.returncode == 2 and "none: no manifest.json" in proc.stderr
             and "Traceback" not in proc.stderr)
 

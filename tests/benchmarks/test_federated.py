@@ -12,20 +12,18 @@ from mnist_dp.assets import REPO, load_asset_module
 FEDERATED = REPO / "benchmarks" / "federated.py"
 federated = load_asset_module(FEDERATED, "federated_benchmark")
 ARGS = SimpleNamespace(epsilon=3.0, changes={}, validation=False, frameworks=["torch"],
-                       strategies=["fedavg", "cyclic"],
-                       organizations=[2], schedules=[(10, 3)])
+                       strategies=["fedavg", "cyclic"], organizations=[2], schedules=[(10, 3)])
 
 
 def row(strategy, organizations, accuracies, seed=0, epochs=10, rounds=3, epsilons=(2.99, 2.99)):
     return {"framework": "torch", "strategy": strategy, "organizations": organizations,
-            "epochs": epochs,
-            "rounds": rounds, "epsilon": 3.0, "seed": seed, "changes": {}, "validation": False,
-            "accuracies": accuracies, "epsilons": list(epsilons), "sigma": 3.0, "seconds": 1.0}
+            "epochs": epochs, "rounds": rounds, "epsilon": 3.0, "seed": seed, "changes": {},
+            "validation": False, "accuracies": accuracies, "epsilons": list(epsilons), "sigma": 3.0,
+            "seconds": 1.0}
 
 
 ROWS = [row(federated.SINGLE, 1, [0.96], epochs=30, rounds=1),
-        row(federated.SINGLE, 1, [0.97], seed=1, epochs=30,
-                                                                      rounds=1),
+        row(federated.SINGLE, 1, [0.97], seed=1, epochs=30, rounds=1),
         row("fedavg", 2, [0.90, 0.93, 0.95]), row("fedavg", 2, [0.91, 0.94, 0.94], seed=1),
         row("cyclic", 2, [0.80, 0.85, 0.90], epsilons=(2.5, 2.999)),
         # another split: not in this summary
@@ -68,9 +66,8 @@ def test_the_same_run_is_not_run_twice():
 def test_one_tiny_federated_run_trains_and_the_report_is_written(tmp_path):
     results = tmp_path / "federated.jsonl"
     proc = subprocess.run([sys.executable, str(FEDERATED), "--frameworks", "torch",
-                           "--organizations", "2",
-                           "--strategies", "fedavg", "--schedules", "1x2", "--seeds", "1",
-                           "--skip-single",
+                           "--organizations", "2", "--strategies", "fedavg", "--schedules", "1x2",
+                           "--seeds", "1", "--skip-single",
                            # examples/fedavg.json's weight average: none (4 steps a round leave a
                            # 0.99 one at the initial CNN)
                            "--epsilon", "8", "--set", "ema_decay=0", "--results", str(results)],
@@ -98,6 +95,5 @@ def test_one_tiny_federated_run_trains_and_the_report_is_written(tmp_path):
                                             "--seeds has no effect with --report-only")])
 def test_bad_settings_are_refused_in_one_line(args, message):
     proc = subprocess.run([sys.executable, str(FEDERATED), *args, "--report-only"],
-                          capture_output=True, text=True,
-                          timeout=120)
+                          capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr

@@ -76,8 +76,8 @@ def test_the_ablation_table_shows_each_labels_changes_and_accuracy():
 
 def test_a_point_already_in_the_results_has_the_same_key():
     assert utility.point_key(row("torch", 3.0, 0.1)) == utility.point_key(row("torch", 3.0, 0.9))
-    assert utility.point_key(row("torch", 3.0,
-                                 0.1)) != utility.point_key(row("torch", 3.0, 0.1, seed=1))
+    assert utility.point_key(row("torch", 3.0, 0.1)) != utility.point_key(row("torch", 3.0, 0.1,
+                                 seed=1))
     # A point trained from each library's own initial weights is not one from the common ones.
     assert utility.point_key(row("torch", 3.0, 0.1)) != utility.point_key(
         {**row("torch", 3.0, 0.1), "initial_weights": utility.INITIAL_WEIGHTS})
@@ -85,12 +85,10 @@ def test_a_point_already_in_the_results_has_the_same_key():
 
 
 @pytest.mark.parametrize("label, expected", [
-    ("default", "default"),
-    ("tutorial: ReLU CNN (before)", "tutorial-relu-cnn-before"),
+    ("default", "default"), ("tutorial: ReLU CNN (before)", "tutorial-relu-cnn-before"),
     ("default + noise decay 0.7", "default-noise-decay-0.7"),
     ("tanh CNN, C 0.1, lr 1, EMA", "tanh-cnn-c-0.1-lr-1-ema"),
-    ("Tramèr & Boneh: ε = 3 ", "tramer-boneh-3"),
-    ("..hidden/../path\\", "hidden-..-path"),
+    ("Tramèr & Boneh: ε = 3 ", "tramer-boneh-3"), ("..hidden/../path\\", "hidden-..-path"),
 ])
 def test_a_label_becomes_a_file_name_with_no_character_to_quote(label, expected):
     assert utility.slug(label) == expected
@@ -118,9 +116,8 @@ def test_every_committed_result_has_a_slug_name_and_each_label_its_report():
 def test_one_tiny_point_trains_and_the_report_is_written(tmp_path):
     results = tmp_path / "utility.jsonl"
     proc = subprocess.run([sys.executable, str(UTILITY), "--datasets", "mnist4k", "--frameworks",
-                           "torch",
-                           "--epsilons", "8", "--seeds", "1", "--skip-non-private", "--set",
-                           "epochs=1",
+                           "torch", "--epsilons", "8", "--seeds", "1", "--skip-non-private",
+                           "--set", "epochs=1",
                            # 8 steps are too few for a weight average of decay 0.99 to leave the
                            # initial CNN
                            "--set", "ema_decay=0", "--results", str(results), "--label", "tiny"],

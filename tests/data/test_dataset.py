@@ -38,8 +38,7 @@ def save_npz(path, x_train, y_train=None):
 
 
 def write_idx(path, array, magic):
-    payload = struct.pack(">I",
-                          magic) + struct.pack(f">{array.ndim}I",
+    payload = struct.pack(">I", magic) + struct.pack(f">{array.ndim}I",
                                                *array.shape) + array.astype(np.uint8).tobytes()
     path.write_bytes(gzip.compress(payload) if path.suffix == ".gz" else payload)
 
@@ -185,8 +184,7 @@ def test_integer_images_within_0_255_are_cast_exactly(tmp_path):
 
 @pytest.mark.parametrize("labels, found", [
     (np.full(50, 1.5), "float64 with values 1.5..1.5"),
-    (np.arange(50) % 10 + 1, "int64 with values 1..10"),
-    (np.ones(50, bool), "bool"),
+    (np.arange(50) % 10 + 1, "int64 with values 1..10"), (np.ones(50, bool), "bool"),
 ])
 def test_labels_must_be_integer_digits(tmp_path, labels, found):
     images = np.zeros((50, 28, 28), np.uint8)
@@ -379,8 +377,7 @@ def test_key_from_puts_a_second_dataset_under_the_first_ones_key(tmp_path):
                          "20").returncode == 0
     first = dataset.sample_folders(tmp_path / "a", "train")[0]
     proc = generate_data("--output", tmp_path / "b", "--train-size", "100", "--test-size", "20",
-                         "--seed", "1",
-                         "--key-from", first)
+                         "--seed", "1", "--key-from", first)
     assert proc.returncode == 0, proc.stderr
     second = dataset.sample_folders(tmp_path / "b", "train")[0]
     assert samples.read_key(second) == samples.read_key(first)
@@ -405,16 +402,15 @@ def test_cli_help_and_one_line_error(tmp_path):
                                text=True).stdout
     assert "--train-samples" in help_text
     proc = subprocess.run([sys.executable, script, "--output", tmp_path / "d", "--source",
-                           tmp_path / "nothing.bin"],
-                          capture_output=True, text=True)
+                           tmp_path / "nothing.bin"], capture_output=True, text=True)
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "nothing.bin" in proc.stderr
 
 
 def test_copies_of_an_example_in_the_source_are_left_out_saying_so(tmp_path):
     rng = np.random.default_rng(0)
-    images, labels = rng.integers(0, 256, (40, 28, 28),
-                                  dtype=np.uint8), np.arange(40, dtype=np.uint8) % 10
+    images, labels = rng.integers(0, 256, (40, 28, 28), dtype=np.uint8), np.arange(40,
+                                  dtype=np.uint8) % 10
     images[30], labels[30] = images[2], labels[2]  # one example twice in the source's train set
     source = save_npz(tmp_path / "dup.npz", images, labels)
     proc = generate_data("--source", source, "--output", tmp_path / "d", "--train-samples", 3)
@@ -427,8 +423,7 @@ def test_copies_of_an_example_in_the_source_are_left_out_saying_so(tmp_path):
 
 @pytest.mark.parametrize("asked, message", [
     (4001, "--organizations 4001: the default data has 4,000 train examples, fewer than one for "
-           "each"),
-    (0, "--organizations 0: must be a whole number, at least 1"),
+           "each"), (0, "--organizations 0: must be a whole number, at least 1"),
 ])
 def test_the_scripts_default_data_names_the_option_that_asked_for_its_samples(
         tmp_path, asked, message):

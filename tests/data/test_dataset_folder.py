@@ -83,12 +83,8 @@ def test_a_legacy_manifest_is_ours_only_with_exactly_its_five_keys(tmp_path):
 
 
 @pytest.mark.parametrize("manifest", [
-    {"written_by": "another tool"},
-    {**LEGACY, "written_by": "another tool"},
-    {"written_by": None},
-    ["mnist_dp generate_data"],
-    "mnist_dp generate_data",
-    None,
+    {"written_by": "another tool"}, {**LEGACY, "written_by": "another tool"}, {"written_by": None},
+    ["mnist_dp generate_data"], "mnist_dp generate_data", None,
 ], ids=["other-writer", "legacy-keys-other-writer", "null-writer", "list", "string", "null"])
 def test_a_manifest_of_other_json_is_not_ours(tmp_path, manifest):
     """JSON that is not an object with generate_data's mark (or the legacy keys) is not ours."""

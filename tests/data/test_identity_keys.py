@@ -68,8 +68,8 @@ def test_an_unreadable_key_is_to_be_made_readable_not_replaced(data):
     try:
         proc = subprocess.run([*WITHOUT_WRITE_OVERRIDE, sys.executable, "-c",
                                "from mnist_dp.data import samples; "
-                               f"samples.read_key({str(key.parent)!r})"],
-                              capture_output=True, text=True)
+                               f"samples.read_key({str(key.parent)!r})"], capture_output=True,
+                              text=True)
     finally:
         key.chmod(0o600)
     assert "make it readable to this user" in proc.stderr and "--add-key" not in proc.stderr

@@ -19,8 +19,8 @@ def write_sample(folder, images, labels, key="0123456789abcdef" * 4):
 
 def test_check_examples_catches_a_shuffled_copy_of_a_sample_in_another_folder(tmp_path):
     rng = np.random.default_rng(0)
-    images, labels = rng.integers(0, 256, (50, 28, 28),
-                                  dtype=np.uint8), rng.integers(0, 10, 50, dtype=np.uint8)
+    images, labels = rng.integers(0, 256, (50, 28, 28), dtype=np.uint8), rng.integers(0, 10, 50,
+                                  dtype=np.uint8)
     a = write_sample(tmp_path / "a", images, labels)
     order = rng.permutation(50)[:20]
     others = rng.integers(0, 256, (30, 28, 28), dtype=np.uint8)
@@ -37,8 +37,8 @@ def test_check_examples_sees_images_as_the_model_does_whatever_their_dtype(tmp_p
     # The same images stored as uint8 in one sample and as float32 in [0, 1] in another: the same
     # examples.
     rng = np.random.default_rng(1)
-    images, labels = rng.integers(0, 256, (30, 28, 28),
-                                  dtype=np.uint8), rng.integers(0, 10, 30, dtype=np.uint8)
+    images, labels = rng.integers(0, 256, (30, 28, 28), dtype=np.uint8), rng.integers(0, 10, 30,
+                                  dtype=np.uint8)
     a = write_sample(tmp_path / "a", images, labels)
     b = write_sample(tmp_path / "b", images[:12].astype(np.float32) / 255, labels[:12])
     with pytest.raises(UserError, match=f"^{b} and {a} share 12 example"):

@@ -56,8 +56,7 @@ HEADER_SAYS_4 = r"IDX header says \(4,\) but the file holds"
 
 
 @pytest.mark.parametrize("content, message", [
-    (struct.pack(">II", IMAGES, 4) + bytes(4),
-     r"not an MNIST IDX file \(magic number 0x00000801"),
+    (struct.pack(">II", IMAGES, 4) + bytes(4), r"not an MNIST IDX file \(magic number 0x00000801"),
     (struct.pack(">I", LABELS), r"not an MNIST IDX file"),
     (struct.pack(">II", LABELS, 4) + bytes(3), f"{HEADER_SAYS_4} 3 values"),
     (struct.pack(">II", LABELS, 4) + bytes(5), f"{HEADER_SAYS_4} 5 values"),
@@ -129,8 +128,7 @@ def test_a_source_that_is_neither_a_folder_nor_an_npz_is_refused(tmp_path):
     (30, [5, 10, 15]),  # exactly half of each class
     (31, [5, 10, 16]),  # 5.17, 10.33, 15.5: the one left over goes to the largest remainder
     (32, [5, 11, 16]),  # two left over: the two largest remainders
-    (60, [10, 20, 30]),
-    (0, [0, 0, 0]),
+    (60, [10, 20, 30]), (0, [0, 0, 0]),
 ])
 def test_stratified_indices_keep_the_class_proportions_and_add_up_exactly(size, expected):
     """Largest-remainder counts per class, drawn without replacement among that class."""
@@ -199,8 +197,7 @@ def test_checked_arrays_refuse_shapes_other_than_n_images_with_n_labels(images, 
 
 
 @pytest.mark.parametrize("images, found", [
-    (np.full((2, 28, 28), np.nan), "float64, all NaN"),
-    (np.zeros((2, 28, 28), bool), "bool"),
+    (np.full((2, 28, 28), np.nan), "float64, all NaN"), (np.zeros((2, 28, 28), bool), "bool"),
     (np.zeros((0, 28, 28), np.float32), "float32"),
 ])
 def test_checked_arrays_describe_images_that_are_not_pixels(images, found):

@@ -53,9 +53,8 @@ def deployment(tmp_path_factory, tiny_data):
 
 def run(script, data, out, *options):
     done = subprocess.run([sys.executable, str(REPO / script), "--data", str(data), "--output",
-                           str(out),
-                           "--hyperparameters", str(data.parent / "hp.json"), *map(str, options)],
-                          capture_output=True, text=True, cwd=out.parent)
+                           str(out), "--hyperparameters", str(data.parent / "hp.json"),
+                           *map(str, options)], capture_output=True, text=True, cwd=out.parent)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads((out / "results.json").read_text())
 
@@ -69,8 +68,7 @@ def paths(deployment):
     cyclic = run(local[0], data, data.parent / "cyclic", *local[1:])
     fedavg = run(local[0], data, data.parent / "fedavg", *local[1:], "--strategy", "fedavg")
     substrafl = run("examples/substrafl_fedavg.py", data, data.parent / "substrafl", "--framework",
-                    "torch",
-                    "--organizations", 2, "--rounds", 1)
+                    "torch", "--organizations", 2, "--rounds", 1)
     return {"cyclic": [cyclic[-1]], "fedavg": fedavg, "substrafl": substrafl}
 
 

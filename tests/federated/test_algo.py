@@ -24,8 +24,8 @@ TARGET = 3.0
 def opener_data(tiny_data):
     opener = load_asset_module(DATASET_ASSET / "opener.py",
                                "opener_for_substrafl_tests").MnistOpener()
-    return opener.get_data(samples(tiny_data,
-                                   "train")[:1]), opener.get_data(samples(tiny_data, "test"))
+    return opener.get_data(samples(tiny_data, "train")[:1]), opener.get_data(samples(tiny_data,
+                                   "test"))
 
 
 def hyperparameters(**changes):

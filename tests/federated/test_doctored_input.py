@@ -139,8 +139,7 @@ def test_on_read_only_data_the_ledger_passed_from_task_to_task_keeps_the_organis
     # one run fits, two do not
     budget = (independent_epsilon(SIGMA, 1 / 3, ONE_RUN, DELTA) + both_runs) / 2
     stopped = model_file.load(train(tmp_path, "stopped", second, doctored_model,
-                                    tmp_path / "own.ledger",
-                                    max_epsilon=budget), "torch")
+                                    tmp_path / "own.ledger", max_epsilon=budget), "torch")
     assert stopped.hyperparameters[
         "stopped_by_budget"] and 0 < stopped.ledger.events[-1].steps < ONE_RUN
     assert stopped.ledger.epsilon(DELTA, data=mine) <= budget
@@ -214,9 +213,8 @@ def test_a_task_killed_after_its_model_left_has_recorded_its_spend(tmp_path, org
     outputs = [{"id": "model", "value": str(tmp_path / "model"), "multiple": False},
                {"id": "epsilon", "value": str(tmp_path / "epsilon"), "multiple": False}]
     proc = subprocess.run([sys.executable, "killed.py", "--function-name", "train", "--inputs",
-                           json.dumps(resources),
-                           "--outputs", json.dumps(outputs)], cwd=folder, capture_output=True,
-                          text=True)
+                           json.dumps(resources), "--outputs",
+                           json.dumps(outputs)], cwd=folder, capture_output=True, text=True)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     released = model_file.load(tmp_path / "model", "torch").ledger.events[-1]
     assert data_ledger.read(organisations[0]).events == [released]
@@ -234,9 +232,8 @@ def test_two_train_tasks_on_the_same_data_at_once_both_record_their_spend(tmp_pa
                               {"id": "epsilon", "value": str(tmp_path / f"epsilon{k}"),
                                "multiple": False}])
         tasks.append(subprocess.Popen([sys.executable, "algo.py", "--function-name", "train",
-                                       "--inputs", resources,
-                                       "--outputs", outputs], cwd=folder, stderr=subprocess.PIPE,
-                                      text=True,
+                                       "--inputs", resources, "--outputs",
+                                       outputs], cwd=folder, stderr=subprocess.PIPE, text=True,
                                       env={**os.environ, "PYTHONPATH": str(REPO)}))
     assert all(task.wait(timeout=300) == 0
                for task in tasks), [t.stderr.read()[-2000:] for t in tasks]

@@ -30,9 +30,8 @@ TINY = {**TINY_HYPERPARAMETERS, "noise_multiplier": None, "target_epsilon": 3.0,
 def run_example(tmp_path, data, *options):
     (tmp_path / "hp.json").write_text(json.dumps(TINY))
     return subprocess.run([sys.executable, str(EXAMPLE), "--data", str(data), "--output",
-                           str(tmp_path / "out"),
-                           "--hyperparameters", str(tmp_path / "hp.json"), *options],
-                          capture_output=True, text=True, cwd=tmp_path)
+                           str(tmp_path / "out"), "--hyperparameters", str(tmp_path / "hp.json"),
+                           *options], capture_output=True, text=True, cwd=tmp_path)
 
 
 def check_results(out, framework, organizations):
@@ -101,18 +100,15 @@ def test_a_failed_task_is_named_with_its_organisation_and_log(tmp_path, tiny_dat
     work = tmp_path / "substra"
     clients = [connection.connect("subprocess", work_dir=work) for _ in range(2)]
     organizations = experiment.register(clients, registry.KeysFile(), tiny_data_2orgs)
-    algo = DpFedAvgAlgo("torch",
-                        {**json.loads((
+    algo = DpFedAvgAlgo("torch", {**json.loads((
                             REPO / "assets/algo_torch_dp/hyperparameters.json").read_text()),
                                   **TINY_HYPERPARAMETERS}, rounds=1)
     with pytest.raises(experiment.ExperimentFailed) as failed:
         experiment.run(clients[0], tmp_path, strategy=DpFedAvg(algo=algo, metric_functions=METRICS),
                        train_data_nodes=organizations.train_data_nodes,
                        aggregation_node=AggregationNode(organizations.train_data_nodes[
-                           0].organization_id),
-                       evaluation_strategy=EvaluationStrategy(
-                           test_data_nodes=organizations.test_data_nodes,
-                                                              eval_rounds=[2]),
+                           0].organization_id), evaluation_strategy=EvaluationStrategy(
+                           test_data_nodes=organizations.test_data_nodes, eval_rounds=[2]),
                        num_rounds=2, dependencies=experiment.dependency("torch"),
                        name="too many rounds")
     message = str(failed.value)

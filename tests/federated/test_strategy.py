@@ -68,8 +68,7 @@ def test_a_shared_state_without_a_ledger_is_refused_naming_its_position():
 
 
 @pytest.mark.parametrize("own, expected", [
-    ([HISTORY, RUN_A], [HISTORY, RUN_B, RUN_A]),
-    ([HISTORY, RUN_B], [HISTORY, RUN_A, RUN_B]),
+    ([HISTORY, RUN_A], [HISTORY, RUN_B, RUN_A]), ([HISTORY, RUN_B], [HISTORY, RUN_A, RUN_B]),
     ([], [HISTORY, RUN_A, RUN_B]),
 ])
 def test_an_organisation_keeps_every_run_of_the_merge_with_its_own_last_run_last(own, expected):

@@ -6,9 +6,8 @@ from mnist_dp.learning import chunks
 
 
 @pytest.mark.parametrize("count, sizes", [(500, [512]), (512, [512]), (513, [576]), (576, [576]),
-                                          (577, [576, 512]),
-                                          (1100, [576, 576]), (1153, [576, 576, 512]), (200, [512]),
-                                          (0, [512])])
+                                          (577, [576, 512]), (1100, [576, 576]),
+                                          (1153, [576, 576, 512]), (200, [512]), (0, [512])])
 def test_padded_chunks_cover_every_index_once(count, sizes):
     indices = np.arange(count)
     got = list(chunks.padded_chunks(indices, chunks.chunk_sizes(500)))

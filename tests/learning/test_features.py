@@ -51,7 +51,7 @@ def test_the_batched_transform_gives_kymatios_numbers():
     # and the features are the group normalisation of those numbers
     groups = reference.reshape(260, features.GROUPS, -1)
     normalised = (
-        groups - groups.mean(axis=2,
-                             keepdims=True)) / np.sqrt(groups.var(axis=2, keepdims=True) + 1e-5)
+        groups - groups.mean(axis=2, keepdims=True)) / np.sqrt(groups.var(axis=2,
+                             keepdims=True) + 1e-5)
     np.testing.assert_allclose(features.scattering(images), normalised.reshape(260, -1), rtol=0,
                                atol=1e-4)

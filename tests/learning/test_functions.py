@@ -28,8 +28,8 @@ def asset(monkeypatch):
         registered[name] = function
 
     monkeypatch.setattr(substratools, "register", register)
-    monkeypatch.setattr(functions, "run_cli",
-                        lambda main, task=False: calls.append(("cli", main, task)))
+    monkeypatch.setattr(functions, "run_cli", lambda main,
+                        task=False: calls.append(("cli", main, task)))
     for module, body in ((skeleton, "train"), (skeleton, "predict"), (skeleton, "aggregate"),
                          (search, "tune")):
         monkeypatch.setattr(module, body, lambda *args, body=body: calls.append((body, *args)))
@@ -65,8 +65,7 @@ def test_a_function_accepts_a_subset_of_its_inputs(asset):
 
 
 @pytest.mark.parametrize("name, extra, takes", [
-    ("aggregate", "datasamples", "models"),
-    ("predict", "ledger", "datasamples, model"),
+    ("aggregate", "datasamples", "models"), ("predict", "ledger", "datasamples, model"),
     ("train", "predictions", "datasamples, ledger, model"),
     ("tune", "model", "datasamples, ledger"),
 ])

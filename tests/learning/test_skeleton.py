@@ -22,8 +22,7 @@ def test_batches_report_progress_once_per_epoch_without_a_terminal(dp):
     plan = planning.SamplingPlan.from_hyperparameters(1000, hp, "x")
     calls = []
     batches = list(skeleton.sampled_batches(plan, hp, RunRandomness.fresh(),
-                                            lambda steps: calls.append(steps) or "",
-                                            "x"))
+                                            lambda steps: calls.append(steps) or "", "x"))
     assert len(batches) == 60 and calls == [20, 40, 60]
 
 
@@ -58,9 +57,8 @@ def test_a_run_that_does_not_take_every_planned_step_is_refused():
     plan = planning.SamplingPlan.from_hyperparameters(930, hp, "x")
     with pytest.raises(RuntimeError, match="ran 92 steps where the plan has 93"):
         skeleton.fit(StepCounter(), None, np.zeros((930, 28, 28), np.float32),
-                     np.zeros(930, np.int64), hp, plan,
-                     1.0, lambda steps: "", through=lambda batches,
-                     plan: itertools.islice(batches, plan.steps - 1))
+                     np.zeros(930, np.int64), hp, plan, 1.0, lambda steps: "",
+                     through=lambda batches, plan: itertools.islice(batches, plan.steps - 1))
     assert not plan.stopped_by_budget and dataclasses.replace(plan, max_steps=50).stopped_by_budget
 
 
@@ -142,8 +140,7 @@ def test_an_organisation_that_trained_nothing_weighs_nothing_in_the_average(tmp_
              # organisation c's budget was spent: its task passed the global model on unchanged
              save_model(tmp_path / "c", history, np.full(3, 100.0, np.float32).tobytes())]
     skeleton.aggregate(ArrayModels(), {"models": [str(p) for p in paths]},
-                       {"model": str(tmp_path / "avg")},
-                       tmp_path / "hyperparameters.json")
+                       {"model": str(tmp_path / "avg")}, tmp_path / "hyperparameters.json")
     saved = model_file.load(tmp_path / "avg", "torch")
     np.testing.assert_array_equal(np.frombuffer(saved.weights, np.float32),
                                   np.full(3, 2.0, np.float32))

@@ -67,8 +67,8 @@ def test_every_script_takes_the_backend_and_fails_cleanly_on_bad_settings(tmp_pa
     assert "--client-name" in subprocess.run([sys.executable, path, "--help"], capture_output=True,
                                              text=True).stdout
     env = {"PATH": "/usr/bin:/bin", "SUBSTRA_NODE_1_URL": UNREACHABLE,
-           "SUBSTRA_NODE_1_USERNAME": "alice",
-           "SUBSTRA_NODE_1_PASSWORD": SECRET, "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION": "python"}
+           "SUBSTRA_NODE_1_USERNAME": "alice", "SUBSTRA_NODE_1_PASSWORD": SECRET,
+           "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION": "python"}
     (tmp_path / "assets_keys.json").write_text("{}")
     proc = subprocess.run([sys.executable, path, "--backend", "remote", "--client-name", "node-1"],
                           capture_output=True, text=True, cwd=tmp_path, env=env)
@@ -105,11 +105,9 @@ def test_a_url_that_is_not_http_is_one_line_naming_the_setting(monkeypatch, tmp_
                        match="URL 'not-a-url' is not an http.s. URL; set SUBSTRA_NODE_1_URL"):
         connection.connect("remote", "node-1")
     env = {"PATH": "/usr/bin:/bin", "SUBSTRA_NODE_1_URL": "not-a-url",
-           "SUBSTRA_NODE_1_TOKEN": SECRET,
-           "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION": "python"}
+           "SUBSTRA_NODE_1_TOKEN": SECRET, "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION": "python"}
     proc = subprocess.run([sys.executable, REPO / "scripts" / "add_dataset_objective.py",
-                           "--backend", "remote",
-                           "--client-name", "node-1"], capture_output=True, text=True, cwd=tmp_path,
-                          env=env)
+                           "--backend", "remote", "--client-name",
+                           "node-1"], capture_output=True, text=True, cwd=tmp_path, env=env)
     assert proc.returncode == 2 and proc.stderr.startswith("error: client 'node-1': URL")
     assert "Traceback" not in proc.stderr

@@ -13,13 +13,11 @@ FEEDS = [
     (("train", "model"), ("train", "model")),  # a cyclic chain continues from the previous model
     (("train", "model"), ("aggregate", "models")),
     (("aggregate", "model"), ("train", "model")),  # the next FedAvg round starts from the average
-    (("train", "model"), ("predict", "model")),
-    (("aggregate", "model"), ("predict", "model")),
+    (("train", "model"), ("predict", "model")), (("aggregate", "model"), ("predict", "model")),
     (("tune", "model"), ("predict", "model")),
     (("predict", "predictions"), ("score", "predictions")),
     (("train", "ledger"), ("train", "ledger")),  # an organisation's data ledger, task to task
-    (("train", "ledger"), ("tune", "ledger")),
-    (("tune", "ledger"), ("train", "ledger")),
+    (("train", "ledger"), ("tune", "ledger")), (("tune", "ledger"), ("train", "ledger")),
     (("tune", "ledger"), ("tune", "ledger")),
 ]
 

@@ -41,8 +41,7 @@ def test_keys_file_holds_folds_and_a_rerun_reuses_every_key(client, tmp_path, ti
                                         tmp_path / "build")
     written = json.loads(path.read_text())
     assert {"dataset_key", "objective_key", "train_data_sample_keys", "test_data_sample_keys",
-            "organization_id",
-            "data", "fingerprints"} <= set(written)
+            "organization_id", "data", "fingerprints"} <= set(written)
     # 2 train samples, 2 folds
     assert [len(fold) for fold in written["train_data_sample_keys"]] == [1, 1]
     assert len(written["test_data_sample_keys"]) == 1

@@ -66,8 +66,7 @@ def test_no_calibrated_step_has_less_noise_than_the_floor():
         assert floor / last < sigma < floor / last + 0.0011
         assert schedule.with_sigma(sigma).smallest(8) >= floor
         run = DpEvent("torch", ("a",), 4000, 0.125, sigma, 8, "per-example", 1.0,
-                      noise_decay=schedule.noise_decay,
-                      decay_steps=schedule.decay_steps)
+                      noise_decay=schedule.noise_decay, decay_steps=schedule.decay_steps)
         assert compose_epsilon([run], 1e-5) <= 99.0
 
 
@@ -208,6 +207,5 @@ def test_calibration_holds_the_target_with_a_schedule_and_a_count():
                                     count_noise_multiplier=40.0)
     sigma = calibrate_noise_multiplier(3.0, 1e-5, 1 / 8, 48, schedule=schedule)
     run = dataclasses.replace(dp_event(4000, 500, 6), noise_multiplier=sigma, noise_decay=0.8,
-                              decay_steps=12,
-                              count_noise_multiplier=40.0, steps=48)
+                              decay_steps=12, count_noise_multiplier=40.0, steps=48)
     assert 2.95 < Ledger([run]).epsilon(1e-5) <= 3.0

@@ -36,16 +36,14 @@ def test_budget_cuts_the_plan_stops_when_spent_or_refuses():
     ({"clip_quantile": 0.5, "clip_count_stddev": 1e-6}, "count a noise multiplier of 2e-06"),
     ({"clip_quantile": 0.5, "batch_size": 1, "epochs": 1},
      "clip_count_stddev (null: E[B] / 20 = 0.05) gives adaptive clipping's count a noise "
-     "multiplier of 0.1"),
-    ({"noise_decay": 1e-3, "noise_multiplier": 1.0, "target_epsilon": None},
+     "multiplier of 0.1"), ({"noise_decay": 1e-3, "noise_multiplier": 1.0, "target_epsilon": None},
      "noise_decay = 0.001 (σ · 0.001^3 in the last of 4 stages) gives steps an effective noise "
      "multiplier of 1e-09"),
     ({"noise_decay": 1e-3}, "noise_decay = 0.001 lowers the noise so far that"),
     ({"noise_multiplier": 0.25, "target_epsilon": None},
      "an effective noise multiplier of 0.25, below 0.3"),
     ({"clip_quantile": 0.5, "target_epsilon": 0.01},
-     "target_epsilon = 0.01: adaptive clipping's noisy count alone"),
-    ({"target_epsilon": 1e-4},
+     "target_epsilon = 0.01: adaptive clipping's noisy count alone"), ({"target_epsilon": 1e-4},
      "target_epsilon = 0.0001: even noise_multiplier = 1000, the most allowed"),
 ])
 def test_noise_the_accountant_cannot_bound_is_refused_before_it_runs(changes, message):
@@ -113,8 +111,8 @@ def test_a_budget_the_datas_ledger_has_spent_is_refused_up_front_whatever_sample
     plan = planning.check_run("torch", hp, 200, "x")
     ids = np.arange(1, 201, dtype=np.uint64)
     earlier = planning.run_event("torch", ("a",), hp,
-                                 planning.SamplingPlan.from_hyperparameters(100, hp, "x"), 1.0,
-                                 10, ran=None)
+                                 planning.SamplingPlan.from_hyperparameters(100, hp, "x"), 1.0, 10,
+                                 ran=None)
     spent = Ledger([earlier], {"a": Examples.of("ab" * 8, ids[:100])})
     # b: nothing trained on it yet
     now = {"a": spent.examples["a"], "b": Examples.of("ab" * 8, ids[100:])}

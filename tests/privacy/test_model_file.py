@@ -104,8 +104,7 @@ def test_edited_weights_and_metadata_are_refused(tmp_path):
     with pytest.raises(UserError, match="its weights does not match"):
         model_file.load(path)
     path = save_model(tmp_path / "n", [ledger_event()])
-    rewrite_member(path, "meta.json",
-            lambda meta: {**meta,
+    rewrite_member(path, "meta.json", lambda meta: {**meta,
                           "hyperparameters": {**meta["hyperparameters"], "noise_multiplier": 9.0}})
     with pytest.raises(UserError, match="ledger disagrees with its metadata: noise_multiplier 1.0 "
                                         ".metadata: 9.0."):
@@ -160,8 +159,7 @@ def test_an_averaged_models_runs_are_each_checked_against_their_inputs_settings(
     averaged_model(tmp_path / "id")
     rewrite_member(tmp_path / "id", "meta.json", lambda meta: {**meta, "hyperparameters": {
         **meta["hyperparameters"], model_file.AGGREGATED: [{**meta["hyperparameters"][
-            model_file.AGGREGATED][0],
-                                                            "run_id": "0" * 32}]}})
+            model_file.AGGREGATED][0], "run_id": "0" * 32}]}})
     with pytest.raises(UserError,
                        match="names input 1's run '0{32}', which its ledger does not have"):
         model_file.load(tmp_path / "id", "torch")

@@ -28,8 +28,7 @@ def test_noise_for_rounds_keeps_every_organisation_within_the_target_after_the_l
     for n in sizes:
         plan = planning.SamplingPlan.from_hyperparameters(n, hp, "x")
         event = events.DpEvent("torch", ("d",), n, plan.sample_rate, fixed.noise_multiplier,
-                               plan.steps,
-                                events.PER_EXAMPLE, 1.0)
+                               plan.steps, events.PER_EXAMPLE, 1.0)
         epsilons.append(accountant.compose_epsilon([event] * rounds, hp.delta))
     assert max(epsilons) <= hp.target_epsilon and max(epsilons) == pytest.approx(
         hp.target_epsilon, abs=0.02)

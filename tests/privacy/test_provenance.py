@@ -22,8 +22,8 @@ def test_a_function_running_from_its_archive_records_the_archives_digest(tmp_pat
     (folder / "__pycache__" / "algo.pyc").write_bytes(b"x")
     digest = archive.archive_digest(tar_path)
     assert digest.startswith("sha256:")
-    assert provenance.running_code(folder,
-                                   "train") == {"function": "train", "archive_digest": digest}
+    assert provenance.running_code(folder, "train") == {"function": "train",
+                                   "archive_digest": digest}
 
 
 def test_changed_files_or_no_archive_record_no_digest(tmp_path):

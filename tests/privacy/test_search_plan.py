@@ -31,15 +31,14 @@ def dp_sgd(q, steps, sigma):
 RELEASED = (Candidate(1 / 8, 240, 1.3),)
 
 
-def search_event(candidates=RELEASED, mean=4.0, shape=0.0, score=3.0, permille=100,
-                 n=4000, validation_n=400):
+def search_event(candidates=RELEASED, mean=4.0, shape=0.0, score=3.0, permille=100, n=4000,
+                 validation_n=400):
     """The ledger event of a search's released run: the first candidate's profile, as the tune task
     records it."""
     first = candidates[0]
     batch = math.ceil((n - validation_n) * first.sample_rate)
     return DpEvent("torch", ("s",), n, first.sample_rate, first.noise_multiplier, first.steps,
-                   "per-example", 0.1,
-                   batch_size=batch, planned_steps=first.steps,
+                   "per-example", 0.1, batch_size=batch, planned_steps=first.steps,
                    code={"function": "tune", "archive_digest": None},
                    search=Search(mean, shape, tuple(candidates), score, permille, validation_n))
 
@@ -55,8 +54,8 @@ def test_epsilon_of_a_search_is_dp_accountings_repeat_and_select(shape):
         dp_accounting.dp_event.RepeatAndSelectDpEvent(dp_accounting.GaussianDpEvent(3.0), 4.0,
                                                       shape))
     scored = dataclasses.replace(event, search=event.search.scored())
-    assert accountant.compose_epsilon([scored],
-                                      DELTA) == pytest.approx(score.get_epsilon(DELTA), rel=1e-9)
+    assert accountant.compose_epsilon([scored], DELTA) == pytest.approx(score.get_epsilon(DELTA),
+                                      rel=1e-9)
 
 
 def test_a_search_of_several_profiles_is_bounded_by_the_worst_at_every_order():
@@ -88,8 +87,7 @@ def test_a_search_costs_more_than_its_one_released_run_and_later_runs_compose_by
 
 
 @pytest.mark.parametrize("shape, distribution", [
-    (0.0, lambda gamma: stats.logser(1 - gamma)),
-    (1.0, lambda gamma: stats.geom(gamma)),
+    (0.0, lambda gamma: stats.logser(1 - gamma)), (1.0, lambda gamma: stats.geom(gamma)),
     (math.inf, None),
     (2.0, lambda gamma: stats.nbinom(2.0, gamma)),  # conditioned on k >= 1 below
 ])
@@ -137,8 +135,7 @@ def test_profiles_of_several_batch_sizes_get_their_own_sigma_and_the_worst_bound
     plan = plan_search("torch", hp, space, 1000, 100, "x")
     assert len(plan.sigmas) == 4 and len(set(plan.sigmas.values())) == 4
     event = search_event(tuple(Candidate(q, steps, sigma) for (q, steps, _),
-                               sigma in plan.sigmas.items()),
-                         n=1000, validation_n=100)
+                               sigma in plan.sigmas.items()), n=1000, validation_n=100)
     assert 2.8 < accountant.compose_epsilon([event], DELTA) <= 3.0
 
 

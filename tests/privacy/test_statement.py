@@ -51,8 +51,7 @@ def test_statement_shows_the_budget_and_epsilon_per_data_group():
     # fp-c holds 100 of EVENT's examples (another split of the same data): trained on by both runs
     examples = named({"fp-a": range(150), "fp-b": range(150, 300), "fp-c": range(200, 500)})
     model = saved([EVENT, other], examples, max_epsilon=9.0, planned_steps=5,
-                  stopped_by_budget=True,
-                  secure_mode=True)
+                  stopped_by_budget=True, secure_mode=True)
     text = statement.privacy_statement(model)
     assert "max_epsilon = 9 at δ = 0.0001; training stopped after 3 of 5 planned steps" in text
     assert f"200 example(s) of run(s) 1: {accountant.compose_epsilon([EVENT], 1e-4):.3f}" in text

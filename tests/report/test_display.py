@@ -14,10 +14,9 @@ def record(run, round_idx, org, eps_by_org, dp=True, accuracy=0.5):
     worst = max(eps_by_org.values())
     return Record(run=run, framework=run.split("-")[0], round=round_idx, organization=org, dp=dp,
                   train_accuracy=accuracy, test_accuracy=accuracy, epsilon=worst,
-                  epsilon_rdp=worst + 0.3,
-                  epsilon_by_organization=eps_by_org, delta=1e-5, accountant="PLD",
-                  noise_multiplier=1.0,
-                  sample_rate=0.1, steps=10, epsilon_in_substra=worst)
+                  epsilon_rdp=worst + 0.3, epsilon_by_organization=eps_by_org, delta=1e-5,
+                  accountant="PLD", noise_multiplier=1.0, sample_rate=0.1, steps=10,
+                  epsilon_in_substra=worst)
 
 
 RECORDS = [
@@ -27,8 +26,7 @@ RECORDS = [
 ]
 PERFORMANCES = pd.DataFrame({
     "task_key": ["a", "b"], "worker": ["Org1", "Org2"], "round": [1, 1],
-                             "identifier": ["performance", "epsilon"],
-    "performance": [0.5,
+                             "identifier": ["performance", "epsilon"], "performance": [0.5,
                     math.inf], "run": ["torch", "torch"], "metric": ["test_accuracy", "epsilon"],
     "train_task": ["t", "t"], "trained_at": ["Org1", "Org1"]})
 
@@ -55,8 +53,7 @@ def with_model_files(records, folder):
     out = []
     for i, r in enumerate(records):
         event = ledger_event(r.framework, n=100, batch_size=10, sigma=1.0 if r.dp else 0.0,
-                             epochs=2,
-                             steps=10 if r.dp else None,
+                             epochs=2, steps=10 if r.dp else None,
                              library_epsilon=(("Opacus PRV (this run only)", 1.49),))
         path = save_model(folder / f"{i}.model", [event], max_epsilon=2.0)
         out.append(replace(r, model_file=str(path)))

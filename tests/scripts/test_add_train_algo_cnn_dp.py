@@ -59,8 +59,7 @@ def test_a_failing_task_is_named_with_its_log_and_the_keys_are_kept(tmp_path, ke
     # refuses the diverged model (a budget below one step, which failed here before, is refused
     # before anything is registered).
     (tmp_path / "bad.json").write_text(json.dumps({**TINY_HYPERPARAMETERS, "max_grad_norm": 1e30,
-                                                   "features": "pixels",
-                                                   "activation": "relu"}))
+                                                   "features": "pixels", "activation": "relu"}))
     proc = run("add_train_algo_cnn_dp.py", "--framework", FRAMEWORK, "--hyperparameters",
                "bad.json", cwd=tmp_path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
@@ -76,11 +75,9 @@ def test_a_failing_task_is_named_with_its_log_and_the_keys_are_kept(tmp_path, ke
 @pytest.mark.parametrize("changes, args, message", [
     ({"batch_size": 1000}, [],
      f"{FRAMEWORK} hyperparameters (bad.json), fold 1: batch_size = 1000 is larger than the 150 "
-     "training examples\n"),
-    ({"max_epsilon": 0.001}, [],
+     "training examples\n"), ({"max_epsilon": 0.001}, [],
      f"{FRAMEWORK} hyperparameters (bad.json), fold 1: max_epsilon = 0.001 is below the ε of a "
-     "single step ("),
-    ({}, ["--rounds", 5000],
+     "single step ("), ({}, ["--rounds", 5000],
      "--rounds 5000 with the 2 fold(s) of assets_keys.json and --strategy cyclic make 30,000 "
      "tasks, more than the 10,000"),
 ])
@@ -89,8 +86,7 @@ def test_what_a_task_would_refuse_is_refused_before_anything_is_registered(
     (tmp_path / "bad.json").write_text(json.dumps({**TINY_HYPERPARAMETERS, **changes}))
     before = keys_file.read_text()
     proc = run("add_train_algo_cnn_dp.py", "--framework", FRAMEWORK, "--hyperparameters",
-               "bad.json", *args,
-               cwd=tmp_path)
+               "bad.json", *args, cwd=tmp_path)
     assert proc.returncode == 2 and proc.stderr.startswith(
         f"error: {message}") and proc.stderr.count("\n") == 1, proc.stderr
     assert keys_file.read_text() == before  # nothing registered
@@ -115,8 +111,7 @@ def test_rounds_with_a_target_need_the_fold_sizes(tmp_path, keys_file):
     keys_file.write_text(json.dumps({**keys, "data": str(tmp_path / "elsewhere")}))
     before = keys_file.read_text()
     proc = run("add_train_algo_cnn_dp.py", "--framework", FRAMEWORK, "--strategy", "fedavg",
-               "--rounds", 2,
-               cwd=tmp_path)
+               "--rounds", 2, cwd=tmp_path)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert ("--rounds 2 with target_epsilon" in proc.stderr
             and "give noise_multiplier" in proc.stderr)

@@ -71,6 +71,5 @@ def test_piped_into_head_it_stops_quietly(tmp_path):
     command = (f"{shlex.quote(sys.executable)} {shlex.quote(str(SCRIPT))} "
                f"{' '.join([shlex.quote(str(path))] * 40)}")
     proc = subprocess.run(["bash", "-c", command + " | head -1; exit ${PIPESTATUS[0]}"],
-                          capture_output=True,
-                          text=True, cwd=tmp_path)
+                          capture_output=True, text=True, cwd=tmp_path)
     assert (proc.stdout, proc.stderr, proc.returncode) == (f"# {path} (torch)\n", "", 141)

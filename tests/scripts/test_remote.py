@@ -66,16 +66,14 @@ def run(script, *args, cwd, env, polling=None):
 
 def add_dataset_objective(node, tmp_path, data_dir, **settings):
     return run("add_dataset_objective.py", "--data", data_dir, "--folds", 2, "--keys-file",
-               tmp_path / "keys.json",
-               cwd=tmp_path, env=environment(node, **settings))
+               tmp_path / "keys.json", cwd=tmp_path, env=environment(node, **settings))
 
 
 def add_train_algo(node, tmp_path, *args):
     (tmp_path / "hp.json").write_text(json.dumps(HYPERPARAMETERS))
     return run("add_train_algo_cnn_dp.py", "--framework", FRAMEWORK, "--hyperparameters",
-               tmp_path / "hp.json",
-               "--keys-file", tmp_path / "keys.json", "--output", tmp_path / "results", *args,
-               cwd=tmp_path, env=environment(node), polling=0.01)
+               tmp_path / "hp.json", "--keys-file", tmp_path / "keys.json", "--output",
+               tmp_path / "results", *args, cwd=tmp_path, env=environment(node), polling=0.01)
 
 
 @pytest.fixture
@@ -373,8 +371,8 @@ def test_a_plan_run_on_the_node_reports_accuracy_and_epsilon_from_the_models_it_
     assert list(
         node.compute_plans) == [plan_key] and set(tasks) == set(described) and len(tasks) == 2 * 5
     by_role = {description: key for key, description in described.items()}
-    private, public = {"public": False,
-                       "authorized_ids": [org]}, {"public": True, "authorized_ids": []}
+    private, public = {"public": False, "authorized_ids": [org]}, {"public": True,
+                       "authorized_ids": []}
 
     def data_inputs(task):
         return [(i["identifier"], i["asset_key"]) for i in task["inputs"] if i["asset_key"]]
@@ -448,10 +446,9 @@ def test_a_search_on_the_node_is_one_tune_task_on_every_fold_with_the_search_fil
     (tmp_path / "hp.json").write_text(json.dumps({**HYPERPARAMETERS, "noise_multiplier": None,
                                                   "target_epsilon": 3.0}))
     proc = run("add_train_algo_cnn_dp.py", "--framework", FRAMEWORK, "--hyperparameters",
-               tmp_path / "hp.json",
-               "--keys-file", registered, "--output", tmp_path / "results", "--search",
-               tmp_path / "search.json",
-               cwd=tmp_path, env=environment(node), polling=0.01)
+               tmp_path / "hp.json", "--keys-file", registered, "--output", tmp_path / "results",
+               "--search", tmp_path / "search.json", cwd=tmp_path, env=environment(node),
+               polling=0.01)
     assert proc.returncode == 0, proc.stderr[-3000:]
     keys = json.loads(registered.read_text())
     algo = keys["algos"][FRAMEWORK]

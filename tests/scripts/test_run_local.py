@@ -25,8 +25,7 @@ from mnist_dp.privacy import accountant, data_ledger, events, model_file
 
 SCRIPT = REPO / "scripts" / "run_local.py"
 REQUIRED_KEYS = {"framework", "organization", "test_accuracy", "train_accuracy", "epsilon", "delta",
-                 "accountant",
-                 "noise_multiplier", "sample_rate", "steps", "dp"}
+                 "accountant", "noise_multiplier", "sample_rate", "steps", "dp"}
 
 
 # Replayable noise and training-data scores, so that the docker run can be compared with this one
@@ -44,8 +43,7 @@ def local_run(tmp_path_factory, tiny_data):
     tmp = tmp_path_factory.mktemp("run_local")
     (tmp / "hp.json").write_text(json.dumps(REPLAYED))
     proc = run_local("--data", tiny_data, "--output", tmp / "results", "--hyperparameters",
-                     tmp / "hp.json",
-                     "--score-train", "--baseline", cwd=tmp)
+                     tmp / "hp.json", "--score-train", "--baseline", cwd=tmp)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc, tmp
 
@@ -110,8 +108,8 @@ def test_table_and_reports_and_no_files_leak_into_the_working_directory(local_ru
 def test_two_organisations_train_in_rounds_with_epsilon_per_organisation(tmp_path, tiny_data_2orgs):
     (tmp_path / "hp.json").write_text(json.dumps(TINY_HYPERPARAMETERS))
     proc = run_local("--data", tiny_data_2orgs, "--output", tmp_path / "out", "--hyperparameters",
-                     tmp_path / "hp.json",
-                     "--frameworks", "torch", "--organizations", 2, "--rounds", 2, cwd=tmp_path)
+                     tmp_path / "hp.json", "--frameworks", "torch", "--organizations", 2,
+                     "--rounds", 2, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = json.loads((tmp_path / "out" / "results.json").read_text())
     assert [(r["round"], r["organization"]) for r in records] == [
@@ -148,9 +146,8 @@ def test_federated_averaging_averages_each_round_with_epsilon_per_organisation(
         tmp_path, tiny_data_2orgs):
     (tmp_path / "hp.json").write_text(json.dumps(TINY_HYPERPARAMETERS))
     proc = run_local("--data", tiny_data_2orgs, "--output", tmp_path / "out", "--hyperparameters",
-                     tmp_path / "hp.json",
-                     "--frameworks", "torch", "--organizations", 2, "--rounds", 2,
-                     "--strategy", "fedavg", cwd=tmp_path)
+                     tmp_path / "hp.json", "--frameworks", "torch", "--organizations", 2,
+                     "--rounds", 2, "--strategy", "fedavg", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = json.loads((tmp_path / "out" / "results.json").read_text())
     assert [(r["round"], r["organization"]) for r in records] == [(1, "fedavg"), (2, "fedavg")]
@@ -185,9 +182,8 @@ def test_a_failing_organisations_task_fails_the_federated_plan_naming_it_with_it
         tmp_path, tiny_data_2orgs):
     (tmp_path / "hp.json").write_text(json.dumps(DIVERGING))
     proc = run_local("--data", tiny_data_2orgs, "--output", tmp_path / "out", "--hyperparameters",
-                     tmp_path / "hp.json",
-                     "--frameworks", "torch", "--organizations", 2, "--strategy", "fedavg",
-                     cwd=tmp_path)
+                     tmp_path / "hp.json", "--frameworks", "torch", "--organizations", 2,
+                     "--strategy", "fedavg", cwd=tmp_path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     message = proc.stderr[proc.stderr.index("error: compute plan"):]
     assert ("failed in task 'torch train, round 1 at MyOrg1MSP'" in message
@@ -313,8 +309,7 @@ def test_organisations_sharing_a_key_are_refused_and_the_advised_command_fixes_i
     dataset.generate(data, train_size=300, test_size=100, train_samples=2, seed=1)
     (tmp_path / "hp.json").write_text(json.dumps({**TINY_HYPERPARAMETERS, "batch_size": 1000}))
     options = ["--data", data, "--output", tmp_path / "out", "--hyperparameters",
-               tmp_path / "hp.json",
-               "--frameworks", "torch", "--organizations", 2]
+               tmp_path / "hp.json", "--frameworks", "torch", "--organizations", 2]
     proc = run_local(*options, cwd=tmp_path)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert "organisation 1's train data samples are under" not in proc.stderr
@@ -370,8 +365,8 @@ def test_docker_backend_gives_the_subprocess_backends_results(local_run, docker_
     for run, record in docker.items():
         record = local[run]
         for key in ("train_accuracy", "test_accuracy", "epsilon", "epsilon_rdp",
-                    "epsilon_in_substra",
-                    "noise_multiplier", "sample_rate", "steps", "library_epsilon"):
+                    "epsilon_in_substra", "noise_multiplier", "sample_rate", "steps",
+                    "library_epsilon"):
             assert docker[run][key] == record[key], (run, key)
         local_model, docker_model = (model_file.load(r["model_file"])
                                      for r in (record, docker[run]))
@@ -419,8 +414,7 @@ def test_federated_averaging_runs_in_every_frameworks_images(
     (tmp_path / "hp.json").write_text(json.dumps(TINY_HYPERPARAMETERS))
     proc = run_local("--backend", "docker", "--data", tiny_data_2orgs, "--output", tmp_path / "out",
                      "--hyperparameters", tmp_path / "hp.json", "--organizations", 2, "--strategy",
-                     "fedavg",
-                     cwd=tmp_path)
+                     "fedavg", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = json.loads((tmp_path / "out" / "results.json").read_text())
     assert sorted((r["framework"], r["round"], r["organization"]) for r in records) == [
@@ -445,8 +439,7 @@ def test_federated_averaging_runs_in_every_frameworks_images(
 def test_a_failing_task_is_named_and_exits_non_zero(tmp_path, tiny_data):
     (tmp_path / "hp.json").write_text(json.dumps(DIVERGING))
     proc = run_local("--data", tiny_data, "--output", tmp_path / "out", "--hyperparameters",
-                     tmp_path / "hp.json",
-                     "--frameworks", FRAMEWORKS[0], cwd=tmp_path)
+                     tmp_path / "hp.json", "--frameworks", FRAMEWORKS[0], cwd=tmp_path)
     assert proc.returncode == 2
     message = proc.stderr[proc.stderr.index("error: compute plan"):]
     assert f"failed in task '{FRAMEWORKS[0]} train, round 1 at MyOrg1MSP'" in message
@@ -480,8 +473,7 @@ def test_what_a_task_would_refuse_is_refused_before_anything_is_registered(
         tmp_path, tiny_data_2orgs, changes, message):
     (tmp_path / "hp.json").write_text(json.dumps({**TINY_HYPERPARAMETERS, **changes}))
     proc = run_local("--data", tiny_data_2orgs, "--output", tmp_path / "out", "--hyperparameters",
-                     tmp_path / "hp.json",
-                     "--frameworks", "tf", "--organizations", 2, cwd=tmp_path)
+                     tmp_path / "hp.json", "--frameworks", "tf", "--organizations", 2, cwd=tmp_path)
     assert proc.returncode == 2 and proc.stderr.count(
         "\n") == 1 and message in proc.stderr, proc.stderr
     # names the user's file
@@ -585,8 +577,7 @@ def test_sigterm_stops_a_run_like_ctrl_c_and_leaves_no_work_files(tmp_path, tiny
     out = tmp_path / "out"
     (tmp_path / "hp.json").write_text(json.dumps({**TINY_HYPERPARAMETERS, "epochs": 50}))
     run = subprocess.Popen([sys.executable, SCRIPT, "--data", tiny_data, "--output", out,
-                            "--frameworks", "torch",
-                            "--hyperparameters", tmp_path / "hp.json"],
+                            "--frameworks", "torch", "--hyperparameters", tmp_path / "hp.json"],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
     worker = out / "substra" / "local-worker"
     deadline = time.monotonic() + 120
@@ -604,8 +595,7 @@ def test_sigterm_stops_a_run_like_ctrl_c_and_leaves_no_work_files(tmp_path, tiny
 @pytest.mark.parametrize("args, message", [
     (["--rounds", 2000, "--strategy", "fedavg"],
      "--rounds 2000 with --organizations 1, --strategy fedavg and 3 run(s) make 24,000 tasks, more "
-     "than the 10,000"),
-    (["--organizations", 1000, "--rounds", 3],
+     "than the 10,000"), (["--organizations", 1000, "--rounds", 3],
      "--rounds 3 with --organizations 1000, --strategy cyclic and 3 run(s) make 27,000 tasks"),
     (["--rounds", 10**9], "argument --rounds: 1,000,000,000 is not an integer from 1 to 10,000"),
     (["--organizations", 10**9],

@@ -21,8 +21,7 @@ from mnist_dp.privacy import model_file
 
 SCRIPT = REPO / "scripts" / "run_local.py"
 SEARCH = {"space": {"learning_rate": [0.05, 0.1, 0.2], "ema_decay": [0.0, 0.5]},
-          "mean_candidates": 2, "shape": 1,
-          "validation_fraction": 0.2}
+          "mean_candidates": 2, "shape": 1, "validation_fraction": 0.2}
 HYPERPARAMETERS = {**TINY_HYPERPARAMETERS, "noise_multiplier": None, "target_epsilon": 3.0}
 
 
@@ -32,10 +31,9 @@ def run_local(tmp_path, data, search, hp=HYPERPARAMETERS, *args):
         (tmp_path / "search.json").write_text(json.dumps(search))
         search = tmp_path / "search.json"
     return subprocess.run([sys.executable, SCRIPT, "--data", data, "--output", tmp_path / "out",
-                           "--hyperparameters",
-                           tmp_path / "hp.json", "--frameworks", "torch", "--search", search,
-                           *map(str, args)],
-                          capture_output=True, text=True, cwd=tmp_path)
+                           "--hyperparameters", tmp_path / "hp.json", "--frameworks", "torch",
+                           "--search", search, *map(str, args)], capture_output=True, text=True,
+                          cwd=tmp_path)
 
 
 @pytest.fixture(scope="module")
@@ -198,8 +196,7 @@ def test_nothing_a_tune_task_emits_depends_on_the_number_of_candidates(
     ({"space": {"target_epsilon": [1.0, 2.0]}},
      "target_epsilon is one setting for the whole search"),
     ({"space": {"epochs": {"low": 1, "high": 3}}, "validation_fraction": 0.9},
-     "validation_fraction = 0.9 must be"),
-    ({"space": {"noise_decay": {"low": 0.5, "high": 1.0}}},
+     "validation_fraction = 0.9 must be"), ({"space": {"noise_decay": {"low": 0.5, "high": 1.0}}},
      "noise_decay changes a candidate's noise"),
     ({"space": {"learning_rate": [0.1]}, "candidates": 3}, "unknown key(s) ['candidates']"),
 ])
@@ -254,6 +251,5 @@ def test_a_search_runs_in_the_functions_docker_images_as_in_subprocesses(
         (record,) = json.loads((tmp_path / backend / "out" / "results.json").read_text())
         saved = model_file.load(record["model_file"], "torch")
         released.append((record["epsilon"], saved.hyperparameters["learning_rate"],
-                         saved.hyperparameters["ema_decay"],
-                         saved.ledger.events[0].search))
+                         saved.hyperparameters["ema_decay"], saved.ledger.events[0].search))
     assert released[0] == released[1]

@@ -18,10 +18,8 @@ DEEP = "[" * 100_000 + "]" * 100_000  # far deeper than Python's recursion limit
 
 
 @pytest.mark.parametrize("reader", [
-    lambda path: hyperparameters.load(path),
-    lambda path: hyperparameters.load_overrides(path),
-    lambda path: search_space.load(path),
-    lambda path: registry.KeysFile(path),
+    lambda path: hyperparameters.load(path), lambda path: hyperparameters.load_overrides(path),
+    lambda path: search_space.load(path), lambda path: registry.KeysFile(path),
 ])
 def test_json_nested_too_deeply_is_one_line_naming_the_file(tmp_path, reader):
     path = tmp_path / "file.json"
@@ -73,8 +71,7 @@ def test_the_report_of_a_model_without_its_framework_is_one_line_and_exit_2(tmp_
     rewrite_member(path, "meta.json",
                    lambda meta: {k: v for k, v in meta.items() if k != "framework"})
     proc = subprocess.run([sys.executable, REPO / "scripts" / "privacy_report.py", path],
-                          capture_output=True,
-                          text=True)
+                          capture_output=True, text=True)
     assert proc.returncode == 2 and proc.stderr.startswith(
         f"error: {path}: ") and proc.stderr.count("\n") == 1
 

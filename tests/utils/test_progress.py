@@ -20,8 +20,7 @@ with progress.bar(3, "train (torch)", "step", shown={shown}) as bar:
 def drawn(shown=True, **env) -> str:
     """What a task's bar writes to its stderr, a pipe as in Substra's subprocess mode."""
     proc = subprocess.run([sys.executable, "-c", DRAW.format(shown=shown)], capture_output=True,
-                          text=True,
-                          env={**env, "PATH": "/usr/bin:/bin"})
+                          text=True, env={**env, "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 0, proc.stderr
     return proc.stderr
 
