@@ -34,12 +34,20 @@ log = logging.getLogger("substratools.mnist_dp")
 def check_plan(framework: str, hp: Hyperparameters, sizes: list, rounds: int, wheres: list,
                spent: list | None = None) -> Hyperparameters:
     """What the train tasks of a plan would refuse, checked before anything is registered: each
-    organisation's run (check_run: `sizes[k]` examples, errors named `wheres[k]`), a target_epsilon
-    no σ meets, and a max_epsilon below the ε of its first step after what its data has spent, with
-    σ as the tasks will get it (noise_for_rounds for several rounds). `framework`: the algo's name;
-    `rounds`: how many times the plan trains on each organisation's data; `spent[k]`: organisation
-    k's data's own ledger and its samples' examples (check_spent). Returns the hyperparameters the
-    tasks get."""
+    organisation's run (check_run), a target_epsilon no σ meets, and a max_epsilon below the ε of
+    its first step after what its data has spent, with σ as the tasks will get it.
+
+    Args:
+      framework: the algo's name.
+      hp: the hyperparameters.
+      sizes: each organisation's number of training examples.
+      rounds: how many times the plan trains on each organisation's data.
+      wheres: what names each organisation in an error.
+      spent: per organisation, its data's own ledger and its samples' examples (check_spent).
+
+    Returns:
+      The hyperparameters the tasks get (σ calibrated here for several rounds: noise_for_rounds).
+    """
     plans = [check_run(framework, hp, n, where) for n, where in zip(sizes, wheres)]
     # several rounds: σ is calibrated here, for all of them
     hp = noise_for_rounds(hp, sizes, rounds)
@@ -89,10 +97,21 @@ def check_first_step(framework: str, hp: Hyperparameters, plan: SamplingPlan, si
 
 def apply_budget(framework: str, identities: tuple, hp: Hyperparameters, plan: SamplingPlan,
                  sigma: float, prior: list) -> SamplingPlan:
-    """With hp's max_epsilon: `plan` cut at the last step that keeps ε within budget, for a
-    `framework` run at gradient noise `sigma` on the samples `identities` after the runs `prior` on
-    them; 0 steps when the prior runs spent it (the train task passes its input model on); refuses a
-    budget below a single step's ε."""
+    """The sampling plan cut to hp's max_epsilon.
+
+    Args:
+      framework: the algo's name.
+      identities: the keyed identities of the run's data samples.
+      hp: the hyperparameters (max_epsilon, delta).
+      plan: the run's sampling plan.
+      sigma: the run's gradient noise multiplier.
+      prior: the DpEvents of the earlier runs on those samples.
+
+    Returns:
+      `plan` with max_steps at the last step that keeps ε within max_epsilon (unchanged without a
+      budget); 0 steps when `prior` spent it (the train task passes its input model on). Raises
+      UserError for a budget below a single step's ε.
+    """
     if not hp.dp or hp.max_epsilon is None:
         return plan
     run = run_event(framework, identities, hp, plan, sigma, plan.steps)
@@ -140,11 +159,21 @@ class RunPrivacy:
 
 def for_task(framework: str, hp: Hyperparameters, plan: SamplingPlan, ledger: Ledger, samples: list,
              spent: Ledger | None = None) -> RunPrivacy:
-    """The privacy plan of a `framework` train task of `plan` (with hyperparameters `hp`) on data
-    `samples` (the opener's), after the runs of `ledger`: its examples are recorded in the ledger,
-    and σ holds for the worst of their histories. The budget holds for those and for `spent`, the
-    data's own ledger of these samples (data_ledger.py): every run released from the data, in every
-    framework."""
+    """The privacy plan of a train task.
+
+    Args:
+      framework: the algo's name.
+      hp: the hyperparameters.
+      plan: the run's sampling plan (planning.check_run).
+      ledger: the input model's ledger; the task's examples are recorded in it.
+      samples: the opener's data samples.
+      spent: the data's own ledger of these samples (data_ledger.py): every run released from the
+        data, in every framework.
+
+    Returns:
+      RunPrivacy: σ for the worst history of the task's examples, and the plan cut to the budget
+      over both ledgers.
+    """
     identities = ledger.add_samples(samples)
     histories = ledger.histories(identities)
     sigma = max(resolve_noise_multiplier(hp, plan, prior) for prior in histories)

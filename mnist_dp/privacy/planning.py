@@ -78,8 +78,16 @@ MAX_STEPS = 1_000_000  # days of training on a CPU; beyond it a typo is likelier
 
 
 def noise_schedule(hp: Hyperparameters, plan: SamplingPlan, sigma: float) -> NoiseSchedule:
-    """What noise every step of the run adds: σ (the first stage's), the decay, and adaptive
-    clipping's count."""
+    """What noise every step of a run adds.
+
+    Args:
+      hp: the hyperparameters (dp, noise_decay, clip_quantile, clip_count_stddev).
+      plan: the run's sampling plan (its planned steps set the decay's stages).
+      sigma: the gradient noise multiplier of the first stage.
+
+    Returns:
+      The NoiseSchedule: σ, the decay and adaptive clipping's count noise (σ 0 without DP).
+    """
     if not hp.dp:
         return NoiseSchedule(0.0)
     decay_steps = math.ceil(plan.planned_steps / NOISE_STAGES) if hp.noise_decay < 1 else 0
@@ -100,7 +108,18 @@ NO_SECURE_MODE = {"tf": "TF Privacy offers no secure noise generator; use the to
 def check_run(framework: str, hp: Hyperparameters, n: int, where: str) -> SamplingPlan:
     """What a train task on `n` examples would refuse before it resolves σ, checked where the sizes
     are known: the task itself, and the scripts before they register anything (with check_target:
-    budget.check_plan)."""
+    budget.check_plan).
+
+    Args:
+      framework: the algo's name ("torch", "tf", "mindspore").
+      hp: the hyperparameters.
+      n: the number of training examples.
+      where: what names the hyperparameters in an error ("hyperparameters.json", an organisation).
+
+    Returns:
+      The run's SamplingPlan. Raises UserError for δ ≥ 1/n, secure_mode where the library has no
+      secure generator, a plan past the step limits, or too little noise per step.
+    """
     check_delta(hp.delta, n, where=f"{where}: delta")
     check_secure_mode(framework, hp, where)
     plan = SamplingPlan.from_hyperparameters(n, hp, where)
@@ -170,9 +189,20 @@ def check_target(hp: Hyperparameters, plan: SamplingPlan, where: str) -> None:
 
 def resolve_noise_multiplier(hp: Hyperparameters, plan: SamplingPlan, prior: list, repeats: int = 1,
                              where: str = "") -> float:
-    """σ of a run of `plan`: 0 without DP, hp's noise_multiplier if given, else the least σ that
-    keeps the data's ε within target_epsilon after the earlier runs `prior` on it and `repeats` runs
-    of this one."""
+    """σ of a run of `plan`.
+
+    Args:
+      hp: the hyperparameters: noise_multiplier, or target_epsilon and delta.
+      plan: the run's sampling plan.
+      prior: the DpEvents of the earlier runs on the same examples.
+      repeats: how many runs of this plan the target must cover (rounds of a plan).
+      where: what names the hyperparameters in an error.
+
+    Returns:
+      0 without DP; hp's noise_multiplier if given; else the least σ that keeps the data's ε
+      within target_epsilon after `prior` and `repeats` runs of this one. Raises UserError when
+      no σ does.
+    """
     if not hp.dp:
         return 0.0
     if hp.noise_multiplier is not None:
@@ -246,11 +276,22 @@ def noise_for_rounds(hp: Hyperparameters, sizes: list, rounds: int) -> Hyperpara
 
 def run_event(framework: str, data: tuple, hp: Hyperparameters, plan: SamplingPlan, sigma: float,
               steps: int, ran=None, code: dict | None = None) -> DpEvent:
-    """The DP event of `steps` steps of a `framework` run of `plan` on `data` (its samples'
-    identities) at gradient noise `sigma`, the schedule and count noise from `hp`: what the budget
-    and the progress bar account. For the ledger, `ran` (interface.Ran, as skeleton.fit completes
-    it) adds what the run did (its clipping unit, the library's own ε, whether its noise can be
-    replayed), `code` its provenance, and the event gets a new run id."""
+    """The DP event of a run: what the budget and the progress bar account, and the ledger records.
+
+    Args:
+      framework: the algo's name.
+      data: the keyed identities of the run's data samples.
+      hp: the hyperparameters (noise schedule, clipping norm, batch size).
+      plan: the run's sampling plan (n, q).
+      sigma: the gradient noise multiplier of the first steps.
+      steps: how many steps the event covers (those run so far, or all).
+      ran: for the ledger, what the run did (interface.Ran, as skeleton.fit completes it): its
+        clipping unit, the library's own ε, whether its noise can be replayed.
+      code: for the ledger, the running code's provenance.
+
+    Returns:
+      A DpEvent; with `ran`, one with a new run id.
+    """
     schedule = noise_schedule(hp, plan, sigma)
     event = DpEvent(framework, data, plan.n, plan.sample_rate, sigma, steps, PER_EXAMPLE if hp.dp
                     else NO_CLIPPING, hp.max_grad_norm, noise_decay=schedule.noise_decay,
