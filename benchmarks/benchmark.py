@@ -69,8 +69,8 @@ def embedded_train_set():
 
 
 WARMUP = 3  # steps per variant not timed (graph compilation, allocations)
-# The hyperparameters a timed step uses (--set may change them): the network's and its DP step's (σ
-# is fixed at 1).
+# The hyperparameters a timed step uses (--set may change them): the network's and its DP
+# step's (σ is fixed at 1).
 TIMED_KEYS = ("features", "network", "activation", "batch_size", "max_grad_norm", "learning_rate",
               "momentum")
 # per variant: the default, and a bound on what a run may ask
@@ -139,8 +139,8 @@ def time_torch(algo, images, labels, hp, plan, steps, network):
                 model, max_grad_norm=hp.max_grad_norm, use_ghost_clipping=True)
             criterion = DPLossFastGradientClipping(model, optimizer, criterion)
 
-        # the algo's step takes the first layer's patch Grams that a train task makes once, before
-        # its steps
+        # the algo's step takes the first layer's patch Grams that a train task
+        # makes once, before its steps
         known = algo.data_grams(model, images) if mode.startswith("book-keeping") else None
 
         def step(x, y, known_rows=None):

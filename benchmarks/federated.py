@@ -108,8 +108,8 @@ def simulate(framework, strategy, organizations, epochs, rounds, epsilon, seed, 
         def train(share, start_from):
             nonlocal task
             task += 1
-            # A copy of the share's data dict, as every Substra task loads its own: the task lets
-            # its images go.
+            # A copy of the share's data dict, as every Substra task loads its own:
+            # the task lets its images go.
             inputs = {"datasamples": dict(share),
                       **({"model": str(start_from)} if start_from else {})}
             outputs = {"model": str(tmp / f"model-{task}"), "epsilon": str(tmp / f"epsilon-{task}")}

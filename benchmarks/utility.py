@@ -56,9 +56,9 @@ MAX_SEEDS = 100  # trainings per point: beyond it a typo is likelier than a plan
 SET_BY_THE_BENCHMARK = ("noise_multiplier", "target_epsilon", "max_epsilon", "delta", "seed",
                         "noise_seed", "dp", "secure_mode")
 RESULTS = Path(__file__).resolve().parent / "results" / "utility.jsonl"
-# The goals, (dataset, ε) -> least accuracy in every framework (at --seeds-at the mean over the
-# seeds): above the best credible published result at ε = 3 and 1 on Fashion-MNIST, and on the
-# embedded MNIST-4k.
+# The goals, (dataset, ε) -> least accuracy in every framework (at --seeds-at the mean over
+# the seeds): above the best credible published result at ε = 3 and 1 on Fashion-MNIST, and
+# on the embedded MNIST-4k.
 GOALS = {("fmnist", 3.0): 0.900, ("fmnist", 1.0): 0.885, ("mnist4k", 3.0): 0.970}
 # On MNIST-4k at --seeds-at every framework reaches FLOOR, and no two frameworks' seeds tell them
 # apart: a two-sample (Welch) t-test's p-value at least ALPHA.
@@ -68,10 +68,10 @@ FLOOR, ALPHA = 0.965, 0.05
 # without the field drew them with each library's initialiser.
 INITIAL_WEIGHTS = "common"
 # Published results on these datasets with this CNN or close (δ = 1e-5; their ε from older RDP
-# accountants with their own sampling, so compare loosely): (dataset, ε, accuracy, label, disputed).
-# DPSUR's selective updates are accounted without the change in sampling probability the selection
-# causes (arXiv 2606.04384): its figures are plotted, marked disputed, and no goal is set against
-# them.
+# accountants with their own sampling, so compare loosely): (dataset, ε, accuracy, label,
+# disputed). DPSUR's selective updates are accounted without the change in sampling probability
+# the selection causes (arXiv 2606.04384): its figures are plotted, marked disputed, and no
+# goal is set against them.
 PUBLISHED = [
     ("mnist", 2.93, 0.981, "Papernot et al. 2021, tanh CNN (60k)", False),
     ("mnist", 3.0, 0.981, "Tramèr & Boneh 2021, tanh CNN (60k)", False),

@@ -103,9 +103,9 @@ def main(argv=None):
             algo = TorchDpFedAvgAlgo(hp.to_json(), args.rounds)
         else:
             algo = DpFedAvgAlgo(args.framework, hp.to_json(), args.rounds)
-        # substrafl's FedAvg with the ledgers passed along, evaluated after every round (not round
-        # 0, the untrained start) at every organisation: the global model's accuracy and that
-        # organisation's ε.
+        # substrafl's FedAvg with the ledgers passed along, evaluated after every round (not
+        # round 0, the untrained start) at every organisation: the global model's accuracy
+        # and that organisation's ε.
         strategy = DpFedAvg(algo=algo, metric_functions=METRICS)
         evaluation = EvaluationStrategy(test_data_nodes=organizations.test_data_nodes,
                                         eval_rounds=list(range(1, args.rounds + 1)))

@@ -132,8 +132,8 @@ def register_and_run(args, keys: registry.KeysFile, hp: Hyperparameters, output:
                        [compute_plan.Share(owner, dataset, sum(map(tuple, folds), ()))], test)
     elif args.strategy == "fedavg":
         builder.fedavg(run, functions, shares, args.rounds, test)
-    # the folds are at one organisation: each train task is numbered as a round of its own in the
-    # reports
+    # the folds are at one organisation: each train task is numbered as a round
+    # of its own in the reports
     else:
         builder.chain(run, functions, list(enumerate(shares * args.rounds, 1)), test,
                       args.score_train)

@@ -127,8 +127,8 @@ def main(argv=None):
         holdings = registry.split_among(data_dir, args.organizations, flag="--organizations")
         # each organisation its own key, as deployed
         dataset.check_organization_keys(data_dir, holdings)
-        # What each organisation's train task refuses (an example two organisations hold is
-        # accounted per example).
+        # What each organisation's train task refuses (an example two organisations hold
+        # is accounted per example).
         read = {folder: sample for own in holdings for folder,
                 sample in zip(own, samples.check_examples(own))}
         identities = {folder: sample.identity for folder, sample in read.items()}

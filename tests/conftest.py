@@ -48,10 +48,10 @@ def pytest_collection_modifyitems(items):
         for item in members:
             item.add_marker(pytest.mark.xdist_group(group))
     # The longest first, so that no worker starts an 8-minute Docker test while the other has
-    # nothing left (xdist hands them out in this order): the bundle's image, the other Docker tests,
-    # the slow ones, the fast ones. A group moves as one, its tests kept together: a worker runs its
-    # tests in this order, and a test of another module in between would tear the group's run down,
-    # to be made again.
+    # nothing left (xdist hands them out in this order): the bundle's image, the other Docker
+    # tests, the slow ones, the fast ones. A group moves as one, its tests kept together: a worker
+    # runs its tests in this order, and a test of another module in between would tear the group's
+    # run down, to be made again.
     def cost(item):
         return (Path(item.fspath).name not in SLOW_MODULES,
                 "docker_daemon" not in item.fixturenames, item.get_closest_marker("slow") is None)
@@ -151,9 +151,9 @@ def nothing_spent_on_the_shared_data():
             ledger.unlink()
 
 
-# Runs a command as root without the capabilities that let root write anywhere: a folder of mode
-# 0o555 is then read-only to it, as it would be to a user (tests run as root in CI and in the
-# image).
+# Runs a command as root without the capabilities that let root write anywhere: a
+# folder of mode 0o555 is then read-only to it, as it would be to a user (tests run as
+# root in CI and in the image).
 WITHOUT_WRITE_OVERRIDE = ["setpriv", "--bounding-set=-dac_override,-dac_read_search",
                           "--inh-caps=-dac_override,-dac_read_search", "--"]
 

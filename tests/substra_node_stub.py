@@ -318,8 +318,8 @@ class SubstraNodeStub:
                               key).files["data_opener" if file == "opener" else "description"]
 
     def _add_data_samples(self, body, content_type, **_):
-        # One route for both modes: uploaded archives (local=True), or paths on the node
-        # (local=False).
+        # One route for both modes: uploaded archives (local=True), or paths
+        # on the node (local=False).
         spec, files = self._json(body, content_type)
         managers = spec.get("data_manager_keys") or []
         if not managers or any(k not in self.datasets for k in managers):

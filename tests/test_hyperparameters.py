@@ -117,8 +117,8 @@ def test_an_error_from_combining_the_users_file_with_the_assets_names_both(tmp_p
 
 
 def test_a_key_given_twice_is_refused_naming_the_file_and_the_key(tmp_path):
-    # Python's json keeps the last of the two: this file would train without DP under a first line
-    # saying true.
+    # Python's json keeps the last of the two: this file would train without DP under
+    # a first line saying true.
     asset = json.loads((ALGO_ASSETS[FRAMEWORKS[0]] / hyperparameters.FILE_NAME).read_text())
     text = json.dumps(asset, indent=2)
     path = tmp_path / "hyperparameters.json"

@@ -116,8 +116,8 @@ def test_every_commit_subject_since_the_rule_passes_the_commit_msg_hook(tmp_path
                            str(tmp_path / "message")], capture_output=True).returncode == 1
 
 
-# A measured time or speed-up in prose: "1.4 ms", "0.5 s", "2 minutes", "5× faster", "300x slower"
-# (not "7 × 7").
+# A measured time or speed-up in prose: "1.4 ms", "0.5 s", "2 minutes", "5× faster",
+# "300x slower" (not "7 × 7").
 TIMING = re.compile(
     r"\b\d(?:[\d,.]*\d)?(?:\s*(?:ms|µs|seconds?|minutes?|hours?)|\s+(?:s|min|h))\b"
     r"|\b\d(?:\.\d+)?\s*×(?!\s*\d)|\b\d+(?:\.\d+)?x (?:faster|slower)")

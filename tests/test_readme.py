@@ -19,8 +19,8 @@ def test_readme_run_command_is_the_main_job():
     assert "pip install -r requirements.txt && python scripts/run_local.py" in readme_commands()
 
 
-# Markdown links and images: [text](target) and ![alt](target), target optionally in <...> and with
-# a title.
+# Markdown links and images: [text](target) and ![alt](target), target optionally
+# in <...> and with a title.
 LINK = re.compile(r"!?\[[^\]]*\]\(\s*(<[^>]*>|[^)\s]+)(?:\s+\"[^\"]*\")?\s*\)")
 
 
@@ -65,8 +65,8 @@ def test_every_relative_link_in_the_documents_resolves():
     assert not broken, "\n".join(broken)
 
 
-# A repository path written out in a document or a description: `mnist_dp/privacy/ledger.py`,
-# `scripts/run_local.py`.
+# A repository path written out in a document or a description:
+# `mnist_dp/privacy/ledger.py`, `scripts/run_local.py`.
 PATH = re.compile(
     r"(?<![\w/.-])((?:mnist_dp|assets|scripts|benchmarks|tests|docs|examples)/[\w/.-]*\w\.(?:py|md|json))\b")
 

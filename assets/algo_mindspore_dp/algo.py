@@ -20,8 +20,8 @@ import sys
 import time
 from pathlib import Path
 
-# Before MindSpore is imported: quiet its C++ log; protobuf's pure-Python implementation
-# (docs/design.md).
+# Before MindSpore is imported: quiet its C++ log; protobuf's pure-Python
+# implementation (docs/design.md).
 os.environ.setdefault("GLOG_v", "3")
 os.environ.setdefault("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "python")
 
@@ -312,8 +312,8 @@ def model_from_bytes(weights: bytes, network):
 
 class MindSporeMindArmour(interface.Framework):
     name = "mindspore"
-    # GRAPH mode compiles once per input shape: 1000 cuts a test set of 10,000 images into equal
-    # batches.
+    # GRAPH mode compiles once per input shape: 1000 cuts a test set of 10,000
+    # images into equal batches.
     predict_batch_size = 1000
 
     def network(self, network: interface.Network) -> nn.Cell:

@@ -119,8 +119,8 @@ class TutorialCNN(nn.Cell):
         self.conv2 = PatchConv2d(16, 32, 4, stride=2, pad_mode="valid")
         self.fc1, self.fc2, self.flatten = nn.Dense(32 * 4 * 4, 32), nn.Dense(32, 10), nn.Flatten()
         self.pool, self.act = nn.MaxPool2d(2, 1), _activation(activation)
-        # Each weighted layer's output [B, ...] (before its activation): the shapes of `forward`'s
-        # probes.
+        # Each weighted layer's output [B, ...] (before its activation): the
+        # shapes of `forward`'s probes.
         self.probe_shapes = ((16, 196), (32, 25), (32,), (10,))
 
     def construct(self, x):
@@ -279,8 +279,7 @@ class _ScatterNetClippedSum(_ClippedSumGraph):
         g2 = ops.transpose(g2, (0, 2, 1))  # -> [B, 16, 32]: position, channel, as g1
         # conv1's kernel: the output gradients' Gram at each pair of the rows' packed patch Gram.
         # The shortcut shares fc2's output gradient g4 (its bias term ‖g4‖²); its input is the
-        # features, of squared norm the rows' last.
-        # -> [B, 136]
+        # features, of squared norm the rows' last. -> [B, 136]
         output_grams = ops.gather(self.batch_matmul_tb(g1, g1).reshape(batch, -1), self.packed, 1)
         fc2_weight, logit_squares = self.dense_norms(g4, hidden)
         squared_norms = ops.stack((  # each example's, per parameter in GRADIENT_ORDER -> [B, 9]

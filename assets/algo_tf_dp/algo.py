@@ -190,8 +190,8 @@ def tf_privacy_statement_epsilon(n, batch_size, epochs, noise_multiplier, delta)
     """TF Privacy's own statement (RDP, Poisson line), for comparison with our accountant."""
     from tensorflow_privacy import compute_dp_sgd_privacy_statement
 
-    # used_microbatching=False: we clip each example (its default True would double the
-    # sensitivity).
+    # used_microbatching=False: we clip each example (its default True
+    # would double the sensitivity).
     statement = compute_dp_sgd_privacy_statement(
         number_of_examples=n, batch_size=batch_size, num_epochs=epochs,
                                                  noise_multiplier=noise_multiplier, delta=delta,

@@ -92,8 +92,8 @@ def write_dataset(dest: Path, train, test, train_samples: int, manifest: dict, f
             manifest = {**manifest, "written_by": WRITTEN_BY, "train_examples": int(len(train[1])),
                         "test_examples": int(len(test[1])), "train_samples": train_samples,
                         "organizations": organizations,
-                        # Tells data nobody changed since (generate_default_if_missing may split it
-                        # again).
+                        # Tells data nobody changed since
+                        # (generate_default_if_missing may split it again).
                         "sample_fingerprints": {f: sample_fingerprint(tmp / f) for f in folders}}
             (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
         with writing_in(dest):
@@ -270,8 +270,8 @@ def generate(dest: Path, source: Path | None = None, train_size: int | None = No
             picked = stratified_indices(y, len(y) if size is None else size, rng)
             parts.append((x[picked], y[picked]))
         train, test = parts
-    # The source resolved: the regenerate command (regenerate_command) works from any working
-    # directory.
+    # The source resolved: the regenerate command (regenerate_command) works
+    # from any working directory.
     manifest = {"source": EMBEDDED_SOURCE if source is None else str(Path(source).resolve()),
                 "seed": seed}
     return write_dataset(dest, train, test, train_samples, manifest, force=force,
@@ -310,9 +310,9 @@ def generate_default_if_missing(dest: Path, train_samples: int, flag: str = "--t
                 return sizes
             print(f"{dest}: splitting the default data again into {train_samples} train samples "
                   f"for {organizations} organisation(s) (it had {held}; the same examples)")
-            # Organisation k keeps its key (a model trained on the earlier split can be compared
-            # example by example); data written before the test set had a key of its own gets new
-            # keys throughout.
+            # Organisation k keeps its key (a model trained on the earlier split can be
+            # compared example by example); data written before the test set had a key of its
+            # own gets new keys throughout.
             kept = () if written_for is None else tuple(
                 read_key(dest / "train" / str(k)) for k in range(min(written_for, organizations)))
             generate(dest, train_samples=train_samples, force=True, organizations=organizations,

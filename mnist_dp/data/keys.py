@@ -29,8 +29,8 @@ def new_key() -> str:
 
 
 def write_key(folder: Path, key: str) -> None:
-    # Created, never replaced (mode x): a sample's identity must not change under a ledger that
-    # names it.
+    # Created, never replaced (mode x): a sample's identity must not change
+    # under a ledger that names it.
     with open(Path(folder) / KEY_FILE, "x", encoding="ascii") as f:
         f.write(key + "\n")
     os.chmod(Path(folder) / KEY_FILE, 0o600)

@@ -44,8 +44,8 @@ from mnist_dp.privacy.ledger import Ledger
 from mnist_dp.utils import atomic, json_input
 from mnist_dp.utils.errors import UserError
 
-# A local state before any training: the initial model is the seeded start (hp seed), rebuilt, not
-# stored.
+# A local state before any training: the initial model is the seeded start (hp
+# seed), rebuilt, not stored.
 UNTRAINED = "mnist-dp-substrafl-untrained/1"
 # The local state's count of train tasks, and the identities of the organisation's own data samples
 # (its own ε), in its model file's metadata.

@@ -93,8 +93,8 @@ class TorchDpFedAvgAlgo(DpTraining, TorchFedAvgAlgo):
         return self._shared_state(sent.n_samples, sent.parameters_update)
 
     def _local_train(self, train_dataset: OpenerDataset) -> None:
-        # The Opacus optimizer is the DP step's own, built per run: TorchAlgo's optimizer stays
-        # None.
+        # The Opacus optimizer is the DP step's own, built per run:
+        # TorchAlgo's optimizer stays None.
         self._train_run(train_dataset.data, through=self._index_generator.feed)
 
     def load_local_state(self, path):

@@ -66,9 +66,9 @@ class _Filters:
     them."""
 
     fine: np.ndarray  # [8, 36, 36] complex64: the Morlet filters ψ(0, θ) in Fourier
-    # [324, 8, 16] float32: at each 18×18 frequency, a spectrum's 4 aliases as (real, imaginary)
-    # pairs -> the mean of their products with each ψ(1, θ), as (real, imaginary) pairs
-    # (_periodised_products)
+    # [324, 8, 16] float32: at each 18×18 frequency, a spectrum's 4 aliases as (real,
+    # imaginary) pairs -> the mean of their products with each ψ(1, θ), as (real, imaginary)
+    # pairs (_periodised_products)
     coarse: np.ndarray
     # [1296, 49] float32: a 36×36 map -> low-pass φ, subsampled by 4, unpadded to 7×7
     low_36: np.ndarray
@@ -102,8 +102,8 @@ def _filters() -> _Filters:
     # what _block assumes
     assert SCATTERING_J == 2 and list(scales) == [0] * ORIENTATIONS + [1] * ORIENTATIONS
     wavelets = np.stack([psi["levels"][0] for psi in bank["psi"]]).astype(np.complex64)
-    # ψ(1, θ) as [frequency, alias, θ], over 4 for the aliases' mean; (a + ib)(c + id) = (ac − bd) +
-    # i(ad + bc)
+    # ψ(1, θ) as [frequency, alias, θ], over 4 for the aliases' mean; (a + ib)(c +
+    # id) = (ac − bd) + i(ad + bc)
     w = wavelets[scales == 1].reshape(ORIENTATIONS, 2, _HALF, 2, _HALF).transpose(2, 4, 1, 3, 0)
     w = w.reshape(_HALF ** 2, 4, ORIENTATIONS) / 4
     # [frequency, alias, re|im, θ, re|im]

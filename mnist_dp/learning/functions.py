@@ -10,8 +10,8 @@ from mnist_dp.learning import search, skeleton
 from mnist_dp.learning.interface import Framework
 from mnist_dp.utils.errors import refuse_unknown_inputs, run_cli
 
-# The inputs each function uses, as the function contract (orchestration/contract.py) declares them,
-# but the opener.
+# The inputs each function uses, as the function contract (orchestration/contract.py)
+# declares them, but the opener.
 FUNCTION_INPUTS = {"train": {"datasamples", "model", "ledger"}, "tune": {"datasamples", "ledger"},
                    "predict": {"datasamples", "model"}, "aggregate": {"models"}}
 

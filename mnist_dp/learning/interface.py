@@ -20,15 +20,15 @@ from mnist_dp.privacy.model_file import ModelFile
 from mnist_dp.privacy.planning import SamplingPlan
 from mnist_dp.privacy.randomness import RunRandomness, standard_normal
 
-# The network's input normalisation (MNIST's pixel mean and std), the first layer of every
-# framework's CNN.
+# The network's input normalisation (MNIST's pixel mean and std), the first layer
+# of every framework's CNN.
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
-# The ScatterNet CNN's group normalisation of each convolution's output, the same in every
-# framework: channels per group, and the ε added to the variance (each framework has its own
-# default).
+# The ScatterNet CNN's group normalisation of each convolution's output, the same in
+# every framework: channels per group, and the ε added to the variance (each
+# framework has its own default).
 GROUP_SIZE, NORM_EPS = 4, 1e-5
-# Images per forward pass at prediction (bounds the memory); a framework may set its own
-# `predict_batch_size`.
+# Images per forward pass at prediction (bounds the memory); a framework may set its
+# own `predict_batch_size`.
 PREDICT_BATCH_SIZE = 1024
 
 

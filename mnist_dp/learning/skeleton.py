@@ -214,9 +214,9 @@ def fit_from_scratch(framework: Framework, images: np.ndarray, labels: np.ndarra
     return Trained(model, network, plan, sigma, ran, time.perf_counter() - start)
 
 
-# What a framework's loader raises on bytes that are not its weights for the network (torch's
-# unpickler, np.load, a name or a shape the network lacks); a framework may also raise UserError
-# itself.
+# What a framework's loader raises on bytes that are not its weights for the network
+# (torch's unpickler, np.load, a name or a shape the network lacks); a framework may
+# also raise UserError itself.
 def train(framework: Framework, inputs: dict, outputs: dict, hyperparameters_path: Path) -> dict:
     """The substratools `train` function body: data -> model -> DP step -> ledger -> save. Returns
     the privacy summary it logged. The task's data gives up its images once their features are made

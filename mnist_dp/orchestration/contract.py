@@ -27,8 +27,8 @@ CONTRACT = {
          FunctionOutputSpec(identifier="epsilon", kind=AssetKind.performance, multiple=False),
          _LEDGER_OUT],
     ),
-    # A private hyperparameter search: the best of its candidates, trained on the data, with ε of
-    # the whole search.
+    # A private hyperparameter search: the best of its candidates, trained on the data,
+    # with ε of the whole search.
     "tune": (
         [_OPENER, _SAMPLES, _LEDGER_IN],
         [FunctionOutputSpec(identifier="model", kind=AssetKind.model, multiple=False),

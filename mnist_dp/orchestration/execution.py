@@ -154,8 +154,8 @@ def performances(client: substra.Client, plan_key: str, roles: dict):
     frame["metric"] = [f"{roles[k].split}_accuracy" if i == "performance" else i
                        for k, i in zip(frame.task_key, frame.identifier)]
     frame["train_task"] = [roles[k].train_task or k for k in frame.task_key]
-    # Whose model a performance is of: a round's models trained at several organisations are scored
-    # at one.
+    # Whose model a performance is of: a round's models trained at several
+    # organisations are scored at one.
     frame["trained_at"] = [roles[t].organization for t in frame.train_task]
     return frame
 

@@ -15,8 +15,8 @@ import sys
 import textwrap
 import threading
 
-# How substra's docker backend reports a task whose container failed (it names the function's
-# image).
+# How substra's docker backend reports a task whose container failed (it
+# names the function's image).
 _FAILED_CONTAINER = re.compile(r"Container '(?P<image>[^']+)' exited with status code "
                                r"'(?P<status>-?\d+)'")
 

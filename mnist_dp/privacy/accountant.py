@@ -266,8 +266,8 @@ def least_sigma(schedule: NoiseSchedule, steps: int) -> float:
     room = MIN_NOISE_MULTIPLIER ** -2 - (count ** -2 if count else 0.0)
     if room <= 0:
         return math.inf
-    # A hair above it, so that the σ found passes the floor again where a task is handed it
-    # (noise_for_rounds).
+    # A hair above it, so that the σ found passes the floor again where a task is
+    # handed it (noise_for_rounds).
     return room ** -0.5 / schedule.with_sigma(1.0).gradient_sigma(steps - 1) * (1 + 1e-9)
 
 

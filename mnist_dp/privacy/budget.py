@@ -26,8 +26,8 @@ from mnist_dp.privacy.planning import (
 )
 from mnist_dp.utils.errors import UserError
 
-# substratools configures the "substratools" logger (level from --log-level); log under it, as the
-# skeleton does.
+# substratools configures the "substratools" logger (level from --log-level); log under
+# it, as the skeleton does.
 log = logging.getLogger("substratools.mnist_dp")
 
 

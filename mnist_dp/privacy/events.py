@@ -22,15 +22,15 @@ PER_EXAMPLE = "per-example"
 NO_CLIPPING = "none"  # the non-private baseline
 # the only ones the accountant's sensitivity (C per example) covers
 CLIPPING_UNITS = (PER_EXAMPLE, NO_CLIPPING)
-# A decaying noise schedule lowers σ at each quarter of the planned steps: few distinct σ keep PLD
-# fast.
+# A decaying noise schedule lowers σ at each quarter of the planned steps: few
+# distinct σ keep PLD fast.
 NOISE_STAGES = 4
 # The least effective noise multiplier of any step (gradient noise, decay and adaptive clipping's
 # count together): below it PLD's grid (∝ 1/σ²) takes minutes or fails, and one step already spends
 # ε ≥ 5.7. Measurements: design.md, "Accounting rules".
 MIN_NOISE_MULTIPLIER = 0.3
-# The most is hyperparameters.MAX_NOISE_MULTIPLIER; a σ calibrated from a target lies between the
-# two.
+# The most is hyperparameters.MAX_NOISE_MULTIPLIER; a σ calibrated from a
+# target lies between the two.
 
 
 
@@ -100,24 +100,24 @@ class DpEvent:
     steps: int
     clipping: str  # clipping unit: PER_EXAMPLE, or NO_CLIPPING for the non-private baseline
     max_grad_norm: float
-    # The DP library's own ε for this run alone, as (name, value) pairs: shown for comparison, never
-    # used.
+    # The DP library's own ε for this run alone, as (name, value) pairs: shown
+    # for comparison, never used.
     library_epsilon: tuple = ()
     batch_size: int | None = None  # the expected batch size asked for: q = 1 / ceil(n / batch_size)
     # epochs * ceil(n / batch_size); `steps` is fewer when a budget stopped it
     planned_steps: int | None = None
     # what produced the event: {"function": ..., "archive_digest": ... or None}
     code: dict | None = None
-    # A decaying noise schedule: σ of steps [k·decay_steps, (k+1)·decay_steps) is noise_multiplier ·
-    # noise_decay^k.
+    # A decaying noise schedule: σ of steps [k·decay_steps, (k+1)·decay_steps) is
+    # noise_multiplier · noise_decay^k.
     noise_decay: float = 1.0
     decay_steps: int = 0  # 0: σ constant
     # Adaptive clipping's noisy count of unclipped examples, released at every step with the
     # gradient: its noise multiplier (std / sensitivity 1/2); 0 when the clipping norm is fixed.
     count_noise_multiplier: float = 0.0
-    # Which training run this is (a random id, `new_run_id`): when the ledgers of models trained in
-    # parallel from one global model are merged, the global model's runs appear in every input and
-    # are counted once.
+    # Which training run this is (a random id, `new_run_id`): when the ledgers of models trained
+    # in parallel from one global model are merged, the global model's runs appear in every
+    # input and are counted once.
     run_id: str | None = None
     # The run's batches and noise came from the noise_seed hyperparameter (randomness.py), not fresh
     # OS entropy: whoever knows the seed can replay them, and its ε then holds for no one else.
@@ -191,8 +191,8 @@ class DpEvent:
                             f"blocks of ceil(planned_steps / {NOISE_STAGES}) = "
                             f"{math.ceil(self.planned_steps / NOISE_STAGES)}")
         if self.is_private and self.schedule().smallest(self.steps) < MIN_NOISE_MULTIPLIER:
-            # No task trains so (planning.check_noise), and the accountant could run for hours on
-            # it.
+            # No task trains so (planning.check_noise), and the accountant
+            # could run for hours on it.
             problems.append(f"a step's noise multiplier {self.schedule().smallest(self.steps):.3g} "
                             f"is below {MIN_NOISE_MULTIPLIER}, the least a train task allows")
         if self.search:
@@ -213,8 +213,8 @@ class DpEvent:
 
 
 _ADDED_LATER = {"noise_decay": 1.0, "decay_steps": 0, "count_noise_multiplier": 0.0, "run_id": None,
-                # Ledgers from before fresh noise by default: seeded from public values, so
-                # replayable.
+                # Ledgers from before fresh noise by default: seeded from
+                # public values, so replayable.
                 "replayable_noise": True, "search": None}
 
 
@@ -278,9 +278,9 @@ class NoiseSchedule:
 # negative binomial of this shape (0: logarithmic, 1: geometric) or a Poisson ("poisson")
 # distribution, with the given mean.
 POISSON = "poisson"
-# The validation split is a function of each example's keyed id alone (VALIDATION_MODULUS), never of
-# the other examples: adding or removing one example moves no other example between training and
-# validation.
+# The validation split is a function of each example's keyed id alone (VALIDATION_MODULUS),
+# never of the other examples: adding or removing one example moves no other example
+# between training and validation.
 VALIDATION_MODULUS = 1000
 
 

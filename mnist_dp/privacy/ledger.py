@@ -257,8 +257,8 @@ class Ledger:
                 if event.search is not None:
                     held_out = validation_mask(universe, event.search.validation_permille)
                     touched &= held_out if event.search.face == "score" else ~held_out
-                # An alias's examples took both faces of a search: its split was drawn by their
-                # other ids.
+                # An alias's examples took both faces of a search: its split was
+                # drawn by their other ids.
                 aliased = [h for (i, _, direct), h in zip(named, holds) if i in event.data
                            and not direct]
                 columns.append(np.logical_or.reduce([touched, *aliased]))

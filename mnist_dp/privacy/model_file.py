@@ -28,9 +28,9 @@ from mnist_dp.utils.errors import UserError
 
 # 2: digests in the metadata, provenance in every ledger event; 3: the examples;
 FORMAT = "mnist-dp-model/4"
-# 4: MindSpore's noise from numpy. Read too: a /2 ledger names no examples, so each of its runs
-# counts for every example (ledger.Ledger.accounts); a MindSpore model before /4 is refused (see
-# `load`).
+# 4: MindSpore's noise from numpy. Read too: a /2 ledger names no examples, so each of
+# its runs counts for every example (ledger.Ledger.accounts); a MindSpore model before
+# /4 is refused (see `load`).
 READABLE = (FORMAT, "mnist-dp-model/3", "mnist-dp-model/2")
 _META = "meta.json"
 _LEDGER = "ledger.json"
@@ -164,8 +164,8 @@ def check_run_settings(ledger: Ledger, meta: dict) -> None:
               value in expected.items()
               if not (isinstance(value, (int, float))
                       and math.isclose(getattr(last, name), value, rel_tol=1e-9))]
-    # Adaptive clipping's count noise, as the skeleton derives it (models saved before the option:
-    # none).
+    # Adaptive clipping's count noise, as the skeleton derives it (models saved
+    # before the option: none).
     expected_count = (2 * count_stddev(hp.get("clip_count_stddev"),
                                        last.trained_n * last.sample_rate)
                       if hp.get("clip_quantile") is not None else 0.0)
@@ -175,8 +175,8 @@ def check_run_settings(ledger: Ledger, meta: dict) -> None:
     if last.noise_decay != hp.get("noise_decay", 1.0):
         differ.append(f"noise_decay {last.noise_decay!r} (metadata: "
                       f"{hp.get('noise_decay', 1.0)!r})")
-    # Models saved before noise_seed existed have no such key, and their runs are all marked
-    # replayable.
+    # Models saved before noise_seed existed have no such key, and their runs
+    # are all marked replayable.
     if "noise_seed" in hp and last.replayable_noise is not (hp["noise_seed"] is not None):
         differ.append(f"replayable_noise {last.replayable_noise!r} (metadata: noise_seed "
                       f"{hp['noise_seed']!r})")

@@ -20,8 +20,8 @@ from mnist_dp.privacy import accountant, events
 from mnist_dp.privacy.events import NO_CLIPPING, NOISE_STAGES, PER_EXAMPLE, DpEvent, NoiseSchedule
 from mnist_dp.utils.errors import UserError
 
-# substratools configures the "substratools" logger (level from --log-level); log under it, as the
-# skeleton does.
+# substratools configures the "substratools" logger (level from --log-level); log under
+# it, as the skeleton does.
 log = logging.getLogger("substratools.mnist_dp")
 
 

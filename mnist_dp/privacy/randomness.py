@@ -25,8 +25,8 @@ import numpy as np
 ENTROPY_BITS = 256
 _POOL_WORDS = ENTROPY_BITS // 32  # numpy's SeedSequence keeps 128 bits unless told more
 PURPOSES = {"batches": 0, "gradient noise": 1, "count noise": 2,
-            # A private search's: how many candidates and their hyperparameters, their scores'
-            # noise, each one's run.
+            # A private search's: how many candidates and their hyperparameters, their
+            # scores' noise, each one's run.
             "search": 3, "score noise": 4, "candidate": 5}
 REPLAYABLE_WARNING = ("its noise was drawn from noise_seed: its ε holds only while that seed stays "
                       "secret (whoever knows it can replay training); a model for experiments, not "

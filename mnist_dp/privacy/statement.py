@@ -101,8 +101,8 @@ SEARCH = (
     "order), a validation example for their scores only. The search's run time grows with K: ε "
     "assumes whoever ε is claimed against does not see how long the task ran (Substra records its "
     "start and end).")
-# NOT_COVERED's first line where a search ran: the search is covered, anything tried besides it is
-# not.
+# NOT_COVERED's first line where a search ran: the search is covered,
+# anything tried besides it is not.
 SEARCHED_NOT_COVERED = ("model selection or training on the same data besides the private search "
                         "(each such try spends privacy that this ledger does not see)")
 

@@ -226,8 +226,8 @@ def plot_trade_off(ax, records: list, colours: dict) -> None:
                        label=f"{run} (ε = ∞): {points[-1].test_accuracy:.3f}")
     private = [r.epsilon for r in records if r.dp and math.isfinite(r.epsilon)]
     ax.set_xlim(0, max(private + [1.0]) * 1.25)
-    # At least 0.1 of accuracy, from a round tenth: an axis spanning 0.958-0.962 would magnify
-    # noise.
+    # At least 0.1 of accuracy, from a round tenth: an axis spanning
+    # 0.958-0.962 would magnify noise.
     lowest = min([r.test_accuracy for r in records if r.test_accuracy is not None] + [1.0])
     ax.set_ylim(max(0.0, math.floor(round((lowest - 0.05) * 10, 6)) / 10), 1.0)
     ax.set_xlabel(f"ε at δ = {records[0].delta:g}")

@@ -23,8 +23,8 @@ from mnist_dp.privacy.statement import privacy_summary
 from mnist_dp.report import display
 from mnist_dp.utils import atomic
 
-# What a run writes in its --output folder, all of it that run's: an earlier run's are moved aside
-# first.
+# What a run writes in its --output folder, all of it that run's: an earlier
+# run's are moved aside first.
 REPORTS = ("results.json", "summary.md", "results.png", "models")
 EARLIER = "earlier"  # <output>/earlier/<when the earlier run wrote its results>/
 
@@ -126,11 +126,11 @@ class Record:
     test_accuracy: float | None = None
     # what the train task itself published as its "epsilon" output
     epsilon_in_substra: float | None = None
-    # An individual whose records every organisation holds (every run composed); None with one
-    # organisation's data.
+    # An individual whose records every organisation holds (every run composed); None
+    # with one organisation's data.
     epsilon_in_every_organization: float | None = None
-    # The steps its worst example's ε composes, at each organisation (with q and σ they recompute
-    # its ε).
+    # The steps its worst example's ε composes, at each organisation (with q
+    # and σ they recompute its ε).
     steps_by_organization: dict = field(default_factory=dict)
     # What each organisation's data has spent over every run released from it so far, this model's
     # among them (its own ledger, privacy/data_ledger.py), and the steps that figure composes.

@@ -56,8 +56,8 @@ def _cannot_write(path: Path, exc: OSError) -> UserError:
 
 
 def _mode_of_new(path: Path) -> int:
-    # mkstemp's file is private (0600): give it the mode of the file it replaces, or of a new file
-    # (umask).
+    # mkstemp's file is private (0600): give it the mode of the file it replaces,
+    # or of a new file (umask).
     try:
         return stat.S_IMODE(path.stat().st_mode)
     except OSError:

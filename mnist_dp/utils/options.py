@@ -18,8 +18,8 @@ MAX_SEED = 2**31 - 1  # every framework's seed type and numpy's hold it
 # beyond this a typo (an extra digit) is likelier than a federation.
 MAX_ORGANIZATIONS = 1_000
 # Digits of the longest integer read from a command line or a JSON file: no count, size or seed of
-# this bundle has more. Python refuses to convert more than 4,300 (sys.get_int_max_str_digits) with
-# a ValueError of its own.
+# this bundle has more. Python refuses to convert more than 4,300 (sys.get_int_max_str_digits)
+# with a ValueError of its own.
 MAX_DIGITS = 40
 
 

@@ -208,8 +208,8 @@ def test_clipped_sum_is_the_masked_sum_of_clipped_per_example_gradients(net_and_
     clip = float(np.median(norms))  # some examples clipped, some not
     mask = np.zeros(CHUNK, np.float32)
     mask[:count] = 1
-    # The data rows of a larger set whose examples sit in a shuffled order, taken at this chunk's
-    # places in it.
+    # The data rows of a larger set whose examples sit in a shuffled order, taken at
+    # this chunk's places in it.
     place = np.random.default_rng(5).permutation(3 * CHUNK)[:CHUNK]
     stored = np.random.default_rng(6).normal(size=(3 * CHUNK, *x.shape[1:])).astype(np.float32)
     stored[place] = x

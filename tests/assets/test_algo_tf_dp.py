@@ -47,8 +47,8 @@ def test_conv_patches_match_tf_extract_patches(padding, kernel, stride):
     ours = networks.conv_patches(x, layer, out_shape)
     reference = tf.image.extract_patches(x, [1, kernel, kernel, 1], [1, stride, stride, 1],
                                          [1, 1, 1, 1], padding.upper())
-    # same patch under each output position; the order inside a patch may differ (only norms are
-    # used)
+    # same patch under each output position; the order inside a patch may
+    # differ (only norms are used)
     np.testing.assert_allclose(tf.sort(ours, axis=-1), tf.sort(reference, axis=-1), rtol=1e-6)
 
 

@@ -158,8 +158,8 @@ def test_a_search_in_every_framework_releases_a_model_that_predicts_and_trains_o
                  {"opener": opener_path, "datasamples": samples(tiny_data, "test"),
                   "model": tuned["model"]}, {"predictions": tmp_path / "predictions"})
     assert np.load(tmp_path / "predictions").shape == (100,)
-    # Training on from the released model: the search and the new run compose (by RDP, as the search
-    # needs).
+    # Training on from the released model: the search and the new run compose (by
+    # RDP, as the search needs).
     proc, more = train(tmp_path, framework, tiny_data, opener_path, model=tuned["model"],
                        name="more", learning_rate=saved.hyperparameters["learning_rate"])
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -232,8 +232,8 @@ def test_the_default_network_is_the_scatternet_cnn_with_the_same_layers_in_every
     [event] = saved.ledger.events
     assert event.clipping == PER_EXAMPLE and read_epsilon(outputs["epsilon"]) == pytest.approx(
         saved.ledger.epsilon(tiny_hyperparameters(framework)["delta"]))
-    # the linear classifier stays an option, and its model cannot be continued as the CNN: one line
-    # naming both
+    # the linear classifier stays an option, and its model cannot be continued as the
+    # CNN: one line naming both
     proc, linear = train(tmp_path, framework, tiny_data, opener, name="linear", network="linear")
     assert proc.returncode == 0, proc.stderr[-3000:]
     proc, _ = train(tmp_path, framework, tiny_data, opener, model=linear["model"], name="mixed")
@@ -394,8 +394,8 @@ def test_runs_on_two_splits_of_the_same_data_compose_for_the_examples_they_share
     assert averaged.epsilon(delta) == pytest.approx(compose_epsilon(averaged.events, delta))
     assert sorted(account.examples for account in averaged.accounts()) == [100, 100, 100]
 
-    # both splits in one task: the 100 shared examples would be trained on twice; refused in one
-    # line
+    # both splits in one task: the 100 shared examples would be trained on
+    # twice; refused in one line
     both = tmp_path / "both" / "train"
     for name in ("x", "y"):
         (both / name).parent.mkdir(parents=True, exist_ok=True)
@@ -488,8 +488,8 @@ def test_weights_that_are_not_the_frameworks_fail_in_one_line_in_predict_and_tra
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_a_diverged_run_fails_in_one_line_and_saves_nothing(
         framework, tmp_path, tiny_data, opener_path):
-    # The tutorial CNN on pixels has no normalisation: relu activations of weights moved by noise of
-    # std 1e30 overflow.
+    # The tutorial CNN on pixels has no normalisation: relu activations of weights moved by
+    # noise of std 1e30 overflow.
     proc, outputs = train(tmp_path, framework, tiny_data, opener_path, max_grad_norm=1e30,
                           features="pixels", activation="relu", ema_decay=0.0)
     assert_one_line_error(proc, "training diverged in 5 steps",
@@ -552,8 +552,8 @@ def test_an_input_a_function_does_not_use_is_refused_not_ignored(
 
 def test_opacus_accountant_warnings_the_user_cannot_act_on_are_not_printed(
         tmp_path, tiny_data, opener_path):
-    # At a high σ, Opacus' PRV domain bound warns "Optimal order is the largest alpha" once per
-    # task.
+    # At a high σ, Opacus' PRV domain bound warns "Optimal order is the
+    # largest alpha" once per task.
     proc, _ = train(tmp_path, "torch", tiny_data, opener_path, noise_multiplier=40.0)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "Optimal order" not in proc.stderr

@@ -40,8 +40,8 @@ class Case:
         return self.algo.name
 
 
-# Every network: the CNN on pixels, the ScatterNet CNN and the linear classifier on scattering
-# features.
+# Every network: the CNN on pixels, the ScatterNet CNN and the linear
+# classifier on scattering features.
 NETWORKS = [("pixels", "cnn"), ("scattering", "cnn"), ("scattering", "linear")]
 
 
@@ -67,8 +67,8 @@ class ScaledStart:
 def framework(request):
     name, features, network = request.param
     algo = load_asset_module(ALGO_ASSETS[name] / "algo.py", f"algo_{name}_mechanism")
-    # ReLU: its gradients grow with the input (HUGE), tanh's saturate; clipping and noise do not
-    # depend on it.
+    # ReLU: its gradients grow with the input (HUGE), tanh's saturate; clipping and
+    # noise do not depend on it.
     scattering_cnn = (features, network) == ("scattering", "cnn")
     return Case(ScaledStart(algo.FRAMEWORK, 3.0) if scattering_cnn else algo.FRAMEWORK,
                 interface.Network(features, "relu", network))
@@ -169,8 +169,8 @@ def test_noise_is_divided_by_the_expected_batch_size_not_the_realised_one(framew
     images, labels = np.resize(IMAGES, (n, 28, 28)), np.resize(LABELS, n)
     hp = make_hp(batch_size=8)  # q = 1/2: E[B] = 8
     plan = planning.SamplingPlan.from_hyperparameters(n, hp, "test")
-    # A noise_seed whose first Poisson batch is far from E[B]: normalising by the realised size
-    # would be off by 37%+.
+    # A noise_seed whose first Poisson batch is far from E[B]: normalising by the realised
+    # size would be off by 37%+.
     noise_seed = next(seed for seed in range(100)
                       if abs(len(first_batch(plan, hp, seed)) - 8) in (3, 4, 5, 6))
     clean, *_ = stepwise(framework, images, labels, sigma=0.0, batch_size=8, noise_seed=noise_seed)
@@ -266,9 +266,9 @@ class RecordingClip(interface.ClipNorm):
 def test_adaptive_clipping_count_noise_has_its_standard_deviation(framework):
     n, stddev, rate, quantile = 64, 2.0, 0.01, 0.5
     images, labels = np.resize(IMAGES, (n, 28, 28)), np.resize(LABELS, n)
-    # C far above every gradient norm: every example is unclipped, so the count the step reports is
-    # the batch size, and the noise is what moved C: log(C'/C) = -rate · ((unclipped - B/2 + z) /
-    # E[B] + 1/2 - quantile).
+    # C far above every gradient norm: every example is unclipped, so the count the step reports
+    # is the batch size, and the noise is what moved C: log(C'/C) = -rate · ((unclipped - B/2 + z)
+    # / E[B] + 1/2 - quantile).
     _, _, clip, _ = stepwise(framework, images, labels, sigma=0.0, clip_class=RecordingClip,
                              epochs=50, batch_size=8, max_grad_norm=1e6, learning_rate=0.01,
                           clip_quantile=quantile, clip_learning_rate=rate, clip_count_stddev=stddev)

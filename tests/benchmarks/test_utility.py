@@ -118,8 +118,8 @@ def test_one_tiny_point_trains_and_the_report_is_written(tmp_path):
     proc = subprocess.run([sys.executable, str(UTILITY), "--datasets", "mnist4k", "--frameworks",
                            "torch", "--epsilons", "8", "--seeds", "1", "--skip-non-private",
                            "--set", "epochs=1",
-                           # 8 steps are too few for a weight average of decay 0.99 to leave the
-                           # initial CNN
+                           # 8 steps are too few for a weight average of decay
+                           # 0.99 to leave the initial CNN
                            "--set", "ema_decay=0", "--results", str(results), "--label", "tiny"],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]

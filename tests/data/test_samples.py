@@ -34,8 +34,8 @@ def test_check_examples_catches_a_shuffled_copy_of_a_sample_in_another_folder(tm
 
 
 def test_check_examples_sees_images_as_the_model_does_whatever_their_dtype(tmp_path):
-    # The same images stored as uint8 in one sample and as float32 in [0, 1] in another: the same
-    # examples.
+    # The same images stored as uint8 in one sample and as float32 in [0, 1] in
+    # another: the same examples.
     rng = np.random.default_rng(1)
     images, labels = rng.integers(0, 256, (30, 28, 28), dtype=np.uint8), rng.integers(0, 10, 30,
                                   dtype=np.uint8)

@@ -81,9 +81,9 @@ def test_every_federated_path_reports_each_organisations_record_and_the_individu
         # substrafl: each organisation's state
         assert len(records) == (2 if path == "substrafl" else 1), path
         for record in records:
-            # Each organisation's ε is its own run's, though 50 of its examples are also the
-            # other's: they are another organisation's records, covered beside by the individual's
-            # figure.
+            # Each organisation's ε is its own run's, though 50 of its examples are
+            # also the other's: they are another organisation's records, covered beside
+            # by the individual's figure.
             assert record["epsilon_by_organization"] == {
                 org: pytest.approx(own, rel=1e-6) for org in ORGS}, path
             assert record["epsilon"] == pytest.approx(own, rel=1e-6), path

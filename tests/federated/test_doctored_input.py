@@ -173,15 +173,15 @@ def test_an_image_under_two_organisations_keys_is_one_example_once_they_are_one(
     # two keys: two organisations' records
     assert apart.ledger.epsilon(DELTA) == pytest.approx(one, rel=1e-6)
     keys.same_organization([*first, *second])
-    # Continued on the second folder: the earlier run (first key), the apart run (the data's own
-    # ledger) and its own all trained on the same images. Apart, the keys' records would give two
-    # runs.
+    # Continued on the second folder: the earlier run (first key), the apart run (the
+    # data's own ledger) and its own all trained on the same images. Apart, the keys'
+    # records would give two runs.
     continued = model_file.load(train(tmp_path, "continued", second, earlier), "torch")
     assert len(continued.ledger.events) == 3
     # the headline, from the file alone
     assert continued.ledger.epsilon(DELTA) == pytest.approx(three, rel=1e-6)
-    # One ledger for the organisation's data, whichever folder a run read: the three runs, each
-    # once.
+    # One ledger for the organisation's data, whichever folder a run read:
+    # the three runs, each once.
     assert data_ledger.read(first).events == data_ledger.read(second).events
     assert len(data_ledger.read(second).events) == 3
     mine = [sample_identity(f) for f in second]
@@ -191,8 +191,8 @@ def test_an_image_under_two_organisations_keys_is_one_example_once_they_are_one(
         train(tmp_path, "fresh", first, max_epsilon=(two + three) / 2)
 
 
-# Runs a train task's algo.py and kills its process (SIGKILL: nothing runs after) the moment its
-# model is saved.
+# Runs a train task's algo.py and kills its process (SIGKILL: nothing runs after) the
+# moment its model is saved.
 KILLED_AFTER_SAVE = """import os, runpy, signal, sys
 from mnist_dp.privacy import model_file
 save = model_file.save

@@ -63,9 +63,9 @@ def check_results(out, framework, organizations):
                                 rel_tol=1e-6)
         assert math.isclose(record["epsilon_in_substra"], record["epsilon_by_organization"][org],
                             rel_tol=1e-9)
-        # What each organisation's data has spent: this experiment's one run (recorded by its task,
-        # or in docker mode by the example from the local state), on data nothing else was trained
-        # on.
+        # What each organisation's data has spent: this experiment's one run (recorded by
+        # its task, or in docker mode by the example from the local state), on data
+        # nothing else was trained on.
         assert record["data_epsilon_by_organization"] == pytest.approx(
             record["epsilon_by_organization"], rel=1e-9)
     assert (out / "summary.md").is_file() and (out / "results.png").is_file()

@@ -14,8 +14,8 @@ def test_scattering_gives_3969_group_normalised_numbers_per_image():
     np.testing.assert_allclose(groups.mean(axis=2), 0, atol=1e-4)
     # (x - mean) / sqrt(var + 1e-5), as torch's GroupNorm: groups of small variance keep std below 1
     assert np.all(groups.std(axis=2) <= 1 + 1e-5) and np.median(groups.std(axis=2)) > 0.3
-    # Per example only: an image's features do not depend on the others in its batch (no privacy
-    # cost).
+    # Per example only: an image's features do not depend on the others in
+    # its batch (no privacy cost).
     np.testing.assert_allclose(features.scattering(images[2:3]), out[2:3], rtol=1e-5, atol=1e-5)
     assert not np.allclose(out[0], out[1])  # different digits, different features
 

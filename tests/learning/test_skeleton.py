@@ -65,8 +65,8 @@ def test_a_run_that_does_not_take_every_planned_step_is_refused():
 def test_a_library_epsilon_that_is_not_finite_is_dropped_with_a_warning():
     hp = dict_hp(epochs=1, batch_size=100)
     plan = planning.SamplingPlan.from_hyperparameters(100, hp, "x")  # q = 1
-    # On the skeleton's logger itself: substratools, run by earlier tests in this process, may stop
-    # propagation.
+    # On the skeleton's logger itself: substratools, run by earlier tests in this
+    # process, may stop propagation.
     records, handler = [], logging.Handler(logging.WARNING)
     handler.emit = records.append
     skeleton.log.addHandler(handler)

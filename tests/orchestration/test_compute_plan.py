@@ -42,8 +42,8 @@ def test_outputs_get_least_privilege():
     builder, trained = build()
     spec = builder.spec("p", compute_plan.new_key())
     tasks = {t.task_id: t for t in spec.tasks}
-    # Org1's model goes to Org2 (next trainer) and is evaluated at Org1 (test data): both, no one
-    # else.
+    # Org1's model goes to Org2 (next trainer) and is evaluated at Org1 (test
+    # data): both, no one else.
     assert tasks[trained[0]].outputs["model"].permissions.authorized_ids == ["Org1", "Org2"]
     # the last model is read only by predict tasks at Org2 (its train share) and Org1 (test)
     assert tasks[trained[-1]].outputs["model"].permissions.authorized_ids == ["Org1", "Org2"]

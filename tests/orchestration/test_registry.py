@@ -27,8 +27,8 @@ def test_reuse_or_register_registers_once_per_content(client, tmp_path, tiny_dat
                                   register) == first and len(calls) == 1
     assert keys.reuse_or_register(client, "dataset", "content-b",
                                   register) != first and len(calls) == 2
-    # A key the node does not know (e.g. a keys file from another node) is registered again and
-    # dropped.
+    # A key the node does not know (e.g. a keys file from another node) is
+    # registered again and dropped.
     keys.content["fingerprints"] = {"not-on-this-node": "content-c"}
     fresh = keys.reuse_or_register(client, "dataset", "content-c", register)
     assert len(calls) == 3 and json.loads(

@@ -56,8 +56,8 @@ def test_a_target_that_even_the_most_noise_misses_says_what_the_ceiling_spends()
 @pytest.mark.slow  # over 10 s of PLD accounting: CI runs it, the fast loop does not
 def test_no_calibrated_step_has_less_noise_than_the_floor():
     # The least noise allowed (MIN_NOISE_MULTIPLIER at the last steps) already meets a generous
-    # target: it is taken (ε below the target), never less. With a decay of 1/2 over 4 stages the
-    # last steps get σ / 8.
+    # target: it is taken (ε below the target), never less. With a decay of 1/2 over 4 stages
+    # the last steps get σ / 8.
     floor = events.MIN_NOISE_MULTIPLIER
     for schedule, last in ((events.NoiseSchedule(1.0), 1.0),
                            (events.NoiseSchedule(1.0, noise_decay=0.5, decay_steps=2), 1 / 8)):
@@ -135,8 +135,8 @@ def test_the_grid_search_takes_the_least_point_of_a_falling_function():
     found, tried = search(lambda s: s ** -4, 9.0, 0.1, 10.0)  # steep: 9^(-1/4) = 0.57735
     # about as many as bisection (log2 of 9,900 grid points)
     assert found == 0.578 and len(tried) <= 14
-    # A rounded-up upper end that misses the target by a hair (PLD's numerics) is stepped up, never
-    # taken.
+    # A rounded-up upper end that misses the target by a hair (PLD's numerics)
+    # is stepped up, never taken.
     spiked = lambda s: 3.0001 if s == 7.0 else 10 - s  # noqa: E731
     assert search(spiked, 3.0, 0.1, 6.9995)[0] == 7.001
 

@@ -93,8 +93,8 @@ def test_dirac_canaries_add_c_on_included_coordinates_and_keep_the_real_sum():
     np.testing.assert_allclose(np.concatenate([a.ravel() for a in out]),
                                np.arange(6) + 0.5 * included)
     np.testing.assert_allclose(canaries.real_sum, 3 * np.arange(6.0))
-    # SGD without momentum: the weights moved by -lr / E[B] times the noisy sums; no noise: scores =
-    # steps · 1[in]
+    # SGD without momentum: the weights moved by -lr / E[B] times the noisy sums; no
+    # noise: scores = steps · 1[in]
     start = np.zeros(6)
     end = -(2.0 / 4.0) * 3 * np.concatenate([a.ravel() for a in out])
     np.testing.assert_allclose(canaries.scores(start, end, 2.0, 4.0), 3 * included)

@@ -47,8 +47,8 @@ def test_budget_cuts_the_plan_stops_when_spent_or_refuses():
      "target_epsilon = 0.0001: even noise_multiplier = 1000, the most allowed"),
 ])
 def test_noise_the_accountant_cannot_bound_is_refused_before_it_runs(changes, message):
-    # These ran for minutes in dp_accounting, ran out of memory, or failed in its numerics (deep in
-    # a train task).
+    # These ran for minutes in dp_accounting, ran out of memory, or failed in its
+    # numerics (deep in a train task).
     import re
     import time
 
@@ -80,9 +80,9 @@ def test_a_budget_below_one_step_is_refused_before_registering_naming_the_organi
 
 
 def test_the_budget_check_calibrates_sigma_as_the_tasks_will_get_it():
-    # With a target, σ is calibrated for the run (one round) or for all rounds (noise_for_rounds:
-    # more noise, a cheaper step); a budget between the two steps' ε passes with 3 rounds and is
-    # refused with 1.
+    # With a target, σ is calibrated for the run (one round) or for all rounds
+    # (noise_for_rounds: more noise, a cheaper step); a budget between the two steps' ε passes
+    # with 3 rounds and is refused with 1.
     hp = dict_hp(epochs=1)
     plan = planning.SamplingPlan.from_hyperparameters(200, hp, "x")
     three = budget.check_plan("torch", hp, [200], 3, ["x"])

@@ -47,9 +47,9 @@ def test_an_example_in_two_samples_composes_both_runs_that_trained_on_it():
 def test_examples_under_different_keys_are_different_organisations_records():
     runs = [dp_event(4000, 250, 3, data=["a"]), dp_event(4000, 250, 3, data=["b"])]
     one_run, both = compose_epsilon(runs[:1], 1e-5), compose_epsilon(runs, 1e-5)
-    # Two organisations, each its own key: a run on one's data does not touch the other's records,
-    # even where the ids happen to be equal (they are HMACs under different keys, so equal ids say
-    # nothing).
+    # Two organisations, each its own key: a run on one's data does not touch the other's
+    # records, even where the ids happen to be equal (they are HMACs under different keys,
+    # so equal ids say nothing).
     two_keys = {**named({"a": range(4000)}), **named({"b": range(4000)}, key="fedcba9876543210")}
     ledger = Ledger(runs, two_keys)
     assert ledger.keys() == [KEY, "fedcba9876543210"]
@@ -103,14 +103,14 @@ def test_merged_ledgers_count_the_shared_history_once_and_every_new_run():
     merged = merge(inputs)
     assert merged.events == history + [a2, b2]
     assert own_runs(inputs) == [[a2], [b2]]
-    # each organisation's ε: its two runs, recomputed from σ, q and steps alone; the model's ε is
-    # the worst
+    # each organisation's ε: its two runs, recomputed from σ, q and steps alone;
+    # the model's ε is the worst
     two_runs = compose_epsilon([DpEvent("torch", ("x",), 100, 0.1, 1.0, 20, events.PER_EXAMPLE,
                                         1.0)], 1e-5)
     assert merged.epsilon(1e-5, data=["a"]) == pytest.approx(two_runs, rel=1e-6)
     assert merged.epsilon(1e-5) == pytest.approx(two_runs, rel=1e-6)
-    # the same run given twice is one run; a second run on the same data, identical but for its id,
-    # is two
+    # the same run given twice is one run; a second run on the same data,
+    # identical but for its id, is two
     assert merge([Ledger(history + [a2])] * 2).events == history + [a2]
     twin = dataclasses.replace(a2, run_id=events.new_run_id())
     assert len(merge([Ledger([a2]), Ledger([twin])]).events) == 2
@@ -146,12 +146,12 @@ def test_a_samples_examples_linked_under_its_organisations_other_key_compose_wit
     assert sorted((a.examples, len(a.events)) for a in ledger.accounts()
                   if a.samples == {"a", "b"}) == [(1000, 2)]
     assert ledger.epsilon(1e-5, data=["b"]) == pytest.approx(both, rel=1e-9)
-    # The released ledger carries the link: its figure needs no key, and an older reader is refused,
-    # not misled.
+    # The released ledger carries the link: its figure needs no key, and an older
+    # reader is refused, not misled.
     again = Ledger.from_json(ledger.to_json())
     assert again.aliases == ledger.aliases and again.epsilon(1e-5) == pytest.approx(both, rel=1e-9)
-    # Averaged with a copy that does not know the link (the aggregator holds no key): the link is
-    # kept.
+    # Averaged with a copy that does not know the link (the aggregator holds
+    # no key): the link is kept.
     assert merge([Ledger(runs, ledger.examples),
                   again]).epsilon(1e-5) == pytest.approx(both, rel=1e-9)
     with pytest.raises(UserError, match="aliases of data sample"):
@@ -171,6 +171,6 @@ def test_a_search_counts_both_faces_for_examples_it_reaches_through_a_link():
     ledger.link([{"identity": "b", "key": other, "examples": list(range(10_000, 14_000)),
                   "aliases": {KEY: list(range(4000))}}])
     faces = sorted((a.examples, tuple(e.search.face for e in a.events)) for a in ledger.accounts())
-    # Under a's key: 400 validation and 3600 training examples; under b's key, all 4000 with both
-    # faces.
+    # Under a's key: 400 validation and 3600 training examples; under b's key,
+    # all 4000 with both faces.
     assert faces == [(400, ("score",)), (3600, ("training",)), (4000, ("training", "score"))]

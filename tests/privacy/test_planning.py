@@ -52,8 +52,8 @@ def test_the_noise_schedule_and_the_count_follow_the_hyperparameters():
 
 
 def test_a_task_is_told_why_no_sigma_meets_its_target_in_the_settings_words():
-    # The same checks run inside the task's calibration, with the runs its data already had.
-    # 4 steps, the count's 4.0
+    # The same checks run inside the task's calibration, with the runs its data already
+    # had. 4 steps, the count's 4.0
     hp = dict_hp(epochs=1, target_epsilon=1.0, clip_quantile=0.5, clip_count_stddev=2.0)
     plan = planning.SamplingPlan.from_hyperparameters(200, hp, "x")
     # one round fits; ten rounds of it do not

@@ -204,8 +204,8 @@ def test_the_statement_says_the_search_is_covered_and_composed_by_rdp(tmp_path):
 
 
 def test_an_individual_in_every_organisation_pays_the_worse_face_of_each_search_at_every_order():
-    # Two organisations' searches: a score noise so low that the validation face is the worse at
-    # some orders.
+    # Two organisations' searches: a score noise so low that the validation face is
+    # the worse at some orders.
     ids = [np.random.default_rng(k).integers(0, 2**63, 2000, dtype=np.uint64) for k in (1, 2)]
     events = [dataclasses.replace(search_event(n=2000,
                                                validation_n=int(validation_mask(own, 100).sum()),
@@ -225,8 +225,8 @@ def test_an_individual_in_every_organisation_pays_the_worse_face_of_each_search_
 
 
 def test_delta_is_checked_against_every_example_before_a_search_starts():
-    # 1/1000 < δ < 1/900: the training split alone would accept it, the released model's check would
-    # not.
+    # 1/1000 < δ < 1/900: the training split alone would accept it, the
+    # released model's check would not.
     hp = dict_hp(batch_size=100, delta=1 / 950)
     space = search_space.parse({"space": {"learning_rate": [0.1, 0.2]}}, "hp.json")
     with pytest.raises(UserError, match=r"hp.json: delta = 0.00105\d* must be > 0 and < 1/n = "

@@ -109,8 +109,8 @@ def test_two_organisations_keys_give_the_worst_organisation_and_the_individual_i
     text = statement.privacy_statement(saved([small, large], examples))
     worst, both = accountant.compose_epsilon([large],
                                              1e-4), accountant.compose_epsilon([small, large], 1e-4)
-    # The headline covers the other organisation's examples in these weights too, not only the
-    # first's.
+    # The headline covers the other organisation's examples in these weights
+    # too, not only the first's.
     assert text.startswith(f"**(ε, δ) = ({worst:.3f}, 0.0001)**")
     assert ("every organisation here holds (under each of the 2 identity keys): ε = "
             f"{both:.3f}" in text)

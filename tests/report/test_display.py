@@ -77,8 +77,8 @@ def test_reports_are_written(tmp_path):
     assert sorted(p.name
                   for p in tmp_path.iterdir()) == ["models", "results.json", "results.png",
                                                    "summary.md"]
-    # one privacy statement per run, from its last model: per organisation, with the library's
-    # figure
+    # one privacy statement per run, from its last model: per organisation,
+    # with the library's figure
     assert summary.count("### torch\n") == 1 and "### torch-baseline" in summary
     assert ("- Per organisation (the worst ε of the examples it holds): Org1: 1.500, Org2: "
             "1.500" in summary)

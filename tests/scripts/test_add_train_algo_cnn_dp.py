@@ -34,8 +34,8 @@ def test_trains_through_the_folds_reports_and_adds_its_keys(tmp_path, keys_file)
     keys = json.loads(keys_file.read_text())
     assert set(keys["algos"][FRAMEWORK]) == {"train", "predict"}
     tasks = keys["compute_plans"][FRAMEWORK]["tasks"]
-    # train, then predict and score on the test data only: nothing computed on the training data is
-    # published
+    # train, then predict and score on the test data only: nothing computed on the
+    # training data is published
     assert len(tasks) == 2 * 3
     assert f"{FRAMEWORK} train, round 2 at {keys['organization_id']}" in tasks.values()
     assert not [task for task in tasks.values() if task.endswith(" on train")]

@@ -286,8 +286,8 @@ def test_add_dataset_objective_uploads_each_asset_and_keeps_the_keys_the_node_ga
             assert zip_members(node.data_samples[key].files["archive"]) == folder_files(folder)
             assert node.data_samples[key].sent["data_manager_keys"] == [keys["dataset_key"]]
 
-    # The objective: a public function whose archive is built to run on a node (its Dockerfile
-    # inside).
+    # The objective: a public function whose archive is built to run on a
+    # node (its Dockerfile inside).
     assert list(node.functions) == [keys["objective_key"]]
     objective = node.functions[keys["objective_key"]]
     files = tar_gz_members(objective.files["file"])
@@ -363,8 +363,8 @@ def test_a_plan_run_on_the_node_reports_accuracy_and_epsilon_from_the_models_it_
         assert (registered_function.sent["inputs"],
                 registered_function.sent["outputs"]) == contract(function)
 
-    # The plan: train through the folds in order, predict and score after each on its fold and on
-    # the test set.
+    # The plan: train through the folds in order, predict and score after each on its
+    # fold and on the test set.
     plan_key = keys["compute_plans"][FRAMEWORK]["key"]
     described = keys["compute_plans"][FRAMEWORK]["tasks"]
     tasks = {t.record["key"]: t.record for t in node.plan_tasks(plan_key)}
@@ -407,8 +407,8 @@ def test_a_plan_run_on_the_node_reports_accuracy_and_epsilon_from_the_models_it_
             assert permissions(
                 predict, "predictions") == private and permissions(score, "performance") == public
 
-    # The report: figures recomputed from the model files downloaded from the node, beside its
-    # performances.
+    # The report: figures recomputed from the model files downloaded from the
+    # node, beside its performances.
     records = json.loads((tmp_path / "results" / "results.json").read_text())
     assert [r["round"] for r in records] == [1, 2]
     train_folders = sample_folders(tiny_data, "train")
@@ -418,8 +418,8 @@ def test_a_plan_run_on_the_node_reports_accuracy_and_epsilon_from_the_models_it_
                       if o["identifier"] == "model")
         assert Path(record["model_file"]).read_bytes() == node.models[served].files["file"]
         saved = model_file.load(record["model_file"], FRAMEWORK)
-        # Each round continued from the one before, on its own fold: the tasks got the right
-        # samples.
+        # Each round continued from the one before, on its own fold: the
+        # tasks got the right samples.
         assert [event.data for event in saved.ledger.events] == \
             [(sample_identity(folder),) for folder in train_folders[:record["round"]]]
         assert record["epsilon"] == pytest.approx(saved.ledger.epsilon(HYPERPARAMETERS["delta"]))
@@ -507,8 +507,8 @@ def test_federated_averaging_on_the_node_averages_each_round_and_accounts_each_f
     assert [(r["round"], r["organization"]) for r in records] == [(1, "fedavg"), (2, "fedavg")]
     for record in records:
         saved = model_file.load(record["model_file"], FRAMEWORK)
-        # every fold's run of every round, once: 2 per round (the global model's runs are not
-        # counted twice)
+        # every fold's run of every round, once: 2 per round (the global model's
+        # runs are not counted twice)
         assert len(saved.ledger.events) == 2 * record["round"]
         assert len({e.run_id for e in saved.ledger.events}) == len(saved.ledger.events)
         one_fold = [e for e in saved.ledger.events if e.data == saved.ledger.events[0].data]
@@ -621,8 +621,8 @@ def test_a_username_and_password_log_in_and_the_password_never_appears(tmp_path,
         proc = add_dataset_objective(node, tmp_path, tiny_data, username="alice", password=password)
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert node.calls()[0] == ("POST", "/api-token-auth/") and node.unexpected == []
-        # The session the login opened is closed when the script ends (substra's client does it on
-        # exit).
+        # The session the login opened is closed when the script ends
+        # (substra's client does it on exit).
         assert node.calls()[-1] == ("DELETE", "/active-api-tokens/") and node.sessions == {}
         assert password not in proc.stdout + proc.stderr
         proc = add_dataset_objective(node, tmp_path, tiny_data, username="alice",
@@ -645,8 +645,8 @@ def test_the_next_plan_on_the_node_goes_on_from_the_ledger_the_last_one_left(
                 if i["identifier"] == "ledger"]
                for t in trains]
     assert ledgers == [[first["ledger_task"]], [trains[0]]] and keys["ledger_task"] == trains[-1]
-    # the ledger the second plan leaves holds the first plan's two runs on the organisation's data
-    # and its own two
+    # the ledger the second plan leaves holds the first plan's two runs on the
+    # organisation's data and its own two
     served = next(o["asset"]["key"] for o in node.tasks[trains[-1]].state["outputs"]
                   if o["identifier"] == "ledger")
     (tmp_path / "served.ledger").write_bytes(node.models[served].files["file"])

@@ -28,8 +28,8 @@ REQUIRED_KEYS = {"framework", "organization", "test_accuracy", "train_accuracy",
                  "accountant", "noise_multiplier", "sample_rate", "steps", "dp"}
 
 
-# Replayable noise and training-data scores, so that the docker run can be compared with this one
-# exactly.
+# Replayable noise and training-data scores, so that the docker run can be
+# compared with this one exactly.
 REPLAYED = {**TINY_HYPERPARAMETERS, "noise_seed": 0}
 
 
@@ -79,8 +79,8 @@ def test_replayable_noise_and_training_data_scores_are_flagged(local_run):
     assert "train acc (not covered by ε)" in proc.stdout
     assert ("warning (torch, torch-baseline" in proc.stdout
             and "holds only while that seed stays secret" in proc.stdout)
-    # The opt-in baseline is flagged in the table, results.json and the summary, as --score-train
-    # is.
+    # The opt-in baseline is flagged in the table, results.json and the
+    # summary, as --score-train is.
     assert ("warning (torch-baseline, tf-baseline, mindspore-baseline): the non-private baseline "
             "(--baseline)" in proc.stdout)
     for record in json.loads((tmp / "results" / "results.json").read_text()):
@@ -114,8 +114,8 @@ def test_two_organisations_train_in_rounds_with_epsilon_per_organisation(tmp_pat
     records = json.loads((tmp_path / "out" / "results.json").read_text())
     assert [(r["round"], r["organization"]) for r in records] == [
         (1, "MyOrg1MSP"), (1, "MyOrg2MSP"), (2, "MyOrg1MSP"), (2, "MyOrg2MSP")]
-    # Each organisation holds one of the 2 train samples (150 examples): ceil(150 / 64) = 3 steps
-    # per task.
+    # Each organisation holds one of the 2 train samples (150 examples): ceil(150
+    # / 64) = 3 steps per task.
     one_task = accountant.compose_epsilon(
         [events.DpEvent("torch", ("x",), 150, 1 / 3, 1.0, 3, "per-example", 1.0)],
         TINY_HYPERPARAMETERS["delta"])
@@ -153,9 +153,9 @@ def test_federated_averaging_averages_each_round_with_epsilon_per_organisation(
     assert [(r["round"], r["organization"]) for r in records] == [(1, "fedavg"), (2, "fedavg")]
     delta = TINY_HYPERPARAMETERS["delta"]
     for record in records:
-        # Each organisation ran 3 steps (150 examples, q = 1/3) per round on its own data: its ε is
-        # that, recomputed from σ, q and the steps alone; the other organisation's runs in the same
-        # model do not add to it.
+        # Each organisation ran 3 steps (150 examples, q = 1/3) per round on its own data: its ε
+        # is that, recomputed from σ, q and the steps alone; the other organisation's runs in the
+        # same model do not add to it.
         alone = accountant.compose_epsilon(
             [events.DpEvent("torch", ("x",), 150, 1 / 3, 1.0, 3 * record["round"], "per-example",
                             1.0)], delta)
@@ -171,9 +171,9 @@ def test_federated_averaging_averages_each_round_with_epsilon_per_organisation(
     assert "Averaging is post-processing of those models and spends no privacy" in summary
 
 
-# What fails only inside a train task (everything else is refused up front): a clipping norm of 1e30
-# makes the tutorial CNN's relu activations overflow, and the train function refuses the diverged
-# model.
+# What fails only inside a train task (everything else is refused up front): a clipping
+# norm of 1e30 makes the tutorial CNN's relu activations overflow, and the train function
+# refuses the diverged model.
 DIVERGING = {**TINY_HYPERPARAMETERS, "max_grad_norm": 1e30, "features": "pixels",
              "activation": "relu"}
 
@@ -212,8 +212,8 @@ def test_a_budget_below_one_organisations_first_step_is_refused_before_anything_
 
 
 def test_two_runs_on_the_same_data_report_what_it_has_spent_over_all_six_models(tmp_path):
-    # Both into one output folder: every report in it is the latest run's, the earlier run's moved
-    # aside whole.
+    # Both into one output folder: every report in it is the latest run's, the
+    # earlier run's moved aside whole.
     data, out = tmp_path / "data", tmp_path / "out"
     dataset.generate(data, train_size=300, test_size=100, train_samples=1, seed=1)
     # σ = 1: q = 1/5, 5 steps a model
@@ -456,13 +456,13 @@ def test_a_failing_task_is_named_and_exits_non_zero(tmp_path, tiny_data):
     ({"delta": 0.01}, "delta = 0.01 must be > 0 and < 1/n"),
     ({"secure_mode": True}, "secure_mode: TF Privacy offers no secure noise generator"),
     ({"epochs": 10000, "batch_size": 1}, "1,500,000 steps, more than 1,000,000"),
-    # A budget below one step's ε, σ given or calibrated (the train tasks would fail half-way
-    # through the plan).
+    # A budget below one step's ε, σ given or calibrated (the train tasks would fail
+    # half-way through the plan).
     ({"max_epsilon": 0.001}, "max_epsilon = 0.001 is below the ε of a single step"),
     ({"noise_multiplier": None, "target_epsilon": 3.0, "max_epsilon": 0.5},
      "max_epsilon = 0.5 is below the ε of a"),
-    # Noise the accountant cannot bound (it ran for minutes or failed in dp_accounting), a target
-    # the count spends.
+    # Noise the accountant cannot bound (it ran for minutes or failed in dp_accounting),
+    # a target the count spends.
     ({"clip_quantile": 0.5, "clip_count_stddev": 0.005},
      "gives adaptive clipping's count a noise multiplier of 0.01"),
     ({"noise_decay": 0.001}, "noise_decay = 0.001 (σ · 0.001^2 in the last of 3 stages)"),
@@ -621,8 +621,8 @@ def test_more_organisations_than_the_datas_samples_names_the_option_given(tmp_pa
 
 
 def test_a_plan_the_default_data_cannot_hold_is_refused_before_it_is_written(tmp_path):
-    # 1,000 organisations would get 4 examples each, fewer than a batch: refused before any sample
-    # is written.
+    # 1,000 organisations would get 4 examples each, fewer than a batch: refused
+    # before any sample is written.
     proc = run_local("--organizations", 1000, "--data", tmp_path / "new", "--output",
                      tmp_path / "out", cwd=tmp_path)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr

@@ -81,11 +81,11 @@ def test_only_the_best_candidates_model_and_no_score_leaves_a_search(searched):
     records = json.loads((out / "results.json").read_text())
     released = {hashlib.sha256(model_file.load(r["model_file"]).weights).hexdigest()
                 for r in records}
-    # Every model file anywhere in the run (Substra's work files included) is a released one: no
-    # other candidate's.
+    # Every model file anywhere in the run (Substra's work files included) is a released
+    # one: no other candidate's.
     assert set(model_files(out).values()) == released
-    # Substra's performances: each tune task's ε and each released model's test accuracy, nothing
-    # else.
+    # Substra's performances: each tune task's ε and each released model's
+    # test accuracy, nothing else.
     performances = (out / "summary.md").read_text().split(
         "## Performances as recorded by Substra")[1]
     headers, *rows = [[cell.strip() for cell in line.split("|")[1:-1]]

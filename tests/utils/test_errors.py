@@ -68,8 +68,8 @@ def test_an_os_error_that_may_be_the_codes_mistake_keeps_its_traceback(tmp_path)
 
 
 def test_a_broken_pipe_that_is_not_stdout_keeps_its_traceback(tmp_path):
-    # A connection closed by its other end (a Substra node's, say) is a failure, not a reader that
-    # has had enough.
+    # A connection closed by its other end (a Substra node's, say) is a failure, not a
+    # reader that has had enough.
     proc = run_main("import socket\nours, theirs = "
                     "socket.socketpair()\ntheirs.close()\nours.sendall(b'x' * 100_000)", tmp_path)
     assert proc.returncode == 1 and "Traceback" in proc.stderr and "BrokenPipeError" in proc.stderr
