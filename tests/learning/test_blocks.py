@@ -38,4 +38,5 @@ def test_blocks_run_with_one_blas_thread_and_the_limit_ends_with_them():
     with threadpool_limits(limits=2, user_api="blas"):
         before = blas_threads()
         seen = list(blocks.in_threads(lambda start: blas_threads(), 3, 1))
-        assert seen == [{1}] * 3 and blas_threads() == before == {2}
+        # a BLAS another test loaded may be single-threaded: it reports 1 under any limit
+        assert seen == [{1}] * 3 and blas_threads() == before and 2 in before
