@@ -48,8 +48,8 @@ DEFAULT = {
         "max_grad_norm": {"low": 0.025, "high": 0.4, "log": True}, "ema_decay": [0.0, 0.9, 0.99],
     }, "mean_candidates": 4, "shape": 0, "validation_fraction": 0.1,
 }
-# What changes a candidate's DP event for a given σ: its q (batch_size), steps (epochs,
-# batch_size) and schedule.
+# What changes a candidate's DP event for a given σ: its q (batch_size), steps
+# (epochs, batch_size) and schedule.
 PRIVACY_KEYS = ("epochs", "batch_size", "noise_decay", "clip_quantile", "clip_count_stddev")
 # The accounting's own settings: one value for the whole search (noise: the search
 # calibrates σ to target_epsilon).

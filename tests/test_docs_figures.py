@@ -117,8 +117,8 @@ def test_the_readme_table_quotes_the_default_runs_privacy_figures():
 
 
 def library_figures():
-    """Each DP library's own ε for the default run, from each algo's library_epsilon hook (torch,
-    tf, MindSpore)."""
+    """Each DP library's own ε for the default run, from each algo's library_epsilon hook
+    (torch, tf, MindSpore)."""
     sigma, plan = one_run(DEFAULT_TRAIN_SIZE)
     figures = []
     for framework in ("torch", "tf", "mindspore"):

@@ -87,8 +87,8 @@ class PatchConv2d(nn.Conv2d):
         self.batch_matmul, self.bias_add = ops.BatchMatMul(), ops.BiasAdd()
 
     def patches(self, x):
-        """[B, C, H, W] -> [B, C·kh·kw, H'·W']: each output position's input, in the weight's (C,
-        kh, kw) order."""
+        """[B, C, H, W] -> [B, C·kh·kw, H'·W']: each output position's input, in the weight's
+        (C, kh, kw) order."""
         return ops.unfold(x, self.kernel_size, 1, self.padding, self.stride)
 
     def pre_activation(self, patches):

@@ -221,8 +221,8 @@ def on_pixels(model) -> bool:
 
 
 def to_common(arrays, pixels):
-    """Keras' get_weights() -> the common layout (initial_weights.py): HWIO kernels to OIHW, [in,
-    out] dense kernels to [out, in]; `pixels`: the arrays are the pixel CNN's."""
+    """Keras' get_weights() -> the common layout (initial_weights.py): HWIO kernels to OIHW,
+    [in, out] dense kernels to [out, in]; `pixels`: the arrays are the pixel CNN's."""
     common = []
     for index, array in enumerate(arrays):
         if array.ndim == 4:

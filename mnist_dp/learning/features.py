@@ -66,8 +66,8 @@ class _Filters:
     them."""
 
     fine: np.ndarray  # [8, 36, 36] complex64: the Morlet filters ψ(0, θ) in Fourier
-    # [324, 8, 16] float32: at each 18×18 frequency, a spectrum's 4 aliases as (real,
-    # imaginary) pairs -> the mean of their products with each ψ(1, θ), as (real, imaginary)
+    # [324, 8, 16] float32: at each 18×18 frequency, a spectrum's 4 aliases as
+    # (real, imaginary) pairs -> the mean of their products with each ψ(1, θ), as (real, imaginary)
     # pairs (_periodised_products)
     coarse: np.ndarray
     # [1296, 49] float32: a 36×36 map -> low-pass φ, subsampled by 4, unpadded to 7×7

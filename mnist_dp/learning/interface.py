@@ -61,8 +61,8 @@ class Network:
                 f"{self.activation!r}")
 
     def inputs(self, images: np.ndarray) -> np.ndarray:
-        """Images [N, 28, 28] -> what the network takes: the same, or scattering features [N,
-        3969]."""
+        """Images [N, 28, 28] -> what the network takes: the same, or scattering features
+        [N, 3969]."""
         return feature_maps.transform(images, self.features)
 
 
@@ -108,8 +108,8 @@ class Framework:
             def network(self, network): return build(network)
             def optimizer(self, model, hp): return optax_with_average(hp)
             def dp_step(self, model, optimizer, inputs, labels, hp, plan, step):
-                return lambda batch, clip, sigma: clip_noise_and_apply(model, optimizer,
-                inputs[batch], ...)
+                return lambda batch, clip, sigma: clip_noise_and_apply(
+                    model, optimizer, inputs[batch], ...)
             def plain_step(self, model, optimizer, inputs, labels): ...
             def end_training(self, model, optimizer, hp): ...
             def library_epsilon(self, plan, steps, sigma, delta): return {}

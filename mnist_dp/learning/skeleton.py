@@ -6,8 +6,8 @@ out); the rest lives here, once: the Poisson batches of the sampling plan and th
 steps (train_steps), each step's σ and clipping norm, where the noise's randomness comes from
 (randomness.py), and the task functions train, aggregate and predict (models loaded and checked
 in model_io.py).
-What a run may spend (q, steps, σ, the budget, the DP event) is decided in privacy/ (planning.py,
-budget.py), which `train` asks once.
+What a run may spend (q, steps, σ, the budget, the DP event) is decided in privacy/
+(planning.py, budget.py), which `train` asks once.
 """
 from __future__ import annotations
 

@@ -136,8 +136,8 @@ def check_secure_mode(framework: str, hp: Hyperparameters, where: str = "") -> N
 
 
 def check_delta(delta: float, n: int, where: str = "delta") -> None:
-    """δ must be explicit, positive and below 1/n (else 'release one example at random' is (0,
-    δ)-DP)."""
+    """δ must be explicit, positive and below 1/n (else 'release one example at random' is
+    (0, δ)-DP)."""
     if not isinstance(delta, (int, float)) or not 0 < delta < 1.0 / n:
         raise UserError(f"{where} = {delta} must be > 0 and < 1/n = {1.0 / n:.3g} for n = {n} "
                         "training examples; choose a smaller delta")

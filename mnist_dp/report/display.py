@@ -134,8 +134,8 @@ def write_results(path: Path, records: list) -> None:
 
 def performance_table(frame) -> tuple:
     """Substra's performances (from get_performances): one row per run, round and model (where it
-    was trained), one column per metric and the organisation that computed it. Returns (headers,
-    rows)."""
+    was trained), one column per metric and the organisation that computed it. Returns
+    (headers, rows)."""
     if frame.empty:
         return ["run"], []
     wide = frame.pivot_table(index=["run", "round", "trained_at"], columns=["metric", "worker"],
