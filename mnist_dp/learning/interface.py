@@ -136,12 +136,24 @@ class Framework:
 
     def dp_step(self, model, optimizer, inputs: np.ndarray, labels: np.ndarray, hp: Hyperparameters,
                 plan: SamplingPlan, step: DpStep) -> Callable[[np.ndarray, float, float], int]:
-        """The DP-SGD step on `inputs` [n, ...] and `labels` [n]: a function of (batch: the indices
-        of one Poisson batch, maybe none; C: the clipping norm; σ: the noise multiplier) that clips
-        each example's gradient to C, sums them, adds N(0, σ²C²) from step.randomness's "gradient
-        noise" stream (step.canaries' between the two, when set), divides by
-        plan.expected_batch_size, applies `optimizer`, and returns how many examples had a gradient
-        norm ≤ C. hp: for secure_mode."""
+        """The DP-SGD step.
+
+        Args:
+          model: the framework's model, trained in place.
+          optimizer: what the `optimizer` hook returned.
+          inputs: the network's inputs [n, ...].
+          labels: the labels [n].
+          hp: the hyperparameters (secure_mode).
+          plan: the sampling plan (its expected batch size divides the noisy sum).
+          step: the mechanism's settings: the "gradient noise" stream of step.randomness, and
+            step.canaries, passed the clipped sum before the noise when set.
+
+        Returns:
+          A function of (batch, C, σ): `batch` the indices of one Poisson batch (maybe none), C
+          the clipping norm, σ the noise multiplier. It clips each example's gradient to C, sums
+          them, adds N(0, σ²C²), divides by plan.expected_batch_size, applies `optimizer`, and
+          returns how many examples had a gradient norm ≤ C.
+        """
         raise NotImplementedError
 
     def plain_step(self, model, optimizer, inputs: np.ndarray,
@@ -156,9 +168,18 @@ class Framework:
         raise NotImplementedError
 
     def library_epsilon(self, plan: SamplingPlan, steps: int, sigma: float, delta: float) -> dict:
-        """{name: ε at `delta`} of the DP library's own accountant for `steps` steps of `plan` at a
-        constant `sigma`, shown beside ours for comparison (the skeleton asks only where a library
-        can account the run)."""
+        """The DP library's own ε, shown beside ours for comparison (the skeleton asks only where a
+        library can account the run).
+
+        Args:
+          plan: the run's sampling plan (n, q).
+          steps: the steps the run took.
+          sigma: its constant noise multiplier.
+          delta: δ.
+
+        Returns:
+          {name of the library's accountant: ε at `delta`}.
+        """
         raise NotImplementedError
 
     # 3. Weights in and out.
