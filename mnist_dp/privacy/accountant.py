@@ -61,8 +61,16 @@ def _new_accountant(accountant: str) -> dp_accounting.PrivacyAccountant:
 
 def compose_epsilon(events: Sequence[DpEvent], delta: float,
                     accountant: str = REPORTED_ACCOUNTANT) -> float:
-    """ε at δ of the sequential composition of `events` (inf if any is non-private); by RDP whatever
-    `accountant` says when one of them is a search."""
+    """ε of the sequential composition of DP events.
+
+    Args:
+      events: the DpEvents composed (a ledger's runs, or one run).
+      delta: δ.
+      accountant: "pld" or "rdp"; RDP whatever it says when an event is a private search.
+
+    Returns:
+      ε at δ; inf if any event is non-private, 0 for none.
+    """
     if any(not e.is_private for e in events):
         return math.inf
     if not events:
@@ -118,8 +126,18 @@ def search_rdp(search: Search) -> np.ndarray:
 
 def steps_within_budget(prior_events: Sequence[DpEvent], next_run: DpEvent, delta: float,
                         max_epsilon: float) -> int:
-    """The most steps of `next_run` (at most its `steps`) after `prior_events` that keep ε at δ
-    (PLD) within `max_epsilon`; 0 when even one step would exceed it."""
+    """How far a run may go within a budget.
+
+    Args:
+      prior_events: the earlier runs on the same examples.
+      next_run: the run to cut (its `steps` are the most it may take).
+      delta: δ.
+      max_epsilon: the budget, ε at δ by PLD.
+
+    Returns:
+      The most steps of `next_run` after `prior_events` that keep ε within `max_epsilon`; 0 when
+      even one step would exceed it.
+    """
     def fits(steps: int) -> bool:
         return compose_epsilon([*prior_events, dataclasses.replace(next_run, steps=steps)],
                                delta) <= max_epsilon
