@@ -360,8 +360,8 @@ def run_and_measure(command, env):
     start = time.perf_counter()
     proc = subprocess.run(command, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - start
-    return proc.returncode, proc.stderr, wall, resource.getrusage(
-        resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    return (proc.returncode, proc.stderr, wall,
+            resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024)
 
 
 def print_default_run(data=None):

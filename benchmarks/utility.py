@@ -309,8 +309,8 @@ def ablation_table(rows, labels, dataset, epsilon, validation):
     frameworks = [f for f in ALGO_ASSETS if any(r["framework"] == f for r in rows)]
     lines = [f"**{DATASETS[dataset]}, ε = {epsilon:g}** ({accuracy_name(validation)} %, mean ± "
              "standard deviation (seeds))", "",
-             "| configuration | changes from the assets' hyperparameters | " + " | ".join(
-                 frameworks) + " |", "|---|---|" + "---:|" * len(frameworks)]
+             "| configuration | changes from the assets' hyperparameters | "
+             + " | ".join(frameworks) + " |", "|---|---|" + "---:|" * len(frameworks)]
     for label in labels:
         summary = summarise(rows, label, validation)
         changes = next((r["changes"] for r in rows if r.get("label") == label), {})

@@ -212,8 +212,8 @@ class SubstraNodeStub:
         if handler != self._login:  # logging in is how a client without a token gets one
             self._authenticate(headers.get("Authorization"))
         for refusal in self._refusals:
-            if refusal["method"] == method and re.fullmatch(
-                    refusal["path"], path) and refusal["left"] > 0:
+            if (refusal["method"] == method and re.fullmatch(refusal["path"], path)
+                and refusal["left"] > 0):
                 refusal["left"] -= 1
                 raise refusal["error"]
         return handler(query=query, body=body, content_type=headers.get("Content-Type", ""),

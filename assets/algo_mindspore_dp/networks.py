@@ -81,8 +81,8 @@ class PatchConv2d(nn.Conv2d):
 
     def __init__(self, *args, has_bias=True, **kwargs):
         super().__init__(*args, has_bias=has_bias, **kwargs)
-        if self.group != 1 or tuple(
-                self.dilation[-2:]) != (1, 1) or not isinstance(self.padding, int):
+        if (self.group != 1 or tuple(self.dilation[-2:]) != (1, 1)
+            or not isinstance(self.padding, int)):
             raise ValueError("PatchConv2d: groups 1, dilation 1 and an int padding only")
         self.batch_matmul, self.bias_add = ops.BatchMatMul(), ops.BiasAdd()
 

@@ -101,8 +101,8 @@ def clip_and_sum(model: nn.Module, inputs, targets, max_grad_norm,
             else:
                 squares += conv_weight_norms(layer, layer_in, grads)
             if layer.bias is not None:
-                squares += grads.flatten(
-                    2).sum(2).square().sum(1) if grads.dim() == 4 else grads.square().sum(1)
+                squares += (grads.flatten(2).sum(2).square().sum(1) if grads.dim() == 4
+                            else grads.square().sum(1))
         norms = squares.sqrt()
         factors = (max_grad_norm / norms.clamp_min(1e-12)).clamp(max=1.0)
         for (layer, layer_in, _), grads in zip(calls, out_grads):

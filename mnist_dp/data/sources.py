@@ -131,8 +131,8 @@ def split_train_test(images, labels, train_size: int, test_size: int, seed: int)
 def checked_arrays(images, labels, source, split) -> tuple:
     """(images, labels) of one part of a source as uint8; refuses whatever a cast to uint8 would
     change."""
-    if images.ndim != 3 or images.shape[1:] != IMAGE_SHAPE or labels.ndim != 1 or len(
-            images) != len(labels):
+    if (images.ndim != 3 or images.shape[1:] != IMAGE_SHAPE or labels.ndim != 1
+        or len(images) != len(labels)):
         raise UserError(f"{source}: expected {split} images [n, 28, 28] with n labels, got "
                         f"{images.shape} and {labels.shape}")
     if images.dtype != np.uint8 and (images.dtype.kind not in "iu" or _outside(images, 0, 255)):

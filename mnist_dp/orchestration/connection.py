@@ -121,8 +121,8 @@ def connect(backend: str, client_name: str | None = None,
     settings = check_settings(backend, client_name)
     if backend == "docker":
         _check_docker_daemon()
-    where = f"client {client_name!r} at {settings.get('url')}" if settings.get(
-        "url") else "local Substra client"
+    where = (f"client {client_name!r} at {settings.get('url')}" if settings.get("url")
+             else "local Substra client")
     if backend in LOCAL_BACKENDS:
         local_worker = Path(work_dir or Path.cwd()) / "local-worker"
         # made here, where a failure can be said in one line (substra's own attempt is a traceback)

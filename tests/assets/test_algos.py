@@ -191,8 +191,8 @@ def test_target_epsilon_gives_the_same_sigma_everywhere_and_the_budget_stops_tra
     assert event.steps == 3 and "stopping after 3 of 5 steps" in proc.stderr
     assert saved.hyperparameters[
         "stopped_by_budget"] and saved.hyperparameters["planned_steps"] == planned
-    assert read_epsilon(
-        outputs["epsilon"]) == pytest.approx(epsilon_after(3)) and epsilon_after(3) <= budget
+    assert (read_epsilon(outputs["epsilon"]) == pytest.approx(epsilon_after(3))
+            and epsilon_after(3) <= budget)
     assert event.library_epsilon  # the library's own figure is kept for the privacy statement
 
     # the 4th step at this σ would exceed the budget: a task continuing from this model trains

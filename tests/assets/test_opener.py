@@ -56,8 +56,8 @@ def test_identity_depends_on_content_and_key_only(tmp_path):
     ids = [opener.MnistOpener().get_data([str(f)])["samples"][0]["identity"] for f in (a, b, c, d)]
     assert ids[0] == ids[1] and len({ids[0], ids[2], ids[3]}) == 3
     # Whoever holds the data but not the key cannot compute it: it is not the content hash.
-    content = hashlib.sha256(
-        (a / "images.npy").read_bytes() + (a / "labels.npy").read_bytes()).hexdigest()
+    content = hashlib.sha256((a / "images.npy").read_bytes()
+                             + (a / "labels.npy").read_bytes()).hexdigest()
     assert content not in ids
 
 

@@ -24,5 +24,5 @@ def test_with_the_same_noise_every_framework_reaches_the_same_accuracy(tmp_path)
     # one mechanism: the noise draws were all that differed
     assert len(set(shared.values())) == 1, shared
     assert min(shared.values()) > 0.3  # it learnt something (ten classes)
-    assert "The same accuracy in every framework at 1 of 1 seeds." in (
-        tmp_path / "same-noise.md").read_text()
+    assert ("The same accuracy in every framework at 1 of 1 "
+            "seeds." in (tmp_path / "same-noise.md").read_text())

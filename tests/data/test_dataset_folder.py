@@ -330,8 +330,8 @@ def test_a_killed_run_leaves_a_partial_folder_that_the_next_run_removes(tmp_path
         pytest.fail("generate_data ended each time before it could be killed in the middle of "
                     "writing")
     [partial] = partial_folders(tmp_path)
-    assert partial.name.startswith(
-        f".d{attempt}-partial-{proc.pid}-") and (partial / "train").is_dir()
+    assert (partial.name.startswith(f".d{attempt}-partial-{proc.pid}-")
+            and (partial / "train").is_dir())
     assert not (tmp_path / f"d{attempt}").exists()  # the interrupted run left no half dataset
     dataset.generate(tmp_path / "next", train_size=50, test_size=10)
     assert partial_folders(tmp_path) == []

@@ -52,8 +52,8 @@ def check_results(out, framework, organizations):
         assert record["epsilon"] == max(record["epsilon_by_organization"].values()) <= 3.0
         # the local state: the bundle's model file
         saved = model_file.load(record["model_file"], framework)
-        assert len(
-            saved.ledger.events) == organizations and len(saved.ledger.keys()) == organizations
+        assert (len(saved.ledger.events) == organizations
+                and len(saved.ledger.keys()) == organizations)
         n = 300 // organizations  # the tiny data's examples, shared; batch 64
         for event, other in zip(saved.ledger.events, orgs):
             assert event.steps == -(-n // 64) and event.sample_rate == pytest.approx(
@@ -171,8 +171,8 @@ def test_a_refused_run_leaves_the_earlier_runs_reports_in_their_place(tmp_path, 
         (out / name).write_text(f"the earlier run's {name}")
     before = report_files(out)
     done = run_example(tmp_path, tiny_data_2orgs, "--organizations", "3")
-    assert done.returncode == 2 and done.stderr.count(
-        "\n") == 1 and "--organizations" in done.stderr, done.stderr
+    assert (done.returncode == 2 and done.stderr.count("\n") == 1
+            and "--organizations" in done.stderr), done.stderr
     assert report_files(out) == before
     assert not (out / "earlier").exists() and "moved" not in done.stdout
 

@@ -102,8 +102,9 @@ def test_fedavg_trains_every_organisation_from_the_global_model_and_evaluates_ea
     assert tasks[aggregated[0]].outputs["model"].permissions.authorized_ids == ["Org1", "Org2"]
     # evaluated at Org1 only
     assert tasks[aggregated[-1]].outputs["model"].permissions.authorized_ids == ["Org1"]
-    assert compute_plan.describe_role(
-        builder.roles[aggregated[1]]) == "torch aggregate, round 2 at Org1"
+    assert (
+        compute_plan.describe_role(builder.roles[aggregated[
+            1]]) == "torch aggregate, round 2 at Org1")
 
 
 @pytest.mark.parametrize("strategy, score_train",

@@ -53,8 +53,7 @@ def test_a_remote_plan_is_polled_and_its_failure_names_the_task_and_ends_with_it
                               f"({node.failed}), function 'torch train': plan status "
                               "PLAN_STATUS_FAILED")
     tail = message.split("last lines of its log:\n")[1].splitlines()
-    assert len(
-        tail) == execution.LOG_TAIL_LINES and tail[
+    assert len(tail) == execution.LOG_TAIL_LINES and tail[
             -1] == "  | error: batch_size = 1000 is larger than the data"
 
 

@@ -14,8 +14,8 @@ from mnist_dp.utils.errors import UserError
 def test_sampling_plan_follows_opacus_convention():
     plan = planning.SamplingPlan.from_hyperparameters(1001, hyperparameters.parse(BASE_HP, "x"),
                                                       "x")
-    assert plan.steps_per_epoch == 21 and plan.sample_rate == pytest.approx(
-        1 / 21) and plan.steps == 42
+    assert (plan.steps_per_epoch == 21 and plan.sample_rate == pytest.approx(1 / 21)
+            and plan.steps == 42)
 
 
 

@@ -21,8 +21,8 @@ def test_a_noise_seed_replays_and_moves_on_with_the_ledger_and_the_data():
     # the data, not its order
     assert RunRandomness.for_run(0, 2, ("b", "a")) == RunRandomness.for_run(0, 2, ("a", "b"))
     assert RunRandomness.for_run(1, 0, ("a",)) != RunRandomness.for_run(0, 0, ("a",))
-    assert RunRandomness.for_run(
-        7).replayable and RunRandomness.for_run(7) == RunRandomness.for_run(7)
+    assert (RunRandomness.for_run(7).replayable
+            and RunRandomness.for_run(7) == RunRandomness.for_run(7))
 
 
 def test_each_purpose_has_its_own_stream_and_words_of_either_width():

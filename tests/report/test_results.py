@@ -48,8 +48,8 @@ def test_a_run_that_stops_before_writing_a_report_puts_the_earlier_ones_back(tmp
         (tmp_path / "out" / "substra").mkdir()
         raise UserError("refused")
     assert report_files(tmp_path / "out") == before
-    assert not (
-        tmp_path / "out" / results.EARLIER).exists() and "moved" not in capsys.readouterr().out
+    assert (not (tmp_path / "out" / results.EARLIER).exists()
+            and "moved" not in capsys.readouterr().out)
 
 
 def test_a_run_that_fails_after_writing_a_report_keeps_the_earlier_ones_aside(tmp_path, capsys):

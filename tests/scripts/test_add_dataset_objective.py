@@ -58,8 +58,8 @@ def test_help_and_bad_input(tmp_path, tiny_data):
     proc = run("--data", tmp_path / "images.npy")
     assert proc.returncode == 2 and proc.stderr.startswith(
         f"error: {tmp_path / 'images.npy'}: is a file")
-    assert "Traceback" not in proc.stderr and (
-        tmp_path / "images.npy").read_text() == "not a folder"
+    assert ("Traceback" not in proc.stderr
+            and (tmp_path / "images.npy").read_text() == "not a folder")
 
 
 def test_missing_keys_file_for_the_train_script(tmp_path):
@@ -88,6 +88,6 @@ def test_a_read_only_keys_folder_is_one_line(tmp_path, tiny_data):
     proc = subprocess.run([*WITHOUT_WRITE_OVERRIDE, sys.executable, SCRIPT, "--data", tiny_data,
                            "--keys-file", tmp_path / "ro" / "keys.json"], capture_output=True,
                           text=True, cwd=tmp_path)
-    assert proc.returncode == 2 and proc.stderr.startswith(
-        "error: ") and "Traceback" not in proc.stderr, proc.stderr
+    assert (proc.returncode == 2 and proc.stderr.startswith("error: ")
+            and "Traceback" not in proc.stderr), proc.stderr
     assert "Permission denied" in proc.stderr

@@ -87,8 +87,8 @@ def test_what_a_task_would_refuse_is_refused_before_anything_is_registered(
     before = keys_file.read_text()
     proc = run("add_train_algo_cnn_dp.py", "--framework", FRAMEWORK, "--hyperparameters",
                "bad.json", *args, cwd=tmp_path)
-    assert proc.returncode == 2 and proc.stderr.startswith(
-        f"error: {message}") and proc.stderr.count("\n") == 1, proc.stderr
+    assert (proc.returncode == 2 and proc.stderr.startswith(f"error: {message}")
+            and proc.stderr.count("\n") == 1), proc.stderr
     assert keys_file.read_text() == before  # nothing registered
 
 

@@ -34,8 +34,8 @@ def test_prints_the_statement_of_a_model_file_without_any_framework(tmp_path):
 def test_bad_model_file_is_one_line(tmp_path):
     (tmp_path / "junk").write_bytes(b"junk")
     proc = run(tmp_path / "junk", cwd=tmp_path)
-    assert proc.returncode == 2 and proc.stderr.startswith(
-        "error: ") and "not a valid model file" in proc.stderr
+    assert (proc.returncode == 2 and proc.stderr.startswith("error: ")
+            and "not a valid model file" in proc.stderr)
     assert "--help" not in proc.stderr and "model file(s)" in run("--help", cwd=tmp_path).stdout
 
 
@@ -58,8 +58,8 @@ def test_a_folder_or_an_edited_ledger_is_one_line(tmp_path):
             for name, content in members.items():
                 archive.writestr(name, content)
         proc = run(tmp_path / "edited", cwd=tmp_path)
-        assert proc.returncode == 2 and proc.stdout == "" and proc.stderr.count(
-            "\n") == 1, proc.stderr
+        assert (proc.returncode == 2 and proc.stdout == ""
+                and proc.stderr.count("\n") == 1), proc.stderr
         assert "its ledger does not match the sha256 recorded in its metadata" in proc.stderr
 
 

@@ -356,8 +356,9 @@ def test_a_plan_run_on_the_node_reports_accuracy_and_epsilon_from_the_models_it_
         files = tar_gz_members(registered_function.files["file"])
         assert files["Dockerfile"] == archive.function_dockerfile(ALGO_ASSETS[FRAMEWORK], function)
         assert files["algo.py"] == (ALGO_ASSETS[FRAMEWORK] / "algo.py").read_bytes()
-        assert json.loads(
-            files["hyperparameters.json"]) == tiny_hyperparameters(FRAMEWORK, **HYPERPARAMETERS)
+        assert (
+            json.loads(files["hyperparameters.json"]) == tiny_hyperparameters(
+                FRAMEWORK, **HYPERPARAMETERS))
         assert "mnist_dp/learning/skeleton.py" in files
         assert registered_function.sent["name"] == f"{FRAMEWORK} {function}"
         assert (registered_function.sent["inputs"],
@@ -368,8 +369,8 @@ def test_a_plan_run_on_the_node_reports_accuracy_and_epsilon_from_the_models_it_
     plan_key = keys["compute_plans"][FRAMEWORK]["key"]
     described = keys["compute_plans"][FRAMEWORK]["tasks"]
     tasks = {t.record["key"]: t.record for t in node.plan_tasks(plan_key)}
-    assert list(
-        node.compute_plans) == [plan_key] and set(tasks) == set(described) and len(tasks) == 2 * 5
+    assert (list(node.compute_plans) == [plan_key] and set(tasks) == set(described)
+            and len(tasks) == 2 * 5)
     by_role = {description: key for key, description in described.items()}
     private, public = {"public": False, "authorized_ids": [org]}, {"public": True,
                        "authorized_ids": []}
@@ -470,8 +471,8 @@ def test_a_search_on_the_node_is_one_tune_task_on_every_fold_with_the_search_fil
     saved = model_file.load(record["model_file"], FRAMEWORK)
     (event,) = saved.ledger.events
     assert event.search is not None and event.search.mean == 2 and len(event.data) == 2
-    assert record["epsilon"] == pytest.approx(
-        epsilons[tuned[0]["key"]]) and 2.5 < record["epsilon"] <= 3.0
+    assert (record["epsilon"] == pytest.approx(epsilons[tuned[0]["key"]])
+            and 2.5 < record["epsilon"] <= 3.0)
 
 
 def test_federated_averaging_on_the_node_averages_each_round_and_accounts_each_fold_once(

@@ -225,8 +225,8 @@ def test_two_runs_on_the_same_data_report_what_it_has_spent_over_all_six_models(
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert "data's ε" in proc.stdout  # the table's column
         # no leftover
-        assert "removed" not in proc.stdout and not list(
-            (out / "substra" / "local-worker").glob("*"))
+        assert ("removed" not in proc.stdout
+                and not list((out / "substra" / "local-worker").glob("*")))
         records = json.loads((out / "results.json").read_text())
         assert len(records) == len(FRAMEWORKS)
         for record in records:
@@ -474,8 +474,8 @@ def test_what_a_task_would_refuse_is_refused_before_anything_is_registered(
     (tmp_path / "hp.json").write_text(json.dumps({**TINY_HYPERPARAMETERS, **changes}))
     proc = run_local("--data", tiny_data_2orgs, "--output", tmp_path / "out", "--hyperparameters",
                      tmp_path / "hp.json", "--frameworks", "tf", "--organizations", 2, cwd=tmp_path)
-    assert proc.returncode == 2 and proc.stderr.count(
-        "\n") == 1 and message in proc.stderr, proc.stderr
+    assert (proc.returncode == 2 and proc.stderr.count("\n") == 1
+            and message in proc.stderr), proc.stderr
     # names the user's file
     assert f"tf hyperparameters ({tmp_path / 'hp.json'}), organisation 1: " in proc.stderr
     # nothing was built or registered
@@ -565,8 +565,8 @@ def test_output_that_is_a_file_or_read_only_is_one_line(tmp_path, tiny_data):
     proc = subprocess.run([*WITHOUT_WRITE_OVERRIDE, sys.executable, SCRIPT, "--data", tiny_data,
                            "--output", tmp_path / "ro" / "out"], capture_output=True, text=True,
                           cwd=tmp_path)
-    assert proc.returncode == 2 and proc.stderr.startswith(
-        "error: ") and "Traceback" not in proc.stderr
+    assert (proc.returncode == 2 and proc.stderr.startswith("error: ")
+            and "Traceback" not in proc.stderr)
     assert "cannot write to this folder (Permission denied)" in proc.stderr, proc.stderr
 
 
@@ -606,8 +606,8 @@ def test_a_plan_too_large_is_refused_at_once_before_any_data_is_generated(tmp_pa
                            "--output",
                            tmp_path / "out"], capture_output=True, text=True, cwd=tmp_path,
                           timeout=120)
-    assert proc.returncode == 2 and proc.stderr.startswith(
-        f"error: {message}") and proc.stderr.count("\n") == 1, proc.stderr
+    assert (proc.returncode == 2 and proc.stderr.startswith(f"error: {message}")
+            and proc.stderr.count("\n") == 1), proc.stderr
     assert not (tmp_path / "d").exists()
 
 

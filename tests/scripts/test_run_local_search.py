@@ -203,8 +203,8 @@ def test_nothing_a_tune_task_emits_depends_on_the_number_of_candidates(
 def test_a_bad_search_file_is_one_line_and_nothing_is_registered(
         tmp_path, tiny_data, search, message):
     proc = run_local(tmp_path, tiny_data, search)
-    assert proc.returncode == 2 and proc.stderr.count(
-        "\n") == 1 and message in proc.stderr, proc.stderr
+    assert (proc.returncode == 2 and proc.stderr.count("\n") == 1
+            and message in proc.stderr), proc.stderr
     assert str(tmp_path / "search.json") in proc.stderr  # names the user's file
     # refused before the output folder, the data or any registration
     assert not (tmp_path / "out").exists()
@@ -221,8 +221,8 @@ def test_a_bad_search_file_is_one_line_and_nothing_is_registered(
 def test_a_search_no_task_could_run_is_refused_before_anything_is_registered(
         tmp_path, tiny_data, hp, args, message):
     proc = run_local(tmp_path, tiny_data, SEARCH, hp, *args)
-    assert proc.returncode == 2 and proc.stderr.count(
-        "\n") == 1 and message in proc.stderr, proc.stderr
+    assert (proc.returncode == 2 and proc.stderr.count("\n") == 1
+            and message in proc.stderr), proc.stderr
     # nothing was built or registered
     assert not list((tmp_path / "out").glob("substra/archives/*"))
 

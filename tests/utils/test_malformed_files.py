@@ -72,8 +72,8 @@ def test_the_report_of_a_model_without_its_framework_is_one_line_and_exit_2(tmp_
                    lambda meta: {k: v for k, v in meta.items() if k != "framework"})
     proc = subprocess.run([sys.executable, REPO / "scripts" / "privacy_report.py", path],
                           capture_output=True, text=True)
-    assert proc.returncode == 2 and proc.stderr.startswith(
-        f"error: {path}: ") and proc.stderr.count("\n") == 1
+    assert (proc.returncode == 2 and proc.stderr.startswith(f"error: {path}: ")
+            and proc.stderr.count("\n") == 1)
 
 
 @pytest.mark.parametrize("member", ["meta.json", "ledger.json"])
