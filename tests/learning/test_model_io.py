@@ -160,12 +160,14 @@ def test_an_input_model_of_the_hyperparameters_network_is_continued_with_its_led
     handler = logging.Handler(logging.INFO)
     handler.emit = records.append
     model_io.log.addHandler(handler)
-    level, model_io.log.level = model_io.log.level, logging.INFO
+    # setLevel, not .level: it clears the logger's cache of what an earlier test found disabled
+    level = model_io.log.level
+    model_io.log.setLevel(logging.INFO)
     try:
         model, ledger = model_io.load_input_model(framework, {"model": str(path)}, CNN)
     finally:
         model_io.log.removeHandler(handler)
-        model_io.log.level = level
+        model_io.log.setLevel(level)
     np.testing.assert_array_equal(model, np.array([1, 2, 3], np.float32))
     assert ledger.events == [event] and framework.loaded == [CNN]
     assert [r.getMessage() for r in records] == [

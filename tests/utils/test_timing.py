@@ -32,6 +32,8 @@ def test_a_task_records_its_phases_and_peak_memory(tmp_path, monkeypatch):
 
 
 def test_without_a_task_marks_do_nothing_and_nothing_is_written(tmp_path, monkeypatch):
+    # without a task: whatever an earlier test in this process began and never ended
+    monkeypatch.setattr(timing, "_task", None)
     path = tmp_path / "timings.jsonl"
     monkeypatch.setenv(timing.TIMINGS_VARIABLE, str(path))
     timing.mark("training")
