@@ -1,5 +1,6 @@
 """The torch algo: its book-keeping clipped sum and Conv2d norms, against naive per-example
 gradients; every planned step runs; its noise generator's state."""
+import importlib
 import json
 
 import numpy as np
@@ -14,6 +15,8 @@ from mnist_dp.privacy.randomness import RunRandomness
 
 torch = pytest.importorskip("torch")
 algo = load_asset_module(ALGO_ASSETS["torch"] / "algo.py", "algo_torch_dp")
+# the networks and their per-example norms: torch_networks.py, on sys.path once algo.py is imported
+networks = importlib.import_module("torch_networks")
 
 
 @pytest.mark.parametrize("channels, out, kernel, stride, padding, size, grams", [
@@ -38,7 +41,7 @@ def test_conv_weight_norms_are_the_per_example_gradient_norms(
     for i in range(len(x)):  # example i's gradient of <output_i, out_grads_i>
         inner = (layer(x[i : i + 1]) * out_grads[i : i + 1]).sum()
         expected.append(torch.autograd.grad(inner, layer.weight)[0].square().sum().item())
-    np.testing.assert_allclose(algo.conv_weight_norms(layer, x, out_grads).numpy(), expected,
+    np.testing.assert_allclose(networks.conv_weight_norms(layer, x, out_grads).numpy(), expected,
                                rtol=1e-4)
 
 
@@ -63,7 +66,7 @@ def test_clip_and_sum_is_the_sum_of_per_example_clipped_gradients(
     from mnist_dp.learning import interface
 
     torch.manual_seed(0)
-    model = algo.build_network(interface.Network(features, "tanh", network))
+    model = networks.build_network(interface.Network(features, "tanh", network))
     # no zero weights (the shortcut, the linear model): every gradient term matters
     with torch.no_grad():
         for param in model.parameters():
@@ -71,7 +74,7 @@ def test_clip_and_sum_is_the_sum_of_per_example_clipped_gradients(
     inputs = torch.randn(9, 3969) * 0.05 if features == "scattering" else torch.rand(9, 1, 28, 28)
     targets = torch.arange(9) % 10
     expected = naive_clipped_sum(model, inputs, targets, 0.1)
-    known = algo.data_grams(model, inputs.numpy()) if with_data_grams else None
+    known = networks.data_grams(model, inputs.numpy()) if with_data_grams else None
     assert (known is not None) == (with_data_grams and (features, network) == ("scattering", "cnn"))
     # a batch takes its rows out of order: they must follow their examples (a sum is not)
     if known is not None:
@@ -93,9 +96,9 @@ def test_clip_and_sum_refuses_a_parameter_it_cannot_clip():
 def test_clip_and_sum_refuses_patch_grams_of_a_layer_that_does_not_read_the_inputs():
     from mnist_dp.learning import interface
 
-    model = algo.build_network(interface.Network("scattering", "tanh", "cnn"))
+    model = networks.build_network(interface.Network("scattering", "tanh", "cnn"))
     inputs = torch.randn(3, 3969)
-    _, rows = algo.data_grams(model, inputs.numpy())
+    _, rows = networks.data_grams(model, inputs.numpy())
     # conv2 has 16 positions too: its norms would be wrong
     with pytest.raises(ValueError, match="read the inputs"):
         algo.clip_and_sum(model, inputs, torch.zeros(3, dtype=torch.long), 1.0, (model.conv2, rows))
