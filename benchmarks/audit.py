@@ -47,10 +47,11 @@ import numpy as np
 from mnist_dp import hyperparameters
 from mnist_dp.assets import ALGO_ASSETS, load_asset_module
 from mnist_dp.data import sources
-from mnist_dp.learning import model_io, skeleton
+from mnist_dp.learning import model_io, training
 from mnist_dp.learning.interface import Network, flat_weights
-from mnist_dp.privacy import audit, planning
+from mnist_dp.privacy import audit, task_plan
 from mnist_dp.privacy.ledger import Ledger
+from mnist_dp.privacy.randomness import RunRandomness
 from mnist_dp.utils import atomic, json_input, options
 from mnist_dp.utils.errors import UserError, run_cli
 
@@ -82,9 +83,8 @@ def audit_hyperparameters(framework, args, epsilon, changes):
         "noise_seed": args.seed, **changes}, "the audit's options"))
 
 
-def claimed_epsilon(framework, hp, plan, ran):
-    return Ledger([planning.run_event(framework, ("audit",), hp, plan, ran.noise_multiplier,
-                                      ran.steps, ran=ran)]).epsilon(hp.delta)
+def claimed_epsilon(plan, ran):
+    return Ledger([plan.event(ran)]).epsilon(plan.hp.delta)
 
 
 def white_box_run(framework, algo, args, epsilon, noise_scale):
@@ -95,28 +95,29 @@ def white_box_run(framework, algo, args, epsilon, noise_scale):
         "epochs": args.steps, "batch_size": args.train_size, "optimizer": "sgd", "momentum": 0.0,
                                                           "ema_decay": 0.0,
         "clip_quantile": None, "noise_decay": 1.0, "dp": True})  # q = 1: one step an epoch
-    plan = planning.check_run(framework, hp, len(labels), "the audit's options")
-    sigma = planning.resolve_noise_multiplier(hp, plan, [])
-    model = algo.FRAMEWORK.new_model(hp.seed, Network.of(hp))
+    plan = task_plan.fresh(framework, hp, len(labels), "the audit's options", ("audit",))
+    network = Network.of(hp)
+    model = algo.FRAMEWORK.new_model(hp.seed, network)
     shapes = [a.shape for a in algo.FRAMEWORK.weight_arrays(model)]
     m = sum(int(np.prod(s)) for s in shapes)
     if 2 * args.guesses > m:
         raise UserError(f"--guesses {args.guesses}: 2k must be at most the {m} canaries (the "
                         "network's weights)")
-    canaries = audit.DiracCanaries(shapes, rng.random(m) < 0.5, plan.sample_rate, noise_scale)
+    canaries = audit.DiracCanaries(shapes, rng.random(m) < 0.5, plan.sampling.sample_rate,
+                                   noise_scale)
     start, began = flat_weights(algo.FRAMEWORK, model), time.perf_counter()
-    ran = skeleton.fit(algo.FRAMEWORK, model, images, labels, hp, plan, sigma, lambda steps: "",
-                       canaries=canaries)
+    ran = training.fit(algo.FRAMEWORK, model, network.inputs(images), labels, plan,
+                       RunRandomness.for_run(hp.noise_seed), canaries=canaries)
     scores = canaries.scores(start, flat_weights(algo.FRAMEWORK, model), hp.learning_rate,
-                             plan.expected_batch_size)
+                             plan.sampling.expected_batch_size)
     guesses, correct = audit.guess(scores, canaries.included, args.guesses, args.guesses)
     return {"mode": "white-box", "mechanism": "as-built" if noise_scale == 1 else "broken",
             "noise_added": noise_scale,
-            "claimed_epsilon": claimed_epsilon(framework, hp, plan, ran),
+            "claimed_epsilon": claimed_epsilon(plan, ran),
             "lower_bound": audit.gaussian_epsilon_lower_bound(m, guesses, correct, hp.delta, BETA),
             "estimator": FDP,
             "lower_bound_steinke": audit.epsilon_lower_bound(m, guesses, correct, hp.delta, BETA),
-            "sigma": sigma, "steps": ran.steps, "canaries": m, "guesses": guesses,
+            "sigma": plan.sigma, "steps": ran.steps, "canaries": m, "guesses": guesses,
             "correct": correct, "seconds": round(time.perf_counter() - began, 1)}
 
 
@@ -132,7 +133,7 @@ def black_box_run(framework, algo, args, epsilon):
     train_y = np.concatenate([labels[:args.train_size], canary_labels[included]])
     hp = audit_hyperparameters(framework, args, epsilon or 1.0, {
         "epochs": args.epochs, "batch_size": args.batch_size, "dp": epsilon is not None})
-    run = skeleton.fit_from_scratch(algo.FRAMEWORK, train_x, train_y, hp, "audit")
+    run = training.fit_from_scratch(algo.FRAMEWORK, train_x, train_y, hp, "audit", ("audit",))
     logits = model_io.predict_in_batches(algo.FRAMEWORK, run.model, images[args.train_size:],
                                          run.network)
     logits = logits.astype(np.float64)
@@ -140,11 +141,11 @@ def black_box_run(framework, algo, args, epsilon):
     scores = log_probs[np.arange(args.canaries), canary_labels]  # memorised canaries score high
     guesses, correct = audit.guess(scores, included, args.guesses, args.guesses)
     return {"mode": "black-box", "mechanism": "as-built" if epsilon else "non-private",
-            "claimed_epsilon": claimed_epsilon(framework, hp, run.plan, run.ran) if epsilon
+            "claimed_epsilon": claimed_epsilon(run.plan, run.ran) if epsilon
             else None,
             "lower_bound": audit.epsilon_lower_bound(args.canaries, guesses, correct, hp.delta,
                                                      BETA), "estimator": STEINKE,
-            "sigma": run.sigma, "steps": run.ran.steps, "canaries": args.canaries,
+            "sigma": run.plan.sigma, "steps": run.ran.steps, "canaries": args.canaries,
             "guesses": guesses, "correct": correct, "seconds": round(run.seconds, 1)}
 
 

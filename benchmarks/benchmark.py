@@ -42,7 +42,7 @@ from mnist_dp import hyperparameters
 from mnist_dp.assets import ALGO_ASSETS, REPO, load_asset_module
 from mnist_dp.data import sources
 from mnist_dp.learning import chunks, interface
-from mnist_dp.privacy import planning
+from mnist_dp.privacy import task_plan
 from mnist_dp.privacy.randomness import RunRandomness
 from mnist_dp.utils import json_input, options, timing
 from mnist_dp.utils.errors import UserError, run_cli
@@ -271,7 +271,7 @@ def step_variants(framework, steps, changes):
                               hyperparameters.Overrides(changes, "--set"))
     network = interface.Network.of(hp)
     images, labels = embedded_train_set()
-    plan = planning.check_run(framework, hp, len(labels), "default")
+    plan = task_plan.check_run(framework, hp, len(labels), "default")
     return TIMERS[framework](algo, network.inputs(images), labels, hp, plan, steps, network)
 
 

@@ -3,7 +3,7 @@ against one organisation holding all the data.
 
 The embedded MNIST 4,000 / 1,000 split; K organisations each hold an equal share of the 4,000
 training examples (disjoint). Every organisation's ε is at most --epsilon (δ = 1e-5) after the last
-round: σ is calibrated for it by the bundle's own rule (`planning.noise_for_rounds`). Each task is
+round: σ is calibrated for it by the bundle's own rule (`preflight.noise_for_rounds`). Each task is
 the real substratools function body — `skeleton.train` and `skeleton.aggregate` writing and reading
 real model files — driven here in one process per framework instead of through Substra (whose local
 backend runs the same functions one after the other), so that each organisation's scattering
@@ -51,7 +51,7 @@ from mnist_dp.assets import ALGO_ASSETS, load_asset_module
 from mnist_dp.data import samples
 from mnist_dp.learning import features, interface, model_io, skeleton
 from mnist_dp.orchestration import compute_plan
-from mnist_dp.privacy import model_file, planning
+from mnist_dp.privacy import model_file, preflight
 from mnist_dp.utils import atomic, options
 from mnist_dp.utils.errors import UserError, run_cli
 
@@ -99,7 +99,7 @@ def simulate(framework, strategy, organizations, epochs, rounds, epsilon, seed, 
         "seed": seed, "noise_seed": seed, "dp": True, "secure_mode": False},
         "the benchmark's settings"))
     start = time.perf_counter()
-    hp = planning.noise_for_rounds(hp, [len(i) for i in shares], rounds)  # as run_local.py does
+    hp = preflight.noise_for_rounds(hp, [len(i) for i in shares], rounds)  # as run_local.py does
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         atomic.write_json(tmp / "hyperparameters.json", hp.to_json())

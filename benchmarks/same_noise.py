@@ -34,9 +34,10 @@ import numpy as np
 
 from mnist_dp import hyperparameters
 from mnist_dp.assets import ALGO_ASSETS, load_asset_module
-from mnist_dp.learning import model_io, skeleton
+from mnist_dp.learning import model_io, training
 from mnist_dp.learning.interface import Network
-from mnist_dp.privacy import planning
+from mnist_dp.privacy import task_plan
+from mnist_dp.privacy.randomness import RunRandomness
 from mnist_dp.utils import atomic, options
 from mnist_dp.utils.errors import run_cli
 
@@ -50,7 +51,7 @@ SHARED, OWN = "shared noise", "own noise"
 
 
 class SharedNoise:
-    """The noise of every step, drawn here instead of by the framework (skeleton.fit gives the
+    """The noise of every step, drawn here instead of by the framework (training.fit gives the
     framework σ × 0): N(0, (σC)²) on each coordinate of the clipped sum, from a numpy generator
     seeded with the run's seed."""
 
@@ -81,17 +82,18 @@ def run(algo, framework, data, seed, args, noise):
                                                          "max_epsilon": None, "delta": DELTA,
         "seed": seed, "noise_seed": seed, "dp": True, "secure_mode": False},
                                                         "the benchmark's settings"))
-    plan = planning.check_run(framework, hp, len(train_y), "the benchmark's settings")
-    sigma = planning.resolve_noise_multiplier(hp, plan, [])
+    plan = task_plan.fresh(framework, hp, len(train_y), "the benchmark's settings")
     network = Network.of(hp)
     model = algo.FRAMEWORK.new_model(hp.seed, network)
     began = time.perf_counter()
-    skeleton.fit(algo.FRAMEWORK, model, train_x, train_y, hp, plan, sigma, lambda steps: "",
-                 canaries=SharedNoise(seed, sigma) if noise == SHARED else None)
+    training.fit(algo.FRAMEWORK, model, network.inputs(train_x), train_y, plan,
+                 RunRandomness.for_run(hp.noise_seed),
+                 canaries=SharedNoise(seed, plan.sigma) if noise == SHARED else None)
     accuracy = float(np.mean(model_io.predicted_labels(algo.FRAMEWORK, model, test_x,
                                                        network) == test_y))
     return {"framework": framework, "seed": seed, "noise": noise, "epsilon": args.epsilon,
-            "sigma": sigma, "steps": plan.steps, "train_size": len(train_y), "accuracy": accuracy,
+            "sigma": plan.sigma, "steps": plan.sampling.steps, "train_size": len(train_y),
+            "accuracy": accuracy,
             "seconds": round(time.perf_counter() - began, 1)}
 
 

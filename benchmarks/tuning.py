@@ -38,9 +38,8 @@ import utility  # noqa: E402
 from mnist_dp import hyperparameters, search_space  # noqa: E402
 from mnist_dp.assets import ALGO_ASSETS, load_asset_module  # noqa: E402
 from mnist_dp.data import samples  # noqa: E402
-from mnist_dp.learning import features, model_io, search, skeleton  # noqa: E402
+from mnist_dp.learning import features, model_io, search, training  # noqa: E402
 from mnist_dp.learning.interface import Network  # noqa: E402
-from mnist_dp.privacy import planning  # noqa: E402
 from mnist_dp.privacy.ledger import Ledger  # noqa: E402
 from mnist_dp.privacy.randomness import RunRandomness  # noqa: E402
 from mnist_dp.privacy.search import plan_search, validation_split  # noqa: E402
@@ -100,15 +99,14 @@ def private_search(framework, dataset, train, test, seed) -> dict:
     ledger = search.released_ledger(framework, data, plan, found, None)
     return {"epsilon": ledger.epsilon(DELTA), "candidates": found.candidates,
             "seconds": found.seconds,
-            "test_accuracy": accuracy(framework, found.model, Network.of(found.hp), *test),
-            "chosen": {k: getattr(found.hp, k) for k in plan.search.space}}
+            "test_accuracy": accuracy(framework, found.model, Network.of(found.plan.hp), *test),
+            "chosen": {k: getattr(found.plan.hp, k) for k in plan.search.space}}
 
 
 def default(framework, dataset, train, test, seed) -> dict:
     hp = base_hyperparameters(seed)
-    run = skeleton.fit_from_scratch(framework, *train, hp, "tuning")
-    event = planning.run_event(FRAMEWORK, (dataset,), hp, run.plan, run.ran.noise_multiplier,
-                               run.ran.steps, ran=run.ran)
+    run = training.fit_from_scratch(framework, *train, hp, "tuning", (dataset,))
+    event = run.plan.event(run.ran)
     return {"epsilon": Ledger([event]).epsilon(DELTA), "candidates": 1, "seconds": run.seconds,
             "test_accuracy": accuracy(framework, run.model, run.network, *test)}
 
@@ -119,7 +117,7 @@ def non_private_grid(framework, dataset, train, test, seed) -> dict:
     start, best = time.perf_counter(), None
     for point in GRID:
         hp = base_hyperparameters(seed, dp=False, target_epsilon=None, **point)
-        run = skeleton.fit_from_scratch(framework, train[0][~held_out], train[1][~held_out], hp,
+        run = training.fit_from_scratch(framework, train[0][~held_out], train[1][~held_out], hp,
                                         "tuning")
         score = accuracy(framework, run.model, run.network, train[0][held_out], train[1][held_out])
         if best is None or score > best[0]:

@@ -1,6 +1,6 @@
 """The privacy–utility curve: test accuracy against ε for every framework, with and without DP.
 
-Each point trains one model with the training skeleton (`mnist_dp.learning.skeleton.fit`, each
+Each point trains one model with the training skeleton (`mnist_dp.learning.training.fit`, each
 asset's hyperparameters.json with --set changes), σ calibrated by our accountant for the target ε at
 δ = 1e-5, in its own child process, and scores it on the test set:
 - mnist4k: the embedded 4,000 / 1,000 MNIST split the default run trains on;
@@ -41,8 +41,7 @@ import numpy as np
 from mnist_dp import hyperparameters
 from mnist_dp.assets import ALGO_ASSETS, load_asset_module
 from mnist_dp.data import sources
-from mnist_dp.learning import features, model_io, skeleton
-from mnist_dp.privacy import planning
+from mnist_dp.learning import features, model_io, training
 from mnist_dp.privacy.ledger import Ledger
 from mnist_dp.utils import atomic, json_input, options
 from mnist_dp.utils.errors import UserError, run_cli
@@ -137,12 +136,12 @@ def run_point(framework, dataset, epsilon, seed, changes, validation):
                                                          "max_epsilon": None, "delta": DELTA,
         "seed": seed, "noise_seed": seed, "dp": dp, "secure_mode": False},
                                                         "the benchmark's settings"))
-    run = skeleton.fit_from_scratch(algo.FRAMEWORK, train_x, train_y, hp, "utility")
+    run = training.fit_from_scratch(algo.FRAMEWORK, train_x, train_y, hp, "utility", (dataset,))
     predicted = model_io.predicted_labels(algo.FRAMEWORK, run.model, test_x, run.network)
-    event = planning.run_event(framework, (dataset,), hp, run.plan, run.ran.noise_multiplier,
-                               run.ran.steps, ran=run.ran)
+    event = run.plan.event(run.ran)
     return {"accuracy": float(np.mean(predicted == test_y)),
-            "epsilon": Ledger([event]).epsilon(DELTA), "sigma": run.sigma, "steps": run.ran.steps,
+            "epsilon": Ledger([event]).epsilon(DELTA), "sigma": run.plan.sigma,
+            "steps": run.ran.steps,
             "seconds": round(run.seconds, 1), "hyperparameters": hp.to_json()}
 
 

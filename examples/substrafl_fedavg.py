@@ -29,7 +29,7 @@ from mnist_dp.federated import experiment
 from mnist_dp.federated.algo import METRICS, DpFedAvgAlgo, check_hyperparameters
 from mnist_dp.federated.strategy import DpFedAvg
 from mnist_dp.orchestration import compute_plan, connection, registry
-from mnist_dp.privacy import budget
+from mnist_dp.privacy import preflight
 from mnist_dp.report import display, results
 from mnist_dp.utils import options
 from mnist_dp.utils.errors import run_cli
@@ -91,7 +91,7 @@ def main(argv=None):
         # each organisation's own (two organisations may hold one example, as deployed)
         for share in shares:
             samples.check_examples(share)
-        budget.check_plan(args.framework, hp, [sum(map(samples.sample_size, s)) for s in shares],
+        preflight.check_plan(args.framework, hp, [sum(map(samples.sample_size, s)) for s in shares],
                           args.rounds,
                           [f"organisation {k}" for k in range(1, args.organizations + 1)])
         organizations = experiment.register(clients, registry.KeysFile(), data_dir)

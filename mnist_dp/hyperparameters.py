@@ -84,7 +84,7 @@ class Hyperparameters:
 # Bounds that catch typos and absurd values before any work starts: beyond them a run would
 # take days or hours of accounting (epochs = 10^9), ε would protect nothing (target_epsilon =
 # 10^9), or every step would overflow (learning_rate = 10^300). batch_size is bounded by the
-# data (planning.SamplingPlan).
+# data (task_plan.SamplingPlan).
 MAX_EPOCHS = 10_000
 MAX_EPSILON = 100.0
 MAX_STEP_SIZE = 1_000.0  # learning_rate, clip_learning_rate

@@ -21,7 +21,7 @@ from mnist_dp.assets import ALGO_ASSETS
 from mnist_dp.data import dataset, samples
 from mnist_dp.hyperparameters import Hyperparameters
 from mnist_dp.orchestration import compute_plan, connection, execution, registry
-from mnist_dp.privacy import budget, search
+from mnist_dp.privacy import preflight, search
 from mnist_dp.privacy.ledger import Examples
 from mnist_dp.report import results
 from mnist_dp.utils import options
@@ -91,7 +91,7 @@ def main(argv=None):
         spent = [(samples.spent_on(own), {s.identity: Examples.of(s.key_id, s.ids)
                                           for s in map(samples.read_sample, own)})
                  for own in holdings]
-        hp = budget.check_plan(args.framework, hp, sizes, args.rounds,
+        hp = preflight.check_plan(args.framework, hp, sizes, args.rounds,
                                [f"{where}, fold {k}" for k in range(1, len(sizes) + 1)], spent)
     elif args.rounds > 1 and hp.dp and hp.target_epsilon is not None:
         raise UserError(f"--rounds {args.rounds} with target_epsilon: σ is calibrated for every "

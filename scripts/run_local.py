@@ -22,7 +22,7 @@ from mnist_dp import hyperparameters, search_space
 from mnist_dp.assets import ALGO_ASSETS
 from mnist_dp.data import dataset, samples
 from mnist_dp.orchestration import compute_plan, connection, registry
-from mnist_dp.privacy import budget, search
+from mnist_dp.privacy import preflight, search
 from mnist_dp.privacy.ledger import Examples
 from mnist_dp.report import results
 from mnist_dp.utils import options
@@ -111,7 +111,7 @@ def main(argv=None):
     # what the train tasks would refuse of the data to be written, before writing it
     if to_write and not searched:
         for run, (framework, hp) in runs.items():
-            budget.check_plan(framework, hp, to_write, args.rounds,
+            preflight.check_plan(framework, hp, to_write, args.rounds,
                               [f"{run} hyperparameters ({overrides.source}), organisation {k} of "
                                "the default data"
                                for k in range(1, len(to_write) + 1)])
@@ -144,7 +144,7 @@ def main(argv=None):
                 search.check_plan(framework, hp, searched,
                                   [[read[f].ids for f in own] for own in holdings], wheres)
             else:
-                runs[run] = framework, budget.check_plan(
+                runs[run] = framework, preflight.check_plan(
                     framework, hp, sizes, args.rounds, wheres, spent)
 
         keys = registry.KeysFile()  # in memory: a local run starts from an empty backend

@@ -349,19 +349,19 @@ class StepsThatLearnNothing(interface.Framework):
 
     name = "torch"
 
-    def optimizer(self, model, hp):
+    def optimizer(self, model, plan):
         return None
 
-    def dp_step(self, model, optimizer, inputs, labels, hp, plan, step):
+    def dp_step(self, model, optimizer, inputs, labels, plan, step):
         return lambda batch, max_grad_norm, noise_multiplier: 0
 
     def plain_step(self, model, optimizer, inputs, labels):
         return lambda batch: None
 
-    def end_training(self, model, optimizer, hp):
+    def end_training(self, model, optimizer, plan):
         pass
 
-    def library_epsilon(self, plan, steps, sigma, delta):
+    def library_epsilon(self, plan, steps, sigma):
         return {}
 
 

@@ -2,6 +2,7 @@
 recomputed here from the function that produces it, so a change to the accounting or to the defaults
 that moves one fails until the document follows. Measured figures (accuracy, time) are the
 benchmarks' and name their commands instead."""
+import dataclasses
 import functools
 import re
 
@@ -11,7 +12,7 @@ from conftest import ALGO_ASSETS, REPO
 from mnist_dp import hyperparameters, search_space
 from mnist_dp.assets import load_asset_module
 from mnist_dp.data.dataset import DEFAULT_TRAIN_SIZE
-from mnist_dp.privacy import accountant, planning
+from mnist_dp.privacy import accountant, task_plan
 from mnist_dp.privacy.search import plan_search
 
 FASHION_MNIST_TRAIN_SIZE = 60_000
@@ -30,10 +31,9 @@ def default_hp():
 
 @functools.cache
 def one_run(n: int):
-    """(σ, plan) of one default run on n examples, as a train task calibrates it."""
-    hp = default_hp()
-    plan = planning.check_run("torch", hp, n, "default")
-    return planning.resolve_noise_multiplier(hp, plan, []), plan
+    """(σ, TaskPlan) of one default run on n examples, as a train task calibrates it."""
+    plan = task_plan.fresh("torch", default_hp(), n, "default", ("data",))
+    return plan.sigma, plan
 
 
 def run_epsilon(n: int, runs: int = 1, how: str = "pld", sigma: float | None = None) -> float:
@@ -41,7 +41,7 @@ def run_epsilon(n: int, runs: int = 1, how: str = "pld", sigma: float | None = N
     models), at the calibrated σ or `sigma`."""
     calibrated, plan = one_run(n)
     sigma = calibrated if sigma is None else sigma
-    event = planning.run_event("torch", ("data",), default_hp(), plan, sigma, plan.steps)
+    event = dataclasses.replace(plan, sigma=sigma).event_at(plan.sampling.steps)
     return accountant.compose_epsilon([event] * runs, default_hp().delta, how)
 
 
@@ -57,8 +57,8 @@ def search_sigma(n: int, mean: int = 4) -> float:
 
 def default_run_figures():
     sigma, plan = one_run(DEFAULT_TRAIN_SIZE)
-    return sigma, plan.sample_rate, plan.steps, run_epsilon(DEFAULT_TRAIN_SIZE), run_epsilon(
-        DEFAULT_TRAIN_SIZE, how="rdp")
+    return (sigma, plan.sampling.sample_rate, plan.sampling.steps, run_epsilon(DEFAULT_TRAIN_SIZE),
+            run_epsilon(DEFAULT_TRAIN_SIZE, how="rdp"))
 
 
 FIGURES = {
@@ -123,8 +123,7 @@ def library_figures():
     figures = []
     for framework in ("torch", "tf", "mindspore"):
         algo = load_asset_module(ALGO_ASSETS[framework] / "algo.py", f"algo_{framework}_dp")
-        (figure,) = algo.FRAMEWORK.library_epsilon(plan, plan.steps, sigma,
-                                                   default_hp().delta).values()
+        (figure,) = algo.FRAMEWORK.library_epsilon(plan, plan.sampling.steps, sigma).values()
         figures.append(figure)
     return figures
 

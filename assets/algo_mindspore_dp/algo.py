@@ -39,10 +39,9 @@ if str(Path(__file__).resolve().parent) not in sys.path:
 
 import networks
 
-from mnist_dp.hyperparameters import Hyperparameters
-from mnist_dp.learning import chunks, functions, interface
+from mnist_dp.learning import chunks, functions, interface, training
 from mnist_dp.privacy import randomness
-from mnist_dp.privacy.planning import SamplingPlan
+from mnist_dp.privacy.task_plan import TaskPlan
 
 HYPERPARAMETERS = Path(__file__).with_name("hyperparameters.json")
 ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
@@ -319,19 +318,19 @@ class MindSporeMindArmour(interface.Framework):
     def network(self, network: interface.Network) -> nn.Cell:
         return networks.build_network(network)
 
-    def optimizer(self, model: nn.Cell, hp: Hyperparameters) -> nn.Cell:
-        optimizer = new_optimizer(model, hp)
-        if hp.ema_decay:  # every step then updates the average too
-            optimizer = AveragingOptimizer(optimizer,
-                                           MovingAverage(model.trainable_params(), hp.ema_decay))
+    def optimizer(self, model: nn.Cell, plan: TaskPlan) -> nn.Cell:
+        optimizer = new_optimizer(model, plan.hp)
+        if plan.hp.ema_decay:  # every step then updates the average too
+            optimizer = AveragingOptimizer(
+                optimizer, MovingAverage(model.trainable_params(), plan.hp.ema_decay))
         return optimizer
 
     def dp_step(self, model: nn.Cell, optimizer: nn.Cell, inputs: np.ndarray, labels: np.ndarray,
-                hp: Hyperparameters, plan: SamplingPlan, step: interface.DpStep):
+                plan: TaskPlan, step: training.DpStep):
         model.set_train(True)
         labels = labels.astype(np.int32)
-        dp_step = make_dp_step(model, optimizer, plan.expected_batch_size,
-                               step.randomness.numpy("gradient noise"), hp.secure_mode,
+        dp_step = make_dp_step(model, optimizer, plan.sampling.expected_batch_size,
+                               step.randomness.numpy("gradient noise"), plan.hp.secure_mode,
                                step.canary_hook)
         rows = data_rows(model, inputs)  # kept in memory as the features, never written
         return lambda batch, max_grad_norm, noise_multiplier: dp_step(
@@ -344,14 +343,15 @@ class MindSporeMindArmour(interface.Framework):
         plain_step = make_plain_step(model, optimizer)
         return lambda batch: plain_step(inputs, labels, batch)
 
-    def end_training(self, model: nn.Cell, optimizer: nn.Cell, hp: Hyperparameters) -> None:
+    def end_training(self, model: nn.Cell, optimizer: nn.Cell, plan: TaskPlan) -> None:
         if isinstance(optimizer, AveragingOptimizer):
             optimizer.average.copy_to()
         model.set_train(False)
 
-    def library_epsilon(self, plan: SamplingPlan, steps: int, sigma: float, delta: float) -> dict:
-        return {"MindArmour RDPMonitor (this run "
-                "only)": mindarmour_epsilon(plan.n, plan.sample_rate, sigma, steps, delta)}
+    def library_epsilon(self, plan: TaskPlan, steps: int, sigma: float) -> dict:
+        sampling = plan.sampling
+        return {"MindArmour RDPMonitor (this run only)": mindarmour_epsilon(
+            sampling.n, sampling.sample_rate, sigma, steps, plan.hp.delta)}
 
     load_model = staticmethod(model_from_bytes)
     dump_model = staticmethod(model_to_bytes)

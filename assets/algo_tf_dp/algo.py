@@ -39,9 +39,8 @@ if str(Path(__file__).resolve().parent) not in sys.path:
 # not networks.py: MindSpore's algo imports its own, and a process may import all three algos
 from tf_networks import build_network, data_grams, make_layer_registry
 
-from mnist_dp.hyperparameters import Hyperparameters
-from mnist_dp.learning import functions, interface
-from mnist_dp.privacy.planning import SamplingPlan
+from mnist_dp.learning import functions, interface, training
+from mnist_dp.privacy.task_plan import TaskPlan
 
 tf.get_logger().setLevel(logging.ERROR)
 HYPERPARAMETERS = Path(__file__).with_name("hyperparameters.json")
@@ -274,15 +273,13 @@ class TensorFlowPrivacy(interface.Framework):
     def network(self, network: interface.Network) -> tf.keras.Model:
         return build_network(network)
 
-    def optimizer(self, model: tf.keras.Model,
-                  hp: Hyperparameters) -> tf.keras.optimizers.Optimizer:
-        return new_optimizer(hp)  # Keras keeps the weight average itself (use_ema)
+    def optimizer(self, model: tf.keras.Model, plan: TaskPlan) -> tf.keras.optimizers.Optimizer:
+        return new_optimizer(plan.hp)  # Keras keeps the weight average itself (use_ema)
 
     def dp_step(self, model: tf.keras.Model, optimizer: tf.keras.optimizers.Optimizer,
-                inputs: np.ndarray, labels: np.ndarray, hp: Hyperparameters, plan: SamplingPlan,
-                step: interface.DpStep):
+                inputs: np.ndarray, labels: np.ndarray, plan: TaskPlan, step: training.DpStep):
         known = data_grams(model, inputs)  # the first layer's patch Grams, if it has them
-        dp_step = make_dp_step(model, optimizer, plan.expected_batch_size,
+        dp_step = make_dp_step(model, optimizer, plan.sampling.expected_batch_size,
                                noise_generator(step.randomness), step.canary_hook,
                                None if known is None else known[0])
 
@@ -301,14 +298,16 @@ class TensorFlowPrivacy(interface.Framework):
         return lambda batch: plain_step(as_input(inputs[batch]), tf.constant(labels[batch]))
 
     def end_training(self, model: tf.keras.Model, optimizer: tf.keras.optimizers.Optimizer,
-                     hp: Hyperparameters) -> None:
-        if hp.ema_decay:
+                     plan: TaskPlan) -> None:
+        if plan.hp.ema_decay:
             # the averaged weights are saved
             optimizer.finalize_variable_values(model.trainable_variables)
 
-    def library_epsilon(self, plan: SamplingPlan, steps: int, sigma: float, delta: float) -> dict:
+    def library_epsilon(self, plan: TaskPlan, steps: int, sigma: float) -> dict:
+        sampling = plan.sampling
         return {"TF Privacy statement, RDP, Poisson (this run only)": tf_privacy_statement_epsilon(
-            plan.n, plan.expected_batch_size, steps / plan.steps_per_epoch, sigma, delta)}
+            sampling.n, sampling.expected_batch_size, steps / sampling.steps_per_epoch, sigma,
+            plan.hp.delta)}
 
     load_model = staticmethod(model_from_bytes)
     dump_model = staticmethod(model_to_bytes)

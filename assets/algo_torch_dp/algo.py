@@ -37,8 +37,8 @@ if str(Path(__file__).resolve().parent) not in sys.path:
 from torch_networks import build_network, conv_weight_norms, data_grams, output_grams, packed_pairs
 
 from mnist_dp.hyperparameters import Hyperparameters
-from mnist_dp.learning import functions, interface
-from mnist_dp.privacy.planning import SamplingPlan
+from mnist_dp.learning import functions, interface, training
+from mnist_dp.privacy.task_plan import TaskPlan
 
 HYPERPARAMETERS = Path(__file__).with_name("hyperparameters.json")
 
@@ -269,17 +269,17 @@ class TorchOpacus(interface.Framework):
     def network(self, network: interface.Network) -> nn.Module:
         return build_network(network)
 
-    def optimizer(self, model: nn.Module, hp: Hyperparameters) -> AveragingOptimizer:
-        return AveragingOptimizer(new_optimizer(model, hp), MovingAverage(model, hp.ema_decay))
+    def optimizer(self, model: nn.Module, plan: TaskPlan) -> AveragingOptimizer:
+        return AveragingOptimizer(new_optimizer(model, plan.hp),
+                                  MovingAverage(model, plan.hp.ema_decay))
 
     def dp_step(self, model: nn.Module, optimizer: AveragingOptimizer, inputs: np.ndarray,
-                labels: np.ndarray, hp: Hyperparameters, plan: SamplingPlan,
-                step: interface.DpStep):
+                labels: np.ndarray, plan: TaskPlan, step: training.DpStep):
         x, y = as_tensor(inputs), torch.from_numpy(labels)  # each batch is widened to float32 alone
         known = data_grams(model, inputs)  # the first layer's patch Grams, if it has them
-        dp_step = make_dp_step(model, optimizer.inner, plan.expected_batch_size,
-                               secure_generator(hp.secure_mode, step.randomness), hp.secure_mode,
-                               step.canary_hook)
+        secure = plan.hp.secure_mode
+        dp_step = make_dp_step(model, optimizer.inner, plan.sampling.expected_batch_size,
+                               secure_generator(secure, step.randomness), secure, step.canary_hook)
         model.train()
 
         def one_step(batch: np.ndarray, max_grad_norm: float, noise_multiplier: float) -> int:
@@ -305,19 +305,19 @@ class TorchOpacus(interface.Framework):
         return one_step
 
     def end_training(self, model: nn.Module, optimizer: AveragingOptimizer,
-                     hp: Hyperparameters) -> None:
+                     plan: TaskPlan) -> None:
         optimizer.average.copy_to(model)
 
-    def library_epsilon(self, plan: SamplingPlan, steps: int, sigma: float, delta: float) -> dict:
+    def library_epsilon(self, plan: TaskPlan, steps: int, sigma: float) -> dict:
         from opacus.accountants import PRVAccountant
 
         accountant = PRVAccountant()
         # as its optimizer hook records constant steps
-        accountant.history = [(sigma, plan.sample_rate, steps)]
+        accountant.history = [(sigma, plan.sampling.sample_rate, steps)]
         # its RDP domain bound warns ("Optimal order is the largest alpha")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return {"Opacus PRV (this run only)": accountant.get_epsilon(delta)}
+            return {"Opacus PRV (this run only)": accountant.get_epsilon(plan.hp.delta)}
 
     load_model = staticmethod(model_from_bytes)
     dump_model = staticmethod(model_to_bytes)

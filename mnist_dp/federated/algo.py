@@ -39,7 +39,7 @@ from mnist_dp.federated.strategy import LedgerSharedState, received_ledger
 from mnist_dp.hyperparameters import Hyperparameters
 from mnist_dp.learning import model_io, skeleton
 from mnist_dp.learning.interface import Framework, Network
-from mnist_dp.privacy import data_ledger, model_file, planning, provenance
+from mnist_dp.privacy import data_ledger, model_file, preflight, provenance
 from mnist_dp.privacy.ledger import Ledger
 from mnist_dp.utils import atomic, json_input
 from mnist_dp.utils.errors import UserError
@@ -93,7 +93,7 @@ class DpTraining:
         self.ledger = Ledger()
         # substrafl train tasks run at this organisation, the last one included
         self.train_tasks = 0
-        # the model file metadata of the last run (skeleton.run_settings); None: untrained
+        # the model file metadata of the last run (TaskPlan.metadata); None: untrained
         self.settings = None
         # the identities of this organisation's training data samples (its own ε)
         self.own_data = ()
@@ -113,8 +113,7 @@ class DpTraining:
         """One train task's work on `self.model` (in place) with the opener's `data`: a local
         training, or nothing in FedAvg's last task (its update is never averaged); returns the
         examples."""
-        plan = skeleton.check_data(self.framework, data, self.hp,
-                                   f"{self.framework_name} algo's hyperparameters")
+        n = len(data["labels"])
         if self.train_tasks > self.rounds:
             raise UserError(f"this {self.framework_name} algo's σ was calibrated for rounds = "
                             f"{self.rounds} (substrafl's FedAvg runs {self.rounds + 1} train tasks "
@@ -124,19 +123,20 @@ class DpTraining:
         if self.train_tasks == self.rounds + 1:
             skeleton.log.info("FedAvg's last train task: its update is never averaged, so nothing "
                               "is trained and no privacy is spent")
-            return plan.n
-        hp = self._hyperparameters_for_rounds(plan.n)
+            return n
+        hp = self._hyperparameters_for_rounds(n)
         with data_ledger.held(skeleton.sample_folders(data)) as spent:
-            run, ran = skeleton.train_in_memory(
-                self.framework, self.model, self.ledger, data, hp, plan,
+            plan, ran = skeleton.train_in_memory(
+                self.framework, self.model, self.ledger, data, hp,
+                f"{self.framework_name} algo's hyperparameters",
                 provenance.running_code(Path.cwd(), "substrafl train"),
                 "nothing was sent; lower learning_rate or max_grad_norm", through, spent=spent,
                 continuing=self.train_tasks > 1)
         if ran is None:  # no budget stops a run without max_epsilon, refused above
             raise RuntimeError(f"{self.framework_name}: a run without max_epsilon trained no step")
-        self.settings = skeleton.run_settings(run.hp, run.sigma, run.plan)
+        self.settings = plan.metadata()
         self.own_data = tuple(sample["identity"] for sample in data["samples"])
-        return plan.n
+        return n
 
     def _receive(self, shared_state) -> None:
         """Keep the aggregator's merged ledger (none in the first round): the global model's runs,
@@ -151,10 +151,10 @@ class DpTraining:
 
     def _hyperparameters_for_rounds(self, n: int) -> Hyperparameters:
         """The hyperparameters with σ fixed for every run of this organisation
-        (planning.noise_for_rounds): calibrated by its first train task, then read from the local
+        (preflight.noise_for_rounds): calibrated by its first train task, then read from the local
         state (the same σ, without the accountant's search)."""
         if self.settings is None:
-            return planning.noise_for_rounds(self.hp, [n], self.rounds)
+            return preflight.noise_for_rounds(self.hp, [n], self.rounds)
         return hyperparameters.parse({**self.hp.to_json(),
                                       "noise_multiplier": self.settings["noise_multiplier"],
                               "target_epsilon": None}, "local state") if self.hp.dp else self.hp

@@ -39,7 +39,7 @@ class OpenerDataset(torch.utils.data.Dataset):
 
 
 class PoissonIndexGenerator(BaseIndexGenerator):
-    """substrafl's index generator fed with the run's batches (skeleton.sampled_batches: Poisson
+    """substrafl's index generator fed with the run's batches (training.sampled_batches: Poisson
     sampling with rate q, or shuffled batches without DP): its number of updates is the run's steps,
     which TorchFedAvgAlgo checks after training. It draws nothing itself."""
 
@@ -49,7 +49,7 @@ class PoissonIndexGenerator(BaseIndexGenerator):
         self._batches = iter(())
 
     def feed(self, batches, plan):
-        """skeleton.fit's `through`: this run's batches, every one of them handed on unchanged."""
+        """training.fit's `through`: this run's batches, every one of them handed on unchanged."""
         self._num_updates, self._batches = plan.steps, batches
         # E[B]: only TorchAlgo's predict would read it
         self._batch_size = max(1, round(plan.expected_batch_size))

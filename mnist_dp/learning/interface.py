@@ -1,11 +1,10 @@
-"""What an algo asset supplies, a `Framework`, and what passes between it and the skeleton
-(skeleton.py): the `Network` it builds, the `DpStep` each of its steps applies (noise schedule,
-clipping norm, randomness), and the `Ran` it reports back. An asset holds framework code only;
-everything else is the skeleton's.
+"""What an algo asset supplies, a `Framework`, and what passes between it and the shared code
+(skeleton.py, training.py): the `Network` it builds and the `Ran` it reports back; the settings
+each of its DP steps applies are training.DpStep. An asset holds framework code only; everything
+else is shared.
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -14,11 +13,8 @@ import numpy as np
 from mnist_dp.hyperparameters import Hyperparameters
 from mnist_dp.learning import features as feature_maps
 from mnist_dp.learning import initial_weights
-from mnist_dp.privacy import planning
-from mnist_dp.privacy.events import NoiseSchedule
 from mnist_dp.privacy.model_file import ModelFile
-from mnist_dp.privacy.planning import SamplingPlan
-from mnist_dp.privacy.randomness import RunRandomness, standard_normal
+from mnist_dp.privacy.task_plan import TaskPlan
 
 # The network's input normalisation (MNIST's pixel mean and std), the first layer
 # of every framework's CNN.
@@ -69,17 +65,17 @@ class Network:
 @dataclass
 class Ran:
     """What a training run really ran: the batch size of every step taken and the library's ε
-    (skeleton.train_steps), σ, the clipping unit and the noise's source (skeleton.fit); the ledger's
-    event is made from it (planning.run_event)."""
+    (training.train_steps), σ, the clipping unit and the noise's source (training.fit); the ledger's
+    event is made from it (TaskPlan.event)."""
 
     batch_sizes: list  # examples in each step really taken: one entry per step
     # the DP library's own ε for this run, for comparison
     library_epsilon: dict = field(default_factory=dict)
-    # the effective σ per example (0 without DP): skeleton.fit's
+    # the effective σ per example (0 without DP): training.fit's
     noise_multiplier: float | None = None
-    # the clipping unit (events.PER_EXAMPLE, or NO_CLIPPING without DP): skeleton.fit's
+    # the clipping unit (events.PER_EXAMPLE, or NO_CLIPPING without DP): training.fit's
     clipping: str | None = None
-    # batches and noise from noise_seed (randomness.py): skeleton.fit's
+    # batches and noise from noise_seed (randomness.py): training.fit's
     replayable_noise: bool = False
 
     @property
@@ -94,11 +90,12 @@ EpochCallback = Callable[[int], str]
 
 class Framework:
     """What an algo asset fills in: a subclass with the same hooks (HOOKS), of the same signatures,
-    in every framework; `new_model` is made from them, once for all. The skeleton (skeleton.py)
-    calls the hooks and owns everything else: the batches, σ and the clipping norm of each step, the
-    loop over the steps, when the weight average takes the model's place, whether a library's ε is
-    asked, and the ledger. `model` is the framework's network object; `optimizer` what its
-    `optimizer` hook returned.
+    in every framework; `new_model` is made from them, once for all. The shared training run
+    (training.py) calls the hooks and owns everything else: the batches, σ and the clipping norm of
+    each step, the loop over the steps, when the weight average takes the model's place, whether a
+    library's ε is asked, and the ledger. `model` is the framework's network object; `optimizer`
+    what its `optimizer` hook returned; `plan` the run's TaskPlan (privacy/task_plan.py), whose
+    `hp` holds the training settings and `sampling` the sampling plan.
 
     A fourth framework is one asset whose algo.py fills these hooks, for example::
 
@@ -106,13 +103,13 @@ class Framework:
             name = "jax"
 
             def network(self, network): return build(network)
-            def optimizer(self, model, hp): return optax_with_average(hp)
-            def dp_step(self, model, optimizer, inputs, labels, hp, plan, step):
+            def optimizer(self, model, plan): return optax_with_average(plan.hp)
+            def dp_step(self, model, optimizer, inputs, labels, plan, step):
                 return lambda batch, clip, sigma: clip_noise_and_apply(
                     model, optimizer, inputs[batch], ...)
             def plain_step(self, model, optimizer, inputs, labels): ...
-            def end_training(self, model, optimizer, hp): ...
-            def library_epsilon(self, plan, steps, sigma, delta): return {}
+            def end_training(self, model, optimizer, plan): ...
+            def library_epsilon(self, plan, steps, sigma): return {}
             def load_model(self, weights, network): ...
             def dump_model(self, model): ...
             def weight_arrays(self, model): ...
@@ -128,14 +125,14 @@ class Framework:
         weights)."""
         raise NotImplementedError
 
-    # 2. Training: the skeleton's train_steps calls these, in this order.
-    def optimizer(self, model, hp: Hyperparameters):
-        """hp's optimizer (SGD with momentum, or Adam, at hp.learning_rate) over `model`'s weights,
-        keeping after every step hp.ema_decay's moving average of them (none at 0)."""
+    # 2. Training: training.train_steps calls these, in this order.
+    def optimizer(self, model, plan: TaskPlan):
+        """plan.hp's optimizer (SGD with momentum, or Adam, at its learning_rate) over `model`'s
+        weights, keeping after every step its ema_decay's moving average of them (none at 0)."""
         raise NotImplementedError
 
-    def dp_step(self, model, optimizer, inputs: np.ndarray, labels: np.ndarray, hp: Hyperparameters,
-                plan: SamplingPlan, step: DpStep) -> Callable[[np.ndarray, float, float], int]:
+    def dp_step(self, model, optimizer, inputs: np.ndarray, labels: np.ndarray, plan: TaskPlan,
+                step) -> Callable[[np.ndarray, float, float], int]:
         """The DP-SGD step.
 
         Args:
@@ -143,16 +140,16 @@ class Framework:
           optimizer: what the `optimizer` hook returned.
           inputs: the network's inputs [n, ...].
           labels: the labels [n].
-          hp: the hyperparameters (secure_mode).
-          plan: the sampling plan (its expected batch size divides the noisy sum).
-          step: the mechanism's settings: the "gradient noise" stream of step.randomness, and
-            step.canaries, passed the clipped sum before the noise when set.
+          plan: the run's plan: plan.hp.secure_mode, and plan.sampling's expected batch size,
+            which divides the noisy sum.
+          step: the mechanism's settings (training.DpStep): the "gradient noise" stream of
+            step.randomness, and step.canaries, passed the clipped sum before the noise when set.
 
         Returns:
           A function of (batch, C, σ): `batch` the indices of one Poisson batch (maybe none), C
           the clipping norm, σ the noise multiplier. It clips each example's gradient to C, sums
-          them, adds N(0, σ²C²), divides by plan.expected_batch_size, applies `optimizer`, and
-          returns how many examples had a gradient norm ≤ C.
+          them, adds N(0, σ²C²), divides by plan.sampling.expected_batch_size, applies
+          `optimizer`, and returns how many examples had a gradient norm ≤ C.
         """
         raise NotImplementedError
 
@@ -162,23 +159,22 @@ class Framework:
         mean-loss gradient."""
         raise NotImplementedError
 
-    def end_training(self, model, optimizer, hp: Hyperparameters) -> None:
-        """After the last step: the weight average (hp.ema_decay) takes the weights' place in
+    def end_training(self, model, optimizer, plan: TaskPlan) -> None:
+        """After the last step: the weight average (plan.hp.ema_decay) takes the weights' place in
         `model`."""
         raise NotImplementedError
 
-    def library_epsilon(self, plan: SamplingPlan, steps: int, sigma: float, delta: float) -> dict:
+    def library_epsilon(self, plan: TaskPlan, steps: int, sigma: float) -> dict:
         """The DP library's own ε, shown beside ours for comparison (the skeleton asks only where a
         library can account the run).
 
         Args:
-          plan: the run's sampling plan (n, q).
+          plan: the run's plan: its sampling plan (n, q) and plan.hp.delta.
           steps: the steps the run took.
           sigma: its constant noise multiplier.
-          delta: δ.
 
         Returns:
-          {name of the library's accountant: ε at `delta`}.
+          {name of the library's accountant: ε at plan.hp.delta}.
         """
         raise NotImplementedError
 
@@ -235,73 +231,3 @@ def check_shapes(arrays: list, shapes: list) -> None:
 def flat_weights(framework: Framework, model) -> np.ndarray:
     """All weights in one vector (the mechanism tests measure updates with it)."""
     return np.concatenate([a.ravel() for a in framework.weight_arrays(model)])
-
-
-@dataclass
-class DpStep:
-    """What the privacy mechanism of every step uses, as the skeleton decided it. Step t (0-based)
-    adds Gaussian noise of std noise.gradient_sigma(t) · clip.value to the sum of the examples'
-    gradients clipped to clip.value, drawn from the run's "gradient noise" stream (a generator whose
-    whole state comes from randomness), divides by plan.expected_batch_size, and then reports its
-    count of unclipped examples to clip.update (adaptive clipping; a no-op otherwise). Without DP: σ
-    = 0 and nothing is clipped.
-
-    `canaries`: the benchmarks' only: the white-box audit's (mnist_dp/privacy/audit.py,
-    benchmarks/audit.py --white-box) and benchmarks/same_noise.py's shared noise; the skeleton's
-    `train` never sets it. When set, a framework passes each step's clipped sum through
-    `with_canaries` between the clipping and the noise."""
-
-    noise: NoiseSchedule
-    clip: ClipNorm
-    randomness: RunRandomness
-    canaries: object | None = None  # an audit.DiracCanaries
-
-    def with_canaries(self, clipped_sum: list) -> list:
-        """This step's clipped sum (numpy arrays in the order of the framework's `weight_arrays`)
-        with the audit's canaries added, before the noise."""
-        return self.canaries.before_noise(clipped_sum, self.clip.value)
-
-    @property
-    def canary_hook(self):
-        """`with_canaries` when the audit set canaries, else None: what a framework's make_dp_step
-        takes."""
-        return self.with_canaries if self.canaries is not None else None
-
-    @property
-    def library_can_account(self) -> bool:
-        """Whether a DP library's own accountant can account this run, for comparison with ours: a
-        constant σ > 0 and no count noise (none knows a schedule or adaptive clipping's count; none
-        has an ε without noise)."""
-        noise = self.noise
-        return noise.sigma > 0 and not noise.decay_steps and not noise.count_noise_multiplier
-
-
-class ClipNorm:
-    """The clipping norm C of every step: max_grad_norm throughout, or with clip_quantile adaptive
-    clipping (Andrew et al. 2021, as Opacus' AdaClipDPOptimizer and TF Privacy's quantile-adaptive
-    query): after each step C ← C · exp(-rate · (b̃ - quantile)), b̃ the noisy fraction of the batch
-    whose gradient norm was at most C. The count is released with noise N(0, s²) on Σ_i (1[‖g_i‖ ≤
-    C] - 1/2), sensitivity 1/2, which the ledger's count_noise_multiplier = 2s accounts for; its
-    noise is drawn here, for every framework."""
-
-    def __init__(self, hp: Hyperparameters, plan: SamplingPlan, randomness: RunRandomness):
-        self.value = float(hp.max_grad_norm)
-        self.adaptive = hp.dp and hp.clip_quantile is not None
-        self.quantile, self.rate = hp.clip_quantile, hp.clip_learning_rate
-        self.stddev = planning.count_stddev(hp, plan)
-        self.expected_batch_size = plan.expected_batch_size
-        self.rng = randomness.numpy("count noise")
-        self.secure = hp.secure_mode
-
-    def count_noise(self) -> float:
-        """One draw of N(0, s²), as Opacus' secure_mode draws the noise when secure_mode is on."""
-        return float(self.stddev * standard_normal(self.rng, secure=self.secure))
-
-    def update(self, unclipped: int, batch_size: int) -> None:
-        """After a step on `batch_size` examples of which `unclipped` had a gradient norm ≤ C."""
-        if not self.adaptive:
-            return
-        noisy = unclipped - batch_size / 2 + self.count_noise()
-        # the expected, not the realised, batch size
-        fraction = noisy / self.expected_batch_size + 0.5
-        self.value *= math.exp(-self.rate * (fraction - self.quantile))

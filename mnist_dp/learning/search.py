@@ -1,6 +1,6 @@
 """A private hyperparameter search, run (Papernot & Steinke 2022): K candidates, K drawn at random
 and never released; each draws its hyperparameters from the search space, trains from scratch with
-the skeleton's `fit` (the train task's DP-SGD run) on the examples outside the validation split, and
+`training.fit` (the train task's DP-SGD run) on the examples outside the validation split, and
 is scored by its noisy count of correct predictions on the examples inside it. Only the best
 candidate leaves: its model, with a ledger whose one event is the whole search (privacy/search.py);
 the other candidates' weights and every score stay in this process.
@@ -20,15 +20,14 @@ from pathlib import Path
 import numpy as np
 
 from mnist_dp import hyperparameters, search_space
-from mnist_dp.hyperparameters import Hyperparameters
 from mnist_dp.learning import features as feature_maps
-from mnist_dp.learning import model_io, skeleton
+from mnist_dp.learning import model_io, skeleton, training
 from mnist_dp.learning.interface import Framework, Network, Ran
 from mnist_dp.privacy import data_ledger, model_file, provenance, statement
 from mnist_dp.privacy.ledger import Ledger
-from mnist_dp.privacy.planning import SamplingPlan
 from mnist_dp.privacy.randomness import RunRandomness
 from mnist_dp.privacy.search import SearchPlan, draw_count, plan_search, validation_split
+from mnist_dp.privacy.task_plan import TaskPlan
 from mnist_dp.utils.errors import UserError
 
 log = logging.getLogger("substratools.mnist_dp")
@@ -36,12 +35,11 @@ log = logging.getLogger("substratools.mnist_dp")
 
 @dataclass
 class Searched:
-    """What a search released (the best candidate: its model, hyperparameters, sampling plan and
-    run), and, for benchmarks only, what it did not: how many candidates it trained."""
+    """What a search released (the best candidate: its model, its plan and what it ran), and, for
+    benchmarks only, what it did not: how many candidates it trained."""
 
     model: object
-    hp: Hyperparameters
-    plan: SamplingPlan
+    plan: TaskPlan
     ran: Ran
     candidates: int  # K: never logged, saved or returned by a task
     seconds: float
@@ -66,18 +64,17 @@ def run_search(framework: Framework, images: np.ndarray, labels: np.ndarray, hel
     with silenced():
         for index in range(count):
             hp = search.search.draw(search.base, rng)
-            plan, sigma = search.candidate(hp, where)
+            plan = search.candidate(framework.name, hp, where)
             model = framework.new_model(hp.seed, Network.of(hp))
-            ran = skeleton.fit(framework, model, None, train_y, hp, plan, sigma, lambda steps: "",
-                               randomness.candidate(index), inputs=inputs[hp.features][0],
-                               progress=False)
+            ran = training.fit(framework, model, inputs[hp.features][0], train_y, plan,
+                               randomness.candidate(index), progress=False)
             score = noisy_count(correct(framework, model, inputs[hp.features][1], validation_y),
                                 search.score_noise_multiplier, score_noise)
             # a diverged candidate never wins (a function of its output)
             if model_io.non_finite(framework, model)[0]:
                 score = -np.inf
             if best is None or score > best_score:
-                best, best_score = Searched(model, hp, plan, ran, count, 0.0), score
+                best, best_score = Searched(model, plan, ran, count, 0.0), score
     if best is None:
         return None
     best.seconds = time.perf_counter() - start
@@ -93,7 +90,7 @@ def _no_run_time(record: logging.LogRecord) -> bool:
 def silenced():
     """No log record and no Python warning while the candidates train: their number is K, which is
     secret (a library's warning may come from some candidates only). What a run warns about is said
-    once before (skeleton.say_notices); progress bars are off (skeleton.fit's `progress`)."""
+    once before (training.say_notices); progress bars are off (training.fit's `progress`)."""
     logging.disable(logging.CRITICAL)
     try:
         with warnings.catch_warnings():
@@ -111,8 +108,7 @@ def released_ledger(framework: Framework, data: dict, plan: SearchPlan, searched
     memory)."""
     ledger = Ledger()
     identities = ledger.add_samples(data["samples"])
-    ledger.add(plan.event(framework.name, identities, searched.hp, searched.plan, searched.ran,
-                          code))
+    ledger.add(plan.event(searched.plan, identities, searched.ran, code))
     return ledger
 
 
@@ -148,7 +144,7 @@ def tune(framework: Framework, inputs: dict, outputs: dict, hyperparameters_path
     randomness = RunRandomness.for_run(base.noise_seed, 0,
                                        tuple(s["identity"] for s in data["samples"]))
     # the candidates' too (the space searches no such key)
-    skeleton.say_notices(framework, base, randomness)
+    training.say_notices(framework, base, randomness)
     searched = run_search(framework, data["images"], data["labels"], held_out, plan, randomness,
                           where)
     if searched is None:
@@ -165,12 +161,12 @@ def tune(framework: Framework, inputs: dict, outputs: dict, hyperparameters_path
         spent.pass_on(outputs.get("ledger"))
         # for the data's figure below: the organisation's other keys' runs too
         spent.ledger.link(data["samples"])
-    settings = skeleton.run_settings(searched.hp, searched.ran.noise_multiplier, searched.plan)
     model_file.save(outputs["model"],
                     model_file.ModelFile(framework.name, framework.dump_model(searched.model),
-                                                           ledger, settings))
+                                         ledger, searched.plan.metadata()))
     summary = statement.privacy_summary(ledger, base.delta)
     model_io.save_epsilon(outputs["epsilon"], summary["epsilon"])
     log.info("search: released the best candidate: %s", statement.describe(summary))
-    skeleton.log_data_epsilon(spent.ledger, ledger.events[-1].data, base.delta)
+    if spent.ledger.events:
+        log.info("%s", statement.data_spent(spent.ledger, ledger.events[-1].data, base.delta))
     return summary

@@ -4,7 +4,7 @@ PLD is the reported figure, RDP is shown beside it. Steps of equal (q, σ), whic
 are composed as one self-composition. A private hyperparameter search (events.Search) is composed by
 RDP, the only accountant that composes a repeated selection: an account that holds one is composed
 by RDP as a whole. Mathematics only: a target no σ meets is a NoSigma carrying its numbers, which
-the callers that know the hyperparameters (planning.py) put in a user's words.
+the callers that know the hyperparameters (task_plan.py) put in a user's words.
 """
 from __future__ import annotations
 
@@ -138,9 +138,15 @@ def steps_within_budget(prior_events: Sequence[DpEvent], next_run: DpEvent, delt
       The most steps of `next_run` after `prior_events` that keep ε within `max_epsilon`; 0 when
       even one step would exceed it.
     """
-    def fits(steps: int) -> bool:
-        return compose_epsilon([*prior_events, dataclasses.replace(next_run, steps=steps)],
-                               delta) <= max_epsilon
+    if not all(e.is_private for e in [*prior_events, next_run]):
+        return 0  # ε is infinite after any step
+    prior = [segment for e in prior_events if e.search is None for segment in e.segments()]
+    run, searches = next_run.schedule(), _searches(prior_events)
+
+    def fits(steps: int) -> bool:  # as compose_epsilon composes the run cut to `steps`
+        segments = prior + [(next_run.sample_rate, sigma, count)
+                            for sigma, count in run.segments(steps)]
+        return _epsilon(_counts(segments), delta, REPORTED_ACCOUNTANT, searches) <= max_epsilon
 
     if fits(next_run.steps):
         return next_run.steps
@@ -155,7 +161,7 @@ def steps_within_budget(prior_events: Sequence[DpEvent], next_run: DpEvent, delt
 class NoSigma(Exception):
     """No σ up to MAX_NOISE_MULTIPLIER meets the target: each subclass says why, with the numbers
     that show it. Words for the user come from the caller, who knows which setting to change
-    (planning.py)."""
+    (task_plan.py)."""
 
     def __str__(self) -> str:
         return repr(self)

@@ -128,7 +128,7 @@ class DiracCanaries:
     Under Poisson sampling which examples joined is the mechanism's secret, so the canaries accept
     only q = 1.
 
-    `noise_scale` is the audit's broken mechanism: below 1, skeleton.fit has the steps add that
+    `noise_scale` is the audit's broken mechanism: below 1, training.fit has the steps add that
     fraction of the noise while the ledger still claims σ. Nothing but benchmarks/audit.py and its
     tests builds this object."""
 

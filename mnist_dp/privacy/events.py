@@ -191,7 +191,7 @@ class DpEvent:
                             f"blocks of ceil(planned_steps / {NOISE_STAGES}) = "
                             f"{math.ceil(self.planned_steps / NOISE_STAGES)}")
         if self.is_private and self.schedule().smallest(self.steps) < MIN_NOISE_MULTIPLIER:
-            # No task trains so (planning.check_noise), and the accountant
+            # No task trains so (task_plan.check_noise), and the accountant
             # could run for hours on it.
             problems.append(f"a step's noise multiplier {self.schedule().smallest(self.steps):.3g} "
                             f"is below {MIN_NOISE_MULTIPLIER}, the least a train task allows")
@@ -200,6 +200,15 @@ class DpEvent:
         if problems:
             raise UserError(f"privacy ledger event ({self.framework}) is inconsistent: "
                             f"{'; '.join(problems)}")
+
+    @classmethod
+    def of_run(cls, framework: str, data: tuple, n: int, sample_rate: float,
+               schedule: NoiseSchedule, steps: int, clipping: str,
+               max_grad_norm: float) -> DpEvent:
+        """The event of a run's first `steps` steps at the noise of `schedule`."""
+        return cls(framework, data, n, sample_rate, schedule.sigma, steps, clipping, max_grad_norm,
+                   noise_decay=schedule.noise_decay, decay_steps=schedule.decay_steps,
+                   count_noise_multiplier=schedule.count_noise_multiplier)
 
     def segments(self) -> list:
         """[(q, effective σ, steps)] of the steps this run really ran, as the accountant composes
@@ -222,13 +231,6 @@ def new_run_id() -> str:
     """A training run's id: random, so two runs never share one (equal settings on equal data
     included)."""
     return uuid.uuid4().hex
-
-
-def count_stddev(clip_count_stddev: float | None, expected_batch_size: float) -> float:
-    """Adaptive clipping: the std of the noise on the count of unclipped examples (E[B] / 20 unless
-    given, Andrew et al. 2021); the ledger's count_noise_multiplier is twice it (the count's
-    sensitivity is 1/2)."""
-    return clip_count_stddev if clip_count_stddev is not None else expected_batch_size / 20
 
 
 def combined_noise_multiplier(gradient: float, count: float) -> float:

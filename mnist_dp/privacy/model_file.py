@@ -20,9 +20,8 @@ import zipfile
 from dataclasses import dataclass, field
 
 from mnist_dp import hyperparameters
-from mnist_dp.privacy.events import count_stddev
 from mnist_dp.privacy.ledger import Ledger
-from mnist_dp.privacy.planning import check_delta
+from mnist_dp.privacy.task_plan import check_delta, count_stddev
 from mnist_dp.utils import atomic, json_input
 from mnist_dp.utils.errors import UserError
 

@@ -19,9 +19,9 @@ from dp_accounting.rdp import rdp_privacy_accountant
 
 from mnist_dp import search_space
 from mnist_dp.hyperparameters import Hyperparameters
-from mnist_dp.privacy import accountant, planning
+from mnist_dp.privacy import accountant, refusals, task_plan
 from mnist_dp.privacy.events import Candidate, DpEvent, Search, validation_mask
-from mnist_dp.privacy.planning import SamplingPlan
+from mnist_dp.privacy.task_plan import SamplingPlan, TaskPlan
 from mnist_dp.search_space import SearchSpace
 from mnist_dp.utils.errors import UserError
 
@@ -31,7 +31,7 @@ log = logging.getLogger("substratools.mnist_dp")
 def profile(hp: Hyperparameters, plan: SamplingPlan) -> tuple:
     """What decides a candidate's DP event besides σ: (q, planned steps, its noise schedule at σ =
     1)."""
-    return plan.sample_rate, plan.planned_steps, planning.noise_schedule(hp, plan, 1.0)
+    return plan.sample_rate, plan.planned_steps, task_plan.noise_schedule(hp, plan, 1.0)
 
 
 @dataclass(frozen=True)
@@ -51,15 +51,14 @@ class SearchPlan:
     def trained_n(self) -> int:
         return self.n - self.validation_n
 
-    def candidate(self, hp: Hyperparameters, where: str) -> tuple:
-        """(SamplingPlan, σ) of a candidate drawn with hyperparameters `hp`."""
-        plan = SamplingPlan.from_hyperparameters(self.trained_n, hp, where)
-        return plan, self.sigmas[profile(hp, plan)]
+    def candidate(self, framework: str, hp: Hyperparameters, where: str) -> TaskPlan:
+        """The plan of a `framework` candidate drawn with hyperparameters `hp`: its run on the
+        training examples at the σ of its profile."""
+        sampling = SamplingPlan.from_hyperparameters(self.trained_n, hp, where)
+        return TaskPlan.of(framework, hp, sampling, self.sigmas[profile(hp, sampling)])
 
-    def event(self, framework: str, data: tuple, hp: Hyperparameters, plan: SamplingPlan, ran,
-              code: dict | None
-              ) -> DpEvent:
-        """The ledger event of the released candidate (`hp`, `plan`, what it `ran`) on the samples
+    def event(self, plan: TaskPlan, data: tuple, ran, code: dict | None) -> DpEvent:
+        """The ledger event of the released candidate (its `plan`, what it `ran`) on the samples
         `data`: its run on the training examples, with the whole search it won (events.Search)."""
         candidates = tuple(sorted({Candidate.of(q, steps, schedule.with_sigma(sigma))
                                    for (q, steps, schedule), sigma in self.sigmas.items()},
@@ -67,8 +66,7 @@ class SearchPlan:
         search = Search(self.search.mean, self.search.shape, candidates,
                         self.score_noise_multiplier, self.search.validation_permille,
                         self.validation_n)
-        run = planning.run_event(framework, data, hp, plan, ran.noise_multiplier, ran.steps,
-                                 ran=ran, code=code)
+        run = dataclasses.replace(plan, identities=data).event(ran, code)
         return dataclasses.replace(run, n=self.n, search=search)
 
 
@@ -116,7 +114,7 @@ def plan_search(framework: str, base: Hyperparameters, search: SearchSpace, n: i
     they register anything, ask it): σ of every profile so that the training examples' ε ends at
     base.target_epsilon, and the score's noise so that the validation examples' does."""
     # the released model's own check: the whole n
-    planning.check_delta(base.delta, n, where=f"{where}: delta")
+    task_plan.check_delta(base.delta, n, where=f"{where}: delta")
     profiles = search_space.check_with(search, base, where)
     if validation_n == 0 or validation_n == n:
         raise UserError(f"{where}: validation_fraction = {search.validation_fraction:g} holds out "
@@ -124,7 +122,7 @@ def plan_search(framework: str, base: Hyperparameters, search: SearchSpace, n: i
                         "sides: change validation_fraction")
     distinct = {}
     for hp in profiles:
-        plan = planning.check_run(framework, hp, n - validation_n, where)
+        plan = task_plan.check_run(framework, hp, n - validation_n, where)
         distinct.setdefault(profile(hp, plan), (hp, plan))
     target, delta = base.target_epsilon, base.delta
     try:
@@ -134,8 +132,8 @@ def plan_search(framework: str, base: Hyperparameters, search: SearchSpace, n: i
     except accountant.NoSigma as exc:
         hp, plan = max(distinct.values(),
                        key=lambda pair: pair[1].planned_steps * pair[1].sample_rate)
-        raise planning.refused(exc, hp, plan, f"{where} (a search of {search.mean:g} candidates on "
-                                              "average)") from None
+        raise refusals.refused(exc, hp, plan, f"{where} (a search of {search.mean:g} candidates "
+                                              "on average)") from None
     log.info("search: calibrated noise_multiplier %s for a total epsilon of %.3g at delta %.1e "
              "(score noise %.3g)", ", ".join(f"{s:.4f}" for s in sigmas), target, delta, score)
     return SearchPlan(search, base, n, validation_n, dict(zip(distinct, sigmas)), score)

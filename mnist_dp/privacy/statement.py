@@ -281,6 +281,13 @@ def privacy_summary(ledger: Ledger, delta: float) -> dict:
     }
 
 
+def data_spent(spent: Ledger, identities: tuple, delta: float) -> str:
+    """What a task's data (its samples' keyed `identities`) has spent over every run its own ledger
+    `spent` records (data_ledger.py), in a line."""
+    return (f"this data's own ledger: {len(spent.events)} run(s) released from it, ε = "
+            f"{spent.epsilon(delta, data=identities):.3f} at δ = {delta:g} over all of them")
+
+
 def describe(summary: dict) -> str:
     """A privacy_summary in one line, with the DP library's own ε where the task added it."""
     text = (f"ε = {summary['epsilon']:.3f} at δ = {summary['delta']:g} ({summary['accountant']}; "

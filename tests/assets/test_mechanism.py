@@ -1,4 +1,4 @@
-"""The DP-SGD mechanism of every framework, measured on its real training steps (skeleton.fit, or
+"""The DP-SGD mechanism of every framework, measured on its real training steps (training.fit, or
 the framework's own `fit` with the weights read between steps).
 
 Learning rate 1 and no momentum: a step moves the weights by exactly -(sum of clipped per-example
@@ -15,9 +15,9 @@ from scipy import stats
 
 from mnist_dp import hyperparameters
 from mnist_dp.assets import load_asset_module
-from mnist_dp.learning import interface, model_io, skeleton
-from mnist_dp.privacy import planning
+from mnist_dp.learning import interface, model_io, training
 from mnist_dp.privacy.randomness import RunRandomness
+from mnist_dp.privacy.task_plan import SamplingPlan, TaskPlan
 from mnist_dp.utils.errors import UserError
 
 C = 1.0
@@ -89,11 +89,18 @@ def fit(case, images, labels, sigma, dp=True, noise_seed=0, epochs=1, batch_size
         secure_mode=False):
     hp = make_hp(epochs=epochs, batch_size=batch_size or len(labels), noise_seed=noise_seed, dp=dp,
                  secure_mode=secure_mode, **dataclasses.asdict(case.network))
-    plan = planning.SamplingPlan.from_hyperparameters(len(labels), hp, "test")
+    plan = plan_of(case.name, hp, len(labels), sigma)
     model = case.algo.new_model(0, case.network)
     before = interface.flat_weights(case.algo, model)
-    ran = skeleton.fit(case.algo, model, images, labels, hp, plan, sigma, lambda steps: "")
+    ran = training.fit(case.algo, model, case.network.inputs(images), labels, plan,
+                       RunRandomness.for_run(hp.noise_seed))
     return before - interface.flat_weights(case.algo, model), ran  # = lr × the update applied
+
+
+def plan_of(framework, hp, n, sigma=1.0, identities=()):
+    """The plan of a run of `hp` on `n` examples at gradient noise `sigma`."""
+    return TaskPlan.of(framework, hp, SamplingPlan.from_hyperparameters(n, hp, "test"), sigma,
+                       identities)
 
 
 def wrong_labels(case, images):
@@ -168,7 +175,7 @@ def test_noise_is_divided_by_the_expected_batch_size_not_the_realised_one(framew
     n, sigma = 16, 2.0
     images, labels = np.resize(IMAGES, (n, 28, 28)), np.resize(LABELS, n)
     hp = make_hp(batch_size=8)  # q = 1/2: E[B] = 8
-    plan = planning.SamplingPlan.from_hyperparameters(n, hp, "test")
+    plan = plan_of("torch", hp, n)
     # A noise_seed whose first Poisson batch is far from E[B]: normalising by the realised
     # size would be off by 37%+.
     noise_seed = next(seed for seed in range(100)
@@ -179,14 +186,13 @@ def test_noise_is_divided_by_the_expected_batch_size_not_the_realised_one(framew
     # the batch the test chose trained
     assert ran.batch_sizes[0] == len(first_batch(plan, hp, noise_seed))
     # The first step of both runs: the same weights and batch, so the difference is the noise alone.
-    assert np.std(noisy[0] - clean[0]) == pytest.approx(sigma * C / plan.expected_batch_size,
-                                                        rel=0.03)
+    assert np.std(noisy[0] - clean[0]) == pytest.approx(
+        sigma * C / plan.sampling.expected_batch_size, rel=0.03)
 
 
 def first_batch(plan, hp, noise_seed):
-    hp = make_hp(batch_size=hp.batch_size, noise_seed=noise_seed)
-    return next(skeleton.sampled_batches(plan, hp, RunRandomness.for_run(noise_seed),
-                                         lambda steps: "", "t"))
+    return next(training.sampled_batches(plan, RunRandomness.for_run(noise_seed),
+                                         lambda steps: ""))
 
 
 def test_every_framework_trains_binomial_poisson_batches_exactly_the_planned_steps(framework):
@@ -195,34 +201,33 @@ def test_every_framework_trains_binomial_poisson_batches_exactly_the_planned_ste
     _, ran = fit(framework, images, labels, sigma=1.0, epochs=40, batch_size=batch)
     assert len(ran.batch_sizes) == 320
     assert_binomial(ran.batch_sizes, n, 1 / 8)
-    hp = make_hp(batch_size=batch, epochs=40)
-    plan = planning.SamplingPlan.from_hyperparameters(n, hp, "test")
-    drawn = skeleton.sampled_batches(plan, hp, RunRandomness.for_run(0), lambda steps: "", "t")
+    plan = plan_of("torch", make_hp(batch_size=batch, epochs=40), n)
+    drawn = training.sampled_batches(plan, RunRandomness.for_run(0), lambda steps: "")
     # the shared sampler's batches are what trains
     assert ran.batch_sizes == [len(b) for b in drawn]
 
 
-def stepwise(case, images, labels, sigma, clip_class=interface.ClipNorm, **changes):
-    """The framework's steps (skeleton.train_steps) on the skeleton's batches, the weights read
-    before each batch is handed out: (the update of every step (learning rate 1: the weight change),
-    the weight arrays' shapes, the clip, what ran)."""
+def stepwise(case, images, labels, sigma, clip_class=training.ClipNorm, **changes):
+    """The framework's steps (training.train_steps) on the shared sampler's batches, the weights
+    read before each batch is handed out: (the update of every step (learning rate 1: the weight
+    change), the weight arrays' shapes, the clip, what ran)."""
     hp = make_hp(**{"batch_size": len(labels), **dataclasses.asdict(case.network), **changes})
-    plan = planning.SamplingPlan.from_hyperparameters(len(labels), hp, "test")
+    plan = plan_of(case.name, hp, len(labels), sigma)
     model = case.algo.new_model(0, case.network)
     randomness = RunRandomness.for_run(hp.noise_seed)
-    clip = clip_class(hp, plan, randomness)
-    step = interface.DpStep(planning.noise_schedule(hp, plan, sigma), clip, randomness)
+    clip = clip_class(plan, randomness)
+    step = training.DpStep(plan.schedule, clip, randomness)
     weights = []
 
     def batches():
-        for batch in skeleton.sampled_batches(plan, hp, randomness, lambda steps: "", "t"):
+        for batch in training.sampled_batches(plan, randomness, lambda steps: ""):
             weights.append(interface.flat_weights(case.algo, model))
             yield batch
         weights.append(interface.flat_weights(case.algo, model))
 
-    ran = skeleton.train_steps(case.algo, model, case.network.inputs(images), labels, hp, plan,
-                               step, batches())
-    assert len(ran.batch_sizes) == plan.steps
+    ran = training.train_steps(case.algo, model, case.network.inputs(images), labels, plan, step,
+                               batches())
+    assert len(ran.batch_sizes) == plan.sampling.steps
     shapes = [a.shape for a in case.algo.weight_arrays(model)]
     return [before - after for before, after in zip(weights, weights[1:])], shapes, clip, ran
 
@@ -249,8 +254,8 @@ def test_noise_is_independent_across_weight_tensors_and_steps(framework):
             assert abs(correlation) < max(5 / np.sqrt(length), 0.95), (i, j, correlation)
 
 
-class RecordingClip(interface.ClipNorm):
-    """The skeleton's clipping norm, remembering every update: (unclipped count, batch size, C
+class RecordingClip(training.ClipNorm):
+    """The run's clipping norm, remembering every update: (unclipped count, batch size, C
     before, C after)."""
 
     def __init__(self, *args):
@@ -282,9 +287,8 @@ def test_adaptive_clipping_count_noise_has_its_standard_deviation(framework):
 
 def test_the_shared_sampler_draws_binomial_batch_sizes_and_fresh_batches():
     hp = make_hp(epochs=50, batch_size=25, noise_seed=3)
-    plan = planning.SamplingPlan.from_hyperparameters(500, hp, "t")  # q = 1/20, 1000 steps
-    batches = list(skeleton.sampled_batches(plan, hp, RunRandomness.for_run(3), lambda steps: "",
-                                            "t"))
+    plan = plan_of("torch", hp, 500)  # q = 1/20, 1000 steps
+    batches = list(training.sampled_batches(plan, RunRandomness.for_run(3), lambda steps: ""))
     assert len(batches) == 1000
     assert_binomial([len(b) for b in batches], 500, 1 / 20)
     # each example: Binomial(1000, q) times
@@ -308,17 +312,18 @@ def test_every_utility_option_trains_and_the_ledger_records_what_changes_epsilon
     hp = make_hp(epochs=2, batch_size=4, optimizer="adam", learning_rate=0.01, ema_decay=0.5,
                  noise_decay=0.5, clip_quantile=0.5, **dataclasses.asdict(framework.network))
     # 2 steps per epoch, 4 planned
-    plan = planning.SamplingPlan.from_hyperparameters(len(LABELS), hp, "test")
+    plan = plan_of(framework.name, hp, len(LABELS), 1.0, ("d",))
     model = framework.algo.new_model(0, framework.network)
     before = interface.flat_weights(framework.algo, model)
-    ran = skeleton.fit(framework.algo, model, IMAGES, LABELS, hp, plan, 1.0, lambda steps: "")
+    ran = training.fit(framework.algo, model, framework.network.inputs(IMAGES), LABELS, plan,
+                       RunRandomness.for_run(hp.noise_seed))
     after = interface.flat_weights(framework.algo, model)
     assert np.all(np.isfinite(after)) and not np.allclose(after, before)
-    event = planning.run_event(framework.name, ("d",), hp, plan, ran.noise_multiplier, ran.steps,
-                               ran=ran)
+    event = plan.event(ran)
     # σ halves at each quarter of the 4 steps
     assert (event.noise_decay, event.decay_steps) == (0.5, 1)
-    assert event.count_noise_multiplier == pytest.approx(2 * plan.expected_batch_size / 20)
+    assert event.count_noise_multiplier == pytest.approx(
+        2 * plan.sampling.expected_batch_size / 20)
     assert ran.library_epsilon == {}  # no library accounts for a schedule or a count: none is shown
 
 
@@ -332,30 +337,28 @@ def test_an_empty_poisson_batch_is_a_step_of_noise_alone_and_a_run_at_expected_b
     n, sigma = 16, 2.0
     images, labels = np.resize(IMAGES, (n, 28, 28)), np.resize(LABELS, n)
     hp = make_hp(batch_size=2, epochs=3)
-    plan = planning.SamplingPlan.from_hyperparameters(n, hp, "test")
-    seed = next(s for s in range(100) if 0 in [len(b) for b in skeleton.sampled_batches(
-        plan, make_hp(batch_size=2, epochs=3,
-                      noise_seed=s), RunRandomness.for_run(s), lambda steps: "", "t")][:-1])
+    plan = plan_of("torch", hp, n)
+    seed = next(s for s in range(100) if 0 in [len(b) for b in training.sampled_batches(
+        plan, RunRandomness.for_run(s), lambda steps: "")][:-1])
     noisy, _, _, ran = stepwise(framework, images, labels, sigma=sigma, batch_size=2, epochs=3,
                                 noise_seed=seed)
     clean, *_ = stepwise(framework, images, labels, sigma=0.0, batch_size=2, epochs=3,
                          noise_seed=seed)
     empty = ran.batch_sizes.index(0)
-    assert len(ran.batch_sizes) == plan.steps == 24
+    assert len(ran.batch_sizes) == plan.sampling.steps == 24
     assert not np.any(clean[empty])  # nothing to clip, no noise: the weights stay
-    assert np.std(noisy[empty]) == pytest.approx(sigma * C / plan.expected_batch_size, rel=0.03)
-    assert abs(
-        np.mean(noisy[empty])) < 4 * sigma * C / plan.expected_batch_size / np.sqrt(noisy[
-            empty].size)
+    expected_batch_size = plan.sampling.expected_batch_size
+    assert np.std(noisy[empty]) == pytest.approx(sigma * C / expected_batch_size, rel=0.03)
+    assert abs(np.mean(noisy[empty])) < 4 * sigma * C / expected_batch_size / np.sqrt(
+        noisy[empty].size)
 
 
 def test_secure_mode_draws_adaptive_clippings_count_noise_as_the_sum_of_four_over_two():
     hp, secure_hp = make_hp(clip_quantile=0.5, noise_seed=None), make_hp(clip_quantile=0.5,
                             noise_seed=None, secure_mode=True)
-    plan = planning.SamplingPlan.from_hyperparameters(8, hp, "test")
     randomness = RunRandomness(12345)
-    plain, secure = interface.ClipNorm(hp, plan, randomness), interface.ClipNorm(secure_hp, plan,
-                                       randomness)
+    plain = training.ClipNorm(plan_of("torch", hp, 8), randomness)
+    secure = training.ClipNorm(plan_of("torch", secure_hp, 8), randomness)
     draws = np.array([secure.count_noise() for _ in range(4000)])
     same_stream = randomness.numpy("count noise").normal(0.0, plain.stddev, size=(4000, 4))
     # never a single draw

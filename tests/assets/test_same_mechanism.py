@@ -11,9 +11,9 @@ from conftest import ALGO_ASSETS, FRAMEWORKS
 
 from mnist_dp import hyperparameters
 from mnist_dp.assets import load_asset_module
-from mnist_dp.learning import initial_weights, interface, skeleton
-from mnist_dp.privacy import planning
+from mnist_dp.learning import initial_weights, interface, training
 from mnist_dp.privacy.randomness import RunRandomness
+from mnist_dp.privacy.task_plan import SamplingPlan, TaskPlan
 
 NETWORKS = [interface.Network("pixels", "tanh", "cnn"),
             interface.Network("scattering", "tanh", "cnn"),
@@ -93,15 +93,15 @@ def test_noise_free_dp_steps_move_every_framework_to_the_same_weights(algos, net
     rng = np.random.default_rng(1)
     images, labels = rng.random((12, 28, 28), dtype=np.float32), np.arange(12) % 10
     hp = hp_of(network, ema_decay=ema_decay)
-    plan = planning.SamplingPlan.from_hyperparameters(len(labels), hp, "test")
-    assert plan.sample_rate == 1.0 and plan.steps == 3
+    sampling = SamplingPlan.from_hyperparameters(len(labels), hp, "test")
+    assert sampling.sample_rate == 1.0 and sampling.steps == 3
     inputs = network.inputs(images)
     moved = {}
     for name, framework in algos.items():
         model = framework.new_model(hp.seed, network)
         start = interface.flat_weights(framework, model)
-        skeleton.fit(framework, model, images, labels, hp, plan, 0.0, lambda steps: "",
-                     RunRandomness.for_run(0), inputs=inputs)
+        training.fit(framework, model, inputs, labels, TaskPlan.of(name, hp, sampling, 0.0),
+                     RunRandomness.for_run(0))
         moved[name] = interface.flat_weights(framework, model) - start
     scale = np.abs(moved["torch"]).max()
     assert scale > 1e-4  # the steps moved the weights

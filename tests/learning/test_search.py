@@ -23,9 +23,9 @@ class Remembering(StepsThatLearnNothing):
     def new_model(self, seed, network):
         return {}
 
-    def optimizer(self, model, hp):
-        model["learning_rate"] = hp.learning_rate
-        self.trained.append(hp.learning_rate)
+    def optimizer(self, model, plan):
+        model["learning_rate"] = plan.hp.learning_rate
+        self.trained.append(plan.hp.learning_rate)
 
     def batch_logits(self, model, inputs):
         right = np.arange(len(inputs)) < self.correct[model["learning_rate"]]
@@ -69,4 +69,5 @@ def test_the_search_trains_k_candidates_and_releases_the_best_noisy_score(monkey
         expected_k = draw_count(randomness.numpy("search"), 5.0, 1.0)
         assert len(framework.trained) == len(scores) == found.candidates == expected_k
         best = int(np.argmax(scores))
-        assert found.model["learning_rate"] == framework.trained[best] == found.hp.learning_rate
+        learning_rate = found.plan.hp.learning_rate
+        assert found.model["learning_rate"] == framework.trained[best] == learning_rate

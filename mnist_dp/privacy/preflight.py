@@ -1,0 +1,106 @@
+"""What the train tasks of a Substra compute plan would refuse, checked by the scripts before they
+register anything, with the train task's own plan (task_plan.py); and σ of a plan that trains on the
+same data several times (noise_for_rounds), which a single task cannot calibrate for itself.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from mnist_dp.hyperparameters import Hyperparameters
+from mnist_dp.privacy import accountant, refusals
+from mnist_dp.privacy.data_ledger import union
+from mnist_dp.privacy.ledger import Ledger
+from mnist_dp.privacy.task_plan import (
+    SamplingPlan,
+    TaskPlan,
+    check_delta,
+    check_noise,
+    check_run,
+    noise_schedule,
+    resolve_noise_multiplier,
+)
+from mnist_dp.utils.errors import UserError
+
+
+def check_plan(framework: str, hp: Hyperparameters, sizes: list, rounds: int, wheres: list,
+               spent: list | None = None) -> Hyperparameters:
+    """What the train tasks of a plan would refuse, checked before anything is registered: each
+    organisation's run (check_run), a target_epsilon no σ meets, and a max_epsilon below the ε of
+    its first step after what its data has spent, with σ as the tasks will get it.
+
+    Args:
+      framework: the algo's name.
+      hp: the hyperparameters.
+      sizes: each organisation's number of training examples.
+      rounds: how many times the plan trains on each organisation's data.
+      wheres: what names each organisation in an error.
+      spent: per organisation, its data's own ledger and its samples' examples (check_spent).
+
+    Returns:
+      The hyperparameters the tasks get (σ calibrated here for several rounds: noise_for_rounds).
+    """
+    plans = [check_run(framework, hp, n, where) for n, where in zip(sizes, wheres)]
+    # several rounds: σ is calibrated here, for all of them
+    hp = noise_for_rounds(hp, sizes, rounds)
+    # each organisation's first task starts a fresh model
+    for k, (sampling, where) in enumerate(zip(plans, wheres)):
+        if hp.dp and hp.max_epsilon is not None:
+            sigma = resolve_noise_multiplier(hp, sampling, [], where=where)
+            plan = TaskPlan.of(framework, hp, sampling, sigma)
+            one_step = accountant.compose_epsilon([plan.event_at(1)], hp.delta)
+            if one_step > hp.max_epsilon:
+                raise refusals.below_one_step(hp, one_step, where)
+            if spent:
+                check_spent(plan, *spent[k], where)
+        else:
+            # the task calibrates σ itself: some σ must meet the target
+            check_target(hp, sampling, where)
+    return hp
+
+
+def check_spent(plan: TaskPlan, data: Ledger, examples: dict, where: str) -> None:
+    """Refuse plan.hp.max_epsilon when the data samples `examples` ({identity: ledger.Examples})
+    have spent it: their own ledger `data` leaves no room for one step of `plan`."""
+    if not data.events:
+        return
+    hp, identities = plan.hp, tuple(examples)
+    first_step = dataclasses.replace(plan, identities=identities).event_at(1)
+    for prior in union(Ledger((), examples), data).histories(identities):
+        if accountant.steps_within_budget(prior, first_step, hp.delta, hp.max_epsilon) == 0:
+            raise UserError(f"{where}: max_epsilon = {hp.max_epsilon} is spent: this data's own "
+                            f"ledger records {len(data.events)} run(s) released from it, ε = "
+                            f"{accountant.compose_epsilon(prior, hp.delta):.3f} at δ = "
+                            f"{hp.delta:g}, and one more step would pass it; raise max_epsilon (a "
+                            "budget for the data, over every run on it) or train on other data")
+
+
+def check_target(hp: Hyperparameters, plan: SamplingPlan, where: str) -> None:
+    """Refuse a target_epsilon no σ meets on fresh data, without calibrating: the scripts' check
+    before they register a plan whose tasks calibrate σ themselves (a task's calibration checks it
+    again with the earlier runs of its data)."""
+    if hp.dp and hp.noise_multiplier is None:
+        try:
+            accountant.noise_range(hp.target_epsilon, hp.delta, plan.sample_rate, plan.steps,
+                                   noise_schedule(hp, plan, 1.0))
+        except accountant.NoSigma as exc:
+            raise refusals.refused(exc, hp, plan, where) from None
+
+
+def noise_for_rounds(hp: Hyperparameters, sizes: list, rounds: int) -> Hyperparameters:
+    """Fix σ for a plan that trains on the same data `rounds` times.
+
+    A train task calibrates σ from target_epsilon for its own run; in round 2 its data's budget is
+    already spent. So with several rounds σ is calibrated here, once, so that every organisation's
+    data (of the given `sizes`) ends at or below target_epsilon after the last round; the tasks get
+    that σ.
+    """
+    if not hp.dp or hp.target_epsilon is None or rounds == 1:
+        return hp
+    sigmas = []
+    for n in sizes:
+        check_delta(hp.delta, n, "hyperparameters: delta")
+        plan = SamplingPlan.from_hyperparameters(n, hp, "hyperparameters")
+        # before the accountant runs on it
+        check_noise(hp, plan, noise_schedule(hp, plan, 1.0), "hyperparameters")
+        sigmas.append(resolve_noise_multiplier(hp, plan, [], rounds, "hyperparameters"))
+    return dataclasses.replace(hp, noise_multiplier=max(sigmas), target_epsilon=None)

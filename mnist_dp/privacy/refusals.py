@@ -1,0 +1,56 @@
+"""Why the accountant's answers refuse a plan, in the words of the setting to change: no σ meets
+target_epsilon (the accountant's NoSigma, which says why in numbers only), or max_epsilon is below
+a single step's ε. The plan (task_plan.py), the scripts' checks (preflight.py) and the search
+(search.py) refuse in these words.
+"""
+from __future__ import annotations
+
+from mnist_dp import hyperparameters
+from mnist_dp.hyperparameters import Hyperparameters
+from mnist_dp.privacy import accountant, events
+from mnist_dp.utils.errors import UserError
+
+
+def refused(why: accountant.NoSigma, hp: Hyperparameters, plan, where: str = "",
+            prior: list = (), repeats: int = 1) -> UserError:
+    """The accountant's reason `why` no σ meets hp.target_epsilon, in the words of the setting to
+    change, for a run of `plan` (a task_plan.SamplingPlan) repeated `repeats` times after the runs
+    `prior` on its data; `where` names the hyperparameters."""
+    named = f"{where}: " if where else ""
+    target = f"{named}target_epsilon = {hp.target_epsilon}"
+    over = (f"at δ = {hp.delta:g} over {plan.steps * repeats} "
+            f"steps{' after the input model' if prior else ''}")
+    most = hyperparameters.MAX_NOISE_MULTIPLIER
+    match why:
+        case accountant.PriorNotPrivate():
+            text = (f"{named}cannot calibrate to a target epsilon: the input model was trained "
+                    "without DP (epsilon = inf)")
+        case accountant.PriorSpent(epsilon=spent):
+            text = (f"{target} is already spent by the input model (epsilon = {spent:.3f}); raise "
+                    "the target or train from scratch")
+        case accountant.DecayTooSteep(least=least):
+            text = (f"{named}noise_decay = {hp.noise_decay:g} lowers the noise so far that keeping "
+                    f"every step's noise multiplier at {events.MIN_NOISE_MULTIPLIER:g} or more "
+                    f"needs σ = {least:.3g} in the first steps, more than {most:g}; raise "
+                    "noise_decay (1: constant)")
+        case accountant.CountAloneSpends(epsilon=spent):
+            text = (f"{target}: adaptive clipping's noisy count alone spends ε = {spent:.3f} "
+                    f"{over}, so no gradient noise can meet the target; raise clip_count_stddev "
+                    "(the count's noise) or target_epsilon, or set clip_quantile to null")
+        case accountant.TooManySteps(epsilon=spent):
+            decay = " or noise_decay" if hp.noise_decay < 1 else ""
+            text = (f"{target}: even noise_multiplier = {most:g}, the most allowed, spends ε = "
+                    f"{spent:.3g} {over}; raise target_epsilon{decay}, or train fewer epochs")
+        case _:  # NumericsGaveUp
+            text = (f"{target}: no noise multiplier found for it {over} with q = "
+                    f"{plan.sample_rate:.4g} ({why}); give noise_multiplier instead, or a smaller "
+                    "target_epsilon")
+    return UserError(text)
+
+
+def below_one_step(hp: Hyperparameters, one_step: float, where: str = "") -> UserError:
+    """hp.max_epsilon is below `one_step`, the ε of a single step of the run on fresh data: it could
+    not train at all; `where` names the organisation when the scripts check it."""
+    named = f"{where}: " if where else ""
+    return UserError(f"{named}max_epsilon = {hp.max_epsilon} is below the ε of a single step "
+                     f"({one_step:.3f} at δ = {hp.delta:g}); raise max_epsilon or the noise")
