@@ -41,7 +41,8 @@ def run_epsilon(n: int, runs: int = 1, how: str = "pld", sigma: float | None = N
     models), at the calibrated σ or `sigma`."""
     calibrated, plan = one_run(n)
     sigma = calibrated if sigma is None else sigma
-    event = dataclasses.replace(plan, sigma=sigma).event_at(plan.sampling.steps)
+    plan = dataclasses.replace(plan, sigma=sigma, schedule=plan.schedule.with_sigma(sigma))
+    event = plan.event_at(plan.sampling.steps)
     return accountant.compose_epsilon([event] * runs, default_hp().delta, how)
 
 

@@ -20,7 +20,15 @@ from dp_accounting.rdp import rdp_privacy_accountant
 from scipy import optimize
 
 from mnist_dp.hyperparameters import MAX_NOISE_MULTIPLIER
-from mnist_dp.privacy.events import MIN_NOISE_MULTIPLIER, Candidate, DpEvent, NoiseSchedule, Search
+from mnist_dp.privacy.events import MIN_NOISE_MULTIPLIER, DpEvent, NoiseSchedule, Search
+from mnist_dp.privacy.no_sigma import (
+    CountAloneSpends,
+    DecayTooSteep,
+    NumericsGaveUp,
+    PriorNotPrivate,
+    PriorSpent,
+    TooManySteps,
+)
 
 ACCOUNTANTS = ("pld", "rdp")
 REPORTED_ACCOUNTANT = "pld"
@@ -158,65 +166,27 @@ def steps_within_budget(prior_events: Sequence[DpEvent], next_run: DpEvent, delt
     return low
 
 
-class NoSigma(Exception):
-    """No σ up to MAX_NOISE_MULTIPLIER meets the target: each subclass says why, with the numbers
-    that show it. Words for the user come from the caller, who knows which setting to change
-    (task_plan.py)."""
-
-    def __str__(self) -> str:
-        return repr(self)
-
-
-@dataclasses.dataclass
-class PriorNotPrivate(NoSigma):
-    """An earlier run on the data was not private: ε is already infinite."""
-
-
-@dataclasses.dataclass
-class PriorSpent(NoSigma):
-    """The earlier runs on the data already spend `epsilon` ≥ the target."""
-    epsilon: float
-
-
-@dataclasses.dataclass
-class DecayTooSteep(NoSigma):
-    """Keeping every step's noise multiplier at MIN_NOISE_MULTIPLIER or more needs σ = `least` in
-    the first steps."""
-    least: float
-
-
-@dataclasses.dataclass
-class CountAloneSpends(NoSigma):
-    """Adaptive clipping's noisy count alone (infinite gradient noise) spends `epsilon` ≥ the
-    target."""
-    epsilon: float
-
-
-@dataclasses.dataclass
-class TooManySteps(NoSigma):
-    """Even σ = MAX_NOISE_MULTIPLIER spends `epsilon` > the target over the run's steps."""
-    epsilon: float
-
-
-@dataclasses.dataclass
-class NumericsGaveUp(NoSigma):
-    """dp_accounting's search failed (`detail`: its exception)."""
-    detail: str
-
-
 def calibrate_noise_multiplier(
     target_epsilon: float, delta: float, sample_rate: float, steps: int,
     prior_events: Sequence[DpEvent] = (), tol: float = 1e-3,
     schedule: NoiseSchedule = NoiseSchedule(1.0), repeats: int = 1,
 ) -> float:
     """The smallest σ (within `tol`, rounded up) that keeps ε at δ (PLD) within `target_epsilon`, or
-    a NoSigma.
+    a NoSigma. No step gets less than MIN_NOISE_MULTIPLIER.
 
-    target_epsilon, delta: the budget. sample_rate, steps: the run's Poisson rate q and its steps.
-    prior_events: the earlier runs on the same data, composed first. tol: the precision of σ.
-    schedule: the run's noise, whose σ (the gradient noise of the first steps) is calibrated, its
-    decay and count noise kept. repeats: the run is repeated that many times (rounds of training on
-    the same data). No step gets less than MIN_NOISE_MULTIPLIER.
+    Args:
+      target_epsilon: the budget, ε at δ.
+      delta: δ.
+      sample_rate: the run's Poisson rate q.
+      steps: the run's steps.
+      prior_events: the earlier runs on the same data, composed first.
+      tol: the precision of σ.
+      schedule: the run's noise, whose σ (the gradient noise of the first steps) is calibrated, its
+        decay and count noise kept.
+      repeats: the run is repeated that many times (rounds of training on the same data).
+
+    Returns:
+      σ. Raises the NoSigma that says why when no σ up to MAX_NOISE_MULTIPLIER meets the target.
     """
     least = noise_range(target_epsilon, delta, sample_rate, steps, schedule, prior_events, repeats)
     segments = _segments_at(sample_rate, steps, schedule, prior_events, repeats)
@@ -236,10 +206,22 @@ def calibrate_noise_multiplier(
 def noise_range(target_epsilon: float, delta: float, sample_rate: float, steps: int,
                 schedule: NoiseSchedule, prior_events: Sequence[DpEvent] = (),
                 repeats: int = 1) -> float:
-    """The least σ a calibration may return (least_sigma), after checking that some σ up to
-    MAX_NOISE_MULTIPLIER meets the target; else the NoSigma that says why. The arguments are
-    calibrate_noise_multiplier's: this is its first part, for a caller that checks a target before
-    it calibrates (in another process)."""
+    """The least σ a calibration may return, after checking that some σ up to MAX_NOISE_MULTIPLIER
+    meets the target: calibrate_noise_multiplier's first part, for a caller that checks a target
+    before it calibrates (in another process).
+
+    Args:
+      target_epsilon: the budget, ε at δ.
+      delta: δ.
+      sample_rate: the run's Poisson rate q.
+      steps: the run's steps.
+      schedule: the run's noise, whose decay and count noise every σ tried keeps.
+      prior_events: the earlier runs on the same data, composed first.
+      repeats: the run is repeated that many times (rounds of training on the same data).
+
+    Returns:
+      least_sigma(schedule, steps). Raises the NoSigma that says why when no σ meets the target.
+    """
     if any(not e.is_private for e in prior_events):
         raise PriorNotPrivate()
     spent_before = compose_epsilon(prior_events, delta) if prior_events else 0.0
@@ -311,7 +293,7 @@ def _calibrate(pld_epsilon, rdp_epsilon, target_epsilon: float, tol: float, leas
     # where only PLD's figure meets the target below the ceiling (the count's noise comes close)
     upper = most
     if rdp_epsilon(most) <= target_epsilon:
-        upper = min(most, _root(rdp_epsilon, target_epsilon, least, most, tol) + tol)
+        upper = min(most, root(rdp_epsilon, target_epsilon, least, most, tol) + tol)
     lower = max(upper * FIRST_LOWER_END, least)
     while pld_epsilon(lower) <= target_epsilon:
         if lower == least:
@@ -334,7 +316,7 @@ def _least_on_grid(epsilon, target_epsilon: float, lower: float, upper: float, t
     # a real index at first; above the target there
     low, f_low = lower / tol, epsilon(lower) - target_epsilon
     # a rounded-up σ's PLD figure may miss, by a hair
-    upper = _rounded_up(epsilon, upper, target_epsilon, tol, most)
+    upper = rounded_up(epsilon, upper, target_epsilon, tol, most)
     if upper == round(most, 6):
         return upper
     high = round(upper / tol)
@@ -358,7 +340,7 @@ def _least_on_grid(epsilon, target_epsilon: float, lower: float, upper: float, t
     return round(high * tol, 6)
 
 
-def _rounded_up(epsilon, sigma: float, target_epsilon: float, tol: float, most: float) -> float:
+def rounded_up(epsilon, sigma: float, target_epsilon: float, tol: float, most: float) -> float:
     """`sigma` (a root found within `tol` on either side, or an upper end) rounded up to the grid of
     `tol` and stepped up a grid point at a time until `epsilon` meets the target at the σ returned
     (at `most` it does)."""
@@ -368,7 +350,7 @@ def _rounded_up(epsilon, sigma: float, target_epsilon: float, tol: float, most: 
     return round(min(k * tol, most), 6)
 
 
-def _root(epsilon, target_epsilon: float, lower: float, upper: float, tol: float) -> float:
+def root(epsilon, target_epsilon: float, lower: float, upper: float, tol: float) -> float:
     """σ in [lower, upper] where `epsilon` meets the target, within `tol` on the side where it
     holds: the search of dp_accounting.calibrate_dp_mechanism over an explicit bracket (Brent's
     method), on an `epsilon` that remembers its figures."""
@@ -388,61 +370,6 @@ def _root(epsilon, target_epsilon: float, lower: float, upper: float, tol: float
     return root
 
 
-def calibrate_search(target_epsilon: float, delta: float, profiles: Sequence[tuple], mean: float,
-                     shape: float, tol: float = 1e-3) -> tuple:
-    """The σ of each of a search's privacy `profiles` ((q, steps, NoiseSchedule whose σ is
-    calibrated), one per distinct profile of the search space) that ends its training examples' ε
-    (RDP) at or below `target_epsilon`, or a NoSigma. One factor s is calibrated: profile i gets σ_i
-    = s · q_i·√steps_i / max_j q_j·√steps_j (for small q their RDP then nearly agree, so none is
-    noisier than it needs), kept between its least σ and the most."""
-    weights = [q * math.sqrt(steps) for q, steps, _ in profiles]
-    weights = [w / max(weights) for w in weights]
-    least = [least_sigma(schedule, steps) for _, steps, schedule in profiles]
-    if max(least) > MAX_NOISE_MULTIPLIER:
-        raise DecayTooSteep(max(least))
-
-    def sigmas(factor: float) -> tuple:
-        return tuple(min(max(factor * w, low), MAX_NOISE_MULTIPLIER) for w,
-                     low in zip(weights, least))
-
-    def epsilon(factor: float) -> float:
-        return search_epsilon(profiles, sigmas(factor), mean, shape, delta)
-
-    lower, upper = min(low / w for low,
-                       w in zip(least, weights)), MAX_NOISE_MULTIPLIER / min(weights)
-    if epsilon(upper) > target_epsilon:
-        raise TooManySteps(epsilon(upper))
-    if epsilon(lower) > target_epsilon:
-        try:
-            lower = _root(epsilon, target_epsilon, lower, upper, tol)
-        except (ValueError, ArithmeticError, RuntimeError) as exc:
-            raise NumericsGaveUp(f"{type(exc).__name__}: {exc}") from None
-    # rounded up: ε only falls
-    found = tuple(math.ceil(sigma / tol) * tol for sigma in sigmas(lower))
-    # Brent's root may sit a hair below
-    while search_epsilon(profiles, found, mean, shape, delta) > target_epsilon:
-        found = tuple(sigma + tol for sigma in found)
-    return tuple(round(sigma, 6) for sigma in found)
-
-
-def search_epsilon(profiles: Sequence[tuple], sigmas: Sequence[float], mean: float, shape: float,
-                   delta: float) -> float:
-    """ε at δ (RDP) of a search's training examples: candidates of `profiles` ((q, steps,
-    NoiseSchedule)) at gradient noise `sigmas`."""
-    candidates = tuple(Candidate.of(q, steps, schedule.with_sigma(sigma))
-                       for (q, steps, schedule), sigma in zip(profiles, sigmas))
-    return _epsilon((), delta, "rdp", (Search(mean, shape, candidates, 1.0, 1, 1),))
-
-
-def calibrate_score_noise(target_epsilon: float, delta: float, mean: float, shape: float,
-                          tol: float = 1e-3) -> float:
-    """The least noise multiplier of a search's validation score (a count, sensitivity 1) that keeps
-    its validation examples' ε (RDP) within `target_epsilon`; TooManySteps if even
-    MAX_NOISE_MULTIPLIER spends more."""
-    def epsilon(sigma: float) -> float:
-        return _epsilon((), delta, "rdp", (Search(mean, shape, (), sigma, 1, 1, face="score"),))
-
-    if epsilon(MAX_NOISE_MULTIPLIER) > target_epsilon:
-        raise TooManySteps(epsilon(MAX_NOISE_MULTIPLIER))
-    return _rounded_up(epsilon, _root(epsilon, target_epsilon, tol, MAX_NOISE_MULTIPLIER, tol),
-                       target_epsilon, tol, MAX_NOISE_MULTIPLIER)
+def searches_epsilon(searches: Sequence[Search], delta: float) -> float:
+    """ε at δ (RDP) of private searches alone (events.Search), as compose_epsilon composes them."""
+    return _epsilon((), delta, "rdp", tuple(searches))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 from mnist_dp.hyperparameters import Hyperparameters
-from mnist_dp.privacy import accountant, refusals
+from mnist_dp.privacy import accountant, no_sigma, refusals
 from mnist_dp.privacy.data_ledger import union
 from mnist_dp.privacy.ledger import Ledger
 from mnist_dp.privacy.task_plan import (
@@ -59,8 +59,15 @@ def check_plan(framework: str, hp: Hyperparameters, sizes: list, rounds: int, wh
 
 
 def check_spent(plan: TaskPlan, data: Ledger, examples: dict, where: str) -> None:
-    """Refuse plan.hp.max_epsilon when the data samples `examples` ({identity: ledger.Examples})
-    have spent it: their own ledger `data` leaves no room for one step of `plan`."""
+    """Refuse plan.hp.max_epsilon when the data samples have spent it: their own ledger leaves no
+    room for one step of `plan`.
+
+    Args:
+      plan: the run's plan (its hp.max_epsilon and hp.delta).
+      data: the data samples' own ledger.
+      examples: their examples, {identity: ledger.Examples}.
+      where: what names the organisation in the UserError.
+    """
     if not data.events:
         return
     hp, identities = plan.hp, tuple(examples)
@@ -77,12 +84,18 @@ def check_spent(plan: TaskPlan, data: Ledger, examples: dict, where: str) -> Non
 def check_target(hp: Hyperparameters, plan: SamplingPlan, where: str) -> None:
     """Refuse a target_epsilon no σ meets on fresh data, without calibrating: the scripts' check
     before they register a plan whose tasks calibrate σ themselves (a task's calibration checks it
-    again with the earlier runs of its data)."""
+    again with the earlier runs of its data).
+
+    Args:
+      hp: the hyperparameters; checked only with DP and no noise_multiplier.
+      plan: the run's sampling plan.
+      where: what names the organisation in an error.
+    """
     if hp.dp and hp.noise_multiplier is None:
         try:
             accountant.noise_range(hp.target_epsilon, hp.delta, plan.sample_rate, plan.steps,
                                    noise_schedule(hp, plan, 1.0))
-        except accountant.NoSigma as exc:
+        except no_sigma.NoSigma as exc:
             raise refusals.refused(exc, hp, plan, where) from None
 
 
@@ -91,8 +104,17 @@ def noise_for_rounds(hp: Hyperparameters, sizes: list, rounds: int) -> Hyperpara
 
     A train task calibrates σ from target_epsilon for its own run; in round 2 its data's budget is
     already spent. So with several rounds σ is calibrated here, once, so that every organisation's
-    data (of the given `sizes`) ends at or below target_epsilon after the last round; the tasks get
-    that σ.
+    data ends at or below target_epsilon after the last round; the tasks get that σ.
+
+    Args:
+      hp: the hyperparameters.
+      sizes: each organisation's number of training examples.
+      rounds: how many times the plan trains on each organisation's data.
+
+    Returns:
+      `hp` with noise_multiplier the largest σ an organisation needs and target_epsilon None; `hp`
+      itself without DP, without target_epsilon or for one round. Raises UserError for a delta or a
+      run the tasks would refuse, or a target no σ meets.
     """
     if not hp.dp or hp.target_epsilon is None or rounds == 1:
         return hp

@@ -7,37 +7,47 @@ from __future__ import annotations
 
 from mnist_dp import hyperparameters
 from mnist_dp.hyperparameters import Hyperparameters
-from mnist_dp.privacy import accountant, events
+from mnist_dp.privacy import events, no_sigma
 from mnist_dp.utils.errors import UserError
 
 
-def refused(why: accountant.NoSigma, hp: Hyperparameters, plan, where: str = "",
+def refused(why: no_sigma.NoSigma, hp: Hyperparameters, plan, where: str = "",
             prior: list = (), repeats: int = 1) -> UserError:
-    """The accountant's reason `why` no σ meets hp.target_epsilon, in the words of the setting to
-    change, for a run of `plan` (a task_plan.SamplingPlan) repeated `repeats` times after the runs
-    `prior` on its data; `where` names the hyperparameters."""
+    """Why no σ meets hp.target_epsilon, in the words of the setting to change.
+
+    Args:
+      why: the accountant's reason (a NoSigma).
+      hp: the hyperparameters.
+      plan: the run's sampling plan (a task_plan.SamplingPlan).
+      where: what names the hyperparameters ("": nothing).
+      prior: the runs on its data before it.
+      repeats: how many times the run is repeated.
+
+    Returns:
+      The UserError that says so (returned, not raised).
+    """
     named = f"{where}: " if where else ""
     target = f"{named}target_epsilon = {hp.target_epsilon}"
     over = (f"at δ = {hp.delta:g} over {plan.steps * repeats} "
             f"steps{' after the input model' if prior else ''}")
     most = hyperparameters.MAX_NOISE_MULTIPLIER
     match why:
-        case accountant.PriorNotPrivate():
+        case no_sigma.PriorNotPrivate():
             text = (f"{named}cannot calibrate to a target epsilon: the input model was trained "
                     "without DP (epsilon = inf)")
-        case accountant.PriorSpent(epsilon=spent):
+        case no_sigma.PriorSpent(epsilon=spent):
             text = (f"{target} is already spent by the input model (epsilon = {spent:.3f}); raise "
                     "the target or train from scratch")
-        case accountant.DecayTooSteep(least=least):
+        case no_sigma.DecayTooSteep(least=least):
             text = (f"{named}noise_decay = {hp.noise_decay:g} lowers the noise so far that keeping "
                     f"every step's noise multiplier at {events.MIN_NOISE_MULTIPLIER:g} or more "
                     f"needs σ = {least:.3g} in the first steps, more than {most:g}; raise "
                     "noise_decay (1: constant)")
-        case accountant.CountAloneSpends(epsilon=spent):
+        case no_sigma.CountAloneSpends(epsilon=spent):
             text = (f"{target}: adaptive clipping's noisy count alone spends ε = {spent:.3f} "
                     f"{over}, so no gradient noise can meet the target; raise clip_count_stddev "
                     "(the count's noise) or target_epsilon, or set clip_quantile to null")
-        case accountant.TooManySteps(epsilon=spent):
+        case no_sigma.TooManySteps(epsilon=spent):
             decay = " or noise_decay" if hp.noise_decay < 1 else ""
             text = (f"{target}: even noise_multiplier = {most:g}, the most allowed, spends ε = "
                     f"{spent:.3g} {over}; raise target_epsilon{decay}, or train fewer epochs")
@@ -49,8 +59,16 @@ def refused(why: accountant.NoSigma, hp: Hyperparameters, plan, where: str = "",
 
 
 def below_one_step(hp: Hyperparameters, one_step: float, where: str = "") -> UserError:
-    """hp.max_epsilon is below `one_step`, the ε of a single step of the run on fresh data: it could
-    not train at all; `where` names the organisation when the scripts check it."""
+    """hp.max_epsilon is below the ε of a single step: the run could not train at all.
+
+    Args:
+      hp: the hyperparameters.
+      one_step: the ε of a single step of the run on fresh data.
+      where: names the organisation when the scripts check it ("": nothing).
+
+    Returns:
+      The UserError that says so (returned, not raised).
+    """
     named = f"{where}: " if where else ""
     return UserError(f"{named}max_epsilon = {hp.max_epsilon} is below the ε of a single step "
                      f"({one_step:.3f} at δ = {hp.delta:g}); raise max_epsilon or the noise")

@@ -19,7 +19,7 @@ from dp_accounting.rdp import rdp_privacy_accountant
 
 from mnist_dp import search_space
 from mnist_dp.hyperparameters import Hyperparameters
-from mnist_dp.privacy import accountant, refusals, task_plan
+from mnist_dp.privacy import no_sigma, refusals, search_accountant, task_plan
 from mnist_dp.privacy.events import Candidate, DpEvent, Search, validation_mask
 from mnist_dp.privacy.task_plan import SamplingPlan, TaskPlan
 from mnist_dp.search_space import SearchSpace
@@ -52,14 +52,32 @@ class SearchPlan:
         return self.n - self.validation_n
 
     def candidate(self, framework: str, hp: Hyperparameters, where: str) -> TaskPlan:
-        """The plan of a `framework` candidate drawn with hyperparameters `hp`: its run on the
-        training examples at the σ of its profile."""
+        """The plan of a candidate: its run on the training examples at the σ of its profile.
+
+        Args:
+          framework: the algo's name.
+          hp: the hyperparameters the candidate drew.
+          where: what names the hyperparameters in an error.
+
+        Returns:
+          The candidate's TaskPlan.
+        """
         sampling = SamplingPlan.from_hyperparameters(self.trained_n, hp, where)
         return TaskPlan.of(framework, hp, sampling, self.sigmas[profile(hp, sampling)])
 
     def event(self, plan: TaskPlan, data: tuple, ran, code: dict | None) -> DpEvent:
-        """The ledger event of the released candidate (its `plan`, what it `ran`) on the samples
-        `data`: its run on the training examples, with the whole search it won (events.Search)."""
+        """The ledger event of the released candidate: its run on the training examples, with the
+        whole search it won (events.Search).
+
+        Args:
+          plan: the released candidate's plan.
+          data: the identities of the data samples.
+          ran: what the candidate ran (interface.Ran).
+          code: the running code's provenance (None in memory).
+
+        Returns:
+          The DpEvent, its n all the search's examples, validation ones included.
+        """
         candidates = tuple(sorted({Candidate.of(q, steps, schedule.with_sigma(sigma))
                                    for (q, steps, schedule), sigma in self.sigmas.items()},
                                   key=repr))
@@ -72,9 +90,18 @@ class SearchPlan:
 
 def draw_count(rng: np.random.Generator, mean: float, shape: float) -> int:
     """K, the number of candidates, drawn from the distribution the accountant composes, with
-    dp_accounting's own parameter γ for the mean: Poisson (shape inf; K may be 0), else the
-    truncated negative binomial P(K = k) ∝ (1-γ)^k · C(k+shape-1, k) for k ≥ 1 (shape 0: the
-    logarithmic distribution; 1: the geometric)."""
+    dp_accounting's own parameter γ for the mean.
+
+    Args:
+      rng: draws K.
+      mean: the distribution's mean.
+      shape: inf for Poisson (K may be 0); else the shape of the truncated negative binomial
+        P(K = k) ∝ (1-γ)^k · C(k+shape-1, k) for k ≥ 1 (0: the logarithmic distribution; 1: the
+        geometric).
+
+    Returns:
+      K.
+    """
     if math.isinf(shape):
         return int(rng.poisson(mean))
     gamma = rdp_privacy_accountant._gamma_truncated_negative_binomial(shape, mean)  # noqa: SLF001 - as the accountant
@@ -99,8 +126,15 @@ def validation_split(data: dict, permille: int) -> np.ndarray:
 def check_plan(framework: str, hp: Hyperparameters, search: SearchSpace, ids: list,
                wheres: list) -> None:
     """What each organisation's tune task would refuse, checked by the scripts before anything is
-    registered: the search's plan on its own examples (`ids[k]`: the keyed ids of organisation k's
-    samples, one array each), the same numbers the task computes; errors name `wheres[k]`."""
+    registered: the search's plan on its own examples, the same numbers the task computes.
+
+    Args:
+      framework: the algo's name.
+      hp: the hyperparameters the space searches around.
+      search: the search space.
+      ids: per organisation k, the keyed ids of its samples, one array each.
+      wheres: per organisation k, what its errors name.
+    """
     for own, where in zip(ids, wheres):
         held_out = sum(int(validation_mask(array, search.validation_permille).sum())
                        for array in own)
@@ -109,10 +143,21 @@ def check_plan(framework: str, hp: Hyperparameters, search: SearchSpace, ids: li
 
 def plan_search(framework: str, base: Hyperparameters, search: SearchSpace, n: int,
                 validation_n: int, where: str) -> SearchPlan:
-    """The privacy plan of a `framework` search of `search` around `base` on `n` examples,
-    `validation_n` of them held out, or a UserError naming `where` (the task, and the scripts before
-    they register anything, ask it): σ of every profile so that the training examples' ε ends at
-    base.target_epsilon, and the score's noise so that the validation examples' does."""
+    """The privacy plan of a search: σ of every profile so that the training examples' ε ends at
+    base.target_epsilon, and the score's noise so that the validation examples' does. The task, and
+    the scripts before they register anything, ask it.
+
+    Args:
+      framework: the algo's name.
+      base: the hyperparameters the space searches around.
+      search: the search space.
+      n: the number of examples.
+      validation_n: how many of them are held out.
+      where: what an error names.
+
+    Returns:
+      The SearchPlan. Raises UserError naming `where` for what the task would refuse.
+    """
     # the released model's own check: the whole n
     task_plan.check_delta(base.delta, n, where=f"{where}: delta")
     profiles = search_space.check_with(search, base, where)
@@ -126,10 +171,10 @@ def plan_search(framework: str, base: Hyperparameters, search: SearchSpace, n: i
         distinct.setdefault(profile(hp, plan), (hp, plan))
     target, delta = base.target_epsilon, base.delta
     try:
-        sigmas = accountant.calibrate_search(target, delta, list(distinct), search.mean,
+        sigmas = search_accountant.calibrate_search(target, delta, list(distinct), search.mean,
                                              search.shape)
-        score = accountant.calibrate_score_noise(target, delta, search.mean, search.shape)
-    except accountant.NoSigma as exc:
+        score = search_accountant.calibrate_score_noise(target, delta, search.mean, search.shape)
+    except no_sigma.NoSigma as exc:
         hp, plan = max(distinct.values(),
                        key=lambda pair: pair[1].planned_steps * pair[1].sample_rate)
         raise refusals.refused(exc, hp, plan, f"{where} (a search of {search.mean:g} candidates "

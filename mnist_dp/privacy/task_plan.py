@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from mnist_dp.hyperparameters import Hyperparameters
-from mnist_dp.privacy import accountant, events, refusals
+from mnist_dp.privacy import accountant, events, no_sigma, refusals
 from mnist_dp.privacy.events import NO_CLIPPING, NOISE_STAGES, PER_EXAMPLE, DpEvent, NoiseSchedule
 from mnist_dp.utils.errors import UserError
 
@@ -72,6 +72,17 @@ class SamplingPlan:
 
     @classmethod
     def from_hyperparameters(cls, n: int, hp: Hyperparameters, where: str) -> SamplingPlan:
+        """The sampling plan of every epoch of a run, ceil(n / batch_size) steps each.
+
+        Args:
+          n: the number of training examples.
+          hp: the hyperparameters (batch_size, epochs).
+          where: what names the hyperparameters in an error.
+
+        Returns:
+          The SamplingPlan, not cut by a budget. Raises UserError when batch_size > n or the plan is
+          more than MAX_STEPS steps.
+        """
         if hp.batch_size > n:
             raise UserError(f"{where}: batch_size = {hp.batch_size} is larger than the {n} "
                             "training examples")
@@ -107,12 +118,27 @@ class TaskPlan:
     identities: tuple = ()
     histories: tuple = ((),)
 
+    def __post_init__(self):
+        if self.schedule.sigma != self.sigma:  # one σ: the events are made from the schedule's
+            raise ValueError(f"σ {self.sigma} and its schedule's {self.schedule.sigma} differ")
+
     @classmethod
     def of(cls, framework: str, hp: Hyperparameters, sampling: SamplingPlan, sigma: float,
            identities: tuple = (), histories: Sequence = ((),)) -> TaskPlan:
-        """The plan of a run of `sampling` at gradient noise `sigma` (0 without DP), its schedule
-        made from hp, without checks or budget: a search's candidate, whose σ the search
-        calibrated."""
+        """The plan of a run, its schedule made from hp, without checks or budget: a search's
+        candidate, whose σ the search calibrated.
+
+        Args:
+          framework: the algo's name.
+          hp: the hyperparameters.
+          sampling: the run's sampling plan.
+          sigma: the gradient noise multiplier of the first steps (0 without DP, whatever is given).
+          identities: the keyed identities of the run's data samples.
+          histories: the earlier runs of its examples.
+
+        Returns:
+          The TaskPlan.
+        """
         sigma = sigma if hp.dp else 0.0
         return cls(framework, hp, sampling, sigma, noise_schedule(hp, sampling, sigma),
                    tuple(identities), tuple(tuple(h) for h in histories))
@@ -209,7 +235,18 @@ def for_task(framework: str, hp: Hyperparameters, n: int, histories: Sequence, w
 
 def fresh(framework: str, hp: Hyperparameters, n: int, where: str,
           identities: tuple = ()) -> TaskPlan:
-    """The plan of a run on `n` examples that no earlier run touched (benchmarks, audits)."""
+    """The plan of a run on `n` examples that no earlier run touched (benchmarks, audits).
+
+    Args:
+      framework: the algo's name.
+      hp: the hyperparameters.
+      n: the number of training examples.
+      where: what names the hyperparameters in an error.
+      identities: the keyed identities of the run's data samples.
+
+    Returns:
+      The TaskPlan, as for_task makes and checks it.
+    """
     return for_task(framework, hp, n, [[]], where, identities)
 
 
@@ -241,9 +278,18 @@ def count_stddev(clip_count_stddev: float | None, expected_batch_size: float) ->
 
 
 def check_run(framework: str, hp: Hyperparameters, n: int, where: str) -> SamplingPlan:
-    """The sampling plan of a run on `n` examples, after every check of `checked_run`: what the
-    scripts check before they register anything (preflight.check_plan) and the search for each of
-    its profiles."""
+    """The sampling plan of a run, after every check of `checked_run`: what the scripts check before
+    they register anything (preflight.check_plan) and the search for each of its profiles.
+
+    Args:
+      framework: the algo's name.
+      hp: the hyperparameters.
+      n: the number of training examples.
+      where: what names the hyperparameters in an error.
+
+    Returns:
+      The run's SamplingPlan. Raises UserError as checked_run does.
+    """
     return checked_run(framework, hp, n, where)[0]
 
 
@@ -272,7 +318,13 @@ def checked_run(framework: str, hp: Hyperparameters, n: int, where: str) -> tupl
 
 def check_delta(delta: float, n: int, where: str = "delta") -> None:
     """δ must be explicit, positive and below 1/n (else 'release one example at random' is
-    (0, δ)-DP)."""
+    (0, δ)-DP).
+
+    Args:
+      delta: δ.
+      n: the number of training examples.
+      where: what names δ in the UserError that refuses it.
+    """
     if not isinstance(delta, (int, float)) or not 0 < delta < 1.0 / n:
         raise UserError(f"{where} = {delta} must be > 0 and < 1/n = {1.0 / n:.3g} for n = {n} "
                         "training examples; choose a smaller delta")
@@ -281,9 +333,15 @@ def check_delta(delta: float, n: int, where: str = "delta") -> None:
 def check_noise(hp: Hyperparameters, plan: SamplingPlan, unit: NoiseSchedule, where: str) -> None:
     """Refuse a step with less noise than events.MIN_NOISE_MULTIPLIER (its ε is huge and PLD cannot
     compute it in reasonable time): a given σ too small, or adaptive clipping's count too little
-    noised for any σ. `unit`: the run's noise schedule at σ = 1 (noise_schedule). A σ calibrated
-    from target_epsilon never goes below the floor (the calibration's own checks, worded by
-    refusals.refused)."""
+    noised for any σ. A σ calibrated from target_epsilon never goes below the floor (the
+    calibration's own checks, worded by refusals.refused).
+
+    Args:
+      hp: the hyperparameters.
+      plan: the run's sampling plan.
+      unit: the run's noise schedule at σ = 1 (noise_schedule).
+      where: what names the hyperparameters in an error.
+    """
     if not hp.dp:
         return
     floor = events.MIN_NOISE_MULTIPLIER
@@ -337,7 +395,7 @@ def resolve_noise_multiplier(hp: Hyperparameters, plan: SamplingPlan, prior: lis
         sigma = accountant.calibrate_noise_multiplier(hp.target_epsilon, hp.delta, plan.sample_rate,
                                                       plan.steps, prior, schedule=unit,
                                                       repeats=repeats)
-    except accountant.NoSigma as exc:
+    except no_sigma.NoSigma as exc:
         raise refusals.refused(exc, hp, plan, where, prior, repeats) from None
     log.info("calibrated noise_multiplier = %.4f for target epsilon %.3g at delta %.1e", sigma,
              hp.target_epsilon, hp.delta)

@@ -16,8 +16,9 @@ from scipy import stats
 from mnist_dp import hyperparameters
 from mnist_dp.assets import load_asset_module
 from mnist_dp.learning import interface, model_io, training
+from mnist_dp.privacy import task_plan
 from mnist_dp.privacy.randomness import RunRandomness
-from mnist_dp.privacy.task_plan import SamplingPlan, TaskPlan
+from mnist_dp.privacy.task_plan import TaskPlan
 from mnist_dp.utils.errors import UserError
 
 C = 1.0
@@ -98,8 +99,9 @@ def fit(case, images, labels, sigma, dp=True, noise_seed=0, epochs=1, batch_size
 
 
 def plan_of(framework, hp, n, sigma=1.0, identities=()):
-    """The plan of a run of `hp` on `n` examples at gradient noise `sigma`."""
-    return TaskPlan.of(framework, hp, SamplingPlan.from_hyperparameters(n, hp, "test"), sigma,
+    """The plan of a run of `hp` on `n` examples at gradient noise `sigma`, after a task's
+    checks."""
+    return TaskPlan.of(framework, hp, task_plan.check_run(framework, hp, n, "test"), sigma,
                        identities)
 
 

@@ -102,3 +102,36 @@ def test_a_train_task_trains_on_float16_features_and_lets_its_images_go(opener_p
                                  release_images=release)
         assert framework.seen[:2] == (np.float16, (40, 3969))
         assert (framework.seen[2] is None) == release and (data["images"] is images) != release
+
+
+def test_a_train_task_makes_its_plan_once_and_only_the_plan_asks_the_accountant(opener_path,
+                                                                               monkeypatch):
+    """One plan per task: task_plan.for_task runs once, and every call into the accountant while the
+    task trains (σ's calibration, the budget's cut, the progress bar's ε) comes from the plan: the ε
+    path is plan ↔ accountant."""
+    import sys
+
+    from mnist_dp.assets import load_asset_module
+    from mnist_dp.privacy import accountant, task_plan
+    from mnist_dp.privacy.ledger import Ledger
+
+    callers, plans = [], []
+
+    def recording(real, into):
+        def recorded(*args, **kwargs):
+            into.append(sys._getframe(1).f_globals["__name__"])  # noqa: SLF001 - who called
+            return real(*args, **kwargs)
+        return recorded
+
+    for name in ("calibrate_noise_multiplier", "noise_range", "steps_within_budget",
+                 "compose_epsilon"):
+        monkeypatch.setattr(accountant, name, recording(getattr(accountant, name), callers))
+    monkeypatch.setattr(task_plan, "for_task", recording(task_plan.for_task, plans))
+    opener = load_asset_module(opener_path, "opener_for_plan_tests")
+    data = opener.MnistOpener().fake_data(400)
+    hp = dict_hp(epochs=1, batch_size=40, target_epsilon=0.5, max_epsilon=0.4, delta=1e-3)
+    plan, ran = skeleton.train_in_memory(SeesItsInputs(data), None, Ledger(), data, hp, "x", {},
+                                         "")
+    assert plans == [skeleton.__name__] and ran.steps == plan.sampling.steps > 0
+    assert plan.sampling.stopped_by_budget  # the budget cut it: the plan asked for that too
+    assert set(callers) - {accountant.__name__} == {task_plan.__name__}

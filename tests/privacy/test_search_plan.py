@@ -14,7 +14,7 @@ from dp_accounting.rdp import rdp_privacy_accountant
 from scipy import stats
 
 from mnist_dp import search_space
-from mnist_dp.privacy import accountant
+from mnist_dp.privacy import accountant, search_accountant
 from mnist_dp.privacy.events import Candidate, DpEvent, NoiseSchedule, Search, validation_mask
 from mnist_dp.privacy.ledger import Examples, Ledger
 from mnist_dp.privacy.search import draw_count, plan_search
@@ -241,9 +241,9 @@ def test_at_the_search_files_bounds_the_accounting_still_calibrates_a_tight_sigm
     far below the ceiling, meets the target, and a step of the grid below it does not, so no bound
     makes the figure degenerate."""
     profile = (1 / 8, 240, NoiseSchedule(1.0))
-    (sigma,) = accountant.calibrate_search(3.0, DELTA, [profile], mean, shape)
+    (sigma,) = search_accountant.calibrate_search(3.0, DELTA, [profile], mean, shape)
     assert sigma < accountant.MAX_NOISE_MULTIPLIER / 10
-    assert accountant.search_epsilon([profile], [sigma], mean, shape, DELTA) <= 3.0
-    assert accountant.search_epsilon([profile], [sigma - 2e-3], mean, shape, DELTA) > 3.0
-    score = accountant.calibrate_score_noise(3.0, DELTA, mean, shape)
+    assert search_accountant.search_epsilon([profile], [sigma], mean, shape, DELTA) <= 3.0
+    assert search_accountant.search_epsilon([profile], [sigma - 2e-3], mean, shape, DELTA) > 3.0
+    score = search_accountant.calibrate_score_noise(3.0, DELTA, mean, shape)
     assert 0 < score < sigma  # the score is one count, the training 240 steps
