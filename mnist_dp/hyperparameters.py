@@ -153,7 +153,14 @@ _NOISE = ("noise_multiplier", "target_epsilon", "max_epsilon", "noise_decay", "c
 
 
 def check_value(name: str, value, where: str, check_range: bool = True) -> None:
-    """One hyperparameter's exact JSON type (and range): a UserError naming `where` otherwise."""
+    """One hyperparameter's exact JSON type (and range): a UserError naming `where` otherwise.
+
+    Args:
+      name: the hyperparameter.
+      value: its value (null allowed where the hyperparameter may be null).
+      where: names the value's source in the error.
+      check_range: check its range too, not only its type.
+    """
     kind, nullable, test, what = _RULES[name]
     if value is None and nullable:
         return
@@ -270,8 +277,15 @@ def parse_assignments(items: list, option: str = "--set") -> dict:
 
 
 def refuse_keys(changes: dict, keys, why: str, option: str = "--set") -> None:
-    """Refuse changes of `keys`, which the caller sets itself or does not use (`why` says which), in
-    one line: a change silently overwritten would be reported as applied."""
+    """Refuse changes of `keys`, in one line: a change silently overwritten would be reported as
+    applied.
+
+    Args:
+      changes: the user's changes, {key: value}.
+      keys: the keys the caller sets itself or does not use.
+      why: says which, in the error.
+      option: the option that gave the changes, which the error names.
+    """
     refused = [key for key in changes if key in keys]
     if refused:
         raise UserError(f"{option} {', '.join(refused)}: {why}; drop "

@@ -221,10 +221,18 @@ def _choice(name: str, choice, where: str):
 
 
 def check_with(search: SearchSpace, base: Hyperparameters, where: str) -> list:
-    """The search checked against the algo's hyperparameters `base`: DP with target_epsilon (a
-    search is calibrated as a whole), no max_epsilon, every combination of listed values a valid
-    hyperparameters file, at most MAX_PROFILES privacy profiles. Returns its profiles
-    (SearchSpace.profiles)."""
+    """The search checked against the algo's hyperparameters: DP with target_epsilon (a search is
+    calibrated as a whole), no max_epsilon, every combination of listed values a valid
+    hyperparameters file, at most MAX_PROFILES privacy profiles.
+
+    Args:
+      search: the search.
+      base: the algo's hyperparameters.
+      where: names the search's source in error messages.
+
+    Returns:
+      Its profiles (SearchSpace.profiles).
+    """
     if not base.dp:
         raise UserError(f"{where}: a private search needs dp = true (without DP, ε = ∞)")
     if base.target_epsilon is None:

@@ -90,16 +90,37 @@ class ClippedGradientSum:
         return self.run(x, y, mask, max_grad_norm, rows)[:-1]
 
     def squared_norms(self, x, y, rows=None):
-        """Each example's squared gradient norm per parameter, [B, parameters] in `weights`
-        order."""
+        """Each example's squared gradient norm per parameter.
+
+        Args:
+          x, y: the chunk's examples, as the network takes them, and their labels.
+          rows: their data rows if the network takes them, else None.
+        Returns:
+          [B, parameters] in `weights` order."""
         return self.run(x, y, ms.Tensor(np.ones(x.shape[0], np.float32)), 1.0, rows)[-1]
 
     def run(self, x, y, mask, max_grad_norm, rows):
+        """The graph run on one chunk.
+
+        Args:
+          x, y: the chunk's examples, as the network takes them, and their labels.
+          mask: 1 for an example, 0 for padding.
+          max_grad_norm: C.
+          rows: their data rows if the network takes them, else None.
+        Returns:
+          The clipped sums in `weights` order, how many had ‖g_i‖ ≤ C, the squared norms."""
         return self.graph(*self.inputs(x, y, mask, max_grad_norm, rows))
 
     def inputs(self, x, y, mask, max_grad_norm, rows):
-        """The graph's inputs for one chunk: the examples, their labels and mask, C, their data rows
-        if the network takes them, and zero probes (made once per chunk size)."""
+        """The graph's inputs for one chunk, the zero probes made once per chunk size.
+
+        Args:
+          x, y: the chunk's examples, as the network takes them, and their labels.
+          mask: 1 for an example, 0 for padding.
+          max_grad_norm: C.
+          rows: their data rows exactly if the network takes them, else None (ValueError otherwise).
+        Returns:
+          (the examples, their labels and mask, C, their data rows if any, the zero probes)."""
         if (rows is None) == self.takes_rows:
             raise ValueError("this network's clipped sum takes " + (
                 "its chunk's data rows" if self.takes_rows else
@@ -116,10 +137,8 @@ class ClippedGradientSum:
 # numbers within a task, which the accountant's independent steps do not allow (docs/design.md).
 
 class NoisyUpdate(nn.Cell):
-    """Add `noise` (unit Gaussian noise for every weight, flat: `unit_noise`) times `noise_std` (σ·C
-    of this step: the schedule and adaptive clipping change it from step to step) to the clipped
-    sum, divide by E[B], take the step. One flat draw cut into the gradients' shapes, so no two
-    gradients share their noise."""
+    """Adds noise to the clipped sum, divides by E[B], takes the step. One flat draw cut into the
+    gradients' shapes, so no two gradients share their noise."""
 
     def __init__(self, optimizer, expected_batch_size):
         super().__init__(auto_prefix=False)
@@ -132,6 +151,14 @@ class NoisyUpdate(nn.Cell):
         self.expected_batch_size = float(expected_batch_size)
 
     def construct(self, clipped_sum, noise, noise_std):
+        """Add `noise` times `noise_std` to the clipped sum, divide by E[B], take the step.
+
+        Args:
+          clipped_sum: the batch's clipped sum, in the optimizer's parameter order.
+          noise: unit Gaussian noise for every weight, flat (`unit_noise`).
+          noise_std: σ·C of this step (the schedule and adaptive clipping change it between steps).
+        Returns:
+          What the optimizer returns."""
         noise = noise * noise_std
         noisy = ()
         for g, (start, end), shape in zip(clipped_sum, self.bounds, self.shapes):
@@ -140,16 +167,23 @@ class NoisyUpdate(nn.Cell):
 
 
 class ClippedNoisyUpdate(nn.Cell):
-    """The last chunk's clipped sum (`clipped_sum`, a ClippedGradientSum's graph) plus `carried`
-    (the clipped sum of the batch's earlier chunks), noised and applied by `update` (a NoisyUpdate),
-    in one graph; returns how many of the chunk's examples had ‖g_i‖ ≤ C. One graph call a step: two
-    (a clipped sum, then an update) cost more."""
+    """The last chunk's clipped sum (`clipped_sum`, a ClippedGradientSum's graph) plus the earlier
+    chunks', noised and applied by `update` (a NoisyUpdate), in one graph. One graph call a step:
+    two (a clipped sum, then an update) cost more."""
 
     def __init__(self, clipped_sum, update):
         super().__init__(auto_prefix=False)
         self.clipped_sum, self.update = clipped_sum, update
 
     def construct(self, carried, noise, noise_std, *chunk):
+        """The last chunk's clipped sum plus `carried`, noised and applied.
+
+        Args:
+          carried: the clipped sum of the batch's earlier chunks.
+          noise, noise_std: unit Gaussian noise for every weight, flat, and σ·C of this step.
+          *chunk: the last chunk's graph inputs (ClippedGradientSum.inputs).
+        Returns:
+          How many of the chunk's examples had ‖g_i‖ ≤ C."""
         # the gradients' clipped sums, the unclipped count, the squared norms
         sums = self.clipped_sum(*chunk)
         gradients = ()
@@ -160,17 +194,29 @@ class ClippedNoisyUpdate(nn.Cell):
 
 
 def unit_noise(rng, size, secure_mode):
-    """`size` N(0, 1) numbers for one step's noise, float32, from the run's "gradient noise"
-    generator; with secure_mode as Opacus' secure_mode draws them."""
+    """One step's noise, float32.
+
+    Args:
+      rng: the run's "gradient noise" generator.
+      size: how many numbers.
+      secure_mode: draw them as Opacus' secure_mode does.
+    Returns:
+      `size` N(0, 1) numbers."""
     return randomness.standard_normal(rng, (size,), secure_mode, np.float32)
 
 
 def make_dp_step(net, optimizer, expected_batch_size, rng, secure_mode=False, with_canaries=None):
-    """One DP-SGD step `step(images, labels, batch, C, σ, rows)` on images[batch] (as stored; labels
-    int32; rows: the images' data_rows, if the network has them): clip each example's gradient to C,
-    sum the chunks, add N(0, σ²C²) from `rng` (the run's "gradient noise" generator), divide by
-    E[B], update; returns how many had ‖g_i‖ ≤ C. The last chunk is clipped, summed, noised and
-    applied in one graph (ClippedNoisyUpdate)."""
+    """One DP-SGD step; the last chunk clipped, summed, noised, applied in one ClippedNoisyUpdate.
+
+    Args:
+      net: the network, trained in place.
+      optimizer: its optimizer (or AveragingOptimizer).
+      expected_batch_size: E[B], which divides the noisy sum; it sets the chunk sizes too.
+      rng: the run's "gradient noise" generator, which the noise comes from.
+      secure_mode: draw the noise as Opacus' secure_mode does (`unit_noise`).
+      with_canaries: the audit's DpStep.with_canaries, applied to the clipped sum, or None.
+    Returns:
+      `step(images, labels, batch, C, σ, rows)` (below)."""
     clipped_sum = ClippedGradientSum(net, optimizer.parameters)
     update = NoisyUpdate(optimizer, expected_batch_size)
     last_chunk_and_update = ClippedNoisyUpdate(clipped_sum.graph, update)
@@ -180,6 +226,15 @@ def make_dp_step(net, optimizer, expected_batch_size, rng, secure_mode=False, wi
     sizes = chunks.chunk_sizes(expected_batch_size)
 
     def step(images, labels, batch, max_grad_norm, noise_multiplier, rows=None):
+        """Clip each gradient to C, sum the chunks, add N(0, σ²C²), divide by E[B], update.
+
+        Args:
+          images, labels: the network's inputs, as stored, and their labels, int32.
+          batch: the indices of the step's examples in them.
+          max_grad_norm, noise_multiplier: C and σ.
+          rows: the images' data_rows, if the network has them.
+        Returns:
+          How many had ‖g_i‖ ≤ C."""
         parts = [clipped_sum.inputs(as_input(images[index]), ms.Tensor(labels[index]),
                                     ms.Tensor(mask), max_grad_norm,
                                     None if rows is None else rows[index])
@@ -219,6 +274,13 @@ def make_plain_step(net, optimizer):
     train_step = nn.TrainOneStepCell(nn.WithLossCell(net, loss), optimizer)
 
     def step(images, labels, batch):
+        """The non-private step on images[batch]: mean loss, plain gradients.
+
+        Args:
+          images, labels: the network's inputs, as stored, and their labels, int32.
+          batch: the indices of the step's examples in them.
+        Returns:
+          TrainOneStepCell's output: the batch's mean loss."""
         return train_step(as_input(images[batch]), ms.Tensor(labels[batch]))
 
     return step
@@ -265,8 +327,14 @@ class AveragingOptimizer(nn.Cell):
 
 
 def mindarmour_epsilon(n, sample_rate, noise_multiplier, steps, delta):
-    """MindArmour's RDPMonitor figure for this run, once for all steps (its step_end miscounts):
-    above our RDP's."""
+    """MindArmour's RDPMonitor figure for this run, once for all steps (its step_end miscounts).
+
+    Args:
+      n: the training examples.
+      sample_rate: q; the monitor's batch is round(n·q), at least 1.
+      noise_multiplier, steps, delta: σ, the steps taken, δ.
+    Returns:
+      ε at δ, above our RDP's; NaN when the batch is n or more."""
     RDPMonitor = import_mindarmour("RDPMonitor")
     batch = max(1, round(n * sample_rate))
     if batch >= n:
@@ -327,6 +395,7 @@ class MindSporeMindArmour(interface.Framework):
 
     def dp_step(self, model: nn.Cell, optimizer: nn.Cell, inputs: np.ndarray, labels: np.ndarray,
                 plan: TaskPlan, step: training.DpStep):
+        """See interface.Framework.dp_step."""
         model.set_train(True)
         labels = labels.astype(np.int32)
         dp_step = make_dp_step(model, optimizer, plan.sampling.expected_batch_size,
@@ -338,17 +407,20 @@ class MindSporeMindArmour(interface.Framework):
 
     def plain_step(self, model: nn.Cell, optimizer: nn.Cell, inputs: np.ndarray,
                    labels: np.ndarray):
+        """See interface.Framework.plain_step."""
         model.set_train(True)
         labels = labels.astype(np.int32)
         plain_step = make_plain_step(model, optimizer)
         return lambda batch: plain_step(inputs, labels, batch)
 
     def end_training(self, model: nn.Cell, optimizer: nn.Cell, plan: TaskPlan) -> None:
+        """See interface.Framework.end_training."""
         if isinstance(optimizer, AveragingOptimizer):
             optimizer.average.copy_to()
         model.set_train(False)
 
     def library_epsilon(self, plan: TaskPlan, steps: int, sigma: float) -> dict:
+        """See interface.Framework.library_epsilon."""
         sampling = plan.sampling
         return {"MindArmour RDPMonitor (this run only)": mindarmour_epsilon(
             sampling.n, sampling.sample_rate, sigma, steps, plan.hp.delta)}

@@ -78,6 +78,17 @@ class DataProduct(nn.Cell):
         return self.matmul_tb(patches, kernel)
 
     def bprop(self, patches, kernel, out, dout):
+        """The gradient: the kernel's alone.
+
+        Args:
+          patches: the forward pass's patches (data: their gradient is zero).
+          kernel: the kernel matrix [O, K].
+          out: the forward pass's output (unused).
+          dout: the output's gradient [N, O].
+
+        Returns:
+          (zeros shaped as `patches`, the kernel's gradient doutᵀ · patches).
+        """
         return ops.zeros_like(patches), self.matmul_ta(dout, patches)
 
 
@@ -114,6 +125,18 @@ class ToeplitzConv2d(nn.Cell):
         return ops.matmul(x, self.toeplitz(weight))
 
     def bprop(self, x, weight, out, dout):
+        """The gradients of the input and of the weight.
+
+        Args:
+          x: the input [B, H·W·C].
+          weight: the weight, shaped as nn.Conv2d's.
+          out: the forward pass's output (unused).
+          dout: the output's gradient [B, O·P].
+
+        Returns:
+          (the input's gradient, dout · Tᵀ; the weight's, the input patches' product with the output
+          gradient, shaped as `weight`).
+        """
         batch, (out_channels, in_channels, _, _) = x.shape[0], self.weight_shape
         patches = self.patches(x.reshape(batch, -1, in_channels))  # -> [B, P, k·k·C]
         grads = ops.transpose(dout.reshape(batch, out_channels, -1), (0, 2, 1))  # -> [B, P, O]
@@ -154,5 +177,15 @@ class GroupNorm(nn.Cell):
         return centred * scale
 
     def bprop(self, z, out, dout):
+        """The input's gradient.
+
+        Args:
+          z: the input [B, D].
+          out: the forward pass's output, the normalised z.
+          dout: the output's gradient [B, D].
+
+        Returns:
+          (the gradient w.r.t. z [B, D],).
+        """
         _, scale = self.centred_and_scale(z)
         return (scale * (dout - self.mean(dout) - out * self.mean(dout * out)),)

@@ -49,14 +49,36 @@ class _ClippedSumGraph(nn.Cell):
         self.matmul_ta = ops.MatMul(transpose_a=True)
 
     def probed_loss(self, x, probe1, probe2, probe3, probe4, y):
+        """The summed loss, with zero probes added to the weighted layers' outputs.
+
+        Args:
+          x: the examples.
+          probe1: zeros added to the first weighted layer's output.
+          probe2: zeros added to the second's.
+          probe3: zeros added to the third's.
+          probe4: zeros added to the fourth's: the logits.
+          y: their labels.
+
+        Returns:
+          (the summed loss, then what `net.forward` returns beside the logits: what each weighted
+          layer's per-example gradient needs, `output_grads`' auxiliary outputs).
+        """
         logits, inputs = self.net.forward(x, (probe1, probe2, probe3, probe4))
         return (self.loss(logits, y),) + inputs
 
     @staticmethod
     def clip_weights(squared_norms, mask, max_grad_norm):
-        """[B] factors mask_i · min(1, C / ‖g_i‖) from each example's squared gradient norm per
-        parameter [B, parameters], and how many unmasked examples had ‖g_i‖ ≤ C (adaptive clipping's
-        count)."""
+        """Each example's clipping factor.
+
+        Args:
+          squared_norms: each example's squared gradient norm per parameter [B, parameters].
+          mask: [B], 1 for an example, 0 for padding.
+          max_grad_norm: C.
+
+        Returns:
+          ([B] factors mask_i · min(1, C / ‖g_i‖), how many unmasked examples had ‖g_i‖ ≤ C:
+          adaptive clipping's count).
+        """
         norms = ops.sqrt(squared_norms.sum(1))
         weight = ops.minimum(1.0, max_grad_norm / ops.maximum(norms, 1e-12)) * mask
         return weight, ((norms <= max_grad_norm).astype(ms.float32) * mask).sum()
@@ -151,6 +173,22 @@ class _TutorialClippedSum(_ClippedSumGraph):
     products)."""
 
     def construct(self, x, y, mask, max_grad_norm, probe1, probe2, probe3, probe4):
+        """The clipped sum over one chunk.
+
+        Args:
+          x: the chunk's images [B, 1, 28, 28].
+          y: their labels.
+          mask: [B], 1 for an example, 0 for padding.
+          max_grad_norm: C.
+          probe1: zeros [B, 16, 196], added to conv1's output.
+          probe2: zeros [B, 32, 25], added to conv2's output.
+          probe3: zeros [B, 32], added to fc1's output.
+          probe4: zeros [B, 10], added to the logits.
+
+        Returns:
+          The clipped sums in GRADIENT_ORDER, how many had ‖g_i‖ ≤ C, and each example's squared
+          gradient norm per parameter [B, 8].
+        """
         (g1, g2, g3, g4), (patches1, patches2, hidden_in, hidden) = self.output_grads(
             x, probe1, probe2, probe3, probe4, y)
         batch = x.shape[0]
@@ -268,6 +306,23 @@ class _ScatterNetClippedSum(_ClippedSumGraph):
         self.position_sum2 = ms.Tensor(np.repeat(np.eye(32, dtype=np.float32), 16, 0))
 
     def construct(self, x, y, mask, max_grad_norm, rows, probe1, probe2, probe3, probe4):
+        """The clipped sum over one chunk.
+
+        Args:
+          x: the chunk's scattering features [B, 3969].
+          y: their labels.
+          mask: [B], 1 for an example, 0 for padding.
+          max_grad_norm: C.
+          rows: the chunk's data rows [B, 137] (ScatterNetCNN.data_rows).
+          probe1: zeros [B, 16, 16], added to conv1's output (position, channel).
+          probe2: zeros [B, 32, 16], added to conv2's output (channel, position).
+          probe3: zeros [B, 32], added to fc1's output.
+          probe4: zeros [B, 10], added to the logits.
+
+        Returns:
+          The clipped sums in GRADIENT_ORDER, how many had ‖g_i‖ ≤ C, and each example's squared
+          gradient norm per parameter [B, 9].
+        """
         (g1, g2, g3, g4), (patches1, a1, hidden_in, hidden, x) = self.output_grads(
             x, probe1, probe2, probe3, probe4, y)
         batch, net = x.shape[0], self.net
@@ -338,9 +393,32 @@ class _LinearClippedSum(_ClippedSumGraph):
         super().__init__(net, grad_position=1, has_aux=False)
 
     def probed_loss(self, x, probe, y):
+        """The summed loss, with a zero probe added to the logits.
+
+        Args:
+          x: the examples' scattering features [B, 3969].
+          probe: zeros [B, 10].
+          y: their labels.
+
+        Returns:
+          The summed cross-entropy.
+        """
         return self.loss(self.net(x) + probe, y)
 
     def construct(self, x, y, mask, max_grad_norm, probe):
+        """The clipped sum over one chunk.
+
+        Args:
+          x: the chunk's scattering features [B, 3969].
+          y: their labels.
+          mask: [B], 1 for an example, 0 for padding.
+          max_grad_norm: C.
+          probe: zeros [B, 10], added to the logits.
+
+        Returns:
+          The clipped sums of the weight and the bias, how many had ‖g_i‖ ≤ C, and each example's
+          squared gradient norm per parameter [B, 2].
+        """
         g = self.output_grads(x, probe, y)  # -> [B, 10]
         x = x.astype(ms.float32)
         squared_norms = ops.stack(self.dense_norms(g, x), 1)  # weight, bias -> [B, 2]

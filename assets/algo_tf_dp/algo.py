@@ -49,15 +49,25 @@ HYPERPARAMETERS = Path(__file__).with_name("hyperparameters.json")
 # --- 1. The DP step: per-example clipping by TF Privacy's fast gradient clipping, noise -----------
 
 def clipped_gradient_sum(model, registry, x, y, max_grad_norm):
-    """Σ_i min(1, C / ‖g_i‖) g_i over the batch, with one forward and one backward pass, and the
-    number of examples whose gradient norm was at most C. TF Privacy's
-    `compute_clipped_gradients_and_outputs` does this with a second forward and backward pass of a
-    re-weighted loss (3.3x a plain step here). We use the same TF Privacy parts
-    (`model_forward_pass` with the registry generator, registry norm functions,
+    """The clipped gradient sum Σ_i min(1, C / ‖g_i‖) g_i of a batch, with one forward and one
+    backward pass. TF Privacy's `compute_clipped_gradients_and_outputs` does this with a second
+    forward and backward pass of a re-weighted loss. We use the same TF
+    Privacy parts (`model_forward_pass` with the registry generator, registry norm functions,
     `compute_clip_weights`) but keep the tape: the gradient of Σ_i w_i ℓ_i w.r.t. a layer's
     pre-activation output Z is w_i times that of Σ_i ℓ_i, so each layer's weight gradient is one
-    vector-Jacobian product from Z ("book-keeping", Bu et al. 2023). Returns the gradients in
-    `model.trainable_variables` order."""
+    vector-Jacobian product from Z ("book-keeping", Bu et al. 2023).
+
+    Args:
+      model: the compiled Keras model (its loss summed over the batch).
+      registry: TF Privacy's layer registry (make_layer_registry).
+      x: the batch's inputs.
+      y: their labels.
+      max_grad_norm: C.
+
+    Returns:
+      (the clipped sum, in `model.trainable_variables` order; the number of examples whose gradient
+      norm was at most C).
+    """
     from tensorflow_privacy.privacy.fast_gradient_clipping import (
         clip_grads,
         gradient_clipping_utils,
@@ -104,13 +114,31 @@ def batch_spec(model):
 
 def make_dp_step(model, optimizer, expected_batch_size, generator, with_canaries=None,
                  known_layer=None):
-    """One DP-SGD step `step(x, y, C, σ, rows=None)`: clip each example's gradient to C, sum, add
-    N(0, σ²C²) drawn from `generator`, divide by E[B]. Returns how many examples had a gradient norm
-    ≤ C (adaptive clipping's count, before noise). `known_layer`: data_grams' Conv2D, whose norms
-    come from `rows`, the batch's rows of its patch Grams (given at every step exactly when
-    known_layer is). `with_canaries`: the white-box audit's DpStep.with_canaries, called between the
-    clipping and the noise (the step is then two graphs)."""
+    """One DP-SGD step.
+
+    Args:
+      model: the compiled Keras model, trained in place.
+      optimizer: its Keras optimizer.
+      expected_batch_size: E[B], which divides the noisy sum.
+      generator: the tf.random.Generator the noise is drawn from.
+      with_canaries: the white-box audit's DpStep.with_canaries, called between the clipping and the
+        noise (the step is then two graphs); None: no canaries.
+      known_layer: data_grams' Conv2D, whose norms come from `rows`, the batch's rows of its patch
+        Grams (given at every step exactly when known_layer is), or None.
+
+    Returns:
+      `step(x, y, C, σ, rows=None)`: clips each example's gradient to C, sums, adds N(0, σ²C²) drawn
+      from `generator`, divides by E[B], and returns how many examples had a gradient norm ≤ C
+      (adaptive clipping's count, before noise). An empty batch's step adds the noise alone.
+    """
     def noisy_update(clipped_sum, max_grad_norm, noise_multiplier):
+        """Add N(0, σ²C²) to the clipped sum, divide by E[B], apply the optimizer.
+
+        Args:
+          clipped_sum: the clipped sum, in `model.trainable_variables` order.
+          max_grad_norm: C.
+          noise_multiplier: σ.
+        """
         noisy_sum = [g + generator.normal(tf.shape(g), stddev=noise_multiplier * max_grad_norm)
                      for g in clipped_sum]
         # Divide by the *expected* batch size (a constant, as Opacus does): dividing by the realised
@@ -119,18 +147,51 @@ def make_dp_step(model, optimizer, expected_batch_size, generator, with_canaries
                                    v in zip(noisy_sum, model.trainable_variables)])
 
     def clip(x, y, max_grad_norm, rows):
+        """The batch's clipped sum (clipped_gradient_sum).
+
+        Args:
+          x: the batch's inputs.
+          y: their labels.
+          max_grad_norm: C.
+          rows: the batch's rows of known_layer's patch Grams (unused without known_layer).
+
+        Returns:
+          (the clipped sum, how many examples had a gradient norm ≤ C).
+        """
         registry = make_layer_registry(None if known_layer is None else (known_layer, rows))
         return clipped_gradient_sum(model, registry, x, y, max_grad_norm)
 
     def nothing_clipped(x, y, max_grad_norm, rows):
         """An empty Poisson batch's clipped sum: zeros (Keras' Conv2D fails on 0 examples); its
-        noise is a step."""
+        noise is a step.
+
+        Args:
+          x: the empty batch's inputs (unused).
+          y: their labels (unused).
+          max_grad_norm: C (unused).
+          rows: their patch Gram rows (unused).
+
+        Returns:
+          (zeros shaped as each trainable variable, 0).
+        """
         return [tf.zeros_like(v) for v in model.trainable_variables], tf.constant(0, tf.int32)
 
     def step_of(clipped):
         @tf.function(input_signature=(*batch_spec(model), SCALAR, SCALAR,
                                       tf.TensorSpec([None, None], tf.float32)))
         def step(x, y, max_grad_norm, noise_multiplier, rows):
+            """One compiled step: the clipped sum, noised and applied.
+
+            Args:
+              x: the batch's inputs.
+              y: their labels.
+              max_grad_norm: C.
+              noise_multiplier: σ.
+              rows: the batch's rows of known_layer's patch Grams ([B, 0] without it).
+
+            Returns:
+              How many examples had a gradient norm ≤ C.
+            """
             clipped_sum, unclipped = clipped(x, y, max_grad_norm, rows)
             noisy_update(clipped_sum, max_grad_norm, noise_multiplier)
             return unclipped
@@ -151,6 +212,19 @@ def make_dp_step(model, optimizer, expected_batch_size, generator, with_canaries
     clip, update = tf.function(clip), tf.function(noisy_update)
 
     def audited_step(x, y, max_grad_norm, noise_multiplier, rows=None):
+        """The step with the audit's canaries: the clipped sum, `with_canaries` on it in the common
+        layout (weight_arrays'), then the noise and the update, in two graphs.
+
+        Args:
+          x: the batch's inputs.
+          y: their labels.
+          max_grad_norm: C.
+          noise_multiplier: σ.
+          rows: the batch's rows of known_layer's patch Grams, exactly when known_layer is given.
+
+        Returns:
+          How many examples had a gradient norm ≤ C.
+        """
         clipped_sum, unclipped = (clip if x.shape[0]
                                   else nothing_clipped)(x, y, max_grad_norm, given(x, rows))
         # the canaries are coordinates of weight_arrays, in the common layout
@@ -186,7 +260,18 @@ def new_optimizer(hp):
 
 
 def tf_privacy_statement_epsilon(n, batch_size, epochs, noise_multiplier, delta):
-    """TF Privacy's own statement (RDP, Poisson line), for comparison with our accountant."""
+    """TF Privacy's own statement (RDP, Poisson line), for comparison with our accountant.
+
+    Args:
+      n: the training examples.
+      batch_size: the expected batch size.
+      epochs: the epochs run (may be a fraction).
+      noise_multiplier: σ.
+      delta: δ.
+
+    Returns:
+      The ε of the statement's Poisson sampling line.
+    """
     from tensorflow_privacy import compute_dp_sgd_privacy_statement
 
     # used_microbatching=False: we clip each example (its default True
@@ -278,12 +363,23 @@ class TensorFlowPrivacy(interface.Framework):
 
     def dp_step(self, model: tf.keras.Model, optimizer: tf.keras.optimizers.Optimizer,
                 inputs: np.ndarray, labels: np.ndarray, plan: TaskPlan, step: training.DpStep):
+        """See interface.Framework.dp_step."""
         known = data_grams(model, inputs)  # the first layer's patch Grams, if it has them
         dp_step = make_dp_step(model, optimizer, plan.sampling.expected_batch_size,
                                noise_generator(step.randomness), step.canary_hook,
                                None if known is None else known[0])
 
         def one_step(batch: np.ndarray, max_grad_norm: float, noise_multiplier: float) -> int:
+            """One DP-SGD step on inputs[batch], each batch widened to float32 alone.
+
+            Args:
+              batch: the indices of the step's Poisson batch.
+              max_grad_norm: C.
+              noise_multiplier: σ.
+
+            Returns:
+              How many examples of the batch had a gradient norm ≤ C.
+            """
             # each batch widened to float32 alone
             x, y = as_input(inputs[batch]), tf.constant(labels[batch])
             return int(dp_step(x, y, tf.constant(max_grad_norm, tf.float32),
@@ -294,16 +390,19 @@ class TensorFlowPrivacy(interface.Framework):
 
     def plain_step(self, model: tf.keras.Model, optimizer: tf.keras.optimizers.Optimizer,
                    inputs: np.ndarray, labels: np.ndarray):
+        """See interface.Framework.plain_step."""
         plain_step = make_plain_step(model, optimizer)
         return lambda batch: plain_step(as_input(inputs[batch]), tf.constant(labels[batch]))
 
     def end_training(self, model: tf.keras.Model, optimizer: tf.keras.optimizers.Optimizer,
                      plan: TaskPlan) -> None:
+        """See interface.Framework.end_training."""
         if plan.hp.ema_decay:
             # the averaged weights are saved
             optimizer.finalize_variable_values(model.trainable_variables)
 
     def library_epsilon(self, plan: TaskPlan, steps: int, sigma: float) -> dict:
+        """See interface.Framework.library_epsilon."""
         sampling = plan.sampling
         return {"TF Privacy statement, RDP, Poisson (this run only)": tf_privacy_statement_epsilon(
             sampling.n, sampling.expected_batch_size, steps / sampling.steps_per_epoch, sigma,

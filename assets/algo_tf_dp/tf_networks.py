@@ -85,7 +85,22 @@ def conv2d_layer_computation(layer_instance, input_args, input_kwargs, tape, num
     example i, the kernel gradient is P_iᵀ G_i, with P_i the input patches [positions, kh·kw·c_in]
     and G_i the gradient of the summed loss w.r.t. the pre-activation output [positions, c_out]; the
     bias gradient is the sum of G_i over positions. Their squared norms: `conv_kernel_norms` (for
-    the layer of `known`, from the batch's data_grams)."""
+    the layer of `known`, from the batch's data_grams).
+
+    Args:
+      layer_instance: the Conv2D: groups 1, dilation 1, channels_last (NotImplementedError
+        otherwise).
+      input_args: its inputs: one tensor [B, H, W, c_in].
+      input_kwargs: its keyword inputs: none.
+      tape: the GradientTape, made to watch the pre-activation output.
+      num_microbatches: None (no microbatches).
+      known: (the Conv2D whose norms come from data_grams, the batch's rows of its packed patch
+        Grams), or None.
+
+    Returns:
+      (the pre-activation output [B, H', W', c_out], the layer's output, a function of the gradient
+      of the pre-activation output that returns each example's squared gradient norm [B]).
+    """
     if input_kwargs or len(input_args) != 1 or num_microbatches is not None:
         raise NotImplementedError("Conv2D registry function: one input, no kwargs, no microbatches")
     if layer_instance.groups != 1 or tuple(layer_instance.dilation_rate) != (1, 1) or \
@@ -116,11 +131,19 @@ def conv2d_layer_computation(layer_instance, input_args, input_kwargs, tape, num
 
 
 def conv_kernel_norms(inputs, layer, grads):
-    """Each example's squared kernel-gradient norm [B] from its input [B, H, W, c_in] and the
-    gradient of the pre-activation output [B, H', W', c_out]: from the Gram of its input pixels
+    """Each example's squared kernel-gradient norm: from the Gram of its input pixels
     (conv_grams.py) when that is smaller than its kernel gradient (the ScatterNet CNN's layers,
     whose first layer's patches cost about as much as a plain step), else from the patches (the
-    pixel CNN's)."""
+    pixel CNN's).
+
+    Args:
+      inputs: the layer's input [B, H, W, c_in].
+      layer: the Conv2D.
+      grads: the gradient of its pre-activation output [B, H', W', c_out].
+
+    Returns:
+      [B] squared norms.
+    """
     (kh, kw), (out_h, out_w) = layer.kernel_size, grads.shape[1:3]
     batch, (in_h, in_w, channels) = tf.shape(grads)[0], inputs.shape[1:]
     grads = tf.reshape(grads, [batch, out_h * out_w, grads.shape[-1]])  # [B, P, c_out]
@@ -163,18 +186,39 @@ def data_grams(model, images: np.ndarray):
 
 
 def geometry(layer, in_h, in_w, out_h, out_w):
-    """A Conv2D's (out_h, out_w, kh, kw, sh, sw, top, left) for conv_grams: SAME pads half its rows
-    above, rounded down, the rest below; columns alike."""
+    """A Conv2D's geometry for conv_grams: SAME pads half its rows above, rounded down, the rest
+    below; columns alike.
+
+    Args:
+      layer: the Conv2D.
+      in_h: its input's height.
+      in_w: its input's width.
+      out_h: its output's height.
+      out_w: its output's width.
+
+    Returns:
+      (out_h, out_w, kh, kw, sh, sw, top, left): top and left the padding above and on the left, 0
+      without SAME padding.
+    """
     (kh, kw), (sh, sw) = layer.kernel_size, layer.strides
     top, left = max((out_h - 1) * sh + kh - in_h, 0) // 2, max((out_w - 1) * sw + kw - in_w, 0) // 2
     return (out_h, out_w, kh, kw, sh, sw) + ((top, left) if layer.padding == "same" else (0, 0))
 
 
 def conv_patches(inputs, layer, out_shape):
-    """The input patch under each output position: [B, H', W', kh·kw·c_in] (in some fixed order:
-    only norms are taken). When the kernel is a multiple of the stride, space_to_depth and kh/s ·
-    kw/s shifted slices give them with cheap copies, where tf.image.extract_patches costs more than
-    the step it serves (docs/design.md)."""
+    """The input patch under each output position, in some fixed order (only norms are taken). When
+    the kernel is a multiple of the stride, space_to_depth and kh/s · kw/s shifted slices give them
+    with cheap copies, where tf.image.extract_patches costs more than the step it serves
+    (docs/design.md).
+
+    Args:
+      inputs: the layer's input [B, H, W, c_in].
+      layer: the Conv2D.
+      out_shape: its output's (H', W').
+
+    Returns:
+      [B, H', W', kh·kw·c_in].
+    """
     (kh, kw), (sh, sw) = layer.kernel_size, layer.strides
     if kh % sh or kw % sw or sh != sw:
         return tf.image.extract_patches(inputs, [1, kh, kw, 1], [1, sh, sw, 1], [1, 1, 1, 1],

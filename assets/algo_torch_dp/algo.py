@@ -58,11 +58,21 @@ logging.getLogger("substratools").propagate = False
 
 def clip_and_sum(model: nn.Module, inputs, targets, max_grad_norm,
                  known_grams=None) -> torch.Tensor:
-    """Sets every parameter's .grad to the sum over the batch of the per-example gradients of the
-    cross-entropy, each clipped to norm `max_grad_norm`; returns the per-example norms before
-    clipping. Every parameter must belong to an nn.Linear on [B, in] inputs or a plain nn.Conv2d,
-    each called once a forward pass. known_grams: (a Conv2d whose input is `inputs` itself, these
-    examples' rows of data_grams), for that layer's norms."""
+    """Set every parameter's .grad to the sum over the batch of the per-example gradients of the
+    cross-entropy, each clipped to norm `max_grad_norm`. Every parameter must belong to an nn.Linear
+    on [B, in] inputs or a plain nn.Conv2d, each called once a forward pass (ValueError otherwise).
+
+    Args:
+      model: the network.
+      inputs: the batch's inputs, as the network takes them.
+      targets: their labels.
+      max_grad_norm: C.
+      known_grams: (a Conv2d whose input is `inputs` itself, these examples' rows of data_grams),
+        for that layer's norms, or None.
+
+    Returns:
+      The per-example gradient norms before clipping [B].
+    """
     calls = []
     hooks = [module.register_forward_hook(lambda module, args,
                                           out: calls.append((module, args[0].detach(), out)))
@@ -153,11 +163,23 @@ def secure_generator(secure_mode: bool, randomness) -> torch.Generator:
 
 
 def make_dp_step(model, optimizer, expected_batch_size, generator, secure_mode, with_canaries=None):
-    """One DP-SGD step `step(x, y, C, σ, known_grams=None)` (clip_and_sum's known_grams): clip each
-    example's gradient to C, sum, add N(0, σ²C²) drawn from `generator`, divide by E[B] (Opacus'
-    optimizer). Returns how many examples had a gradient norm ≤ C (adaptive clipping's count, before
-    noise). `with_canaries`: the white-box audit's DpStep.with_canaries, called between the clipping
-    and the noise."""
+    """One DP-SGD step, through Opacus' DPOptimizerFastGradientClipping.
+
+    Args:
+      model: the network, trained in place.
+      optimizer: hp's torch optimizer, which Opacus' optimizer wraps.
+      expected_batch_size: E[B], which divides the noisy sum.
+      generator: the torch generator the noise is drawn from.
+      secure_mode: Opacus' secure_mode.
+      with_canaries: the white-box audit's DpStep.with_canaries, called between the clipping and the
+        noise; None: no canaries.
+
+    Returns:
+      `step(x, y, C, σ, known_grams=None)` (clip_and_sum's known_grams): clips each example's
+      gradient to C, sums, adds N(0, σ²C²) drawn from `generator`, divides by E[B] (Opacus'
+      optimizer), and returns how many examples had a gradient norm ≤ C (adaptive clipping's count,
+      before noise).
+    """
     from opacus.optimizers import DPOptimizerFastGradientClipping
 
     optimizer = DPOptimizerFastGradientClipping(optimizer, noise_multiplier=1.0, max_grad_norm=1.0,
@@ -166,6 +188,18 @@ def make_dp_step(model, optimizer, expected_batch_size, generator, secure_mode, 
 
     def step(x: torch.Tensor, y: torch.Tensor, max_grad_norm: float, noise_multiplier: float,
              known_grams=None) -> int:
+        """One step; an empty Poisson batch adds the noise alone.
+
+        Args:
+          x: the batch's inputs, float32.
+          y: their labels.
+          max_grad_norm: C.
+          noise_multiplier: σ.
+          known_grams: clip_and_sum's, or None.
+
+        Returns:
+          How many examples had a gradient norm ≤ C.
+        """
         optimizer.zero_grad()
         optimizer.noise_multiplier, optimizer.max_grad_norm = noise_multiplier, max_grad_norm
         unclipped = 0
@@ -275,6 +309,7 @@ class TorchOpacus(interface.Framework):
 
     def dp_step(self, model: nn.Module, optimizer: AveragingOptimizer, inputs: np.ndarray,
                 labels: np.ndarray, plan: TaskPlan, step: training.DpStep):
+        """See interface.Framework.dp_step."""
         x, y = as_tensor(inputs), torch.from_numpy(labels)  # each batch is widened to float32 alone
         known = data_grams(model, inputs)  # the first layer's patch Grams, if it has them
         secure = plan.hp.secure_mode
@@ -283,6 +318,17 @@ class TorchOpacus(interface.Framework):
         model.train()
 
         def one_step(batch: np.ndarray, max_grad_norm: float, noise_multiplier: float) -> int:
+            """One DP-SGD step on inputs[batch], widened to float32 alone, then the moving average's
+            update.
+
+            Args:
+              batch: the indices of the step's Poisson batch.
+              max_grad_norm: C.
+              noise_multiplier: σ.
+
+            Returns:
+              How many examples of the batch had a gradient norm ≤ C.
+            """
             index = torch.from_numpy(batch)
             unclipped = dp_step(x[index].float(), y[index], max_grad_norm, noise_multiplier,
                                 None if known is None else (known[0], known[1][index]))
@@ -293,6 +339,7 @@ class TorchOpacus(interface.Framework):
 
     def plain_step(self, model: nn.Module, optimizer: AveragingOptimizer, inputs: np.ndarray,
                    labels: np.ndarray):
+        """See interface.Framework.plain_step."""
         x, y = as_tensor(inputs), torch.from_numpy(labels)
         plain_step = make_plain_step(model, optimizer.inner)
         model.train()
@@ -306,9 +353,11 @@ class TorchOpacus(interface.Framework):
 
     def end_training(self, model: nn.Module, optimizer: AveragingOptimizer,
                      plan: TaskPlan) -> None:
+        """See interface.Framework.end_training."""
         optimizer.average.copy_to(model)
 
     def library_epsilon(self, plan: TaskPlan, steps: int, sigma: float) -> dict:
+        """See interface.Framework.library_epsilon."""
         from opacus.accountants import PRVAccountant
 
         accountant = PRVAccountant()

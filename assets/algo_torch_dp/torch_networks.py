@@ -92,8 +92,16 @@ def build_network(network):
 
 def conv_example_gradients(layer: nn.Conv2d, inputs: torch.Tensor,
                            out_grads: torch.Tensor) -> torch.Tensor:
-    """Each example's kernel gradient [B, out, in·kh·kw] of a Conv2d (groups 1, dilation 1, zero
-    padding) from its input [B, in, H, W] and the gradient of its output [B, out, H', W']."""
+    """Each example's kernel gradient of a Conv2d (groups 1, dilation 1, zero padding).
+
+    Args:
+      layer: the Conv2d.
+      inputs: its input [B, in, H, W].
+      out_grads: the gradient of its output [B, out, H', W'].
+
+    Returns:
+      [B, out, in·kh·kw].
+    """
     batch, channels = inputs.shape[:2]
     if channels == 1:
         # One convolution with the batch as groups: each example's input correlated with its own
@@ -111,10 +119,20 @@ def conv_example_gradients(layer: nn.Conv2d, inputs: torch.Tensor,
 
 def conv_weight_norms(layer: nn.Conv2d, inputs: torch.Tensor,
                       out_grads: torch.Tensor) -> torch.Tensor:
-    """Each example's squared kernel-gradient norm [B] from the Gram of its input pixels
+    """Each example's squared kernel-gradient norm: from the Gram of its input pixels
     (conv_grams.py) when that is smaller than its kernel gradient (the ScatterNet CNN's layers;
-    F.unfold's im2col is slow on CPU): one batched product, then one sparse product that sums the
-    pixel pairs of each patch pair."""
+    F.unfold's im2col is slow on CPU), one batched product, then one sparse product that sums the
+    pixel pairs of each patch pair; else from its kernel gradient (conv_example_gradients: the pixel
+    CNN's).
+
+    Args:
+      layer: the Conv2d.
+      inputs: its input [B, in, H, W].
+      out_grads: the gradient of its output [B, out, H', W'].
+
+    Returns:
+      [B] squared norms.
+    """
     (ph, pw), (kh, kw), (sh, sw) = layer.padding, layer.kernel_size, layer.stride
     batch, channels, height, width = inputs.shape
     if not conv_grams.pixel_grams_are_smaller(height, width, layer.weight.numel()):  # the pixel CNN

@@ -22,6 +22,14 @@ def accuracy(y_true: np.ndarray, y_pred: np.ndarray) -> float:
 
 @tools.register
 def score(inputs, outputs, task_properties):
+    """The score function: the accuracy of the predicted labels against the data samples' labels.
+
+    Args:
+      inputs: the task's inputs: "datasamples" (the opener's, with the labels) and "predictions"
+        (the predictions file); any other is refused.
+      outputs: "performance": where the accuracy is written.
+      task_properties: substratools' task properties (unused).
+    """
     refuse_unknown_inputs("score", inputs, {"datasamples", "predictions"})
     timing.begin_task("score")
     y_true = inputs["datasamples"]["labels"]

@@ -38,6 +38,15 @@ MAX_EXAMPLES = 100_000_000
 
 
 def write_sample(folder: Path, images: np.ndarray, labels: np.ndarray, key: str) -> None:
+    """Write one data sample folder: its images and labels as uint8 .npy files, and its identity
+    key.
+
+    Args:
+      folder: the folder to make (it must not exist).
+      images: the sample's images.
+      labels: their labels.
+      key: its identity key, as hex text.
+    """
     folder.mkdir(parents=True)
     np.save(folder / IMAGES_FILE, np.ascontiguousarray(images, dtype=np.uint8))
     np.save(folder / LABELS_FILE, np.ascontiguousarray(labels, dtype=np.uint8))
@@ -46,14 +55,24 @@ def write_sample(folder: Path, images: np.ndarray, labels: np.ndarray, key: str)
 
 def write_dataset(dest: Path, train, test, train_samples: int, manifest: dict, force: bool = False,
                   organizations: int = 1, keys: tuple = (), test_key: str | None = None) -> dict:
-    """Write ``dest/train/<i>`` (train split in `train_samples` folders, sample i under the key of
-    organisation i mod `organizations`), ``dest/test/0`` (under a key of its own) and
-    ``dest/manifest.json``, which marks the folder as ours. `keys`: the first organisations' keys
-    (the others get new ones); `test_key`: the test set's.
+    """Write ``dest/train/<i>``, ``dest/test/0`` and ``dest/manifest.json``, which marks the folder
+    as ours. Built in a temporary folder next to `dest` and moved into place, so an interrupted run
+    leaves no half dataset.
 
-    `dest` must be missing, empty or ours; `force` replaces our entries of it (train/, test/,
-    manifest.json) and keeps anything else. Built in a temporary folder next to `dest` and moved
-    into place, so an interrupted run leaves no half dataset. Returns the manifest.
+    Args:
+      dest: the dataset folder: missing, empty or ours.
+      train: (images, labels) of the train split.
+      test: (images, labels) of the test split, written as test/0 under a key of its own.
+      train_samples: the data sample folders the train split is cut into; sample i is under the key
+        of organisation i mod `organizations`.
+      manifest: what the manifest records besides what is written here (the source, the seed).
+      force: replace our entries of `dest` (train/, test/, manifest.json), keeping anything else.
+      organizations: how many organisations hold the train samples.
+      keys: the first organisations' keys (the others get new ones).
+      test_key: the test set's key (None: a new one).
+
+    Returns:
+      The manifest written.
     """
     dest = Path(dest)
     train_samples = _at_least_one("--train-samples", train_samples)
@@ -129,13 +148,18 @@ def sample_folders(dest: Path, split: str) -> list:
 
 
 def check_organization_keys(data_dir: Path, holdings: list, test_everywhere: bool = False) -> None:
-    """Refuse a split of `data_dir` among organisations (`holdings`: each one's train sample
-    folders) that a deployment could not have: a sample without a usable key, an organisation's data
-    under several identity keys (its ε would be counted as several organisations'), two
-    organisations under one key (either could recognise the other's examples in a released ledger),
-    or a test set under the key of an organisation it would be registered beside (the first one's;
-    every one's with `test_everywhere`). The advice gives the commands that fix it, keeping every
-    key that can stay."""
+    """Refuse a split of `data_dir` among organisations that a deployment could not have: a sample
+    without a usable key, an organisation's data under several identity keys (its ε would be counted
+    as several organisations'), two organisations under one key (either could recognise the other's
+    examples in a released ledger), or a test set under the key of an organisation it would be
+    registered beside. The advice gives the commands that fix it, keeping every key that can stay.
+
+    Args:
+      data_dir: the data folder (its test samples are read from it).
+      holdings: each organisation's train sample folders, in order.
+      test_everywhere: the test set is registered beside every organisation, not the first one's
+        only.
+    """
     data_dir = Path(data_dir)
     test_folders = sample_folders(data_dir, "test")
     keys = [identity_keys.of_organization(own) for own in [*holdings, test_folders]]
@@ -174,7 +198,13 @@ def check_organization_keys(data_dir: Path, holdings: list, test_everywhere: boo
 def check_output_outside(data_dir: Path, output: Path, flag: str = "--output") -> None:
     """Refuse an output folder that is the data folder or inside it, before anything is written
     there: the run's files (Substra's work files, the lock, the reports) would sit among the data
-    samples, and a later run would read them as samples."""
+    samples, and a later run would read them as samples.
+
+    Args:
+      data_dir: the data folder.
+      output: the output folder.
+      flag: the option that named `output`, which the error names.
+    """
     data_dir, output = Path(data_dir).resolve(), Path(output).resolve()
     if output == data_dir or data_dir in output.parents:
         raise UserError(f"{flag} {output}: is inside the data folder {data_dir}; the run's files "
@@ -182,9 +212,18 @@ def check_output_outside(data_dir: Path, output: Path, flag: str = "--output") -
 
 
 def split_advice(data_dir: Path, train_samples: int, organizations: int = 1) -> str:
-    """How to give `data_dir` at least `train_samples` train samples for `organizations`: the
-    generate_data command that writes it again when it is as generate_data wrote it (so that the
-    command loses nothing), else how to by hand."""
+    """How to give `data_dir` at least `train_samples` train samples for `organizations`.
+
+    Args:
+      data_dir: the data folder.
+      train_samples: the train samples it needs.
+      organizations: the organisations they are for.
+
+    Returns:
+      The generate_data command that writes it again when it is as generate_data wrote it (so that
+      the command loses nothing), else how to by hand, or the command that writes new data beside
+      it.
+    """
     manifest = _as_written(Path(data_dir))
     if manifest is None:  # a user's samples, or changed ones: never written over
         other = Path(data_dir).resolve().parent / f"{Path(data_dir).name}-{train_samples}-samples"
@@ -198,10 +237,20 @@ def split_advice(data_dir: Path, train_samples: int, organizations: int = 1) -> 
 
 def regenerate_command(data_dir: Path, manifest: dict, organizations: int,
                        train_samples: int = 1) -> str:
-    """The generate_data command that writes `data_dir` (ours, `manifest`) again for
-    `organizations`, in at least `train_samples` train samples, with the same examples: each
+    """The generate_data command that writes `data_dir` again, with the same examples: each
     organisation it was written for keeps its key (--key-from, organisation k's from its first
-    sample, train/k-1, as the scripts' own re-split keeps them), a new one gets a new key."""
+    sample, train/k-1, as the scripts' own re-split keeps them), a new one gets a new key.
+
+    Args:
+      data_dir: the data folder (ours).
+      manifest: its manifest.
+      organizations: the organisations to write it for.
+      train_samples: the fewest train samples to write; no fewer than `organizations`, nor than the
+        manifest records, are written.
+
+    Returns:
+      The command line, its arguments shell-quoted.
+    """
     source = manifest.get("source")
     parts = ["python scripts/generate_data.py --output", shlex.quote(str(data_dir))]
     sizes = (manifest.get("train_examples"), manifest.get("test_examples"))
@@ -233,12 +282,25 @@ def generate(dest: Path, source: Path | None = None, train_size: int | None = No
              test_size: int | None = None, train_samples: int | None = None,
              seed: int = DEFAULT_SEED, force: bool = False, organizations: int = 1,
              keys: tuple = (), test_key: str | None = None) -> dict:
-    """Build the train/test data samples in `dest` from `source` (None: the embedded subset; see the
-    module docstring) and return the manifest. Deterministic for a seed, but for the identity keys
-    (`keys`, `test_key`: reuse these; write_dataset). `train_size`, `test_size`: examples, None for
-    4000 / 1000 of the embedded data or all of a source; `train_samples`: data sample folders, one
-    per organisation if None; `organizations`: how many hold the train samples, each under its own
-    key; `force`: write into a non-empty `dest`."""
+    """Build the train/test data samples in `dest` from `source`. Deterministic for a seed, but for
+    the identity keys.
+
+    Args:
+      dest: the dataset folder.
+      source: a folder of MNIST IDX files or a .npz file; None: the embedded subset (see the module
+        docstring).
+      train_size: train examples; None for 4000 of the embedded data or all of a source.
+      test_size: test examples; None for 1000 of the embedded data or all of a source.
+      train_samples: data sample folders; None: one per organisation.
+      seed: the seed of the examples drawn.
+      force: write into a non-empty `dest`.
+      organizations: how many hold the train samples, each under its own key.
+      keys: identity keys to reuse, the first organisations' (write_dataset).
+      test_key: the test set's identity key to reuse (write_dataset).
+
+    Returns:
+      The manifest.
+    """
     organizations = _at_least_one("--organizations", organizations)
     train_samples = organizations if train_samples is None else train_samples
     train_size = None if train_size is None else _at_least_one("--train-size", train_size)
@@ -293,10 +355,20 @@ def generate_default_if_missing(dest: Path, train_samples: int, flag: str = "--t
     """The scripts' first run: write the embedded default data to `dest` unless it holds data
     samples, split among `organizations`, each under its own key. The default data written here,
     unchanged since, is split again when it has fewer than `train_samples` train samples or was
-    written for another number of organisations; any other data is left as it is. `flag`: the
-    script's option that asked for `train_samples`, which errors name (the user gave no
-    --train-samples). `dry_run`: write nothing, and return the train examples of each sample it
-    would write (None: none), which a run checks before it writes anything."""
+    written for another number of organisations; any other data is left as it is.
+
+    Args:
+      dest: the data folder.
+      train_samples: the train samples the run needs.
+      flag: the script's option that asked for `train_samples`, which errors name (the user gave no
+        --train-samples).
+      organizations: the organisations the train samples are split among.
+      dry_run: write nothing.
+
+    Returns:
+      With `dry_run`, the train examples of each sample it would write (None: none), which a run
+      checks before it writes anything; else None.
+    """
     dest = Path(dest)
     _at_least_one(flag, train_samples)
     entries = dataset_folder.folder_entries(dest)

@@ -103,8 +103,17 @@ IN_MEMORY_KEY = "00" * 32
 
 
 def in_memory(images: np.ndarray, labels: np.ndarray, identity: str) -> dict:
-    """What the opener returns for one data sample of these examples (images float32 in [0, 1],
-    labels int), named `identity`, its examples named under IN_MEMORY_KEY."""
+    """What the opener returns for one data sample of these examples, its examples named under
+    IN_MEMORY_KEY.
+
+    Args:
+      images: the images, made float32 (in [0, 1]).
+      labels: their labels, made int.
+      identity: the sample's identity, which names it.
+
+    Returns:
+      The opener's datasamples dict of that one sample (its `combine`).
+    """
     key, reader = bytes.fromhex(IN_MEMORY_KEY), opener()
     images, labels = images.astype(np.float32), labels.astype(np.int64)
     digests = reader.example_digests(images, labels)

@@ -98,7 +98,16 @@ def load_source(source: Path | None):
 
 
 def stratified_indices(labels: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarray:
-    """`size` indices drawn without replacement, keeping the class proportions (shuffled)."""
+    """Indices drawn without replacement, keeping the class proportions (shuffled).
+
+    Args:
+      labels: the labels of the examples to draw from.
+      size: how many to draw (UserError if more than there are).
+      rng: the generator that draws them.
+
+    Returns:
+      `size` indices into `labels`.
+    """
     if size > len(labels):
         raise UserError(f"asked for {size} examples but the source has only {len(labels)}")
     order = rng.permutation(len(labels))
@@ -114,7 +123,18 @@ def stratified_indices(labels: np.ndarray, size: int, rng: np.random.Generator) 
 
 
 def split_train_test(images, labels, train_size: int, test_size: int, seed: int):
-    """Stratified, shuffled, disjoint train/test split of one labelled set."""
+    """Stratified, shuffled, disjoint train/test split of one labelled set.
+
+    Args:
+      images: its images.
+      labels: their labels.
+      train_size: train examples.
+      test_size: test examples (UserError if both sizes exceed the set).
+      seed: the seed of the draws.
+
+    Returns:
+      ((train images, train labels), (test images, test labels)).
+    """
     if train_size + test_size > len(labels):
         raise UserError(f"train {train_size} + test {test_size} examples exceed the {len(labels)} "
                         "available")
@@ -129,8 +149,17 @@ def split_train_test(images, labels, train_size: int, test_size: int, seed: int)
 
 
 def checked_arrays(images, labels, source, split) -> tuple:
-    """(images, labels) of one part of a source as uint8; refuses whatever a cast to uint8 would
-    change."""
+    """One part of a source as uint8; refuses whatever a cast to uint8 would change.
+
+    Args:
+      images: its images [n, 28, 28]: uint8, or integers 0-255.
+      labels: their n labels: integers 0-9.
+      source: the source, which errors name.
+      split: "train" or "test", which errors name.
+
+    Returns:
+      (images, labels) as uint8.
+    """
     if (images.ndim != 3 or images.shape[1:] != IMAGE_SHAPE or labels.ndim != 1
         or len(images) != len(labels)):
         raise UserError(f"{source}: expected {split} images [n, 28, 28] with n labels, got "

@@ -62,7 +62,18 @@ def load_framework(framework: str):
 def check_hyperparameters(values: dict, rounds: int,
                           where: str = "hyperparameters") -> Hyperparameters:
     """The hyperparameters an algo trains with, refused here, on the caller's machine, rather than
-    in a task."""
+    in a task.
+
+    Args:
+      values: the hyperparameters, as a hyperparameters file holds them.
+      rounds: the experiment's num_rounds, a positive integer.
+      where: names their source in error messages.
+
+    Returns:
+      The parsed Hyperparameters. Raises UserError for invalid ones, for `rounds` not a positive
+      integer, or for a max_epsilon (not supported under substrafl: an organisation that stops would
+      send FedAvg no update to weigh).
+    """
     hp = hyperparameters.parse(values, where)
     if not isinstance(rounds, int) or rounds < 1:
         raise UserError(f"rounds = {rounds!r}: give the experiment's num_rounds, a positive "

@@ -46,7 +46,17 @@ def count_tasks(organizations: int, rounds: int) -> int:
 def register(clients: list, keys: registry.KeysFile, data_dir: Path) -> Organizations:
     """Organisation k registers train data samples k, k+N, ... and the test samples: every
     organisation evaluates the global model on the test set, so each reports its own ε (that of its
-    local state) beside the accuracy."""
+    local state) beside the accuracy.
+
+    Args:
+      clients: one Substra client per organisation.
+      keys: the keys file the assets' keys go to.
+      data_dir: the data folder.
+
+    Returns:
+      The Organizations: substrafl's train and test data nodes, and each organisation's train data
+      sample identities and folders.
+    """
     from substrafl.nodes import TestDataNode, TrainDataNode
 
     shares, tests, holdings = registry.register_organizations(
@@ -148,10 +158,21 @@ def _failure(client: substra.Client, plan_key: str | None, error: str, log: list
 
 def collect(client: substra.Client, plan_key: str, framework: str, organizations: Organizations,
             models_dir: Path) -> tuple:
-    """(records, performances): one Record per organisation and round after the first training, from
-    the local state its evaluation used (downloaded to `models_dir`, the bundle's model file: ε
-    recomputed from its ledger, every organisation's), with the evaluation's accuracy and the
-    organisation's own ε (`epsilon_in_substra`) beside; and Substra's performances as a frame."""
+    """The experiment's results in the bundle's format.
+
+    Args:
+      client: the Substra client that ran it.
+      plan_key: its compute plan's key.
+      framework: the algo's framework, each record's run.
+      organizations: the registered Organizations (their identities give each one's ε).
+      models_dir: where the evaluated local states are downloaded.
+
+    Returns:
+      (records, performances): one Record per organisation and round after the first training, from
+      the local state its evaluation used (downloaded to `models_dir`, the bundle's model file: ε
+      recomputed from its ledger, every organisation's), with the evaluation's accuracy and the
+      organisation's own ε (`epsilon_in_substra`) beside; and Substra's performances as a frame.
+    """
     import pandas as pd
 
     perfs = client.get_performances(plan_key)

@@ -9,9 +9,18 @@ THREADS = min(4, os.cpu_count() or 1)  # blocks at once; each block's memory bou
 
 
 def in_threads(fill: Callable[[int], int], count: int, size: int) -> Iterator[int]:
-    """fill(start) for every block start in range(0, count, size), THREADS at once; yields what each
-    returned, in order. One BLAS thread each: OpenBLAS's own threads on top of the blocks'
-    oversubscribe the cores."""
+    """Run `fill` on every block of a data set, THREADS blocks at once.
+
+    One BLAS thread each: OpenBLAS's own threads on top of the blocks' oversubscribe the cores.
+
+    Args:
+      fill: what a block does, called with the block's start.
+      count: the data set's length: the blocks start at range(0, count, size).
+      size: the block size: the step between block starts.
+
+    Yields:
+      What fill(start) returned for every block start, in order.
+    """
     from concurrent.futures import ThreadPoolExecutor
 
     from threadpoolctl import threadpool_limits

@@ -26,18 +26,40 @@ CHUNK = 250
 
 
 def pixel_grams_are_smaller(height: int, width: int, kernel_size: int) -> bool:
-    """Whether an example's pixel Gram (of its `height` × `width` input) has at most as many entries
-    as its kernel gradient (`kernel_size` weights): then norms from the Gram cost less than from
-    per-example gradients."""
+    """Whether an example's pixel Gram has at most as many entries as its kernel gradient.
+
+    Args:
+      height: the height of the layer's input.
+      width: its width.
+      kernel_size: the number of the kernel's weights (its gradient's entries).
+
+    Returns:
+      Whether (height·width)² ≤ kernel_size: then norms from the Gram cost less than from
+      per-example gradients.
+    """
     return (height * width) ** 2 <= kernel_size
 
 
 def patch_pixels(in_h: int, in_w: int, out_h: int, out_w: int, kh: int, kw: int, sh: int, sw: int,
                  top: int, left: int) -> np.ndarray:
-    """The pixel under each kernel offset of each patch: [P, kh·kw] int64, a row-major index into
-    the unpadded [H, W] = [in_h, in_w] input, -1 where the offset reads padding (`top` rows and
-    `left` columns are added before the convolution reads). P = out_h·out_w positions, positions and
-    offsets both row-major."""
+    """The pixel under each kernel offset of each patch.
+
+    Args:
+      in_h: the height H of the unpadded input.
+      in_w: its width W.
+      out_h: the height of the convolution's output.
+      out_w: its width: P = out_h·out_w positions.
+      kh: the kernel's height.
+      kw: the kernel's width.
+      sh: the stride along the rows.
+      sw: the stride along the columns.
+      top: the rows of padding added above the input before the convolution reads it.
+      left: the columns of padding added on its left.
+
+    Returns:
+      [P, kh·kw] int64: a row-major index into the unpadded [H, W] input, -1 where the offset reads
+      padding; positions and offsets both row-major.
+    """
     # [P, 1]
     i, j = np.repeat(np.arange(out_h), out_w)[:, None], np.tile(np.arange(out_w), out_h)[:, None]
     u, v = np.repeat(np.arange(kh), kw), np.tile(np.arange(kw), kh)  # [kh·kw]
@@ -49,11 +71,27 @@ def patch_pixels(in_h: int, in_w: int, out_h: int, out_w: int, kh: int, kw: int,
 @functools.cache
 def patch_pair_sums(in_h: int, in_w: int, out_h: int, out_w: int, kh: int, kw: int, sh: int,
                     sw: int, top: int, left: int) -> tuple[np.ndarray, np.ndarray, tuple[int, int]]:
-    """Which pixel pairs make each patch pair: a sparse 0/1 matrix [(H·W)², P·P] as (indices [n, 2]
-    int64 in row-major order, values float32, shape), so that an example's flattened pixel Gram
-    times it is its patch Gram, flattened. The input [H, W] = [in_h, in_w] is padded by `top` rows
-    and `left` columns before the convolution reads it; pairs with a padding pixel are 0 and left
-    out. P = out_h·out_w positions, row-major. Cached: the same read-only arrays for every call."""
+    """Which pixel pairs make each patch pair.
+
+    Cached: the same read-only arrays for every call.
+
+    Args:
+      in_h: the height H of the unpadded input.
+      in_w: its width W.
+      out_h: the height of the convolution's output.
+      out_w: its width: P = out_h·out_w positions, row-major.
+      kh: the kernel's height.
+      kw: the kernel's width.
+      sh: the stride along the rows.
+      sw: the stride along the columns.
+      top: the rows of padding added above the input before the convolution reads it.
+      left: the columns of padding added on its left.
+
+    Returns:
+      A sparse 0/1 matrix [(H·W)², P·P] as (indices [n, 2] int64 in row-major order, values
+      float32, shape), so that an example's flattened pixel Gram times it is its patch Gram,
+      flattened. Pairs with a padding pixel are 0 and left out.
+    """
     pixels = patch_pixels(in_h, in_w, out_h, out_w, kh, kw, sh, sw, top, left).T  # -> [kh·kw, P]
     # [kh·kw, P, P]: each offset's pixel pair, per patch pair
     first, second = pixels[:, :, None], pixels[:, None, :]
@@ -81,12 +119,27 @@ def packed_pairs(positions: int) -> np.ndarray:
 
 def patch_grams(pixels: np.ndarray, out_h: int, out_w: int, kh: int, kw: int, sh: int, sw: int,
                 top: int, left: int) -> np.ndarray:
-    """Each example's patch Gram A (A_pp' = a_p·a_p'), packed: [N, P(P+1)/2] float32, the entries of
-    `packed_pairs`, those off the diagonal doubled, so that for a symmetric G (the output gradients'
-    Gram) Σ_{p,p'} G_pp' A_pp' is Σ_k G[packed_pairs[k]] · row_k. pixels [N, C, H, W] (any float
-    dtype): the input of a layer that no weight changes; the other arguments are patch_pair_sums'.
+    """Each example's patch Gram A (A_pp' = a_p·a_p'), packed.
+
     Computed in float32, CHUNK examples at a time, in threads: faster, and with less memory at its
-    peak, than one product of the whole set."""
+    peak, than one product of the whole set.
+
+    Args:
+      pixels: [N, C, H, W] (any float dtype): the input of a layer that no weight changes.
+      out_h: the height of the convolution's output (as in patch_pair_sums).
+      out_w: its width.
+      kh: the kernel's height.
+      kw: the kernel's width.
+      sh: the stride along the rows.
+      sw: the stride along the columns.
+      top: the rows of padding added above the input.
+      left: the columns of padding added on its left.
+
+    Returns:
+      [N, P(P+1)/2] float32: the entries of `packed_pairs`, those off the diagonal doubled, so that
+      for a symmetric G (the output gradients' Gram) Σ_{p,p'} G_pp' A_pp' is
+      Σ_k G[packed_pairs[k]] · row_k.
+    """
     import scipy.sparse
 
     count, channels, height, width = pixels.shape

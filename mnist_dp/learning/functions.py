@@ -30,6 +30,16 @@ def run(framework: Framework, hyperparameters_path: Path) -> None:
               outputs: search.tune(framework, inputs, outputs, hyperparameters_path)}
     for name, body in bodies.items():
         def function(inputs, outputs, task_properties, name=name, body=body):
+            """The substratools function `name`: refuses an input it does not use, then runs `body`.
+
+            Args:
+              inputs: the task's inputs, by identifier (FUNCTION_INPUTS[name] are the ones it uses).
+              outputs: the task's output paths, by identifier.
+              task_properties: substratools' task properties (not used).
+              name: the function's name ("train", "predict", "aggregate" or "tune"), bound per
+                function.
+              body: body(inputs, outputs), the function's work, bound per function.
+            """
             refuse_unknown_inputs(name, inputs, FUNCTION_INPUTS[name])
             body(inputs, outputs)
 

@@ -155,13 +155,27 @@ class Framework:
 
     def plain_step(self, model, optimizer, inputs: np.ndarray,
                    labels: np.ndarray) -> Callable[[np.ndarray], None]:
-        """The non-private step: a function of one batch's indices that applies the batch's
-        mean-loss gradient."""
+        """The non-private step.
+
+        Args:
+          model: the framework's model, trained in place.
+          optimizer: what the `optimizer` hook returned.
+          inputs: the network's inputs [n, ...].
+          labels: the labels [n].
+
+        Returns:
+          A function of one batch's indices that applies the batch's mean-loss gradient.
+        """
         raise NotImplementedError
 
     def end_training(self, model, optimizer, plan: TaskPlan) -> None:
-        """After the last step: the weight average (plan.hp.ema_decay) takes the weights' place in
-        `model`."""
+        """After the last step: the weight average takes the weights' place in `model`.
+
+        Args:
+          model: the framework's model.
+          optimizer: what the `optimizer` hook returned.
+          plan: the run's plan: plan.hp.ema_decay is the weight average's.
+        """
         raise NotImplementedError
 
     def library_epsilon(self, plan: TaskPlan, steps: int, sigma: float) -> dict:

@@ -27,9 +27,20 @@ _NOT_WEIGHTS = (UserError, pickle.UnpicklingError, EOFError, RuntimeError, Value
 
 
 def load_weights(framework: Framework, saved: model_file.ModelFile, path, network: Network):
-    """The model of the weights of the model file at `path` (read as `saved`). Weights that are not
-    the framework's for `network`, or not finite, are refused naming the file: its digests only say
-    it was not edited since."""
+    """The model of the weights of a model file, checked.
+
+    Weights that are not the framework's for `network`, or not finite, are refused naming the file:
+    its digests only say it was not edited since.
+
+    Args:
+      framework: the algo's Framework.
+      saved: the model file at `path`, as read.
+      path: the model file's path, named in errors.
+      network: the network the weights are loaded into.
+
+    Returns:
+      The framework's model. Raises UserError when the weights cannot be loaded or are not finite.
+    """
     try:
         model = framework.load_model(saved.weights, network)
     except _NOT_WEIGHTS as exc:
@@ -55,7 +66,14 @@ def non_finite(framework: Framework, model) -> tuple:
 
 def check_finite(framework: Framework, model, where: str, todo: str) -> None:
     """No model with a NaN or infinite weight is saved or used: a diverged run must fail, not pass
-    on garbage."""
+    on garbage.
+
+    Args:
+      framework: the algo's Framework.
+      model: the framework's model, refused with a UserError if a weight is NaN or infinite.
+      where: what the error names first.
+      todo: what the error tells the user to do.
+    """
     bad, total = non_finite(framework, model)
     if bad:
         raise UserError(f"{where}: {bad} of the model's {total} weights are NaN or infinite; "
@@ -63,6 +81,17 @@ def check_finite(framework: Framework, model, where: str, todo: str) -> None:
 
 
 def load_input_model(framework: Framework, inputs: dict, network: Network):
+    """The task's input model, if it has one, and its ledger.
+
+    Args:
+      framework: the algo's Framework.
+      inputs: the task's inputs: "model", when given, is the path of the input model file.
+      network: the network the hyperparameters name; the input model's must be the same.
+
+    Returns:
+      (its model, its ledger), checked (load_weights); (None, an empty Ledger) without one. Raises
+      UserError when the input model's network is not `network`.
+    """
     if inputs.get("model"):
         saved = model_file.load(inputs["model"], framework.name)
         theirs = Network.of_saved(saved)
@@ -78,13 +107,32 @@ def load_input_model(framework: Framework, inputs: dict, network: Network):
 
 def predict_in_batches(framework: Framework, model, images: np.ndarray,
                        network: Network) -> np.ndarray:
-    """Class scores [N, 10] (before softmax) of images [N, 28, 28]; the predicted label is their
-    argmax."""
+    """Class scores of images, a batch at a time.
+
+    Args:
+      framework: the algo's Framework.
+      model: the framework's model.
+      images: the images [N, 28, 28].
+      network: the model's network, which makes its inputs from the images (Network.inputs).
+
+    Returns:
+      Class scores [N, 10] (before softmax); the predicted label is their argmax.
+    """
     return logits(framework, model, network.inputs(images))
 
 
 def logits(framework: Framework, model, inputs: np.ndarray) -> np.ndarray:
-    """Class scores [N, 10] of the network's `inputs` (Network.inputs), a batch at a time."""
+    """Class scores of the network's inputs, a batch at a time.
+
+    Args:
+      framework: the algo's Framework; its `predict_batch_size` is the batch size (else
+        PREDICT_BATCH_SIZE).
+      model: the framework's model.
+      inputs: the network's inputs (Network.inputs) [N, ...].
+
+    Returns:
+      Class scores [N, 10].
+    """
     batch_size = getattr(framework, "predict_batch_size", PREDICT_BATCH_SIZE)
     return np.concatenate([framework.batch_logits(model, inputs[i : i + batch_size])
                            for i in range(0, len(inputs), batch_size)] or [np.zeros((0, 10))])
@@ -92,6 +140,17 @@ def logits(framework: Framework, model, inputs: np.ndarray) -> np.ndarray:
 
 def predicted_labels(framework: Framework, model, images: np.ndarray,
                      network: Network) -> np.ndarray:
+    """The label the model predicts for each image.
+
+    Args:
+      framework: the algo's Framework.
+      model: the framework's model.
+      images: the images [N, 28, 28].
+      network: the model's network, which makes its inputs from the images (Network.inputs).
+
+    Returns:
+      The labels [N] (int64): the argmax of predict_in_batches' class scores.
+    """
     return np.argmax(predict_in_batches(framework, model, images, network), axis=1).astype(np.int64)
 
 

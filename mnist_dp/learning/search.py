@@ -47,10 +47,21 @@ class Searched:
 
 def run_search(framework: Framework, images: np.ndarray, labels: np.ndarray, held_out: np.ndarray,
                search: SearchPlan, randomness: RunRandomness, where: str) -> Searched | None:
-    """The search of `search` by `framework` on `images` [n, 28, 28] and `labels` [n], `held_out`
-    [n] marking the validation examples; `randomness` draws K, the candidates, their runs and the
-    scores' noise; `where` names the hyperparameters in errors. None when K = 0 (possible with the
-    Poisson distribution only): nothing to release."""
+    """The search of `search` by `framework`.
+
+    Args:
+      framework: the algo's Framework.
+      images: the images [n, 28, 28].
+      labels: their labels [n].
+      held_out: [n], marking the validation examples.
+      search: the search's privacy plan (its space, σ by profile, the score's noise).
+      randomness: draws K, the candidates, their runs and the scores' noise.
+      where: what names the hyperparameters in errors.
+
+    Returns:
+      What the search released (Searched); None when K = 0 (possible with the Poisson distribution
+      only): nothing to release.
+    """
     start = time.perf_counter()
     rng, score_noise = randomness.numpy("search"), randomness.numpy("score noise")
     count = draw_count(rng, search.search.mean, search.search.shape)
@@ -103,9 +114,18 @@ def silenced():
 def released_ledger(framework: Framework, data: dict, plan: SearchPlan, searched: Searched,
                     code: dict | None
                     ) -> Ledger:
-    """The ledger of the model a search of `plan` released (`searched`) on the opener's `data`: its
-    examples, and the search as one event (`code`: the running function's provenance, None in
-    memory)."""
+    """The ledger of the model a search released.
+
+    Args:
+      framework: the algo's Framework (not used).
+      data: the opener's data, whose samples' examples the ledger records.
+      plan: the search's privacy plan.
+      searched: what the search released.
+      code: the running function's provenance, None in memory.
+
+    Returns:
+      A Ledger of the examples of `data` and the search as one event.
+    """
     ledger = Ledger()
     identities = ledger.add_samples(data["samples"])
     ledger.add(plan.event(searched.plan, identities, searched.ran, code))
@@ -113,23 +133,53 @@ def released_ledger(framework: Framework, data: dict, plan: SearchPlan, searched
 
 
 def correct(framework: Framework, model, inputs: np.ndarray, labels: np.ndarray) -> int:
-    """How many of the validation examples (their network `inputs`) the model classifies right: the
-    score's count, of sensitivity 1 (one example more or less changes it by at most 1)."""
+    """How many of the validation examples the model classifies right: the score's count, of
+    sensitivity 1 (one example more or less changes it by at most 1).
+
+    Args:
+      framework: the algo's Framework.
+      model: the candidate's model.
+      inputs: the validation examples' network inputs.
+      labels: their labels.
+
+    Returns:
+      The count of right predictions.
+    """
     return int(np.sum(np.argmax(model_io.logits(framework, model, inputs), axis=1) == labels))
 
 
 def noisy_count(count: int, noise_multiplier: float, rng: np.random.Generator) -> float:
-    """A candidate's score: its count of correct validation predictions plus Gaussian noise of std
-    `noise_multiplier` (the count's sensitivity is 1), what the accountant's score face composes."""
+    """A candidate's score: what the accountant's score face composes.
+
+    Args:
+      count: its count of correct validation predictions.
+      noise_multiplier: the std of the Gaussian noise added (the count's sensitivity is 1).
+      rng: draws the noise.
+
+    Returns:
+      `count` plus Gaussian noise of std `noise_multiplier`.
+    """
     return count + rng.normal(0.0, noise_multiplier)
 
 
 def tune(framework: Framework, inputs: dict, outputs: dict, hyperparameters_path: Path) -> dict:
-    """The substratools `tune` function body: a private search on the organisation's data (the
-    search file beside the hyperparameters, search_space.FILE_NAME; the default search without one)
-    -> the best candidate's model, its ledger holding the search, and ε. Logs and writes nothing
-    that depends on the number of candidates: no progress bar per candidate, warnings once before
-    them, and no time or memory line (both grow with K)."""
+    """The substratools `tune` function body: a private search on the organisation's data -> the
+    best candidate's model, its ledger holding the search, and ε. Logs and writes nothing that
+    depends on the number of candidates: no progress bar per candidate, warnings once before them,
+    and no time or memory line (both grow with K).
+
+    Args:
+      framework: the algo's Framework.
+      inputs: the task's inputs: "datasamples" (the opener's data), and "ledger" when given (the
+        organisation's previous task's ledger output).
+      outputs: the task's output paths: "model", "epsilon", and "ledger" when given.
+      hyperparameters_path: the hyperparameters file; the search file beside it
+        (search_space.FILE_NAME) gives the search, the default search without one.
+
+    Returns:
+      The released model's privacy summary (statement.privacy_summary). Raises UserError when the
+      search drew no candidate, or every candidate diverged.
+    """
     model_io.check_outputs_writable(outputs)
     logging.getLogger("substratools.function").addFilter(_no_run_time)
     data = inputs["datasamples"]

@@ -32,10 +32,23 @@ log = logging.getLogger("substratools.mnist_dp")
 # (torch's unpickler, np.load, a name or a shape the network lacks); a framework may
 # also raise UserError itself.
 def train(framework: Framework, inputs: dict, outputs: dict, hyperparameters_path: Path) -> dict:
-    """The substratools `train` function body: data -> model -> DP step -> ledger -> save. Returns
-    the privacy summary it logged. The task's data gives up its images once their features are made
-    (inputs["datasamples"] ["images"] is None after): a caller that runs several tasks in one
-    process gives each its own data dict."""
+    """The substratools `train` function body: data -> model -> DP step -> ledger -> save.
+
+    The task's data gives up its images once their features are made
+    (inputs["datasamples"]["images"] is None after): a caller that runs several tasks in one
+    process gives each its own data dict. When the data's budget is spent, the input model is
+    passed on unchanged.
+
+    Args:
+      framework: the algo's Framework.
+      inputs: the task's inputs: "datasamples" (the opener's data), and when given "model" (the
+        input model file) and "ledger" (the organisation's previous task's ledger output).
+      outputs: the task's output paths: "model", "epsilon", and "ledger" when given.
+      hyperparameters_path: the hyperparameters file; its folder holds the running code.
+
+    Returns:
+      The privacy summary it logged.
+    """
     timing.begin_task("train", framework=framework.name)
     model_io.check_outputs_writable(outputs)
     # 1. The data, and the model: the input model, or a seeded start (the same at every
@@ -168,8 +181,14 @@ def aggregate(framework: Framework, inputs: dict, outputs: dict,
     """The substratools `aggregate` function body: federated averaging. The next global model's
     weights are the mean of the input models' weights, each weighted by the examples of its own new
     training run (an input whose organisation's budget was spent trained nothing and weighs 0); its
-    ledger is the union of theirs (merge). Averaging is post-processing: no privacy is spent
-    here."""
+    ledger is the union of theirs (merge). Averaging is post-processing: no privacy is spent here.
+
+    Args:
+      framework: the algo's Framework.
+      inputs: the task's inputs: "models", the paths of the input model files.
+      outputs: the task's output paths: "model".
+      hyperparameters_path: the hyperparameters file; its folder holds the running code.
+    """
     timing.begin_task("aggregate", framework=framework.name)
     model_io.check_outputs_writable(outputs)
     paths = inputs.get("models") or []
@@ -221,7 +240,14 @@ def weighted_mean(models: list, weights: list) -> list:
 
 
 def predict(framework: Framework, inputs: dict, outputs: dict) -> None:
-    """The substratools `predict` function body."""
+    """The substratools `predict` function body.
+
+    Args:
+      framework: the algo's Framework.
+      inputs: the task's inputs: "model" (the model file's path) and "datasamples" (the opener's
+        data, whose images are predicted).
+      outputs: the task's output paths: "predictions".
+    """
     timing.begin_task("predict", framework=framework.name)
     model_io.check_outputs_writable(outputs)
     saved = model_file.load(inputs["model"], framework.name)

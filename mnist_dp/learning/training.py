@@ -263,9 +263,18 @@ def fit_from_scratch(framework: Framework, images: np.ndarray, labels: np.ndarra
                      hp: Hyperparameters, where: str, identities: tuple = ()) -> Trained:
     """A train task's work without Substra, for benchmarks and audits: its plan on data no run has
     touched (task_plan.fresh), a new model, `fit` (fresh noise unless hp.noise_seed).
-    `framework`: the algo's; `images`, `labels`: the training data, [n, 28, 28] and [n]; `where`:
-    what an error names (the file or options the hyperparameters came from); `identities`: what
-    the run's event names as its data."""
+
+    Args:
+      framework: the algo's Framework.
+      images: the training images [n, 28, 28].
+      labels: their labels [n].
+      hp: the hyperparameters.
+      where: what an error names (the file or options the hyperparameters came from).
+      identities: what the run's event names as its data.
+
+    Returns:
+      The Trained model, with its network, its plan, what it ran and the training's seconds.
+    """
     plan = task_plan.fresh(framework.name, hp, len(labels), where, identities)
     network = Network.of(hp)
     model = framework.new_model(hp.seed, network)
@@ -276,9 +285,14 @@ def fit_from_scratch(framework: Framework, images: np.ndarray, labels: np.ndarra
 
 
 def say_notices(framework: Framework, hp: Hyperparameters, randomness: RunRandomness) -> None:
-    """Log, once and before any step, what a run of `hp` warns about: replayable noise, and the
-    framework's own notices (Framework.notices). A search says them once for all its candidates: a
-    line per candidate would count them."""
+    """Log, once and before any step, what a run of `hp` warns about. A search says them once for
+    all its candidates: a line per candidate would count them.
+
+    Args:
+      framework: the algo's Framework: its own notices (Framework.notices).
+      hp: the run's hyperparameters.
+      randomness: the run's randomness: replayable noise is warned about.
+    """
     if randomness.replayable:
         log.warning("noise_seed = %d: %s", hp.noise_seed, REPLAYABLE_WARNING)
     for notice in getattr(framework, "notices", lambda hp: [])(hp):

@@ -116,8 +116,15 @@ def build(asset_dir: Path, function: str, dest: Path, replace: dict | None = Non
     """Write ``dest`` (tar.gz): the asset's files, ``Dockerfile`` for `function`, the shared modules
     and the manifest of them all (provenance.py), whose digest identifies the archive.
 
-    `replace` maps an asset file name to new bytes (e.g. a tuned hyperparameters.json); `add` a file
-    name the asset does not have to its bytes (a search file).
+    Args:
+      asset_dir: the asset's folder.
+      function: the function the archive runs ("train", "predict", ...), whose Dockerfile it holds.
+      dest: the archive's path.
+      replace: maps an asset file name to new bytes (e.g. a tuned hyperparameters.json).
+      add: maps a file name the asset does not have to its bytes (a search file).
+
+    Returns:
+      `dest`.
     """
     asset_dir = Path(asset_dir)
     dockerfile = function_dockerfile(asset_dir, function)

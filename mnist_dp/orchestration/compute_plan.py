@@ -97,7 +97,18 @@ def count_tasks(strategy: str, rounds: int, holders: int, runs: int = 1,
     """The tasks PlanBuilder makes for `runs` runs of `rounds` rounds through `holders` data shares.
     Per round, cyclic: at each holder a train task, then predict and score on the test data (and on
     its own with score_train); fedavg: a train task at each holder, then one aggregate, predict and
-    score. A search (one round): at each holder a tune task, then predict and score."""
+    score. A search (one round): at each holder a tune task, then predict and score.
+
+    Args:
+      strategy: "cyclic", "fedavg" or "search".
+      rounds: the rounds of each run.
+      holders: the data shares (organisations or folds).
+      runs: the runs in the plan.
+      score_train: cyclic models are also scored on their own training data.
+
+    Returns:
+      The number of tasks.
+    """
     per_round = holders * (3 + 2 * score_train) if strategy in ("cyclic", "search") else holders + 3
     return runs * rounds * per_round
 
@@ -113,7 +124,14 @@ def check_size(tasks: int, asked: str) -> None:
 def check_options(strategy: str, score_train: bool, search: bool = False, rounds: int = 1) -> None:
     """Refuse what a strategy would ignore: --score-train scores each cyclic model on its own
     organisation's data; a fedavg round's model is the average, which no organisation trained alone.
-    A search (--search) is one tune task per organisation, its model scored on the test set."""
+    A search (--search) is one tune task per organisation, its model scored on the test set.
+
+    Args:
+      strategy: --strategy.
+      score_train: --score-train.
+      search: whether --search was given.
+      rounds: --rounds.
+    """
     if search:
         options.refuse_unused("with --search (one search per organisation, its model scored on the "
                               "test set)", {
@@ -166,7 +184,18 @@ class PlanBuilder:
 
     def train(self, run: str, function_key: str, share: Share, round_idx: int,
               parent: str | None = None) -> str:
-        """Train at `share`'s organisation, continuing from the model of task `parent` if given."""
+        """Train at `share`'s organisation, continuing from the model of task `parent` if given.
+
+        Args:
+          run: the run the task is of (its Role's).
+          function_key: the train function's key.
+          share: the data it trains on.
+          round_idx: its round.
+          parent: the task whose model it continues from; None: the seeded start.
+
+        Returns:
+          The train task's id.
+        """
         inputs = self._data(share)
         if parent:
             inputs.append(InputRef(identifier="model", parent_task_key=parent,
@@ -177,7 +206,18 @@ class PlanBuilder:
     def aggregate(self, run: str, function_key: str, trained: list, worker: str,
                   round_idx: int) -> str:
         """Average the models of the `trained` tasks at organisation `worker` into the next global
-        model."""
+        model.
+
+        Args:
+          run: the run the task is of.
+          function_key: the aggregate function's key.
+          trained: the train tasks whose models are averaged.
+          worker: the organisation where it runs.
+          round_idx: its round.
+
+        Returns:
+          The aggregate task's id.
+        """
         inputs = [InputRef(identifier="models", parent_task_key=t,
                            parent_task_output_identifier="model")
                   for t in trained]
@@ -186,8 +226,18 @@ class PlanBuilder:
 
     def evaluate(self, train_task: str, predict_key: str, score_key: str, share: Share,
                  split: str) -> str:
-        """Predict on `share` with the model of `train_task`, then score. Returns the score task
-        id."""
+        """Predict on `share` with the model of `train_task`, then score.
+
+        Args:
+          train_task: the task whose model is evaluated (train, tune or aggregate).
+          predict_key: the predict function's key.
+          score_key: the score function's key.
+          share: the data evaluated on, at its organisation.
+          split: "train" (the train task's own data) or "test".
+
+        Returns:
+          The score task's id.
+        """
         role = replace(self.roles[train_task], split=split, train_task=train_task,
                        organization=share.organization)
         model = InputRef(identifier="model", parent_task_key=train_task,
@@ -201,10 +251,20 @@ class PlanBuilder:
 
     def chain(self, run: str, keys: dict, stages: list, test: Share,
               score_train: bool = False) -> list:
-        """Train through `stages` ((round, Share) pairs, in order), each task from the model before
-        it; after every train task, predict and score on `test`, and with `score_train` on its own
-        share ("train": a public performance of the training data, outside ε, so only when asked).
-        `keys`: the run's function keys by function name. Returns the train task ids."""
+        """Train through `stages`, each task from the model before it; after every train task,
+        predict and score on `test`, and with `score_train` on its own share.
+
+        Args:
+          run: the run the tasks are of.
+          keys: the run's function keys by function name.
+          stages: (round, Share) pairs, in order.
+          test: the test data.
+          score_train: also score on each train task's own share ("train": a public performance of
+            the training data, outside ε, so only when asked).
+
+        Returns:
+          The train task ids.
+        """
         trained, parent = [], None
         for round_idx, share in stages:
             parent = self.train(run, keys["train"], share, round_idx, parent)
@@ -215,11 +275,21 @@ class PlanBuilder:
         return trained
 
     def fedavg(self, run: str, keys: dict, shares: list, rounds: int, test: Share) -> list:
-        """Federated averaging for `rounds` rounds: each round one train task per share, all from
-        the round's global model (in round 1 from the same seeded initialisation), then an aggregate
-        task at the test data's organisation averaging their models into the next global model,
-        which is evaluated on `test`. `keys`: the run's function keys by function name. Returns the
-        aggregate task ids."""
+        """Federated averaging: each round one train task per share, all from the round's global
+        model (in round 1 from the same seeded initialisation), then an aggregate task at the test
+        data's organisation averaging their models into the next global model, which is evaluated on
+        `test`.
+
+        Args:
+          run: the run the tasks are of.
+          keys: the run's function keys by function name.
+          shares: the data shares that train.
+          rounds: the rounds.
+          test: the test data.
+
+        Returns:
+          The aggregate task ids.
+        """
         aggregated, global_model = [], None
         for round_idx in range(1, rounds + 1):
             trained = [self.train(run, keys["train"], share, round_idx, global_model)
@@ -232,8 +302,17 @@ class PlanBuilder:
 
     def search(self, run: str, keys: dict, shares: list, test: Share) -> list:
         """A private hyperparameter search at each share's organisation on its own data (a tune
-        task), each released model evaluated on `test`. `keys`: the run's function keys by function
-        name. Returns the tune task ids."""
+        task), each released model evaluated on `test`.
+
+        Args:
+          run: the run the tasks are of.
+          keys: the run's function keys by function name.
+          shares: the data shares searched on.
+          test: the test data.
+
+        Returns:
+          The tune task ids.
+        """
         tuned = []
         for share in shares:
             task = self._spending(keys["tune"], share, self._data(share),

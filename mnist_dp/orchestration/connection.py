@@ -116,8 +116,18 @@ def check_settings(backend: str, client_name: str | None = None) -> dict:
 
 def connect(backend: str, client_name: str | None = None,
             work_dir: Path | None = None) -> substra.Client:
-    """A Substra client for `backend`. Local backends keep their files in
-    `work_dir`/local-worker."""
+    """A Substra client for `backend`.
+
+    Args:
+      backend: the backend type: "remote", or a local one ("subprocess", "docker").
+      client_name: the client's name in the settings (its URL and credentials), or None.
+      work_dir: where local backends keep their files (`work_dir`/local-worker); None: the working
+        directory.
+
+    Returns:
+      The client (a node it talks to has answered). Raises UserError when the settings, the local
+      work folder or the node fail (the node's message with any secret masked).
+    """
     settings = check_settings(backend, client_name)
     if backend == "docker":
         _check_docker_daemon()

@@ -24,10 +24,19 @@ class PlanFailed(UserError):
 
 
 def run_plan(client: substra.Client, builder: PlanBuilder, name: str, key: str) -> None:
-    """Submit the plan under `key` and see it to its end. Raises PlanFailed naming the failed task.
+    """Submit the plan under `key` and see it to its end.
 
     Local backends run the whole plan inside add_compute_plan; a remote node runs it while we poll,
     with a progress bar.
+
+    Args:
+      client: the Substra client.
+      builder: the PlanBuilder that holds the plan's tasks.
+      name: the plan's name.
+      key: the plan's key.
+
+    Raises:
+      PlanFailed: naming the failed task.
     """
     from substra.sdk.backends.local.compute.spawner.base import BuildError, ExecutionError
 
@@ -111,8 +120,18 @@ def log_tail(log: list) -> str:
 
 
 def failed_task(client: substra.Client, builder: PlanBuilder, task_key: str | None = None) -> tuple:
-    """(task id, role, function name) of the failed task: `task_key` if the node said which, else
-    the first task found failed (substra's local backend leaves it 'executing')."""
+    """The failed task of a plan.
+
+    Args:
+      client: the Substra client.
+      builder: the plan's PlanBuilder.
+      task_key: the failed task, if the node said which.
+
+    Returns:
+      (task id, role, function name) of `task_key` if the node said which, else of the first task
+      found failed (substra's local backend leaves it 'executing'); (None, None, None) if none is
+      found.
+    """
     candidates = [task_key] if task_key in builder.roles else builder.roles
     for task_id in candidates:
         role = builder.roles[task_id]
@@ -140,7 +159,18 @@ def last_done(client: substra.Client, task_ids: list) -> str | None:
 
 def performances(client: substra.Client, plan_key: str, roles: dict):
     """The plan's performances from Substra (get_performances), one row per performance, with the
-    roles."""
+    roles.
+
+    Args:
+      client: the Substra client.
+      plan_key: the plan's key.
+      roles: {task id: Role} of the plan's tasks.
+
+    Returns:
+      A pandas frame: task_key, worker, round, identifier and performance, then from the roles run,
+      metric (the identifier; "<split>_accuracy" for a score task's "performance"), train_task and
+      trained_at. No rows when the plan was refused before it existed.
+    """
     import pandas as pd
 
     try:
@@ -161,7 +191,16 @@ def performances(client: substra.Client, plan_key: str, roles: dict):
 
 
 def fetch_model(client: substra.Client, train_task: str, dest: Path) -> Path:
-    """Copy the model file a train task produced to `dest` (kept with the run's results)."""
+    """Copy the model file a train task produced to `dest` (kept with the run's results).
+
+    Args:
+      client: the Substra client.
+      train_task: the task whose "model" output is copied.
+      dest: the file to write.
+
+    Returns:
+      `dest`.
+    """
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(client.download_model_from_task(train_task, "model", dest.parent))
     shutil.move(tmp, dest)

@@ -98,13 +98,30 @@ class KeysFile:
         self.update(algos={**self.get("algos", {}), framework: dict(functions)})
 
     def add_compute_plan(self, framework: str, key: str, tasks: dict) -> None:
-        """compute_plans: {framework: {"key": plan key, "tasks": {task key: what the task is}}}."""
+        """Record a compute plan: compute_plans: {framework: {"key": plan key, "tasks": {task key:
+        what the task is}}}.
+
+        Args:
+          framework: the framework the plan trains.
+          key: the plan's key.
+          tasks: {task key: what the task is}.
+        """
         self.update(compute_plans={**self.get("compute_plans", {}),
                                    framework: {"key": key, "tasks": tasks}})
 
     def reuse_or_register(self, client: substra.Client, kind: str, made_from: str, register) -> str:
-        """The key of an asset made from `made_from` (a fingerprint): reused if known and still on
-        the node, else `register()`ed and written to the file at once."""
+        """The key of an asset made from `made_from`: reused if known and still on the node, else
+        `register()`ed and written to the file at once.
+
+        Args:
+          client: the Substra client.
+          kind: "dataset", "data_sample" or "function".
+          made_from: a fingerprint of what the asset is made from.
+          register: registers the asset and returns its key.
+
+        Returns:
+          The asset's key.
+        """
         fingerprints = self.content.setdefault("fingerprints", {})
         for key, known in list(fingerprints.items()):
             if known == made_from:
@@ -128,8 +145,18 @@ def _exists(client: substra.Client, kind: str, key: str) -> bool:
 
 
 def register_dataset(client: substra.Client, keys: KeysFile, name: str, owner: str) -> str:
-    """The opener and its description, owned by and visible to organisation `owner` (the client's)
-    only."""
+    """Register the opener and its description, owned by and visible to organisation `owner` (the
+    client's) only, or reuse the key `keys` holds for the same.
+
+    Args:
+      client: the Substra client.
+      keys: the keys file.
+      name: the dataset's name.
+      owner: the client's organisation.
+
+    Returns:
+      The dataset's key.
+    """
     spec = DatasetSpec(
         name=name, data_opener=DATASET_ASSET / "opener.py",
         description=DATASET_ASSET / "description.md", permissions=owner_only(owner),
@@ -142,7 +169,17 @@ def register_dataset(client: substra.Client, keys: KeysFile, name: str, owner: s
 
 def register_samples(client: substra.Client, keys: KeysFile, dataset_key: str,
                      folders: list) -> list:
-    """One data sample per folder, linked to the dataset; keys in folder order."""
+    """One data sample per folder, linked to the dataset.
+
+    Args:
+      client: the Substra client.
+      keys: the keys file.
+      dataset_key: the dataset the samples are linked to.
+      folders: the data sample folders.
+
+    Returns:
+      The samples' keys, in folder order.
+    """
     found = []
     for folder in folders:
         spec = DataSampleSpec(path=Path(folder), data_manager_keys=[dataset_key])
@@ -155,11 +192,22 @@ def register_samples(client: substra.Client, keys: KeysFile, dataset_key: str,
 def register_function(client: substra.Client, keys: KeysFile, asset_dir: Path, function: str,
                       name: str, build_dir: Path, hyperparameters: dict | None = None,
                       search: dict | None = None) -> str:
-    """Build the self-contained archive of `function` ("train", "predict", "aggregate", "tune" or
-    "score") of the asset in `asset_dir` into `build_dir`, with `hyperparameters` in place of its
-    file if given and the search file `search` (search_space.SearchSpace.to_json) beside it, and
-    register it on `client` as `name` (public: any worker may run it), or reuse the key `keys` holds
-    for the same archive. Returns the key."""
+    """Build the self-contained archive of a function of an asset and register it on `client`
+    (public: any worker may run it), or reuse the key `keys` holds for the same archive.
+
+    Args:
+      client: the Substra client.
+      keys: the keys file.
+      asset_dir: the asset's folder.
+      function: "train", "predict", "aggregate", "tune" or "score".
+      name: the function's name on the node (the archive's, spaces as underscores).
+      build_dir: where the archive is built.
+      hyperparameters: put in place of the asset's hyperparameters file, if given.
+      search: the search file (search_space.SearchSpace.to_json), put beside it if given.
+
+    Returns:
+      The function's key.
+    """
     description = asset_dir / "description.md"
     if not description.is_file():
         raise UserError(f"{description}: missing; every asset needs a description.md")
@@ -181,8 +229,19 @@ def register_function(client: substra.Client, keys: KeysFile, asset_dir: Path, f
 
 def register_data(client: substra.Client, keys: KeysFile, owner: str, name: str,
                   train_folders: list, test_folders: list = ()) -> tuple:
-    """The dataset of `owner` (the client's organisation) with its train (and test) data samples
-    -> (train Share, test Share)."""
+    """The dataset of `owner` with its train (and test) data samples.
+
+    Args:
+      client: the Substra client.
+      keys: the keys file.
+      owner: the client's organisation.
+      name: the dataset's name.
+      train_folders: its train data sample folders.
+      test_folders: its test data sample folders (none: no test Share).
+
+    Returns:
+      (train Share, test Share or None).
+    """
     dataset = register_dataset(client, keys, name, owner)
     train = Share(owner, dataset, tuple(register_samples(client, keys, dataset, train_folders)))
     test = Share(owner, dataset, tuple(register_samples(client, keys, dataset,
@@ -193,10 +252,19 @@ def register_data(client: substra.Client, keys: KeysFile, owner: str, name: str,
 def register_organizations(clients: list, keys: KeysFile, data_dir: Path,
                            test_everywhere: bool = False) -> tuple:
     """Organisation k (of N clients) registers its own dataset with train data samples k, k+N, ...;
-    the first one also holds the test samples (every one with `test_everywhere`). Returns (train
-    Shares, test Share, {organisation: folders}), or with `test_everywhere` a list of every
-    organisation's test Share in the second place. The caller compares every organisation's samples
-    first (samples.check_examples), as run_local.py does."""
+    the first one also holds the test samples (every one with `test_everywhere`). The caller
+    compares every organisation's samples first (samples.check_examples), as run_local.py does.
+
+    Args:
+      clients: one Substra client per organisation.
+      keys: the keys file.
+      data_dir: the data folder.
+      test_everywhere: every organisation holds the test samples.
+
+    Returns:
+      (train Shares, test Share, {organisation: folders}), or with `test_everywhere` a list of every
+      organisation's test Share in the second place.
+    """
     shares, tests, holdings = [], [], {}
     for client, own in zip(clients, split_among(data_dir, len(clients))):
         owner = client.organization_info().organization_id
@@ -211,7 +279,16 @@ def register_organizations(clients: list, keys: KeysFile, data_dir: Path,
 
 def split_among(data_dir: Path, organizations: int, flag: str | None = None) -> list:
     """The train data sample folders of each of `organizations` (or folds): number k holds samples
-    k, k+N, ... `flag`: the user's option that asked for `organizations`, which an error names."""
+    k, k+N, ...
+
+    Args:
+      data_dir: the data folder.
+      organizations: N, the organisations or folds.
+      flag: the user's option that asked for `organizations`, which an error names.
+
+    Returns:
+      N lists of folders. Raises UserError when the data holds fewer than N train samples.
+    """
     folders = sample_folders(data_dir, "train")
     if len(folders) < organizations:
         asked = f"{flag} {organizations}: " if flag else ""
@@ -223,15 +300,37 @@ def split_among(data_dir: Path, organizations: int, flag: str | None = None) -> 
 
 
 def register_objective(client: substra.Client, keys: KeysFile, build_dir: Path) -> str:
+    """Register the objective: the score function, named "accuracy" (register_function).
+
+    Args:
+      client: the Substra client.
+      keys: the keys file.
+      build_dir: where its archive is built.
+
+    Returns:
+      Its function key.
+    """
     return register_function(client, keys, OBJECTIVE_ASSET, "score", "accuracy", build_dir)
 
 
 def register_algo(client: substra.Client, keys: KeysFile, run: str, framework: str,
                   hyperparameters: dict, build_dir: Path, functions: tuple,
                   search: dict | None = None) -> dict:
-    """{function: key} of the algo run `run` of `framework`: its `functions` (those of a strategy,
-    compute_plan.STRATEGIES) with these hyperparameters (and search file) inside, built in
-    `build_dir` (register_function)."""
+    """Register the functions of the algo run `run` of `framework` (register_function).
+
+    Args:
+      client: the Substra client.
+      keys: the keys file.
+      run: the run's name, which begins each function's.
+      framework: the algo's framework.
+      hyperparameters: put inside each function.
+      build_dir: where the archives are built.
+      functions: those of a strategy (compute_plan.STRATEGIES).
+      search: the search file, put in the "tune" function only.
+
+    Returns:
+      {function: key}.
+    """
     asset = ALGO_ASSETS[framework]
     return {function: register_function(client, keys, asset, function, f"{run} {function}",
                                         build_dir, hyperparameters,
@@ -252,7 +351,15 @@ def register_dataset_objective(client: substra.Client, keys: KeysFile, data_dir:
                                build_dir: Path) -> None:
     """Dataset, train / test data samples and objective of one organisation, into the keys file:
     dataset_key, objective_key, train_data_sample_keys (a list of folds, each a list of keys),
-    test_data_sample_keys, organization_id and the data folder they came from."""
+    test_data_sample_keys, organization_id and the data folder they came from.
+
+    Args:
+      client: the organisation's Substra client.
+      keys: the keys file.
+      data_dir: the data folder.
+      folds: the folds the train samples are split into, from 1 to their number.
+      build_dir: where the objective's archive is built.
+    """
     train_folders = sample_folders(data_dir, "train")
     if not isinstance(folds, int) or not 1 <= folds <= len(train_folders):
         raise UserError(f"--folds {folds}: must be between 1 and the {len(train_folders)} train "

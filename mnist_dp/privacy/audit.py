@@ -25,8 +25,19 @@ from scipy import optimize, stats
 
 
 def p_value(m: int, guesses: int, correct: int, epsilon: float, delta: float) -> float:
-    """P[at least `correct` right out of `guesses`] if training were (epsilon, delta)-DP, for m
-    canaries."""
+    """The p-value of the guesses' result under an (epsilon, delta)-DP claim.
+
+    Args:
+      m: the number of canaries.
+      guesses: how many canaries were guessed (not abstained on).
+      correct: how many guesses were right.
+      epsilon: ε of the claim tested.
+      delta: δ of the claim tested.
+
+    Returns:
+      P[at least `correct` right out of `guesses`] if training were (epsilon, delta)-DP, for m
+      canaries (at most 1). Raises ValueError unless 0 <= correct <= guesses <= m.
+    """
     if not 0 <= correct <= guesses <= m:
         raise ValueError(f"need 0 <= correct ({correct}) <= guesses ({guesses}) <= m ({m})")
     q = 1 / (1 + math.exp(-epsilon))  # accuracy of epsilon-randomized response
@@ -56,17 +67,39 @@ def largest_ruled_out(ruled_out, smallest: float) -> float | None:
 
 def epsilon_lower_bound(m: int, guesses: int, correct: int, delta: float,
                         beta: float = 0.05) -> float:
-    """The largest ε ruled out at confidence 1 - beta (0 when none is); p_value increases with ε."""
+    """The largest ε ruled out at confidence 1 - beta; p_value increases with ε.
+
+    Args:
+      m: the number of canaries.
+      guesses: how many canaries were guessed (not abstained on).
+      correct: how many guesses were right.
+      delta: δ of the claims tested.
+      beta: the test's level: the confidence is 1 - beta.
+
+    Returns:
+      That ε; 0 when none is ruled out.
+    """
     epsilon = largest_ruled_out(lambda epsilon: p_value(m, guesses, correct, epsilon, delta) < beta,
                                 0.0)
     return 0.0 if epsilon is None else epsilon
 
 
 def gaussian_rejected(mu: float, m: int, guesses: int, correct: int, beta: float) -> bool:
-    """Whether every μ-GDP mechanism gives `correct` or more right out of `guesses` (of m canaries)
-    with probability at most beta: Mahloujifar et al.'s Algorithm 3 (Theorem 3.2) for in / out
-    guesses (k = 2), with their code's running maximum of h. Its recursion runs down from `correct`
-    over the tradeoff curve's inverse blow-up f̄⁻¹(y) = Φ(Φ⁻¹(y) - μ)."""
+    """Whether the guesses rule out μ-GDP: Mahloujifar et al.'s Algorithm 3 (Theorem 3.2) for in /
+    out guesses (k = 2), with their code's running maximum of h. Its recursion runs down from
+    `correct` over the tradeoff curve's inverse blow-up f̄⁻¹(y) = Φ(Φ⁻¹(y) - μ).
+
+    Args:
+      mu: μ of the claim tested.
+      m: the number of canaries.
+      guesses: how many canaries were guessed (not abstained on).
+      correct: how many guesses were right.
+      beta: the test's level.
+
+    Returns:
+      Whether every μ-GDP mechanism gives `correct` or more right out of `guesses` (of m canaries)
+      with probability at most beta; False when `correct` is 0.
+    """
     if correct <= 0:
         return False
     normal = NormalDist()
@@ -96,9 +129,19 @@ def gaussian_epsilon(mu: float, delta: float) -> float:
 
 def gaussian_epsilon_lower_bound(m: int, guesses: int, correct: int, delta: float,
                                  beta: float = 0.05) -> float:
-    """The ε at δ of the largest μ whose μ-GDP the guesses rule out at confidence 1 - beta (0 when
-    none is): a lower bound on the ε of a mechanism that claims μ-GDP, as DP-SGD with the full batch
-    does."""
+    """A lower bound on the ε of a mechanism that claims μ-GDP, as DP-SGD with the full batch does.
+
+    Args:
+      m: the number of canaries.
+      guesses: how many canaries were guessed (not abstained on).
+      correct: how many guesses were right.
+      delta: the δ at which ε is given.
+      beta: the test's level: the confidence is 1 - beta.
+
+    Returns:
+      The ε at δ of the largest μ whose μ-GDP the guesses rule out at confidence 1 - beta (0 when
+      none is). Raises ValueError unless 0 <= correct <= guesses <= m.
+    """
     if not 0 <= correct <= guesses <= m:
         raise ValueError(f"need 0 <= correct ({correct}) <= guesses ({guesses}) <= m ({m})")
     # monotone in μ
@@ -107,7 +150,17 @@ def gaussian_epsilon_lower_bound(m: int, guesses: int, correct: int, delta: floa
 
 
 def guess(scores: np.ndarray, included: np.ndarray, k_in: int, k_out: int) -> tuple:
-    """(guesses, correct): "in" for the k_in highest scores, "out" for the k_out lowest."""
+    """Guess "in" for the k_in highest scores, "out" for the k_out lowest.
+
+    Args:
+      scores: each canary's score.
+      included: whether each canary was included (bool).
+      k_in: how many of the highest scores are guessed "in".
+      k_out: how many of the lowest scores are guessed "out".
+
+    Returns:
+      (guesses, correct): how many guesses, and how many of them were right.
+    """
     order = np.argsort(scores, kind="stable")
     said_in, said_out = order[len(order) - k_in:], order[:k_out]
     return k_in + k_out, int(included[said_in].sum() + (~included[said_out]).sum())
@@ -166,11 +219,21 @@ class DiracCanaries:
     def scores(self, start: np.ndarray, end: np.ndarray, learning_rate: float,
                expected_batch_size: float
                ) -> np.ndarray:
-        """Each canary's score from the weights before and after the run (flat_weights), in units of
-        C: the sum over the steps of its coordinate's noisy sum, less the real examples' part. Plain
-        SGD (no momentum, no weight average) moved the weights by -learning_rate / E[B] times the
-        sum of the steps' noisy sums, so an included canary scores steps + N(0, steps·σ²) if the
-        steps added the noise claimed, an excluded one N(0, steps·σ²)."""
+        """Each canary's score, in units of C: the sum over the steps of its coordinate's noisy sum,
+        less the real examples' part. Plain SGD (no momentum, no weight average) moved the weights
+        by -learning_rate / E[B] times the sum of the steps' noisy sums, so an included canary
+        scores steps + N(0, steps·σ²) if the steps added the noise claimed, an excluded one
+        N(0, steps·σ²).
+
+        Args:
+          start: the weights before the run (flat_weights).
+          end: the weights after it (flat_weights).
+          learning_rate: the plain SGD's learning rate.
+          expected_batch_size: E[B], which divided each step's noisy sum.
+
+        Returns:
+          The scores, one per canary.
+        """
         moved = -(
             end.astype(np.float64) - start.astype(np.float64)) * expected_batch_size / learning_rate
         return (moved - self.real_sum) / self.clip_norm

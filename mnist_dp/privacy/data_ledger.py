@@ -251,10 +251,19 @@ def join(folders) -> int:
 
 
 def absorb(model: Ledger, data: Ledger, framework: str | None) -> list:
-    """Add to the model's ledger (in place, before its runs) every `framework` run (None: every run)
-    of the data's ledger it lacks: what a train task continuing from an input model accounts,
-    whatever its sender recorded. Returns those runs. A run both hold must be recorded alike, else
-    the model was edited (refused)."""
+    """Add to the model's ledger every run of the data's ledger it lacks: what a train task
+    continuing from an input model accounts, whatever its sender recorded.
+
+    Args:
+      model: the model's ledger, changed in place: the runs go before its own, with their examples
+        and the data's aliases of its samples.
+      data: the data's own ledger.
+      framework: the framework whose runs are added (None: every run).
+
+    Returns:
+      The runs added. A run both hold must be recorded alike, else the model was edited (refused
+      with a UserError).
+    """
     known = {e.run_id: e for e in model.events}
     lacking = [e for e in data.events
                if is_new(known, e,

@@ -205,7 +205,21 @@ class DpEvent:
     def of_run(cls, framework: str, data: tuple, n: int, sample_rate: float,
                schedule: NoiseSchedule, steps: int, clipping: str,
                max_grad_norm: float) -> DpEvent:
-        """The event of a run's first `steps` steps at the noise of `schedule`."""
+        """The event of a run's first `steps` steps at the noise of `schedule`.
+
+        Args:
+          framework: the algo's name.
+          data: the keyed identities of the data samples trained on.
+          n: the examples in those samples.
+          sample_rate: the Poisson sampling probability q of each step.
+          schedule: the run's noise: σ, its decay and adaptive clipping's count noise.
+          steps: the steps run.
+          clipping: the clipping unit: PER_EXAMPLE, or NO_CLIPPING for the non-private baseline.
+          max_grad_norm: the clipping norm C.
+
+        Returns:
+          The DpEvent, its other fields (provenance, run id, search) at their defaults.
+        """
         return cls(framework, data, n, sample_rate, schedule.sigma, steps, clipping, max_grad_norm,
                    noise_decay=schedule.noise_decay, decay_steps=schedule.decay_steps,
                    count_noise_multiplier=schedule.count_noise_multiplier)
@@ -309,6 +323,16 @@ class Candidate:
 
     @classmethod
     def of(cls, sample_rate: float, steps: int, schedule: NoiseSchedule) -> Candidate:
+        """The profile of a candidate's run.
+
+        Args:
+          sample_rate: its Poisson rate q.
+          steps: its planned steps.
+          schedule: its noise schedule (σ of the first steps, decay, count noise).
+
+        Returns:
+          The Candidate.
+        """
         return cls(sample_rate, steps, *dataclasses.astuple(schedule))
 
     def schedule(self) -> NoiseSchedule:

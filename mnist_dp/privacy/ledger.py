@@ -279,14 +279,30 @@ class Ledger:
 
     def epsilon(self, delta: float, accountant: str = REPORTED_ACCOUNTANT,
                 data: Iterable[str] | None = None) -> float:
-        """Worst-case ε at δ over the examples (restricted to those of the data samples `data` if
-        given)."""
+        """Worst-case ε at δ over the examples.
+
+        Args:
+          delta: δ.
+          accountant: "pld" or "rdp" (a ledger with a search is composed by RDP).
+          data: identities of data samples, whose examples alone count (None: every example).
+
+        Returns:
+          ε; 0.0 without an example.
+        """
         return self.worst(delta, accountant, data)[0]
 
     def worst(self, delta: float, accountant: str = REPORTED_ACCOUNTANT,
               data: Iterable[str] | None = None) -> tuple:
-        """(ε, Account) of the worst example at δ (of the data samples `data` if given); (0.0, None)
-        without one."""
+        """The worst example at δ.
+
+        Args:
+          delta: δ.
+          accountant: "pld" or "rdp" (a ledger with a search is composed by RDP).
+          data: identities of data samples, whose examples alone count (None: every example).
+
+        Returns:
+          (ε, Account) of the worst example; (0.0, None) without one.
+        """
         wanted = None if data is None else set(data)
         worst, which = 0.0, None
         for account in self.accounts():
@@ -357,8 +373,18 @@ def merge(ledgers: Sequence[Ledger]) -> Ledger:
 
 
 def is_new(seen: dict, event: DpEvent, differently: str) -> bool:
-    """Whether `event` is a run `seen` ({run id: event}) does not hold yet, adding it: a union by
-    run id. The same run recorded twice differently is refused with the UserError `differently`."""
+    """A union by run id: whether `event` is a run `seen` does not hold yet, adding it.
+
+    Args:
+      seen: {run id: event}, the runs so far; `event` is added when new.
+      event: the run.
+      differently: the message of the UserError that refuses the same run recorded twice
+        differently.
+
+    Returns:
+      Whether `event` is new. Raises UserError `differently` when `seen` holds its run id with
+      another event.
+    """
     if event.run_id in seen:
         if seen[event.run_id] != event:
             raise UserError(differently)

@@ -128,8 +128,17 @@ AGGREGATED = "aggregate_of"
 def aggregate_metadata(inputs: list, run_ids: list, examples: list, code: dict) -> dict:
     """An averaged model's metadata: the settings its inputs share (the first input's),
     `stopped_by_budget` if any input's was, and under AGGREGATED every input's own metadata with the
-    run it added (None: it trained nothing) and its weight in the average (examples); `code` is what
-    averaged them."""
+    run it added and its weight in the average.
+
+    Args:
+      inputs: each input model's metadata (its hyperparameters).
+      run_ids: the run each input added (None: it trained nothing).
+      examples: each input's weight in the average (its run's examples).
+      code: what averaged them (its provenance), kept as "aggregated_by".
+
+    Returns:
+      The metadata, a dict.
+    """
     return {**{k: v for k, v in inputs[0].items() if k != AGGREGATED},
             "stopped_by_budget": any(hp.get("stopped_by_budget") for hp in inputs),
             # An input that trained nothing may be an average itself: its own inputs are not needed.

@@ -51,10 +51,19 @@ class RunRandomness:
     @classmethod
     def for_run(cls, noise_seed: int | None, earlier_runs: int = 0,
                 data: tuple = ()) -> RunRandomness:
-        """Fresh unless `noise_seed` is given. A replayable run's seed moves on with the ledger (a
-        continued run must not replay the run before it) and with the data (organisations training
-        in parallel from one global model must not draw the same noise: the difference of their
-        models would cancel it)."""
+        """The randomness of a training run: fresh unless `noise_seed` is given. A replayable run's
+        seed moves on with the ledger (a continued run must not replay the run before it) and with
+        the data (organisations training in parallel from one global model must not draw the same
+        noise: the difference of their models would cancel it).
+
+        Args:
+          noise_seed: the noise_seed hyperparameter (None: fresh OS entropy).
+          earlier_runs: how many runs the model's ledger holds before this one.
+          data: the identities of the run's data samples.
+
+        Returns:
+          The RunRandomness: fresh, or derived from the three (`replayable`).
+        """
         if noise_seed is None:
             return cls.fresh()
         digest = hashlib.sha256(json.dumps([noise_seed, earlier_runs,
@@ -77,15 +86,33 @@ class RunRandomness:
         return np.random.Generator(np.random.PCG64(self._sequence(purpose)))
 
     def words(self, purpose: str, count: int, dtype=np.uint32) -> np.ndarray:
-        """`count` seed words (uint32 or uint64) for a framework's own generator, for `purpose`."""
+        """Seed words for a framework's own generator.
+
+        Args:
+          purpose: the stream, one of PURPOSES.
+          count: how many words.
+          dtype: np.uint32 or np.uint64.
+
+        Returns:
+          `count` seed words of `dtype` for `purpose`.
+        """
         return self._sequence(purpose).generate_state(count, dtype)
 
 
 def standard_normal(rng: np.random.Generator, shape: tuple = (), secure: bool = False,
                     dtype=np.float64):
-    """N(0, 1) draws of `shape` from `rng`. With `secure`, as Opacus' secure_mode draws its noise:
-    the sum of four draws over 2, whose low bits no longer reveal the value drawn (the
-    floating-point attack, Mironov 2012)."""
+    """N(0, 1) draws.
+
+    Args:
+      rng: the generator they are drawn from.
+      shape: their shape.
+      secure: draw as Opacus' secure_mode draws its noise: the sum of four draws over 2, whose low
+        bits no longer reveal the value drawn (the floating-point attack, Mironov 2012).
+      dtype: their dtype.
+
+    Returns:
+      N(0, 1) draws of `shape` from `rng`.
+    """
     if secure:
         return rng.standard_normal((4, *shape), dtype).sum(0) / 2
     return rng.standard_normal(shape, dtype)

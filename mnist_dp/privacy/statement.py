@@ -156,16 +156,24 @@ def is_federated(saved: ModelFile) -> bool:
 def privacy_statement(saved: ModelFile, per_organization: dict | None = None,
                       train_scores: bool = False, assumptions: bool = True,
                       data_spent: dict | None = None) -> str:
-    """Markdown. First a card: ε at δ and the accountant, what is covered, what is flagged. Then the
-    details: RDP and each library's own figure, the runs behind it, the budget, ε per organisation,
-    the noise's source; then, unless `assumptions` is False (a report that says them once,
-    `shared_assumptions`), the neighbouring relation, the mechanism, the threat model and what is
-    not covered.
+    """The privacy statement of a model, in Markdown. First a card: ε at δ and the accountant, what
+    is covered, what is flagged. Then the details: RDP and each library's own figure, the runs
+    behind it, the budget, ε per organisation, the noise's source; then the neighbouring relation,
+    the mechanism, the threat model and what is not covered.
 
-    `per_organization`: {organisation: its ε}, as a report computed it; `train_scores`: the plan
-    published accuracies on the training data (--score-train); `data_spent`: {organisation: what its
-    data has spent over every run released from it so far, this model's among them}, from the data's
-    own ledger (data_ledger.py)."""
+    Args:
+      saved: the model file.
+      per_organization: {organisation: its ε}, as a report computed it (None: per identity
+        key, or per group of examples, when the ledger has several).
+      train_scores: whether the plan published accuracies on the training data (--score-train).
+      assumptions: False for a report that says the shared assumptions once (`shared_assumptions`):
+        they are then left out.
+      data_spent: {organisation: what its data has spent over every run released from it so far,
+        this model's among them}, from the data's own ledger (data_ledger.py).
+
+    Returns:
+      The statement; a paragraph saying so for a model trained without DP.
+    """
     ledger, hp = saved.ledger, saved.hyperparameters
     delta = hp["delta"]
     if not any(e.is_private for e in ledger.events):
@@ -282,8 +290,16 @@ def privacy_summary(ledger: Ledger, delta: float) -> dict:
 
 
 def data_spent(spent: Ledger, identities: tuple, delta: float) -> str:
-    """What a task's data (its samples' keyed `identities`) has spent over every run its own ledger
-    `spent` records (data_ledger.py), in a line."""
+    """What a task's data has spent over every run its own ledger records, in a line.
+
+    Args:
+      spent: the data's own ledger (data_ledger.py).
+      identities: the keyed identities of the task's data samples.
+      delta: δ.
+
+    Returns:
+      The line: how many runs, and ε at δ over all of them.
+    """
     return (f"this data's own ledger: {len(spent.events)} run(s) released from it, ε = "
             f"{spent.epsilon(delta, data=identities):.3f} at δ = {delta:g} over all of them")
 

@@ -156,7 +156,17 @@ def _number(value) -> str:
 def write_summary(path: Path, title: str, facts: list, records: list, performances,
                   plot: Path | None, failure: str | None = None) -> None:
     """summary.md: what ran, the results table, the privacy statement, the plot, Substra's
-    performances."""
+    performances.
+
+    Args:
+      path: where summary.md is written.
+      title: its heading.
+      facts: what ran, one item each.
+      records: the Records.
+      performances: Substra's performances (execution.performances).
+      plot: results.png, shown if given.
+      failure: the plan's failure message, if it failed.
+    """
     headers, rows = _rows(records)
     lines = [f"# {title}", ""] + [f"- {fact}" for fact in facts] + [""]
     if failure:
@@ -189,7 +199,19 @@ def write_summary(path: Path, title: str, facts: list, records: list, performanc
 
 def write_reports(output: Path, title: str, facts: list, records: list, performances,
                   failure: str | None = None) -> list:
-    """results.json, results.png and summary.md in `output`; returns their paths."""
+    """results.json, results.png and summary.md in `output`.
+
+    Args:
+      output: the folder they are written in.
+      title: summary.md's heading.
+      facts: what ran, one item each.
+      records: the Records.
+      performances: Substra's performances (execution.performances).
+      failure: the plan's failure message, if it failed.
+
+    Returns:
+      Their paths (results.png only when drawn).
+    """
     results = output / "results.json"
     write_results(results, records)
     png = plot(output / "results.png", records)
@@ -205,7 +227,13 @@ def _last_record_per_run(records: list) -> list:
 def plot_trade_off(ax, records: list, colours: dict) -> None:
     """Test accuracy against ε: each private run's models in training order (one point per train
     task, at the model's ε), each non-private baseline as a dashed line at its last accuracy, in its
-    framework's colour."""
+    framework's colour.
+
+    Args:
+      ax: the matplotlib axes drawn on.
+      records: the Records.
+      colours: {run: colour}; each framework is drawn in its first run's colour.
+    """
     runs = list(dict.fromkeys(r.run for r in records))
     framework_colour = {}
     for r in records:
@@ -259,8 +287,15 @@ def plot(path: Path, records: list) -> Path | None:
                org in enumerate(organizations)}
 
     def bars(ax, series: list, title: str, ylabel: str, top: float):
-        """series: (legend label, colour, hatch, values per stage); grouped bars, value on top of
-        each."""
+        """Grouped bars, the value on top of each.
+
+        Args:
+          ax: the axes drawn on.
+          series: (legend label, colour, hatch, values per stage).
+          title: the panel's title.
+          ylabel: its y-axis label.
+          top: the top of its y-axis.
+        """
         width = 0.8 / max(len(series), 1)
         for i, (name, colour, hatch, values) in enumerate(series):
             xs = [s + (i - (len(series) - 1) / 2) * width for s in range(len(stages))]
@@ -279,6 +314,16 @@ def plot(path: Path, records: list) -> Path | None:
                       ncol=min(len(series), 3), frameon=False)
 
     def value(run, stage, key):
+        """A field of the record of a run at a stage.
+
+        Args:
+          run: the record's run.
+          stage: its (round, organisation).
+          key: the field.
+
+        Returns:
+          The field's value; None without such a record.
+        """
         for r in records:
             if r.run == run and (r.round, r.organization) == stage:
                 return getattr(r, key)

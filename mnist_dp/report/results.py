@@ -158,7 +158,14 @@ TRAIN_SCORE_WARNING = ("train_accuracy (--score-train) is computed on the traini
 def model_record(path: Path, framework: str, organizations: dict) -> dict:
     """Privacy figures recomputed from a saved model's ledger (never copied from a log).
 
-    `organizations` maps each organisation to the identities of its data samples (None: all).
+    Args:
+      path: the model file.
+      framework: the framework that saved it.
+      organizations: maps each organisation to the identities of its data samples (None: all).
+
+    Returns:
+      {Record field: value}: every field of the model's Record but where it trained (run, round,
+      organization), the accuracies, epsilon_in_substra and what the data has spent.
     """
     saved = model_file.load(path, framework)
     delta = saved.hyperparameters["delta"]
@@ -189,7 +196,16 @@ def model_record(path: Path, framework: str, organizations: dict) -> dict:
 
 
 def steps(ledger, delta: float, data) -> int:
-    """The steps of the runs behind the ledger's worst ε on the data samples `data` (None: all)."""
+    """The steps of the runs behind the ledger's worst ε on the data samples `data`.
+
+    Args:
+      ledger: the ledger.
+      delta: δ.
+      data: the identities of the data samples (None: all).
+
+    Returns:
+      Those runs' steps, summed; 0 when there is none.
+    """
     _, account = ledger.worst(delta, data=data)
     return sum(e.steps for e in account.events) if account else 0
 
@@ -220,12 +236,26 @@ def run_and_report(client, builder: PlanBuilder, name: str, plan_key: str, frame
                    organizations: dict, output: Path, title: str, facts: list,
                    data_folders: dict | None = None
                    ) -> list:
-    """Run the plan `builder` built (registered as `plan_key`, named `name`) on `client`, then
-    report whatever finished into `output` (models, results.json, summary.md, results.png) and print
-    the table; a failed plan is reported first and raised after. `frameworks`: run -> framework;
-    `organizations`: organisation -> its data sample identities; `title`, `facts`: the report's
-    heading and its list of what was run; `data_folders`: organisation -> its train sample folders,
-    whose own ledger gives what the data has spent. Returns the records."""
+    """Run the plan `builder` built on `client`, then report whatever finished into `output`
+    (models, results.json, summary.md, results.png) and print the table; a failed plan is reported
+    first and raised after.
+
+    Args:
+      client: the Substra client.
+      builder: the PlanBuilder that built the plan.
+      name: the plan's name.
+      plan_key: the key it is registered as.
+      frameworks: run -> framework.
+      organizations: organisation -> its data sample identities.
+      output: the output folder.
+      title: the report's heading.
+      facts: the report's list of what was run.
+      data_folders: organisation -> its train sample folders, whose own ledger gives what the data
+        has spent; None: not reported.
+
+    Returns:
+      The records.
+    """
     failure = None
     try:
         execution.run_plan(client, builder, name, plan_key)
@@ -253,11 +283,21 @@ def run_and_report(client, builder: PlanBuilder, name: str, plan_key: str, frame
 
 def collect(client, builder: PlanBuilder, plan_key: str, frameworks: dict, organizations: dict,
             models_dir: Path) -> tuple:
-    """(records, performances, not downloaded) of every train task that finished, whether or not the
-    plan did; a model the node refuses to hand out is named in the third, with the reason.
+    """The records of every train task that finished (every aggregate task in federated averaging),
+    whether or not the plan did.
 
-    `frameworks` maps run -> framework; `organizations` maps organisation -> its data sample
-    identities (None: all the data in the ledger).
+    Args:
+      client: the Substra client.
+      builder: the PlanBuilder that built the plan.
+      plan_key: the plan's key.
+      frameworks: maps run -> framework.
+      organizations: maps organisation -> its data sample identities (None: all the data in the
+        ledger).
+      models_dir: where the model files are downloaded.
+
+    Returns:
+      (records, performances, not downloaded): a model the node refuses to hand out is named in the
+      third, with the reason.
     """
     performances = execution.performances(client, plan_key, builder.roles)
     metric = {(row.train_task, row.metric): row.performance for row in performances.itertuples()}

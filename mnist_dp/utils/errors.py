@@ -16,8 +16,14 @@ class UserError(Exception):
 
 
 def refuse_unknown_inputs(function: str, inputs: dict, known: set) -> None:
-    """A substratools function's `inputs` (its task inputs but the opener) refused if one is not in
-    `known`, the inputs it uses: an input it would ignore is refused, not ignored."""
+    """Refuse a substratools function's input that is not one it uses: an input it would ignore is
+    refused, not ignored.
+
+    Args:
+      function: the function's name, which the error names.
+      inputs: its task inputs but the opener.
+      known: the inputs it uses.
+    """
     unknown = sorted(set(inputs) - set(known))
     if unknown:
         raise UserError(f"input {unknown[0]!r}: the {function} function does not use it (it takes "
@@ -70,10 +76,19 @@ def run_cli(main, *args, explain=None, task=False):
     """Run `main`, turning user errors, Ctrl-C and SIGTERM into one line on stderr and a non-zero
     exit.
 
-    `explain(exc)` may name other exceptions a user can act on (a Substra node's refusal): it
-    returns the line to print, or None to let the exception through. `task`: a Substra function,
-    whose output is ASCII in Substra's docker backend (in_docker_terminal). An OSError the machine's
-    state explains (a full disk, a read-only folder) is one line too (explain_os_error).
+    An OSError the machine's state explains (a full disk, a read-only folder) is one line too
+    (explain_os_error).
+
+    Args:
+      main: the function to run.
+      *args: its arguments.
+      explain: `explain(exc)` may name other exceptions a user can act on (a Substra node's
+        refusal): it returns the line to print, or None to let the exception through.
+      task: `main` is a Substra function, whose output is ASCII in Substra's docker backend
+        (in_docker_terminal).
+
+    Returns:
+      What `main` returns.
     """
     if task and in_docker_terminal():
         ascii_output()
@@ -126,6 +141,16 @@ def os_advice(exc: BaseException) -> str | None:
 
 
 def cannot_write(folder, reason, advice: str | None = None) -> UserError:
+    """The error for a folder this process cannot write in.
+
+    Args:
+      folder: the folder.
+      reason: why (e.g. the OSError's strerror).
+      advice: what to do; None: choose a folder you can write to.
+
+    Returns:
+      The UserError, for the caller to raise.
+    """
     advice = advice or "choose a folder you can write to"
     return UserError(f"{folder}: cannot write in this folder ({reason}); {advice}")
 

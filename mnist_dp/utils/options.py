@@ -64,8 +64,18 @@ def integer(low: int, high: int):
 
 
 def number(low: float, high: float, *, low_open: bool = False, high_open: bool = False):
-    """An argparse type: a finite number in the interval from `low` to `high` (open at an end if
-    asked)."""
+    """An argparse type: a finite number in the interval from `low` to `high`.
+
+    Args:
+      low: the interval's low end.
+      high: its high end.
+      low_open: leave `low` out.
+      high_open: leave `high` out.
+
+    Returns:
+      The type: a function of the option's text that returns it as a float, or raises
+      argparse.ArgumentTypeError.
+    """
     def inside(v):
         return math.isfinite(v) and (low < v if low_open
                                      else low <= v) and (v < high if high_open else v <= high)

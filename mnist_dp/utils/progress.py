@@ -16,8 +16,17 @@ FORMAT = "{desc}: {percentage:3.0f}% {n_fmt}/{total_fmt} {unit}s{postfix}"
 
 
 def bar(total: int, desc: str, unit: str, shown: bool = True):
-    """A tqdm bar of `total` `unit`s named `desc`; none when not `shown` (a search's candidates:
-    their number is secret) or when no terminal sees it."""
+    """A tqdm bar of `total` `unit`s named `desc`.
+
+    Args:
+      total: the count it reaches.
+      desc: its name.
+      unit: what it counts.
+      shown: False for none (a search's candidates: their number is secret).
+
+    Returns:
+      The bar, disabled when not `shown` or when no terminal sees it.
+    """
     from tqdm import tqdm
 
     # None: a terminal's only
