@@ -22,6 +22,8 @@ from mnist_dp.utils.errors import UserError
 log = logging.getLogger("substratools.mnist_dp")
 
 
+# What a framework's loader raises on bytes that are not its weights for the network (torch's
+# unpickler, np.load, a name or a shape the network lacks); a framework may raise UserError itself.
 _NOT_WEIGHTS = (UserError, pickle.UnpicklingError, EOFError, RuntimeError, ValueError, KeyError,
                 TypeError, OSError, zipfile.BadZipFile)
 

@@ -28,9 +28,6 @@ from mnist_dp.utils.errors import UserError
 log = logging.getLogger("substratools.mnist_dp")
 
 
-# What a framework's loader raises on bytes that are not its weights for the network
-# (torch's unpickler, np.load, a name or a shape the network lacks); a framework may
-# also raise UserError itself.
 def train(framework: Framework, inputs: dict, outputs: dict, hyperparameters_path: Path) -> dict:
     """The substratools `train` function body: data -> model -> DP step -> ledger -> save.
 
