@@ -143,11 +143,12 @@ def train_in_memory(framework: Framework, model, ledger: Ledger, data: dict, hp:
                     "ledger records on this data (%s): they are composed into this model's ε",
                     len(lacking), framework.name, ", ".join(e.run_id[:8] for e in lacking))
     identities = ledger.add_samples(data["samples"])
+    histories = ledger.histories(identities)
     # the budget counts every run of the data: the input model's and the data's own ledger's
     everything = ledger if spent is None else data_ledger.union(ledger, spent.ledger)
-    plan = task_plan.for_task(framework.name, hp, len(data["labels"]),
-                              ledger.histories(identities), where, identities,
-                              everything.histories(identities))
+    plan = task_plan.for_task(framework.name, hp, len(data["labels"]), histories, where,
+                              identities, histories if everything is ledger
+                              else everything.histories(identities))
     # else the input model, as received, is passed on
     if plan.sampling.steps == 0 and (lacking or not continuing):
         raise UserError(f"max_epsilon = {hp.max_epsilon}: this data has spent its budget (its own "

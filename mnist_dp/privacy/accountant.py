@@ -83,7 +83,7 @@ def compose_epsilon(events: Sequence[DpEvent], delta: float,
         return math.inf
     if not events:
         return 0.0
-    counts = _counts(segment for e in events if e.search is None for segment in e.segments())
+    counts = _counts(_run_segments(events))
     return _epsilon(counts, delta, accountant, _searches(events))
 
 
@@ -148,7 +148,7 @@ def steps_within_budget(prior_events: Sequence[DpEvent], next_run: DpEvent, delt
     """
     if not all(e.is_private for e in [*prior_events, next_run]):
         return 0  # ε is infinite after any step
-    prior = [segment for e in prior_events if e.search is None for segment in e.segments()]
+    prior = _run_segments(prior_events)
     run, searches = next_run.schedule(), _searches(prior_events)
 
     def fits(steps: int) -> bool:  # as compose_epsilon composes the run cut to `steps`
@@ -250,13 +250,19 @@ def _segments_at(sample_rate: float, steps: int, schedule: NoiseSchedule,
     """σ -> the (q, σ, steps) segments of `prior_events`, then of `repeats` runs of `steps` steps at
     gradient noise σ (`schedule`'s decay and count noise kept): what a calibration composes for each
     σ it tries (with the searches among `prior_events`, `_searches`)."""
-    prior = [segment for e in prior_events if e.search is None for segment in e.segments()]
+    prior = _run_segments(prior_events)
 
     def segments(sigma: float) -> list:
         return prior + [(sample_rate, effective, count)
                         for effective,
                         count in schedule.with_sigma(sigma).segments(steps)] * repeats
     return segments
+
+
+def _run_segments(events: Sequence[DpEvent]) -> list:
+    """The (q, σ, steps) segments of the training runs among `events` (a search is composed apart:
+    _searches)."""
+    return [segment for e in events if e.search is None for segment in e.segments()]
 
 
 def _searches(events: Sequence[DpEvent]) -> tuple:
