@@ -6,6 +6,7 @@ import shlex
 import subprocess
 import sys
 import tarfile
+import time
 import zipfile
 from pathlib import Path
 
@@ -34,6 +35,8 @@ TINY_HYPERPARAMETERS = {"epochs": 1, "batch_size": 64, "noise_multiplier": 1.0,
 # elsewhere that does is marked itself, as are the few tests that take over 10 s each.
 SLOW_FOLDERS = ("assets", "federated", "scripts", "benchmarks")
 SLOW_MODULES = ("test_dockerfile.py",)
+# Docker-free tests that keep both workers busy while .ci/docker-up runs on a new machine.
+BEFORE_DOCKER = ("test_algos.py",)
 
 
 # before xdist's, which names each test by the xdist_group marked here
@@ -49,11 +52,13 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.xdist_group(group))
     # The longest first, so that no worker starts an 8-minute Docker test while the other has
     # nothing left (xdist hands them out in this order): the bundle's image, the other Docker
-    # tests, the slow ones, the fast ones. A group moves as one, its tests kept together: a worker
+    # tests, the slow ones, the fast ones; but BEFORE_DOCKER ahead of them all, while CI's
+    # docker-up runs beside the tests. A group moves as one, its tests kept together: a worker
     # runs its tests in this order, and a test of another module in between would tear the group's
     # run down, to be made again.
     def cost(item):
-        return (Path(item.fspath).name not in SLOW_MODULES,
+        name = Path(item.fspath).name
+        return (name not in BEFORE_DOCKER, name not in SLOW_MODULES,
                 "docker_daemon" not in item.fixturenames, item.get_closest_marker("slow") is None)
 
     group_of = {id(item): group for group, members in groups.items() for item in members}
@@ -108,6 +113,7 @@ def docker_daemon():
     run."""
     import docker
 
+    wait_for_ci_docker_up()
     try:
         return docker.from_env().ping()
     except docker.errors.DockerException as exc:
@@ -116,6 +122,23 @@ def docker_daemon():
         if os.environ.get("CI") == "true":
             pytest.fail(f"{reason}: on CI the docker tests must run")
         pytest.skip(reason)
+
+
+def wait_for_ci_docker_up(timeout: float = 900.0) -> None:
+    """On CI, wait until .ci/docker-up, which .ci/run starts beside the tests, has finished (its
+    status file in $MNIST_DP_CI_STATE); fail with its log's last lines if it failed. Elsewhere,
+    return at once."""
+    state = os.environ.get("MNIST_DP_CI_STATE")
+    if not state or not (Path(state) / "docker-up.log").exists():
+        return
+    status, deadline = Path(state) / "docker-up.status", time.monotonic() + timeout
+    while not status.exists():
+        if time.monotonic() > deadline:
+            pytest.fail(f".ci/docker-up has not finished after {timeout:.0f} s")
+        time.sleep(2)
+    if status.read_text().strip() != "0":
+        log = (Path(state) / "docker-up.log").read_text(errors="replace")
+        pytest.fail(".ci/docker-up failed; its log ends:\n" + "\n".join(log.splitlines()[-20:]))
 
 
 SHARED_DATA = []  # the session's data folders, which many tests train on
