@@ -3,8 +3,8 @@
 The whole suite (`docker run --rm mnist-dp`) takes as long inside as outside (see docs/docker.md),
 so here the image runs a part that reaches every library it installs: every framework's network
 and DP steps (tests/assets/test_same_mechanism.py), one local Substra plan end to end (two
-organisations training, predicting and scoring in rounds), the accountant and the README's
-commands. The plans of every framework run outside, and in the functions' own images
+organisations training, predicting and scoring in rounds, with ε from the accountant) and the
+README's commands. The plans of every framework run outside, and in the functions' own images
 (tests/scripts/test_run_local.py).
 """
 import docker
@@ -12,7 +12,7 @@ from conftest import REPO
 
 IMAGE = "mnist-dp:tests"
 INSIDE = ["python", "-m", "pytest", "-q", "-p", "no:cacheprovider",
-          "tests/privacy/test_accountant.py", "tests/test_readme.py",
+          "tests/test_readme.py",
           "tests/assets/test_same_mechanism.py",
           "tests/scripts/test_run_local.py::"
           "test_two_organisations_train_in_rounds_with_epsilon_per_organisation"]

@@ -158,6 +158,8 @@ def test_a_search_in_every_framework_releases_a_model_that_predicts_and_trains_o
                  {"opener": opener_path, "datasamples": samples(tiny_data, "test"),
                   "model": tuned["model"]}, {"predictions": tmp_path / "predictions"})
     assert np.load(tmp_path / "predictions").shape == (100,)
+    if framework != "torch":
+        return  # what follows is the skeleton's ledger arithmetic: checked once
     # Training on from the released model: the search and the new run compose (by
     # RDP, as the search needs).
     proc, more = train(tmp_path, framework, tiny_data, opener_path, model=tuned["model"],
@@ -194,6 +196,8 @@ def test_target_epsilon_gives_the_same_sigma_everywhere_and_the_budget_stops_tra
     assert (read_epsilon(outputs["epsilon"]) == pytest.approx(epsilon_after(3))
             and epsilon_after(3) <= budget)
     assert event.library_epsilon  # the library's own figure is kept for the privacy statement
+    if framework != "torch":
+        return  # what follows is the skeleton's budget and ledger checks: checked once
 
     # the 4th step at this σ would exceed the budget: a task continuing from this model trains
     # nothing and passes the model on unchanged (in a plan, the other organisations go on)
@@ -301,9 +305,10 @@ def test_nan_pixels_fail_in_one_line(framework, tmp_path, opener_path):
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_aggregate_averages_by_examples_and_counts_every_run_once(framework, tmp_path, opener_path):
-    """Two organisations (200 and 100 examples) train two rounds from the global model through the
-    command line; the aggregate's weights are the exact weighted mean and its ledger every run
-    once."""
+    """Two organisations (200 and 100 examples) train from the global model through the command
+    line; the aggregate's weights are the exact weighted mean and its ledger every run once. A
+    second round, whose inputs both carry the global model's runs, is the skeleton's ledger
+    arithmetic, the same in every framework: torch runs it."""
     dataset.generate(tmp_path / "data", train_size=300, test_size=100, train_samples=3, seed=1)
     folders = samples(tmp_path / "data", "train")
     holdings = {"a": folders[:2], "b": folders[2:]}
@@ -318,8 +323,8 @@ def test_aggregate_averages_by_examples_and_counts_every_run_once(framework, tmp
         return algo.weight_arrays(algo.load_model(saved.weights,
                                                   interface.Network.of_saved(saved))), saved
 
-    global_model = None
-    for round_idx in (1, 2):
+    global_model, rounds = None, 2 if framework == "torch" else 1
+    for round_idx in range(1, rounds + 1):
         trained = {}
         for org, own in holdings.items():
             inputs = {"opener": opener_path, "datasamples": own,
@@ -344,11 +349,11 @@ def test_aggregate_averages_by_examples_and_counts_every_run_once(framework, tmp
               for org, own in holdings.items()}
     for org, n in (("a", 200), ("b", 100)):
         steps = math.ceil(n / TINY_HYPERPARAMETERS["batch_size"])
-        alone = compose_epsilon([DpEvent(framework, ("x",), n, 1 / steps, 1.0, 2 * steps,
+        alone = compose_epsilon([DpEvent(framework, ("x",), n, 1 / steps, 1.0, rounds * steps,
                                          PER_EXAMPLE, 1.0)],
-                                # two rounds, recomputed from σ, q and steps alone
+                                # every round, recomputed from σ, q and steps alone
                                 TINY_HYPERPARAMETERS["delta"])
-        assert len(by_org[org]) == 2
+        assert len(by_org[org]) == rounds
         assert saved.ledger.epsilon(TINY_HYPERPARAMETERS["delta"],
                                     data=by_org[org][0].data) == pytest.approx(alone)
 
