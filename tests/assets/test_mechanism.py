@@ -75,6 +75,14 @@ def framework(request):
                 interface.Network(features, "relu", network))
 
 
+# The noise, its schedule and the sampling are each framework's whatever the layers: the tests of
+# them run on the default network (a CNN in every framework); clipping, which each network's
+# per-example norms make, runs on every network.
+DEFAULT_NETWORK = pytest.mark.parametrize(
+    "framework", [(f, "scattering", "cnn") for f in FRAMEWORKS], indirect=True,
+    ids=lambda p: "-".join(p))
+
+
 def make_hp(**changes):
     """Learning rate 1, no momentum, no averaging: the weights move by exactly the update."""
     return hyperparameters.parse({
@@ -124,6 +132,7 @@ def test_every_per_example_contribution_is_clipped_to_c(framework):
     assert np.linalg.norm(update) <= C * (1 + 1e-4)  # mean of 8 contributions of norm ≤ C
 
 
+@DEFAULT_NETWORK
 def test_noise_has_standard_deviation_sigma_c_over_the_expected_batch(framework):
     sigma = 2.0
     clean, _ = fit(framework, IMAGES, LABELS, sigma=0.0)
@@ -136,6 +145,7 @@ def test_noise_has_standard_deviation_sigma_c_over_the_expected_batch(framework)
     assert stats.normaltest(noise).pvalue > 1e-4  # Gaussian
 
 
+@DEFAULT_NETWORK
 def test_without_dp_nothing_is_clipped_or_noised_and_with_dp_seeds_differ(framework):
     labels = wrong_labels(framework, HUGE)
     plain, ran = fit(framework, HUGE, labels, sigma=1.0, dp=False)
@@ -152,6 +162,7 @@ def test_without_dp_nothing_is_clipped_or_noised_and_with_dp_seeds_differ(framew
     np.testing.assert_allclose(replayed, first, rtol=1e-4, atol=1e-6)
 
 
+@DEFAULT_NETWORK
 def test_by_default_two_runs_on_identical_inputs_draw_different_noise(framework):
     sigma = 2.0
     first, ran = fit(framework, IMAGES, LABELS, sigma=sigma, noise_seed=None)
@@ -161,6 +172,7 @@ def test_by_default_two_runs_on_identical_inputs_draw_different_noise(framework)
     assert np.std(difference) == pytest.approx(np.sqrt(2) * sigma * C / len(LABELS), rel=0.03)
 
 
+@DEFAULT_NETWORK
 def test_secure_mode_noise_cannot_be_replayed_and_keeps_its_size(framework):
     sigma = 2.0
     if framework.name == "tf":  # refused by the run's checks, before any plan is made
@@ -174,6 +186,7 @@ def test_secure_mode_noise_cannot_be_replayed_and_keeps_its_size(framework):
     assert np.std(difference) == pytest.approx(np.sqrt(2) * sigma * C / len(LABELS), rel=0.03)
 
 
+@DEFAULT_NETWORK
 def test_noise_is_divided_by_the_expected_batch_size_not_the_realised_one(framework):
     n, sigma = 16, 2.0
     images, labels = np.resize(IMAGES, (n, 28, 28)), np.resize(LABELS, n)
@@ -198,6 +211,7 @@ def first_batch(plan, hp, noise_seed):
                                          lambda steps: ""))
 
 
+@DEFAULT_NETWORK
 def test_every_framework_trains_binomial_poisson_batches_exactly_the_planned_steps(framework):
     n, batch = 64, 8  # q = 1/8
     images, labels = np.resize(IMAGES, (n, 28, 28)), np.resize(LABELS, n)
@@ -235,6 +249,7 @@ def stepwise(case, images, labels, sigma, clip_class=training.ClipNorm, **change
     return [before - after for before, after in zip(weights, weights[1:])], shapes, clip, ran
 
 
+@DEFAULT_NETWORK
 def test_sigma_of_every_step_follows_the_noise_schedule(framework):
     # 4 planned steps on the whole batch (q = 1): σ halves at each quarter, 8, 4, 2, 1. The clipped
     # sum (norm ≤ 8C over ≥ 26,000 weights) shifts the measured std by under 0.2%.
@@ -243,6 +258,7 @@ def test_sigma_of_every_step_follows_the_noise_schedule(framework):
         assert np.std(update) == pytest.approx(8.0 * 0.5 ** t * C / len(LABELS), rel=0.03), t
 
 
+@DEFAULT_NETWORK
 def test_noise_is_independent_across_weight_tensors_and_steps(framework):
     updates, shapes, *_ = stepwise(framework, IMAGES, LABELS, sigma=8.0, epochs=3)
     # a replayed generator would repeat the noise: correlation 1
@@ -271,6 +287,7 @@ class RecordingClip(training.ClipNorm):
         self.history.append((unclipped, batch_size, before, self.value))
 
 
+@DEFAULT_NETWORK
 def test_adaptive_clipping_count_noise_has_its_standard_deviation(framework):
     n, stddev, rate, quantile = 64, 2.0, 0.01, 0.5
     images, labels = np.resize(IMAGES, (n, 28, 28)), np.resize(LABELS, n)
@@ -311,6 +328,7 @@ def assert_binomial(sizes, n, q):
     assert stats.chisquare(observed, expected).pvalue > 1e-3, (observed, expected.round(1))
 
 
+@DEFAULT_NETWORK
 def test_every_utility_option_trains_and_the_ledger_records_what_changes_epsilon(framework):
     hp = make_hp(epochs=2, batch_size=4, optimizer="adam", learning_rate=0.01, ema_decay=0.5,
                  noise_decay=0.5, clip_quantile=0.5, **dataclasses.asdict(framework.network))
@@ -330,8 +348,7 @@ def test_every_utility_option_trains_and_the_ledger_records_what_changes_epsilon
     assert ran.library_epsilon == {}  # no library accounts for a schedule or a count: none is shown
 
 
-@pytest.mark.parametrize("framework", [(f, "scattering", "cnn") for f in FRAMEWORKS], indirect=True,
-                         ids=lambda p: "-".join(p))  # the default network, a CNN in every framework
+@DEFAULT_NETWORK
 def test_an_empty_poisson_batch_is_a_step_of_noise_alone_and_a_run_at_expected_batch_2_finishes(
         framework):
     """At E[B] = 2 of 16 examples (q = 1/8) about one step in eight draws no example: it still runs,
