@@ -10,7 +10,7 @@ mod N), each under its own key, as in a deployment; the test set has a key of it
 """
 from pathlib import Path
 
-from mnist_dp.data import dataset, keys, samples
+from mnist_dp.data import dataset, keys, samples, subjects
 from mnist_dp.utils import options
 from mnist_dp.utils.errors import UserError, run_cli
 
@@ -65,6 +65,12 @@ def build_parser():
                              "compared with the earlier one example by example, so a copy or "
                              "re-split cannot reset its ε. Never use another organisation's key: "
                              "it lets its holder recognise your examples in a released ledger")
+    parser.add_argument("--images-per-subject", type=subjects.parse, default=None,
+                        metavar="K|LO-HI",
+                        help="write each train sample's subjects.npy, naming the person each "
+                             "image belongs to: K images per person, or LO-HI for a skewed split "
+                             "(each person's count uniform in LO..HI); training is then private "
+                             "per person (docs/privacy.md). Default: none, each image its own")
     return parser
 
 
@@ -78,6 +84,7 @@ def main(argv=None):
                 "--test-size": args.test_size, "--train-samples": args.train_samples,
                                                      "--seed": args.seed, "--force": args.force,
                 "--organizations": args.organizations,
+                "--images-per-subject": args.images_per_subject,
                 "--add-key": args.add_key and option != "--add-key",
                 "--key-from": args.key_from is not None and option != "--add-key"})
     if args.same_organization:
@@ -98,7 +105,8 @@ def main(argv=None):
     manifest = dataset.generate(output, args.source, args.train_size, args.test_size,
                                 args.train_samples,
                                 dataset.DEFAULT_SEED if args.seed is None else args.seed,
-                                args.force, organizations, given)
+                                args.force, organizations, given,
+                                images_per_subject=args.images_per_subject)
     among = f" among {organizations} organisations" if organizations > 1 else ""
     print(f"wrote {manifest['train_examples']} train examples in {manifest['train_samples']} "
           f"sample(s){among} and {manifest['test_examples']} test examples to {output}/ (source: "

@@ -22,6 +22,11 @@ KEY_FILE = "identity.key"
 # Optional: the organisation's other identity keys, one per line (scripts/generate_data.py
 # --same-organization), so that its examples named under any of them are known as the same examples.
 RING_FILE = "organization.keys"
+# Optional: one id per image naming the person it belongs to (integers or text, description.md); the
+# privacy unit is then the person, all their images together. Without it each image is its own.
+SUBJECTS_FILE = "subjects.npy"
+# Text that stands for a missing value, never for a person.
+_MISSING = {"", "nan", "na", "n/a", "none", "null"}
 _KEY = re.compile(r"[0-9a-fA-F]{64}")  # either case: the same 32 bytes
 IMAGE_SHAPE = (28, 28)
 NUM_CLASSES = 10
@@ -97,6 +102,49 @@ def _labels_as_int(labels, path, n):
     return labels.astype(np.int64)
 
 
+def _subject_texts(path, n):
+    """The ids of subjects.npy at `path` as text (an integer as its decimal digits, so 7 and "7"
+    name one person), checked: one per image, integers or text, none empty or a missing value."""
+    try:
+        subjects = np.load(path, allow_pickle=False)
+    except ValueError as exc:
+        if "allow_pickle" in str(exc):  # an object array
+            raise DataSampleError(f"{path}: subject ids must be integers or text, not Python "
+                                  "objects; save them as an integer or string array") from None
+        raise DataSampleError(f"{path}: not a readable .npy array ({exc})") from None
+    except OSError as exc:
+        raise DataSampleError(f"{path}: not a readable .npy array ({exc})") from None
+    if subjects.ndim != 1 or len(subjects) != n:
+        raise DataSampleError(f"{path}: one subject id per image: shape [{n}], got "
+                              f"{list(subjects.shape)}")
+    if subjects.dtype.kind in "iu":
+        return [str(int(v)) for v in subjects.tolist()]
+    if subjects.dtype.kind == "U":
+        texts = subjects.tolist()
+    elif subjects.dtype.kind == "S":
+        try:
+            texts = [v.decode("utf-8") for v in subjects.tolist()]
+        except UnicodeDecodeError:
+            raise DataSampleError(f"{path}: byte-string subject ids must be UTF-8 text") from None
+    else:
+        raise DataSampleError(f"{path}: subject ids must be integers or text, got dtype "
+                              f"{subjects.dtype}")
+    for i, text in enumerate(texts):
+        if text.strip().lower() in _MISSING:
+            raise DataSampleError(f"{path}: subject id {i} is {text!r}, a missing value; every "
+                                  "image needs the id of the person it belongs to")
+    return texts
+
+
+def subject_ids(key, texts):
+    """The persons' names in a released ledger: the first 64 bits of an HMAC of each id's text under
+    the sample's key (uint64, one per image), apart from the examples' (example_ids) by a prefix. A
+    person's images in several samples under one key share one name."""
+    return np.array([int.from_bytes(hmac.digest(key, b"mnist-dp subject\0" + t.encode("utf-8"),
+                                                "sha256")[:8], "big") for t in texts],
+                    dtype=np.uint64)
+
+
 def _fingerprint(*paths):
     digest = hashlib.sha256()
     for path in paths:
@@ -165,13 +213,19 @@ def example_ids(key, digests):
                     dtype=np.uint64)
 
 
-class Sample(collections.namedtuple("Sample",
-                                    "folder images labels identity key_id ids digests aliases",
-                                    defaults=(None,))):
+class Sample(collections.namedtuple(
+        "Sample", "folder images labels identity key_id ids digests aliases persons",
+        defaults=(None, None))):
     """One data sample as read: its arrays, its keyed identity, the id of its key, its examples'
-    keyed ids, their digests (compared within a task, never returned), and `aliases`: {key id: the
-    examples' ids under that key} for each of the organisation's other keys (RING_FILE; None without
+    keyed ids, their digests (compared within a task, never returned), `aliases`: {key id: the
+    privacy units' ids under that key} for each of the organisation's other keys (RING_FILE; None
+    without one), and `persons`: each image's person's keyed id (SUBJECTS_FILE; None without
     one)."""
+
+    @property
+    def units(self):
+        """The keyed id of each image's privacy unit: its person's, or its own."""
+        return self.ids if self.persons is None else self.persons
 
 
 def read_ring(folder):
@@ -207,13 +261,18 @@ def read_sample(folder):
     if len(labels) == 0:
         raise DataSampleError(f"{folder}: data sample holds no example")
     key = read_key(folder)
-    identity = hmac.new(key, _fingerprint(images_path, labels_path).encode(),
-                        hashlib.sha256).hexdigest()
+    subjects_path = os.path.join(folder, SUBJECTS_FILE)
+    texts = _subject_texts(subjects_path, len(labels)) if os.path.lexists(subjects_path) else None
+    content = [images_path, labels_path, *([subjects_path] if texts is not None else [])]
+    identity = hmac.new(key, _fingerprint(*content).encode(), hashlib.sha256).hexdigest()
     digests = example_digests(images, labels)
-    aliases = {key_id(other): example_ids(other, digests) for other in read_ring(folder)
-               if other != key}
+
+    def unit_ids(under):
+        return example_ids(under, digests) if texts is None else subject_ids(under, texts)
+
+    aliases = {key_id(other): unit_ids(other) for other in read_ring(folder) if other != key}
     return Sample(folder, images, labels, identity, key_id(key), example_ids(key, digests), digests,
-                  aliases or None)
+                  aliases or None, None if texts is None else subject_ids(key, texts))
 
 
 def copies(samples):
@@ -259,9 +318,11 @@ def combine(samples, problem=None):
         # the runs on it (privacy_ledger.jsonl, which the tasks read and append:
         # mnist_dp/privacy/data_ledger.py). "aliases" (only with the organisation's other keys,
         # RING_FILE): the same examples' ids under each of them.
+        # "persons" (only with SUBJECTS_FILE): each image's person's id, the privacy unit.
         "samples": [{"identity": s.identity, "n": int(len(s.labels)), "key": s.key_id,
                      "examples": s.ids, "folder": s.folder,
-                     **({"aliases": s.aliases} if s.aliases else {})}
+                     **({"aliases": s.aliases} if s.aliases else {}),
+                     **({"persons": s.persons} if s.persons is not None else {})}
                     for s in samples],
     }
 

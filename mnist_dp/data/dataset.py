@@ -19,16 +19,17 @@ from pathlib import Path
 
 import numpy as np
 
-from mnist_dp.data import dataset_folder
+from mnist_dp.data import dataset_folder, subjects
 from mnist_dp.data import keys as identity_keys
 from mnist_dp.data.dataset_folder import MANIFEST_FILE, WRITTEN_BY, read_manifest
-from mnist_dp.data.samples import IMAGES_FILE, LABELS_FILE, opener, read_key, sample_fingerprint
+from mnist_dp.data.samples import IMAGES_FILE, LABELS_FILE, read_key, sample_fingerprint
 from mnist_dp.data.sources import (
     EMBEDDED_SOURCE,
     checked_arrays,
     load_source,
     split_train_test,
     stratified_indices,
+    without_copies,
 )
 from mnist_dp.utils.errors import UserError, writing_in
 
@@ -37,19 +38,23 @@ DEFAULT_TRAIN_SIZE, DEFAULT_TEST_SIZE, DEFAULT_SEED = 4000, 1000, 0
 MAX_EXAMPLES = 100_000_000
 
 
-def write_sample(folder: Path, images: np.ndarray, labels: np.ndarray, key: str) -> None:
-    """Write one data sample folder: its images and labels as uint8 .npy files, and its identity
-    key.
+def write_sample(folder: Path, images: np.ndarray, labels: np.ndarray, key: str,
+                 persons: np.ndarray | None = None) -> None:
+    """Write one data sample folder: its images and labels as uint8 .npy files, its identity key,
+    and each image's person when given.
 
     Args:
       folder: the folder to make (it must not exist).
       images: the sample's images.
       labels: their labels.
       key: its identity key, as hex text.
+      persons: each image's person (subjects.npy), or None.
     """
     folder.mkdir(parents=True)
     np.save(folder / IMAGES_FILE, np.ascontiguousarray(images, dtype=np.uint8))
     np.save(folder / LABELS_FILE, np.ascontiguousarray(labels, dtype=np.uint8))
+    if persons is not None:
+        subjects.write(folder, persons)
     identity_keys.write_key(folder, key)
 
 
@@ -65,7 +70,8 @@ def write_dataset(dest: Path, train, test, train_samples: int, manifest: dict, f
       test: (images, labels) of the test split, written as test/0 under a key of its own.
       train_samples: the data sample folders the train split is cut into; sample i is under the key
         of organisation i mod `organizations`.
-      manifest: what the manifest records besides what is written here (the source, the seed).
+      manifest: what the manifest records besides what is written here (the source, the seed,
+        and "images_per_subject", [LO, HI], when the train samples name persons: subjects.py).
       force: replace our entries of `dest` (train/, test/, manifest.json), keeping anything else.
       organizations: how many organisations hold the train samples.
       keys: the first organisations' keys (the others get new ones).
@@ -103,9 +109,13 @@ def write_dataset(dest: Path, train, test, train_samples: int, manifest: dict, f
         with writing_in(parent):
             # one per organisation
             keys = [*keys, *(identity_keys.new_key() for _ in range(organizations - len(keys)))]
+            sizes, rng = manifest.get("images_per_subject"), np.random.default_rng(
+                [manifest.get("seed", DEFAULT_SEED), 1])
             for i, part in enumerate(parts):
+                persons = None if sizes is None else subjects.assign(len(part), sizes, rng,
+                                                                     first=int(part[0]))
                 write_sample(tmp / "train" / str(i), train[0][part], train[1][part],
-                             keys[i % organizations])
+                             keys[i % organizations], persons)
             write_sample(tmp / "test" / "0", *test, test_key or identity_keys.new_key())
             folders = [f"train/{i}" for i in range(train_samples)] + ["test/0"]
             manifest = {**manifest, "written_by": WRITTEN_BY, "train_examples": int(len(train[1])),
@@ -120,19 +130,6 @@ def write_dataset(dest: Path, train, test, train_samples: int, manifest: dict, f
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return manifest
-
-
-def without_copies(images: np.ndarray, labels: np.ndarray) -> tuple:
-    """(images, labels) with every copy of an earlier example removed (the same image and label, as
-    the opener sees them), and how many were removed: a train task refuses copies, which would be
-    accounted once."""
-    pixels = images.astype(np.float32) / 255.0 if images.dtype == np.uint8 else images
-    seen, keep = set(), []
-    for i, digest in enumerate(opener().example_digests(pixels, labels)):
-        if digest not in seen:
-            seen.add(digest)
-            keep.append(i)
-    return images[keep], labels[keep], len(labels) - len(keep)
 
 
 def sample_folders(dest: Path, split: str) -> list:
@@ -259,6 +256,8 @@ def regenerate_command(data_dir: Path, manifest: dict, organizations: int,
         parts += ["--source", shlex.quote(str(source)), *given_sizes]
     elif source == EMBEDDED_SOURCE and sizes != (DEFAULT_TRAIN_SIZE, DEFAULT_TEST_SIZE):
         parts += given_sizes
+    if manifest.get("images_per_subject"):
+        parts += ["--images-per-subject", "-".join(map(str, manifest["images_per_subject"]))]
     parts += ["--seed", str(manifest.get("seed", DEFAULT_SEED)), "--train-samples",
               str(max(organizations, train_samples, manifest.get("train_samples") or 1)),
               "--organizations", str(organizations), "--force"]
@@ -281,7 +280,8 @@ def _at_least_one(flag: str, value) -> int:
 def generate(dest: Path, source: Path | None = None, train_size: int | None = None,
              test_size: int | None = None, train_samples: int | None = None,
              seed: int = DEFAULT_SEED, force: bool = False, organizations: int = 1,
-             keys: tuple = (), test_key: str | None = None) -> dict:
+             keys: tuple = (), test_key: str | None = None,
+             images_per_subject: tuple | None = None) -> dict:
     """Build the train/test data samples in `dest` from `source`. Deterministic for a seed, but for
     the identity keys.
 
@@ -297,6 +297,8 @@ def generate(dest: Path, source: Path | None = None, train_size: int | None = No
       organizations: how many hold the train samples, each under its own key.
       keys: identity keys to reuse, the first organisations' (write_dataset).
       test_key: the test set's identity key to reuse (write_dataset).
+      images_per_subject: (LO, HI) images per person of the train samples' subjects.npy
+        (subjects.parse); None: none written, each image its own person.
 
     Returns:
       The manifest.
@@ -335,7 +337,8 @@ def generate(dest: Path, source: Path | None = None, train_size: int | None = No
     # The source resolved: the regenerate command (regenerate_command) works
     # from any working directory.
     manifest = {"source": EMBEDDED_SOURCE if source is None else str(Path(source).resolve()),
-                "seed": seed}
+                "seed": seed, **({"images_per_subject": list(images_per_subject)}
+                                 if images_per_subject else {})}
     return write_dataset(dest, train, test, train_samples, manifest, force=force,
                          organizations=organizations, keys=keys, test_key=test_key)
 
@@ -414,13 +417,13 @@ def _check_default_holds(train_samples: int, flag: str) -> None:
 
 
 def _is_unchanged_default(dest: Path) -> bool:
-    """Whether `dest` holds the embedded default data as `generate` wrote it, no file changed or
-    added."""
+    """Whether `dest` holds the embedded default data as `generate` wrote it (without persons), no
+    file changed or added."""
     manifest = _as_written(dest)
     expected = {"written_by": WRITTEN_BY, "source": EMBEDDED_SOURCE, "seed": DEFAULT_SEED,
                 "train_examples": DEFAULT_TRAIN_SIZE, "test_examples": DEFAULT_TEST_SIZE}
-    return manifest is not None and all(manifest.get(key) == value for key,
-                                        value in expected.items())
+    return manifest is not None and "images_per_subject" not in manifest and all(
+        manifest.get(key) == value for key, value in expected.items())
 
 
 def _as_written(dest: Path) -> dict | None:

@@ -2,9 +2,9 @@
 examples, its identity and their keyed ids); this module reads folders through it, and checks
 training data for copies.
 
-A data sample is a folder with ``images.npy`` (uint8, [n, 28, 28]), ``labels.npy`` (uint8, [n]) and
-``identity.key`` (its secret identity key); ``assets/dataset/description.md`` is the formal
-description and the opener validates it.
+A data sample is a folder with ``images.npy`` (uint8, [n, 28, 28]), ``labels.npy`` (uint8, [n]),
+``identity.key`` (its secret identity key) and optionally ``subjects.npy`` (each image's person);
+``assets/dataset/description.md`` is the formal description and the opener validates it.
 """
 from __future__ import annotations
 
@@ -18,16 +18,19 @@ from mnist_dp.utils.errors import UserError
 
 IMAGES_FILE = "images.npy"
 LABELS_FILE = "labels.npy"
+SUBJECTS_FILE = "subjects.npy"  # the opener's SUBJECTS_FILE
 KEY_FILE = "identity.key"  # the opener's KEY_FILE
 RING_FILE = "organization.keys"  # the opener's RING_FILE
 
 
 def sample_fingerprint(folder: Path) -> str:
-    """The content hash of a data sample: sha256 of images.npy then labels.npy. Never released: its
-    keyed form, `sample_identity`, names the sample in ledgers."""
+    """The content hash of a data sample: sha256 of images.npy, labels.npy and, when present,
+    subjects.npy, in that order. Never released: its keyed form, `sample_identity`, names the sample
+    in ledgers."""
     digest = hashlib.sha256()
-    for name in (IMAGES_FILE, LABELS_FILE):
-        digest.update((Path(folder) / name).read_bytes())
+    for name in (IMAGES_FILE, LABELS_FILE, SUBJECTS_FILE):
+        if name != SUBJECTS_FILE or (Path(folder) / name).exists():
+            digest.update((Path(folder) / name).read_bytes())
     return digest.hexdigest()
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mnist_dp.data import samples
 from mnist_dp.utils.errors import UserError
 
 IMAGE_SHAPE = (28, 28)
@@ -188,3 +189,16 @@ def _described(array: np.ndarray) -> str:
     if array.dtype.kind == "f":
         low, high = f"{low:.6g}", f"{high:.6g}"
     return f"{array.dtype} with values {low}..{high}{' and NaN' if nan else ''}"
+
+
+def without_copies(images: np.ndarray, labels: np.ndarray) -> tuple:
+    """(images, labels) with every copy of an earlier example removed (the same image and label, as
+    the opener sees them), and how many were removed: a train task refuses copies, which would be
+    accounted once."""
+    pixels = images.astype(np.float32) / 255.0 if images.dtype == np.uint8 else images
+    seen, keep = set(), []
+    for i, digest in enumerate(samples.opener().example_digests(pixels, labels)):
+        if digest not in seen:
+            seen.add(digest)
+            keep.append(i)
+    return images[keep], labels[keep], len(labels) - len(keep)

@@ -19,9 +19,11 @@ import numpy as np
 from mnist_dp.utils.errors import UserError
 
 PER_EXAMPLE = "per-example"
+# A person's images summed, then clipped as one (data with subjects.npy): n counts persons.
+PER_PERSON = "per-person"
 NO_CLIPPING = "none"  # the non-private baseline
-# the only ones the accountant's sensitivity (C per example) covers
-CLIPPING_UNITS = (PER_EXAMPLE, NO_CLIPPING)
+# the only ones the accountant's sensitivity (C per unit) covers
+CLIPPING_UNITS = (PER_EXAMPLE, PER_PERSON, NO_CLIPPING)
 # A decaying noise schedule lowers σ at each quarter of the planned steps: few
 # distinct σ keep PLD fast.
 NOISE_STAGES = 4
@@ -94,11 +96,11 @@ class DpEvent:
 
     framework: str
     data: tuple  # keyed identities of the data samples trained on (their examples: Ledger.examples)
-    n: int  # examples in those samples
+    n: int  # the privacy units in those samples: examples, or persons (PER_PERSON)
     sample_rate: float  # Poisson sampling probability q of each step
     noise_multiplier: float
     steps: int
-    clipping: str  # clipping unit: PER_EXAMPLE, or NO_CLIPPING for the non-private baseline
+    clipping: str  # clipping unit: PER_EXAMPLE, PER_PERSON, or NO_CLIPPING for the baseline
     max_grad_norm: float
     # The DP library's own ε for this run alone, as (name, value) pairs: shown
     # for comparison, never used.
@@ -214,7 +216,8 @@ class DpEvent:
           sample_rate: the Poisson sampling probability q of each step.
           schedule: the run's noise: σ, its decay and adaptive clipping's count noise.
           steps: the steps run.
-          clipping: the clipping unit: PER_EXAMPLE, or NO_CLIPPING for the non-private baseline.
+          clipping: the clipping unit: PER_EXAMPLE, PER_PERSON, or NO_CLIPPING for the non-private
+            baseline.
           max_grad_norm: the clipping norm C.
 
         Returns:

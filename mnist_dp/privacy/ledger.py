@@ -24,7 +24,13 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from mnist_dp.privacy.accountant import REPORTED_ACCOUNTANT, compose_epsilon
-from mnist_dp.privacy.events import PER_EXAMPLE, DpEvent, validation_mask
+from mnist_dp.privacy.events import (
+    NO_CLIPPING,
+    PER_EXAMPLE,
+    PER_PERSON,
+    DpEvent,
+    validation_mask,
+)
 from mnist_dp.utils.errors import UserError
 
 
@@ -48,12 +54,6 @@ class Examples:
     def __len__(self) -> int:
         return len(self.ids) // 8
 
-    def add_samples(self, samples: list) -> tuple:
-        """Record the examples of the opener's data samples (get_data's "samples"); returns their
-        identities."""
-        self.add_examples({s["identity"]: Examples.of(s["key"], s["examples"]) for s in samples})
-        return tuple(s["identity"] for s in samples)
-
     def to_json(self) -> dict:
         return {"key": self.key, "ids": base64.b64encode(self.ids).decode("ascii")}
 
@@ -75,6 +75,29 @@ class Examples:
         if np.any(examples.array[1:] <= examples.array[:-1]):
             raise UserError(f"{where}: ids must be distinct and sorted")
         return examples
+
+
+def unit_ids(sample: dict) -> np.ndarray:
+    """The keyed id of the privacy unit of each image of one of the opener's data samples (an entry
+    of get_data's "samples"): its person's ("persons", from subjects.npy), or its own ("examples").
+    uint64 [n], in the order of its images."""
+    return np.asarray(sample["persons"] if "persons" in sample else sample["examples"], np.uint64)
+
+
+def persons_of(data: dict) -> np.ndarray | None:
+    """Each image's person in the opener's `data` (get_data's dict), as an index 0..P-1 into its P
+    persons, when a data sample names them (subjects.npy; an image of a sample that does not is a
+    person of its own); None when none does. Refused (UserError) when the samples are under several
+    identity keys: one person's images under two keys would be two persons here."""
+    samples = data["samples"]
+    if not any("persons" in s for s in samples):
+        return None
+    if len({s["key"] for s in samples}) > 1 or any(s.get("aliases") for s in samples):
+        raise UserError("subjects.npy: the data samples are under several identity keys (or "
+                        "organization.keys), and a person's images under two keys would count as "
+                        "two persons; train per person on samples under one key")
+    _, index = np.unique(np.concatenate([unit_ids(s) for s in samples]), return_inverse=True)
+    return index
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,9 +140,10 @@ class Ledger:
                                 "figure cannot be trusted")
 
     def add_samples(self, samples: list) -> tuple:
-        """Record the examples of the opener's data samples (get_data's "samples"); returns their
-        identities."""
-        self.add_examples({s["identity"]: Examples.of(s["key"], s["examples"]) for s in samples})
+        """Record the privacy units of the opener's data samples (get_data's "samples"): their
+        persons, or their examples (unit_ids); returns their identities."""
+        self.add_examples({s["identity"]: Examples.of(s["key"], np.unique(unit_ids(s)))
+                           for s in samples})
         return tuple(s["identity"] for s in samples)
 
     def add_aliases(self, aliases: dict) -> None:
@@ -145,7 +169,7 @@ class Ledger:
                 other, own = pairs.get((key, sample["key"]), (np.empty(0, np.uint64),) * 2)
                 pairs[(key, sample["key"])] = (
                     np.concatenate([other, np.asarray(ids, np.uint64)]),
-                    np.concatenate([own, np.asarray(sample["examples"], np.uint64)]))
+                    np.concatenate([own, unit_ids(sample)]))
         linked = 0
         for identity, named in list(self.examples.items()):
             for (key, own_key), (other, own) in pairs.items():
@@ -195,8 +219,8 @@ class Ledger:
         return ledger
 
     def check_examples(self) -> None:
-        """Each run's examples, when recorded, are as many as its n, distinct, and every sample has
-        its own."""
+        """Each run's units, when recorded, are as many as its n: its examples, distinct, every
+        sample its own; or its persons (PER_PERSON), whose images several samples may hold."""
         for event in self.events:
             named = [self.examples[i] for i in event.data if i in self.examples]
             if not named:
@@ -207,7 +231,10 @@ class Ledger:
                                 "its privacy figure cannot be trusted")
             distinct = sum(len(np.unique(np.concatenate([e.array for e in named if e.key == key])))
                            for key in {e.key for e in named})
-            if sum(map(len, named)) != event.n or distinct != event.n:
+            if event.clipping == NO_CLIPPING:  # its ε is infinite whatever it names
+                continue
+            if distinct != event.n or (sum(map(len, named)) != event.n
+                                       and event.clipping != PER_PERSON):
                 raise UserError(f"privacy ledger: a {event.framework} run of n = {event.n} names "
                                 f"{sum(map(len, named))} examples ({distinct} distinct): the file "
                                 "was edited or damaged; its privacy figure cannot be trusted")
@@ -311,6 +338,11 @@ class Ledger:
                 if which is None or epsilon > worst:
                     worst, which = epsilon, account
         return worst, which
+
+    def touches_keys(self, event: DpEvent, keys: set) -> bool:
+        """Whether `event` trained on examples named under one of the key ids `keys` (an
+        organisation's), or may have (its examples not recorded)."""
+        return any(i not in self.examples or self.examples[i].key in keys for i in event.data)
 
     def keys(self) -> list:
         """The ids of the identity keys its examples are named under: one per organisation whose

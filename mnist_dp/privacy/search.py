@@ -21,6 +21,7 @@ from mnist_dp import search_space
 from mnist_dp.hyperparameters import Hyperparameters
 from mnist_dp.privacy import no_sigma, refusals, search_accountant, task_plan
 from mnist_dp.privacy.events import Candidate, DpEvent, Search, validation_mask
+from mnist_dp.privacy.ledger import unit_ids
 from mnist_dp.privacy.task_plan import SamplingPlan, TaskPlan
 from mnist_dp.search_space import SearchSpace
 from mnist_dp.utils.errors import UserError
@@ -118,9 +119,10 @@ def draw_count(rng: np.random.Generator, mean: float, shape: float) -> int:
 
 
 def validation_split(data: dict, permille: int) -> np.ndarray:
-    """The opener's `data` -> which of its examples (in the order of its images) a search holds out:
-    those whose keyed id is below `permille` modulo 1000 (events.validation_mask)."""
-    return validation_mask(np.concatenate([s["examples"] for s in data["samples"]]), permille)
+    """The opener's `data` -> which of its images a search holds out: those whose privacy unit's
+    keyed id (a person's, for all their images) is below `permille` modulo 1000
+    (events.validation_mask)."""
+    return validation_mask(np.concatenate([unit_ids(s) for s in data["samples"]]), permille)
 
 
 def check_plan(framework: str, hp: Hyperparameters, search: SearchSpace, ids: list,

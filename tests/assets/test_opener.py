@@ -171,3 +171,44 @@ def test_the_scripts_compute_the_same_identity_and_size_as_the_opener(tmp_path):
     sample = opener.MnistOpener().get_data([str(folder)])["samples"][0]
     assert samples.sample_identity(folder) == sample["identity"]
     assert samples.sample_size(folder) == sample["n"] == 5
+
+
+def test_subjects_name_each_images_person_under_the_key_and_change_the_identity(tmp_path):
+    plain = opener.read_sample(str(make_sample(tmp_path / "plain")))
+    assert plain.persons is None and np.array_equal(plain.units, plain.ids)
+    ints = make_sample(tmp_path / "ints")
+    np.save(ints / "subjects.npy", np.array([7, 7, 8, 9, 7], dtype=np.int16))
+    texts = make_sample(tmp_path / "texts", labels=np.full(5, 3))
+    np.save(texts / "subjects.npy", np.array(["7", "a", "a", "b", "é"]))
+    a, b = opener.read_sample(str(ints)), opener.read_sample(str(texts))
+    # one person's images share an id, in a sample and across samples under one key (7 and "7")
+    assert a.persons[0] == a.persons[1] == a.persons[4] == b.persons[0] != a.persons[2]
+    assert b.persons[1] == b.persons[2] and len(set(b.persons.tolist())) == 4
+    assert not set(a.persons.tolist()) & set(a.ids.tolist())  # not the examples' names
+    other = opener.read_sample(str(make_sample(tmp_path / "other", key="f" * 64)))
+    np.save(tmp_path / "other" / "subjects.npy", np.array([7, 7, 8, 9, 7]))
+    other = opener.read_sample(str(tmp_path / "other"))
+    assert not set(other.persons.tolist()) & set(a.persons.tolist())  # keyed per organisation
+    # the persons are part of what the sample is, and what a task receives
+    assert a.identity != plain.identity and a.ids.tolist() == plain.ids.tolist()
+    got = opener.MnistOpener().get_data([str(ints), str(tmp_path / "plain")])
+    assert {("persons" in s) for s in got["samples"]} == {True, False}
+
+
+@pytest.mark.parametrize("subjects, message", [
+    (np.arange(4), "one subject id per image: shape [5], got [4]"),
+    (np.arange(10).reshape(5, 2), "one subject id per image"),
+    (np.array([1.0, 2.0, np.nan, 4.0, 5.0]), "must be integers or text, got dtype float64"),
+    (np.array([True] * 5), "must be integers or text, got dtype bool"),
+    (np.array(["a", "b", "NaN", "c", "d"]), "subject id 2 is 'NaN', a missing value"),
+    (np.array(["a", "", "b", "c", "d"]), "subject id 1 is '', a missing value"),
+    (np.array([b"a", b"\xff", b"b", b"c", b"d"]), "byte-string subject ids must be UTF-8 text"),
+    (np.array(["a", {}, 1, 2, 3], dtype=object), "not Python objects"),
+])
+def test_bad_subjects_are_one_error_naming_the_file(tmp_path, subjects, message):
+    folder = make_sample(tmp_path / "s")
+    np.save(folder / "subjects.npy", subjects, allow_pickle=True)
+    with pytest.raises(opener.DataSampleError) as caught:
+        opener.read_sample(str(folder))
+    assert str(caught.value).startswith(f"{folder / 'subjects.npy'}: ") and message in str(
+        caught.value) and "\n" not in str(caught.value)

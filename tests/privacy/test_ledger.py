@@ -44,6 +44,20 @@ def test_an_example_in_two_samples_composes_both_runs_that_trained_on_it():
     assert ledger.histories(["b"]) == [runs]
 
 
+def test_a_person_in_two_samples_of_a_run_composes_it_once():
+    """Per person (subjects.npy): a sample's ids name persons, and a person whose images sit in two
+    samples of one run is one of the run's n persons, trained on by it once."""
+    run = dataclasses.replace(dp_event(300, 10, 2, data=["a", "b"]), clipping=events.PER_PERSON)
+    ledger = Ledger([run], named({"a": range(200), "b": range(100, 300)}))  # 100 persons in both
+    ledger = Ledger.from_json(ledger.to_json())  # its examples agree with its run
+    assert ledger.epsilon(1e-5) == pytest.approx(compose_epsilon([run], 1e-5), rel=1e-9)
+    assert [account.examples for account in ledger.accounts()] == [300]
+    # per example, the same table would name 400 examples for n = 300: refused
+    with pytest.raises(UserError, match="names 400 examples"):
+        Ledger.from_json(Ledger([dataclasses.replace(run, clipping=events.PER_EXAMPLE)],
+                                named({"a": range(200), "b": range(100, 300)})).to_json())
+
+
 def test_examples_under_different_keys_are_different_organisations_records():
     runs = [dp_event(4000, 250, 3, data=["a"]), dp_event(4000, 250, 3, data=["b"])]
     one_run, both = compose_epsilon(runs[:1], 1e-5), compose_epsilon(runs, 1e-5)
