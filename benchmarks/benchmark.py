@@ -106,6 +106,23 @@ def poisson_batches(images, labels, plan, count, seed=0, rows=None):
         yield (images[picked], labels[picked]) + (() if rows is None else (rows[picked],))
 
 
+IMAGES_PER_PERSON = 10  # the per-person variant's persons: consecutive images of the shuffled set
+
+
+def person_batches(images, labels, plan, count, seed=0, rows=None):
+    """Batches as a DP train task samples them per person (subjects.npy): each person of
+    IMAGES_PER_PERSON images in w.p. q, with all their images (as many images expected as
+    poisson_batches); each batch with its rows (or None) and each image's person in the batch."""
+    import torch
+
+    rng = np.random.default_rng(seed)
+    persons = np.arange(plan.n) // IMAGES_PER_PERSON
+    for _ in range(count):
+        picked = np.flatnonzero((rng.random(persons[-1] + 1) < plan.sample_rate)[persons])
+        groups = torch.from_numpy(np.unique(persons[picked], return_inverse=True)[1])
+        yield images[picked], labels[picked], None if rows is None else rows[picked], groups
+
+
 def fixed_batches(images, labels, hp, count, seed=0):
     """Batches as the non-private baseline samples them: batch_size examples, shuffled."""
     rng = np.random.default_rng(seed)
@@ -143,23 +160,27 @@ def time_torch(algo, images, labels, hp, plan, steps, network):
         # makes once, before its steps
         known = algo.data_grams(model, images) if mode.startswith("book-keeping") else None
 
-        def step(x, y, known_rows=None):
+        def step(x, y, known_rows=None, groups=None):
             optimizer.zero_grad()
             if mode.startswith("book-keeping"):  # the algo's: clipped sum in p.grad, then the noise
                 algo.clip_and_sum(model, algo.as_input(x), torch.from_numpy(y), hp.max_grad_norm,
-                                  None if known is None else (known[0], known_rows))
+                                  None if known is None else (known[0], known_rows), groups)
             else:
                 criterion(model(algo.as_input(x)), torch.from_numpy(y)).backward()
             optimizer.step()
+        rows = None if known is None else known[1]
         batches = (fixed_batches(images, labels, hp, steps + WARMUP) if mode == "plain" else
-                   poisson_batches(images, labels, plan, steps + WARMUP, rows=None if known is None
-                                   else known[1]))
+                   person_batches(images, labels, plan, steps + WARMUP, rows=rows)
+                   if mode.endswith("persons") else
+                   poisson_batches(images, labels, plan, steps + WARMUP, rows=rows))
         return step, batches
 
     variants = {"Opacus per-example hooks (its default)": "hooks",
                 "Opacus ghost clipping, 2 backward passes (before)": "ghost",
                 "book-keeping, 1 backward pass (used)": "book-keeping",
-                "the same, secure_mode noise": "book-keeping-secure"}
+                "the same, secure_mode noise": "book-keeping-secure",
+                f"per person, {IMAGES_PER_PERSON} images each (used per person)":
+                    "book-keeping-persons"}
     return {PLAIN: make("plain"), **{name: make(mode) for name, mode in variants.items()}}
 
 
@@ -312,6 +333,8 @@ def print_steps(frameworks, steps, changes):
             print(f"  {name:<62}{seconds:>9.4f}{seconds / plain:>9.2f}")
             if name.endswith("(used)"):
                 dp_ratios[framework] = seconds / plain
+            elif name.endswith("(used per person)"):
+                dp_ratios[f"{framework} per person"] = seconds / plain
     plain = {}
     if "torch" in frameworks and len(frameworks) > 1:
         plain = in_child(measure_plain_steps, frameworks, steps, changes)

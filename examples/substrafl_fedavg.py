@@ -129,7 +129,7 @@ def main(argv=None):
              "every organisation evaluates the global model on the test set and reports its own ε"],
                                         records, performances)
     print(display.table(records))
-    print(f"\n{display.STATEMENT}\nwritten: {', '.join(map(str, written))}")
+    print(f"\n{display.statement_for(records)}\nwritten: {', '.join(map(str, written))}")
 
 
 if __name__ == "__main__":

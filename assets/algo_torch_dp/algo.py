@@ -34,7 +34,15 @@ if str(Path(__file__).resolve().parent) not in sys.path:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 # not networks.py: MindSpore's algo imports its own, and a process may import all three algos
-from torch_networks import build_network, conv_weight_norms, data_grams, output_grams, packed_pairs
+from torch_networks import (
+    build_network,
+    conv_weight_norms,
+    data_grams,
+    output_grams,
+    packed_pairs,
+    pair_products,
+    same_person_pairs,
+)
 
 from mnist_dp.hyperparameters import Hyperparameters
 from mnist_dp.learning import functions, interface, training
@@ -57,10 +65,12 @@ logging.getLogger("substratools").propagate = False
 # adds the noise. benchmarks/benchmark.py times it against Opacus' own modes.
 
 def clip_and_sum(model: nn.Module, inputs, targets, max_grad_norm,
-                 known_grams=None) -> torch.Tensor:
+                 known_grams=None, groups=None) -> torch.Tensor:
     """Set every parameter's .grad to the sum over the batch of the per-example gradients of the
-    cross-entropy, each clipped to norm `max_grad_norm`. Every parameter must belong to an nn.Linear
-    on [B, in] inputs or a plain nn.Conv2d, each called once a forward pass (ValueError otherwise).
+    cross-entropy, each clipped to norm `max_grad_norm`; with `groups`, of the per-person
+    gradients, each the sum of a person's examples' gradients, clipped as one. Every parameter must
+    belong to an nn.Linear on [B, in] inputs or a plain nn.Conv2d, each called once a forward pass
+    (ValueError otherwise).
 
     Args:
       model: the network.
@@ -69,9 +79,10 @@ def clip_and_sum(model: nn.Module, inputs, targets, max_grad_norm,
       max_grad_norm: C.
       known_grams: (a Conv2d whose input is `inputs` itself, these examples' rows of data_grams),
         for that layer's norms, or None.
+      groups: each example's person, an index 0..P-1 into the batch's persons [B], or None.
 
     Returns:
-      The per-example gradient norms before clipping [B].
+      The gradient norms before clipping: per example [B], or per person [P].
     """
     calls = []
     hooks = [module.register_forward_hook(lambda module, args,
@@ -113,8 +124,17 @@ def clip_and_sum(model: nn.Module, inputs, targets, max_grad_norm,
             if layer.bias is not None:
                 squares += (grads.flatten(2).sum(2).square().sum(1) if grads.dim() == 4
                             else grads.square().sum(1))
-        norms = squares.sqrt()
+        if groups is not None:  # ‖Σ_i G_i‖² = Σ_i ‖G_i‖² + 2 Σ_{i<j} ⟨G_i, G_j⟩ over a person
+            first, second = same_person_pairs(groups)
+            cross = sum(pair_products(first, second, layer, layer_in, grads)
+                        for (layer, layer_in, _), grads in zip(calls, out_grads))
+            squares = squares.new_zeros(int(groups.max()) + 1).index_add_(0, groups, squares)
+            if len(first):
+                squares.index_add_(0, groups[first], 2 * cross)
+        norms = squares.clamp_min(0).sqrt()
         factors = (max_grad_norm / norms.clamp_min(1e-12)).clamp(max=1.0)
+        if groups is not None:  # each example scaled by its person's factor
+            factors = factors[groups]
         for (layer, layer_in, _), grads in zip(calls, out_grads):
             scaled = grads * factors.view(-1, *[1] * (grads.dim() - 1))
             if isinstance(layer, nn.Linear):
@@ -175,10 +195,10 @@ def make_dp_step(model, optimizer, expected_batch_size, generator, secure_mode, 
         noise; None: no canaries.
 
     Returns:
-      `step(x, y, C, σ, known_grams=None)` (clip_and_sum's known_grams): clips each example's
-      gradient to C, sums, adds N(0, σ²C²) drawn from `generator`, divides by E[B] (Opacus'
-      optimizer), and returns how many examples had a gradient norm ≤ C (adaptive clipping's count,
-      before noise).
+      `step(x, y, C, σ, known_grams=None, groups=None)` (clip_and_sum's known_grams and groups):
+      clips each example's (or person's) gradient to C, sums, adds N(0, σ²C²) drawn from
+      `generator`, divides by E[B] (Opacus' optimizer), and returns how many examples (persons) had
+      a gradient norm ≤ C (adaptive clipping's count, before noise).
     """
     from opacus.optimizers import DPOptimizerFastGradientClipping
 
@@ -187,7 +207,7 @@ def make_dp_step(model, optimizer, expected_batch_size, generator, secure_mode, 
                                                 generator=generator, secure_mode=secure_mode)
 
     def step(x: torch.Tensor, y: torch.Tensor, max_grad_norm: float, noise_multiplier: float,
-             known_grams=None) -> int:
+             known_grams=None, groups=None) -> int:
         """One step; an empty Poisson batch adds the noise alone.
 
         Args:
@@ -196,16 +216,17 @@ def make_dp_step(model, optimizer, expected_batch_size, generator, secure_mode, 
           max_grad_norm: C.
           noise_multiplier: σ.
           known_grams: clip_and_sum's, or None.
+          groups: clip_and_sum's, or None.
 
         Returns:
-          How many examples had a gradient norm ≤ C.
+          How many examples (persons) had a gradient norm ≤ C.
         """
         optimizer.zero_grad()
         optimizer.noise_multiplier, optimizer.max_grad_norm = noise_multiplier, max_grad_norm
         unclipped = 0
         if len(x):  # p.grad holds the clipped sum
-            unclipped = int((clip_and_sum(model, x, y, max_grad_norm,
-                                          known_grams) <= max_grad_norm).sum())
+            unclipped = int((clip_and_sum(model, x, y, max_grad_norm, known_grams,
+                                          groups) <= max_grad_norm).sum())
         else:  # an empty Poisson batch: nothing to clip, the noise alone
             for param in model.parameters():
                 param.grad = torch.zeros_like(param)
@@ -299,6 +320,7 @@ def model_from_bytes(weights: bytes, network):
 
 class TorchOpacus(interface.Framework):
     name = "torch"
+    per_person = True
 
     def network(self, network: interface.Network) -> nn.Module:
         return build_network(network)
@@ -327,11 +349,13 @@ class TorchOpacus(interface.Framework):
               noise_multiplier: σ.
 
             Returns:
-              How many examples of the batch had a gradient norm ≤ C.
+              How many examples (persons) of the batch had a gradient norm ≤ C.
             """
             index = torch.from_numpy(batch)
+            groups = None if step.persons is None else torch.from_numpy(
+                np.unique(step.persons[batch], return_inverse=True)[1].astype(np.int64))
             unclipped = dp_step(x[index].float(), y[index], max_grad_norm, noise_multiplier,
-                                None if known is None else (known[0], known[1][index]))
+                                None if known is None else (known[0], known[1][index]), groups)
             optimizer.average.update(model)
             return unclipped
 

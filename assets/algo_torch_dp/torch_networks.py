@@ -145,6 +145,63 @@ def conv_weight_norms(layer: nn.Conv2d, inputs: torch.Tensor,
     return (output_grams(out_grads) * patch_grams).sum(1)
 
 
+def same_person_pairs(groups: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pairs (i, j), i < j, of a batch's examples of one person: [pairs] each.
+
+    Args:
+      groups: each example's person, an index into the batch's persons [B].
+    """
+    order = torch.argsort(groups, stable=True)
+    sizes = torch.bincount(groups)
+    first, second = [], []
+    start = 0
+    for size in sizes.tolist():
+        if size > 1:
+            members = order[start:start + size]
+            i, j = torch.triu_indices(size, size, 1)
+            first.append(members[i])
+            second.append(members[j])
+        start += size
+    if not first:
+        return (torch.empty(0, dtype=torch.long),) * 2
+    return torch.cat(first), torch.cat(second)
+
+
+def pair_products(first: torch.Tensor, second: torch.Tensor, layer: nn.Module,
+                  layer_in: torch.Tensor, out_grads: torch.Tensor,
+                  chunk: int = 1024) -> torch.Tensor:
+    """⟨G_i, G_j⟩ of each pair's gradients of `layer`'s parameters (weights and bias), whose sum
+    over a person's pairs, doubled, and their examples' squared norms make the squared norm of the
+    person's summed gradient.
+
+    Args:
+      first: each pair's first example [pairs].
+      second: its second [pairs].
+      layer: an nn.Linear on [B, in] or a plain nn.Conv2d (clip_and_sum's).
+      layer_in: its input [B, ...].
+      out_grads: the gradient of its output [B, ...].
+      chunk: pairs at a time (memory).
+
+    Returns:
+      [pairs].
+    """
+    if isinstance(layer, nn.Linear):  # g_i xᵢᵀ · g_j xⱼᵀ = (g_i·g_j)(x_i·x_j)
+        weights, outputs = layer_in, out_grads
+    else:  # each example's kernel gradient [B, out, in·kh·kw], and its bias gradient
+        weights = conv_example_gradients(layer, layer_in, out_grads).flatten(1)
+        outputs = out_grads.flatten(2).sum(2)
+    products = []
+    for start in range(0, len(first), chunk):
+        i, j = first[start:start + chunk], second[start:start + chunk]
+        bias = (outputs[i] * outputs[j]).sum(1)
+        if isinstance(layer, nn.Linear):
+            product = bias * (weights[i] * weights[j]).sum(1)
+        else:
+            product = (weights[i] * weights[j]).sum(1)
+        products.append(product + bias if layer.bias is not None else product)
+    return torch.cat(products) if products else out_grads.new_zeros(0)
+
+
 def output_grams(out_grads: torch.Tensor) -> torch.Tensor:
     """[B, out, H', W'] output gradients -> each example's Gram of them over positions, flattened
     [B, P·P]."""

@@ -68,12 +68,12 @@ class Ran:
     (training.train_steps), σ, the clipping unit and the noise's source (training.fit); the ledger's
     event is made from it (TaskPlan.event)."""
 
-    batch_sizes: list  # examples in each step really taken: one entry per step
+    batch_sizes: list  # units (examples or persons) in each step taken: one entry per step
     # the DP library's own ε for this run, for comparison
     library_epsilon: dict = field(default_factory=dict)
     # the effective σ per example (0 without DP): training.fit's
     noise_multiplier: float | None = None
-    # the clipping unit (events.PER_EXAMPLE, or NO_CLIPPING without DP): training.fit's
+    # the clipping unit (events.PER_EXAMPLE or PER_PERSON, NO_CLIPPING without DP): fit's
     clipping: str | None = None
     # batches and noise from noise_seed (randomness.py): training.fit's
     replayable_noise: bool = False
@@ -118,6 +118,9 @@ class Framework:
     """
 
     name: str
+    # Whether dp_step clips per person (step.persons): a framework without it refuses data with
+    # subjects.npy before anything runs.
+    per_person: bool = False
 
     # 1. The network.
     def network(self, network: Network):
@@ -143,13 +146,15 @@ class Framework:
           plan: the run's plan: plan.hp.secure_mode, and plan.sampling's expected batch size,
             which divides the noisy sum.
           step: the mechanism's settings (training.DpStep): the "gradient noise" stream of
-            step.randomness, and step.canaries, passed the clipped sum before the noise when set.
+            step.randomness, step.canaries, passed the clipped sum before the noise when set, and
+            step.persons, each example's person when the unit is a person (per_person).
 
         Returns:
           A function of (batch, C, σ): `batch` the indices of one Poisson batch (maybe none), C
-          the clipping norm, σ the noise multiplier. It clips each example's gradient to C, sums
-          them, adds N(0, σ²C²), divides by plan.sampling.expected_batch_size, applies
-          `optimizer`, and returns how many examples had a gradient norm ≤ C.
+          the clipping norm, σ the noise multiplier. It clips each unit's gradient to C (an
+          example's, or with step.persons the sum of a person's examples'), sums them, adds
+          N(0, σ²C²), divides by plan.sampling.expected_batch_size, applies `optimizer`, and
+          returns how many units had a gradient norm ≤ C.
         """
         raise NotImplementedError
 

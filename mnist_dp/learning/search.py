@@ -24,7 +24,7 @@ from mnist_dp.learning import features as feature_maps
 from mnist_dp.learning import model_io, skeleton, training
 from mnist_dp.learning.interface import Framework, Network, Ran
 from mnist_dp.privacy import data_ledger, model_file, provenance, statement
-from mnist_dp.privacy.ledger import Ledger
+from mnist_dp.privacy.ledger import Ledger, persons_of
 from mnist_dp.privacy.randomness import RunRandomness
 from mnist_dp.privacy.search import SearchPlan, draw_count, plan_search, validation_split
 from mnist_dp.privacy.task_plan import TaskPlan
@@ -189,6 +189,9 @@ def tune(framework: Framework, inputs: dict, outputs: dict, hyperparameters_path
     search = search_space.load(search_file if search_file.is_file() else None)
     # a run's checks are plan_search's, for each privacy profile on the training split
     skeleton.refuse_copies(data)
+    if persons_of(data) is not None:
+        raise UserError("subjects.npy: the private search does not run per person yet; tune on "
+                        "this data without subjects.npy, or train it with fixed hyperparameters")
     held_out = validation_split(data, search.validation_permille)
     plan = plan_search(framework.name, base, search, len(held_out), int(held_out.sum()), where)
     randomness = RunRandomness.for_run(base.noise_seed, 0,

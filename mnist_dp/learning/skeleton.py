@@ -19,7 +19,8 @@ from mnist_dp.hyperparameters import Hyperparameters
 from mnist_dp.learning import model_io, predictions, training
 from mnist_dp.learning.interface import Framework, Network
 from mnist_dp.privacy import data_ledger, model_file, provenance, statement, task_plan
-from mnist_dp.privacy.ledger import Ledger, merge, own_runs
+from mnist_dp.privacy.events import PER_EXAMPLE, PER_PERSON
+from mnist_dp.privacy.ledger import Ledger, merge, own_runs, persons_of
 from mnist_dp.privacy.randomness import RunRandomness
 from mnist_dp.utils import timing
 from mnist_dp.utils.errors import UserError
@@ -101,6 +102,27 @@ def refuse_copies(data: dict) -> None:
         raise UserError(data["copies"])
 
 
+def per_person(framework: Framework, data: dict, hp: Hyperparameters, earlier: dict):
+    """Each image's person (ledger.persons_of) when `data` names persons and the run is private,
+    else None. Refused in one line where this run cannot train per person, or where a ledger of
+    `earlier` ({whose: Ledger}) holds private runs of the other unit on this organisation's data: a
+    person's runs and their images' runs would be accounted apart."""
+    persons = persons_of(data) if hp.dp else None
+    if persons is not None and not framework.per_person:
+        raise UserError(f"subjects.npy: {framework.name} does not clip per person yet; train this "
+                        "data with the torch algo, or without subjects.npy per image")
+    unit, keys = PER_EXAMPLE if persons is None else PER_PERSON, {s["key"] for s in data["samples"]}
+    for whose, known in earlier.items():
+        other = sorted({e.clipping for e in known.events if e.is_private and e.clipping != unit
+                        and known.touches_keys(e, keys)}) if known is not None and hp.dp else []
+        if other:
+            raise UserError(f"{whose} records runs clipped {other[0]} on this organisation's "
+                            f"data, and this run would clip {unit}: the two are not composed; "
+                            "train with the privacy unit of the earlier runs (subjects.npy present "
+                            "or absent as it was)")
+    return persons
+
+
 def train_in_memory(framework: Framework, model, ledger: Ledger, data: dict, hp: Hyperparameters,
                     where: str, code: dict, if_diverged: str, through=None, release_images=False,
                     spent: data_ledger.Held | None = None, continuing: bool = False) -> tuple:
@@ -142,13 +164,18 @@ def train_in_memory(framework: Framework, model, ledger: Ledger, data: dict, hp:
         log.warning("the input model's ledger lacks %d %s run(s) that this organisation's own "
                     "ledger records on this data (%s): they are composed into this model's ε",
                     len(lacking), framework.name, ", ".join(e.run_id[:8] for e in lacking))
+    persons = per_person(framework, data, hp, {
+        "the input model's ledger": ledger,
+        "this data's own ledger": spent.ledger if spent is not None else None})
     identities = ledger.add_samples(data["samples"])
     histories = ledger.histories(identities)
     # the budget counts every run of the data: the input model's and the data's own ledger's
     everything = ledger if spent is None else data_ledger.union(ledger, spent.ledger)
-    plan = task_plan.for_task(framework.name, hp, len(data["labels"]), histories, where,
-                              identities, histories if everything is ledger
-                              else everything.histories(identities))
+    plan = task_plan.for_task(
+        framework.name, hp, len(data["labels"]) if persons is None else int(persons.max()) + 1,
+        histories, where, identities,
+        histories if everything is ledger else everything.histories(identities),
+        PER_EXAMPLE if persons is None else PER_PERSON)
     # else the input model, as received, is passed on
     if plan.sampling.steps == 0 and (lacking or not continuing):
         raise UserError(f"max_epsilon = {hp.max_epsilon}: this data has spent its budget (its own "
@@ -165,7 +192,7 @@ def train_in_memory(framework: Framework, model, ledger: Ledger, data: dict, hp:
     timing.mark("features")
     training.say_notices(framework, hp, randomness)
     ran = training.fit(framework, model, inputs, data["labels"], plan, randomness, plan.progress,
-                       through=through)
+                       through=through, persons=persons)
     timing.mark("training")  # the steps after the first
     model_io.check_finite(framework, model, f"training diverged in {ran.steps} steps", if_diverged)
     ledger.add(plan.event(ran, code=code))

@@ -18,7 +18,7 @@ import numpy as np
 from mnist_dp.hyperparameters import Hyperparameters
 from mnist_dp.learning.interface import EpochCallback, Framework, Network, Ran
 from mnist_dp.privacy import task_plan
-from mnist_dp.privacy.events import NO_CLIPPING, PER_EXAMPLE, NoiseSchedule
+from mnist_dp.privacy.events import NO_CLIPPING, PER_PERSON, NoiseSchedule
 from mnist_dp.privacy.randomness import REPLAYABLE_WARNING, RunRandomness, standard_normal
 from mnist_dp.privacy.task_plan import TaskPlan
 from mnist_dp.utils import progress as progress_bars
@@ -47,6 +47,12 @@ class DpStep:
     clip: ClipNorm
     randomness: RunRandomness
     canaries: object | None = None  # an audit.DiracCanaries
+    # each example's person, an index 0..n-1 (ledger.persons_of), when the unit is a person
+    persons: np.ndarray | None = None
+
+    def units_in(self, batch: np.ndarray) -> int:
+        """The privacy units in an index batch: its examples, or its persons."""
+        return len(batch) if self.persons is None else len(np.unique(self.persons[batch]))
 
     @property
     def noise_scale(self) -> float:
@@ -114,7 +120,7 @@ class ClipNorm:
 
 
 def sampled_batches(plan: TaskPlan, randomness: RunRandomness, on_epoch: EpochCallback,
-                    progress: bool = True):
+                    progress: bool = True, persons: np.ndarray | None = None):
     """Yield the index batch of every step of a run, with a progress bar.
 
     Args:
@@ -123,6 +129,8 @@ def sampled_batches(plan: TaskPlan, randomness: RunRandomness, on_epoch: EpochCa
       randomness: the run's randomness, which draws the batches.
       on_epoch: the progress text after each epoch (ε so far).
       progress: whether to draw the bar (not for a search's candidates, whose number is secret).
+      persons: each example's person (0..n-1, n = plan.sampling.n), or None: persons are sampled,
+        and a sampled person's examples are all in the batch.
 
     Yields:
       int64 index arrays into the training data, one per step.
@@ -138,7 +146,8 @@ def sampled_batches(plan: TaskPlan, randomness: RunRandomness, on_epoch: EpochCa
                            shown=progress) as bar:
         for step in range(1, sampling.steps + 1):
             if dp:
-                yield np.flatnonzero(rng.random(sampling.n) < sampling.sample_rate)
+                sampled = rng.random(sampling.n) < sampling.sample_rate
+                yield np.flatnonzero(sampled if persons is None else sampled[persons])
             else:
                 yield rng.choice(sampling.n, size=min(plan.hp.batch_size, sampling.n),
                                  replace=False)
@@ -152,7 +161,7 @@ def sampled_batches(plan: TaskPlan, randomness: RunRandomness, on_epoch: EpochCa
 
 def fit(framework: Framework, model, inputs: np.ndarray, labels: np.ndarray, plan: TaskPlan,
         randomness: RunRandomness, on_epoch: EpochCallback = lambda steps: "", canaries=None,
-        through=None, progress: bool = True) -> Ran:
+        through=None, progress: bool = True, persons: np.ndarray | None = None) -> Ran:
     """One training run of `framework`.
 
     Args:
@@ -169,6 +178,8 @@ def fit(framework: Framework, model, inputs: np.ndarray, labels: np.ndarray, pla
       through: through(batches, sampling plan), what the batches pass through on their way to the
         framework (substrafl's index generator, which counts them); it must hand on every batch.
       progress: whether to draw the steps' progress bar.
+      persons: each example's person (ledger.persons_of) when plan.privacy_unit is PER_PERSON,
+        else None.
 
     Returns:
       What ran (Ran): the batch sizes and the library's ε from the framework; σ, the clipping unit
@@ -176,11 +187,15 @@ def fit(framework: Framework, model, inputs: np.ndarray, labels: np.ndarray, pla
     """
     if plan.framework != framework.name:  # the ledger's event names the plan's
         raise ValueError(f"a plan of {plan.framework} given to {framework.name}")
+    if (persons is not None) != (plan.privacy_unit == PER_PERSON) or (
+            persons is not None and not framework.per_person):
+        raise ValueError(f"a plan per {plan.privacy_unit} given persons={persons is not None} and "
+                         f"{framework.name}")
     dp = plan.hp.dp
-    batches = sampled_batches(plan, randomness, on_epoch, progress)
+    batches = sampled_batches(plan, randomness, on_epoch, progress, persons)
     if through is not None:
         batches = through(batches, plan.sampling)
-    step = DpStep(plan.schedule, ClipNorm(plan, randomness), randomness, canaries)
+    step = DpStep(plan.schedule, ClipNorm(plan, randomness), randomness, canaries, persons)
     ran = train_steps(framework, model, inputs, labels, plan, step, batches)
     # the ledger records what ran; the frameworks must all run the plan
     if len(ran.batch_sizes) != plan.sampling.steps:
@@ -189,7 +204,8 @@ def fit(framework: Framework, model, inputs: np.ndarray, labels: np.ndarray, pla
     return dataclasses.replace(
         ran, batch_sizes=list(ran.batch_sizes), replayable_noise=randomness.replayable,
         library_epsilon=comparable_library_epsilon(framework.name, ran.library_epsilon),
-        noise_multiplier=plan.sigma if dp else 0.0, clipping=PER_EXAMPLE if dp else NO_CLIPPING)
+        noise_multiplier=plan.sigma if dp else 0.0,
+        clipping=plan.privacy_unit if dp else NO_CLIPPING)
 
 
 def train_steps(framework: Framework, model, inputs: np.ndarray, labels: np.ndarray,
@@ -220,12 +236,13 @@ def train_steps(framework: Framework, model, inputs: np.ndarray, labels: np.ndar
         plain_step = framework.plain_step(model, optimizer, inputs, labels)
     batch_sizes = []
     for batch in batches:
+        units = step.units_in(batch)
         if dp:
             unclipped = dp_step(batch, step.clip.value, step.sigma_at(len(batch_sizes)))
-            step.clip.update(unclipped, len(batch))  # adaptive clipping's count (a no-op otherwise)
+            step.clip.update(unclipped, units)  # adaptive clipping's count (a no-op otherwise)
         else:
             plain_step(batch)
-        batch_sizes.append(len(batch))
+        batch_sizes.append(units)
     framework.end_training(model, optimizer, plan)
     library = {}
     if dp and step.library_can_account:

@@ -37,6 +37,10 @@ ACCOUNTANT_NAMES = {
 }
 SAMPLING = "Poisson (each example joins each batch independently with probability q)"
 NEIGHBOURING_RELATION = "add or remove one example"
+# The same with subjects.npy (events.PER_PERSON): a person is the unit, all their images together.
+SAMPLING_PER_PERSON = ("Poisson (each person joins each batch independently with probability q, "
+                       "with all their images)")
+NEIGHBOURING_RELATION_PER_PERSON = "add or remove one person, with all their images"
 
 
 def _counts(segments) -> tuple:

@@ -8,10 +8,13 @@ from __future__ import annotations
 from mnist_dp.privacy.accountant import (
     ACCOUNTANT_NAMES,
     NEIGHBOURING_RELATION,
+    NEIGHBOURING_RELATION_PER_PERSON,
     REPORTED_ACCOUNTANT,
     SAMPLING,
+    SAMPLING_PER_PERSON,
     compose_epsilon,
 )
+from mnist_dp.privacy.events import PER_PERSON
 from mnist_dp.privacy.ledger import Ledger
 from mnist_dp.privacy.model_file import AGGREGATED, ModelFile
 from mnist_dp.privacy.randomness import ENTROPY_BITS, REPLAYABLE_WARNING
@@ -107,15 +110,28 @@ SEARCHED_NOT_COVERED = ("model selection or training on the same data besides th
                         "(each such try spends privacy that this ledger does not see)")
 
 
-def shared_assumptions(federated: bool, searched: bool = False) -> str:
+PERSON_MECHANISM = [
+    f"- Neighbouring datasets: {NEIGHBOURING_RELATION_PER_PERSON}.",
+    f"- Sampling: {SAMPLING_PER_PERSON}, as the accountant assumes.",
+    "- Privacy unit: a person, as the data's subjects.npy names them: the sum of a person's "
+    "images' gradients is clipped to C as one, and q, n and the ledger's ids count persons.",
+]
+
+
+def shared_assumptions(federated: bool, searched: bool = False, per_person: bool = False) -> str:
     """What holds for every model's statement, said once in a report: the relation, the mechanism
-    (with a private search's when `searched`), the threat model (across organisations too when
-    `federated`), the accounting unit and what ε does not cover."""
+    (with a private search's when `searched`, per person when `per_person`), the threat model
+    (across organisations too when `federated`), the accounting unit and what ε does not cover."""
     not_covered = [SEARCHED_NOT_COVERED, *NOT_COVERED[1:]] if searched else NOT_COVERED
-    return "\n".join([*MECHANISM, *([SEARCH] if searched else []), THREAT_MODEL,
+    mechanism = [*PERSON_MECHANISM, *MECHANISM[2:]] if per_person else MECHANISM
+    return "\n".join([*mechanism, *([SEARCH] if searched else []), THREAT_MODEL,
                       *([FEDERATED_THREAT_MODEL] if federated else []),
                       "- Accounting unit: " + SHARED_EXAMPLES,
                       "- Not covered: " + "; ".join(not_covered) + "."])
+
+
+def is_per_person(saved: ModelFile) -> bool:
+    return any(e.clipping == PER_PERSON for e in saved.ledger.events)
 
 
 def has_search(saved: ModelFile) -> bool:
@@ -267,7 +283,8 @@ def privacy_statement(saved: ModelFile, per_organization: dict | None = None,
                                           else "")
                  + f"; secure_mode (floating-point-attack-resistant noise): {secure}.")
     if assumptions:
-        lines.append(shared_assumptions(is_federated(saved), has_search(saved)))
+        lines.append(shared_assumptions(is_federated(saved), has_search(saved),
+                                        is_per_person(saved)))
     return "\n".join(lines)
 
 

@@ -108,6 +108,7 @@ class TaskPlan:
       identities: the keyed identities of the run's data samples (the event's `data`).
       histories: the earlier runs of its examples (Ledger.histories: usually one list; several
         when an input model trained on parts of its data).
+      privacy_unit: the unit clipped and counted in sampling.n: events.PER_EXAMPLE or PER_PERSON.
     """
 
     framework: str
@@ -117,6 +118,7 @@ class TaskPlan:
     schedule: NoiseSchedule
     identities: tuple = ()
     histories: tuple = ((),)
+    privacy_unit: str = PER_EXAMPLE
 
     def __post_init__(self):
         if self.schedule.sigma != self.sigma:  # one σ: the events are made from the schedule's
@@ -153,7 +155,8 @@ class TaskPlan:
         account."""
         return DpEvent.of_run(self.framework, self.identities, self.sampling.n,
                               self.sampling.sample_rate, self.schedule, steps,
-                              PER_EXAMPLE if self.hp.dp else NO_CLIPPING, self.hp.max_grad_norm)
+                              self.privacy_unit if self.hp.dp else NO_CLIPPING,
+                              self.hp.max_grad_norm)
 
     def event(self, ran, code: dict | None = None) -> DpEvent:
         """The ledger's event of the run as it ran, with a new run id.
@@ -187,19 +190,21 @@ class TaskPlan:
 
 
 def for_task(framework: str, hp: Hyperparameters, n: int, histories: Sequence, where: str,
-             identities: tuple = (), budget_histories: Sequence | None = None) -> TaskPlan:
+             identities: tuple = (), budget_histories: Sequence | None = None,
+             privacy_unit: str = PER_EXAMPLE) -> TaskPlan:
     """The plan of a train task, in one pass: every check, then σ, then the budget.
 
     Args:
       framework: the algo's name.
       hp: the hyperparameters.
-      n: the number of training examples.
+      n: the number of training units: examples, or persons.
       histories: the earlier runs of the task's examples in the input model's ledger
         (Ledger.histories; [[]] for none): σ is calibrated for the worst of them.
       where: what names the hyperparameters in an error.
       identities: the keyed identities of the task's data samples.
       budget_histories: the histories hp.max_epsilon counts (the input model's ledger joined with
         the data's own: data_ledger.union); default `histories`.
+      privacy_unit: the unit clipped, events.PER_EXAMPLE or PER_PERSON.
 
     Returns:
       The TaskPlan, its steps cut to the budget (0 when the data has spent it: the task passes its
@@ -212,7 +217,7 @@ def for_task(framework: str, hp: Hyperparameters, n: int, histories: Sequence, w
     budget = histories if budget_histories is None else budget_histories
     if hp.dp and hp.max_epsilon is not None:
         first, run = (DpEvent.of_run(framework, identities, n, sampling.sample_rate, schedule,
-                                     steps, PER_EXAMPLE, hp.max_grad_norm)
+                                     steps, privacy_unit, hp.max_grad_norm)
                       for steps in (1, sampling.steps))
         one_step = 0.0 if any(budget) else accountant.compose_epsilon([first], hp.delta)
         allowed = min(accountant.steps_within_budget(prior, run, hp.delta, hp.max_epsilon)
@@ -230,7 +235,7 @@ def for_task(framework: str, hp: Hyperparameters, n: int, histories: Sequence, w
                         "= %g)", allowed, sampling.steps, hp.max_epsilon, hp.delta)
         sampling = dataclasses.replace(sampling, max_steps=allowed)
     return TaskPlan(framework, hp, sampling, sigma, schedule, tuple(identities),
-                    tuple(tuple(h) for h in histories))
+                    tuple(tuple(h) for h in histories), privacy_unit)
 
 
 def fresh(framework: str, hp: Hyperparameters, n: int, where: str,

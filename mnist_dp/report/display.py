@@ -20,6 +20,7 @@ COLUMNS = [  # (key, header, format)
 MULTI_STAGE_ONLY = ("round", "organization")
 FEDAVG = "fedavg"  # where an averaged model was "trained": by every organisation
 DATA_EPSILON = "data's ε"  # the column of what the data has spent over every model released from it
+# With subjects.npy: the same, per person (statement_for).
 STATEMENT = ("ε is for the add/remove-one-example relation, Poisson sampling and per-example "
              "clipping; each example's ε composes the steps that trained on it, and ε is the worst "
              "example's (with several organisations, each one's ε is that of its own records, the "
@@ -29,6 +30,16 @@ STATEMENT = ("ε is for the add/remove-one-example relation, Poisson sampling an
              "one). data's ε: what the training data has spent over every model released from it "
              "so far, these and earlier ones (its own ledger, kept with the data: "
              "data_epsilon_by_organization in results.json).")
+
+
+def statement_for(records: list) -> str:
+    """What the table's ε is for: STATEMENT, in persons where a record's unit is a person."""
+    if not any(getattr(r, "privacy_unit", "image") == "person" for r in records):
+        return STATEMENT
+    return (STATEMENT.replace("add/remove-one-example", "add/remove-one-person (all their images)")
+            .replace("per-example clipping", "per-person clipping (subjects.npy)")
+            .replace("each example's ε", "each person's ε").replace("worst example's", "worst "
+                                                                    "person's"))
 
 
 NOT_DP = ("delta", "accountant", "noise_multiplier")  # nothing to say of a model trained without DP
@@ -172,7 +183,8 @@ def write_summary(path: Path, title: str, facts: list, records: list, performanc
     if failure:
         lines += ["## The plan failed", "", "```", failure, "```", "",
                   "The results below are those of the tasks that finished.", ""]
-    lines += ["## Accuracy and privacy", "", markdown_table(headers, rows), "", STATEMENT, ""]
+    lines += ["## Accuracy and privacy", "", markdown_table(headers, rows), "",
+              statement_for(records), ""]
     lines += [f"**{line}**" for line in warnings(records)] + ([""] if warnings(records) else [])
     if plot:
         lines += [f"![test accuracy and ε]({plot.name})", ""]
@@ -191,6 +203,8 @@ def write_summary(path: Path, title: str, facts: list, records: list, performanc
                   statement.shared_assumptions(any(statement.is_federated(saved) for _,
                                                    saved in models),
                                              any(statement.has_search(saved) for _,
+                                                 saved in models),
+                                             any(statement.is_per_person(saved) for _,
                                                  saved in models)), ""]
     lines += ["## Performances as recorded by Substra (`get_performances`)", "",
               markdown_table(*performance_table(performances)), ""]

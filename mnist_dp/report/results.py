@@ -16,8 +16,13 @@ from substra.sdk.models import ComputeTaskStatus
 from mnist_dp.orchestration import execution
 from mnist_dp.orchestration.compute_plan import PlanBuilder
 from mnist_dp.privacy import model_file
-from mnist_dp.privacy.accountant import NEIGHBOURING_RELATION, SAMPLING
-from mnist_dp.privacy.events import PER_EXAMPLE
+from mnist_dp.privacy.accountant import (
+    NEIGHBOURING_RELATION,
+    NEIGHBOURING_RELATION_PER_PERSON,
+    SAMPLING,
+    SAMPLING_PER_PERSON,
+)
+from mnist_dp.privacy.events import PER_EXAMPLE, PER_PERSON
 from mnist_dp.privacy.randomness import REPLAYABLE_WARNING
 from mnist_dp.privacy.statement import privacy_summary
 from mnist_dp.report import display
@@ -116,6 +121,7 @@ class Record:
     max_grad_norm: float | None = None
     sampling: str = SAMPLING
     neighbouring_relation: str = NEIGHBOURING_RELATION
+    privacy_unit: str = "image"  # or "person": the unit ε is for (subjects.npy)
     max_epsilon: float | None = None
     stopped_by_budget: bool = False
     secure_mode: bool = False
@@ -171,6 +177,7 @@ def model_record(path: Path, framework: str, organizations: dict) -> dict:
     delta = saved.hyperparameters["delta"]
     last = saved.ledger.events[-1]
     summary = privacy_summary(saved.ledger, delta)
+    per_person = any(e.clipping == PER_PERSON for e in saved.ledger.events)
     return {
         "framework": framework, "dp": all(e.is_private for e in saved.ledger.events),
         "epsilon": summary["epsilon"], "epsilon_rdp": summary["epsilon_rdp"],
@@ -183,8 +190,10 @@ def model_record(path: Path, framework: str, organizations: dict) -> dict:
         "delta": delta, "accountant": summary["accountant"],
         "noise_multiplier": last.noise_multiplier, "sample_rate": last.sample_rate,
         "steps": sum(e.steps for e in saved.ledger.events), "clipping": last.clipping,
-        "max_grad_norm": last.max_grad_norm, "sampling": SAMPLING,
-        "neighbouring_relation": NEIGHBOURING_RELATION,
+        "max_grad_norm": last.max_grad_norm,
+        "sampling": SAMPLING_PER_PERSON if per_person else SAMPLING,
+        "neighbouring_relation": NEIGHBOURING_RELATION_PER_PERSON if per_person
+        else NEIGHBOURING_RELATION, "privacy_unit": "person" if per_person else "image",
         "max_epsilon": saved.hyperparameters.get("max_epsilon"),
         "stopped_by_budget": saved.hyperparameters.get("stopped_by_budget", False),
         "secure_mode": saved.hyperparameters.get("secure_mode", False),
@@ -275,7 +284,7 @@ def run_and_report(client, builder: PlanBuilder, name: str, plan_key: str, frame
     if not_downloaded:
         print(f"\nmodel files not downloaded: {', '.join(not_downloaded)}; see Substra's "
               "performances in summary.md")
-    print(f"\n{display.STATEMENT}\nwritten: {', '.join(map(str, written))}")
+    print(f"\n{display.statement_for(records)}\nwritten: {', '.join(map(str, written))}")
     if failure:
         raise failure
     return records
