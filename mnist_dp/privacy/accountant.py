@@ -100,9 +100,35 @@ def _epsilon(counts: tuple, delta: float, accountant: str, searches: tuple = ())
         curve = sum((search_rdp(s) for s in searches), _rdp_curve(_poisson_gaussians(counts))
                     if counts else 0.0)
         return float(rdp_privacy_accountant.compute_epsilon(RDP_ORDERS, curve, delta)[0])
+    if accountant == "pld":
+        return float(_pld_of(counts).get_epsilon_for_delta(delta))
     acc = _new_accountant(accountant)
     acc.compose(_poisson_gaussians(counts))
     return float(acc.get_epsilon(delta))
+
+
+def _pld_of(counts: tuple):
+    """The PLD of the steps `counts`, composed as dp_accounting's PLDAccountant composes them (from
+    the identity, each (q, σ) self-composed in turn, at its default discretisation): the same
+    operations on the same numbers, one step's PLD made once per (q, σ)."""
+    composed = pld.privacy_loss_distribution.identity(PLD_INTERVAL)
+    for (sample_rate, sigma), count in counts:
+        if sample_rate > 0:  # the accountant skips a step that samples nothing
+            composed = composed.compose(_step_pld(sample_rate, sigma).self_compose(count))
+    return composed
+
+
+# PLDAccountant's default value_discretization_interval.
+PLD_INTERVAL = 1e-4
+
+
+@functools.lru_cache(maxsize=128)
+def _step_pld(sample_rate: float, sigma: float):
+    """One Poisson-sampled Gaussian step's PLD; a budget's search over steps and a report's figures
+    compose the same step again and again."""
+    return pld.privacy_loss_distribution.from_gaussian_mechanism(
+        standard_deviation=sigma, value_discretization_interval=PLD_INTERVAL,
+        sampling_prob=sample_rate)
 
 
 RDP_ORDERS = np.asarray(rdp_privacy_accountant.DEFAULT_RDP_ORDERS, dtype=np.float64)
