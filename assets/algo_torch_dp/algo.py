@@ -40,7 +40,7 @@ from torch_networks import (
     data_grams,
     output_grams,
     packed_pairs,
-    pair_products,
+    person_squares,
     same_person_pairs,
 )
 
@@ -108,29 +108,12 @@ def clip_and_sum(model: nn.Module, inputs, targets, max_grad_norm,
             raise ValueError("clip_and_sum: Conv2d with groups, dilation or non-zero padding")
     out_grads = torch.autograd.grad(loss, [out for _, _, out in calls])
     with torch.no_grad():
-        squares = inputs.new_zeros(len(inputs))
-        for (layer, layer_in, _), grads in zip(calls, out_grads):
-            # one example's weight gradient is g xᵀ: its norm is ‖g‖·‖x‖
-            if isinstance(layer, nn.Linear):
-                squares += grads.square().sum(1) * layer_in.square().sum(1)
-            elif known_grams is not None and layer is known_grams[0]:
-                if layer_in.data_ptr() != inputs.data_ptr() or layer_in.numel() != inputs.numel():
-                    raise ValueError("clip_and_sum: the layer of known_grams must read the inputs "
-                                     "themselves")
-                squares += (output_grams(grads)[:, packed_pairs(grads.shape[2] * grads.shape[3])]
-                            * known_grams[1]).sum(1)
-            else:
-                squares += conv_weight_norms(layer, layer_in, grads)
-            if layer.bias is not None:
-                squares += (grads.flatten(2).sum(2).square().sum(1) if grads.dim() == 4
-                            else grads.square().sum(1))
-        if groups is not None:  # ‖Σ_i G_i‖² = Σ_i ‖G_i‖² + 2 Σ_{i<j} ⟨G_i, G_j⟩ over a person
+        if groups is None:
+            squares = example_squares(calls, out_grads, inputs, known_grams)
+        else:  # each person's: the squared norm of their examples' summed gradient
             first, second = same_person_pairs(groups)
-            cross = sum(pair_products(first, second, layer, layer_in, grads)
-                        for (layer, layer_in, _), grads in zip(calls, out_grads))
-            squares = squares.new_zeros(int(groups.max()) + 1).index_add_(0, groups, squares)
-            if len(first):
-                squares.index_add_(0, groups[first], 2 * cross)
+            squares = sum(person_squares(layer, layer_in, grads, groups, first, second)
+                          for (layer, layer_in, _), grads in zip(calls, out_grads))
         norms = squares.clamp_min(0).sqrt()
         factors = (max_grad_norm / norms.clamp_min(1e-12)).clamp(max=1.0)
         if groups is not None:  # each example scaled by its person's factor
@@ -145,6 +128,38 @@ def clip_and_sum(model: nn.Module, inputs, targets, max_grad_norm,
             if layer.bias is not None:
                 layer.bias.grad = scaled.sum((0, 2, 3) if scaled.dim() == 4 else 0)
     return norms
+
+
+def example_squares(calls: list, out_grads: tuple, inputs: torch.Tensor,
+                    known_grams=None) -> torch.Tensor:
+    """Each example's squared gradient norm over the layers of `calls` (clip_and_sum's).
+
+    Args:
+      calls: (layer, its input, its output) of each layer, in the forward pass's order.
+      out_grads: the gradient of each layer's output.
+      inputs: the batch's inputs.
+      known_grams: clip_and_sum's.
+
+    Returns:
+      [B].
+    """
+    squares = inputs.new_zeros(len(inputs))
+    for (layer, layer_in, _), grads in zip(calls, out_grads):
+        # one example's weight gradient is g xᵀ: its norm is ‖g‖·‖x‖
+        if isinstance(layer, nn.Linear):
+            squares += grads.square().sum(1) * layer_in.square().sum(1)
+        elif known_grams is not None and layer is known_grams[0]:
+            if layer_in.data_ptr() != inputs.data_ptr() or layer_in.numel() != inputs.numel():
+                raise ValueError("clip_and_sum: the layer of known_grams must read the inputs "
+                                 "themselves")
+            squares += (output_grams(grads)[:, packed_pairs(grads.shape[2] * grads.shape[3])]
+                        * known_grams[1]).sum(1)
+        else:
+            squares += conv_weight_norms(layer, layer_in, grads)
+        if layer.bias is not None:
+            squares += (grads.flatten(2).sum(2).square().sum(1) if grads.dim() == 4
+                        else grads.square().sum(1))
+    return squares
 
 
 def noise_generator(randomness) -> torch.Generator:

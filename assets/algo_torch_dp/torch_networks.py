@@ -167,39 +167,40 @@ def same_person_pairs(groups: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     return torch.cat(first), torch.cat(second)
 
 
-def pair_products(first: torch.Tensor, second: torch.Tensor, layer: nn.Module,
-                  layer_in: torch.Tensor, out_grads: torch.Tensor,
-                  chunk: int = 1024) -> torch.Tensor:
-    """⟨G_i, G_j⟩ of each pair's gradients of `layer`'s parameters (weights and bias), whose sum
-    over a person's pairs, doubled, and their examples' squared norms make the squared norm of the
-    person's summed gradient.
+def person_squares(layer: nn.Module, layer_in: torch.Tensor, out_grads: torch.Tensor,
+                   groups: torch.Tensor, first: torch.Tensor, second: torch.Tensor,
+                   chunk: int = 1024) -> torch.Tensor:
+    """Each person's squared norm of the sum of their examples' gradients of `layer`'s parameters
+    (weights and bias).
 
     Args:
-      first: each pair's first example [pairs].
-      second: its second [pairs].
       layer: an nn.Linear on [B, in] or a plain nn.Conv2d (clip_and_sum's).
       layer_in: its input [B, ...].
       out_grads: the gradient of its output [B, ...].
+      groups: each example's person, an index 0..P-1 [B].
+      first: same_person_pairs' first examples [pairs].
+      second: their second [pairs].
       chunk: pairs at a time (memory).
 
     Returns:
-      [pairs].
+      [P].
     """
-    if isinstance(layer, nn.Linear):  # g_i xᵢᵀ · g_j xⱼᵀ = (g_i·g_j)(x_i·x_j)
-        weights, outputs = layer_in, out_grads
-    else:  # each example's kernel gradient [B, out, in·kh·kw], and its bias gradient
-        weights = conv_example_gradients(layer, layer_in, out_grads).flatten(1)
-        outputs = out_grads.flatten(2).sum(2)
-    products = []
+    persons = int(groups.max()) + 1
+    if isinstance(layer, nn.Conv2d):  # the sum of the person's kernel gradients, then its norm
+        kernels = conv_example_gradients(layer, layer_in, out_grads).flatten(1)
+        if layer.bias is not None:
+            kernels = torch.cat([kernels, out_grads.flatten(2).sum(2)], 1)
+        return kernels.new_zeros(persons, kernels.shape[1]).index_add_(0, groups,
+                                                                       kernels).square().sum(1)
+    # g xᵀ, never made: ‖Σ g_i x_iᵀ‖² = Σ_i ‖g_i‖²‖x_i‖² + 2 Σ_{i<j} (g_i·g_j)(x_i·x_j)
+    bias = 1.0 if layer.bias is not None else 0.0
+    squares = out_grads.square().sum(1) * (layer_in.square().sum(1) + bias)
+    squares = squares.new_zeros(persons).index_add_(0, groups, squares)
     for start in range(0, len(first), chunk):
         i, j = first[start:start + chunk], second[start:start + chunk]
-        bias = (outputs[i] * outputs[j]).sum(1)
-        if isinstance(layer, nn.Linear):
-            product = bias * (weights[i] * weights[j]).sum(1)
-        else:
-            product = (weights[i] * weights[j]).sum(1)
-        products.append(product + bias if layer.bias is not None else product)
-    return torch.cat(products) if products else out_grads.new_zeros(0)
+        cross = (out_grads[i] * out_grads[j]).sum(1) * ((layer_in[i] * layer_in[j]).sum(1) + bias)
+        squares.index_add_(0, groups[i], 2 * cross)
+    return squares
 
 
 def output_grams(out_grads: torch.Tensor) -> torch.Tensor:

@@ -48,9 +48,9 @@ def test_every_variant_steps_the_network_that_set_names_on_its_inputs(framework)
     variants = benchmark.step_variants(framework, 1, {"network": "linear"})
     assert benchmark.PLAIN in variants and any(name.endswith("(used)") for name in variants)
     for step, batches in variants.values():
-        x, y = next(iter(batches))
+        x, y, *rest = next(iter(batches))  # rest: the per-person variant's rows and persons
         assert x.shape[1:] == (features.SCATTERING_DIM,)
-        step(x, y)
+        step(x, y, *rest)
 
 
 def test_a_bad_set_is_one_line_and_exit_2():
