@@ -114,7 +114,7 @@ def clip_and_sum(model: nn.Module, inputs, targets, max_grad_norm,
             first, second = same_person_pairs(groups)
             squares = sum(person_squares(layer, layer_in, grads, groups, first, second)
                           for (layer, layer_in, _), grads in zip(calls, out_grads))
-        norms = squares.clamp_min(0).sqrt()
+        norms = squares.sqrt()
         factors = (max_grad_norm / norms.clamp_min(1e-12)).clamp(max=1.0)
         if groups is not None:  # each example scaled by its person's factor
             factors = factors[groups]

@@ -42,9 +42,10 @@ def assign(n: int, sizes: tuple[int, int], rng: np.random.Generator, first: int 
       int64 [n]: ids from `first` up, each person's images consecutive.
     """
     low, high = sizes
-    counts = []
-    while sum(counts) < n:
+    counts, total = [], 0
+    while total < n:
         counts.append(int(rng.integers(low, high + 1)) if low < high else low)
+        total += counts[-1]
     return np.repeat(np.arange(first, first + len(counts), dtype=np.int64), counts)[:n]
 
 

@@ -28,6 +28,7 @@ from mnist_dp.privacy import data_ledger, model_file
 from mnist_dp.privacy.events import PER_PERSON
 from mnist_dp.privacy.randomness import RunRandomness
 from mnist_dp.privacy.task_plan import SamplingPlan, TaskPlan
+from mnist_dp.report import results
 
 ALGO = load_asset_module(ALGO_ASSETS["torch"] / "algo.py", "algo_torch_per_person")
 C = 1.0
@@ -146,6 +147,8 @@ def test_a_train_task_is_private_per_person_and_its_ledgers_name_persons(tmp_pat
         independent_epsilon(1.0, 1 / steps, steps, 1e-4), rel=1e-6)
     [recorded] = data_ledger.read(folders).events
     assert recorded.clipping == PER_PERSON and recorded.n == persons
+    record = results.model_record(outputs["model"], "torch", {"MyOrg1MSP": None})
+    assert record["privacy_unit"] == "person" and "one person" in record["neighbouring_relation"]
 
 
 @pytest.mark.parametrize("framework, function, message", [

@@ -141,3 +141,19 @@ def test_the_pictures_neither_magnify_noise_nor_run_labels_together(tmp_path, mo
     display.plot(tmp_path / "p.png", stages)
     accuracy_axis = figures[0].axes[1]
     assert {label.get_rotation() for label in accuracy_axis.get_xticklabels()} == {35.0}
+
+
+def test_the_statement_under_the_table_names_persons_where_a_record_is_per_person():
+    record = Record(run="torch", round=1, organization="MyOrg1MSP", framework="torch", dp=True,
+                    epsilon=1.0, epsilon_rdp=1.2, epsilon_by_organization={}, delta=1e-5,
+                    accountant="pld", noise_multiplier=1.0, sample_rate=0.1, steps=10)
+    assert display.statement_for([record]) == display.STATEMENT
+    per_person = display.statement_for([replace(record, privacy_unit="person")])
+    assert per_person.startswith("ε is for the add/remove-one-person (all their images) relation, "
+                                 "Poisson sampling and per-person clipping (subjects.npy); each "
+                                 "person's ε composes") and "example" not in per_person.split(
+                                     "(with")[0]
+    assumptions = statement.shared_assumptions(False, per_person=True)
+    assert "add or remove one person, with all their images" in assumptions
+    assert "- Privacy unit: a person" in assumptions and "add or remove one example" not in (
+        assumptions)
