@@ -63,14 +63,6 @@ def _poisson_gaussians(counts: tuple) -> dp_accounting.DpEvent:
     return parts[0] if len(parts) == 1 else dp_accounting.ComposedDpEvent(parts)
 
 
-def _new_accountant(accountant: str) -> dp_accounting.PrivacyAccountant:
-    if accountant == "pld":
-        return pld.PLDAccountant()
-    if accountant == "rdp":
-        return rdp.RdpAccountant()
-    raise ValueError(f"unknown accountant {accountant!r}, expected one of {ACCOUNTANTS}")
-
-
 def compose_epsilon(events: Sequence[DpEvent], delta: float,
                     accountant: str = REPORTED_ACCOUNTANT) -> float:
     """ε of the sequential composition of DP events.
@@ -102,7 +94,9 @@ def _epsilon(counts: tuple, delta: float, accountant: str, searches: tuple = ())
         return float(rdp_privacy_accountant.compute_epsilon(RDP_ORDERS, curve, delta)[0])
     if accountant == "pld":
         return float(_pld_of(counts).get_epsilon_for_delta(delta))
-    acc = _new_accountant(accountant)
+    if accountant != "rdp":
+        raise ValueError(f"unknown accountant {accountant!r}, expected one of {ACCOUNTANTS}")
+    acc = rdp.RdpAccountant()
     acc.compose(_poisson_gaussians(counts))
     return float(acc.get_epsilon(delta))
 
