@@ -297,6 +297,17 @@ def run_function(script, function, inputs, outputs, check=True, cwd=None):
     return proc
 
 
+def assert_one_line_error(proc, *fragments):
+    """A function or script that exited 2 with one `error:` line, holding every fragment, and no
+    traceback."""
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, proc.stderr
+    for fragment in fragments:
+        assert fragment in errors[0]
+
+
 def samples(data_dir, split):
     return [str(p) for p in dataset.sample_folders(data_dir, split)]
 

@@ -15,6 +15,7 @@ from conftest import (
     FRAMEWORKS,
     REPO,
     TINY_HYPERPARAMETERS,
+    assert_one_line_error,
     extract_function,
     ledger_edit,
     rewrite_member,
@@ -47,15 +48,6 @@ def train(tmp_path, framework, data_dir, opener, model=None, name="model", **cha
 
 def read_epsilon(path):
     return json.loads(path.read_text())["all"]
-
-
-def assert_one_line_error(proc, *fragments):
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    assert "Traceback" not in proc.stderr
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1, proc.stderr
-    for fragment in fragments:
-        assert fragment in errors[0]
 
 
 @pytest.fixture(scope="module", params=FRAMEWORKS)

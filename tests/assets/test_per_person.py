@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from conftest import (
     ALGO_ASSETS,
+    assert_one_line_error,
     extract_function,
     independent_epsilon,
     run_function,
@@ -166,8 +167,7 @@ def test_what_cannot_work_per_person_refuses_subjects_in_one_line(tmp_path, open
     outputs = {"model": tmp_path / "model", "epsilon": tmp_path / "epsilon.json"}
     proc = run_function(fn / "algo.py", function, {"opener": opener_path, "datasamples": samples(
         tmp_path / "data", "train")}, outputs, check=False)
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert proc.returncode == 2 and len(errors) == 1 and message in errors[0], proc.stderr[-2000:]
+    assert_one_line_error(proc, message)
     assert not outputs["model"].exists()
 
 
@@ -180,9 +180,8 @@ def test_a_bad_subjects_file_is_one_line_and_nothing_is_written(tmp_path, opener
     outputs = {"model": tmp_path / "model", "epsilon": tmp_path / "epsilon.json"}
     proc = run_function(fn / "algo.py", "train", {"opener": opener_path, "datasamples": [folder]},
                         outputs, check=False)
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-2000:]
-    assert f"{folder / 'subjects.npy'}: one subject id per image: shape [300], got [7]" in errors[0]
+    assert_one_line_error(proc, f"{folder / 'subjects.npy'}: one subject id per image: shape "
+                                "[300], got [7]")
     assert not outputs["model"].exists() and not outputs["epsilon"].exists()
     assert not (folder / data_ledger.LEDGER_FILE).exists()
 
@@ -199,8 +198,6 @@ def test_a_change_of_unit_on_data_that_has_spent_is_refused(tmp_path, opener_pat
     np.save(folder / "subjects.npy", np.arange(300) // 3)
     outputs = {"model": tmp_path / "second", "epsilon": tmp_path / "second-epsilon.json"}
     proc = run_function(trainer / "algo.py", "train", inputs, outputs, check=False)
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-2000:]
-    assert ("this data's own ledger records runs clipped per-example on this organisation's data, "
-            "and this run would clip per-person") in errors[0]
+    assert_one_line_error(proc, "this data's own ledger records runs clipped per-example on this "
+                                "organisation's data, and this run would clip per-person")
     assert not outputs["model"].exists() and len(data_ledger.read([folder]).events) == 1
