@@ -38,6 +38,7 @@ if str(Path(__file__).resolve().parent) not in sys.path:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import networks
+from clipped_sums import ClippedGradientSum
 
 from mnist_dp.learning import chunks, functions, interface, training
 from mnist_dp.privacy import randomness
@@ -69,68 +70,6 @@ def data_rows(net, images):
     """Each example's numbers that the clipped sum needs and no weight changes (networks.py), made
     once per task: [N, ...] float32 for a network with `data_rows`, else None."""
     return net.data_rows(images) if hasattr(net, "data_rows") else None
-
-
-class ClippedGradientSum:
-    """Σ_i mask_i · min(1, C / ‖g_i‖) · g_i over one chunk from exact per-example gradients (one
-    backward pass to each layer's output, each example's gradient from its layer inputs), in
-    `weights` order, then how many had ‖g_i‖ ≤ C. A network with `data_rows` needs these examples'
-    rows of them: its norms rest on them, so none is refused."""
-
-    def __init__(self, net, weights):
-        if tuple(w.name for w in weights) != net.GRADIENT_ORDER:
-            raise ValueError(f"ClippedGradientSum returns {net.GRADIENT_ORDER}, not "
-                             f"{[w.name for w in weights]}")
-        self.graph = net.clipped_sum_graph()
-        self.probe_shapes = net.probe_shapes
-        self.takes_rows = hasattr(net, "data_rows")
-        self.probes = {}  # chunk size -> zero probes
-
-    def __call__(self, x, y, mask, max_grad_norm, rows=None):
-        return self.run(x, y, mask, max_grad_norm, rows)[:-1]
-
-    def squared_norms(self, x, y, rows=None):
-        """Each example's squared gradient norm per parameter.
-
-        Args:
-          x, y: the chunk's examples, as the network takes them, and their labels.
-          rows: their data rows if the network takes them, else None.
-        Returns:
-          [B, parameters] in `weights` order."""
-        return self.run(x, y, ms.Tensor(np.ones(x.shape[0], np.float32)), 1.0, rows)[-1]
-
-    def run(self, x, y, mask, max_grad_norm, rows):
-        """The graph run on one chunk.
-
-        Args:
-          x, y: the chunk's examples, as the network takes them, and their labels.
-          mask: 1 for an example, 0 for padding.
-          max_grad_norm: C.
-          rows: their data rows if the network takes them, else None.
-        Returns:
-          The clipped sums in `weights` order, how many had ‖g_i‖ ≤ C, the squared norms."""
-        return self.graph(*self.inputs(x, y, mask, max_grad_norm, rows))
-
-    def inputs(self, x, y, mask, max_grad_norm, rows):
-        """The graph's inputs for one chunk, the zero probes made once per chunk size.
-
-        Args:
-          x, y: the chunk's examples, as the network takes them, and their labels.
-          mask: 1 for an example, 0 for padding.
-          max_grad_norm: C.
-          rows: their data rows exactly if the network takes them, else None (ValueError otherwise).
-        Returns:
-          (the examples, their labels and mask, C, their data rows if any, the zero probes)."""
-        if (rows is None) == self.takes_rows:
-            raise ValueError("this network's clipped sum takes " + (
-                "its chunk's data rows" if self.takes_rows else
-                                                                    "no data rows"))
-        size = x.shape[0]
-        if size not in self.probes:
-            self.probes[size] = tuple(ms.Tensor(np.zeros((size, *shape), np.float32))
-                                      for shape in self.probe_shapes)
-        rows = () if rows is None else (ms.Tensor(rows),)
-        return (x, y, mask, ms.Tensor(max_grad_norm, ms.float32), *rows, *self.probes[size])
 
 
 # The noise is numpy's PCG64: MindArmour's NoiseGaussianRandom has a 31-bit state and repeats its
@@ -205,7 +144,8 @@ def unit_noise(rng, size, secure_mode):
     return randomness.standard_normal(rng, (size,), secure_mode, np.float32)
 
 
-def make_dp_step(net, optimizer, expected_batch_size, rng, secure_mode=False, with_canaries=None):
+def make_dp_step(net, optimizer, expected_batch_size, rng, secure_mode=False, with_canaries=None,
+                 persons=None):
     """One DP-SGD step; the last chunk clipped, summed, noised, applied in one ClippedNoisyUpdate.
 
     Args:
@@ -215,15 +155,20 @@ def make_dp_step(net, optimizer, expected_batch_size, rng, secure_mode=False, wi
       rng: the run's "gradient noise" generator, which the noise comes from.
       secure_mode: draw the noise as Opacus' secure_mode does (`unit_noise`).
       with_canaries: the audit's DpStep.with_canaries, applied to the clipped sum, or None.
+      persons: each image's person (DpStep.persons), to clip per person, or None: per example.
     Returns:
       `step(images, labels, batch, C, σ, rows)` (below)."""
-    clipped_sum = ClippedGradientSum(net, optimizer.parameters)
+    clipped_sum = ClippedGradientSum(net, optimizer.parameters, persons is not None)
     update = NoisyUpdate(optimizer, expected_batch_size)
     last_chunk_and_update = ClippedNoisyUpdate(clipped_sum.graph, update)
     size = sum(math.prod(p.shape) for p in optimizer.parameters)
     nothing = ms.mutable(tuple(ms.Tensor(np.zeros(p.shape, np.float32))
                                for p in optimizer.parameters))
-    sizes = chunks.chunk_sizes(expected_batch_size)
+    if persons is None:
+        sizes = chunks.chunk_sizes(expected_batch_size)
+    else:  # E[B] persons of len(persons) / n images each
+        counts = np.bincount(persons)
+        sizes = chunks.chunk_sizes(expected_batch_size * len(persons) / len(counts), counts.max())
 
     def step(images, labels, batch, max_grad_norm, noise_multiplier, rows=None):
         """Clip each gradient to C, sum the chunks, add N(0, σ²C²), divide by E[B], update.
@@ -232,13 +177,19 @@ def make_dp_step(net, optimizer, expected_batch_size, rng, secure_mode=False, wi
           images, labels: the network's inputs, as stored, and their labels, int32.
           batch: the indices of the step's examples in them.
           max_grad_norm, noise_multiplier: C and σ.
-          rows: the images' data_rows, if the network has them.
+          rows: the images' data_rows, if the network has them (per example).
         Returns:
-          How many had ‖g_i‖ ≤ C."""
-        parts = [clipped_sum.inputs(as_input(images[index]), ms.Tensor(labels[index]),
-                                    ms.Tensor(mask), max_grad_norm,
-                                    None if rows is None else rows[index])
-                 for index, mask in chunks.padded_chunks(batch, sizes)]
+          How many examples (persons) had a gradient norm ≤ C."""
+        if persons is None:
+            parts = [clipped_sum.inputs(as_input(images[index]), ms.Tensor(labels[index]),
+                                        ms.Tensor(mask), max_grad_norm,
+                                        None if rows is None else rows[index])
+                     for index, mask in chunks.padded_chunks(batch, sizes)]
+        else:
+            parts = [clipped_sum.inputs(as_input(images[index]), ms.Tensor(labels[index]),
+                                        ms.Tensor(mask), max_grad_norm, None, in_chunk)
+                     for index, mask, *in_chunk in chunks.person_chunks(batch, persons[batch],
+                                                                        sizes)]
         noise = ms.from_numpy(unit_noise(rng, size, secure_mode))
         # σ = 0: the mechanism tests
         noise_std = ms.Tensor(noise_multiplier * max_grad_norm, ms.float32)
@@ -379,6 +330,7 @@ def model_from_bytes(weights: bytes, network):
 
 class MindSporeMindArmour(interface.Framework):
     name = "mindspore"
+    per_person = True
     # GRAPH mode compiles once per input shape: 1000 cuts a test set of 10,000
     # images into equal batches.
     predict_batch_size = 1000
@@ -400,8 +352,9 @@ class MindSporeMindArmour(interface.Framework):
         labels = labels.astype(np.int32)
         dp_step = make_dp_step(model, optimizer, plan.sampling.expected_batch_size,
                                step.randomness.numpy("gradient noise"), plan.hp.secure_mode,
-                               step.canary_hook)
-        rows = data_rows(model, inputs)  # kept in memory as the features, never written
+                               step.canary_hook, step.persons)
+        # kept in memory as the features, never written; per example only
+        rows = data_rows(model, inputs) if step.persons is None else None
         return lambda batch, max_grad_norm, noise_multiplier: dp_step(
             inputs, labels, batch, max_grad_norm, noise_multiplier, rows)
 

@@ -1,5 +1,5 @@
 """The MindSpore algo's networks, each with the GRAPH-mode body of its clipped per-example gradient
-sum.
+sum, and its per-example gradients, which clipped_sums.PersonClippedSum sums per person.
 
 Book-keeping, as the tf algo: one backward pass to every weighted layer's output gives each
 example's gradient there (row i of the output gradient is example i's: its loss depends only on its
@@ -16,6 +16,7 @@ so the ScatterNet CNN is built from those (its layers are in layers.py).
 import layers  # beside this file: the ScatterNet CNN's layers
 import mindspore as ms
 import numpy as np
+from clipped_sums import ClippedSumGraph, PersonClippedSum  # beside this file
 from mindspore import nn, ops
 
 from mnist_dp.learning import conv_grams, features
@@ -30,66 +31,6 @@ def _probed(z, probes, index):
 
 def _activation(name):
     return {"tanh": nn.Tanh, "relu": nn.ReLU}[name]()  # "tanh" or "relu", as the other algos
-
-
-class _ClippedSumGraph(nn.Cell):
-    """The GRAPH-mode body of a clipped per-example gradient sum: the output gradients of
-    `net.forward`'s probed layers (the probes must be inputs of the graph: MindSpore folds zeros
-    made inside it into constants, which have no gradient), and the clip weights min(1, C / ‖g_i‖)
-    of per-example squared norms. A graph returns the clipped sums in GRADIENT_ORDER, how many were
-    not clipped, and each example's squared gradient norm per parameter [B, parameters]: each term
-    of the norm is tested on its own (a small one is lost in the total)."""
-
-    def __init__(self, net, grad_position=(1, 2, 3, 4), has_aux=True):
-        super().__init__(auto_prefix=False)
-        self.net = net
-        self.loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="sum")
-        self.output_grads = ms.grad(self.probed_loss, grad_position=grad_position, has_aux=has_aux)
-        self.batch_matmul_tb = ops.BatchMatMul(transpose_b=True)
-        self.matmul_ta = ops.MatMul(transpose_a=True)
-
-    def probed_loss(self, x, probe1, probe2, probe3, probe4, y):
-        """The summed loss, with zero probes added to the weighted layers' outputs.
-
-        Args:
-          x: the examples.
-          probe1: zeros added to the first weighted layer's output.
-          probe2: zeros added to the second's.
-          probe3: zeros added to the third's.
-          probe4: zeros added to the fourth's: the logits.
-          y: their labels.
-
-        Returns:
-          (the summed loss, then what `net.forward` returns beside the logits: what each weighted
-          layer's per-example gradient needs, `output_grads`' auxiliary outputs).
-        """
-        logits, inputs = self.net.forward(x, (probe1, probe2, probe3, probe4))
-        return (self.loss(logits, y),) + inputs
-
-    @staticmethod
-    def clip_weights(squared_norms, mask, max_grad_norm):
-        """Each example's clipping factor.
-
-        Args:
-          squared_norms: each example's squared gradient norm per parameter [B, parameters].
-          mask: [B], 1 for an example, 0 for padding.
-          max_grad_norm: C.
-
-        Returns:
-          ([B] factors mask_i · min(1, C / ‖g_i‖), how many unmasked examples had ‖g_i‖ ≤ C:
-          adaptive clipping's count).
-        """
-        norms = ops.sqrt(squared_norms.sum(1))
-        weight = ops.minimum(1.0, max_grad_norm / ops.maximum(norms, 1e-12)) * mask
-        return weight, ((norms <= max_grad_norm).astype(ms.float32) * mask).sum()
-
-    @staticmethod
-    def dense_norms(grads, inputs):
-        """A dense layer's per-example squared weight and bias gradient norms [B] each, from its
-        output gradients g_i and inputs a_i: the weight gradient g_i a_iᵀ has squared norm
-        ‖g_i‖²‖a_i‖², the bias's is ‖g_i‖²."""
-        squares = ops.square(grads).sum(1)
-        return squares * ops.square(inputs).sum(1), squares
 
 
 # --- The TF Privacy / Opacus tutorial CNN, on pixels
@@ -164,11 +105,12 @@ class TutorialCNN(nn.Cell):
         logits = _probed(self.fc2(hidden), probes, 3)  # -> [B, 10]
         return logits, (patches1, patches2, hidden_in, hidden)
 
-    def clipped_sum_graph(self):
-        return _TutorialClippedSum(self)
+    def clipped_sum_graph(self, per_person=False):
+        graph = _TutorialClippedSum(self)
+        return PersonClippedSum(graph) if per_person else graph
 
 
-class _TutorialClippedSum(_ClippedSumGraph):
+class _TutorialClippedSum(ClippedSumGraph):
     """The tutorial CNN's clipped sum: each example's kernel gradients from its patches (batched
     products)."""
 
@@ -207,6 +149,13 @@ class _TutorialClippedSum(_ClippedSumGraph):
                 ops.matmul(row, bias2).reshape(-1), self.matmul_ta(g3 * column, hidden_in),
                 ops.matmul(row, g3).reshape(-1), self.matmul_ta(g4 * column, hidden),
                 ops.matmul(row, g4).reshape(-1), unclipped, squared_norms)
+
+    def example_gradients(self, x, y, probes):
+        """See ClippedSumGraph.example_gradients: the kernels as [B, out, C·kh·kw]."""
+        (g1, g2, g3, g4), (patches1, patches2, hidden_in, hidden) = self.output_grads(
+            x, probes[0], probes[1], probes[2], probes[3], y)
+        return (self.batch_matmul_tb(g1, patches1), g1.sum(2), self.batch_matmul_tb(g2, patches2),
+                g2.sum(2), self.outer(g3, hidden_in), g3, self.outer(g4, hidden), g4)
 
 
 # --- Tramèr & Boneh's ScatterNet CNN, on scattering features
@@ -280,15 +229,16 @@ class ScatterNetCNN(nn.Cell):
         logits = _probed(self.fc2(hidden) + self.shortcut(x), probes, 3)  # -> [B, 10]
         return logits, (patches1, a1, hidden_in, hidden, x)
 
-    def clipped_sum_graph(self):
-        return _ScatterNetClippedSum(self)
+    def clipped_sum_graph(self, per_person=False):
+        graph = _ScatterNetClippedSum(self)
+        return PersonClippedSum(graph) if per_person else graph
 
 
 # ScatterNetCNN.data_rows: a packed [16, 16] Gram, a squared norm
 ROW_WIDTH = len(conv_grams.packed_pairs(16)) + 1
 
 
-class _ScatterNetClippedSum(_ClippedSumGraph):
+class _ScatterNetClippedSum(ClippedSumGraph):
     """The ScatterNet CNN's clipped sum. A convolution's per-example kernel gradient Σ_p g_p a_pᵀ
     (over positions p: g_p the output gradient, a_p the patch) has squared norm Σ_pq
     (g_p·g_q)(a_p·a_q), from two [16, 16] Grams per example (the first layer's patch Grams are the
@@ -352,6 +302,25 @@ class _ScatterNetClippedSum(_ClippedSumGraph):
                 ops.matmul(row, g4).reshape(-1), self.matmul_ta(g4 * column, x), unclipped,
                 squared_norms)
 
+    def example_gradients(self, x, y, probes):
+        """See ClippedSumGraph.example_gradients: the kernels as patch_product's [B, O, K]."""
+        (g1, g2, g3, g4), (patches1, a1, hidden_in, hidden, x) = self.output_grads(
+            x, probes[0], probes[1], probes[2], probes[3], y)
+        batch = x.shape[0]
+        patches2 = self.net.product2.patches(a1.reshape(batch, 16, 16))  # -> [B, 16, 144]
+        return (self.batch_matmul_ta(g1, patches1.reshape(batch, 16, 9 * 81)),
+                ops.matmul(g1.reshape(batch, 256), self.position_sum1),
+                self.batch_matmul_ta(ops.transpose(g2, (0, 2, 1)), patches2),
+                ops.matmul(g2.reshape(batch, 512), self.position_sum2), self.outer(g3, hidden_in),
+                g3, self.outer(g4, hidden), g4, self.outer(g4, x))
+
+    def to_weights(self, sums):
+        """See ClippedSumGraph.to_weights: the kernels through layers.kernel_of."""
+        shaped, net = self.reshaped(sums), self.net
+        return ((layers.kernel_of(sums[0].reshape(16, -1), net.conv1.weight.shape),) + shaped[1:2]
+                + (layers.kernel_of(sums[2].reshape(32, -1), net.conv2.weight.shape),)
+                + shaped[3:])
+
     def kernel_norms(self, grads, patches):
         """Each example's squared kernel gradient norm [B] from output gradients [B, P, O] and
         patches [B, P, K]."""
@@ -381,11 +350,12 @@ class ScatteringLinear(nn.Cell):
     def construct(self, x):
         return self.fc(x.astype(ms.float32))  # -> [B, 10] logits
 
-    def clipped_sum_graph(self):
-        return _LinearClippedSum(self)
+    def clipped_sum_graph(self, per_person=False):
+        graph = _LinearClippedSum(self)
+        return PersonClippedSum(graph) if per_person else graph
 
 
-class _LinearClippedSum(_ClippedSumGraph):
+class _LinearClippedSum(ClippedSumGraph):
     """The linear classifier's clipped sum: the example's weight gradient is g_i x_iᵀ (g_i the
     gradient of its loss w.r.t. its logits), of squared norm ‖g_i‖²(‖x_i‖² + 1) with the bias."""
 
@@ -425,6 +395,11 @@ class _LinearClippedSum(_ClippedSumGraph):
         weight, unclipped = self.clip_weights(squared_norms, mask, max_grad_norm)
         return (self.matmul_ta(g * weight.reshape(-1, 1), x),
                 ops.matmul(weight.reshape(1, -1), g).reshape(-1), unclipped, squared_norms)
+
+    def example_gradients(self, x, y, probes):
+        """See ClippedSumGraph.example_gradients."""
+        g = self.output_grads(x, probes[0], y)
+        return self.outer(g, x.astype(ms.float32)), g
 
 
 def build_network(network):

@@ -48,7 +48,7 @@ HYPERPARAMETERS = Path(__file__).with_name("hyperparameters.json")
 
 # --- 1. The DP step: per-example clipping by TF Privacy's fast gradient clipping, noise -----------
 
-def clipped_gradient_sum(model, registry, x, y, max_grad_norm):
+def clipped_gradient_sum(model, registry, x, y, max_grad_norm, groups=None):
     """The clipped gradient sum Σ_i min(1, C / ‖g_i‖) g_i of a batch, with one forward and one
     backward pass. TF Privacy's `compute_clipped_gradients_and_outputs` does this with a second
     forward and backward pass of a re-weighted loss. We use the same TF
@@ -63,10 +63,12 @@ def clipped_gradient_sum(model, registry, x, y, max_grad_norm):
       x: the batch's inputs.
       y: their labels.
       max_grad_norm: C.
+      groups: each example's person [B] when the registry's norms are per person (each person's
+        examples then share their person's clip weight), else None.
 
     Returns:
-      (the clipped sum, in `model.trainable_variables` order; the number of examples whose gradient
-      norm was at most C).
+      (the clipped sum, in `model.trainable_variables` order; the gradient norms before clipping,
+      per example [B] or per person [P]).
     """
     from tensorflow_privacy.privacy.fast_gradient_clipping import (
         clip_grads,
@@ -83,6 +85,8 @@ def clipped_gradient_sum(model, registry, x, y, max_grad_norm):
     norms = tf.sqrt(tf.add_n([sqr_norm_fn(g) for (_, sqr_norm_fn, _),
                               g in zip(layers, base_grads)]))
     clip_weights = clip_grads.compute_clip_weights(max_grad_norm, norms)  # min(1, C/‖g_i‖)
+    if groups is not None:
+        clip_weights = tf.gather(clip_weights, groups)
     grads = {}
     for (base, _, weights), g in zip(layers, base_grads):
         scaled = g * tf.reshape(clip_weights, [-1] + [1] * (len(g.shape) - 1))
@@ -91,8 +95,7 @@ def clipped_gradient_sum(model, registry, x, y, max_grad_norm):
     del tape
     if len(grads) != len(model.trainable_variables):
         raise RuntimeError("a trainable layer escaped per-example clipping")
-    unclipped = tf.reduce_sum(tf.cast(norms <= max_grad_norm, tf.int32))
-    return [grads[v.ref()] for v in model.trainable_variables], unclipped
+    return [grads[v.ref()] for v in model.trainable_variables], norms
 
 
 def noise_generator(randomness):
@@ -113,7 +116,7 @@ def batch_spec(model):
 
 
 def make_dp_step(model, optimizer, expected_batch_size, generator, with_canaries=None,
-                 known_layer=None):
+                 known_layer=None, per_person=False):
     """One DP-SGD step.
 
     Args:
@@ -125,11 +128,14 @@ def make_dp_step(model, optimizer, expected_batch_size, generator, with_canaries
         noise (the step is then two graphs); None: no canaries.
       known_layer: data_grams' Conv2D, whose norms come from `rows`, the batch's rows of its patch
         Grams (given at every step exactly when known_layer is), or None.
+      per_person: clip each person's summed gradient (the step then takes the batch's `persons`).
 
     Returns:
-      `step(x, y, C, σ, rows=None)`: clips each example's gradient to C, sums, adds N(0, σ²C²) drawn
-      from `generator`, divides by E[B], and returns how many examples had a gradient norm ≤ C
-      (adaptive clipping's count, before noise). An empty batch's step adds the noise alone.
+      `step(x, y, C, σ, rows=None, persons=None)`: clips each example's (person's) gradient to C,
+      sums, adds N(0, σ²C²) drawn from `generator`, divides by E[B], and returns how many examples
+      (persons) had a gradient norm ≤ C (adaptive clipping's count, before noise). An empty batch's
+      step adds the noise alone. `persons`: the batch's training.BatchPersons, exactly when
+      per_person.
     """
     def noisy_update(clipped_sum, max_grad_norm, noise_multiplier):
         """Add N(0, σ²C²) to the clipped sum, divide by E[B], apply the optimizer.
@@ -146,22 +152,25 @@ def make_dp_step(model, optimizer, expected_batch_size, generator, with_canaries
         optimizer.apply_gradients([(g / expected_batch_size, v) for g,
                                    v in zip(noisy_sum, model.trainable_variables)])
 
-    def clip(x, y, max_grad_norm, rows):
+    def clip(x, y, max_grad_norm, *given):
         """The batch's clipped sum (clipped_gradient_sum).
 
         Args:
           x: the batch's inputs.
           y: their labels.
           max_grad_norm: C.
-          rows: the batch's rows of known_layer's patch Grams (unused without known_layer).
+          *given: `given`'s tensors: the batch's persons, or rows of known_layer's patch Grams.
 
         Returns:
-          (the clipped sum, how many examples had a gradient norm ≤ C).
+          (the clipped sum, how many examples (persons) had a gradient norm ≤ C).
         """
-        registry = make_layer_registry(None if known_layer is None else (known_layer, rows))
-        return clipped_gradient_sum(model, registry, x, y, max_grad_norm)
+        registry = make_layer_registry(persons=given) if per_person else make_layer_registry(
+            None if known_layer is None else (known_layer, *given))
+        clipped_sum, norms = clipped_gradient_sum(model, registry, x, y, max_grad_norm,
+                                                  given[0] if per_person else None)
+        return clipped_sum, tf.reduce_sum(tf.cast(norms <= max_grad_norm, tf.int32))
 
-    def nothing_clipped(x, y, max_grad_norm, rows):
+    def nothing_clipped(x, y, max_grad_norm, *given):
         """An empty Poisson batch's clipped sum: zeros (Keras' Conv2D fails on 0 examples); its
         noise is a step.
 
@@ -169,17 +178,19 @@ def make_dp_step(model, optimizer, expected_batch_size, generator, with_canaries
           x: the empty batch's inputs (unused).
           y: their labels (unused).
           max_grad_norm: C (unused).
-          rows: their patch Gram rows (unused).
+          *given: `given`'s tensors (unused).
 
         Returns:
           (zeros shaped as each trainable variable, 0).
         """
         return [tf.zeros_like(v) for v in model.trainable_variables], tf.constant(0, tf.int32)
 
+    given_spec = ((tf.TensorSpec([None], tf.int64),) * 3 if per_person
+                  else (tf.TensorSpec([None, None], tf.float32),))
+
     def step_of(clipped):
-        @tf.function(input_signature=(*batch_spec(model), SCALAR, SCALAR,
-                                      tf.TensorSpec([None, None], tf.float32)))
-        def step(x, y, max_grad_norm, noise_multiplier, rows):
+        @tf.function(input_signature=(*batch_spec(model), SCALAR, SCALAR, *given_spec))
+        def step(x, y, max_grad_norm, noise_multiplier, *given):
             """One compiled step: the clipped sum, noised and applied.
 
             Args:
@@ -187,31 +198,37 @@ def make_dp_step(model, optimizer, expected_batch_size, generator, with_canaries
               y: their labels.
               max_grad_norm: C.
               noise_multiplier: σ.
-              rows: the batch's rows of known_layer's patch Grams ([B, 0] without it).
+              *given: `given`'s tensors.
 
             Returns:
-              How many examples had a gradient norm ≤ C.
+              How many examples (persons) had a gradient norm ≤ C.
             """
-            clipped_sum, unclipped = clipped(x, y, max_grad_norm, rows)
+            clipped_sum, unclipped = clipped(x, y, max_grad_norm, *given)
             noisy_update(clipped_sum, max_grad_norm, noise_multiplier)
             return unclipped
 
         return step
 
-    def given(x, rows):  # a batch's rows, as a tensor ([B, 0] for a step without known_layer)
+    def given(x, rows, persons):
+        """What the clipping takes beside the batch, as tensors: the batch's persons (groups,
+        first, second), or its rows of known_layer's patch Grams ([B, 0] without it)."""
+        if per_person != (persons is not None):
+            raise ValueError("a DP step takes its batch's persons exactly when it clips per person")
+        if per_person:
+            return tuple(tf.constant(a) for a in (persons.groups, persons.first, persons.second))
         if (rows is None) != (known_layer is None):
             raise ValueError("a DP step takes its batch's patch Grams exactly when it was made "
                              "with their layer")
-        return tf.zeros([x.shape[0], 0]) if rows is None else tf.constant(rows)
+        return (tf.zeros([x.shape[0], 0]) if rows is None else tf.constant(rows),)
 
     if with_canaries is None:
         step, noise_only_step = step_of(clip), step_of(nothing_clipped)
-        return lambda x, y, max_grad_norm, noise_multiplier, rows=None: (step if x.shape[
-            0] else noise_only_step)(
-            x, y, max_grad_norm, noise_multiplier, given(x, rows))
+        return lambda x, y, max_grad_norm, noise_multiplier, rows=None, persons=None: (
+            step if x.shape[0] else noise_only_step)(
+            x, y, max_grad_norm, noise_multiplier, *given(x, rows, persons))
     clip, update = tf.function(clip), tf.function(noisy_update)
 
-    def audited_step(x, y, max_grad_norm, noise_multiplier, rows=None):
+    def audited_step(x, y, max_grad_norm, noise_multiplier, rows=None, persons=None):
         """The step with the audit's canaries: the clipped sum, `with_canaries` on it in the common
         layout (weight_arrays'), then the noise and the update, in two graphs.
 
@@ -221,12 +238,13 @@ def make_dp_step(model, optimizer, expected_batch_size, generator, with_canaries
           max_grad_norm: C.
           noise_multiplier: σ.
           rows: the batch's rows of known_layer's patch Grams, exactly when known_layer is given.
+          persons: the batch's training.BatchPersons, exactly when per_person.
 
         Returns:
-          How many examples had a gradient norm ≤ C.
+          How many examples (persons) had a gradient norm ≤ C.
         """
-        clipped_sum, unclipped = (clip if x.shape[0]
-                                  else nothing_clipped)(x, y, max_grad_norm, given(x, rows))
+        clipped_sum, unclipped = (clip if x.shape[0] else nothing_clipped)(
+            x, y, max_grad_norm, *given(x, rows, persons))
         # the canaries are coordinates of weight_arrays, in the common layout
         pixels = on_pixels(model)
         with_them = from_common(with_canaries(to_common([g.numpy() for g in clipped_sum], pixels)),
@@ -354,6 +372,7 @@ def model_from_bytes(weights: bytes, network):
 
 class TensorFlowPrivacy(interface.Framework):
     name = "tf"
+    per_person = True
 
     def network(self, network: interface.Network) -> tf.keras.Model:
         return build_network(network)
@@ -364,10 +383,12 @@ class TensorFlowPrivacy(interface.Framework):
     def dp_step(self, model: tf.keras.Model, optimizer: tf.keras.optimizers.Optimizer,
                 inputs: np.ndarray, labels: np.ndarray, plan: TaskPlan, step: training.DpStep):
         """See interface.Framework.dp_step."""
-        known = data_grams(model, inputs)  # the first layer's patch Grams, if it has them
+        per_person = step.persons is not None
+        # the first layer's patch Grams, if it has them: per-example norms only
+        known = None if per_person else data_grams(model, inputs)
         dp_step = make_dp_step(model, optimizer, plan.sampling.expected_batch_size,
                                noise_generator(step.randomness), step.canary_hook,
-                               None if known is None else known[0])
+                               None if known is None else known[0], per_person)
 
         def one_step(batch: np.ndarray, max_grad_norm: float, noise_multiplier: float) -> int:
             """One DP-SGD step on inputs[batch], each batch widened to float32 alone.
@@ -378,13 +399,13 @@ class TensorFlowPrivacy(interface.Framework):
               noise_multiplier: σ.
 
             Returns:
-              How many examples of the batch had a gradient norm ≤ C.
+              How many examples (persons) of the batch had a gradient norm ≤ C.
             """
             # each batch widened to float32 alone
             x, y = as_input(inputs[batch]), tf.constant(labels[batch])
             return int(dp_step(x, y, tf.constant(max_grad_norm, tf.float32),
                                tf.constant(noise_multiplier, tf.float32),
-                               None if known is None else known[1][batch]))
+                               None if known is None else known[1][batch], step.persons_in(batch)))
 
         return one_step
 

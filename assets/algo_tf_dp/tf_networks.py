@@ -237,10 +237,73 @@ def conv_patches(inputs, layer, out_shape):
                       for i in range(kh // sh) for j in range(kw // sw)], axis=-1)
 
 
-def make_layer_registry(known=None):
-    from tensorflow_privacy.privacy.fast_gradient_clipping import layer_registry
+def person_squares(layer, inputs, grads, persons):
+    """Each person's squared norm of the sum of their examples' gradients of `layer`'s parameters
+    (kernel and bias).
 
-    registry = layer_registry.make_default_layer_registry()  # Dense, Embedding
-    registry.insert(tf.keras.layers.Conv2D,
-                    functools.partial(conv2d_layer_computation, known=known))
+    Args:
+      layer: a Dense on [B, in] or a Conv2D (conv2d_layer_computation's).
+      inputs: its input [B, ...].
+      grads: the gradient of its pre-activation output [B, ...].
+      persons: (groups [B], first [pairs], second [pairs]), training.BatchPersons' as tensors.
+
+    Returns:
+      [P].
+    """
+    groups, first, second = persons
+    count = tf.reduce_max(groups) + 1
+    if isinstance(layer, tf.keras.layers.Conv2D):  # the sum of the person's kernel gradients
+        (out_h, out_w), batch = grads.shape[1:3], tf.shape(grads)[0]
+        patches = tf.reshape(conv_patches(inputs, layer, (out_h, out_w)),
+                             [batch, out_h * out_w, -1])  # [B, P, K]
+        flat = tf.reshape(grads, [batch, out_h * out_w, grads.shape[-1]])  # [B, P, c_out]
+        kernels = tf.reshape(tf.einsum("bpk,bpc->bkc", patches, flat), [batch, -1])
+        if layer.use_bias:
+            kernels = tf.concat([kernels, tf.reduce_sum(flat, 1)], 1)
+        return tf.reduce_sum(tf.square(tf.math.unsorted_segment_sum(kernels, groups, count)), 1)
+    if len(inputs.shape) != 2:
+        raise NotImplementedError("per-person norms: a Dense layer on [B, in] inputs only")
+    # g xᵀ, never made: ‖Σ g_i x_iᵀ‖² = Σ_i ‖g_i‖²‖x_i‖² + 2 Σ_{i<j} (g_i·g_j)(x_i·x_j)
+    bias = 1.0 if layer.use_bias else 0.0
+    own = tf.reduce_sum(tf.square(grads), 1) * (tf.reduce_sum(tf.square(inputs), 1) + bias)
+    cross = tf.reduce_sum(tf.gather(grads, first) * tf.gather(grads, second), 1) * (
+        tf.reduce_sum(tf.gather(inputs, first) * tf.gather(inputs, second), 1) + bias)
+    return tf.math.unsorted_segment_sum(own, groups, count) + tf.math.unsorted_segment_sum(
+        2 * cross, tf.gather(groups, first), count)
+
+
+def per_person(computation, persons):
+    """A layer-registry function whose squared norms are per person (person_squares).
+
+    Args:
+      computation: the layer's per-example registry function.
+      persons: person_squares' tensors.
+    """
+    def person_computation(layer_instance, input_args, input_kwargs, tape, num_microbatches=None):
+        base_vars, outputs, _ = computation(layer_instance, input_args, input_kwargs, tape,
+                                            num_microbatches)
+        return base_vars, outputs, functools.partial(person_squares, layer_instance,
+                                                     input_args[0], persons=persons)
+
+    return person_computation
+
+
+def make_layer_registry(known=None, persons=None):
+    """TF Privacy's layer registry for our networks' Dense and Conv2D layers.
+
+    Args:
+      known: conv2d_layer_computation's, or None.
+      persons: person_squares' tensors, for norms per person, or None: per example.
+    """
+    from tensorflow_privacy.privacy.fast_gradient_clipping import layer_registry
+    from tensorflow_privacy.privacy.fast_gradient_clipping.registry_functions import dense
+
+    conv = functools.partial(conv2d_layer_computation, known=known)
+    if persons is None:
+        registry = layer_registry.make_default_layer_registry()  # Dense, Embedding
+        registry.insert(tf.keras.layers.Conv2D, conv)
+        return registry
+    registry = layer_registry.LayerRegistry()
+    registry.insert(tf.keras.layers.Dense, per_person(dense.dense_layer_computation, persons))
+    registry.insert(tf.keras.layers.Conv2D, per_person(conv, persons))
     return registry

@@ -41,7 +41,6 @@ from torch_networks import (
     output_grams,
     packed_pairs,
     person_squares,
-    same_person_pairs,
 )
 
 from mnist_dp.hyperparameters import Hyperparameters
@@ -65,9 +64,9 @@ logging.getLogger("substratools").propagate = False
 # adds the noise. benchmarks/benchmark.py times it against Opacus' own modes.
 
 def clip_and_sum(model: nn.Module, inputs, targets, max_grad_norm,
-                 known_grams=None, groups=None) -> torch.Tensor:
+                 known_grams=None, persons=None) -> torch.Tensor:
     """Set every parameter's .grad to the sum over the batch of the per-example gradients of the
-    cross-entropy, each clipped to norm `max_grad_norm`; with `groups`, of the per-person
+    cross-entropy, each clipped to norm `max_grad_norm`; with `persons`, of the per-person
     gradients, each the sum of a person's examples' gradients, clipped as one. Every parameter must
     belong to an nn.Linear on [B, in] inputs or a plain nn.Conv2d, each called once a forward pass
     (ValueError otherwise).
@@ -79,7 +78,7 @@ def clip_and_sum(model: nn.Module, inputs, targets, max_grad_norm,
       max_grad_norm: C.
       known_grams: (a Conv2d whose input is `inputs` itself, these examples' rows of data_grams),
         for that layer's norms, or None.
-      groups: each example's person, an index 0..P-1 into the batch's persons [B], or None.
+      persons: the batch's persons (training.BatchPersons), or None: per example.
 
     Returns:
       The gradient norms before clipping: per example [B], or per person [P].
@@ -108,15 +107,16 @@ def clip_and_sum(model: nn.Module, inputs, targets, max_grad_norm,
             raise ValueError("clip_and_sum: Conv2d with groups, dilation or non-zero padding")
     out_grads = torch.autograd.grad(loss, [out for _, _, out in calls])
     with torch.no_grad():
-        if groups is None:
+        if persons is None:
             squares = example_squares(calls, out_grads, inputs, known_grams)
         else:  # each person's: the squared norm of their examples' summed gradient
-            first, second = same_person_pairs(groups)
+            groups, first, second = map(torch.from_numpy, (persons.groups, persons.first,
+                                                           persons.second))
             squares = sum(person_squares(layer, layer_in, grads, groups, first, second)
                           for (layer, layer_in, _), grads in zip(calls, out_grads))
         norms = squares.sqrt()
         factors = (max_grad_norm / norms.clamp_min(1e-12)).clamp(max=1.0)
-        if groups is not None:  # each example scaled by its person's factor
+        if persons is not None:  # each example scaled by its person's factor
             factors = factors[groups]
         for (layer, layer_in, _), grads in zip(calls, out_grads):
             scaled = grads * factors.view(-1, *[1] * (grads.dim() - 1))
@@ -210,7 +210,7 @@ def make_dp_step(model, optimizer, expected_batch_size, generator, secure_mode, 
         noise; None: no canaries.
 
     Returns:
-      `step(x, y, C, σ, known_grams=None, groups=None)` (clip_and_sum's known_grams and groups):
+      `step(x, y, C, σ, known_grams=None, persons=None)` (clip_and_sum's known_grams and persons):
       clips each example's (or person's) gradient to C, sums, adds N(0, σ²C²) drawn from
       `generator`, divides by E[B] (Opacus' optimizer), and returns how many examples (persons) had
       a gradient norm ≤ C (adaptive clipping's count, before noise).
@@ -222,7 +222,7 @@ def make_dp_step(model, optimizer, expected_batch_size, generator, secure_mode, 
                                                 generator=generator, secure_mode=secure_mode)
 
     def step(x: torch.Tensor, y: torch.Tensor, max_grad_norm: float, noise_multiplier: float,
-             known_grams=None, groups=None) -> int:
+             known_grams=None, persons=None) -> int:
         """One step; an empty Poisson batch adds the noise alone.
 
         Args:
@@ -231,7 +231,7 @@ def make_dp_step(model, optimizer, expected_batch_size, generator, secure_mode, 
           max_grad_norm: C.
           noise_multiplier: σ.
           known_grams: clip_and_sum's, or None.
-          groups: clip_and_sum's, or None.
+          persons: clip_and_sum's, or None.
 
         Returns:
           How many examples (persons) had a gradient norm ≤ C.
@@ -241,7 +241,7 @@ def make_dp_step(model, optimizer, expected_batch_size, generator, secure_mode, 
         unclipped = 0
         if len(x):  # p.grad holds the clipped sum
             unclipped = int((clip_and_sum(model, x, y, max_grad_norm, known_grams,
-                                          groups) <= max_grad_norm).sum())
+                                          persons) <= max_grad_norm).sum())
         else:  # an empty Poisson batch: nothing to clip, the noise alone
             for param in model.parameters():
                 param.grad = torch.zeros_like(param)
@@ -367,10 +367,9 @@ class TorchOpacus(interface.Framework):
               How many examples (persons) of the batch had a gradient norm ≤ C.
             """
             index = torch.from_numpy(batch)
-            groups = None if step.persons is None else torch.from_numpy(
-                np.unique(step.persons[batch], return_inverse=True)[1].astype(np.int64))
             unclipped = dp_step(x[index].float(), y[index], max_grad_norm, noise_multiplier,
-                                None if known is None else (known[0], known[1][index]), groups)
+                                None if known is None else (known[0], known[1][index]),
+                                step.persons_in(batch))
             optimizer.average.update(model)
             return unclipped
 

@@ -145,28 +145,6 @@ def conv_weight_norms(layer: nn.Conv2d, inputs: torch.Tensor,
     return (output_grams(out_grads) * patch_grams).sum(1)
 
 
-def same_person_pairs(groups: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The pairs (i, j), i < j, of a batch's examples of one person: [pairs] each.
-
-    Args:
-      groups: each example's person, an index into the batch's persons [B].
-    """
-    order = torch.argsort(groups, stable=True)
-    sizes = torch.bincount(groups)
-    first, second = [], []
-    start = 0
-    for size in sizes.tolist():
-        if size > 1:
-            members = order[start:start + size]
-            i, j = torch.triu_indices(size, size, 1)
-            first.append(members[i])
-            second.append(members[j])
-        start += size
-    if not first:
-        return (torch.empty(0, dtype=torch.long),) * 2
-    return torch.cat(first), torch.cat(second)
-
-
 def person_squares(layer: nn.Module, layer_in: torch.Tensor, out_grads: torch.Tensor,
                    groups: torch.Tensor, first: torch.Tensor, second: torch.Tensor,
                    chunk: int = 1024) -> torch.Tensor:
@@ -178,7 +156,7 @@ def person_squares(layer: nn.Module, layer_in: torch.Tensor, out_grads: torch.Te
       layer_in: its input [B, ...].
       out_grads: the gradient of its output [B, ...].
       groups: each example's person, an index 0..P-1 [B].
-      first: same_person_pairs' first examples [pairs].
+      first: training.BatchPersons.first, the first examples of same-person pairs [pairs].
       second: their second [pairs].
       chunk: pairs at a time (memory).
 

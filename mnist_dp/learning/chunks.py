@@ -8,11 +8,12 @@ import math
 import numpy as np
 
 
-def chunk_sizes(expected_batch_size):
+def chunk_sizes(expected_batch_size, largest=1):
     """GRAPH mode compiles once per input shape, and Poisson batches vary in size, so a batch is cut
     into chunks of two fixed sizes (padding masked out): the power of two at or above the expected
-    batch, and an eighth more. A batch of 500 ± 22 is one chunk of 512, or of 576."""
-    large = max(16, 1 << math.ceil(math.log2(max(expected_batch_size, 1))))
+    batch (and at or above `largest`, the most examples of one person), and an eighth more. A batch
+    of 500 ± 22 is one chunk of 512, or of 576."""
+    large = max(16, 1 << math.ceil(math.log2(max(expected_batch_size, largest, 1))))
     return large, large + large // 8
 
 
@@ -32,4 +33,42 @@ def padded_chunks(indices, sizes):
         yield np.concatenate([part, np.zeros(size - len(part), part.dtype)]), mask
         start += size
         if start >= len(indices):
+            return
+
+
+def person_chunks(indices, persons, sizes):
+    """padded_chunks for a batch of whole persons: no person is cut between two chunks, so that a
+    chunk's clipped sum sees each of its persons' examples.
+
+    Args:
+      indices: the batch's examples [B].
+      persons: each one's person [B], any integers.
+      sizes: (large, larger), larger at least the most examples one person has (ValueError
+        otherwise).
+
+    Yields:
+      (indices padded to a chunk size, mask, each example's person in the chunk (0..P-1, 0 for
+      padding), 1 for each of the chunk's P persons): at least one chunk, maybe empty.
+    """
+    large, larger = sizes
+    order = np.argsort(persons, kind="stable")
+    indices, persons = indices[order], persons[order]
+    # where each person's examples begin, and the end
+    bounds = np.r_[np.flatnonzero(np.r_[True, persons[1:] != persons[:-1]]) if len(persons) else [],
+                   len(persons)].astype(np.int64)
+    begin = 0
+    while True:
+        end = int(bounds[np.searchsorted(bounds, begin + larger, side="right") - 1])
+        if end == begin < len(persons):
+            raise ValueError(f"a person has more examples than a chunk of {larger}")
+        part = indices[begin:end]
+        groups = np.unique(persons[begin:end], return_inverse=True)[1].astype(np.int64)
+        size = large if len(part) <= large else larger
+        mask, person_mask = np.zeros(size, np.float32), np.zeros(size, np.float32)
+        mask[:len(part)] = 1
+        person_mask[:groups.max() + 1 if len(groups) else 0] = 1
+        yield (np.concatenate([part, np.zeros(size - len(part), part.dtype)]), mask,
+               np.concatenate([groups, np.zeros(size - len(part), np.int64)]), person_mask)
+        begin = end
+        if begin >= len(persons):
             return

@@ -109,8 +109,8 @@ def per_person(framework: Framework, data: dict, hp: Hyperparameters, earlier: d
     person's runs and their images' runs would be accounted apart."""
     persons = persons_of(data) if hp.dp else None
     if persons is not None and not framework.per_person:
-        raise UserError(f"subjects.npy: {framework.name} does not clip per person yet; train this "
-                        "data with the torch algo, or without subjects.npy per image")
+        raise UserError(f"subjects.npy: {framework.name} does not clip per person; train this "
+                        "data with an algo that does, or without subjects.npy per image")
     unit, keys = PER_EXAMPLE if persons is None else PER_PERSON, {s["key"] for s in data["samples"]}
     for whose, known in earlier.items():
         other = sorted({e.clipping for e in known.events if e.is_private and e.clipping != unit

@@ -18,7 +18,7 @@ import numpy as np
 from mnist_dp.hyperparameters import Hyperparameters
 from mnist_dp.learning.interface import EpochCallback, Framework, Network, Ran
 from mnist_dp.privacy import task_plan
-from mnist_dp.privacy.events import NO_CLIPPING, PER_PERSON, NoiseSchedule
+from mnist_dp.privacy.events import NO_CLIPPING, PER_EXAMPLE, PER_PERSON, NoiseSchedule
 from mnist_dp.privacy.randomness import REPLAYABLE_WARNING, RunRandomness, standard_normal
 from mnist_dp.privacy.task_plan import TaskPlan
 from mnist_dp.utils import progress as progress_bars
@@ -26,6 +26,38 @@ from mnist_dp.utils import timing
 
 # substratools configures the "substratools" logger (level from --log-level); log under it.
 log = logging.getLogger("substratools.mnist_dp")
+
+
+@dataclass(frozen=True)
+class BatchPersons:
+    """A batch's persons, for a DP step that clips per person: a person's gradient is the sum of
+    their examples', and its squared norm adds 2·(g_i·g_j) for each pair (i, j) of their examples
+    to the examples' own squares."""
+
+    groups: np.ndarray  # each example's person, an index 0..P-1 into the batch's persons [B]
+    first: np.ndarray  # i of each pair (i, i < j, j) of examples of one person [pairs]
+    second: np.ndarray  # its j [pairs]
+
+    @classmethod
+    def of(cls, persons: np.ndarray) -> BatchPersons:
+        """The batch's persons from each example's person id [B], any integers."""
+        groups = np.unique(persons, return_inverse=True)[1].astype(np.int64)
+        order = np.argsort(groups, kind="stable")
+        first, second, start = [], [], 0
+        for size in np.bincount(groups).tolist():
+            if size > 1:
+                i, j = np.triu_indices(size, 1)
+                first.append(order[start + i])
+                second.append(order[start + j])
+            start += size
+        empty = np.empty(0, np.int64)
+        return cls(groups, np.concatenate(first) if first else empty,
+                   np.concatenate(second) if second else empty)
+
+    @property
+    def count(self) -> int:
+        """P, the batch's persons."""
+        return int(self.groups.max()) + 1 if len(self.groups) else 0
 
 
 @dataclass
@@ -53,6 +85,10 @@ class DpStep:
     def units_in(self, batch: np.ndarray) -> int:
         """The privacy units in an index batch: its examples, or its persons."""
         return len(batch) if self.persons is None else len(np.unique(self.persons[batch]))
+
+    def persons_in(self, batch: np.ndarray) -> BatchPersons | None:
+        """The persons of an index batch, as a framework's DP step takes them; None per example."""
+        return None if self.persons is None else BatchPersons.of(self.persons[batch])
 
     @property
     def noise_scale(self) -> float:
@@ -277,7 +313,8 @@ class Trained:
 
 
 def fit_from_scratch(framework: Framework, images: np.ndarray, labels: np.ndarray,
-                     hp: Hyperparameters, where: str, identities: tuple = ()) -> Trained:
+                     hp: Hyperparameters, where: str, identities: tuple = (),
+                     persons: np.ndarray | None = None) -> Trained:
     """A train task's work without Substra, for benchmarks and audits: its plan on data no run has
     touched (task_plan.fresh), a new model, `fit` (fresh noise unless hp.noise_seed).
 
@@ -288,16 +325,19 @@ def fit_from_scratch(framework: Framework, images: np.ndarray, labels: np.ndarra
       hp: the hyperparameters.
       where: what an error names (the file or options the hyperparameters came from).
       identities: what the run's event names as its data.
+      persons: each image's person, an index 0..P-1, to train private per person; None: per image.
 
     Returns:
       The Trained model, with its network, its plan, what it ran and the training's seconds.
     """
-    plan = task_plan.fresh(framework.name, hp, len(labels), where, identities)
+    plan = task_plan.fresh(framework.name, hp, len(labels) if persons is None else
+                           int(persons.max()) + 1, where, identities,
+                           PER_EXAMPLE if persons is None else PER_PERSON)
     network = Network.of(hp)
     model = framework.new_model(hp.seed, network)
     start = time.perf_counter()
     ran = fit(framework, model, network.inputs(images), labels, plan,
-              RunRandomness.for_run(hp.noise_seed))
+              RunRandomness.for_run(hp.noise_seed), persons=persons)
     return Trained(model, network, plan, ran, time.perf_counter() - start)
 
 

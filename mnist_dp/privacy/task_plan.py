@@ -20,7 +20,14 @@ from dataclasses import dataclass
 
 from mnist_dp.hyperparameters import Hyperparameters
 from mnist_dp.privacy import accountant, events, no_sigma, refusals
-from mnist_dp.privacy.events import NO_CLIPPING, NOISE_STAGES, PER_EXAMPLE, DpEvent, NoiseSchedule
+from mnist_dp.privacy.events import (
+    NO_CLIPPING,
+    NOISE_STAGES,
+    PER_EXAMPLE,
+    PER_PERSON,
+    DpEvent,
+    NoiseSchedule,
+)
 from mnist_dp.utils.errors import UserError
 
 # substratools configures the "substratools" logger (level from --log-level); log under
@@ -71,13 +78,15 @@ class SamplingPlan:
         return self.steps < self.planned_steps
 
     @classmethod
-    def from_hyperparameters(cls, n: int, hp: Hyperparameters, where: str) -> SamplingPlan:
+    def from_hyperparameters(cls, n: int, hp: Hyperparameters, where: str,
+                             units: str = "training examples") -> SamplingPlan:
         """The sampling plan of every epoch of a run, ceil(n / batch_size) steps each.
 
         Args:
-          n: the number of training examples.
+          n: the number of training examples (persons).
           hp: the hyperparameters (batch_size, epochs).
           where: what names the hyperparameters in an error.
+          units: what an error calls the n ("training examples", "persons").
 
         Returns:
           The SamplingPlan, not cut by a budget. Raises UserError when batch_size > n or the plan is
@@ -85,11 +94,11 @@ class SamplingPlan:
         """
         if hp.batch_size > n:
             raise UserError(f"{where}: batch_size = {hp.batch_size} is larger than the {n} "
-                            "training examples")
+                            f"{units}")
         plan = cls(n=n, steps_per_epoch=math.ceil(n / hp.batch_size), epochs=hp.epochs)
         if plan.planned_steps > MAX_STEPS:
             raise UserError(f"{where}: epochs = {hp.epochs} with batch_size = {hp.batch_size} on "
-                            f"{n} examples is {plan.planned_steps:,} steps, more than "
+                            f"{n} {units} is {plan.planned_steps:,} steps, more than "
                             f"{MAX_STEPS:,}; use fewer epochs or larger batches")
         return plan
 
@@ -211,7 +220,8 @@ def for_task(framework: str, hp: Hyperparameters, n: int, histories: Sequence, w
       input model on). Raises UserError for anything the accountant could not bound (check_run), a
       target_epsilon no σ meets, or a max_epsilon below a single step's ε.
     """
-    sampling, unit = checked_run(framework, hp, n, where)
+    sampling, unit = checked_run(framework, hp, n, where,
+                                 "persons" if privacy_unit == PER_PERSON else "training examples")
     sigma = max(resolve_noise_multiplier(hp, sampling, prior, where=where) for prior in histories)
     schedule = unit.with_sigma(sigma) if hp.dp else unit
     budget = histories if budget_histories is None else budget_histories
@@ -239,20 +249,22 @@ def for_task(framework: str, hp: Hyperparameters, n: int, histories: Sequence, w
 
 
 def fresh(framework: str, hp: Hyperparameters, n: int, where: str,
-          identities: tuple = ()) -> TaskPlan:
-    """The plan of a run on `n` examples that no earlier run touched (benchmarks, audits).
+          identities: tuple = (), privacy_unit: str = PER_EXAMPLE) -> TaskPlan:
+    """The plan of a run on `n` examples (persons) that no earlier run touched (benchmarks,
+    audits).
 
     Args:
       framework: the algo's name.
       hp: the hyperparameters.
-      n: the number of training examples.
+      n: the number of training examples, or of persons per person.
       where: what names the hyperparameters in an error.
       identities: the keyed identities of the run's data samples.
+      privacy_unit: for_task's.
 
     Returns:
       The TaskPlan, as for_task makes and checks it.
     """
-    return for_task(framework, hp, n, [[]], where, identities)
+    return for_task(framework, hp, n, [[]], where, identities, privacy_unit=privacy_unit)
 
 
 def noise_schedule(hp: Hyperparameters, plan: SamplingPlan, sigma: float) -> NoiseSchedule:
@@ -298,14 +310,16 @@ def check_run(framework: str, hp: Hyperparameters, n: int, where: str) -> Sampli
     return checked_run(framework, hp, n, where)[0]
 
 
-def checked_run(framework: str, hp: Hyperparameters, n: int, where: str) -> tuple:
-    """What a run on `n` examples would refuse before σ is resolved.
+def checked_run(framework: str, hp: Hyperparameters, n: int, where: str,
+                units: str = "training examples") -> tuple:
+    """What a run on `n` examples (persons) would refuse before σ is resolved.
 
     Args:
       framework: the algo's name ("torch", "tf", "mindspore").
       hp: the hyperparameters.
-      n: the number of training examples.
+      n: the number of training examples (persons).
       where: what names the hyperparameters in an error ("hyperparameters.json", an organisation).
+      units: what an error calls the n (SamplingPlan.from_hyperparameters').
 
     Returns:
       (the run's SamplingPlan, its noise schedule at σ = 1). Raises UserError for δ ≥ 1/n,
@@ -315,7 +329,7 @@ def checked_run(framework: str, hp: Hyperparameters, n: int, where: str) -> tupl
     check_delta(hp.delta, n, where=f"{where}: delta")
     if hp.dp and hp.secure_mode and framework in NO_SECURE_MODE:
         raise UserError(f"{where}: secure_mode: {NO_SECURE_MODE[framework]}")
-    plan = SamplingPlan.from_hyperparameters(n, hp, where)
+    plan = SamplingPlan.from_hyperparameters(n, hp, where, units)
     unit = noise_schedule(hp, plan, 1.0)
     check_noise(hp, plan, unit, where)
     return plan, unit

@@ -7,7 +7,7 @@ import pytest
 from conftest import ALGO_ASSETS
 
 from mnist_dp.assets import load_asset_module
-from mnist_dp.learning import conv_grams
+from mnist_dp.learning import conv_grams, training
 from mnist_dp.learning.interface import Network
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -113,9 +113,11 @@ def test_clipped_sum_is_the_sum_of_clipped_per_example_gradients(model_and_batch
         order = np.random.default_rng(1).permutation(len(batch[1]))
         batch, known = (tf.gather(batch[0], order), tf.gather(batch[1], order)), (known[0],
                         known[1][order])
-    got, unclipped = algo.clipped_gradient_sum(model, networks.make_layer_registry(known), *batch,
-                                               clip)
-    assert int(unclipped) == sum(norm(g) <= clip for g in per_example)  # adaptive clipping's count
+    got, norms = algo.clipped_gradient_sum(model, networks.make_layer_registry(known), *batch,
+                                           clip)
+    # each example's, in the batch's order
+    np.testing.assert_allclose(norms, [norm(g) for g in naive_per_example_gradients(model, *batch)],
+                               rtol=1e-4)
     for ours, reference in zip(got, expected):
         np.testing.assert_allclose(ours, reference, rtol=1e-4, atol=1e-6)
 
@@ -134,6 +136,8 @@ def test_a_dp_step_takes_the_first_layers_patch_grams_exactly_when_made_with_the
         with_layer(*args)  # its rows forgotten: the layer's norms could not be taken
     with pytest.raises(ValueError, match="exactly when"):
         without(*args, rows)
+    with pytest.raises(ValueError, match="persons exactly when it clips per person"):
+        without(*args, persons=training.BatchPersons.of(np.array([0, 0, 1, 2])))
     assert 0 <= int(with_layer(*args, rows)) <= 4
 
 

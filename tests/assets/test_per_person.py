@@ -1,5 +1,6 @@
-"""Privacy per person (a data sample's subjects.npy): the mechanism in torch, a train task end to
-end, and a one-line refusal wherever a part cannot work per person yet.
+"""Privacy per person (a data sample's subjects.npy): the mechanism in every framework that clips
+per person, a train task end to end, and a one-line refusal wherever a part cannot work per person
+yet.
 
 Learning rate 1 and no momentum, as in test_mechanism.py: a step moves the weights by exactly the
 noisy clipped sum divided by the expected batch size, here in persons."""
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tensorflow as tf
 import torch
 import torch.nn.functional as F
 from conftest import (
@@ -31,13 +33,16 @@ from mnist_dp.privacy.randomness import RunRandomness
 from mnist_dp.privacy.task_plan import SamplingPlan, TaskPlan
 from mnist_dp.report import results
 
-ALGO = load_asset_module(ALGO_ASSETS["torch"] / "algo.py", "algo_torch_per_person")
+PER_PERSON_FRAMEWORKS = ("torch", "tf", "mindspore")
+ALGOS = {name: load_asset_module(ALGO_ASSETS[name] / "algo.py", f"algo_{name}_per_person")
+         for name in PER_PERSON_FRAMEWORKS}
 C = 1.0
 rng = np.random.default_rng(0)
 IMAGES = rng.random((8, 28, 28), dtype=np.float32) * 100  # gradients far above C
 LABELS = np.arange(8) % 10
 PERSONS = np.array([0, 0, 0, 1, 2, 2, 3, 3])  # 4 persons of 3, 1, 2 and 2 images
 NETWORK = interface.Network("pixels", "relu", "cnn")
+NORM_NETWORKS = [("pixels", "cnn"), ("scattering", "cnn"), ("scattering", "linear")]
 
 
 def make_hp(**changes):
@@ -50,47 +55,62 @@ def make_hp(**changes):
         "noise_seed": 0, **changes}, "test")
 
 
-def person_plan(hp, persons, sigma):
+def person_plan(framework, hp, persons, sigma):
     """A plan per person on the persons of `persons` (indices 0..P-1)."""
     sampling = SamplingPlan.from_hyperparameters(int(persons.max()) + 1, hp, "test")
-    return dataclasses.replace(TaskPlan.of("torch", hp, sampling, sigma), privacy_unit=PER_PERSON)
+    return dataclasses.replace(TaskPlan.of(framework, hp, sampling, sigma),
+                               privacy_unit=PER_PERSON)
 
 
-def fit(images, labels, persons, sigma):
+def fit(framework, images, labels, persons, sigma):
     """The update one step on every person applies (q = 1), and what ran."""
     persons = np.unique(persons, return_inverse=True)[1]
     hp = make_hp(batch_size=int(persons.max()) + 1)
-    model = ALGO.FRAMEWORK.new_model(0, NETWORK)
-    before = interface.flat_weights(ALGO.FRAMEWORK, model)
-    ran = training.fit(ALGO.FRAMEWORK, model, NETWORK.inputs(images), labels,
-                       person_plan(hp, persons, sigma), RunRandomness.for_run(0), persons=persons)
-    return before - interface.flat_weights(ALGO.FRAMEWORK, model), ran
+    algo = ALGOS[framework].FRAMEWORK
+    model = algo.new_model(0, NETWORK)
+    before = interface.flat_weights(algo, model)
+    ran = training.fit(algo, model, NETWORK.inputs(images), labels,
+                       person_plan(framework, hp, persons, sigma), RunRandomness.for_run(0),
+                       persons=persons)
+    return before - interface.flat_weights(algo, model), ran
 
 
-def test_a_persons_images_are_summed_then_clipped_as_one_and_a_person_moves_the_sum_by_c():
-    alone, ran = fit(IMAGES[:3], LABELS[:3], PERSONS[:3], sigma=0.0)
+@pytest.mark.parametrize("framework", PER_PERSON_FRAMEWORKS)
+def test_a_persons_images_are_summed_then_clipped_as_one_and_a_person_moves_the_sum_by_c(
+        framework):
+    alone, ran = fit(framework, IMAGES[:3], LABELS[:3], PERSONS[:3], sigma=0.0)
     assert ran.batch_sizes == [1] and ran.clipping == PER_PERSON
     assert np.linalg.norm(alone) == pytest.approx(C, rel=1e-3)  # three images, one C
-    everyone, ran = fit(IMAGES, LABELS, PERSONS, sigma=0.0)
+    everyone, ran = fit(framework, IMAGES, LABELS, PERSONS, sigma=0.0)
     assert ran.batch_sizes == [4]
     for person in range(4):  # the clipped sums (update × E[B]) with and without one person
         kept = PERSONS != person
-        without, _ = fit(IMAGES[kept], LABELS[kept], PERSONS[kept], sigma=0.0)
+        without, _ = fit(framework, IMAGES[kept], LABELS[kept], PERSONS[kept], sigma=0.0)
         assert np.linalg.norm(4 * everyone - 3 * without) <= C * (1 + 1e-4)
 
 
-def test_noise_has_standard_deviation_sigma_c_over_the_expected_persons():
+@pytest.mark.parametrize("framework", PER_PERSON_FRAMEWORKS)
+def test_noise_has_standard_deviation_sigma_c_over_the_expected_persons(framework):
     sigma = 2.0
-    clean, _ = fit(IMAGES, LABELS, PERSONS, sigma=0.0)
-    noisy, _ = fit(IMAGES, LABELS, PERSONS, sigma=sigma)
+    clean, _ = fit(framework, IMAGES, LABELS, PERSONS, sigma=0.0)
+    noisy, _ = fit(framework, IMAGES, LABELS, PERSONS, sigma=sigma)
     noise = noisy - clean
     assert np.std(noise) == pytest.approx(sigma * C / 4, rel=0.03)  # E[B] = 4 persons, not 8
+
+
+def test_a_batchs_persons_pair_every_two_examples_of_one_person_once():
+    persons = training.BatchPersons.of(np.array([7, 3, 7, 9, 3, 7]))
+    assert persons.groups.tolist() == [1, 0, 1, 2, 0, 1] and persons.count == 3
+    assert sorted(zip(persons.first.tolist(), persons.second.tolist())) == [(0, 2), (0, 5), (1, 4),
+                                                                             (2, 5)]
+    alone = training.BatchPersons.of(np.arange(3))
+    assert alone.first.size == alone.second.size == 0 and alone.count == 3
 
 
 def test_batches_sample_persons_with_all_their_images():
     persons = np.repeat(np.arange(200), np.arange(200) % 5 + 1)  # 200 persons of 1 to 5 images
     hp = make_hp(batch_size=50, epochs=100)  # q = 1/4, 400 steps
-    plan = person_plan(hp, persons, 1.0)
+    plan = person_plan("torch", hp, persons, 1.0)
     batches = list(training.sampled_batches(plan, RunRandomness.for_run(0), lambda steps: "",
                                             False, persons))
     assert len(batches) == 400
@@ -102,43 +122,70 @@ def test_batches_sample_persons_with_all_their_images():
     assert taken.mean() / 400 == pytest.approx(0.25, rel=0.05)
 
 
-@pytest.mark.parametrize("features, network", [("pixels", "cnn"), ("scattering", "cnn"),
-                                               ("scattering", "linear")])
-def test_per_person_norms_are_the_norms_of_the_summed_naive_gradients(features, network):
-    """Term by term: every parameter's cross terms between a person's images are large against the
-    tolerance, so a dropped one fails the comparison."""
+def assert_person_norms(norms, per_example):
+    """`norms` [4] are the norms of PERSONS' sums of the naive per-example gradients
+    (per_example[i]: example i's, one flat array per parameter); every parameter's cross terms
+    between a person's images are large against the tolerance, so a dropped one fails."""
+    summed = [np.zeros((4, g[0].size)) for g in zip(*per_example)]  # per parameter [persons, size]
+    for s, g in zip(summed, zip(*per_example)):
+        np.add.at(s, PERSONS, np.stack(g).astype(np.float64))
+    naive = np.sqrt(sum(np.square(s).sum(1) for s in summed))
+    np.testing.assert_allclose(norms, naive, rtol=2e-6)  # squares: 4e-6
+    for s, g in zip(summed, zip(*per_example)):
+        alone = np.bincount(PERSONS, np.square(np.stack(g).astype(np.float64)).sum(1))
+        cross = np.square(s).sum(1) - alone  # what the pairs add to each person
+        assert np.abs(cross).max() > 1e-5 * np.square(naive).max()
+
+
+@pytest.mark.parametrize("features, network", NORM_NETWORKS)
+def test_torch_per_person_norms_are_the_norms_of_the_summed_naive_gradients(features, network):
     torch.manual_seed(0)
-    model = ALGO.build_network(interface.Network(features, "tanh", network))
-    inputs = interface.Network(features, "tanh", network).inputs(IMAGES / 100)
-    x, y = ALGO.as_input(inputs), torch.from_numpy(LABELS)
+    algo = ALGOS["torch"]
+    model = algo.build_network(interface.Network(features, "tanh", network))
+    x = algo.as_input(interface.Network(features, "tanh", network).inputs(IMAGES / 100))
+    y = torch.from_numpy(LABELS)
     per_example = []
     for i in range(len(y)):
         model.zero_grad()
         F.cross_entropy(model(x[i:i + 1]), y[i:i + 1], reduction="sum").backward()
-        per_example.append([p.grad.detach().clone().flatten() for p in model.parameters()])
-    groups = torch.from_numpy(PERSONS)
-    summed = [torch.zeros(4, g[0].numel()).index_add_(0, groups, torch.stack(g)) for g in
-              zip(*per_example)]  # per parameter, [persons, size]
-    naive = sum(s.square().sum(1) for s in summed).sqrt()
-    norms = ALGO.clip_and_sum(model, x, y, 1e9, None, groups)
-    np.testing.assert_allclose(norms.numpy(), naive.numpy(), rtol=2e-6)  # squares: 4e-6
-    for s, g in zip(summed, zip(*per_example)):
-        alone = torch.zeros(4).index_add_(0, groups, torch.stack(g).square().sum(1))
-        cross = s.square().sum(1) - alone  # what the pairs add to each person
-        assert cross.abs().max() > 1e-5 * naive.square().max()
+        per_example.append([p.grad.numpy().flatten() for p in model.parameters()])
+    norms = algo.clip_and_sum(model, x, y, 1e9, None, training.BatchPersons.of(PERSONS))
+    assert_person_norms(norms.numpy(), per_example)
+
+
+@pytest.mark.parametrize("features, network", NORM_NETWORKS)
+def test_tf_per_person_norms_are_the_norms_of_the_summed_naive_gradients(features, network):
+    tf.keras.utils.set_random_seed(0)
+    algo = ALGOS["tf"]
+    model = algo.build_network(interface.Network(features, "tanh", network))
+    x = algo.as_input(interface.Network(features, "tanh", network).inputs(IMAGES / 100))
+    y = tf.constant(LABELS)
+    per_example = []
+    for i in range(len(LABELS)):
+        with tf.GradientTape() as tape:
+            loss = model.loss(y[i:i + 1], model(x[i:i + 1], training=True))
+        per_example.append([g.numpy().flatten() for g in
+                            tape.gradient(loss, model.trainable_variables)])
+    persons = training.BatchPersons.of(PERSONS)
+    tensors = tuple(tf.constant(a) for a in (persons.groups, persons.first, persons.second))
+    _, norms = algo.clipped_gradient_sum(model, algo.make_layer_registry(persons=tensors), x, y,
+                                         1e9, tensors[0])
+    assert_person_norms(norms.numpy(), per_example)
 
 
 def test_a_train_task_is_private_per_person_and_its_ledgers_name_persons(tmp_path, opener_path):
+    """The skeleton's path, the same in every framework (their steps per person: above)."""
+    framework = "torch"
     dataset.generate(tmp_path / "data", train_size=300, test_size=100, train_samples=2, seed=1,
                      images_per_subject=(2, 5))
     folders = list(map(Path, samples(tmp_path / "data", "train")))
     persons = len(np.unique(np.concatenate([np.load(f / "subjects.npy") for f in folders])))
-    trainer = extract_function(ALGO_ASSETS["torch"], "train", tmp_path / "fn",
-                               tiny_hyperparameters("torch"))
+    trainer = extract_function(ALGO_ASSETS[framework], "train", tmp_path / "fn",
+                               tiny_hyperparameters(framework))
     outputs = {"model": tmp_path / "model", "epsilon": tmp_path / "epsilon.json"}
     run_function(trainer / "algo.py", "train", {"opener": opener_path, "datasamples": folders},
                  outputs)
-    saved = model_file.load(outputs["model"], "torch")
+    saved = model_file.load(outputs["model"], framework)
     [event] = saved.ledger.events
     steps = -(-persons // 64)  # q = 1 / ceil(P / 64), one epoch
     assert (event.clipping, event.n, event.steps) == (PER_PERSON, persons, steps)
@@ -148,13 +195,11 @@ def test_a_train_task_is_private_per_person_and_its_ledgers_name_persons(tmp_pat
         independent_epsilon(1.0, 1 / steps, steps, 1e-4), rel=1e-6)
     [recorded] = data_ledger.read(folders).events
     assert recorded.clipping == PER_PERSON and recorded.n == persons
-    record = results.model_record(outputs["model"], "torch", {"MyOrg1MSP": None})
+    record = results.model_record(outputs["model"], framework, {"MyOrg1MSP": None})
     assert record["privacy_unit"] == "person" and "one person" in record["neighbouring_relation"]
 
 
 @pytest.mark.parametrize("framework, function, message", [
-    ("tf", "train", "subjects.npy: tf does not clip per person yet"),
-    ("mindspore", "train", "subjects.npy: mindspore does not clip per person yet"),
     ("torch", "tune", "subjects.npy: the private search does not run per person yet"),
 ])
 def test_what_cannot_work_per_person_refuses_subjects_in_one_line(tmp_path, opener_path, framework,

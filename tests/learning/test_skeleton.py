@@ -85,6 +85,25 @@ class SeesItsInputs(StepsThatLearnNothing):
         return []
 
 
+def test_a_framework_that_does_not_clip_per_person_refuses_subjects(opener_path):
+    """A framework's dp_step that would ignore step.persons would clip per image under a ledger per
+    person: Framework.per_person (False by default) gates it."""
+    from mnist_dp.assets import load_asset_module
+
+    data = load_asset_module(opener_path, "opener_for_per_person_tests").MnistOpener().fake_data(6)
+    hp = dict_hp(noise_multiplier=1.0, target_epsilon=None)
+    assert skeleton.per_person(StepsThatLearnNothing(), data, hp, {}) is None  # no subjects
+    data["samples"][0]["persons"] = np.array([5, 5, 7, 7, 7, 9], np.uint64)
+    with pytest.raises(UserError, match="subjects.npy: torch does not clip per person; train "
+                                        "this data with an algo that does"):
+        skeleton.per_person(StepsThatLearnNothing(), data, hp, {})
+
+    class PerPerson(StepsThatLearnNothing):
+        per_person = True
+
+    assert skeleton.per_person(PerPerson(), data, hp, {}).tolist() == [0, 0, 1, 1, 1, 2]
+
+
 def test_a_train_task_trains_on_float16_features_and_lets_its_images_go(opener_path):
     """A train task's memory: the features in float16, and no float32 images beside them while
     training (a set of 60,000 takes 188 MB); a caller that keeps its data (substrafl's algos) keeps
