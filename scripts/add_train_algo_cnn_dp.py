@@ -87,10 +87,11 @@ def main(argv=None):
     # what each train task would refuse, checked before anything is registered
     elif data_dir.is_dir():
         holdings = registry.split_among(data_dir, len(folds))
-        sizes = [sum(map(samples.sample_size, own)) for own in holdings]
-        spent = [(samples.spent_on(own), {s.identity: Examples.of(s.key_id, s.ids)
-                                          for s in map(samples.read_sample, own)})
-                 for own in holdings]
+        read = [list(map(samples.read_sample, own)) for own in holdings]
+        sizes = [samples.unit_count(own) for own in read]
+        spent = [(samples.spent_on(own), {s.identity: Examples.of(s.key_id, s.units)
+                                          for s in read_own})
+                 for own, read_own in zip(holdings, read)]
         hp = preflight.check_plan(args.framework, hp, sizes, args.rounds,
                                [f"{where}, fold {k}" for k in range(1, len(sizes) + 1)], spent)
     elif args.rounds > 1 and hp.dp and hp.target_epsilon is not None:

@@ -132,9 +132,9 @@ def main(argv=None):
         read = {folder: sample for own in holdings for folder,
                 sample in zip(own, samples.check_examples(own))}
         identities = {folder: sample.identity for folder, sample in read.items()}
-        sizes = [sum(map(samples.sample_size, own)) for own in holdings]
+        sizes = [samples.unit_count([read[f] for f in own]) for own in holdings]
         spent = [(samples.spent_on(own),
-                  {read[f].identity: Examples.of(read[f].key_id, read[f].ids) for f in own})
+                  {read[f].identity: Examples.of(read[f].key_id, read[f].units) for f in own})
                  for own in holdings]
         # each with the hyperparameters its tasks will get
         for run, (framework, hp) in runs.items():

@@ -136,6 +136,12 @@ def sample_size(folder: Path) -> int:
     return int(np.load(Path(folder) / LABELS_FILE, mmap_mode="r").shape[0])
 
 
+def unit_count(read: list) -> int:
+    """The privacy units of read samples (read_sample's): their persons where subjects.npy names
+    them, else their examples: the n a train task's plan counts."""
+    return len(np.unique(np.concatenate([s.units for s in read]))) if read else 0
+
+
 def check_examples(folders: list) -> list:
     """Refuse training data sample folders that hold an example twice, in one sample or in two (the
     opener's rule, which a train task applies): trained on twice, it would be accounted once.

@@ -31,7 +31,8 @@ def check_plan(framework: str, hp: Hyperparameters, sizes: list, rounds: int, wh
     Args:
       framework: the algo's name.
       hp: the hyperparameters.
-      sizes: each organisation's number of training examples.
+      sizes: each organisation's number of training examples (persons, where the data
+        names them: samples.unit_count).
       rounds: how many times the plan trains on each organisation's data.
       wheres: what names each organisation in an error.
       spent: per organisation, its data's own ledger and its samples' examples (check_spent).
@@ -108,7 +109,8 @@ def noise_for_rounds(hp: Hyperparameters, sizes: list, rounds: int) -> Hyperpara
 
     Args:
       hp: the hyperparameters.
-      sizes: each organisation's number of training examples.
+      sizes: each organisation's number of training examples (persons, where the data
+        names them: samples.unit_count).
       rounds: how many times the plan trains on each organisation's data.
 
     Returns:

@@ -43,6 +43,11 @@ def test_generate_data_writes_the_persons_of_every_train_sample_and_keeps_them_w
     assert counts.max() <= 5 and np.sort(counts)[3:].min() >= 2  # a sample's last may have fewer
     assert not (tmp_path / "d" / "test" / "0" / samples.SUBJECTS_FILE).exists()
     assert manifest["images_per_subject"] == [2, 5]
+    # what a plan counts, as the scripts' checks before a plan count it: persons, else examples
+    read = [samples.read_sample(f) for f in folders]
+    assert samples.unit_count(read) == len(np.unique(np.concatenate(persons)))
+    assert samples.unit_count([samples.read_sample(f) for f in dataset.sample_folders(
+        tmp_path / "d", "test")]) == 100
     written = json.loads((tmp_path / "d" / "manifest.json").read_text())
     assert written["images_per_subject"] == [2, 5]
     # the command that writes it again keeps them (and the fingerprints cover them)

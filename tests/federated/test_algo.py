@@ -68,11 +68,17 @@ def task(kind, rounds, state, method, *args, hp=None, **kwargs):
     return algo, out
 
 
-def test_fedavg_spends_at_most_the_target_over_its_rounds_and_refuses_more(tmp_path, opener_data):
+@pytest.mark.parametrize("unit", ["image", "person"])
+def test_fedavg_spends_at_most_the_target_over_its_rounds_and_refuses_more(tmp_path, opener_data,
+                                                                           unit):
     """FedAvg's rounds + 1 train tasks: `rounds` trainings at a σ calibrated for them (ε at the
     target, as dp_accounting recomputes from σ, q and steps alone), FedAvg's last task trains
-    nothing, one more is refused."""
+    nothing, one more is refused. Per person (persons of 2 images), σ is calibrated over persons."""
     train, _ = opener_data
+    if unit == "person":
+        train = copy.deepcopy(train)
+        [sample] = train["samples"]
+        sample["persons"] = np.arange(sample["n"], dtype=np.uint64) // 2
     kind, rounds, state, hp = "torch", 2, tmp_path / "local", hyperparameters(**CALIBRATED)
     task(kind, rounds, state, "initialize", hp=hp, _skip=True)
     algo, sent = task(kind, rounds, state, "train", hp=hp, data_from_opener=train, _skip=True)
@@ -84,6 +90,9 @@ def test_fedavg_spends_at_most_the_target_over_its_rounds_and_refuses_more(tmp_p
         updates.append(sent)
     events = model_file.load(state, "torch").ledger.events
     assert len(events) == rounds
+    assert {(e.clipping, e.n) for e in events} == {
+        ("per-example", len(train["labels"])) if unit == "image" else
+        ("per-person", math.ceil(len(train["labels"]) / 2))}
     assert all(any(np.abs(u).max() > 0 for u in s.parameters_update) for s in updates[:-1])
     # FedAvg's last, never averaged
     assert all(not np.any(u) for u in updates[-1].parameters_update)
