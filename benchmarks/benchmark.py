@@ -41,7 +41,7 @@ import numpy as np
 from mnist_dp import hyperparameters
 from mnist_dp.assets import ALGO_ASSETS, REPO, load_asset_module
 from mnist_dp.data import sources
-from mnist_dp.learning import chunks, interface
+from mnist_dp.learning import chunks, interface, training
 from mnist_dp.privacy import task_plan
 from mnist_dp.privacy.randomness import RunRandomness
 from mnist_dp.utils import json_input, options, timing
@@ -107,20 +107,25 @@ def poisson_batches(images, labels, plan, count, seed=0, rows=None):
 
 
 IMAGES_PER_PERSON = 10  # the per-person variant's persons: consecutive images of the shuffled set
+PER_PERSON = f"per person, {IMAGES_PER_PERSON} images each (used per person)"
 
 
-def person_batches(images, labels, plan, count, seed=0, rows=None):
-    """Batches as a DP train task samples them per person (subjects.npy): each person of
-    IMAGES_PER_PERSON images in w.p. q, with all their images (as many images expected as
-    poisson_batches); each batch with its rows (or None) and each image's person in the batch."""
-    import torch
-
+def person_picks(plan, count, seed=0):
+    """Index batches as a DP train task samples them per person (subjects.npy): each person of
+    IMAGES_PER_PERSON consecutive images in w.p. q, with all their images (as many images expected
+    as poisson_batches)."""
     rng = np.random.default_rng(seed)
     persons = np.arange(plan.n) // IMAGES_PER_PERSON
     for _ in range(count):
-        picked = np.flatnonzero((rng.random(persons[-1] + 1) < plan.sample_rate)[persons])
-        groups = torch.from_numpy(np.unique(persons[picked], return_inverse=True)[1])
-        yield images[picked], labels[picked], None if rows is None else rows[picked], groups
+        yield np.flatnonzero((rng.random(persons[-1] + 1) < plan.sample_rate)[persons])
+
+
+def person_batches(images, labels, plan, count, seed=0):
+    """person_picks' batches: the images, labels, None (no rows: per-person norms need none) and
+    the batch's training.BatchPersons."""
+    persons = np.arange(plan.n) // IMAGES_PER_PERSON
+    for picked in person_picks(plan, count, seed):
+        yield images[picked], labels[picked], None, training.BatchPersons.of(persons[picked])
 
 
 def fixed_batches(images, labels, hp, count, seed=0):
@@ -160,17 +165,17 @@ def time_torch(algo, images, labels, hp, plan, steps, network):
         # makes once, before its steps
         known = algo.data_grams(model, images) if mode.startswith("book-keeping") else None
 
-        def step(x, y, known_rows=None, groups=None):
+        def step(x, y, known_rows=None, persons=None):
             optimizer.zero_grad()
             if mode.startswith("book-keeping"):  # the algo's: clipped sum in p.grad, then the noise
                 algo.clip_and_sum(model, algo.as_input(x), torch.from_numpy(y), hp.max_grad_norm,
-                                  None if known is None else (known[0], known_rows), groups)
+                                  None if known is None else (known[0], known_rows), persons)
             else:
                 criterion(model(algo.as_input(x)), torch.from_numpy(y)).backward()
             optimizer.step()
         rows = None if known is None else known[1]
         batches = (fixed_batches(images, labels, hp, steps + WARMUP) if mode == "plain" else
-                   person_batches(images, labels, plan, steps + WARMUP, rows=rows)
+                   person_batches(images, labels, plan, steps + WARMUP)
                    if mode.endswith("persons") else
                    poisson_batches(images, labels, plan, steps + WARMUP, rows=rows))
         return step, batches
@@ -179,8 +184,7 @@ def time_torch(algo, images, labels, hp, plan, steps, network):
                 "Opacus ghost clipping, 2 backward passes (before)": "ghost",
                 "book-keeping, 1 backward pass (used)": "book-keeping",
                 "the same, secure_mode noise": "book-keeping-secure",
-                f"per person, {IMAGES_PER_PERSON} images each (used per person)":
-                    "book-keeping-persons"}
+                PER_PERSON: "book-keeping-persons"}
     return {PLAIN: make("plain"), **{name: make(mode) for name, mode in variants.items()}}
 
 
@@ -204,6 +208,12 @@ def time_tf(algo, images, labels, hp, plan, steps, network):
         return lambda x, y, rows=None: step(x, y, tf.constant(hp.max_grad_norm, tf.float32),
                                             tf.constant(1.0), rows)
 
+    def person_step(model, optimizer):  # the algo's per person
+        step = algo.make_dp_step(model, optimizer, plan.expected_batch_size / IMAGES_PER_PERSON,
+                                 algo.noise_generator(RunRandomness.fresh()), per_person=True)
+        return lambda x, y, rows, persons: step(x, y, tf.constant(hp.max_grad_norm, tf.float32),
+                                                tf.constant(1.0), None, persons)
+
     # TF Privacy's own clipped-gradient routine, same noise and update
     def two_pass(model, optimizer):
         registry = algo.make_layer_registry()
@@ -225,6 +235,7 @@ def time_tf(algo, images, labels, hp, plan, steps, network):
         "fast clipping + book-keeping (used)": run(
             dp_step, poisson_batches(images, labels, plan, steps + WARMUP, rows=None
                                      if known is None else known[1]), dp_model),
+        PER_PERSON: run(person_step, person_batches(images, labels, plan, steps + WARMUP)),
     }
 
 
@@ -277,6 +288,19 @@ def time_mindspore(algo, images, labels, hp, plan, steps, network):
     variants[f"book-keeping per-example clipping, chunks of {large} or {larger} (used)"] = run(
         lambda: dp_net, dp, poisson_batches(images, labels, plan, steps + WARMUP,
                                             rows=algo.data_rows(dp_net, images)))
+    person_net = build()
+    person_step = algo.make_dp_step(
+        person_net, nn.SGD(person_net.trainable_params(), learning_rate=hp.learning_rate,
+                           momentum=hp.momentum), plan.expected_batch_size / IMAGES_PER_PERSON,
+        RunRandomness.fresh().numpy("gradient noise"),
+        persons=np.arange(plan.n) // IMAGES_PER_PERSON)
+
+    def per_person(x, y, picked):  # the algo's step indexes the whole set, x = images[picked]
+        person_step(images, labels.astype(np.int32), picked, hp.max_grad_norm, 1.0)
+        person_net.trainable_params()[0].asnumpy()
+
+    variants[PER_PERSON] = per_person, ((images[picked], labels[picked], picked)
+                                        for picked in person_picks(plan, steps + WARMUP))
     return variants
 
 

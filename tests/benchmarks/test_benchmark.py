@@ -46,9 +46,10 @@ def test_help_and_a_bad_framework():
 def test_every_variant_steps_the_network_that_set_names_on_its_inputs(framework):
     # not the default network
     variants = benchmark.step_variants(framework, 1, {"network": "linear"})
-    assert benchmark.PLAIN in variants and any(name.endswith("(used)") for name in variants)
+    assert {benchmark.PLAIN, benchmark.PER_PERSON} <= set(variants)
+    assert any(name.endswith("(used)") for name in variants)
     for step, batches in variants.values():
-        x, y, *rest = next(iter(batches))  # rest: the per-person variant's rows and persons
+        x, y, *rest = next(iter(batches))  # rest: rows, persons or the indices of x
         assert x.shape[1:] == (features.SCATTERING_DIM,)
         step(x, y, *rest)
 
