@@ -83,7 +83,7 @@ def main(argv=None):
     if data_dir.is_dir() and searched:
         read = samples.check_examples([f for own in registry.split_among(data_dir, len(folds))
                                        for f in own])
-        search.check_plan(args.framework, hp, searched, [[s.ids for s in read]], [where])
+        search.check_plan(args.framework, hp, searched, [[s.units for s in read]], [where])
     # what each train task would refuse, checked before anything is registered
     elif data_dir.is_dir():
         holdings = registry.split_among(data_dir, len(folds))

@@ -142,7 +142,7 @@ def main(argv=None):
                       for k in range(1, len(sizes) + 1)]
             if searched:
                 search.check_plan(framework, hp, searched,
-                                  [[read[f].ids for f in own] for own in holdings], wheres)
+                                  [[read[f].units for f in own] for own in holdings], wheres)
             else:
                 runs[run] = framework, preflight.check_plan(
                     framework, hp, sizes, args.rounds, wheres, spent)

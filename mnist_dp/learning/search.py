@@ -24,7 +24,8 @@ from mnist_dp.learning import features as feature_maps
 from mnist_dp.learning import model_io, skeleton, training
 from mnist_dp.learning.interface import Framework, Network, Ran
 from mnist_dp.privacy import data_ledger, model_file, provenance, statement
-from mnist_dp.privacy.ledger import Ledger, persons_of
+from mnist_dp.privacy.events import PER_PERSON
+from mnist_dp.privacy.ledger import Ledger
 from mnist_dp.privacy.randomness import RunRandomness
 from mnist_dp.privacy.search import SearchPlan, draw_count, plan_search, validation_split
 from mnist_dp.privacy.task_plan import TaskPlan
@@ -46,17 +47,20 @@ class Searched:
 
 
 def run_search(framework: Framework, images: np.ndarray, labels: np.ndarray, held_out: np.ndarray,
-               search: SearchPlan, randomness: RunRandomness, where: str) -> Searched | None:
+               search: SearchPlan, randomness: RunRandomness, where: str,
+               persons: np.ndarray | None = None) -> Searched | None:
     """The search of `search` by `framework`.
 
     Args:
       framework: the algo's Framework.
       images: the images [n, 28, 28].
       labels: their labels [n].
-      held_out: [n], marking the validation examples.
+      held_out: [n], marking the validation examples (all of a person's, or none).
       search: the search's privacy plan (its space, σ by profile, the score's noise).
       randomness: draws K, the candidates, their runs and the scores' noise.
       where: what names the hyperparameters in errors.
+      persons: each image's person (ledger.persons_of) when search.privacy_unit is per person,
+        else None.
 
     Returns:
       What the search released (Searched); None when K = 0 (possible with the Poisson distribution
@@ -66,6 +70,10 @@ def run_search(framework: Framework, images: np.ndarray, labels: np.ndarray, hel
     rng, score_noise = randomness.numpy("search"), randomness.numpy("score noise")
     count = draw_count(rng, search.search.mean, search.search.shape)
     train_y, validation_y = labels[~held_out], labels[held_out]
+    # each side's persons, indices 0..P-1 of its own
+    train_persons, validation_persons = (None, None) if persons is None else (
+        np.unique(persons[~held_out], return_inverse=True)[1],
+        np.unique(persons[held_out], return_inverse=True)[1])
     # Every features value the space may draw, made before the first candidate: which ones the
     # candidates drew would otherwise show in the work done (and its progress bars).
     drawn = search.search.space.get("features", (search.base.features,))
@@ -78,8 +86,10 @@ def run_search(framework: Framework, images: np.ndarray, labels: np.ndarray, hel
             plan = search.candidate(framework.name, hp, where)
             model = framework.new_model(hp.seed, Network.of(hp))
             ran = training.fit(framework, model, inputs[hp.features][0], train_y, plan,
-                               randomness.candidate(index), progress=False)
-            score = noisy_count(correct(framework, model, inputs[hp.features][1], validation_y),
+                               randomness.candidate(index), progress=False,
+                               persons=train_persons)
+            score = noisy_count(correct(framework, model, inputs[hp.features][1], validation_y,
+                                        validation_persons),
                                 search.score_noise_multiplier, score_noise)
             # a diverged candidate never wins (a function of its output)
             if model_io.non_finite(framework, model)[0]:
@@ -132,20 +142,27 @@ def released_ledger(framework: Framework, data: dict, plan: SearchPlan, searched
     return ledger
 
 
-def correct(framework: Framework, model, inputs: np.ndarray, labels: np.ndarray) -> int:
+def correct(framework: Framework, model, inputs: np.ndarray, labels: np.ndarray,
+            persons: np.ndarray | None = None) -> float:
     """How many of the validation examples the model classifies right: the score's count, of
-    sensitivity 1 (one example more or less changes it by at most 1).
+    sensitivity 1 (one example more or less changes it by at most 1); per person, the sum over the
+    persons of the fraction of their images it classifies right (one person more or less changes it
+    by at most 1).
 
     Args:
       framework: the algo's Framework.
       model: the candidate's model.
       inputs: the validation examples' network inputs.
       labels: their labels.
+      persons: each one's person, an index 0..P-1, or None: per example.
 
     Returns:
-      The count of right predictions.
+      The count of right predictions (per person, of persons' fractions).
     """
-    return int(np.sum(np.argmax(model_io.logits(framework, model, inputs), axis=1) == labels))
+    right = np.argmax(model_io.logits(framework, model, inputs), axis=1) == labels
+    if persons is None:
+        return int(np.sum(right))
+    return float(np.sum(np.bincount(persons, right) / np.bincount(persons)))
 
 
 def noisy_count(count: int, noise_multiplier: float, rng: np.random.Generator) -> float:
@@ -189,17 +206,23 @@ def tune(framework: Framework, inputs: dict, outputs: dict, hyperparameters_path
     search = search_space.load(search_file if search_file.is_file() else None)
     # a run's checks are plan_search's, for each privacy profile on the training split
     skeleton.refuse_copies(data)
-    if persons_of(data) is not None:
-        raise UserError("subjects.npy: the private search does not run per person yet; tune on "
-                        "this data without subjects.npy, or train it with fixed hyperparameters")
+    # read, not held: a lock held while K candidates train would time them for other tasks
+    earlier = data_ledger.read(skeleton.sample_folders(data))
+    if inputs.get("ledger"):
+        earlier = data_ledger.union(earlier, data_ledger.read_output(inputs["ledger"]))
+    persons = skeleton.per_person(framework, data, base, {"this data's own ledger": earlier})
     held_out = validation_split(data, search.validation_permille)
-    plan = plan_search(framework.name, base, search, len(held_out), int(held_out.sum()), where)
+    if persons is None:
+        plan = plan_search(framework.name, base, search, len(held_out), int(held_out.sum()), where)
+    else:  # n and the validation split in persons, each on one side with all their images
+        plan = plan_search(framework.name, base, search, int(persons.max()) + 1,
+                           len(np.unique(persons[held_out])), where, PER_PERSON)
     randomness = RunRandomness.for_run(base.noise_seed, 0,
                                        tuple(s["identity"] for s in data["samples"]))
     # the candidates' too (the space searches no such key)
     training.say_notices(framework, base, randomness)
     searched = run_search(framework, data["images"], data["labels"], held_out, plan, randomness,
-                          where)
+                          where, persons)
     if searched is None:
         raise UserError(f"{where}: the search drew no candidate (the Poisson distribution allows "
                         "it, with probability exp(-mean)); nothing is released: run the task again")

@@ -20,7 +20,14 @@ from dp_accounting.rdp import rdp_privacy_accountant
 from mnist_dp import search_space
 from mnist_dp.hyperparameters import Hyperparameters
 from mnist_dp.privacy import no_sigma, refusals, search_accountant, task_plan
-from mnist_dp.privacy.events import Candidate, DpEvent, Search, validation_mask
+from mnist_dp.privacy.events import (
+    PER_EXAMPLE,
+    PER_PERSON,
+    Candidate,
+    DpEvent,
+    Search,
+    validation_mask,
+)
 from mnist_dp.privacy.ledger import unit_ids
 from mnist_dp.privacy.task_plan import SamplingPlan, TaskPlan
 from mnist_dp.search_space import SearchSpace
@@ -37,9 +44,9 @@ def profile(hp: Hyperparameters, plan: SamplingPlan) -> tuple:
 
 @dataclass(frozen=True)
 class SearchPlan:
-    """A search's privacy plan on `n` examples, `validation_n` of them held out: σ by profile
-    (`profile`) and the noise multiplier of the validation score (a count of correct predictions,
-    sensitivity 1)."""
+    """A search's privacy plan on `n` examples (persons, per person), `validation_n` of them held
+    out: σ by profile (`profile`) and the noise multiplier of the validation score (a count of
+    correct predictions, or per person the sum of each person's fraction right: sensitivity 1)."""
 
     search: SearchSpace
     base: Hyperparameters  # the algo's hyperparameters: what the space does not search
@@ -47,6 +54,7 @@ class SearchPlan:
     validation_n: int
     sigmas: dict  # profile -> σ
     score_noise_multiplier: float
+    privacy_unit: str = PER_EXAMPLE
 
     @property
     def trained_n(self) -> int:
@@ -64,7 +72,9 @@ class SearchPlan:
           The candidate's TaskPlan.
         """
         sampling = SamplingPlan.from_hyperparameters(self.trained_n, hp, where)
-        return TaskPlan.of(framework, hp, sampling, self.sigmas[profile(hp, sampling)])
+        return dataclasses.replace(TaskPlan.of(framework, hp, sampling,
+                                               self.sigmas[profile(hp, sampling)]),
+                                   privacy_unit=self.privacy_unit)
 
     def event(self, plan: TaskPlan, data: tuple, ran, code: dict | None) -> DpEvent:
         """The ledger event of the released candidate: its run on the training examples, with the
@@ -128,23 +138,27 @@ def validation_split(data: dict, permille: int) -> np.ndarray:
 def check_plan(framework: str, hp: Hyperparameters, search: SearchSpace, ids: list,
                wheres: list) -> None:
     """What each organisation's tune task would refuse, checked by the scripts before anything is
-    registered: the search's plan on its own examples, the same numbers the task computes.
+    registered: the search's plan on its own examples (persons), the same numbers the task
+    computes.
 
     Args:
       framework: the algo's name.
       hp: the hyperparameters the space searches around.
       search: the search space.
-      ids: per organisation k, the keyed ids of its samples, one array each.
+      ids: per organisation k, the keyed ids of its samples' privacy units (Sample.units), one
+        array each.
       wheres: per organisation k, what its errors name.
     """
     for own, where in zip(ids, wheres):
-        held_out = sum(int(validation_mask(array, search.validation_permille).sum())
-                       for array in own)
-        plan_search(framework, hp, search, sum(len(array) for array in own), held_out, where)
+        units = np.unique(np.concatenate(own))  # a person's images: one unit
+        per_person = len(units) < sum(len(array) for array in own)
+        plan_search(framework, hp, search, len(units),
+                    int(validation_mask(units, search.validation_permille).sum()), where,
+                    PER_PERSON if per_person else PER_EXAMPLE)
 
 
 def plan_search(framework: str, base: Hyperparameters, search: SearchSpace, n: int,
-                validation_n: int, where: str) -> SearchPlan:
+                validation_n: int, where: str, privacy_unit: str = PER_EXAMPLE) -> SearchPlan:
     """The privacy plan of a search: σ of every profile so that the training examples' ε ends at
     base.target_epsilon, and the score's noise so that the validation examples' does. The task, and
     the scripts before they register anything, ask it.
@@ -153,23 +167,28 @@ def plan_search(framework: str, base: Hyperparameters, search: SearchSpace, n: i
       framework: the algo's name.
       base: the hyperparameters the space searches around.
       search: the search space.
-      n: the number of examples.
+      n: the number of examples (persons).
       validation_n: how many of them are held out.
       where: what an error names.
+      privacy_unit: events.PER_EXAMPLE, or PER_PERSON: n and validation_n count persons, and the
+        candidates clip per person.
 
     Returns:
       The SearchPlan. Raises UserError naming `where` for what the task would refuse.
     """
+    units = "persons" if privacy_unit == PER_PERSON else "examples"
     # the released model's own check: the whole n
     task_plan.check_delta(base.delta, n, where=f"{where}: delta")
     profiles = search_space.check_with(search, base, where)
     if validation_n == 0 or validation_n == n:
         raise UserError(f"{where}: validation_fraction = {search.validation_fraction:g} holds out "
-                        f"{validation_n} of the {n} examples; a search needs examples on both "
+                        f"{validation_n} of the {n} {units}; a search needs {units} on both "
                         "sides: change validation_fraction")
     distinct = {}
     for hp in profiles:
-        plan = task_plan.check_run(framework, hp, n - validation_n, where)
+        plan = task_plan.checked_run(framework, hp, n - validation_n, where,
+                                     "persons" if privacy_unit == PER_PERSON else
+                                     "training examples")[0]
         distinct.setdefault(profile(hp, plan), (hp, plan))
     target, delta = base.target_epsilon, base.delta
     try:
@@ -183,4 +202,5 @@ def plan_search(framework: str, base: Hyperparameters, search: SearchSpace, n: i
                                               "on average)") from None
     log.info("search: calibrated noise_multiplier %s for a total epsilon of %.3g at delta %.1e "
              "(score noise %.3g)", ", ".join(f"{s:.4f}" for s in sigmas), target, delta, score)
-    return SearchPlan(search, base, n, validation_n, dict(zip(distinct, sigmas)), score)
+    return SearchPlan(search, base, n, validation_n, dict(zip(distinct, sigmas)), score,
+                      privacy_unit)

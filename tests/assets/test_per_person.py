@@ -23,11 +23,14 @@ from conftest import (
     tiny_hyperparameters,
 )
 
-from mnist_dp import hyperparameters
+from mnist_dp import hyperparameters, search_space
 from mnist_dp.assets import load_asset_module
 from mnist_dp.data import dataset
 from mnist_dp.learning import interface, training
+from mnist_dp.learning import search as learning_search
 from mnist_dp.privacy import data_ledger, model_file
+from mnist_dp.privacy import ledger as ledger_module
+from mnist_dp.privacy import search as search_privacy
 from mnist_dp.privacy.events import PER_PERSON
 from mnist_dp.privacy.randomness import RunRandomness
 from mnist_dp.privacy.task_plan import SamplingPlan, TaskPlan
@@ -199,21 +202,49 @@ def test_a_train_task_is_private_per_person_and_its_ledgers_name_persons(tmp_pat
     assert record["privacy_unit"] == "person" and "one person" in record["neighbouring_relation"]
 
 
-@pytest.mark.parametrize("framework, function, message", [
-    ("torch", "tune", "subjects.npy: the private search does not run per person yet"),
-])
-def test_what_cannot_work_per_person_refuses_subjects_in_one_line(tmp_path, opener_path, framework,
-                                                                  function, message):
+def test_a_search_per_person_holds_out_whole_persons_and_composes_over_persons(tmp_path,
+                                                                              opener_path):
+    """The tune task on data that names persons: its plan counts persons on each side of the
+    validation split (a person's images all on one side), its candidates clip per person, and its
+    σ is the search's over that many persons, as plan_search computes it."""
     dataset.generate(tmp_path / "data", train_size=300, test_size=100, seed=1,
                      images_per_subject=(3, 3))
-    changes = {"noise_multiplier": None, "target_epsilon": 3.0} if function == "tune" else {}
-    fn = extract_function(ALGO_ASSETS[framework], function, tmp_path / "fn",
-                          tiny_hyperparameters(framework, **changes))
+    base = tiny_hyperparameters("torch", noise_multiplier=None, target_epsilon=3.0)
+    fn = extract_function(ALGO_ASSETS["torch"], "tune", tmp_path / "fn", base)
+    space = {"space": {"learning_rate": [0.05, 0.1]}, "mean_candidates": 2}
+    (fn / "search.json").write_text(json.dumps(space))
+    folders = samples(tmp_path / "data", "train")
     outputs = {"model": tmp_path / "model", "epsilon": tmp_path / "epsilon.json"}
-    proc = run_function(fn / "algo.py", function, {"opener": opener_path, "datasamples": samples(
-        tmp_path / "data", "train")}, outputs, check=False)
-    assert_one_line_error(proc, message)
-    assert not outputs["model"].exists()
+    run_function(fn / "algo.py", "tune", {"opener": opener_path, "datasamples": folders}, outputs)
+    [event] = model_file.load(outputs["model"], "torch").ledger.events
+    opener = load_asset_module(opener_path, "opener_for_per_person_search").MnistOpener()
+    data = opener.get_data(folders)
+    persons = ledger_module.persons_of(data)
+    held_out = search_privacy.validation_split(data, event.search.validation_permille)
+    assert all(len(set(held_out[persons == p])) == 1 for p in range(persons.max() + 1))
+    plan = search_privacy.plan_search("torch", hyperparameters.parse(base, "test"),
+                                      search_space.parse(space, "test"), 100,
+                                      len(np.unique(persons[held_out])), "test", PER_PERSON)
+    assert (event.clipping, event.n, event.search.validation_n) == (PER_PERSON, 100,
+                                                                    plan.validation_n)
+    assert event.noise_multiplier in plan.sigmas.values()
+    assert 2.5 < json.loads(outputs["epsilon"].read_text())["all"] <= 3.0
+
+
+def test_a_persons_score_moves_a_searchs_count_by_at_most_one():
+    """Per person, the validation score sums each person's fraction right: sensitivity 1, as the
+    score's noise is calibrated for, however many images a person has."""
+    algo = ALGOS["torch"]
+    model = algo.FRAMEWORK.new_model(0, NETWORK)
+    inputs, labels = NETWORK.inputs(IMAGES / 100), LABELS
+    whole = learning_search.correct(algo.FRAMEWORK, model, inputs, labels, PERSONS)
+    right = learning_search.correct(algo.FRAMEWORK, model, inputs, labels)
+    assert whole <= 4 and right <= 8
+    for person in range(4):
+        kept = PERSONS != person
+        without = learning_search.correct(algo.FRAMEWORK, model, inputs[kept], labels[kept],
+                                          np.unique(PERSONS[kept], return_inverse=True)[1])
+        assert 0 <= whole - without <= 1
 
 
 def test_a_bad_subjects_file_is_one_line_and_nothing_is_written(tmp_path, opener_path):
