@@ -11,6 +11,8 @@ the real examples' clipped sum is public and subtracted, and the steps compose t
 plain SGD without momentum or weight average (the weights' move is then the sum of the noisy sums).
 Each claimed ε is audited twice: as built, and with the mechanism broken on purpose (the steps add
 --broken-noise-scale of the noise while the ledger claims all of it), which the audit must catch.
+With --images-per-person K the real images are persons of K and the run is private per person: a
+canary is then one person's clipped contribution, and the claim is ε per person.
 
 black-box (the default): held-out images given a wrong label are the canaries, each in the training
 set with probability 1/2; the training is the assets' recipe with the options below; a canary's
@@ -50,6 +52,7 @@ from mnist_dp.data import sources
 from mnist_dp.learning import model_io, training
 from mnist_dp.learning.interface import Network, flat_weights
 from mnist_dp.privacy import audit, task_plan
+from mnist_dp.privacy.events import PER_EXAMPLE, PER_PERSON
 from mnist_dp.privacy.ledger import Ledger
 from mnist_dp.privacy.randomness import RunRandomness
 from mnist_dp.utils import atomic, json_input, options
@@ -63,7 +66,7 @@ DEFAULTS = {"white-box": {"train_size": 256, "guesses": 1000},
             "black-box": {"train_size": 1000, "guesses": 100}}
 MAX_GUESSES = 1_000_000  # per side; at most half the canaries, checked where their number is known
 # The options of one mode only, with their defaults: given in the other mode, they are refused.
-WHITE_BOX = {"steps": 10, "broken_noise_scale": 0.5}
+WHITE_BOX = {"steps": 10, "broken_noise_scale": 0.5, "images_per_person": 1}
 BLACK_BOX = {"canaries": 500, "epochs": 30, "batch_size": 125, "no_baseline": False}
 
 
@@ -91,11 +94,16 @@ def white_box_run(framework, algo, args, epsilon, noise_scale):
     """One training run with Dirac canaries on every weight coordinate; its record."""
     rng = np.random.default_rng(args.seed)
     images, labels = images_and_labels(args.train_size, rng)
+    # persons of K consecutive images, or None: per image
+    persons = np.arange(len(labels)) // args.images_per_person if args.images_per_person > 1 \
+        else None
+    units = len(labels) if persons is None else int(persons.max()) + 1
     hp = audit_hyperparameters(framework, args, epsilon, {
-        "epochs": args.steps, "batch_size": args.train_size, "optimizer": "sgd", "momentum": 0.0,
+        "epochs": args.steps, "batch_size": units, "optimizer": "sgd", "momentum": 0.0,
                                                           "ema_decay": 0.0,
         "clip_quantile": None, "noise_decay": 1.0, "dp": True})  # q = 1: one step an epoch
-    plan = task_plan.fresh(framework, hp, len(labels), "the audit's options", ("audit",))
+    plan = task_plan.fresh(framework, hp, units, "the audit's options", ("audit",),
+                           PER_EXAMPLE if persons is None else PER_PERSON)
     network = Network.of(hp)
     model = algo.FRAMEWORK.new_model(hp.seed, network)
     shapes = [a.shape for a in algo.FRAMEWORK.weight_arrays(model)]
@@ -107,12 +115,12 @@ def white_box_run(framework, algo, args, epsilon, noise_scale):
                                    noise_scale)
     start, began = flat_weights(algo.FRAMEWORK, model), time.perf_counter()
     ran = training.fit(algo.FRAMEWORK, model, network.inputs(images), labels, plan,
-                       RunRandomness.for_run(hp.noise_seed), canaries=canaries)
+                       RunRandomness.for_run(hp.noise_seed), canaries=canaries, persons=persons)
     scores = canaries.scores(start, flat_weights(algo.FRAMEWORK, model), hp.learning_rate,
                              plan.sampling.expected_batch_size)
     guesses, correct = audit.guess(scores, canaries.included, args.guesses, args.guesses)
     return {"mode": "white-box", "mechanism": "as-built" if noise_scale == 1 else "broken",
-            "noise_added": noise_scale,
+            "noise_added": noise_scale, "privacy_unit": "image" if persons is None else "person",
             "claimed_epsilon": claimed_epsilon(plan, ran),
             "lower_bound": audit.gaussian_epsilon_lower_bound(m, guesses, correct, hp.delta, BETA),
             "estimator": FDP,
@@ -180,13 +188,14 @@ def verdict(record):
 
 def table(records):
     """The markdown table of `records`."""
-    columns = ["framework", "mode", "mechanism", "claimed ε", "95% lower bound", "% of claim",
+    columns = ["framework", "mode", "unit", "mechanism", "claimed ε", "95% lower bound",
+               "% of claim",
                "Steinke et al.", "correct / guesses", "canaries", "σ", "steps", "seconds"]
-    lines = ["| " + " | ".join(columns) + " |", "|---|---|---|" + "---:|" * (len(columns) - 3)]
+    lines = ["| " + " | ".join(columns) + " |", "|---|---|---|---|" + "---:|" * (len(columns) - 4)]
     for r in records:
         claimed, bound = r["claimed_epsilon"], r["lower_bound"]
         steinke = r.get("lower_bound_steinke", bound)  # the black-box bound is Steinke et al.'s
-        cells = [r["framework"], r["mode"],
+        cells = [r["framework"], r["mode"], r.get("privacy_unit", "image"),
                  f"broken ({r['noise_added']:g} of the noise)" if r["mechanism"] == "broken"
                  else r["mechanism"], "–" if claimed is None else f"{claimed:.2f}", f"{bound:.2f}",
                  "–" if claimed is None else f"{100 * bound / claimed:.0f}", f"{steinke:.2f}",
@@ -198,10 +207,11 @@ def table(records):
 
 def merge(path, records):
     """The records of `path` (if any) with `records` replacing those of the same framework, mode,
-    mechanism and claimed ε in place, the others appended; how many were replaced."""
+    mechanism, claimed ε and privacy unit in place, the others appended; how many were
+    replaced."""
     def key(r):
         return r["framework"], r["mode"], r["mechanism"], r["claimed_epsilon"] and round(
-            r["claimed_epsilon"], 2)
+            r["claimed_epsilon"], 2), r.get("privacy_unit", "image")
 
     try:
         earlier = json_input.loads(path.read_text(), str(path)) if path.exists() else []
@@ -248,6 +258,9 @@ def parse_arguments(argv):
     white.add_argument("--broken-noise-scale", type=options.number(0, 1, high_open=True),
                        help="the fraction of the noise the broken mechanism adds (default: "
                             f"{WHITE_BOX['broken_noise_scale']}, half)")
+    white.add_argument("--images-per-person", type=images,
+                       help="K: the real images as persons of K, the run private per person and "
+                            "each canary one person (default: 1, per image)")
     black = parser.add_argument_group("black-box")
     black.add_argument("--canaries", type=images,
                        help=f"m: mislabelled canaries (default: {BLACK_BOX['canaries']})")

@@ -37,6 +37,20 @@ def test_the_white_box_audit_holds_as_built_and_catches_half_the_noise(framework
     assert "| as-built | 2.00 |" in (tmp_path / "audit.md").read_text()
 
 
+def test_the_white_box_audit_holds_per_person_with_a_person_for_each_canary(tmp_path):
+    """Persons of 4 images, the run private per person: each canary is one person's clipped
+    contribution, and the claim per person holds as built and is caught when broken."""
+    result = run_audit("--white-box", "--frameworks", "torch", *SMALL, "--images-per-person", "4",
+                       "--output", str(tmp_path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    built, broken = (records(tmp_path)["torch", "white-box", mechanism]
+                     for mechanism in ("as-built", "broken"))
+    assert built["privacy_unit"] == broken["privacy_unit"] == "person"
+    assert 0.5 * built["claimed_epsilon"] <= built["lower_bound"] <= built["claimed_epsilon"]
+    assert broken["lower_bound"] > broken["claimed_epsilon"]
+    assert "| torch | white-box | person | as-built | 2.00 |" in (tmp_path / "audit.md").read_text()
+
+
 def test_a_broken_mechanism_the_audit_cannot_tell_apart_fails_the_run(tmp_path):
     result = run_audit("--white-box", "--frameworks", "torch", *SMALL, "--broken-noise-scale",
                        "0.95", "--output", str(tmp_path))
