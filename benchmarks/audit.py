@@ -52,8 +52,7 @@ from mnist_dp.data import sources
 from mnist_dp.learning import model_io, training
 from mnist_dp.learning.interface import Network, flat_weights
 from mnist_dp.privacy import audit, task_plan
-from mnist_dp.privacy.events import PER_EXAMPLE, PER_PERSON
-from mnist_dp.privacy.ledger import Ledger
+from mnist_dp.privacy.ledger import Ledger, plan_units
 from mnist_dp.privacy.randomness import RunRandomness
 from mnist_dp.utils import atomic, json_input, options
 from mnist_dp.utils.errors import UserError, run_cli
@@ -97,13 +96,12 @@ def white_box_run(framework, algo, args, epsilon, noise_scale):
     # persons of K consecutive images, or None: per image
     persons = np.arange(len(labels)) // args.images_per_person if args.images_per_person > 1 \
         else None
-    units = len(labels) if persons is None else int(persons.max()) + 1
+    units, unit = plan_units(persons, len(labels))
     hp = audit_hyperparameters(framework, args, epsilon, {
         "epochs": args.steps, "batch_size": units, "optimizer": "sgd", "momentum": 0.0,
                                                           "ema_decay": 0.0,
         "clip_quantile": None, "noise_decay": 1.0, "dp": True})  # q = 1: one step an epoch
-    plan = task_plan.fresh(framework, hp, units, "the audit's options", ("audit",),
-                           PER_EXAMPLE if persons is None else PER_PERSON)
+    plan = task_plan.fresh(framework, hp, units, "the audit's options", ("audit",), unit)
     network = Network.of(hp)
     model = algo.FRAMEWORK.new_model(hp.seed, network)
     shapes = [a.shape for a in algo.FRAMEWORK.weight_arrays(model)]

@@ -152,25 +152,25 @@ def make_dp_step(model, optimizer, expected_batch_size, generator, with_canaries
         optimizer.apply_gradients([(g / expected_batch_size, v) for g,
                                    v in zip(noisy_sum, model.trainable_variables)])
 
-    def clip(x, y, max_grad_norm, *given):
+    def clip(x, y, max_grad_norm, *extra):
         """The batch's clipped sum (clipped_gradient_sum).
 
         Args:
           x: the batch's inputs.
           y: their labels.
           max_grad_norm: C.
-          *given: `given`'s tensors: the batch's persons, or rows of known_layer's patch Grams.
+          *extra: `given`'s tensors: the batch's persons, or rows of known_layer's patch Grams.
 
         Returns:
           (the clipped sum, how many examples (persons) had a gradient norm ≤ C).
         """
-        registry = make_layer_registry(persons=given) if per_person else make_layer_registry(
-            None if known_layer is None else (known_layer, *given))
+        registry = make_layer_registry(persons=extra) if per_person else make_layer_registry(
+            None if known_layer is None else (known_layer, *extra))
         clipped_sum, norms = clipped_gradient_sum(model, registry, x, y, max_grad_norm,
-                                                  given[0] if per_person else None)
+                                                  extra[0] if per_person else None)
         return clipped_sum, tf.reduce_sum(tf.cast(norms <= max_grad_norm, tf.int32))
 
-    def nothing_clipped(x, y, max_grad_norm, *given):
+    def nothing_clipped(x, y, max_grad_norm, *extra):
         """An empty Poisson batch's clipped sum: zeros (Keras' Conv2D fails on 0 examples); its
         noise is a step.
 
@@ -178,19 +178,19 @@ def make_dp_step(model, optimizer, expected_batch_size, generator, with_canaries
           x: the empty batch's inputs (unused).
           y: their labels (unused).
           max_grad_norm: C (unused).
-          *given: `given`'s tensors (unused).
+          *extra: `given`'s tensors (unused).
 
         Returns:
           (zeros shaped as each trainable variable, 0).
         """
         return [tf.zeros_like(v) for v in model.trainable_variables], tf.constant(0, tf.int32)
 
-    given_spec = ((tf.TensorSpec([None], tf.int64),) * 3 if per_person
+    extra_spec = ((tf.TensorSpec([None], tf.int64),) * 3 if per_person
                   else (tf.TensorSpec([None, None], tf.float32),))
 
     def step_of(clipped):
-        @tf.function(input_signature=(*batch_spec(model), SCALAR, SCALAR, *given_spec))
-        def step(x, y, max_grad_norm, noise_multiplier, *given):
+        @tf.function(input_signature=(*batch_spec(model), SCALAR, SCALAR, *extra_spec))
+        def step(x, y, max_grad_norm, noise_multiplier, *extra):
             """One compiled step: the clipped sum, noised and applied.
 
             Args:
@@ -198,12 +198,12 @@ def make_dp_step(model, optimizer, expected_batch_size, generator, with_canaries
               y: their labels.
               max_grad_norm: C.
               noise_multiplier: σ.
-              *given: `given`'s tensors.
+              *extra: `given`'s tensors.
 
             Returns:
               How many examples (persons) had a gradient norm ≤ C.
             """
-            clipped_sum, unclipped = clipped(x, y, max_grad_norm, *given)
+            clipped_sum, unclipped = clipped(x, y, max_grad_norm, *extra)
             noisy_update(clipped_sum, max_grad_norm, noise_multiplier)
             return unclipped
 

@@ -40,7 +40,7 @@ from mnist_dp.hyperparameters import Hyperparameters
 from mnist_dp.learning import model_io, skeleton
 from mnist_dp.learning.interface import Framework, Network
 from mnist_dp.privacy import data_ledger, model_file, preflight, provenance
-from mnist_dp.privacy.ledger import Ledger, persons_of
+from mnist_dp.privacy.ledger import Ledger, persons_of, plan_units
 from mnist_dp.utils import atomic, json_input
 from mnist_dp.utils.errors import UserError
 
@@ -135,8 +135,9 @@ class DpTraining:
             skeleton.log.info("FedAvg's last train task: its update is never averaged, so nothing "
                               "is trained and no privacy is spent")
             return n
-        persons = persons_of(data) if self.hp.dp else None  # σ is calibrated over the units
-        hp = self._hyperparameters_for_rounds(n if persons is None else int(persons.max()) + 1)
+        # σ is calibrated over what the plan counts
+        hp = self._hyperparameters_for_rounds(plan_units(persons_of(data) if self.hp.dp else None,
+                                                         n)[0])
         with data_ledger.held(skeleton.sample_folders(data)) as spent:
             plan, ran = skeleton.train_in_memory(
                 self.framework, self.model, self.ledger, data, hp,

@@ -17,6 +17,13 @@ def chunk_sizes(expected_batch_size, largest=1):
     return large, large + large // 8
 
 
+def padded(part, size):
+    """`part` padded with zeros to `size`, and its mask: 1 for its entries, 0 for the padding."""
+    mask = np.zeros(size, np.float32)
+    mask[: len(part)] = 1
+    return np.concatenate([part, np.zeros(size - len(part), part.dtype)]), mask
+
+
 def padded_chunks(indices, sizes):
     """Yield (indices padded to a chunk size, mask) covering `indices` (at least one chunk, maybe
     empty). `sizes` = (large, larger): chunks of `larger` while more than `large` is left, then one
@@ -27,10 +34,7 @@ def padded_chunks(indices, sizes):
     start = 0
     while True:
         size = large if len(indices) - start <= large else larger
-        part = indices[start : start + size]
-        mask = np.zeros(size, np.float32)
-        mask[: len(part)] = 1
-        yield np.concatenate([part, np.zeros(size - len(part), part.dtype)]), mask
+        yield padded(indices[start : start + size], size)
         start += size
         if start >= len(indices):
             return
@@ -61,14 +65,12 @@ def person_chunks(indices, persons, sizes):
         end = int(bounds[np.searchsorted(bounds, begin + larger, side="right") - 1])
         if end == begin < len(persons):
             raise ValueError(f"a person has more examples than a chunk of {larger}")
-        part = indices[begin:end]
         groups = np.unique(persons[begin:end], return_inverse=True)[1].astype(np.int64)
-        size = large if len(part) <= large else larger
-        mask, person_mask = np.zeros(size, np.float32), np.zeros(size, np.float32)
-        mask[:len(part)] = 1
-        person_mask[:groups.max() + 1 if len(groups) else 0] = 1
-        yield (np.concatenate([part, np.zeros(size - len(part), part.dtype)]), mask,
-               np.concatenate([groups, np.zeros(size - len(part), np.int64)]), person_mask)
+        size = large if end - begin <= large else larger
+        persons_in_chunk = groups.max() + 1 if len(groups) else 0
+        # the person mask is the mask of the P persons' padding
+        yield (*padded(indices[begin:end], size), padded(groups, size)[0],
+               padded(np.arange(persons_in_chunk), size)[1])
         begin = end
         if begin >= len(persons):
             return

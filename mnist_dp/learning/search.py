@@ -24,8 +24,7 @@ from mnist_dp.learning import features as feature_maps
 from mnist_dp.learning import model_io, skeleton, training
 from mnist_dp.learning.interface import Framework, Network, Ran
 from mnist_dp.privacy import data_ledger, model_file, provenance, statement
-from mnist_dp.privacy.events import PER_PERSON
-from mnist_dp.privacy.ledger import Ledger
+from mnist_dp.privacy.ledger import Ledger, plan_units
 from mnist_dp.privacy.randomness import RunRandomness
 from mnist_dp.privacy.search import SearchPlan, draw_count, plan_search, validation_split
 from mnist_dp.privacy.task_plan import TaskPlan
@@ -212,11 +211,10 @@ def tune(framework: Framework, inputs: dict, outputs: dict, hyperparameters_path
         earlier = data_ledger.union(earlier, data_ledger.read_output(inputs["ledger"]))
     persons = skeleton.per_person(framework, data, base, {"this data's own ledger": earlier})
     held_out = validation_split(data, search.validation_permille)
-    if persons is None:
-        plan = plan_search(framework.name, base, search, len(held_out), int(held_out.sum()), where)
-    else:  # n and the validation split in persons, each on one side with all their images
-        plan = plan_search(framework.name, base, search, int(persons.max()) + 1,
-                           len(np.unique(persons[held_out])), where, PER_PERSON)
+    n, unit = plan_units(persons, len(held_out))
+    # per person, each on one side with all their images
+    validation_n = int(held_out.sum()) if persons is None else len(np.unique(persons[held_out]))
+    plan = plan_search(framework.name, base, search, n, validation_n, where, unit)
     randomness = RunRandomness.for_run(base.noise_seed, 0,
                                        tuple(s["identity"] for s in data["samples"]))
     # the candidates' too (the space searches no such key)

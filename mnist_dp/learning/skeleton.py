@@ -19,8 +19,7 @@ from mnist_dp.hyperparameters import Hyperparameters
 from mnist_dp.learning import model_io, predictions, training
 from mnist_dp.learning.interface import Framework, Network
 from mnist_dp.privacy import data_ledger, model_file, provenance, statement, task_plan
-from mnist_dp.privacy.events import PER_EXAMPLE, PER_PERSON
-from mnist_dp.privacy.ledger import Ledger, merge, own_runs, persons_of
+from mnist_dp.privacy.ledger import Ledger, merge, own_runs, persons_of, plan_units
 from mnist_dp.privacy.randomness import RunRandomness
 from mnist_dp.utils import timing
 from mnist_dp.utils.errors import UserError
@@ -111,7 +110,7 @@ def per_person(framework: Framework, data: dict, hp: Hyperparameters, earlier: d
     if persons is not None and not framework.per_person:
         raise UserError(f"subjects.npy: {framework.name} does not clip per person; train this "
                         "data with an algo that does, or without subjects.npy per image")
-    unit, keys = PER_EXAMPLE if persons is None else PER_PERSON, {s["key"] for s in data["samples"]}
+    unit, keys = plan_units(persons, len(data["labels"]))[1], {s["key"] for s in data["samples"]}
     for whose, known in earlier.items():
         other = sorted({e.clipping for e in known.events if e.is_private and e.clipping != unit
                         and known.touches_keys(e, keys)}) if known is not None and hp.dp else []
@@ -171,11 +170,10 @@ def train_in_memory(framework: Framework, model, ledger: Ledger, data: dict, hp:
     histories = ledger.histories(identities)
     # the budget counts every run of the data: the input model's and the data's own ledger's
     everything = ledger if spent is None else data_ledger.union(ledger, spent.ledger)
+    n, unit = plan_units(persons, len(data["labels"]))
     plan = task_plan.for_task(
-        framework.name, hp, len(data["labels"]) if persons is None else int(persons.max()) + 1,
-        histories, where, identities,
-        histories if everything is ledger else everything.histories(identities),
-        PER_EXAMPLE if persons is None else PER_PERSON)
+        framework.name, hp, n, histories, where, identities,
+        histories if everything is ledger else everything.histories(identities), unit)
     # else the input model, as received, is passed on
     if plan.sampling.steps == 0 and (lacking or not continuing):
         raise UserError(f"max_epsilon = {hp.max_epsilon}: this data has spent its budget (its own "

@@ -18,7 +18,8 @@ import numpy as np
 from mnist_dp.hyperparameters import Hyperparameters
 from mnist_dp.learning.interface import EpochCallback, Framework, Network, Ran
 from mnist_dp.privacy import task_plan
-from mnist_dp.privacy.events import NO_CLIPPING, PER_EXAMPLE, PER_PERSON, NoiseSchedule
+from mnist_dp.privacy.events import NO_CLIPPING, PER_PERSON, NoiseSchedule
+from mnist_dp.privacy.ledger import plan_units
 from mnist_dp.privacy.randomness import REPLAYABLE_WARNING, RunRandomness, standard_normal
 from mnist_dp.privacy.task_plan import TaskPlan
 from mnist_dp.utils import progress as progress_bars
@@ -330,9 +331,8 @@ def fit_from_scratch(framework: Framework, images: np.ndarray, labels: np.ndarra
     Returns:
       The Trained model, with its network, its plan, what it ran and the training's seconds.
     """
-    plan = task_plan.fresh(framework.name, hp, len(labels) if persons is None else
-                           int(persons.max()) + 1, where, identities,
-                           PER_EXAMPLE if persons is None else PER_PERSON)
+    n, unit = plan_units(persons, len(labels))
+    plan = task_plan.fresh(framework.name, hp, n, where, identities, unit)
     network = Network.of(hp)
     model = framework.new_model(hp.seed, network)
     start = time.perf_counter()

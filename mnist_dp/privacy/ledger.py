@@ -100,6 +100,12 @@ def persons_of(data: dict) -> np.ndarray | None:
     return index
 
 
+def plan_units(persons: np.ndarray | None, n: int) -> tuple[int, str]:
+    """What a run's plan counts and clips, for `n` images whose persons are `persons`
+    (persons_of's, or None): (n, events.PER_EXAMPLE), or (the P persons, PER_PERSON)."""
+    return (n, PER_EXAMPLE) if persons is None else (int(persons.max()) + 1, PER_PERSON)
+
+
 @dataclasses.dataclass(frozen=True)
 class Account:
     """Examples trained on by exactly the same runs: their ε composes `events`."""

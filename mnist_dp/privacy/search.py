@@ -186,9 +186,7 @@ def plan_search(framework: str, base: Hyperparameters, search: SearchSpace, n: i
                         "sides: change validation_fraction")
     distinct = {}
     for hp in profiles:
-        plan = task_plan.checked_run(framework, hp, n - validation_n, where,
-                                     "persons" if privacy_unit == PER_PERSON else
-                                     "training examples")[0]
+        plan = task_plan.check_run(framework, hp, n - validation_n, where, privacy_unit)
         distinct.setdefault(profile(hp, plan), (hp, plan))
     target, delta = base.target_epsilon, base.delta
     try:

@@ -41,6 +41,10 @@ NO_SECURE_MODE = {"tf": "TF Privacy offers no secure noise generator; use the to
                         "secure_mode) or set secure_mode to false"}
 
 
+# What an error calls a plan's n.
+UNIT_NAMES = {PER_EXAMPLE: "training examples", PER_PERSON: "persons"}
+
+
 @dataclass(frozen=True)
 class SamplingPlan:
     """What one training run will do: `steps` Poisson-sampled batches with probability
@@ -79,19 +83,20 @@ class SamplingPlan:
 
     @classmethod
     def from_hyperparameters(cls, n: int, hp: Hyperparameters, where: str,
-                             units: str = "training examples") -> SamplingPlan:
+                             privacy_unit: str = PER_EXAMPLE) -> SamplingPlan:
         """The sampling plan of every epoch of a run, ceil(n / batch_size) steps each.
 
         Args:
           n: the number of training examples (persons).
           hp: the hyperparameters (batch_size, epochs).
           where: what names the hyperparameters in an error.
-          units: what an error calls the n ("training examples", "persons").
+          privacy_unit: what n counts, events.PER_EXAMPLE or PER_PERSON (an error names it).
 
         Returns:
           The SamplingPlan, not cut by a budget. Raises UserError when batch_size > n or the plan is
           more than MAX_STEPS steps.
         """
+        units = UNIT_NAMES[privacy_unit]
         if hp.batch_size > n:
             raise UserError(f"{where}: batch_size = {hp.batch_size} is larger than the {n} "
                             f"{units}")
@@ -220,8 +225,7 @@ def for_task(framework: str, hp: Hyperparameters, n: int, histories: Sequence, w
       input model on). Raises UserError for anything the accountant could not bound (check_run), a
       target_epsilon no σ meets, or a max_epsilon below a single step's ε.
     """
-    sampling, unit = checked_run(framework, hp, n, where,
-                                 "persons" if privacy_unit == PER_PERSON else "training examples")
+    sampling, unit = checked_run(framework, hp, n, where, privacy_unit)
     sigma = max(resolve_noise_multiplier(hp, sampling, prior, where=where) for prior in histories)
     schedule = unit.with_sigma(sigma) if hp.dp else unit
     budget = histories if budget_histories is None else budget_histories
@@ -294,24 +298,26 @@ def count_stddev(clip_count_stddev: float | None, expected_batch_size: float) ->
     return clip_count_stddev if clip_count_stddev is not None else expected_batch_size / 20
 
 
-def check_run(framework: str, hp: Hyperparameters, n: int, where: str) -> SamplingPlan:
+def check_run(framework: str, hp: Hyperparameters, n: int, where: str,
+              privacy_unit: str = PER_EXAMPLE) -> SamplingPlan:
     """The sampling plan of a run, after every check of `checked_run`: what the scripts check before
     they register anything (preflight.check_plan) and the search for each of its profiles.
 
     Args:
       framework: the algo's name.
       hp: the hyperparameters.
-      n: the number of training examples.
+      n: the number of training examples (persons).
       where: what names the hyperparameters in an error.
+      privacy_unit: checked_run's.
 
     Returns:
       The run's SamplingPlan. Raises UserError as checked_run does.
     """
-    return checked_run(framework, hp, n, where)[0]
+    return checked_run(framework, hp, n, where, privacy_unit)[0]
 
 
 def checked_run(framework: str, hp: Hyperparameters, n: int, where: str,
-                units: str = "training examples") -> tuple:
+                privacy_unit: str = PER_EXAMPLE) -> tuple:
     """What a run on `n` examples (persons) would refuse before σ is resolved.
 
     Args:
@@ -319,7 +325,7 @@ def checked_run(framework: str, hp: Hyperparameters, n: int, where: str,
       hp: the hyperparameters.
       n: the number of training examples (persons).
       where: what names the hyperparameters in an error ("hyperparameters.json", an organisation).
-      units: what an error calls the n (SamplingPlan.from_hyperparameters').
+      privacy_unit: what n counts (SamplingPlan.from_hyperparameters').
 
     Returns:
       (the run's SamplingPlan, its noise schedule at σ = 1). Raises UserError for δ ≥ 1/n,
@@ -329,7 +335,7 @@ def checked_run(framework: str, hp: Hyperparameters, n: int, where: str,
     check_delta(hp.delta, n, where=f"{where}: delta")
     if hp.dp and hp.secure_mode and framework in NO_SECURE_MODE:
         raise UserError(f"{where}: secure_mode: {NO_SECURE_MODE[framework]}")
-    plan = SamplingPlan.from_hyperparameters(n, hp, where, units)
+    plan = SamplingPlan.from_hyperparameters(n, hp, where, privacy_unit)
     unit = noise_schedule(hp, plan, 1.0)
     check_noise(hp, plan, unit, where)
     return plan, unit
