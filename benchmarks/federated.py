@@ -52,6 +52,7 @@ from mnist_dp.data import samples
 from mnist_dp.learning import features, interface, model_io, skeleton
 from mnist_dp.orchestration import compute_plan
 from mnist_dp.privacy import model_file, preflight
+from mnist_dp.privacy.ledger import persons_of, plan_units
 from mnist_dp.utils import atomic, options
 from mnist_dp.utils.errors import UserError, run_cli
 
@@ -87,7 +88,7 @@ def simulate(framework, strategy, organizations, epochs, rounds, epsilon, seed, 
     if not getattr(features.scattering, "remembers", False):
         features.scattering = utility.remember_features(features.scattering)
     algo = load_asset_module(ALGO_ASSETS[framework] / "algo.py", f"algo_{framework}").FRAMEWORK
-    (train_x, train_y), (test_x, test_y) = utility.load_dataset("mnist4k", validation)
+    (train_x, train_y), test = utility.load_dataset("mnist4k", validation)
     # a shuffled split: disjoint, equal shares
     shares = np.array_split(np.arange(len(train_y)), organizations)
     holdings = [samples.in_memory(train_x[i], train_y[i], f"org{k}") for k,
@@ -99,7 +100,30 @@ def simulate(framework, strategy, organizations, epochs, rounds, epsilon, seed, 
         "seed": seed, "noise_seed": seed, "dp": True, "secure_mode": False},
         "the benchmark's settings"))
     start = time.perf_counter()
-    hp = preflight.noise_for_rounds(hp, [len(i) for i in shares], rounds)  # as run_local.py does
+    accuracies, epsilons, sigma = train_rounds(algo, holdings, hp, strategy, rounds, test)
+    return {"accuracies": accuracies, "epsilons": epsilons, "sigma": sigma,
+            "seconds": round(time.perf_counter() - start, 1)}
+
+
+def train_rounds(algo, holdings: list, hp, strategy: str, rounds: int, test) -> tuple:
+    """Federated training through the real task bodies, skeleton.train and skeleton.aggregate,
+    writing and reading real model files.
+
+    Args:
+      algo: the algo's Framework.
+      holdings: each organisation's datasamples dict (samples.in_memory's).
+      hp: the hyperparameters of every train task; with target_epsilon, σ is calibrated for
+        `rounds` as run_local.py does (preflight.noise_for_rounds).
+      strategy: "fedavg" (every organisation trains from the global model, which is their average)
+        or "cyclic" (the model passes through the organisations in turn).
+      rounds: how many rounds.
+      test: (images, labels) the model is scored on after each round.
+
+    Returns:
+      (test accuracy after each round, each organisation's ε at hp.delta, σ of the last task).
+    """
+    hp = preflight.noise_for_rounds(
+        hp, [plan_units(persons_of(h), len(h["labels"]))[0] for h in holdings], rounds)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         atomic.write_json(tmp / "hyperparameters.json", hp.to_json())
@@ -125,16 +149,14 @@ def simulate(framework, strategy, organizations, epochs, rounds, epsilon, seed, 
             else:  # cyclic, or one organisation
                 for share in holdings:
                     model = train(share, model)
-            saved = model_file.load(model, framework)
+            saved = model_file.load(model, algo.name)
             network = interface.Network.of_saved(saved)
             predicted = model_io.predicted_labels(algo, algo.load_model(saved.weights, network),
-                                                  test_x, network)
-            accuracies.append(float(np.mean(predicted == test_y)))
-        epsilons = [saved.ledger.epsilon(DELTA, data=[h["samples"][0]["identity"]])
+                                                  test[0], network)
+            accuracies.append(float(np.mean(predicted == test[1])))
+        epsilons = [saved.ledger.epsilon(hp.delta, data=[h["samples"][0]["identity"]])
                     for h in holdings]
-    sigma = saved.ledger.events[-1].noise_multiplier
-    return {"accuracies": accuracies, "epsilons": epsilons, "sigma": sigma,
-            "seconds": round(time.perf_counter() - start, 1)}
+    return accuracies, epsilons, saved.ledger.events[-1].noise_multiplier
 
 
 def planned_runs(args):

@@ -105,7 +105,8 @@ def key_id(folder: Path) -> str:
 IN_MEMORY_KEY = "00" * 32
 
 
-def in_memory(images: np.ndarray, labels: np.ndarray, identity: str) -> dict:
+def in_memory(images: np.ndarray, labels: np.ndarray, identity: str,
+              subjects: np.ndarray | None = None) -> dict:
     """What the opener returns for one data sample of these examples, its examples named under
     IN_MEMORY_KEY.
 
@@ -113,6 +114,7 @@ def in_memory(images: np.ndarray, labels: np.ndarray, identity: str) -> dict:
       images: the images, made float32 (in [0, 1]).
       labels: their labels, made int.
       identity: the sample's identity, which names it.
+      subjects: each image's person, integers as in a SUBJECTS_FILE; None: each image its own.
 
     Returns:
       The opener's datasamples dict of that one sample (its `combine`).
@@ -120,8 +122,10 @@ def in_memory(images: np.ndarray, labels: np.ndarray, identity: str) -> dict:
     key, reader = bytes.fromhex(IN_MEMORY_KEY), opener()
     images, labels = images.astype(np.float32), labels.astype(np.int64)
     digests = reader.example_digests(images, labels)
+    persons = None if subjects is None else reader.subject_ids(
+        key, [str(int(s)) for s in subjects.tolist()])
     sample = reader.Sample(f"<{identity}>", images, labels, identity, reader.key_id(key),
-                           reader.example_ids(key, digests), digests)
+                           reader.example_ids(key, digests), digests, None, persons)
     return reader.combine([sample], reader.copies([sample]))
 
 

@@ -20,22 +20,26 @@ def test_the_group_privacy_row_gives_a_group_of_k_the_persons_epsilon_and_delta(
         2.7))))
 
 
-def record(framework, split, row, accuracy):
-    return {"split": split, "framework": framework, "row": row, "seed": 0,
-            "test_accuracy": accuracy, "epsilon": 3.0, "delta": 1e-5, "sigma": 1.0,
+def record(framework, split, row, accuracy, organizations=1):
+    return {"organizations": organizations, "split": split, "framework": framework, "row": row,
+            "seed": 0, "test_accuracy": accuracy, "epsilon": 3.0, "delta": 1e-5, "sigma": 1.0,
             "batch_size": 50, "steps": 10, "seconds": 1.0}
 
 
-def test_the_report_shows_every_row_and_judges_the_goal_per_split_and_framework():
+def test_the_report_shows_every_row_and_judges_the_goal_per_organisations_split_and_framework():
     text = per_person.report([record("torch", None, "per-image", 0.9),
                               record("torch", "10", "per-person", 0.85),
                               record("torch", "10", "group-privacy", 0.79),
                               record("tf", "10", "per-person", 0.85),
-                              record("tf", "10", "group-privacy", 0.81)])
-    assert "| any | torch | per-image | 90.0 |" in text
-    assert "| persons of 10 images | torch | per-person | 85.0 |" in text
-    assert "- persons of 10 images, torch: +6.0 points, met." in text
-    assert "- persons of 10 images, tf: +4.0 points, MISSED." in text
+                              record("tf", "10", "group-privacy", 0.81),
+                              record("torch", "10", "per-person", 0.84, 2),
+                              record("torch", "10", "group-privacy", 0.80, 2)])
+    assert "| 1 | any | torch | per-image | 90.0 |" in text
+    assert "| 1 | persons of 10 images | torch | per-person | 85.0 |" in text
+    assert "| 2 | persons of 10 images | torch | per-person | 84.0 |" in text
+    assert "- 1 organisation, persons of 10 images, torch: +6.0 points, met." in text
+    assert "- 1 organisation, persons of 10 images, tf: +4.0 points, MISSED." in text
+    assert "- 2 organisations, persons of 10 images, torch: +4.0 points, MISSED." in text
 
 
 @pytest.mark.parametrize("row", ["per-person", "group-privacy"])
@@ -52,4 +56,34 @@ def test_one_tiny_point_of_each_row_trains_at_its_epsilon(row):
     assert got["delta"] == pytest.approx(want[row][1])
     assert got["epsilon"] <= want[row][0] * (1 + 1e-9) and got["epsilon"] > 0.9 * want[row][0]
     assert got["batch_size"] == 10  # in persons, or images
+    assert 0 <= got["test_accuracy"] <= 1
+
+
+def test_each_organisation_holds_whole_persons_named_only_when_the_row_is_per_person():
+    persons = per_person.persons_of("1-50", 300)
+    # each image's label is its index: what an organisation holds
+    images, labels = np.random.default_rng(0).random((300, 28, 28)), np.arange(300)
+    named, unnamed = (per_person.holdings((images, labels), persons, 2, flag) for flag in (True,
+                                                                                        False))
+    held = [np.unique(persons[h["labels"]]) for h in named]
+    assert not set(held[0]) & set(held[1])  # a person at one organisation only
+    assert len(held[0]) + len(held[1]) == persons.max() + 1
+    assert abs(len(held[0]) - len(held[1])) <= 1
+    assert sum(len(h["labels"]) for h in named) == 300
+    assert all("persons" in h["samples"][0] for h in named)
+    assert not any("persons" in h["samples"][0] for h in unnamed)
+
+
+@pytest.mark.parametrize("row", ["per-person", "group-privacy"])
+def test_one_tiny_federated_point_keeps_every_organisation_within_the_rows_epsilon(row):
+    images, labels = sources.load_embedded()
+    train, test = sources.split_train_test(images, labels, 300, 100, 0)
+    scale = lambda split: (split[0].astype(np.float32) / 255, split[1].astype(np.int64))  # noqa: E731
+    framework = load_asset_module(ALGO_ASSETS["torch"] / "algo.py", "algo_torch_per_person_fed")
+    got = per_person.point(framework.FRAMEWORK, "10", row, 0, scale(train), scale(test),
+                           {"batch_size": 5, "ema_decay": 0}, organizations=2, schedule=(1, 2))
+    want = {"per-person": (3.0, 1e-5), "group-privacy": per_person.group_privacy(10, 3.0, 1e-5)}
+    assert got["delta"] == pytest.approx(want[row][1])
+    # calibrated for two rounds: the worst organisation ends at, not beyond, the row's ε
+    assert 0.9 * want[row][0] < got["epsilon"] <= want[row][0] * (1 + 1e-9)
     assert 0 <= got["test_accuracy"] <= 1
