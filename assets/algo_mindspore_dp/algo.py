@@ -45,7 +45,7 @@ from mnist_dp.privacy import randomness
 from mnist_dp.privacy.task_plan import TaskPlan
 
 HYPERPARAMETERS = Path(__file__).with_name("hyperparameters.json")
-# images in a chunk at most, per person: its graph forms each one's gradient of every weight
+# images in a chunk per person, about: its graph forms each row's gradient of every weight
 PERSON_CHUNK = 512
 ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
 
@@ -168,10 +168,9 @@ def make_dp_step(net, optimizer, expected_batch_size, rng, secure_mode=False, wi
                                for p in optimizer.parameters))
     if persons is None:
         sizes = chunks.chunk_sizes(expected_batch_size)
-    else:  # E[B] persons of len(persons) / n images each, in chunks of PERSON_CHUNK at most
-        counts = np.bincount(persons)
-        sizes = chunks.chunk_sizes(min(expected_batch_size * len(persons) / len(counts),
-                                       PERSON_CHUNK), counts.max())
+    else:  # E[B] persons, a row each as long as the largest, PERSON_CHUNK images a chunk about
+        slots = int(np.bincount(persons).max())
+        sizes = chunks.chunk_sizes(min(expected_batch_size, max(1, PERSON_CHUNK // slots)))
 
     def step(images, labels, batch, max_grad_norm, noise_multiplier, rows=None):
         """Clip each gradient to C, sum the chunks, add N(0, σ²C²), divide by E[B], update.
@@ -190,9 +189,9 @@ def make_dp_step(net, optimizer, expected_batch_size, rng, secure_mode=False, wi
                      for index, mask in chunks.padded_chunks(batch, sizes)]
         else:
             parts = [clipped_sum.inputs(as_input(images[index]), ms.Tensor(labels[index]),
-                                        ms.Tensor(mask), max_grad_norm, None, in_chunk)
-                     for index, mask, *in_chunk in chunks.person_chunks(batch, persons[batch],
-                                                                        sizes)]
+                                        ms.Tensor(mask), max_grad_norm, None, person_mask)
+                     for index, mask, person_mask in chunks.person_grids(batch, persons[batch],
+                                                                         sizes, slots)]
         noise = ms.from_numpy(unit_noise(rng, size, secure_mode))
         # σ = 0: the mechanism tests
         noise_std = ms.Tensor(noise_multiplier * max_grad_norm, ms.float32)

@@ -1,6 +1,6 @@
 """The GRAPH-mode bodies every MindSpore network's clipped sum shares (networks.py): the output
 gradients of the probed layers and the clip weights, per example, and the clipped sum per person
-from the network's per-example gradients.
+from the factors of the network's per-example gradients.
 """
 import mindspore as ms
 import numpy as np
@@ -69,8 +69,10 @@ class ClippedSumGraph(nn.Cell):
         squares = ops.square(grads).sum(1)
         return squares * ops.square(inputs).sum(1), squares
 
-    def example_gradients(self, x, y, probes):
-        """Each example's gradient of every parameter, for clipping per person.
+    def gradient_factors(self, x, y, probes):
+        """The factors of each example's gradient of every parameter, for clipping per person:
+        the gradient is Σ over positions of g aᵀ, g the output gradient and a the input at a
+        position (a dense layer: one position; a bias: inputs of ones).
 
         Args:
           x: the chunk's examples, as the network takes them.
@@ -78,12 +80,13 @@ class ClippedSumGraph(nn.Cell):
           probes: the zero probes, as the graph takes them.
 
         Returns:
-          In GRADIENT_ORDER, [B, ...] each, in the layout `to_weights` reads.
+          In GRADIENT_ORDER, (g [B, positions, out], a [B, positions, in]) each, [out, in] the
+          layout `to_weights` reads.
         """
         raise NotImplementedError
 
     def to_weights(self, sums):
-        """Flat sums of example_gradients' layouts -> the parameters' shapes, in GRADIENT_ORDER."""
+        """Flat sums of gradient_factors' layouts -> the parameters' shapes, in GRADIENT_ORDER."""
         return self.reshaped(sums)
 
     def reshaped(self, sums):
@@ -94,43 +97,47 @@ class ClippedSumGraph(nn.Cell):
         return shaped
 
     @staticmethod
-    def outer(grads, inputs):
-        """A dense layer's per-example weight gradients g_i a_iᵀ: [B, out], [B, in] -> [B, out,
-        in]."""
-        return grads.reshape(grads.shape[0], -1, 1) * inputs.reshape(inputs.shape[0], 1, -1)
+    def dense(grads, inputs):
+        """A dense layer's weight and bias gradient factors (gradient_factors'): [B, out], [B, in]
+        -> ((g [B, 1, out], a [B, 1, in]), (g, ones [B, 1, 1]))."""
+        g = grads.reshape(grads.shape[0], 1, -1)
+        return (g, inputs.reshape(inputs.shape[0], 1, -1)), (g, ops.ones_like(g[:, :, :1]))
 
 
 class PersonClippedSum(nn.Cell):
     """Σ_p min(1, C / ‖G_p‖) G_p over one chunk's persons, G_p the sum of person p's examples'
-    gradients (the network graph's example_gradients, summed per person), and how many persons had
-    ‖G_p‖ ≤ C. A chunk holds whole persons (chunks.person_chunks). Returns what a network's graph
-    returns, each person's squared norms per parameter [B, parameters] in place of the examples'
-    (rows beyond the chunk's persons are zeros)."""
+    gradients, and how many persons had ‖G_p‖ ≤ C. The chunk is a grid (chunks.person_grids): a
+    row of examples per person, so G_p is one batched product of the row's gradient factors (the
+    network graph's gradient_factors). Returns what a network's graph returns, each person's
+    squared norms per parameter [R, parameters] in place of the examples' (rows beyond the chunk's
+    persons are zeros)."""
 
     def __init__(self, graph):
         super().__init__(auto_prefix=False)
         self.graph = graph
 
-    def construct(self, x, y, mask, max_grad_norm, groups, person_mask, *probes):
+    def construct(self, x, y, mask, max_grad_norm, person_mask, *probes):
         """The clipped sum over one chunk.
 
         Args:
-          x: the chunk's examples, as the network takes them.
+          x: the chunk's examples, as the network takes them, R rows of k, a person's a row.
           y: their labels.
-          mask: [B], 1 for an example, 0 for padding.
+          mask: [R·k], 1 for an example, 0 for padding.
           max_grad_norm: C.
-          groups: [B] each example's person, an index into the chunk's persons (0 for padding).
-          person_mask: [B], 1 for each of the chunk's persons (the first P), 0 beyond.
+          person_mask: [R], 1 for a row holding a person, 0 for padding.
           *probes: the zero probes, as the network's graph takes them.
 
         Returns:
           The clipped sums in GRADIENT_ORDER, how many persons had ‖G_p‖ ≤ C, and each person's
-          squared gradient norm per parameter [B, parameters].
+          squared gradient norm per parameter [R, parameters].
         """
-        batch, column = x.shape[0], mask.reshape(-1, 1)
+        rows, column = person_mask.shape[0], mask.reshape(-1, 1, 1)
         sums = ()
-        for example in self.graph.example_gradients(x, y, probes):
-            sums += (ops.unsorted_segment_sum(example.reshape(batch, -1) * column, groups, batch),)
+        for grads, inputs in self.graph.gradient_factors(x, y, probes):
+            # -> [R, out, in]: over the row's examples and their positions
+            person = self.graph.batch_matmul_ta((grads * column).reshape(rows, -1, grads.shape[2]),
+                                                inputs.reshape(rows, -1, inputs.shape[2]))
+            sums += (person.reshape(rows, -1),)
         squares = ()
         for s in sums:
             squares += (ops.square(s).sum(1),)
@@ -195,8 +202,8 @@ class ClippedGradientSum:
           mask: 1 for an example, 0 for padding.
           max_grad_norm: C.
           rows: their data rows exactly if the network takes them, else None (ValueError otherwise).
-          persons: (each example's person in the chunk [B], 1 for each of its persons [B]), numpy,
-            exactly when per person (PersonClippedSum's groups and person_mask).
+          persons: 1 for each row of the chunk's grid holding a person [R] (chunks.person_grids),
+            numpy, exactly when per person (PersonClippedSum's person_mask).
         Returns:
           (the examples, their labels and mask, C, their persons or data rows if any, the zero
           probes)."""
@@ -211,5 +218,5 @@ class ClippedGradientSum:
                                       for shape in self.probe_shapes)
         given = () if rows is None else (ms.Tensor(rows),)
         if persons is not None:
-            given = (ms.Tensor(persons[0].astype(np.int32)), ms.Tensor(persons[1]))
+            given = (ms.Tensor(persons),)
         return (x, y, mask, ms.Tensor(max_grad_norm, ms.float32), *given, *self.probes[size])

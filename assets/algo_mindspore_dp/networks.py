@@ -150,12 +150,15 @@ class _TutorialClippedSum(ClippedSumGraph):
                 ops.matmul(row, g3).reshape(-1), self.matmul_ta(g4 * column, hidden),
                 ops.matmul(row, g4).reshape(-1), unclipped, squared_norms)
 
-    def example_gradients(self, x, y, probes):
-        """See ClippedSumGraph.example_gradients: the kernels as [B, out, C·kh·kw]."""
+    def gradient_factors(self, x, y, probes):
+        """See ClippedSumGraph.gradient_factors: a convolution's inputs its patches [B, positions,
+        C·kh·kw]."""
         (g1, g2, g3, g4), (patches1, patches2, hidden_in, hidden) = self.output_grads(
             x, probes[0], probes[1], probes[2], probes[3], y)
-        return (self.batch_matmul_tb(g1, patches1), g1.sum(2), self.batch_matmul_tb(g2, patches2),
-                g2.sum(2), self.outer(g3, hidden_in), g3, self.outer(g4, hidden), g4)
+        g1, g2 = ops.transpose(g1, (0, 2, 1)), ops.transpose(g2, (0, 2, 1))  # -> [B, P, out]
+        return ((g1, ops.transpose(patches1, (0, 2, 1))), (g1, ops.ones_like(g1[:, :, :1])),
+                (g2, ops.transpose(patches2, (0, 2, 1))), (g2, ops.ones_like(g2[:, :, :1]))) \
+            + self.dense(g3, hidden_in) + self.dense(g4, hidden)
 
 
 # --- Tramèr & Boneh's ScatterNet CNN, on scattering features
@@ -302,17 +305,16 @@ class _ScatterNetClippedSum(ClippedSumGraph):
                 ops.matmul(row, g4).reshape(-1), self.matmul_ta(g4 * column, x), unclipped,
                 squared_norms)
 
-    def example_gradients(self, x, y, probes):
-        """See ClippedSumGraph.example_gradients: the kernels as patch_product's [B, O, K]."""
+    def gradient_factors(self, x, y, probes):
+        """See ClippedSumGraph.gradient_factors: a convolution's inputs its patches [B, 16, K]."""
         (g1, g2, g3, g4), (patches1, a1, hidden_in, hidden, x) = self.output_grads(
             x, probes[0], probes[1], probes[2], probes[3], y)
         batch = x.shape[0]
         patches2 = self.net.product2.patches(a1.reshape(batch, 16, 16))  # -> [B, 16, 144]
-        return (self.batch_matmul_ta(g1, patches1.reshape(batch, 16, 9 * 81)),
-                ops.matmul(g1.reshape(batch, 256), self.position_sum1),
-                self.batch_matmul_ta(ops.transpose(g2, (0, 2, 1)), patches2),
-                ops.matmul(g2.reshape(batch, 512), self.position_sum2), self.outer(g3, hidden_in),
-                g3, self.outer(g4, hidden), g4, self.outer(g4, x))
+        g2 = ops.transpose(g2, (0, 2, 1))  # -> [B, 16, 32]: position, channel, as g1
+        return ((g1, patches1.reshape(batch, 16, 9 * 81)), (g1, ops.ones_like(g1[:, :, :1])),
+                (g2, patches2), (g2, ops.ones_like(g2[:, :, :1]))) \
+            + self.dense(g3, hidden_in) + self.dense(g4, hidden) + self.dense(g4, x)[:1]
 
     def to_weights(self, sums):
         """See ClippedSumGraph.to_weights: the kernels through layers.kernel_of."""
@@ -396,10 +398,9 @@ class _LinearClippedSum(ClippedSumGraph):
         return (self.matmul_ta(g * weight.reshape(-1, 1), x),
                 ops.matmul(weight.reshape(1, -1), g).reshape(-1), unclipped, squared_norms)
 
-    def example_gradients(self, x, y, probes):
-        """See ClippedSumGraph.example_gradients."""
-        g = self.output_grads(x, probes[0], y)
-        return self.outer(g, x.astype(ms.float32)), g
+    def gradient_factors(self, x, y, probes):
+        """See ClippedSumGraph.gradient_factors."""
+        return self.dense(self.output_grads(x, probes[0], y), x.astype(ms.float32))
 
 
 def build_network(network):

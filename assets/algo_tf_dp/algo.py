@@ -185,7 +185,8 @@ def make_dp_step(model, optimizer, expected_batch_size, generator, with_canaries
         """
         return [tf.zeros_like(v) for v in model.trainable_variables], tf.constant(0, tf.int32)
 
-    extra_spec = ((tf.TensorSpec([None], tf.int64),) * 3 if per_person
+    extra_spec = ((tf.TensorSpec([None], tf.int64), tf.TensorSpec([None, None], tf.int64))
+                  if per_person
                   else (tf.TensorSpec([None, None], tf.float32),))
 
     def step_of(clipped):
@@ -211,11 +212,11 @@ def make_dp_step(model, optimizer, expected_batch_size, generator, with_canaries
 
     def given(x, rows, persons):
         """What the clipping takes beside the batch, as tensors: the batch's persons (groups,
-        first, second), or its rows of known_layer's patch Grams ([B, 0] without it)."""
+        slots), or its rows of known_layer's patch Grams ([B, 0] without it)."""
         if per_person != (persons is not None):
             raise ValueError("a DP step takes its batch's persons exactly when it clips per person")
         if per_person:
-            return tuple(tf.constant(a) for a in (persons.groups, persons.first, persons.second))
+            return tf.constant(persons.groups), tf.constant(persons.slots)
         if (rows is None) != (known_layer is None):
             raise ValueError("a DP step takes its batch's patch Grams exactly when it was made "
                              "with their layer")

@@ -245,31 +245,38 @@ def person_squares(layer, inputs, grads, persons):
       layer: a Dense on [B, in] or a Conv2D (conv2d_layer_computation's).
       inputs: its input [B, ...].
       grads: the gradient of its pre-activation output [B, ...].
-      persons: (groups [B], first [pairs], second [pairs]), training.BatchPersons' as tensors.
+      persons: (groups [B], slots [P, k]), training.BatchPersons' as tensors.
 
     Returns:
       [P].
     """
-    groups, first, second = persons
-    count = tf.reduce_max(groups) + 1
+    slots = persons[1]
+    persons, k = tf.shape(slots)[0], tf.shape(slots)[1]
     if isinstance(layer, tf.keras.layers.Conv2D):  # the sum of the person's kernel gradients
-        (out_h, out_w), batch = grads.shape[1:3], tf.shape(grads)[0]
-        patches = tf.reshape(conv_patches(inputs, layer, (out_h, out_w)),
-                             [batch, out_h * out_w, -1])  # [B, P, K]
-        flat = tf.reshape(grads, [batch, out_h * out_w, grads.shape[-1]])  # [B, P, c_out]
-        kernels = tf.reshape(tf.einsum("bpk,bpc->bkc", patches, flat), [batch, -1])
-        if layer.use_bias:
-            kernels = tf.concat([kernels, tf.reduce_sum(flat, 1)], 1)
-        return tf.reduce_sum(tf.square(tf.math.unsorted_segment_sum(kernels, groups, count)), 1)
-    if len(inputs.shape) != 2:
+        patches = conv_patches(inputs, layer, grads.shape[1:3])  # [B, H', W', K]
+        # -> [P, k·H'W', K], [P, k·H'W', out]
+        x = tf.reshape(padded_rows(patches, slots), [persons, -1, patches.shape[-1]])
+        g = tf.reshape(padded_rows(grads, slots), [persons, -1, grads.shape[-1]])
+        squares = tf.reduce_sum(tf.square(tf.einsum("pqk,pqc->pkc", x, g)), [1, 2])
+    elif len(inputs.shape) != 2:
         raise NotImplementedError("per-person norms: a Dense layer on [B, in] inputs only")
-    # g xᵀ, never made: ‖Σ g_i x_iᵀ‖² = Σ_i ‖g_i‖²‖x_i‖² + 2 Σ_{i<j} (g_i·g_j)(x_i·x_j)
-    bias = 1.0 if layer.use_bias else 0.0
-    own = tf.reduce_sum(tf.square(grads), 1) * (tf.reduce_sum(tf.square(inputs), 1) + bias)
-    cross = tf.reduce_sum(tf.gather(grads, first) * tf.gather(grads, second), 1) * (
-        tf.reduce_sum(tf.gather(inputs, first) * tf.gather(inputs, second), 1) + bias)
-    return tf.math.unsorted_segment_sum(own, groups, count) + tf.math.unsorted_segment_sum(
-        2 * cross, tf.gather(groups, first), count)
+    else:
+        x, g = padded_rows(inputs, slots), padded_rows(grads, slots)  # [P, k, in], [P, k, out]
+        squares = tf.cond(
+            # ‖Σ_i g_i x_iᵀ‖² = Σ_{i,j} (g_i·g_j)(x_i·x_j): Grams when smaller than the gradient
+            k * (x.shape[-1] + g.shape[-1]) < x.shape[-1] * g.shape[-1],
+            lambda: tf.reduce_sum(tf.matmul(g, g, transpose_b=True)
+                                  * tf.matmul(x, x, transpose_b=True), [1, 2]),
+            lambda: tf.reduce_sum(tf.square(tf.matmul(g, x, transpose_a=True)), [1, 2]))
+    if not layer.use_bias:
+        return squares
+    return squares + tf.reduce_sum(tf.square(tf.reduce_sum(g, 1)), 1)  # the bias gradient's
+
+
+def padded_rows(tensor, slots):
+    """`tensor` [B, ...] laid out a person a row [P, k, ...]: training.BatchPersons.slots' rows,
+    their padding index B a row of zeros."""
+    return tf.gather(tf.concat([tensor, tf.zeros_like(tensor[:1])], 0), slots)
 
 
 def per_person(computation, persons):

@@ -110,9 +110,8 @@ def clip_and_sum(model: nn.Module, inputs, targets, max_grad_norm,
         if persons is None:
             squares = example_squares(calls, out_grads, inputs, known_grams)
         else:  # each person's: the squared norm of their examples' summed gradient
-            groups, first, second = map(torch.from_numpy, (persons.groups, persons.first,
-                                                           persons.second))
-            squares = sum(person_squares(layer, layer_in, grads, groups, first, second)
+            groups, slots = torch.from_numpy(persons.groups), torch.from_numpy(persons.slots)
+            squares = sum(person_squares(layer, layer_in, grads, slots)
                           for (layer, layer_in, _), grads in zip(calls, out_grads))
         norms = squares.sqrt()
         factors = (max_grad_norm / norms.clamp_min(1e-12)).clamp(max=1.0)

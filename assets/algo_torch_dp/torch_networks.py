@@ -146,8 +146,7 @@ def conv_weight_norms(layer: nn.Conv2d, inputs: torch.Tensor,
 
 
 def person_squares(layer: nn.Module, layer_in: torch.Tensor, out_grads: torch.Tensor,
-                   groups: torch.Tensor, first: torch.Tensor, second: torch.Tensor,
-                   chunk: int = 1024) -> torch.Tensor:
+                   slots: torch.Tensor) -> torch.Tensor:
     """Each person's squared norm of the sum of their examples' gradients of `layer`'s parameters
     (weights and bias).
 
@@ -155,30 +154,50 @@ def person_squares(layer: nn.Module, layer_in: torch.Tensor, out_grads: torch.Te
       layer: an nn.Linear on [B, in] or a plain nn.Conv2d (clip_and_sum's).
       layer_in: its input [B, ...].
       out_grads: the gradient of its output [B, ...].
-      groups: each example's person, an index 0..P-1 [B].
-      first: training.BatchPersons.first, the first examples of same-person pairs [pairs].
-      second: their second [pairs].
-      chunk: pairs at a time (memory).
+      slots: training.BatchPersons.slots, each person's examples [P, k] (padded with B).
 
     Returns:
       [P].
     """
-    persons = int(groups.max()) + 1
-    if isinstance(layer, nn.Conv2d):  # the sum of the person's kernel gradients, then its norm
-        kernels = conv_example_gradients(layer, layer_in, out_grads).flatten(1)
-        if layer.bias is not None:
-            kernels = torch.cat([kernels, out_grads.flatten(2).sum(2)], 1)
-        return kernels.new_zeros(persons, kernels.shape[1]).index_add_(0, groups,
-                                                                       kernels).square().sum(1)
-    # g xᵀ, never made: ‖Σ g_i x_iᵀ‖² = Σ_i ‖g_i‖²‖x_i‖² + 2 Σ_{i<j} (g_i·g_j)(x_i·x_j)
-    bias = 1.0 if layer.bias is not None else 0.0
-    squares = out_grads.square().sum(1) * (layer_in.square().sum(1) + bias)
-    squares = squares.new_zeros(persons).index_add_(0, groups, squares)
-    for start in range(0, len(first), chunk):
-        i, j = first[start:start + chunk], second[start:start + chunk]
-        cross = (out_grads[i] * out_grads[j]).sum(1) * ((layer_in[i] * layer_in[j]).sum(1) + bias)
-        squares.index_add_(0, groups[i], 2 * cross)
-    return squares
+    x, g = padded(layer_in)[slots], padded(out_grads)[slots]  # [P, k, ...]: a person's examples
+    if isinstance(layer, nn.Conv2d):
+        squares = person_kernel_gradients(layer, x, g).flatten(1).square().sum(1)
+        channels = g.sum((1, 3, 4))  # the bias gradient: [P, out]
+    elif slots.shape[1] * (x.shape[2] + g.shape[2]) < x.shape[2] * g.shape[2]:
+        # ‖Σ_i g_i x_iᵀ‖² = Σ_{i,j} (g_i·g_j)(x_i·x_j): Grams smaller than the gradient
+        squares = (g @ g.transpose(1, 2) * (x @ x.transpose(1, 2))).sum((1, 2))
+        channels = g.sum(1)
+    else:
+        squares = (g.transpose(1, 2) @ x).square().sum((1, 2))  # [P, out, in]
+        channels = g.sum(1)
+    return squares + channels.square().sum(1) if layer.bias is not None else squares
+
+
+def person_kernel_gradients(layer: nn.Conv2d, inputs: torch.Tensor,
+                            out_grads: torch.Tensor) -> torch.Tensor:
+    """Each person's kernel gradient of a Conv2d: one weight gradient of a convolution grouped by
+    person, whose batch is a person's examples.
+
+    Args:
+      layer: the Conv2d.
+      inputs: its inputs, a row of examples per person [P, k, in, H, W].
+      out_grads: the gradients of its outputs [P, k, out, H', W'].
+
+    Returns:
+      [P, out, in·kh·kw].
+    """
+    persons, k = inputs.shape[:2]
+    kernels = torch.nn.grad.conv2d_weight(
+        inputs.transpose(0, 1).reshape(k, -1, *inputs.shape[3:]),
+        (persons * layer.out_channels, layer.in_channels, *layer.kernel_size),
+        out_grads.transpose(0, 1).reshape(k, -1, *out_grads.shape[3:]), layer.stride,
+        layer.padding, groups=persons)
+    return kernels.view(persons, layer.out_channels, -1)
+
+
+def padded(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor` [B, ...] with a row of zeros appended: the row BatchPersons.slots pads with."""
+    return torch.cat([tensor, tensor.new_zeros(1, *tensor.shape[1:])])
 
 
 def output_grams(out_grads: torch.Tensor) -> torch.Tensor:

@@ -1,6 +1,7 @@
 """Fixed-shape chunks of a Poisson batch, for a framework that compiles its step once per input
 shape (MindSpore's GRAPH mode): Poisson batches vary in size, so a batch is cut into chunks of two
-fixed sizes, the padding masked out."""
+fixed sizes, the padding masked out; per person, chunks of two fixed numbers of persons, each a
+row of a grid (person_grids)."""
 from __future__ import annotations
 
 import math
@@ -8,12 +9,11 @@ import math
 import numpy as np
 
 
-def chunk_sizes(expected_batch_size, largest=1):
+def chunk_sizes(expected_batch_size):
     """GRAPH mode compiles once per input shape, and Poisson batches vary in size, so a batch is cut
     into chunks of two fixed sizes (padding masked out): the power of two at or above the expected
-    batch (and at or above `largest`, the most examples of one person), and an eighth more. A batch
-    of 500 ± 22 is one chunk of 512, or of 576."""
-    large = max(16, 1 << math.ceil(math.log2(max(expected_batch_size, largest, 1))))
+    batch, and an eighth more. A batch of 500 ± 22 is one chunk of 512, or of 576."""
+    large = max(16, 1 << math.ceil(math.log2(max(expected_batch_size, 1))))
     return large, large + large // 8
 
 
@@ -40,37 +40,49 @@ def padded_chunks(indices, sizes):
             return
 
 
-def person_chunks(indices, persons, sizes):
-    """padded_chunks for a batch of whole persons: no person is cut between two chunks, so that a
-    chunk's clipped sum sees each of its persons' examples.
+def person_grids(indices, persons, rows, slots):
+    """Fixed-shape chunks of a batch of whole persons, laid out as grids: a row of `slots` examples
+    per person (padded), so that a person's gradient is one batched product over their row. Chunks
+    of rows[1] persons while more than rows[0] are left, then one of the two (padded_chunks' rule,
+    over persons).
 
     Args:
       indices: the batch's examples [B].
       persons: each one's person [B], any integers.
-      sizes: (large, larger), larger at least the most examples one person has (ValueError
-        otherwise).
+      rows: (large, larger) persons a chunk.
+      slots: examples a row: at least the most examples one person has (ValueError otherwise).
 
     Yields:
-      (indices padded to a chunk size, mask, each example's person in the chunk (0..P-1, 0 for
-      padding), 1 for each of the chunk's P persons): at least one chunk, maybe empty.
+      (indices [R·slots], padded with 0, mask [R·slots]: 1 for an example, 0 for padding,
+      person_mask [R]: 1 for a row holding a person): at least one chunk, maybe empty.
     """
-    large, larger = sizes
-    order = np.argsort(persons, kind="stable")
-    indices, persons = indices[order], persons[order]
-    # where each person's examples begin, and the end
-    bounds = np.r_[np.flatnonzero(np.r_[True, persons[1:] != persons[:-1]]) if len(persons) else [],
-                   len(persons)].astype(np.int64)
-    begin = 0
-    while True:
-        end = int(bounds[np.searchsorted(bounds, begin + larger, side="right") - 1])
-        if end == begin < len(persons):
-            raise ValueError(f"a person has more examples than a chunk of {larger}")
-        groups = np.unique(persons[begin:end], return_inverse=True)[1].astype(np.int64)
-        size = large if end - begin <= large else larger
-        persons_in_chunk = groups.max() + 1 if len(groups) else 0
-        # the person mask is the mask of the P persons' padding
-        yield (*padded(indices[begin:end], size), padded(groups, size)[0],
-               padded(np.arange(persons_in_chunk), size)[1])
-        begin = end
-        if begin >= len(persons):
-            return
+    layout = person_rows(persons, -1)[1]
+    if layout.shape[1] > slots:
+        raise ValueError(f"a person has more examples than a row of {slots}")
+    layout = np.pad(layout, ((0, 1 if len(layout) == 0 else 0), (0, slots - layout.shape[1])),
+                    constant_values=-1)
+    filled = (layout >= 0).astype(np.float32)
+    grid = np.append(indices, 0).astype(np.asarray(indices).dtype)[layout]  # padding: -1 -> 0
+    for members, person_mask in padded_chunks(np.arange(int(filled.any(1).sum())), rows):
+        yield (grid[members].reshape(-1), (filled[members] * person_mask[:, None]).reshape(-1),
+               person_mask)
+
+
+def person_rows(persons, pad):
+    """A batch's persons, laid out a person a row.
+
+    Args:
+      persons: each example's person [B], any integers.
+      pad: what fills a row beyond its person's examples.
+
+    Returns:
+      (each example's person, an index 0..P-1 in the order of their ids [B] int64, each person's
+      examples [P, k] int64, k the most one person has, a smaller person's row padded with `pad`).
+    """
+    ids, groups = np.unique(persons, return_inverse=True)
+    groups = groups.reshape(-1).astype(np.int64)
+    sizes = np.bincount(groups, minlength=len(ids))
+    order = np.argsort(groups, kind="stable")
+    layout = np.full((len(ids), sizes.max(initial=0)), pad, np.int64)
+    layout[groups[order], np.arange(len(order)) - (np.cumsum(sizes) - sizes)[groups[order]]] = order
+    return groups, layout

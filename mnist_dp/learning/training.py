@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mnist_dp.hyperparameters import Hyperparameters
+from mnist_dp.learning import chunks
 from mnist_dp.learning.interface import EpochCallback, Framework, Network, Ran
 from mnist_dp.privacy import task_plan
 from mnist_dp.privacy.events import NO_CLIPPING, PER_PERSON, NoiseSchedule
@@ -32,33 +33,24 @@ log = logging.getLogger("substratools.mnist_dp")
 @dataclass(frozen=True)
 class BatchPersons:
     """A batch's persons, for a DP step that clips per person: a person's gradient is the sum of
-    their examples', and its squared norm adds 2·(g_i·g_j) for each pair (i, j) of their examples
-    to the examples' own squares."""
+    their examples'. `slots` lays each person's examples out in a row, so that a layer's per-person
+    sums and Grams are batched products over persons."""
 
     groups: np.ndarray  # each example's person, an index 0..P-1 into the batch's persons [B]
-    first: np.ndarray  # i of each pair (i, i < j, j) of examples of one person [pairs]
-    second: np.ndarray  # its j [pairs]
+    # each person's examples [P, k], k the batch's largest person; a smaller person's row padded
+    # with B, the index of a zero row appended to the batch (`padded`)
+    slots: np.ndarray
 
     @classmethod
     def of(cls, persons: np.ndarray) -> BatchPersons:
         """The batch's persons from each example's person id [B], any integers."""
-        groups = np.unique(persons, return_inverse=True)[1].astype(np.int64)
-        order = np.argsort(groups, kind="stable")
-        first, second, start = [], [], 0
-        for size in np.bincount(groups).tolist():
-            if size > 1:
-                i, j = np.triu_indices(size, 1)
-                first.append(order[start + i])
-                second.append(order[start + j])
-            start += size
-        empty = np.empty(0, np.int64)
-        return cls(groups, np.concatenate(first) if first else empty,
-                   np.concatenate(second) if second else empty)
+        groups, slots = chunks.person_rows(persons, len(persons))
+        return cls(groups, slots)
 
     @property
     def count(self) -> int:
         """P, the batch's persons."""
-        return int(self.groups.max()) + 1 if len(self.groups) else 0
+        return len(self.slots)
 
 
 @dataclass

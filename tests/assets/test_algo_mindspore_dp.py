@@ -7,6 +7,7 @@ import pytest
 from conftest import ALGO_ASSETS
 
 from mnist_dp.assets import load_asset_module
+from mnist_dp.learning import chunks
 from mnist_dp.privacy.randomness import RunRandomness
 
 os.environ.setdefault("GLOG_v", "3")
@@ -332,28 +333,29 @@ def test_mindarmours_cpu_noise_is_a_31_bit_generator_so_the_algo_draws_its_own()
 def test_per_person_clipped_sum_clips_each_persons_summed_naive_gradients(net_and_batch):
     """A person's gradient is the sum of their examples' naive ones, clipped as one, term by term
     in its squared norm (a dropped cross term between two of a person's examples fails it); the
-    chunk's padding (its last three examples) is no one's."""
+    grid's padding (a row's empty slots, a row without a person) is no one's."""
     net, x, y, reference = net_and_batch
     persons = np.array([0, 0, 0, 1, 2, 2, 3, 3, 3, 3, 4, 5, 5, 6, 6, 6])
     per_example = naive_per_example_gradients(reference, x, y, CHUNK, net.GRADIENT_ORDER)
     summed = [[sum(per_example[i][k] for i in np.flatnonzero(persons == p))
                for k in range(len(net.GRADIENT_ORDER))] for p in range(7)]
     clipped_sum = algo.ClippedGradientSum(net, net.trainable_params(), per_person=True)
-    got = clipped_sum.squared_norms(ms.Tensor(x), ms.Tensor(y),
-                                    persons=(persons, np.ones(CHUNK, np.float32))).asnumpy()
+    # 7 persons in 8 rows of 4
+    [(index, mask, person_mask)] = chunks.person_grids(np.arange(CHUNK), persons, (8, 9), 4)
+    x, y = ms.Tensor(x[index]), ms.Tensor(y[index])
+    got = clipped_sum.run(x, y, ms.Tensor(mask), 1.0, None, person_mask)[-1].asnumpy()
     expected = np.array([[np.sum(g ** 2) for g in person] for person in summed])
     np.testing.assert_allclose(got[:7], expected, rtol=1e-4, atol=1e-12)
-    assert not got[7:].any()  # no one beyond the chunk's persons
+    assert not got[7:].any()  # no one in the padding row
     alone = np.array([[sum(np.sum(per_example[i][k] ** 2) for i in np.flatnonzero(persons == p))
                        for k in range(len(net.GRADIENT_ORDER))] for p in range(7)])
     assert (np.abs(expected - alone).max(0) > 1e-3 * expected.max(0)).all()  # cross terms count
 
-    mask, in_chunk = np.r_[np.ones(13), np.zeros(3)].astype(np.float32), persons.copy()
-    in_chunk[13:] = 0  # padding
+    # the last person's row made padding
+    mask[6 * 4:], person_mask[6:] = 0, 0
     norms = np.sqrt(expected[:6].sum(1))
     clip = float(np.median(norms))
-    *got, unclipped = clipped_sum(ms.Tensor(x), ms.Tensor(y), ms.Tensor(mask), clip, None,
-                                  (in_chunk, (np.arange(CHUNK) < 6).astype(np.float32)))
+    *got, unclipped = clipped_sum(x, y, ms.Tensor(mask), clip, None, person_mask)
     assert int(unclipped.asnumpy()) == sum(norm <= clip for norm in norms)
     for k, ours in enumerate(got):
         want = sum(summed[p][k] * min(1.0, clip / norms[p]) for p in range(6))

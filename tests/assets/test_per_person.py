@@ -101,13 +101,12 @@ def test_noise_has_standard_deviation_sigma_c_over_the_expected_persons(framewor
     assert np.std(noise) == pytest.approx(sigma * C / 4, rel=0.03)  # E[B] = 4 persons, not 8
 
 
-def test_a_batchs_persons_pair_every_two_examples_of_one_person_once():
+def test_a_batchs_persons_lay_out_each_persons_examples_in_a_padded_row():
     persons = training.BatchPersons.of(np.array([7, 3, 7, 9, 3, 7]))
     assert persons.groups.tolist() == [1, 0, 1, 2, 0, 1] and persons.count == 3
-    assert sorted(zip(persons.first.tolist(), persons.second.tolist())) == [(0, 2), (0, 5), (1, 4),
-                                                                             (2, 5)]
+    assert persons.slots.tolist() == [[1, 4, 6], [0, 2, 5], [3, 6, 6]]  # 6: the zero row
     alone = training.BatchPersons.of(np.arange(3))
-    assert alone.first.size == alone.second.size == 0 and alone.count == 3
+    assert alone.slots.tolist() == [[0], [1], [2]] and alone.count == 3
 
 
 def test_batches_sample_persons_with_all_their_images():
@@ -170,7 +169,7 @@ def test_tf_per_person_norms_are_the_norms_of_the_summed_naive_gradients(feature
         per_example.append([g.numpy().flatten() for g in
                             tape.gradient(loss, model.trainable_variables)])
     persons = training.BatchPersons.of(PERSONS)
-    tensors = tuple(tf.constant(a) for a in (persons.groups, persons.first, persons.second))
+    tensors = tf.constant(persons.groups), tf.constant(persons.slots)
     _, norms = algo.clipped_gradient_sum(model, algo.make_layer_registry(persons=tensors), x, y,
                                          1e9, tensors[0])
     assert_person_norms(norms.numpy(), per_example)

@@ -20,28 +20,40 @@ def test_chunk_sizes_follow_the_expected_batch():
     assert chunks.chunk_sizes(500) == (512, 576)
     assert chunks.chunk_sizes(8) == (16, 18)
     assert chunks.chunk_sizes(4096) == (4096, 4608)
-    assert chunks.chunk_sizes(8, largest=40) == (64, 72)  # a person's examples fit in one chunk
 
 
 @pytest.mark.parametrize("count", [0, 1, 17, 40, 200])
-def test_person_chunks_keep_each_persons_examples_together(count):
+def test_person_grids_lay_out_each_person_in_a_row_of_one_chunk(count):
     rng = np.random.default_rng(count)
     indices = np.sort(rng.choice(1000, count, replace=False))
     persons = rng.integers(0, max(count // 3, 1), count) * 7  # any integers, unsorted
-    got = list(chunks.person_chunks(indices, persons, (16, 18)))
-    assert len(got) >= 1 and all(len(index) in (16, 18) for index, *_ in got)
-    kept = np.concatenate([index[mask > 0] for index, mask, *_ in got])
+    slots = max(np.bincount(persons // 7).max(initial=0), 1)
+    got = list(chunks.person_grids(indices, persons, (4, 5), slots))
+    assert len(got) >= 1
+    kept, seen = [], set()
+    for index, mask, person_mask in got:
+        assert len(person_mask) in (4, 5) and index.shape == mask.shape == (len(person_mask)
+                                                                              * slots,)
+        for row, (row_index, row_mask) in enumerate(zip(index.reshape(-1, slots),
+                                                         mask.reshape(-1, slots))):
+            ids = set(persons[np.searchsorted(indices, row_index[row_mask > 0])])
+            # a row: one person, all their examples first, or padding (its person_mask 0)
+            assert len(ids) == person_mask[row] and not seen & ids
+            if ids:
+                assert row_mask.sum() == np.sum(persons == ids.copy().pop())
+                assert row_mask[:int(row_mask.sum())].all()
+            seen |= ids
+            kept += list(row_index[row_mask > 0])
     assert sorted(kept) == sorted(indices)  # every example once
-    seen = set()
-    for index, mask, groups, person_mask in got:
-        ids = persons[np.searchsorted(indices, index[mask > 0])]
-        assert not seen & set(ids)  # no person in two chunks
-        seen |= set(ids)
-        # the chunk's persons are 0..P-1, in the order of their ids, and person_mask marks P
-        assert np.array_equal(groups[mask > 0], np.unique(ids, return_inverse=True)[1])
-        assert person_mask.sum() == len(set(ids)) and person_mask[:len(set(ids))].all()
+    assert seen == set(persons)
 
 
-def test_a_person_larger_than_a_chunk_is_refused():
-    with pytest.raises(ValueError, match="more examples than a chunk of 18"):
-        list(chunks.person_chunks(np.arange(19), np.zeros(19), (16, 18)))
+def test_a_batchs_persons_lay_out_each_persons_examples_in_a_padded_row():
+    groups, layout = chunks.person_rows(np.array([7, 3, 7, 9, 3, 7]), -1)
+    assert groups.tolist() == [1, 0, 1, 2, 0, 1]
+    assert layout.tolist() == [[1, 4, -1], [0, 2, 5], [3, -1, -1]]
+
+
+def test_a_person_larger_than_a_row_is_refused():
+    with pytest.raises(ValueError, match="more examples than a row of 18"):
+        list(chunks.person_grids(np.arange(19), np.zeros(19), (16, 18), 18))
