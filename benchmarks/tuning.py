@@ -10,14 +10,16 @@ On each data set, per seed, three methods:
 - non-private-grid: the upper reference, no DP: a grid over the search space's learning rates and
   weight averages, the best on the same validation split, scored on the test set.
 Data sets: fmnist (Fashion-MNIST 60,000 / 10,000), mnist4k (the embedded 4,000 / 1,000 split), and
-faint, the recipe-off one: mnist4k's images at 1/2,000 of their contrast (FAINT below says why the
-recipe is off there).
+two where the recipe is off: faint, mnist4k's images at 1/2,000 of their contrast (FAINT below says
+why), and imbalanced, mnist4k's training set with the digits 5 to 9 kept at 1 in 10 (RARE below),
+scored on the balanced test set.
 
 Writes benchmarks/results/tuning.json (one record per data set, method and seed: dataset, method,
 epsilon (null without DP), test_accuracy, candidates, seconds) as each record finishes, skipping
 records already there, and tuning.md beside it.
 
-    python benchmarks/tuning.py [--datasets faint,mnist4k,fmnist] [--seeds 3] [--report-only]
+    python benchmarks/tuning.py [--datasets faint,imbalanced,mnist4k,fmnist] [--seeds 3]
+        [--report-only]
 """
 import json
 import os
@@ -46,8 +48,9 @@ from mnist_dp.privacy.search import plan_search, validation_split  # noqa: E402
 from mnist_dp.utils import atomic, json_input, options  # noqa: E402
 from mnist_dp.utils.errors import UserError, run_cli  # noqa: E402
 
-DATASETS = {"faint": "faint MNIST-4k (recipe off)", "mnist4k": "MNIST-4k (embedded)",
-            "fmnist": "Fashion-MNIST 60k"}
+DATASETS = {"faint": "faint MNIST-4k (recipe off)",
+            "imbalanced": "class-imbalanced MNIST-4k (recipe off)",
+            "mnist4k": "MNIST-4k (embedded)", "fmnist": "Fashion-MNIST 60k"}
 METHODS = ("private-search", "default", "non-private-grid")
 EPSILON, DELTA, FRAMEWORK = 3.0, 1e-5, "torch"
 # The non-private grid: the search space's learning rates (its ends and middle) and weight averages;
@@ -60,11 +63,19 @@ RESULTS = Path(__file__).resolve().parent / "results" / "tuning.json"
 # the variance itself: the features come out several times smaller, and the recipe's learning rate,
 # tuned on full-contrast images, is too small for them.
 FAINT = 0.0005
-# The issue's goals, data set -> (the least gap private-search - default, in words): on the
-# recipe-off data the search beats the recipe by 3 points or more; on Fashion-MNIST it loses at most
-# 1 point to the recipe, whose tuning is free.
+# The other recipe-off data set: the digits 5 to 9 kept at this fraction of their training images
+# (drawn once, seed 0), the test set balanced. A larger step or clipping norm than the recipe's,
+# tuned on balanced sets, does better there (docs/benchmarks.md, "Private hyperparameter search").
+RARE = 0.1
+# The goals, data set -> (the least gap private-search - default, in words): on the recipe-off data
+# the search beats the recipe by 3 points or more; elsewhere it loses at most a few tenths to the
+# recipe, whose tuning is free.
 GOALS = {"faint": (0.03, "beats the default by at least 3 points"),
-         "fmnist": (-0.01, "loses at most 1 point to the default")}
+         "imbalanced": (0.03, "beats the default by at least 3 points"),
+         "mnist4k": (-0.005, "loses at most 0.5 points to the default"),
+         "fmnist": (-0.003, "loses at most 0.3 points to the default")}
+# ... and takes at most this many times the default's time
+TIME_GOAL = 2.0
 
 
 def load(name: str):
@@ -73,6 +84,10 @@ def load(name: str):
     if name == "faint":
         (train_x, train_y), (test_x, test_y) = utility.load_dataset("mnist4k", validation=False)
         return (train_x * FAINT, train_y), (test_x * FAINT, test_y)
+    if name == "imbalanced":
+        (train_x, train_y), test = utility.load_dataset("mnist4k", validation=False)
+        kept = np.random.default_rng(0).random(len(train_y)) < np.where(train_y < 5, 1.0, RARE)
+        return (train_x[kept], train_y[kept]), test
     return utility.load_dataset(name, validation=False)
 
 
@@ -178,7 +193,7 @@ def report(records: list) -> str:
              "Time: the whole method on 2 cores (features included).", "",
              "| data set | method | test accuracy | ε | candidates (mean) | seconds (mean) "
              "| seeds |", "|---|---|---:|---:|---:|---:|---:|"]
-    summary = {}
+    summary, seconds = {}, {}
     for dataset in DATASETS:
         for method in METHODS:
             rows = [r for r in records if r["dataset"] == dataset and r["method"] == method]
@@ -189,16 +204,22 @@ def report(records: list) -> str:
             epsilon = "∞ (no DP)" if rows[0][
                 "epsilon"] is None else f"{max(r['epsilon'] for r in rows):.3f}"
             summary[dataset, method] = statistics.mean(accuracies)
+            seconds[dataset, method] = statistics.mean(r["seconds"] for r in rows)
             lines.append(f"| {DATASETS[dataset]} | {method} | "
                          f"{statistics.mean(accuracies) * 100:.1f}{spread} | {epsilon} | "
                          f"{statistics.mean(r['candidates'] for r in rows):.1f} | "
-                         f"{statistics.mean(r['seconds'] for r in rows):.0f} | {len(rows)} |")
+                         f"{seconds[dataset, method]:.0f} | {len(rows)} |")
     lines += ["", "## Goals", ""]
     for dataset, (least, words) in GOALS.items():
         if (dataset, "private-search") in summary and (dataset, "default") in summary:
-            gap = summary[dataset, "private-search"] - summary[dataset, "default"]
-            lines.append(f"- {DATASETS[dataset]}: the private search {words}: {gap * 100:+.1f} "
-                         f"points, {'met' if gap >= least else 'MISSED'}.")
+            # judged as shown, to a tenth of a point
+            gap = round((summary[dataset, "private-search"] - summary[dataset, "default"]) * 100, 1)
+            lines.append(f"- {DATASETS[dataset]}: the private search {words}: {gap:+.1f} "
+                         f"points, {'met' if gap >= round(least * 100, 1) else 'MISSED'}.")
+            ratio = seconds[dataset, "private-search"] / seconds[dataset, "default"]
+            lines.append(f"- {DATASETS[dataset]}: the private search takes at most "
+                         f"{TIME_GOAL:g}× the default's time: {ratio:.1f}×, "
+                         f"{'met' if ratio <= TIME_GOAL else 'MISSED'}.")
     return "\n".join(lines) + "\n"
 
 

@@ -1,0 +1,40 @@
+"""benchmarks/tuning.py: the recipe-off class-imbalanced set, and how its report judges goals."""
+import numpy as np
+
+from mnist_dp.assets import REPO, load_asset_module
+
+tuning = load_asset_module(REPO / "benchmarks" / "tuning.py", "tuning_benchmark")
+
+
+def test_the_imbalanced_set_keeps_the_digits_5_to_9_at_one_in_ten_and_a_balanced_test_set():
+    (_, labels), (_, test_labels) = tuning.load("imbalanced")
+    (_, all_labels), (_, all_test_labels) = tuning.load("mnist4k")
+    common, rare = np.bincount(labels, minlength=10)[:5], np.bincount(labels, minlength=10)[5:]
+    assert np.array_equal(common, np.bincount(all_labels, minlength=10)[:5])
+    assert 0.07 < rare.sum() / np.bincount(all_labels, minlength=10)[5:].sum() < 0.13
+    assert np.array_equal(test_labels, all_test_labels)
+    assert np.array_equal(tuning.load("imbalanced")[0][1], labels)  # drawn once
+
+
+def record(dataset, method, accuracy, seconds):
+    return {"dataset": dataset, "method": method, "seed": 0, "epsilon": 3.0,
+            "test_accuracy": accuracy, "candidates": 1, "seconds": seconds}
+
+
+def test_the_report_judges_each_goal_in_accuracy_and_in_time():
+    text = tuning.report([record("fmnist", "private-search", 0.894, 250),
+                          record("fmnist", "default", 0.897, 130),
+                          record("mnist4k", "private-search", 0.960, 50),
+                          record("mnist4k", "default", 0.969, 20),
+                          record("imbalanced", "private-search", 0.83, 3),
+                          record("imbalanced", "default", 0.79, 2)])
+    assert "Fashion-MNIST 60k: the private search loses at most 0.3 points to the default: " \
+           "-0.3 points, met." in text
+    assert "Fashion-MNIST 60k: the private search takes at most 2× the default's time: 1.9×, " \
+           "met." in text
+    assert "MNIST-4k (embedded): the private search loses at most 0.5 points to the default: " \
+           "-0.9 points, MISSED." in text
+    assert "MNIST-4k (embedded): the private search takes at most 2× the default's time: 2.5×, " \
+           "MISSED." in text
+    assert "class-imbalanced MNIST-4k (recipe off): the private search beats the default by at " \
+           "least 3 points: +4.0 points, met." in text
