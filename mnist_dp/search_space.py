@@ -8,11 +8,21 @@ draws, and its validation split. JSON, every key checked as the hyperparameters 
         "max_grad_norm": {"low": 0.025, "high": 0.4, "log": true},
         "ema_decay": [0.0, 0.9, 0.99]
       },
-      "mean_candidates": 4,                        # E[K], K the number of candidates (never
-      released) "shape": 0,                                  # K's distribution: 0 logarithmic, 1
-      geometric, "poisson", ... "validation_fraction": 0.1                   # of the training
-      examples, held out to score the candidates
+      "mean_candidates": 4,        # E[K], K the number of candidates (never released)
+      "shape": 0,                  # K's distribution: 0 logarithmic, 1 geometric, "poisson", ...
+      "validation_fraction": 0.1,  # of the training examples, held out to score the candidates
+      "recipe_weight": 0,          # how often a candidate is the algo's own hyperparameters
+      "search_epsilon": null       # or a part of target_epsilon (below)
     }
+
+With "recipe_weight" w, each candidate is the algo's hyperparameters file itself with probability w,
+else drawn from the space: still one distribution for every candidate, as the accountant requires,
+and one that keeps the recipe in the running.
+
+With "search_epsilon", the candidates and their scores spend that much, and the best candidate's
+hyperparameters are trained once more on all the data (the validation split too), σ calibrated so
+that the search and that run together end at target_epsilon; only that last model leaves the task.
+Without it (null), the best candidate itself leaves, the search spending all of target_epsilon.
 
 A range draws uniformly (log-uniformly with "log": true; an integer key: an integer). Every other
 hyperparameter is the algo's own. A key that changes a candidate's privacy profile (PRIVACY_KEYS:
@@ -46,7 +56,8 @@ DEFAULT = {
     "space": {
         "learning_rate": {"low": 0.25, "high": 4.0, "log": True},
         "max_grad_norm": {"low": 0.025, "high": 0.4, "log": True}, "ema_decay": [0.0, 0.9, 0.99],
-    }, "mean_candidates": 4, "shape": 0, "validation_fraction": 0.1,
+    }, "mean_candidates": 4, "shape": 0, "validation_fraction": 0.1, "recipe_weight": 0.0,
+    "search_epsilon": None,
 }
 # What changes a candidate's DP event for a given σ: its q (batch_size), steps
 # (epochs, batch_size) and schedule.
@@ -103,14 +114,19 @@ class SearchSpace:
     mean: float
     shape: float  # math.inf: Poisson
     validation_fraction: float
+    # the part of target_epsilon the candidates spend, the rest the final run's; None: no final run
+    search_epsilon: float | None = None
+    recipe_weight: float = 0.0  # the probability that a candidate is the base hyperparameters
 
     @property
     def validation_permille(self) -> int:
         return round(self.validation_fraction * 1000)
 
     def draw(self, base: Hyperparameters, rng: np.random.Generator) -> Hyperparameters:
-        """One candidate: every searched key drawn (a list: uniformly among its values), the rest
-        `base`'s."""
+        """One candidate: `base` itself with probability recipe_weight, else every searched key
+        drawn (a list: uniformly among its values), the rest `base`'s."""
+        if self.recipe_weight and rng.random() < self.recipe_weight:
+            return base
         values = {}
         for name, choice in sorted(self.space.items()):
             values[name] = choice.draw(rng) if isinstance(choice, Range) else choice[
@@ -124,33 +140,37 @@ class SearchSpace:
                          else len(self.space[k]) for k in self.space if k in PRIVACY_KEYS)
 
     def profiles(self, base: Hyperparameters) -> list:
-        """`base` with every combination of the values of the searched PRIVACY_KEYS: one per privacy
-        profile a candidate may have (some may coincide)."""
+        """`base` with every combination of the values of the searched PRIVACY_KEYS, and `base`
+        itself with a recipe_weight: one per privacy profile a candidate may have (some may
+        coincide)."""
         keys = sorted(k for k in self.space if k in PRIVACY_KEYS)
         options = [self.space[k].values() if isinstance(self.space[k], Range) else self.space[k]
                    for k in keys]
-        return [dataclasses.replace(base, **dict(zip(keys, values)))
-                for values in itertools.product(*options)]
+        return [base] * bool(self.recipe_weight) + [
+            dataclasses.replace(base, **dict(zip(keys, values)))
+            for values in itertools.product(*options)]
 
     def to_json(self) -> dict:
         space = {name: choice.to_json() if isinstance(choice, Range) else list(choice)
                  for name, choice in self.space.items()}
         shape = POISSON if math.isinf(self.shape) else self.shape
         return {"space": space, "mean_candidates": self.mean, "shape": shape,
-                "validation_fraction": self.validation_fraction}
+                "validation_fraction": self.validation_fraction,
+                "recipe_weight": self.recipe_weight, "search_epsilon": self.search_epsilon}
 
 
 def parse(values, where: str) -> SearchSpace:
     """A search file's object, every key checked; `where` names its source in errors."""
     if not isinstance(values, dict):
         raise UserError(f"{where}: must hold a JSON object with \"space\" (and optionally "
-                        "\"mean_candidates\", \"shape\", \"validation_fraction\")")
+                        "\"mean_candidates\", \"shape\", \"validation_fraction\", "
+                        "\"recipe_weight\", \"search_epsilon\")")
     values = {**{k: v for k, v in DEFAULT.items() if k != "space"}, **values}
     unknown = set(values) - set(DEFAULT)
     if unknown:
         raise UserError(f"{where}: unknown key(s) {sorted(unknown)}; known: {sorted(DEFAULT)}")
-    mean, shape, fraction = values["mean_candidates"], values["shape"], values[
-        "validation_fraction"]
+    mean, shape, fraction, spent, weight = values["mean_candidates"], values["shape"], values[
+        "validation_fraction"], values["search_epsilon"], values["recipe_weight"]
     if not _number(mean) or not 1 <= mean <= MAX_MEAN:
         raise UserError(f"{where}: mean_candidates = {json.dumps(mean)} must be a number from 1 to "
                         f"{MAX_MEAN:,}")
@@ -162,6 +182,13 @@ def parse(values, where: str) -> SearchSpace:
     if not _number(fraction) or not 0.001 <= fraction <= 0.5:
         raise UserError(f"{where}: validation_fraction = {json.dumps(fraction)} must be a number "
                         "from 0.001 to 0.5")
+    if not _number(weight) or not 0 <= weight < 1:
+        raise UserError(f"{where}: recipe_weight = {json.dumps(weight)} must be a number from 0 "
+                        "(never the algo's own hyperparameters) up to, not including, 1")
+    if spent is not None and (not _number(spent) or not 0 < spent <= hyperparameters.MAX_EPSILON):
+        raise UserError(f"{where}: search_epsilon = {json.dumps(spent)} must be null or a number "
+                        f"above 0 (at most {hyperparameters.MAX_EPSILON:g}), below the "
+                        "hyperparameters' target_epsilon")
     if "space" not in values or not isinstance(values["space"], dict) or not values["space"]:
         raise UserError(f"{where}: \"space\" must be a non-empty object of hyperparameter -> list "
                         "of values or range "
@@ -169,7 +196,7 @@ def parse(values, where: str) -> SearchSpace:
     space = {name: _choice(name, choice, f"{where}: space.{name}") for name,
              choice in values["space"].items()}
     search = SearchSpace(space, float(mean), math.inf if shape == POISSON else float(shape),
-                         float(fraction))
+                         float(fraction), None if spent is None else float(spent), float(weight))
     # counted before any is made: wide ranges would make millions
     if search.profile_count() > MAX_PROFILES:
         raise UserError(f"{where}: the space has {search.profile_count():,} privacy profiles "
@@ -241,6 +268,10 @@ def check_with(search: SearchSpace, base: Hyperparameters, where: str) -> list:
     if base.max_epsilon is not None:
         raise UserError(f"{where}: max_epsilon stops one run early; a search runs every candidate "
                         "in full: set max_epsilon to null")
+    if search.search_epsilon is not None and not search.search_epsilon < base.target_epsilon:
+        raise UserError(f"{where}: the search file's search_epsilon = {search.search_epsilon:g} "
+                        "must be below "
+                        f"target_epsilon = {base.target_epsilon:g}: the final run spends the rest")
     listed = {name: choice for name, choice in search.space.items()
               if not isinstance(choice, Range)}
     ranged = {name: choice for name, choice in search.space.items() if isinstance(choice, Range)}

@@ -37,6 +37,9 @@ def parse(**values):
     ({"space": {"noise_decay": {"low": 0.5, "high": 0.9}}},
      "noise_decay changes a candidate's noise"),
     ({"space": {"epochs": {"low": 1, "high": 200}}}, "200 privacy profiles"),
+    ({"recipe_weight": 1}, "recipe_weight = 1 must be a number from 0"),
+    ({"recipe_weight": -0.1}, "recipe_weight = -0.1 must be a number from 0"),
+    ({"search_epsilon": "all"}, "search_epsilon = \"all\" must be null or a number above 0"),
 ])
 def test_a_bad_search_file_is_one_line_naming_it(values, message):
     with pytest.raises(UserError) as refused:
@@ -69,11 +72,30 @@ def test_a_draw_takes_every_searched_key_from_its_range_or_list_and_the_rest_fro
     assert {hp.max_grad_norm for hp in draws} == {0.7}
 
 
+def test_a_recipe_weight_draws_the_base_itself_that_often_and_adds_its_profile():
+    search = search_space.parse({"space": {"learning_rate": {"low": 0.01, "high": 10.0},
+                                           "batch_size": [10, 20]}, "recipe_weight": 0.25},
+                                "s.json")
+    base = dict_hp(batch_size=50)
+    rng = np.random.default_rng(0)
+    draws = [search.draw(base, rng) for _ in range(4000)]
+    assert np.mean([hp == base for hp in draws]) == pytest.approx(0.25, abs=0.025)
+    # the base's batch of 50 is a privacy profile the accountant must cover
+    assert sorted(hp.batch_size for hp in search.profiles(base)) == [10, 20, 50]
+    without = search_space.parse({"space": {"learning_rate": {"low": 0.01, "high": 10.0}}},
+                                 "s.json")
+    # weight 0 draws no more numbers: a search's candidates stay as they were
+    rng, alone = np.random.default_rng(1), np.random.default_rng(1)
+    assert [without.draw(base, rng).learning_rate for _ in range(3)] == [
+        without.space["learning_rate"].draw(alone) for _ in range(3)]
+
+
 @pytest.mark.parametrize("shape", [0, 2.5, "poisson"])
 def test_a_search_file_survives_its_json_round_trip(shape):
     search = search_space.parse({"space": {"learning_rate": {"low": 0.1, "high": 1.0, "log": True},
                                            "batch_size": [10, 20]}, "mean_candidates": 3,
-                                 "shape": shape, "validation_fraction": 0.2}, "s.json")
+                                 "shape": shape, "validation_fraction": 0.2,
+                                 "recipe_weight": 0.5, "search_epsilon": 1.0}, "s.json")
     assert search_space.parse(search.to_json(), "again") == search
     assert search.validation_permille == 200
 

@@ -3,7 +3,9 @@ and never released; each draws its hyperparameters from the search space, trains
 `training.fit` (the train task's DP-SGD run) on the examples outside the validation split, and
 is scored by its noisy count of correct predictions on the examples inside it. Only the best
 candidate leaves: its model, with a ledger whose one event is the whole search (privacy/search.py);
-the other candidates' weights and every score stay in this process.
+the other candidates' weights and every score stay in this process. With the search file's
+search_epsilon, the best candidate's hyperparameters are trained once more on all the examples
+(`final_run`) and that model leaves instead, its ledger the search then that run.
 
 `tune` is the substratools function body; `run_search` the search itself, which benchmarks call in
 memory.
@@ -141,6 +143,40 @@ def released_ledger(framework: Framework, data: dict, plan: SearchPlan, searched
     return ledger
 
 
+def final_run(framework: Framework, data: dict, plan: SearchPlan, searched: Searched,
+              ledger: Ledger, randomness: RunRandomness, where: str,
+              persons: np.ndarray | None = None, code: dict | None = None) -> Searched:
+    """The best candidate's hyperparameters trained once more, from scratch, on all the examples
+    (the validation split too) at what the search left of target_epsilon (SearchPlan.final); the
+    run's event is added to `ledger`, whose last event is the search's.
+
+    Args:
+      framework: the algo's Framework.
+      data: the opener's data.
+      plan: the search's privacy plan, with a search_epsilon.
+      searched: what the search released.
+      ledger: the released ledger so far (released_ledger's).
+      randomness: the search's: the run draws from its own streams (RunRandomness.final_run).
+      where: what names the hyperparameters in errors.
+      persons: each image's person when the search is per person, else None.
+      code: the running function's provenance, None in memory.
+
+    Returns:
+      What leaves the task instead: the final run's model, plan and what it ran.
+    """
+    start = time.perf_counter()
+    final = plan.final(framework.name, searched.plan.hp, ledger.events[-1], where)
+    model = framework.new_model(final.hp.seed, Network.of(final.hp))
+    with silenced():  # its start, and so its records' times, follow the K candidates
+        ran = training.fit(framework, model, feature_maps.transform(data["images"],
+                                                                    final.hp.features),
+                           data["labels"], final, randomness.final_run(), progress=False,
+                           persons=persons)
+    ledger.add(final.event(ran, code))
+    return Searched(model, final, ran, searched.candidates,
+                    searched.seconds + time.perf_counter() - start)
+
+
 def correct(framework: Framework, model, inputs: np.ndarray, labels: np.ndarray,
             persons: np.ndarray | None = None) -> float:
     """How many of the validation examples the model classifies right: the score's count, of
@@ -227,11 +263,18 @@ def tune(framework: Framework, inputs: dict, outputs: dict, hyperparameters_path
     model_io.check_finite(framework, searched.model, "every candidate of the search diverged",
                           "nothing was saved; lower learning_rate or max_grad_norm in the search "
                           f"space or {where}")
-    ledger = released_ledger(framework, data, plan, searched,
-                             provenance.running_code(Path(hyperparameters_path).parent, "tune"))
+    code = provenance.running_code(Path(hyperparameters_path).parent, "tune")
+    ledger = released_ledger(framework, data, plan, searched, code)
+    if plan.search.search_epsilon is not None:
+        searched = final_run(framework, data, plan, searched, ledger, randomness, where, persons,
+                             code)
+        model_io.check_finite(framework, searched.model, "the final run on all the data diverged",
+                              "nothing was saved; lower learning_rate or max_grad_norm in the "
+                              f"search space or {where}")
     # before the model leaves
     with data_ledger.held(skeleton.sample_folders(data), inputs.get("ledger")) as spent:
-        spent.record(ledger, ledger.events[-1])
+        for event in ledger.events:  # the search's, and the final run's
+            spent.record(ledger, event)
         spent.pass_on(outputs.get("ledger"))
         # for the data's figure below: the organisation's other keys' runs too
         spent.ledger.link(data["samples"])
@@ -240,7 +283,8 @@ def tune(framework: Framework, inputs: dict, outputs: dict, hyperparameters_path
                                          ledger, searched.plan.metadata()))
     summary = statement.privacy_summary(ledger, base.delta)
     model_io.save_epsilon(outputs["epsilon"], summary["epsilon"])
-    log.info("search: released the best candidate: %s", statement.describe(summary))
+    log.info("search: released the %s: %s", "best candidate" if len(ledger.events) == 1
+             else "final run on the best candidate's hyperparameters", statement.describe(summary))
     if spent.ledger.events:
         log.info("%s", statement.data_spent(spent.ledger, ledger.events[-1].data, base.delta))
     return summary

@@ -26,8 +26,8 @@ ENTROPY_BITS = 256
 _POOL_WORDS = ENTROPY_BITS // 32  # numpy's SeedSequence keeps 128 bits unless told more
 PURPOSES = {"batches": 0, "gradient noise": 1, "count noise": 2,
             # A private search's: how many candidates and their hyperparameters, their
-            # scores' noise, each one's run.
-            "search": 3, "score noise": 4, "candidate": 5}
+            # scores' noise, each one's run, the winner's run on all the data.
+            "search": 3, "score noise": 4, "candidate": 5, "final run": 6}
 REPLAYABLE_WARNING = ("its noise was drawn from noise_seed: its ε holds only while that seed stays "
                       "secret (whoever knows it can replay training); a model for experiments, not "
                       "for release")
@@ -77,7 +77,15 @@ class RunRandomness:
     def candidate(self, index: int) -> RunRandomness:
         """The randomness of a search's `index`-th candidate run: streams of its own, as fresh (or
         as replayable) as the search's."""
-        words = np.random.SeedSequence(self.entropy, spawn_key=(PURPOSES["candidate"], index),
+        return self._derived("candidate", index)
+
+    def final_run(self) -> RunRandomness:
+        """The randomness of the run a search trains last, on all its data (search_epsilon): streams
+        of its own."""
+        return self._derived("final run", 0)
+
+    def _derived(self, purpose: str, index: int) -> RunRandomness:
+        words = np.random.SeedSequence(self.entropy, spawn_key=(PURPOSES[purpose], index),
                                        pool_size=_POOL_WORDS).generate_state(_POOL_WORDS, np.uint32)
         return RunRandomness(int.from_bytes(words.astype(">u4").tobytes(), "big"), self.replayable)
 

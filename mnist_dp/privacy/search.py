@@ -76,6 +76,28 @@ class SearchPlan:
                                                self.sigmas[profile(hp, sampling)]),
                                    privacy_unit=self.privacy_unit)
 
+    def final(self, framework: str, hp: Hyperparameters, search_event: DpEvent, where: str
+              ) -> TaskPlan:
+        """The plan of the final run (search.search_epsilon set): the winner's hyperparameters on
+        all n examples (persons), σ calibrated so that the search, as either face sees it, and
+        this run end at the base's target_epsilon.
+
+        Args:
+          framework: the algo's name.
+          hp: the released candidate's hyperparameters.
+          search_event: the search's event (`event`).
+          where: what names the hyperparameters in an error.
+
+        Returns:
+          The final run's TaskPlan.
+        """
+        hp = dataclasses.replace(hp, target_epsilon=self.base.target_epsilon,
+                                 noise_multiplier=None)
+        faces = [[search_event], [dataclasses.replace(search_event,
+                                                      search=search_event.search.scored())]]
+        return task_plan.for_task(framework, hp, self.n, faces, where, search_event.data,
+                                  privacy_unit=self.privacy_unit)
+
     def event(self, plan: TaskPlan, data: tuple, ran, code: dict | None) -> DpEvent:
         """The ledger event of the released candidate: its run on the training examples, with the
         whole search it won (events.Search).
@@ -188,7 +210,9 @@ def plan_search(framework: str, base: Hyperparameters, search: SearchSpace, n: i
     for hp in profiles:
         plan = task_plan.check_run(framework, hp, n - validation_n, where, privacy_unit)
         distinct.setdefault(profile(hp, plan), (hp, plan))
-    target, delta = base.target_epsilon, base.delta
+    # with a final run, the search spends search_epsilon of it
+    target = base.target_epsilon if search.search_epsilon is None else search.search_epsilon
+    delta = base.delta
     try:
         sigmas = search_accountant.calibrate_search(target, delta, list(distinct), search.mean,
                                              search.shape)

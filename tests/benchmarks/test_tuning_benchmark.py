@@ -28,13 +28,14 @@ def test_the_report_judges_each_goal_in_accuracy_and_in_time():
                           record("mnist4k", "default", 0.969, 20),
                           record("imbalanced", "private-search", 0.83, 3),
                           record("imbalanced", "default", 0.79, 2)])
-    assert "Fashion-MNIST 60k: the private search loses at most 0.3 points to the default: " \
-           "-0.3 points, met." in text
-    assert "Fashion-MNIST 60k: the private search takes at most 2× the default's time: 1.9×, " \
+    assert "- private-search, Fashion-MNIST 60k: loses at most 0.3 points to the default: -0.3 " \
+           "points, met." in text
+    assert "- private-search, Fashion-MNIST 60k: takes at most 2× the default's time: 1.9×, " \
            "met." in text
-    assert "MNIST-4k (embedded): the private search loses at most 0.5 points to the default: " \
+    assert "- private-search, MNIST-4k (embedded): loses at most 0.5 points to the default: " \
            "-0.9 points, MISSED." in text
-    assert "MNIST-4k (embedded): the private search takes at most 2× the default's time: 2.5×, " \
+    assert "- private-search, MNIST-4k (embedded): takes at most 2× the default's time: 2.5×, " \
            "MISSED." in text
-    assert "class-imbalanced MNIST-4k (recipe off): the private search beats the default by at " \
+    assert "- private-search, class-imbalanced MNIST-4k (recipe off): beats the default by at " \
            "least 3 points: +4.0 points, met." in text
+    assert "search-then-train," not in text  # no records of it

@@ -4,6 +4,7 @@ dp_accounting, the number of candidates against its distribution, σ calibrated 
 per-example faces, and the ledger's checks."""
 import dataclasses
 import math
+import re
 
 import dp_accounting
 import numpy as np
@@ -231,4 +232,47 @@ def test_delta_is_checked_against_every_example_before_a_search_starts():
     space = search_space.parse({"space": {"learning_rate": [0.1, 0.2]}}, "hp.json")
     with pytest.raises(UserError, match=r"hp.json: delta = 0.00105\d* must be > 0 and < 1/n = "
                                         r"0.001 for n = 1000"):
+        plan_search("torch", hp, space, 1000, 100, "hp.json")
+
+
+def test_a_search_with_a_final_run_ends_each_face_at_the_target_as_dp_accounting_composes_it():
+    """search_epsilon: the candidates and scores spend it; the final run on all the examples is
+    calibrated so that either face of the search and that run together end at target_epsilon."""
+    hp = dict_hp(epochs=2, batch_size=50, target_epsilon=3.0)
+    space = search_space.parse({"space": {"learning_rate": [0.1, 0.2]}, "search_epsilon": 0.5},
+                               "x")
+    plan = plan_search("torch", hp, space, 1000, 100, "x")
+    ((q, steps, _), sigma), = plan.sigmas.items()
+    event = search_event((Candidate(q, steps, sigma),), score=plan.score_noise_multiplier, n=1000,
+                         validation_n=100)
+    scored = dataclasses.replace(event, search=event.search.scored())
+    assert 0.45 < accountant.compose_epsilon([event], DELTA) <= 0.5
+    assert 0.45 < accountant.compose_epsilon([scored], DELTA) <= 0.5
+    final = plan.final("torch", dict_hp(epochs=2, batch_size=50, target_epsilon=3.0,
+                                        learning_rate=0.2), event, "x")
+    assert final.sampling.n == 1000 and final.hp.learning_rate == 0.2  # all examples, the winner's
+    run = final.event_at(final.sampling.steps)
+    for face, single in ((event, dp_sgd(q, steps, sigma)),
+                         (scored, dp_accounting.GaussianDpEvent(plan.score_noise_multiplier))):
+        independent = rdp.RdpAccountant().compose(dp_accounting.ComposedDpEvent([
+            dp_accounting.dp_event.RepeatAndSelectDpEvent(single, space.mean, space.shape),
+            dp_sgd(final.sampling.sample_rate, final.sampling.steps, final.sigma)]))
+        assert accountant.compose_epsilon([face, run], DELTA) == pytest.approx(
+            independent.get_epsilon(DELTA), rel=1e-9)
+    worse = max(accountant.compose_epsilon([face, run], DELTA) for face in (event, scored))
+    assert 2.95 < worse <= 3.0
+    alone = accountant.compose_epsilon([run], DELTA, "rdp")
+    assert alone < worse  # the search costs the final run something
+
+
+@pytest.mark.parametrize("spent, message", [
+    (3.0, "the search file's search_epsilon = 3 must be below target_epsilon = 3"),
+    (0, "search_epsilon = 0 must be null or a number above 0"),
+    ("half", "search_epsilon = \"half\" must be null or a number above 0"),
+])
+def test_a_search_epsilon_that_leaves_the_final_run_nothing_is_refused_in_a_line(spent, message):
+    hp = dict_hp(epochs=2, batch_size=50, target_epsilon=3.0)
+    with pytest.raises(UserError, match=re.escape(message)):
+        space = search_space.parse({"space": {"learning_rate": [0.1, 0.2]},
+                                    "search_epsilon": spent}, "search.json")
         plan_search("torch", hp, space, 1000, 100, "hp.json")

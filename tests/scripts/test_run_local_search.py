@@ -139,12 +139,13 @@ def in_a_terminal(command, cwd, env):
     return proc.wait(), written.decode(errors="replace")
 
 
-@pytest.mark.parametrize("framework", list(ALGO_ASSETS))
+@pytest.mark.parametrize("framework, search_epsilon", [(name, None) for name in ALGO_ASSETS]
+                         + [("torch", 1.0)])
 def test_nothing_a_tune_task_emits_depends_on_the_number_of_candidates(
-        tmp_path, tiny_data, framework):
+        tmp_path, tiny_data, framework, search_epsilon):
     """A K = 1 and a K = 4 search under a terminal, with secure_mode where the framework has it: the
     same bytes on the terminal, digits included (log lines' timestamps aside), the same timings
-    file, the same outputs."""
+    file, the same outputs; with search_epsilon, the final run's too."""
     import os
 
     # TF Privacy has no secure noise generator: its algo refuses secure_mode
@@ -152,7 +153,7 @@ def test_nothing_a_tune_task_emits_depends_on_the_number_of_candidates(
     hp = tiny_hyperparameters(framework, noise_multiplier=None, target_epsilon=3.0, noise_seed=None,
                               secure_mode=secure)
     folder = extract_function(ALGO_ASSETS[framework], "tune", tmp_path / "build", hp)
-    (folder / "search.json").write_text(json.dumps(SEARCH))
+    (folder / "search.json").write_text(json.dumps({**SEARCH, "search_epsilon": search_epsilon}))
     (folder / "forced_count.py").write_text(FORCED_COUNT)
     written, timings, outputs = [], [], []
     for count in (1, 4):
@@ -175,10 +176,44 @@ def test_nothing_a_tune_task_emits_depends_on_the_number_of_candidates(
         written.append(re.sub(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", "<time>", text))
         timings.append(timings_file.read_text() if timings_file.exists() else None)
         outputs.append(sorted(p.name for p in out.iterdir()))
-    assert "search: released the best candidate" in written[0]
+    assert ("search: released the best candidate" if search_epsilon is None else
+            "search: released the final run") in written[0]
     assert written[0] == written[1], "\n".join(
         difflib.unified_diff(*(w.splitlines() for w in written), lineterm=""))
     assert timings[0] == timings[1] and outputs[0] == outputs[1] == ["epsilon", "model"]
+
+
+def test_a_tune_task_with_search_epsilon_releases_a_final_run_on_all_its_data(tmp_path,
+                                                                                  tiny_data):
+    """search_epsilon: the search spends it, the best candidate's hyperparameters train again on
+    every example, validation ones too, and only that model leaves; the model's ledger and the
+    data's own hold the search, then the run, together at target_epsilon."""
+    hp = tiny_hyperparameters("torch", noise_multiplier=None, target_epsilon=3.0, noise_seed=0)
+    folder = extract_function(ALGO_ASSETS["torch"], "tune", tmp_path / "build", hp)
+    (folder / "search.json").write_text(json.dumps({**SEARCH, "search_epsilon": 1.0}))
+    data = shutil.copytree(tiny_data, tmp_path / "data")
+    folders = samples(data, "train")
+    resources = [{"id": "opener", "value": str(DATASET_ASSET / "opener.py"), "multiple": False}] + [
+        {"id": "datasamples", "value": f, "multiple": True} for f in folders]
+    outs = [{"id": "model", "value": str(tmp_path / "model"), "multiple": False},
+            {"id": "epsilon", "value": str(tmp_path / "epsilon"), "multiple": False}]
+    proc = subprocess.run([sys.executable, "algo.py", "--function-name", "tune", "--inputs",
+                           json.dumps(resources), "--outputs", json.dumps(outs)], cwd=folder,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "released the final run on the best candidate's hyperparameters" in proc.stderr
+    saved = model_file.load(tmp_path / "model", "torch")
+    searched, final = saved.ledger.events
+    assert searched.search is not None and final.search is None
+    assert final.n == searched.n == sum(len(np.load(f"{f}/labels.npy")) for f in folders)
+    assert (saved.hyperparameters["noise_multiplier"] == final.noise_multiplier
+            != searched.noise_multiplier)
+    epsilon = json.loads((tmp_path / "epsilon").read_text())["all"]
+    assert 2.9 < epsilon <= 3.0 and epsilon == pytest.approx(saved.ledger.epsilon(hp["delta"]))
+    from mnist_dp.privacy import data_ledger
+
+    assert [e.run_id for e in data_ledger.read(folders).events] == [searched.run_id,
+                                                                    final.run_id]
 
 
 @pytest.mark.parametrize("search, message", [
@@ -199,6 +234,8 @@ def test_nothing_a_tune_task_emits_depends_on_the_number_of_candidates(
      "validation_fraction = 0.9 must be"), ({"space": {"noise_decay": {"low": 0.5, "high": 1.0}}},
      "noise_decay changes a candidate's noise"),
     ({"space": {"learning_rate": [0.1]}, "candidates": 3}, "unknown key(s) ['candidates']"),
+    ({"space": {"learning_rate": [0.1]}, "search_epsilon": 0},
+     "search_epsilon = 0 must be null or a number above 0"),
 ])
 def test_a_bad_search_file_is_one_line_and_nothing_is_registered(
         tmp_path, tiny_data, search, message):
@@ -224,6 +261,15 @@ def test_a_search_no_task_could_run_is_refused_before_anything_is_registered(
     assert (proc.returncode == 2 and proc.stderr.count("\n") == 1
             and message in proc.stderr), proc.stderr
     # nothing was built or registered
+    assert not list((tmp_path / "out").glob("substra/archives/*"))
+
+
+def test_a_search_epsilon_not_below_target_epsilon_is_refused_before_anything_is_registered(
+        tmp_path, tiny_data):
+    proc = run_local(tmp_path, tiny_data, {**SEARCH, "search_epsilon": 3.0})
+    assert (proc.returncode == 2 and proc.stderr.count("\n") == 1
+            and "the search file's search_epsilon = 3 must be below target_epsilon = 3: the final "
+                "run spends the rest" in proc.stderr), proc.stderr
     assert not list((tmp_path / "out").glob("substra/archives/*"))
 
 
