@@ -251,12 +251,12 @@ def person_squares(layer, inputs, grads, persons):
       [P].
     """
     slots = persons[1]
-    persons, k = tf.shape(slots)[0], tf.shape(slots)[1]
+    count, k = tf.shape(slots)[0], tf.shape(slots)[1]
     if isinstance(layer, tf.keras.layers.Conv2D):  # the sum of the person's kernel gradients
         patches = conv_patches(inputs, layer, grads.shape[1:3])  # [B, H', W', K]
         # -> [P, k·H'W', K], [P, k·H'W', out]
-        x = tf.reshape(padded_rows(patches, slots), [persons, -1, patches.shape[-1]])
-        g = tf.reshape(padded_rows(grads, slots), [persons, -1, grads.shape[-1]])
+        x = tf.reshape(padded_rows(patches, slots), [count, -1, patches.shape[-1]])
+        g = tf.reshape(padded_rows(grads, slots), [count, -1, grads.shape[-1]])
         squares = tf.reduce_sum(tf.square(tf.einsum("pqk,pqc->pkc", x, g)), [1, 2])
     elif len(inputs.shape) != 2:
         raise NotImplementedError("per-person norms: a Dense layer on [B, in] inputs only")
