@@ -42,13 +42,19 @@ def test_the_report_shows_every_row_and_judges_the_goal_per_organisations_split_
     assert "- 2 organisations, persons of 10 images, torch: +4.0 points, MISSED." in text
 
 
+def torch_framework():
+    return load_asset_module(ALGO_ASSETS["torch"] / "algo.py", "algo_torch_per_person").FRAMEWORK
+
+
+def tiny_split():
+    """(train, test): 300 and 100 embedded images in [0, 1], as the benchmark's data."""
+    train, test = sources.split_train_test(*sources.load_embedded(), 300, 100, 0)
+    return tuple((x.astype(np.float32) / 255, y.astype(np.int64)) for x, y in (train, test))
+
+
 @pytest.mark.parametrize("row", ["per-person", "group-privacy"])
 def test_one_tiny_point_of_each_row_trains_at_its_epsilon(row):
-    images, labels = sources.load_embedded()
-    train, test = sources.split_train_test(images, labels, 300, 100, 0)
-    scale = lambda split: (split[0].astype(np.float32) / 255, split[1].astype(np.int64))  # noqa: E731
-    framework = load_asset_module(ALGO_ASSETS["torch"] / "algo.py", "algo_torch_per_person_bench")
-    got = per_person.point(framework.FRAMEWORK, "1-50", row, 0, scale(train), scale(test),
+    got = per_person.point(torch_framework(), "1-50", row, 0, *tiny_split(),
                            {"epochs": 1, "batch_size": 10})
     persons = per_person.persons_of("1-50", 300)
     want = {"per-person": (3.0, 1e-5),
@@ -76,11 +82,7 @@ def test_each_organisation_holds_whole_persons_named_only_when_the_row_is_per_pe
 
 @pytest.mark.parametrize("row", ["per-person", "group-privacy"])
 def test_one_tiny_federated_point_keeps_every_organisation_within_the_rows_epsilon(row):
-    images, labels = sources.load_embedded()
-    train, test = sources.split_train_test(images, labels, 300, 100, 0)
-    scale = lambda split: (split[0].astype(np.float32) / 255, split[1].astype(np.int64))  # noqa: E731
-    framework = load_asset_module(ALGO_ASSETS["torch"] / "algo.py", "algo_torch_per_person_fed")
-    got = per_person.point(framework.FRAMEWORK, "10", row, 0, scale(train), scale(test),
+    got = per_person.point(torch_framework(), "10", row, 0, *tiny_split(),
                            {"batch_size": 5, "ema_decay": 0}, organizations=2, schedule=(1, 2))
     want = {"per-person": (3.0, 1e-5), "group-privacy": per_person.group_privacy(10, 3.0, 1e-5)}
     assert got["delta"] == pytest.approx(want[row][1])
