@@ -57,13 +57,15 @@ def person_grids(indices, persons, rows, slots):
       person_mask [R]: 1 for a row holding a person): at least one chunk, maybe empty.
     """
     layout = person_rows(persons, -1)[1]
+    count = len(layout)
     if layout.shape[1] > slots:
         raise ValueError(f"a person has more examples than a row of {slots}")
-    layout = np.pad(layout, ((0, 1 if len(layout) == 0 else 0), (0, slots - layout.shape[1])),
+    # a padding row to index when there is no person
+    layout = np.pad(layout, ((0, 1 if count == 0 else 0), (0, slots - layout.shape[1])),
                     constant_values=-1)
     filled = (layout >= 0).astype(np.float32)
     grid = np.append(indices, 0).astype(np.asarray(indices).dtype)[layout]  # padding: -1 -> 0
-    for members, person_mask in padded_chunks(np.arange(int(filled.any(1).sum())), rows):
+    for members, person_mask in padded_chunks(np.arange(count), rows):
         yield (grid[members].reshape(-1), (filled[members] * person_mask[:, None]).reshape(-1),
                person_mask)
 

@@ -38,7 +38,7 @@ class BatchPersons:
 
     groups: np.ndarray  # each example's person, an index 0..P-1 into the batch's persons [B]
     # each person's examples [P, k], k the batch's largest person; a smaller person's row padded
-    # with B, the index of a zero row appended to the batch (`padded`)
+    # with B, the index of the zero row each framework appends to a layer's tensors
     slots: np.ndarray
 
     @classmethod
