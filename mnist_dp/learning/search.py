@@ -156,7 +156,8 @@ def final_run(framework: Framework, data: dict, plan: SearchPlan, searched: Sear
       plan: the search's privacy plan, with a search_epsilon.
       searched: what the search released.
       ledger: the released ledger so far (released_ledger's).
-      randomness: the search's: the run draws from its own streams (RunRandomness.final_run).
+      randomness: the search's: the run draws from its run streams ("batches", "gradient noise"),
+        which neither the search's own draws nor its candidates' (RunRandomness.candidate) use.
       where: what names the hyperparameters in errors.
       persons: each image's person when the search is per person, else None.
       code: the running function's provenance, None in memory.
@@ -170,7 +171,7 @@ def final_run(framework: Framework, data: dict, plan: SearchPlan, searched: Sear
     with silenced():  # its start, and so its records' times, follow the K candidates
         ran = training.fit(framework, model, feature_maps.transform(data["images"],
                                                                     final.hp.features),
-                           data["labels"], final, randomness.final_run(), progress=False,
+                           data["labels"], final, randomness, progress=False,
                            persons=persons)
     ledger.add(final.event(ran, code))
     return Searched(model, final, ran, searched.candidates,

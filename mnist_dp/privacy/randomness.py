@@ -26,8 +26,8 @@ ENTROPY_BITS = 256
 _POOL_WORDS = ENTROPY_BITS // 32  # numpy's SeedSequence keeps 128 bits unless told more
 PURPOSES = {"batches": 0, "gradient noise": 1, "count noise": 2,
             # A private search's: how many candidates and their hyperparameters, their
-            # scores' noise, each one's run, the winner's run on all the data.
-            "search": 3, "score noise": 4, "candidate": 5, "final run": 6}
+            # scores' noise, each one's run.
+            "search": 3, "score noise": 4, "candidate": 5}
 REPLAYABLE_WARNING = ("its noise was drawn from noise_seed: its ε holds only while that seed stays "
                       "secret (whoever knows it can replay training); a model for experiments, not "
                       "for release")
@@ -78,11 +78,6 @@ class RunRandomness:
         """The randomness of a search's `index`-th candidate run: streams of its own, as fresh (or
         as replayable) as the search's."""
         return self._derived("candidate", index)
-
-    def final_run(self) -> RunRandomness:
-        """The randomness of the run a search trains last, on all its data (search_epsilon): streams
-        of its own."""
-        return self._derived("final run", 0)
 
     def _derived(self, purpose: str, index: int) -> RunRandomness:
         words = np.random.SeedSequence(self.entropy, spawn_key=(PURPOSES[purpose], index),

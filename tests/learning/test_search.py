@@ -6,7 +6,8 @@ import pytest
 from conftest import StepsThatLearnNothing, dict_hp
 
 from mnist_dp import search_space
-from mnist_dp.learning import search
+from mnist_dp.data import samples
+from mnist_dp.learning import search, training
 from mnist_dp.privacy.randomness import RunRandomness
 from mnist_dp.privacy.search import draw_count, plan_search
 
@@ -71,3 +72,30 @@ def test_the_search_trains_k_candidates_and_releases_the_best_noisy_score(monkey
         best = int(np.argmax(scores))
         learning_rate = found.plan.hp.learning_rate
         assert found.model["learning_rate"] == framework.trained[best] == learning_rate
+
+
+def test_the_final_run_draws_from_the_task_s_run_streams_which_no_candidate_uses(monkeypatch):
+    hp = dict_hp(epochs=1, batch_size=50, target_epsilon=3.0, features="pixels")
+    space = search_space.parse({"space": {"learning_rate": [0.1, 0.2]}, "mean_candidates": 5,
+                                "shape": 1, "search_epsilon": 1.0}, "x")
+    n = 400
+    data = samples.in_memory(np.zeros((n, 28, 28), np.float32), np.zeros(n, np.int64), "s")
+    held_out = np.arange(n) % 10 == 0
+    plan = plan_search("torch", hp, space, n, int(held_out.sum()), "x")
+    drawn_from, real_fit = [], training.fit
+
+    def recording(framework, model, inputs, labels, plan, randomness, **options):
+        drawn_from.append(randomness.entropy)
+        return real_fit(framework, model, inputs, labels, plan, randomness, **options)
+
+    monkeypatch.setattr(training, "fit", recording)
+    framework, randomness = Remembering({0.1: 10, 0.2: 30}), RunRandomness.for_run(3, 0, ("s",))
+    found = search.run_search(framework, data["images"], data["labels"], held_out, plan,
+                              randomness, "x")
+    ledger = search.released_ledger(framework, data, plan, found, None)
+    search.final_run(framework, data, plan, found, ledger, randomness, "x")
+    *candidates, final = drawn_from
+    # a train task with this randomness would draw its batches and noise as the final run did
+    assert final == randomness.entropy
+    assert len(set(candidates)) == len(candidates) == found.candidates
+    assert final not in candidates
