@@ -12,12 +12,17 @@ draws, and its validation split. JSON, every key checked as the hyperparameters 
       "shape": 0,                  # K's distribution: 0 logarithmic, 1 geometric, "poisson", ...
       "validation_fraction": 0.1,  # of the training examples, held out to score the candidates
       "recipe_weight": 0,          # how often a candidate is the algo's own hyperparameters
+      "recipe_margin": 0,          # what another candidate's score must beat the recipe's by
       "search_epsilon": null       # or a part of target_epsilon (below)
     }
 
 With "recipe_weight" w, each candidate is the algo's hyperparameters file itself with probability w,
 else drawn from the space: still one distribution for every candidate, as the accountant requires,
-and one that keeps the recipe in the running.
+and one that keeps the recipe in the running. With "recipe_margin" m, a candidate with the algo's
+hyperparameters has m times the validation examples (per person: persons) added to its score before
+the best is chosen: the choice is still a fixed order on what the candidates output, so the
+accountant's bound holds, and noisy scores no longer trade the recipe for a candidate that only
+looks better.
 
 With "search_epsilon", the candidates and their scores spend that much, and the best candidate's
 hyperparameters are trained once more on all the data (the validation split too), σ calibrated so
@@ -57,7 +62,7 @@ DEFAULT = {
         "learning_rate": {"low": 0.25, "high": 4.0, "log": True},
         "max_grad_norm": {"low": 0.025, "high": 0.4, "log": True}, "ema_decay": [0.0, 0.9, 0.99],
     }, "mean_candidates": 4, "shape": 0, "validation_fraction": 0.1, "recipe_weight": 0.0,
-    "search_epsilon": None,
+    "recipe_margin": 0.0, "search_epsilon": None,
 }
 # What changes a candidate's DP event for a given σ: its q (batch_size), steps
 # (epochs, batch_size) and schedule.
@@ -117,6 +122,8 @@ class SearchSpace:
     # the part of target_epsilon the candidates spend, the rest the final run's; None: no final run
     search_epsilon: float | None = None
     recipe_weight: float = 0.0  # the probability that a candidate is the base hyperparameters
+    # added to such a candidate's score, as a fraction of the score's largest value
+    recipe_margin: float = 0.0
 
     @property
     def validation_permille(self) -> int:
@@ -156,7 +163,8 @@ class SearchSpace:
         shape = POISSON if math.isinf(self.shape) else self.shape
         return {"space": space, "mean_candidates": self.mean, "shape": shape,
                 "validation_fraction": self.validation_fraction,
-                "recipe_weight": self.recipe_weight, "search_epsilon": self.search_epsilon}
+                "recipe_weight": self.recipe_weight, "recipe_margin": self.recipe_margin,
+                "search_epsilon": self.search_epsilon}
 
 
 def parse(values, where: str) -> SearchSpace:
@@ -164,13 +172,14 @@ def parse(values, where: str) -> SearchSpace:
     if not isinstance(values, dict):
         raise UserError(f"{where}: must hold a JSON object with \"space\" (and optionally "
                         "\"mean_candidates\", \"shape\", \"validation_fraction\", "
-                        "\"recipe_weight\", \"search_epsilon\")")
+                        "\"recipe_weight\", \"recipe_margin\", \"search_epsilon\")")
     values = {**{k: v for k, v in DEFAULT.items() if k != "space"}, **values}
     unknown = set(values) - set(DEFAULT)
     if unknown:
         raise UserError(f"{where}: unknown key(s) {sorted(unknown)}; known: {sorted(DEFAULT)}")
-    mean, shape, fraction, spent, weight = values["mean_candidates"], values["shape"], values[
-        "validation_fraction"], values["search_epsilon"], values["recipe_weight"]
+    mean, shape, fraction, spent, weight, margin = (
+        values[k] for k in ("mean_candidates", "shape", "validation_fraction", "search_epsilon",
+                            "recipe_weight", "recipe_margin"))
     if not _number(mean) or not 1 <= mean <= MAX_MEAN:
         raise UserError(f"{where}: mean_candidates = {json.dumps(mean)} must be a number from 1 to "
                         f"{MAX_MEAN:,}")
@@ -185,6 +194,12 @@ def parse(values, where: str) -> SearchSpace:
     if not _number(weight) or not 0 <= weight < 1:
         raise UserError(f"{where}: recipe_weight = {json.dumps(weight)} must be a number from 0 "
                         "(never the algo's own hyperparameters) up to, not including, 1")
+    if not _number(margin) or not 0 <= margin <= 1:
+        raise UserError(f"{where}: recipe_margin = {json.dumps(margin)} must be a number from 0 to "
+                        "1 (a fraction of the validation examples)")
+    if margin and not weight:
+        raise UserError(f"{where}: recipe_margin = {json.dumps(margin)} needs a recipe_weight "
+                        "above 0: without it no candidate is the algo's own hyperparameters")
     if spent is not None and (not _number(spent) or not 0 < spent <= hyperparameters.MAX_EPSILON):
         raise UserError(f"{where}: search_epsilon = {json.dumps(spent)} must be null or a number "
                         f"above 0 (at most {hyperparameters.MAX_EPSILON:g}), below the "
@@ -196,7 +211,8 @@ def parse(values, where: str) -> SearchSpace:
     space = {name: _choice(name, choice, f"{where}: space.{name}") for name,
              choice in values["space"].items()}
     search = SearchSpace(space, float(mean), math.inf if shape == POISSON else float(shape),
-                         float(fraction), None if spent is None else float(spent), float(weight))
+                         float(fraction), None if spent is None else float(spent), float(weight),
+                         float(margin))
     # counted before any is made: wide ranges would make millions
     if search.profile_count() > MAX_PROFILES:
         raise UserError(f"{where}: the space has {search.profile_count():,} privacy profiles "

@@ -40,6 +40,8 @@ def parse(**values):
     ({"recipe_weight": 1}, "recipe_weight = 1 must be a number from 0"),
     ({"recipe_weight": -0.1}, "recipe_weight = -0.1 must be a number from 0"),
     ({"search_epsilon": "all"}, "search_epsilon = \"all\" must be null or a number above 0"),
+    ({"recipe_weight": 0.5, "recipe_margin": 1.5}, "recipe_margin = 1.5 must be a number from 0"),
+    ({"recipe_margin": 0.05}, "recipe_margin = 0.05 needs a recipe_weight above 0"),
 ])
 def test_a_bad_search_file_is_one_line_naming_it(values, message):
     with pytest.raises(UserError) as refused:
@@ -95,7 +97,8 @@ def test_a_search_file_survives_its_json_round_trip(shape):
     search = search_space.parse({"space": {"learning_rate": {"low": 0.1, "high": 1.0, "log": True},
                                            "batch_size": [10, 20]}, "mean_candidates": 3,
                                  "shape": shape, "validation_fraction": 0.2,
-                                 "recipe_weight": 0.5, "search_epsilon": 1.0}, "s.json")
+                                 "recipe_weight": 0.5, "recipe_margin": 0.05,
+                                 "search_epsilon": 1.0}, "s.json")
     assert search_space.parse(search.to_json(), "again") == search
     assert search.validation_permille == 200
 

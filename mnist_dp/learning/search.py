@@ -80,6 +80,9 @@ def run_search(framework: Framework, images: np.ndarray, labels: np.ndarray, hel
     drawn = search.search.space.get("features", (search.base.features,))
     inputs = {features: (feature_maps.transform(images[~held_out], features),
                          feature_maps.transform(images[held_out], features)) for features in drawn}
+    # the recipe's head start, in the score's units (its largest value: one per example or person)
+    head_start = search.search.recipe_margin * (
+        len(validation_y) if persons is None else int(validation_persons.max(initial=-1)) + 1)
     best, best_score = None, -np.inf
     with silenced():
         for index in range(count):
@@ -92,9 +95,12 @@ def run_search(framework: Framework, images: np.ndarray, labels: np.ndarray, hel
             score = noisy_count(correct(framework, model, inputs[hp.features][1], validation_y,
                                         validation_persons),
                                 search.score_noise_multiplier, score_noise)
-            # a diverged candidate never wins (a function of its output)
+            # a diverged candidate never wins; the recipe starts ahead (both functions of the
+            # candidate's output)
             if model_io.non_finite(framework, model)[0]:
                 score = -np.inf
+            elif hp == search.base:
+                score += head_start
             if best is None or score > best_score:
                 best, best_score = Searched(model, plan, ran, count, 0.0), score
     if best is None:

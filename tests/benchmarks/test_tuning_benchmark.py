@@ -1,6 +1,7 @@
 """benchmarks/tuning.py: the recipe-off class-imbalanced set, and how its report judges goals."""
 import numpy as np
 
+from mnist_dp import search_space
 from mnist_dp.assets import REPO, load_asset_module
 
 tuning = load_asset_module(REPO / "benchmarks" / "tuning.py", "tuning_benchmark")
@@ -39,3 +40,9 @@ def test_the_report_judges_each_goal_in_accuracy_and_in_time():
     assert "- private-search, class-imbalanced MNIST-4k (recipe off): beats the default by at " \
            "least 3 points: +4.0 points, met." in text
     assert "search-then-train," not in text  # no records of it
+
+
+def test_every_search_method_s_file_is_a_search_file_with_a_runner():
+    for method, values in tuning.SEARCHES.items():
+        assert search_space.parse(values, method).to_json() == values
+        assert method in tuning.METHODS and method in tuning.RUN

@@ -74,6 +74,30 @@ def test_the_search_trains_k_candidates_and_releases_the_best_noisy_score(monkey
         assert found.model["learning_rate"] == framework.trained[best] == learning_rate
 
 
+@pytest.mark.parametrize("margin, recipe_wins", [(0.35, True), (0.25, False)])
+def test_the_recipe_wins_unless_another_scores_more_than_its_margin_above_it(monkeypatch, margin,
+                                                                             recipe_wins):
+    hp = dict_hp(epochs=1, batch_size=50, target_epsilon=3.0, features="pixels",
+                 learning_rate=0.5)
+    space = search_space.parse({"space": {"learning_rate": [0.2]}, "mean_candidates": 5,
+                                "shape": 1, "recipe_weight": 0.5, "recipe_margin": margin}, "x")
+    n = 400
+    held_out = np.arange(n) % 10 == 0  # 40 validation examples: the recipe starts 14 or 10 ahead
+    plan = plan_search("torch", hp, space, n, int(held_out.sum()), "x")
+    monkeypatch.setattr(search, "noisy_count", lambda count, noise_multiplier, rng: count)
+    images, labels = np.zeros((n, 28, 28), np.float32), np.zeros(n, np.int64)
+    both_drawn = 0
+    for seed in range(30):
+        framework = Remembering({0.5: 18, 0.2: 30})
+        found = search.run_search(framework, images, labels, held_out, plan,
+                                  RunRandomness.for_run(seed, 0, ("s",)), "x")
+        if set(framework.trained) != {0.5, 0.2}:
+            continue
+        both_drawn += 1
+        assert found.plan.hp.learning_rate == (0.5 if recipe_wins else 0.2)
+    assert both_drawn >= 5
+
+
 def test_the_final_run_draws_from_the_task_s_run_streams_which_no_candidate_uses(monkeypatch):
     hp = dict_hp(epochs=1, batch_size=50, target_epsilon=3.0, features="pixels")
     space = search_space.parse({"space": {"learning_rate": [0.1, 0.2]}, "mean_candidates": 5,
