@@ -9,8 +9,9 @@ On each data set, per seed, four methods:
   0.5), the candidates spending ε = 0.5 of the 3 (search_epsilon), then the best one's
   hyperparameters trained again on all the training data with the rest (RDP, search and run
   composed);
-- recipe-margin: the same, the candidates spending ε = 0.25, and another candidate winning over
-  the recipe only with a validation score 5 points above it (recipe_margin 0.05);
+- recipe-margin: the same, the candidates training 3 epochs (candidate_epochs) and spending
+  ε = 0.25, and another candidate winning over the recipe only with a validation score 5 points
+  above it (recipe_margin 0.05); the final run trains the recipe's 30 epochs;
 - default: the hand-tuned recipe (assets/algo_torch_dp/hyperparameters.json) at ε = 3 (PLD); its
   tuning, done by hand on MNIST and Fashion-MNIST, is not counted;
 - non-private-grid: the upper reference, no DP: a grid over the search space's learning rates and
@@ -22,7 +23,7 @@ scored on the balanced test set.
 
 Writes benchmarks/results/tuning.json (one record per data set, method and seed: dataset, method,
 epsilon (null without DP), test_accuracy, candidates, seconds) as each record finishes, skipping
-records already there, and tuning.md beside it.
+records already there, and the report beside it (tuning.md for tuning.json).
 
     python benchmarks/tuning.py [--datasets faint,imbalanced,mnist4k,fmnist] [--seeds 3]
         [--report-only]
@@ -63,7 +64,7 @@ SEARCHES = {"private-search": search_space.DEFAULT,
             "search-then-train": {**search_space.DEFAULT, "recipe_weight": 0.5,
                                   "search_epsilon": 0.5},
             "recipe-margin": {**search_space.DEFAULT, "recipe_weight": 0.5, "recipe_margin": 0.05,
-                              "search_epsilon": 0.25}}
+                              "search_epsilon": 0.25, "candidate_epochs": 3}}
 EPSILON, DELTA, FRAMEWORK = 3.0, 1e-5, "torch"
 # The non-private grid: the search space's learning rates (its ends and middle) and weight averages;
 # the clipping norm does nothing without DP.
@@ -121,9 +122,7 @@ def private_search(framework, dataset, train, test, seed, method="private-search
     held_out = validation_split(data, space.validation_permille)
     plan = plan_search(FRAMEWORK, base_hyperparameters(seed), space, len(held_out),
                        int(held_out.sum()), "tuning")
-    # the default method's (training.fit_from_scratch): a final run that chose the recipe differs
-    # from the default's run only in σ
-    randomness = RunRandomness.for_run(seed)
+    randomness = randomness_of(dataset, seed)
     found = search.run_search(framework, data["images"], data["labels"], held_out, plan,
                               randomness, "tuning")
     ledger = search.released_ledger(framework, data, plan, found, None)
@@ -135,9 +134,17 @@ def private_search(framework, dataset, train, test, seed, method="private-search
             "chosen": {k: getattr(found.plan.hp, k) for k in plan.search.space}}
 
 
+def randomness_of(dataset: str, seed: int) -> RunRandomness:
+    """A method's randomness on a data set: the same for every method, so a final run that chose
+    the recipe differs from the default's run only in σ; a search's K and draws differ by data
+    set."""
+    return RunRandomness.for_run(seed, 0, (dataset,))
+
+
 def default(framework, dataset, train, test, seed) -> dict:
     hp = base_hyperparameters(seed)
-    run = training.fit_from_scratch(framework, *train, hp, "tuning", (dataset,))
+    run = training.fit_from_scratch(framework, *train, hp, "tuning", (dataset,),
+                                    randomness=randomness_of(dataset, seed))
     event = run.plan.event(run.ran)
     return {"epsilon": Ledger([event]).epsilon(DELTA), "candidates": 1, "seconds": run.seconds,
             "test_accuracy": accuracy(framework, run.model, run.network, *test)}
@@ -208,9 +215,9 @@ def report(records: list) -> str:
              "logarithmic distribution, 10% of the training data for validation) with ε covering "
              "the whole search; search-then-train: the same space with the recipe as every other "
              "candidate, the search spending ε = 0.5, then the best one's hyperparameters trained "
-             "on all the training data, ε covering both; recipe-margin: the same with the search "
-             "spending ε = 0.25 and another candidate beating the recipe only by 5 points of "
-             "validation accuracy; default: the hand-tuned recipe at ε = 3, "
+             "on all the training data, ε covering both; recipe-margin: the same with candidates "
+             "of 3 epochs spending ε = 0.25, another candidate beating the recipe only by 5 points "
+             "of validation accuracy; default: the hand-tuned recipe at ε = 3, "
              "its tuning not counted; "
              "non-private-grid: no DP, the best of a 6-point grid on the same validation split. "
              "Time: the whole method on 2 cores (features included).", "",
@@ -257,11 +264,14 @@ def main(argv=None):
     parser.add_argument("--seeds", type=options.integer(1, utility.MAX_SEEDS), default=None,
                         help="seeds per data set and method (default: 3)")
     parser.add_argument("--results", type=Path, default=RESULTS,
-                        help="the JSON records, resumed if present; tuning.md is written beside it "
-                             "(default: %(default)s)")
+                        help="the JSON records, resumed if present; the report is written beside "
+                             "them, named as they are with .md (default: %(default)s)")
     parser.add_argument("--report-only", action="store_true",
-                        help="train nothing; tuning.md from --results")
+                        help="train nothing; the report from --results")
     args = parser.parse_args(argv)
+    if args.results.suffix == ".md":
+        raise UserError(f"--results {args.results}: the report is written beside it with .md; "
+                        "give the records a .json name")
     if args.report_only:
         options.refuse_unused("with --report-only",
                               {"--datasets": args.datasets, "--methods": args.methods,
@@ -271,7 +281,7 @@ def main(argv=None):
         records = run_all(args.datasets or list(DATASETS), args.methods or list(METHODS),
                           args.seeds or 3, args.results)
     text = report(records)
-    atomic.write_text(args.results.with_name("tuning.md"), text)
+    atomic.write_text(args.results.with_suffix(".md"), text)
     print(text)
 
 

@@ -13,7 +13,8 @@ draws, and its validation split. JSON, every key checked as the hyperparameters 
       "validation_fraction": 0.1,  # of the training examples, held out to score the candidates
       "recipe_weight": 0,          # how often a candidate is the algo's own hyperparameters
       "recipe_margin": 0,          # what another candidate's score must beat the recipe's by
-      "search_epsilon": null       # or a part of target_epsilon (below)
+      "search_epsilon": null,      # or a part of target_epsilon (below)
+      "candidate_epochs": null     # or the candidates' epochs, with a search_epsilon (below)
     }
 
 With "recipe_weight" w, each candidate is the algo's hyperparameters file itself with probability w,
@@ -28,6 +29,9 @@ With "search_epsilon", the candidates and their scores spend that much, and the 
 hyperparameters are trained once more on all the data (the validation split too), σ calibrated so
 that the search and that run together end at target_epsilon; only that last model leaves the task.
 Without it (null), the best candidate itself leaves, the search spending all of target_epsilon.
+With "candidate_epochs" E as well, every candidate trains E epochs, and the final run the algo's own
+epochs with the best candidate's other hyperparameters: short candidates cost less time, and less
+noise for the same search_epsilon.
 
 A range draws uniformly (log-uniformly with "log": true; an integer key: an integer). Every other
 hyperparameter is the algo's own. A key that changes a candidate's privacy profile (PRIVACY_KEYS:
@@ -62,7 +66,7 @@ DEFAULT = {
         "learning_rate": {"low": 0.25, "high": 4.0, "log": True},
         "max_grad_norm": {"low": 0.025, "high": 0.4, "log": True}, "ema_decay": [0.0, 0.9, 0.99],
     }, "mean_candidates": 4, "shape": 0, "validation_fraction": 0.1, "recipe_weight": 0.0,
-    "recipe_margin": 0.0, "search_epsilon": None,
+    "recipe_margin": 0.0, "search_epsilon": None, "candidate_epochs": None,
 }
 # What changes a candidate's DP event for a given σ: its q (batch_size), steps
 # (epochs, batch_size) and schedule.
@@ -124,10 +128,17 @@ class SearchSpace:
     recipe_weight: float = 0.0  # the probability that a candidate is the base hyperparameters
     # added to such a candidate's score, as a fraction of the score's largest value
     recipe_margin: float = 0.0
+    candidate_epochs: int | None = None  # None: the base's (or the space's)
 
     @property
     def validation_permille(self) -> int:
         return round(self.validation_fraction * 1000)
+
+    def for_candidates(self, base: Hyperparameters) -> Hyperparameters:
+        """`base` as a candidate trains it: candidate_epochs epochs when set."""
+        if self.candidate_epochs is None:
+            return base
+        return dataclasses.replace(base, epochs=self.candidate_epochs)
 
     def draw(self, base: Hyperparameters, rng: np.random.Generator) -> Hyperparameters:
         """One candidate: `base` itself with probability recipe_weight, else every searched key
@@ -164,7 +175,7 @@ class SearchSpace:
         return {"space": space, "mean_candidates": self.mean, "shape": shape,
                 "validation_fraction": self.validation_fraction,
                 "recipe_weight": self.recipe_weight, "recipe_margin": self.recipe_margin,
-                "search_epsilon": self.search_epsilon}
+                "search_epsilon": self.search_epsilon, "candidate_epochs": self.candidate_epochs}
 
 
 def parse(values, where: str) -> SearchSpace:
@@ -172,14 +183,15 @@ def parse(values, where: str) -> SearchSpace:
     if not isinstance(values, dict):
         raise UserError(f"{where}: must hold a JSON object with \"space\" (and optionally "
                         "\"mean_candidates\", \"shape\", \"validation_fraction\", "
-                        "\"recipe_weight\", \"recipe_margin\", \"search_epsilon\")")
+                        "\"recipe_weight\", \"recipe_margin\", \"search_epsilon\", "
+                        "\"candidate_epochs\")")
     values = {**{k: v for k, v in DEFAULT.items() if k != "space"}, **values}
     unknown = set(values) - set(DEFAULT)
     if unknown:
         raise UserError(f"{where}: unknown key(s) {sorted(unknown)}; known: {sorted(DEFAULT)}")
-    mean, shape, fraction, spent, weight, margin = (
+    mean, shape, fraction, spent, weight, margin, epochs = (
         values[k] for k in ("mean_candidates", "shape", "validation_fraction", "search_epsilon",
-                            "recipe_weight", "recipe_margin"))
+                            "recipe_weight", "recipe_margin", "candidate_epochs"))
     if not _number(mean) or not 1 <= mean <= MAX_MEAN:
         raise UserError(f"{where}: mean_candidates = {json.dumps(mean)} must be a number from 1 to "
                         f"{MAX_MEAN:,}")
@@ -208,17 +220,33 @@ def parse(values, where: str) -> SearchSpace:
         raise UserError(f"{where}: \"space\" must be a non-empty object of hyperparameter -> list "
                         "of values or range "
                         "{\"low\": ..., \"high\": ..., \"log\": true|false}")
+    if epochs is not None:
+        _check_candidate_epochs(epochs, spent, values["space"], where)
     space = {name: _choice(name, choice, f"{where}: space.{name}") for name,
              choice in values["space"].items()}
     search = SearchSpace(space, float(mean), math.inf if shape == POISSON else float(shape),
                          float(fraction), None if spent is None else float(spent), float(weight),
-                         float(margin))
+                         float(margin), epochs)
     # counted before any is made: wide ranges would make millions
     if search.profile_count() > MAX_PROFILES:
         raise UserError(f"{where}: the space has {search.profile_count():,} privacy profiles "
                         f"(values of {', '.join(PRIVACY_KEYS)} combined), more than "
                         f"{MAX_PROFILES}; list fewer values of them")
     return search
+
+
+def _check_candidate_epochs(epochs, spent, space, where: str) -> None:
+    if isinstance(epochs, bool) or not isinstance(epochs, int) or not (
+            1 <= epochs <= hyperparameters.MAX_EPOCHS):
+        raise UserError(f"{where}: candidate_epochs = {json.dumps(epochs)} must be null or an "
+                        f"integer from 1 to {hyperparameters.MAX_EPOCHS:,}")
+    if spent is None:
+        raise UserError(f"{where}: candidate_epochs needs a search_epsilon: without a final run "
+                        "the best candidate leaves as it trained; set epochs in the "
+                        "hyperparameters instead")
+    if isinstance(space, dict) and "epochs" in space:
+        raise UserError(f"{where}: candidate_epochs and space.epochs both set the candidates' "
+                        "epochs; give one")
 
 
 def _number(value) -> bool:

@@ -42,6 +42,11 @@ def parse(**values):
     ({"search_epsilon": "all"}, "search_epsilon = \"all\" must be null or a number above 0"),
     ({"recipe_weight": 0.5, "recipe_margin": 1.5}, "recipe_margin = 1.5 must be a number from 0"),
     ({"recipe_margin": 0.05}, "recipe_margin = 0.05 needs a recipe_weight above 0"),
+    ({"search_epsilon": 1.0, "candidate_epochs": 2.5}, "candidate_epochs = 2.5 must be null or an "
+                                                       "integer from 1"),
+    ({"candidate_epochs": 3}, "candidate_epochs needs a search_epsilon"),
+    ({"search_epsilon": 1.0, "candidate_epochs": 3, "space": {"epochs": [1, 2]}},
+     "candidate_epochs and space.epochs both set the candidates' epochs"),
 ])
 def test_a_bad_search_file_is_one_line_naming_it(values, message):
     with pytest.raises(UserError) as refused:
@@ -98,7 +103,7 @@ def test_a_search_file_survives_its_json_round_trip(shape):
                                            "batch_size": [10, 20]}, "mean_candidates": 3,
                                  "shape": shape, "validation_fraction": 0.2,
                                  "recipe_weight": 0.5, "recipe_margin": 0.05,
-                                 "search_epsilon": 1.0}, "s.json")
+                                 "search_epsilon": 1.0, "candidate_epochs": 3}, "s.json")
     assert search_space.parse(search.to_json(), "again") == search
     assert search.validation_permille == 200
 

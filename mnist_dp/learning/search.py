@@ -77,7 +77,7 @@ def run_search(framework: Framework, images: np.ndarray, labels: np.ndarray, hel
         np.unique(persons[held_out], return_inverse=True)[1])
     # Every features value the space may draw, made before the first candidate: which ones the
     # candidates drew would otherwise show in the work done (and its progress bars).
-    drawn = search.search.space.get("features", (search.base.features,))
+    drawn = search.search.space.get("features", (search.recipe.features,))
     inputs = {features: (feature_maps.transform(images[~held_out], features),
                          feature_maps.transform(images[held_out], features)) for features in drawn}
     # the recipe's head start, in the score's units (its largest value: one per example or person)
@@ -86,7 +86,7 @@ def run_search(framework: Framework, images: np.ndarray, labels: np.ndarray, hel
     best, best_score = None, -np.inf
     with silenced():
         for index in range(count):
-            hp = search.search.draw(search.base, rng)
+            hp = search.search.draw(search.recipe, rng)
             plan = search.candidate(framework.name, hp, where)
             model = framework.new_model(hp.seed, Network.of(hp))
             ran = training.fit(framework, model, inputs[hp.features][0], train_y, plan,
@@ -99,7 +99,7 @@ def run_search(framework: Framework, images: np.ndarray, labels: np.ndarray, hel
             # candidate's output)
             if model_io.non_finite(framework, model)[0]:
                 score = -np.inf
-            elif hp == search.base:
+            elif hp == search.recipe:
                 score += head_start
             if best is None or score > best_score:
                 best, best_score = Searched(model, plan, ran, count, 0.0), score

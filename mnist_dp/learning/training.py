@@ -307,7 +307,8 @@ class Trained:
 
 def fit_from_scratch(framework: Framework, images: np.ndarray, labels: np.ndarray,
                      hp: Hyperparameters, where: str, identities: tuple = (),
-                     persons: np.ndarray | None = None) -> Trained:
+                     persons: np.ndarray | None = None,
+                     randomness: RunRandomness | None = None) -> Trained:
     """A train task's work without Substra, for benchmarks and audits: its plan on data no run has
     touched (task_plan.fresh), a new model, `fit` (fresh noise unless hp.noise_seed).
 
@@ -319,6 +320,7 @@ def fit_from_scratch(framework: Framework, images: np.ndarray, labels: np.ndarra
       where: what an error names (the file or options the hyperparameters came from).
       identities: what the run's event names as its data.
       persons: each image's person, an index 0..P-1, to train private per person; None: per image.
+      randomness: what the run draws from; None: RunRandomness.for_run(hp.noise_seed).
 
     Returns:
       The Trained model, with its network, its plan, what it ran and the training's seconds.
@@ -329,7 +331,7 @@ def fit_from_scratch(framework: Framework, images: np.ndarray, labels: np.ndarra
     model = framework.new_model(hp.seed, network)
     start = time.perf_counter()
     ran = fit(framework, model, network.inputs(images), labels, plan,
-              RunRandomness.for_run(hp.noise_seed), persons=persons)
+              randomness or RunRandomness.for_run(hp.noise_seed), persons=persons)
     return Trained(model, network, plan, ran, time.perf_counter() - start)
 
 

@@ -57,6 +57,11 @@ class SearchPlan:
     privacy_unit: str = PER_EXAMPLE
 
     @property
+    def recipe(self) -> Hyperparameters:
+        """What a candidate does not draw: the base, as the candidates train it."""
+        return self.search.for_candidates(self.base)
+
+    @property
     def trained_n(self) -> int:
         return self.n - self.validation_n
 
@@ -78,9 +83,9 @@ class SearchPlan:
 
     def final(self, framework: str, hp: Hyperparameters, search_event: DpEvent, where: str
               ) -> TaskPlan:
-        """The plan of the final run (search.search_epsilon set): the winner's hyperparameters on
-        all n examples (persons), σ calibrated so that the search, as either face sees it, and
-        this run end at the base's target_epsilon.
+        """The plan of the final run (search.search_epsilon set): the winner's hyperparameters (with
+        candidate_epochs, the base's epochs) on all n examples (persons), σ calibrated so that the
+        search, as either face sees it, and this run end at the base's target_epsilon.
 
         Args:
           framework: the algo's name.
@@ -91,7 +96,8 @@ class SearchPlan:
         Returns:
           The final run's TaskPlan.
         """
-        hp = dataclasses.replace(hp, target_epsilon=self.base.target_epsilon,
+        epochs = hp.epochs if self.search.candidate_epochs is None else self.base.epochs
+        hp = dataclasses.replace(hp, epochs=epochs, target_epsilon=self.base.target_epsilon,
                                  noise_multiplier=None)
         faces = [[search_event], [dataclasses.replace(search_event,
                                                       search=search_event.search.scored())]]
@@ -201,11 +207,13 @@ def plan_search(framework: str, base: Hyperparameters, search: SearchSpace, n: i
     units = "persons" if privacy_unit == PER_PERSON else "examples"
     # the released model's own check: the whole n
     task_plan.check_delta(base.delta, n, where=f"{where}: delta")
-    profiles = search_space.check_with(search, base, where)
+    profiles = search_space.check_with(search, search.for_candidates(base), where)
     if validation_n == 0 or validation_n == n:
         raise UserError(f"{where}: validation_fraction = {search.validation_fraction:g} holds out "
                         f"{validation_n} of the {n} {units}; a search needs {units} on both "
                         "sides: change validation_fraction")
+    if search.candidate_epochs is not None:  # the final run's epochs, which no candidate trains
+        task_plan.check_run(framework, base, n, where, privacy_unit)
     distinct = {}
     for hp in profiles:
         plan = task_plan.check_run(framework, hp, n - validation_n, where, privacy_unit)

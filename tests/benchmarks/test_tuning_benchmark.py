@@ -1,8 +1,12 @@
 """benchmarks/tuning.py: the recipe-off class-imbalanced set, and how its report judges goals."""
+import json
+
 import numpy as np
+import pytest
 
 from mnist_dp import search_space
 from mnist_dp.assets import REPO, load_asset_module
+from mnist_dp.utils.errors import UserError
 
 tuning = load_asset_module(REPO / "benchmarks" / "tuning.py", "tuning_benchmark")
 
@@ -46,3 +50,12 @@ def test_every_search_method_s_file_is_a_search_file_with_a_runner():
     for method, values in tuning.SEARCHES.items():
         assert search_space.parse(values, method).to_json() == values
         assert method in tuning.METHODS and method in tuning.RUN
+
+
+def test_the_report_is_written_beside_the_records_it_was_made_from(tmp_path, capsys):
+    records = tmp_path / "five-seeds.json"
+    records.write_text(json.dumps([record("mnist4k", "default", 0.969, 20)]))
+    tuning.main(["--report-only", "--results", str(records)])
+    assert "| MNIST-4k (embedded) | default | 96.9 |" in (tmp_path / "five-seeds.md").read_text()
+    with pytest.raises(UserError, match="give the records a .json name"):
+        tuning.main(["--report-only", "--results", str(tmp_path / "five-seeds.md")])

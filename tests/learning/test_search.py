@@ -74,13 +74,15 @@ def test_the_search_trains_k_candidates_and_releases_the_best_noisy_score(monkey
         assert found.model["learning_rate"] == framework.trained[best] == learning_rate
 
 
-@pytest.mark.parametrize("margin, recipe_wins", [(0.35, True), (0.25, False)])
-def test_the_recipe_wins_unless_another_scores_more_than_its_margin_above_it(monkeypatch, margin,
-                                                                             recipe_wins):
-    hp = dict_hp(epochs=1, batch_size=50, target_epsilon=3.0, features="pixels",
+@pytest.mark.parametrize("margin, recipe_wins, candidate_epochs", [
+    (0.35, True, None), (0.25, False, None), (0.35, True, 1)])
+def test_the_recipe_wins_unless_another_scores_more_than_its_margin_above_it(
+        monkeypatch, margin, recipe_wins, candidate_epochs):
+    hp = dict_hp(epochs=2, batch_size=50, target_epsilon=3.0, features="pixels",
                  learning_rate=0.5)
     space = search_space.parse({"space": {"learning_rate": [0.2]}, "mean_candidates": 5,
-                                "shape": 1, "recipe_weight": 0.5, "recipe_margin": margin}, "x")
+                                "shape": 1, "recipe_weight": 0.5, "recipe_margin": margin,
+                                "search_epsilon": 1.0, "candidate_epochs": candidate_epochs}, "x")
     n = 400
     held_out = np.arange(n) % 10 == 0  # 40 validation examples: the recipe starts 14 or 10 ahead
     plan = plan_search("torch", hp, space, n, int(held_out.sum()), "x")
