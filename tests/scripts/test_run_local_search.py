@@ -4,6 +4,7 @@ bad inputs."""
 import difflib
 import hashlib
 import json
+import math
 import re
 import shutil
 import subprocess
@@ -183,14 +184,18 @@ def test_nothing_a_tune_task_emits_depends_on_the_number_of_candidates(
     assert timings[0] == timings[1] and outputs[0] == outputs[1] == ["epsilon", "model"]
 
 
+@pytest.mark.parametrize("short", [{}, {"candidate_epochs": 1, "recipe_weight": 0.5,
+                                          "recipe_margin": 0.05}])
 def test_a_tune_task_with_search_epsilon_releases_a_final_run_on_all_its_data(tmp_path,
-                                                                                  tiny_data):
+                                                                                  tiny_data, short):
     """search_epsilon: the search spends it, the best candidate's hyperparameters train again on
     every example, validation ones too, and only that model leaves; the model's ledger and the
-    data's own hold the search, then the run, together at target_epsilon."""
-    hp = tiny_hyperparameters("torch", noise_multiplier=None, target_epsilon=3.0, noise_seed=0)
+    data's own hold the search, then the run, together at target_epsilon. With candidate_epochs,
+    the candidates train that many epochs and the final run the hyperparameters file's."""
+    hp = tiny_hyperparameters("torch", noise_multiplier=None, target_epsilon=3.0, noise_seed=0,
+                              epochs=2)
     folder = extract_function(ALGO_ASSETS["torch"], "tune", tmp_path / "build", hp)
-    (folder / "search.json").write_text(json.dumps({**SEARCH, "search_epsilon": 1.0}))
+    (folder / "search.json").write_text(json.dumps({**SEARCH, "search_epsilon": 1.0, **short}))
     data = shutil.copytree(tiny_data, tmp_path / "data")
     folders = samples(data, "train")
     resources = [{"id": "opener", "value": str(DATASET_ASSET / "opener.py"), "multiple": False}] + [
@@ -206,6 +211,10 @@ def test_a_tune_task_with_search_epsilon_releases_a_final_run_on_all_its_data(tm
     searched, final = saved.ledger.events
     assert searched.search is not None and final.search is None
     assert final.n == searched.n == sum(len(np.load(f"{f}/labels.npy")) for f in folders)
+    trained = searched.n - searched.search.validation_n
+    assert searched.planned_steps == short.get("candidate_epochs", 2) * math.ceil(
+        trained / searched.batch_size)
+    assert final.planned_steps == 2 * math.ceil(final.n / final.batch_size)
     assert (saved.hyperparameters["noise_multiplier"] == final.noise_multiplier
             != searched.noise_multiplier)
     epsilon = json.loads((tmp_path / "epsilon").read_text())["all"]
