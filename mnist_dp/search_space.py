@@ -244,7 +244,7 @@ def _check_candidate_epochs(epochs, spent, space, where: str) -> None:
         raise UserError(f"{where}: candidate_epochs needs a search_epsilon: without a final run "
                         "the best candidate leaves as it trained; set epochs in the "
                         "hyperparameters instead")
-    if isinstance(space, dict) and "epochs" in space:
+    if "epochs" in space:
         raise UserError(f"{where}: candidate_epochs and space.epochs both set the candidates' "
                         "epochs; give one")
 

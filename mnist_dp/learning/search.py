@@ -80,9 +80,8 @@ def run_search(framework: Framework, images: np.ndarray, labels: np.ndarray, hel
     drawn = search.search.space.get("features", (search.recipe.features,))
     inputs = {features: (feature_maps.transform(images[~held_out], features),
                          feature_maps.transform(images[held_out], features)) for features in drawn}
-    # the recipe's head start, in the score's units (its largest value: one per example or person)
-    head_start = search.search.recipe_margin * (
-        len(validation_y) if persons is None else int(validation_persons.max(initial=-1)) + 1)
+    # the recipe's head start in the score's units: of the validation count the ledger records
+    head_start = search.search.recipe_margin * search.validation_n
     best, best_score = None, -np.inf
     with silenced():
         for index in range(count):
