@@ -77,10 +77,7 @@ class RunRandomness:
     def candidate(self, index: int) -> RunRandomness:
         """The randomness of a search's `index`-th candidate run: streams of its own, as fresh (or
         as replayable) as the search's."""
-        return self._derived("candidate", index)
-
-    def _derived(self, purpose: str, index: int) -> RunRandomness:
-        words = np.random.SeedSequence(self.entropy, spawn_key=(PURPOSES[purpose], index),
+        words = np.random.SeedSequence(self.entropy, spawn_key=(PURPOSES["candidate"], index),
                                        pool_size=_POOL_WORDS).generate_state(_POOL_WORDS, np.uint32)
         return RunRandomness(int.from_bytes(words.astype(">u4").tobytes(), "big"), self.replayable)
 
