@@ -128,9 +128,7 @@ def private_search(framework, dataset, train, test, seed, method="private-search
     randomness = randomness_of(dataset, seed)
     found = search.run_search(framework, data["images"], data["labels"], held_out, plan,
                               randomness, "tuning")
-    ledger = search.released_ledger(framework, data, plan, found, None)
-    if space.search_epsilon is not None:
-        found = search.final_run(framework, data, plan, found, ledger, randomness, "tuning")
+    found, ledger = search.released(framework, data, plan, found, randomness, "tuning")
     return {"epsilon": ledger.epsilon(DELTA), "candidates": found.candidates,
             "seconds": found.seconds,
             "test_accuracy": accuracy(framework, found.model, Network.of(found.plan.hp), *test),

@@ -75,9 +75,10 @@ def run_search(framework: Framework, images: np.ndarray, labels: np.ndarray, hel
     train_persons, validation_persons = (None, None) if persons is None else (
         np.unique(persons[~held_out], return_inverse=True)[1],
         np.unique(persons[held_out], return_inverse=True)[1])
+    recipe = search.recipe  # what a candidate does not draw
     # Every features value the space may draw, made before the first candidate: which ones the
     # candidates drew would otherwise show in the work done (and its progress bars).
-    drawn = search.search.space.get("features", (search.recipe.features,))
+    drawn = search.search.space.get("features", (recipe.features,))
     inputs = {features: (feature_maps.transform(images[~held_out], features),
                          feature_maps.transform(images[held_out], features)) for features in drawn}
     # the recipe's head start in the score's units: of the validation count the ledger records
@@ -85,7 +86,7 @@ def run_search(framework: Framework, images: np.ndarray, labels: np.ndarray, hel
     best, best_score = None, -np.inf
     with silenced():
         for index in range(count):
-            hp = search.search.draw(search.recipe, rng)
+            hp = search.search.draw(recipe, rng)
             plan = search.candidate(framework.name, hp, where)
             model = framework.new_model(hp.seed, Network.of(hp))
             ran = training.fit(framework, model, inputs[hp.features][0], train_y, plan,
@@ -98,7 +99,7 @@ def run_search(framework: Framework, images: np.ndarray, labels: np.ndarray, hel
             # candidate's output)
             if model_io.non_finite(framework, model)[0]:
                 score = -np.inf
-            elif hp == search.recipe:
+            elif hp == recipe:
                 score += head_start
             if best is None or score > best_score:
                 best, best_score = Searched(model, plan, ran, count, 0.0), score
@@ -146,6 +147,25 @@ def released_ledger(framework: Framework, data: dict, plan: SearchPlan, searched
     identities = ledger.add_samples(data["samples"])
     ledger.add(plan.event(searched.plan, identities, searched.ran, code))
     return ledger
+
+
+def released(framework: Framework, data: dict, plan: SearchPlan, searched: Searched,
+             randomness: RunRandomness, where: str, persons: np.ndarray | None = None,
+             code: dict | None = None) -> tuple:
+    """What a search's task releases: the best candidate, or with a search_epsilon the final run on
+    its hyperparameters (`final_run`), and that model's ledger.
+
+    Args:
+      framework, data, plan, searched, randomness, where, persons, code: as `final_run` takes them.
+
+    Returns:
+      (the released Searched, its Ledger).
+    """
+    ledger = released_ledger(framework, data, plan, searched, code)
+    if plan.search.search_epsilon is not None:
+        searched = final_run(framework, data, plan, searched, ledger, randomness, where, persons,
+                             code)
+    return searched, ledger
 
 
 def final_run(framework: Framework, data: dict, plan: SearchPlan, searched: Searched,
@@ -270,10 +290,8 @@ def tune(framework: Framework, inputs: dict, outputs: dict, hyperparameters_path
                           "nothing was saved; lower learning_rate or max_grad_norm in the search "
                           f"space or {where}")
     code = provenance.running_code(Path(hyperparameters_path).parent, "tune")
-    ledger = released_ledger(framework, data, plan, searched, code)
+    searched, ledger = released(framework, data, plan, searched, randomness, where, persons, code)
     if plan.search.search_epsilon is not None:
-        searched = final_run(framework, data, plan, searched, ledger, randomness, where, persons,
-                             code)
         model_io.check_finite(framework, searched.model, "the final run on all the data diverged",
                               "nothing was saved; lower learning_rate or max_grad_norm in the "
                               f"search space or {where}")
