@@ -13,6 +13,8 @@ draws, and its validation split. JSON, every key checked as the hyperparameters 
       "validation_fraction": 0.1,  # of the training examples, held out to score the candidates
       "recipe_weight": 0,          # how often a candidate is the algo's own hyperparameters
       "recipe_margin": 0,          # what another candidate's score must beat the recipe's by
+      "recipe_margin_noise": 0,    # ... and by that many times the score's noise (below)
+      "recipe_candidate": false,   # true: the recipe is also trained and scored once, besides K
       "search_epsilon": null,      # or a part of target_epsilon (below)
       "candidate_epochs": null     # or the candidates' epochs, with a search_epsilon (below)
     }
@@ -23,7 +25,14 @@ and one that keeps the recipe in the running. With "recipe_margin" m, a candidat
 hyperparameters has m times the validation examples (per person: persons) added to its score before
 the best is chosen: the choice is still a fixed order on what the candidates output, so the
 accountant's bound holds, and noisy scores no longer trade the recipe for a candidate that only
-looks better.
+looks better. "recipe_margin_noise" z adds z times the score's noise std (the plan's, a function of
+the search's ε alone): where the validation split is small the score is too noisy to tell
+candidates apart, and the recipe then stays.
+
+With "recipe_candidate": true, the algo's hyperparameters are also trained and scored once, outside
+the K candidates, and compete with their best (recipe_margin applies to it): the search can no
+longer release K candidates drawn from the space alone, none of them the recipe. Its run composes
+with the repeated selection (one candidate's ε more), and it runs whatever K is.
 
 With "search_epsilon", the candidates and their scores spend that much, and the best candidate's
 hyperparameters are trained once more on all the data (the validation split too), σ calibrated so
@@ -66,7 +75,9 @@ DEFAULT = {
         "learning_rate": {"low": 0.25, "high": 4.0, "log": True},
         "max_grad_norm": {"low": 0.025, "high": 0.4, "log": True}, "ema_decay": [0.0, 0.9, 0.99],
     }, "mean_candidates": 4, "shape": 0, "validation_fraction": 0.1, "recipe_weight": 0.0,
-    "recipe_margin": 0.0, "search_epsilon": None, "candidate_epochs": None,
+    "recipe_margin": 0.0, "recipe_margin_noise": 0.0, "recipe_candidate": False,
+    "search_epsilon": None,
+    "candidate_epochs": None,
 }
 # What changes a candidate's DP event for a given σ: its q (batch_size), steps
 # (epochs, batch_size) and schedule.
@@ -81,6 +92,7 @@ MAX_MEAN = 1_000  # candidates on average: each one a full training
 MAX_SHAPE = 10
 MAX_PROFILES = 100  # distinct privacy profiles: each one an RDP curve in every calibration step
 MAX_COMBINATIONS = 10_000  # combinations of listed values checked against each other
+MAX_NOISE_MARGIN = 10  # recipe_margin_noise: ten noise stds keep the recipe whatever the scores
 
 
 @dataclass(frozen=True)
@@ -129,6 +141,9 @@ class SearchSpace:
     # added to such a candidate's score, as a fraction of the score's largest value
     recipe_margin: float = 0.0
     candidate_epochs: int | None = None  # None: the base's (or the space's)
+    # the base also trained and scored once, outside the K candidates
+    recipe_candidate: bool = False
+    recipe_margin_noise: float = 0.0  # added to the recipe's score too, in score noise stds
 
     @property
     def validation_permille(self) -> int:
@@ -159,12 +174,12 @@ class SearchSpace:
 
     def profiles(self, base: Hyperparameters) -> list:
         """`base` with every combination of the values of the searched PRIVACY_KEYS, and `base`
-        itself with a recipe_weight: one per privacy profile a candidate may have (some may
-        coincide)."""
+        itself with a recipe_weight or recipe_candidate: one per privacy profile a candidate may
+        have (some may coincide)."""
         keys = sorted(k for k in self.space if k in PRIVACY_KEYS)
         options = [self.space[k].values() if isinstance(self.space[k], Range) else self.space[k]
                    for k in keys]
-        return [base] * bool(self.recipe_weight) + [
+        return [base] * bool(self.recipe_weight or self.recipe_candidate) + [
             dataclasses.replace(base, **dict(zip(keys, values)))
             for values in itertools.product(*options)]
 
@@ -175,7 +190,9 @@ class SearchSpace:
         return {"space": space, "mean_candidates": self.mean, "shape": shape,
                 "validation_fraction": self.validation_fraction,
                 "recipe_weight": self.recipe_weight, "recipe_margin": self.recipe_margin,
-                "search_epsilon": self.search_epsilon, "candidate_epochs": self.candidate_epochs}
+                "recipe_margin_noise": self.recipe_margin_noise,
+                "recipe_candidate": self.recipe_candidate, "search_epsilon": self.search_epsilon,
+                "candidate_epochs": self.candidate_epochs}
 
 
 def parse(values, where: str) -> SearchSpace:
@@ -183,15 +200,17 @@ def parse(values, where: str) -> SearchSpace:
     if not isinstance(values, dict):
         raise UserError(f"{where}: must hold a JSON object with \"space\" (and optionally "
                         "\"mean_candidates\", \"shape\", \"validation_fraction\", "
-                        "\"recipe_weight\", \"recipe_margin\", \"search_epsilon\", "
-                        "\"candidate_epochs\")")
+                        "\"recipe_weight\", \"recipe_margin\", \"recipe_margin_noise\", "
+                        "\"recipe_candidate\", "
+                        "\"search_epsilon\", \"candidate_epochs\")")
     values = {**{k: v for k, v in DEFAULT.items() if k != "space"}, **values}
     unknown = set(values) - set(DEFAULT)
     if unknown:
         raise UserError(f"{where}: unknown key(s) {sorted(unknown)}; known: {sorted(DEFAULT)}")
-    mean, shape, fraction, spent, weight, margin, epochs = (
+    mean, shape, fraction, spent, weight, margin, noise_margin, epochs, fixed = (
         values[k] for k in ("mean_candidates", "shape", "validation_fraction", "search_epsilon",
-                            "recipe_weight", "recipe_margin", "candidate_epochs"))
+                            "recipe_weight", "recipe_margin", "recipe_margin_noise",
+                            "candidate_epochs", "recipe_candidate"))
     if not _number(mean) or not 1 <= mean <= MAX_MEAN:
         raise UserError(f"{where}: mean_candidates = {json.dumps(mean)} must be a number from 1 to "
                         f"{MAX_MEAN:,}")
@@ -209,9 +228,16 @@ def parse(values, where: str) -> SearchSpace:
     if not _number(margin) or not 0 <= margin <= 1:
         raise UserError(f"{where}: recipe_margin = {json.dumps(margin)} must be a number from 0 to "
                         "1 (a fraction of the validation examples)")
-    if margin and not weight:
-        raise UserError(f"{where}: recipe_margin = {json.dumps(margin)} needs a recipe_weight "
-                        "above 0: without it no candidate is the algo's own hyperparameters")
+    if not isinstance(fixed, bool):
+        raise UserError(f"{where}: recipe_candidate = {json.dumps(fixed)} must be true or false")
+    if not _number(noise_margin) or not 0 <= noise_margin <= MAX_NOISE_MARGIN:
+        raise UserError(f"{where}: recipe_margin_noise = {json.dumps(noise_margin)} must be a "
+                        f"number from 0 to {MAX_NOISE_MARGIN:g} (times the score's noise std)")
+    for name, value in (("recipe_margin", margin), ("recipe_margin_noise", noise_margin)):
+        if value and not (weight or fixed):
+            raise UserError(f"{where}: {name} = {json.dumps(value)} needs a recipe_weight above 0 "
+                            "or recipe_candidate: without either no candidate is the algo's own "
+                            "hyperparameters")
     if spent is not None and (not _number(spent) or not 0 < spent <= hyperparameters.MAX_EPSILON):
         raise UserError(f"{where}: search_epsilon = {json.dumps(spent)} must be null or a number "
                         f"above 0 (at most {hyperparameters.MAX_EPSILON:g}), below the "
@@ -226,7 +252,7 @@ def parse(values, where: str) -> SearchSpace:
              choice in values["space"].items()}
     search = SearchSpace(space, float(mean), math.inf if shape == POISSON else float(shape),
                          float(fraction), None if spent is None else float(spent), float(weight),
-                         float(margin), epochs)
+                         float(margin), epochs, fixed, float(noise_margin))
     # counted before any is made: wide ranges would make millions
     if search.profile_count() > MAX_PROFILES:
         raise UserError(f"{where}: the space has {search.profile_count():,} privacy profiles "

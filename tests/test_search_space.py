@@ -41,7 +41,13 @@ def parse(**values):
     ({"recipe_weight": -0.1}, "recipe_weight = -0.1 must be a number from 0"),
     ({"search_epsilon": "all"}, "search_epsilon = \"all\" must be null or a number above 0"),
     ({"recipe_weight": 0.5, "recipe_margin": 1.5}, "recipe_margin = 1.5 must be a number from 0"),
-    ({"recipe_margin": 0.05}, "recipe_margin = 0.05 needs a recipe_weight above 0"),
+    ({"recipe_margin": 0.05}, "recipe_margin = 0.05 needs a recipe_weight above 0 or "
+                              "recipe_candidate"),
+    ({"recipe_margin_noise": -1}, "recipe_margin_noise = -1 must be a number from 0 to 10"),
+    ({"recipe_margin_noise": 2}, "recipe_margin_noise = 2 needs a recipe_weight above 0 or "
+                                 "recipe_candidate"),
+    ({"recipe_candidate": "yes"}, "recipe_candidate = \"yes\" must be true or false"),
+    ({"recipe_candidate": 1}, "recipe_candidate = 1 must be true or false"),
     ({"search_epsilon": 1.0, "candidate_epochs": 2.5}, "candidate_epochs = 2.5 must be null or an "
                                                        "integer from 1"),
     ({"candidate_epochs": 3}, "candidate_epochs needs a search_epsilon"),
@@ -97,13 +103,26 @@ def test_a_recipe_weight_draws_the_base_itself_that_often_and_adds_its_profile()
         without.space["learning_rate"].draw(alone) for _ in range(3)]
 
 
+def test_a_recipe_candidate_adds_the_base_s_profile_first_and_never_a_draw():
+    search = search_space.parse({"space": {"learning_rate": {"low": 0.01, "high": 10.0},
+                                           "batch_size": [10, 20]}, "recipe_candidate": True,
+                                 "recipe_margin": 0.1}, "s.json")
+    base = dict_hp(batch_size=50)
+    # the base's batch first: plan_search calibrates the recipe candidate's profile as the first
+    assert [hp.batch_size for hp in search.profiles(base)] == [50, 10, 20]
+    rng = np.random.default_rng(0)
+    assert not any(search.draw(base, rng) == base for _ in range(200))
+
+
 @pytest.mark.parametrize("shape", [0, 2.5, "poisson"])
 def test_a_search_file_survives_its_json_round_trip(shape):
     search = search_space.parse({"space": {"learning_rate": {"low": 0.1, "high": 1.0, "log": True},
                                            "batch_size": [10, 20]}, "mean_candidates": 3,
                                  "shape": shape, "validation_fraction": 0.2,
                                  "recipe_weight": 0.5, "recipe_margin": 0.05,
-                                 "search_epsilon": 1.0, "candidate_epochs": 3}, "s.json")
+                                 "recipe_candidate": True, "recipe_margin_noise": 2.5,
+                                 "search_epsilon": 1.0,
+                                 "candidate_epochs": 3}, "s.json")
     assert search_space.parse(search.to_json(), "again") == search
     assert search.validation_permille == 200
 

@@ -4,8 +4,9 @@ and never released; each draws its hyperparameters from the search space, trains
 is scored by its noisy count of correct predictions on the examples inside it. Only the best
 candidate leaves: its model, with a ledger whose one event is the whole search (privacy/search.py);
 the other candidates' weights and every score stay in this process. With the search file's
-search_epsilon, the best candidate's hyperparameters are trained once more on all the examples
-(`final_run`) and that model leaves instead, its ledger the search then that run.
+recipe_candidate, the algo's own hyperparameters are one more candidate, run first whatever K is.
+With its search_epsilon, the best candidate's hyperparameters are trained once more on all the
+examples (`final_run`) and that model leaves instead, its ledger the search then that run.
 
 `tune` is the substratools function body; `run_search` the search itself, which benchmarks call in
 memory.
@@ -81,12 +82,16 @@ def run_search(framework: Framework, images: np.ndarray, labels: np.ndarray, hel
     drawn = search.search.space.get("features", (recipe.features,))
     inputs = {features: (feature_maps.transform(images[~held_out], features),
                          feature_maps.transform(images[held_out], features)) for features in drawn}
-    # the recipe's head start in the score's units: of the validation count the ledger records
-    head_start = search.search.recipe_margin * search.validation_n
+    # the recipe's head start in the score's units: of the validation count the ledger records,
+    # and of the score's noise
+    head_start = (search.search.recipe_margin * search.validation_n
+                  + search.search.recipe_margin_noise * search.score_noise_multiplier)
     best, best_score = None, -np.inf
+    # with a recipe candidate, it runs first, whatever K is, on streams no other candidate uses
+    fixed = int(search.search.recipe_candidate)
     with silenced():
-        for index in range(count):
-            hp = search.search.draw(recipe, rng)
+        for index in range(fixed + count):
+            hp = recipe if index < fixed else search.search.draw(recipe, rng)
             plan = search.candidate(framework.name, hp, where)
             model = framework.new_model(hp.seed, Network.of(hp))
             ran = training.fit(framework, model, inputs[hp.features][0], train_y, plan,

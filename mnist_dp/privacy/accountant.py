@@ -142,17 +142,25 @@ def search_rdp(search: Search) -> np.ndarray:
     `candidates`: Rényi divergence is jointly quasi-convex, so its RDP is at most the worst
     profile's at every order); a validation example, that of its Gaussian score; face "either", the
     larger of the two at each order. With one profile it is exactly dp_accounting's
-    RepeatAndSelectDpEvent(profile, mean, shape), whose RDP it computes by the same function."""
+    RepeatAndSelectDpEvent(profile, mean, shape), whose RDP it computes by the same function; a
+    recipe candidate adds its own run (or score) once, as ComposedDpEvent composes it."""
     if search.face == "either":
         return np.maximum(search_rdp(search.scored()),
                           search_rdp(dataclasses.replace(search, face="training")))
     if search.face == "score":
         single = _rdp_curve(dp_accounting.GaussianDpEvent(search.score_noise_multiplier))
+        recipe = single
     else:
-        single = np.max([_rdp_curve(_poisson_gaussians(_counts(c.segments())))
-                         for c in search.candidates], axis=0)
-    return np.asarray(rdp_privacy_accountant._compute_rdp_repeat_and_select(  # noqa: SLF001 - the accountant's own
+        single = np.max([_candidate_rdp(c) for c in search.candidates], axis=0)
+        recipe = None if search.recipe is None else _candidate_rdp(search.recipe)
+    repeated = np.asarray(rdp_privacy_accountant._compute_rdp_repeat_and_select(  # noqa: SLF001 - the accountant's own
         RDP_ORDERS, single, search.mean, search.shape))
+    return repeated if search.recipe is None else repeated + recipe
+
+
+def _candidate_rdp(candidate) -> np.ndarray:
+    """RDP of one candidate's training run (events.Candidate), at every order of RDP_ORDERS."""
+    return _rdp_curve(_poisson_gaussians(_counts(candidate.segments())))
 
 
 

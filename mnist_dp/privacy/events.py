@@ -326,16 +326,8 @@ class Candidate:
 
     @classmethod
     def of(cls, sample_rate: float, steps: int, schedule: NoiseSchedule) -> Candidate:
-        """The profile of a candidate's run.
-
-        Args:
-          sample_rate: its Poisson rate q.
-          steps: its planned steps.
-          schedule: its noise schedule (σ of the first steps, decay, count noise).
-
-        Returns:
-          The Candidate.
-        """
+        """The profile of a candidate's run of Poisson rate `sample_rate`, `steps` planned steps and
+        noise `schedule` (σ of the first steps, decay, count noise)."""
         return cls(sample_rate, steps, *dataclasses.astuple(schedule))
 
     def schedule(self) -> NoiseSchedule:
@@ -357,6 +349,12 @@ _CANDIDATE_FIELDS = {
 }
 
 
+def _is_candidate(record) -> bool:
+    """Whether a ledger's record holds exactly a Candidate's fields, each valid."""
+    return isinstance(record, dict) and set(record) == set(_CANDIDATE_FIELDS) and all(
+        test(record[k]) for k, (test, _) in _CANDIDATE_FIELDS.items())
+
+
 @dataclasses.dataclass(frozen=True)
 class Search:
     """A private hyperparameter search that released one model, the best of its candidates (Papernot
@@ -368,7 +366,9 @@ class Search:
     the examples outside the validation split (its privacy profile one of `candidates`) and is
     scored by its number of correct predictions on the validation split plus Gaussian noise of std
     `score_noise_multiplier` (a count's sensitivity is 1); only the best candidate's model leaves
-    the search.
+    the search. With a `recipe` (the search file's recipe_candidate), one more candidate of that
+    profile, the algo's own hyperparameters, is trained and scored once whatever K is, and competes
+    with the K candidates' best: its run and score compose with the repeated selection.
 
     Per example: a training example is covered by the repeated selection of the candidate's training
     (a random choice among `candidates`, whose Rényi divergence is at most the worst of theirs at
@@ -385,12 +385,14 @@ class Search:
     validation_permille: int  # examples whose id modulo 1000 is below it are the validation split
     validation_n: int  # how many of the event's examples that is
     face: str = "training"
+    recipe: Candidate | None = None  # the profile of the candidate run once besides the K
 
     def to_json(self) -> dict:
         return {"mean": self.mean, "shape": POISSON if math.isinf(self.shape) else self.shape,
                 "candidates": [dataclasses.asdict(c) for c in self.candidates],
                 "score_noise_multiplier": self.score_noise_multiplier,
-                "validation_permille": self.validation_permille, "validation_n": self.validation_n}
+                "validation_permille": self.validation_permille, "validation_n": self.validation_n,
+                **({} if self.recipe is None else {"recipe": dataclasses.asdict(self.recipe)})}
 
     def scored(self) -> Search:
         """The search as a validation example sees it: its score only."""
@@ -406,34 +408,36 @@ class Search:
         where = "privacy ledger event: search"
         names = {"mean", "shape", "candidates", "score_noise_multiplier", "validation_permille",
                  "validation_n"}
-        if not isinstance(record, dict) or set(record) != names:
-            raise UserError(f"{where} must be an object with exactly {sorted(names)}")
+        if not isinstance(record, dict) or not names <= set(record) <= names | {"recipe"}:
+            raise UserError(f"{where} must be an object with exactly {sorted(names)} (and "
+                            "\"recipe\" with a recipe candidate)")
         checks = {"mean": (_number(lambda v: v >= 1), "a number >= 1"),
                   "shape": (lambda v: v == POISSON or _number(lambda x: x >= 0)(v),
                             f'a number >= 0 or "{POISSON}"'),
                   "candidates": (lambda v: isinstance(v, list) and bool(v) and all(
-                      isinstance(c, dict) and set(c) == set(_CANDIDATE_FIELDS)
-                      and all(test(c[k]) for k, (test, _) in _CANDIDATE_FIELDS.items()) for c in v),
-                      f"a non-empty list of objects {sorted(_CANDIDATE_FIELDS)}, each a "
-                      "candidate's privacy profile"),
+                      _is_candidate(c) for c in v), f"a non-empty list of objects "
+                      f"{sorted(_CANDIDATE_FIELDS)}, each a candidate's privacy profile"),
+                  "recipe": (_is_candidate, f"an object {sorted(_CANDIDATE_FIELDS)}: the recipe "
+                             "candidate's privacy profile"),
                   "score_noise_multiplier": (_number(lambda v: v > 0), "a positive number"),
                   "validation_permille": (lambda v: _integer(1)(v) and v < VALIDATION_MODULUS,
                                           f"an integer from 1 to {VALIDATION_MODULUS - 1}"),
                   "validation_n": (_integer(1), "a positive integer")}
         for name, (test, what) in checks.items():
-            if not test(record[name]):
+            if name in record and not test(record[name]):
                 raise UserError(f"{where}: {name} = {json.dumps(record[name])[:60]} must be {what}")
         return cls(float(record["mean"]), math.inf if record["shape"] == POISSON
                    else float(record["shape"]), tuple(Candidate(**c) for c in record["candidates"]),
                    float(record["score_noise_multiplier"]), record["validation_permille"],
-                   record["validation_n"])
+                   record["validation_n"],
+                   recipe=Candidate(**record["recipe"]) if "recipe" in record else None)
 
     def problems(self, event: DpEvent) -> list:
         """What in `event`, the released run, disagrees with its search: its profile must be one of
         the candidates', with every planned step run."""
         released = Candidate.of(event.sample_rate, event.planned_steps, event.schedule())
         problems = []
-        if released not in self.candidates:
+        if released not in self.candidates and released != self.recipe:
             problems.append("the released run's privacy profile is not one of the search's "
                             "candidates")
         if event.steps != event.planned_steps:

@@ -65,6 +65,15 @@ class SearchPlan:
     def trained_n(self) -> int:
         return self.n - self.validation_n
 
+    def recipe_candidate(self) -> Candidate | None:
+        """The privacy profile of the recipe candidate (search.recipe_candidate), at its σ; None
+        without one."""
+        if not self.search.recipe_candidate:
+            return None
+        key = profile(self.recipe, SamplingPlan.from_hyperparameters(self.trained_n, self.recipe,
+                                                                      "the recipe"))
+        return _candidate(key, self.sigmas[key])
+
     def candidate(self, framework: str, hp: Hyperparameters, where: str) -> TaskPlan:
         """The plan of a candidate: its run on the training examples at the σ of its profile.
 
@@ -117,14 +126,19 @@ class SearchPlan:
         Returns:
           The DpEvent, its n all the search's examples, validation ones included.
         """
-        candidates = tuple(sorted({Candidate.of(q, steps, schedule.with_sigma(sigma))
-                                   for (q, steps, schedule), sigma in self.sigmas.items()},
+        candidates = tuple(sorted({_candidate(key, sigma) for key, sigma in self.sigmas.items()},
                                   key=repr))
         search = Search(self.search.mean, self.search.shape, candidates,
                         self.score_noise_multiplier, self.search.validation_permille,
-                        self.validation_n)
+                        self.validation_n, recipe=self.recipe_candidate())
         run = dataclasses.replace(plan, identities=data).event(ran, code)
         return dataclasses.replace(run, n=self.n, search=search)
+
+
+def _candidate(key: tuple, sigma: float) -> Candidate:
+    """A profile (`profile`) at σ, as the search's event records it."""
+    sample_rate, steps, schedule = key
+    return Candidate.of(sample_rate, steps, schedule.with_sigma(sigma))
 
 
 def draw_count(rng: np.random.Generator, mean: float, shape: float) -> int:
@@ -218,13 +232,17 @@ def plan_search(framework: str, base: Hyperparameters, search: SearchSpace, n: i
     for hp in profiles:
         plan = task_plan.check_run(framework, hp, n - validation_n, where, privacy_unit)
         distinct.setdefault(profile(hp, plan), (hp, plan))
+    # with a recipe candidate, profiles[0] is the recipe (SearchSpace.profiles): distinct's first
+    recipe = 0 if search.recipe_candidate else None
     # with a final run, the search spends search_epsilon of it
     target = base.target_epsilon if search.search_epsilon is None else search.search_epsilon
     delta = base.delta
     try:
         sigmas = search_accountant.calibrate_search(target, delta, list(distinct), search.mean,
-                                             search.shape)
-        score = search_accountant.calibrate_score_noise(target, delta, search.mean, search.shape)
+                                                    search.shape, recipe)
+        score = search_accountant.calibrate_score_noise(
+            target, delta, search.mean, search.shape,
+            None if recipe is None else _candidate(list(distinct)[recipe], sigmas[recipe]))
     except no_sigma.NoSigma as exc:
         hp, plan = max(distinct.values(),
                        key=lambda pair: pair[1].planned_steps * pair[1].sample_rate)

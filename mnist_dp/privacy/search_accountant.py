@@ -14,7 +14,7 @@ from mnist_dp.privacy.no_sigma import DecayTooSteep, NumericsGaveUp, TooManyStep
 
 
 def calibrate_search(target_epsilon: float, delta: float, profiles: Sequence[tuple], mean: float,
-                     shape: float, tol: float = 1e-3) -> tuple:
+                     shape: float, recipe: int | None = None, tol: float = 1e-3) -> tuple:
     """The σ of each of a search's privacy profiles that ends its training examples' ε (RDP) at or
     below `target_epsilon`, or a NoSigma. One factor s is calibrated: profile i gets
     σ_i = s · q_i·√steps_i / max_j q_j·√steps_j (for small q their RDP then nearly agree, so none is
@@ -27,6 +27,7 @@ def calibrate_search(target_epsilon: float, delta: float, profiles: Sequence[tup
         search space.
       mean: the mean number of candidates (events.Search).
       shape: the shape of their number's distribution (events.Search).
+      recipe: the index in `profiles` of the recipe candidate's (run once besides the K), or None.
       tol: the precision of σ.
 
     Returns:
@@ -43,7 +44,7 @@ def calibrate_search(target_epsilon: float, delta: float, profiles: Sequence[tup
                      low in zip(weights, least))
 
     def epsilon(factor: float) -> float:
-        return search_epsilon(profiles, sigmas(factor), mean, shape, delta)
+        return search_epsilon(profiles, sigmas(factor), mean, shape, delta, recipe)
 
     lower, upper = min(low / w for low,
                        w in zip(least, weights)), MAX_NOISE_MULTIPLIER / min(weights)
@@ -57,13 +58,13 @@ def calibrate_search(target_epsilon: float, delta: float, profiles: Sequence[tup
     # rounded up: ε only falls
     found = tuple(math.ceil(sigma / tol) * tol for sigma in sigmas(lower))
     # Brent's root may sit a hair below
-    while search_epsilon(profiles, found, mean, shape, delta) > target_epsilon:
+    while search_epsilon(profiles, found, mean, shape, delta, recipe) > target_epsilon:
         found = tuple(sigma + tol for sigma in found)
     return tuple(round(sigma, 6) for sigma in found)
 
 
 def search_epsilon(profiles: Sequence[tuple], sigmas: Sequence[float], mean: float, shape: float,
-                   delta: float) -> float:
+                   delta: float, recipe: int | None = None) -> float:
     """ε at δ (RDP) of a search's training examples.
 
     Args:
@@ -72,17 +73,19 @@ def search_epsilon(profiles: Sequence[tuple], sigmas: Sequence[float], mean: flo
       mean: the mean number of candidates (events.Search).
       shape: the shape of their number's distribution (events.Search).
       delta: δ.
+      recipe: the index in `profiles` of the recipe candidate's, or None.
 
     Returns:
       ε of the candidates of `profiles` at gradient noise `sigmas`.
     """
     candidates = tuple(Candidate.of(q, steps, schedule.with_sigma(sigma))
                        for (q, steps, schedule), sigma in zip(profiles, sigmas))
-    return searches_epsilon([Search(mean, shape, candidates, 1.0, 1, 1)], delta)
+    return searches_epsilon([Search(mean, shape, candidates, 1.0, 1, 1, recipe=None if recipe
+                                    is None else candidates[recipe])], delta)
 
 
 def calibrate_score_noise(target_epsilon: float, delta: float, mean: float, shape: float,
-                          tol: float = 1e-3) -> float:
+                          recipe: Candidate | None = None, tol: float = 1e-3) -> float:
     """The least noise multiplier of a search's validation score (a count, sensitivity 1) that keeps
     its validation examples' ε (RDP) within `target_epsilon`.
 
@@ -91,13 +94,15 @@ def calibrate_score_noise(target_epsilon: float, delta: float, mean: float, shap
       delta: δ.
       mean: the mean number of candidates (events.Search).
       shape: the shape of their number's distribution (events.Search).
+      recipe: the recipe candidate's profile (its score is one more), or None.
       tol: the precision of the noise multiplier.
 
     Returns:
       The noise multiplier. Raises TooManySteps if even MAX_NOISE_MULTIPLIER spends more.
     """
     def epsilon(sigma: float) -> float:
-        return searches_epsilon([Search(mean, shape, (), sigma, 1, 1, face="score")], delta)
+        return searches_epsilon([Search(mean, shape, (), sigma, 1, 1, face="score",
+                                        recipe=recipe)], delta)
 
     if epsilon(MAX_NOISE_MULTIPLIER) > target_epsilon:
         raise TooManySteps(epsilon(MAX_NOISE_MULTIPLIER))

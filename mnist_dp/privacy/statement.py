@@ -99,7 +99,9 @@ SEARCH = (
     "each example's keyed id alone) and is scored by its count of correct validation predictions "
     "plus Gaussian noise; only the best candidate's model is released. The accountant composes "
     "RepeatAndSelect(candidate, mean, shape) by RDP, which is the only one of its accountants that "
-    "can (PLD cannot): a ledger holding a search is composed by RDP as a whole. A training example "
+    "can (PLD cannot): a ledger holding a search is composed by RDP as a whole. A recipe "
+    "candidate, where the search has one (the algo's own hyperparameters, run once whatever K "
+    "is), is composed with it as one more run and score. A training example "
     "pays for the candidates' training (their privacy profiles' worst Rényi divergence at each "
     "order), a validation example for their scores only. The search's run time grows with K: ε "
     "assumes whoever ε is claimed against does not see how long the task ran (Substra records its "
@@ -154,13 +156,19 @@ def _search(event) -> str:
         search.shape,
         "Poisson" if search.shape == float("inf") else "truncated negative binomial, shape "
                                                        f"{search.shape:g}")
-    profiles = "; ".join(f"q = {c.sample_rate:.4g}, σ = {c.noise_multiplier:.4g}, {c.steps} steps"
-                         for c in search.candidates)
+    profiles = "; ".join(_profile(c) for c in search.candidates)
+    recipe = "" if search.recipe is None else (
+        f", and the recipe's hyperparameters run once besides them ({_profile(search.recipe)})")
     return (f"private search of {search.mean:g} candidates on average ({shape} distribution, K "
-            f"never released); {search.validation_n} validation examples (id mod 1000 < "
+            f"never released){recipe}; {search.validation_n} validation examples (id mod 1000 < "
             f"{search.validation_permille}) scored with noise σ = "
             f"{search.score_noise_multiplier:.4g}; candidate profile(s): {profiles}; the released "
             f"candidate trained on n = {event.trained_n}, ")
+
+
+def _profile(candidate) -> str:
+    return (f"q = {candidate.sample_rate:.4g}, σ = {candidate.noise_multiplier:.4g}, "
+            f"{candidate.steps} steps")
 
 
 def is_federated(saved: ModelFile) -> bool:

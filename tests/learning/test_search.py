@@ -125,3 +125,37 @@ def test_the_final_run_draws_from_the_task_s_run_streams_which_no_candidate_uses
     assert final == randomness.entropy
     assert len(set(candidates)) == len(candidates) == found.candidates
     assert final not in candidates
+
+
+@pytest.mark.parametrize("margin", ["validation", "noise", None])
+def test_a_recipe_candidate_runs_first_whatever_k_and_competes_with_the_k(monkeypatch, margin):
+    """recipe_candidate: the recipe is trained and scored once besides the K candidates, all drawn
+    from the space; it wins over candidates that score less than it plus its head start (10 below,
+    as a fraction of the validation examples or in score noise stds), even when K = 1. Without it
+    (recipe_weight 0), no candidate is the recipe."""
+    hp = dict_hp(epochs=1, batch_size=50, target_epsilon=3.0, features="pixels",
+                 learning_rate=0.5)
+    values = {"space": {"learning_rate": [0.2, 0.3]}, "mean_candidates": 2, "shape": 1}
+    n = 400
+    held_out = np.arange(n) % 10 == 0  # 40 validation examples
+    noise = plan_search("torch", hp, search_space.parse({**values, "recipe_candidate": True}, "x"),
+                        n, 40, "x").score_noise_multiplier
+    if margin is not None:
+        values.update({"recipe_candidate": True, "recipe_margin": 0.25 * (margin == "validation"),
+                       "recipe_margin_noise": 10 / noise * (margin == "noise")})
+    plan = plan_search("torch", hp, search_space.parse(values, "x"), n, 40, "x")
+    monkeypatch.setattr(search, "noisy_count", lambda count, noise_multiplier, rng: count)
+    images, labels = np.zeros((n, 28, 28), np.float32), np.zeros(n, np.int64)
+    for seed in range(12):
+        framework = Remembering({0.5: 18, 0.2: 26, 0.3: 30})
+        randomness = RunRandomness.for_run(seed, 0, ("s",))
+        found = search.run_search(framework, images, labels, held_out, plan, randomness, "x")
+        k = draw_count(randomness.numpy("search"), 2.0, 1.0)
+        assert found.candidates == k
+        if margin is None:
+            assert 0.5 not in framework.trained and len(framework.trained) == k
+            continue
+        assert framework.trained[0] == 0.5 and len(framework.trained) == k + 1
+        assert 0.5 not in framework.trained[1:]
+        # 0.3 scores 30 > 18 + 10: it wins whenever drawn; 0.2 (26) never does
+        assert found.plan.hp.learning_rate == (0.3 if 0.3 in framework.trained else 0.5)

@@ -173,6 +173,8 @@ def test_each_example_pays_for_its_own_face_of_the_search():
      "not one of the search's"),
     (lambda s: {**s, "validation_n": 4000}, "leaves no training example"),
     (lambda s: {**s, "face": "score"}, "exactly"),
+    (lambda s: {**s, "recipe": {**s["candidates"][0], "steps": 0}}, "recipe = "),
+    (lambda s: {**s, "recipe": [s["candidates"][0]]}, "recipe = "),
 ])
 def test_a_damaged_search_in_a_ledger_is_refused(edit, message):
     record = search_event().to_json()
@@ -199,6 +201,12 @@ def test_the_statement_says_the_search_is_covered_and_composed_by_rdp(tmp_path):
                                        dataclasses.replace(event, search=event.search.scored())],
                                       DELTA)
     assert f"(ε, δ) = ({both:.3f}" in text
+    assert "run once besides them" not in text
+    recipe = search_event()
+    recipe = dataclasses.replace(recipe, search=dataclasses.replace(recipe.search,
+                                                                    recipe=RELEASED[0]))
+    text = statement.privacy_statement(model_file.load(save_model(tmp_path / "r", [recipe])))
+    assert "and the recipe's hyperparameters run once besides them (q = 0.125, σ = 1.3" in text
     once = model_file.load(save_model(tmp_path / "once", [dp_event()]))
     text = statement.privacy_statement(once)
     assert "Not covered: " + statement.NOT_COVERED[0] in text and "search" not in text
@@ -268,6 +276,42 @@ def test_a_search_with_a_final_run_ends_each_face_at_the_target_as_dp_accounting
     assert 2.95 < worse <= 3.0
     alone = accountant.compose_epsilon([run], DELTA, "rdp")
     assert alone < worse  # the search costs the final run something
+
+
+def test_a_recipe_candidate_composes_its_run_and_score_once_with_the_repeated_selection():
+    """recipe_candidate: the recipe's run (a training example) and its score (a validation example)
+    compose with RepeatAndSelect as dp_accounting's ComposedDpEvent composes them, then the final
+    run; the search's σ rises to pay for it."""
+    hp = dict_hp(epochs=2, batch_size=50, target_epsilon=3.0)
+    values = {"space": {"learning_rate": [0.1, 0.2]}, "search_epsilon": 0.5}
+    plan = plan_search("torch", hp, search_space.parse({**values, "recipe_candidate": True}, "x"),
+                       1000, 100, "x")
+    without = plan_search("torch", hp, search_space.parse(values, "x"), 1000, 100, "x")
+    ((q, steps, _), sigma), = plan.sigmas.items()
+    assert sigma > next(iter(without.sigmas.values()))
+    assert plan.score_noise_multiplier > without.score_noise_multiplier
+    assert plan.recipe_candidate() == Candidate(q, steps, sigma)
+    event = search_event((Candidate(q, steps, sigma),), score=plan.score_noise_multiplier, n=1000,
+                         validation_n=100)
+    event = dataclasses.replace(event, search=dataclasses.replace(
+        event.search, recipe=plan.recipe_candidate()))
+    assert DpEvent.from_json(event.to_json()) == event
+    scored = dataclasses.replace(event, search=event.search.scored())
+    final = plan.final("torch", plan.recipe, event, "x")
+    run = final.event_at(final.sampling.steps)
+    for face, single in ((event, dp_sgd(q, steps, sigma)),
+                         (scored, dp_accounting.GaussianDpEvent(plan.score_noise_multiplier))):
+        search_alone = rdp.RdpAccountant().compose(dp_accounting.ComposedDpEvent([
+            dp_accounting.dp_event.RepeatAndSelectDpEvent(single, 4.0, 0.0), single]))
+        assert accountant.compose_epsilon([face], DELTA) == pytest.approx(
+            search_alone.get_epsilon(DELTA), rel=1e-9)
+        assert 0.45 < search_alone.get_epsilon(DELTA) <= 0.5
+        with_run = search_alone.compose(
+            dp_sgd(final.sampling.sample_rate, final.sampling.steps, final.sigma))
+        assert accountant.compose_epsilon([face, run], DELTA) == pytest.approx(
+            with_run.get_epsilon(DELTA), rel=1e-9)
+    assert 2.95 < max(accountant.compose_epsilon([face, run], DELTA)
+                      for face in (event, scored)) <= 3.0
 
 
 @pytest.mark.parametrize("spent, message", [

@@ -185,7 +185,9 @@ def test_nothing_a_tune_task_emits_depends_on_the_number_of_candidates(
 
 
 @pytest.mark.parametrize("short", [{}, {"candidate_epochs": 1, "recipe_weight": 0.5,
-                                          "recipe_margin": 0.05}])
+                                          "recipe_margin": 0.05},
+                                   {"candidate_epochs": 1, "recipe_candidate": True,
+                                    "recipe_margin_noise": 3.0}])
 def test_a_tune_task_with_search_epsilon_releases_a_final_run_on_all_its_data(tmp_path,
                                                                                   tiny_data, short):
     """search_epsilon: the search spends it, the best candidate's hyperparameters train again on
@@ -210,6 +212,7 @@ def test_a_tune_task_with_search_epsilon_releases_a_final_run_on_all_its_data(tm
     saved = model_file.load(tmp_path / "model", "torch")
     searched, final = saved.ledger.events
     assert searched.search is not None and final.search is None
+    assert (searched.search.recipe is not None) == short.get("recipe_candidate", False)
     assert final.n == searched.n == sum(len(np.load(f"{f}/labels.npy")) for f in folders)
     trained = searched.n - searched.search.validation_n
     assert searched.planned_steps == short.get("candidate_epochs", 2) * math.ceil(
@@ -245,6 +248,8 @@ def test_a_tune_task_with_search_epsilon_releases_a_final_run_on_all_its_data(tm
     ({"space": {"learning_rate": [0.1]}, "candidates": 3}, "unknown key(s) ['candidates']"),
     ({"space": {"learning_rate": [0.1]}, "search_epsilon": 0},
      "search_epsilon = 0 must be null or a number above 0"),
+    ({"space": {"learning_rate": [0.1]}, "recipe_candidate": "yes"},
+     'recipe_candidate = "yes" must be true or false'),
 ])
 def test_a_bad_search_file_is_one_line_and_nothing_is_registered(
         tmp_path, tiny_data, search, message):
