@@ -13,6 +13,10 @@ On each data set, per seed, four methods:
   ε = 0.25, and another candidate winning over the recipe only with a validation score 5 points
   above it (recipe_margin 0.05); the final run trains the recipe's 30 epochs;
 - recipe-heavy: recipe-margin with the recipe as 3 candidates in 4 (recipe_weight 0.75);
+- recipe-candidate: recipe-margin with every one of the K candidates drawn from the space, and the
+  recipe trained and scored once besides them (recipe_candidate), composed with the search;
+- recipe-noise: recipe-candidate with the recipe's head start 3 score noise stds
+  (recipe_margin_noise) instead of 5 points: only a candidate the noise cannot explain beats it;
 - default: the hand-tuned recipe (assets/algo_torch_dp/hyperparameters.json) at ε = 3 (PLD); its
   tuning, done by hand on MNIST and Fashion-MNIST, is not counted;
 - non-private-grid: the upper reference, no DP: a grid over the search space's learning rates and
@@ -59,8 +63,8 @@ from mnist_dp.utils.errors import UserError, run_cli  # noqa: E402
 DATASETS = {"faint": "faint MNIST-4k (recipe off)",
             "imbalanced": "class-imbalanced MNIST-4k (recipe off)",
             "mnist4k": "MNIST-4k (embedded)", "fmnist": "Fashion-MNIST 60k"}
-METHODS = ("private-search", "search-then-train", "recipe-margin", "recipe-heavy", "default",
-           "non-private-grid")
+METHODS = ("private-search", "search-then-train", "recipe-margin", "recipe-heavy",
+           "recipe-candidate", "recipe-noise", "default", "non-private-grid")
 # each search method's search file
 SEARCHES = {"private-search": search_space.DEFAULT,
             "search-then-train": {**search_space.DEFAULT, "recipe_weight": 0.5,
@@ -68,6 +72,10 @@ SEARCHES = {"private-search": search_space.DEFAULT,
             "recipe-margin": {**search_space.DEFAULT, "recipe_weight": 0.5, "recipe_margin": 0.05,
                               "search_epsilon": 0.25, "candidate_epochs": 3}}
 SEARCHES["recipe-heavy"] = {**SEARCHES["recipe-margin"], "recipe_weight": 0.75}
+SEARCHES["recipe-candidate"] = {**SEARCHES["recipe-margin"], "recipe_weight": 0.0,
+                                "recipe_candidate": True}
+SEARCHES["recipe-noise"] = {**SEARCHES["recipe-candidate"], "recipe_margin": 0.0,
+                            "recipe_margin_noise": 3.0}
 EPSILON, DELTA, FRAMEWORK = 3.0, 1e-5, "torch"
 # The non-private grid: the search space's learning rates (its ends and middle) and weight averages;
 # the clipping norm does nothing without DP.
@@ -219,7 +227,9 @@ def report(records: list) -> str:
              "on all the training data, ε covering both; recipe-margin: the same with candidates "
              "of 3 epochs spending ε = 0.25, another candidate beating the recipe only by 5 points "
              "of validation accuracy; recipe-heavy: recipe-margin with the recipe as 3 candidates "
-             "in 4; default: the hand-tuned recipe at ε = 3, "
+             "in 4; recipe-candidate: recipe-margin with the K candidates all drawn from the space "
+             "and the recipe run once besides them; recipe-noise: recipe-candidate with a head "
+             "start of 3 score noise stds instead; default: the hand-tuned recipe at ε = 3, "
              "its tuning not counted; "
              "non-private-grid: no DP, the best of a 6-point grid on the same validation split. "
              "Time: the whole method on 2 cores (features included).", "",
