@@ -1,10 +1,11 @@
 """The accountant: ε from DP events, by Google's ``dp_accounting``, and σ calibrated to a target.
 
 PLD is the reported figure, RDP is shown beside it. Steps of equal (q, σ), whichever run took them,
-are composed as one self-composition. A private hyperparameter search (events.Search) is composed by
-RDP, the only accountant that composes a repeated selection: an account that holds one is composed
-by RDP as a whole. Mathematics only: a target no σ meets is a NoSigma carrying its numbers, which
-the callers that know the hyperparameters (task_plan.py) put in a user's words.
+are composed as one self-composition. A private hyperparameter search (events.Search) has an RDP
+bound only (dp_accounting's repeat-and-select): an account that holds one reports the lower of two
+bounds, RDP of the whole, and PLD of the runs composed with each search as the (ε, δ) pair its RDP
+gives (`_with_searches_as_pairs`). Mathematics only: a target no σ meets is a NoSigma carrying its
+numbers, which the callers that know the hyperparameters (task_plan.py) put in a user's words.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from collections.abc import Sequence
 import dp_accounting
 import numpy as np
 from dp_accounting import pld, rdp
+from dp_accounting.pld import common
 from dp_accounting.rdp import rdp_privacy_accountant
 from scipy import optimize
 
@@ -70,7 +72,8 @@ def compose_epsilon(events: Sequence[DpEvent], delta: float,
     Args:
       events: the DpEvents composed (a ledger's runs, or one run).
       delta: δ.
-      accountant: "pld" or "rdp"; RDP whatever it says when an event is a private search.
+      accountant: "pld" or "rdp"; with a private search among the events, "pld" is the lower of
+        RDP and the runs' PLD with each search as an (ε, δ) pair.
 
     Returns:
       ε at δ; inf if any event is non-private, 0 for none.
@@ -91,7 +94,10 @@ def _epsilon(counts: tuple, delta: float, accountant: str, searches: tuple = ())
     if searches:  # PLD cannot compose a repeated selection: RDP composes everything
         curve = sum((search_rdp(s) for s in searches), _rdp_curve(_poisson_gaussians(counts))
                     if counts else 0.0)
-        return float(rdp_privacy_accountant.compute_epsilon(RDP_ORDERS, curve, delta)[0])
+        whole = float(rdp_privacy_accountant.compute_epsilon(RDP_ORDERS, curve, delta)[0])
+        if accountant != "pld":
+            return whole
+        return min(whole, _with_searches_as_pairs(counts, searches, delta))
     if accountant == "pld":
         return float(_pld_of(counts).get_epsilon_for_delta(delta))
     if accountant != "rdp":
@@ -114,6 +120,34 @@ def _pld_of(counts: tuple):
 
 # PLDAccountant's default value_discretization_interval.
 PLD_INTERVAL = 1e-4
+# The parts of δ the searches may take as pairs, the runs' PLD the rest: each one is a valid bound,
+# and the least is reported.
+SEARCH_DELTA_SHARES = (0.01, 0.03, 0.1, 0.3)
+# A pair's ε past which its PLD overflows (exp(ε)); such a bound would not be the lower one anyway.
+MAX_PAIR_EPSILON = 50.0
+
+
+def _with_searches_as_pairs(counts: tuple, searches: tuple, delta: float) -> float:
+    """ε at δ of the runs `counts` (PLD) composed with each of `searches` as the (ε_i, δ_i) pair its
+    RDP gives: an (ε, δ)-DP mechanism's privacy loss is dominated by dp_accounting's pessimistic
+    PLD of that pair (from_privacy_parameters), which composes with the runs' like any PLD. The
+    searches share a part of δ equally; the least ε over SEARCH_DELTA_SHARES is returned, inf if
+    no share gives a finite one."""
+    runs, least = _pld_of(counts), math.inf
+    for share in SEARCH_DELTA_SHARES:
+        pair_delta = delta * share / len(searches)
+        composed = runs
+        for search in searches:
+            pair_epsilon = float(rdp_privacy_accountant.compute_epsilon(
+                RDP_ORDERS, search_rdp(search), pair_delta)[0])
+            if not pair_epsilon < MAX_PAIR_EPSILON:
+                break
+            composed = composed.compose(pld.privacy_loss_distribution.from_privacy_parameters(
+                common.DifferentialPrivacyParameters(pair_epsilon, pair_delta),
+                PLD_INTERVAL))
+        else:
+            least = min(least, float(composed.get_epsilon_for_delta(delta)))
+    return least
 
 
 @functools.lru_cache(maxsize=128)

@@ -99,7 +99,8 @@ SEARCH = (
     "each example's keyed id alone) and is scored by its count of correct validation predictions "
     "plus Gaussian noise; only the best candidate's model is released. The accountant composes "
     "RepeatAndSelect(candidate, mean, shape) by RDP, which is the only one of its accountants that "
-    "can (PLD cannot): a ledger holding a search is composed by RDP as a whole. A recipe "
+    "can (PLD cannot); a ledger holding a search reports the lower of RDP of the whole and PLD of "
+    "its runs with each search as the (ε, δ) pair its RDP gives. A recipe "
     "candidate, where the search has one (the algo's own hyperparameters, run once whatever K "
     "is), is composed with it as one more run and score. A training example "
     "pays for the candidates' training (their privacy profiles' worst Rényi divergence at each "
@@ -141,12 +142,16 @@ def has_search(saved: ModelFile) -> bool:
 
 
 def reported_accountant(ledger: Ledger) -> str:
-    """The name of the accountant that composed the ledger's ε: PLD, or RDP when it holds a
-    search."""
+    """The name of the accountant that composed the ledger's ε: PLD, or with a search the lower of
+    two bounds (accountant.compose_epsilon)."""
     if any(e.search is not None for e in ledger.events):
-        return ACCOUNTANT_NAMES[
-            "rdp"] + ", as the ledger holds a private search, which PLD cannot compose"
+        return SEARCHED_ACCOUNTANT
     return ACCOUNTANT_NAMES[REPORTED_ACCOUNTANT]
+
+
+SEARCHED_ACCOUNTANT = ("PLD or RDP (Google dp_accounting), whichever is lower, as the ledger holds "
+                       "a private search: PLD of the runs with each search as the (ε, δ) pair its "
+                       "RDP gives, or RDP of the whole")
 
 
 def _search(event) -> str:
@@ -222,8 +227,8 @@ def privacy_statement(saved: ModelFile, per_organization: dict | None = None,
         + "; the initialisation is data-independent (seeded) and costs nothing.",
         f"- Flagged: {'; '.join(flagged) if flagged else 'nothing'}.", "",
         f"- {ACCOUNTANT_NAMES['rdp']}: ε = {ledger.epsilon(delta, 'rdp'):.3f}, "
-        + ("the reported figure itself (a search is composed by RDP only)." if searches else
-           "beside it (a looser bound)."),
+        + ("the whole ledger by RDP, the reported figure where it is the lower." if searches
+           else "beside it (a looser bound)."),
         *(["- An individual whose records every organisation here holds (under each of the "
            f"{len(keys)} identity keys): ε = "
            f"{ledger.epsilon_in_every_organization(delta, REPORTED_ACCOUNTANT):.3f}, every run "

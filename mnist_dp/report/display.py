@@ -26,10 +26,10 @@ STATEMENT = ("ε is for the add/remove-one-example relation, Poisson sampling an
              "example's (with several organisations, each one's ε is that of its own records, the "
              "examples it holds; an individual every organisation holds: "
              "epsilon_in_every_organization in results.json), by the accountant named beside it: "
-             "PLD, or RDP for a model whose ledger holds a private search (PLD cannot compose "
-             "one). data's ε: what the training data has spent over every model released from it "
-             "so far, these and earlier ones (its own ledger, kept with the data: "
-             "data_epsilon_by_organization in results.json).")
+             "PLD, or for a model whose ledger holds a private search the lower of PLD (each "
+             "search as the (ε, δ) pair its RDP gives) and RDP. data's ε: what the training data "
+             "has spent over every model released from it so far, these and earlier ones (its own "
+             "ledger, kept with the data: data_epsilon_by_organization in results.json).")
 
 
 def statement_for(records: list) -> str:
@@ -53,7 +53,7 @@ def _cell(record, key: str, fmt: str) -> str:
         return "-"
     # the table's short form; results.json and the statement name it in full
     if key == "accountant":
-        return value.split(" ")[0] + (" (search)" if "search" in value else "")
+        return value.split(" (")[0] + (" (search)" if "search" in value else "")
     if value is None:
         return "-"
     if key == "dp":

@@ -10,7 +10,7 @@ import dp_accounting
 import numpy as np
 import pytest
 from conftest import dict_hp
-from dp_accounting import rdp
+from dp_accounting import pld, rdp
 from dp_accounting.rdp import rdp_privacy_accountant
 from scipy import stats
 
@@ -30,6 +30,23 @@ def dp_sgd(q, steps, sigma):
 
 
 RELEASED = (Candidate(1 / 8, 240, 1.3),)
+
+
+def search_then_run(search, q, steps, sigma):
+    """ε at δ of a search (a dp_accounting event) then a DP-SGD run, recomputed with dp_accounting
+    alone as the accountant reports it: the lower of RDP of both, and of the run's PLD composed with
+    the search as the (ε, δ) pair its RDP gives, at each share of δ the accountant tries."""
+    whole = rdp.RdpAccountant().compose(dp_accounting.ComposedDpEvent([search, dp_sgd(q, steps,
+                                                                                        sigma)]))
+    searched = rdp.RdpAccountant().compose(search)
+    run = pld.privacy_loss_distribution.from_gaussian_mechanism(
+        standard_deviation=sigma, sampling_prob=q, value_discretization_interval=1e-4
+    ).self_compose(steps)
+    pairs = [run.compose(pld.privacy_loss_distribution.from_privacy_parameters(
+        pld.common.DifferentialPrivacyParameters(searched.get_epsilon(DELTA * share),
+                                                 DELTA * share))).get_epsilon_for_delta(DELTA)
+        for share in accountant.SEARCH_DELTA_SHARES]
+    return min(whole.get_epsilon(DELTA), *pairs), whole.get_epsilon(DELTA)
 
 
 def search_event(candidates=RELEASED, mean=4.0, shape=0.0, score=3.0, permille=100, n=4000,
@@ -74,17 +91,45 @@ def test_a_search_of_several_profiles_is_bounded_by_the_worst_at_every_order():
         assert accountant.compose_epsilon([event], DELTA) >= alone.get_epsilon(DELTA) - 1e-9
 
 
-def test_a_search_costs_more_than_its_one_released_run_and_later_runs_compose_by_rdp():
+def test_a_search_costs_more_than_its_one_released_run_and_later_runs_compose_with_it():
     event = search_event()
     one_run = rdp.RdpAccountant().compose(dp_sgd(1 / 8, 240, 1.3)).get_epsilon(DELTA)
     assert accountant.compose_epsilon([event], DELTA) > one_run
     later = dataclasses.replace(event, search=None, n=3600)
-    independent = rdp.RdpAccountant().compose(dp_accounting.ComposedDpEvent([
-        dp_accounting.dp_event.RepeatAndSelectDpEvent(dp_sgd(1 / 8, 240, 1.3), 4.0,
-                                                      0.0), dp_sgd(1 / 8, 240, 1.3)]))
-    # PLD is asked for, RDP answers: PLD cannot compose the search
-    assert accountant.compose_epsilon([event, later], DELTA,
-                                      "pld") == pytest.approx(independent.get_epsilon(DELTA))
+    reported, by_rdp = search_then_run(
+        dp_accounting.dp_event.RepeatAndSelectDpEvent(dp_sgd(1 / 8, 240, 1.3), 4.0, 0.0),
+        1 / 8, 240, 1.3)
+    assert accountant.compose_epsilon([event, later], DELTA) == pytest.approx(reported, rel=1e-6)
+    assert accountant.compose_epsilon([event, later], DELTA, "rdp") == pytest.approx(by_rdp)
+    # a search alone: RDP at δ is below its own pair at a part of δ
+    assert accountant.compose_epsilon([event], DELTA) == accountant.compose_epsilon(
+        [event], DELTA, "rdp")
+
+
+def test_two_searches_then_a_run_share_the_pairs_part_of_delta_equally():
+    first = search_event((Candidate(1 / 8, 240, 10.0),))
+    second = search_event((Candidate(1 / 8, 240, 12.0),), mean=2.0)
+    run = dataclasses.replace(first, search=None, noise_multiplier=1.0, n=3600)
+    searches = [rdp.RdpAccountant().compose(dp_accounting.dp_event.RepeatAndSelectDpEvent(
+        dp_sgd(1 / 8, 240, sigma), mean, 0.0)) for sigma, mean in ((10.0, 4.0), (12.0, 2.0))]
+    whole = rdp.RdpAccountant().compose(dp_accounting.ComposedDpEvent([
+        dp_accounting.dp_event.RepeatAndSelectDpEvent(dp_sgd(1 / 8, 240, 10.0), 4.0, 0.0),
+        dp_accounting.dp_event.RepeatAndSelectDpEvent(dp_sgd(1 / 8, 240, 12.0), 2.0, 0.0),
+        dp_sgd(1 / 8, 240, 1.0)])).get_epsilon(DELTA)
+    runs = pld.privacy_loss_distribution.from_gaussian_mechanism(
+        standard_deviation=1.0, sampling_prob=1 / 8, value_discretization_interval=1e-4
+    ).self_compose(240)
+    pairs = []
+    for share in accountant.SEARCH_DELTA_SHARES:
+        composed = runs
+        for search in searches:
+            composed = composed.compose(pld.privacy_loss_distribution.from_privacy_parameters(
+                pld.common.DifferentialPrivacyParameters(search.get_epsilon(DELTA * share / 2),
+                                                         DELTA * share / 2)))
+        pairs.append(composed.get_epsilon_for_delta(DELTA))
+    assert min(pairs) < whole - 0.1  # the pairs' bound is the one reported here
+    assert accountant.compose_epsilon([first, second, run], DELTA) == pytest.approx(
+        min(pairs), rel=1e-6)
 
 
 @pytest.mark.parametrize("shape, distribution", [
@@ -183,15 +228,14 @@ def test_a_damaged_search_in_a_ledger_is_refused(edit, message):
         DpEvent.from_json(record)
 
 
-def test_the_statement_says_the_search_is_covered_and_composed_by_rdp(tmp_path):
+def test_the_statement_says_the_search_is_covered_and_how_it_is_composed(tmp_path):
     from conftest import dp_event, save_model
 
     from mnist_dp.privacy import model_file, statement
 
     searched = model_file.load(save_model(tmp_path / "searched", [search_event()]))
     text = statement.privacy_statement(searched)
-    assert ("by RDP (Google dp_accounting), as the ledger holds a private search, which PLD cannot "
-            "compose" in text)
+    assert f"by {statement.SEARCHED_ACCOUNTANT} (reported)" in text
     assert "and the whole of the 1 private hyperparameter search(es) that chose them" in text
     assert "K never released" in text and "how long the task ran" in text
     assert "Not covered: " + statement.SEARCHED_NOT_COVERED in text
@@ -267,14 +311,16 @@ def test_a_search_with_a_final_run_ends_each_face_at_the_target_as_dp_accounting
     run = final.event_at(final.sampling.steps)
     for face, single in ((event, dp_sgd(q, steps, sigma)),
                          (scored, dp_accounting.GaussianDpEvent(plan.score_noise_multiplier))):
-        independent = rdp.RdpAccountant().compose(dp_accounting.ComposedDpEvent([
+        reported, by_rdp = search_then_run(
             dp_accounting.dp_event.RepeatAndSelectDpEvent(single, space.mean, space.shape),
-            dp_sgd(final.sampling.sample_rate, final.sampling.steps, final.sigma)]))
-        assert accountant.compose_epsilon([face, run], DELTA) == pytest.approx(
-            independent.get_epsilon(DELTA), rel=1e-9)
+            final.sampling.sample_rate, final.sampling.steps, final.sigma)
+        assert accountant.compose_epsilon([face, run], DELTA) == pytest.approx(reported, rel=1e-6)
+        assert accountant.compose_epsilon([face, run], DELTA, "rdp") == pytest.approx(by_rdp,
+                                                                                      rel=1e-9)
+        assert reported < by_rdp - 0.1  # the search as a pair: the run's PLD is the tighter bound
     worse = max(accountant.compose_epsilon([face, run], DELTA) for face in (event, scored))
     assert 2.95 < worse <= 3.0
-    alone = accountant.compose_epsilon([run], DELTA, "rdp")
+    alone = accountant.compose_epsilon([run], DELTA)
     assert alone < worse  # the search costs the final run something
 
 
@@ -301,15 +347,16 @@ def test_a_recipe_candidate_composes_its_run_and_score_once_with_the_repeated_se
     run = final.event_at(final.sampling.steps)
     for face, single in ((event, dp_sgd(q, steps, sigma)),
                          (scored, dp_accounting.GaussianDpEvent(plan.score_noise_multiplier))):
-        search_alone = rdp.RdpAccountant().compose(dp_accounting.ComposedDpEvent([
-            dp_accounting.dp_event.RepeatAndSelectDpEvent(single, 4.0, 0.0), single]))
-        assert accountant.compose_epsilon([face], DELTA) == pytest.approx(
-            search_alone.get_epsilon(DELTA), rel=1e-9)
-        assert 0.45 < search_alone.get_epsilon(DELTA) <= 0.5
-        with_run = search_alone.compose(
-            dp_sgd(final.sampling.sample_rate, final.sampling.steps, final.sigma))
-        assert accountant.compose_epsilon([face, run], DELTA) == pytest.approx(
-            with_run.get_epsilon(DELTA), rel=1e-9)
+        search = dp_accounting.ComposedDpEvent([
+            dp_accounting.dp_event.RepeatAndSelectDpEvent(single, 4.0, 0.0), single])
+        search_alone = rdp.RdpAccountant().compose(search).get_epsilon(DELTA)
+        assert accountant.compose_epsilon([face], DELTA) == pytest.approx(search_alone, rel=1e-9)
+        assert 0.45 < search_alone <= 0.5
+        reported, by_rdp = search_then_run(search, final.sampling.sample_rate,
+                                           final.sampling.steps, final.sigma)
+        assert accountant.compose_epsilon([face, run], DELTA) == pytest.approx(reported, rel=1e-6)
+        assert accountant.compose_epsilon([face, run], DELTA, "rdp") == pytest.approx(by_rdp,
+                                                                                      rel=1e-9)
     assert 2.95 < max(accountant.compose_epsilon([face, run], DELTA)
                       for face in (event, scored)) <= 3.0
 
