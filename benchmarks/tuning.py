@@ -1,7 +1,7 @@
 """What a private hyperparameter search buys, and what it costs: test accuracy at a total ε = 3 (δ =
 1e-5), torch.
 
-On each data set, per seed, four methods:
+On each data set, per seed, these methods:
 - private-search: the bundle's default search (mnist_dp/search_space.py DEFAULT), run as the tune
   task runs it (mnist_dp/learning/search.py), at a total ε = 3 that includes the search (RDP, the
   whole search composed);

@@ -26,8 +26,8 @@ hyperparameters has m times the validation examples (per person: persons) added 
 the best is chosen: the choice is still a fixed order on what the candidates output, so the
 accountant's bound holds, and noisy scores no longer trade the recipe for a candidate that only
 looks better. "recipe_margin_noise" z adds z times the score's noise std (the plan's, a function of
-the search's ε alone): where the validation split is small the score is too noisy to tell
-candidates apart, and the recipe then stays.
+the search's ε and K's distribution alone): where the validation split is small the score is too
+noisy to tell candidates apart, and the recipe then stays.
 
 With "recipe_candidate": true, the algo's hyperparameters are also trained and scored once, outside
 the K candidates, and compete with their best (recipe_margin applies to it): the search can no
@@ -76,8 +76,7 @@ DEFAULT = {
         "max_grad_norm": {"low": 0.025, "high": 0.4, "log": True}, "ema_decay": [0.0, 0.9, 0.99],
     }, "mean_candidates": 4, "shape": 0, "validation_fraction": 0.1, "recipe_weight": 0.0,
     "recipe_margin": 0.0, "recipe_margin_noise": 0.0, "recipe_candidate": False,
-    "search_epsilon": None,
-    "candidate_epochs": None,
+    "search_epsilon": None, "candidate_epochs": None,
 }
 # What changes a candidate's DP event for a given σ: its q (batch_size), steps
 # (epochs, batch_size) and schedule.
@@ -201,8 +200,7 @@ def parse(values, where: str) -> SearchSpace:
         raise UserError(f"{where}: must hold a JSON object with \"space\" (and optionally "
                         "\"mean_candidates\", \"shape\", \"validation_fraction\", "
                         "\"recipe_weight\", \"recipe_margin\", \"recipe_margin_noise\", "
-                        "\"recipe_candidate\", "
-                        "\"search_epsilon\", \"candidate_epochs\")")
+                        "\"recipe_candidate\", \"search_epsilon\", \"candidate_epochs\")")
     values = {**{k: v for k, v in DEFAULT.items() if k != "space"}, **values}
     unknown = set(values) - set(DEFAULT)
     if unknown:
