@@ -140,13 +140,15 @@ def in_a_terminal(command, cwd, env):
     return proc.wait(), written.decode(errors="replace")
 
 
-@pytest.mark.parametrize("framework, search_epsilon", [(name, None) for name in ALGO_ASSETS]
-                         + [("torch", 1.0)])
+@pytest.mark.parametrize("framework, extra", [(name, {}) for name in ALGO_ASSETS] + [
+    ("torch", {"search_epsilon": 1.0}),
+    ("torch", {"search_epsilon": 1.0, "recipe_candidate": True})])
 def test_nothing_a_tune_task_emits_depends_on_the_number_of_candidates(
-        tmp_path, tiny_data, framework, search_epsilon):
+        tmp_path, tiny_data, framework, extra):
     """A K = 1 and a K = 4 search under a terminal, with secure_mode where the framework has it: the
     same bytes on the terminal, digits included (log lines' timestamps aside), the same timings
-    file, the same outputs; with search_epsilon, the final run's too."""
+    file, the same outputs; with search_epsilon, the final run's too, and with a recipe candidate
+    its run's."""
     import os
 
     # TF Privacy has no secure noise generator: its algo refuses secure_mode
@@ -154,7 +156,7 @@ def test_nothing_a_tune_task_emits_depends_on_the_number_of_candidates(
     hp = tiny_hyperparameters(framework, noise_multiplier=None, target_epsilon=3.0, noise_seed=None,
                               secure_mode=secure)
     folder = extract_function(ALGO_ASSETS[framework], "tune", tmp_path / "build", hp)
-    (folder / "search.json").write_text(json.dumps({**SEARCH, "search_epsilon": search_epsilon}))
+    (folder / "search.json").write_text(json.dumps({**SEARCH, **extra}))
     (folder / "forced_count.py").write_text(FORCED_COUNT)
     written, timings, outputs = [], [], []
     for count in (1, 4):
@@ -177,7 +179,7 @@ def test_nothing_a_tune_task_emits_depends_on_the_number_of_candidates(
         written.append(re.sub(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", "<time>", text))
         timings.append(timings_file.read_text() if timings_file.exists() else None)
         outputs.append(sorted(p.name for p in out.iterdir()))
-    assert ("search: released the best candidate" if search_epsilon is None else
+    assert ("search: released the best candidate" if "search_epsilon" not in extra else
             "search: released the final run") in written[0]
     assert written[0] == written[1], "\n".join(
         difflib.unified_diff(*(w.splitlines() for w in written), lineterm=""))
