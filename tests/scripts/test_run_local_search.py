@@ -141,14 +141,13 @@ def in_a_terminal(command, cwd, env):
 
 
 @pytest.mark.parametrize("framework, extra", [(name, {}) for name in ALGO_ASSETS] + [
-    ("torch", {"search_epsilon": 1.0}),
     ("torch", {"search_epsilon": 1.0, "recipe_candidate": True})])
 def test_nothing_a_tune_task_emits_depends_on_the_number_of_candidates(
         tmp_path, tiny_data, framework, extra):
     """A K = 1 and a K = 4 search under a terminal, with secure_mode where the framework has it: the
     same bytes on the terminal, digits included (log lines' timestamps aside), the same timings
-    file, the same outputs; with search_epsilon, the final run's too, and with a recipe candidate
-    its run's."""
+    file, the same outputs; with search_epsilon and a recipe candidate, the final run's and the
+    recipe's too."""
     import os
 
     # TF Privacy has no secure noise generator: its algo refuses secure_mode
