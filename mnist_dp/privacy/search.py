@@ -72,7 +72,7 @@ class SearchPlan:
             return None
         key = profile(self.recipe, SamplingPlan.from_hyperparameters(self.trained_n, self.recipe,
                                                                       "the recipe"))
-        return _candidate(key, self.sigmas[key])
+        return search_accountant.candidate(key, self.sigmas[key])
 
     def candidate(self, framework: str, hp: Hyperparameters, where: str) -> TaskPlan:
         """The plan of a candidate: its run on the training examples at the σ of its profile.
@@ -126,19 +126,13 @@ class SearchPlan:
         Returns:
           The DpEvent, its n all the search's examples, validation ones included.
         """
-        candidates = tuple(sorted({_candidate(key, sigma) for key, sigma in self.sigmas.items()},
-                                  key=repr))
+        candidates = tuple(sorted({search_accountant.candidate(key, sigma)
+                                   for key, sigma in self.sigmas.items()}, key=repr))
         search = Search(self.search.mean, self.search.shape, candidates,
                         self.score_noise_multiplier, self.search.validation_permille,
                         self.validation_n, recipe=self.recipe_candidate())
         run = dataclasses.replace(plan, identities=data).event(ran, code)
         return dataclasses.replace(run, n=self.n, search=search)
-
-
-def _candidate(key: tuple, sigma: float) -> Candidate:
-    """A profile (`profile`) at σ, as the search's event records it."""
-    sample_rate, steps, schedule = key
-    return Candidate.of(sample_rate, steps, schedule.with_sigma(sigma))
 
 
 def draw_count(rng: np.random.Generator, mean: float, shape: float) -> int:
@@ -242,7 +236,8 @@ def plan_search(framework: str, base: Hyperparameters, search: SearchSpace, n: i
                                                     search.shape, recipe)
         score = search_accountant.calibrate_score_noise(
             target, delta, search.mean, search.shape,
-            None if recipe is None else _candidate(list(distinct)[recipe], sigmas[recipe]))
+            None if recipe is None else search_accountant.candidate(list(distinct)[recipe],
+                                                                    sigmas[recipe]))
     except no_sigma.NoSigma as exc:
         hp, plan = max(distinct.values(),
                        key=lambda pair: pair[1].planned_steps * pair[1].sample_rate)

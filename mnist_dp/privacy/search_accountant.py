@@ -78,10 +78,16 @@ def search_epsilon(profiles: Sequence[tuple], sigmas: Sequence[float], mean: flo
     Returns:
       ε of the candidates of `profiles` at gradient noise `sigmas`.
     """
-    candidates = tuple(Candidate.of(q, steps, schedule.with_sigma(sigma))
-                       for (q, steps, schedule), sigma in zip(profiles, sigmas))
+    candidates = tuple(candidate(profile, sigma) for profile, sigma in zip(profiles, sigmas))
     return searches_epsilon([Search(mean, shape, candidates, 1.0, 1, 1, recipe=None if recipe
                                     is None else candidates[recipe])], delta)
+
+
+def candidate(profile: tuple, sigma: float) -> Candidate:
+    """A privacy profile (q, steps, NoiseSchedule) at gradient noise σ, as a search's event records
+    it."""
+    sample_rate, steps, schedule = profile
+    return Candidate.of(sample_rate, steps, schedule.with_sigma(sigma))
 
 
 def calibrate_score_noise(target_epsilon: float, delta: float, mean: float, shape: float,
