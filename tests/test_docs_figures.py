@@ -48,9 +48,11 @@ def run_epsilon(n: int, runs: int = 1, how: str = "pld", sigma: float | None = N
 
 @functools.cache
 def search_sigma(n: int, mean: int = 4) -> float:
-    """σ of each candidate of the default search (`mean` candidates on average) on n examples, a
-    tenth held out, as a tune task calibrates it."""
-    search = search_space.parse({**search_space.DEFAULT, "mean_candidates": mean}, "default")
+    """σ of each candidate of a search spending all of ε (the default search's space, every option
+    off; `mean` candidates on average) on n examples, a tenth held out, as a tune task calibrates
+    it."""
+    search = search_space.parse({"space": search_space.DEFAULT["space"], "mean_candidates": mean},
+                                "full")
     plan = plan_search("torch", default_hp(), search, n, n // 10, "default")
     (sigma,) = plan.sigmas.values()
     return sigma

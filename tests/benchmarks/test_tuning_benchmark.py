@@ -50,6 +50,10 @@ def test_every_search_method_s_file_is_a_search_file_with_a_runner():
     for method, values in tuning.SEARCHES.items():
         assert search_space.parse(values, method).to_json() == values
         assert method in tuning.METHODS and method in tuning.RUN
+    # the docs' claims: recipe-noise is the bundle's default search, private-search its space alone
+    assert search_space.parse(tuning.SEARCHES["recipe-noise"], "x") == search_space.load(None)
+    assert search_space.parse(tuning.SEARCHES["private-search"], "x") == search_space.parse(
+        {"space": search_space.DEFAULT["space"]}, "x")
 
 
 def test_the_report_is_written_beside_the_records_it_was_made_from(tmp_path, capsys):

@@ -293,8 +293,10 @@ def test_the_default_search_is_valid_for_the_bundles_hyperparameters(tmp_path, t
 
     for framework, asset in ALGO_ASSETS.items():
         base = hyperparameters.load(asset / hyperparameters.FILE_NAME)
-        # one privacy profile
-        assert len(search_space.check_with(search_space.load(None), base, framework)) == 1
+        search = search_space.load(None)
+        # one privacy profile, the recipe's and every candidate's
+        assert len(set(search_space.check_with(search, search.for_candidates(base),
+                                               framework))) == 1
         drawn = search_space.load(None).draw(base, np.random.default_rng(0))
         assert 0.25 <= drawn.learning_rate <= 4 and drawn.ema_decay in (0.0, 0.9, 0.99)
 
