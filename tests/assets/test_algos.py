@@ -132,19 +132,20 @@ def test_continuing_training_composes_the_ledger(trained, tmp_path):
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_a_search_in_every_framework_releases_a_model_that_predicts_and_trains_on(
         framework, tmp_path, tiny_data, opener_path):
-    # Two candidates on average: the search as the tune task runs it, with each framework's DP step.
+    # No search file in the archive: the default search as the tune task runs it, with each
+    # framework's DP step (the recipe beside the candidates, then the winner's final run).
     folder = extract_function(ALGO_ASSETS[framework], "tune", tmp_path / "fn-tune",
                               tiny_hyperparameters(framework, noise_multiplier=None,
                                                    target_epsilon=3.0))
-    (folder / "search.json").write_text(json.dumps({"space": {"learning_rate": [0.05, 0.1]},
-                                                    "mean_candidates": 2}))
+    assert not (folder / "search.json").exists()
     tuned = {"model": tmp_path / "tuned", "epsilon": tmp_path / "tuned-epsilon.json"}
     run_function(folder / "algo.py", "tune",
                  {"opener": opener_path, "datasamples": samples(tiny_data, "train")}, tuned)
     saved = model_file.load(tuned["model"], framework)
-    (event,) = saved.ledger.events
-    assert event.search is not None and event.framework == framework and saved.hyperparameters[
-        "learning_rate"] in (0.05, 0.1)
+    search, final = saved.ledger.events
+    assert search.search is not None and search.search.recipe is not None
+    assert final.search is None and search.framework == final.framework == framework
+    assert 0.25 <= saved.hyperparameters["learning_rate"] <= 4.0
     assert 2.5 < read_epsilon(tuned["epsilon"]) <= 3.0
     run_function(ALGO_ASSETS[framework] / "algo.py", "predict",
                  {"opener": opener_path, "datasamples": samples(tiny_data, "test"),
@@ -158,7 +159,7 @@ def test_a_search_in_every_framework_releases_a_model_that_predicts_and_trains_o
                        name="more", learning_rate=saved.hyperparameters["learning_rate"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     ledger = model_file.load(more["model"]).ledger
-    assert [e.search is not None for e in ledger.events] == [True, False]
+    assert [e.search is not None for e in ledger.events] == [True, False, False]
     assert read_epsilon(more["epsilon"]) == pytest.approx(ledger.epsilon(1e-4)) and \
         read_epsilon(more["epsilon"]) > read_epsilon(tuned["epsilon"])
 

@@ -297,7 +297,7 @@ def test_the_default_search_is_valid_for_the_bundles_hyperparameters(tmp_path, t
         # one privacy profile, the recipe's and every candidate's
         assert len(set(search_space.check_with(search, search.for_candidates(base),
                                                framework))) == 1
-        drawn = search_space.load(None).draw(base, np.random.default_rng(0))
+        drawn = search.draw(base, np.random.default_rng(0))
         assert 0.25 <= drawn.learning_rate <= 4 and drawn.ema_decay in (0.0, 0.9, 0.99)
 
 
