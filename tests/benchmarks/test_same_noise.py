@@ -14,7 +14,7 @@ SAME_NOISE = REPO / "benchmarks" / "same_noise.py"
 @pytest.mark.slow
 def test_with_the_same_noise_every_framework_reaches_the_same_accuracy(tmp_path):
     result = subprocess.run([sys.executable, str(SAME_NOISE), "--seeds", "1", "--train-size",
-                             "1000", "--set", "epochs=3", "--set", "ema_decay=0.0", "--output",
+                             "500", "--set", "epochs=3", "--set", "ema_decay=0.0", "--output",
                              str(tmp_path)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
     records = json.loads((tmp_path / "same-noise.json").read_text())
