@@ -380,10 +380,12 @@ def add_argument(parser) -> None:
     """--search, the same on every script that trains."""
     parser.add_argument("--search", metavar="FILE", default=None,
                         help="instead of training once, a private hyperparameter search on each "
-                             "organisation's data (a tune task; only the best candidate's model is "
-                             "released): FILE is a search file (docs/privacy.md, \"Private "
-                             "hyperparameter search\") or `default` for the bundle's; "
-                             "target_epsilon is then the whole search's (default: no search)")
+                             "organisation's data (a tune task releasing one model: the best "
+                             "candidate's, or with a search_epsilon, as the bundle's search has, "
+                             "its hyperparameters trained again on all the data): FILE is a search "
+                             "file (docs/privacy.md, \"Private hyperparameter search\") or "
+                             "`default` for the bundle's; target_epsilon is then the whole "
+                             "search's (default: no search)")
 
 
 def from_option(value: str | None) -> SearchSpace | None:

@@ -12,9 +12,9 @@ Substra clients each own a share of the training data, and ε is reported per or
   (`epochs` local epochs), an aggregate task averages their models weighted by their numbers of
   examples, and the new global model is scored on the test set.
 With --search, every organisation instead runs a private hyperparameter search on its own data (a
-tune task: the best of a random number of candidates, ε covering the whole search) and its model is
-scored on the test set. Writes results.json, summary.md, results.png and the model files (models/)
-to --output. This replaces `substra run-local`.
+tune task: the best of a random number of candidates, by default trained again on all the data, ε
+covering the whole search) and its model is scored on the test set. Writes results.json, summary.md,
+results.png and the model files (models/) to --output. This replaces `substra run-local`.
 """
 from pathlib import Path
 
