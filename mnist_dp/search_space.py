@@ -350,9 +350,10 @@ def check_with(search: SearchSpace, base: Hyperparameters, where: str) -> list:
         raise UserError(f"{where}: max_epsilon stops one run early; a search runs every candidate "
                         "in full: set max_epsilon to null")
     if search.search_epsilon is not None and not search.search_epsilon < base.target_epsilon:
-        raise UserError(f"{where}: the search file's search_epsilon = {search.search_epsilon:g} "
-                        "must be below "
-                        f"target_epsilon = {base.target_epsilon:g}: the final run spends the rest")
+        raise UserError(f"{where}: the search's search_epsilon = {search.search_epsilon:g} must "
+                        f"be below target_epsilon = {base.target_epsilon:g}: the final run spends "
+                        "the rest; raise target_epsilon, or give a search file with a smaller "
+                        "search_epsilon")
     listed = {name: choice for name, choice in search.space.items()
               if not isinstance(choice, Range)}
     ranged = {name: choice for name, choice in search.space.items() if isinstance(choice, Range)}

@@ -363,7 +363,7 @@ def test_a_recipe_candidate_composes_its_run_and_score_once_with_the_repeated_se
 
 
 @pytest.mark.parametrize("spent, message", [
-    (3.0, "the search file's search_epsilon = 3 must be below target_epsilon = 3"),
+    (3.0, "the search's search_epsilon = 3 must be below target_epsilon = 3"),
     (0, "search_epsilon = 0 must be null or a number above 0"),
     ("half", "search_epsilon = \"half\" must be null or a number above 0"),
 ])

@@ -279,12 +279,18 @@ def test_a_search_no_task_could_run_is_refused_before_anything_is_registered(
     assert not list((tmp_path / "out").glob("substra/archives/*"))
 
 
+@pytest.mark.parametrize("search, hp, figures", [
+    ({**SEARCH, "search_epsilon": 3.0}, HYPERPARAMETERS, "= 3 must be below target_epsilon = 3"),
+    ("default", {**HYPERPARAMETERS, "target_epsilon": 0.25},
+     "= 0.25 must be below target_epsilon = 0.25"),
+])
 def test_a_search_epsilon_not_below_target_epsilon_is_refused_before_anything_is_registered(
-        tmp_path, tiny_data):
-    proc = run_local(tmp_path, tiny_data, {**SEARCH, "search_epsilon": 3.0})
+        tmp_path, tiny_data, search, hp, figures):
+    proc = run_local(tmp_path, tiny_data, search, hp)
     assert (proc.returncode == 2 and proc.stderr.count("\n") == 1
-            and "the search file's search_epsilon = 3 must be below target_epsilon = 3: the final "
-                "run spends the rest" in proc.stderr), proc.stderr
+            and f"the search's search_epsilon {figures}: the final run spends the rest; raise "
+                "target_epsilon, or give a search file with a smaller search_epsilon"
+            in proc.stderr), proc.stderr
     assert not list((tmp_path / "out").glob("substra/archives/*"))
 
 
