@@ -210,14 +210,12 @@ def parse(values, where: str) -> SearchSpace:
     """A search file's object, every key checked; `where` names its source in errors."""
     if not isinstance(values, dict):
         raise UserError(f"{where}: must hold a JSON object with \"space\" (and optionally "
-                        "\"mean_candidates\", \"shape\", \"validation_fraction\", "
-                        "\"recipe_weight\", \"recipe_margin\", \"recipe_margin_noise\", "
-                        "\"recipe_candidate\", \"search_epsilon\", \"candidate_epochs\")")
+                        f"{', '.join(map(json.dumps, OPTIONAL))})")
     values = {**OPTIONAL, **values}
     unknown = set(values) - {"space", *OPTIONAL}
     if unknown:
         raise UserError(f"{where}: unknown key(s) {sorted(unknown)}; known: "
-                        f"{sorted({'space', *OPTIONAL})}")
+                        f"{sorted(['space', *OPTIONAL])}")
     mean, shape, fraction, spent, weight, margin, noise_margin, epochs, fixed = (
         values[k] for k in ("mean_candidates", "shape", "validation_fraction", "search_epsilon",
                             "recipe_weight", "recipe_margin", "recipe_margin_noise",
