@@ -227,14 +227,13 @@ def report(records: list) -> str:
              "every other candidate, the search spending ε = 0.5, then the best one's "
              "hyperparameters trained on all the training data, ε covering both; recipe-margin: "
              "the same with candidates of 3 epochs spending ε = 0.25, another candidate beating "
-             "the recipe only by 5 points of validation accuracy; recipe-heavy: recipe-margin with"
-             " the recipe as 3 candidates in 4; recipe-candidate: recipe-margin with the K "
-             "candidates all drawn from the space and the recipe run once besides them; recipe-"
-             "noise: recipe-candidate with a head start of 3 score noise stds instead, the "
+             "the recipe only by 5 points of validation accuracy; recipe-heavy: recipe-margin "
+             "with the recipe as 3 candidates in 4; recipe-candidate: recipe-margin with the K "
+             "candidates all drawn from the space and the recipe run once besides them; "
+             "recipe-noise: recipe-candidate with a head start of 3 score noise stds instead, the "
              "bundle's default search; default: the hand-tuned recipe at ε = 3, its tuning not "
              "counted; non-private-grid: no DP, the best of a 6-point grid on the same validation "
-             "split. "
-             "Time: the whole method on 2 cores (features included).", "",
+             "split. Time: the whole method on 2 cores (features included).", "",
              "| data set | method | test accuracy | ε | candidates (mean) | seconds (mean) "
              "| seeds |", "|---|---|---:|---:|---:|---:|---:|"]
     summary, seconds = {}, {}

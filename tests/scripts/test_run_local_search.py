@@ -297,9 +297,9 @@ def test_a_search_epsilon_not_below_target_epsilon_is_refused_before_anything_is
 def test_the_default_search_is_valid_for_the_bundles_hyperparameters(tmp_path, tiny_data):
     from mnist_dp import hyperparameters, search_space
 
+    search = search_space.load(None)
     for framework, asset in ALGO_ASSETS.items():
         base = hyperparameters.load(asset / hyperparameters.FILE_NAME)
-        search = search_space.load(None)
         # one privacy profile, the recipe's and every candidate's
         assert len(set(search_space.check_with(search, search.for_candidates(base),
                                                framework))) == 1
