@@ -97,10 +97,10 @@ def shared_runs(items):
 
 
 def pytest_configure(config):
-    # One torch thread in each test worker (the workers are one per core): two workers each spinning
-    # two OpenMP threads on two cores ran torch's in-process mechanism tests 8 times slower.
-    # Subprocesses keep the default.
+    # One OpenMP thread in each test worker and the processes it starts (the workers are one per
+    # core): two workers each spinning two threads on two cores oversubscribe them.
     if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
         import torch
 
         torch.set_num_threads(1)
