@@ -144,8 +144,8 @@ def train_in_memory(framework: Framework, model, ledger: Ledger, data: dict, hp:
         then give way to the network's inputs, not to be kept beside them through training.
       spent: the data's own ledger, held (data_ledger.held): the budget holds for all of its runs,
         and the run is recorded in it before this returns.
-      continuing: whether the model was received from elsewhere: the data's own ledger's runs of
-        this framework are then composed into `ledger`.
+      continuing: whether the model was received from elsewhere: the data's own ledger's runs, in
+        every framework, are then composed into `ledger`.
 
     Returns:
       (the run's TaskPlan, what it Ran), or (TaskPlan, None) when the data's budget is spent and
@@ -157,12 +157,11 @@ def train_in_memory(framework: Framework, model, ledger: Ledger, data: dict, hp:
         if known is not None and known.link(data["samples"]):
             log.info("this organisation's examples named under another of its keys are counted as "
                      "the same examples")
-    lacking = data_ledger.absorb(ledger, spent.ledger,
-                                 framework.name) if spent is not None and continuing else []
+    lacking = data_ledger.absorb(ledger, spent.ledger) if spent is not None and continuing else []
     if lacking:
-        log.warning("the input model's ledger lacks %d %s run(s) that this organisation's own "
-                    "ledger records on this data (%s): they are composed into this model's ε",
-                    len(lacking), framework.name, ", ".join(e.run_id[:8] for e in lacking))
+        log.warning("the input model's ledger lacks %d run(s) that this organisation's own ledger "
+                    "records on this data (%s): they are composed into this model's ε",
+                    len(lacking), ", ".join(f"{e.framework} {e.run_id[:8]}" for e in lacking))
     persons = per_person(framework, data, hp, {
         "the input model's ledger": ledger,
         "this data's own ledger": spent.ledger if spent is not None else None})

@@ -8,9 +8,9 @@ task. It lives beside the sample's identity key and, like it, never goes to anot
 to the aggregator. It is what holds whatever
 another party sends:
 
-- a train task continuing from an input model composes the model's ledger with the data's runs of
-  the same framework, as a union (`absorb`): a model whose ledger lacks one of them is accounted as
-  if it had it;
+- a train task continuing from an input model composes the model's ledger with the data's runs in
+  every framework (the three share one weight layout, so a model's weights may hold any of them), as
+  a union (`absorb`): a model whose ledger lacks one of them is accounted as if it had it;
 - max_epsilon is checked against the data's ledger with the new run, before any noise is drawn;
 - every report gives beside each model's ε what each organisation's data has spent over everything
   released from it (`Record.epsilon`).
@@ -250,15 +250,15 @@ def join(folders) -> int:
         return len(data.ledger.events)
 
 
-def absorb(model: Ledger, data: Ledger, framework: str | None) -> list:
-    """Add to the model's ledger every run of the data's ledger it lacks: what a train task
-    continuing from an input model accounts, whatever its sender recorded.
+def absorb(model: Ledger, data: Ledger) -> list:
+    """Add to the model's ledger every run of the data's ledger it lacks, in any framework: what a
+    train task continuing from an input model accounts, whatever its sender recorded (weights move
+    between frameworks: one layout serves all three).
 
     Args:
       model: the model's ledger, changed in place: the runs go before its own, with their examples
         and the data's aliases of its samples.
       data: the data's own ledger.
-      framework: the framework whose runs are added (None: every run).
 
     Returns:
       The runs added. A run both hold must be recorded alike, else the model was edited (refused
@@ -269,8 +269,7 @@ def absorb(model: Ledger, data: Ledger, framework: str | None) -> list:
                if is_new(known, e,
                          f"input model: its ledger records training run {e.run_id} differently "
                          "from this organisation's own ledger of its data: the model was edited; "
-                         "its privacy figure cannot be trusted")
-               and framework in (None, e.framework)]
+                         "its privacy figure cannot be trusted")]
     model.add_examples({i: data.examples[i] for e in lacking for i in e.data})
     model.add_aliases({i: named for i, named in data.aliases.items() if i in model.examples})
     model.events[:0] = lacking
@@ -282,7 +281,7 @@ def union(ledger: Ledger, data: Ledger) -> Ledger:
     what a budget for the data counts (`ledger` itself when there is none to add). A run both hold
     must be recorded alike (absorb)."""
     everything = ledger.copy(list(ledger.events))
-    return everything if absorb(everything, data, None) or data.aliases else ledger
+    return everything if absorb(everything, data) or data.aliases else ledger
 
 
 def record_released(folders_by_identity: dict, ledgers) -> None:

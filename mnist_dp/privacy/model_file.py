@@ -149,8 +149,9 @@ def aggregate_metadata(inputs: list, run_ids: list, examples: list, code: dict) 
 
 
 def check_run_settings(ledger: Ledger, meta: dict) -> None:
-    """The ledger's runs must be the metadata's framework, and its last run must have run with the
-    settings recorded beside it: σ, batch size, clipping norm and planned steps. An averaged model:
+    """The ledger's last run must be the metadata's framework and have run with the settings
+    recorded beside it: σ, batch size, clipping norm and planned steps (earlier runs may be any
+    framework's: the data's runs that a continued model's weights may hold). An averaged model:
     each input's run, with that input's settings."""
     hp = meta.get("hyperparameters")
     if not isinstance(hp, dict) or not ledger.events:
@@ -165,7 +166,7 @@ def check_run_settings(ledger: Ledger, meta: dict) -> None:
         _check_aggregated(ledger, meta)
         return
     last = ledger.events[-1]
-    wrong = [e.framework for e in ledger.events if e.framework != meta["framework"]]
+    wrong = [last.framework] if last.framework != meta["framework"] else []
     expected = {"batch_size": hp["batch_size"], "planned_steps": hp["planned_steps"],
                 "max_grad_norm": hp["max_grad_norm"], "noise_multiplier": hp["noise_multiplier"]}
     differ = [f"{name} {getattr(last, name)!r} (metadata: {value!r})" for name,

@@ -36,13 +36,17 @@ def organisations(tmp_path):
     return [[str(f)] for f in dataset.sample_folders(dest, "train")]
 
 
-def train(tmp_path, name, folders, model=None, ledger=None, **changes):
-    """A train task of the torch algo at the organisation holding `folders`, from `model` and with
-    the `ledger` input if given: its model (its ledger output is beside it, `name`.ledger)."""
+def train(tmp_path, name, folders, model=None, ledger=None, framework="torch", **changes):
+    """A train task of the `framework` algo at the organisation holding `folders`, from `model` and
+    with the `ledger` input if given: its model (its ledger output is beside it, `name`.ledger)."""
     hp_path = tmp_path / f"{name}.json"
-    hp_path.write_text(json.dumps({**HP, **changes}))
+    hp = HP if framework == "torch" else tiny_hyperparameters(
+        framework, **{k: HP[k] for k in ("noise_multiplier", "target_epsilon", "delta",
+                                         "batch_size", "epochs")})
+    hp_path.write_text(json.dumps({**hp, **changes}))
     opener = load_asset_module(DATASET_ASSET / "opener.py", "opener_for_doctored_tests")
-    algo = load_asset_module(ALGO_ASSETS["torch"] / "algo.py", "torch_algo_for_doctored_tests")
+    algo = load_asset_module(ALGO_ASSETS[framework] / "algo.py",
+                             f"{framework}_algo_for_doctored_tests")
     inputs = {"datasamples": opener.MnistOpener().get_data(folders),
               **({"model": str(model)} if model else {}),
               **({"ledger": str(ledger)} if ledger else {})}
@@ -143,6 +147,20 @@ def test_on_read_only_data_the_ledger_passed_from_task_to_task_keeps_the_organis
     assert stopped.hyperparameters[
         "stopped_by_budget"] and 0 < stopped.ledger.events[-1].steps < ONE_RUN
     assert stopped.ledger.epsilon(DELTA, data=mine) <= budget
+
+
+def test_a_model_continued_in_another_framework_counts_the_datas_runs_in_every_framework(
+        tmp_path, organisations):
+    first, second = organisations
+    train(tmp_path, "own", second, framework="tf")  # organisation 2's earlier run, in tf
+    # organisation 1's torch model: its weights could be organisation 2's tf ones, converted
+    other = train(tmp_path, "other", first)
+    again = model_file.load(train(tmp_path, "again", second, other), "torch")
+    assert [e.framework for e in again.ledger.events] == ["tf", "torch", "torch"]
+    mine = [sample_identity(f) for f in second]
+    both_runs = independent_epsilon(SIGMA, 1 / 3, 2 * ONE_RUN, DELTA)
+    assert again.ledger.epsilon(DELTA, data=mine) == pytest.approx(both_runs, rel=1e-6)
+    assert json.loads((tmp_path / "again.epsilon").read_text())["all"] >= both_runs - 1e-9
 
 
 def test_a_damaged_ledger_input_is_refused_naming_it(tmp_path, organisations):

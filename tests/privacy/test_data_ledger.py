@@ -84,17 +84,18 @@ def test_a_run_recorded_twice_differently_is_refused(tmp_path):
         data_ledger.read([tmp_path])
 
 
-def test_a_model_absorbs_the_runs_of_its_framework_that_its_ledger_lacks():
+def test_a_model_absorbs_the_runs_its_ledger_lacks_in_every_framework():
     model, earlier = run()
     own, lacking = run()
     _, other_framework = run(framework="tf")
     data = Ledger([earlier, lacking, other_framework], {**model.examples})
-    added = data_ledger.absorb(model, data, "torch")
-    assert added == [lacking] and model.events == [lacking, earlier]
-    assert data_ledger.absorb(model, data, "torch") == []  # the union: nothing twice
+    added = data_ledger.absorb(model, data)
+    assert added == [lacking, other_framework]
+    assert model.events == [lacking, other_framework, earlier]
+    assert data_ledger.absorb(model, data) == []  # the union: nothing twice
     doctored = Ledger([dataclasses.replace(earlier, noise_multiplier=9.0)], dict(model.examples))
     with pytest.raises(UserError, match="records training run .* differently"):
-        data_ledger.absorb(doctored, data, "torch")
+        data_ledger.absorb(doctored, data)
 
 
 def _append_slowly(folder, seconds):
