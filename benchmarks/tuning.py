@@ -70,6 +70,7 @@ METHODS = ("private-search", "search-then-train", "recipe-margin", "recipe-heavy
 FULL_EPSILON = {"space": search_space.DEFAULT["space"], **search_space.OPTIONAL}
 SEARCHES = {"private-search": FULL_EPSILON,
             "search-then-train": {**FULL_EPSILON, "recipe_weight": 0.5, "search_epsilon": 0.5},
+            # recipe_margin here is in accuracy points (private_search)
             "recipe-margin": {**FULL_EPSILON, "recipe_weight": 0.5, "recipe_margin": 0.05,
                               "search_epsilon": 0.25, "candidate_epochs": 3}}
 SEARCHES["recipe-heavy"] = {**SEARCHES["recipe-margin"], "recipe_weight": 0.75}
@@ -130,7 +131,13 @@ def accuracy(framework, model, network, images, labels) -> float:
 
 def private_search(framework, dataset, train, test, seed, method="private-search") -> dict:
     data = samples.in_memory(*train, dataset)
-    space = search_space.parse(SEARCHES[method], method)
+    values = dict(SEARCHES[method])
+    # the margin as accuracy points: correct predictions of the data set's expected split, a
+    # public size
+    values["recipe_margin"] = (values.get("recipe_margin", 0.0) * len(train[1])
+                               * values.get("validation_fraction",
+                                          search_space.OPTIONAL["validation_fraction"]))
+    space = search_space.parse(values, method)
     held_out = validation_split(data, space.validation_permille)
     plan = plan_search(FRAMEWORK, base_hyperparameters(seed), space, len(held_out),
                        int(held_out.sum()), "tuning")

@@ -12,7 +12,8 @@ draws, and its validation split. JSON, every key checked as the hyperparameters 
       "shape": 0,                  # K's distribution: 0 logarithmic, 1 geometric, "poisson", ...
       "validation_fraction": 0.1,  # of the training examples, held out to score the candidates
       "recipe_weight": 0,          # how often a candidate is the algo's own hyperparameters
-      "recipe_margin": 0,          # what another candidate's score must beat the recipe's by
+      "recipe_margin": 0,          # what another candidate's score must beat the recipe's by,
+                                   # in correct validation predictions
       "recipe_margin_noise": 0,    # ... and by that many times the score's noise (below)
       "recipe_candidate": false,   # true: the recipe is also trained and scored once, besides K
       "search_epsilon": null,      # or a part of target_epsilon (below)
@@ -22,10 +23,12 @@ draws, and its validation split. JSON, every key checked as the hyperparameters 
 With "recipe_weight" w, each candidate is the algo's hyperparameters file itself with probability w,
 else drawn from the space: still one distribution for every candidate, as the accountant requires,
 and one that keeps the recipe in the running. With "recipe_margin" m, a candidate with the algo's
-hyperparameters has m times the validation examples (per person: persons) added to its score before
-the best is chosen: the choice is still a fixed order on what the candidates output, so the
-accountant's bound holds, and noisy scores no longer trade the recipe for a candidate that only
-looks better. "recipe_margin_noise" z adds z times the score's noise std (the plan's, a function of
+hyperparameters has m added to its score (a count of correct validation predictions; per person, of
+persons' fractions right) before the best is chosen: the choice is still a fixed order on what the
+candidates output, so the accountant's bound holds, and noisy scores no longer trade the recipe for
+a candidate that only looks better. m is a constant, not a share of the validation split: a head
+start that grew with the split would let one validation example move the recipe's score by 1 + m.
+"recipe_margin_noise" z adds z times the score's noise std (the plan's, a function of
 the search's ε and K's distribution alone): where the validation split is small the score is too
 noisy to tell candidates apart, and the recipe then stays.
 
@@ -102,6 +105,7 @@ MAX_MEAN = 1_000  # candidates on average: each one a full training
 MAX_SHAPE = 10
 MAX_PROFILES = 100  # distinct privacy profiles: each one an RDP curve in every calibration step
 MAX_COMBINATIONS = 10_000  # combinations of listed values checked against each other
+MAX_MARGIN = 1_000_000  # recipe_margin: more correct predictions than any validation split holds
 MAX_NOISE_MARGIN = 10  # recipe_margin_noise: ten noise stds keep the recipe whatever the scores
 
 
@@ -234,9 +238,10 @@ def parse(values, where: str) -> SearchSpace:
     if not _number(weight) or not 0 <= weight < 1:
         raise UserError(f"{where}: recipe_weight = {json.dumps(weight)} must be a number from 0 "
                         "(never the algo's own hyperparameters) up to, not including, 1")
-    if not _number(margin) or not 0 <= margin <= 1:
+    if not _number(margin) or not 0 <= margin <= MAX_MARGIN:
         raise UserError(f"{where}: recipe_margin = {json.dumps(margin)} must be a number from 0 to "
-                        "1 (a fraction of the validation examples)")
+                        f"{MAX_MARGIN:,} (correct validation predictions: 20 is 5 points of "
+                        "accuracy on a 400-example split)")
     if not isinstance(fixed, bool):
         raise UserError(f"{where}: recipe_candidate = {json.dumps(fixed)} must be true or false")
     if not _number(noise_margin) or not 0 <= noise_margin <= MAX_NOISE_MARGIN:

@@ -40,7 +40,7 @@ def parse(**values):
     ({"recipe_weight": 1}, "recipe_weight = 1 must be a number from 0"),
     ({"recipe_weight": -0.1}, "recipe_weight = -0.1 must be a number from 0"),
     ({"search_epsilon": "all"}, "search_epsilon = \"all\" must be null or a number above 0"),
-    ({"recipe_weight": 0.5, "recipe_margin": 1.5}, "recipe_margin = 1.5 must be a number from 0"),
+    ({"recipe_weight": 0.5, "recipe_margin": -1}, "recipe_margin = -1 must be a number from 0"),
     ({"recipe_margin": 0.05}, "recipe_margin = 0.05 needs a recipe_weight above 0 or "
                               "recipe_candidate"),
     ({"recipe_margin_noise": -1}, "recipe_margin_noise = -1 must be a number from 0 to 10"),

@@ -82,9 +82,9 @@ def run_search(framework: Framework, images: np.ndarray, labels: np.ndarray, hel
     drawn = search.search.space.get("features", (recipe.features,))
     inputs = {features: (feature_maps.transform(images[~held_out], features),
                          feature_maps.transform(images[held_out], features)) for features in drawn}
-    # the recipe's head start in the score's units: of the validation count the ledger records,
-    # and of the score's noise
-    head_start = (search.search.recipe_margin * search.validation_n
+    # the recipe's head start, in the score's units and a function of the plan alone: no
+    # validation example moves it, so the score keeps its sensitivity of 1
+    head_start = (search.search.recipe_margin
                   + search.search.recipe_margin_noise * search.score_noise_multiplier)
     best, best_score = None, -np.inf
     # with a recipe candidate, it runs first, whatever K is, on streams no other candidate uses

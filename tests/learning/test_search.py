@@ -74,8 +74,35 @@ def test_the_search_trains_k_candidates_and_releases_the_best_noisy_score(monkey
         assert found.model["learning_rate"] == framework.trained[best] == learning_rate
 
 
+@pytest.mark.parametrize("other_correct, winner", [(28, 0.5), (29, 0.2)])
+def test_the_recipes_head_start_is_a_constant_so_the_score_keeps_its_sensitivity_of_1(
+        monkeypatch, other_correct, winner):
+    """A candidate exactly `recipe_margin` right answers ahead of the recipe ties with it (the
+    recipe stays), one more wins; that must hold however many validation examples there are, else
+    one example added or removed moves the recipe's score by more than the count's 1."""
+    hp = dict_hp(epochs=1, batch_size=50, target_epsilon=3.0, features="pixels",
+                 learning_rate=0.5)
+    space = search_space.parse({"space": {"learning_rate": [0.2]}, "mean_candidates": 3,
+                                "shape": 1, "recipe_candidate": True, "recipe_margin": 10}, "x")
+    monkeypatch.setattr(search, "noisy_count", lambda count, noise_multiplier, rng: count)
+    n = 400
+    images, labels = np.zeros((n, 28, 28), np.float32), np.zeros(n, np.int64)
+    for validation_n in (39, 40, 41, 80):  # neighbours, and a split twice as large
+        held_out = np.arange(n) < validation_n
+        plan = plan_search("torch", hp, space, n, validation_n, "x")
+        drawn = 0
+        for seed in range(6):
+            framework = Remembering({0.5: 18, 0.2: other_correct})
+            found = search.run_search(framework, images, labels, held_out, plan,
+                                      RunRandomness.for_run(seed, 0, ("s",)), "x")
+            if 0.2 in framework.trained:
+                drawn += 1
+                assert found.plan.hp.learning_rate == winner, validation_n
+        assert drawn
+
+
 @pytest.mark.parametrize("margin, recipe_wins, candidate_epochs", [
-    (0.35, True, None), (0.25, False, None), (0.35, True, 1)])
+    (14, True, None), (10, False, None), (14, True, 1)])
 def test_the_recipe_wins_unless_another_scores_more_than_its_margin_above_it(
         monkeypatch, margin, recipe_wins, candidate_epochs):
     hp = dict_hp(epochs=2, batch_size=50, target_epsilon=3.0, features="pixels",
@@ -84,7 +111,7 @@ def test_the_recipe_wins_unless_another_scores_more_than_its_margin_above_it(
                                 "shape": 1, "recipe_weight": 0.5, "recipe_margin": margin,
                                 "search_epsilon": 1.0, "candidate_epochs": candidate_epochs}, "x")
     n = 400
-    held_out = np.arange(n) % 10 == 0  # 40 validation examples: the recipe starts 14 or 10 ahead
+    held_out = np.arange(n) % 10 == 0  # 40 validation examples; the recipe starts 14 or 10 ahead
     plan = plan_search("torch", hp, space, n, int(held_out.sum()), "x")
     monkeypatch.setattr(search, "noisy_count", lambda count, noise_multiplier, rng: count)
     images, labels = np.zeros((n, 28, 28), np.float32), np.zeros(n, np.int64)
@@ -141,7 +168,7 @@ def test_a_recipe_candidate_runs_first_whatever_k_and_competes_with_the_k(monkey
     noise = plan_search("torch", hp, search_space.parse({**values, "recipe_candidate": True}, "x"),
                         n, 40, "x").score_noise_multiplier
     if margin is not None:
-        values.update({"recipe_candidate": True, "recipe_margin": 0.25 * (margin == "validation"),
+        values.update({"recipe_candidate": True, "recipe_margin": 10 * (margin == "validation"),
                        "recipe_margin_noise": 10 / noise * (margin == "noise")})
     plan = plan_search("torch", hp, search_space.parse(values, "x"), n, 40, "x")
     monkeypatch.setattr(search, "noisy_count", lambda count, noise_multiplier, rng: count)
