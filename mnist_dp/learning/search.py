@@ -119,6 +119,19 @@ def _no_run_time(record: logging.LogRecord) -> bool:
     return " ran in " not in record.getMessage()
 
 
+# substratools' log format without its time: a line written after the candidates would carry a
+# time that grows with K
+UNTIMED_FORMAT = "%(levelname)-6s %(name)s - %(message)s"
+UNTIMED = "search: log lines carry no time from here on (the number of candidates is secret)"
+
+
+def untimed_logs() -> None:
+    """Drop the time from every log line the task writes from now on (substratools' handlers)."""
+    for handler in logging.getLogger("substratools").handlers:
+        handler.setFormatter(logging.Formatter(UNTIMED_FORMAT))
+    log.debug(UNTIMED)
+
+
 @contextlib.contextmanager
 def silenced():
     """No log record and no Python warning while the candidates train: their number is K, which is
@@ -249,7 +262,7 @@ def tune(framework: Framework, inputs: dict, outputs: dict, hyperparameters_path
     """The substratools `tune` function body: a private search on the organisation's data -> the
     best candidate's model, its ledger holding the search, and ε. Logs and writes nothing that
     depends on the number of candidates: no progress bar per candidate, warnings once before them,
-    and no time or memory line (both grow with K).
+    no time or memory line (both grow with K), and no time in its log lines.
 
     Args:
       framework: the algo's Framework.
@@ -264,6 +277,7 @@ def tune(framework: Framework, inputs: dict, outputs: dict, hyperparameters_path
       search drew no candidate, or every candidate diverged.
     """
     model_io.check_outputs_writable(outputs)
+    untimed_logs()
     logging.getLogger("substratools.function").addFilter(_no_run_time)
     data = inputs["datasamples"]
     where = str(hyperparameters_path)
