@@ -11,6 +11,7 @@ mod N), each under its own key, as in a deployment; the test set has a key of it
 from pathlib import Path
 
 from mnist_dp.data import dataset, keys, samples, subjects
+from mnist_dp.privacy import data_ledger
 from mnist_dp.utils import options
 from mnist_dp.utils.errors import UserError, run_cli
 
@@ -62,9 +63,10 @@ def build_parser():
                              "organisation instead of a new one (with --organizations: one sample "
                              "per organisation, in order, the rest get new keys; with --add-key: "
                              "one): new data or another split of an organisation's data is then "
-                             "compared with the earlier one example by example, so a copy or "
-                             "re-split cannot reset its ε. Never use another organisation's key: "
-                             "it lets its holder recognise your examples in a released ledger")
+                             "compared with the earlier one example by example, and shares its "
+                             "privacy ledger (one file, hard-linked), so a copy or re-split cannot "
+                             "reset its ε. Never use another organisation's key: it lets its "
+                             "holder recognise your examples in a released ledger")
     parser.add_argument("--images-per-subject", type=subjects.parse, default=None,
                         metavar="K|LO-HI",
                         help="write each train sample's subjects.npy, naming the person each "
@@ -97,7 +99,11 @@ def main(argv=None):
         if len(given) > 1:
             raise UserError(f"--key-from {len(given)} samples with --add-key: the folders get one "
                             "key; give one sample")
+        for folder in args.add_key if args.key_from else ():
+            data_ledger.check_follow(args.key_from[0], folder)
         added = keys.add_key(args.add_key, given[0] if given else None)
+        if args.key_from:
+            data_ledger.follow(args.key_from[0], added)
         print(f"identity key written to {len(added)} of {len(args.add_key)} folder(s)"
               + (f": {', '.join(map(str, added))}" if added else " (each had a valid key)"))
         return
@@ -105,8 +111,9 @@ def main(argv=None):
     manifest = dataset.generate(output, args.source, args.train_size, args.test_size,
                                 args.train_samples,
                                 dataset.DEFAULT_SEED if args.seed is None else args.seed,
-                                args.force, organizations, given,
-                                images_per_subject=args.images_per_subject)
+                                args.force, organizations,
+                                images_per_subject=args.images_per_subject,
+                                key_from=tuple(args.key_from or ()))
     among = f" among {organizations} organisations" if organizations > 1 else ""
     print(f"wrote {manifest['train_examples']} train examples in {manifest['train_samples']} "
           f"sample(s){among} and {manifest['test_examples']} test examples to {output}/ (source: "

@@ -31,6 +31,7 @@ from mnist_dp.data.sources import (
     stratified_indices,
     without_copies,
 )
+from mnist_dp.privacy import data_ledger
 from mnist_dp.utils.errors import UserError, writing_in
 
 DEFAULT_TRAIN_SIZE, DEFAULT_TEST_SIZE, DEFAULT_SEED = 4000, 1000, 0
@@ -281,7 +282,7 @@ def generate(dest: Path, source: Path | None = None, train_size: int | None = No
              test_size: int | None = None, train_samples: int | None = None,
              seed: int = DEFAULT_SEED, force: bool = False, organizations: int = 1,
              keys: tuple = (), test_key: str | None = None,
-             images_per_subject: tuple | None = None) -> dict:
+             images_per_subject: tuple | None = None, key_from: tuple = ()) -> dict:
     """Build the train/test data samples in `dest` from `source`. Deterministic for a seed, but for
     the identity keys.
 
@@ -299,10 +300,13 @@ def generate(dest: Path, source: Path | None = None, train_size: int | None = No
       test_key: the test set's identity key to reuse (write_dataset).
       images_per_subject: (LO, HI) images per person of the train samples' subjects.npy
         (subjects.parse); None: none written, each image its own person.
+      key_from: sample folders whose keys the first organisations take, and ledgers (follow).
 
     Returns:
       The manifest.
     """
+    # checked before anything is written
+    keys = keys or tuple(read_key(data_ledger.check_follow(f, dest)) for f in key_from)
     organizations = _at_least_one("--organizations", organizations)
     train_samples = organizations if train_samples is None else train_samples
     train_size = None if train_size is None else _at_least_one("--train-size", train_size)
@@ -339,8 +343,11 @@ def generate(dest: Path, source: Path | None = None, train_size: int | None = No
     manifest = {"source": EMBEDDED_SOURCE if source is None else str(Path(source).resolve()),
                 "seed": seed, **({"images_per_subject": list(images_per_subject)}
                                  if images_per_subject else {})}
-    return write_dataset(dest, train, test, train_samples, manifest, force=force,
-                         organizations=organizations, keys=keys, test_key=test_key)
+    manifest = write_dataset(dest, train, test, train_samples, manifest, force=force,
+                             organizations=organizations, keys=keys, test_key=test_key)
+    for k, folder in enumerate(key_from):
+        data_ledger.follow(folder, sample_folders(dest, "train")[k::organizations])
+    return manifest
 
 
 def default_folder(organizations: int) -> Path:

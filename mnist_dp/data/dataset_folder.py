@@ -74,8 +74,10 @@ def refuse_losing_ledgers(dest: Path) -> None:
         raise UserError(f"{dest}: its data samples' own ledgers record the runs released from them "
                         f"({kept[0]}{f' and {len(kept) - 1} more' if len(kept) > 1 else ''}): "
                         "replacing or splitting them again would lose what they have spent; keep "
-                        "this folder, and write the new data to another one (--output of "
-                        "generate_data.py, --data of the scripts)")
+                        "this folder, and write the new data to another one with the keys of its "
+                        "organisations, whose ledgers the new samples then share (--output OTHER "
+                        f"--key-from {Path(dest) / 'train' / '0'}, one sample per organisation, "
+                        "with generate_data.py; --data OTHER with the scripts)")
 
 
 def move_in(tmp: Path, dest: Path) -> None:

@@ -315,7 +315,8 @@ def tune(framework: Framework, inputs: dict, outputs: dict, hyperparameters_path
                               "nothing was saved; lower learning_rate or max_grad_norm in the "
                               f"search space or {where}")
     # before the model leaves
-    with data_ledger.held(skeleton.sample_folders(data), inputs.get("ledger")) as spent:
+    with data_ledger.held(skeleton.sample_folders(data), inputs.get("ledger"),
+                          passes_on=outputs.get("ledger") is not None) as spent:
         for event in ledger.events:  # the search's, and the final run's
             spent.record(ledger, event)
         spent.pass_on(outputs.get("ledger"))

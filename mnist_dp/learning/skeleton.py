@@ -59,7 +59,8 @@ def train(framework: Framework, inputs: dict, outputs: dict, hyperparameters_pat
     # 2. The run's plan (what it may spend, over the earlier runs of its examples), 3. the DP
     #    steps, and 4. the ledger: this run as it ran, recorded with the data before the model is
     #    saved.
-    with data_ledger.held(sample_folders(data), inputs.get("ledger")) as spent:
+    with data_ledger.held(sample_folders(data), inputs.get("ledger"),
+                          passes_on=outputs.get("ledger") is not None) as spent:
         plan, ran = train_in_memory(
             framework, model, ledger, data, hp, str(hyperparameters_path),
             provenance.running_code(Path(hyperparameters_path).parent, "train"),

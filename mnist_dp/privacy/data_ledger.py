@@ -15,11 +15,9 @@ another party sends:
 - every report gives beside each model's ε what each organisation's data has spent over everything
   released from it (`Record.epsilon`).
 
-A file is a journal: one JSON line per run, appended under an exclusive lock (flock) that the task
-holds from its budget check to its record, so two tasks on the same data at once never lose a spend
-and the second sees the first's. A line cut short by a crash is a run whose model never left its
-task: it is dropped before the next append. Any other line that is not a run record is refused: the
-file was edited or damaged.
+A file is a journal (journal.py: one JSON line per run, that can only grow), appended under an
+exclusive lock (flock) that the task holds from its budget check to its record, so two tasks on the
+same data at once never lose a spend and the second sees the first's.
 
 A train or tune task in a compute plan also passes the ledger on as its `ledger` output, which only
 its own organisation may read, and takes the organisation's previous task's as its `ledger` input
@@ -32,23 +30,32 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from mnist_dp.privacy import journal
 from mnist_dp.privacy.events import DpEvent
-from mnist_dp.privacy.ledger import Examples, Ledger, is_new
-from mnist_dp.utils import atomic, json_input
+from mnist_dp.privacy.ledger import Ledger, is_new
+from mnist_dp.utils import atomic
 from mnist_dp.utils.errors import UserError
 
 LEDGER_FILE = "privacy_ledger.jsonl"  # in each data sample folder, beside identity.key
+KEY_FILE = "identity.key"  # the opener's KEY_FILE
 log = logging.getLogger("substratools.mnist_dp")
 
 
+def home(folder) -> Path:
+    """Where a data sample's ledger lives: beside its identity key. Substra's subprocess mode gives
+    a task its samples as folders of symbolic links to the registered files: the ledger is then the
+    registered folder's, the one the organisation keeps."""
+    key = Path(folder) / KEY_FILE
+    return key.resolve().parent if key.is_symlink() else Path(folder)
+
+
 def path_of(folder) -> Path:
-    return Path(folder) / LEDGER_FILE
+    return home(folder) / LEDGER_FILE
 
 
 def read(folders) -> Ledger:
@@ -56,50 +63,18 @@ def read(folders) -> Ledger:
     recorded."""
     ledger = Ledger()
     for folder in sorted(map(str, folders)):
-        try:
-            with open(path_of(folder), "rb") as f:
-                _read_into(ledger, f.read(), path_of(folder))
-        except FileNotFoundError:
-            continue
+        f = journal.open_file(path_of(folder), writable=False)
+        if f is not None:
+            with f:
+                journal.read_into(ledger, f.read(), path_of(folder))
     return ledger
 
 
 def read_output(path) -> Ledger:
     """The runs of a task's `ledger` output (`Held.pass_on`)."""
     ledger = Ledger()
-    _read_into(ledger, Path(path).read_bytes(), Path(path), chained=True)
+    journal.read_into(ledger, Path(path).read_bytes(), Path(path), chained=True)
     return ledger
-
-
-def _read_into(ledger: Ledger, content: bytes, path: Path, chained: bool = False) -> None:
-    lines = content.split(b"\n")
-    # the last piece is "" after a full line, or a line cut short by a crash: never released
-    whole = lines[:-1]
-    # a task output is written whole: a cut line there is damage, not a crash
-    if chained and lines[-1]:
-        whole = lines
-    known = {e.run_id: e for e in ledger.events}
-    for number, line in enumerate(whole, 1):
-        try:
-            record = json_input.loads(line, f"{path}: line {number}")
-            if not isinstance(record, dict) or set(record) != {"event", "examples"} \
-                    or not isinstance(record["examples"], dict):
-                raise ValueError('not an object {"event": ..., "examples": ...}')
-            event = DpEvent.from_json(record["event"])
-            examples = {i: Examples.from_json(i, e) for i, e in record["examples"].items()}
-            if event.run_id is None or set(examples) != set(event.data):
-                raise ValueError("a run record names its run id and the examples of every data "
-                                 "sample it trained on")
-            ledger.add_examples(examples)
-        except (ValueError, UserError) as exc:
-            raise UserError(f"{path}: line {number} is not a run record ({exc}); the file was "
-                            "edited or damaged, and the privacy this data has spent cannot be "
-                            "known from it: "
-                            + ("give the task its organisation's last ledger output" if chained else
-                               "restore it from a backup")) from None
-        if is_new(known, event, f"{path}: run {event.run_id} is recorded twice, differently: the "
-                                "file was edited or damaged; restore it from a backup"):
-            ledger.add(event)
 
 
 @dataclass
@@ -113,8 +88,9 @@ class Held:
 
     def record(self, ledger: Ledger, event: DpEvent) -> None:
         """Append `event`, the run just made, with its examples as `ledger` names them, to every
-        folder's file (flushed to disk before the model is saved); where the folders are read-only,
-        say who records it."""
+        folder's file, checked on disk before the model is saved (a UserError if it cannot be);
+        where the folders are read-only, the task's ledger output carries it (held refused a task
+        without one)."""
         self.ledger.add_examples({i: ledger.examples[i] for i in event.data})
         self.ledger.add(event)
         if not self.files:
@@ -122,51 +98,33 @@ class Held:
                      "output, which only this organisation reads, and the script that reads the "
                      "released model records it in their %s (docs/privacy.md, \"The data's own "
                      "ledger\")", LEDGER_FILE)
-            return
-        line = lines(ledger, [event]).encode()
+        line = journal.lines(ledger, [event]).encode()
         for f in self.files:
-            _drop_cut_line(f)
-            os.write(f.fileno(), line)
-            os.fsync(f.fileno())
+            journal.append(f, line)
 
     def pass_on(self, path) -> None:
         """Write every run the task knows of its organisation's data, this task's too, to its
         `ledger` output `path` (None: the task has none), for the organisation's next task; before
         the model is saved."""
         if path is not None:
-            atomic.write_text(Path(path), lines(self.ledger, self.ledger.events))
-
-
-def line_of(ledger: Ledger, event: DpEvent) -> dict:
-    return {"event": event.to_json(),
-            "examples": {i: ledger.examples[i].to_json() for i in event.data}}
-
-
-def lines(ledger: Ledger, events) -> str:
-    """The journal lines of `events`, their examples as `ledger` names them: what a file or a ledger
-    output holds."""
-    return "".join(json.dumps(line_of(ledger, e), allow_nan=False) + "\n" for e in events)
-
-
-def _drop_cut_line(f) -> None:
-    """A last line without its newline is a run cut short before its model was saved: it goes before
-    the next."""
-    size = os.fstat(f.fileno()).st_size
-    if size == 0:
-        return
-    f.seek(0)
-    content = f.read()
-    if not content.endswith(b"\n"):
-        os.ftruncate(f.fileno(), content.rfind(b"\n") + 1)
+            atomic.write_text(Path(path), journal.lines(self.ledger, self.ledger.events))
 
 
 @contextlib.contextmanager
-def held(folders, chained=None):
+def held(folders, chained=None, passes_on: bool = False):
     """The data's ledger of `folders`, locked exclusively until the block ends: read, check the
     budget against it, train, record, all with no other task's run in between. Folders the task
     cannot write (read-only mounts) are read under a shared lock. One file linked into several
-    folders (`join`) is held once. `chained`: the task's `ledger` input (its organisation's previous
-    task's `ledger` output), whose runs are added, or None."""
+    folders (`join`) is held once.
+
+    Args:
+      folders: the task's data sample folders.
+      chained: the task's `ledger` input (its organisation's previous task's `ledger` output),
+        whose runs are added, or None.
+      passes_on: whether the task's run also leaves in a ledger output or a local state of its own
+        organisation. Where the folders are read-only and it does not, the run would be recorded
+        nowhere: refused (UserError) before anything trains.
+    """
     files, writable = [], True
     try:
         while True:
@@ -183,12 +141,17 @@ def held(folders, chained=None):
             # a file was replaced while this task waited (join): open the new one
             for f, _ in files:
                 f.close()
+        if not writable and not passes_on:
+            raise UserError(f"{home(sorted(map(str, folders))[0])}: the data samples are read-only "
+                            "here and this task has no ledger output, so its run would be recorded "
+                            "nowhere; nothing was trained: give the task a 'ledger' output (the "
+                            "scripts' plans do), or make the data sample folders writable")
         ledger = Ledger()
         for f, _ in files:
             f.seek(0)
-            _read_into(ledger, f.read(), Path(f.name))
+            journal.read_into(ledger, f.read(), Path(f.name))
         if chained is not None:
-            _read_into(ledger, Path(chained).read_bytes(), Path(chained), chained=True)
+            journal.read_into(ledger, Path(chained).read_bytes(), Path(chained), chained=True)
         yield Held([f for f, _ in files] if writable else [], ledger)
     finally:
         for f, _ in files:
@@ -200,20 +163,20 @@ def _open(folders) -> tuple:
     whether all could be opened for appending)."""
     files, writable = {}, True
     for folder in sorted(map(str, folders)):
+        if not home(folder).is_dir():  # a sample made in memory: no ledger
+            continue
         path = path_of(folder)
-        try:
-            f, mode = open(path, "a+b"), fcntl.LOCK_EX  # noqa: SIM115 - held open until the block ends
-        except OSError:
+        f, mode = journal.open_file(path, writable=True), fcntl.LOCK_EX
+        if f is None:
             writable = False
-            try:
-                f, mode = open(path, "rb"), fcntl.LOCK_SH  # noqa: SIM115
-            except FileNotFoundError:
+            f, mode = journal.open_file(path, writable=False), fcntl.LOCK_SH
+            if f is None:
                 continue
-        stat = os.fstat(f.fileno())
-        if (stat.st_dev, stat.st_ino) in files:
+        stat_ = os.fstat(f.fileno())
+        if (stat_.st_dev, stat_.st_ino) in files:
             f.close()
         else:
-            files[(stat.st_dev, stat.st_ino)] = (f, mode)
+            files[(stat_.st_dev, stat_.st_ino)] = (f, mode)
     return [files[k] for k in sorted(files)], writable
 
 
@@ -240,7 +203,7 @@ def join(folders) -> int:
             raise UserError(f"{', '.join(map(str, folders))}: cannot write the privacy ledger of "
                             "each of these data samples; make the folders writable")
         joined = folders[0] / f".{LEDGER_FILE}.joined"
-        atomic.write_text(joined, lines(data.ledger, data.ledger.events))
+        atomic.write_text(joined, journal.lines(data.ledger, data.ledger.events))
         try:
             for folder in folders:
                 os.link(joined, folder / f".{LEDGER_FILE}.link")
@@ -248,6 +211,41 @@ def join(folders) -> int:
         finally:
             joined.unlink()
         return len(data.ledger.events)
+
+
+def check_follow(source, dest) -> Path:
+    """Refuse (UserError) to write data samples under the key of sample folder `source` into `dest`
+    when their ledger could not be `source`'s own file: on another file system (hard links do not
+    cross them), checked before anything is written. Returns `source`."""
+    existing = next(p for p in (Path(dest), *Path(dest).resolve().parents) if p.exists())
+    if os.stat(home(source)).st_dev != os.stat(existing).st_dev:
+        raise UserError(f"--key-from {source}: on another file system than {dest}, so the new "
+                        "samples could not share its privacy ledger (one file, hard-linked) and "
+                        "their runs would start a new record; write them on the same file system")
+    return Path(source)
+
+
+def follow(source, folders) -> None:
+    """Give `folders`, data sample folders just written under the identity key of sample folder
+    `source` (--key-from), `source`'s own ledger file, hard-linked into each: the same examples
+    under the same key share one record whatever folder they are in, and a run recorded on any of
+    them is recorded on all."""
+    shared_path = path_of(source)
+    f = journal.open_file(shared_path, writable=True)  # made if missing; refused if it could forget
+    if f is None:
+        raise _read_only(source, "; make it writable, then write the new samples again")
+    f.close()
+    shared = os.stat(shared_path)
+    for folder in map(Path, folders):
+        check_follow(source, folder)
+        own = path_of(folder)
+        if own.exists() and own.stat().st_size and not os.path.samestat(own.stat(), shared):
+            raise UserError(f"{own}: records runs of its own; it cannot take the ledger of "
+                            f"{source} without losing them: make them one organisation's with "
+                            "generate_data.py --same-organization instead")
+        link = folder / f".{LEDGER_FILE}.link"
+        os.link(shared_path, link)
+        os.replace(link, own)
 
 
 def absorb(model: Ledger, data: Ledger) -> list:
@@ -287,7 +285,8 @@ def union(ledger: Ledger, data: Ledger) -> Ledger:
 def record_released(folders_by_identity: dict, ledgers) -> None:
     """Append to the data's ledger every run of the released models' `ledgers` on the sample folders
     `folders_by_identity` ({sample identity: folder}) that it does not hold yet (a task that could
-    not write beside its data)."""
+    not write beside its data). Refused (UserError) where such a run cannot be recorded: a script
+    that released it must not end in success."""
     runs = {}
     for ledger in ledgers:
         for event in ledger.events:
@@ -295,6 +294,28 @@ def record_released(folders_by_identity: dict, ledgers) -> None:
                 runs.setdefault(event.run_id, (ledger, event))
     for ledger, event in runs.values():
         folders = [folders_by_identity[i] for i in event.data if i in folders_by_identity]
-        with held(folders) as data:
-            if event.run_id not in {e.run_id for e in data.ledger.events}:
-                data.record(ledger, event)
+        with held(folders, passes_on=True) as data:
+            if event.run_id in {e.run_id for e in data.ledger.events}:
+                continue
+            if not data.files:
+                raise _read_only(folders[0], "; make it writable, then run python "
+                                 "scripts/privacy_report.py MODEL --data FOLDER... on the released "
+                                 "models to record them")
+            data.record(ledger, event)
+
+
+def check_writable(folders) -> None:
+    """Refuse (UserError) data sample folders whose ledger the scripts could not record released
+    runs in: what they check before they register anything."""
+    for folder in folders:
+        f = journal.open_file(path_of(folder), writable=True)
+        if f is None:
+            raise _read_only(folder, "; nothing was registered: make it writable, or train on a "
+                             "writable copy (its ledger file with it)")
+        f.close()
+
+
+def _read_only(folder, todo: str) -> UserError:
+    return UserError(f"{home(folder)}: cannot record the released runs in this data's privacy "
+                     "ledger: the folder is read-only, and a run released from it would be "
+                     f"counted nowhere{todo}")

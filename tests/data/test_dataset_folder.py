@@ -230,8 +230,10 @@ def test_a_sample_whose_ledger_records_runs_keeps_its_folder_from_being_replaced
     ledger.write_text('{"run": 1}\n')
     message = (f"{dest}: its data samples' own ledgers record the runs released from them "
                f"({ledger}): replacing or splitting them again would lose what they have spent; "
-               "keep this folder, and write the new data to another one (--output of "
-               "generate_data.py, --data of the scripts)")
+               "keep this folder, and write the new data to another one with the keys of its "
+               "organisations, whose ledgers the new samples then share (--output OTHER "
+               f"--key-from {dest / 'train' / '0'}, one sample per organisation, with "
+               "generate_data.py; --data OTHER with the scripts)")
     with pytest.raises(UserError) as refused:
         dataset_folder.refuse_losing_ledgers(dest)
     assert str(refused.value) == message

@@ -12,7 +12,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, extract_function, independent_epsilon, tiny_hyperparameters
+from conftest import (
+    REPO,
+    assert_one_line_error,
+    extract_function,
+    independent_epsilon,
+    run_function,
+    tiny_hyperparameters,
+)
 
 from mnist_dp.assets import ALGO_ASSETS, DATASET_ASSET, load_asset_module
 from mnist_dp.data import dataset, keys, samples
@@ -163,6 +170,27 @@ def test_a_model_continued_in_another_framework_counts_the_datas_runs_in_every_f
     assert json.loads((tmp_path / "again.epsilon").read_text())["all"] >= both_runs - 1e-9
 
 
+@pytest.mark.parametrize("ledger_output", [False, True])
+def test_on_read_only_samples_a_task_without_a_ledger_output_is_refused_before_training(
+        tmp_path, organisations, tmpfs, ledger_output):
+    """Through the substratools command line, as a user runs an asset alone: with nowhere to record
+    its run, the task trains nothing and releases nothing."""
+    folder = extract_function(ALGO_ASSETS["torch"], "train", tmp_path / "build", HP)
+    sample = read_only_copy(tmpfs, organisations[1])[0]
+    outputs = {"model": tmp_path / "model", "epsilon": tmp_path / "epsilon",
+               **({"ledger": tmp_path / "ledger"} if ledger_output else {})}
+    proc = run_function(folder / "algo.py", "train", {"opener": DATASET_ASSET / "opener.py",
+                                                       "datasamples": [sample]}, outputs,
+                        check=False)
+    if ledger_output:
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert len(data_ledger.read_output(tmp_path / "ledger").events) == 1
+    else:
+        assert_one_line_error(proc, "the data samples are read-only here and this task has no "
+                                    "ledger output")
+        assert not (tmp_path / "model").exists()
+
+
 def test_a_damaged_ledger_input_is_refused_naming_it(tmp_path, organisations):
     train(tmp_path, "own", organisations[1])
     whole = (tmp_path / "own.ledger").read_bytes()
@@ -170,6 +198,28 @@ def test_a_damaged_ledger_input_is_refused_naming_it(tmp_path, organisations):
     with pytest.raises(UserError, match=r"cut\.ledger: line 1 is not a run record .*give the task "
                                         r"its organisation's"):
         train(tmp_path, "again", organisations[1], ledger=tmp_path / "cut.ledger")
+
+
+def test_a_key_from_copy_in_a_new_folder_keeps_the_record_and_the_budget_stops_the_run_there(
+        tmp_path):
+    """generate_data.py --key-from into another folder: the same images under the same key, and
+    the same ledger file."""
+    dataset.generate(tmp_path / "first", train_size=150, test_size=50, train_samples=1, seed=3)
+    first = [str(f) for f in dataset.sample_folders(tmp_path / "first", "train")]
+    # one run fits, and not one step more
+    budget = sum(independent_epsilon(SIGMA, 1 / 3, steps, DELTA) for steps in (ONE_RUN,
+                                                                             ONE_RUN + 1)) / 2
+    train(tmp_path, "earlier", first, max_epsilon=budget)
+    dataset.generate(tmp_path / "copy", train_size=150, test_size=50, train_samples=1, seed=3,
+                     key_from=tuple(first))
+    copy = [str(f) for f in dataset.sample_folders(tmp_path / "copy", "train")]
+    assert samples.key_id(copy[0]) == samples.key_id(first[0])
+    with pytest.raises(UserError, match=r"^max_epsilon = .*: this data has spent its budget"):
+        train(tmp_path, "again", copy, max_epsilon=budget)
+    assert len(data_ledger.read(copy).events) == 1 and data_ledger.read(
+        copy).events == data_ledger.read(first).events
+
+
 
 
 @pytest.fixture

@@ -4,16 +4,19 @@ replaced dataset never loses it."""
 import dataclasses
 import json
 import multiprocessing
+import os
+import shutil
 import signal
+import subprocess
 import threading
 import time
 
 import numpy as np
 import pytest
-from conftest import ledger_event
+from conftest import fill_disk, ledger_event
 
 from mnist_dp.data import dataset
-from mnist_dp.privacy import data_ledger
+from mnist_dp.privacy import data_ledger, journal
 from mnist_dp.privacy.events import new_run_id
 from mnist_dp.privacy.ledger import Examples, Ledger
 from mnist_dp.utils.errors import UserError
@@ -52,7 +55,7 @@ def test_each_run_is_recorded_in_every_folder_it_read_and_read_back_once(tmp_pat
 def test_a_line_cut_short_by_a_crash_is_dropped_and_the_next_run_recorded_after_it(tmp_path):
     kept, cut = run(), run()
     recorded([tmp_path], *kept)
-    line = json.dumps(data_ledger.line_of(*cut)).encode()
+    line = json.dumps(journal.line_of(*cut)).encode()
     with open(data_ledger.path_of(tmp_path), "ab") as f:
         f.write(line[: len(line) // 2])  # killed half-way: its model was never saved
     assert data_ledger.read([tmp_path]).events == [kept[1]]
@@ -171,3 +174,89 @@ def test_a_task_waiting_while_the_ledger_is_joined_records_in_the_joined_file(tm
     thread.join(10), joiner.join(10)
     # neither run lost to the file the join replaced
     assert len(data_ledger.read([second]).events) == 2
+
+
+def big_run():
+    """A run on 3,000 examples: its record (about 5 kB) is larger than a memory page, so a full
+    tmpfs takes only part of it."""
+    event = dataclasses.replace(ledger_event("torch", ("fp-big",), n=3000), run_id=new_run_id())
+    ids = np.arange(1, 3001, dtype=np.uint64)
+    return Ledger([event], {"fp-big": Examples.of("ab" * 8, ids)}), event
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda path: path.symlink_to(path.parent / "gone" / "ledger"), "is a symbolic link"),
+    (lambda path: path.symlink_to("/dev/null"), "is a symbolic link"),
+    (lambda path: path.mkdir(), "is a folder, not a privacy ledger"),
+    (lambda path: os.mkfifo(path), "is not a regular file"),
+])
+def test_a_ledger_that_could_forget_is_refused_in_one_line_naming_it(tmp_path, make, message):
+    make(data_ledger.path_of(tmp_path))
+    for attempt in (lambda: recorded([tmp_path], *run()), lambda: data_ledger.read([tmp_path])):
+        with pytest.raises(UserError, match=message) as caught:
+            attempt()
+        assert str(data_ledger.path_of(tmp_path)) in str(caught.value)
+        assert "\n" not in str(caught.value)
+
+
+def test_a_whole_last_record_that_lost_its_newline_is_kept_and_the_next_follows_it(tmp_path):
+    first, second = run(), run()
+    recorded([tmp_path], *first)
+    path = data_ledger.path_of(tmp_path)
+    path.write_bytes(path.read_bytes()[:-1])
+    assert data_ledger.read([tmp_path]).events == [first[1]]
+    recorded([tmp_path], *second)
+    assert data_ledger.read([tmp_path]).events == [first[1], second[1]]
+    assert path.read_bytes().count(b"\n") == 2
+
+
+def test_a_last_line_that_begins_no_record_is_refused_not_dropped(tmp_path):
+    recorded([tmp_path], *run())
+    path = data_ledger.path_of(tmp_path)
+    path.write_bytes(path.read_bytes() + b'{"steps": 3')
+    with pytest.raises(UserError, match=r"its last line \(2\) is neither a run record nor the "
+                                        r"beginning of one"):
+        recorded([tmp_path], *run())
+    assert path.read_bytes().endswith(b'{"steps": 3')  # nothing dropped
+
+
+def test_on_a_full_disk_a_record_is_refused_and_nothing_of_it_stays(tmpfs):
+    folder = tmpfs("size=256k")
+    recorded([folder], *run())
+    path = data_ledger.path_of(folder)
+    before = path.read_bytes()
+    fill_disk(folder)
+    with pytest.raises(UserError, match=r"privacy_ledger.jsonl: could not record this run in the "
+                                        r"data's privacy ledger \(No space left on device\); the "
+                                        r"model was not saved: free space"):
+        recorded([folder], *big_run())
+    assert path.read_bytes() == before
+    (folder / "filler").unlink()
+    recorded([folder], *big_run())  # with room again, it goes in whole
+    assert len(data_ledger.read([folder]).events) == 2
+
+
+def test_read_only_samples_need_a_ledger_output_or_the_task_is_refused(tmpfs):
+    folder = tmpfs("size=1m")
+    recorded([folder], *run())
+    subprocess.run(["mount", "-o", "remount,ro", str(folder)], check=True)
+    with pytest.raises(UserError, match=r"the data samples are read-only here and this task has no "
+                                        r"ledger output, so its run would be recorded nowhere"):
+        with data_ledger.held([folder]):
+            pass
+    with data_ledger.held([folder], passes_on=True) as spent:  # its ledger output carries the run
+        assert not spent.files and len(spent.ledger.events) == 1
+    with pytest.raises(UserError, match=r"cannot record the released runs in .* read-only"):
+        data_ledger.record_released({"fp-a": folder}, [run()[0]])
+
+
+def test_in_substras_subprocess_mode_the_ledger_is_the_registered_folders(tmp_path):
+    """Substra's subprocess mode gives a task a folder of symbolic links to the sample's files: the
+    run goes to the registered folder's ledger, not to a file of the task's own."""
+    registered, task = tmp_path / "registered", tmp_path / "task"
+    registered.mkdir()
+    (registered / "identity.key").write_text("00" * 32)
+    shutil.copytree(registered, task, copy_function=os.symlink)
+    recorded([task], *run())
+    assert not (task / data_ledger.LEDGER_FILE).exists()
+    assert len(data_ledger.read([registered]).events) == 1
