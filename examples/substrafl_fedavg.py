@@ -29,7 +29,8 @@ from mnist_dp.federated import experiment
 from mnist_dp.federated.algo import METRICS, DpFedAvgAlgo, check_hyperparameters
 from mnist_dp.federated.strategy import DpFedAvg
 from mnist_dp.orchestration import compute_plan, connection, registry
-from mnist_dp.privacy import preflight
+from mnist_dp.privacy import policy, preflight
+from mnist_dp.privacy.ledger import Examples
 from mnist_dp.report import display, results
 from mnist_dp.utils import options
 from mnist_dp.utils.errors import run_cli
@@ -89,11 +90,17 @@ def main(argv=None):
         shares = registry.split_among(data_dir, args.organizations, flag="--organizations")
         dataset.check_organization_keys(data_dir, shares, test_everywhere=True)
         # each organisation's own (two organisations may hold one example, as deployed)
-        for share in shares:
-            samples.check_examples(share)
+        read = [samples.check_examples(share) for share in shares]
+        # what each organisation's data has spent: its continued models carry those runs
+        spent = [(samples.spent_on(share), {s.identity: Examples.of(s.key_id, s.units)
+                                            for s in own}) for share, own in zip(shares, read)]
+        owners = [policy.of_folders(share) for share in shares]
+        for owner, own in zip(owners, read):
+            preflight.check_owner(owner, hp, any(s.persons is not None for s in own))
         preflight.check_plan(args.framework, hp, [sum(map(samples.sample_size, s)) for s in shares],
-                          args.rounds,
-                          [f"organisation {k}" for k in range(1, args.organizations + 1)])
+                             args.rounds,
+                             [f"organisation {k}" for k in range(1, args.organizations + 1)],
+                             spent, owners)
         organizations = experiment.register(clients, registry.KeysFile(), data_dir)
 
         # The algo: the bundle's DP training, with σ calibrated for these rounds.

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from mnist_dp.data import dataset
 from mnist_dp.orchestration import connection, registry
+from mnist_dp.privacy import policy
 from mnist_dp.utils import options
 from mnist_dp.utils.errors import run_cli
 
@@ -27,15 +28,19 @@ def build_parser():
                              "add_train_algo_cnn_dp.py trains on them one after the other "
                              "(default: %(default)s)")
     connection.add_arguments(parser)
+    policy.add_arguments(parser)
     return parser
 
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    owner = policy.from_arguments(args)
     keys = registry.KeysFile(args.keys_file)
     work = args.keys_file.resolve().parent  # a local backend keeps its files in ./local-worker here
     client = connection.connect(args.backend, args.client_name, work)
     dataset.generate_default_if_missing(args.data, train_samples=args.folds, flag="--folds")
+    if owner is not None:  # before the samples are registered: Substra never lets them change
+        print(policy.write_into(dataset.sample_folders(args.data, "train"), owner))
     with tempfile.TemporaryDirectory() as build_dir:
         registry.register_dataset_objective(client, keys, args.data, args.folds, Path(build_dir))
     folds = keys.get("train_data_sample_keys")

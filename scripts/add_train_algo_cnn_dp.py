@@ -21,7 +21,7 @@ from mnist_dp.assets import ALGO_ASSETS
 from mnist_dp.data import dataset, samples
 from mnist_dp.hyperparameters import Hyperparameters
 from mnist_dp.orchestration import compute_plan, connection, execution, registry
-from mnist_dp.privacy import preflight, search
+from mnist_dp.privacy import data_ledger, policy, preflight, search
 from mnist_dp.privacy.ledger import Examples
 from mnist_dp.report import results
 from mnist_dp.utils import options
@@ -79,10 +79,17 @@ def main(argv=None):
     data_dir = Path(keys.require("data"))
     dataset.check_output_outside(data_dir, args.output or Path("results") / args.framework)
     where = f"{args.framework} hyperparameters ({args.hyperparameters or 'the asset'})"
+    if data_dir.is_dir():  # the released runs are recorded in its folders after the plan
+        data_ledger.check_writable(f for own in registry.split_among(data_dir, len(folds))
+                                   for f in own)
     # what the tune task would refuse, checked before anything is registered
     if data_dir.is_dir() and searched:
-        read = samples.check_examples([f for own in registry.split_among(data_dir, len(folds))
-                                       for f in own])
+        folders = [f for own in registry.split_among(data_dir, len(folds)) for f in own]
+        read = samples.check_examples(folders)
+        preflight.check_owner(policy.of_folders(folders), hp,
+                              any(s.persons is not None for s in read), history=(
+                                  samples.spent_on(folders),
+                                  {s.identity: Examples.of(s.key_id, s.units) for s in read}))
         search.check_plan(args.framework, hp, searched, [[s.units for s in read]], [where])
     # what each train task would refuse, checked before anything is registered
     elif data_dir.is_dir():
@@ -92,8 +99,13 @@ def main(argv=None):
         spent = [(samples.spent_on(own), {s.identity: Examples.of(s.key_id, s.units)
                                           for s in read_own})
                  for own, read_own in zip(holdings, read)]
+        owners = [policy.of_folders(own) for own in holdings]
+        for owner, read_own in zip(owners, read):
+            preflight.check_owner(owner, hp, any(s.persons is not None for s in read_own),
+                                  args.score_train)
         hp = preflight.check_plan(args.framework, hp, sizes, args.rounds,
-                               [f"{where}, fold {k}" for k in range(1, len(sizes) + 1)], spent)
+                                  [f"{where}, fold {k}" for k in range(1, len(sizes) + 1)], spent,
+                                  owners)
     elif args.rounds > 1 and hp.dp and hp.target_epsilon is not None:
         raise UserError(f"--rounds {args.rounds} with target_epsilon: σ is calibrated for every "
                         f"fold's size, but the data folder {data_dir} named in {args.keys_file} is "

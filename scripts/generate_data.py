@@ -11,7 +11,7 @@ mod N), each under its own key, as in a deployment; the test set has a key of it
 from pathlib import Path
 
 from mnist_dp.data import dataset, keys, samples, subjects
-from mnist_dp.privacy import data_ledger
+from mnist_dp.privacy import data_ledger, policy
 from mnist_dp.utils import options
 from mnist_dp.utils.errors import UserError, run_cli
 
@@ -73,6 +73,7 @@ def build_parser():
                              "image belongs to: K images per person, or LO-HI for a skewed split "
                              "(each person's count uniform in LO..HI); training is then private "
                              "per person (docs/privacy.md). Default: none, each image its own")
+    policy.add_arguments(parser)
     return parser
 
 
@@ -87,6 +88,8 @@ def main(argv=None):
                                                      "--seed": args.seed, "--force": args.force,
                 "--organizations": args.organizations,
                 "--images-per-subject": args.images_per_subject,
+                "--budget": args.budget, "--budget-delta": args.budget_delta,
+                "--privacy-unit": args.privacy_unit, "--allow": args.allow,
                 "--add-key": args.add_key and option != "--add-key",
                 "--key-from": args.key_from is not None and option != "--add-key"})
     if args.same_organization:
@@ -108,6 +111,7 @@ def main(argv=None):
               + (f": {', '.join(map(str, added))}" if added else " (each had a valid key)"))
         return
     output, organizations = args.output or DEFAULT_OUTPUT, args.organizations or 1
+    owner = policy.from_arguments(args)  # refused now, before 50-100 MB are written
     manifest = dataset.generate(output, args.source, args.train_size, args.test_size,
                                 args.train_samples,
                                 dataset.DEFAULT_SEED if args.seed is None else args.seed,
@@ -118,6 +122,8 @@ def main(argv=None):
     print(f"wrote {manifest['train_examples']} train examples in {manifest['train_samples']} "
           f"sample(s){among} and {manifest['test_examples']} test examples to {output}/ (source: "
           f"{manifest['source']})")
+    if owner is not None:
+        print(policy.write_into(dataset.sample_folders(output, "train"), owner))
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from mnist_dp import hyperparameters, search_space
 from mnist_dp.assets import ALGO_ASSETS
 from mnist_dp.data import dataset, samples
 from mnist_dp.orchestration import compute_plan, connection, registry
-from mnist_dp.privacy import preflight, search
+from mnist_dp.privacy import data_ledger, policy, preflight, search
 from mnist_dp.privacy.ledger import Examples
 from mnist_dp.report import results
 from mnist_dp.utils import options
@@ -132,12 +132,18 @@ def main(argv=None):
         read = {folder: sample for own in holdings for folder,
                 sample in zip(own, samples.check_examples(own))}
         identities = {folder: sample.identity for folder, sample in read.items()}
+        # the released runs are recorded in them after the plan
+        data_ledger.check_writable(read)
         sizes = [samples.unit_count([read[f] for f in own]) for own in holdings]
         spent = [(samples.spent_on(own),
                   {read[f].identity: Examples.of(read[f].key_id, read[f].units) for f in own})
                  for own in holdings]
+        owners = [policy.of_folders(own) for own in holdings]
         # each with the hyperparameters its tasks will get
         for run, (framework, hp) in runs.items():
+            for own, owner, history in zip(holdings, owners, spent):
+                preflight.check_owner(owner, hp, any(read[f].persons is not None for f in own),
+                                      args.score_train, history if searched else None)
             wheres = [f"{run} hyperparameters ({overrides.source}), organisation {k}"
                       for k in range(1, len(sizes) + 1)]
             if searched:
@@ -145,7 +151,7 @@ def main(argv=None):
                                   [[read[f].units for f in own] for own in holdings], wheres)
             else:
                 runs[run] = framework, preflight.check_plan(
-                    framework, hp, sizes, args.rounds, wheres, spent)
+                    framework, hp, sizes, args.rounds, wheres, spent, owners)
 
         keys = registry.KeysFile()  # in memory: a local run starts from an empty backend
         shares, test, holdings = registry.register_organizations(clients, keys, data_dir)

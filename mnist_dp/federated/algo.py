@@ -138,13 +138,14 @@ class DpTraining:
         # σ is calibrated over what the plan counts
         hp = self._hyperparameters_for_rounds(plan_units(persons_of(data) if self.hp.dp else None,
                                                          n)[0])
-        with data_ledger.held(skeleton.sample_folders(data)) as spent:
+        # the local state, this organisation's own, carries the run where the data is read-only
+        with data_ledger.held(skeleton.sample_folders(data), passes_on=True) as spent:
             plan, ran = skeleton.train_in_memory(
                 self.framework, self.model, self.ledger, data, hp,
                 f"{self.framework_name} algo's hyperparameters",
                 provenance.running_code(Path.cwd(), "substrafl train"),
                 "nothing was sent; lower learning_rate or max_grad_norm", through, spent=spent,
-                continuing=self.train_tasks > 1)
+                continuing=self.train_tasks > 1, may_stop=False)
         if ran is None:  # no budget stops a run without max_epsilon, refused above
             raise RuntimeError(f"{self.framework_name}: a run without max_epsilon trained no step")
         self.settings = plan.metadata()

@@ -26,7 +26,8 @@ from mnist_dp import hyperparameters, search_space
 from mnist_dp.learning import features as feature_maps
 from mnist_dp.learning import model_io, skeleton, training
 from mnist_dp.learning.interface import Framework, Network, Ran
-from mnist_dp.privacy import data_ledger, model_file, provenance, statement
+from mnist_dp.privacy import data_ledger, model_file, policy, provenance, statement
+from mnist_dp.privacy.budgets import check_whole_run
 from mnist_dp.privacy.ledger import Ledger, plan_units
 from mnist_dp.privacy.randomness import RunRandomness
 from mnist_dp.privacy.search import SearchPlan, draw_count, plan_search, validation_split
@@ -286,11 +287,17 @@ def tune(framework: Framework, inputs: dict, outputs: dict, hyperparameters_path
     search = search_space.load(search_file if search_file.is_file() else None)
     # a run's checks are plan_search's, for each privacy profile on the training split
     skeleton.refuse_copies(data)
-    # read, not held: a lock held while K candidates train would time them for other tasks
-    earlier = data_ledger.read(skeleton.sample_folders(data))
-    if inputs.get("ledger"):
-        earlier = data_ledger.union(earlier, data_ledger.read_output(inputs["ledger"]))
+    # held only to read (a lock held while K candidates train would time them for other tasks), and
+    # to refuse a task whose run would be recorded nowhere before it trains
+    with data_ledger.held(skeleton.sample_folders(data), inputs.get("ledger"),
+                          passes_on=outputs.get("ledger") is not None) as first:
+        earlier = first.ledger
     persons = skeleton.per_person(framework, data, base, {"this data's own ledger": earlier})
+    owner = policy.of_data(data)
+    owner.check_run(base.dp, base.noise_seed, persons is not None)
+    whole = earlier.copy()
+    check_whole_run(owner, whole.histories(whole.add_samples(data["samples"])),
+                    base.target_epsilon, base.delta, "a search")
     held_out = validation_split(data, search.validation_permille)
     n, unit = plan_units(persons, len(held_out))
     # per person, each on one side with all their images
@@ -330,5 +337,6 @@ def tune(framework: Framework, inputs: dict, outputs: dict, hyperparameters_path
     log.info("search: released the %s: %s", "best candidate" if len(ledger.events) == 1
              else "final run on the best candidate's hyperparameters", statement.describe(summary))
     if spent.ledger.events:
-        log.info("%s", statement.data_spent(spent.ledger, ledger.events[-1].data, base.delta))
+        log.info("%s", statement.data_spent(spent.ledger, ledger.events[-1].data, base.delta,
+                                            owner.budgets))
     return summary

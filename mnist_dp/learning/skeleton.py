@@ -18,7 +18,15 @@ from mnist_dp import hyperparameters
 from mnist_dp.hyperparameters import Hyperparameters
 from mnist_dp.learning import model_io, predictions, training
 from mnist_dp.learning.interface import Framework, Network
-from mnist_dp.privacy import data_ledger, model_file, provenance, statement, task_plan
+from mnist_dp.privacy import (
+    budgets,
+    data_ledger,
+    model_file,
+    policy,
+    provenance,
+    statement,
+    task_plan,
+)
 from mnist_dp.privacy.ledger import Ledger, merge, own_runs, persons_of, plan_units
 from mnist_dp.privacy.randomness import RunRandomness
 from mnist_dp.utils import timing
@@ -85,7 +93,8 @@ def train(framework: Framework, inputs: dict, outputs: dict, hyperparameters_pat
     log.info("trained %d steps, q=%.4g, sigma=%.4g: %s", ran.steps, plan.sampling.sample_rate,
              ran.noise_multiplier, statement.describe(summary))
     if spent.ledger.events:
-        log.info("%s", statement.data_spent(spent.ledger, plan.identities, hp.delta))
+        log.info("%s", statement.data_spent(spent.ledger, plan.identities, hp.delta,
+                                            policy.of_data(data).budgets))
     timing.end_task("saving", dp=hp.dp)
     return summary
 
@@ -125,7 +134,8 @@ def per_person(framework: Framework, data: dict, hp: Hyperparameters, earlier: d
 
 def train_in_memory(framework: Framework, model, ledger: Ledger, data: dict, hp: Hyperparameters,
                     where: str, code: dict, if_diverged: str, through=None, release_images=False,
-                    spent: data_ledger.Held | None = None, continuing: bool = False) -> tuple:
+                    spent: data_ledger.Held | None = None, continuing: bool = False,
+                    may_stop: bool = True) -> tuple:
     """One training run of `model` (in place) by `framework` on the opener's `data`, after the runs
     of `ledger`, to which its event is added. The substratools train task and the substrafl algos
     (mnist_dp/federated) both train through here.
@@ -147,6 +157,8 @@ def train_in_memory(framework: Framework, model, ledger: Ledger, data: dict, hp:
         and the run is recorded in it before this returns.
       continuing: whether the model was received from elsewhere: the data's own ledger's runs, in
         every framework, are then composed into `ledger`.
+      may_stop: whether the run may stop early at a budget (a substrafl run may not: refused
+        instead). The data owner's policy (privacy/policy.py) holds whatever hp says.
 
     Returns:
       (the run's TaskPlan, what it Ran), or (TaskPlan, None) when the data's budget is spent and
@@ -166,6 +178,8 @@ def train_in_memory(framework: Framework, model, ledger: Ledger, data: dict, hp:
     persons = per_person(framework, data, hp, {
         "the input model's ledger": ledger,
         "this data's own ledger": spent.ledger if spent is not None else None})
+    owner = policy.of_data(data)
+    owner.check_run(hp.dp, hp.noise_seed, persons is not None)
     identities = ledger.add_samples(data["samples"])
     histories = ledger.histories(identities)
     # the budget counts every run of the data: the input model's and the data's own ledger's
@@ -173,12 +187,15 @@ def train_in_memory(framework: Framework, model, ledger: Ledger, data: dict, hp:
     n, unit = plan_units(persons, len(data["labels"]))
     plan = task_plan.for_task(
         framework.name, hp, n, histories, where, identities,
-        histories if everything is ledger else everything.histories(identities), unit)
+        histories if everything is ledger else everything.histories(identities), unit, owner,
+        may_stop)
     # else the input model, as received, is passed on
     if plan.sampling.steps == 0 and (lacking or not continuing):
-        raise UserError(f"max_epsilon = {hp.max_epsilon}: this data has spent its budget (its own "
-                        "ledger of the runs released from it: docs/privacy.md, \"The data's own "
-                        "ledger\"); nothing was trained or saved")
+        named = " and ".join(f"{name} = {epsilon}"
+                             for epsilon, _, name in budgets.budgets(hp, owner))
+        raise UserError(f"{named}: this data has spent its budget (its own ledger of the runs "
+                        "released from it: docs/privacy.md, \"The data's own ledger\"); nothing "
+                        "was trained or saved")
     timing.mark("setup")  # input model, σ calibration, budget
     if plan.sampling.steps == 0:
         return plan, None

@@ -8,8 +8,10 @@ import dataclasses
 
 from mnist_dp.hyperparameters import Hyperparameters
 from mnist_dp.privacy import accountant, no_sigma, refusals
+from mnist_dp.privacy.budgets import NO_POLICY, budgets, check_whole_run
 from mnist_dp.privacy.data_ledger import union
 from mnist_dp.privacy.ledger import Ledger
+from mnist_dp.privacy.policy import Policy
 from mnist_dp.privacy.task_plan import (
     SamplingPlan,
     TaskPlan,
@@ -23,7 +25,7 @@ from mnist_dp.utils.errors import UserError
 
 
 def check_plan(framework: str, hp: Hyperparameters, sizes: list, rounds: int, wheres: list,
-               spent: list | None = None) -> Hyperparameters:
+               spent: list | None = None, owners: list | None = None) -> Hyperparameters:
     """What the train tasks of a plan would refuse, checked before anything is registered: each
     organisation's run (check_run), a target_epsilon no σ meets, and a max_epsilon below the ε of
     its first step after what its data has spent, with σ as the tasks will get it.
@@ -36,6 +38,8 @@ def check_plan(framework: str, hp: Hyperparameters, sizes: list, rounds: int, wh
       rounds: how many times the plan trains on each organisation's data.
       wheres: what names each organisation in an error.
       spent: per organisation, its data's own ledger and its samples' examples (check_spent).
+      owners: per organisation, its data owner's policy (policy.of_folders), whose budgets hold
+        beside hp.max_epsilon; None: none.
 
     Returns:
       The hyperparameters the tasks get (σ calibrated here for several rounds: noise_for_rounds).
@@ -45,41 +49,61 @@ def check_plan(framework: str, hp: Hyperparameters, sizes: list, rounds: int, wh
     hp = noise_for_rounds(hp, sizes, rounds)
     # each organisation's first task starts a fresh model
     for k, (sampling, where) in enumerate(zip(plans, wheres)):
-        if hp.dp and hp.max_epsilon is not None:
+        limits = budgets(hp, owners[k] if owners else NO_POLICY) if hp.dp else []
+        if limits:
             sigma = resolve_noise_multiplier(hp, sampling, [], where=where)
             plan = TaskPlan.of(framework, hp, sampling, sigma)
-            one_step = accountant.compose_epsilon([plan.event_at(1)], hp.delta)
-            if one_step > hp.max_epsilon:
-                raise refusals.below_one_step(hp, one_step, where)
-            if spent:
-                check_spent(plan, *spent[k], where)
+            for epsilon, delta, named in limits:
+                one_step = accountant.compose_epsilon([plan.event_at(1)], delta)
+                if one_step > epsilon:
+                    raise refusals.below_one_step(hp, one_step, where, named, epsilon, delta)
+                if spent:
+                    check_spent(plan, *spent[k], where, (epsilon, delta, named))
         else:
             # the task calibrates σ itself: some σ must meet the target
             check_target(hp, sampling, where)
     return hp
 
 
-def check_spent(plan: TaskPlan, data: Ledger, examples: dict, where: str) -> None:
-    """Refuse plan.hp.max_epsilon when the data samples have spent it: their own ledger leaves no
-    room for one step of `plan`.
+def check_spent(plan: TaskPlan, data: Ledger, examples: dict, where: str,
+                budget: tuple | None = None) -> None:
+    """Refuse a budget the data samples have spent: their own ledger leaves no room for one step of
+    `plan`.
 
     Args:
-      plan: the run's plan (its hp.max_epsilon and hp.delta).
+      plan: the run's plan.
       data: the data samples' own ledger.
       examples: their examples, {identity: ledger.Examples}.
       where: what names the organisation in the UserError.
+      budget: (ε, δ, what names it), one of budgets.budgets; default the plan's max_epsilon.
     """
     if not data.events:
         return
     hp, identities = plan.hp, tuple(examples)
+    epsilon, delta, named = budget or (hp.max_epsilon, hp.delta, "max_epsilon")
+    todo = ("raise max_epsilon (a budget for the data, over every run on it)"
+            if named == "max_epsilon" else "ask the data's owner for a larger budget")
     first_step = dataclasses.replace(plan, identities=identities).event_at(1)
     for prior in union(Ledger((), examples), data).histories(identities):
-        if accountant.steps_within_budget(prior, first_step, hp.delta, hp.max_epsilon) == 0:
-            raise UserError(f"{where}: max_epsilon = {hp.max_epsilon} is spent: this data's own "
-                            f"ledger records {len(data.events)} run(s) released from it, ε = "
-                            f"{accountant.compose_epsilon(prior, hp.delta):.3f} at δ = "
-                            f"{hp.delta:g}, and one more step would pass it; raise max_epsilon (a "
-                            "budget for the data, over every run on it) or train on other data")
+        if accountant.steps_within_budget(prior, first_step, delta, epsilon) == 0:
+            raise UserError(f"{where}: {named} = {epsilon} is spent: this data's own ledger "
+                            f"records {len(data.events)} run(s) released from it, ε = "
+                            f"{accountant.compose_epsilon(prior, delta):.3f} at δ = {delta:g}, "
+                            f"and one more step would pass it; {todo} or train on other data")
+
+
+def check_owner(owner: Policy, hp: Hyperparameters, per_person: bool, score_train: bool = False,
+                history: tuple | None = None) -> None:
+    """Refuse before anything is registered what the data owner's policy forbids: a run without DP
+    (--baseline), a noise_seed, a per-image run where it asks for persons, --score-train, and a
+    search (`history`: (the data's own ledger, its samples' examples)) that could pass its budget.
+    """
+    owner.check_run(hp.dp, hp.noise_seed, per_person)
+    if score_train:
+        owner.refuse("score_train", "run without --score-train")
+    if history is not None and owner.budgets:
+        data, examples = history
+        check_whole_run(owner, history(data, examples), hp.target_epsilon, hp.delta, "a search")
 
 
 def check_target(hp: Hyperparameters, plan: SamplingPlan, where: str) -> None:
@@ -128,3 +152,9 @@ def noise_for_rounds(hp: Hyperparameters, sizes: list, rounds: int) -> Hyperpara
         check_noise(hp, plan, noise_schedule(hp, plan, 1.0), "hyperparameters")
         sigmas.append(resolve_noise_multiplier(hp, plan, [], rounds, "hyperparameters"))
     return dataclasses.replace(hp, noise_multiplier=max(sigmas), target_epsilon=None)
+
+
+def history(data: Ledger, examples: dict) -> list:
+    """The earlier runs of the examples `examples` ({identity: ledger.Examples}) that their data's
+    own ledger `data` records (Ledger.histories)."""
+    return union(Ledger((), examples), data).histories(tuple(examples))

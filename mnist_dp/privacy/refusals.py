@@ -58,17 +58,25 @@ def refused(why: no_sigma.NoSigma, hp: Hyperparameters, plan, where: str = "",
     return UserError(text)
 
 
-def below_one_step(hp: Hyperparameters, one_step: float, where: str = "") -> UserError:
-    """hp.max_epsilon is below the ε of a single step: the run could not train at all.
+def below_one_step(hp: Hyperparameters, one_step: float, where: str = "",
+                   named: str = "max_epsilon", epsilon: float | None = None,
+                   delta: float | None = None) -> UserError:
+    """A budget is below the ε of a single step: the run could not train at all.
 
     Args:
       hp: the hyperparameters.
       one_step: the ε of a single step of the run on fresh data.
       where: names the organisation when the scripts check it ("": nothing).
+      named: what names the budget: "max_epsilon" (hp's), or the data owner's.
+      epsilon: the budget's ε (default hp.max_epsilon).
+      delta: its δ (default hp.delta).
 
     Returns:
       The UserError that says so (returned, not raised).
     """
-    named = f"{where}: " if where else ""
-    return UserError(f"{named}max_epsilon = {hp.max_epsilon} is below the ε of a single step "
-                     f"({one_step:.3f} at δ = {hp.delta:g}); raise max_epsilon or the noise")
+    where = f"{where}: " if where else ""
+    epsilon = hp.max_epsilon if epsilon is None else epsilon
+    delta = hp.delta if delta is None else delta
+    todo = "raise max_epsilon or the noise" if named == "max_epsilon" else "raise the noise"
+    return UserError(f"{where}{named} = {epsilon} is below the ε of a single step "
+                     f"({one_step:.3f} at δ = {delta:g}); {todo}")

@@ -319,19 +319,29 @@ def privacy_summary(ledger: Ledger, delta: float) -> dict:
     }
 
 
-def data_spent(spent: Ledger, identities: tuple, delta: float) -> str:
+def data_spent(spent: Ledger, identities: tuple, delta: float, budgets: tuple = ()) -> str:
     """What a task's data has spent over every run its own ledger records, in a line.
 
     Args:
       spent: the data's own ledger (data_ledger.py).
       identities: the keyed identities of the task's data samples.
       delta: δ.
+      budgets: its owner's budgets, each (ε, δ) (policy.Policy.budgets).
 
     Returns:
-      The line: how many runs, and ε at δ over all of them.
+      The line: how many runs, ε at δ over all of them, and what is left of each budget.
     """
     return (f"this data's own ledger: {len(spent.events)} run(s) released from it, ε = "
-            f"{spent.epsilon(delta, data=identities):.3f} at δ = {delta:g} over all of them")
+            f"{spent.epsilon(delta, data=identities):.3f} at δ = {delta:g} over all of them"
+            + "".join(budget_left(spent, identities, budget) for budget in budgets))
+
+
+def budget_left(spent: Ledger, identities: tuple, budget: tuple) -> str:
+    """'; of its owner's budget ε = B at δ = D, L is left' for the data's ledger `spent`."""
+    epsilon, delta = budget
+    used = spent.epsilon(delta, data=identities)
+    return (f"; of its owner's budget ε = {epsilon:g} at δ = {delta:g}, "
+            f"{max(epsilon - used, 0.0):.3f} is left")
 
 
 def describe(summary: dict) -> str:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from mnist_dp.hyperparameters import Hyperparameters
 from mnist_dp.privacy import accountant, events, no_sigma, refusals
+from mnist_dp.privacy.budgets import NO_POLICY, budgets
 from mnist_dp.privacy.events import (
     NO_CLIPPING,
     NOISE_STAGES,
@@ -28,6 +29,7 @@ from mnist_dp.privacy.events import (
     DpEvent,
     NoiseSchedule,
 )
+from mnist_dp.privacy.policy import Policy
 from mnist_dp.utils.errors import UserError
 
 # substratools configures the "substratools" logger (level from --log-level); log under
@@ -205,8 +207,9 @@ class TaskPlan:
 
 def for_task(framework: str, hp: Hyperparameters, n: int, histories: Sequence, where: str,
              identities: tuple = (), budget_histories: Sequence | None = None,
-             privacy_unit: str = PER_EXAMPLE) -> TaskPlan:
-    """The plan of a train task, in one pass: every check, then σ, then the budget.
+             privacy_unit: str = PER_EXAMPLE, owner: Policy = NO_POLICY,
+             may_stop: bool = True) -> TaskPlan:
+    """The plan of a train task, in one pass: every check, then σ, then the budgets.
 
     Args:
       framework: the algo's name.
@@ -216,37 +219,44 @@ def for_task(framework: str, hp: Hyperparameters, n: int, histories: Sequence, w
         (Ledger.histories; [[]] for none): σ is calibrated for the worst of them.
       where: what names the hyperparameters in an error.
       identities: the keyed identities of the task's data samples.
-      budget_histories: the histories hp.max_epsilon counts (the input model's ledger joined with
-        the data's own: data_ledger.union); default `histories`.
+      budget_histories: the histories the budgets count (the input model's ledger joined with the
+        data's own: data_ledger.union); default `histories`.
       privacy_unit: the unit clipped, events.PER_EXAMPLE or PER_PERSON.
+      owner: the data owner's policy (policy.of_data), whose budgets hold beside hp.max_epsilon.
+      may_stop: whether the run may stop early at a budget; else one that would is refused.
 
     Returns:
-      The TaskPlan, its steps cut to the budget (0 when the data has spent it: the task passes its
-      input model on). Raises UserError for anything the accountant could not bound (check_run), a
-      target_epsilon no σ meets, or a max_epsilon below a single step's ε.
+      The TaskPlan, its steps cut to the budgets (0 when the data has spent one: the task passes
+      its input model on). Raises UserError for anything the accountant could not bound
+      (check_run), a target_epsilon no σ meets, or a budget below a single step's ε.
     """
     sampling, unit = checked_run(framework, hp, n, where, privacy_unit)
     sigma = max(resolve_noise_multiplier(hp, sampling, prior, where=where) for prior in histories)
     schedule = unit.with_sigma(sigma) if hp.dp else unit
     budget = histories if budget_histories is None else budget_histories
-    if hp.dp and hp.max_epsilon is not None:
+    for epsilon, delta, named in budgets(hp, owner) if hp.dp else ():
         first, run = (DpEvent.of_run(framework, identities, n, sampling.sample_rate, schedule,
                                      steps, privacy_unit, hp.max_grad_norm)
                       for steps in (1, sampling.steps))
-        one_step = 0.0 if any(budget) else accountant.compose_epsilon([first], hp.delta)
-        allowed = min(accountant.steps_within_budget(prior, run, hp.delta, hp.max_epsilon)
+        one_step = 0.0 if any(budget) else accountant.compose_epsilon([first], delta)
+        allowed = min(accountant.steps_within_budget(prior, run, delta, epsilon)
                       for prior in budget)
-        spent = 0.0 if allowed else max(accountant.compose_epsilon(prior, hp.delta)
+        spent = 0.0 if allowed else max(accountant.compose_epsilon(prior, delta)
                                         for prior in budget)
-        if one_step > hp.max_epsilon:  # not even one step fits on fresh data
-            raise refusals.below_one_step(hp, one_step)
+        if one_step > epsilon:  # not even one step fits on fresh data
+            raise refusals.below_one_step(hp, one_step, named=named, epsilon=epsilon,
+                                          delta=delta)
+        if allowed < sampling.steps and not may_stop:
+            raise UserError(f"{named} = {epsilon:g} at delta = {delta:g}: this run would pass it "
+                            f"after {allowed} of its {sampling.steps} steps, and it cannot stop "
+                            "early; train fewer epochs, with more noise, or on other data")
         if allowed == 0:
             log.warning("privacy budget spent: this data's ε is already %.3f at delta = %g (its "
-                        "own ledger and the input model's) and one more step would exceed "
-                        "max_epsilon = %g: no training", spent, hp.delta, hp.max_epsilon)
+                        "own ledger and the input model's) and one more step would exceed %s = "
+                        "%g: no training", spent, delta, named, epsilon)
         elif allowed < sampling.steps:
-            log.warning("privacy budget: stopping after %d of %d steps (max_epsilon = %g at delta "
-                        "= %g)", allowed, sampling.steps, hp.max_epsilon, hp.delta)
+            log.warning("privacy budget: stopping after %d of %d steps (%s = %g at delta = %g)",
+                        allowed, sampling.steps, named, epsilon, delta)
         sampling = dataclasses.replace(sampling, max_steps=allowed)
     return TaskPlan(framework, hp, sampling, sigma, schedule, tuple(identities),
                     tuple(tuple(h) for h in histories), privacy_unit)

@@ -25,7 +25,7 @@ from mnist_dp.assets import ALGO_ASSETS, DATASET_ASSET, load_asset_module
 from mnist_dp.data import dataset, keys, samples
 from mnist_dp.data.samples import sample_identity
 from mnist_dp.learning import skeleton
-from mnist_dp.privacy import data_ledger, model_file
+from mnist_dp.privacy import data_ledger, model_file, policy
 from mnist_dp.utils.errors import UserError
 
 SIGMA, DELTA = 2.0, 1e-4
@@ -220,6 +220,23 @@ def test_a_key_from_copy_in_a_new_folder_keeps_the_record_and_the_budget_stops_t
         copy).events == data_ledger.read(first).events
 
 
+def test_an_owners_budget_below_the_algos_max_epsilon_stops_training_at_the_owners_figure(
+        tmp_path, organisations):
+    first = organisations[0]
+    one, two = (independent_epsilon(SIGMA, 1 / 3, k * ONE_RUN, DELTA) for k in (1, 2))
+    owner = (one + two) / 2  # one run fits, two do not
+    policy.write(first[0], policy.parse({"max_epsilon": owner, "delta": DELTA}, "test"))
+    train(tmp_path, "own", first, max_epsilon=10 * two)
+    again = model_file.load(train(tmp_path, "again", first, tmp_path / "own.model",
+                                  max_epsilon=10 * two), "torch")
+    mine = [sample_identity(f) for f in first]
+    assert again.hyperparameters["stopped_by_budget"]
+    assert 0 < again.ledger.events[-1].steps < ONE_RUN
+    assert one < again.ledger.epsilon(DELTA, data=mine) <= owner
+    assert data_ledger.read(first).epsilon(DELTA, data=mine) <= owner
+    with pytest.raises(UserError, match=r"the data owner's max_epsilon .*: this data has spent its "
+                                        r"budget"):
+        train(tmp_path, "fresh", first, max_epsilon=10 * two)
 
 
 @pytest.fixture

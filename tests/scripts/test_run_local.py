@@ -16,13 +16,14 @@ from conftest import (
     FRAMEWORKS,
     REPO,
     TINY_HYPERPARAMETERS,
+    assert_one_line_error,
     follow_advice,
     independent_epsilon,
     report_files,
 )
 
 from mnist_dp.data import dataset, samples
-from mnist_dp.privacy import accountant, data_ledger, events, model_file
+from mnist_dp.privacy import accountant, data_ledger, events, model_file, policy
 
 SCRIPT = REPO / "scripts" / "run_local.py"
 REQUIRED_KEYS = {"framework", "organization", "test_accuracy", "train_accuracy", "epsilon", "delta",
@@ -572,6 +573,37 @@ def test_output_that_is_a_file_or_read_only_is_one_line(tmp_path, tiny_data):
     assert (proc.returncode == 2 and proc.stderr.startswith("error: ")
             and "Traceback" not in proc.stderr)
     assert "cannot write to this folder (Permission denied)" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("args, hp, message", [
+    (["--baseline"], {}, "does not allow a non-private model"),
+    (["--score-train"], {}, "does not allow scores on the training data"),
+    ([], {"noise_seed": 1}, "does not allow replayable noise"),
+])
+def test_an_opt_in_the_data_owner_forbids_is_refused_before_anything_is_registered(
+        tmp_path, tiny_data, args, hp, message):
+    data = shutil.copytree(tiny_data, tmp_path / "data")
+    for folder in dataset.sample_folders(data, "train"):
+        policy.write(folder, policy.parse({"allow": []}, "test"))
+    (tmp_path / "hp.json").write_text(json.dumps({**TINY_HYPERPARAMETERS, **hp}))
+    proc = run_local("--data", data, "--output", tmp_path / "out", "--frameworks", "torch",
+                     "--hyperparameters", tmp_path / "hp.json", *args, cwd=tmp_path)
+    assert_one_line_error(proc, message, policy.POLICY_FILE)
+    assert not (tmp_path / "out" / "substra").exists() or not any(
+        (tmp_path / "out" / "substra").rglob("*.tar.gz"))
+
+
+def test_a_read_only_data_folder_is_refused_before_anything_is_registered(tmp_path, tiny_data,
+                                                                          tmpfs):
+    """Its ledger could not record the released runs: a run would be counted nowhere."""
+    mount = tmpfs("size=8m")
+    data = shutil.copytree(tiny_data, mount / "data")
+    subprocess.run(["mount", "-o", "remount,ro", str(mount)], check=True)
+    proc = run_local("--data", data, "--output", tmp_path / "out", "--frameworks", "torch",
+                     cwd=tmp_path)
+    assert_one_line_error(proc, "cannot record the released runs in this data's privacy ledger: "
+                                "the folder is read-only")
+    assert not (tmp_path / "out" / "results.json").exists()
 
 
 def test_sigterm_stops_a_run_like_ctrl_c_and_leaves_no_work_files(tmp_path, tiny_data):
