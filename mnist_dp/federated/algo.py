@@ -137,7 +137,7 @@ class DpTraining:
             return n
         # σ is calibrated over what the plan counts
         hp = self._hyperparameters_for_rounds(plan_units(persons_of(data) if self.hp.dp else None,
-                                                         n)[0])
+                                                         n)[0], data)
         # the local state, this organisation's own, carries the run where the data is read-only
         with data_ledger.held(skeleton.sample_folders(data), passes_on=True) as spent:
             plan, ran = skeleton.train_in_memory(
@@ -163,12 +163,17 @@ class DpTraining:
         return LedgerSharedState(n_samples=n, parameters_update=update,
                                  ledger=self.ledger.to_json())
 
-    def _hyperparameters_for_rounds(self, n: int) -> Hyperparameters:
+    def _hyperparameters_for_rounds(self, n: int, data: dict) -> Hyperparameters:
         """The hyperparameters with σ fixed for every run of this organisation
-        (preflight.noise_for_rounds): calibrated by its first train task, then read from the local
-        state (the same σ, without the accountant's search)."""
+        (preflight.noise_for_rounds): calibrated by its first train task, after what the opener's
+        `data` had spent (its continued models carry those runs), then read from the local state
+        (the same σ, without the accountant's search)."""
         if self.settings is None:
-            return preflight.noise_for_rounds(self.hp, [n], self.rounds)
+            mine = Ledger()
+            identities = mine.add_samples(data["samples"])
+            known = data_ledger.union(mine, data_ledger.read(skeleton.sample_folders(data)))
+            return preflight.noise_for_rounds(self.hp, [n], self.rounds,
+                                              [known.histories(identities)])
         return hyperparameters.parse({**self.hp.to_json(),
                                       "noise_multiplier": self.settings["noise_multiplier"],
                               "target_epsilon": None}, "local state") if self.hp.dp else self.hp

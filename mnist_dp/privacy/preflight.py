@@ -45,8 +45,9 @@ def check_plan(framework: str, hp: Hyperparameters, sizes: list, rounds: int, wh
       The hyperparameters the tasks get (σ calibrated here for several rounds: noise_for_rounds).
     """
     plans = [check_run(framework, hp, n, where) for n, where in zip(sizes, wheres)]
-    # several rounds: σ is calibrated here, for all of them
-    hp = noise_for_rounds(hp, sizes, rounds)
+    # several rounds: σ is calibrated here, for all of them, after what each data has spent
+    hp = noise_for_rounds(hp, sizes, rounds, [history(*s) for s in spent] if spent else None,
+                          wheres)
     # each organisation's first task starts a fresh model
     for k, (sampling, where) in enumerate(zip(plans, wheres)):
         limits = budgets(hp, owners[k] if owners else NO_POLICY) if hp.dp else []
@@ -124,33 +125,40 @@ def check_target(hp: Hyperparameters, plan: SamplingPlan, where: str) -> None:
             raise refusals.refused(exc, hp, plan, where) from None
 
 
-def noise_for_rounds(hp: Hyperparameters, sizes: list, rounds: int) -> Hyperparameters:
+def noise_for_rounds(hp: Hyperparameters, sizes: list, rounds: int,
+                     histories: list | None = None, wheres: list | None = None) -> Hyperparameters:
     """Fix σ for a plan that trains on the same data `rounds` times.
 
     A train task calibrates σ from target_epsilon for its own run; in round 2 its data's budget is
     already spent. So with several rounds σ is calibrated here, once, so that every organisation's
-    data ends at or below target_epsilon after the last round; the tasks get that σ.
+    model ends at or below target_epsilon after the last round, counting what its data had spent
+    before the plan (a continued model carries the data's earlier runs: data_ledger.absorb); the
+    tasks get that σ.
 
     Args:
       hp: the hyperparameters.
       sizes: each organisation's number of training examples (persons, where the data
         names them: samples.unit_count).
       rounds: how many times the plan trains on each organisation's data.
+      histories: each organisation's data's earlier runs (`history`); None: fresh data.
+      wheres: what names each organisation in an error (default: "hyperparameters").
 
     Returns:
       `hp` with noise_multiplier the largest σ an organisation needs and target_epsilon None; `hp`
       itself without DP, without target_epsilon or for one round. Raises UserError for a delta or a
-      run the tasks would refuse, or a target no σ meets.
+      run the tasks would refuse, or a target no σ meets after what the data has spent.
     """
     if not hp.dp or hp.target_epsilon is None or rounds == 1:
         return hp
     sigmas = []
-    for n in sizes:
-        check_delta(hp.delta, n, "hyperparameters: delta")
-        plan = SamplingPlan.from_hyperparameters(n, hp, "hyperparameters")
+    for k, n in enumerate(sizes):
+        where = wheres[k] if wheres else "hyperparameters"
+        check_delta(hp.delta, n, f"{where}: delta")
+        plan = SamplingPlan.from_hyperparameters(n, hp, where)
         # before the accountant runs on it
-        check_noise(hp, plan, noise_schedule(hp, plan, 1.0), "hyperparameters")
-        sigmas.append(resolve_noise_multiplier(hp, plan, [], rounds, "hyperparameters"))
+        check_noise(hp, plan, noise_schedule(hp, plan, 1.0), where)
+        sigmas += [resolve_noise_multiplier(hp, plan, prior, rounds, where, refusals.DATA_LEDGER)
+                   for prior in (histories[k] if histories else [[]])]
     return dataclasses.replace(hp, noise_multiplier=max(sigmas), target_epsilon=None)
 
 

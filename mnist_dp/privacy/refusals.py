@@ -10,9 +10,12 @@ from mnist_dp.hyperparameters import Hyperparameters
 from mnist_dp.privacy import events, no_sigma
 from mnist_dp.utils.errors import UserError
 
+INPUT_MODEL = "the input model"  # what a task's earlier runs are, in its refusals
+DATA_LEDGER = "the runs this data's own ledger records"  # a plan's, which its models will carry
+
 
 def refused(why: no_sigma.NoSigma, hp: Hyperparameters, plan, where: str = "",
-            prior: list = (), repeats: int = 1) -> UserError:
+            prior: list = (), repeats: int = 1, prior_is: str = INPUT_MODEL) -> UserError:
     """Why no σ meets hp.target_epsilon, in the words of the setting to change.
 
     Args:
@@ -22,6 +25,7 @@ def refused(why: no_sigma.NoSigma, hp: Hyperparameters, plan, where: str = "",
       where: what names the hyperparameters ("": nothing).
       prior: the runs on its data before it.
       repeats: how many times the run is repeated.
+      prior_is: what `prior` is: INPUT_MODEL, or DATA_LEDGER.
 
     Returns:
       The UserError that says so (returned, not raised).
@@ -29,15 +33,17 @@ def refused(why: no_sigma.NoSigma, hp: Hyperparameters, plan, where: str = "",
     named = f"{where}: " if where else ""
     target = f"{named}target_epsilon = {hp.target_epsilon}"
     over = (f"at δ = {hp.delta:g} over {plan.steps * repeats} "
-            f"steps{' after the input model' if prior else ''}")
+            f"steps{f' after {prior_is}' if prior else ''}")
+    todo = ("raise the target or train from scratch" if prior_is == INPUT_MODEL else
+            "the models this plan releases carry them: raise the target, or train on fresh data "
+            "(generate_data.py --output NEW)")
     most = hyperparameters.MAX_NOISE_MULTIPLIER
     match why:
         case no_sigma.PriorNotPrivate():
             text = (f"{named}cannot calibrate to a target epsilon: the input model was trained "
                     "without DP (epsilon = inf)")
         case no_sigma.PriorSpent(epsilon=spent):
-            text = (f"{target} is already spent by the input model (epsilon = {spent:.3f}); raise "
-                    "the target or train from scratch")
+            text = (f"{target} is already spent by {prior_is} (epsilon = {spent:.3f}); {todo}")
         case no_sigma.DecayTooSteep(least=least):
             text = (f"{named}noise_decay = {hp.noise_decay:g} lowers the noise so far that keeping "
                     f"every step's noise multiplier at {events.MIN_NOISE_MULTIPLIER:g} or more "
@@ -49,8 +55,10 @@ def refused(why: no_sigma.NoSigma, hp: Hyperparameters, plan, where: str = "",
                     "(the count's noise) or target_epsilon, or set clip_quantile to null")
         case no_sigma.TooManySteps(epsilon=spent):
             decay = " or noise_decay" if hp.noise_decay < 1 else ""
+            fewer = ("train fewer epochs" if not prior or prior_is == INPUT_MODEL else
+                     "train on fresh data (generate_data.py --output NEW)")
             text = (f"{target}: even noise_multiplier = {most:g}, the most allowed, spends ε = "
-                    f"{spent:.3g} {over}; raise target_epsilon{decay}, or train fewer epochs")
+                    f"{spent:.3g} {over}; raise target_epsilon{decay}, or {fewer}")
         case _:  # NumericsGaveUp
             text = (f"{target}: no noise multiplier found for it {over} with q = "
                     f"{plan.sample_rate:.4g} ({why}); give noise_multiplier instead, or a smaller "

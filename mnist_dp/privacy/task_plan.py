@@ -406,7 +406,7 @@ def check_noise(hp: Hyperparameters, plan: SamplingPlan, unit: NoiseSchedule, wh
 
 
 def resolve_noise_multiplier(hp: Hyperparameters, plan: SamplingPlan, prior: list, repeats: int = 1,
-                             where: str = "") -> float:
+                             where: str = "", prior_is: str = refusals.INPUT_MODEL) -> float:
     """σ of a run of `plan`.
 
     Args:
@@ -415,6 +415,7 @@ def resolve_noise_multiplier(hp: Hyperparameters, plan: SamplingPlan, prior: lis
       prior: the DpEvents of the earlier runs on the same examples.
       repeats: how many runs of this plan the target must cover (rounds of a plan).
       where: what names the hyperparameters in an error.
+      prior_is: what `prior` is, for a refusal (refusals.INPUT_MODEL or DATA_LEDGER).
 
     Returns:
       0 without DP; hp's noise_multiplier if given; else the least σ that keeps the data's ε
@@ -431,7 +432,7 @@ def resolve_noise_multiplier(hp: Hyperparameters, plan: SamplingPlan, prior: lis
                                                       plan.steps, prior, schedule=unit,
                                                       repeats=repeats)
     except no_sigma.NoSigma as exc:
-        raise refusals.refused(exc, hp, plan, where, prior, repeats) from None
+        raise refusals.refused(exc, hp, plan, where, prior, repeats, prior_is) from None
     log.info("calibrated noise_multiplier = %.4f for target epsilon %.3g at delta %.1e", sigma,
              hp.target_epsilon, hp.delta)
     return sigma
