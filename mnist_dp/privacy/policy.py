@@ -145,7 +145,7 @@ def of_folders(folders) -> Policy:
 
 def of_data(data: dict) -> Policy:
     """The policy of the opener's `data` (its samples' folders; none for data made in memory)."""
-    return of_folders([s["folder"] for s in data["samples"] if s.get("folder")])
+    return of_folders([s["folder"] for s in data.get("samples", ()) if s.get("folder")])
 
 
 def write(folder, policy: Policy) -> None:

@@ -183,7 +183,7 @@ def test_help():
 
 
 def test_the_federated_journeys_on_one_data_folder_each_meet_their_target_or_refuse(
-        tmp_path, tiny_data_2orgs):
+        tmp_path, tiny_data):
     """The README's order on one machine: the bundle's fedavg (target_epsilon 1, 1 round), then the
     substrafl example (3, 2 rounds) on the same data. A continued model carries its data's
     earlier runs: the example's σ must count them and meet 3 (it printed 3.984 after round 1 when
@@ -193,14 +193,14 @@ def test_the_federated_journeys_on_one_data_folder_each_meet_their_target_or_ref
     for k, (journey, target, rounds) in enumerate(journeys):
         out, hp = tmp_path / f"out{k}", tmp_path / f"hp{k}.json"
         hp.write_text(json.dumps({**TINY, "target_epsilon": target}))
-        done = subprocess.run([sys.executable, *map(str, journey), "--organizations", "2",
-                               "--rounds", str(rounds), "--data", str(tiny_data_2orgs), "--output",
+        done = subprocess.run([sys.executable, *map(str, journey), "--organizations", "1",
+                               "--rounds", str(rounds), "--data", str(tiny_data), "--output",
                                str(out), "--hyperparameters", str(hp)],
                               capture_output=True, text=True, cwd=tmp_path)
         assert done.returncode == 0, done.stderr[-3000:]
         records = json.loads((out / "results.json").read_text())
         assert records and all(r["epsilon"] <= target + 1e-9 for r in records), [
             r["epsilon"] for r in records]
-        # the example's last models carry the first journey's runs, one at each organisation
+        # the example's last model carries the first journey's run
         ledgers = [model_file.load(r["model_file"]).ledger for r in records]
-        assert max(len(ledger.events) for ledger in ledgers) == (2 if k == 0 else 2 + 4)
+        assert max(len(ledger.events) for ledger in ledgers) == (1 if k == 0 else 1 + 2)
