@@ -169,11 +169,9 @@ class DpTraining:
         `data` had spent (its continued models carry those runs), then read from the local state
         (the same σ, without the accountant's search)."""
         if self.settings is None:
-            mine = Ledger()
-            identities = mine.add_samples(data["samples"])
-            known = data_ledger.union(mine, data_ledger.read(skeleton.sample_folders(data)))
+            earlier = data_ledger.read(skeleton.sample_folders(data))
             return preflight.noise_for_rounds(self.hp, [n], self.rounds,
-                                              [known.histories(identities)])
+                                              [data_ledger.histories(earlier, data["samples"])])
         return hyperparameters.parse({**self.hp.to_json(),
                                       "noise_multiplier": self.settings["noise_multiplier"],
                               "target_epsilon": None}, "local state") if self.hp.dp else self.hp

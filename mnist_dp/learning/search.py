@@ -295,9 +295,8 @@ def tune(framework: Framework, inputs: dict, outputs: dict, hyperparameters_path
     persons = skeleton.per_person(framework, data, base, {"this data's own ledger": earlier})
     owner = policy.of_data(data)
     owner.check_run(base.dp, base.noise_seed, persons is not None)
-    whole = earlier.copy()
-    check_whole_run(owner, whole.histories(whole.add_samples(data["samples"])),
-                    base.target_epsilon, base.delta, "a search")
+    check_whole_run(owner, data_ledger.histories(earlier, data["samples"]), base.target_epsilon,
+                    base.delta, "a search")
     held_out = validation_split(data, search.validation_permille)
     n, unit = plan_units(persons, len(held_out))
     # per person, each on one side with all their images

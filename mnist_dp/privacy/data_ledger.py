@@ -282,6 +282,14 @@ def union(ledger: Ledger, data: Ledger) -> Ledger:
     return everything if absorb(everything, data) or data.aliases else ledger
 
 
+def histories(data: Ledger, samples: list) -> list:
+    """The earlier runs of the examples of the opener's data samples `samples` that the data's own
+    ledger `data` records (Ledger.histories; [[]] for none)."""
+    mine = Ledger()
+    identities = mine.add_samples(samples)
+    return union(mine, data).histories(identities)
+
+
 def record_released(folders_by_identity: dict, ledgers) -> None:
     """Append to the data's ledger every run of the released models' `ledgers` on the sample folders
     `folders_by_identity` ({sample identity: folder}) that it does not hold yet (a task that could
