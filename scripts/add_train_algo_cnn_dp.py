@@ -20,7 +20,7 @@ from mnist_dp import hyperparameters, search_space
 from mnist_dp.assets import ALGO_ASSETS
 from mnist_dp.data import dataset, samples
 from mnist_dp.hyperparameters import Hyperparameters
-from mnist_dp.orchestration import compute_plan, connection, execution, registry
+from mnist_dp.orchestration import compute_plan, connection, reconcile, registry
 from mnist_dp.privacy import data_ledger, policy, preflight, search
 from mnist_dp.privacy.ledger import Examples
 from mnist_dp.report import results
@@ -82,6 +82,11 @@ def main(argv=None):
     if data_dir.is_dir():  # the released runs are recorded in its folders after the plan
         data_ledger.check_writable(f for own in registry.split_among(data_dir, len(folds))
                                    for f in own)
+    client, tips = None, []
+    if args.backend == "remote":  # every run any plan made on the data, before it is checked
+        client = connection.connect(args.backend, args.client_name,
+                                    args.keys_file.resolve().parent)
+        tips = reconciled(client, keys, data_dir)
     # what the tune task would refuse, checked before anything is registered
     if data_dir.is_dir() and searched:
         folders = [f for own in registry.split_among(data_dir, len(folds)) for f in own]
@@ -111,12 +116,29 @@ def main(argv=None):
                         f"fold's size, but the data folder {data_dir} named in {args.keys_file} is "
                         "not here; give noise_multiplier in --hyperparameters instead")
     with results.run_output((args.output or Path("results") / args.framework).resolve()) as output:
-        register_and_run(args, keys, hp, output, searched)
+        register_and_run(args, keys, hp, output, searched, client, tips)
+
+
+def reconciled(client, keys: registry.KeysFile, data_dir: Path) -> list:
+    """Reconcile the organisation's data folder with the node (orchestration/reconcile.py), print
+    what was found, and return the chain's tips. Refused where the data folder is not here: the
+    node's runs could be neither checked nor recorded."""
+    if not data_dir.is_dir():
+        raise UserError(f"{data_dir}: the data folder named in the keys file is not here, so the "
+                        "runs made on the node cannot be reconciled with its ledger; run this "
+                        "script where the folder is")
+    found = reconcile.reconcile(client, keys.require("organization_id"),
+                                keys.require("dataset_key"),
+                                registry.sample_folders(data_dir, "train"))
+    print(found.describe())
+    return found.tips
 
 
 def register_and_run(args, keys: registry.KeysFile, hp: Hyperparameters, output: Path,
-                     searched: search_space.SearchSpace | None) -> None:
-    client = connection.connect(args.backend, args.client_name, args.keys_file.resolve().parent)
+                     searched: search_space.SearchSpace | None, client=None,
+                     tips: list = ()) -> None:
+    client = client or connection.connect(args.backend, args.client_name,
+                                          args.keys_file.resolve().parent)
     run = args.framework
     with tempfile.TemporaryDirectory() as build_dir:
         if args.backend in connection.LOCAL_BACKENDS:  # a new local backend starts empty
@@ -126,7 +148,8 @@ def register_and_run(args, keys: registry.KeysFile, hp: Hyperparameters, output:
         registry.check_on_node(client, keys)
         functions = registry.register_algo(
             client, keys, run, args.framework, hp.to_json(), Path(build_dir),
-            compute_plan.SEARCH_FUNCTIONS if searched else compute_plan.STRATEGIES[args.strategy],
+            compute_plan.functions(args.strategy, searched is not None,
+                                   args.backend in connection.READ_ONLY_DATA),
             searched.to_json() if searched else None)
     keys.add_algo(args.framework, functions)
 
@@ -134,11 +157,10 @@ def register_and_run(args, keys: registry.KeysFile, hp: Hyperparameters, output:
     folds = keys.require("train_data_sample_keys")
     shares = [compute_plan.Share(owner, dataset, tuple(fold)) for fold in folds]
     test = compute_plan.Share(owner, dataset, tuple(keys.require("test_data_sample_keys")))
-    # a local backend forgets every task between runs
-    on_node = args.backend not in connection.LOCAL_BACKENDS
+    # the first train or tune task takes every tip of the organisation's chain the reconciliation
+    # found, or a genesis
     builder = compute_plan.PlanBuilder(share_with=compute_plan.id_list(args.share_with),
-                                       ledgers={owner: keys.require("ledger_task")}
-                                       if on_node and keys.get("ledger_task") else {})
+                                       ledgers={owner: list(tips)} if tips else {})
     functions = {**functions, "score": keys.require("objective_key")}
     if searched:  # the organisation's data: every fold
         builder.search(run, functions,
@@ -156,21 +178,19 @@ def register_and_run(args, keys: registry.KeysFile, hp: Hyperparameters, output:
                            role in builder.roles.items()})
     print(f"algo and compute plan keys added to {args.keys_file}")
     data_dir = Path(keys.require("data"))
-    try:
-        results.run_and_report(client, builder, f"mnist-dp {run}", plan_key, {run: args.framework},
-                               {owner: None}, output, f"mnist-dp: {run} on a Substra node",
-                               [f"{args.backend} backend, keys file: {args.keys_file.resolve()}",
-                                f"{len(folds)} fold(s) at {owner}, " + (
-                                    "a private search on all of them "
-                                    f"({args.search})" if searched else
-                                    f"{args.rounds} round(s), "
-                                    f"{compute_plan.describe_strategy(args.strategy)}")],
-                               {owner: registry.sample_folders(data_dir, "train")}
-                               if data_dir.is_dir() else None)
-    finally:  # the organisation's next plan on the node goes on from the last ledger this one made
-        if on_node:
-            keys.update(ledger_task=execution.last_done(client, builder.spending(owner))
-                        or keys.get("ledger_task"))
+    results.run_and_report(client, builder, f"mnist-dp {run}", plan_key, {run: args.framework},
+                           {owner: None}, output, f"mnist-dp: {run} on a Substra node",
+                           [f"{args.backend} backend, keys file: {args.keys_file.resolve()}",
+                            f"{len(folds)} fold(s) at {owner}, " + (
+                                f"a private search on all of them ({args.search})" if searched
+                                else f"{args.rounds} round(s), "
+                                     f"{compute_plan.describe_strategy(args.strategy)}")],
+                           {owner: registry.sample_folders(data_dir, "train")}
+                           if data_dir.is_dir() else None,
+                           # on a node, the runs of every plan on the data, before the report
+                           (lambda: reconciled(client, keys, data_dir))
+                           if args.backend == "remote" else None)
+
 
 if __name__ == "__main__":
     run_cli(main, explain=connection.explain_refusal)

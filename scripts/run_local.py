@@ -160,11 +160,12 @@ def main(argv=None):
         client = clients[0]  # submits the plan and reads the results
         builder = compute_plan.PlanBuilder(share_with=compute_plan.id_list(args.share_with))
         score = registry.register_objective(client, keys, work / "archives")
-        for run, (framework, hp) in runs.items():
+        for k, (run, (framework, hp)) in enumerate(runs.items()):
+            # the first run's genesis starts each organisation's chain; the later runs extend it
             functions = registry.register_algo(
                 client, keys, run, framework, hp.to_json(), work / "archives",
-                compute_plan.SEARCH_FUNCTIONS if searched
-                                               else compute_plan.STRATEGIES[args.strategy],
+                compute_plan.functions(args.strategy, searched is not None,
+                                       args.backend in connection.READ_ONLY_DATA and k == 0),
                 searched.to_json() if searched else None)
             functions["score"] = score
             if searched:

@@ -281,16 +281,17 @@ def extract_function(asset_dir, function, dest, hyperparameters=None):
 def run_function(script, function, inputs, outputs, check=True, cwd=None):
     """Run a substratools function through its command line, as Substra's subprocess mode does (from
     the script's folder, or `cwd`)."""
-    def resources(mapping):
+    def resources(mapping, multiple_ids):
         out = []
         for identifier, value in mapping.items():
             values = value if isinstance(value, list) else [value]
-            multiple = identifier in ("datasamples", "models")
+            multiple = identifier in multiple_ids
             out += [{"id": identifier, "value": str(v), "multiple": multiple} for v in values]
         return json.dumps(out)
 
-    cmd = [sys.executable, str(script), "--function-name", function, "--inputs", resources(inputs),
-           "--outputs", resources(outputs), "--log-level", "warning"]
+    cmd = [sys.executable, str(script), "--function-name", function, "--inputs",
+           resources(inputs, ("datasamples", "models", "ledger")), "--outputs",
+           resources(outputs, ()), "--log-level", "warning"]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd or Path(script).parent)
     if check and proc.returncode != 0:
         raise AssertionError(f"{function} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")

@@ -59,7 +59,7 @@ CASES = [
     ("scripts/add_train_algo_cnn_dp.py", ["--strategy", "fedavg", "--score-train"],
      "--score-train has no effect"),
     ("scripts/add_train_algo_cnn_dp.py", ["--client-name", "nobody"], "no URL is set for it"),
-    ("scripts/privacy_report.py", [], "the following arguments are required: model"),
+    ("scripts/privacy_report.py", [], "give model file(s), --reconcile KEYS_FILE, or both"),
     ("examples/substrafl_fedavg.py", ["--rounds", "1000000"],
      "--rounds: 1,000,000 is not an integer from 1"),
     ("examples/substrafl_fedavg.py", ["--rounds", "5000"],

@@ -188,6 +188,13 @@ def key_id(key):
     return hmac.digest(key, b"mnist-dp identity key id", "sha256")[:8].hex()
 
 
+def seal_keys(keys):
+    """{key id: the secret that seals the organisation's ledger outputs under that key} for identity
+    keys `keys` (bytes): an HMAC of each, so a seal reveals nothing of the key, and only a task
+    holding one of the organisation's samples can make or check it."""
+    return {key_id(key): hmac.digest(key, b"mnist-dp ledger seal", "sha256") for key in keys}
+
+
 def example_digests(images, labels):
     """One sha256 per example, of what the model sees: the image as float32 in [0, 1] (after
     _images_as_float; -0.0 read as 0.0) and its label as int64. The same example stored as uint8 or
@@ -214,13 +221,13 @@ def example_ids(key, digests):
 
 
 class Sample(collections.namedtuple(
-        "Sample", "folder images labels identity key_id ids digests aliases persons",
-        defaults=(None, None))):
+        "Sample", "folder images labels identity key_id ids digests aliases persons seal_keys",
+        defaults=(None, None, None))):
     """One data sample as read: its arrays, its keyed identity, the id of its key, its examples'
     keyed ids, their digests (compared within a task, never returned), `aliases`: {key id: the
     privacy units' ids under that key} for each of the organisation's other keys (RING_FILE; None
-    without one), and `persons`: each image's person's keyed id (SUBJECTS_FILE; None without
-    one)."""
+    without one), `persons`: each image's person's keyed id (SUBJECTS_FILE; None without one), and
+    `seal_keys`: the organisation's seal keys (seal_keys), kept in the task like the key itself."""
 
     @property
     def units(self):
@@ -270,9 +277,11 @@ def read_sample(folder):
     def unit_ids(under):
         return example_ids(under, digests) if texts is None else subject_ids(under, texts)
 
-    aliases = {key_id(other): unit_ids(other) for other in read_ring(folder) if other != key}
+    ring = read_ring(folder)
+    aliases = {key_id(other): unit_ids(other) for other in ring if other != key}
     return Sample(folder, images, labels, identity, key_id(key), example_ids(key, digests), digests,
-                  aliases or None, None if texts is None else subject_ids(key, texts))
+                  aliases or None, None if texts is None else subject_ids(key, texts),
+                  seal_keys([key, *ring]))
 
 
 def copies(samples):
@@ -312,6 +321,9 @@ def combine(samples, problem=None):
     return {
         "copies": problem, "images": np.concatenate([s.images for s in samples]),
         "labels": np.concatenate([s.labels for s in samples]),
+        # The secrets that seal and check the organisation's ledger outputs (seal_keys): they never
+        # leave the task.
+        "seal_keys": {k: v for s in samples for k, v in (s.seal_keys or {}).items()},
         # One entry per data sample: the privacy ledger names the sample by its keyed identity and
         # its examples by their keyed ids (in the order of its images), so that ε is composed per
         # example across runs. "folder": where the organisation keeps the sample, and its ledger of

@@ -94,6 +94,16 @@ def spent_on(folders: list):
     return ledger
 
 
+def seal_keys(folders: list) -> dict:
+    """The seal keys of the organisation holding data sample folders `folders` (the opener's
+    `seal_keys`: {key id: secret}), which check its ledger outputs (privacy/seal.py)."""
+    found = {}
+    for folder in folders:
+        found.update(opener().seal_keys([bytes.fromhex(k) for k in (read_key(folder),
+                                                                     *read_ring(folder))]))
+    return found
+
+
 def key_id(folder: Path) -> str:
     """The id of data sample folder `folder`'s identity key, as its ledger entries name it (reveals
     nothing of it)."""

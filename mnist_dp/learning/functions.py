@@ -1,7 +1,7 @@
-"""An algo asset's command line: substratools' functions `train`, `predict`, `aggregate` and `tune`
-(the contract's names), each bound to the asset's Framework and hyperparameters file and refusing an
-input it does not use. Registering only here keeps several algo modules importable in one process
-(substratools' registry is global)."""
+"""An algo asset's command line: substratools' functions `train`, `predict`, `aggregate`, `tune`
+and `genesis` (the contract's names), each bound to the asset's Framework and hyperparameters file
+and refusing an input it does not use. Registering only here keeps several algo modules importable
+in one process (substratools' registry is global)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,11 +13,12 @@ from mnist_dp.utils.errors import refuse_unknown_inputs, run_cli
 # The inputs each function uses, as the function contract (orchestration/contract.py)
 # declares them, but the opener.
 FUNCTION_INPUTS = {"train": {"datasamples", "model", "ledger"}, "tune": {"datasamples", "ledger"},
-                   "predict": {"datasamples", "model"}, "aggregate": {"models"}}
+                   "predict": {"datasamples", "model"}, "aggregate": {"models"},
+                   "genesis": {"datasamples"}}
 
 
 def run(framework: Framework, hyperparameters_path: Path) -> None:
-    """Register the four functions of `framework`'s asset, whose hyperparameters are
+    """Register the five functions of `framework`'s asset, whose hyperparameters are
     `hyperparameters_path`, and run the one substratools' command line asks for."""
     import substratools as tools
 
@@ -27,7 +28,8 @@ def run(framework: Framework, hyperparameters_path: Path) -> None:
               "aggregate": lambda inputs, outputs: skeleton.aggregate(framework, inputs, outputs,
                                                                       hyperparameters_path),
               "tune": lambda inputs,
-              outputs: search.tune(framework, inputs, outputs, hyperparameters_path)}
+              outputs: search.tune(framework, inputs, outputs, hyperparameters_path),
+              "genesis": lambda inputs, outputs: skeleton.genesis(inputs, outputs)}
     for name, body in bodies.items():
         def function(inputs, outputs, task_properties, name=name, body=body):
             """The substratools function `name`: refuses an input it does not use, then runs `body`.
@@ -36,8 +38,7 @@ def run(framework: Framework, hyperparameters_path: Path) -> None:
               inputs: the task's inputs, by identifier (FUNCTION_INPUTS[name] are the ones it uses).
               outputs: the task's output paths, by identifier.
               task_properties: substratools' task properties (not used).
-              name: the function's name ("train", "predict", "aggregate" or "tune"), bound per
-                function.
+              name: the function's name (a key of FUNCTION_INPUTS), bound per function.
               body: body(inputs, outputs), the function's work, bound per function.
             """
             refuse_unknown_inputs(name, inputs, FUNCTION_INPUTS[name])

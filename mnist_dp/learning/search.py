@@ -289,7 +289,8 @@ def tune(framework: Framework, inputs: dict, outputs: dict, hyperparameters_path
     skeleton.refuse_copies(data)
     # held only to read (a lock held while K candidates train would time them for other tasks), and
     # to refuse a task whose run would be recorded nowhere before it trains
-    with data_ledger.held(skeleton.sample_folders(data), inputs.get("ledger"),
+    chain = data_ledger.Chain.of(inputs.get("ledger"), data)
+    with data_ledger.held(skeleton.sample_folders(data), chain,
                           passes_on=outputs.get("ledger") is not None) as first:
         earlier = first.ledger
     persons = skeleton.per_person(framework, data, base, {"this data's own ledger": earlier})
@@ -321,7 +322,7 @@ def tune(framework: Framework, inputs: dict, outputs: dict, hyperparameters_path
                               "nothing was saved; lower learning_rate or max_grad_norm in the "
                               f"search space or {where}")
     # before the model leaves
-    with data_ledger.held(skeleton.sample_folders(data), inputs.get("ledger"),
+    with data_ledger.held(skeleton.sample_folders(data), chain,
                           passes_on=outputs.get("ledger") is not None) as spent:
         for event in ledger.events:  # the search's, and the final run's
             spent.record(ledger, event)

@@ -67,7 +67,8 @@ def train(framework: Framework, inputs: dict, outputs: dict, hyperparameters_pat
     # 2. The run's plan (what it may spend, over the earlier runs of its examples), 3. the DP
     #    steps, and 4. the ledger: this run as it ran, recorded with the data before the model is
     #    saved.
-    with data_ledger.held(sample_folders(data), inputs.get("ledger"),
+    chain = data_ledger.Chain.of(inputs.get("ledger"), data)
+    with data_ledger.held(sample_folders(data), chain,
                           passes_on=outputs.get("ledger") is not None) as spent:
         plan, ran = train_in_memory(
             framework, model, ledger, data, hp, str(hyperparameters_path),
@@ -97,6 +98,20 @@ def train(framework: Framework, inputs: dict, outputs: dict, hyperparameters_pat
                                             policy.of_data(data).budgets))
     timing.end_task("saving", dp=hp.dp)
     return summary
+
+
+def genesis(inputs: dict, outputs: dict) -> None:
+    """The substratools `genesis` function body: the first link of the organisation's chain of
+    ledger outputs, every run its data samples record, sealed (data_ledger.genesis). On read-only
+    data (docker mode, a node) a train or tune task refuses to run without a ledger input; a
+    plan's builder gives the organisation's first one this output."""
+    timing.begin_task("genesis")
+    data = inputs["datasamples"]
+    runs = data_ledger.genesis(sample_folders(data), data.get("seal_keys") or {},
+                               outputs["ledger"])
+    log.info("the organisation's ledger chain starts with the %d run(s) its data samples record",
+             runs)
+    timing.end_task("genesis")
 
 
 def sample_folders(data: dict) -> list:

@@ -70,6 +70,12 @@ STRATEGIES = {"cyclic": ("train", "predict"), "fedavg": ("train", "predict", "ag
 SEARCH_FUNCTIONS = ("tune", "predict")  # a private search at each organisation (PlanBuilder.search)
 
 
+def functions(strategy: str, search: bool, read_only: bool) -> tuple:
+    """The algo functions a plan of `strategy` (or a search) runs, with the genesis where the
+    backend gives tasks their data samples read-only (connection.READ_ONLY_DATA)."""
+    return (SEARCH_FUNCTIONS if search else STRATEGIES[strategy]) + (("genesis",) * read_only)
+
+
 # Tasks in one compute plan at most: a local backend runs them one after the other, seconds each and
 # a train task much more, so days of work; beyond it a typo (--rounds 1000000000) is likelier than a
 # plan, and building it would not end. Checked, like MAX_STEPS and MAX_EPOCHS, before any data is
@@ -97,7 +103,8 @@ def count_tasks(strategy: str, rounds: int, holders: int, runs: int = 1,
     """The tasks PlanBuilder makes for `runs` runs of `rounds` rounds through `holders` data shares.
     Per round, cyclic: at each holder a train task, then predict and score on the test data (and on
     its own with score_train); fedavg: a train task at each holder, then one aggregate, predict and
-    score. A search (one round): at each holder a tune task, then predict and score.
+    score. A search (one round): at each holder a tune task, then predict and score. With a
+    "genesis" function key, one genesis task more per organisation that has no ledger yet.
 
     Args:
       strategy: "cyclic", "fedavg" or "search".
@@ -154,8 +161,9 @@ class PlanBuilder:
     share_with: tuple = ()  # organisations also allowed to read every model and predictions output
     tasks: list = field(default_factory=list)  # dicts, made into specs by `spec()`
     roles: dict = field(default_factory=dict)  # task id -> Role
-    # organisation -> its latest train or tune task (of this plan or an earlier one), whose `ledger`
-    # output its next train or tune task takes as input
+    # organisation -> the tasks (of this plan or earlier ones) whose `ledger` outputs its next train
+    # or tune task takes as inputs: its latest, and any other tip of its chain the organisation's
+    # reconciliation found (orchestration/reconcile.py)
     ledgers: dict = field(default_factory=dict)
 
     @staticmethod
@@ -170,20 +178,25 @@ class PlanBuilder:
         self.roles[task_id] = role
         return task_id
 
-    def _spending(self, function_key: str, share: Share, inputs: list, role: Role) -> str:
-        """A train or tune task at `share`'s organisation: it takes the `ledger` output of the
-        organisation's previous one, and its own goes to the next."""
-        previous = self.ledgers.get(share.organization)
-        if previous:
-            inputs.append(InputRef(identifier="ledger", parent_task_key=previous,
-                                   parent_task_output_identifier="ledger"))
+    def _spending(self, function_key: str, share: Share, inputs: list, role: Role,
+                  genesis: str | None) -> str:
+        """A train or tune task at `share`'s organisation: it takes the `ledger` outputs of the
+        organisation's previous one (or the tips of its chain), and its own goes to the next. With
+        a `genesis` function key (read-only data samples: docker mode, a node), an organisation
+        with no ledger yet gets a genesis task first."""
+        previous = list(self.ledgers.get(share.organization) or ())
+        if not previous and genesis:
+            previous = [self._add(genesis, share.organization, self._data(share), ["ledger"],
+                                  replace(role, step="genesis"))]
+        inputs += [InputRef(identifier="ledger", parent_task_key=task,
+                            parent_task_output_identifier="ledger") for task in previous]
         task = self._add(function_key, share.organization, inputs, ["model", "epsilon", "ledger"],
                          role)
-        self.ledgers[share.organization] = task
+        self.ledgers[share.organization] = [task]
         return task
 
     def train(self, run: str, function_key: str, share: Share, round_idx: int,
-              parent: str | None = None) -> str:
+              parent: str | None = None, genesis: str | None = None) -> str:
         """Train at `share`'s organisation, continuing from the model of task `parent` if given.
 
         Args:
@@ -192,6 +205,7 @@ class PlanBuilder:
           share: the data it trains on.
           round_idx: its round.
           parent: the task whose model it continues from; None: the seeded start.
+          genesis: the genesis function's key, where the data samples are read-only (_spending).
 
         Returns:
           The train task's id.
@@ -201,7 +215,7 @@ class PlanBuilder:
             inputs.append(InputRef(identifier="model", parent_task_key=parent,
                                    parent_task_output_identifier="model"))
         return self._spending(function_key, share, inputs,
-                              Role(run, "train", round_idx, share.organization))
+                              Role(run, "train", round_idx, share.organization), genesis)
 
     def aggregate(self, run: str, function_key: str, trained: list, worker: str,
                   round_idx: int) -> str:
@@ -256,7 +270,8 @@ class PlanBuilder:
 
         Args:
           run: the run the tasks are of.
-          keys: the run's function keys by function name.
+          keys: the run's function keys by function name ("genesis" where the data samples are
+            read-only).
           stages: (round, Share) pairs, in order.
           test: the test data.
           score_train: also score on each train task's own share ("train": a public performance of
@@ -267,7 +282,7 @@ class PlanBuilder:
         """
         trained, parent = [], None
         for round_idx, share in stages:
-            parent = self.train(run, keys["train"], share, round_idx, parent)
+            parent = self.train(run, keys["train"], share, round_idx, parent, keys.get("genesis"))
             if score_train:
                 self.evaluate(parent, keys["predict"], keys["score"], share, "train")
             self.evaluate(parent, keys["predict"], keys["score"], test, "test")
@@ -282,7 +297,8 @@ class PlanBuilder:
 
         Args:
           run: the run the tasks are of.
-          keys: the run's function keys by function name.
+          keys: the run's function keys by function name ("genesis" where the data samples are
+            read-only).
           shares: the data shares that train.
           rounds: the rounds.
           test: the test data.
@@ -292,8 +308,8 @@ class PlanBuilder:
         """
         aggregated, global_model = [], None
         for round_idx in range(1, rounds + 1):
-            trained = [self.train(run, keys["train"], share, round_idx, global_model)
-                       for share in shares]
+            trained = [self.train(run, keys["train"], share, round_idx, global_model,
+                                  keys.get("genesis")) for share in shares]
             global_model = self.aggregate(run, keys["aggregate"], trained, test.organization,
                                           round_idx)
             self.evaluate(global_model, keys["predict"], keys["score"], test, "test")
@@ -306,7 +322,8 @@ class PlanBuilder:
 
         Args:
           run: the run the tasks are of.
-          keys: the run's function keys by function name.
+          keys: the run's function keys by function name ("genesis" where the data samples are
+            read-only).
           shares: the data shares searched on.
           test: the test data.
 
@@ -316,14 +333,14 @@ class PlanBuilder:
         tuned = []
         for share in shares:
             task = self._spending(keys["tune"], share, self._data(share),
-                                  Role(run, "tune", 1, share.organization))
+                                  Role(run, "tune", 1, share.organization), keys.get("genesis"))
             self.evaluate(task, keys["predict"], keys["score"], test, "test")
             tuned.append(task)
         return tuned
 
     def spending(self, organization: str) -> list:
-        """The ids of the train and tune tasks at `organization`, in the order their ledgers
-        chain."""
+        """The ids of the tasks at `organization` that make a ledger output (genesis, train and
+        tune), in the order their ledgers chain."""
         return [t["task_id"] for t in self.tasks if t["worker"] == organization
                 and "ledger" in t["outputs"]]
 

@@ -28,6 +28,8 @@ logging.getLogger("substra").propagate = False
 
 BACKENDS = ("subprocess", "docker", "remote")
 LOCAL_BACKENDS = ("subprocess", "docker")
+# where a task sees its data samples read-only, and so needs its organisation's ledger input
+READ_ONLY_DATA = ("docker", "remote")
 CONFIG_FILE_VARIABLE = "SUBSTRA_CLIENTS_CONFIGURATION_FILE_PATH"
 _SECRETS = ("token", "password")
 

@@ -9,11 +9,14 @@ _OPENER = FunctionInputSpec(identifier="opener", kind=AssetKind.data_manager, op
                             multiple=False)
 _SAMPLES = FunctionInputSpec(identifier="datasamples", kind=AssetKind.data_sample, optional=False,
                              multiple=True)
-# The data's own ledger (privacy/data_ledger.py) from the organisation's previous task, and passed
-# on to its next: every run on the organisation's data that the task knows, read by that
-# organisation only (OWNER_ONLY).
+# The data's own ledger (privacy/data_ledger.py) from the organisation's earlier tasks (its genesis,
+# its previous train or tune task, and the last outputs of other parties' plans its reconciliation
+# found, hence multiple), and passed on to its next: every run on the organisation's data that the
+# task knows, sealed (privacy/seal.py), read by that organisation only (OWNER_ONLY). Optional, as a
+# task on writable data holds its ledger beside it; on read-only data the task refuses to run
+# without it.
 _LEDGER_IN = FunctionInputSpec(identifier="ledger", kind=AssetKind.model, optional=True,
-                               multiple=False)
+                               multiple=True)
 _LEDGER_OUT = FunctionOutputSpec(identifier="ledger", kind=AssetKind.model, multiple=False)
 # outputs no other organisation may read, whatever the plan shares
 OWNER_ONLY = frozenset({"ledger"})
@@ -34,7 +37,11 @@ CONTRACT = {
         [FunctionOutputSpec(identifier="model", kind=AssetKind.model, multiple=False),
          FunctionOutputSpec(identifier="epsilon", kind=AssetKind.performance, multiple=False),
          _LEDGER_OUT],
-    ), "predict": (
+    ),
+    # The genesis of an organisation's ledger chain: what its data samples record, sealed (the
+    # objective's, run by the data's owner: data_ledger.genesis).
+    "genesis": ([_OPENER, _SAMPLES], [_LEDGER_OUT]),
+    "predict": (
         [_OPENER, _SAMPLES,
          FunctionInputSpec(identifier="model", kind=AssetKind.model, optional=False,
                            multiple=False)],

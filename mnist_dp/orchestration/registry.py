@@ -50,7 +50,6 @@ _SHAPES = {
     "train_data_sample_keys": (lambda v: isinstance(v, list) and bool(v) and all(map(_keys, v)),
                                "a list of folds, each a list of data sample keys"),
     "test_data_sample_keys": (_keys, "a list of data sample keys"),
-    "ledger_task": (lambda v: isinstance(v, str) and bool(v), "a task key (a string)"),
 }
 
 
@@ -199,7 +198,7 @@ def register_function(client: substra.Client, keys: KeysFile, asset_dir: Path, f
       client: the Substra client.
       keys: the keys file.
       asset_dir: the asset's folder.
-      function: "train", "predict", "aggregate", "tune" or "score".
+      function: a function of the contract ("train", ..., "score", "genesis").
       name: the function's name on the node (the archive's, spaces as underscores).
       build_dir: where the archive is built.
       hyperparameters: put in place of the asset's hyperparameters file, if given.
@@ -325,7 +324,7 @@ def register_algo(client: substra.Client, keys: KeysFile, run: str, framework: s
       framework: the algo's framework.
       hyperparameters: put inside each function.
       build_dir: where the archives are built.
-      functions: those of a strategy (compute_plan.STRATEGIES).
+      functions: those of the plan (compute_plan.functions).
       search: the search file, put in the "tune" function only.
 
     Returns:

@@ -20,11 +20,14 @@ exclusive lock (flock) that the task holds from its budget check to its record, 
 same data at once never lose a spend and the second sees the first's.
 
 A train or tune task in a compute plan also passes the ledger on as its `ledger` output, which only
-its own organisation may read, and takes the organisation's previous task's as its `ledger` input
-(`held(..., chained)`, `Held.pass_on`): where a task cannot write beside its data (Substra's docker
-mode and a node mount data samples read-only, and a task there reads them as they were when the plan
-started), the organisation's next task still sees the run. The scripts record the released runs in
-the data folders after the plan (`record_released`).
+its own organisation may read, sealed under the organisation's keys (seal.py), and takes the
+organisation's previous outputs as its `ledger` inputs (`held(..., chain)`, `Held.pass_on`): where a
+task cannot write beside its data (Substra's docker mode and a node mount data samples read-only,
+and a task there reads them as they were when the plan started), the organisation's next task still
+sees the run. There a train or tune task refuses to run without a `ledger` input: the first is the
+genesis (`genesis`), made from what the samples record. The scripts record the released runs in the
+data folders after the plan (`record_released`), and on a node every run any plan made
+(orchestration/reconcile.py).
 """
 from __future__ import annotations
 
@@ -35,7 +38,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from mnist_dp.privacy import journal
+from mnist_dp.privacy import journal, seal
 from mnist_dp.privacy.events import DpEvent
 from mnist_dp.privacy.ledger import Ledger, is_new
 from mnist_dp.utils import atomic
@@ -70,11 +73,40 @@ def read(folders) -> Ledger:
     return ledger
 
 
-def read_output(path) -> Ledger:
-    """The runs of a task's `ledger` output (`Held.pass_on`)."""
+def read_output(path, seal_keys: dict) -> Ledger:
+    """The runs of a task's `ledger` output (`Held.pass_on`), its seal checked under the
+    organisation's `seal_keys` (seal.open_sealed)."""
     ledger = Ledger()
-    journal.read_into(ledger, Path(path).read_bytes(), Path(path), chained=True)
+    body, _ = seal.open_sealed(Path(path).read_bytes(), seal_keys, Path(path))
+    journal.read_into(ledger, body, Path(path), chained=True)
     return ledger
+
+
+@dataclass(frozen=True)
+class Chain:
+    """A train or tune task's place in its organisation's chain of ledger outputs: `inputs`, the
+    paths of its `ledger` inputs (the genesis, or earlier tasks' outputs), and `seal_keys`, the
+    organisation's (the opener's data["seal_keys"]), which check them and seal the task's own."""
+
+    inputs: tuple
+    seal_keys: dict
+
+    @classmethod
+    def of(cls, ledger_input, data: dict) -> Chain:
+        """The chain of a task whose `ledger` input is `ledger_input` (substratools' value: None, a
+        path, or a list of paths) on the opener's `data`."""
+        inputs = [] if ledger_input is None else [ledger_input] if isinstance(
+            ledger_input, (str, Path)) else list(ledger_input)
+        return cls(tuple(map(Path, inputs)), data.get("seal_keys") or {})
+
+
+def genesis(folders, seal_keys: dict, path) -> int:
+    """Write the genesis of the organisation's chain to the `ledger` output `path`: every run the
+    data sample folders `folders` record, sealed, extending nothing. Returns the runs."""
+    ledger = read(folders)
+    atomic.write_bytes(Path(path), seal.seal(journal.lines(ledger, ledger.events).encode(), [],
+                                             seal_keys))
+    return len(ledger.events)
 
 
 @dataclass
@@ -85,6 +117,8 @@ class Held:
 
     files: list  # open files, each under an exclusive lock
     ledger: Ledger
+    chain: Chain | None = None  # the task's ledger inputs and seal keys
+    extends: tuple = ()  # the digests of its ledger inputs, which its output extends
 
     def record(self, ledger: Ledger, event: DpEvent) -> None:
         """Append `event`, the run just made, with its examples as `ledger` names them, to every
@@ -107,11 +141,13 @@ class Held:
         `ledger` output `path` (None: the task has none), for the organisation's next task; before
         the model is saved."""
         if path is not None:
-            atomic.write_text(Path(path), journal.lines(self.ledger, self.ledger.events))
+            atomic.write_bytes(Path(path), seal.seal(
+                journal.lines(self.ledger, self.ledger.events).encode(), list(self.extends),
+                self.chain.seal_keys if self.chain else {}))
 
 
 @contextlib.contextmanager
-def held(folders, chained=None, passes_on: bool = False):
+def held(folders, chain: Chain | None = None, passes_on: bool = False):
     """The data's ledger of `folders`, locked exclusively until the block ends: read, check the
     budget against it, train, record, all with no other task's run in between. Folders the task
     cannot write (read-only mounts) are read under a shared lock. One file linked into several
@@ -119,8 +155,10 @@ def held(folders, chained=None, passes_on: bool = False):
 
     Args:
       folders: the task's data sample folders.
-      chained: the task's `ledger` input (its organisation's previous task's `ledger` output),
-        whose runs are added, or None.
+      chain: a train or tune task's ledger inputs (its organisation's earlier `ledger` outputs),
+        whose runs are added once their seals are checked, or None (no chain: a substrafl algo, a
+        script). Where the folders are read-only, a chain without inputs is refused (UserError):
+        the plan's builder left the organisation's record out.
       passes_on: whether the task's run also leaves in a ledger output or a local state of its own
         organisation. Where the folders are read-only and it does not, the run would be recorded
         nowhere: refused (UserError) before anything trains.
@@ -146,13 +184,22 @@ def held(folders, chained=None, passes_on: bool = False):
                             "here and this task has no ledger output, so its run would be recorded "
                             "nowhere; nothing was trained: give the task a 'ledger' output (the "
                             "scripts' plans do), or make the data sample folders writable")
-        ledger = Ledger()
+        if not writable and chain is not None and not chain.inputs:
+            raise UserError(f"{home(sorted(map(str, folders))[0])}: the data samples are read-only "
+                            "here and this task has no 'ledger' input, so it cannot know what was "
+                            "released from them; nothing was trained: give it its organisation's "
+                            "last ledger output (the scripts' plans do; python "
+                            "scripts/privacy_report.py --reconcile finds it)")
+        ledger, extends = Ledger(), []
         for f, _ in files:
             f.seek(0)
             journal.read_into(ledger, f.read(), Path(f.name))
-        if chained is not None:
-            journal.read_into(ledger, Path(chained).read_bytes(), Path(chained), chained=True)
-        yield Held([f for f, _ in files] if writable else [], ledger)
+        for path in chain.inputs if chain else ():
+            content = path.read_bytes()
+            body, _ = seal.open_sealed(content, chain.seal_keys, path)
+            journal.read_into(ledger, body, path, chained=True)
+            extends.append(seal.digest(content))
+        yield Held([f for f, _ in files] if writable else [], ledger, chain, tuple(extends))
     finally:
         for f, _ in files:
             f.close()  # closing releases the lock

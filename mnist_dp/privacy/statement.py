@@ -64,7 +64,9 @@ FEDERATED_THREAT_MODEL = (
 
 DATA_SPENT = ("- This model's ε counts the runs in its ledger. What the training data has spent "
               "over every model released from it so far, this one and the others (its own ledger, "
-              "kept with the data by its organisation), at the same δ: ")
+              "kept with the data by its organisation; on a node, every run the node ran on it as "
+              "of the organisation's last reconciliation: a plan another party built from an "
+              "earlier ledger after it is counted at the next), at the same δ: ")
 
 
 def _schedule(event) -> str:

@@ -243,8 +243,7 @@ def with_data_spent(records: list, data_folders: dict) -> None:
 
 def run_and_report(client, builder: PlanBuilder, name: str, plan_key: str, frameworks: dict,
                    organizations: dict, output: Path, title: str, facts: list,
-                   data_folders: dict | None = None
-                   ) -> list:
+                   data_folders: dict | None = None, reconcile=None) -> list:
     """Run the plan `builder` built on `client`, then report whatever finished into `output`
     (models, results.json, summary.md, results.png) and print the table; a failed plan is reported
     first and raised after.
@@ -261,6 +260,8 @@ def run_and_report(client, builder: PlanBuilder, name: str, plan_key: str, frame
       facts: the report's list of what was run.
       data_folders: organisation -> its train sample folders, whose own ledger gives what the data
         has spent; None: not reported.
+      reconcile: called before the data's figures are read (a node: every run of every plan on
+        the data, orchestration/reconcile.py), or None.
 
     Returns:
       The records.
@@ -272,6 +273,8 @@ def run_and_report(client, builder: PlanBuilder, name: str, plan_key: str, frame
         failure = exc
     records, performances, not_downloaded = collect(client, builder, plan_key, frameworks,
                                                     organizations, output / "models")
+    if reconcile is not None:
+        reconcile()
     with_data_spent(records, data_folders)
     if not_downloaded:  # e.g. a node whose model export is off: its own figures are all there is
         facts = facts + [f"not downloaded, so not in the table: {', '.join(not_downloaded)}; their "

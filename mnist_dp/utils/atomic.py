@@ -71,6 +71,11 @@ def write_text(path: Path, text: str) -> None:
         tmp.write_text(text)
 
 
+def write_bytes(path: Path, content: bytes) -> None:
+    with replacing(path) as tmp:
+        tmp.write_bytes(content)
+
+
 def write_json(path: Path, payload) -> None:
     """Strict JSON (no NaN / Infinity), indented."""
     write_text(path, json.dumps(payload, indent=2, allow_nan=False) + "\n")

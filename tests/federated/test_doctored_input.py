@@ -25,7 +25,7 @@ from mnist_dp.assets import ALGO_ASSETS, DATASET_ASSET, load_asset_module
 from mnist_dp.data import dataset, keys, samples
 from mnist_dp.data.samples import sample_identity
 from mnist_dp.learning import skeleton
-from mnist_dp.privacy import data_ledger, model_file, policy
+from mnist_dp.privacy import data_ledger, model_file, policy, seal
 from mnist_dp.utils.errors import UserError
 
 SIGMA, DELTA = 2.0, 1e-4
@@ -62,6 +62,14 @@ def train(tmp_path, name, folders, model=None, ledger=None, framework="torch", *
                "ledger": str(tmp_path / f"{name}.ledger")}
     skeleton.train(algo.FRAMEWORK, inputs, outputs, hp_path)
     return tmp_path / f"{name}.model"
+
+
+def genesis(tmp_path, folders, name="genesis"):
+    """The genesis task's ledger output on `folders` (what they record, sealed)."""
+    opener = load_asset_module(DATASET_ASSET / "opener.py", "opener_for_doctored_tests")
+    skeleton.genesis({"datasamples": opener.MnistOpener().get_data(folders)},
+                     {"ledger": str(tmp_path / f"{name}.ledger")})
+    return tmp_path / f"{name}.ledger"
 
 
 def read_only_copy(tmpfs, folders):
@@ -135,9 +143,9 @@ def test_on_read_only_data_the_ledger_passed_from_task_to_task_keeps_the_organis
     (tmp_path / "aggregate.json").write_text(json.dumps(HP))
     first, second = organisations[0], read_only_copy(tmpfs, organisations[1])
     # recorded nowhere beside the data: only in its ledger output
-    own = train(tmp_path, "own", second)
+    own = train(tmp_path, "own", second, ledger=genesis(tmp_path, second))
     assert not data_ledger.read(second).events and len(
-        data_ledger.read_output(tmp_path / "own.ledger").events) == 1
+        data_ledger.read_output(tmp_path / "own.ledger", samples.seal_keys(second)).events) == 1
     other = train(tmp_path, "other", first)
     doctored_model = doctored(tmp_path, how, own, other)
     mine = [sample_identity(f) for f in second]
@@ -146,7 +154,8 @@ def test_on_read_only_data_the_ledger_passed_from_task_to_task_keeps_the_organis
                                   tmp_path / "own.ledger"), "torch")
     assert again.ledger.epsilon(DELTA, data=mine) == pytest.approx(both_runs, rel=1e-6)
     # what the next task receives
-    assert len(data_ledger.read_output(tmp_path / "again.ledger").events) == 2
+    assert len(data_ledger.read_output(tmp_path / "again.ledger",
+                                       samples.seal_keys(second)).events) == 2
     # one run fits, two do not
     budget = (independent_epsilon(SIGMA, 1 / 3, ONE_RUN, DELTA) + both_runs) / 2
     stopped = model_file.load(train(tmp_path, "stopped", second, doctored_model,
@@ -170,34 +179,67 @@ def test_a_model_continued_in_another_framework_counts_the_datas_runs_in_every_f
     assert json.loads((tmp_path / "again.epsilon").read_text())["all"] >= both_runs - 1e-9
 
 
-@pytest.mark.parametrize("ledger_output", [False, True])
-def test_on_read_only_samples_a_task_without_a_ledger_output_is_refused_before_training(
-        tmp_path, organisations, tmpfs, ledger_output):
+@pytest.mark.parametrize("ledger_output, ledger_input", [(False, True), (True, False),
+                                                         (True, True)])
+def test_on_read_only_samples_a_task_without_its_ledger_input_and_output_is_refused_before_training(
+        tmp_path, organisations, tmpfs, ledger_output, ledger_input):
     """Through the substratools command line, as a user runs an asset alone: with nowhere to record
-    its run, the task trains nothing and releases nothing."""
+    its run, or with no way to know the runs before it (a plan that left the organisation's ledger
+    out), the task trains nothing and releases nothing."""
     folder = extract_function(ALGO_ASSETS["torch"], "train", tmp_path / "build", HP)
     sample = read_only_copy(tmpfs, organisations[1])[0]
+    genesis_out = tmp_path / "genesis.ledger"
+    proc = run_function(folder / "algo.py", "genesis", {"opener": DATASET_ASSET / "opener.py",
+                                                         "datasamples": [sample]},
+                        {"ledger": genesis_out}, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
     outputs = {"model": tmp_path / "model", "epsilon": tmp_path / "epsilon",
                **({"ledger": tmp_path / "ledger"} if ledger_output else {})}
     proc = run_function(folder / "algo.py", "train", {"opener": DATASET_ASSET / "opener.py",
-                                                       "datasamples": [sample]}, outputs,
+                                                       "datasamples": [sample],
+                                                       **({"ledger": [genesis_out]}
+                                                          if ledger_input else {})}, outputs,
                         check=False)
-    if ledger_output:
+    if ledger_output and ledger_input:
         assert proc.returncode == 0, proc.stderr[-2000:]
-        assert len(data_ledger.read_output(tmp_path / "ledger").events) == 1
-    else:
-        assert_one_line_error(proc, "the data samples are read-only here and this task has no "
-                                    "ledger output")
-        assert not (tmp_path / "model").exists()
+        assert len(data_ledger.read_output(tmp_path / "ledger",
+                                           samples.seal_keys([sample])).events) == 1
+        return
+    assert_one_line_error(proc, "the data samples are read-only here and this task has no "
+                                + ("'ledger' input" if ledger_output else "ledger output"))
+    assert not (tmp_path / "model").exists()
 
 
-def test_a_damaged_ledger_input_is_refused_naming_it(tmp_path, organisations):
-    train(tmp_path, "own", organisations[1])
-    whole = (tmp_path / "own.ledger").read_bytes()
-    (tmp_path / "cut.ledger").write_bytes(whole[:-20])
-    with pytest.raises(UserError, match=r"cut\.ledger: line 1 is not a run record .*give the task "
-                                        r"its organisation's"):
-        train(tmp_path, "again", organisations[1], ledger=tmp_path / "cut.ledger")
+@pytest.mark.parametrize("how, why", [
+    ("cut", "its seal line is cut or damaged"),
+    ("cut to its runs", "it carries no seal"),
+    ("a run edited", "its seal does not match its content"),
+    ("a run left out", "its seal does not match its content"),
+    ("resealed by another organisation", "it is sealed by another organisation"),
+])
+def test_a_forged_foreign_or_cut_ledger_input_is_refused_naming_it(tmp_path, organisations, how,
+                                                                   why):
+    """A ledger input is the organisation's own, whole, or nothing: whoever builds the plan holds
+    no seal key, so it can pass an output on as it is or not at all."""
+    train(tmp_path, "one", organisations[1])
+    train(tmp_path, "two", organisations[1], ledger=genesis(tmp_path, organisations[1]))
+    whole = (tmp_path / "two.ledger").read_bytes()
+    lines = whole.splitlines(keepends=True)
+    assert len(lines) == 3  # two runs, then the seal
+    forged = {
+        "cut": whole[:-20],
+        "cut to its runs": b"".join(lines[:2]),
+        "a run edited": lines[0].replace(b'"steps": 3', b'"steps": 1') + b"".join(lines[1:]),
+        "a run left out": b"".join(lines[1:]),
+        "resealed by another organisation": seal.seal(b"".join(lines[1:2]), [], samples.seal_keys(
+            organisations[0])),
+    }[how]
+    assert forged != whole
+    (tmp_path / "forged.ledger").write_bytes(forged)
+    with pytest.raises(UserError, match=rf"forged\.ledger: the ledger input is refused: "
+                                        rf"{why}[^;]*; nothing was trained"):
+        train(tmp_path, "again", organisations[1], ledger=tmp_path / "forged.ledger")
+    assert len(data_ledger.read(organisations[1]).events) == 2  # the refused task recorded nothing
 
 
 def test_a_key_from_copy_in_a_new_folder_keeps_the_record_and_the_budget_stops_the_run_there(

@@ -1,6 +1,6 @@
-"""mnist_dp/learning/functions.py: an algo asset registers train, predict, aggregate and tune with
-substratools, each calling its own body with the asset's framework and hyperparameters file, and
-refusing an input it does not use."""
+"""mnist_dp/learning/functions.py: an algo asset registers train, predict, aggregate, tune and
+genesis with substratools, each calling its own body with the asset's framework and hyperparameters
+file (the genesis, which trains nothing, with neither), and refusing an input it does not use."""
 from pathlib import Path
 
 import pytest
@@ -14,7 +14,7 @@ HYPERPARAMETERS = Path("/asset/hyperparameters.json")
 
 # Every input each function takes (the opener aside), as docs/design.md's contract lists them.
 INPUTS = {"train": {"datasamples", "model", "ledger"}, "tune": {"datasamples", "ledger"},
-          "predict": {"datasamples", "model"}, "aggregate": {"models"}}
+          "predict": {"datasamples", "model"}, "aggregate": {"models"}, "genesis": {"datasamples"}}
 
 
 @pytest.fixture
@@ -31,22 +31,24 @@ def asset(monkeypatch):
     monkeypatch.setattr(functions, "run_cli", lambda main,
                         task=False: calls.append(("cli", main, task)))
     for module, body in ((skeleton, "train"), (skeleton, "predict"), (skeleton, "aggregate"),
-                         (search, "tune")):
+                         (search, "tune"), (skeleton, "genesis")):
         monkeypatch.setattr(module, body, lambda *args, body=body: calls.append((body, *args)))
     functions.run(FRAMEWORK, HYPERPARAMETERS)
     return registered, calls
 
 
-def test_the_four_functions_are_registered_by_name_then_the_command_line_runs(asset):
-    """Registered as train, predict, aggregate and tune, each named so; then substratools' CLI."""
+def test_the_five_functions_are_registered_by_name_then_the_command_line_runs(asset):
+    """Registered as train, predict, aggregate, tune and genesis, each named so; then substratools'
+    CLI."""
     registered, calls = asset
-    assert sorted(registered) == ["aggregate", "predict", "train", "tune"]
+    assert sorted(registered) == ["aggregate", "genesis", "predict", "train", "tune"]
     assert all(function.__name__ == name for name, function in registered.items())
     assert calls == [("cli", substratools.execute, True)]
 
 
 @pytest.mark.parametrize("name, with_path", [
-    ("train", True), ("predict", False), ("aggregate", True), ("tune", True)])
+    ("train", True), ("predict", False), ("aggregate", True), ("tune", True),
+    ("genesis", False)])
 def test_each_function_calls_its_own_body_with_the_assets_framework(asset, name, with_path):
     """Its own body (not the last defined), given framework, inputs, outputs, hyperparameters."""
     registered, calls = asset
@@ -54,7 +56,8 @@ def test_each_function_calls_its_own_body_with_the_assets_framework(asset, name,
     outputs = {"out": "<out>"}
     registered[name](inputs, outputs, {})
     path = [HYPERPARAMETERS] if with_path else []  # predict reads no hyperparameters
-    assert calls[1:] == [(name, FRAMEWORK, inputs, outputs, *path)]
+    framework = [] if name == "genesis" else [FRAMEWORK]  # it only seals what the data records
+    assert calls[1:] == [(name, *framework, inputs, outputs, *path)]
 
 
 def test_a_function_accepts_a_subset_of_its_inputs(asset):

@@ -128,31 +128,52 @@ def test_a_plan_of_more_than_max_tasks_is_refused_naming_what_sized_it():
         compute_plan.check_size(compute_plan.count_tasks("fedavg", 10**9, 2), "--rounds 1000000000")
 
 
-@pytest.mark.parametrize("strategy", ["cyclic", "fedavg", "search"])
-def test_each_organisations_spending_tasks_pass_its_data_ledger_to_its_next_and_to_no_one_else(
-        strategy):
-    builder = compute_plan.PlanBuilder(share_with=("Auditor",),
-                                       ledgers={"Org2": "task-of-an-earlier-plan"})
-    keys = {**KEYS, "tune": "tune-fn"}
+def two_rounds_at_two_organisations(builder, strategy: str, keys: dict) -> None:
+    """Two rounds through ORG1 and ORG2 (one search each), tested on TEST."""
     if strategy == "cyclic":
         builder.chain("torch", keys, [(r, s) for r in (1, 2) for s in (ORG1, ORG2)], TEST)
     elif strategy == "fedavg":
         builder.fedavg("torch", keys, [ORG1, ORG2], 2, TEST)
     else:
         builder.search("torch", keys, [ORG1, ORG2], TEST)
+
+
+@pytest.mark.parametrize("strategy", ["cyclic", "fedavg", "search"])
+def test_each_organisations_spending_tasks_pass_its_data_ledger_to_its_next_and_to_no_one_else(
+        strategy):
+    builder = compute_plan.PlanBuilder(share_with=("Auditor",),
+                                       ledgers={"Org2": ["tip-1", "tip-2"]})
+    keys = {**KEYS, "tune": "tune-fn"}
+    two_rounds_at_two_organisations(builder, strategy, keys)
     by_id = {t["task_id"]: t for t in builder.tasks}
     specs = {t.task_id: t for t in builder.spec("p", compute_plan.new_key()).tasks}
-    for org, earlier in (("Org1", None), ("Org2", "task-of-an-earlier-plan")):
+    for org, earlier in (("Org1", []), ("Org2", ["tip-1", "tip-2"])):
         chain = builder.spending(org)
         assert len(chain) == (1 if strategy == "search"
-                              else 2) and builder.ledgers[org] == chain[-1]
-        for previous, task in zip([earlier, *chain], chain):
+                              else 2) and builder.ledgers[org] == [chain[-1]]
+        for previous, task in zip([earlier, *([t] for t in chain)], chain):
             ledgers = [ref for ref in by_id[task]["inputs"] if ref.identifier == "ledger"]
-            assert [(r.parent_task_key, r.parent_task_output_identifier) for r in ledgers] == (
-                [(previous, "ledger")] if previous else [])
+            assert [(r.parent_task_key, r.parent_task_output_identifier) for r in ledgers] == [
+                (p, "ledger") for p in previous]
             output = specs[task].outputs["ledger"].permissions
             # not the Auditor, not the aggregator
             assert not output.public and output.authorized_ids == [org]
             assert "Auditor" in specs[task].outputs["model"].permissions.authorized_ids
     spending = {t["function_key"] for t in builder.tasks if "ledger" in t["outputs"]}
     assert spending == ({"tune-fn"} if strategy == "search" else {"train-fn"})
+
+
+@pytest.mark.parametrize("strategy", ["cyclic", "fedavg", "search"])
+def test_with_a_genesis_each_organisation_with_no_ledger_starts_its_chain_with_one(strategy):
+    """Where data samples are read-only, an organisation's first train or tune task takes the
+    genesis task's ledger; an organisation whose chain the builder knows takes its tips instead."""
+    builder = compute_plan.PlanBuilder(ledgers={"Org2": ["tip"]})
+    keys = {**KEYS, "tune": "tune-fn", "genesis": "genesis-fn"}
+    two_rounds_at_two_organisations(builder, strategy, keys)
+    geneses = [t for t in builder.tasks if t["function_key"] == "genesis-fn"]
+    assert [(t["worker"], t["outputs"]) for t in geneses] == [("Org1", ["ledger"])]
+    assert [r.asset_key for r in geneses[0]["inputs"]] == ["d1", *ORG1.samples]
+    first = builder.spending("Org1")[1]
+    assert [r.parent_task_key for r in next(t for t in builder.tasks if t["task_id"] == first)[
+        "inputs"] if r.identifier == "ledger"] == [geneses[0]["task_id"]]
+    assert builder.roles[geneses[0]["task_id"]].step == "genesis"

@@ -19,6 +19,7 @@ FEEDS = [
     (("train", "ledger"), ("train", "ledger")),  # an organisation's data ledger, task to task
     (("train", "ledger"), ("tune", "ledger")), (("tune", "ledger"), ("train", "ledger")),
     (("tune", "ledger"), ("tune", "ledger")),
+    (("genesis", "ledger"), ("train", "ledger")), (("genesis", "ledger"), ("tune", "ledger")),
 ]
 
 
@@ -44,7 +45,8 @@ def specs(function):
 def test_the_contract_is_the_one_docs_design_md_gives():
     """Each function's inputs (kind, multiplicity, optional) and outputs (kind, single)."""
     table = documented()
-    assert set(table) == set(CONTRACT) == {"train", "tune", "predict", "aggregate", "score"}
+    assert set(table) == set(CONTRACT) == {"train", "tune", "predict", "aggregate", "score",
+                                           "genesis"}
     for function, (inputs, outputs) in table.items():
         given_inputs, given_outputs = specs(function)
         assert {ident: (spec.kind, spec.multiple, spec.optional)
@@ -63,14 +65,16 @@ def test_every_output_a_plan_feeds_to_a_task_has_the_kind_its_input_expects(sour
 
 
 def test_owner_only_outputs_chain_from_one_task_to_the_next_optional_input():
-    """Each function taking it outputs it, takes it optional and single; never a performance."""
+    """Each function taking it outputs it, takes it optional and multiple (the chain's tips); never
+    a performance; the genesis makes the first."""
     assert OWNER_ONLY == {"ledger"}
     takers = [f for f in CONTRACT if set(specs(f)[0]) & OWNER_ONLY]
     assert sorted(takers) == ["train", "tune"]
+    assert set(specs("genesis")[1]) == OWNER_ONLY
     for function in takers:
         inputs, outputs = specs(function)
         for ident in OWNER_ONLY:
-            assert inputs[ident].optional and not inputs[ident].multiple
+            assert inputs[ident].optional and inputs[ident].multiple
             assert outputs[ident].kind == inputs[ident].kind != AssetKind.performance
 
 

@@ -15,18 +15,27 @@ from pathlib import Path
 import numpy as np
 import pytest
 import requests
-from conftest import REPO, TINY_HYPERPARAMETERS, StepsThatLearnNothing, tiny_hyperparameters
+import substra
+from conftest import (
+    REPO,
+    TINY_HYPERPARAMETERS,
+    StepsThatLearnNothing,
+    assert_one_line_error,
+    independent_epsilon,
+    tiny_hyperparameters,
+)
 from substra_node_stub import SubstraNodeStub
 
 from mnist_dp import search_space
 from mnist_dp.assets import ALGO_ASSETS, DATASET_ASSET, OBJECTIVE_ASSET, load_asset_module
 from mnist_dp.data.dataset import sample_folders
-from mnist_dp.data.samples import sample_identity
+from mnist_dp.data.samples import sample_identity, seal_keys
 from mnist_dp.learning import search, skeleton
-from mnist_dp.orchestration import archive
+from mnist_dp.orchestration import archive, compute_plan, execution
 from mnist_dp.orchestration.contract import CONTRACT
 from mnist_dp.orchestration.execution import LOG_TAIL_LINES, POLLING_VARIABLE
 from mnist_dp.privacy import data_ledger, model_file
+from mnist_dp.utils.errors import UserError
 
 SCRIPTS = REPO / "scripts"
 CLIENT = "node1"
@@ -142,7 +151,7 @@ class NoLearning(StepsThatLearnNothing):
 
 
 def write_model_file(dest: Path, opener: Path, data_folders: list, hyperparameters: Path,
-                     input_model: Path | None = None, input_ledger: Path | None = None) -> float:
+                     input_model: Path | None = None, input_ledgers: list = ()) -> float:
     """Write a model file as a torch train task does (a tune task when the function holds a search
     file) and return the ε it outputs. The one place that knows how a model file is made: the real
     training skeleton (skeleton.train, or search.tune: ledger, hyperparameters, ε) and dataset
@@ -152,8 +161,8 @@ def write_model_file(dest: Path, opener: Path, data_folders: list, hyperparamete
     inputs = {"datasamples": opener_module.MnistOpener().get_data([str(f) for f in data_folders])}
     if input_model:
         inputs["model"] = str(input_model)
-    if input_ledger:
-        inputs["ledger"] = str(input_ledger)
+    if input_ledgers:
+        inputs["ledger"] = [str(path) for path in input_ledgers]
     outputs = {"model": str(dest), "epsilon": str(dest.with_name(dest.name + ".epsilon")),
                "ledger": str(dest.with_name(dest.name + ".ledger"))}
     if hyperparameters.with_name(search_space.FILE_NAME).is_file():
@@ -168,10 +177,12 @@ def accuracy(round_idx: int, split: str) -> float:
     return 0.5 + 0.1 * round_idx + (0.05 if split == "train" else 0.0)
 
 
-def train_on_node(node: SubstraNodeStub, work: Path) -> dict:
+def train_on_node(node: SubstraNodeStub, work: Path, read_only=None) -> dict:
     """Make the node's train tasks write real model files from what the node holds: the function
     archive (its hyperparameters.json), the opener, the data samples the task names and its input
-    model. Returns {train task key: the ε it output}, filled as the node runs them."""
+    models and ledgers. With `read_only` (the tmpfs fixture), each task's data samples are mounted
+    read-only, as on a node, and a task the real function refuses fails with its error line as its
+    log. Returns {train task key: the ε it output}, filled as the node runs them."""
     epsilons = {}
 
     def model_file_of(task, identifier):
@@ -179,22 +190,33 @@ def train_on_node(node: SubstraNodeStub, work: Path) -> dict:
         if identifier not in ("model", "ledger"):
             return f"{identifier} of task {task['key']}".encode()
         # the task's work makes both (asked for in identifier order)
-        if not (folder / "model").exists():
+        if not (folder / "model.ledger").exists() and not (folder / "model").exists():
             run_task(task, folder)
         return (folder / ("model" if identifier == "model" else "model.ledger")).read_bytes()
+
+    def refuses(task):
+        if "ledger" not in task["function"]["outputs"]:  # predict, score, aggregate: not run here
+            return False
+        try:
+            run_task(task, work / task["key"])
+        except UserError as exc:
+            node.failure_log = f"error: {exc}\n"
+            return True
+        return False
 
     def run_task(task, folder):
         function_dir = folder / "function"
         with tarfile.open(
                 fileobj=io.BytesIO(node.functions[task["function"]["key"]].files["file"])) as tar:
             tar.extractall(function_dir, filter="data")
-        samples, input_models, input_ledger = [], [], None
+        samples, input_models, input_ledgers = [], [], []
+        data = (read_only("size=16m") if read_only else folder) / "data"
         for ref in task["inputs"]:
             if ref["identifier"] == "opener":
                 opener = folder / "opener.py"
                 opener.write_bytes(node.datasets[ref["asset_key"]].files["data_opener"])
             elif ref["identifier"] == "datasamples":
-                samples.append(folder / "data" / ref["asset_key"])
+                samples.append(data / ref["asset_key"])
                 with zipfile.ZipFile(
                         io.BytesIO(node.data_samples[ref["asset_key"]].files["archive"])) as z:
                     z.extractall(samples[-1])
@@ -204,16 +226,22 @@ def train_on_node(node: SubstraNodeStub, work: Path) -> dict:
                 output = "ledger" if ref["identifier"] == "ledger" else "model"
                 asset_key = next(o["asset"]["key"] for o in parent if o["identifier"] == output)
                 if ref["identifier"] == "ledger":
-                    input_ledger = folder / "input.ledger"
-                    input_ledger.write_bytes(node.models[asset_key].files["file"])
+                    input_ledgers.append(folder / f"input-{len(input_ledgers)}.ledger")
+                    input_ledgers[-1].write_bytes(node.models[asset_key].files["file"])
                     continue
                 input_models.append(folder / f"input-{len(input_models)}.model")
                 input_models[-1].write_bytes(node.models[asset_key].files["file"])
-        if samples:
+        if read_only:
+            subprocess.run(["mount", "-o", "remount,ro", str(data.parent)], check=True)
+        if set(task["function"]["outputs"]) == {"ledger"}:
+            opener_module = load_asset_module(opener, f"stub_node_opener_{uuid.uuid4().hex}")
+            skeleton.genesis({"datasamples": opener_module.MnistOpener().get_data(
+                [str(f) for f in samples])}, {"ledger": str(folder / "model.ledger")})
+        elif samples:
             epsilons[task["key"]] = write_model_file(folder / "model", opener, samples,
                                                      function_dir / "hyperparameters.json",
                                                      input_models[0] if input_models else None,
-                                                     input_ledger)
+                                                     input_ledgers)
         else:  # an aggregate task: the real averaging
             skeleton.aggregate(NoLearning(), {"models": [str(m) for m in input_models]},
                                {"model": str(folder / "model")},
@@ -225,6 +253,8 @@ def train_on_node(node: SubstraNodeStub, work: Path) -> dict:
         return accuracy(int(task["metadata"]["round_idx"]), task["metadata"]["split"])
 
     node.model_file, node.performance = model_file_of, performance
+    if read_only:
+        node.fail_when = refuses
     return epsilons
 
 
@@ -370,7 +400,7 @@ def test_a_plan_run_on_the_node_reports_accuracy_and_epsilon_from_the_models_it_
     described = keys["compute_plans"][FRAMEWORK]["tasks"]
     tasks = {t.record["key"]: t.record for t in node.plan_tasks(plan_key)}
     assert (list(node.compute_plans) == [plan_key] and set(tasks) == set(described)
-            and len(tasks) == 2 * 5)
+            and len(tasks) == 2 * 5 + 1)  # and the genesis of the organisation's ledger chain
     by_role = {description: key for key, description in described.items()}
     private, public = {"public": False, "authorized_ids": [org]}, {"public": True,
                        "authorized_ids": []}
@@ -387,14 +417,17 @@ def test_a_plan_run_on_the_node_reports_accuracy_and_epsilon_from_the_models_it_
     def permissions(task, output):  # as the client asked for them
         return node.tasks[task["key"]].sent["outputs"][output]["permissions"]
 
+    genesis = tasks[by_role[f"{FRAMEWORK} genesis, round 1 at {org}"]]
+    assert genesis["function"]["key"] == algo["genesis"] and data_inputs(genesis) == on(folds[0])
+    assert permissions(genesis, "ledger") == private
     for round_idx, fold in enumerate(folds, start=1):
         train = tasks[by_role[f"{FRAMEWORK} train, round {round_idx} at {org}"]]
         assert train["function"]["key"] == algo["train"] and train["worker"] == org
         assert data_inputs(train) == on(fold)
         assert parent(train, "model") == ([by_role[f"{FRAMEWORK} train, round 1 at {org}"]]
                                           if round_idx == 2 else [])
-        # the data's own ledger, from task to task
-        assert parent(train, "ledger") == parent(train, "model")
+        # the data's own ledger, from task to task, from the genesis on
+        assert parent(train, "ledger") == (parent(train, "model") or [genesis["key"]])
         assert permissions(train, "model") == private and permissions(train, "epsilon") == public
         assert permissions(train, "ledger") == private
         for split, samples in (("train", fold), ("test", keys["test_data_sample_keys"])):
@@ -430,8 +463,10 @@ def test_a_plan_run_on_the_node_reports_accuracy_and_epsilon_from_the_models_it_
             assert record[f"{split}_accuracy"] == pytest.approx(accuracy(record["round"], split))
     assert "  ε  " in proc.stdout and "keys added to" in proc.stdout
     assert all(f"{record['epsilon']:.3f}" in proc.stdout for record in records)
-    last = by_role[f"{FRAMEWORK} train, round 2 at {org}"]
-    assert keys["ledger_task"] == last  # the organisation's next plan goes on from its last ledger
+    # before the plan the node held nothing; before the report, this plan's genesis and two runs
+    assert "reconciled with the node: 0 ledger output(s)" in proc.stdout
+    assert "reconciled with the node: 3 ledger output(s) of tasks on this organisation's data, 2 " \
+           "run(s)" in proc.stdout
     assert ("GET", f"/compute_plan/{plan_key}/perf/") in node.calls() and node.unexpected == []
     written = [p for p in tmp_path.rglob("*") if p.is_file() and p.suffix in (".json", ".md")]
     assert TOKEN not in proc.stdout + proc.stderr and not any(
@@ -453,7 +488,7 @@ def test_a_search_on_the_node_is_one_tune_task_on_every_fold_with_the_search_fil
     assert proc.returncode == 0, proc.stderr[-3000:]
     keys = json.loads(registered.read_text())
     algo = keys["algos"][FRAMEWORK]
-    assert set(algo) == {"tune", "predict"}
+    assert set(algo) == {"tune", "predict", "genesis"}
     files = tar_gz_members(node.functions[algo["tune"]].files["file"])
     assert json.loads(files[search_space.FILE_NAME]) == search_space.parse(searched, "x").to_json()
     assert files["Dockerfile"] == archive.function_dockerfile(ALGO_ASSETS[FRAMEWORK], "tune")
@@ -462,7 +497,7 @@ def test_a_search_on_the_node_is_one_tune_task_on_every_fold_with_the_search_fil
         contract("tune")
     tasks = [t.record for t in node.plan_tasks(keys["compute_plans"][FRAMEWORK]["key"])]
     tuned = [t for t in tasks if t["function"]["key"] == algo["tune"]]
-    assert len(tasks) == 3 and len(tuned) == 1  # tune, predict, score
+    assert len(tasks) == 4 and len(tuned) == 1  # genesis, tune, predict, score
     # every fold, in one search
     assert sorted(i["asset_key"] for i in tuned[0]["inputs"]
                   if i["identifier"] == "datasamples") == \
@@ -491,7 +526,8 @@ def test_federated_averaging_on_the_node_averages_each_round_and_accounts_each_f
     described = keys["compute_plans"][FRAMEWORK]["tasks"]
     tasks = {t.record["key"]: t.record
              for t in node.plan_tasks(keys["compute_plans"][FRAMEWORK]["key"])}
-    assert len(tasks) == 2 * 5  # per round: a train task per fold, the aggregate, predict and score
+    # per round: a train task per fold, the aggregate, predict and score; and the genesis
+    assert len(tasks) == 2 * 5 + 1
     averages = [key for key, text in described.items() if text.startswith(f"{FRAMEWORK} aggregate")]
     assert [described[key]
             for key in averages] == [f"{FRAMEWORK} aggregate, round {r} at {org}" for r in (1, 2)]
@@ -542,6 +578,7 @@ def test_a_node_that_refuses_model_downloads_still_gets_its_report_from_substras
 
 def test_a_task_failed_on_the_node_exits_2_naming_it_and_ending_with_the_log_the_node_serves(
         node, registered, tmp_path):
+    train_on_node(node, tmp_path / "node")  # the genesis is done, as on a node
     node.fail_when = lambda task: task["function"]["name"] == f"{FRAMEWORK} train"
     node.failure_log = FAILURE_LOG
     node.doing_polls = 1
@@ -633,10 +670,11 @@ def test_a_username_and_password_log_in_and_the_password_never_appears(tmp_path,
 
 
 def test_the_next_plan_on_the_node_goes_on_from_the_ledger_the_last_one_left(
-        node, registered, tmp_path):
+        node, registered, tmp_path, tiny_data):
     train_on_node(node, tmp_path / "node")
     assert add_train_algo(node, tmp_path).returncode == 0
-    first = json.loads(registered.read_text())
+    first = json.loads(registered.read_text())["compute_plans"][FRAMEWORK]["tasks"]
+    first_last = next(key for key, role in first.items() if " train, round 2 " in role)
     proc = add_train_algo(node, tmp_path, "--output", tmp_path / "again")
     assert proc.returncode == 0, proc.stderr[-3000:]
     keys = json.loads(registered.read_text())
@@ -645,10 +683,87 @@ def test_the_next_plan_on_the_node_goes_on_from_the_ledger_the_last_one_left(
     ledgers = [[i["parent_task_key"] for i in node.tasks[t].record["inputs"]
                 if i["identifier"] == "ledger"]
                for t in trains]
-    assert ledgers == [[first["ledger_task"]], [trains[0]]] and keys["ledger_task"] == trains[-1]
+    # no genesis again: the reconciliation found the chain's one tip, the first plan's last task
+    assert not any(" genesis, " in role for role in plan["tasks"].values())
+    assert ledgers == [[first_last], [trains[0]]]
+    assert "reconciled with the node: 3 ledger output(s) of tasks on this organisation's data, 2 " \
+           "run(s), 0 newly recorded" in proc.stdout
     # the ledger the second plan leaves holds the first plan's two runs on the
     # organisation's data and its own two
     served = next(o["asset"]["key"] for o in node.tasks[trains[-1]].state["outputs"]
                   if o["identifier"] == "ledger")
     (tmp_path / "served.ledger").write_bytes(node.models[served].files["file"])
-    assert len(data_ledger.read_output(tmp_path / "served.ledger").events) == 4
+    assert len(data_ledger.read_output(tmp_path / "served.ledger",
+                                       seal_keys(sample_folders(tiny_data, "train"))).events) == 4
+
+
+@pytest.mark.parametrize("strategy", ["cyclic", "fedavg"])
+def test_a_plan_built_by_another_client_without_the_ledger_is_refused_and_reconciliation_counts_all(
+        node, registered, tmp_path, tiny_data, tmpfs, monkeypatch, strategy):
+    """On read-only data samples, as on a node: a plan another client builds without the
+    organisation's ledger is refused by its first train task; one fed a valid but earlier ledger
+    (the genesis again) trains, its budget check missing the runs it was not given, and the
+    organisation's reconciliation finds every run, so its next plan is stopped by the budget."""
+    train_on_node(node, tmp_path / "node", read_only=tmpfs)
+    proc = add_train_algo(node, tmp_path, "--strategy", strategy)  # the organisation's: two runs
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    keys = json.loads(registered.read_text())
+    org, dataset, folds = keys["organization_id"], keys["dataset_key"], keys[
+        "train_data_sample_keys"]
+    # the other client's plans have no genesis task of their own
+    functions = {**keys["algos"][FRAMEWORK], "score": keys["objective_key"], "genesis": None}
+    genesis = next(k for k, role in keys["compute_plans"][FRAMEWORK]["tasks"].items()
+                   if " genesis, " in role)
+    shares = [compute_plan.Share(org, dataset, tuple(fold)) for fold in folds]
+    test = compute_plan.Share(org, dataset, tuple(keys["test_data_sample_keys"]))
+    monkeypatch.setenv(POLLING_VARIABLE, "0.01")
+    other = substra.Client(url=node.url, token=TOKEN, backend_type="remote")
+
+    def plan_of_another_client(ledgers):
+        builder = compute_plan.PlanBuilder(ledgers=ledgers)
+        if strategy == "cyclic":
+            builder.chain(FRAMEWORK, functions, [(1, shares[0])], test)
+        else:
+            builder.fedavg(FRAMEWORK, functions, shares[:1], 1, test)
+        try:
+            execution.run_plan(other, builder, "another client's plan", compute_plan.new_key())
+        except execution.PlanFailed:
+            pass
+        return builder.spending(org)[0]
+
+    # without the organisation's ledger: refused, nothing trained
+    refused = plan_of_another_client({})
+    assert node.tasks[refused].state["status"] == "STATUS_FAILED"
+    assert "the data samples are read-only here and this task has no 'ledger' input" in \
+        node.tasks[refused].state["log"]
+    # with the genesis again: it trains, seeing none of the organisation's two runs
+    earlier = plan_of_another_client({org: [genesis]})
+    assert node.tasks[earlier].state["status"] == "STATUS_DONE"
+
+    proc = subprocess.run([sys.executable, SCRIPTS / "privacy_report.py", "--reconcile",
+                           registered, "--client-name", CLIENT, "--delta",
+                           str(HYPERPARAMETERS["delta"])], capture_output=True, text=True,
+                          cwd=tmp_path, env=environment(node), timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert ("reconciled with the node: 4 ledger output(s) of tasks on this organisation's data, 3 "
+            "run(s), 1 newly recorded in the data folder; 1 ledger output(s) were extended twice"
+            in proc.stdout)
+    folders = sample_folders(tiny_data, "train")
+    spent = data_ledger.read(folders)
+    assert len(spent.events) == 3
+    first_fold = [e for e in spent.events if e.data == (sample_identity(folders[0]),)]
+    assert len(first_fold) == 2  # the organisation's round 1 and the other client's run
+    both = independent_epsilon(first_fold[0].noise_multiplier, first_fold[0].sample_rate,
+                               sum(e.steps for e in first_fold), HYPERPARAMETERS["delta"])
+    assert spent.epsilon(HYPERPARAMETERS["delta"], data=[sample_identity(folders[0])]) == \
+        pytest.approx(both, rel=1e-6)
+    # the worst example's: the first fold's, whose two runs compose
+    assert f"3 run(s) released from it, ε = {both:.3f} at δ = {HYPERPARAMETERS['delta']:g}" in \
+        proc.stdout
+
+    # the organisation's next plan counts every run: a budget below them refuses it
+    (tmp_path / "hp.json").write_text(json.dumps({**HYPERPARAMETERS, "max_epsilon": both * 0.99}))
+    proc = run("add_train_algo_cnn_dp.py", "--framework", FRAMEWORK, "--hyperparameters",
+               tmp_path / "hp.json", "--keys-file", registered, "--output", tmp_path / "again",
+               cwd=tmp_path, env=environment(node), polling=0.01)
+    assert_one_line_error(proc, "max_epsilon", "is spent")

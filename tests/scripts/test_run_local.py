@@ -403,7 +403,8 @@ def test_function_images_hold_cpu_builds_only(docker_run):
     _, tmp = docker_run
     client = docker.from_env()
     archives = sorted((tmp / "results" / "substra" / "archives").glob("*.tar.gz"))
-    assert len(archives) == 1 + 2 * len(FRAMEWORKS)  # score, and train + predict per run
+    # score, train + predict per run, and the first run's genesis (the samples are read-only here)
+    assert len(archives) == 1 + 2 * len(FRAMEWORKS) + 1
     plugins = "/usr/local/lib/python3.11/site-packages/mindspore/lib/plugin"
     for archive in archives:
         image = f"function-{hashlib.sha256(archive.read_bytes()).hexdigest()}"
@@ -442,7 +443,7 @@ def test_federated_averaging_runs_in_the_functions_images(docker_daemon, tmp_pat
         assert saved.hyperparameters["aggregated_by"]["archive_digest"]
     archives = sorted(p.name for p in (tmp_path / "out" / "substra" / "archives").glob("*.tar.gz"))
     assert archives == sorted(["accuracy.tar.gz"] + [f"torch_{function}.tar.gz" for function in (
-        "aggregate", "predict", "train")])
+        "aggregate", "genesis", "predict", "train")])
 
 
 def test_a_failing_task_is_named_and_exits_non_zero(tmp_path, tiny_data):
