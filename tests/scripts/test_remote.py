@@ -767,3 +767,28 @@ def test_a_plan_built_by_another_client_without_the_ledger_is_refused_and_reconc
                tmp_path / "hp.json", "--keys-file", registered, "--output", tmp_path / "again",
                cwd=tmp_path, env=environment(node), polling=0.01)
     assert_one_line_error(proc, "max_epsilon", "is spent")
+
+
+@pytest.mark.parametrize("how", ["refused", "forged"])
+def test_a_ledger_output_the_reconciliation_cannot_read_or_trust_stops_it_in_one_line(
+        node, registered, tmp_path, how):
+    """A task ran on the organisation's data, but the node will not hand its ledger output over,
+    or the output's seal does not hold: the data's figure would miss runs, so nothing is
+    reported."""
+    train_on_node(node, tmp_path / "node")
+    assert add_train_algo(node, tmp_path).returncode == 0
+    train = next(t for t in node.tasks.values() if t.record["function"]["name"].endswith(" train"))
+    ledger = next(o["asset"] for o in train.state["outputs"] if o["identifier"] == "ledger")
+    if how == "refused":
+        node.refuse("GET", rf"/model/{ledger['key']}/file/", 403,
+                    {"detail": "You do not have permission to perform this action."})
+    else:
+        content = node.models[ledger["key"]].files["file"]
+        node.models[ledger["key"]].files["file"] = content.replace(b'"steps": 1', b'"steps": 0')
+    proc = subprocess.run([sys.executable, SCRIPTS / "privacy_report.py", "--reconcile",
+                           registered, "--client-name", CLIENT], capture_output=True, text=True,
+                          cwd=tmp_path, env=environment(node), timeout=120)
+    assert_one_line_error(proc, f"task {train.record['key']}", *(
+        ["the node refuses it its ledger output (403)"] if how == "refused"
+        else ["its seal does not match its content"]))
+    assert "reconciled" not in proc.stdout
