@@ -86,7 +86,7 @@ def main(argv=None):
     if args.backend == "remote":  # every run any plan made on the data, before it is checked
         client = connection.connect(args.backend, args.client_name,
                                     args.keys_file.resolve().parent)
-        tips = reconciled(client, keys, data_dir)
+        tips = reconcile.of_keys_file(client, keys)[0].tips
     # what the tune task would refuse, checked before anything is registered
     if data_dir.is_dir() and searched:
         folders = [f for own in registry.split_among(data_dir, len(folds)) for f in own]
@@ -117,21 +117,6 @@ def main(argv=None):
                         "not here; give noise_multiplier in --hyperparameters instead")
     with results.run_output((args.output or Path("results") / args.framework).resolve()) as output:
         register_and_run(args, keys, hp, output, searched, client, tips)
-
-
-def reconciled(client, keys: registry.KeysFile, data_dir: Path) -> list:
-    """Reconcile the organisation's data folder with the node (orchestration/reconcile.py), print
-    what was found, and return the chain's tips. Refused where the data folder is not here: the
-    node's runs could be neither checked nor recorded."""
-    if not data_dir.is_dir():
-        raise UserError(f"{data_dir}: the data folder named in the keys file is not here, so the "
-                        "runs made on the node cannot be reconciled with its ledger; run this "
-                        "script where the folder is")
-    found = reconcile.reconcile(client, keys.require("organization_id"),
-                                keys.require("dataset_key"),
-                                registry.sample_folders(data_dir, "train"))
-    print(found.describe())
-    return found.tips
 
 
 def register_and_run(args, keys: registry.KeysFile, hp: Hyperparameters, output: Path,
@@ -188,7 +173,7 @@ def register_and_run(args, keys: registry.KeysFile, hp: Hyperparameters, output:
                            {owner: registry.sample_folders(data_dir, "train")}
                            if data_dir.is_dir() else None,
                            # on a node, the runs of every plan on the data, before the report
-                           (lambda: reconciled(client, keys, data_dir))
+                           (lambda: reconcile.of_keys_file(client, keys))
                            if args.backend == "remote" else None)
 
 

@@ -47,16 +47,9 @@ def reconciled_folders(keys_path: Path, client_name: str | None) -> list:
                         "scripts/add_dataset_objective.py first")
     keys = registry.KeysFile(keys_path)
     data_dir = Path(keys.require("data"))
-    if not data_dir.is_dir():
-        raise UserError(f"{keys_path}: its data folder {data_dir} is not here; run this where the "
-                        "folder is")
-    folders = registry.sample_folders(data_dir, "train")
-    data_ledger.check_writable(folders)
-    client = connection.connect("remote", client_name)
-    found = reconcile.reconcile(client, keys.require("organization_id"),
-                                keys.require("dataset_key"), folders)
-    print(found.describe())
-    return folders
+    if data_dir.is_dir():  # the runs found are recorded there
+        data_ledger.check_writable(registry.sample_folders(data_dir, "train"))
+    return reconcile.of_keys_file(connection.connect("remote", client_name), keys)[1]
 
 
 def main(argv=None):

@@ -38,8 +38,9 @@ CONTRACT = {
          FunctionOutputSpec(identifier="epsilon", kind=AssetKind.performance, multiple=False),
          _LEDGER_OUT],
     ),
-    # The genesis of an organisation's ledger chain: what its data samples record, sealed (the
-    # objective's, run by the data's owner: data_ledger.genesis).
+    # The genesis of an organisation's ledger chain: what its data samples record, sealed (each algo
+    # asset's, added by the plan before the organisation's first train or tune task on read-only
+    # data: data_ledger.genesis).
     "genesis": ([_OPENER, _SAMPLES], [_LEDGER_OUT]),
     "predict": (
         [_OPENER, _SAMPLES,

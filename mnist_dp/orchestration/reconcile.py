@@ -21,7 +21,8 @@ import substra
 from substra.sdk.models import ComputeTaskStatus
 
 from mnist_dp.data import samples
-from mnist_dp.privacy import data_ledger, journal, seal
+from mnist_dp.orchestration import registry
+from mnist_dp.privacy import data_ledger, seal
 from mnist_dp.privacy.ledger import Ledger
 from mnist_dp.utils.errors import UserError
 
@@ -79,18 +80,31 @@ def reconcile(client: substra.Client, organization: str, dataset_key: str,
         for task in tasks:
             path = _download(client, task, Path(work))
             content = path.read_bytes()
-            body, extends = seal.open_sealed(content, keys, Path(f"task {task.key}: ledger"))
-            journal.read_into(everything, body, path, chained=True)
-            digests[seal.digest(content)] = task.key
-            for parent in extends:
+            for parent in data_ledger.add_sealed(everything, content, keys,
+                                                 Path(f"task {task.key}: ledger")):
                 extended[parent] = extended.get(parent, 0) + 1
-    before = {e.run_id for e in samples.spent_on(folders).events}
-    identities = {samples.sample_identity(f): f for f in folders}
-    data_ledger.record_released(identities, [everything])
-    after = {e.run_id for e in samples.spent_on(folders).events}
+            digests[seal.digest(content)] = task.key
+    recorded = data_ledger.record_released({samples.sample_identity(f): f for f in folders},
+                                           [everything])
     return Reconciled(outputs=len(tasks), tips=[k for d, k in digests.items() if d not in extended],
-                      runs=len(everything.events), recorded=len(after - before),
+                      runs=len(everything.events), recorded=recorded,
                       forks=sum(count > 1 for count in extended.values()))
+
+
+def of_keys_file(client: substra.Client, keys: registry.KeysFile) -> tuple:
+    """Reconcile the train data folder the keys file `keys` names (reconcile), printing what was
+    found: (the Reconciled, its train sample folders). Refused where the folder is not here: the
+    node's runs could be neither checked nor recorded."""
+    data_dir = Path(keys.require("data"))
+    if not data_dir.is_dir():
+        raise UserError(f"{keys.path}: its data folder {data_dir} is not here, so the runs made on "
+                        "the node cannot be reconciled with its ledger; run this where the folder "
+                        "is")
+    folders = registry.sample_folders(data_dir, "train")
+    found = reconcile(client, keys.require("organization_id"), keys.require("dataset_key"),
+                      folders)
+    print(found.describe())
+    return found, folders
 
 
 def _download(client: substra.Client, task, work: Path) -> Path:

@@ -77,9 +77,16 @@ def read_output(path, seal_keys: dict) -> Ledger:
     """The runs of a task's `ledger` output (`Held.pass_on`), its seal checked under the
     organisation's `seal_keys` (seal.open_sealed)."""
     ledger = Ledger()
-    body, _ = seal.open_sealed(Path(path).read_bytes(), seal_keys, Path(path))
-    journal.read_into(ledger, body, Path(path), chained=True)
+    add_sealed(ledger, Path(path).read_bytes(), seal_keys, Path(path))
     return ledger
+
+
+def add_sealed(ledger: Ledger, content: bytes, seal_keys: dict, path: Path) -> list:
+    """Add to `ledger` the runs of the ledger output `content` (read from `path`), once its seal is
+    checked under the organisation's `seal_keys`; returns the digests it extends."""
+    body, extends = seal.open_sealed(content, seal_keys, path)
+    journal.read_into(ledger, body, path, chained=True)
+    return extends
 
 
 @dataclass(frozen=True)
@@ -196,8 +203,7 @@ def held(folders, chain: Chain | None = None, passes_on: bool = False):
             journal.read_into(ledger, f.read(), Path(f.name))
         for path in chain.inputs if chain else ():
             content = path.read_bytes()
-            body, _ = seal.open_sealed(content, chain.seal_keys, path)
-            journal.read_into(ledger, body, path, chained=True)
+            add_sealed(ledger, content, chain.seal_keys, path)
             extends.append(seal.digest(content))
         yield Held([f for f, _ in files] if writable else [], ledger, chain, tuple(extends))
     finally:
@@ -337,16 +343,17 @@ def histories(data: Ledger, samples: list) -> list:
     return union(mine, data).histories(identities)
 
 
-def record_released(folders_by_identity: dict, ledgers) -> None:
+def record_released(folders_by_identity: dict, ledgers) -> int:
     """Append to the data's ledger every run of the released models' `ledgers` on the sample folders
     `folders_by_identity` ({sample identity: folder}) that it does not hold yet (a task that could
-    not write beside its data). Refused (UserError) where such a run cannot be recorded: a script
-    that released it must not end in success."""
+    not write beside its data); returns how many it appended. Refused (UserError) where such a run
+    cannot be recorded: a script that released it must not end in success."""
     runs = {}
     for ledger in ledgers:
         for event in ledger.events:
             if event.run_id and any(i in folders_by_identity for i in event.data):
                 runs.setdefault(event.run_id, (ledger, event))
+    recorded = 0
     for ledger, event in runs.values():
         folders = [folders_by_identity[i] for i in event.data if i in folders_by_identity]
         with held(folders, passes_on=True) as data:
@@ -357,6 +364,8 @@ def record_released(folders_by_identity: dict, ledgers) -> None:
                                  "scripts/privacy_report.py MODEL --data FOLDER... on the released "
                                  "models to record them")
             data.record(ledger, event)
+            recorded += 1
+    return recorded
 
 
 def check_writable(folders) -> None:

@@ -45,8 +45,9 @@ def seal(journal: bytes, extends: list, seal_keys: dict) -> bytes:
         raise UserError("cannot seal this task's ledger output: its data samples hold no identity "
                         "key; give each its organisation's key (scripts/generate_data.py "
                         "--add-key)")
-    macs = {key_id: _mac(k, journal, sorted(extends)) for key_id, k in sorted(seal_keys.items())}
-    line = json.dumps({"seal": {"extends": sorted(extends), "macs": macs}})
+    extends = sorted(extends)
+    macs = {key_id: _mac(k, journal, extends) for key_id, k in sorted(seal_keys.items())}
+    line = json.dumps({"seal": {"extends": extends, "macs": macs}})
     return journal + line.encode() + b"\n"
 
 
