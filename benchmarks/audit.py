@@ -52,7 +52,8 @@ from mnist_dp.data import sources
 from mnist_dp.learning import model_io, training
 from mnist_dp.learning.interface import Network, flat_weights
 from mnist_dp.privacy import audit, task_plan
-from mnist_dp.privacy.ledger import Ledger, plan_units
+from mnist_dp.privacy.ledger import Ledger
+from mnist_dp.privacy.policy import plan_units
 from mnist_dp.privacy.randomness import RunRandomness
 from mnist_dp.utils import atomic, json_input, options
 from mnist_dp.utils.errors import UserError, run_cli

@@ -52,7 +52,8 @@ from mnist_dp.data import samples
 from mnist_dp.learning import features, interface, model_io, skeleton
 from mnist_dp.orchestration import compute_plan
 from mnist_dp.privacy import model_file, preflight
-from mnist_dp.privacy.ledger import persons_of, plan_units
+from mnist_dp.privacy.ledger import persons_of
+from mnist_dp.privacy.policy import plan_units
 from mnist_dp.utils import atomic, options
 from mnist_dp.utils.errors import UserError, run_cli
 

@@ -97,8 +97,9 @@ def main(argv=None):
         owners = [policy.of_folders(share) for share in shares]
         for owner, own in zip(owners, read):
             preflight.check_owner(owner, hp, any(s.persons is not None for s in own))
-        preflight.check_plan(args.framework, hp, [sum(map(samples.sample_size, s)) for s in shares],
-                             args.rounds,
+        sizes = [samples.public_size(share, own, f"organisation {k}'s data")
+                 for k, (share, own) in enumerate(zip(shares, read), 1)]
+        preflight.check_plan(args.framework, hp, sizes, args.rounds,
                              [f"organisation {k}" for k in range(1, args.organizations + 1)],
                              spent, owners)
         organizations = experiment.register(clients, registry.KeysFile(), data_dir)

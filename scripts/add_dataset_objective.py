@@ -8,7 +8,7 @@ come from the environment (see --client-name); none is written anywhere.
 import tempfile
 from pathlib import Path
 
-from mnist_dp.data import dataset
+from mnist_dp.data import dataset, samples
 from mnist_dp.orchestration import connection, registry
 from mnist_dp.privacy import policy
 from mnist_dp.utils import options
@@ -29,6 +29,7 @@ def build_parser():
                              "(default: %(default)s)")
     connection.add_arguments(parser)
     policy.add_arguments(parser)
+    policy.add_size_argument(parser)
     return parser
 
 
@@ -39,8 +40,17 @@ def main(argv=None):
     work = args.keys_file.resolve().parent  # a local backend keeps its files in ./local-worker here
     client = connection.connect(args.backend, args.client_name, work)
     dataset.generate_default_if_missing(args.data, train_samples=args.folds, flag="--folds")
-    if owner is not None:  # before the samples are registered: Substra never lets them change
+    # before the samples are registered: Substra never lets them change
+    if owner is not None:
         print(policy.write_into(dataset.sample_folders(args.data, "train"), owner))
+    if args.public_size is not None:  # every folder checked before any is written
+        folders = dataset.sample_folders(args.data, "train")
+        for folder in folders:
+            read = samples.read_sample(folder)
+            policy.check_size(args.public_size, samples.unit_count([read]), str(folder),
+                              "persons" if read.persons is not None else "images")
+        for folder in folders:
+            policy.declare_size(folder, args.public_size)
     with tempfile.TemporaryDirectory() as build_dir:
         registry.register_dataset_objective(client, keys, args.data, args.folds, Path(build_dir))
     folds = keys.get("train_data_sample_keys")

@@ -95,12 +95,15 @@ def main(argv=None):
                               any(s.persons is not None for s in read), history=(
                                   samples.spent_on(folders),
                                   {s.identity: Examples.of(s.key_id, s.units) for s in read}))
-        search.check_plan(args.framework, hp, searched, [[s.units for s in read]], [where])
+        search.check_plan(args.framework, hp, searched,
+                          [samples.public_size(folders, read, str(data_dir))], [where],
+                          [any(s.persons is not None for s in read)])
     # what each train task would refuse, checked before anything is registered
     elif data_dir.is_dir():
         holdings = registry.split_among(data_dir, len(folds))
         read = [list(map(samples.read_sample, own)) for own in holdings]
-        sizes = [samples.unit_count(own) for own in read]
+        sizes = [samples.public_size(own, read_own, f"fold {k}'s data")
+                 for k, (own, read_own) in enumerate(zip(holdings, read), 1)]
         spent = [(samples.spent_on(own), {s.identity: Examples.of(s.key_id, s.units)
                                           for s in read_own})
                  for own, read_own in zip(holdings, read)]

@@ -134,7 +134,8 @@ def main(argv=None):
         identities = {folder: sample.identity for folder, sample in read.items()}
         # the released runs are recorded in them after the plan
         data_ledger.check_writable(read)
-        sizes = [samples.unit_count([read[f] for f in own]) for own in holdings]
+        sizes = [samples.public_size(own, [read[f] for f in own], f"organisation {k}'s data")
+                 for k, own in enumerate(holdings, 1)]
         spent = [(samples.spent_on(own),
                   {read[f].identity: Examples.of(read[f].key_id, read[f].units) for f in own})
                  for own in holdings]
@@ -147,8 +148,9 @@ def main(argv=None):
             wheres = [f"{run} hyperparameters ({overrides.source}), organisation {k}"
                       for k in range(1, len(sizes) + 1)]
             if searched:
-                search.check_plan(framework, hp, searched,
-                                  [[read[f].units for f in own] for own in holdings], wheres)
+                search.check_plan(framework, hp, searched, sizes, wheres,
+                                  [any(read[f].persons is not None for f in own)
+                                   for own in holdings])
             else:
                 runs[run] = framework, preflight.check_plan(
                     framework, hp, sizes, args.rounds, wheres, spent, owners)

@@ -31,7 +31,7 @@ from mnist_dp.data.sources import (
     stratified_indices,
     without_copies,
 )
-from mnist_dp.privacy import data_ledger
+from mnist_dp.privacy import data_ledger, policy
 from mnist_dp.utils.errors import UserError, writing_in
 
 DEFAULT_TRAIN_SIZE, DEFAULT_TEST_SIZE, DEFAULT_SEED = 4000, 1000, 0
@@ -40,14 +40,12 @@ MAX_EXAMPLES = 100_000_000
 
 
 def write_sample(folder: Path, images: np.ndarray, labels: np.ndarray, key: str,
-                 persons: np.ndarray | None = None) -> None:
+                 persons: np.ndarray | None = None, public: bool = False) -> None:
     """Write one data sample folder: its images and labels as uint8 .npy files, its identity key,
-    and each image's person when given.
+    each image's person when given, and with `public` its units as its declared public size.
 
     Args:
-      folder: the folder to make (it must not exist).
-      images: the sample's images.
-      labels: their labels.
+      folder, images, labels: the folder to make (it must not exist), the images, the labels.
       key: its identity key, as hex text.
       persons: each image's person (subjects.npy), or None.
     """
@@ -57,6 +55,8 @@ def write_sample(folder: Path, images: np.ndarray, labels: np.ndarray, key: str,
     if persons is not None:
         subjects.write(folder, persons)
     identity_keys.write_key(folder, key)
+    if public:
+        policy.declare_size(folder, len(labels) if persons is None else len(np.unique(persons)))
 
 
 def write_dataset(dest: Path, train, test, train_samples: int, manifest: dict, force: bool = False,
@@ -112,11 +112,11 @@ def write_dataset(dest: Path, train, test, train_samples: int, manifest: dict, f
             keys = [*keys, *(identity_keys.new_key() for _ in range(organizations - len(keys)))]
             sizes, rng = manifest.get("images_per_subject"), np.random.default_rng(
                 [manifest.get("seed", DEFAULT_SEED), 1])
-            for i, part in enumerate(parts):
+            for i, part in enumerate(parts):  # sizes the generator chose: its public declaration
                 persons = None if sizes is None else subjects.assign(len(part), sizes, rng,
                                                                      first=int(part[0]))
                 write_sample(tmp / "train" / str(i), train[0][part], train[1][part],
-                             keys[i % organizations], persons)
+                             keys[i % organizations], persons, public=True)
             write_sample(tmp / "test" / "0", *test, test_key or identity_keys.new_key())
             folders = [f"train/{i}" for i in range(train_samples)] + ["test/0"]
             manifest = {**manifest, "written_by": WRITTEN_BY, "train_examples": int(len(train[1])),

@@ -156,6 +156,17 @@ def unit_count(read: list) -> int:
     return len(np.unique(np.concatenate([s.units for s in read]))) if read else 0
 
 
+def public_size(folders: list, read: list, where: str) -> int:
+    """The public size train sample folders `folders` (`read`: as read_sample reads them) declare
+    together, what a train task's plan counts; refused (UserError naming `where`) where one declares
+    none or where their real count of units is far from it (policy.declared_size). The scripts ask
+    it before registering anything."""
+    from mnist_dp.privacy import policy
+
+    units = "persons" if any(s.persons is not None for s in read) else "images"
+    return policy.declared_size(folders, unit_count(read), where, units)
+
+
 def check_examples(folders: list) -> list:
     """Refuse training data sample folders that hold an example twice, in one sample or in two (the
     opener's rule, which a train task applies): trained on twice, it would be accounted once.

@@ -40,7 +40,8 @@ from mnist_dp.hyperparameters import Hyperparameters
 from mnist_dp.learning import model_io, skeleton
 from mnist_dp.learning.interface import Framework, Network
 from mnist_dp.privacy import data_ledger, model_file, preflight, provenance
-from mnist_dp.privacy.ledger import Ledger, persons_of, plan_units
+from mnist_dp.privacy.ledger import Ledger, persons_of
+from mnist_dp.privacy.policy import plan_size
 from mnist_dp.utils import atomic, json_input
 from mnist_dp.utils.errors import UserError
 
@@ -123,8 +124,8 @@ class DpTraining:
     def _train_run(self, data: dict, through=None) -> int:
         """One train task's work on `self.model` (in place) with the opener's `data`: a local
         training, or nothing in FedAvg's last task (its update is never averaged); returns the
-        examples."""
-        n = len(data["labels"])
+        data's public size (policy.plan_size), FedAvg's weight for this organisation."""
+        n = plan_size(data, persons_of(data) if self.hp.dp else None, len(data["labels"]))[0]
         if self.train_tasks > self.rounds:
             raise UserError(f"this {self.framework_name} algo's σ was calibrated for rounds = "
                             f"{self.rounds} (substrafl's FedAvg runs {self.rounds + 1} train tasks "
@@ -136,8 +137,7 @@ class DpTraining:
                               "is trained and no privacy is spent")
             return n
         # σ is calibrated over what the plan counts
-        hp = self._hyperparameters_for_rounds(plan_units(persons_of(data) if self.hp.dp else None,
-                                                         n)[0], data)
+        hp = self._hyperparameters_for_rounds(n, data)
         # the local state, this organisation's own, carries the run where the data is read-only
         with data_ledger.held(skeleton.sample_folders(data), passes_on=True) as spent:
             plan, ran = skeleton.train_in_memory(
@@ -159,7 +159,8 @@ class DpTraining:
             self.ledger = received_ledger(shared_state, self.ledger)
 
     def _shared_state(self, n: int, update: list) -> LedgerSharedState:
-        """What this organisation sends the aggregator: the change, its examples, and its ledger."""
+        """What this organisation sends the aggregator: the change, its data's public size (FedAvg's
+        weight), and its ledger."""
         return LedgerSharedState(n_samples=n, parameters_update=update,
                                  ledger=self.ledger.to_json())
 

@@ -90,12 +90,13 @@ class TorchDpFedAvgAlgo(DpTraining, TorchFedAvgAlgo):
         self._receive(shared_state)
         sent = TorchFedAvgAlgo.train(self, data_from_opener=data_from_opener,
                                      shared_state=shared_state, _skip=True)
-        return self._shared_state(sent.n_samples, sent.parameters_update)
+        # FedAvg's weight: the public size, not substrafl's count of the data
+        return self._shared_state(self._public_size, sent.parameters_update)
 
     def _local_train(self, train_dataset: OpenerDataset) -> None:
         # The Opacus optimizer is the DP step's own, built per run:
         # TorchAlgo's optimizer stays None.
-        self._train_run(train_dataset.data, through=self._index_generator.feed)
+        self._public_size = self._train_run(train_dataset.data, through=self._index_generator.feed)
 
     def load_local_state(self, path):
         DpTraining.load_local_state(self, path)

@@ -28,9 +28,16 @@ from mnist_dp.learning import model_io, skeleton, training
 from mnist_dp.learning.interface import Framework, Network, Ran
 from mnist_dp.privacy import data_ledger, model_file, policy, provenance, statement
 from mnist_dp.privacy.budgets import check_whole_run
-from mnist_dp.privacy.ledger import Ledger, plan_units
+from mnist_dp.privacy.ledger import Ledger
+from mnist_dp.privacy.policy import plan_size
 from mnist_dp.privacy.randomness import RunRandomness
-from mnist_dp.privacy.search import SearchPlan, draw_count, plan_search, validation_split
+from mnist_dp.privacy.search import (
+    SearchPlan,
+    draw_count,
+    plan_search,
+    public_validation,
+    validation_split,
+)
 from mnist_dp.privacy.task_plan import TaskPlan
 from mnist_dp.utils.errors import UserError
 
@@ -299,10 +306,9 @@ def tune(framework: Framework, inputs: dict, outputs: dict, hyperparameters_path
     check_whole_run(owner, data_ledger.histories(earlier, data["samples"]), base.target_epsilon,
                     base.delta, "a search")
     held_out = validation_split(data, search.validation_permille)
-    n, unit = plan_units(persons, len(held_out))
-    # per person, each on one side with all their images
-    validation_n = int(held_out.sum()) if persons is None else len(np.unique(persons[held_out]))
-    plan = plan_search(framework.name, base, search, n, validation_n, where, unit)
+    n, unit = plan_size(data, persons, len(held_out))
+    plan = plan_search(framework.name, base, search, n,
+                       public_validation(n, search.validation_permille), where, unit)
     randomness = RunRandomness.for_run(base.noise_seed, 0,
                                        tuple(s["identity"] for s in data["samples"]))
     # the candidates' too (the space searches no such key)

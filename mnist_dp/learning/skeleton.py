@@ -27,7 +27,8 @@ from mnist_dp.privacy import (
     statement,
     task_plan,
 )
-from mnist_dp.privacy.ledger import Ledger, merge, own_runs, persons_of, plan_units
+from mnist_dp.privacy.ledger import Ledger, merge, own_runs, persons_of
+from mnist_dp.privacy.policy import plan_size, plan_units
 from mnist_dp.privacy.randomness import RunRandomness
 from mnist_dp.utils import timing
 from mnist_dp.utils.errors import UserError
@@ -199,7 +200,7 @@ def train_in_memory(framework: Framework, model, ledger: Ledger, data: dict, hp:
     histories = ledger.histories(identities)
     # the budget counts every run of the data: the input model's and the data's own ledger's
     everything = ledger if spent is None else data_ledger.union(ledger, spent.ledger)
-    n, unit = plan_units(persons, len(data["labels"]))
+    n, unit = plan_size(data, persons, len(data["labels"]))
     plan = task_plan.for_task(
         framework.name, hp, n, histories, where, identities,
         histories if everything is ledger else everything.histories(identities), unit, owner,
@@ -234,9 +235,10 @@ def train_in_memory(framework: Framework, model, ledger: Ledger, data: dict, hp:
 def aggregate(framework: Framework, inputs: dict, outputs: dict,
               hyperparameters_path: Path) -> None:
     """The substratools `aggregate` function body: federated averaging. The next global model's
-    weights are the mean of the input models' weights, each weighted by the examples of its own new
-    training run (an input whose organisation's budget was spent trained nothing and weighs 0); its
-    ledger is the union of theirs (merge). Averaging is post-processing: no privacy is spent here.
+    weights are the mean of the input models' weights, each weighted by its new training run's n,
+    its data's public size (an input whose organisation's budget was spent trained nothing and
+    weighs 0); its ledger is the union of theirs (merge). Averaging is post-processing: no privacy
+    is spent here.
 
     Args:
       framework: the algo's Framework.
@@ -260,7 +262,7 @@ def aggregate(framework: Framework, inputs: dict, outputs: dict,
     ledger = merge(ledgers)
     # None: that input trained nothing
     added = [runs[-1] if runs else None for runs in own_runs(ledgers)]
-    examples = [run.n if run else 0 for run in added]
+    examples = [run.n if run else 0 for run in added]  # public sizes (policy.py)
     models = [model_io.load_weights(framework, s, path, network) for s, path in zip(saved, paths)]
     mean = weighted_mean([framework.weight_arrays(m) for m in models], examples)
     model = framework.set_weight_arrays(models[0], mean)
@@ -274,7 +276,7 @@ def aggregate(framework: Framework, inputs: dict, outputs: dict,
              for s in saved], [run.run_id if run else None for run in added], examples,
             provenance.running_code(Path(hyperparameters_path).parent, "aggregate"))))
     log.info(
-        "averaged %d models weighted by %s examples: %s", len(saved), examples,
+        "averaged %d models weighted by their data's public sizes %s: %s", len(saved), examples,
         statement.describe(statement.privacy_summary(ledger, saved[0].hyperparameters["delta"])))
     timing.end_task("saving", dp=saved[0].hyperparameters.get("dp"))
 

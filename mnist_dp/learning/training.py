@@ -20,7 +20,7 @@ from mnist_dp.learning import chunks
 from mnist_dp.learning.interface import EpochCallback, Framework, Network, Ran
 from mnist_dp.privacy import task_plan
 from mnist_dp.privacy.events import NO_CLIPPING, PER_PERSON, NoiseSchedule
-from mnist_dp.privacy.ledger import plan_units
+from mnist_dp.privacy.policy import plan_units
 from mnist_dp.privacy.randomness import REPLAYABLE_WARNING, RunRandomness, standard_normal
 from mnist_dp.privacy.task_plan import TaskPlan
 from mnist_dp.utils import progress as progress_bars
@@ -149,7 +149,8 @@ class ClipNorm:
 
 
 def sampled_batches(plan: TaskPlan, randomness: RunRandomness, on_epoch: EpochCallback,
-                    progress: bool = True, persons: np.ndarray | None = None):
+                    progress: bool = True, persons: np.ndarray | None = None,
+                    units: int | None = None):
     """Yield the index batch of every step of a run, with a progress bar.
 
     Args:
@@ -158,8 +159,10 @@ def sampled_batches(plan: TaskPlan, randomness: RunRandomness, on_epoch: EpochCa
       randomness: the run's randomness, which draws the batches.
       on_epoch: the progress text after each epoch (ε so far).
       progress: whether to draw the bar (not for a search's candidates, whose number is secret).
-      persons: each example's person (0..n-1, n = plan.sampling.n), or None: persons are sampled,
-        and a sampled person's examples are all in the batch.
+      persons: each example's person (0..P-1), or None: persons are sampled, and a sampled
+        person's examples are all in the batch.
+      units: how many units the data really holds (examples, or the P persons), which each step
+        samples at rate q; None: the plan's public size (data made to it).
 
     Yields:
       int64 index arrays into the training data, one per step.
@@ -170,16 +173,16 @@ def sampled_batches(plan: TaskPlan, randomness: RunRandomness, on_epoch: EpochCa
     (Opacus' own DPDataLoader runs int(1/q) steps an epoch, one fewer than planned for some q).
     """
     rng, sampling, dp = randomness.numpy("batches"), plan.sampling, plan.hp.dp
+    units = sampling.n if units is None else units
     # Steps are counted here, not by the bar: a bar no terminal sees counts nothing.
     with progress_bars.bar(sampling.steps, f"train ({plan.framework})", "step",
                            shown=progress) as bar:
         for step in range(1, sampling.steps + 1):
             if dp:
-                sampled = rng.random(sampling.n) < sampling.sample_rate
+                sampled = rng.random(units) < sampling.sample_rate
                 yield np.flatnonzero(sampled if persons is None else sampled[persons])
             else:
-                yield rng.choice(sampling.n, size=min(plan.hp.batch_size, sampling.n),
-                                 replace=False)
+                yield rng.choice(units, size=min(plan.hp.batch_size, units), replace=False)
             bar.update()
             if step == 1:
                 timing.mark("first step")  # with the graph's compilation (tf, MindSpore)
@@ -221,7 +224,8 @@ def fit(framework: Framework, model, inputs: np.ndarray, labels: np.ndarray, pla
         raise ValueError(f"a plan per {plan.privacy_unit} given persons={persons is not None} and "
                          f"{framework.name}")
     dp = plan.hp.dp
-    batches = sampled_batches(plan, randomness, on_epoch, progress, persons)
+    units = len(labels) if persons is None else int(persons.max(initial=-1)) + 1
+    batches = sampled_batches(plan, randomness, on_epoch, progress, persons, units)
     if through is not None:
         batches = through(batches, plan.sampling)
     step = DpStep(plan.schedule, ClipNorm(plan, randomness), randomness, canaries, persons)
@@ -308,7 +312,8 @@ class Trained:
 def fit_from_scratch(framework: Framework, images: np.ndarray, labels: np.ndarray,
                      hp: Hyperparameters, where: str, identities: tuple = (),
                      persons: np.ndarray | None = None,
-                     randomness: RunRandomness | None = None) -> Trained:
+                     randomness: RunRandomness | None = None,
+                     public_size: int | None = None) -> Trained:
     """A train task's work without Substra, for benchmarks and audits: its plan on data no run has
     touched (task_plan.fresh), a new model, `fit` (fresh noise unless hp.noise_seed).
 
@@ -321,12 +326,14 @@ def fit_from_scratch(framework: Framework, images: np.ndarray, labels: np.ndarra
       identities: what the run's event names as its data.
       persons: each image's person, an index 0..P-1, to train private per person; None: per image.
       randomness: what the run draws from; None: RunRandomness.for_run(hp.noise_seed).
+      public_size: the size the plan is made for (policy.py); None: the data's own count.
 
     Returns:
       The Trained model, with its network, its plan, what it ran and the training's seconds.
     """
     n, unit = plan_units(persons, len(labels))
-    plan = task_plan.fresh(framework.name, hp, n, where, identities, unit)
+    plan = task_plan.fresh(framework.name, hp, n if public_size is None else public_size, where,
+                           identities, unit)
     network = Network.of(hp)
     model = framework.new_model(hp.seed, network)
     start = time.perf_counter()

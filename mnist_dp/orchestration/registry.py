@@ -365,7 +365,9 @@ def register_dataset_objective(client: substra.Client, keys: KeysFile, data_dir:
                         f"data sample(s) in {data_dir}; use at most {len(train_folders)}, or "
                         + split_advice(data_dir, folds))
     check_organization_keys(data_dir, [train_folders])  # one organisation's samples, under one key,
-    samples.check_examples(train_folders)  # compared before any is registered
+    read = samples.check_examples(train_folders)  # compared before any is registered
+    for k in range(folds):  # a fold is a train task's data: its declared size must be near it
+        samples.public_size(train_folders[k::folds], read[k::folds], f"{data_dir}, fold {k + 1}")
     for folder in [*train_folders, *sample_folders(data_dir, "test")]:
         # every sample has its identity key, checked before any is registered
         samples.sample_identity(folder)

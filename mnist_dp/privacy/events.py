@@ -30,10 +30,7 @@ NOISE_STAGES = 4
 # The least effective noise multiplier of any step (gradient noise, decay and adaptive clipping's
 # count together): below it PLD's grid (∝ 1/σ²) takes minutes or fails, and one step already spends
 # ε ≥ 5.7. Measurements: design.md, "Accounting rules".
-MIN_NOISE_MULTIPLIER = 0.3
-# The most is hyperparameters.MAX_NOISE_MULTIPLIER; a σ calibrated from a
-# target lies between the two.
-
+MIN_NOISE_MULTIPLIER = 0.3  # the most: hyperparameters.MAX_NOISE_MULTIPLIER
 
 
 def _integer(low: int):
@@ -77,6 +74,7 @@ _EVENT_FIELDS = {
              and (v["archive_digest"] is None or _text(v["archive_digest"])),
              'an object {"function": name, "archive_digest": digest or null}'),
     "replayable_noise": (lambda v: isinstance(v, bool), "true or false"),
+    "public_size": (lambda v: isinstance(v, bool), "true or false"),
     # Search.from_json first
     "search": (lambda v: v is None or isinstance(v, Search), "null or a search object"),
 }
@@ -96,7 +94,9 @@ class DpEvent:
 
     framework: str
     data: tuple  # keyed identities of the data samples trained on (their examples: Ledger.examples)
-    n: int  # the privacy units in those samples: examples, or persons (PER_PERSON)
+    # The privacy units (examples, or persons: PER_PERSON) the data's owner declared the samples to
+    # hold (`public_size`), or that they held (older ledgers); q, the steps and E[B] come from it.
+    n: int
     sample_rate: float  # Poisson sampling probability q of each step
     noise_multiplier: float
     steps: int
@@ -124,6 +124,8 @@ class DpEvent:
     # The run's batches and noise came from the noise_seed hyperparameter (randomness.py), not fresh
     # OS entropy: whoever knows the seed can replay them, and its ε then holds for no one else.
     replayable_noise: bool = False
+    # `n` is the data owner's declared size (policy.py), not a count: false where n counted the data
+    public_size: bool = True
     # A private hyperparameter search (Search) that released this run's model as the best of its
     # candidates: this run trained on the examples of `data` outside its validation split, and the
     # whole search is what is accounted.
@@ -238,10 +240,9 @@ class DpEvent:
                              self.count_noise_multiplier)
 
 
+# Older ledgers' runs: noise seeded from public values (replayable), n a count of the examples.
 _ADDED_LATER = {"noise_decay": 1.0, "decay_steps": 0, "count_noise_multiplier": 0.0, "run_id": None,
-                # Ledgers from before fresh noise by default: seeded from
-                # public values, so replayable.
-                "replayable_noise": True, "search": None}
+                "replayable_noise": True, "search": None, "public_size": False}
 
 
 def new_run_id() -> str:

@@ -100,12 +100,6 @@ def persons_of(data: dict) -> np.ndarray | None:
     return index
 
 
-def plan_units(persons: np.ndarray | None, n: int) -> tuple[int, str]:
-    """What a run's plan counts and clips, for `n` images whose persons are `persons`
-    (persons_of's, or None): (n, events.PER_EXAMPLE), or (the P persons, PER_PERSON)."""
-    return (n, PER_EXAMPLE) if persons is None else (int(persons.max()) + 1, PER_PERSON)
-
-
 @dataclasses.dataclass(frozen=True)
 class Account:
     """Examples trained on by exactly the same runs: their ε composes `events`."""
@@ -226,7 +220,8 @@ class Ledger:
 
     def check_examples(self) -> None:
         """Each run's units, when recorded, are as many as its n: its examples, distinct, every
-        sample its own; or its persons (PER_PERSON), whose images several samples may hold."""
+        sample its own; or its persons (PER_PERSON), whose images several samples may hold. A run
+        whose n is a declared public size is checked for the first only."""
         for event in self.events:
             named = [self.examples[i] for i in event.data if i in self.examples]
             if not named:
@@ -237,7 +232,7 @@ class Ledger:
                                 "its privacy figure cannot be trusted")
             distinct = sum(len(np.unique(np.concatenate([e.array for e in named if e.key == key])))
                            for key in {e.key for e in named})
-            if event.clipping == NO_CLIPPING:  # its ε is infinite whatever it names
+            if event.clipping == NO_CLIPPING or event.public_size:  # n counts nothing here
                 continue
             if distinct != event.n or (sum(map(len, named)) != event.n
                                        and event.clipping != PER_PERSON):

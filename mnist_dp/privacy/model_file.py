@@ -133,7 +133,7 @@ def aggregate_metadata(inputs: list, run_ids: list, examples: list, code: dict) 
     Args:
       inputs: each input model's metadata (its hyperparameters).
       run_ids: the run each input added (None: it trained nothing).
-      examples: each input's weight in the average (its run's examples).
+      examples: each input's weight in the average (its run's n: the data's public size).
       code: what averaged them (its provenance), kept as "aggregated_by".
 
     Returns:

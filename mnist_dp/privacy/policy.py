@@ -9,7 +9,8 @@ are registered, after which Substra never lets them change:
       "max_epsilon": 3.0,            # the data's budget: ε over every run released from it ...
       "delta": 1e-5,                 # ... at this δ (null with it: no budget)
       "privacy_unit": "example",     # or "person": every run must clip per person (subjects.npy)
-      "allow": ["baseline"]          # the opt-ins its data allows, of OPT_INS (none if omitted)
+      "allow": ["baseline"],         # the opt-ins its data allows, of OPT_INS (none if omitted)
+      "public_size": 4000            # the sample's public size (below)
     }
 
 Every train and tune task on the data, and the substrafl algos, enforce it whatever the algo's
@@ -18,14 +19,28 @@ can only lower it), a run that cannot stop early is refused when it would pass i
 policy does not allow is refused before anything trains. The scripts check the same before they
 register anything. A task on samples of several policies takes the strictest of each. A folder
 without the file has no policy: the algo's hyperparameters alone decide.
+
+**The public size.** `public_size` is how many privacy units the sample is declared to hold (its
+images; its persons where subjects.npy names them), chosen without looking at who is in it:
+`generate_data.py` declares what it was asked to write, an owner of other data a round figure or a
+bound (`--public-size`). A train task's sampling rate, steps and normaliser come from the sum of its
+samples' declared sizes, never from how many units they really hold, so that adding or removing one
+example changes nothing the mechanism does but through the noisy gradients. A task on a sample with
+no declared size is refused; the scripts refuse, before registering anything, a sample whose real
+count is more than SIZE_TOLERANCE away from its declaration (a task does not: its refusal would
+depend on the data).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
+from mnist_dp.privacy.events import PER_EXAMPLE, PER_PERSON
 from mnist_dp.utils.errors import UserError
 
 POLICY_FILE = "privacy_policy.json"  # in each train data sample folder, beside identity.key
@@ -36,7 +51,11 @@ OPT_INS = {
     "score_train": "scores on the training data (--score-train, not covered by ε)",
 }
 UNITS = ("example", "person")
-KEYS = ("max_epsilon", "delta", "privacy_unit", "allow")
+KEYS = ("max_epsilon", "delta", "privacy_unit", "allow", "public_size")
+# How far from its declared size, as a fraction of it, data's real count may be when registered: a
+# run's mean update is scaled by real / declared, so beyond it the run is a different recipe.
+SIZE_TOLERANCE = 0.1
+MAX_SIZE = 10**9  # a declared size past it is a typo
 
 
 @dataclass(frozen=True)
@@ -49,18 +68,21 @@ class Policy:
       privacy_unit: "person" when every run must clip per person, else None or "example".
       allow: the opt-ins of OPT_INS the data allows.
       source: the file(s) that set it (errors name them); "" without one.
+      public_size: the privacy units one sample's file declares it to hold (None: none, or a
+        policy of several samples; `public_size` sums theirs).
     """
 
     budgets: tuple = ()
     privacy_unit: str | None = None
     allow: frozenset = frozenset(OPT_INS)
     source: str = ""
+    public_size: int | None = None
 
     def to_json(self) -> dict:
         """The policy file's JSON (of a policy of at most one budget)."""
         epsilon, delta = self.budgets[0] if self.budgets else (None, None)
         return {"max_epsilon": epsilon, "delta": delta, "privacy_unit": self.privacy_unit,
-                "allow": sorted(self.allow)}
+                "allow": sorted(self.allow), "public_size": self.public_size}
 
     def refuse(self, opt_in: str, todo: str) -> None:
         """Refuse (UserError) opt-in `opt_in` (a key of OPT_INS) unless the policy allows it; `todo`
@@ -103,8 +125,13 @@ def parse(values, where: str) -> Policy:
                         f"{', '.join(UNITS)}")
     if not isinstance(allow, list) or any(a not in OPT_INS for a in allow):
         raise UserError(f"{where}: allow must be a list of opt-ins among {', '.join(OPT_INS)}")
+    size = values.get("public_size")
+    if size is not None and not (_number(size) and isinstance(size, int) and 0 < size <= MAX_SIZE):
+        raise UserError(f"{where}: public_size = {json.dumps(size)} must be null or an integer "
+                        f"from 1 to {MAX_SIZE:,}: the images (persons) the sample is declared to "
+                        "hold")
     return Policy(() if epsilon is None else ((float(epsilon), float(delta)),), unit,
-                  frozenset(allow), where)
+                  frozenset(allow), where, size)
 
 
 def _number(value) -> bool:
@@ -148,11 +175,55 @@ def of_data(data: dict) -> Policy:
     return of_folders([s["folder"] for s in data.get("samples", ()) if s.get("folder")])
 
 
+def plan_units(persons: np.ndarray | None, n: int) -> tuple[int, str]:
+    """What a run's plan counts and clips, for `n` images whose persons are `persons`
+    (ledger.persons_of's, or None): (n, events.PER_EXAMPLE), or (the P persons, PER_PERSON)."""
+    return (n, PER_EXAMPLE) if persons is None else (int(persons.max()) + 1, PER_PERSON)
+
+
+def plan_size(data: dict, persons: np.ndarray | None, images: int) -> tuple[int, str]:
+    """What a run's plan counts on the opener's `data` of `images` images whose persons are
+    `persons` (ledger.persons_of's, or None): (its samples' declared public size and the unit,
+    events.PER_EXAMPLE or PER_PERSON). Data made in memory (no sample folder on disk: tests,
+    benchmarks) declares its own count. UserError where a sample folder declares no size."""
+    real, unit = plan_units(persons, images)
+    folders = [s["folder"] for s in data.get("samples", ())
+               if s.get("folder") and Path(s["folder"]).is_dir()]
+    return (public_size(folders) if folders else real), unit
+
+
+def public_size(folders) -> int:
+    """The public size data sample folders `folders` declare together; UserError naming those that
+    declare none."""
+    declared = {str(f): (p.public_size if (p := read(f)) else None) for f in folders}
+    missing = [f for f, size in declared.items() if size is None]
+    if missing:
+        raise UserError(f"{', '.join(missing)}: no public size declared for this data (the number "
+                        "of images, or persons, a sample may be said to hold, chosen without "
+                        "looking at them); the sampling rate and steps of DP-SGD are set from it. "
+                        "Declare it before registering: generate_data.py writes it, or "
+                        "add_dataset_objective.py --public-size N")
+    return sum(declared.values())
+
+
 def write(folder, policy: Policy) -> None:
-    """Write `policy` into data sample folder `folder` (before it is registered)."""
+    """Write `policy` into data sample folder `folder` (before it is registered), keeping the public
+    size the folder declares unless `policy` declares one."""
     from mnist_dp.utils import atomic
 
+    kept = read(folder) if policy.public_size is None else None
+    if kept is not None:
+        policy = dataclasses.replace(policy, public_size=kept.public_size)
     atomic.write_text(Path(folder) / POLICY_FILE, json.dumps(policy.to_json(), indent=2) + "\n")
+
+
+def declared_size(folders, real: int, where: str, unit: str = "images") -> int:
+    """The public size train sample folders `folders` declare together, refused (UserError naming
+    `where`) where one declares none or where their `real` count of units is far from it
+    (check_size): what the scripts ask before registering a plan's tasks."""
+    size = public_size(folders)
+    check_size(size, real, where, unit)
+    return size
 
 
 def add_arguments(parser) -> None:
@@ -175,6 +246,22 @@ def add_arguments(parser) -> None:
                             f"{', '.join(OPT_INS)} (default with a policy: none)")
 
 
+def add_size_argument(parser) -> None:
+    """The data owner's option that declares its train samples' public size (generate_data.py
+    declares what it writes, so only the registering script offers it)."""
+    from mnist_dp.utils import options
+
+    parser.add_argument("--public-size", type=options.integer(1, MAX_SIZE), default=None,
+                        metavar="N",
+                        help="declare N the public size of every train sample folder (written "
+                             "into its privacy_policy.json before it is registered): the images "
+                             "(persons, with subjects.npy) each may be said to hold, chosen "
+                             "without looking at them (a round figure). DP-SGD's sampling rate, "
+                             "steps and normaliser come from it; each fold's real count must be "
+                             f"within {SIZE_TOLERANCE:.0%}% of its declared size. Default: what "
+                             "each folder declares (generate_data.py declares what it wrote)")
+
+
 def from_arguments(args) -> Policy | None:
     """The policy the options of `add_arguments` give, or None where none was given (UserError for
     a budget without its δ or a δ without a budget)."""
@@ -188,8 +275,8 @@ def from_arguments(args) -> Policy | None:
 
 
 def write_into(folders, policy: Policy) -> str:
-    """Write `policy` into every data sample folder of `folders` (before they are registered);
-    returns what was written, in one line."""
+    """Write `policy` into every data sample folder of `folders` (before they are registered), each
+    keeping the public size it declares (`write`); returns what was written, in one line."""
     folders = list(folders)
     for folder in folders:
         write(folder, policy)
@@ -198,3 +285,20 @@ def write_into(folders, policy: Policy) -> str:
     return (f"privacy policy written to {len(folders)} train sample folder(s): {budget}, unit "
             f"{policy.privacy_unit or 'example'}, allowing "
             f"{', '.join(sorted(policy.allow)) or 'no opt-in'}")
+
+
+def declare_size(folder, size: int) -> None:
+    """Declare `size` as the public size of data sample folder `folder` (before it is registered),
+    its policy otherwise as it was (none: no limit)."""
+    write(folder, dataclasses.replace(read(folder) or Policy(), public_size=size))
+
+
+def check_size(declared: int, real: int, where: str, unit: str = "images") -> None:
+    """Refuse (UserError naming `where`) a sample whose `real` count of units is more than
+    SIZE_TOLERANCE of its `declared` public size away from it. Only the owner's scripts ask, before
+    registering: a task never refuses on its data's real count."""
+    if abs(real - declared) > SIZE_TOLERANCE * declared:
+        raise UserError(f"{where}: holds {real:,} {unit} but declares a public size of "
+                        f"{declared:,}, more than {SIZE_TOLERANCE:.0%} away; DP-SGD samples and "
+                        f"normalises by the declared size, so declare one near the data's (a round "
+                        f"figure), with --public-size")

@@ -171,26 +171,31 @@ def validation_split(data: dict, permille: int) -> np.ndarray:
     return validation_mask(np.concatenate([unit_ids(s) for s in data["samples"]]), permille)
 
 
-def check_plan(framework: str, hp: Hyperparameters, search: SearchSpace, ids: list,
-               wheres: list) -> None:
+def public_validation(size: int, permille: int) -> int:
+    """How many of a public size's units the validation split is said to hold: its expected share
+    (the split is a function of each unit's uniform keyed id), so that no count of the data's
+    enters the search's plan."""
+    return round(size * permille / 1000)
+
+
+def check_plan(framework: str, hp: Hyperparameters, search: SearchSpace, sizes: list,
+               wheres: list, per_person: list) -> None:
     """What each organisation's tune task would refuse, checked by the scripts before anything is
-    registered: the search's plan on its own examples (persons), the same numbers the task
+    registered: the search's plan on its own data's public size, the same numbers the task
     computes.
 
     Args:
       framework: the algo's name.
       hp: the hyperparameters the space searches around.
       search: the search space.
-      ids: per organisation k, the keyed ids of its samples' privacy units (Sample.units), one
-        array each.
+      sizes: per organisation k, the public size its samples declare (policy.declared_size).
       wheres: per organisation k, what its errors name.
+      per_person: per organisation k, whether its samples name persons.
     """
-    for own, where in zip(ids, wheres):
-        units = np.unique(np.concatenate(own))  # a person's images: one unit
-        per_person = len(units) < sum(len(array) for array in own)
-        plan_search(framework, hp, search, len(units),
-                    int(validation_mask(units, search.validation_permille).sum()), where,
-                    PER_PERSON if per_person else PER_EXAMPLE)
+    for size, where, persons in zip(sizes, wheres, per_person):
+        plan_search(framework, hp, search, size,
+                    public_validation(size, search.validation_permille), where,
+                    PER_PERSON if persons else PER_EXAMPLE)
 
 
 def plan_search(framework: str, base: Hyperparameters, search: SearchSpace, n: int,

@@ -24,20 +24,25 @@ NOT_COVERED = [
     "privacy that this ledger does not see)", "the test data (its accuracy is published)",
     "timing side channels, and floating-point attacks on the noise in tf, and in torch and "
     "MindSpore without secure_mode",
-    "the size of the training data (n is in the ledger, and a published ε reveals ceil(n / "
-    "batch_size))",
+    "the size of the training data: q, the steps and the normaliser come from the public size its "
+    "owner declared, never from the data, but this ledger's table of keyed example ids still "
+    "counts each run's examples",
 ]
 
 THREAT_MODEL = (
     "- Threat model: ε bounds what anyone learns about one training example from everything "
     "released, for an adversary who has the code, the hyperparameters, this model file and every "
     "other example. What each released artefact reveals: the weights are the mechanism's output "
-    "(covered by ε); the ledger and metadata give n, q = 1/⌈n/batch_size⌉, σ, C, the number of "
-    "steps, each run's random id and framework, and each data sample's identity and each example's "
+    "(covered by ε); the ledger and metadata give the public size S that the data's owner "
+    "declared (not a count of the data), q = 1/⌈S/batch_size⌉, σ, C, the number of steps, each "
+    "run's random id and framework, and each data sample's identity and each example's "
     "as an HMAC under a secret key kept with the data (no one without the key can match them to a "
     "candidate dataset or example; they show how many examples two runs share); Substra's "
     "performances give ε and the test accuracy (by default nothing computed on the training data); "
     "the logs give timings and step counts. The batches and the noise are not released.")
+SIZE_RELEASED = ("**The data's size is released** by run(s) {}: trained before public sizes, its n "
+                 "counts the training examples and drove q and the steps, so ε holds for an "
+                 "adversary who knows n, not one who must learn it")
 TRAIN_SCORES = ("**Training-data accuracy was published** (--score-train): it is computed on the "
                 "training data without noise, so it is **not covered by ε**")
 
@@ -214,9 +219,11 @@ def privacy_statement(saved: ModelFile, per_organization: dict | None = None,
     epsilon = ledger.epsilon(delta, REPORTED_ACCOUNTANT)
     searches = sum(e.search is not None for e in ledger.events)
     keys = ledger.keys()
+    counted = [str(i) for i, e in enumerate(ledger.events, 1) if not e.public_size]
     flagged = ([f"**Replayable noise**: {REPLAYABLE_WARNING}"]
                if any(e.replayable_noise for e in ledger.events)
-               else []) + ([TRAIN_SCORES] if train_scores else [])
+               else []) + ([TRAIN_SCORES] if train_scores else []) + (
+        [SIZE_RELEASED.format(", ".join(counted))] if counted else [])
     lines = [
         f"**(ε, δ) = ({epsilon:.3f}, {delta:g})** by {reported_accountant(ledger)} (reported), the "
         "worst case over every example whose influence is in these weights, whichever organisation "
@@ -242,7 +249,8 @@ def privacy_statement(saved: ModelFile, per_organization: dict | None = None,
     for i, e in enumerate(ledger.events, 1):
         library = "; ".join(f"{name}: ε = {value:.3f}" for name, value in e.library_epsilon)
         lines.append(f"  {i}. {e.framework}: {len(e.data)} data sample(s) "
-                     f"({sorted(e.data)[0][:8]}…), n = {e.n}, "
+                     f"({sorted(e.data)[0][:8]}…), "
+                     + (f"public size {e.n}, " if e.public_size else f"n = {e.n} (counted), ")
                      + (_search(e) if e.search
                         else "") + f"q = {e.sample_rate:.4g}, σ = "
                                    f"{e.noise_multiplier:.4g}{_schedule(e)}, {e.steps} steps, "
@@ -258,7 +266,7 @@ def privacy_statement(saved: ModelFile, per_organization: dict | None = None,
         lines.append(
             f"- Federated averaging: this model is the average of {len(averaged)} models, each "
             "trained from the same global model with DP-SGD on one organisation's data, weighted "
-            "by the examples of that training "
+            "by the public size of that training's data "
             f"({', '.join(str(a['examples']) for a in averaged)}). Averaging is post-processing of "
             "those models and spends no privacy; each training run above is counted once (the "
             "global model's runs, shared by every input, included). Each organisation's ε composes "

@@ -50,7 +50,7 @@ UNIT_NAMES = {PER_EXAMPLE: "training examples", PER_PERSON: "persons"}
 @dataclass(frozen=True)
 class SamplingPlan:
     """What one training run will do: `steps` Poisson-sampled batches with probability
-    `sample_rate`."""
+    `sample_rate`, all from `n`, the data's public size (policy.py), not a count of the data."""
 
     n: int
     steps_per_epoch: int
@@ -64,7 +64,7 @@ class SamplingPlan:
 
     @property
     def expected_batch_size(self) -> float:
-        """E[B] = n·q: what a DP step divides the noisy sum by (a constant, not the realised
+        """E[B] = n·q: what a DP step divides the noisy sum by (a public constant, not the realised
         size)."""
         return self.n * self.sample_rate
 
@@ -89,7 +89,7 @@ class SamplingPlan:
         """The sampling plan of every epoch of a run, ceil(n / batch_size) steps each.
 
         Args:
-          n: the number of training examples (persons).
+          n: the data's public size: training examples (persons) it is declared to hold.
           hp: the hyperparameters (batch_size, epochs).
           where: what names the hyperparameters in an error.
           privacy_unit: what n counts, events.PER_EXAMPLE or PER_PERSON (an error names it).
@@ -101,7 +101,7 @@ class SamplingPlan:
         units = UNIT_NAMES[privacy_unit]
         if hp.batch_size > n:
             raise UserError(f"{where}: batch_size = {hp.batch_size} is larger than the {n} "
-                            f"{units}")
+                            f"{units} (the data's public size)")
         plan = cls(n=n, steps_per_epoch=math.ceil(n / hp.batch_size), epochs=hp.epochs)
         if plan.planned_steps > MAX_STEPS:
             raise UserError(f"{where}: epochs = {hp.epochs} with batch_size = {hp.batch_size} on "
@@ -214,7 +214,7 @@ def for_task(framework: str, hp: Hyperparameters, n: int, histories: Sequence, w
     Args:
       framework: the algo's name.
       hp: the hyperparameters.
-      n: the number of training units: examples, or persons.
+      n: the data's public size (policy.plan_size): training examples, or persons.
       histories: the earlier runs of the task's examples in the input model's ledger
         (Ledger.histories; [[]] for none): σ is calibrated for the worst of them.
       where: what names the hyperparameters in an error.
@@ -362,7 +362,7 @@ def check_delta(delta: float, n: int, where: str = "delta") -> None:
     """
     if not isinstance(delta, (int, float)) or not 0 < delta < 1.0 / n:
         raise UserError(f"{where} = {delta} must be > 0 and < 1/n = {1.0 / n:.3g} for n = {n} "
-                        "training examples; choose a smaller delta")
+                        "training examples (the data's public size); choose a smaller delta")
 
 
 def check_noise(hp: Hyperparameters, plan: SamplingPlan, unit: NoiseSchedule, where: str) -> None:

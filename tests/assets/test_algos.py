@@ -29,7 +29,7 @@ from mnist_dp.data import dataset
 from mnist_dp.data.samples import KEY_FILE, sample_identity
 from mnist_dp.learning import functions, interface, model_io
 from mnist_dp.orchestration import archive
-from mnist_dp.privacy import model_file
+from mnist_dp.privacy import model_file, policy
 from mnist_dp.privacy.accountant import calibrate_noise_multiplier, compose_epsilon
 from mnist_dp.privacy.events import PER_EXAMPLE, DpEvent, new_run_id
 from mnist_dp.privacy.ledger import Ledger
@@ -376,6 +376,7 @@ def test_runs_on_two_splits_of_the_same_data_compose_for_the_examples_they_share
                 else images[part].astype(np.float32) / 255)
         np.save(split / "labels.npy", labels[part])
         (split / KEY_FILE).write_text((whole / KEY_FILE).read_text())
+        policy.declare_size(split, 200)
         splits[name] = tmp_path / name
 
     def trained_on(split, name, model=None):

@@ -221,9 +221,12 @@ def test_a_search_per_person_holds_out_whole_persons_and_composes_over_persons(t
     persons = ledger_module.persons_of(data)
     held_out = search_privacy.validation_split(data, event.search.validation_permille)
     assert all(len(set(held_out[persons == p])) == 1 for p in range(persons.max() + 1))
+    # the split's public size, its expected share of the 100 declared persons, not its count
     plan = search_privacy.plan_search("torch", hyperparameters.parse(base, "test"),
                                       search_space.parse(space, "test"), 100,
-                                      len(np.unique(persons[held_out])), "test", PER_PERSON)
+                                      search_privacy.public_validation(
+                                          100, event.search.validation_permille), "test",
+                                      PER_PERSON)
     assert (event.clipping, event.n, event.search.validation_n) == (PER_PERSON, 100,
                                                                     plan.validation_n)
     assert event.noise_multiplier in plan.sigmas.values()

@@ -42,9 +42,9 @@ def deployment(tmp_path_factory, tiny_data):
     (x1, y1), (x2, y2) = load(first), load(second)
     keys = {"A": identity_keys.new_key(), "B": identity_keys.new_key(),
             "T": identity_keys.new_key()}
-    dataset.write_sample(data / "train" / "0", x1, y1, keys["A"])
+    dataset.write_sample(data / "train" / "0", x1, y1, keys["A"], public=True)
     dataset.write_sample(data / "train" / "1", np.concatenate([x2[:100], x1[:SHARED]]),
-                         np.concatenate([y2[:100], y1[:SHARED]]), keys["B"])
+                         np.concatenate([y2[:100], y1[:SHARED]]), keys["B"], public=True)
     dataset.write_sample(data / "test" / "0", *load(dataset.sample_folders(tiny_data, "test")[0]),
                          keys["T"])
     (data.parent / "hp.json").write_text(json.dumps(HP))

@@ -3,6 +3,7 @@ each call is what one substrafl task does (a new algo from its arguments, the or
 state loaded, one method, the local state saved), on the opener's data of the tiny samples."""
 import copy
 import math
+import shutil
 
 import cloudpickle
 import numpy as np
@@ -14,7 +15,7 @@ from mnist_dp.assets import DATASET_ASSET, load_asset_module
 from mnist_dp.federated.algo import METRICS, DpFedAvgAlgo, check_hyperparameters
 from mnist_dp.federated.strategy import DpFedAvg, LedgerAveragedState
 from mnist_dp.federated.torch_algo import TorchDpFedAvgAlgo
-from mnist_dp.privacy import model_file
+from mnist_dp.privacy import model_file, policy
 from mnist_dp.utils.errors import UserError
 
 TARGET = 3.0
@@ -79,6 +80,9 @@ def test_fedavg_spends_at_most_the_target_over_its_rounds_and_refuses_more(tmp_p
         train = copy.deepcopy(train)
         [sample] = train["samples"]
         sample["persons"] = np.arange(sample["n"], dtype=np.uint64) // 2
+        # as a sample with subjects.npy does, it declares its persons
+        sample["folder"] = str(shutil.copytree(sample["folder"], tmp_path / "persons"))
+        policy.declare_size(sample["folder"], math.ceil(sample["n"] / 2))
     kind, rounds, state, hp = "torch", 2, tmp_path / "local", hyperparameters(**CALIBRATED)
     task(kind, rounds, state, "initialize", hp=hp, _skip=True)
     algo, sent = task(kind, rounds, state, "train", hp=hp, data_from_opener=train, _skip=True)
@@ -96,7 +100,7 @@ def test_fedavg_spends_at_most_the_target_over_its_rounds_and_refuses_more(tmp_p
     assert all(any(np.abs(u).max() > 0 for u in s.parameters_update) for s in updates[:-1])
     # FedAvg's last, never averaged
     assert all(not np.any(u) for u in updates[-1].parameters_update)
-    assert all(s.n_samples == len(train["labels"]) for s in updates)
+    assert all(s.n_samples == events[0].n for s in updates)  # FedAvg's weight: the public size
     sigma, q, steps = events[0].noise_multiplier, events[0].sample_rate, sum(e.steps
                                                                              for e in events)
     assert {e.noise_multiplier for e in events} == {sigma}
@@ -196,7 +200,7 @@ def organisation_data(tmp_path, tiny_data, sizes, shared=0):
         picked = [*range(shared), *range(start, start + size - shared)]
         start += size - shared
         dataset.write_sample(tmp_path / f"org{k}", images[picked], labels[picked],
-                             identity_keys.new_key())
+                             identity_keys.new_key(), public=True)
         data.append(opener.get_data([str(tmp_path / f"org{k}")]))
     return data
 

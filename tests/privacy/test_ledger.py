@@ -52,9 +52,10 @@ def test_a_person_in_two_samples_of_a_run_composes_it_once():
     ledger = Ledger.from_json(ledger.to_json())  # its examples agree with its run
     assert ledger.epsilon(1e-5) == pytest.approx(compose_epsilon([run], 1e-5), rel=1e-9)
     assert [account.examples for account in ledger.accounts()] == [300]
-    # per example, the same table would name 400 examples for n = 300: refused
+    # per example, the same table would name 400 examples for a counted n = 300: refused
     with pytest.raises(UserError, match="names 400 examples"):
-        Ledger.from_json(Ledger([dataclasses.replace(run, clipping=events.PER_EXAMPLE)],
+        Ledger.from_json(Ledger([dataclasses.replace(run, clipping=events.PER_EXAMPLE,
+                                                     public_size=False)],
                                 named({"a": range(200), "b": range(100, 300)})).to_json())
 
 
@@ -88,10 +89,21 @@ def test_examples_under_different_keys_are_different_organisations_records():
     ([*range(3999), 5], "ids must be distinct and sorted"),
 ])
 def test_a_ledger_whose_examples_disagree_with_its_runs_is_refused(ids, message):
-    record = Ledger([dp_event(4000, 250, 3)], named({"a": range(4000)})).to_json()
+    """A run whose n counted its examples (a ledger from before public sizes) must name as many."""
+    counted = dataclasses.replace(dp_event(4000, 250, 3), public_size=False)
+    record = Ledger([counted], named({"a": range(4000)})).to_json()
     table = Examples(KEY, b"".join(int(i).to_bytes(8, "big") for i in ids))
     with pytest.raises(UserError, match=message):
         Ledger.from_json({**record, "examples": {"a": table.to_json()}})
+
+
+def test_a_run_of_a_declared_public_size_may_name_more_or_fewer_examples():
+    """n is the size the data's owner declared, not a count: the data may hold a few more or
+    fewer."""
+    for count in (3999, 4001):
+        ledger = Ledger.from_json(Ledger([dp_event(4000, 250, 3)],
+                                         named({"a": range(count)})).to_json())
+        assert ledger.accounts()[0].examples == count
 
 
 def test_ledger_json_round_trip():

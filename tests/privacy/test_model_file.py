@@ -111,6 +111,31 @@ def test_edited_weights_and_metadata_are_refused(tmp_path):
         model_file.load(path)
 
 
+def test_a_ledger_from_before_public_sizes_loads_and_its_statement_flags_the_size_released(
+        tmp_path):
+    """A run recorded before public sizes has no `public_size` field: its n counted the examples.
+    It still loads, with the same ε, and the statement says the data's size is released."""
+    from mnist_dp.privacy import statement
+
+    event = ledger_event(n=100, batch_size=50, epochs=2)
+    path = save_model(tmp_path / "m", [event])
+    fresh = statement.privacy_statement(model_file.load(path))
+    assert "public size 100" in fresh and "size is released" not in fresh
+
+    def without_the_field(ledger):
+        for record in ledger["events"]:
+            del record["public_size"]
+        return ledger
+
+    with_digest(without_the_field)(path)
+    older = model_file.load(path)
+    assert [e.public_size for e in older.ledger.events] == [False]
+    assert older.ledger.epsilon(1e-5) == Ledger([event]).epsilon(1e-5)
+    text = statement.privacy_statement(older)
+    assert "n = 100 (counted)" in text
+    assert "**The data's size is released** by run(s) 1" in text
+
+
 def test_a_folder_is_not_a_model_file(tmp_path):
     with pytest.raises(UserError, match="is a folder"):
         model_file.load(tmp_path)

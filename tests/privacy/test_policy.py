@@ -5,10 +5,11 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from conftest import REPO, dp_event
 
-from mnist_dp.privacy import accountant, policy
+from mnist_dp.privacy import accountant, events, policy
 from mnist_dp.privacy.budgets import check_whole_run
 from mnist_dp.utils.errors import UserError
 
@@ -28,6 +29,9 @@ def folder_with(tmp_path, name, values):
     ({**OWNER, "delta": None}, "delta = null must be a number in .0, 1. with max_epsilon"),
     ({**OWNER, "privacy_unit": "pixel"}, "privacy_unit = \"pixel\" must be null or one of"),
     ({**OWNER, "allow": ["everything"]}, "allow must be a list of opt-ins among"),
+    ({**OWNER, "public_size": 0}, "public_size = 0 must be null or an integer from 1"),
+    ({**OWNER, "public_size": 4000.0}, "public_size = 4000.0 must be null or an integer"),
+    ({**OWNER, "public_size": True}, "public_size = true must be null or an integer"),
     ([], "must be an object with the keys"),
 ])
 def test_a_bad_policy_file_is_refused_naming_it(tmp_path, values, message):
@@ -48,6 +52,49 @@ def test_samples_of_several_policies_keep_every_budget_and_only_what_all_allow(t
     assert both.budgets == ((2.0, 1e-5), (5.0, 1e-6))
     assert both.privacy_unit == "person" and both.allow == {"baseline"}
     assert policy.of_folders([none]) == policy.Policy()  # no file: no limit
+
+
+def test_a_tasks_public_size_is_its_samples_declarations_summed_and_never_its_count(tmp_path):
+    first = folder_with(tmp_path, "a", {"public_size": 200})
+    second = folder_with(tmp_path, "b", {**OWNER, "public_size": 300})
+    data = {"samples": [{"folder": str(first)}, {"folder": str(second)}]}
+    assert policy.plan_size(data, None, 1234) == (500, events.PER_EXAMPLE)
+    persons = np.arange(1234) // 2  # 617 persons, whatever the samples declare
+    assert policy.plan_size(data, persons, 1234) == (500, events.PER_PERSON)
+    # data made in memory (no folder) declares its own count
+    assert policy.plan_size({"samples": [{"identity": "x"}]}, persons, 1234) == (
+        617, events.PER_PERSON)
+
+
+def test_a_sample_that_declares_no_size_is_refused_naming_it(tmp_path):
+    declared, undeclared = folder_with(tmp_path, "a", {"public_size": 200}), tmp_path / "b"
+    undeclared.mkdir()
+    for folders in ([declared, undeclared], [undeclared]):
+        with pytest.raises(UserError, match="no public size declared for this data") as caught:
+            policy.plan_size({"samples": [{"folder": str(f)} for f in folders]}, None, 300)
+        assert str(undeclared) in str(caught.value) and "--public-size" in str(caught.value)
+
+
+@pytest.mark.parametrize("real, refused", [(3600, False), (4400, False), (3599, True),
+                                           (4401, True)])
+def test_the_scripts_refuse_a_count_more_than_a_tenth_from_its_declared_size(tmp_path, real,
+                                                                             refused):
+    folder = folder_with(tmp_path, "a", {"public_size": 4000})
+    if not refused:
+        assert policy.declared_size([folder], real, "fold 1") == 4000
+        return
+    with pytest.raises(UserError, match=f"fold 1: holds {real:,} images but declares a public "
+                                        "size of 4,000, more than 10% away"):
+        policy.declared_size([folder], real, "fold 1")
+
+
+def test_declaring_a_size_or_writing_a_policy_keeps_the_other(tmp_path):
+    folder = folder_with(tmp_path, "a", OWNER)
+    policy.declare_size(folder, 300)
+    assert policy.read(folder) == policy.parse({**OWNER, "public_size": 300},
+                                               str(folder / policy.POLICY_FILE))
+    policy.write_into([folder], policy.parse({**OWNER, "max_epsilon": 1.0}, "the options"))
+    assert (policy.read(folder).public_size, policy.read(folder).budgets) == (300, ((1.0, 1e-5),))
 
 
 @pytest.mark.parametrize("run, message", [
@@ -95,7 +142,7 @@ def test_generate_data_writes_the_owners_policy_into_every_train_sample(tmp_path
         written = json.loads((tmp_path / "data" / "train" / str(k) / policy.POLICY_FILE)
                              .read_text())
         assert written == {"max_epsilon": 4.0, "delta": 1e-5, "privacy_unit": None,
-                           "allow": ["score_train"]}
+                           "allow": ["score_train"], "public_size": 100}
     assert not (tmp_path / "data" / "test" / "0" / policy.POLICY_FILE).exists()
     proc = subprocess.run([sys.executable, "scripts/generate_data.py", "--output",
                            str(tmp_path / "other"), "--budget", "4"], cwd=REPO,

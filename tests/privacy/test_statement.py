@@ -23,8 +23,8 @@ def test_statement_gives_epsilon_with_delta_relation_sampling_clipping_and_exclu
     assert text.startswith(f"**(ε, δ) = ({model.ledger.epsilon(1e-4):.3f}, 0.0001)** by PLD")
     assert f"RDP (Google dp_accounting): ε = {model.ledger.epsilon(1e-4, 'rdp'):.3f}" in text
     assert "add or remove one example" in text and "Poisson" in text
-    assert ("2 data sample(s) (fp-a…), n = 300, q = 0.2, σ = 1, 5 steps, clipping per-example to C "
-            "= 1" in text)
+    assert ("2 data sample(s) (fp-a…), public size 300, q = 0.2, σ = 1, 5 steps, clipping "
+            "per-example to C = 1" in text)
     assert "TF Privacy statement, RDP, Poisson (this run only): ε = 4.500" in text
     assert ("Not covered: hyperparameter tuning" in text
             and "floating-point-attack-resistant noise): off" in text)

@@ -91,3 +91,35 @@ def test_a_read_only_keys_folder_is_one_line(tmp_path, tiny_data):
     assert (proc.returncode == 2 and proc.stderr.startswith("error: ")
             and "Traceback" not in proc.stderr), proc.stderr
     assert "Permission denied" in proc.stderr
+
+
+def test_a_declared_size_far_from_the_data_is_refused_in_one_line_before_anything_is_registered(
+        tmp_path, tiny_data):
+    """--public-size far from a sample's count is refused before it is written; a declaration
+    written by hand far from a fold's count is refused before anything is registered; one within a
+    tenth is declared and registered."""
+    import shutil
+
+    from mnist_dp.privacy import policy
+
+    data = tmp_path / "data"
+    shutil.copytree(tiny_data, data)
+    before = {f: f.read_text() for f in data.glob(f"train/*/{policy.POLICY_FILE}")}
+
+    def run(*args):
+        return subprocess.run([sys.executable, SCRIPT, "--data", data, *map(str, args)],
+                              capture_output=True, text=True, cwd=tmp_path)
+
+    proc = run("--public-size", 200)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert (f"{data / 'train' / '0'}: holds 150 images but declares a public size of 200, more "
+            "than 10% away") in proc.stderr
+    assert {f: f.read_text() for f in before} == before  # nothing declared
+    policy.declare_size(data / "train" / "1", 100)
+    proc = run("--folds", 2)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert f"{data}, fold 2: holds 150 images but declares a public size of 100" in proc.stderr
+    assert not (tmp_path / "assets_keys.json").exists()  # nothing registered
+    proc = run("--public-size", 160)
+    assert proc.returncode == 0, proc.stderr
+    assert [policy.read(f).public_size for f in sorted(data.glob("train/*"))] == [160, 160]
