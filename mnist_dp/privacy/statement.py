@@ -293,8 +293,9 @@ def privacy_statement(saved: ModelFile, per_organization: dict | None = None,
             "- Per organisation (identity key id; the worst ε of its examples): " + ", ".join(
             f"{key}: {ledger.epsilon(delta, data=ledger.samples_under(key)):.3f}" for key in keys))
     elif len(accounts) > 1:
-        lines.append("- Per group of examples trained on by the same runs: " + ", ".join(
-            f"{account.examples} example(s) of run(s) "
+        # the groups, not how many examples each holds: a count would be the data's size
+        lines.append("- Per group of examples trained on by the same runs: " + "; ".join(
+            f"those of run(s) "
             f"{', '.join(_part(k, e) for k, e in zip(account.runs, account.events))}: "
             f"{compose_epsilon(account.events, delta):.3f}" for account in accounts))
     replayed = [i for i, e in enumerate(ledger.events, 1) if e.replayable_noise]
