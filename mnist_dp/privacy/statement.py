@@ -5,6 +5,7 @@ Needs only the standard library, numpy and dp_accounting (no ML framework): an a
 """
 from __future__ import annotations
 
+from mnist_dp.privacy import replace_one
 from mnist_dp.privacy.accountant import (
     ACCOUNTANT_NAMES,
     NEIGHBOURING_RELATION,
@@ -217,6 +218,7 @@ def privacy_statement(saved: ModelFile, per_organization: dict | None = None,
                 "clipping, no noise); ε = ∞. It must not leave the organisations that hold its "
                 "training data.")
     epsilon = ledger.epsilon(delta, REPORTED_ACCOUNTANT)
+    unit = "person" if is_per_person(saved) else "example"
     searches = sum(e.search is not None for e in ledger.events)
     keys = ledger.keys()
     counted = [str(i) for i, e in enumerate(ledger.events, 1) if not e.public_size]
@@ -238,6 +240,9 @@ def privacy_statement(saved: ModelFile, per_organization: dict | None = None,
         f"- {ACCOUNTANT_NAMES['rdp']}: ε = {ledger.epsilon(delta, 'rdp'):.3f}, "
         + ("the whole ledger by RDP, the reported figure where it is the lower." if searches
            else "beside it (a looser bound)."),
+        f"- Replace one {unit} by another (neighbouring data sets of the same size): ε = "
+        f"{replace_one.of_ledger(ledger, delta):.3f} at δ = {delta:g}, the group-of-two bound of "
+        f"the figure above, which is for adding or removing one {unit}.",
         *(["- An individual whose records every organisation here holds (under each of the "
            f"{len(keys)} identity keys): ε = "
            f"{ledger.epsilon_in_every_organization(delta, REPORTED_ACCOUNTANT):.3f}, every run "

@@ -15,7 +15,7 @@ from substra.sdk.models import ComputeTaskStatus
 
 from mnist_dp.orchestration import execution
 from mnist_dp.orchestration.compute_plan import PlanBuilder
-from mnist_dp.privacy import model_file
+from mnist_dp.privacy import model_file, replace_one
 from mnist_dp.privacy.accountant import (
     NEIGHBOURING_RELATION,
     NEIGHBOURING_RELATION_PER_PERSON,
@@ -135,6 +135,8 @@ class Record:
     # An individual whose records every organisation holds (every run composed); None
     # with one organisation's data.
     epsilon_in_every_organization: float | None = None
+    # Replacing one example by another (replace_one.py): the group-of-two bound of `epsilon`.
+    epsilon_replace_one: float | None = None
     # The steps its worst example's ε composes, at each organisation (with q
     # and σ they recompute its ε).
     steps_by_organization: dict = field(default_factory=dict)
@@ -187,6 +189,7 @@ def model_record(path: Path, framework: str, organizations: dict) -> dict:
                                   fps in organizations.items()},
         "epsilon_in_every_organization": (saved.ledger.epsilon_in_every_organization(delta)
                                           if len(saved.ledger.keys()) > 1 else None),
+        "epsilon_replace_one": replace_one.of_ledger(saved.ledger, delta),
         "delta": delta, "accountant": summary["accountant"],
         "noise_multiplier": last.noise_multiplier, "sample_rate": last.sample_rate,
         "steps": sum(e.steps for e in saved.ledger.events), "clipping": last.clipping,

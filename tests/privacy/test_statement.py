@@ -1,4 +1,4 @@
-from mnist_dp.privacy import accountant, model_file, statement
+from mnist_dp.privacy import accountant, model_file, replace_one, statement
 from mnist_dp.privacy.events import PER_EXAMPLE, DpEvent
 from mnist_dp.privacy.ledger import Examples, Ledger
 
@@ -22,6 +22,9 @@ def test_statement_gives_epsilon_with_delta_relation_sampling_clipping_and_exclu
     text = statement.privacy_statement(model)
     assert text.startswith(f"**(ε, δ) = ({model.ledger.epsilon(1e-4):.3f}, 0.0001)** by PLD")
     assert f"RDP (Google dp_accounting): ε = {model.ledger.epsilon(1e-4, 'rdp'):.3f}" in text
+    assert (f"Replace one example by another (neighbouring data sets of the same size): ε = "
+            f"{replace_one.of_ledger(model.ledger, 1e-4):.3f} at δ = 0.0001, the group-of-two "
+            "bound" in text)
     assert "add or remove one example" in text and "Poisson" in text
     assert ("2 data sample(s) (fp-a…), public size 300, q = 0.2, σ = 1, 5 steps, clipping "
             "per-example to C = 1" in text)
