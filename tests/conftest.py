@@ -10,6 +10,7 @@ import time
 import zipfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from mnist_dp.assets import ALGO_ASSETS, DATASET_ASSET, OBJECTIVE_ASSET
@@ -161,6 +162,30 @@ def tiny_data_2orgs(tmp_path_factory):
     dataset.generate(dest, train_size=300, test_size=100, train_samples=2, seed=1, organizations=2)
     SHARED_DATA.append(dest)
     return dest
+
+
+NEIGHBOURS_PUBLIC_SIZE = 200
+
+
+@pytest.fixture(scope="session")
+def neighbours(tmp_path_factory):
+    """{name: data folder}: D (201 train images in one sample) and D minus its last image, both
+    declaring the public size 200: neighbouring data sets on either side of a batch boundary at a
+    batch of 50."""
+    from mnist_dp.data.samples import IMAGES_FILE, LABELS_FILE, read_key
+    from mnist_dp.privacy import policy
+
+    root = tmp_path_factory.mktemp("neighbours")
+    dataset.generate(root / "D", train_size=NEIGHBOURS_PUBLIC_SIZE + 1, test_size=50,
+                     train_samples=1, seed=5)
+    whole = root / "D" / "train" / "0"
+    policy.declare_size(whole, NEIGHBOURS_PUBLIC_SIZE)
+    less = root / "D-1" / "train" / "0"
+    dataset.write_sample(less, np.load(whole / IMAGES_FILE)[:-1], np.load(whole / LABELS_FILE)[:-1],
+                         read_key(whole))
+    policy.declare_size(less, NEIGHBOURS_PUBLIC_SIZE)
+    SHARED_DATA.extend([root / "D", root / "D-1"])
+    return {"D": root / "D", "D-1": root / "D-1"}
 
 
 @pytest.fixture(autouse=True)

@@ -5,37 +5,20 @@ the data's owner declared the size and nothing counts the data."""
 import json
 import zipfile
 
-import numpy as np
 import pytest
 from conftest import (
     ALGO_ASSETS,
     FRAMEWORKS,
+    NEIGHBOURS_PUBLIC_SIZE,
     extract_function,
     run_function,
     samples,
     tiny_hyperparameters,
 )
 
-from mnist_dp.data import dataset
-from mnist_dp.data.samples import IMAGES_FILE, LABELS_FILE, read_key
-from mnist_dp.privacy import model_file, policy
+from mnist_dp.privacy import model_file
 
-PUBLIC_SIZE = 200
 RUN = {"batch_size": 50, "epochs": 1, "noise_seed": 7}
-
-
-@pytest.fixture(scope="module")
-def neighbours(tmp_path_factory):
-    """{name: data folder}: D (201 train images) and D minus its last image, both declaring 200."""
-    root = tmp_path_factory.mktemp("neighbours")
-    dataset.generate(root / "D", train_size=PUBLIC_SIZE + 1, test_size=50, train_samples=1, seed=5)
-    whole = root / "D" / "train" / "0"
-    policy.declare_size(whole, PUBLIC_SIZE)
-    less = root / "D-1" / "train" / "0"
-    dataset.write_sample(less, np.load(whole / IMAGES_FILE)[:-1], np.load(whole / LABELS_FILE)[:-1],
-                         read_key(whole))
-    policy.declare_size(less, PUBLIC_SIZE)
-    return {"D": root / "D", "D-1": root / "D-1"}
 
 
 def released(path) -> dict:
@@ -68,7 +51,7 @@ def test_a_train_task_runs_the_same_mechanism_on_d_and_on_d_less_one_example(
     assert on_d == on_less
     (event,) = on_d[0]["events"]
     # the public size's plan: 4 steps at q = 1/4, as for 200 images; 201 counted would be 5 at 1/5
-    assert (event["n"], event["sample_rate"], event["steps"]) == (PUBLIC_SIZE, 0.25, 4)
+    assert (event["n"], event["sample_rate"], event["steps"]) == (NEIGHBOURS_PUBLIC_SIZE, 0.25, 4)
     assert event["public_size"] is True
 
 
@@ -78,6 +61,6 @@ def test_a_search_releases_the_same_privacy_figures_on_d_and_on_d_less_one_examp
                          target_epsilon=3.0) for name in ("D", "D-1"))
     assert on_d[1] == on_less[1]  # ε
     search_d, search_less = on_d[0]["events"][0], on_less[0]["events"][0]
-    assert search_d["search"] == search_less["search"] and search_d["n"] == PUBLIC_SIZE
+    assert search_d["search"] == search_less["search"] and search_d["n"] == NEIGHBOURS_PUBLIC_SIZE
     # the validation split's public size: its expected share of the declared size
-    assert search_d["search"]["validation_n"] == round(PUBLIC_SIZE * 0.1)
+    assert search_d["search"]["validation_n"] == round(NEIGHBOURS_PUBLIC_SIZE * 0.1)

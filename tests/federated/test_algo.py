@@ -8,7 +8,7 @@ import shutil
 import cloudpickle
 import numpy as np
 import pytest
-from conftest import independent_epsilon, samples, tiny_hyperparameters
+from conftest import NEIGHBOURS_PUBLIC_SIZE, independent_epsilon, samples, tiny_hyperparameters
 from substrafl.strategies.schemas import FedAvgAveragedState
 
 from mnist_dp.assets import DATASET_ASSET, load_asset_module
@@ -230,6 +230,23 @@ def test_every_organisation_keeps_every_runs_ledger_and_reports_its_own_epsilon(
         # the model's: the worst organisation
         assert math.isclose(ledger.epsilon(1e-5), max(own), rel_tol=1e-6)
     assert all(np.array_equal(a, b) for a, b in zip(algos[0]._weights(), algos[1]._weights()))
+
+
+def test_a_train_task_on_d_and_on_d_less_one_example_runs_one_plan_and_sends_one_weight(
+        neighbours):
+    """substrafl's train task on neighbouring data (201 and 200 images, both declaring 200, a
+    noise_seed): the same run in the ledger but its sample ids and run id, and the same FedAvg
+    weight, the public size."""
+    opener = load_asset_module(DATASET_ASSET / "opener.py",
+                               "opener_for_substrafl_tests").MnistOpener()
+    runs, weights = {}, {}
+    for name, folder in neighbours.items():
+        algo = new_algo("torch", 1, hyperparameters(batch_size=50, noise_seed=7))
+        weights[name] = algo.train(data_from_opener=opener.get_data(samples(folder, "train")),
+                                   _skip=True).n_samples
+        runs[name] = [{**e.to_json(), "data": None, "run_id": None} for e in algo.ledger.events]
+    assert runs["D"] == runs["D-1"] and runs["D"][0]["n"] == NEIGHBOURS_PUBLIC_SIZE
+    assert weights == {"D": NEIGHBOURS_PUBLIC_SIZE, "D-1": NEIGHBOURS_PUBLIC_SIZE}
 
 
 def test_a_plain_fedavg_average_without_ledgers_is_refused(tmp_path, opener_data):
