@@ -43,14 +43,8 @@ def main(argv=None):
     # before the samples are registered: Substra never lets them change
     if owner is not None:
         print(policy.write_into(dataset.sample_folders(args.data, "train"), owner))
-    if args.public_size is not None:  # every folder checked before any is written
-        folders = dataset.sample_folders(args.data, "train")
-        for folder in folders:
-            read = samples.read_sample(folder)
-            policy.check_size(args.public_size, samples.unit_count([read]), str(folder),
-                              "persons" if read.persons is not None else "images")
-        for folder in folders:
-            policy.declare_size(folder, args.public_size)
+    if args.public_size is not None:
+        print(samples.declare_size(dataset.sample_folders(args.data, "train"), args.public_size))
     with tempfile.TemporaryDirectory() as build_dir:
         registry.register_dataset_objective(client, keys, args.data, args.folds, Path(build_dir))
     folds = keys.get("train_data_sample_keys")

@@ -62,6 +62,7 @@ def build_parser():
                              "predictions (default: only the organisations whose tasks need them)")
     connection.add_arguments(parser, "With --backend remote give one name per organisation, "
                                      "comma-separated.")
+    policy.add_size_argument(parser)
     return parser
 
 
@@ -123,6 +124,9 @@ def main(argv=None):
         dataset.generate_default_if_missing(data_dir, train_samples=args.organizations,
                                             flag="--organizations",
                                             organizations=args.organizations)
+        if args.public_size is not None:  # before the samples are registered
+            print(samples.declare_size(dataset.sample_folders(data_dir, "train"),
+                                       args.public_size))
         # Everything a task would refuse is checked now, before anything is registered.
         holdings = registry.split_among(data_dir, args.organizations, flag="--organizations")
         # each organisation its own key, as deployed

@@ -167,6 +167,22 @@ def public_size(folders: list, read: list, where: str) -> int:
     return policy.declared_size(folders, unit_count(read), where, units)
 
 
+def declare_size(folders: list, size: int) -> str:
+    """Declare `size` the public size of every train sample folder of `folders` (its
+    privacy_policy.json, before it is registered), each checked first to hold within
+    policy.SIZE_TOLERANCE of it (UserError naming the folder, nothing written); returns what was
+    written, in one line."""
+    from mnist_dp.privacy import policy
+
+    for folder in folders:
+        read = read_sample(folder)
+        policy.check_size(size, unit_count([read]), str(folder),
+                          "persons" if read.persons is not None else "images")
+    for folder in folders:
+        policy.declare_size(folder, size)
+    return f"public size {size:,} declared in {len(folders)} train sample folder(s)"
+
+
 def check_examples(folders: list) -> list:
     """Refuse training data sample folders that hold an example twice, in one sample or in two (the
     opener's rule, which a train task applies): trained on twice, it would be accounted once.

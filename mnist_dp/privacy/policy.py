@@ -201,8 +201,8 @@ def public_size(folders) -> int:
         raise UserError(f"{', '.join(missing)}: no public size declared for this data (the number "
                         "of images, or persons, a sample may be said to hold, chosen without "
                         "looking at them); the sampling rate and steps of DP-SGD are set from it. "
-                        "Declare it before registering: generate_data.py writes it, or "
-                        "add_dataset_objective.py --public-size N")
+                        "Declare it before registering: generate_data.py writes it; for other "
+                        "data, run_local.py or add_dataset_objective.py --public-size N")
     return sum(declared.values())
 
 
@@ -248,7 +248,7 @@ def add_arguments(parser) -> None:
 
 def add_size_argument(parser) -> None:
     """The data owner's option that declares its train samples' public size (generate_data.py
-    declares what it writes, so only the registering script offers it)."""
+    declares what it writes, so only the scripts that register data offer it)."""
     from mnist_dp.utils import options
 
     parser.add_argument("--public-size", type=options.integer(1, MAX_SIZE), default=None,
@@ -257,8 +257,8 @@ def add_size_argument(parser) -> None:
                              "into its privacy_policy.json before it is registered): the images "
                              "(persons, with subjects.npy) each may be said to hold, chosen "
                              "without looking at them (a round figure). DP-SGD's sampling rate, "
-                             "steps and normaliser come from it; each fold's real count must be "
-                             f"within {SIZE_TOLERANCE:.0%}% of its declared size. Default: what "
+                             "steps and normaliser come from it; each sample's real count must be "
+                             f"within {SIZE_TOLERANCE:.0%}% of it. Default: what "
                              "each folder declares (generate_data.py declares what it wrote)")
 
 
@@ -301,4 +301,4 @@ def check_size(declared: int, real: int, where: str, unit: str = "images") -> No
         raise UserError(f"{where}: holds {real:,} {unit} but declares a public size of "
                         f"{declared:,}, more than {SIZE_TOLERANCE:.0%} away; DP-SGD samples and "
                         f"normalises by the declared size, so declare one near the data's (a round "
-                        f"figure), with --public-size")
+                        f"figure) with run_local.py or add_dataset_objective.py --public-size")

@@ -594,6 +594,31 @@ def test_an_opt_in_the_data_owner_forbids_is_refused_before_anything_is_register
         (tmp_path / "out" / "substra").rglob("*.tar.gz"))
 
 
+def test_a_public_size_far_from_the_data_is_refused_before_anything_is_registered(tmp_path,
+                                                                                  tiny_data):
+    """--public-size far from a sample's 150 images, or a declaration gone far from its data: one
+    line, nothing declared, nothing registered; an undeclared sample is refused naming it."""
+    data = shutil.copytree(tiny_data, tmp_path / "data")
+    folders = dataset.sample_folders(data, "train")
+    before = [policy.read(f) for f in folders]
+
+    def refused(*args):
+        proc = run_local("--data", data, "--output", tmp_path / "out", "--frameworks", "torch",
+                         *args, cwd=tmp_path)
+        assert not (tmp_path / "out" / "substra").exists() or not any(
+            (tmp_path / "out" / "substra").rglob("*.tar.gz"))
+        return proc
+
+    assert_one_line_error(refused("--public-size", 1000), f"{folders[0]}: holds 150 images but "
+                          "declares a public size of 1,000, more than 10% away")
+    assert [policy.read(f) for f in folders] == before
+    policy.declare_size(folders[0], 120)
+    assert_one_line_error(refused(), "organisation 1's data: holds 300 images but declares a "
+                                     "public size of 270")
+    (folders[0] / policy.POLICY_FILE).unlink()
+    assert_one_line_error(refused(), f"{folders[0]}: no public size declared for this data")
+
+
 def test_a_read_only_data_folder_is_refused_before_anything_is_registered(tmp_path, tiny_data,
                                                                           tmpfs):
     """Its ledger could not record the released runs: a run would be counted nowhere."""
