@@ -152,8 +152,14 @@ def sample_size(folder: Path) -> int:
 
 def unit_count(read: list) -> int:
     """The privacy units of read samples (read_sample's): their persons where subjects.npy names
-    them, else their examples: the n a train task's plan counts."""
+    them, else their examples: what the scripts hold against the declared public size."""
     return len(np.unique(np.concatenate([s.units for s in read]))) if read else 0
+
+
+def unit_name(read: list) -> str:
+    """What unit_count counts in read samples: "persons" where subjects.npy names them, else
+    "images"."""
+    return "persons" if any(s.persons is not None for s in read) else "images"
 
 
 def public_size(folders: list, read: list, where: str) -> int:
@@ -163,8 +169,7 @@ def public_size(folders: list, read: list, where: str) -> int:
     it before registering anything."""
     from mnist_dp.privacy import policy
 
-    units = "persons" if any(s.persons is not None for s in read) else "images"
-    return policy.declared_size(folders, unit_count(read), where, units)
+    return policy.declared_size(folders, unit_count(read), where, unit_name(read))
 
 
 def declare_size(folders: list, size: int) -> str:
@@ -175,9 +180,8 @@ def declare_size(folders: list, size: int) -> str:
     from mnist_dp.privacy import policy
 
     for folder in folders:
-        read = read_sample(folder)
-        policy.check_size(size, unit_count([read]), str(folder),
-                          "persons" if read.persons is not None else "images")
+        read = [read_sample(folder)]
+        policy.check_size(size, unit_count(read), str(folder), unit_name(read))
     for folder in folders:
         policy.declare_size(folder, size)
     return f"public size {size:,} declared in {len(folders)} train sample folder(s)"

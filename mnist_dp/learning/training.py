@@ -224,7 +224,7 @@ def fit(framework: Framework, model, inputs: np.ndarray, labels: np.ndarray, pla
         raise ValueError(f"a plan per {plan.privacy_unit} given persons={persons is not None} and "
                          f"{framework.name}")
     dp = plan.hp.dp
-    units = len(labels) if persons is None else int(persons.max(initial=-1)) + 1
+    units = plan_units(persons, len(labels))[0]  # the data's own count, which each step samples
     batches = sampled_batches(plan, randomness, on_epoch, progress, persons, units)
     if through is not None:
         batches = through(batches, plan.sampling)
