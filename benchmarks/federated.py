@@ -52,7 +52,7 @@ from mnist_dp.data import samples
 from mnist_dp.learning import features, interface, model_io, skeleton
 from mnist_dp.orchestration import compute_plan
 from mnist_dp.privacy import model_file, preflight
-from mnist_dp.privacy.ledger import persons_of
+from mnist_dp.privacy.examples import persons_of
 from mnist_dp.privacy.policy import plan_units
 from mnist_dp.utils import atomic, options
 from mnist_dp.utils.errors import UserError, run_cli
@@ -92,8 +92,9 @@ def simulate(framework, strategy, organizations, epochs, rounds, epsilon, seed, 
     (train_x, train_y), test = utility.load_dataset("mnist4k", validation)
     # a shuffled split: disjoint, equal shares
     shares = np.array_split(np.arange(len(train_y)), organizations)
-    holdings = [samples.in_memory(train_x[i], train_y[i], f"org{k}") for k,
-                i in enumerate(shares, 1)]
+    holdings = [samples.in_memory(train_x[i], train_y[i], f"org{k}",
+                                  key=samples.in_memory_key(f"org{k}"))
+                for k, i in enumerate(shares, 1)]
     hp = hyperparameters.load(ALGO_ASSETS[framework] / hyperparameters.FILE_NAME,
                               hyperparameters.Overrides({
         **changes, "epochs": epochs, "noise_multiplier": None, "target_epsilon": epsilon,

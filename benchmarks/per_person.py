@@ -80,7 +80,8 @@ def holdings(train, persons: np.ndarray | None, organizations: int, per_person: 
                                                           organizations)])[persons]
         shares = [np.flatnonzero(owner == k) for k in range(organizations)]
     return [samples.in_memory(train[0][i], train[1][i], f"org{k}",
-                              persons[i] if per_person else None)
+                              persons[i] if per_person else None,
+                              key=samples.in_memory_key(f"org{k}"))
             for k, i in enumerate(shares, 1)]
 
 

@@ -30,7 +30,7 @@ from mnist_dp.federated.algo import METRICS, DpFedAvgAlgo, check_hyperparameters
 from mnist_dp.federated.strategy import DpFedAvg
 from mnist_dp.orchestration import compute_plan, connection, registry
 from mnist_dp.privacy import policy, preflight
-from mnist_dp.privacy.ledger import Examples
+from mnist_dp.privacy.examples import Examples
 from mnist_dp.report import display, results
 from mnist_dp.utils import options
 from mnist_dp.utils.errors import run_cli

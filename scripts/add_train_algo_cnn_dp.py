@@ -22,7 +22,7 @@ from mnist_dp.data import dataset, samples
 from mnist_dp.hyperparameters import Hyperparameters
 from mnist_dp.orchestration import compute_plan, connection, reconcile, registry
 from mnist_dp.privacy import data_ledger, policy, preflight, search
-from mnist_dp.privacy.ledger import Examples
+from mnist_dp.privacy.examples import Examples
 from mnist_dp.report import results
 from mnist_dp.utils import options
 from mnist_dp.utils.errors import UserError, run_cli

@@ -64,7 +64,8 @@ def main(argv=None):
     saved_models = [(path, model_file.load(path)) for path in args.model]
     if folders:
         data_ledger.record_released(dict(zip(own, folders)),
-                                    [saved.ledger for _, saved in saved_models])
+                                    [saved.ledger for _, saved in saved_models],
+                                    name=samples.named)
     spent = samples.spent_on(folders) if folders else None
     for path, saved in saved_models:
         print(f"# {path} ({saved.framework})\n")

@@ -9,8 +9,8 @@ Substra clients each own a share of the training data, and ε is reported per or
 - --strategy cyclic: the model passes from organisation to organisation (train at org 1 -> train at
   org 2 -> ...) for --rounds rounds, with predict and score after every train task;
 - --strategy fedavg: federated averaging; each round every organisation trains from the global model
-  (`epochs` local epochs), an aggregate task averages their models weighted by their numbers of
-  examples, and the new global model is scored on the test set.
+  (`epochs` local epochs), an aggregate task averages their models weighted by their data's public
+  sizes, and the new global model is scored on the test set.
 With --search, every organisation instead runs a private hyperparameter search on its own data (a
 tune task: the best of a random number of candidates, by default trained again on all the data, ε
 covering the whole search) and its model is scored on the test set. Writes results.json, summary.md,
@@ -23,7 +23,7 @@ from mnist_dp.assets import ALGO_ASSETS
 from mnist_dp.data import dataset, samples
 from mnist_dp.orchestration import compute_plan, connection, registry
 from mnist_dp.privacy import data_ledger, policy, preflight, search
-from mnist_dp.privacy.ledger import Examples
+from mnist_dp.privacy.examples import Examples
 from mnist_dp.report import results
 from mnist_dp.utils import options
 from mnist_dp.utils.errors import UserError, run_cli

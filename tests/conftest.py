@@ -3,6 +3,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -171,7 +172,7 @@ NEIGHBOURS_PUBLIC_SIZE = 200
 def neighbours(tmp_path_factory):
     """{name: data folder}: D (201 train images in one sample) and D minus its last image, both
     declaring the public size 200: neighbouring data sets on either side of a batch boundary at a
-    batch of 50."""
+    batch of 50; both with D's test set."""
     from mnist_dp.data.samples import IMAGES_FILE, LABELS_FILE, read_key
     from mnist_dp.privacy import policy
 
@@ -184,8 +185,28 @@ def neighbours(tmp_path_factory):
     dataset.write_sample(less, np.load(whole / IMAGES_FILE)[:-1], np.load(whole / LABELS_FILE)[:-1],
                          read_key(whole))
     policy.declare_size(less, NEIGHBOURS_PUBLIC_SIZE)
+    shutil.copytree(root / "D" / "test", root / "D-1" / "test")
     SHARED_DATA.extend([root / "D", root / "D-1"])
     return {"D": root / "D", "D-1": root / "D-1"}
+
+
+# What may differ between D and D - 1 (`neighbours`) in a released text: a keyed id (a data sample's
+# identity, 64 hex digits, shown by its first 8; a run's random id, 32), a compute plan's key, the
+# time of day and how long things took, and the data folders the two runs were given.
+MASKS = [
+    (r"\b[0-9a-f]{64}\b|\b[0-9a-f]{32}\b|\b[0-9a-f]{8}…", "<id>"),
+    (r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b", "<plan>"),
+    (r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(\.\d+)?", "<when>"),
+    (r"\d+(\.\d+)? ?(s|MB)\b|\d+(\.\d+)?s/it|\d\d:\d\d", "<time>"),
+    (r"(D-1|D)\b", "<data>"),
+]
+
+
+def masked(text: str) -> str:
+    """`text` with what MASKS names masked."""
+    for pattern, mask in MASKS:
+        text = re.sub(pattern, mask, text)
+    return text
 
 
 @pytest.fixture(autouse=True)
@@ -226,8 +247,9 @@ def dp_event(n=60000, batch=250, epochs=60, sigma=1.1, data=("a",)):
                    {"function": "train", "archive_digest": None})
 
 
-def save_model(path, events, weights=b"weights", **settings):
-    """A model file whose metadata agrees with its last event, as a train task writes it."""
+def save_model(path, events, weights=b"weights", examples=None, **settings):
+    """A model file whose metadata agrees with its last event, as a train task writes it (its
+    ledger's examples `examples`, {identity: Examples}, released as a task releases them)."""
     from mnist_dp.privacy import model_file
 
     last = events[-1]
@@ -237,7 +259,8 @@ def save_model(path, events, weights=b"weights", **settings):
                        "planned_steps": last.planned_steps,
                        "stopped_by_budget": last.steps < last.planned_steps, **settings}
     model_file.save(path,
-                    model_file.ModelFile(last.framework, weights, Ledger(events), hyperparameters))
+                    model_file.ModelFile(last.framework, weights, Ledger(events, examples),
+                                         hyperparameters))
     return path
 
 
@@ -303,9 +326,9 @@ def extract_function(asset_dir, function, dest, hyperparameters=None):
     return folder
 
 
-def run_function(script, function, inputs, outputs, check=True, cwd=None):
+def run_function(script, function, inputs, outputs, check=True, cwd=None, log_level="warning"):
     """Run a substratools function through its command line, as Substra's subprocess mode does (from
-    the script's folder, or `cwd`)."""
+    the script's folder, or `cwd`), logging at `log_level`."""
     def resources(mapping, multiple_ids):
         out = []
         for identifier, value in mapping.items():
@@ -316,7 +339,7 @@ def run_function(script, function, inputs, outputs, check=True, cwd=None):
 
     cmd = [sys.executable, str(script), "--function-name", function, "--inputs",
            resources(inputs, ("datasamples", "models", "ledger")), "--outputs",
-           resources(outputs, ()), "--log-level", "warning"]
+           resources(outputs, ()), "--log-level", log_level]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd or Path(script).parent)
     if check and proc.returncode != 0:
         raise AssertionError(f"{function} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")

@@ -94,6 +94,16 @@ def spent_on(folders: list):
     return ledger
 
 
+def named(folders: list):
+    """A ledger naming the examples (or persons, with subjects.npy) of data sample folders
+    `folders` as a task on them names them (Ledger.add_samples), with no run."""
+    from mnist_dp.privacy.ledger import Ledger
+
+    ledger = Ledger()
+    ledger.add_samples(opener().combine([read_sample(f) for f in folders])["samples"])
+    return ledger
+
+
 def seal_keys(folders: list) -> dict:
     """The seal keys of the organisation holding data sample folders `folders` (the opener's
     `seal_keys`: {key id: secret}), which check its ledger outputs (privacy/seal.py)."""
@@ -115,21 +125,28 @@ def key_id(folder: Path) -> str:
 IN_MEMORY_KEY = "00" * 32
 
 
+def in_memory_key(organization: str) -> str:
+    """A public identity key of its own for organisation `organization`'s examples held in memory
+    (a benchmark of several organisations: samples under one key are one organisation's)."""
+    return hashlib.sha256(f"mnist-dp in-memory key of {organization}".encode()).hexdigest()
+
+
 def in_memory(images: np.ndarray, labels: np.ndarray, identity: str,
-              subjects: np.ndarray | None = None) -> dict:
+              subjects: np.ndarray | None = None, key: str = IN_MEMORY_KEY) -> dict:
     """What the opener returns for one data sample of these examples, its examples named under
-    IN_MEMORY_KEY.
+    `key`.
 
     Args:
       images: the images, made float32 (in [0, 1]).
       labels: their labels, made int.
       identity: the sample's identity, which names it.
       subjects: each image's person, integers as in a SUBJECTS_FILE; None: each image its own.
+      key: the identity key (64 hex digits): IN_MEMORY_KEY, or an organisation's in_memory_key.
 
     Returns:
       The opener's datasamples dict of that one sample (its `combine`).
     """
-    key, reader = bytes.fromhex(IN_MEMORY_KEY), opener()
+    key, reader = bytes.fromhex(key), opener()
     images, labels = images.astype(np.float32), labels.astype(np.int64)
     digests = reader.example_digests(images, labels)
     persons = None if subjects is None else reader.subject_ids(

@@ -40,7 +40,8 @@ from mnist_dp.hyperparameters import Hyperparameters
 from mnist_dp.learning import model_io, skeleton
 from mnist_dp.learning.interface import Framework, Network
 from mnist_dp.privacy import data_ledger, model_file, preflight, provenance
-from mnist_dp.privacy.ledger import Ledger, persons_of
+from mnist_dp.privacy.examples import persons_of
+from mnist_dp.privacy.ledger import Ledger
 from mnist_dp.privacy.policy import plan_size
 from mnist_dp.utils import atomic, json_input
 from mnist_dp.utils.errors import UserError
@@ -162,7 +163,7 @@ class DpTraining:
         """What this organisation sends the aggregator: the change, its data's public size (FedAvg's
         weight), and its ledger."""
         return LedgerSharedState(n_samples=n, parameters_update=update,
-                                 ledger=self.ledger.to_json())
+                                 ledger=self.ledger.released().to_json())
 
     def _hyperparameters_for_rounds(self, n: int, data: dict) -> Hyperparameters:
         """The hyperparameters with σ fixed for every run of this organisation
@@ -185,7 +186,9 @@ class DpTraining:
         """The organisation's own ε, that of its examples, after its runs so far (0 before any), at
         the hyperparameters' δ. The local state's headline figure (privacy_report.py) is the worst
         organisation's."""
-        return self.ledger.epsilon(self.hp.delta, data=self.own_data) if self.own_data else 0.0
+        if not self.own_data:
+            return 0.0
+        return self.ledger.released().epsilon(self.hp.delta, data=self.own_data)
 
     def predict(self, data_from_opener: dict, shared_state=None) -> dict:
         """The predicted labels of the opener's images, with this organisation's ε for the `epsilon`

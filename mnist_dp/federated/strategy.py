@@ -1,17 +1,18 @@
 """substrafl's FedAvg with the organisations' privacy ledgers passed along: every model file holds
 every run.
 
-substrafl's FedAvg sends the aggregator each organisation's weight change and number of examples,
-and sends back the average. Averaged weights carry every organisation's training, so their ledger
-must too: here each shared state also carries the organisation's ledger (its runs and those it
-received), and the aggregator sends back their merge (ledger.merge: each run once), which every
-organisation keeps with the global model. Each organisation's ε is then computed as on the bundle's
-own federated paths: its records compose the runs on its own data, and a local state's headline
-figure covers every organisation's examples in its weights.
+substrafl's FedAvg sends the aggregator each organisation's weight change and weight (here its
+data's public size, policy.py), and sends back the average. Averaged weights carry every
+organisation's training, so their ledger must too: here each shared state also carries the
+organisation's ledger (its runs and those it received), and the aggregator sends back their merge
+(ledger.merge: each run once), which every organisation keeps with the global model. Each
+organisation's ε is then computed as on the bundle's own federated paths: its records compose the
+runs on its own data, and a local state's headline figure covers every organisation's examples in
+its weights.
 
-What the ledger adds to what leaves an organisation: its runs' n, q, σ and steps, and its examples'
-ids, HMACs under its own identity key, which no other organisation or the aggregator holds (they
-cannot test membership).
+What the ledger adds to what leaves an organisation: its runs' public size, q, σ and steps, and its
+data samples' keyed identities and key ids, in the released form (Ledger.released): no example's
+id, nothing that counts the data.
 """
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ class DpFedAvg(FedAvg):
         average = FedAvg.avg_shared_states(self, shared_states=shared_states, _skip=True)
         merged = merge([Ledger.from_json(state.ledger) for state in shared_states])
         return LedgerAveragedState(avg_parameters_update=average.avg_parameters_update,
-                                   ledger=merged.to_json())
+                                   ledger=merged.released().to_json())
 
 
 def received_ledger(shared_state, own: Ledger) -> Ledger:

@@ -69,7 +69,7 @@ def run_search(framework: Framework, images: np.ndarray, labels: np.ndarray, hel
       search: the search's privacy plan (its space, σ by profile, the score's noise).
       randomness: draws K, the candidates, their runs and the scores' noise.
       where: what names the hyperparameters in errors.
-      persons: each image's person (ledger.persons_of) when search.privacy_unit is per person,
+      persons: each image's person (examples.persons_of) when search.privacy_unit is per person,
         else None.
 
     Returns:
@@ -338,7 +338,7 @@ def tune(framework: Framework, inputs: dict, outputs: dict, hyperparameters_path
     model_file.save(outputs["model"],
                     model_file.ModelFile(framework.name, framework.dump_model(searched.model),
                                          ledger, searched.plan.metadata()))
-    summary = statement.privacy_summary(ledger, base.delta)
+    summary = statement.privacy_summary(ledger.released(), base.delta)
     model_io.save_epsilon(outputs["epsilon"], summary["epsilon"])
     log.info("search: released the %s: %s", "best candidate" if len(ledger.events) == 1
              else "final run on the best candidate's hyperparameters", statement.describe(summary))

@@ -27,7 +27,8 @@ from mnist_dp.privacy import (
     statement,
     task_plan,
 )
-from mnist_dp.privacy.ledger import Ledger, merge, own_runs, persons_of
+from mnist_dp.privacy.examples import persons_of
+from mnist_dp.privacy.ledger import Ledger, merge, own_runs
 from mnist_dp.privacy.policy import plan_size, plan_units
 from mnist_dp.privacy.randomness import RunRandomness
 from mnist_dp.utils import timing
@@ -65,7 +66,7 @@ def train(framework: Framework, inputs: dict, outputs: dict, hyperparameters_pat
     model, ledger = model_io.load_input_model(framework, inputs, network)
     if model is None:
         model = framework.new_model(hp.seed, network)
-    # 2. The run's plan (what it may spend, over the earlier runs of its examples), 3. the DP
+    # 2. The run's plan (what it may spend, over the earlier runs it counts), 3. the DP
     #    steps, and 4. the ledger: this run as it ran, recorded with the data before the model is
     #    saved.
     chain = data_ledger.Chain.of(inputs.get("ledger"), data)
@@ -81,7 +82,7 @@ def train(framework: Framework, inputs: dict, outputs: dict, hyperparameters_pat
     if ran is None:
         log.warning("the input model is passed on unchanged")
         model_file.copy(inputs["model"], outputs["model"])
-        summary = statement.privacy_summary(ledger, hp.delta)
+        summary = statement.privacy_summary(ledger.released(), hp.delta)
         model_io.save_epsilon(outputs["epsilon"], summary["epsilon"])
         timing.end_task("saving", dp=hp.dp)
         return summary
@@ -89,7 +90,7 @@ def train(framework: Framework, inputs: dict, outputs: dict, hyperparameters_pat
     model_file.save(outputs["model"], model_file.ModelFile(framework.name,
                                                            framework.dump_model(model), ledger,
                                                            plan.metadata()))
-    summary = statement.privacy_summary(ledger, hp.delta)
+    summary = statement.privacy_summary(ledger.released(), hp.delta)
     summary["library_epsilon"] = ran.library_epsilon
     model_io.save_epsilon(outputs["epsilon"], summary["epsilon"])
     log.info("trained %d steps, q=%.4g, sigma=%.4g: %s", ran.steps, plan.sampling.sample_rate,
@@ -128,7 +129,7 @@ def refuse_copies(data: dict) -> None:
 
 
 def per_person(framework: Framework, data: dict, hp: Hyperparameters, earlier: dict):
-    """Each image's person (ledger.persons_of) when `data` names persons and the run is private,
+    """Each image's person (examples.persons_of) when `data` names persons and the run is private,
     else None. Refused in one line where this run cannot train per person, or where a ledger of
     `earlier` ({whose: Ledger}) holds private runs of the other unit on this organisation's data: a
     person's runs and their images' runs would be accounted apart."""
@@ -277,7 +278,8 @@ def aggregate(framework: Framework, inputs: dict, outputs: dict,
             provenance.running_code(Path(hyperparameters_path).parent, "aggregate"))))
     log.info(
         "averaged %d models weighted by their data's public sizes %s: %s", len(saved), examples,
-        statement.describe(statement.privacy_summary(ledger, saved[0].hyperparameters["delta"])))
+        statement.describe(statement.privacy_summary(ledger.released(),
+                                                     saved[0].hyperparameters["delta"])))
     timing.end_task("saving", dp=saved[0].hyperparameters.get("dp"))
 
 

@@ -72,7 +72,7 @@ class DpStep:
     clip: ClipNorm
     randomness: RunRandomness
     canaries: object | None = None  # an audit.DiracCanaries
-    # each example's person, an index 0..n-1 (ledger.persons_of), when the unit is a person
+    # each example's person, an index 0..n-1 (examples.persons_of), when the unit is a person
     persons: np.ndarray | None = None
 
     def units_in(self, batch: np.ndarray) -> int:
@@ -210,7 +210,7 @@ def fit(framework: Framework, model, inputs: np.ndarray, labels: np.ndarray, pla
       through: through(batches, sampling plan), what the batches pass through on their way to the
         framework (substrafl's index generator, which counts them); it must hand on every batch.
       progress: whether to draw the steps' progress bar.
-      persons: each example's person (ledger.persons_of) when plan.privacy_unit is PER_PERSON,
+      persons: each example's person (examples.persons_of) when plan.privacy_unit is PER_PERSON,
         else None.
 
     Returns:

@@ -30,7 +30,7 @@ def check_whole_run(owner: Policy, histories, epsilon: float | None, delta: floa
 
     Args:
       owner: the data owner's policy.
-      histories: the earlier runs of its examples (Ledger.histories).
+      histories: the earlier runs it counts (Ledger.histories).
       epsilon: the run's own ε at `delta` (its target), or None: unknown, refused with a
         budget.
       delta: the run's δ.

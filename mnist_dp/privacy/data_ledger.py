@@ -307,8 +307,9 @@ def absorb(model: Ledger, data: Ledger) -> list:
     between frameworks: one layout serves all three).
 
     Args:
-      model: the model's ledger, changed in place: the runs go before its own, with their examples
-        and the data's aliases of its samples.
+      model: the model's ledger, changed in place: the runs go before its own, and every sample of
+        the data's runs named as the data names it (a released ledger names none), with the data's
+        aliases of its samples.
       data: the data's own ledger.
 
     Returns:
@@ -321,7 +322,7 @@ def absorb(model: Ledger, data: Ledger) -> list:
                          f"input model: its ledger records training run {e.run_id} differently "
                          "from this organisation's own ledger of its data: the model was edited; "
                          "its privacy figure cannot be trusted")]
-    model.add_examples({i: data.examples[i] for e in lacking for i in e.data})
+    model.add_examples({i: data.examples[i] for e in data.events for i in e.data})
     model.add_aliases({i: named for i, named in data.aliases.items() if i in model.examples})
     model.events[:0] = lacking
     return lacking
@@ -332,22 +333,27 @@ def union(ledger: Ledger, data: Ledger) -> Ledger:
     what a budget for the data counts (`ledger` itself when there is none to add). A run both hold
     must be recorded alike (absorb)."""
     everything = ledger.copy(list(ledger.events))
-    return everything if absorb(everything, data) or data.aliases else ledger
+    added = absorb(everything, data)
+    return everything if added or data.aliases or everything.examples != ledger.examples else ledger
 
 
 def histories(data: Ledger, samples: list) -> list:
-    """The earlier runs of the examples of the opener's data samples `samples` that the data's own
+    """The earlier runs a run on the opener's data samples `samples` counts, of those the data's own
     ledger `data` records (Ledger.histories; [[]] for none)."""
     mine = Ledger()
     identities = mine.add_samples(samples)
     return union(mine, data).histories(identities)
 
 
-def record_released(folders_by_identity: dict, ledgers) -> int:
+def record_released(folders_by_identity: dict, ledgers, name=None) -> int:
     """Append to the data's ledger every run of the released models' `ledgers` on the sample folders
     `folders_by_identity` ({sample identity: folder}) that it does not hold yet (a task that could
     not write beside its data); returns how many it appended. Refused (UserError) where such a run
-    cannot be recorded: a script that released it must not end in success."""
+    cannot be recorded: a script that released it must not end in success.
+
+    A released ledger names no example: `name(folders)`, a Ledger naming the examples of those
+    folders (samples.named), names them in the record; without it, or for another organisation's
+    samples, the record says the run may have touched any of the organisation's examples."""
     runs = {}
     for ledger in ledgers:
         for event in ledger.events:
@@ -363,7 +369,12 @@ def record_released(folders_by_identity: dict, ledgers) -> int:
                 raise _read_only(folders[0], "; make it writable, then run python "
                                  "scripts/privacy_report.py MODEL --data FOLDER... on the released "
                                  "models to record them")
-            data.record(ledger, event)
+            unnamed = [folders_by_identity[i] for i in event.data if i in folders_by_identity
+                       and not (i in ledger.examples and ledger.examples[i].named)]
+            named = ledger.copy()
+            if unnamed and name is not None:
+                named.add_examples(name(unnamed).examples)
+            data.record(named, event)
             recorded += 1
     return recorded
 

@@ -18,7 +18,8 @@ import stat
 from pathlib import Path
 
 from mnist_dp.privacy.events import DpEvent
-from mnist_dp.privacy.ledger import Examples, Ledger, is_new
+from mnist_dp.privacy.examples import Examples
+from mnist_dp.privacy.ledger import Ledger, is_new
 from mnist_dp.utils import json_input
 from mnist_dp.utils.errors import UserError
 

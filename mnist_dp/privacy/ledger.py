@@ -1,24 +1,22 @@
-"""The privacy ledger a model file carries: its DP events in training order and the examples they
-trained on.
+"""The privacy ledger: DP events in training order and the data samples they trained on.
 
 Accounting unit: an organisation's record. Neighbouring datasets differ by adding or removing one
-example (the image with its label, as the model sees it) of one organisation's data. Each
-organisation names its examples by a 64-bit HMAC of their content under its own secret identity key,
-stored with its data samples and never sent to anyone (the opener computes both). Inside one
-organisation (one key) an example's ε composes every run that trained on it, whichever data sample
-held it: re-splitting or re-registering the same data cannot reset an account, and runs on disjoint
-examples compose in parallel. Examples named under different keys are different organisations'
-records: a run on one organisation's data does not touch another's, so each organisation's ε is that
-of its own examples. An individual whose records several organisations hold is covered by the
-composition of all their runs (`epsilon_in_every_organization`), which the statement gives beside
-the headline. Whoever holds a candidate example but not the organisation's key cannot tell from a
-released ledger whether it was trained on.
+example (the image with its label, as the model sees it) of one organisation's data; examples named
+under different keys are different organisations' records. Two forms. The organisation's own record
+(the data's ledger, its sealed ledger outputs, a task's ledger while it runs) names each example by
+a 64-bit HMAC of its content under the organisation's secret identity key (examples.py), and an
+example's ε composes every run that trained on it, whichever data sample held it: re-splitting the
+same data cannot reset an account, and runs on disjoint examples compose in parallel. The released
+form a model file and a shared state carry (`Ledger.released`) names no example, only each sample's
+key id and its organisation's other keys (its ring), so nothing in it counts the data: each
+organisation's ε composes every run on any of its samples (an upper bound). An individual whose
+records several organisations hold is covered by the composition of all their runs
+(`epsilon_in_every_organization`), which the statement gives beside the headline.
 """
 from __future__ import annotations
 
-import base64
 import dataclasses
-import re
+import itertools
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -31,81 +29,18 @@ from mnist_dp.privacy.events import (
     DpEvent,
     validation_mask,
 )
+from mnist_dp.privacy.examples import Examples, ring_of, unit_ids
 from mnist_dp.utils.errors import UserError
 
-
-@dataclasses.dataclass(frozen=True)
-class Examples:
-    """The examples of one data sample as a ledger names them: `key`, the id of the sample's
-    identity key, and `ids`, the examples' keyed 64-bit ids (the opener's example_ids), sorted, as
-    big-endian bytes."""
-
-    key: str
-    ids: bytes
-
-    @classmethod
-    def of(cls, key: str, ids) -> Examples:
-        return cls(key, np.sort(np.asarray(ids, dtype=np.uint64)).astype(">u8").tobytes())
-
-    @property
-    def array(self) -> np.ndarray:
-        return np.frombuffer(self.ids, dtype=">u8").astype(np.uint64)
-
-    def __len__(self) -> int:
-        return len(self.ids) // 8
-
-    def to_json(self) -> dict:
-        return {"key": self.key, "ids": base64.b64encode(self.ids).decode("ascii")}
-
-    @classmethod
-    def from_json(cls, identity: str, record) -> Examples:
-        where = f"privacy ledger: examples of data sample {identity[:8]}…"
-        if not isinstance(record, dict) or set(record) != {"key", "ids"}:
-            raise UserError(f'{where} must be an object {{"key": ..., "ids": ...}}')
-        if not isinstance(record["key"], str) or not re.fullmatch(r"[0-9a-f]{16}", record["key"]):
-            raise UserError(f"{where}: key must be 16 hexadecimal digits")
-        try:
-            ids = base64.b64decode(record["ids"], validate=True) if isinstance(record["ids"],
-                                   str) else None
-        except ValueError:
-            ids = None
-        if not ids or len(ids) % 8:
-            raise UserError(f"{where}: ids must be base64 of one or more 8-byte ids")
-        examples = cls(record["key"], ids)
-        if np.any(examples.array[1:] <= examples.array[:-1]):
-            raise UserError(f"{where}: ids must be distinct and sorted")
-        return examples
-
-
-def unit_ids(sample: dict) -> np.ndarray:
-    """The keyed id of the privacy unit of each image of one of the opener's data samples (an entry
-    of get_data's "samples"): its person's ("persons", from subjects.npy), or its own ("examples").
-    uint64 [n], in the order of its images."""
-    return np.asarray(sample["persons"] if "persons" in sample else sample["examples"], np.uint64)
-
-
-def persons_of(data: dict) -> np.ndarray | None:
-    """Each image's person in the opener's `data` (get_data's dict), as an index 0..P-1 into its P
-    persons, when a data sample names them (subjects.npy; an image of a sample that does not is a
-    person of its own); None when none does. Refused (UserError) when the samples are under several
-    identity keys: one person's images under two keys would be two persons here."""
-    samples = data["samples"]
-    if not any("persons" in s for s in samples):
-        return None
-    if len({s["key"] for s in samples}) > 1 or any(s.get("aliases") for s in samples):
-        raise UserError("subjects.npy: the data samples are under several identity keys (or "
-                        "organization.keys), and a person's images under two keys would count as "
-                        "two persons; train per person on samples under one key")
-    _, index = np.unique(np.concatenate([unit_ids(s) for s in samples]), return_inverse=True)
-    return index
+# An organisation's searches whose faces a released ledger's accounts combine (2**k of them).
+FACED_SEARCHES = 6
 
 
 @dataclasses.dataclass(frozen=True)
 class Account:
     """Examples trained on by exactly the same runs: their ε composes `events`."""
 
-    # the DpEvents, in training order (a search's as these examples see it: Ledger.parts)
-    events: tuple
+    events: tuple  # the DpEvents, in training order (a search's as these examples see it)
     samples: frozenset  # identities of the data samples holding these examples
     examples: int | None  # how many (None: not recorded)
     runs: tuple  # the position of each of `events` in the ledger
@@ -116,25 +51,43 @@ class Ledger:
     name."""
 
     def __init__(self, events: Iterable[DpEvent] = (), examples: dict | None = None,
-                 aliases: dict | None = None):
+                 aliases: dict | None = None, rings: dict | None = None):
         self.events = list(events)
         self.examples = dict(examples or {})  # data sample identity -> Examples
         # data sample identity -> {key id: Examples}: some of its examples as named under another
         # key of their organisation (`link`): a run on the sample trains on them too
         self.aliases = {identity: dict(named) for identity, named in (aliases or {}).items()}
+        # data sample identity -> the ids of its organisation's other keys (the opener's RING_FILE)
+        self.rings = {identity: tuple(sorted(ring)) for identity, ring in (rings or {}).items()
+                      if ring}
 
     def copy(self, events: Iterable[DpEvent] | None = None) -> Ledger:
-        """The same examples and aliases, with `events` (default: these)."""
-        return Ledger(self.events if events is None else events, self.examples, self.aliases)
+        """The same examples, aliases and rings, with `events` (default: these)."""
+        return Ledger(self.events if events is None else events, self.examples, self.aliases,
+                      self.rings)
+
+    def released(self) -> Ledger:
+        """This ledger as it leaves the organisation (a model file, a shared state): its runs, each
+        sample's key id and ring, no example's id (their number would be the data's size)."""
+        return Ledger(self.events, {i: Examples(e.key) for i, e in self.examples.items()},
+                      rings=self.rings)
+
+    @property
+    def names_examples(self) -> bool:
+        """Whether it names a sample's examples (an organisation's record, an older model file)."""
+        return any(e.named for e in self.examples.values())
 
     def add(self, event: DpEvent) -> None:
         self.events.append(event)
 
     def add_examples(self, examples: dict) -> None:
         """Record the examples of data samples ({identity: Examples}); a sample already recorded
-        must agree."""
+        must agree, or be unnamed under the same key (then named here)."""
         for identity, named in examples.items():
-            if self.examples.setdefault(identity, named) != named:
+            known = self.examples.setdefault(identity, named)
+            if known.key == named.key and not known.named:
+                self.examples[identity] = named
+            elif known != named and not (known.key == named.key and not named.named):
                 raise UserError(f"data sample {identity[:8]}… is recorded with two different sets "
                                 "of examples: a model file was edited or damaged; its privacy "
                                 "figure cannot be trusted")
@@ -144,7 +97,15 @@ class Ledger:
         persons, or their examples (unit_ids); returns their identities."""
         self.add_examples({s["identity"]: Examples.of(s["key"], np.unique(unit_ids(s)))
                            for s in samples})
+        self.add_rings({s["identity"]: s.get("aliases") or () for s in samples})
         return tuple(s["identity"] for s in samples)
+
+    def add_rings(self, rings: dict) -> None:
+        """Record samples' organisations' other keys ({identity: key ids}), united with any
+        recorded."""
+        for identity, ring in rings.items():
+            if ring:
+                self.rings[identity] = tuple(sorted({*self.rings.get(identity, ()), *ring}))
 
     def add_aliases(self, aliases: dict) -> None:
         """Record other names of samples' examples ({identity: {key id: Examples}}); names of one
@@ -189,7 +150,9 @@ class Ledger:
                               for key in sorted(self.aliases[identity])]
                    for identity in sorted(self.aliases)}
         return {"events": [e.to_json() for e in self.events],
-                "examples": {identity: self.examples[identity].to_json()
+                "examples": {identity: {**self.examples[identity].to_json(),
+                                        **({"ring": list(self.rings[identity])}
+                                           if identity in self.rings else {})}
                              for identity in sorted(self.examples)},
                 **({"aliases": aliases} if aliases else {})}
 
@@ -206,8 +169,10 @@ class Ledger:
             raise UserError('privacy ledger must be an object {"events": [...], "examples": {...}} '
                             '(and "aliases": {...})')
         ledger = cls((DpEvent.from_json(r) for r in records["events"]),
-                     {identity: Examples.from_json(identity, named) for identity,
-                      named in records["examples"].items()})
+                     {identity: Examples.from_json(identity, named, ring=False) for identity,
+                      named in records["examples"].items()},
+                     rings={identity: ring_of(identity, named) for identity,
+                            named in records["examples"].items()})
         for identity, named in records.get("aliases", {}).items():
             if identity not in ledger.examples or not isinstance(named, list):
                 raise UserError(f"privacy ledger: aliases of data sample {identity[:8]}… must be a "
@@ -224,7 +189,7 @@ class Ledger:
         whose n is a declared public size is checked for the first only."""
         for event in self.events:
             named = [self.examples[i] for i in event.data if i in self.examples]
-            if not named:
+            if not named or not all(e.named for e in named):  # the released form counts nothing
                 continue
             if len(named) < len(event.data):
                 raise UserError(f"privacy ledger: a {event.framework} run records the examples of "
@@ -252,12 +217,13 @@ class Ledger:
         return parts
 
     def accounts(self) -> list:
-        """The examples trained on, grouped by the runs that trained on them: [Account]. The ε of an
-        example composes its account's events. A run touches the examples of the data samples it
-        names, and only those: another key's examples are another organisation's records; a search's
-        validation examples get its score face, the others its training face. A run whose examples
-        are not recorded (an older ledger) counts for every example, and so does each face of a
-        search there."""
+        """The examples trained on, grouped by the runs that trained on them: [Account], each
+        example's ε composing its account's events. A run touches the examples of the samples it
+        names, and only those; a search's validation examples get its score face, the others its
+        training face. A sample whose examples are not named may hold any of its organisation's: a
+        run on it touches them all, with both faces of a search; a ledger that names none is counted
+        per organisation (`_organisation_accounts`); one whose runs' samples are not recorded (an
+        older ledger), every run for every example."""
         parts = self.parts()
         if not parts:
             return []
@@ -265,31 +231,41 @@ class Ledger:
         if any(i not in self.examples for e in self.events for i in e.data):
             return [Account(tuple(event for _, event in parts), every_sample, None,
                             tuple(k for k, _ in parts))]
+        organisation = self.organisations(every_sample)
+        if not any(self.examples[i].named for i in every_sample):
+            return self._organisation_accounts(organisation)
         groups: dict = {}
         keys = {self.examples[i].key
                 for i in every_sample} | {k for i in every_sample for k in self.aliases.get(i, {})}
         for key in sorted(keys):
             # (sample, its examples under this key, named by it rather than by an alias)
             named = [(i, self.examples[i], True) for i in sorted(every_sample)
-                     if self.examples[i].key == key] + [
+                     if self.examples[i].key == key and self.examples[i].named] + [
                 (i, self.aliases[i][key],
                  False) for i in sorted(every_sample) if key in self.aliases.get(i, {})]
-            samples = [i for i, _, _ in named]
-            universe = np.unique(np.concatenate([examples.array for _, examples, _ in named]))
-            holds = [np.isin(universe, examples.array, assume_unique=True) for _, examples,
-                     _ in named]
+            unnamed = [i for i in sorted(every_sample)
+                       if not self.examples[i].named and key in organisation[i]]
+            samples = [i for i, _, _ in named] + unnamed
+            universe = np.unique(np.concatenate([examples.array for _, examples, _ in named]
+                                                or [np.empty(0, np.uint64)]))
+            # with unnamed samples, one more: an example none of the named samples holds
+            size = len(universe) + bool(unnamed)
+            holds = [_padded(np.isin(universe, examples.array, assume_unique=True), size) for _,
+                     examples, _ in named] + [np.ones(size, dtype=bool) for _ in unnamed]
             columns = []
             for _, event in parts:
                 own = [h for (i, _, direct), h in zip(named, holds) if i in event.data and direct]
-                touched = np.logical_or.reduce(own) if own else np.zeros(len(universe), dtype=bool)
+                touched = np.logical_or.reduce(own) if own else np.zeros(size, dtype=bool)
                 if event.search is not None:
-                    held_out = validation_mask(universe, event.search.validation_permille)
+                    held_out = _padded(validation_mask(universe, event.search.validation_permille),
+                                       size)
                     touched &= held_out if event.search.face == "score" else ~held_out
                 # An alias's examples took both faces of a search: its split was
-                # drawn by their other ids.
-                aliased = [h for (i, _, direct), h in zip(named, holds) if i in event.data
-                           and not direct]
-                columns.append(np.logical_or.reduce([touched, *aliased]))
+                # drawn by their other ids; so did an unnamed sample's.
+                other = [h for (i, _, direct), h in zip(named, holds) if i in event.data
+                         and not direct] + [
+                    h for i, h in zip(unnamed, holds[len(named):]) if i in event.data]
+                columns.append(np.logical_or.reduce([touched, *other]))
             matrix = np.stack(columns + holds, axis=1)
             # One row per distinct pattern (rows packed to bytes: np.unique on them is fast).
             packed = np.packbits(matrix, axis=1)
@@ -304,6 +280,41 @@ class Ledger:
         return [Account(tuple(parts[i][1] for i in touched), frozenset(held), count,
                         tuple(parts[i][0] for i in touched))
                 for touched, (held, count) in groups.items() if touched]
+
+    def organisations(self, identities) -> dict:
+        """{identity: the key ids of its organisation}, for the recorded data samples `identities`:
+        keys its samples' rings (or aliases) join are one organisation's."""
+        parent: dict = {}
+
+        def root(key):
+            while parent.setdefault(key, key) != key:
+                key = parent[key]
+            return key
+
+        for i in identities:
+            for other in (*self.rings.get(i, ()), *self.aliases.get(i, {})):
+                parent[root(other)] = root(self.examples[i].key)
+        members: dict = {}
+        for key in [self.examples[i].key for i in identities] + list(parent):
+            members.setdefault(root(key), set()).add(key)
+        return {i: frozenset(members[root(self.examples[i].key)]) for i in identities}
+
+    def _organisation_accounts(self, organisation: dict) -> list:
+        """For each organisation of `organisation` ({identity: its keys}), its examples not
+        counted: every run on any of its samples, each search by a face one of its examples may see
+        (one Account per combination: an example is on one side of each split; past FACED_SEARCHES
+        searches, each by its worse face at every order, Search.either)."""
+        accounts = []
+        for keys in sorted(set(organisation.values()), key=sorted):
+            samples = frozenset(i for i, org in organisation.items() if org == keys)
+            runs = tuple(k for k, e in enumerate(self.events) if samples & set(e.data))
+            searches = [k for k in runs if self.events[k].search is not None]
+            for faces in (itertools.product(("training", "score"), repeat=len(searches))
+                          if len(searches) <= FACED_SEARCHES else [("either",) * len(searches)]):
+                face = dict(zip(searches, faces))
+                accounts.append(Account(tuple(_faced(self.events[k], face.get(k)) for k in runs),
+                                        samples, None, runs))
+        return accounts
 
     def epsilon(self, delta: float, accountant: str = REPORTED_ACCOUNTANT,
                 data: Iterable[str] | None = None) -> float:
@@ -361,26 +372,31 @@ class Ledger:
         every run composed, each search by the worse of its two faces at every RDP order (one record
         may sit in one organisation's validation split and another in another's training split). The
         same as `epsilon` when the runs all trained on the same examples and none is a search."""
-        return compose_epsilon([e if e.search is None
-                                else dataclasses.replace(e, search=e.search.either())
-                                for e in self.events], delta, accountant)
+        return compose_epsilon([_faced(e, "either") for e in self.events], delta, accountant)
 
     def histories(self, data: Sequence[str]) -> list:
-        """The earlier runs of the examples of data samples `data` (recorded in `examples`), as the
-        distinct lists of runs that trained on one of them, without the lists another one contains
-        ([[]]: none did)."""
-        probe = DpEvent("next run", tuple(data), sum(len(self.examples[i]) for i in data), 1.0, 1.0,
-                        1, PER_EXAMPLE, 1.0)
+        """The earlier runs a next run on data samples `data` (recorded in `examples`) counts, one
+        list per organisation they belong to: every run on any of its samples, a search by its
+        worse face (the released form's accounts). What the run releases (σ, where its budget stops
+        it) then depends on which runs touched which samples, never on which examples they shared.
+        [[]]: none."""
+        probe = DpEvent("next run", tuple(data), 1, 1.0, 1.0, 1, PER_EXAMPLE, 1.0)
         last = len(self.events)  # the probe's position
-        found = {frozenset((k, _face(e)) for e, k in zip(account.events, account.runs) if k != last)
-                 for account in self.copy([*self.events, probe]).accounts() if last in account.runs}
-        found = [h for h in found if not any(h < other for other in found)]
-        part = {(k, _face(e)): e for k, e in self.parts()}
-        return sorted(([part[k] for k in sorted(h)] for h in found), key=len, reverse=True) or [[]]
+        found = [[e for e, k in zip(account.events, account.runs) if k != last]
+                 for account in self.released().copy([*self.events, probe]).accounts()
+                 if last in account.runs]
+        return sorted(found, key=len, reverse=True) or [[]]
 
 
-def _face(event: DpEvent) -> str:
-    return event.search.face if event.search is not None else ""
+def _padded(mask: np.ndarray, size: int) -> np.ndarray:
+    return np.concatenate([mask, np.zeros(size - len(mask), dtype=bool)])
+
+
+def _faced(event: DpEvent, face: str | None) -> DpEvent:
+    """`event`, a search seen by its `face` ("training", "score" or "either"); None: as it is."""
+    if event.search is None or face is None:
+        return event
+    return dataclasses.replace(event, search=dataclasses.replace(event.search, face=face))
 
 
 def merge(ledgers: Sequence[Ledger]) -> Ledger:
@@ -393,6 +409,7 @@ def merge(ledgers: Sequence[Ledger]) -> Ledger:
     for ledger in ledgers:
         examples.add_examples(ledger.examples)
         examples.add_aliases(ledger.aliases)
+        examples.add_rings(ledger.rings)
         for event in ledger.events:
             if event.run_id is None:
                 raise UserError(f"a {event.framework} training run in an input model's ledger has "

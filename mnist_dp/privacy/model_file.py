@@ -26,11 +26,13 @@ from mnist_dp.utils import atomic, json_input
 from mnist_dp.utils.errors import UserError
 
 # 2: digests in the metadata, provenance in every ledger event; 3: the examples;
-FORMAT = "mnist-dp-model/4"
-# 4: MindSpore's noise from numpy. Read too: a /2 ledger names no examples, so each of
-# its runs counts for every example (ledger.Ledger.accounts); a MindSpore model before
-# /4 is refused (see `load`).
-READABLE = (FORMAT, "mnist-dp-model/3", "mnist-dp-model/2")
+# 4: MindSpore's noise from numpy; 5: the released ledger, naming no example.
+FORMAT = "mnist-dp-model/5"
+# Read too: a /2 ledger records no samples, so each of its runs counts for every example, and a /3
+# or /4 one names its examples (ledger.Ledger.accounts); a MindSpore model before /4 is refused
+# (see `load`).
+READABLE = (FORMAT, "mnist-dp-model/4", "mnist-dp-model/3", "mnist-dp-model/2")
+NUMPY_NOISE_SINCE = READABLE.index("mnist-dp-model/4")
 _META = "meta.json"
 _LEDGER = "ledger.json"
 _WEIGHTS = "weights.bin"
@@ -52,10 +54,10 @@ def _sha256(data: bytes) -> str:
 
 
 def save(path, model: ModelFile) -> None:
-    """Write `model` atomically: a full disk or a crash never leaves half a model, nor harms the one
-    at `path`."""
+    """Write `model` atomically, its ledger in the released form (Ledger.released): a full disk or
+    a crash never leaves half a model, nor harms the one at `path`."""
     # load refuses NaN
-    ledger = json.dumps(model.ledger.to_json(), indent=2, allow_nan=False).encode()
+    ledger = json.dumps(model.ledger.released().to_json(), indent=2, allow_nan=False).encode()
     meta = {"format": FORMAT, "framework": model.framework,
             "hyperparameters": model.hyperparameters, "ledger_sha256": _sha256(ledger),
             "weights_sha256": _sha256(model.weights)}
@@ -95,7 +97,7 @@ def load(path, framework: str | None = None) -> ModelFile:
         if not isinstance(meta.get(name), kind):
             raise UserError(f"{path}: its metadata has no {name} ({kind.__name__}): the file was "
                             "edited or damaged; its privacy figure cannot be trusted")
-    if meta["framework"] == "mindspore" and meta["format"] != FORMAT:
+    if meta["framework"] == "mindspore" and READABLE.index(meta["format"]) > NUMPY_NOISE_SINCE:
         raise UserError(f"{path}: a MindSpore model of format {meta['format']!r} drew MindArmour's "
                         "noise, whose numbers repeat within a run (docs/design.md, where the "
                         "randomness comes from): its ε does not hold; train it again")

@@ -177,13 +177,13 @@ def of_data(data: dict) -> Policy:
 
 def plan_units(persons: np.ndarray | None, n: int) -> tuple[int, str]:
     """What a run's plan counts and clips, for `n` images whose persons are `persons`
-    (ledger.persons_of's, or None): (n, events.PER_EXAMPLE), or (the P persons, PER_PERSON)."""
+    (examples.persons_of's, or None): (n, events.PER_EXAMPLE), or (the P persons, PER_PERSON)."""
     return (n, PER_EXAMPLE) if persons is None else (int(persons.max()) + 1, PER_PERSON)
 
 
 def plan_size(data: dict, persons: np.ndarray | None, images: int) -> tuple[int, str]:
     """What a run's plan counts on the opener's `data` of `images` images whose persons are
-    `persons` (ledger.persons_of's, or None): (its samples' declared public size and the unit,
+    `persons` (examples.persons_of's, or None): (its samples' declared public size and the unit,
     events.PER_EXAMPLE or PER_PERSON). Data made in memory (no sample folder on disk: tests,
     benchmarks) declares its own count. UserError where a sample folder declares no size."""
     real, unit = plan_units(persons, images)

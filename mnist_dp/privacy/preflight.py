@@ -74,7 +74,7 @@ def check_spent(plan: TaskPlan, data: Ledger, examples: dict, where: str,
     Args:
       plan: the run's plan.
       data: the data samples' own ledger.
-      examples: their examples, {identity: ledger.Examples}.
+      examples: their examples, {identity: examples.Examples}.
       where: what names the organisation in the UserError.
       budget: (ε, δ, what names it), one of budgets.budgets; default the plan's max_epsilon.
     """
@@ -163,6 +163,6 @@ def noise_for_rounds(hp: Hyperparameters, sizes: list, rounds: int,
 
 
 def history(data: Ledger, examples: dict) -> list:
-    """The earlier runs of the examples `examples` ({identity: ledger.Examples}) that their data's
-    own ledger `data` records (Ledger.histories)."""
+    """The earlier runs a run on the samples of `examples` ({identity: examples.Examples}) counts,
+    of those their data's own ledger `data` records (Ledger.histories)."""
     return union(Ledger((), examples), data).histories(tuple(examples))

@@ -28,7 +28,7 @@ from mnist_dp.privacy.events import (
     Search,
     validation_mask,
 )
-from mnist_dp.privacy.ledger import unit_ids
+from mnist_dp.privacy.examples import unit_ids
 from mnist_dp.privacy.task_plan import SamplingPlan, TaskPlan
 from mnist_dp.search_space import SearchSpace
 from mnist_dp.utils.errors import UserError

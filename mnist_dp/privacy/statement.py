@@ -25,9 +25,6 @@ NOT_COVERED = [
     "privacy that this ledger does not see)", "the test data (its accuracy is published)",
     "timing side channels, and floating-point attacks on the noise in tf, and in torch and "
     "MindSpore without secure_mode",
-    "the size of the training data: q, the steps and the normaliser come from the public size its "
-    "owner declared, never from the data, but this ledger's table of keyed example ids still "
-    "counts each run's examples",
 ]
 
 THREAT_MODEL = (
@@ -36,36 +33,40 @@ THREAT_MODEL = (
     "other example. What each released artefact reveals: the weights are the mechanism's output "
     "(covered by ε); the ledger and metadata give the public size S that the data's owner "
     "declared (not a count of the data), q = 1/⌈S/batch_size⌉, σ, C, the number of steps, each "
-    "run's random id and framework, and each data sample's identity and each example's "
-    "as an HMAC under a secret key kept with the data (no one without the key can match them to a "
-    "candidate dataset or example; they show how many examples two runs share); Substra's "
-    "performances give ε and the test accuracy (by default nothing computed on the training data); "
-    "the logs give timings and step counts. The batches and the noise are not released.")
+    "run's random id and framework, each data sample's identity as an HMAC under a secret key "
+    "kept with the data, and the ids of its organisation's keys; no example's id and nothing that "
+    "counts the data. Substra's performances give ε and the test accuracy (by default nothing "
+    "computed on the training data); the logs give timings and step counts. The batches and the "
+    "noise are not released.")
 SIZE_RELEASED = ("**The data's size is released** by run(s) {}: trained before public sizes, its n "
                  "counts the training examples and drove q and the steps, so ε holds for an "
                  "adversary who knows n, not one who must learn it")
+IDS_RELEASED = ("**The data's size is released**: this ledger, written before model files left "
+                "the examples' ids out, names each example by a keyed id, and how many there are "
+                "is the data's size; ε holds for an adversary who knows it, not one who must learn "
+                "it")
 TRAIN_SCORES = ("**Training-data accuracy was published** (--score-train): it is computed on the "
                 "training data without noise, so it is **not covered by ε**")
 
 
 SHARED_EXAMPLES = (
     "one organisation's record: an example is what the model sees (the image after the opener's "
-    "conversion, with its label), whatever the file stored. Each organisation names its examples "
-    "by a 64-bit HMAC under its own identity key, which never leaves it. Inside one organisation ε "
-    "composes the runs of each example, whichever data samples held it (a task refuses data "
-    "holding an example twice); examples under different keys are different organisations' "
-    "records, so each organisation's ε counts the runs on its own data. Released with the ledger, "
-    "exactly: how many examples each run trained on and how many two runs of one organisation "
-    "share.")
+    "conversion, with its label), whatever the file stored. Each organisation's ε composes every "
+    "run on any of its data samples, as if each example were in every one (an upper bound); "
+    "samples under different keys, unless one names the other in its organisation's keys, are "
+    "different organisations' records. The organisation keeps with its data a record naming each "
+    "example by a 64-bit HMAC under its own identity key, which never leaves it: there an "
+    "example's runs are composed alone, whichever data samples held it (a task refuses data "
+    "holding an example twice), and the data's figure, and its budget, come from it.")
 
 FEDERATED_THREAT_MODEL = (
     "- Across organisations: the other organisations and the aggregator are adversaries too. Each "
     "organisation, and anyone holding a released model, receives the averaged (or passed-on) "
     "models with this ledger, and the performances; the aggregator also receives every "
-    "organisation's model or weight update, and each one's number of examples. The weights and "
-    "updates are DP outputs, covered by each organisation's ε; the ledger gives every run's n, q, "
-    "σ and steps; its example and sample ids are HMACs under each organisation's own key, which "
-    "never leaves it, so no one else can test whether a candidate example is in them.")
+    "organisation's model or weight update, and each one's public size. The weights and updates "
+    "are DP outputs, covered by each organisation's ε; the ledger gives every run's public size, "
+    "q, σ and steps; its sample ids are HMACs under each organisation's own key, which never "
+    "leaves it, and it names no example.")
 
 
 DATA_SPENT = ("- This model's ε counts the runs in its ledger. What the training data has spent "
@@ -90,7 +91,8 @@ def _code(code: dict | None) -> str:
 
 
 MECHANISM = [
-    f"- Neighbouring datasets: {NEIGHBOURING_RELATION}.",
+    f"- Neighbouring datasets: {NEIGHBOURING_RELATION}; the data's size is not released (q, the "
+    "steps and the normaliser come from the public size its owner declared).",
     f"- Sampling: {SAMPLING}, as the accountant assumes.",
     "- Mechanism: DP-SGD; each step adds Gaussian noise of standard deviation σ·C to the sum of "
     "clipped gradients; the accountant composes PoissonSampled(Gaussian(σ)) over the steps really "
@@ -122,7 +124,8 @@ SEARCHED_NOT_COVERED = ("model selection or training on the same data besides th
 
 
 PERSON_MECHANISM = [
-    f"- Neighbouring datasets: {NEIGHBOURING_RELATION_PER_PERSON}.",
+    f"- Neighbouring datasets: {NEIGHBOURING_RELATION_PER_PERSON}; the number of persons is not "
+    "released (q, the steps and the normaliser come from the public size its owner declared).",
     f"- Sampling: {SAMPLING_PER_PERSON}, as the accountant assumes.",
     "- Privacy unit: a person, as the data's subjects.npy names them: the sum of a person's "
     "images' gradients is clipped to C as one, and q, n and the ledger's ids count persons.",
@@ -173,10 +176,10 @@ def _search(event) -> str:
     recipe = "" if search.recipe is None else (
         f", and the recipe's hyperparameters run once besides them ({_profile(search.recipe)})")
     return (f"private search of {search.mean:g} candidates on average ({shape} distribution, K "
-            f"never released){recipe}; {search.validation_n} validation examples (id mod 1000 < "
-            f"{search.validation_permille}) scored with noise σ = "
+            f"never released){recipe}; a validation split of public size {search.validation_n} (id "
+            f"mod 1000 < {search.validation_permille}) scored with noise σ = "
             f"{search.score_noise_multiplier:.4g}; candidate profile(s): {profiles}; the released "
-            f"candidate trained on n = {event.trained_n}, ")
+            f"candidate trained on the rest (public size {event.trained_n}), ")
 
 
 def _profile(candidate) -> str:
@@ -225,7 +228,8 @@ def privacy_statement(saved: ModelFile, per_organization: dict | None = None,
     flagged = ([f"**Replayable noise**: {REPLAYABLE_WARNING}"]
                if any(e.replayable_noise for e in ledger.events)
                else []) + ([TRAIN_SCORES] if train_scores else []) + (
-        [SIZE_RELEASED.format(", ".join(counted))] if counted else [])
+        [SIZE_RELEASED.format(", ".join(counted))] if counted else []) + (
+        [IDS_RELEASED] if ledger.names_examples else [])
     lines = [
         f"**(ε, δ) = ({epsilon:.3f}, {delta:g})** by {reported_accountant(ledger)} (reported), the "
         "worst case over every example whose influence is in these weights, whichever organisation "

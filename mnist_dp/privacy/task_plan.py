@@ -2,7 +2,7 @@
 (Poisson rate q, the steps, cut to the budget), σ (given, or calibrated from target_epsilon), the
 noise of every step, adaptive clipping's count noise, and the DP event that records the run.
 
-One function makes it: `for_task` (a train task, after the earlier runs of its examples), `fresh`
+One function makes it: `for_task` (a train task, after the earlier runs it counts), `fresh`
 (data no run has touched: benchmarks, audits) or `TaskPlan.of` (a search's candidate, whose σ the
 search calibrated). It runs every check once, and it alone asks the accountant (accountant.py,
 mathematics only), whose NoSigma errors become user errors naming the setting to change
@@ -122,8 +122,8 @@ class TaskPlan:
       sigma: the gradient noise multiplier of the first steps (0 without DP).
       schedule: the noise of every step at `sigma` (decay, adaptive clipping's count noise).
       identities: the keyed identities of the run's data samples (the event's `data`).
-      histories: the earlier runs of its examples (Ledger.histories: usually one list; several
-        when an input model trained on parts of its data).
+      histories: the earlier runs it counts (Ledger.histories: one list per organisation of its
+        data).
       privacy_unit: the unit clipped and counted in sampling.n: events.PER_EXAMPLE or PER_PERSON.
     """
 
@@ -152,7 +152,7 @@ class TaskPlan:
           sampling: the run's sampling plan.
           sigma: the gradient noise multiplier of the first steps (0 without DP, whatever is given).
           identities: the keyed identities of the run's data samples.
-          histories: the earlier runs of its examples.
+          histories: the earlier runs it counts (Ledger.histories).
 
         Returns:
           The TaskPlan.
@@ -215,7 +215,7 @@ def for_task(framework: str, hp: Hyperparameters, n: int, histories: Sequence, w
       framework: the algo's name.
       hp: the hyperparameters.
       n: the data's public size (policy.plan_size): training examples, or persons.
-      histories: the earlier runs of the task's examples in the input model's ledger
+      histories: the earlier runs the task counts in the input model's ledger
         (Ledger.histories; [[]] for none): σ is calibrated for the worst of them.
       where: what names the hyperparameters in an error.
       identities: the keyed identities of the task's data samples.

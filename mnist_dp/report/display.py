@@ -22,10 +22,10 @@ FEDAVG = "fedavg"  # where an averaged model was "trained": by every organisatio
 DATA_EPSILON = "data's ε"  # the column of what the data has spent over every model released from it
 # With subjects.npy: the same, per person (statement_for).
 STATEMENT = ("ε is for the add/remove-one-example relation, Poisson sampling and per-example "
-             "clipping; each example's ε composes the steps that trained on it, and ε is the worst "
-             "example's (with several organisations, each one's ε is that of its own records, the "
-             "examples it holds; an individual every organisation holds: "
-             "epsilon_in_every_organization in results.json), by the accountant named beside it: "
+             "clipping; each organisation's ε composes every step on its data, as if each example "
+             "were in every one, and ε is the worst organisation's (an individual every "
+             "organisation holds: epsilon_in_every_organization in results.json), by the "
+             "accountant named beside it: "
              "PLD, or for a model whose ledger holds a private search the lower of PLD (each "
              "search as the (ε, δ) pair its RDP gives) and RDP. data's ε: what the training data "
              "has spent over every model released from it so far, these and earlier ones (its own "

@@ -235,7 +235,7 @@ def with_data_spent(records: list, data_folders: dict) -> None:
                   folders in data_folders.items()}
     released = [model_file.load(r.model_file).ledger for r in records if r.model_file]
     for own in identities.values():
-        data_ledger.record_released(own, released)
+        data_ledger.record_released(own, released, name=samples.named)
     spent = {org: samples.spent_on(list(own.values())) for org, own in identities.items()}
     for record in records:
         record.data_epsilon_by_organization = {org: spent[org].epsilon(record.delta, data=own)

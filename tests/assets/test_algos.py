@@ -29,7 +29,7 @@ from mnist_dp.data import dataset
 from mnist_dp.data.samples import KEY_FILE, sample_identity
 from mnist_dp.learning import functions, interface, model_io
 from mnist_dp.orchestration import archive
-from mnist_dp.privacy import model_file, policy
+from mnist_dp.privacy import data_ledger, model_file, policy
 from mnist_dp.privacy.accountant import calibrate_noise_multiplier, compose_epsilon
 from mnist_dp.privacy.events import PER_EXAMPLE, DpEvent, new_run_id
 from mnist_dp.privacy.ledger import Ledger
@@ -308,9 +308,10 @@ def test_aggregate_averages_by_examples_and_counts_every_run_once(framework, tmp
     line; the aggregate's weights are the exact weighted mean and its ledger every run once. A
     second round, whose inputs both carry the global model's runs, is the skeleton's ledger
     arithmetic, the same in every framework: torch runs it."""
-    dataset.generate(tmp_path / "data", train_size=300, test_size=100, train_samples=3, seed=1)
+    dataset.generate(tmp_path / "data", train_size=300, test_size=100, train_samples=3, seed=1,
+                     organizations=2)
     folders = samples(tmp_path / "data", "train")
-    holdings = {"a": folders[:2], "b": folders[2:]}
+    holdings = {"a": folders[0::2], "b": folders[1:2]}  # each organisation its own key
     aggregate = extract_function(ALGO_ASSETS[framework], "aggregate", tmp_path / "fn-aggregate")
     trainer = extract_function(ALGO_ASSETS[framework], "train", tmp_path / "fn-train",
                                tiny_hyperparameters(framework))
@@ -397,7 +398,10 @@ def test_runs_on_two_splits_of_the_same_data_compose_for_the_examples_they_share
                  {"model": tmp_path / "averaged"})
     averaged = model_file.load(tmp_path / "averaged").ledger
     assert averaged.epsilon(delta) == pytest.approx(compose_epsilon(averaged.events, delta))
-    assert sorted(account.examples for account in averaged.accounts()) == [100, 100, 100]
+    # per example in the organisation's own record: x's 100 alone, the 100 shared, y's 100 alone
+    record = data_ledger.read([splits[name] / "train" / "0" for name in ("x", "y")])
+    assert sorted((account.examples, len(account.events))
+                  for account in record.accounts()) == [(100, 1), (100, 2), (100, 3)]
 
     # both splits in one task: the 100 shared examples would be trained on
     # twice; refused in one line

@@ -29,9 +29,9 @@ from mnist_dp.data import dataset
 from mnist_dp.learning import interface, training
 from mnist_dp.learning import search as learning_search
 from mnist_dp.privacy import data_ledger, model_file
-from mnist_dp.privacy import ledger as ledger_module
 from mnist_dp.privacy import search as search_privacy
 from mnist_dp.privacy.events import PER_PERSON
+from mnist_dp.privacy.examples import persons_of
 from mnist_dp.privacy.randomness import RunRandomness
 from mnist_dp.privacy.task_plan import SamplingPlan, TaskPlan
 from mnist_dp.report import results
@@ -192,11 +192,13 @@ def test_a_train_task_is_private_per_person_and_its_ledgers_name_persons(tmp_pat
     steps = -(-persons // 64)  # q = 1 / ceil(P / 64), one epoch
     assert (event.clipping, event.n, event.steps) == (PER_PERSON, persons, steps)
     assert event.sample_rate == pytest.approx(1 / steps)
-    assert sum(map(len, saved.ledger.examples.values())) == persons
+    assert not saved.ledger.names_examples  # released: how many persons is not said
     assert json.loads(outputs["epsilon"].read_text())["all"] == pytest.approx(
         independent_epsilon(1.0, 1 / steps, steps, 1e-4), rel=1e-6)
-    [recorded] = data_ledger.read(folders).events
+    own = data_ledger.read(folders)  # the organisation's own record, naming each person
+    [recorded] = own.events
     assert recorded.clipping == PER_PERSON and recorded.n == persons
+    assert len(np.unique(np.concatenate([e.array for e in own.examples.values()]))) == persons
     record = results.model_record(outputs["model"], framework, {"MyOrg1MSP": None})
     assert record["privacy_unit"] == "person" and "one person" in record["neighbouring_relation"]
 
@@ -218,7 +220,7 @@ def test_a_search_per_person_holds_out_whole_persons_and_composes_over_persons(t
     [event] = model_file.load(outputs["model"], "torch").ledger.events
     opener = load_asset_module(opener_path, "opener_for_per_person_search").MnistOpener()
     data = opener.get_data(folders)
-    persons = ledger_module.persons_of(data)
+    persons = persons_of(data)
     held_out = search_privacy.validation_split(data, event.search.validation_permille)
     assert all(len(set(held_out[persons == p])) == 1 for p in range(persons.max() + 1))
     # the split's public size, its expected share of the 100 declared persons, not its count

@@ -20,7 +20,7 @@ from conftest import REPO, TINY_HYPERPARAMETERS, independent_epsilon
 from mnist_dp.assets import DATASET_ASSET, load_asset_module
 from mnist_dp.data import dataset, samples
 from mnist_dp.data import keys as identity_keys
-from mnist_dp.privacy import model_file
+from mnist_dp.privacy import data_ledger, model_file
 
 ORGS = ["MyOrg1MSP", "MyOrg2MSP"]
 HP = {**TINY_HYPERPARAMETERS, "ema_decay": 0.0}  # σ = 1, one epoch of batch 64, δ = 1e-4
@@ -98,26 +98,26 @@ def test_every_federated_path_reports_each_organisations_record_and_the_individu
 def test_an_organisation_cannot_test_membership_in_the_others_data_from_what_it_receives(
         deployment, paths):
     """Organisation 2 holds its key B, the test set's key T (it evaluates on the test set), its
-    data, and every model file and report it receives. It computes the keyed id of a candidate
-    example under each key it holds and looks it up in every ledger: organisation 1's member is not
-    found. With organisation 1's key A (which never left it) the same look-up finds the member and
-    not the non-member, so the test would catch a key that travels."""
+    data, and every model file and report it receives. No ledger it receives names an example, so
+    there is nothing to look a candidate up in, under any key. Organisation 1's own record, which
+    never leaves it, does name them: with its key A the same look-up finds the member there and not
+    the non-member, so the test would catch a record that travels."""
     data, keys, (member_images, member_labels) = deployment
     opener = load_asset_module(DATASET_ASSET / "opener.py", "opener_for_the_membership_attack")
     members = opener.example_digests(member_images.astype(np.float32) / 255,
                                      member_labels.astype(np.int64))
-    test = opener.read_sample(str(data / "test" / "0"))
-    non_members = test.digests  # never trained on
+    non_members = opener.read_sample(str(data / "test" / "0")).digests  # never trained on
     received = [record["model_file"] for records in paths.values() for record in records]
     ledgers = [model_file.load(path, "torch").ledger for path in received]
-    released = set().union(*(set(named.array.tolist()) for ledger in ledgers
-                             for named in ledger.examples.values()))
+    assert not any(ledger.names_examples for ledger in ledgers)
+    own_record = data_ledger.read([data / "train" / "0"])
+    recorded = set().union(*(set(named.array.tolist()) for named in own_record.examples.values()))
 
     def found(key: str, digests) -> int:
-        return len(released & set(opener.example_ids(bytes.fromhex(key), digests).tolist()))
+        return len(recorded & set(opener.example_ids(bytes.fromhex(key), digests).tolist()))
 
-    assert found(keys["B"], members) == found(keys["T"], members) == 0
     assert found(keys["A"], members) == len(members) and found(keys["A"], non_members) == 0
+    assert found(keys["B"], members) == 0
     # Nothing received holds a key: not the ledgers, the metadata, the reports or the performances.
     texts = [zipfile.ZipFile(path).read(name) for path in received
              for name in ("ledger.json", "meta.json")]

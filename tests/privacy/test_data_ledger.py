@@ -18,7 +18,8 @@ from conftest import fill_disk, ledger_event
 from mnist_dp.data import dataset
 from mnist_dp.privacy import data_ledger, journal
 from mnist_dp.privacy.events import new_run_id
-from mnist_dp.privacy.ledger import Examples, Ledger
+from mnist_dp.privacy.examples import Examples
+from mnist_dp.privacy.ledger import Ledger
 from mnist_dp.utils.errors import UserError
 
 IDS = np.arange(1, 101, dtype=np.uint64)
@@ -260,3 +261,31 @@ def test_in_substras_subprocess_mode_the_ledger_is_the_registered_folders(tmp_pa
     recorded([task], *run())
     assert not (task / data_ledger.LEDGER_FILE).exists()
     assert len(data_ledger.read([registered]).events) == 1
+
+
+def test_a_released_models_run_is_recorded_with_the_examples_of_the_data_folders(tmp_path):
+    """A model file's ledger names no example: the data's own ledger names them from its folders
+    (samples.named), as the task that ran would have; without them, the run may have touched any."""
+    from mnist_dp.data import samples
+
+    dataset.generate(tmp_path / "data", train_size=40, test_size=10, train_samples=2, seed=3)
+    folders = sorted((tmp_path / "data" / "train").iterdir())
+    own = {samples.sample_identity(f): f for f in folders}
+    truth = samples.named(folders)
+    event = dataclasses.replace(ledger_event("torch", tuple(own), n=40), run_id=new_run_id())
+    released = Ledger([event], truth.examples).released()
+    assert data_ledger.record_released(own, [released], name=samples.named) == 1
+    record = data_ledger.read(folders)
+    assert record.events == [event] and record.examples == truth.examples
+    # the data's figure is per example again: a run on one folder alone does not touch the other's
+    alone = dataclasses.replace(ledger_event("torch", tuple(own)[:1], n=20), run_id=new_run_id())
+    data_ledger.record_released(own, [Ledger([alone], truth.examples).released()],
+                                name=samples.named)
+    spent = data_ledger.read(folders)
+    assert spent.epsilon(1e-5, data=tuple(own)[1:]) < spent.epsilon(1e-5, data=tuple(own)[:1])
+    # with no namer the record says the run's samples, not their examples
+    other = tmp_path / "other"
+    shutil.copytree(folders[0], other)
+    (other / data_ledger.LEDGER_FILE).unlink()
+    assert data_ledger.record_released({tuple(own)[0]: other}, [released]) == 1
+    assert not data_ledger.read([other]).examples[tuple(own)[0]].named

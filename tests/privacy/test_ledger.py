@@ -6,11 +6,13 @@ import pytest
 from conftest import dp_event
 
 from mnist_dp.privacy import events
+from mnist_dp.privacy import ledger as ledger_module
 from mnist_dp.privacy.accountant import (
     compose_epsilon,
 )
 from mnist_dp.privacy.events import DpEvent
-from mnist_dp.privacy.ledger import Examples, Ledger, merge, own_runs
+from mnist_dp.privacy.examples import Examples
+from mnist_dp.privacy.ledger import Ledger, merge, own_runs
 from mnist_dp.utils.errors import UserError
 
 KEY = "0123456789abcdef"  # a key id: the examples below are named under one identity key
@@ -200,3 +202,80 @@ def test_a_search_counts_both_faces_for_examples_it_reaches_through_a_link():
     # Under a's key: 400 validation and 3600 training examples; under b's key,
     # all 4000 with both faces.
     assert faces == [(400, ("score",)), (3600, ("training",)), (4000, ("training", "score"))]
+
+
+def test_the_released_form_names_no_example_and_counts_every_run_of_an_organisation():
+    """A model file's ledger (Ledger.released): per sample the key and its ring, no example id;
+    each organisation's ε composes every run on any of its samples, an upper bound."""
+    runs = [dp_event(4000, 250, 3, data=["a"]), dp_event(4000, 250, 3, data=["b"])]
+    one_run, both = compose_epsilon(runs[:1], 1e-5), compose_epsilon(runs, 1e-5)
+    # disjoint samples of one organisation: per example in its record, every run once released
+    record = Ledger(runs, named({"a": range(4000), "b": range(4000, 8000)}))
+    assert record.epsilon(1e-5) == pytest.approx(one_run, rel=1e-9)
+    released = Ledger.from_json(record.released().to_json())
+    assert released.epsilon(1e-5) == pytest.approx(both, rel=1e-9)
+    assert [a.examples for a in released.accounts()] == [None]
+    # nothing in it depends on how many examples the samples hold
+    assert record.released().to_json() == Ledger(runs, named({"a": range(3999), "b": range(
+        4000, 8001)})).released().to_json()
+    assert "ids" not in str(record.released().to_json())
+    # another organisation's runs stay apart; a ring joins its keys into one organisation
+    other = "fedcba9876543210"
+    two = {**named({"a": range(4000)}), **named({"b": range(4000)}, key=other)}
+    assert Ledger(runs, two).released().epsilon(1e-5) == pytest.approx(one_run, rel=1e-9)
+    ringed = Ledger.from_json(Ledger(runs, two, rings={"b": [KEY]}).released().to_json())
+    assert ringed.rings == {"b": (KEY,)}
+    assert ringed.epsilon(1e-5) == pytest.approx(both, rel=1e-9)
+    with pytest.raises(UserError, match="ring of data sample"):
+        Ledger.from_json({**ringed.to_json(), "examples": {"a": {"key": KEY, "ring": ["x"]}}})
+
+
+def test_a_released_search_is_counted_by_each_face_an_example_may_see():
+    """An example is on one side of each search's split: a released ledger's accounts combine the
+    faces, and past FACED_SEARCHES searches take the worse at every order."""
+    searched = dataclasses.replace(dp_event(4000, 250, 3, data=["a"]), search=events.Search(
+        2.0, 1.0, (events.Candidate(1 / 16, 48, 1.1),), 8.0, 100, 400))
+    record = Ledger([searched], named({"a": range(4000)}))
+    released = record.released()
+    assert sorted(a.events[0].search.face for a in released.accounts()) == ["score", "training"]
+    assert released.epsilon(1e-5, "rdp") == pytest.approx(record.epsilon(1e-5, "rdp"), rel=1e-12)
+    many = Ledger([searched] * (ledger_module.FACED_SEARCHES + 1), named({"a": range(4000)}))
+    (account,) = many.released().accounts()
+    assert {e.search.face for e in account.events} == {"either"}
+    assert len(Ledger([searched] * ledger_module.FACED_SEARCHES, named({"a": range(4000)}))
+               .released().accounts()) == 2 ** ledger_module.FACED_SEARCHES
+
+
+def test_the_organisations_record_names_a_released_runs_examples_where_it_can():
+    """A task holds an input model's released ledger beside its own record: a sample the record
+    names is named again; a run on a sample it cannot name may have touched any of the
+    organisation's examples."""
+    runs = [dp_event(4000, 250, 3, data=["a"]), dp_event(4000, 250, 3, data=["c"])]
+    one_run, both = compose_epsilon(runs[:1], 1e-5), compose_epsilon(runs, 1e-5)
+    received = Ledger(runs, named({"a": range(4000), "c": range(4000, 8000)})).released()
+    received.add_examples(named({"a": range(4000)}))  # the record knows "a", not "c"
+    assert received.examples["a"].named and not received.examples["c"].named
+    with pytest.raises(UserError, match="two different sets"):
+        received.add_examples(named({"a": range(10)}))
+    # a next run on "a" counts c's run: the released ledger does not say which examples it touched
+    assert received.histories(["a"]) == [runs]
+    assert received.epsilon(1e-5, data=["a"]) == pytest.approx(both, rel=1e-9)
+    # another organisation's unnamed sample does not touch this one's examples
+    apart = Ledger(runs, {**named({"a": range(4000)}), "c": Examples("fedcba9876543210")})
+    assert apart.histories(["a"]) == [runs[:1]]
+    assert apart.epsilon(1e-5, data=["a"]) == pytest.approx(one_run, rel=1e-9)
+
+
+def test_what_a_next_run_counts_does_not_depend_on_which_examples_earlier_runs_shared():
+    """σ and the budget's stop are released: the history a run on "b" counts is every run on its
+    organisation's samples, whether "a" shares one example with it or none."""
+    run_a = dp_event(4000, 250, 3, data=["a"])
+    shares_one = Ledger([run_a], named({"a": range(4000), "b": range(3999, 7999)}))
+    shares_none = Ledger([run_a], named({"a": range(4000), "b": range(4000, 8000)}))
+    assert shares_one.histories(["b"]) == shares_none.histories(["b"]) == [[run_a]]
+    # the data's figure, per example, tells them apart once "b" is trained on: it is the
+    # organisation's own
+    run_b = dp_event(4000, 250, 3, data=["b"])
+    one_run, both = (compose_epsilon(runs, 1e-5) for runs in ([run_b], [run_a, run_b]))
+    assert shares_none.copy([run_a, run_b]).epsilon(1e-5) == pytest.approx(one_run, rel=1e-9)
+    assert shares_one.copy([run_a, run_b]).epsilon(1e-5) == pytest.approx(both, rel=1e-9)

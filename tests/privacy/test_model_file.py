@@ -188,3 +188,31 @@ def test_an_averaged_models_runs_are_each_checked_against_their_inputs_settings(
     with pytest.raises(UserError,
                        match="names input 1's run '0{32}', which its ledger does not have"):
         model_file.load(tmp_path / "id", "torch")
+
+
+def test_a_model_file_names_no_example_and_its_epsilon_counts_every_run_of_the_organisation(
+        tmp_path, monkeypatch):
+    """The model file is released: its ledger names each data sample's key, never an example, so
+    nothing in it counts the data; an older file that named them still reads per example."""
+    from mnist_dp.privacy.accountant import compose_epsilon
+    from mnist_dp.privacy.examples import Examples
+
+    runs = [ledger_event("torch", data=(i,), n=100) for i in ("fp-a", "fp-b")]
+    key = "0123456789abcdef"
+
+    def examples(size):
+        return {"fp-a": Examples.of(key, range(size)), "fp-b": Examples.of(key, range(500, 600))}
+
+    paths = [save_model(tmp_path / f"m{size}", runs, examples=examples(size)) for size in (100, 99)]
+    ledgers = [zipfile.ZipFile(p).read("ledger.json") for p in paths]
+    assert ledgers[0] == ledgers[1] and b'"ids"' not in ledgers[0]
+    loaded = model_file.load(paths[0]).ledger
+    assert loaded.examples == {"fp-a": Examples(key), "fp-b": Examples(key)}
+    assert loaded.epsilon(1e-5) == pytest.approx(compose_epsilon(runs, 1e-5), rel=1e-9)
+    # a file of format 4 named its examples: per example, as it reported
+    monkeypatch.setattr(model_file, "FORMAT", "mnist-dp-model/4")
+    monkeypatch.setattr(Ledger, "released", lambda ledger: ledger)  # as version 4 wrote it
+    older = save_model(tmp_path / "older", runs, examples=examples(100))
+    monkeypatch.undo()
+    assert model_file.load(older).ledger.epsilon(1e-5) == pytest.approx(
+        compose_epsilon(runs[:1], 1e-5), rel=1e-9)

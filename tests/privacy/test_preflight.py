@@ -88,7 +88,8 @@ def test_the_budget_check_calibrates_sigma_as_the_tasks_will_get_it():
 def test_a_budget_the_datas_ledger_has_spent_is_refused_up_front_whatever_samples_spent_it():
     import numpy as np
 
-    from mnist_dp.privacy.ledger import Examples, Ledger
+    from mnist_dp.privacy.examples import Examples
+    from mnist_dp.privacy.ledger import Ledger
 
     hp = dict_hp(batch_size=10, epochs=1, noise_multiplier=1.0, target_epsilon=None, delta=1e-3)
     plan = TaskPlan.of("torch", hp, task_plan.check_run("torch", hp, 200, "x"), 1.0)

@@ -17,7 +17,8 @@ from scipy import stats
 from mnist_dp import search_space
 from mnist_dp.privacy import accountant
 from mnist_dp.privacy.events import Candidate, DpEvent, Search, validation_mask
-from mnist_dp.privacy.ledger import Examples, Ledger
+from mnist_dp.privacy.examples import Examples
+from mnist_dp.privacy.ledger import Ledger
 from mnist_dp.privacy.search import draw_count, plan_search
 from mnist_dp.utils.errors import UserError
 
@@ -205,9 +206,11 @@ def test_each_example_pays_for_its_own_face_of_the_search():
                                                       for _, e in ledger.parts()))
     again = Ledger.from_json(ledger.to_json())
     assert again.events == ledger.events and again.epsilon(DELTA) == ledger.epsilon(DELTA)
-    # a later run on the same data: its history is the face each example saw
+    # a later run on the same data counts the search by either face an example may have seen
     histories = ledger.histories(["s"])
     assert sorted(h[0].search.face for h in histories) == ["score", "training"]
+    # released: the same figure, its examples not named
+    assert ledger.released().epsilon(DELTA) == pytest.approx(ledger.epsilon(DELTA), rel=1e-12)
 
 
 @pytest.mark.parametrize("edit, message", [

@@ -1,6 +1,7 @@
 from mnist_dp.privacy import accountant, model_file, replace_one, statement
 from mnist_dp.privacy.events import PER_EXAMPLE, DpEvent
-from mnist_dp.privacy.ledger import Examples, Ledger
+from mnist_dp.privacy.examples import Examples
+from mnist_dp.privacy.ledger import Ledger
 
 EVENT = DpEvent("tf", ("fp-a", "fp-b"), 300, 0.2, 1.0, 5, PER_EXAMPLE, 1.0,
                         (("TF Privacy statement, RDP, Poisson (this run only)", 4.5),))
@@ -85,8 +86,19 @@ def test_each_run_names_the_code_that_made_it_and_what_data_checks_cover():
             "changed)" in text)
     assert "code not recorded" in statement.privacy_statement(saved([EVENT]))
     assert "Accounting unit: one organisation's record" in text
-    assert "examples under different keys are different organisations' records" in text
+    assert ("samples under different keys, unless one names the other in its organisation's "
+            "keys, are different organisations' records" in text)
+    assert "as if each example were in every one (an upper bound)" in text
     assert "Across organisations" not in text  # one organisation's model
+
+
+def test_an_older_ledger_that_names_its_examples_is_flagged():
+    examples = named({"fp-a": range(150), "fp-b": range(150, 300)})
+    assert ("**The data's size is released**: this ledger, written before"
+            in statement.privacy_statement(saved([EVENT], examples)))
+    released = model_file.ModelFile("tf", b"", Ledger([EVENT], examples).released(),
+                                    {"delta": 1e-4})
+    assert "size is released" not in statement.privacy_statement(released)
 
 
 def test_an_averaged_models_statement_explains_the_averaging():
@@ -140,3 +152,4 @@ def test_the_statement_opens_with_a_card_and_leaves_the_assumptions_to_the_repor
         model, assumptions=False)
     assert statement.THREAT_MODEL in alone and statement.THREAT_MODEL not in in_a_report
     assert alone == in_a_report + "\n" + statement.shared_assumptions(federated=False)
+

@@ -8,6 +8,7 @@ import pytest
 from conftest import REPO, TINY_HYPERPARAMETERS
 
 from mnist_dp.privacy import model_file
+from mnist_dp.privacy.accountant import compose_epsilon
 
 SCRIPTS = REPO / "scripts"
 FRAMEWORK = "torch"  # the fastest; every framework runs through run_local's tests
@@ -42,13 +43,18 @@ def test_trains_through_the_folds_reports_and_adds_its_keys(tmp_path, keys_file)
     assert set(before) - {"organization_id"} <= set(keys)
     records = json.loads((tmp_path / "results" / FRAMEWORK / "results.json").read_text())
     assert [r["round"] for r in records] == [1, 2]
-    # each fold is trained once: its ε is one task's, folds compose in parallel
+    # The model passes from fold to fold. Its file names no example, so its ε counts both folds'
+    # runs for every example of the organisation; the data's own record, per example, composes
+    # the disjoint folds in parallel: one task's.
     for record in records:
-        saved = model_file.load(record["model_file"], FRAMEWORK)
+        events = model_file.load(record["model_file"], FRAMEWORK).ledger.events
+        assert len(events) == record["round"]
         assert record["epsilon"] == pytest.approx(
-            saved.ledger.epsilon(TINY_HYPERPARAMETERS["delta"]))
+            compose_epsilon(events, TINY_HYPERPARAMETERS["delta"]))
         assert record["epsilon_in_substra"] == pytest.approx(record["epsilon"])
-    assert records[0]["epsilon"] == pytest.approx(records[1]["epsilon"])
+        assert record["data_epsilon_by_organization"] == {
+            keys["organization_id"]: pytest.approx(records[0]["epsilon"])}
+    assert records[1]["epsilon"] > records[0]["epsilon"] + 1
     assert "test acc" in proc.stdout and "keys added to" in proc.stdout
     assert {"summary.md",
             "results.png"} <= {p.name for p in (tmp_path / "results" / FRAMEWORK).iterdir()}
