@@ -2,13 +2,21 @@
 each call is what one substrafl task does (a new algo from its arguments, the organisation's local
 state loaded, one method, the local state saved), on the opener's data of the tiny samples."""
 import copy
+import json
 import math
 import shutil
+import zipfile
 
 import cloudpickle
 import numpy as np
 import pytest
-from conftest import NEIGHBOURS_PUBLIC_SIZE, independent_epsilon, samples, tiny_hyperparameters
+from conftest import (
+    NEIGHBOURS_PUBLIC_SIZE,
+    independent_epsilon,
+    masked,
+    samples,
+    tiny_hyperparameters,
+)
 from substrafl.strategies.schemas import FedAvgAveragedState
 
 from mnist_dp.assets import DATASET_ASSET, load_asset_module
@@ -232,21 +240,26 @@ def test_every_organisation_keeps_every_runs_ledger_and_reports_its_own_epsilon(
     assert all(np.array_equal(a, b) for a, b in zip(algos[0]._weights(), algos[1]._weights()))
 
 
-def test_a_train_task_on_d_and_on_d_less_one_example_runs_one_plan_and_sends_one_weight(
-        neighbours):
+def test_a_train_task_on_d_and_on_d_less_one_example_sends_and_keeps_the_same(neighbours,
+                                                                              tmp_path):
     """substrafl's train task on neighbouring data (201 and 200 images, both declaring 200, a
-    noise_seed): the same run in the ledger but its sample ids and run id, and the same FedAvg
-    weight, the public size."""
+    noise_seed): the same shared state but the weight change (its ledger, released, and its FedAvg
+    weight, the public size), the same local state but the weights, the same ε metric."""
     opener = load_asset_module(DATASET_ASSET / "opener.py",
                                "opener_for_substrafl_tests").MnistOpener()
-    runs, weights = {}, {}
+    released = {}
     for name, folder in neighbours.items():
         algo = new_algo("torch", 1, hyperparameters(batch_size=50, noise_seed=7))
-        weights[name] = algo.train(data_from_opener=opener.get_data(samples(folder, "train")),
-                                   _skip=True).n_samples
-        runs[name] = [{**e.to_json(), "data": None, "run_id": None} for e in algo.ledger.events]
-    assert runs["D"] == runs["D-1"] and runs["D"][0]["n"] == NEIGHBOURS_PUBLIC_SIZE
-    assert weights == {"D": NEIGHBOURS_PUBLIC_SIZE, "D-1": NEIGHBOURS_PUBLIC_SIZE}
+        sent = algo.train(data_from_opener=opener.get_data(samples(folder, "train")), _skip=True)
+        algo.save_local_state(tmp_path / name)
+        with zipfile.ZipFile(tmp_path / name) as state:
+            meta = json.loads(state.read("meta.json"))
+            kept = [state.read("ledger.json").decode(), meta["hyperparameters"]]
+        released[name] = [sent.n_samples, masked(json.dumps(sent.ledger)), masked(str(kept)),
+                          algo.epsilon()]
+    assert released["D"] == released["D-1"] and released["D"][0] == NEIGHBOURS_PUBLIC_SIZE
+    assert '"ids"' not in released["D"][1]
+    assert sent.ledger["events"][0]["n"] == NEIGHBOURS_PUBLIC_SIZE
 
 
 def test_a_plain_fedavg_average_without_ledgers_is_refused(tmp_path, opener_data):
