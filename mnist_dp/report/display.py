@@ -38,8 +38,7 @@ def statement_for(records: list) -> str:
         return STATEMENT
     return (STATEMENT.replace("add/remove-one-example", "add/remove-one-person (all their images)")
             .replace("per-example clipping", "per-person clipping (subjects.npy)")
-            .replace("each example's ε", "each person's ε").replace("worst example's", "worst "
-                                                                    "person's"))
+            .replace("as if each example", "as if each person"))
 
 
 NOT_DP = ("delta", "accountant", "noise_multiplier")  # nothing to say of a model trained without DP

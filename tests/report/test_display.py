@@ -150,8 +150,8 @@ def test_the_statement_under_the_table_names_persons_where_a_record_is_per_perso
     per_person = display.statement_for([replace(record, privacy_unit="person")])
     assert per_person.startswith("ε is for the add/remove-one-person (all their images) relation, "
                                  "Poisson sampling and per-person clipping (subjects.npy); each "
-                                 "person's ε composes") and "example" not in per_person.split(
-                                     "(with")[0]
+                                 "organisation's ε composes every step on its data, as if each "
+                                 "person were in every one") and "example" not in per_person
     assumptions = statement.shared_assumptions(False, per_person=True)
     assert "add or remove one person, with all their images" in assumptions
     assert "- Privacy unit: a person" in assumptions and "add or remove one example" not in (
