@@ -74,7 +74,7 @@ def main(argv=None):
     check_hyperparameters(hp.to_json(), args.rounds, str(args.hyperparameters))
     data_dir, output = (
         args.data or dataset.default_folder(args.organizations)).resolve(), args.output.resolve()
-    dataset.check_output_outside(data_dir, output)
+    dataset.check_apart(data_dir, output)
     work = output / "substra"
     with results.run_output(output, work):
         work.mkdir(exist_ok=True)

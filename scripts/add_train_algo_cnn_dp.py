@@ -77,7 +77,7 @@ def main(argv=None):
                             f"--rounds {args.rounds} with the {len(folds)} fold(s) of "
                             f"{args.keys_file} and --strategy {args.strategy}")
     data_dir = Path(keys.require("data"))
-    dataset.check_output_outside(data_dir, args.output or Path("results") / args.framework)
+    dataset.check_apart(data_dir, args.output or Path("results") / args.framework)
     where = f"{args.framework} hyperparameters ({args.hyperparameters or 'the asset'})"
     if data_dir.is_dir():  # the released runs are recorded in its folders after the plan
         data_ledger.check_writable(f for own in registry.split_among(data_dir, len(folds))

@@ -99,7 +99,7 @@ def main(argv=None):
                         "(and, with --baseline, without it too); remove dp from this file")
     data_dir, output = (
         args.data or dataset.default_folder(args.organizations)).resolve(), args.output.resolve()
-    dataset.check_output_outside(data_dir, output)
+    dataset.check_apart(data_dir, output)
     runs = {}  # run name -> (framework, hyperparameters)
     for framework in frameworks:
         for dp in [True, False] if args.baseline else [True]:

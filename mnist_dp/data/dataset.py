@@ -193,10 +193,11 @@ def check_organization_keys(data_dir: Path, holdings: list, test_everywhere: boo
         raise UserError(f"{data_dir}: {what}; {identity_keys.rekey_advice(rekeyed, key_from)}")
 
 
-def check_output_outside(data_dir: Path, output: Path, flag: str = "--output") -> None:
-    """Refuse an output folder that is the data folder or inside it, before anything is written
-    there: the run's files (Substra's work files, the lock, the reports) would sit among the data
-    samples, and a later run would read them as samples.
+def check_apart(data_dir: Path, output: Path, flag: str = "--output") -> None:
+    """Refuse an output folder that is the data folder, inside it or holding it, before anything is
+    written there: the run's files (Substra's work files, the lock, the reports) would sit among the
+    data samples, and a later run would read them as samples; or the run would set the data aside as
+    an earlier run's reports.
 
     Args:
       data_dir: the data folder.
@@ -207,6 +208,10 @@ def check_output_outside(data_dir: Path, output: Path, flag: str = "--output") -
     if output == data_dir or data_dir in output.parents:
         raise UserError(f"{flag} {output}: is inside the data folder {data_dir}; the run's files "
                         "would be mixed with the data samples: choose an output folder outside it")
+    if output in data_dir.parents:
+        raise UserError(f"--data {data_dir}: is inside the output folder {output}, where a run "
+                        "sets an earlier run's reports aside: keep the data outside it, or choose "
+                        f"another {flag}")
 
 
 def split_advice(data_dir: Path, train_samples: int, organizations: int = 1) -> str:

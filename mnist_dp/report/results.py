@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,7 @@ from mnist_dp.privacy.randomness import REPLAYABLE_WARNING
 from mnist_dp.privacy.statement import privacy_summary
 from mnist_dp.report import display
 from mnist_dp.utils import atomic
+from mnist_dp.utils.errors import UserError
 
 # What a run writes in its --output folder, all of it that run's: an earlier
 # run's are moved aside first.
@@ -76,10 +78,18 @@ def put_back(earlier: Path, output: Path) -> None:
 
 def set_aside(output: Path) -> Path | None:
     """Move the REPORTS an earlier run wrote in `output` into EARLIER/<the date of its results>/
-    (returned; None when there were none)."""
-    found = [output / name for name in REPORTS if (output / name).exists()]
+    (returned; None when there were none). Refused (UserError), with nothing moved, where a path of
+    a report's name is not one (`check_report`), or EARLIER is not a folder."""
+    found = [output / name for name in REPORTS if os.path.lexists(output / name)]
+    for path in found:
+        check_report(path)
     if not found:
         return None
+    if os.path.lexists(output / EARLIER) and (
+            (output / EARLIER).is_symlink() or not (output / EARLIER).is_dir()):
+        raise UserError(f"{output / EARLIER}: is not a folder, and a run keeps an earlier run's "
+                        "reports there; move it out of the output folder, or choose another "
+                        "--output")
     written = max(p.stat().st_mtime for p in found)
     stamp = datetime.datetime.fromtimestamp(written).strftime("%Y-%m-%dT%H-%M-%S")
     dest, k = output / EARLIER / stamp, 1
@@ -90,6 +100,22 @@ def set_aside(output: Path) -> Path | None:
     for path in found:
         path.rename(dest / path.name)
     return dest
+
+
+def check_report(path: Path) -> None:
+    """Refuse (UserError) a path of one of REPORTS' names that is not what a run writes there (a
+    regular file; for "models", a folder of regular *.model files): it is the user's, and a run
+    never moves it."""
+    if path.name == "models":
+        ours = not path.is_symlink() and path.is_dir() and all(
+            entry.suffix == ".model" and entry.is_file() and not entry.is_symlink()
+            for entry in path.iterdir())
+    else:
+        ours = not path.is_symlink() and path.is_file()
+    if not ours:
+        raise UserError(f"{path}: is not a report of this bundle, and a run sets aside only its "
+                        "own earlier reports; move it out of the output folder, or choose another "
+                        "--output")
 
 
 def _size(size: int) -> str:

@@ -432,3 +432,12 @@ def test_the_scripts_default_data_names_the_option_that_asked_for_its_samples(
         dataset.generate_default_if_missing(tmp_path / "d", train_samples=asked,
                                             flag="--organizations")
     assert not (tmp_path / "d").exists()  # refused before anything is written
+
+
+@pytest.mark.parametrize("data, output", [("d", "d"), ("d", "d/out"), ("out/d", "out")])
+def test_the_data_and_the_output_folder_are_kept_apart(tmp_path, data, output):
+    """Neither holds the other: the run's files would sit among the samples, or the run would set
+    the data aside as an earlier run's reports."""
+    with pytest.raises(UserError, match="is inside the"):
+        dataset.check_apart(tmp_path / data, tmp_path / output)
+    dataset.check_apart(tmp_path / "d", tmp_path / "out")

@@ -60,3 +60,31 @@ def test_a_run_that_fails_after_writing_a_report_keeps_the_earlier_ones_aside(tm
     [aside] = (tmp_path / "out" / results.EARLIER).iterdir()
     assert report_files(aside) == before
     assert f"to {aside}" in capsys.readouterr().out
+
+
+def replaced(path, make):
+    """`path` unlinked if a file is there, then made again by `make(path)`."""
+    path.unlink(missing_ok=True)
+    make(path)
+
+
+@pytest.mark.parametrize("make, what", [
+    # a data folder where a run keeps its model files: the user's data, never moved
+    (lambda out: (out / "models" / "train").mkdir(), "models"),
+    (lambda out: replaced(out / "results.json", lambda p: p.mkdir()), "results.json"),
+    (lambda out: replaced(out / "summary.md", lambda p: p.symlink_to(out / "notes.md")),
+     "summary.md"),
+    (lambda out: (out / results.EARLIER).write_text("a user's notes"), results.EARLIER),
+])
+def test_a_path_of_a_reports_name_that_is_not_a_report_is_refused_and_nothing_moves(
+        tmp_path, make, what):
+    out = tmp_path / "out"
+    earlier_reports(out)
+    make(out)
+    def everything():  # the run's lock aside
+        return sorted(p.relative_to(out) for p in out.rglob("*") if p.name != ".lock")
+
+    before = everything()
+    with pytest.raises(UserError, match=f"^{out / what}: is not a"), results.run_output(out):
+        pytest.fail("the run went on")
+    assert everything() == before

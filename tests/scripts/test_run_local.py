@@ -291,7 +291,7 @@ def test_help_and_bad_arguments(tmp_path):
     assert not (tmp_path / "d").exists()
 
 
-def test_output_inside_the_data_folder_is_refused_before_anything_is_written_there(
+def test_output_and_data_inside_each_other_are_refused_before_anything_is_written_there(
         tmp_path, tiny_data):
     data = shutil.copytree(tiny_data, tmp_path / "data")
     before = sorted(p.relative_to(data) for p in data.rglob("*"))
@@ -301,6 +301,13 @@ def test_output_inside_the_data_folder_is_refused_before_anything_is_written_the
         assert f"is inside the data folder {data}" in proc.stderr
         assert "choose an output folder outside it" in proc.stderr
     assert sorted(p.relative_to(data) for p in data.rglob("*")) == before  # no substra/, no .lock
+    # the data inside the output folder, where a run sets earlier reports aside: refused too
+    out = tmp_path / "out"
+    inner = shutil.copytree(tiny_data, out / "models")
+    proc = run_local("--data", inner, "--output", out, cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert f"--data {inner}: is inside the output folder {out}" in proc.stderr
+    assert not (out / "earlier").exists() and (inner / "train").is_dir()  # nothing moved
 
 
 def test_organisations_sharing_a_key_are_refused_and_the_advised_command_fixes_it(tmp_path):
