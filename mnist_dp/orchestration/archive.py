@@ -16,6 +16,7 @@ from pathlib import Path
 
 from mnist_dp.orchestration.contract import CONTRACT
 from mnist_dp.privacy import provenance
+from mnist_dp.utils import atomic
 from mnist_dp.utils.errors import UserError
 
 PACKAGE = "mnist_dp"
@@ -151,9 +152,10 @@ def build(asset_dir: Path, function: str, dest: Path, replace: dict | None = Non
     contents[provenance.MANIFEST_FILE] = provenance.manifest_bytes(contents)
 
     dest = Path(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    # Byte-for-byte reproducible (no timestamps), so an unchanged function is recognised and reused.
-    with open(dest, "wb") as f, gzip.GzipFile(filename="", mode="wb", fileobj=f, mtime=0) as gz, \
+    # Byte-for-byte reproducible (no timestamps), so an unchanged function is recognised and reused;
+    # a full disk is one line naming it, and leaves no half archive.
+    with atomic.replacing(dest) as tmp, open(tmp, "wb") as f, \
+            gzip.GzipFile(filename="", mode="wb", fileobj=f, mtime=0) as gz, \
             tarfile.open(fileobj=gz, mode="w") as tar:
         for name, data in sorted(contents.items()):
             info = tarfile.TarInfo(name)

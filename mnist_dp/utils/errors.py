@@ -124,13 +124,15 @@ def run_cli(main, *args, explain=None, task=False):
 
 
 # What to do about an OSError that is the machine's state, not the code's fault: a full disk, a
-# read-only or forbidden path.
+# read-only or forbidden path, a folder or a file where the other is needed.
 _OS_ADVICE = {
     errno.ENOSPC: "free space on that disk, or write somewhere else",
     errno.EDQUOT: "free space within your disk quota, or write somewhere else",
     errno.EROFS: "write somewhere else, or mount that file system read-write",
     errno.EACCES: "check its permissions and its folder's, or use another path",
     errno.EPERM: "check its permissions and its folder's, or use another path",
+    errno.EISDIR: "a folder stands where a file is read or written: move it away",
+    errno.ENOTDIR: "a file stands where a folder is needed on that path: move it away",
 }
 
 

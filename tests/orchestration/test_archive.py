@@ -176,3 +176,16 @@ def test_dockerfile_leaves_no_package_caches_or_lists(dockerfile):
         if "apt-get install" in run:
             assert ("--no-install-recommends" in run
                     and "rm -rf /var/lib/apt/lists/*" in run), f"{dockerfile}: {run}"
+
+
+def test_a_full_disk_while_building_an_archive_is_one_line_naming_it_and_leaves_none(tmpfs):
+    from conftest import fill_disk
+
+    disk = tmpfs("size=256k")
+    fill_disk(disk)
+    dest = disk / "archives" / "torch-train.tar.gz"
+    with pytest.raises(UserError, match=rf"^{dest}: cannot write it \(No space left on device\); "
+                                        "free space"):
+        archive.build(ALGO_ASSETS["torch"], "train", dest)
+    assert not any(p.name.endswith(".tar.gz") or p.name.startswith(".torch-train")
+                   for p in disk.rglob("*"))

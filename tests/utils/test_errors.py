@@ -3,6 +3,7 @@ spelled out."""
 import subprocess
 import sys
 
+import pytest
 from conftest import REPO
 
 CODE = """
@@ -58,6 +59,21 @@ def test_a_full_disk_or_a_read_only_file_system_is_one_line_naming_the_file(tmpf
                                           "write somewhere else")):
         proc = run_main(f"open({str(path)!r}, 'w')", tmp_path)
         assert (proc.returncode, proc.stderr) == (2, f"error: {path}: {line}\n")
+
+
+@pytest.mark.parametrize("make, body, line", [
+    (lambda p: p.mkdir(), "open({path!r}, 'w')",
+     "Is a directory; a folder stands where a file is read or written: move it away"),
+    (lambda p: p.write_text("notes"), "open({path!r} + '/x', 'w')",
+     "Not a directory; a file stands where a folder is needed on that path: move it away"),
+])
+def test_a_folder_or_a_file_where_the_other_is_needed_is_one_line_naming_it(tmp_path, make, body,
+                                                                           line):
+    path = tmp_path / "earlier"
+    make(path)
+    proc = run_main(body.format(path=str(path)), tmp_path)
+    named = f"{path}/x" if "/x" in body else str(path)
+    assert (proc.returncode, proc.stderr) == (2, f"error: {named}: {line}\n")
 
 
 def test_an_os_error_that_may_be_the_codes_mistake_keeps_its_traceback(tmp_path):
