@@ -41,6 +41,18 @@ def _keys(value) -> bool:
     return isinstance(value, list) and bool(value) and all(isinstance(k, str) and k for k in value)
 
 
+def _texts(value) -> bool:
+    """Whether `value` is a {text: text} object."""
+    return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) and v
+                                           for k, v in value.items())
+
+
+def _plans(value) -> bool:
+    return isinstance(value, dict) and all(
+        isinstance(plan, dict) and set(plan) == {"key", "tasks"} and isinstance(plan["key"], str)
+        and _texts(plan["tasks"]) for plan in value.values())
+
+
 # The shape of each field a script reads back from a keys file (it may have been edited by hand).
 _SHAPES = {
     "dataset_key": (lambda v: isinstance(v, str) and bool(v), "an asset key (a string)"),
@@ -50,6 +62,10 @@ _SHAPES = {
     "train_data_sample_keys": (lambda v: isinstance(v, list) and bool(v) and all(map(_keys, v)),
                                "a list of folds, each a list of data sample keys"),
     "test_data_sample_keys": (_keys, "a list of data sample keys"),
+    "fingerprints": (_texts, "an object of {asset key: fingerprint}"),
+    "algos": (lambda v: isinstance(v, dict) and all(map(_texts, v.values())),
+              "an object of {framework: {function: key}}"),
+    "compute_plans": (_plans, 'an object of {framework: {"key": plan key, "tasks": {...}}}'),
 }
 
 
@@ -66,6 +82,8 @@ class KeysFile:
             if not isinstance(self.content, dict):
                 raise UserError(f"{self.path}: not a keys file (expected a JSON object); move it "
                                 "away")
+            for field in self.content:  # every field a script reads, before any work
+                self._check(field)
 
     def get(self, field: str, default=None):
         return self.content.get(field, default)
@@ -74,6 +92,10 @@ class KeysFile:
         if field not in self.content:
             raise UserError(f"{self.path}: no {field!r}; run scripts/add_dataset_objective.py "
                             "first")
+        return self._check(field)
+
+    def _check(self, field: str):
+        """The value of `field`, refused (UserError) unless of its shape (_SHAPES)."""
         value = self.content[field]
         test, what = _SHAPES.get(field, (lambda v: True, ""))
         if not test(value):

@@ -85,6 +85,22 @@ def test_bad_keys_file_and_bad_folds(client, tmp_path, tiny_data):
 
 
 
+@pytest.mark.parametrize("field, value", [
+    ("fingerprints", ["a"]), ("fingerprints", {"key": 3}), ("algos", {"torch": "train"}),
+    ("algos", []), ("compute_plans", {"torch": {"key": "k"}}), ("dataset_key", 7),
+])
+def test_a_keys_file_field_of_another_shape_is_refused_when_read_before_any_work(tmp_path, field,
+                                                                                 value):
+    """Every field a script reads back is checked as the file is read: a second run of
+    add_dataset_objective.py (fingerprints) or add_train_algo_cnn_dp.py (algos) must not crash
+    after registering."""
+    path = tmp_path / "assets_keys.json"
+    path.write_text(json.dumps({"organization_id": "MyOrg1MSP", field: value}))
+    with pytest.raises(UserError, match=f"^{path}: {field} = .* must be an object|^{path}: "
+                                        f"{field} = .* must be an asset key"):
+        registry.KeysFile(path)
+
+
 def test_a_keys_file_with_a_key_given_twice_is_refused(tmp_path):
     path = tmp_path / "assets_keys.json"
     path.write_text('{"dataset_key": "a", "objective_key": "b", "dataset_key": "c"}')
