@@ -116,6 +116,9 @@ class DpStep:
         return self.sigma > 0 and not noise.decay_steps and not noise.count_noise_multiplier
 
 
+MAX_EXPONENT = math.log(float.fromhex("0x1.fffffffffffffp+1023"))  # exp of more overflows
+
+
 class ClipNorm:
     """The clipping norm C of every step: max_grad_norm throughout, or with clip_quantile adaptive
     clipping (Andrew et al. 2021, as Opacus' AdaClipDPOptimizer and TF Privacy's quantile-adaptive
@@ -145,7 +148,14 @@ class ClipNorm:
         noisy = unclipped - batch_size / 2 + self.count_noise()
         # the expected, not the realised, batch size
         fraction = noisy / self.expected_batch_size + 0.5
-        self.value *= math.exp(-self.rate * (fraction - self.quantile))
+        exponent = -self.rate * (fraction - self.quantile)
+        # Past the float range the run has diverged: an infinite C (no clipping, infinite noise)
+        # makes the weights say so, and the task refuses them as any diverged run's
+        # (model_io.check_finite).
+        if math.isinf(self.value) or exponent >= MAX_EXPONENT:
+            self.value = math.inf
+        else:
+            self.value *= math.exp(exponent)
 
 
 def sampled_batches(plan: TaskPlan, randomness: RunRandomness, on_epoch: EpochCallback,

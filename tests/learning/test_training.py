@@ -43,6 +43,25 @@ def test_adaptive_clipping_moves_c_towards_the_quantile(unclipped, direction):
     assert fixed.value == 1.0
 
 
+def test_a_clipping_norm_past_the_float_range_is_infinite_not_a_traceback():
+    """clip_count_stddev may be 1e30: a count that noisy sends exp past the float range. C is then
+    infinite for good (the weights become infinite, a diverged run the task refuses in one line),
+    or underflows to 0; never an OverflowError mid-training."""
+    hp = dict_hp(clip_quantile=0.5, clip_learning_rate=1000.0, clip_count_stddev=1e30)
+    plan = TaskPlan.of("torch", hp, SamplingPlan.from_hyperparameters(1000, hp, "x"), 1.0)
+    clip = training.ClipNorm(plan, RunRandomness.fresh())
+    clip.count_noise = lambda: -1e30  # every example clipped, by far: C grows past the range
+    clip.update(0, 50)
+    assert clip.value == math.inf
+    clip.count_noise = lambda: 1e30  # an update that would shrink it leaves it infinite
+    clip.update(50, 50)
+    assert clip.value == math.inf
+    shrinking = training.ClipNorm(plan, RunRandomness.fresh())
+    shrinking.count_noise = lambda: 1e30
+    shrinking.update(50, 50)
+    assert shrinking.value == 0.0
+
+
 class StepCounter(StepsThatLearnNothing):
     """A framework whose DP library reports `library` as its own ε."""
 
