@@ -223,7 +223,7 @@ def train_in_memory(framework: Framework, model, ledger: Ledger, data: dict, hp:
     # fixed features: the scattering transform of every image (nothing for pixels)
     timing.mark("features")
     training.say_notices(framework, hp, randomness)
-    ran = training.fit(framework, model, inputs, data["labels"], plan, randomness, plan.progress,
+    ran = training.fit(framework, model, inputs, data["labels"], plan, randomness,
                        through=through, persons=persons)
     timing.mark("training")  # the steps after the first
     model_io.check_finite(framework, model, f"training diverged in {ran.steps} steps", if_diverged)

@@ -167,7 +167,7 @@ def sampled_batches(plan: TaskPlan, randomness: RunRandomness, on_epoch: EpochCa
       plan: the run's plan: its sampling plan's n, q and steps (exactly that many batches); with
         DP, Poisson batches; without, hp.batch_size shuffled indices.
       randomness: the run's randomness, which draws the batches.
-      on_epoch: the progress text after each epoch (ε so far).
+      on_epoch: the progress text after each epoch.
       progress: whether to draw the bar (not for a search's candidates, whose number is secret).
       persons: each example's person (0..P-1), or None: persons are sampled, and a sampled
         person's examples are all in the batch.
@@ -213,7 +213,8 @@ def fit(framework: Framework, model, inputs: np.ndarray, labels: np.ndarray, pla
       labels: the training labels [n].
       plan: the run's plan (task_plan.py): the steps to run, σ, the clipping settings.
       randomness: the run's: it draws the batches, the noise and adaptive clipping's count.
-      on_epoch: the progress text after each epoch (ε so far; TaskPlan.progress); none by default.
+      on_epoch: the progress text after each epoch; none by default (a figure by another
+        accountant than the reported one would contradict the report).
       canaries: the white-box audit's (audit.DiracCanaries, or benchmarks/same_noise.py's shared
         noise). A `noise_scale` below 1 is the audit's broken mechanism: the steps add that
         fraction of the noise while the result still says σ.

@@ -189,14 +189,6 @@ class TaskPlan:
             batch_size=self.hp.batch_size, planned_steps=self.sampling.planned_steps, code=code,
             replayable_noise=ran.replayable_noise)
 
-    def progress(self, steps_done: int) -> str:
-        """ε so far, for the progress bar (RDP: fast enough for every epoch)."""
-        if not self.hp.dp:
-            return "no DP"
-        eps = max(accountant.compose_epsilon([*prior, self.event_at(steps_done)], self.hp.delta,
-                                             "rdp") for prior in self.histories)
-        return f"ε(RDP)={eps:.2f} δ={self.hp.delta:g}"
-
     def metadata(self) -> dict:
         """The model file's metadata of a model this plan trained: the hyperparameters and the
         settings it ran with (which model_file.load checks against the ledger's last run)."""

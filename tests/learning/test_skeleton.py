@@ -126,7 +126,7 @@ def test_a_train_task_trains_on_float16_features_and_lets_its_images_go(opener_p
 def test_a_train_task_makes_its_plan_once_and_only_the_plan_asks_the_accountant(opener_path,
                                                                                monkeypatch):
     """One plan per task: task_plan.for_task runs once, and every call into the accountant while the
-    task trains (σ's calibration, the budget's cut, the progress bar's ε) comes from the plan: the ε
+    task trains (σ's calibration, the budget's cut) comes from the plan: the ε
     path is plan ↔ accountant."""
     import sys
 
@@ -154,3 +154,19 @@ def test_a_train_task_makes_its_plan_once_and_only_the_plan_asks_the_accountant(
     assert plans == [skeleton.__name__] and ran.steps == plan.sampling.steps > 0
     assert plan.sampling.stopped_by_budget  # the budget cut it: the plan asked for that too
     assert set(callers) - {accountant.__name__} == {task_plan.__name__}
+
+
+def test_the_progress_bar_shows_the_epoch_and_no_figure_the_report_would_contradict(
+        opener_path, monkeypatch, capsys):
+    """An RDP ε along the way (3.13 for a 3.0 target) contradicted the reported PLD figure: the bar
+    counts steps and epochs only."""
+    from mnist_dp.assets import load_asset_module
+    from mnist_dp.privacy.ledger import Ledger
+    from mnist_dp.utils import progress
+
+    monkeypatch.setenv(progress.VARIABLE, "1")  # as on a terminal
+    data = load_asset_module(opener_path, "opener_for_bar_tests").MnistOpener().fake_data(100)
+    hp = dict_hp(epochs=2, batch_size=50, noise_multiplier=1.0, target_epsilon=None)
+    skeleton.train_in_memory(SeesItsInputs(data), None, Ledger(), data, hp, "x", {}, "")
+    bar = capsys.readouterr().err
+    assert "epoch 2/2" in bar and "ε" not in bar and "RDP" not in bar
