@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import json
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -45,6 +46,9 @@ def run_output(output: Path, work: Path | None = None):
     leaves behind (removed, saying so) and a run removes when it ends."""
     with atomic.exclusive(output, "--output folder") as folder:
         earlier = set_aside(folder)
+        if earlier is not None:
+            print("moved the earlier run's "
+                  f"{', '.join(n for n in REPORTS if (earlier / n).exists())} to {earlier}")
         worker = None if work is None else Path(work) / "local-worker"
         if worker is not None and worker.is_dir() and any(worker.iterdir()):
             size = sum(f.stat().st_size for f in worker.rglob("*") if f.is_file()
@@ -56,14 +60,11 @@ def run_output(output: Path, work: Path | None = None):
         except BaseException:
             if earlier is not None and not any((folder / name).exists() for name in REPORTS):
                 put_back(earlier, folder)
-                earlier = None
+                print(f"put the earlier run's reports back from {earlier}: this run wrote none")
             raise
         finally:
             if worker is not None:
                 shutil.rmtree(worker, ignore_errors=True)
-            if earlier is not None:
-                print("moved the earlier run's "
-                      f"{', '.join(n for n in REPORTS if (earlier / n).exists())} to {earlier}")
 
 
 def put_back(earlier: Path, output: Path) -> None:
@@ -99,7 +100,20 @@ def set_aside(output: Path) -> Path | None:
     dest.mkdir(parents=True)
     for path in found:
         path.rename(dest / path.name)
+    _point_at(dest / "results.json", output / "models", dest / "models")
     return dest
+
+
+def _point_at(report: Path, old: Path, new: Path) -> None:
+    """Make the model_file paths of results.json `report` under `old` name `new` instead, where its
+    model files went; a report that does not read as results.json's records is left as it is."""
+    with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
+        records = json.loads(report.read_text())
+        moved = [{**r, "model_file": str(new / Path(r["model_file"]).relative_to(old))}
+                 if r.get("model_file") and Path(r["model_file"]).is_relative_to(old) else r
+                 for r in records]
+        if moved != records:
+            atomic.write_json(report, moved)
 
 
 def check_report(path: Path) -> None:

@@ -92,27 +92,45 @@ def write_performance(path: Path, value: float) -> None:
 def exclusive(folder: Path, what: str):
     """Hold `folder` (created if missing) for this process: a second process asking for it gets a
     UserError instead of mixing its results with ours. The lock dies with the process, even
-    killed."""
+    killed; a run that ends removes its lock file, while it still holds it."""
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise UserError(f"{folder}: is a file; {what} must be a folder (give a new or existing "
                         "folder)")
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        handle = open(folder / LOCK_FILE, "a+")
-    except OSError as exc:
-        raise UserError(f"{folder}: cannot write to this folder ({exc.strerror}); choose another "
-                        f"{what}") from None
-    with handle:
+    lock = folder / LOCK_FILE
+    while True:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            handle = open(lock, "a+")
+        except OSError as exc:
+            raise UserError(f"{folder}: cannot write to this folder ({exc.strerror}); choose "
+                            f"another {what}") from None
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             handle.seek(0)
             holder = handle.read().strip() or "?"
+            handle.close()
             raise UserError(f"{folder}: another run (process {holder}) is writing to this {what}; "
                             "wait for it to end or choose another one") from None
+        if _is_at(handle, lock):
+            break
+        handle.close()  # the run that held it removed it as it ended: take the one there now
+    with handle:
         handle.seek(0)
         handle.truncate()
         handle.write(f"{os.getpid()}\n")
         handle.flush()
-        yield folder
+        try:
+            yield folder
+        finally:
+            with contextlib.suppress(OSError):
+                lock.unlink()
+
+
+def _is_at(handle, path: Path) -> bool:
+    """Whether the open file `handle` is still the file at `path`."""
+    try:
+        return os.path.samestat(os.fstat(handle.fileno()), os.stat(path))
+    except FileNotFoundError:
+        return False

@@ -1,3 +1,5 @@
+import json
+
 import pytest
 from conftest import report_files
 from test_display import RECORDS, with_model_files
@@ -48,8 +50,22 @@ def test_a_run_that_stops_before_writing_a_report_puts_the_earlier_ones_back(tmp
         (tmp_path / "out" / "substra").mkdir()
         raise UserError("refused")
     assert report_files(tmp_path / "out") == before
-    assert (not (tmp_path / "out" / results.EARLIER).exists()
-            and "moved" not in capsys.readouterr().out)
+    assert not (tmp_path / "out" / results.EARLIER).exists()
+    assert "put the earlier run's reports back" in capsys.readouterr().out
+
+
+def test_the_earlier_results_name_their_model_files_where_they_went(tmp_path):
+    out = tmp_path / "out"
+    earlier_reports(out)
+    (out / "results.json").write_text(json.dumps([{"run": "torch",
+                                                   "model_file": str(out / "models/torch.model")},
+                                                  {"run": "baseline", "model_file": None}]))
+    with results.run_output(out):
+        pass
+    [aside] = (out / results.EARLIER).iterdir()
+    records = json.loads((aside / "results.json").read_text())
+    assert [r["model_file"] for r in records] == [str(aside / "models" / "torch.model"), None]
+    assert (aside / "models" / "torch.model").read_bytes() == b"earlier model"
 
 
 def test_a_run_that_fails_after_writing_a_report_keeps_the_earlier_ones_aside(tmp_path, capsys):

@@ -247,7 +247,12 @@ def test_two_runs_on_the_same_data_report_what_it_has_spent_over_all_their_model
     [moved] = (out / "earlier").iterdir()
     assert ("moved the earlier run's results.json, summary.md, results.png, models to "
             f"{moved}" in proc.stdout)
-    assert report_files(moved) == reports[0]
+    aside = report_files(moved)
+    # the first run's reports, its results.json naming its model files where they went
+    assert {k: v for k, v in aside.items() if k.name != "results.json"} == {
+        k: v for k, v in reports[0].items() if k.name != "results.json"}
+    assert {Path(r["model_file"]).parent for r in json.loads(aside[Path("results.json")])} == {
+        moved / "models"}
     # the latest run's, in their place, none of the first run's left among them
     assert set(reports[1]) < set(reports[0]) and not set(reports[1].items()) & set(
         reports[0].items())
@@ -261,7 +266,8 @@ def test_two_runs_on_the_same_data_report_what_it_has_spent_over_all_their_model
     assert f"is spent: this data's own ledger records {models} run(s)" in proc.stderr
     assert set(out.glob("substra/archives/*")) == archives  # nothing was built or registered
     # and the refused run leaves the latest run's reports where they were, and the first run's aside
-    assert [moved] == list((out / "earlier").iterdir()) and "moved" not in proc.stdout
+    assert [moved] == list((out / "earlier").iterdir())
+    assert f"put the earlier run's reports back from {out / 'earlier'}" in proc.stdout
     assert report_files(out) == reports[1]
     assert len(data_ledger.read(dataset.sample_folders(data, "train")).events) == models
 

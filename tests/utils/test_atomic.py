@@ -46,6 +46,29 @@ def test_an_output_folder_is_held_by_one_process_at_a_time(tmp_path):
                 and "is writing to this --output folder" in other.stderr)
     with atomic.exclusive(folder, "--output folder"):  # released when the holder is done
         pass
+    assert not (folder / atomic.LOCK_FILE).exists()  # no lock naming a process that has ended
+
+
+def test_a_lock_removed_by_the_run_that_ends_is_not_held_by_a_run_that_opened_it_before(
+        tmp_path, monkeypatch):
+    """A run that opened the lock file just before the holder removed it must not take that
+    removed file, which a third run could not see: it takes the one at the path."""
+    folder = tmp_path / "results"
+    folder.mkdir()
+    opened = []
+    real_open = open
+
+    def open_then_lose_it(path, *args, **kwargs):
+        handle = real_open(path, *args, **kwargs)
+        if not opened:  # the holder ends between this run's open and its lock
+            opened.append(path)
+            atomic.os.unlink(path)
+        return handle
+
+    monkeypatch.setattr("builtins.open", open_then_lose_it)
+    with atomic.exclusive(folder, "--output folder"):
+        assert (folder / atomic.LOCK_FILE).read_text() == f"{atomic.os.getpid()}\n"
+    assert len(opened) == 1
 
 
 def test_an_output_folder_that_is_a_file_or_cannot_be_written_is_a_user_error(tmp_path):
