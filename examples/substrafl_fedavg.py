@@ -95,13 +95,14 @@ def main(argv=None):
         spent = [(samples.spent_on(share), {s.identity: Examples.of(s.key_id, s.units)
                                             for s in own}) for share, own in zip(shares, read)]
         owners = [policy.of_folders(share) for share in shares]
-        for owner, own in zip(owners, read):
-            preflight.check_owner(owner, hp, any(s.persons is not None for s in own))
+        per_person = [any(s.persons is not None for s in own) for own in read]
+        for owner, persons in zip(owners, per_person):
+            preflight.check_owner(owner, hp, persons)
         sizes = [samples.public_size(share, own, f"organisation {k}'s data")
                  for k, (share, own) in enumerate(zip(shares, read), 1)]
         preflight.check_plan(args.framework, hp, sizes, args.rounds,
                              [f"organisation {k}" for k in range(1, args.organizations + 1)],
-                             spent, owners)
+                             spent, owners, per_person)
         organizations = experiment.register(clients, registry.KeysFile(), data_dir)
 
         # The algo: the bundle's DP training, with σ calibrated for these rounds.

@@ -108,12 +108,12 @@ def main(argv=None):
                                           for s in read_own})
                  for own, read_own in zip(holdings, read)]
         owners = [policy.of_folders(own) for own in holdings]
-        for owner, read_own in zip(owners, read):
-            preflight.check_owner(owner, hp, any(s.persons is not None for s in read_own),
-                                  args.score_train)
+        per_person = [any(s.persons is not None for s in read_own) for read_own in read]
+        for owner, persons in zip(owners, per_person):
+            preflight.check_owner(owner, hp, persons, args.score_train)
         hp = preflight.check_plan(args.framework, hp, sizes, args.rounds,
                                   [f"{where}, fold {k}" for k in range(1, len(sizes) + 1)], spent,
-                                  owners)
+                                  owners, per_person)
     elif args.rounds > 1 and hp.dp and hp.target_epsilon is not None:
         raise UserError(f"--rounds {args.rounds} with target_epsilon: σ is calibrated for every "
                         f"fold's size, but the data folder {data_dir} named in {args.keys_file} is "

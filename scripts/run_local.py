@@ -146,18 +146,17 @@ def main(argv=None):
         owners = [policy.of_folders(own) for own in holdings]
         # each with the hyperparameters its tasks will get
         for run, (framework, hp) in runs.items():
-            for own, owner, history in zip(holdings, owners, spent):
-                preflight.check_owner(owner, hp, any(read[f].persons is not None for f in own),
-                                      args.score_train, history if searched else None)
+            per_person = [any(read[f].persons is not None for f in own) for own in holdings]
+            for persons, owner, history in zip(per_person, owners, spent):
+                preflight.check_owner(owner, hp, persons, args.score_train,
+                                      history if searched else None)
             wheres = [f"{run} hyperparameters ({overrides.source}), organisation {k}"
                       for k in range(1, len(sizes) + 1)]
             if searched:
-                search.check_plan(framework, hp, searched, sizes, wheres,
-                                  [any(read[f].persons is not None for f in own)
-                                   for own in holdings])
+                search.check_plan(framework, hp, searched, sizes, wheres, per_person)
             else:
                 runs[run] = framework, preflight.check_plan(
-                    framework, hp, sizes, args.rounds, wheres, spent, owners)
+                    framework, hp, sizes, args.rounds, wheres, spent, owners, per_person)
 
         keys = registry.KeysFile()  # in memory: a local run starts from an empty backend
         shares, test, holdings = registry.register_organizations(clients, keys, data_dir)

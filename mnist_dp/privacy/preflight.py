@@ -10,6 +10,7 @@ from mnist_dp.hyperparameters import Hyperparameters
 from mnist_dp.privacy import accountant, no_sigma, refusals
 from mnist_dp.privacy.budgets import NO_POLICY, budgets, check_whole_run
 from mnist_dp.privacy.data_ledger import union
+from mnist_dp.privacy.events import PER_EXAMPLE, PER_PERSON
 from mnist_dp.privacy.ledger import Ledger
 from mnist_dp.privacy.policy import Policy
 from mnist_dp.privacy.task_plan import (
@@ -25,7 +26,8 @@ from mnist_dp.utils.errors import UserError
 
 
 def check_plan(framework: str, hp: Hyperparameters, sizes: list, rounds: int, wheres: list,
-               spent: list | None = None, owners: list | None = None) -> Hyperparameters:
+               spent: list | None = None, owners: list | None = None,
+               per_person: list | None = None) -> Hyperparameters:
     """What the train tasks of a plan would refuse, checked before anything is registered: each
     organisation's run (check_run), a target_epsilon no σ meets, and a max_epsilon below the ε of
     its first step after what its data has spent, with σ as the tasks will get it.
@@ -40,11 +42,14 @@ def check_plan(framework: str, hp: Hyperparameters, sizes: list, rounds: int, wh
       spent: per organisation, its data's own ledger and its samples' examples (check_spent).
       owners: per organisation, its data owner's policy (policy.of_folders), whose budgets hold
         beside hp.max_epsilon; None: none.
+      per_person: per organisation, whether its samples name persons (then `sizes` counts
+        persons); None: none does.
 
     Returns:
       The hyperparameters the tasks get (σ calibrated here for several rounds: noise_for_rounds).
     """
-    plans = [check_run(framework, hp, n, where) for n, where in zip(sizes, wheres)]
+    plans = [check_run(framework, hp, n, where, PER_PERSON if persons and hp.dp else PER_EXAMPLE)
+             for n, where, persons in zip(sizes, wheres, per_person or [False] * len(sizes))]
     # several rounds: σ is calibrated here, for all of them, after what each data has spent
     hp = noise_for_rounds(hp, sizes, rounds, [history(*s) for s in spent] if spent else None,
                           wheres)

@@ -100,8 +100,10 @@ class SamplingPlan:
         """
         units = UNIT_NAMES[privacy_unit]
         if hp.batch_size > n:
+            counted = ("; with subjects.npy a batch counts persons: lower batch_size"
+                       if privacy_unit == PER_PERSON else "")
             raise UserError(f"{where}: batch_size = {hp.batch_size} is larger than the {n} "
-                            f"{units} (the data's public size)")
+                            f"{units} (the data's public size){counted}")
         plan = cls(n=n, steps_per_epoch=math.ceil(n / hp.batch_size), epochs=hp.epochs)
         if plan.planned_steps > MAX_STEPS:
             raise UserError(f"{where}: epochs = {hp.epochs} with batch_size = {hp.batch_size} on "

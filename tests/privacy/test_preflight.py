@@ -127,3 +127,17 @@ def test_noise_for_rounds_keeps_every_organisation_within_the_target_after_the_l
     assert preflight.noise_for_rounds(hp, sizes, 1) is hp
     baseline = hyperparameters.parse({**BASE_HP, "dp": False}, "x")
     assert preflight.noise_for_rounds(baseline, sizes, 3) is baseline
+
+
+def test_a_batch_larger_than_the_persons_is_refused_in_the_words_of_the_unit():
+    """The per-person journey: 400 persons of 10 images and the default batch of 500. The scripts'
+    check names persons, not training examples, and says a batch counts them."""
+    hp = dict_hp(batch_size=500, noise_multiplier=1.0, target_epsilon=None)
+    with pytest.raises(UserError, match=r"^org 1: batch_size = 500 is larger than the 400 persons "
+                                        r"\(the data's public size\); with subjects.npy a batch "
+                                        r"counts persons: lower batch_size$"):
+        preflight.check_plan("torch", hp, [400], 1, ["org 1"], per_person=[True])
+    with pytest.raises(UserError, match="larger than the 400 training examples"):
+        preflight.check_plan("torch", hp, [400], 1, ["org 1"])
+    preflight.check_plan("torch", dataclasses.replace(hp, batch_size=50), [400], 1, ["org 1"],
+                         per_person=[True])
