@@ -34,6 +34,7 @@ from mnist_dp.privacy.examples import Examples
 from mnist_dp.report import display, results
 from mnist_dp.utils import options
 from mnist_dp.utils.errors import run_cli
+from mnist_dp.utils.words import counted
 
 EXAMPLES = Path(__file__).resolve().parent
 
@@ -134,7 +135,8 @@ def main(argv=None):
         written = display.write_reports(
             output, f"mnist-dp with substrafl: FedAvg in {args.framework}",
             [f"compute plan `{plan_key}`, {args.backend} backend, data: {data_dir}",
-             f"{args.organizations} organisation(s), {args.rounds} round(s) of substrafl's FedAvg; "
+             f"{counted(args.organizations, 'organisation')}, "
+             f"{counted(args.rounds, 'round')} of substrafl's FedAvg; "
              "every organisation evaluates the global model on the test set and reports its own ε"],
                                         records, performances)
     print(display.table(records))

@@ -27,6 +27,7 @@ from mnist_dp.privacy.examples import Examples
 from mnist_dp.report import results
 from mnist_dp.utils import options
 from mnist_dp.utils.errors import UserError, run_cli
+from mnist_dp.utils.words import counted
 
 
 def build_parser():
@@ -181,16 +182,16 @@ def main(argv=None):
                 builder.chain(run, functions,
                               [(r, share) for r in range(1, args.rounds + 1) for share in shares],
                               test, args.score_train)
+        orgs, rounds = (counted(args.organizations, "organisation"),
+                        counted(args.rounds, "round"))
         results.run_and_report(
-            client, builder, f"mnist-dp local run ({args.organizations} organisation(s), "
-                             f"{args.rounds} round(s), {args.strategy})", compute_plan.new_key(),
-            {run: framework for run, (framework, _) in runs.items()}, organizations, output,
-            "mnist-dp: DP-SGD on MNIST with Substra", [f"{args.backend} backend, data: {data_dir}",
-             f"{args.organizations} organisation(s), " + (
-                 f"a private search each ({args.search}): "
-                 f"{', '.join(organizations)}" if searched else
-                 f"{args.rounds} round(s), {compute_plan.describe_strategy(args.strategy)}: "
-                 f"{', '.join(organizations)}")], holdings)
+            client, builder, f"mnist-dp local run ({orgs}, {rounds}, {args.strategy})",
+            compute_plan.new_key(), {run: framework for run, (framework, _) in runs.items()},
+            organizations, output, "mnist-dp: DP-SGD on MNIST with Substra",
+            [f"{args.backend} backend, data: {data_dir}", f"{orgs}, " + (
+                f"a private search each ({args.search}): {', '.join(organizations)}" if searched
+                else f"{rounds}, {compute_plan.describe_strategy(args.strategy)}: "
+                     f"{', '.join(organizations)}")], holdings)
 
 
 if __name__ == "__main__":

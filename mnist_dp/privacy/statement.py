@@ -21,8 +21,9 @@ from mnist_dp.privacy.model_file import AGGREGATED, ModelFile
 from mnist_dp.privacy.randomness import ENTROPY_BITS, REPLAYABLE_WARNING
 
 NOT_COVERED = [
-    "hyperparameter tuning, model selection or repeated training on the same data (each try spends "
-    "privacy that this ledger does not see)", "the test data (its accuracy is published)",
+    "hyperparameter tuning, model selection or training on the same data outside this model's runs "
+    "(each try spends privacy that this ledger does not see; the data's figure counts every model "
+    "this bundle released from the data)", "the test data (its accuracy is published)",
     "timing side channels, and floating-point attacks on the noise in tf, and in torch and "
     "MindSpore without secure_mode",
 ]
@@ -85,9 +86,13 @@ def _schedule(event) -> str:
 def _code(code: dict | None) -> str:
     if not code:
         return "code not recorded"
-    where = (f"function archive {code['archive_digest']}" if code["archive_digest"]
-             else "no function archive (run from the repository, or its files changed)")
-    return f"ran {code['function']!r} from {where}"
+    if code["archive_digest"]:
+        return f"ran {code['function']!r} from function archive {code['archive_digest']}"
+    if code["function"].startswith("substrafl"):
+        return (f"ran {code['function']!r} in the function substrafl builds (its digest not "
+                "recorded)")
+    return (f"ran {code['function']!r} from the repository, not a function archive (or its files "
+            "changed)")
 
 
 MECHANISM = [
@@ -120,7 +125,8 @@ SEARCH = (
 # NOT_COVERED's first line where a search ran: the search is covered,
 # anything tried besides it is not.
 SEARCHED_NOT_COVERED = ("model selection or training on the same data besides the private search "
-                        "(each such try spends privacy that this ledger does not see)")
+                        "(each such try spends privacy that this ledger does not see; the data's "
+                        "figure counts every model this bundle released from the data)")
 
 
 PERSON_MECHANISM = [

@@ -21,22 +21,23 @@ MULTI_STAGE_ONLY = ("round", "organization")
 FEDAVG = "fedavg"  # where an averaged model was "trained": by every organisation
 DATA_EPSILON = "data's ε"  # the column of what the data has spent over every model released from it
 # With subjects.npy: the same, per person (statement_for).
-STATEMENT = ("ε is for the add/remove-one-example relation, Poisson sampling and per-example "
-             "clipping; each organisation's ε composes every step on its data, as if each example "
-             "were in every one, and ε is the worst organisation's (an individual every "
-             "organisation holds: epsilon_in_every_organization in results.json), by the "
-             "accountant named beside it: "
-             "PLD, or for a model whose ledger holds a private search the lower of PLD (each "
-             "search as the (ε, δ) pair its RDP gives) and RDP. data's ε: what the training data "
-             "has spent over every model released from it so far, these and earlier ones (its own "
-             "ledger, kept with the data: data_epsilon_by_organization in results.json).")
+STATEMENT = "\n".join([
+    "ε: each model's own, for adding or removing one example, Poisson sampling and per-example "
+    "clipping, by the accountant named beside it (PLD; with a private search, the lower of PLD and "
+    "RDP).",
+    "Each organisation's ε counts every step on its data, as if each example were in every one; "
+    "the model's is the worst organisation's. An individual every organisation holds: "
+    "epsilon_in_every_organization in results.json.",
+    "data's ε: what the training data has spent over every model released from it so far, these "
+    "and earlier ones, from its own ledger (data_epsilon_by_organization in results.json).",
+])
 
 
 def statement_for(records: list) -> str:
     """What the table's ε is for: STATEMENT, in persons where a record's unit is a person."""
     if not any(getattr(r, "privacy_unit", "image") == "person" for r in records):
         return STATEMENT
-    return (STATEMENT.replace("add/remove-one-example", "add/remove-one-person (all their images)")
+    return (STATEMENT.replace("one example,", "one person (all their images),")
             .replace("per-example clipping", "per-person clipping (subjects.npy)")
             .replace("as if each example", "as if each person"))
 

@@ -82,7 +82,7 @@ def test_the_example_runs_in_every_framework(framework, tmp_path, tiny_data):
                        "--organizations", str(organizations))
     assert done.returncode == 0, done.stderr[-3000:]
     check_results(tmp_path / "out", framework, organizations)
-    assert "ε is for the add/remove-one-example relation" in done.stdout
+    assert "ε: each model's own, for adding or removing one example" in done.stdout
 
 
 def test_the_example_runs_in_substrafls_docker_images(docker_daemon, tmp_path, tiny_data_2orgs):

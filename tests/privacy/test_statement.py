@@ -1,3 +1,5 @@
+import dataclasses
+
 from mnist_dp.privacy import accountant, model_file, replace_one, statement
 from mnist_dp.privacy.events import PER_EXAMPLE, DpEvent
 from mnist_dp.privacy.examples import Examples
@@ -82,8 +84,13 @@ def test_each_run_names_the_code_that_made_it_and_what_data_checks_cover():
     made = ledger_event("tf", archive_digest="sha256:abc")
     text = statement.privacy_statement(saved([made, ledger_event("tf", data=("fp-b",))]))
     assert "ran 'train' from function archive sha256:abc" in text
-    assert ("ran 'train' from no function archive (run from the repository, or its files "
-            "changed)" in text)
+    assert ("ran 'train' from the repository, not a function archive (or its files changed)"
+            in text)
+    substrafl = ledger_event("tf", data=("fp-b",))
+    substrafl = dataclasses.replace(substrafl, code={"function": "substrafl train",
+                                                     "archive_digest": None})
+    assert ("ran 'substrafl train' in the function substrafl builds (its digest not recorded)"
+            in statement.privacy_statement(saved([substrafl])))
     assert "code not recorded" in statement.privacy_statement(saved([EVENT]))
     assert "Accounting unit: one organisation's record" in text
     assert ("samples under different keys, unless one names the other in its organisation's "

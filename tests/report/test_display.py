@@ -148,10 +148,12 @@ def test_the_statement_under_the_table_names_persons_where_a_record_is_per_perso
                     accountant="pld", noise_multiplier=1.0, sample_rate=0.1, steps=10)
     assert display.statement_for([record]) == display.STATEMENT
     per_person = display.statement_for([replace(record, privacy_unit="person")])
-    assert per_person.startswith("ε is for the add/remove-one-person (all their images) relation, "
-                                 "Poisson sampling and per-person clipping (subjects.npy); each "
-                                 "organisation's ε composes every step on its data, as if each "
-                                 "person were in every one") and "example" not in per_person
+    assert per_person.startswith("ε: each model's own, for adding or removing one person (all "
+                                 "their images), Poisson sampling and per-person clipping "
+                                 "(subjects.npy)") and "example" not in per_person
+    assert "as if each person were in every one" in per_person
+    # short sentences, one line each
+    assert all(len(line) < 250 for line in display.STATEMENT.splitlines())
     assumptions = statement.shared_assumptions(False, per_person=True)
     assert "add or remove one person, with all their images" in assumptions
     assert "- Privacy unit: a person" in assumptions and "add or remove one example" not in (
