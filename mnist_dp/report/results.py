@@ -232,7 +232,9 @@ def model_record(path: Path, framework: str, organizations: dict) -> dict:
         "epsilon_replace_one": replace_one.of_ledger(saved.ledger, delta),
         "delta": delta, "accountant": summary["accountant"],
         "noise_multiplier": last.noise_multiplier, "sample_rate": last.sample_rate,
-        "steps": sum(e.steps for e in saved.ledger.events), "clipping": last.clipping,
+        # the steps behind the headline ε (its worst organisation's), not every run's: with q and
+        # σ they recompute it
+        "steps": steps(saved.ledger, delta, None), "clipping": last.clipping,
         "max_grad_norm": last.max_grad_norm,
         "sampling": SAMPLING_PER_PERSON if per_person else SAMPLING,
         "neighbouring_relation": NEIGHBOURING_RELATION_PER_PERSON if per_person
