@@ -6,8 +6,10 @@ format (results.json, summary.md).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -104,13 +106,19 @@ def run(client: substra.Client, output: Path, **experiment) -> str:
     **experiment) on a local backend, which runs every task before it returns; returns the compute
     plan's key. A failed task raises ExperimentFailed naming where it ran, with the end of its
     log."""
+    import substrafl
+    from substra.sdk.backends.local import backend
     from substra.sdk.backends.local.compute.spawner.base import BuildError, ExecutionError
     from substrafl.experiment import execute_experiment
+    from substrafl.strategies import strategy
 
     (output / "experiment").mkdir(parents=True, exist_ok=True)
     known = {plan.key for plan in client.list_compute_plan()}
     progress.show_in_tasks()  # their output comes through OutputTail's pipe to our terminal
-    with OutputTail() as tail, _containers_run_as_this_user(client):
+    if not sys.stderr.isatty():  # its INFO lines: a terminal's only, as the bars
+        substrafl.set_logging_level(logging.WARNING)
+    with OutputTail() as tail, _containers_run_as_this_user(client), \
+            progress.library_bars(backend, strategy):
         try:
             return execute_experiment(client=client, experiment_folder=str(output / "experiment"),
                                       clean_models=False, **experiment).key

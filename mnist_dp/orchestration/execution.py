@@ -38,12 +38,13 @@ def run_plan(client: substra.Client, builder: PlanBuilder, name: str, key: str) 
     Raises:
       PlanFailed: naming the failed task.
     """
+    from substra.sdk.backends.local import backend
     from substra.sdk.backends.local.compute.spawner.base import BuildError, ExecutionError
 
     spec = builder.spec(name, key)
     if client.backend_mode != "remote":
         progress.show_in_tasks()  # their output comes through OutputTail's pipe to our terminal
-        with OutputTail() as tail:
+        with OutputTail() as tail, progress.library_bars(backend):
             try:
                 client.add_compute_plan(spec)
             except (substra.exceptions.SDKException, ExecutionError, BuildError) as exc:
@@ -78,10 +79,8 @@ def polling_seconds() -> float:
 
 
 def _wait(client: substra.Client, key: str, task_count: int, interval: float):
-    from tqdm import tqdm
-
     finished = (ComputePlanStatus.done, ComputePlanStatus.failed, ComputePlanStatus.canceled)
-    with tqdm(total=task_count, desc="compute plan", unit="task") as bar:
+    with progress.counter(task_count, "compute plan", "task") as bar:
         while True:
             compute_plan = client.get_compute_plan(key)
             bar.update(compute_plan.done_count - bar.n)

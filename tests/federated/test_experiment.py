@@ -83,6 +83,9 @@ def test_the_example_runs_in_every_framework(framework, tmp_path, tiny_data):
     assert done.returncode == 0, done.stderr[-3000:]
     check_results(tmp_path / "out", framework, organizations)
     assert "ε: each model's own, for adding or removing one example" in done.stdout
+    # redirected: a line per finished task, no bar, none of substrafl's INFO lines
+    assert "Compute plan progress: 1/" in done.stderr and "%|" not in done.stderr
+    assert " - INFO - " not in done.stderr
 
 
 def test_the_example_runs_in_substrafls_docker_images(docker_daemon, tmp_path, tiny_data_2orgs):

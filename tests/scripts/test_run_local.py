@@ -63,6 +63,17 @@ def test_results_json_has_a_record_per_framework_and_baseline(local_run):
         assert record["steps"] == 5 and record["sample_rate"] == pytest.approx(1 / 5)
 
 
+def test_redirected_output_holds_one_line_per_task_and_no_bar(local_run):
+    """No terminal: Substra's compute plan bar is one line per finished task, and no bar (tqdm's
+    "|" and "%") reaches the output."""
+    proc, _ = local_run
+    lines = [line for line in proc.stderr.splitlines()
+             if line.startswith("Compute plan progress: ")]
+    total = int(lines[0].split("/")[1])
+    assert [line.split(": ")[1] for line in lines] == [f"{k}/{total}" for k in range(1, total + 1)]
+    assert "%|" not in proc.stderr + proc.stdout and "\r" not in proc.stderr
+
+
 def test_epsilon_reached_substra_and_matches_the_model_ledger(local_run):
     _, tmp = local_run
     for record in json.loads((tmp / "results" / "results.json").read_text()):
