@@ -194,16 +194,9 @@ def check_organization_keys(data_dir: Path, holdings: list, test_everywhere: boo
 
 
 def check_apart(data_dir: Path, output: Path, flag: str = "--output") -> None:
-    """Refuse an output folder that is the data folder, inside it or holding it, before anything is
-    written there: the run's files (Substra's work files, the lock, the reports) would sit among the
-    data samples, and a later run would read them as samples; or the run would set the data aside as
-    an earlier run's reports.
-
-    Args:
-      data_dir: the data folder.
-      output: the output folder.
-      flag: the option that named `output`, which the error names.
-    """
+    """Refuse (UserError naming `flag`) an output folder `output` that is the data folder
+    `data_dir`, inside it or holding it, before anything is written: the run's files would sit
+    among the samples, or the run would set the data aside as an earlier run's reports."""
     data_dir, output = Path(data_dir).resolve(), Path(output).resolve()
     if output == data_dir or data_dir in output.parents:
         raise UserError(f"{flag} {output}: is inside the data folder {data_dir}; the run's files "
