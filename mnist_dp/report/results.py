@@ -72,6 +72,7 @@ def put_back(earlier: Path, output: Path) -> None:
     if empty) goes."""
     for path in earlier.iterdir():
         path.rename(output / path.name)
+    _point_at(output / "results.json", earlier / "models", output / "models")
     earlier.rmdir()
     with contextlib.suppress(OSError):  # other runs' reports may still be there
         earlier.parent.rmdir()

@@ -177,7 +177,8 @@ def test_a_refused_run_leaves_the_earlier_runs_reports_in_their_place(tmp_path, 
     assert (done.returncode == 2 and done.stderr.count("\n") == 1
             and "--organizations" in done.stderr), done.stderr
     assert report_files(out) == before
-    assert not (out / "earlier").exists() and "moved" not in done.stdout
+    assert not (out / "earlier").exists()
+    assert "put the earlier run's reports back" in done.stdout
 
 
 def test_help():

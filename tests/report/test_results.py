@@ -57,9 +57,13 @@ def test_a_run_that_stops_before_writing_a_report_puts_the_earlier_ones_back(tmp
 def test_the_earlier_results_name_their_model_files_where_they_went(tmp_path):
     out = tmp_path / "out"
     earlier_reports(out)
-    (out / "results.json").write_text(json.dumps([{"run": "torch",
-                                                   "model_file": str(out / "models/torch.model")},
-                                                  {"run": "baseline", "model_file": None}]))
+    written = [{"run": "torch", "model_file": str(out / "models/torch.model")},
+               {"run": "baseline", "model_file": None}]
+    (out / "results.json").write_text(json.dumps(written))
+    # a run refused before it wrote anything puts them back, naming the models where they are
+    with pytest.raises(UserError), results.run_output(out):
+        raise UserError("refused")
+    assert json.loads((out / "results.json").read_text()) == written
     with results.run_output(out):
         pass
     [aside] = (out / results.EARLIER).iterdir()
