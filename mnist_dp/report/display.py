@@ -20,26 +20,45 @@ COLUMNS = [  # (key, header, format)
 MULTI_STAGE_ONLY = ("round", "organization")
 FEDAVG = "fedavg"  # where an averaged model was "trained": by every organisation
 DATA_EPSILON = "data's ε"  # the column of what the data has spent over every model released from it
+SEARCHED = "search"  # what a row's accountant and steps add where its ε counts a private search
 # With subjects.npy: the same, per person (statement_for).
 STATEMENT = "\n".join([
     "ε: each model's own, for adding or removing one example, Poisson sampling and per-example "
     "clipping, by the accountant named beside it (PLD; with a private search, the lower of PLD and "
     "RDP).",
+    "σ, q and steps give that ε: steps counts the runs behind it (its worst organisation's).",
     "Each organisation's ε counts every step on its data, as if each example were in every one; "
     "the model's is the worst organisation's. An individual every organisation holds: "
     "epsilon_in_every_organization in results.json.",
-    "data's ε: what the training data has spent over every model released from it so far, these "
-    "and earlier ones, from its own ledger (data_epsilon_by_organization in results.json).",
+    "data's ε: what the training data has spent after this plan over every model released from "
+    "it, these and earlier ones, from its own ledger (data_epsilon_by_organization in "
+    "results.json).",
 ])
+# Lines for the rows that need them.
+SEARCH_LINE = ("+ search: σ, q and steps are the final run's; ε also counts the search's "
+               "candidates and scores.")
+LAST_ROUND_LINE = "data's ε is on the last round's rows: it counts every round of the plan."
 
 
 def statement_for(records: list) -> str:
-    """What the table's ε is for: STATEMENT, in persons where a record's unit is a person."""
+    """What the table's figures are: STATEMENT, in persons where a record's unit is a person, with
+    SEARCH_LINE and LAST_ROUND_LINE where rows need them."""
+    lines = STATEMENT.splitlines()
+    if any(_searched(r) for r in records):
+        lines.insert(2, SEARCH_LINE)
+    if len({r.round for r in records}) > 1 and any(r.data_epsilon_by_organization
+                                                   for r in records):
+        lines.append(LAST_ROUND_LINE)
+    text = "\n".join(lines)
     if not any(getattr(r, "privacy_unit", "image") == "person" for r in records):
-        return STATEMENT
-    return (STATEMENT.replace("one example,", "one person (all their images),")
+        return text
+    return (text.replace("one example,", "one person (all their images),")
             .replace("per-example clipping", "per-person clipping (subjects.npy)")
             .replace("as if each example", "as if each person"))
+
+
+def _searched(record) -> bool:
+    return record.accountant == statement.SEARCHED_ACCOUNTANT
 
 
 NOT_DP = ("delta", "accountant", "noise_multiplier")  # nothing to say of a model trained without DP
@@ -53,7 +72,9 @@ def _cell(record, key: str, fmt: str) -> str:
         return "-"
     # the table's short form; results.json and the statement name it in full
     if key == "accountant":
-        return value.split(" (")[0] + (" (search)" if "search" in value else "")
+        return value.split(" (")[0] + (f" ({SEARCHED})" if _searched(record) else "")
+    if key == "steps" and _searched(record):
+        return f"{value} + {SEARCHED}"
     if value is None:
         return "-"
     if key == "dp":
@@ -196,7 +217,7 @@ def write_summary(path: Path, title: str, facts: list, records: list, performanc
         scored_train = any(r.train_accuracy is not None for r in records if r.run == record.run)
         lines += [f"### {record.run}", "",
                   statement.privacy_statement(saved, by_org, scored_train, assumptions=False,
-                                                                     data_spent=record.data_epsilon_by_organization),
+                                              data_spent=record.data_epsilon_by_organization),
                   ""]
     if any(any(e.is_private for e in saved.ledger.events) for _, saved in models):
         lines += ["### What every statement above assumes", "",
@@ -257,11 +278,10 @@ def plot_trade_off(ax, records: list, colours: dict) -> None:
         if not points:
             continue
         if all(r.dp for r in points):
+            # the accuracy in the legend: beside the points, close runs' labels overlap
             ax.plot([r.epsilon for r in points], [r.test_accuracy for r in points], marker="o",
-                    color=framework_colour[points[0].framework], label=run)
-            last = points[-1]
-            ax.annotate(f"{last.test_accuracy:.3f}", (last.epsilon, last.test_accuracy),
-                        textcoords="offset points", xytext=(5, 4), fontsize=8)
+                    color=framework_colour[points[0].framework],
+                    label=f"{run}: {points[-1].test_accuracy:.3f}")
         else:
             ax.axhline(points[-1].test_accuracy, linestyle="--",
                        color=framework_colour[points[0].framework],
@@ -277,6 +297,24 @@ def plot_trade_off(ax, records: list, colours: dict) -> None:
     ax.set_title("privacy–utility trade-off")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")
+
+
+def draw_data_spent(ax, records: list) -> float:
+    """What each organisation's data has spent after the plan, over every model released from it,
+    as a dashed line across the ε panel `ax`, labelled for its legend.
+
+    Returns:
+      The highest such ε drawn (0 for none).
+    """
+    spent = {}
+    for record in records:
+        spent.update(record.data_epsilon_by_organization)
+    drawn = [(org, e) for org, e in sorted(spent.items()) if e is not None and math.isfinite(e)]
+    for i, (org, epsilon) in enumerate(drawn):
+        name = DATA_EPSILON if len(spent) == 1 else f"{DATA_EPSILON} {org}"
+        ax.axhline(epsilon, linestyle=["--", ":", "-."][i % 3], color="dimgray",
+                   label=f"{name} (every model from it): {epsilon:.2f}")
+    return max([e for _, e in drawn] + [0.0])
 
 
 def plot(path: Path, records: list) -> Path | None:
@@ -348,6 +386,7 @@ def plot(path: Path, records: list) -> Path | None:
                                                     if len(organizations) > 1 else "")
     if len(private) < len(runs):
         eps_title += "\n(non-private baselines: ε = ∞, not drawn)"
+    spent = draw_data_spent(eps_ax, records)
     if not multi:  # one train task per run: one bar per run
         for ax, shown, key, title, ylabel in ((acc_ax, runs, "test_accuracy", "test accuracy",
                                                "accuracy"),
@@ -361,8 +400,11 @@ def plot(path: Path, records: list) -> Path | None:
             ax.set_ylabel(ylabel)
             ax.tick_params(axis="x", labelrotation=20)
         acc_ax.set_ylim(0, 1.1)
-        eps_ax.set_ylim(0,
-                        max([value(run, stages[0], "epsilon") for run in private] + [1.0]) * 1.15)
+        eps_ax.set_ylim(0, max([value(run, stages[0], "epsilon") for run in private]
+                               + [spent, 1.0]) * 1.15)
+        if spent:
+            eps_ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14),
+                          frameon=False)
     else:
         averaged = any(org == FEDAVG for _, org in stages)  # the evaluated models are averages
         bars(acc_ax, [(run, colours[run], "", [value(run, s, "test_accuracy") for s in stages])
@@ -372,7 +414,8 @@ def plot(path: Path, records: list) -> Path | None:
                        hatches[org],
                        [(value(run, s, "epsilon_by_organization") or {}).get(org) for s in stages])
                       for run in private for org in organizations]
-        highest = max([v for *_, values in eps_series for v in values if v is not None] + [1.0])
+        highest = max([v for *_, values in eps_series for v in values if v is not None]
+                      + [spent, 1.0])
         bars(eps_ax, eps_series, eps_title, "ε", highest * 1.15)
     fig.tight_layout()
     with atomic.replacing(path) as tmp:

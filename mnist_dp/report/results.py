@@ -181,8 +181,9 @@ class Record:
     # The steps its worst example's ε composes, at each organisation (with q
     # and σ they recompute its ε).
     steps_by_organization: dict = field(default_factory=dict)
-    # What each organisation's data has spent over every run released from it so far, this model's
-    # among them (its own ledger, privacy/data_ledger.py), and the steps that figure composes.
+    # What each organisation's data has spent after the plan over every run released from it, this
+    # model's among them (its own ledger, privacy/data_ledger.py), and the steps that figure
+    # composes; on the plan's last round's records only.
     data_epsilon_by_organization: dict = field(default_factory=dict)
     data_steps_by_organization: dict = field(default_factory=dict)
     # what ε does not cover in this record, one line each
@@ -251,7 +252,8 @@ def model_record(path: Path, framework: str, organizations: dict) -> dict:
 
 
 def steps(ledger, delta: float, data) -> int:
-    """The steps of the runs behind the ledger's worst ε on the data samples `data`.
+    """The steps of the runs behind the ledger's worst ε on the data samples `data`, a search's
+    candidates aside (a row says "+ search" for them: display.py).
 
     Args:
       ledger: the ledger.
@@ -262,14 +264,15 @@ def steps(ledger, delta: float, data) -> int:
       Those runs' steps, summed; 0 when there is none.
     """
     _, account = ledger.worst(delta, data=data)
-    return sum(e.steps for e in account.events) if account else 0
+    return sum(e.steps for e in account.events if e.search is None) if account else 0
 
 
 def with_data_spent(records: list, data_folders: dict) -> None:
-    """Give each record what each organisation's data has spent (its own ledger in `data_folders`,
-    {organisation: its train sample folders}), after recording the released models' runs a task
-    could not record itself (read-only data samples: docker mode)."""
-    if not data_folders:
+    """Give the records of the plan's last round what each organisation's data has spent after the
+    plan (its own ledger in `data_folders`, {organisation: its train sample folders}), after
+    recording the released models' runs a task could not record itself (read-only data samples:
+    docker mode). An earlier round's figure would be the plan's too, so it gets none."""
+    if not data_folders or not records:
         return
     from mnist_dp.data import samples
     from mnist_dp.privacy import data_ledger
@@ -280,7 +283,8 @@ def with_data_spent(records: list, data_folders: dict) -> None:
     for own in identities.values():
         data_ledger.record_released(own, released, name=samples.named)
     spent = {org: samples.spent_on(list(own.values())) for org, own in identities.items()}
-    for record in records:
+    last = max(r.round for r in records)
+    for record in (r for r in records if r.round == last):
         record.data_epsilon_by_organization = {org: spent[org].epsilon(record.delta, data=own)
                                                for org, own in identities.items()}
         record.data_steps_by_organization = {org: steps(spent[org], record.delta, own)

@@ -140,6 +140,39 @@ def test_the_pictures_neither_magnify_noise_nor_run_labels_together(tmp_path, mo
     display.plot(tmp_path / "p.png", stages)
     accuracy_axis = figures[0].axes[1]
     assert {label.get_rotation() for label in accuracy_axis.get_xticklabels()} == {35.0}
+    # Two frameworks at one ε and close accuracies: each accuracy in the legend, no label on the
+    # points to run into the other.
+    close = [replace(record(run, 1, "Org1", {"Org1": 2.999}), test_accuracy=accuracy)
+             for run, accuracy in (("torch", 0.959), ("tf", 0.957))]
+    display.plot(tmp_path / "p.png", close)
+    trade_off = figures[-1].axes[0]
+    assert not trade_off.texts
+    assert [t.get_text() for t in trade_off.get_legend().get_texts()] == ["torch: 0.959",
+                                                                          "tf: 0.957"]
+
+
+def test_the_picture_shows_what_the_data_has_spent_beside_each_models_epsilon(tmp_path,
+                                                                              monkeypatch):
+    import matplotlib.pyplot as plt
+
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    models = [replace(record(run, 1, "Org1", {"Org1": 2.999}), data_epsilon_by_organization={
+        "Org1": 5.549}) for run in ("torch", "tf")]
+    display.plot(tmp_path / "p.png", models)
+    epsilon_axis = figures[0].axes[2]
+    [line] = epsilon_axis.get_lines()
+    assert list(line.get_ydata()) == [5.549, 5.549] and epsilon_axis.get_ylim()[1] > 5.549
+    assert "data's ε (every model from it): 5.55" in [
+        t.get_text() for t in epsilon_axis.get_legend().get_texts()]
+    # rounds: the line beside each organisation's bars, in the bars' legend
+    rounds = [replace(record("torch", k, display.FEDAVG, {"Org1": k, "Org2": k}),
+                      data_epsilon_by_organization={"Org1": 2.5, "Org2": 2.0} if k == 2 else {})
+              for k in (1, 2)]
+    display.plot(tmp_path / "p.png", rounds)
+    legend = [t.get_text() for t in figures[1].axes[2].get_legend().get_texts()]
+    assert "data's ε Org1 (every model from it): 2.50" in legend and (
+        "data's ε Org2 (every model from it): 2.00" in legend)
 
 
 def test_the_statement_under_the_table_names_persons_where_a_record_is_per_person():

@@ -24,6 +24,7 @@ from conftest import (
 
 from mnist_dp.data import dataset, samples
 from mnist_dp.privacy import accountant, data_ledger, events, model_file, policy
+from mnist_dp.report import display
 
 SCRIPT = REPO / "scripts" / "run_local.py"
 REQUIRED_KEYS = {"framework", "organization", "test_accuracy", "train_accuracy", "epsilon", "delta",
@@ -175,12 +176,19 @@ def test_federated_averaging_averages_each_round_with_epsilon_per_organisation(
         assert record["epsilon_by_organization"] == {org: pytest.approx(alone)
                                                      for org in ("MyOrg1MSP", "MyOrg2MSP")}
         assert record["epsilon"] == pytest.approx(alone) and 0 <= record["test_accuracy"] <= 1
+        # What the data has spent after the plan, on the last round's row alone: its 6 steps.
+        assert record["data_steps_by_organization"] == (
+            {} if record["round"] == 1 else {org: 6 for org in ("MyOrg1MSP", "MyOrg2MSP")})
+        assert record["data_epsilon_by_organization"] == (
+            {} if record["round"] == 1 else {org: pytest.approx(alone) for org in (
+                "MyOrg1MSP", "MyOrg2MSP")})
         saved = model_file.load(record["model_file"], "torch")
         # the round-1 average's runs once, not once per input
         assert len(saved.ledger.events) == 2 * record["round"]
         assert [a["examples"] for a in saved.hyperparameters[model_file.AGGREGATED]] == [150, 150]
     summary = (tmp_path / "out" / "summary.md").read_text()
     assert "federated averaging" in summary and "| torch | yes | 2 | fedavg |" in summary
+    assert "| torch | yes | 1 | fedavg |" in summary and display.LAST_ROUND_LINE in proc.stdout
     assert "Averaging is post-processing of those models and spends no privacy" in summary
 
 
