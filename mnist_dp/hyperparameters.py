@@ -48,6 +48,7 @@ from pathlib import Path
 from mnist_dp.utils import json_input
 from mnist_dp.utils.errors import UserError
 from mnist_dp.utils.options import MAX_SEED
+from mnist_dp.utils.words import noun_for
 
 FILE_NAME = "hyperparameters.json"
 
@@ -185,7 +186,8 @@ def check_values(values: dict, where: str) -> None:
     settings are ignored, so only their types are checked)."""
     unknown = set(values) - set(_RULES)
     if unknown:
-        raise UserError(f"{where}: unknown hyperparameter(s) {sorted(unknown)}; known: "
+        raise UserError(f"{where}: unknown {noun_for(len(unknown), 'hyperparameter')} "
+                        f"{sorted(unknown)}; known: "
                         f"{sorted(_RULES)}")
     dp = values.get("dp", True)
     check_value("dp", dp, where)
@@ -198,7 +200,8 @@ def parse(values: dict, where: str) -> Hyperparameters:
     check_values(values, where)
     missing = set(_RULES) - set(values)
     if missing:
-        raise UserError(f"{where}: missing hyperparameter(s) {sorted(missing)}")
+        raise UserError(f"{where}: missing {noun_for(len(missing), 'hyperparameter')} "
+                        f"{sorted(missing)}")
     hp = Hyperparameters(**values)
     if hp.dp and (hp.noise_multiplier is None) == (hp.target_epsilon is None):
         raise UserError(f"{where}: give exactly one of noise_multiplier and target_epsilon (the "

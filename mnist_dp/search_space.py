@@ -69,6 +69,7 @@ from mnist_dp import hyperparameters
 from mnist_dp.hyperparameters import Hyperparameters
 from mnist_dp.utils import json_input
 from mnist_dp.utils.errors import UserError
+from mnist_dp.utils.words import noun_for
 
 FILE_NAME = "search.json"  # in a tune function's archive, beside hyperparameters.json
 POISSON = "poisson"  # as events.POISSON
@@ -218,7 +219,8 @@ def parse(values, where: str) -> SearchSpace:
     values = {**OPTIONAL, **values}
     unknown = set(values) - {"space", *OPTIONAL}
     if unknown:
-        raise UserError(f"{where}: unknown key(s) {sorted(unknown)}; known: "
+        raise UserError(f"{where}: unknown {noun_for(len(unknown), 'key')} {sorted(unknown)}; "
+                        "known: "
                         f"{sorted(['space', *OPTIONAL])}")
     mean, shape, fraction, spent, weight, margin, noise_margin, epochs, fixed = (
         values[k] for k in ("mean_candidates", "shape", "validation_fraction", "search_epsilon",

@@ -13,6 +13,7 @@ from mnist_dp.orchestration import connection, registry
 from mnist_dp.privacy import policy
 from mnist_dp.utils import options
 from mnist_dp.utils.errors import run_cli
+from mnist_dp.utils.words import counted
 
 
 def build_parser():
@@ -49,7 +50,8 @@ def main(argv=None):
         registry.register_dataset_objective(client, keys, args.data, args.folds, Path(build_dir))
     folds = keys.get("train_data_sample_keys")
     print(f"dataset {keys.get('dataset_key')} at {keys.get('organization_id')}: "
-          f"{sum(map(len, folds))} train data sample(s) in {len(folds)} fold(s), "
+          f"{counted(sum(map(len, folds)), 'train data sample')} in "
+          f"{counted(len(folds), 'fold')}, "
           f"{len(keys.get('test_data_sample_keys'))} test; objective {keys.get('objective_key')}")
     print(f"keys written to {args.keys_file}")
 

@@ -26,6 +26,7 @@ from mnist_dp.privacy.examples import Examples
 from mnist_dp.report import results
 from mnist_dp.utils import options
 from mnist_dp.utils.errors import UserError, run_cli
+from mnist_dp.utils.words import counted
 
 
 def build_parser():
@@ -74,7 +75,7 @@ def main(argv=None):
     compute_plan.check_size(compute_plan.count_tasks("search" if searched else args.strategy,
                                                      args.rounds, 1 if searched else len(folds), 1,
                                                      args.score_train),
-                            f"--rounds {args.rounds} with the {len(folds)} fold(s) of "
+                            f"--rounds {args.rounds} with the {counted(len(folds), 'fold')} of "
                             f"{args.keys_file} and --strategy {args.strategy}")
     data_dir = Path(keys.require("data"))
     dataset.check_apart(data_dir, args.output or Path("results") / args.framework)
@@ -169,9 +170,9 @@ def register_and_run(args, keys: registry.KeysFile, hp: Hyperparameters, output:
     results.run_and_report(client, builder, f"mnist-dp {run}", plan_key, {run: args.framework},
                            {owner: None}, output, f"mnist-dp: {run} on a Substra node",
                            [f"{args.backend} backend, keys file: {args.keys_file.resolve()}",
-                            f"{len(folds)} fold(s) at {owner}, " + (
+                            f"{counted(len(folds), 'fold')} at {owner}, " + (
                                 f"a private search on all of them ({args.search})" if searched
-                                else f"{args.rounds} round(s), "
+                                else f"{counted(args.rounds, 'round')}, "
                                      f"{compute_plan.describe_strategy(args.strategy)}")],
                            {owner: registry.sample_folders(data_dir, "train")}
                            if data_dir.is_dir() else None,

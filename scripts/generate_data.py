@@ -14,6 +14,7 @@ from mnist_dp.data import dataset, keys, samples, subjects
 from mnist_dp.privacy import data_ledger, policy
 from mnist_dp.utils import options
 from mnist_dp.utils.errors import UserError, run_cli
+from mnist_dp.utils.words import counted
 
 DEFAULT_OUTPUT = Path("data")
 
@@ -94,8 +95,9 @@ def main(argv=None):
                 "--key-from": args.key_from is not None and option != "--add-key"})
     if args.same_organization:
         count, runs = keys.same_organization(args.same_organization)
-        print(f"{len(args.same_organization)} data sample folder(s) made one organisation's: its "
-              f"{count} key(s) in each organization.keys, and one privacy ledger of {runs} run(s)")
+        print(f"{counted(len(args.same_organization), 'data sample folder')} made one "
+              f"organisation's: its {counted(count, 'key')} in each organization.keys, and one "
+              f"privacy ledger of {counted(runs, 'run')}")
         return
     given = tuple(samples.read_key(folder) for folder in args.key_from or ())
     if args.add_key:
@@ -107,7 +109,7 @@ def main(argv=None):
         added = keys.add_key(args.add_key, given[0] if given else None)
         if args.key_from:
             data_ledger.follow(args.key_from[0], added)
-        print(f"identity key written to {len(added)} of {len(args.add_key)} folder(s)"
+        print(f"identity key written to {len(added)} of {counted(len(args.add_key), 'folder')}"
               + (f": {', '.join(map(str, added))}" if added else " (each had a valid key)"))
         return
     output, organizations = args.output or DEFAULT_OUTPUT, args.organizations or 1
@@ -119,8 +121,9 @@ def main(argv=None):
                                 images_per_subject=args.images_per_subject,
                                 key_from=tuple(args.key_from or ()))
     among = f" among {organizations} organisations" if organizations > 1 else ""
-    print(f"wrote {manifest['train_examples']} train examples in {manifest['train_samples']} "
-          f"sample(s){among} and {manifest['test_examples']} test examples to {output}/ (source: "
+    print(f"wrote {manifest['train_examples']} train examples in "
+          f"{counted(manifest['train_samples'], 'sample')}{among} and "
+          f"{manifest['test_examples']} test examples to {output}/ (source: "
           f"{manifest['source']})")
     if owner is not None:
         print(policy.write_into(dataset.sample_folders(output, "train"), owner))

@@ -18,7 +18,7 @@ from mnist_dp.utils.errors import UserError, run_cli
 
 def build_parser():
     parser = options.ArgumentParser(__doc__)
-    parser.add_argument("model", type=Path, nargs="*", help="model file(s) written by a train task")
+    parser.add_argument("model", type=Path, nargs="*", help="model files written by train tasks")
     parser.add_argument("--data", type=Path, nargs="+", metavar="SAMPLE",
                         help="your organisation's training data sample folders: the models' runs "
                              "on them that their own ledger (privacy_ledger.jsonl) lacks are "
@@ -55,7 +55,7 @@ def reconciled_folders(keys_path: Path, client_name: str | None) -> list:
 def main(argv=None):
     args = build_parser().parse_args(argv)
     if not args.model and args.reconcile is None:
-        raise UserError("give model file(s), --reconcile KEYS_FILE, or both")
+        raise UserError("give model files, --reconcile KEYS_FILE, or both")
     folders = list(args.data or [])
     if args.reconcile is not None:
         folders += [f for f in reconciled_folders(args.reconcile, args.client_name)

@@ -87,7 +87,7 @@ def main(argv=None):
     compute_plan.check_size(tasks,
                             f"--rounds {args.rounds} with --organizations {args.organizations}, "
                             f"--strategy {args.strategy} and "
-                            f"{len(frameworks) * runs_per_framework} run(s)")
+                            f"{counted(len(frameworks) * runs_per_framework, 'run')}")
     client_names = compute_plan.id_list(args.client_name) or [None] * args.organizations
     if len(client_names) != args.organizations:
         raise UserError(f"--client-name: give one name per organisation ({args.organizations}), "

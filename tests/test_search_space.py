@@ -22,7 +22,7 @@ def parse(**values):
     ({"shape": 11}, "shape = 11 must be a number from 0 to 10"),
     ({"shape": "geometric"}, "shape = \"geometric\" must be a number from 0 to 10"),
     ({"validation_fraction": 0.6}, "validation_fraction = 0.6 must be a number from 0.001 to 0.5"),
-    ({"candidates": 4}, "unknown key(s) ['candidates']"),
+    ({"candidates": 4}, "unknown key ['candidates']"),
     ({"space": {}}, "\"space\" must be a non-empty object"),
     ({"space": {"lr": [1.0]}}, "space.lr: unknown hyperparameter"),
     ({"space": {"target_epsilon": [1.0, 2.0]}},

@@ -303,13 +303,14 @@ def copies(samples):
         (first, later), count = min(shared.items())
         others = " (other samples share examples too)" if len(shared) > 1 else ""
         return (f"{samples[later].folder} and {samples[first].folder} share {count} "
-                f"example(s){others} (the same image, as the model sees it, with the same label); "
-                "an example in two samples is trained on twice but would be accounted once: remove "
-                "the copies")
+                f"{'example' if count == 1 else 'examples'}{others} (the same image, as the model "
+                "sees it, with the same label); an example in two samples is trained on twice but "
+                "would be accounted once: remove the copies")
     if repeated:
         i, count = min(repeated.items())
-        return (f"{samples[i].folder}: {count} example(s) are copies of others in this sample (the "
-                "same image, as the model sees it, with the same label); an example trained on as "
+        copies = "example is a copy" if count == 1 else "examples are copies"
+        return (f"{samples[i].folder}: {count} {copies} of others in this sample (the same "
+                "image, as the model sees it, with the same label); an example trained on as "
                 "several copies would be accounted as one: remove the copies "
                 "(scripts/generate_data.py --source leaves them out of the samples it writes)")
     return None

@@ -33,6 +33,7 @@ from mnist_dp.data.sources import (
 )
 from mnist_dp.privacy import data_ledger, policy
 from mnist_dp.utils.errors import UserError, writing_in
+from mnist_dp.utils.words import counted
 
 DEFAULT_TRAIN_SIZE, DEFAULT_TEST_SIZE, DEFAULT_SEED = 4000, 1000, 0
 # examples (or samples) asked of one source: far more than any MNIST-format data set
@@ -88,12 +89,13 @@ def write_dataset(dest: Path, train, test, train_samples: int, manifest: dict, f
                         f"examples; give at most {len(train[1])}")
     organizations = _at_least_one("--organizations", organizations)
     if organizations > train_samples:
-        raise UserError(f"--organizations {organizations}: more than the {train_samples} train "
-                        f"data sample(s) (--train-samples); give --train-samples {organizations} "
-                        "or more")
+        raise UserError(f"--organizations {organizations}: more than the "
+                        f"{counted(train_samples, 'train data sample')} (--train-samples); give "
+                        f"--train-samples {organizations} or more")
     if len(keys) > organizations:
-        raise UserError(f"--key-from: {len(keys)} samples for {organizations} organisation(s); "
-                        "give at most one per organisation, in order")
+        raise UserError(f"--key-from: {counted(len(keys), 'sample')} for "
+                        f"{counted(organizations, 'organisation')}; give at most one per "
+                        "organisation, in order")
     dataset_folder.check_output(dest, force)
     parts = np.array_split(np.arange(len(train[1])), train_samples)
     parent = dest.parent
@@ -328,7 +330,7 @@ def generate(dest: Path, source: Path | None = None, train_size: int | None = No
             if split == "train":
                 x, y, removed = without_copies(x, y)
                 if removed:
-                    print(f"{source}: left out {removed} train example(s) that are copies of "
+                    print(f"{source}: left out {counted(removed, 'train example')}, copies of "
                           "others (the same image and label): each would be trained on twice but "
                           "accounted once")
             if size is not None and size > len(y):
@@ -389,7 +391,7 @@ def generate_default_if_missing(dest: Path, train_samples: int, flag: str = "--t
             if dry_run:
                 return sizes
             print(f"{dest}: splitting the default data again into {train_samples} train samples "
-                  f"for {organizations} organisation(s) (it had {held}; the same examples)")
+                  f"for {counted(organizations, 'organisation')} (it had {held}; same examples)")
             # Organisation k keeps its key (a model trained on the earlier split can be
             # compared example by example); data written before the test set had a key of its
             # own gets new keys throughout.

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from mnist_dp.utils.errors import UserError
+from mnist_dp.utils.words import counted
 
 IMAGES_FILE = "images.npy"
 LABELS_FILE = "labels.npy"
@@ -201,7 +202,7 @@ def declare_size(folders: list, size: int) -> str:
         policy.check_size(size, unit_count(read), str(folder), unit_name(read))
     for folder in folders:
         policy.declare_size(folder, size)
-    return f"public size {size:,} declared in {len(folders)} train sample folder(s)"
+    return f"public size {size:,} declared in {counted(len(folders), 'train sample folder')}"
 
 
 def check_examples(folders: list) -> list:

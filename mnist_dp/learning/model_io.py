@@ -17,6 +17,7 @@ from mnist_dp.privacy import model_file
 from mnist_dp.privacy.ledger import Ledger
 from mnist_dp.utils import atomic
 from mnist_dp.utils.errors import UserError
+from mnist_dp.utils.words import counted
 
 # substratools configures the "substratools" logger (level from --log-level); log under it.
 log = logging.getLogger("substratools.mnist_dp")
@@ -101,8 +102,8 @@ def load_input_model(framework: Framework, inputs: dict, network: Network):
             raise UserError(f"input model: its network is {theirs.describe()}, the hyperparameters "
                             f"say {network.describe()}; set features, network and activation as "
                             "the input model's")
-        log.info("continuing from input model: %d earlier training run(s) in its ledger",
-                 len(saved.ledger.events))
+        log.info("continuing from input model: %s in its ledger",
+                 counted(len(saved.ledger.events), "earlier training run"))
         return load_weights(framework, saved, inputs["model"], network), saved.ledger
     return None, Ledger()
 

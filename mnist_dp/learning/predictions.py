@@ -3,6 +3,7 @@ import numpy as np
 
 from mnist_dp.utils import atomic
 from mnist_dp.utils.errors import UserError
+from mnist_dp.utils.words import counted
 
 NUM_CLASSES = 10
 
@@ -26,6 +27,7 @@ def load(path, n_expected: int) -> np.ndarray:
                         f"{list(labels.shape)}")
     outside = labels[(labels < 0) | (labels >= NUM_CLASSES)]
     if outside.size:  # scored as merely wrong, a broken predict function would go unnoticed
-        raise UserError(f"{path}: {outside.size} predicted label(s) outside 0-{NUM_CLASSES - 1} "
+        raise UserError(f"{path}: {counted(outside.size, 'predicted label')} outside "
+                        f"0-{NUM_CLASSES - 1} "
                         f"(e.g. {outside[0]}); the predict function is broken")
     return labels

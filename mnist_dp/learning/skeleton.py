@@ -33,6 +33,7 @@ from mnist_dp.privacy.policy import plan_size, plan_units
 from mnist_dp.privacy.randomness import RunRandomness
 from mnist_dp.utils import timing
 from mnist_dp.utils.errors import UserError
+from mnist_dp.utils.words import counted
 
 # substratools configures the "substratools" logger (level from --log-level); log under it.
 log = logging.getLogger("substratools.mnist_dp")
@@ -111,8 +112,8 @@ def genesis(inputs: dict, outputs: dict) -> None:
     data = inputs["datasamples"]
     runs = data_ledger.genesis(sample_folders(data), data.get("seal_keys") or {},
                                outputs["ledger"])
-    log.info("the organisation's ledger chain starts with the %d run(s) its data samples record",
-             runs)
+    log.info("the organisation's ledger chain starts with the %s its data samples record",
+             counted(runs, "run"))
     timing.end_task("genesis")
 
 
@@ -189,9 +190,10 @@ def train_in_memory(framework: Framework, model, ledger: Ledger, data: dict, hp:
                      "the same examples")
     lacking = data_ledger.absorb(ledger, spent.ledger) if spent is not None and continuing else []
     if lacking:
-        log.warning("the input model's ledger lacks %d run(s) that this organisation's own ledger "
+        log.warning("the input model's ledger lacks %s that this organisation's own ledger "
                     "records on this data (%s): they are composed into this model's ε",
-                    len(lacking), ", ".join(f"{e.framework} {e.run_id[:8]}" for e in lacking))
+                    counted(len(lacking), "run"),
+                    ", ".join(f"{e.framework} {e.run_id[:8]}" for e in lacking))
     persons = per_person(framework, data, hp, {
         "the input model's ledger": ledger,
         "this data's own ledger": spent.ledger if spent is not None else None})

@@ -25,6 +25,7 @@ from mnist_dp.orchestration import registry
 from mnist_dp.privacy import data_ledger, seal
 from mnist_dp.privacy.ledger import Ledger
 from mnist_dp.utils.errors import UserError
+from mnist_dp.utils.words import counted
 
 
 @dataclass(frozen=True)
@@ -41,11 +42,13 @@ class Reconciled:
     forks: int
 
     def describe(self) -> str:
-        fork = (f"; {self.forks} ledger output(s) were extended twice: a plan was given an "
+        fork = (f"; {counted(self.forks, 'ledger output')} "
+                f"{'was' if self.forks == 1 else 'were'} extended twice: a plan was given an "
                 "earlier ledger than the last, and its tasks' budget checks missed runs (all are "
                 "counted here)" if self.forks else "")
-        return (f"reconciled with the node: {self.outputs} ledger output(s) of tasks on this "
-                f"organisation's data, {self.runs} run(s), {self.recorded} newly recorded in the "
+        return (f"reconciled with the node: {counted(self.outputs, 'ledger output')} of tasks "
+                f"on this organisation's data, {counted(self.runs, 'run')}, {self.recorded} newly "
+                "recorded in the "
                 f"data folder{fork}")
 
 

@@ -23,6 +23,7 @@ from mnist_dp.orchestration.compute_plan import Share
 from mnist_dp.orchestration.contract import CONTRACT, owner_only, public
 from mnist_dp.utils import atomic, json_input
 from mnist_dp.utils.errors import UserError
+from mnist_dp.utils.words import counted
 
 
 def fingerprint(*parts) -> str:
@@ -313,7 +314,7 @@ def split_among(data_dir: Path, organizations: int, flag: str | None = None) -> 
     folders = sample_folders(data_dir, "train")
     if len(folders) < organizations:
         asked = f"{flag} {organizations}: " if flag else ""
-        raise UserError(f"{asked}{data_dir} holds {len(folders)} train data sample(s) for "
+        raise UserError(f"{asked}{data_dir} holds {counted(len(folders), 'train data sample')} for "
                         f"{organizations} organisations (one at least each); use at most "
                         f"{len(folders)}, or "
                         + split_advice(data_dir, organizations, organizations))
@@ -383,8 +384,9 @@ def register_dataset_objective(client: substra.Client, keys: KeysFile, data_dir:
     """
     train_folders = sample_folders(data_dir, "train")
     if not isinstance(folds, int) or not 1 <= folds <= len(train_folders):
-        raise UserError(f"--folds {folds}: must be between 1 and the {len(train_folders)} train "
-                        f"data sample(s) in {data_dir}; use at most {len(train_folders)}, or "
+        raise UserError(f"--folds {folds}: must be between 1 and the "
+                        f"{counted(len(train_folders), 'train data sample')} in {data_dir}; use at "
+                        f"most {len(train_folders)}, or "
                         + split_advice(data_dir, folds))
     check_organization_keys(data_dir, [train_folders])  # one organisation's samples, under one key,
     read = samples.check_examples(train_folders)  # compared before any is registered

@@ -42,6 +42,7 @@ import numpy as np
 
 from mnist_dp.privacy.events import PER_EXAMPLE, PER_PERSON
 from mnist_dp.utils.errors import UserError
+from mnist_dp.utils.words import counted
 
 POLICY_FILE = "privacy_policy.json"  # in each train data sample folder, beside identity.key
 # The opt-ins a policy may allow: what releases an un-noised or replayable function of the data.
@@ -282,7 +283,8 @@ def write_into(folders, policy: Policy) -> str:
         write(folder, policy)
     budget = ("no budget" if not policy.budgets else
               "a budget of ε = {:g} at δ = {:g}".format(*policy.budgets[0]))
-    return (f"privacy policy written to {len(folders)} train sample folder(s): {budget}, unit "
+    return (f"privacy policy written to "
+            f"{counted(len(folders), 'train sample folder')}: {budget}, unit "
             f"{policy.privacy_unit or 'example'}, allowing "
             f"{', '.join(sorted(policy.allow)) or 'no opt-in'}")
 

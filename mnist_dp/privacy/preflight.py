@@ -23,6 +23,7 @@ from mnist_dp.privacy.task_plan import (
     resolve_noise_multiplier,
 )
 from mnist_dp.utils.errors import UserError
+from mnist_dp.utils.words import counted
 
 
 def check_plan(framework: str, hp: Hyperparameters, sizes: list, rounds: int, wheres: list,
@@ -93,7 +94,7 @@ def check_spent(plan: TaskPlan, data: Ledger, examples: dict, where: str,
     for prior in union(Ledger((), examples), data).histories(identities):
         if accountant.steps_within_budget(prior, first_step, delta, epsilon) == 0:
             raise UserError(f"{where}: {named} = {epsilon} is spent: this data's own ledger "
-                            f"records {len(data.events)} run(s) released from it, ε = "
+                            f"records {counted(len(data.events), 'run')} released from it, ε = "
                             f"{accountant.compose_epsilon(prior, delta):.3f} at δ = {delta:g}, "
                             f"and one more step would pass it; {todo} or train on other data")
 

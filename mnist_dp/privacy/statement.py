@@ -19,6 +19,7 @@ from mnist_dp.privacy.events import PER_PERSON
 from mnist_dp.privacy.ledger import Ledger
 from mnist_dp.privacy.model_file import AGGREGATED, ModelFile
 from mnist_dp.privacy.randomness import ENTROPY_BITS, REPLAYABLE_WARNING
+from mnist_dp.utils.words import counted, noun_for
 
 NOT_COVERED = [
     "hyperparameter tuning, model selection or training on the same data outside this model's runs "
@@ -39,7 +40,7 @@ THREAT_MODEL = (
     "counts the data. Substra's performances give ε and the test accuracy (by default nothing "
     "computed on the training data); the logs give timings and step counts. The batches and the "
     "noise are not released.")
-SIZE_RELEASED = ("**The data's size is released** by run(s) {}: trained before public sizes, its n "
+SIZE_RELEASED = ("**The data's size is released** by {}: trained before public sizes, its n "
                  "counts the training examples and drove q and the steps, so ε holds for an "
                  "adversary who knows n, not one who must learn it")
 IDS_RELEASED = ("**The data's size is released**: this ledger, written before model files left "
@@ -184,7 +185,8 @@ def _search(event) -> str:
     return (f"private search of {search.mean:g} candidates on average ({shape} distribution, K "
             f"never released){recipe}; a validation split of public size {search.validation_n} (id "
             f"mod 1000 < {search.validation_permille}) scored with noise σ = "
-            f"{search.score_noise_multiplier:.4g}; candidate profile(s): {profiles}; the released "
+            f"{search.score_noise_multiplier:.4g}; "
+            f"{noun_for(len(search.candidates), 'candidate profile')}: {profiles}; the released "
             f"candidate trained on the rest (public size {event.trained_n}), ")
 
 
@@ -230,17 +232,18 @@ def privacy_statement(saved: ModelFile, per_organization: dict | None = None,
     unit = "person" if is_per_person(saved) else "example"
     searches = sum(e.search is not None for e in ledger.events)
     keys = ledger.keys()
-    counted = [str(i) for i, e in enumerate(ledger.events, 1) if not e.public_size]
+    sized = [str(i) for i, e in enumerate(ledger.events, 1) if not e.public_size]
     flagged = ([f"**Replayable noise**: {REPLAYABLE_WARNING}"]
                if any(e.replayable_noise for e in ledger.events)
                else []) + ([TRAIN_SCORES] if train_scores else []) + (
-        [SIZE_RELEASED.format(", ".join(counted))] if counted else []) + (
+        [SIZE_RELEASED.format(f"{noun_for(len(sized), 'run')} {', '.join(sized)}")] if sized
+         else []) + (
         [IDS_RELEASED] if ledger.names_examples else [])
     lines = [
         f"**(ε, δ) = ({epsilon:.3f}, {delta:g})** by {reported_accountant(ledger)} (reported), the "
         "worst case over every example whose influence is in these weights, whichever organisation "
         "holds it (the unit: one organisation's record).",
-        f"- Covered: the {len(ledger.events)} training run(s) and "
+        f"- Covered: the {counted(len(ledger.events), 'training run')} and "
         f"{sum(e.steps for e in ledger.events):,} steps listed below, on the data samples they "
         "name (by keyed identity)"
         + (f", and the whole of the {searches} private hyperparameter search(es) that chose them: "
@@ -263,7 +266,7 @@ def privacy_statement(saved: ModelFile, per_organization: dict | None = None,
     ]
     for i, e in enumerate(ledger.events, 1):
         library = "; ".join(f"{name}: ε = {value:.3f}" for name, value in e.library_epsilon)
-        lines.append(f"  {i}. {e.framework}: {len(e.data)} data sample(s) "
+        lines.append(f"  {i}. {e.framework}: {counted(len(e.data), 'data sample')} "
                      f"({sorted(e.data)[0][:8]}…), "
                      + (f"public size {e.n}, " if e.public_size else f"n = {e.n} (counted), ")
                      + (_search(e) if e.search
@@ -301,23 +304,24 @@ def privacy_statement(saved: ModelFile, per_organization: dict | None = None,
         lines.append(f"- Budget: max_epsilon = {hp['max_epsilon']:g} at δ = {delta:g}; {stopped}.")
     accounts = ledger.accounts()
     if per_organization:
-        lines.append("- Per organisation (the worst ε of the examples it holds): " + ", ".join(
+        lines.append(f"- Per organisation (the worst ε of the {unit}s it holds): " + ", ".join(
             f"{org}: {value:.3f}" for org, value in per_organization.items()))
     elif len(keys) > 1:
         lines.append(
-            "- Per organisation (identity key id; the worst ε of its examples): " + ", ".join(
+            f"- Per organisation (identity key id; the worst ε of its {unit}s): " + ", ".join(
             f"{key}: {ledger.epsilon(delta, data=ledger.samples_under(key)):.3f}" for key in keys))
     elif len(accounts) > 1:
         # the groups, not how many examples each holds: a count would be the data's size
         lines.append("- Per group of examples trained on by the same runs: " + "; ".join(
-            f"those of run(s) "
+            f"those of {noun_for(len(account.runs), 'run')} "
             f"{', '.join(_part(k, e) for k, e in zip(account.runs, account.events))}: "
             f"{compose_epsilon(account.events, delta):.3f}" for account in accounts))
     replayed = [i for i, e in enumerate(ledger.events, 1) if e.replayable_noise]
     secure = "on" if hp.get("secure_mode") else "off"
     lines.append(f"- Noise and batches: drawn from {ENTROPY_BITS} fresh bits of the operating "
                  "system's entropy per run, stored "
-                 "nowhere" + (f", except run(s) {', '.join(map(str, replayed))}, drawn from "
+                 "nowhere" + (f", except {noun_for(len(replayed), 'run')} "
+                              f"{', '.join(map(str, replayed))}, drawn from "
                               f"noise_seed {hp.get('noise_seed')!r} (replayable)" if replayed
                                           else "")
                  + f"; secure_mode (floating-point-attack-resistant noise): {secure}.")
@@ -357,7 +361,7 @@ def data_spent(spent: Ledger, identities: tuple, delta: float, budgets: tuple = 
     Returns:
       The line: how many runs, ε at δ over all of them, and what is left of each budget.
     """
-    return (f"this data's own ledger: {len(spent.events)} run(s) released from it, ε = "
+    return (f"this data's own ledger: {counted(len(spent.events), 'run')} released from it, ε = "
             f"{spent.epsilon(delta, data=identities):.3f} at δ = {delta:g} over all of them"
             + "".join(budget_left(spent, identities, budget) for budget in budgets))
 

@@ -9,4 +9,9 @@ def counted(number: int, noun: str, plural: str | None = None) -> str:
       noun: the noun in the singular.
       plural: its plural, where adding "s" is wrong.
     """
-    return f"{number} {noun if number == 1 else plural or noun + 's'}"
+    return f"{number} {noun_for(number, noun, plural)}"
+
+
+def noun_for(number: int, noun: str, plural: str | None = None) -> str:
+    """`noun` for `number` of it, as `counted` words it, without the number ("runs 1, 2")."""
+    return noun if number == 1 else plural or noun + "s"

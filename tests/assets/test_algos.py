@@ -410,7 +410,7 @@ def test_runs_on_two_splits_of_the_same_data_compose_for_the_examples_they_share
         (both / name).parent.mkdir(parents=True, exist_ok=True)
         (splits[name] / "train" / "0").rename(both / name)
     proc, _ = train(tmp_path, framework, tmp_path / "both", opener_path, name="together")
-    assert_one_line_error(proc, "share 100 example(s)", "remove the copies")
+    assert_one_line_error(proc, "share 100 examples", "remove the copies")
 
 
 # --- what goes wrong around a task: the disk, the folders, the files it is given, its own training

@@ -126,7 +126,7 @@ def test_samples_sharing_an_example_are_named_for_training_to_refuse(tmp_path):
     as_floats = make_sample(tmp_path / "floats", images[:7].astype(np.float32) / 255, labels[:7])
     for folders, count in (([a, b], 15), ([copy, a], 40), ([a, as_floats], 7)):
         got = opener.MnistOpener().get_data([str(f) for f in folders])
-        assert got["copies"] == (f"{folders[1]} and {folders[0]} share {count} example(s) (the "
+        assert got["copies"] == (f"{folders[1]} and {folders[0]} share {count} examples (the "
                                  "same image, as the model sees it, with the same label); an "
                                  "example in two samples is trained on twice but would be "
                                  "accounted once: remove the copies")
@@ -136,7 +136,7 @@ def test_samples_sharing_an_example_are_named_for_training_to_refuse(tmp_path):
     assert got["copies"] is None and len(got["labels"]) == 80
     twice = make_sample(tmp_path / "twice", images[[0, 0]], np.array([3, 3]))
     assert opener.MnistOpener().get_data([str(twice)])["copies"].startswith(
-        f"{twice}: 1 example(s) are copies")
+        f"{twice}: 1 example is a copy of others")
 
 
 def test_an_example_is_what_the_model_sees_and_is_named_under_its_samples_key(tmp_path):

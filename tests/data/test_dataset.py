@@ -222,8 +222,7 @@ def test_the_default_data_is_split_again_when_a_script_needs_more_train_samples(
     capsys.readouterr()
     dataset.generate_default_if_missing(dest, train_samples=2)
     assert capsys.readouterr().out == (f"{dest}: splitting the default data again into 2 train "
-                                       "samples for 1 organisation(s) (it had 1; the same "
-                                       "examples)\n")
+                                       "samples for 1 organisation (it had 1; same examples)\n")
     assert [f.name for f in dataset.sample_folders(dest, "train")] == ["0", "1"]
     for split, before in (("train", train), ("test", test)):
         after = read_split(dest, split)
@@ -252,7 +251,7 @@ def test_each_organisation_gets_its_own_key_and_the_test_set_another(tmp_path):
     # one organisation: one key, the test its own
     assert one["organizations"] == 1 and train[0] == train[1] != test
     with pytest.raises(UserError,
-                       match=r"--organizations 3: more than the 2 train data sample\(s\)"):
+                       match=r"--organizations 3: more than the 2 train data samples "):
         dataset.generate(tmp_path / "f", train_size=100, test_size=20, train_samples=2,
                          organizations=3)
     assert dataset.generate(tmp_path / "g", train_size=100, test_size=20,
@@ -272,7 +271,7 @@ def test_the_default_data_is_split_again_for_another_number_of_organisations_kee
     dataset.generate_default_if_missing(dest, train_samples=1)
     train, again = keys_of(dest)
     assert set(train) == {first} and again == test
-    assert "for 1 organisation(s)" in capsys.readouterr().out
+    assert "for 1 organisation (" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("organizations, holdings, problem", [
@@ -363,7 +362,7 @@ def test_add_key_gives_a_users_samples_one_key_and_never_replaces_one(tmp_path):
         samples.sample_identity(second)
     proc = generate_data("--add-key", first, second)
     assert (proc.returncode == 0
-            and "identity key written to 1 of 2 folder(s)" in proc.stdout), proc.stderr
+            and "identity key written to 1 of 2 folders" in proc.stdout), proc.stderr
     assert (first / samples.KEY_FILE).read_text() == kept and len(
         samples.sample_identity(second)) == 64
     proc = generate_data("--add-key", tmp_path)
@@ -415,7 +414,7 @@ def test_copies_of_an_example_in_the_source_are_left_out_saying_so(tmp_path):
     source = save_npz(tmp_path / "dup.npz", images, labels)
     proc = generate_data("--source", source, "--output", tmp_path / "d", "--train-samples", 3)
     assert proc.returncode == 0, proc.stderr
-    assert f"{source}: left out 1 train example(s) that are copies of others" in proc.stdout
+    assert f"{source}: left out 1 train example, copies of others" in proc.stdout
     folders = dataset.sample_folders(tmp_path / "d", "train")
     assert sum(map(samples.sample_size, folders)) == 39
     samples.check_examples(folders)  # what a train task on all of them checks

@@ -98,7 +98,7 @@ def test_add_key_refuses_a_folder_whose_key_is_broken_and_its_advice_works(data,
     follow_advice(lines[0].removeprefix("error: "))
     assert samples.read_key(folder)  # a valid key now
     proc = run_generate_data("--add-key", folder)
-    assert proc.returncode == 0 and "0 of 1 folder(s) (each had a valid key)" in proc.stdout
+    assert proc.returncode == 0 and "0 of 1 folder (each had a valid key)" in proc.stdout
 
 
 def test_add_key_refuses_the_options_of_a_new_data_set(data):

@@ -164,7 +164,7 @@ def test_same_organization_gives_each_folder_the_others_keys_and_one_ledger(tmp_
     own = [samples.read_key(f) for f in folders]
     proc = run_generate_data("--same-organization", *folders)
     assert proc.returncode == 0, proc.stderr
-    assert "2 data sample folder(s) made one organisation's: its 2 key(s)" in proc.stdout
+    assert "2 data sample folders made one organisation's: its 2 keys" in proc.stdout
     # each sample keeps its own key, so its identity
     assert [samples.read_key(f) for f in folders] == own
     assert [samples.read_ring(f) for f in folders] == [[own[1]], [own[0]]]

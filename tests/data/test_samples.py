@@ -28,7 +28,7 @@ def test_check_examples_catches_a_shuffled_copy_of_a_sample_in_another_folder(tm
                      np.concatenate([rng.integers(0, 10, 30), labels[order]]).astype(np.int64))
     with pytest.raises(UserError) as caught:
         samples.check_examples([a, b])
-    assert str(caught.value) == (f"{b} and {a} share 20 example(s) (the same image, as the model "
+    assert str(caught.value) == (f"{b} and {a} share 20 examples (the same image, as the model "
                                  "sees it, with the same label); an example in two samples is "
                                  "trained on twice but would be accounted once: remove the copies")
 
@@ -46,7 +46,7 @@ def test_check_examples_sees_images_as_the_model_does_whatever_their_dtype(tmp_p
     # ... and copies inside one sample are refused too: each would be trained on twice.
     twice = write_sample(tmp_path / "twice", images[[0, 1, 0]], labels[[0, 1, 0]])
     with pytest.raises(UserError,
-                       match=f"^{twice}: 1 example.s. are copies of others in this sample"):
+                       match=f"^{twice}: 1 example is a copy of others in this sample"):
         samples.check_examples([twice])
 
 

@@ -171,7 +171,7 @@ def test_an_input_model_of_the_hyperparameters_network_is_continued_with_its_led
     np.testing.assert_array_equal(model, np.array([1, 2, 3], np.float32))
     assert ledger.events == [event] and framework.loaded == [CNN]
     assert [r.getMessage() for r in records] == [
-        "continuing from input model: 1 earlier training run(s) in its ledger"]
+        "continuing from input model: 1 earlier training run in its ledger"]
 
 
 @pytest.mark.parametrize("settings, theirs", [

@@ -11,7 +11,7 @@ def test_labels_round_trip_through_an_extensionless_path(tmp_path):
 
 
 @pytest.mark.parametrize("labels, message",
-                         [([1, 99], "1 predicted label.s. outside 0-9 .e.g. 99."),
+                         [([1, 99], "1 predicted label outside 0-9 .e.g. 99."),
                                              ([-1, 2], "outside 0-9 .e.g. -1.")])
 def test_a_label_outside_the_classes_is_refused_not_scored_as_wrong(tmp_path, labels, message):
     predictions.save(tmp_path / "p", labels)

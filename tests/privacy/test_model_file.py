@@ -133,7 +133,7 @@ def test_a_ledger_from_before_public_sizes_loads_and_its_statement_flags_the_siz
     assert older.ledger.epsilon(1e-5) == Ledger([event]).epsilon(1e-5)
     text = statement.privacy_statement(older)
     assert "n = 100 (counted)" in text
-    assert "**The data's size is released** by run(s) 1" in text
+    assert "**The data's size is released** by run 1" in text
 
 
 def test_a_folder_is_not_a_model_file(tmp_path):

@@ -137,7 +137,7 @@ def test_generate_data_writes_the_owners_policy_into_every_train_sample(tmp_path
                            "--train-samples", "2", "--budget", "4", "--budget-delta", "1e-5",
                            "--allow", "score_train"], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
-    assert "privacy policy written to 2 train sample folder(s)" in proc.stdout
+    assert "privacy policy written to 2 train sample folders" in proc.stdout
     for k in (0, 1):
         written = json.loads((tmp_path / "data" / "train" / str(k) / policy.POLICY_FILE)
                              .read_text())

@@ -1,7 +1,7 @@
 import dataclasses
 
 from mnist_dp.privacy import accountant, model_file, replace_one, statement
-from mnist_dp.privacy.events import PER_EXAMPLE, DpEvent
+from mnist_dp.privacy.events import PER_EXAMPLE, PER_PERSON, DpEvent
 from mnist_dp.privacy.examples import Examples
 from mnist_dp.privacy.ledger import Ledger
 
@@ -29,7 +29,7 @@ def test_statement_gives_epsilon_with_delta_relation_sampling_clipping_and_exclu
             f"{replace_one.of_ledger(model.ledger, 1e-4):.3f} at δ = 0.0001, the group-of-two "
             "bound" in text)
     assert "add or remove one example" in text and "Poisson" in text
-    assert ("2 data sample(s) (fp-a…), public size 300, q = 0.2, σ = 1, 5 steps, clipping "
+    assert ("2 data samples (fp-a…), public size 300, q = 0.2, σ = 1, 5 steps, clipping "
             "per-example to C = 1" in text)
     assert "TF Privacy statement, RDP, Poisson (this run only): ε = 4.500" in text
     assert ("Not covered: hyperparameter tuning" in text
@@ -44,7 +44,7 @@ def test_replayable_noise_and_training_data_scores_are_flagged_once_in_the_card(
     text = statement.privacy_statement(saved([EVENT, replayed], noise_seed=7), train_scores=True)
     assert ("**Replayable noise**: its noise was drawn from noise_seed: its ε holds only while "
             "that seed stays secret" in text and "for experiments, not for release" in text)
-    assert "except run(s) 2, drawn from noise_seed 7 (replayable)" in text
+    assert "except run 2, drawn from noise_seed 7 (replayable)" in text
     assert ("**Training-data accuracy was published** (--score-train)" in text
             and "**not covered by ε**" in text)
     card = text.split("\n\n")[0]
@@ -60,10 +60,10 @@ def test_statement_shows_the_budget_and_epsilon_per_data_group():
                   stopped_by_budget=True, secure_mode=True)
     text = statement.privacy_statement(model)
     assert "max_epsilon = 9 at δ = 0.0001; training stopped after 3 of 5 planned steps" in text
-    assert f"those of run(s) 1: {accountant.compose_epsilon([EVENT], 1e-4):.3f}; " in text
-    assert ("those of run(s) 1, 2: "
+    assert f"those of run 1: {accountant.compose_epsilon([EVENT], 1e-4):.3f}; " in text
+    assert ("those of runs 1, 2: "
             f"{accountant.compose_epsilon([EVENT, other], 1e-4):.3f}" in text)
-    assert f"those of run(s) 2: {accountant.compose_epsilon([other], 1e-4):.3f}" in text
+    assert f"those of run 2: {accountant.compose_epsilon([other], 1e-4):.3f}" in text
     assert "example(s) of" not in text  # how many examples a group holds is not said
     assert text.startswith(f"**(ε, δ) = ({accountant.compose_epsilon([EVENT, other], 1e-4):.3f}, "
                            "0.0001)**")
@@ -122,6 +122,10 @@ def test_an_averaged_models_statement_explains_the_averaging():
     assert "every organisation's training ran every planned step within it" in text
     assert ("Per organisation (the worst ε of the examples it holds): Org1: 1.250, Org2: "
             "1.250" in text)
+    # per person, in the words of the unit
+    persons = saved([dataclasses.replace(EVENT, clipping=PER_PERSON)])
+    text = statement.privacy_statement(persons, {"Org1": 1.25, "Org2": 1.25})
+    assert "Per organisation (the worst ε of the persons it holds): Org1: 1.250" in text
 
 
 def test_two_organisations_keys_give_the_worst_organisation_and_the_individual_in_both():
@@ -148,7 +152,7 @@ def test_the_statement_opens_with_a_card_and_leaves_the_assumptions_to_the_repor
     model = saved([EVENT])
     card = statement.privacy_statement(model, train_scores=True).split("\n\n")[0].splitlines()
     assert card[0].startswith(f"**(ε, δ) = ({model.ledger.epsilon(1e-4):.3f}, 0.0001)** by PLD")
-    assert card[1] == ("- Covered: the 1 training run(s) and 5 steps listed below, on the data "
+    assert card[1] == ("- Covered: the 1 training run and 5 steps listed below, on the data "
                        "samples they name (by keyed identity); the initialisation is "
                        "data-independent (seeded) and costs nothing.")
     assert card[2] == ("- Flagged: **Training-data accuracy was published** (--score-train): it is "

@@ -84,7 +84,7 @@ def test_a_failing_task_is_named_with_its_log_and_the_keys_are_kept(tmp_path, ke
      "training examples (the data's public size)\n"), ({"max_epsilon": 0.001}, [],
      f"{FRAMEWORK} hyperparameters (bad.json), fold 1: max_epsilon = 0.001 is below the ε of a "
      "single step ("), ({}, ["--rounds", 5000],
-     "--rounds 5000 with the 2 fold(s) of assets_keys.json and --strategy cyclic make 30,000 "
+     "--rounds 5000 with the 2 folds of assets_keys.json and --strategy cyclic make 30,000 "
      "tasks, more than the 10,000"),
 ])
 def test_what_a_task_would_refuse_is_refused_before_anything_is_registered(

@@ -36,7 +36,7 @@ def test_bad_model_file_is_one_line(tmp_path):
     proc = run(tmp_path / "junk", cwd=tmp_path)
     assert (proc.returncode == 2 and proc.stderr.startswith("error: ")
             and "not a valid model file" in proc.stderr)
-    assert "--help" not in proc.stderr and "model file(s)" in run("--help", cwd=tmp_path).stdout
+    assert "--help" not in proc.stderr and "model files" in run("--help", cwd=tmp_path).stdout
 
 
 def test_a_folder_or_an_edited_ledger_is_one_line(tmp_path):

@@ -464,9 +464,9 @@ def test_a_plan_run_on_the_node_reports_accuracy_and_epsilon_from_the_models_it_
     assert "  ε  " in proc.stdout and "keys added to" in proc.stdout
     assert all(f"{record['epsilon']:.3f}" in proc.stdout for record in records)
     # before the plan the node held nothing; before the report, this plan's genesis and two runs
-    assert "reconciled with the node: 0 ledger output(s)" in proc.stdout
-    assert "reconciled with the node: 3 ledger output(s) of tasks on this organisation's data, 2 " \
-           "run(s)" in proc.stdout
+    assert "reconciled with the node: 0 ledger outputs" in proc.stdout
+    assert "reconciled with the node: 3 ledger outputs of tasks on this organisation's data, 2 " \
+           "runs" in proc.stdout
     assert ("GET", f"/compute_plan/{plan_key}/perf/") in node.calls() and node.unexpected == []
     written = [p for p in tmp_path.rglob("*") if p.is_file() and p.suffix in (".json", ".md")]
     assert TOKEN not in proc.stdout + proc.stderr and not any(
@@ -686,8 +686,8 @@ def test_the_next_plan_on_the_node_goes_on_from_the_ledger_the_last_one_left(
     # no genesis again: the reconciliation found the chain's one tip, the first plan's last task
     assert not any(" genesis, " in role for role in plan["tasks"].values())
     assert ledgers == [[first_last], [trains[0]]]
-    assert "reconciled with the node: 3 ledger output(s) of tasks on this organisation's data, 2 " \
-           "run(s), 0 newly recorded" in proc.stdout
+    assert "reconciled with the node: 3 ledger outputs of tasks on this organisation's data, 2 " \
+           "runs, 0 newly recorded" in proc.stdout
     # the ledger the second plan leaves holds the first plan's two runs on the
     # organisation's data and its own two
     served = next(o["asset"]["key"] for o in node.tasks[trains[-1]].state["outputs"]
@@ -745,8 +745,8 @@ def test_a_plan_built_by_another_client_without_the_ledger_is_refused_and_reconc
                            str(HYPERPARAMETERS["delta"])], capture_output=True, text=True,
                           cwd=tmp_path, env=environment(node), timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert ("reconciled with the node: 4 ledger output(s) of tasks on this organisation's data, 3 "
-            "run(s), 1 newly recorded in the data folder; 1 ledger output(s) were extended twice"
+    assert ("reconciled with the node: 4 ledger outputs of tasks on this organisation's data, 3 "
+            "runs, 1 newly recorded in the data folder; 1 ledger output was extended twice"
             in proc.stdout)
     folders = sample_folders(tiny_data, "train")
     spent = data_ledger.read(folders)
@@ -758,7 +758,7 @@ def test_a_plan_built_by_another_client_without_the_ledger_is_refused_and_reconc
     assert spent.epsilon(HYPERPARAMETERS["delta"], data=[sample_identity(folders[0])]) == \
         pytest.approx(both, rel=1e-6)
     # the worst example's: the first fold's, whose two runs compose
-    assert f"3 run(s) released from it, ε = {both:.3f} at δ = {HYPERPARAMETERS['delta']:g}" in \
+    assert f"3 runs released from it, ε = {both:.3f} at δ = {HYPERPARAMETERS['delta']:g}" in \
         proc.stdout
 
     # the organisation's next plan counts every run: a budget below them refuses it

@@ -25,6 +25,7 @@ from conftest import (
 from mnist_dp.data import dataset, samples
 from mnist_dp.privacy import accountant, data_ledger, events, model_file, policy
 from mnist_dp.report import display
+from mnist_dp.utils.words import counted
 
 SCRIPT = REPO / "scripts" / "run_local.py"
 REQUIRED_KEYS = {"framework", "organization", "test_accuracy", "train_accuracy", "epsilon", "delta",
@@ -282,7 +283,7 @@ def test_two_runs_on_the_same_data_report_what_it_has_spent_over_all_their_model
     proc = run_local("--data", data, "--output", out, "--hyperparameters", tmp_path / "budget.json",
                      "--frameworks", "torch", cwd=tmp_path)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
-    assert f"is spent: this data's own ledger records {models} run(s)" in proc.stderr
+    assert f"is spent: this data's own ledger records {counted(models, 'run')}" in proc.stderr
     assert set(out.glob("substra/archives/*")) == archives  # nothing was built or registered
     # and the refused run leaves the latest run's reports where they were, and the first run's aside
     assert [moved] == list((out / "earlier").iterdir())
@@ -561,7 +562,7 @@ def test_examples_shared_between_an_organisations_samples_are_refused(tmp_path, 
     proc = run_local("--data", data, "--output", tmp_path / "out", "--organizations", 1,
                      cwd=tmp_path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert "share 150 example(s)" in proc.stderr and str(
+    assert "share 150 examples" in proc.stderr and str(
         data / "train" / "2") in proc.stderr, proc.stderr
 
 
@@ -688,9 +689,9 @@ def test_sigterm_stops_a_run_like_ctrl_c_and_leaves_no_work_files(tmp_path, tiny
 
 @pytest.mark.parametrize("args, message", [
     (["--rounds", 2000, "--strategy", "fedavg"],
-     "--rounds 2000 with --organizations 1, --strategy fedavg and 3 run(s) make 24,000 tasks, more "
+     "--rounds 2000 with --organizations 1, --strategy fedavg and 3 runs make 24,000 tasks, more "
      "than the 10,000"), (["--organizations", 1000, "--rounds", 3],
-     "--rounds 3 with --organizations 1000, --strategy cyclic and 3 run(s) make 27,000 tasks"),
+     "--rounds 3 with --organizations 1000, --strategy cyclic and 3 runs make 27,000 tasks"),
     (["--rounds", 10**9], "argument --rounds: 1,000,000,000 is not an integer from 1 to 10,000"),
     (["--organizations", 10**9],
      "argument --organizations: 1,000,000,000 is not an integer from 1 to 1,000"),
@@ -710,7 +711,7 @@ def test_more_organisations_than_the_datas_samples_names_the_option_given(tmp_pa
                      cwd=tmp_path)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert proc.stderr.startswith(f"error: --organizations 3: {tiny_data} holds 2 train data "
-                                  "sample(s) for 3 organisations (one at least each); use at "
+                                  "samples for 3 organisations (one at least each); use at "
                                   "most 2")
 
 

@@ -249,7 +249,7 @@ def test_a_tune_task_with_search_epsilon_releases_a_final_run_on_all_its_data(tm
     ({"space": {"epochs": {"low": 1, "high": 3}}, "validation_fraction": 0.9},
      "validation_fraction = 0.9 must be"), ({"space": {"noise_decay": {"low": 0.5, "high": 1.0}}},
      "noise_decay changes a candidate's noise"),
-    ({"space": {"learning_rate": [0.1]}, "candidates": 3}, "unknown key(s) ['candidates']"),
+    ({"space": {"learning_rate": [0.1]}, "candidates": 3}, "unknown key ['candidates']"),
     ({"space": {"learning_rate": [0.1]}, "search_epsilon": 0},
      "search_epsilon = 0 must be null or a number above 0"),
     ({"space": {"learning_rate": [0.1]}, "recipe_candidate": "yes"},
