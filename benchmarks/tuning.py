@@ -60,6 +60,7 @@ from mnist_dp.privacy.randomness import RunRandomness  # noqa: E402
 from mnist_dp.privacy.search import plan_search, validation_split  # noqa: E402
 from mnist_dp.utils import atomic, json_input, options  # noqa: E402
 from mnist_dp.utils.errors import UserError, run_cli  # noqa: E402
+from mnist_dp.utils.words import counted  # noqa: E402
 
 DATASETS = {"faint": "faint MNIST-4k (recipe off)",
             "imbalanced": "class-imbalanced MNIST-4k (recipe off)",
@@ -206,8 +207,9 @@ def run_all(datasets, methods, seeds, path: Path) -> list:
                 epsilon = record["epsilon"]
                 epsilon = epsilon if epsilon is None else round(epsilon, 3)
                 print(f"{dataset:<8} {method:<17} seed {seed}: accuracy "
-                      f"{record['test_accuracy']:.4f}, ε = {epsilon}, {record['candidates']} "
-                      f"candidate(s), {record['seconds']:.0f} s", flush=True)
+                      f"{record['test_accuracy']:.4f}, ε = {epsilon}, "
+                      f"{counted(record['candidates'], 'candidate')}, {record['seconds']:.0f} s",
+                      flush=True)
                 records.append(record)
                 atomic.write_text(path, json.dumps(records, indent=1) + "\n")
     return records
