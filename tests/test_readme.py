@@ -96,3 +96,21 @@ def test_the_readme_table_is_the_one_the_default_run_prints():
     assert re.split(r"\s{2,}", printed[0].strip()) == headers  # the columns, in the order printed
     assert [re.split(r"\s{2,}", line.strip())[:2]
             for line in printed[2:]] == [row[:2] for row in rows]
+
+
+def test_every_documented_command_is_run_by_a_test_or_says_why_not():
+    """A command in a ```bash block of the README or docs/ is run as written on tiny data by a test
+    (run_documented) or named in documented.NOT_RUN with the reason; a NOT_RUN entry names a
+    command that exists."""
+    import documented
+
+    calls = re.findall(r"run_documented\(\s*\"([^\"]+)\",\s*((?:\"[^\"]*\"\s*)+),",
+                       "".join(p.read_text() for p in (REPO / "tests").rglob("test_*.py")))
+    run = {(document, command) for document, prefix in calls for command in documented.journey(
+        document, "".join(re.findall(r'"([^"]*)"', prefix)))}
+    unaccounted = [f"{document}: {command}" for document, command in documented.commands()
+                   if (document, command) not in run and not documented.not_run(document, command)]
+    assert not unaccounted, "\n".join(unaccounted)
+    stale = [key for key in documented.NOT_RUN if not any(
+        d == key[0] and c.startswith(key[1]) for d, c in documented.commands())]
+    assert not stale, stale

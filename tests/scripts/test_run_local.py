@@ -21,6 +21,7 @@ from conftest import (
     independent_epsilon,
     report_files,
 )
+from documented import fresh_clone, run_documented
 
 from mnist_dp.data import dataset, samples
 from mnist_dp.privacy import accountant, data_ledger, events, model_file, policy
@@ -121,12 +122,12 @@ def test_table_and_reports_and_no_files_leak_into_the_working_directory(local_ru
 
 
 def test_two_organisations_train_in_rounds_with_epsilon_per_organisation(tmp_path, tiny_data_2orgs):
-    (tmp_path / "hp.json").write_text(json.dumps(TINY_HYPERPARAMETERS))
-    proc = run_local("--data", tiny_data_2orgs, "--output", tmp_path / "out", "--hyperparameters",
-                     tmp_path / "hp.json", "--frameworks", "torch", "--organizations", 2,
-                     "--rounds", 2, cwd=tmp_path)
+    """docs/federated.md's first command, on tiny data."""
+    clone = fresh_clone(tmp_path / "clone", data_2=tiny_data_2orgs)
+    proc = run_documented("docs/federated.md", "python scripts/run_local.py --organizations 2 "
+                          "--rounds 2", clone)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    records = json.loads((tmp_path / "out" / "results.json").read_text())
+    records = json.loads((clone / "results" / "results.json").read_text())
     assert [(r["round"], r["organization"]) for r in records] == [
         (1, "MyOrg1MSP"), (1, "MyOrg2MSP"), (2, "MyOrg1MSP"), (2, "MyOrg2MSP")]
     # Each organisation holds one of the 2 train samples (150 examples): ceil(150
@@ -149,7 +150,7 @@ def test_two_organisations_train_in_rounds_with_epsilon_per_organisation(tmp_pat
     saved = model_file.load(records[-1]["model_file"], "torch")
     assert len(saved.ledger.events) == 4 and len({e.data for e in saved.ledger.events}) == 2
     assert "ε MyOrg2MSP" in proc.stdout
-    summary = (tmp_path / "out" / "summary.md").read_text()
+    summary = (clone / "results" / "summary.md").read_text()
     assert "| torch | yes | 2 | MyOrg2MSP |" in summary
     # The default plan: no score of the training data anywhere, fresh noise (nothing to warn about).
     assert all(r["train_accuracy"] is None and r["warnings"] == [] for r in records)
@@ -159,13 +160,13 @@ def test_two_organisations_train_in_rounds_with_epsilon_per_organisation(tmp_pat
 
 def test_federated_averaging_averages_each_round_with_epsilon_per_organisation(
         tmp_path, tiny_data_2orgs):
-    (tmp_path / "hp.json").write_text(json.dumps(TINY_HYPERPARAMETERS))
-    proc = run_local("--data", tiny_data_2orgs, "--output", tmp_path / "out", "--hyperparameters",
-                     tmp_path / "hp.json", "--frameworks", "torch", "--organizations", 2,
-                     "--rounds", 2, "--strategy", "fedavg", cwd=tmp_path)
+    """docs/federated.md's federated averaging (3 rounds, examples/fedavg.json), on tiny data."""
+    clone = fresh_clone(tmp_path / "clone", data_2=tiny_data_2orgs)
+    proc = run_documented("docs/federated.md", "python scripts/run_local.py --organizations 2 "
+                          "--strategy fedavg", clone)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    records = json.loads((tmp_path / "out" / "results.json").read_text())
-    assert [(r["round"], r["organization"]) for r in records] == [(1, "fedavg"), (2, "fedavg")]
+    records = json.loads((clone / "results" / "results.json").read_text())
+    assert [(r["round"], r["organization"]) for r in records] == [(k, "fedavg") for k in (1, 2, 3)]
     delta = TINY_HYPERPARAMETERS["delta"]
     for record in records:
         # Each organisation ran 3 steps (150 examples, q = 1/3) per round on its own data: its ε
@@ -177,17 +178,17 @@ def test_federated_averaging_averages_each_round_with_epsilon_per_organisation(
         assert record["epsilon_by_organization"] == {org: pytest.approx(alone)
                                                      for org in ("MyOrg1MSP", "MyOrg2MSP")}
         assert record["epsilon"] == pytest.approx(alone) and 0 <= record["test_accuracy"] <= 1
-        # What the data has spent after the plan, on the last round's row alone: its 6 steps.
+        # What the data has spent after the plan, on the last round's row alone: its 9 steps.
         assert record["data_steps_by_organization"] == (
-            {} if record["round"] == 1 else {org: 6 for org in ("MyOrg1MSP", "MyOrg2MSP")})
+            {} if record["round"] < 3 else {org: 9 for org in ("MyOrg1MSP", "MyOrg2MSP")})
         assert record["data_epsilon_by_organization"] == (
-            {} if record["round"] == 1 else {org: pytest.approx(alone) for org in (
+            {} if record["round"] < 3 else {org: pytest.approx(alone) for org in (
                 "MyOrg1MSP", "MyOrg2MSP")})
         saved = model_file.load(record["model_file"], "torch")
         # the round-1 average's runs once, not once per input
         assert len(saved.ledger.events) == 2 * record["round"]
         assert [a["examples"] for a in saved.hyperparameters[model_file.AGGREGATED]] == [150, 150]
-    summary = (tmp_path / "out" / "summary.md").read_text()
+    summary = (clone / "results" / "summary.md").read_text()
     assert "federated averaging" in summary and "| torch | yes | 2 | fedavg |" in summary
     assert "| torch | yes | 1 | fedavg |" in summary and display.LAST_ROUND_LINE in proc.stdout
     assert "Averaging is post-processing of those models and spends no privacy" in summary
@@ -234,17 +235,21 @@ def test_a_budget_below_one_organisations_first_step_is_refused_before_anything_
 
 
 def test_two_runs_on_the_same_data_report_what_it_has_spent_over_all_their_models(tmp_path):
-    # Both into one output folder: every report in it is the latest run's, the
-    # earlier run's moved aside whole. The second run trains one framework: the data's ledger
-    # counts every model, whichever framework trained it.
-    data, out = tmp_path / "data", tmp_path / "out"
+    """The README's main job as written, on tiny data in a fresh clone, then a second run into the
+    same output folder: every report in it is the latest run's, the earlier run's moved aside
+    whole. The second run trains one framework: the data's ledger counts every model, whichever
+    framework trained it."""
+    clone = fresh_clone(tmp_path / "clone")
+    data, out = clone / "data", clone / "results"
     dataset.generate(data, train_size=300, test_size=100, train_samples=1, seed=1)
     # σ = 1: q = 1/5, 5 steps a model
     (tmp_path / "hp.json").write_text(json.dumps(TINY_HYPERPARAMETERS))
     totals, reports, models = [], [], 0
     for frameworks in (FRAMEWORKS, ["torch"]):
-        proc = run_local("--data", data, "--output", out, "--hyperparameters", tmp_path / "hp.json",
-                         "--frameworks", ",".join(frameworks), cwd=tmp_path)
+        proc = run_documented("README.md", "pip install -r requirements.txt && python scripts/"
+                              "run_local.py", clone) if frameworks == FRAMEWORKS else run_local(
+            "--output", out, "--hyperparameters", tmp_path / "hp.json", "--frameworks", "torch",
+            cwd=clone)
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert "data's ε" in proc.stdout  # the table's column
         # no leftover
@@ -276,12 +281,15 @@ def test_two_runs_on_the_same_data_report_what_it_has_spent_over_all_their_model
     # the latest run's, in their place, none of the first run's left among them
     assert set(reports[1]) < set(reports[0]) and not set(reports[1].items()) & set(
         reports[0].items())
+    # docs/privacy.md's report of the latest torch model
+    report = run_documented("docs/privacy.md", "python scripts/privacy_report.py results/", clone)
+    assert report.returncode == 0 and "\n**(ε, δ) = (" in report.stdout, report.stderr
     # A budget below what the data has spent refuses a third run before anything is registered.
     (tmp_path / "budget.json").write_text(json.dumps({**TINY_HYPERPARAMETERS,
                                                       "max_epsilon": totals[-1] - 0.01}))
     archives = set(out.glob("substra/archives/*"))
     proc = run_local("--data", data, "--output", out, "--hyperparameters", tmp_path / "budget.json",
-                     "--frameworks", "torch", cwd=tmp_path)
+                     "--frameworks", "torch", cwd=clone)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert f"is spent: this data's own ledger records {counted(models, 'run')}" in proc.stderr
     assert set(out.glob("substra/archives/*")) == archives  # nothing was built or registered
