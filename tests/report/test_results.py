@@ -108,24 +108,3 @@ def test_a_path_of_a_reports_name_that_is_not_a_report_is_refused_and_nothing_mo
     with pytest.raises(UserError, match=f"^{out / what}: is not a"), results.run_output(out):
         pytest.fail("the run went on")
     assert everything() == before
-
-
-def test_a_federated_rows_sigma_q_and_steps_give_its_epsilon(tmp_path):
-    """Two organisations, each with its own key, two runs each on its own data: the row's ε is
-    the worst organisation's, and its steps are that organisation's (40), not every run's (80), so
-    σ, q and steps recompute it with dp_accounting alone."""
-    import dataclasses
-
-    from conftest import independent_epsilon, ledger_event, save_model
-
-    from mnist_dp.privacy.events import new_run_id
-    from mnist_dp.privacy.examples import Examples
-
-    runs = [dataclasses.replace(ledger_event("torch", data=(org,), n=100, batch_size=10, epochs=2),
-                                run_id=new_run_id()) for org in ("fp-a", "fp-b", "fp-a", "fp-b")]
-    keys = {"fp-a": Examples("aaaaaaaaaaaaaaaa"), "fp-b": Examples("bbbbbbbbbbbbbbbb")}
-    path = save_model(tmp_path / "fedavg.model", runs, examples=keys)
-    record = results.model_record(path, "torch", {"Org1": ["fp-a"], "Org2": ["fp-b"]})
-    assert record["steps"] == 40 and record["steps_by_organization"] == {"Org1": 40, "Org2": 40}
-    assert record["epsilon"] == pytest.approx(independent_epsilon(
-        record["noise_multiplier"], record["sample_rate"], record["steps"], 1e-5), rel=1e-6)
