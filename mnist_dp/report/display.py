@@ -38,6 +38,10 @@ STATEMENT = "\n".join([
 SEARCH_LINE = ("+ search: σ, q and steps are the final run's; ε also counts the search's "
                "candidates and scores.")
 LAST_ROUND_LINE = "data's ε is on the last round's rows: it counts every round of the plan."
+MIXED = "*"  # beside σ where the steps behind ε differ in σ or q
+MIXED_LINE = (f"{MIXED}: the steps behind ε differ in σ or q (runs of other settings, a decaying "
+              "noise, adaptive clipping): σ and q are the last run's; privacy_report.py lists "
+              "each run's.")
 
 
 def statement_for(records: list) -> str:
@@ -46,6 +50,8 @@ def statement_for(records: list) -> str:
     lines = STATEMENT.splitlines()
     if any(_searched(r) for r in records):
         lines.insert(2, SEARCH_LINE)
+    if any(not r.one_noise for r in records):
+        lines.insert(2, MIXED_LINE)
     if len({r.round for r in records}) > 1 and any(r.data_epsilon_by_organization
                                                    for r in records):
         lines.append(LAST_ROUND_LINE)
@@ -75,6 +81,8 @@ def _cell(record, key: str, fmt: str) -> str:
         return value.split(" (")[0] + (f" ({SEARCHED})" if _searched(record) else "")
     if key == "steps" and _searched(record):
         return f"{value} + {SEARCHED}"
+    if key == "noise_multiplier" and not record.one_noise:
+        return fmt.format(value) + MIXED
     if value is None:
         return "-"
     if key == "dp":

@@ -158,6 +158,8 @@ class Record:
     noise_multiplier: float
     sample_rate: float
     steps: int
+    # Every step behind ε at this σ and q, so the three give it; else the row says not (display.py).
+    one_noise: bool = True
     clipping: str = PER_EXAMPLE
     max_grad_norm: float | None = None
     sampling: str = SAMPLING
@@ -222,6 +224,7 @@ def model_record(path: Path, framework: str, organizations: dict) -> dict:
     last = saved.ledger.events[-1]
     summary = privacy_summary(saved.ledger, delta)
     per_person = any(e.clipping == PER_PERSON for e in saved.ledger.events)
+    runs = worst_runs(saved.ledger, delta, None)
     return {
         "framework": framework, "dp": all(e.is_private for e in saved.ledger.events),
         "epsilon": summary["epsilon"], "epsilon_rdp": summary["epsilon_rdp"],
@@ -235,8 +238,10 @@ def model_record(path: Path, framework: str, organizations: dict) -> dict:
         "delta": delta, "accountant": summary["accountant"],
         "noise_multiplier": last.noise_multiplier, "sample_rate": last.sample_rate,
         # the steps behind the headline ε (its worst organisation's), not every run's: with q and
-        # σ they recompute it
-        "steps": steps(saved.ledger, delta, None), "clipping": last.clipping,
+        # σ they recompute it, where every step of theirs has this σ and q
+        "steps": sum(e.steps for e in runs), "clipping": last.clipping,
+        "one_noise": all((q, sigma) == (last.sample_rate, last.noise_multiplier)
+                         for e in runs for q, sigma, _ in e.segments()),
         "max_grad_norm": last.max_grad_norm,
         "sampling": SAMPLING_PER_PERSON if per_person else SAMPLING,
         "neighbouring_relation": NEIGHBOURING_RELATION_PER_PERSON if per_person
@@ -251,9 +256,9 @@ def model_record(path: Path, framework: str, organizations: dict) -> dict:
     }
 
 
-def steps(ledger, delta: float, data) -> int:
-    """The steps of the runs behind the ledger's worst ε on the data samples `data`, a search's
-    candidates aside (a row says "+ search" for them: display.py).
+def worst_runs(ledger, delta: float, data) -> list:
+    """The runs behind the ledger's worst ε on the data samples `data`, a search's candidates aside
+    (a row says "+ search" for them: display.py).
 
     Args:
       ledger: the ledger.
@@ -261,10 +266,15 @@ def steps(ledger, delta: float, data) -> int:
       data: the identities of the data samples (None: all).
 
     Returns:
-      Those runs' steps, summed; 0 when there is none.
+      Those runs' events, in order; none where no run touched the data.
     """
     _, account = ledger.worst(delta, data=data)
-    return sum(e.steps for e in account.events if e.search is None) if account else 0
+    return [e for e in account.events if e.search is None] if account else []
+
+
+def steps(ledger, delta: float, data) -> int:
+    """The steps of `worst_runs(ledger, delta, data)`, summed."""
+    return sum(e.steps for e in worst_runs(ledger, delta, data))
 
 
 def with_data_spent(records: list, data_folders: dict) -> None:

@@ -53,6 +53,21 @@ def test_a_rows_sigma_q_and_steps_give_its_epsilon(tmp_path, kind):
         assert cells["ε"] == recomputed(cells)
 
 
+@pytest.mark.parametrize("later", ["another σ", "another q", "a decaying noise"])
+def test_a_row_whose_steps_differ_in_sigma_or_q_says_so(tmp_path, later):
+    """A continued model's runs of other settings, or a decaying noise: σ, q and steps alone do
+    not give ε, and the row says so."""
+    second = {"another σ": lambda: run(noise_multiplier=3.0),
+              "another q": lambda: dataclasses.replace(ledger_event(
+                  "torch", data=("fp-a",), n=100, batch_size=20, sigma=2.0), run_id=new_run_id()),
+              "a decaying noise": lambda: run(noise_decay=0.95, decay_steps=3)}[later]()
+    [(cells, record)] = table(tmp_path, [(1, [second, run()])], {"Org1": ["fp-a"]})
+    assert cells["σ"].endswith(display.MIXED) and not record.one_noise
+    assert display.MIXED_LINE in display.statement_for([record]).splitlines()
+    [(cells, record)] = table(tmp_path, [(1, [run(), run()])], {"Org1": ["fp-a"]})
+    assert record.one_noise and display.MIXED_LINE not in display.statement_for([record])
+
+
 def test_a_federated_tables_rows_give_the_model_and_each_organisations_epsilon(tmp_path):
     """Two organisations, two rounds: each row's steps are its worst organisation's, and each
     organisation's ε is its own steps at the same σ and q."""
