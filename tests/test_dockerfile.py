@@ -11,7 +11,8 @@ import docker
 from conftest import REPO
 
 IMAGE = "mnist-dp:tests"
-INSIDE = ["python", "-m", "pytest", "-q", "-p", "no:cacheprovider",
+# One process (-n 0): beside CI's own workers, xdist's inside would only compete for the cores.
+INSIDE = ["python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0",
           "tests/test_readme.py",
           "tests/assets/test_same_mechanism.py",
           "tests/scripts/test_run_local.py::"

@@ -292,6 +292,7 @@ def test_a_search_with_a_final_run_ends_each_face_at_the_target_as_dp_accounting
     assert alone < worse  # the search costs the final run something
 
 
+@pytest.mark.slow  # about 10 s of PLD
 def test_a_recipe_candidate_composes_its_run_and_score_once_with_the_repeated_selection():
     """recipe_candidate: the recipe's run (a training example) and its score (a validation example)
     compose with RepeatAndSelect as dp_accounting's ComposedDpEvent composes them, then the final

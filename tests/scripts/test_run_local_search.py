@@ -189,8 +189,9 @@ def test_nothing_a_tune_task_emits_depends_on_the_number_of_candidates(
     assert timings[0] == timings[1] and outputs[0] == outputs[1] == ["epsilon", "model"]
 
 
-@pytest.mark.parametrize("short", [{}, {"candidate_epochs": 1, "recipe_weight": 0.5,
-                                          "recipe_margin": 0.05},
+# candidate_epochs None with a search_epsilon: the torch case of the K-independence test above.
+@pytest.mark.parametrize("short", [{"candidate_epochs": 1, "recipe_weight": 0.5,
+                                    "recipe_margin": 0.05},
                                    {"candidate_epochs": 1, "recipe_candidate": True,
                                     "recipe_margin_noise": 3.0}])
 def test_a_tune_task_with_search_epsilon_releases_a_final_run_on_all_its_data(tmp_path,
