@@ -1,8 +1,8 @@
 """The shell commands the README and docs/*.md give a user (their ```bash blocks), and how a test
 runs one as written, on tiny data: in a folder that looks like a fresh clone, whose default data
-folders (`data`, `data-2-organizations`) hold tiny data, with one epoch at a batch of 64 merged into
-its hyperparameters (a file it names keeps every other setting) and data it generates cut to 600 /
-100 images.
+folders (`data`, `data-2-organizations`) the test fills with tiny data, with one epoch at a batch of
+at most 64 merged into its hyperparameters (a file it names keeps every other setting) and data it
+generates cut to 600 / 100 images.
 
 Every documented command is run by a test that calls `run_documented(document, prefix, folder)`, or
 is in NOT_RUN with the reason and the test that covers it instead (tests/test_readme.py checks)."""
@@ -95,15 +95,14 @@ def journey(document: str, prefix: str) -> list:
     return block[at:end]
 
 
-def fresh_clone(folder: Path, data: Path | None = None, data_2: Path | None = None) -> Path:
-    """`folder` made to look like a fresh clone of the repository (links to its files), with the
-    tiny `data` and `data_2` as its default data folders."""
+def fresh_clone(folder: Path, data_2: Path | None = None) -> Path:
+    """`folder` made to look like a fresh clone of the repository (links to its files), with a copy
+    of the two organisations' data `data_2` as its `data-2-organizations` where given."""
     folder.mkdir(parents=True, exist_ok=True)
     for name in CLONE:
         (folder / name).symlink_to(REPO / name)
-    for source, name in ((data, "data"), (data_2, "data-2-organizations")):
-        if source is not None:
-            shutil.copytree(source, folder / name, symlinks=True)
+    if data_2 is not None:
+        shutil.copytree(data_2, folder / "data-2-organizations", symlinks=True)
     return folder
 
 

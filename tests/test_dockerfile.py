@@ -2,10 +2,10 @@
 
 The whole suite (`docker run --rm mnist-dp`) takes as long inside as outside (see docs/docker.md),
 so here the image runs a part that reaches every library it installs: every framework's network
-and DP steps (tests/assets/test_same_mechanism.py), one local Substra plan end to end (two
-organisations training, predicting and scoring in rounds, with ε from the accountant) and the
-README's commands. The plans of every framework run outside, and in the functions' own images
-(tests/scripts/test_run_local.py).
+and DP steps (tests/assets/test_same_mechanism.py), one local Substra plan (a torch train task
+that runs, diverges as its settings make it, and is named with the log Substra kept, the reports
+written) and the README's checks. The plans of every framework run outside, and in the functions'
+own images (tests/scripts/test_run_local.py).
 """
 import docker
 from conftest import REPO
@@ -15,8 +15,7 @@ IMAGE = "mnist-dp:tests"
 INSIDE = ["python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0",
           "tests/test_readme.py",
           "tests/assets/test_same_mechanism.py",
-          "tests/scripts/test_run_local.py::"
-          "test_two_organisations_train_in_rounds_with_epsilon_per_organisation"]
+          "tests/scripts/test_run_local.py::test_a_failing_task_is_named_and_exits_non_zero"]
 
 
 def test_the_bundle_image_builds_and_runs_the_tests_inside(docker_daemon):
