@@ -33,8 +33,9 @@ NOT_RUN = {  # (document, command prefix): why not, and what runs it instead
     ("docs/federated.md", "python examples/substrafl_fedavg.py --framework torch --rounds 1"):
         "substrafl's images: tests/federated/test_experiment.py runs it in docker",
     ("docs/privacy.md", "python scripts/run_local.py --search default"):
-        "a search trains several candidates per framework: tests/scripts/test_run_local_search.py "
-        "runs the default search in each framework on tiny data",
+        "a search in three frameworks for CI's time: tests/assets/test_algos.py runs the default "
+        "search's tune task in every framework, tests/scripts/test_run_local_search.py a search "
+        "through run_local.py",
     ("docs/privacy.md", "python scripts/run_local.py --search my_search.json"):
         "my_search.json is the reader's own file: tests/scripts/test_run_local_search.py runs "
         "search files",
