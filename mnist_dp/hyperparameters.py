@@ -187,8 +187,7 @@ def check_values(values: dict, where: str) -> None:
     unknown = set(values) - set(_RULES)
     if unknown:
         raise UserError(f"{where}: unknown {noun_for(len(unknown), 'hyperparameter')} "
-                        f"{sorted(unknown)}; known: "
-                        f"{sorted(_RULES)}")
+                        f"{sorted(unknown)}; known: {sorted(_RULES)}")
     dp = values.get("dp", True)
     check_value("dp", dp, where)
     for name, value in values.items():

@@ -28,6 +28,5 @@ def load(path, n_expected: int) -> np.ndarray:
     outside = labels[(labels < 0) | (labels >= NUM_CLASSES)]
     if outside.size:  # scored as merely wrong, a broken predict function would go unnoticed
         raise UserError(f"{path}: {counted(outside.size, 'predicted label')} outside "
-                        f"0-{NUM_CLASSES - 1} "
-                        f"(e.g. {outside[0]}); the predict function is broken")
+                        f"0-{NUM_CLASSES - 1} (e.g. {outside[0]}); the predict function is broken")
     return labels

@@ -48,8 +48,7 @@ class Reconciled:
                 "counted here)" if self.forks else "")
         return (f"reconciled with the node: {counted(self.outputs, 'ledger output')} of tasks "
                 f"on this organisation's data, {counted(self.runs, 'run')}, {self.recorded} newly "
-                "recorded in the "
-                f"data folder{fork}")
+                f"recorded in the data folder{fork}")
 
 
 def ledger_tasks(client: substra.Client, organization: str, dataset_key: str) -> list:

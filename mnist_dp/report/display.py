@@ -46,7 +46,7 @@ MIXED_LINE = (f"{MIXED}: the steps behind ε differ in σ or q (runs of other se
 
 def statement_for(records: list) -> str:
     """What the table's figures are: STATEMENT, in persons where a record's unit is a person, with
-    SEARCH_LINE and LAST_ROUND_LINE where rows need them."""
+    SEARCH_LINE, MIXED_LINE and LAST_ROUND_LINE where rows need them."""
     lines = STATEMENT.splitlines()
     if any(_searched(r) for r in records):
         lines.insert(2, SEARCH_LINE)
