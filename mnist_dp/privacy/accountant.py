@@ -14,14 +14,10 @@ import functools
 import math
 from collections.abc import Sequence
 
-import dp_accounting
 import numpy as np
-from dp_accounting import pld, rdp
-from dp_accounting.pld import common
-from dp_accounting.rdp import rdp_privacy_accountant
-from scipy import optimize
 
 from mnist_dp.hyperparameters import MAX_NOISE_MULTIPLIER
+from mnist_dp.privacy import calibration
 from mnist_dp.privacy.events import MIN_NOISE_MULTIPLIER, DpEvent, NoiseSchedule, Search
 from mnist_dp.privacy.no_sigma import (
     CountAloneSpends,
@@ -31,6 +27,10 @@ from mnist_dp.privacy.no_sigma import (
     PriorSpent,
     TooManySteps,
 )
+from mnist_dp.utils.lazy import lazy_import
+
+# Loaded when a figure is first computed: a task that computes none skips scipy's import.
+dp_accounting = lazy_import("dp_accounting")
 
 ACCOUNTANTS = ("pld", "rdp")
 REPORTED_ACCOUNTANT = "pld"
@@ -94,7 +94,7 @@ def _epsilon(counts: tuple, delta: float, accountant: str, searches: tuple = ())
     if searches:  # PLD cannot compose a repeated selection: RDP composes everything
         curve = sum((search_rdp(s) for s in searches), _rdp_curve(_poisson_gaussians(counts))
                     if counts else 0.0)
-        whole = float(rdp_privacy_accountant.compute_epsilon(RDP_ORDERS, curve, delta)[0])
+        whole = _rdp_epsilon(curve, delta)
         if accountant != "pld":
             return whole
         return min(whole, _with_searches_as_pairs(counts, searches, delta))
@@ -102,7 +102,7 @@ def _epsilon(counts: tuple, delta: float, accountant: str, searches: tuple = ())
         return float(_pld_of(counts).get_epsilon_for_delta(delta))
     if accountant != "rdp":
         raise ValueError(f"unknown accountant {accountant!r}, expected one of {ACCOUNTANTS}")
-    acc = rdp.RdpAccountant()
+    acc = dp_accounting.rdp.RdpAccountant()
     acc.compose(_poisson_gaussians(counts))
     return float(acc.get_epsilon(delta))
 
@@ -111,7 +111,7 @@ def _pld_of(counts: tuple):
     """The PLD of the steps `counts`, composed as dp_accounting's PLDAccountant composes them (from
     the identity, each (q, σ) self-composed in turn, at its default discretisation): the same
     operations on the same numbers, one step's PLD made once per (q, σ)."""
-    composed = pld.privacy_loss_distribution.identity(PLD_INTERVAL)
+    composed = dp_accounting.pld.privacy_loss_distribution.identity(PLD_INTERVAL)
     for (sample_rate, sigma), count in counts:
         if sample_rate > 0:  # the accountant skips a step that samples nothing
             composed = composed.compose(_step_pld(sample_rate, sigma).self_compose(count))
@@ -138,13 +138,13 @@ def _with_searches_as_pairs(counts: tuple, searches: tuple, delta: float) -> flo
         pair_delta = delta * share / len(searches)
         composed = runs
         for search in searches:
-            pair_epsilon = float(rdp_privacy_accountant.compute_epsilon(
-                RDP_ORDERS, search_rdp(search), pair_delta)[0])
+            pair_epsilon = _rdp_epsilon(search_rdp(search), pair_delta)
             if not pair_epsilon < MAX_PAIR_EPSILON:
                 break
-            composed = composed.compose(pld.privacy_loss_distribution.from_privacy_parameters(
-                common.DifferentialPrivacyParameters(pair_epsilon, pair_delta),
-                PLD_INTERVAL))
+            pair = dp_accounting.pld.common.DifferentialPrivacyParameters(pair_epsilon, pair_delta)
+            composed = composed.compose(
+                dp_accounting.pld.privacy_loss_distribution.from_privacy_parameters(
+                    pair, PLD_INTERVAL))
         else:
             least = min(least, float(composed.get_epsilon_for_delta(delta)))
     return least
@@ -154,25 +154,34 @@ def _with_searches_as_pairs(counts: tuple, searches: tuple, delta: float) -> flo
 def _step_pld(sample_rate: float, sigma: float):
     """One Poisson-sampled Gaussian step's PLD; a budget's search over steps and a report's figures
     compose the same step again and again."""
-    return pld.privacy_loss_distribution.from_gaussian_mechanism(
+    return dp_accounting.pld.privacy_loss_distribution.from_gaussian_mechanism(
         standard_deviation=sigma, value_discretization_interval=PLD_INTERVAL,
         sampling_prob=sample_rate)
 
 
-RDP_ORDERS = np.asarray(rdp_privacy_accountant.DEFAULT_RDP_ORDERS, dtype=np.float64)
+@functools.cache
+def _rdp_orders() -> np.ndarray:
+    """The orders of every RDP curve here: dp_accounting's default ones."""
+    return np.asarray(dp_accounting.rdp.rdp_privacy_accountant.DEFAULT_RDP_ORDERS, np.float64)
+
+
+def _rdp_epsilon(curve: np.ndarray, delta: float) -> float:
+    """ε at `delta` of an RDP `curve` at the orders _rdp_orders()."""
+    return float(dp_accounting.rdp.rdp_privacy_accountant.compute_epsilon(
+        _rdp_orders(), curve, delta)[0])
 
 
 def _rdp_curve(event: dp_accounting.DpEvent) -> np.ndarray:
-    """RDP of `event` at every order of RDP_ORDERS (dp_accounting's RDP accountant)."""
-    acc = rdp.RdpAccountant(list(RDP_ORDERS))
+    """RDP of `event` at every order of _rdp_orders() (dp_accounting's RDP accountant)."""
+    acc = dp_accounting.rdp.RdpAccountant(list(_rdp_orders()))
     acc.compose(event)
     return acc.rdp
 
 
 @functools.lru_cache(maxsize=256)
 def search_rdp(search: Search) -> np.ndarray:
-    """RDP of a search, at every order of RDP_ORDERS, as its face sees it: a training example, the
-    repeated selection of a candidate's training (a candidate's profile is a random choice among
+    """RDP of a search, at every order of _rdp_orders(), as its face sees it: a training example,
+    the repeated selection of a candidate's training (a candidate's profile is a random choice among
     `candidates`: Rényi divergence is jointly quasi-convex, so its RDP is at most the worst
     profile's at every order); a validation example, that of its Gaussian score; face "either", the
     larger of the two at each order. With one profile it is exactly dp_accounting's
@@ -187,15 +196,15 @@ def search_rdp(search: Search) -> np.ndarray:
     else:
         single = np.max([_candidate_rdp(c) for c in search.candidates], axis=0)
         recipe = None if search.recipe is None else _candidate_rdp(search.recipe)
-    repeated = np.asarray(rdp_privacy_accountant._compute_rdp_repeat_and_select(  # noqa: SLF001 - the accountant's own
-        RDP_ORDERS, single, search.mean, search.shape))
+    repeated = np.asarray(
+        dp_accounting.rdp.rdp_privacy_accountant._compute_rdp_repeat_and_select(  # noqa: SLF001 - the accountant's own
+            _rdp_orders(), single, search.mean, search.shape))
     return repeated if search.recipe is None else repeated + recipe
 
 
 def _candidate_rdp(candidate) -> np.ndarray:
-    """RDP of one candidate's training run (events.Candidate), at every order of RDP_ORDERS."""
+    """RDP of one candidate's training run (events.Candidate), at every order of _rdp_orders()."""
     return _rdp_curve(_poisson_gaussians(_counts(candidate.segments())))
-
 
 
 def steps_within_budget(prior_events: Sequence[DpEvent], next_run: DpEvent, delta: float,
@@ -263,8 +272,8 @@ def calibrate_noise_multiplier(
         return lambda sigma: _epsilon(_counts(segments(sigma)), delta, accountant, searches)
 
     try:
-        return _calibrate(epsilon("pld"), epsilon("rdp"), target_epsilon, tol, least,
-                          MAX_NOISE_MULTIPLIER)
+        return calibration.calibrate(epsilon("pld"), epsilon("rdp"), target_epsilon, tol,
+                                     least, MAX_NOISE_MULTIPLIER)
     except (ValueError, ArithmeticError, RuntimeError) as exc:
         raise NumericsGaveUp(f"{type(exc).__name__}: {exc}") from None
 
@@ -347,99 +356,6 @@ def least_sigma(schedule: NoiseSchedule, steps: int) -> float:
     # A hair above it, so that the σ found passes the floor again where a task is
     # handed it (noise_for_rounds).
     return room ** -0.5 / schedule.with_sigma(1.0).gradient_sigma(steps - 1) * (1 + 1e-9)
-
-
-FIRST_LOWER_END = 0.9  # of the RDP-calibrated σ: where _calibrate's bracket for PLD starts
-
-
-def _calibrate(pld_epsilon, rdp_epsilon, target_epsilon: float, tol: float, least: float,
-               most: float) -> float:
-    # σ is searched in [least, most] (the floors of every step's noise and the ceiling; PLD meets
-    # the target at `most`: noise_range). When `least` meets it, it is the answer: ε below the
-    # target, never above. PLD is slow for small σ, so bracket it with RDP first: RDP over-estimates
-    # ε, hence the RDP-calibrated σ is an upper end for PLD. PLD's σ is usually within a few per
-    # cent of it, so the lower end is tried there first, then halved (PLD at half the σ is the
-    # slowest figure); only the search's speed depends on it.
-    if rdp_epsilon(least) <= target_epsilon and pld_epsilon(least) <= target_epsilon:
-        return round(math.ceil(least / tol) * tol, 6)
-    # where only PLD's figure meets the target below the ceiling (the count's noise comes close)
-    upper = most
-    if rdp_epsilon(most) <= target_epsilon:
-        upper = min(most, root(rdp_epsilon, target_epsilon, least, most, tol) + tol)
-    lower = max(upper * FIRST_LOWER_END, least)
-    while pld_epsilon(lower) <= target_epsilon:
-        if lower == least:
-            return round(math.ceil(least / tol) * tol, 6)
-        upper, lower = lower, max(lower / 2, least)
-    return _least_on_grid(pld_epsilon, target_epsilon, lower, upper, tol, most)
-
-
-def _least_on_grid(epsilon, target_epsilon: float, lower: float, upper: float, tol: float,
-                   most: float) -> float:
-    """The least multiple of `tol` above `lower` whose `epsilon` meets the target (at most `most`),
-    where ε(lower) does not, ε(upper) does and ε falls as σ grows: regula falsi (Illinois) on the
-    grid's indices, interpolating in 1/σ² (a Gaussian's privacy loss goes as 1/σ², and the secant
-    lands closer). The σ returned had its own ε computed, and the grid point below it missed the
-    target or lies below a σ that did (`lower`): no rounding is checked afterwards, and fewer PLD
-    figures are computed than by Brent's method (docs/design.md)."""
-    def gap(k: int) -> float:  # k: a grid index, σ = k · tol as returned
-        return epsilon(round(k * tol, 6)) - target_epsilon
-
-    # a real index at first; above the target there
-    low, f_low = lower / tol, epsilon(lower) - target_epsilon
-    # a rounded-up σ's PLD figure may miss, by a hair
-    upper = rounded_up(epsilon, upper, target_epsilon, tol, most)
-    if upper == round(most, 6):
-        return upper
-    high = round(upper / tol)
-    f_high = gap(high)  # remembered by `epsilon`, as every figure a calibration asks again
-    moved = None
-    while high - math.floor(low) > 1:  # a grid point lies strictly between the ends
-        a, b = low ** -2, high ** -2
-        # the secant's root, back from 1/k²
-        guess = (b - f_high * (b - a) / (f_high - f_low)) ** -0.5
-        k = min(max(math.ceil(guess - 1e-9), math.floor(low) + 1), high - 1)
-        f = gap(k)
-        if f <= 0:
-            # Illinois: an end kept twice has its gap halved, or it would be kept forever
-            if moved == "high":
-                f_low /= 2
-            high, f_high, moved = k, f, "high"
-        else:
-            if moved == "low":
-                f_high /= 2
-            low, f_low, moved = k, f, "low"
-    return round(high * tol, 6)
-
-
-def rounded_up(epsilon, sigma: float, target_epsilon: float, tol: float, most: float) -> float:
-    """`sigma` (a root found within `tol` on either side, or an upper end) rounded up to the grid of
-    `tol` and stepped up a grid point at a time until `epsilon` meets the target at the σ returned
-    (at `most` it does)."""
-    k = math.ceil(sigma / tol - 1e-9)
-    while k * tol < most and epsilon(round(k * tol, 6)) > target_epsilon:
-        k += 1
-    return round(min(k * tol, most), 6)
-
-
-def root(epsilon, target_epsilon: float, lower: float, upper: float, tol: float) -> float:
-    """σ in [lower, upper] where `epsilon` meets the target, within `tol` on the side where it
-    holds: the search of dp_accounting.calibrate_dp_mechanism over an explicit bracket (Brent's
-    method), on an `epsilon` that remembers its figures."""
-    def gap(sigma: float) -> float:
-        return epsilon(sigma) - target_epsilon
-
-    root, result = optimize.brentq(gap, lower, upper, xtol=tol, full_output=True)
-    if not result.converged:
-        raise ArithmeticError(f"Brent's method did not converge in [{lower}, {upper}]")
-    if gap(root) > 0:
-        if gap(root + tol) < 0:
-            root += tol
-        elif gap(root - tol) < 0:
-            root -= tol
-        else:
-            raise ArithmeticError(f"no σ within {tol} of {root} meets the target")
-    return root
 
 
 def searches_epsilon(searches: Sequence[Search], delta: float) -> float:

@@ -15,7 +15,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from dp_accounting.rdp import rdp_privacy_accountant
 
 from mnist_dp import search_space
 from mnist_dp.hyperparameters import Hyperparameters
@@ -32,7 +31,9 @@ from mnist_dp.privacy.examples import unit_ids
 from mnist_dp.privacy.task_plan import SamplingPlan, TaskPlan
 from mnist_dp.search_space import SearchSpace
 from mnist_dp.utils.errors import UserError
+from mnist_dp.utils.lazy import lazy_import
 
+dp_accounting = lazy_import("dp_accounting")  # loaded at a search's first draw of K
 log = logging.getLogger("substratools.mnist_dp")
 
 
@@ -151,7 +152,8 @@ def draw_count(rng: np.random.Generator, mean: float, shape: float) -> int:
     """
     if math.isinf(shape):
         return int(rng.poisson(mean))
-    gamma = rdp_privacy_accountant._gamma_truncated_negative_binomial(shape, mean)  # noqa: SLF001 - as the accountant
+    accountant = dp_accounting.rdp.rdp_privacy_accountant
+    gamma = accountant._gamma_truncated_negative_binomial(shape, mean)  # noqa: SLF001 - as the accountant
     if gamma >= 1:  # mean 1: always one candidate
         return 1
     if shape == 0:

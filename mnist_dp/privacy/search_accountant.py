@@ -1,6 +1,7 @@
 """The accountant of a private search (Papernot & Steinke 2022): σ of each candidate profile and the
 noise of the validation score, calibrated so that the whole search, repeated and selected, ends at
-the target (RDP, dp_accounting's repeat-and-select); the mathematics it shares is accountant.py's.
+the target (RDP, dp_accounting's repeat-and-select); the mathematics it shares is accountant.py's
+and calibration.py's.
 """
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import math
 from collections.abc import Sequence
 
 from mnist_dp.hyperparameters import MAX_NOISE_MULTIPLIER
-from mnist_dp.privacy.accountant import least_sigma, root, rounded_up, searches_epsilon
+from mnist_dp.privacy.accountant import least_sigma, searches_epsilon
+from mnist_dp.privacy.calibration import root, rounded_up
 from mnist_dp.privacy.events import Candidate, Search
 from mnist_dp.privacy.no_sigma import DecayTooSteep, NumericsGaveUp, TooManySteps
 

@@ -134,6 +134,9 @@ def third_party_imports(files) -> set:
                 found |= {alias.name.split(".")[0] for alias in node.names}
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 found.add(node.module.split(".")[0])
+            elif (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "lazy_import"
+                  and isinstance(node.args[0], ast.Constant)):  # mnist_dp.utils.lazy's
+                found.add(node.args[0].value.split(".")[0])
     return found - local - set(sys.stdlib_module_names)
 
 

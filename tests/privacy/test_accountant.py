@@ -6,7 +6,7 @@ import math
 import pytest
 from conftest import dp_event
 
-from mnist_dp.privacy import accountant, events, no_sigma
+from mnist_dp.privacy import accountant, calibration, events, no_sigma
 from mnist_dp.privacy.accountant import (
     calibrate_noise_multiplier,
     compose_epsilon,
@@ -99,9 +99,9 @@ def test_calibration_hits_the_target_from_below():
 def test_where_the_bracket_starts_changes_the_search_not_the_sigma(monkeypatch, first_lower_end):
     """0.999 of RDP's σ still meets the target under PLD: the bracket then moves down (its halving
     path)."""
-    monkeypatch.setattr(accountant, "FIRST_LOWER_END", first_lower_end)
-    brackets, search = [], accountant._least_on_grid
-    monkeypatch.setattr(accountant, "_least_on_grid", lambda *args: brackets.append(args[2:4])
+    monkeypatch.setattr(calibration, "FIRST_LOWER_END", first_lower_end)
+    brackets, search = [], calibration.least_on_grid
+    monkeypatch.setattr(calibration, "least_on_grid", lambda *args: brackets.append(args[2:4])
                         or search(*args))
     # test_calibration_hits_the_target_from_below's
     assert calibrate_noise_multiplier(2.0, 1e-5, 1 / 16, 48) == 1.278
@@ -120,25 +120,6 @@ def test_calibration_returns_the_least_sigma_on_its_grid(target, sample_rate, st
                                       1.0)], 1e-5)
              for s in (sigma, round(sigma - 1e-3, 6))]
     assert spent[0] <= target < spent[1]
-
-
-def test_the_grid_search_takes_the_least_point_of_a_falling_function():
-    """Regula falsi over the grid of 0.001, between a σ that misses the target and one that meets
-    it."""
-    def search(epsilon, target, lower, upper):
-        tried = []
-        found = accountant._least_on_grid(lambda s: tried.append(s) or epsilon(s), target, lower,
-                                          upper, 1e-3, 20.0)
-        return found, tried
-
-    assert search(lambda s: 10 - s, 3.0, 0.1, 10.0)[0] == 7.0  # exactly on the target: met
-    found, tried = search(lambda s: s ** -4, 9.0, 0.1, 10.0)  # steep: 9^(-1/4) = 0.57735
-    # about as many as bisection (log2 of 9,900 grid points)
-    assert found == 0.578 and len(tried) <= 14
-    # A rounded-up upper end that misses the target by a hair (PLD's numerics)
-    # is stepped up, never taken.
-    spiked = lambda s: 3.0001 if s == 7.0 else 10 - s  # noqa: E731
-    assert search(spiked, 3.0, 0.1, 6.9995)[0] == 7.001
 
 
 @pytest.mark.slow  # over 10 s of PLD accounting: CI runs it, the fast loop does not
