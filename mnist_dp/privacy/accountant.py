@@ -278,6 +278,17 @@ def calibrate_noise_multiplier(
         raise NumericsGaveUp(f"{type(exc).__name__}: {exc}") from None
 
 
+def meets_target(sigma: float, target_epsilon: float, delta: float, sample_rate: float,
+                 steps: int, prior_events: Sequence[DpEvent] = (),
+                 schedule: NoiseSchedule = NoiseSchedule(1.0), repeats: int = 1) -> bool:
+    """Whether the run at gradient noise `sigma` keeps ε at δ within `target_epsilon` after
+    `prior_events`, as calibrate_noise_multiplier computes it (the same arguments): a σ calibrated
+    for one history serves another that it meets, whose own σ could only be smaller."""
+    segments = _segments_at(sample_rate, steps, schedule, prior_events, repeats)
+    spent = _epsilon(_counts(segments(sigma)), delta, REPORTED_ACCOUNTANT, _searches(prior_events))
+    return spent <= target_epsilon
+
+
 def noise_range(target_epsilon: float, delta: float, sample_rate: float, steps: int,
                 schedule: NoiseSchedule, prior_events: Sequence[DpEvent] = (),
                 repeats: int = 1) -> float:

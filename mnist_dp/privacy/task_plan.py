@@ -225,7 +225,7 @@ def for_task(framework: str, hp: Hyperparameters, n: int, histories: Sequence, w
       (check_run), a target_epsilon no σ meets, or a budget below a single step's ε.
     """
     sampling, unit = checked_run(framework, hp, n, where, privacy_unit)
-    sigma = max(resolve_noise_multiplier(hp, sampling, prior, where=where) for prior in histories)
+    sigma = worst_noise_multiplier(hp, sampling, histories, where)
     schedule = unit.with_sigma(sigma) if hp.dp else unit
     budget = histories if budget_histories is None else budget_histories
     for epsilon, delta, named in budgets(hp, owner) if hp.dp else ():
@@ -397,6 +397,19 @@ def check_noise(hp: Hyperparameters, plan: SamplingPlan, unit: NoiseSchedule, wh
                         f"an effective noise multiplier of {smallest:.3g}{count_too}, below "
                         f"{floor:g}: such a step spends a huge ε; raise "
                         f"noise_multiplier{' or noise_decay' if decay else ''}")
+
+
+def worst_noise_multiplier(hp: Hyperparameters, plan: SamplingPlan, histories: Sequence,
+                           where: str) -> float:
+    """The largest σ resolve_noise_multiplier gives a run of `plan` over `histories`: a history the
+    σ found so far already keeps within target_epsilon is not calibrated again."""
+    sigma = resolve_noise_multiplier(hp, plan, histories[0], where=where)
+    for prior in histories[1:]:
+        if hp.noise_multiplier is None and hp.dp and not accountant.meets_target(
+                sigma, hp.target_epsilon, hp.delta, plan.sample_rate, plan.steps, prior,
+                noise_schedule(hp, plan, 1.0)):
+            sigma = max(sigma, resolve_noise_multiplier(hp, plan, prior, where=where))
+    return sigma
 
 
 def resolve_noise_multiplier(hp: Hyperparameters, plan: SamplingPlan, prior: list, repeats: int = 1,

@@ -116,14 +116,22 @@ def test_a_task_plan_is_made_once_and_never_changes():
 
 
 @pytest.mark.slow  # PLD calibrations: CI runs it, the fast loop does not
-def test_sigma_is_calibrated_for_the_worst_history_of_the_tasks_examples():
+@pytest.mark.parametrize("heavy_first", [False, True])
+def test_sigma_is_calibrated_for_the_worst_history_of_the_tasks_examples(monkeypatch, heavy_first):
+    """A history that the σ found for an earlier one already keeps within the target is not
+    calibrated again: the same σ, one calibration fewer."""
     hp = small_hp(target_epsilon=3.0)
     earlier = TaskPlan.of("torch", hp, task_plan.check_run("torch", hp, 200, "x"), 2.0)
     light, heavy = [earlier.event_at(1)], [earlier.event_at(4)]
-    plan = task_plan.for_task("torch", hp, 200, [light, heavy], "x")
+    histories = [heavy, light] if heavy_first else [light, heavy]
+    calibrated, calibrate = [], accountant.calibrate_noise_multiplier
+    monkeypatch.setattr(accountant, "calibrate_noise_multiplier",
+                        lambda *args, **kw: calibrated.append(args) or calibrate(*args, **kw))
+    plan = task_plan.for_task("torch", hp, 200, histories, "x")
+    assert len(calibrated) == (1 if heavy_first else 2)
     assert plan.sigma == task_plan.resolve_noise_multiplier(hp, plan.sampling, heavy)
     assert plan.sigma > task_plan.resolve_noise_multiplier(hp, plan.sampling, light)
-    assert plan.histories == (tuple(light), tuple(heavy))
+    assert plan.histories == tuple(tuple(h) for h in histories)
 
 
 def test_the_budget_counts_every_run_of_the_data_not_only_the_input_models():
