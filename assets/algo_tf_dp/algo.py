@@ -14,6 +14,7 @@ run's fresh entropy: TF Privacy's `add_aggregate_noise` draws from `tf.random.no
 TensorFlow cuts to 31 bits (or takes 32 bits of process entropy). The networks, and each example's
 gradient norm under them, are in `tf_networks.py` beside this file.
 """
+import functools
 import io
 import logging
 import os
@@ -51,8 +52,8 @@ HYPERPARAMETERS = Path(__file__).with_name("hyperparameters.json")
 def clipped_gradient_sum(model, registry, x, y, max_grad_norm, groups=None):
     """The clipped gradient sum Σ_i min(1, C / ‖g_i‖) g_i of a batch, with one forward and one
     backward pass. TF Privacy's `compute_clipped_gradients_and_outputs` does this with a second
-    forward and backward pass of a re-weighted loss. We use the same TF
-    Privacy parts (`model_forward_pass` with the registry generator, registry norm functions,
+    forward and backward pass of a re-weighted loss. We use the same TF Privacy parts
+    (`model_forward_pass` with the registry generator, registry norm functions,
     `compute_clip_weights`) but keep the tape: the gradient of Σ_i w_i ℓ_i w.r.t. a layer's
     pre-activation output Z is w_i times that of Σ_i ℓ_i, so each layer's weight gradient is one
     vector-Jacobian product from Z ("book-keeping", Bu et al. 2023).
@@ -106,6 +107,8 @@ def noise_generator(randomness):
 
 
 SCALAR = tf.TensorSpec([], tf.float32)
+# A step's graph traced as plain Python (no control flow on a tensor's value), not by AutoGraph.
+graph = functools.partial(tf.function, autograph=False)
 
 
 def batch_spec(model):
@@ -190,7 +193,7 @@ def make_dp_step(model, optimizer, expected_batch_size, generator, with_canaries
                   else (tf.TensorSpec([None, None], tf.float32),))
 
     def step_of(clipped):
-        @tf.function(input_signature=(*batch_spec(model), SCALAR, SCALAR, *extra_spec))
+        @graph(input_signature=(*batch_spec(model), SCALAR, SCALAR, *extra_spec))
         def step(x, y, max_grad_norm, noise_multiplier, *extra):
             """One compiled step: the clipped sum, noised and applied.
 
@@ -227,7 +230,7 @@ def make_dp_step(model, optimizer, expected_batch_size, generator, with_canaries
         return lambda x, y, max_grad_norm, noise_multiplier, rows=None, persons=None: (
             step if x.shape[0] else noise_only_step)(
             x, y, max_grad_norm, noise_multiplier, *given(x, rows, persons))
-    clip, update = tf.function(clip), tf.function(noisy_update)
+    clip, update = graph(clip), graph(noisy_update)
 
     def audited_step(x, y, max_grad_norm, noise_multiplier, rows=None, persons=None):
         """The step with the audit's canaries: the clipped sum, `with_canaries` on it in the common
@@ -258,7 +261,7 @@ def make_dp_step(model, optimizer, expected_batch_size, generator, with_canaries
 
 def make_plain_step(model, optimizer):
     """The non-private step: mean loss over the batch, plain gradients."""
-    @tf.function(input_signature=batch_spec(model))
+    @graph(input_signature=batch_spec(model))
     def step(x, y):
         with tf.GradientTape() as tape:
             loss = model.loss(y, model(x, training=True)) / tf.cast(tf.shape(x)[0], tf.float32)
@@ -293,18 +296,15 @@ def tf_privacy_statement_epsilon(n, batch_size, epochs, noise_multiplier, delta)
     """
     from tensorflow_privacy import compute_dp_sgd_privacy_statement
 
-    # used_microbatching=False: we clip each example (its default True
-    # would double the sensitivity).
+    # used_microbatching=False: we clip each example (its default True would double the sensitivity)
     statement = compute_dp_sgd_privacy_statement(
         number_of_examples=n, batch_size=batch_size, num_epochs=epochs,
-                                                 noise_multiplier=noise_multiplier, delta=delta,
-        used_microbatching=False)
+        noise_multiplier=noise_multiplier, delta=delta, used_microbatching=False)
     return float(next(line for line in statement.splitlines()
                       if "Poisson sampling" in line).split()[-1])
 
 
-# --- 2. Model I/O: inputs as the network takes them, weights as bytes
-# -----------------------------------------------
+# --- 2. Model I/O: inputs as the network takes them, weights as bytes ----------------------------
 
 def as_input(inputs) -> tf.Tensor:
     """A float32 tensor as the network takes it: images [N, 28, 28] get a channel axis (NHWC),
@@ -368,8 +368,7 @@ def model_from_bytes(weights: bytes, network):
     return model
 
 
-# --- 3. The Framework object: what the skeleton calls
-# ---------------------------------------------------------------
+# --- 3. The Framework object: what the skeleton calls -------------------------------------------
 
 class TensorFlowPrivacy(interface.Framework):
     name = "tf"
