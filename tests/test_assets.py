@@ -1,9 +1,20 @@
-"""mnist_dp/assets.py: the asset folders hold the files each asset is made of, and
-load_asset_module imports a script as a module registered under the name given."""
+"""mnist_dp/assets.py: the asset folders hold the files each asset is made of, each framework's
+capabilities, and load_asset_module imports a script as a module registered under the name
+given."""
 import ast
 import sys
 
-from mnist_dp.assets import ALGO_ASSETS, DATASET_ASSET, OBJECTIVE_ASSET, REPO, load_asset_module
+from mnist_dp.assets import (
+    ALGO_ASSETS,
+    CAPABILITIES,
+    DATASET_ASSET,
+    OBJECTIVE_ASSET,
+    REPO,
+    Capabilities,
+    capabilities,
+    load_asset_module,
+)
+from mnist_dp.privacy import model_file
 
 
 def test_each_asset_folder_holds_its_scripts_and_each_algo_is_the_framework_it_is_listed_as():
@@ -18,6 +29,14 @@ def test_each_asset_folder_holds_its_scripts_and_each_algo_is_the_framework_it_i
         names = [node.value.value for node in ast.walk(module) if isinstance(node, ast.Assign)
                  and [ast.unparse(target) for target in node.targets] == ["name"]]
         assert names == [framework], folder
+
+
+def test_capabilities_name_frameworks_and_formats_there_are_and_default_to_no_limit():
+    assert set(CAPABILITIES) <= set(ALGO_ASSETS)
+    assert capabilities("torch") == Capabilities() and capabilities("a fourth") == Capabilities()
+    for framework, offered in CAPABILITIES.items():
+        assert set(offered.repeated_noise_formats) <= set(model_file.READABLE) - {model_file.FORMAT}
+        assert bool(offered.repeated_noise_formats) == bool(offered.noise_library), framework
 
 
 def test_a_script_is_imported_as_a_module_under_the_name_given(tmp_path, monkeypatch):

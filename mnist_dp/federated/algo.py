@@ -242,9 +242,9 @@ def _is_untrained(path: Path, framework: str) -> bool:
 
 
 class DpFedAvgAlgo(DpTraining, Algo):
-    """The bundle's DP training for substrafl's FedAvg, in `framework` "torch", "tf" or "mindspore"
-    (substrafl's generic Algo; for torch users, `torch_algo.TorchDpFedAvgAlgo` is the same on
-    substrafl's TorchFedAvgAlgo).
+    """The bundle's DP training for substrafl's FedAvg, in `framework` (a key of ALGO_ASSETS), on
+    substrafl's generic Algo; for torch users, `torch_algo.TorchDpFedAvgAlgo` is the same on
+    substrafl's TorchFedAvgAlgo.
 
     `hyperparameters`: a full set, as an algo asset's hyperparameters.json; `rounds`: the
     experiment's num_rounds, for which σ is calibrated."""

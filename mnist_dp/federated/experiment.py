@@ -81,8 +81,12 @@ def pinned_packages(framework: str) -> list:
             + re.findall(r"(?<![\w.-])([A-Za-z0-9_.-]+==[A-Za-z0-9_.+-]+)", text))
 
 
-# Debian packages a framework needs besides pip's (as in its asset's Dockerfile).
-SYSTEM_PACKAGES = {"mindspore": ["libgomp1", "libgl1", "libglib2.0-0"]}
+def system_packages(framework: str) -> list:
+    """The Debian packages the framework's functions need besides pip's, as its asset's Dockerfile
+    installs them (`apt-get install ... --no-install-recommends NAME ...`)."""
+    text = (ALGO_ASSETS[framework] / "Dockerfile").read_text().replace("\\\n", " ")
+    found = re.search(r"apt-get install -y --no-install-recommends ((?:[\w.+-]+ )+)", text)
+    return found.group(1).split() if found else []
 
 
 def dependency(framework: str):
@@ -93,7 +97,7 @@ def dependency(framework: str):
 
     return Dependency(pypi_dependencies=pinned_packages(framework),
                       local_code=[REPO / "mnist_dp", ASSETS],
-                      binary_dependencies=SYSTEM_PACKAGES.get(framework, []))
+                      binary_dependencies=system_packages(framework))
 
 
 class ExperimentFailed(UserError):

@@ -20,6 +20,7 @@ import zipfile
 from dataclasses import dataclass, field
 
 from mnist_dp import hyperparameters
+from mnist_dp.assets import capabilities
 from mnist_dp.privacy.ledger import Ledger
 from mnist_dp.privacy.task_plan import check_delta, count_stddev
 from mnist_dp.utils import atomic, json_input
@@ -29,10 +30,9 @@ from mnist_dp.utils.errors import UserError
 # 4: MindSpore's noise from numpy; 5: the released ledger, naming no example.
 FORMAT = "mnist-dp-model/5"
 # Read too: a /2 ledger records no samples, so each of its runs counts for every example, and a /3
-# or /4 one names its examples (ledger.Ledger.accounts); a MindSpore model before /4 is refused
-# (see `load`).
+# or /4 one names its examples (ledger.Ledger.accounts); a format whose noise its framework's
+# library drew from repeating numbers is refused (assets.Capabilities, see `load`).
 READABLE = (FORMAT, "mnist-dp-model/4", "mnist-dp-model/3", "mnist-dp-model/2")
-NUMPY_NOISE_SINCE = READABLE.index("mnist-dp-model/4")
 _META = "meta.json"
 _LEDGER = "ledger.json"
 _WEIGHTS = "weights.bin"
@@ -97,10 +97,12 @@ def load(path, framework: str | None = None) -> ModelFile:
         if not isinstance(meta.get(name), kind):
             raise UserError(f"{path}: its metadata has no {name} ({kind.__name__}): the file was "
                             "edited or damaged; its privacy figure cannot be trusted")
-    if meta["framework"] == "mindspore" and READABLE.index(meta["format"]) > NUMPY_NOISE_SINCE:
-        raise UserError(f"{path}: a MindSpore model of format {meta['format']!r} drew MindArmour's "
-                        "noise, whose numbers repeat within a run (docs/design.md, where the "
-                        "randomness comes from): its ε does not hold; train it again")
+    library = capabilities(meta["framework"])
+    if meta["format"] in library.repeated_noise_formats:
+        raise UserError(f"{path}: a {meta['framework']} model of format {meta['format']!r} drew "
+                        f"{library.noise_library}'s noise, whose numbers repeat within a run "
+                        "(docs/design.md, where the randomness comes from): its ε does not hold; "
+                        "train it again")
     if framework is not None and meta["framework"] != framework:
         raise UserError(f"{path}: model was trained with {meta['framework']!r}, cannot load it "
                         f"into {framework!r}")

@@ -18,6 +18,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from mnist_dp.assets import capabilities
 from mnist_dp.hyperparameters import Hyperparameters
 from mnist_dp.privacy import accountant, events, no_sigma, refusals
 from mnist_dp.privacy.budgets import NO_POLICY, budgets
@@ -37,11 +38,6 @@ from mnist_dp.utils.errors import UserError
 log = logging.getLogger("substratools.mnist_dp")
 
 MAX_STEPS = 1_000_000  # days of training on a CPU; beyond it a typo is likelier than a plan
-
-# Frameworks whose DP library has no secure noise generator (secure_mode is refused for them).
-NO_SECURE_MODE = {"tf": "TF Privacy offers no secure noise generator; use the torch algo (Opacus "
-                        "secure_mode) or set secure_mode to false"}
-
 
 # What an error calls a plan's n.
 UNIT_NAMES = {PER_EXAMPLE: "training examples", PER_PERSON: "persons"}
@@ -117,7 +113,7 @@ class TaskPlan:
     """Everything a run of a framework will do that its privacy depends on.
 
     Attributes:
-      framework: the algo's name ("torch", "tf", "mindspore").
+      framework: the algo's name (a key of assets.ALGO_ASSETS).
       hp: the hyperparameters, checked: the frameworks read their training settings here
         (optimizer, learning rate, weight average, secure_mode).
       sampling: the sampling plan: n, q, and the steps, cut to hp.max_epsilon.
@@ -325,7 +321,7 @@ def checked_run(framework: str, hp: Hyperparameters, n: int, where: str,
     """What a run on `n` examples (persons) would refuse before σ is resolved.
 
     Args:
-      framework: the algo's name ("torch", "tf", "mindspore").
+      framework: the algo's name (a key of assets.ALGO_ASSETS).
       hp: the hyperparameters.
       n: the number of training examples (persons).
       where: what names the hyperparameters in an error ("hyperparameters.json", an organisation).
@@ -337,8 +333,9 @@ def checked_run(framework: str, hp: Hyperparameters, n: int, where: str,
       little noise per step.
     """
     check_delta(hp.delta, n, where=f"{where}: delta")
-    if hp.dp and hp.secure_mode and framework in NO_SECURE_MODE:
-        raise UserError(f"{where}: secure_mode: {NO_SECURE_MODE[framework]}")
+    refused = capabilities(framework).secure_noise
+    if hp.dp and hp.secure_mode and refused is not None:
+        raise UserError(f"{where}: secure_mode: {refused}")
     plan = SamplingPlan.from_hyperparameters(n, hp, where, privacy_unit)
     unit = noise_schedule(hp, plan, 1.0)
     check_noise(hp, plan, unit, where)

@@ -120,7 +120,7 @@ def test_a_failed_task_is_named_with_its_organisation_and_log(tmp_path, tiny_dat
     assert "calibrated for rounds = 1" in message.split("last lines of its log:")[1]
 
 
-def test_the_pinned_packages_are_the_frameworks_dockerfiles_and_requirements():
+def test_the_packages_are_the_frameworks_dockerfiles_and_requirements():
     pins = dict(line.split("==") for line in (REPO / "requirements.txt").read_text().splitlines()
                 if "==" in line and not line.startswith("#"))
     for framework in FRAMEWORKS:
@@ -131,6 +131,9 @@ def test_the_pinned_packages_are_the_frameworks_dockerfiles_and_requirements():
     assert "--extra-index-url https://download.pytorch.org/whl/cpu" in experiment.pinned_packages(
         "torch")
     assert {"torch", "opacus"} <= {p.split("==")[0] for p in experiment.pinned_packages("torch")}
+    # the Debian packages too: MindSpore's kernels and MindArmour's OpenCV
+    assert [experiment.system_packages(f) for f in FRAMEWORKS] == [
+        [] if f != "mindspore" else ["libgomp1", "libgl1", "libglib2.0-0"] for f in FRAMEWORKS]
 
 
 def test_in_docker_mode_the_functions_run_as_this_user_and_the_template_is_restored():

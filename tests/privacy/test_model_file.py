@@ -33,7 +33,7 @@ def test_an_earlier_format_is_read_except_a_mindspore_model_whose_noise_repeated
     if framework != "mindspore":
         assert model_file.load(path, framework).framework == framework
         return
-    with pytest.raises(UserError, match="MindSpore model of format 'mnist-dp-model/3' drew "
+    with pytest.raises(UserError, match="mindspore model of format 'mnist-dp-model/3' drew "
                                         "MindArmour's noise"):
         model_file.load(path, framework)
 
