@@ -398,8 +398,8 @@ class TorchOpacus(interface.Framework):
         from opacus.accountants import PRVAccountant
 
         accountant = PRVAccountant()
-        # as its optimizer hook records constant steps
-        accountant.history = [(sigma, plan.sampling.sample_rate, steps)]
+        for _ in range(steps):  # as its optimizer hook records each step (equal ones as one entry)
+            accountant.step(noise_multiplier=sigma, sample_rate=plan.sampling.sample_rate)
         # its RDP domain bound warns ("Optimal order is the largest alpha")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
