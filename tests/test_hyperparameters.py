@@ -1,10 +1,15 @@
 import json
 
 import pytest
-from conftest import ALGO_ASSETS, FRAMEWORKS
+from conftest import ALGO_ASSETS, FRAMEWORKS, REPO
 
 from mnist_dp import hyperparameters
 from mnist_dp.utils.errors import UserError
+
+
+def test_docs_hyperparameters_md_names_every_hyperparameter():
+    text = (REPO / "docs" / "hyperparameters.md").read_text()
+    assert [key for key in hyperparameters.KEYS if f"`{key}`" not in text] == []
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
