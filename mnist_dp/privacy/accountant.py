@@ -283,7 +283,10 @@ def meets_target(sigma: float, target_epsilon: float, delta: float, sample_rate:
                  schedule: NoiseSchedule = NoiseSchedule(1.0), repeats: int = 1) -> bool:
     """Whether the run at gradient noise `sigma` keeps ε at δ within `target_epsilon` after
     `prior_events`, as calibrate_noise_multiplier computes it (the same arguments): a σ calibrated
-    for one history serves another that it meets, whose own σ could only be smaller."""
+    for one history serves another that it meets, whose own σ could only be smaller. False after a
+    non-private run: the calibration refuses it."""
+    if any(not e.is_private for e in prior_events):
+        return False
     segments = _segments_at(sample_rate, steps, schedule, prior_events, repeats)
     spent = _epsilon(_counts(segments(sigma)), delta, REPORTED_ACCOUNTANT, _searches(prior_events))
     return spent <= target_epsilon

@@ -134,6 +134,17 @@ def test_sigma_is_calibrated_for_the_worst_history_of_the_tasks_examples(monkeyp
     assert plan.histories == tuple(tuple(h) for h in histories)
 
 
+def test_a_non_private_run_in_a_later_history_is_refused_in_one_line():
+    """The σ of the first history is not taken as meeting a later one that holds a run without
+    noise: that history is calibrated, and refused."""
+    hp = small_hp(target_epsilon=3.0)
+    earlier = TaskPlan.of("torch", hp, task_plan.check_run("torch", hp, 200, "x"), 2.0)
+    private = [earlier.event_at(1)]
+    plain = [dataclasses.replace(earlier.event_at(1), noise_multiplier=0.0)]
+    with pytest.raises(UserError, match="x: "):
+        task_plan.for_task("torch", hp, 200, [private, plain], "x")
+
+
 def test_the_budget_counts_every_run_of_the_data_not_only_the_input_models():
     hp = small_hp(noise_multiplier=1.0, target_epsilon=None)
     alone = task_plan.for_task("torch", hp, 200, [[]], "x")
