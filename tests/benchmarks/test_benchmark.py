@@ -88,3 +88,10 @@ def test_the_features_timing_times_both_transforms_and_the_target_line_judges_th
             f"{speedup:.2f}×" in capsys.readouterr().out)
     benchmark.print_targets({}, {}, 4.0, None, [])
     assert "MISSED scattering features" in capsys.readouterr().out
+
+
+def test_a_per_image_step_is_held_to_1_2_times_its_plain_step_and_a_per_person_one_to_1_5(capsys):
+    benchmark.print_targets({}, {"tf": 1.25, "tf per person": 1.45}, None, None, [])
+    out = capsys.readouterr().out
+    assert "MISSED tf DP step / its plain step: 1.25× (target ≤ 1.2×)" in out
+    assert "met    tf per person DP step / its plain step: 1.45× (target ≤ 1.5×)" in out
