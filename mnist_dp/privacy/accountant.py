@@ -37,12 +37,6 @@ REPORTED_ACCOUNTANT = "pld"
 ACCOUNTANT_NAMES = {
     "pld": "PLD (Google dp_accounting)", "rdp": "RDP (Google dp_accounting)",
 }
-SAMPLING = "Poisson (each example joins each batch independently with probability q)"
-NEIGHBOURING_RELATION = "add or remove one example"
-# The same with subjects.npy (events.PER_PERSON): a person is the unit, all their images together.
-SAMPLING_PER_PERSON = ("Poisson (each person joins each batch independently with probability q, "
-                       "with all their images)")
-NEIGHBOURING_RELATION_PER_PERSON = "add or remove one person, with all their images"
 
 
 def _counts(segments) -> tuple:

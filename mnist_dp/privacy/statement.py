@@ -8,17 +8,14 @@ from __future__ import annotations
 from mnist_dp.privacy import replace_one
 from mnist_dp.privacy.accountant import (
     ACCOUNTANT_NAMES,
-    NEIGHBOURING_RELATION,
-    NEIGHBOURING_RELATION_PER_PERSON,
     REPORTED_ACCOUNTANT,
-    SAMPLING,
-    SAMPLING_PER_PERSON,
     compose_epsilon,
 )
 from mnist_dp.privacy.events import PER_PERSON
 from mnist_dp.privacy.ledger import Ledger
 from mnist_dp.privacy.model_file import AGGREGATED, ModelFile
 from mnist_dp.privacy.randomness import ENTROPY_BITS, REPLAYABLE_WARNING
+from mnist_dp.privacy.units import IMAGE, PERSON
 from mnist_dp.utils.words import counted, noun_for
 
 NOT_COVERED = [
@@ -97,9 +94,9 @@ def _code(code: dict | None) -> str:
 
 
 MECHANISM = [
-    f"- Neighbouring datasets: {NEIGHBOURING_RELATION}; the data's size is not released (q, the "
-    "steps and the normaliser come from the public size its owner declared).",
-    f"- Sampling: {SAMPLING}, as the accountant assumes.",
+    f"- Neighbouring datasets: {IMAGE.neighbouring_relation}; the data's size is not released (q, "
+    "the steps and the normaliser come from the public size its owner declared).",
+    f"- Sampling: {IMAGE.sampling}, as the accountant assumes.",
     "- Mechanism: DP-SGD; each step adds Gaussian noise of standard deviation σ·C to the sum of "
     "clipped gradients; the accountant composes PoissonSampled(Gaussian(σ)) over the steps really "
     "run (with a decaying noise schedule, each block of steps at its own σ; with adaptive "
@@ -131,9 +128,9 @@ SEARCHED_NOT_COVERED = ("model selection or training on the same data besides th
 
 
 PERSON_MECHANISM = [
-    f"- Neighbouring datasets: {NEIGHBOURING_RELATION_PER_PERSON}; the number of persons is not "
+    f"- Neighbouring datasets: {PERSON.neighbouring_relation}; the number of persons is not "
     "released (q, the steps and the normaliser come from the public size its owner declared).",
-    f"- Sampling: {SAMPLING_PER_PERSON}, as the accountant assumes.",
+    f"- Sampling: {PERSON.sampling}, as the accountant assumes.",
     "- Privacy unit: a person, as the data's subjects.npy names them: the sum of a person's "
     "images' gradients is clipped to C as one, and q, n and the ledger's ids count persons.",
 ]

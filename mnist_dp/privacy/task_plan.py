@@ -31,6 +31,7 @@ from mnist_dp.privacy.events import (
     NoiseSchedule,
 )
 from mnist_dp.privacy.policy import Policy
+from mnist_dp.privacy.units import UNITS
 from mnist_dp.utils.errors import UserError
 
 # substratools configures the "substratools" logger (level from --log-level); log under
@@ -39,8 +40,6 @@ log = logging.getLogger("substratools.mnist_dp")
 
 MAX_STEPS = 1_000_000  # days of training on a CPU; beyond it a typo is likelier than a plan
 
-# What an error calls a plan's n.
-UNIT_NAMES = {PER_EXAMPLE: "training examples", PER_PERSON: "persons"}
 
 
 @dataclass(frozen=True)
@@ -94,7 +93,7 @@ class SamplingPlan:
           The SamplingPlan, not cut by a budget. Raises UserError when batch_size > n or the plan is
           more than MAX_STEPS steps.
         """
-        units = UNIT_NAMES[privacy_unit]
+        units = UNITS[privacy_unit].counted
         if hp.batch_size > n:
             counted = ("; with subjects.npy a batch counts persons: lower batch_size"
                        if privacy_unit == PER_PERSON else "")

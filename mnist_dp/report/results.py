@@ -18,15 +18,10 @@ from substra.sdk.models import ComputeTaskStatus
 from mnist_dp.orchestration import execution
 from mnist_dp.orchestration.compute_plan import PlanBuilder
 from mnist_dp.privacy import model_file, replace_one
-from mnist_dp.privacy.accountant import (
-    NEIGHBOURING_RELATION,
-    NEIGHBOURING_RELATION_PER_PERSON,
-    SAMPLING,
-    SAMPLING_PER_PERSON,
-)
 from mnist_dp.privacy.events import PER_EXAMPLE, PER_PERSON
 from mnist_dp.privacy.randomness import REPLAYABLE_WARNING
 from mnist_dp.privacy.statement import privacy_summary
+from mnist_dp.privacy.units import IMAGE, PERSON
 from mnist_dp.report import display
 from mnist_dp.utils import atomic
 from mnist_dp.utils.errors import UserError
@@ -162,8 +157,8 @@ class Record:
     one_noise: bool = True
     clipping: str = PER_EXAMPLE
     max_grad_norm: float | None = None
-    sampling: str = SAMPLING
-    neighbouring_relation: str = NEIGHBOURING_RELATION
+    sampling: str = IMAGE.sampling
+    neighbouring_relation: str = IMAGE.neighbouring_relation
     privacy_unit: str = "image"  # or "person": the unit ε is for (subjects.npy)
     max_epsilon: float | None = None
     stopped_by_budget: bool = False
@@ -223,7 +218,7 @@ def model_record(path: Path, framework: str, organizations: dict) -> dict:
     delta = saved.hyperparameters["delta"]
     last = saved.ledger.events[-1]
     summary = privacy_summary(saved.ledger, delta)
-    per_person = any(e.clipping == PER_PERSON for e in saved.ledger.events)
+    unit = PERSON if any(e.clipping == PER_PERSON for e in saved.ledger.events) else IMAGE
     runs = worst_runs(saved.ledger, delta, None)
     return {
         "framework": framework, "dp": all(e.is_private for e in saved.ledger.events),
@@ -243,9 +238,8 @@ def model_record(path: Path, framework: str, organizations: dict) -> dict:
         "one_noise": all((q, sigma) == (last.sample_rate, last.noise_multiplier)
                          for e in runs for q, sigma, _ in e.segments()),
         "max_grad_norm": last.max_grad_norm,
-        "sampling": SAMPLING_PER_PERSON if per_person else SAMPLING,
-        "neighbouring_relation": NEIGHBOURING_RELATION_PER_PERSON if per_person
-        else NEIGHBOURING_RELATION, "privacy_unit": "person" if per_person else "image",
+        "sampling": unit.sampling, "neighbouring_relation": unit.neighbouring_relation,
+        "privacy_unit": unit.name,
         "max_epsilon": saved.hyperparameters.get("max_epsilon"),
         "stopped_by_budget": saved.hyperparameters.get("stopped_by_budget", False),
         "secure_mode": saved.hyperparameters.get("secure_mode", False),
