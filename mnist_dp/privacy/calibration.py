@@ -15,7 +15,8 @@ FIRST_LOWER_END = 0.9  # of the RDP-calibrated σ: where calibrate's bracket for
 def calibrate(pld_epsilon, rdp_epsilon, target_epsilon: float, tol: float, least: float,
               most: float) -> float:
     """The least σ on the grid of `tol` in [least, most] whose `pld_epsilon` meets the target (PLD
-    meets it at `most`: accountant.noise_range checked it); `least` itself when it meets it.
+    meets it at `most`: accountant.noise_range checked it); `least` rounded up to the grid when it
+    meets it.
 
     PLD is slow for small σ, so it is bracketed with RDP first: RDP over-estimates ε, hence the
     RDP-calibrated σ is an upper end for PLD. PLD's σ is usually within a few per cent of it, so
