@@ -258,16 +258,12 @@ def calibrate_noise_multiplier(
       σ. Raises the NoSigma that says why when no σ up to MAX_NOISE_MULTIPLIER meets the target.
     """
     least = noise_range(target_epsilon, delta, sample_rate, steps, schedule, prior_events, repeats)
-    segments = _segments_at(sample_rate, steps, schedule, prior_events, repeats)
-    searches = _searches(prior_events)
-
     # _epsilon remembers: the search asks again for σ it tried (a bracket's ends)
-    def epsilon(accountant: str):
-        return lambda sigma: _epsilon(_counts(segments(sigma)), delta, accountant, searches)
-
+    pld_epsilon, rdp_epsilon = (_spent_at(delta, accountant, sample_rate, steps, schedule,
+                                          prior_events, repeats) for accountant in ("pld", "rdp"))
     try:
-        return calibration.calibrate(epsilon("pld"), epsilon("rdp"), target_epsilon, tol,
-                                     least, MAX_NOISE_MULTIPLIER)
+        return calibration.calibrate(pld_epsilon, rdp_epsilon, target_epsilon, tol, least,
+                                     MAX_NOISE_MULTIPLIER)
     except (ValueError, ArithmeticError, RuntimeError) as exc:
         raise NumericsGaveUp(f"{type(exc).__name__}: {exc}") from None
 
@@ -281,9 +277,8 @@ def meets_target(sigma: float, target_epsilon: float, delta: float, sample_rate:
     non-private run: the calibration refuses it."""
     if any(not e.is_private for e in prior_events):
         return False
-    segments = _segments_at(sample_rate, steps, schedule, prior_events, repeats)
-    spent = _epsilon(_counts(segments(sigma)), delta, REPORTED_ACCOUNTANT, _searches(prior_events))
-    return spent <= target_epsilon
+    return _spent_at(delta, REPORTED_ACCOUNTANT, sample_rate, steps, schedule, prior_events,
+                     repeats)(sigma) <= target_epsilon
 
 
 def noise_range(target_epsilon: float, delta: float, sample_rate: float, steps: int,
@@ -314,12 +309,8 @@ def noise_range(target_epsilon: float, delta: float, sample_rate: float, steps: 
     if least > MAX_NOISE_MULTIPLIER:
         raise DecayTooSteep(least)
 
-    segments = _segments_at(sample_rate, steps, schedule, prior_events, repeats)
-    searches = _searches(prior_events)
-
-    def spent(sigma: float) -> float:
-        return _epsilon(_counts(segments(sigma)), delta, REPORTED_ACCOUNTANT, searches)
-
+    spent = _spent_at(delta, REPORTED_ACCOUNTANT, sample_rate, steps, schedule, prior_events,
+                      repeats)
     if spent(MAX_NOISE_MULTIPLIER) > target_epsilon:
         # σ = inf: the count's noise alone
         if schedule.count_noise_multiplier and spent(math.inf) >= target_epsilon:
@@ -328,18 +319,18 @@ def noise_range(target_epsilon: float, delta: float, sample_rate: float, steps: 
     return least
 
 
-def _segments_at(sample_rate: float, steps: int, schedule: NoiseSchedule,
-                 prior_events: Sequence[DpEvent], repeats: int):
-    """σ -> the (q, σ, steps) segments of `prior_events`, then of `repeats` runs of `steps` steps at
-    gradient noise σ (`schedule`'s decay and count noise kept): what a calibration composes for each
-    σ it tries (with the searches among `prior_events`, `_searches`)."""
-    prior = _run_segments(prior_events)
+def _spent_at(delta: float, accountant: str, sample_rate: float, steps: int,
+              schedule: NoiseSchedule, prior_events: Sequence[DpEvent], repeats: int):
+    """σ -> ε at δ by `accountant` of `prior_events` (their runs and searches), then of `repeats`
+    runs of `steps` steps at gradient noise σ (`schedule`'s decay and count noise kept): what a
+    calibration computes for each σ it tries."""
+    prior, searches = _run_segments(prior_events), _searches(prior_events)
 
-    def segments(sigma: float) -> list:
-        return prior + [(sample_rate, effective, count)
-                        for effective,
-                        count in schedule.with_sigma(sigma).segments(steps)] * repeats
-    return segments
+    def spent(sigma: float) -> float:
+        segments = prior + [(sample_rate, effective, count) for effective,
+                            count in schedule.with_sigma(sigma).segments(steps)] * repeats
+        return _epsilon(_counts(segments), delta, accountant, searches)
+    return spent
 
 
 def _run_segments(events: Sequence[DpEvent]) -> list:
