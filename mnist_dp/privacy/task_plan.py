@@ -41,7 +41,6 @@ log = logging.getLogger("substratools.mnist_dp")
 MAX_STEPS = 1_000_000  # days of training on a CPU; beyond it a typo is likelier than a plan
 
 
-
 @dataclass(frozen=True)
 class SamplingPlan:
     """What one training run will do: `steps` Poisson-sampled batches with probability

@@ -18,9 +18,9 @@ from substra.sdk.models import ComputeTaskStatus
 from mnist_dp.orchestration import execution
 from mnist_dp.orchestration.compute_plan import PlanBuilder
 from mnist_dp.privacy import model_file, replace_one
-from mnist_dp.privacy.events import PER_EXAMPLE, PER_PERSON
+from mnist_dp.privacy.events import PER_EXAMPLE
 from mnist_dp.privacy.randomness import REPLAYABLE_WARNING
-from mnist_dp.privacy.statement import privacy_summary
+from mnist_dp.privacy.statement import is_per_person, privacy_summary
 from mnist_dp.privacy.units import IMAGE, PERSON
 from mnist_dp.report import display
 from mnist_dp.utils import atomic
@@ -159,7 +159,7 @@ class Record:
     max_grad_norm: float | None = None
     sampling: str = IMAGE.sampling
     neighbouring_relation: str = IMAGE.neighbouring_relation
-    privacy_unit: str = "image"  # or "person": the unit ε is for (subjects.npy)
+    privacy_unit: str = IMAGE.name  # or PERSON.name: the unit ε is for (subjects.npy)
     max_epsilon: float | None = None
     stopped_by_budget: bool = False
     secure_mode: bool = False
@@ -218,7 +218,7 @@ def model_record(path: Path, framework: str, organizations: dict) -> dict:
     delta = saved.hyperparameters["delta"]
     last = saved.ledger.events[-1]
     summary = privacy_summary(saved.ledger, delta)
-    unit = PERSON if any(e.clipping == PER_PERSON for e in saved.ledger.events) else IMAGE
+    unit = PERSON if is_per_person(saved) else IMAGE
     runs = worst_runs(saved.ledger, delta, None)
     return {
         "framework": framework, "dp": all(e.is_private for e in saved.ledger.events),
