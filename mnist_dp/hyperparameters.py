@@ -45,6 +45,7 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from mnist_dp import architectures
 from mnist_dp.utils import json_input
 from mnist_dp.utils.errors import UserError
 from mnist_dp.utils.options import MAX_SEED
@@ -95,8 +96,8 @@ MAX_NORM = 1e30
 # fail above ~3e4 (q = 1e-3). The least is privacy.events.MIN_NOISE_MULTIPLIER, where the
 # accountant's numerics stop.
 MAX_NOISE_MULTIPLIER = 1000.0
-FEATURES = ("pixels", "scattering")  # what the network is given (learning/features.py)
-NETWORKS = ("cnn", "linear")
+FEATURES = tuple(architectures.INPUT_MAPS)  # what the network is given (learning/features.py)
+NETWORKS = architectures.NETWORKS
 ACTIVATIONS = ("tanh", "relu")
 OPTIMIZERS = ("sgd", "adam")
 
@@ -205,9 +206,7 @@ def parse(values: dict, where: str) -> Hyperparameters:
     if hp.dp and (hp.noise_multiplier is None) == (hp.target_epsilon is None):
         raise UserError(f"{where}: give exactly one of noise_multiplier and target_epsilon (the "
                         "other null)")
-    if hp.network == "linear" and hp.features != "scattering":
-        raise UserError(f"{where}: network = \"linear\" is a classifier on scattering features; "
-                        "set features to \"scattering\", or network to \"cnn\" for pixels")
+    architectures.of(hp, where)
     if hp.secure_mode and hp.noise_seed is not None:
         raise UserError(f"{where}: noise_seed = {hp.noise_seed} makes the noise replayable, "
                         "secure_mode asks for noise nobody can predict; set noise_seed to null or "
@@ -236,8 +235,8 @@ def load(path: Path, overrides: Overrides | None = None) -> Hyperparameters:
 _EFFECT = {
     "momentum": (lambda hp: hp.optimizer == "sgd",
                  "with optimizer \"adam\" (its own β = 0.9, 0.999)"),
-    "activation": (lambda hp: hp.network == "cnn",
-                   "with network \"linear\" (it has no activation)"),
+    "activation": (lambda hp: architectures.of(hp).has_activation,
+                   "with a network of one layer such as \"linear\" (no activation)"),
     "clip_learning_rate": (lambda hp: hp.clip_quantile is not None,
                            "with clip_quantile null (C stays fixed)"),
     "clip_count_stddev": (lambda hp: hp.clip_quantile is not None,

@@ -30,7 +30,7 @@ def test_every_asset_ships_valid_hyperparameters_with_the_same_keys(framework):
      "features = \"wavelets\" must be one of \\['pixels', 'scattering'\\]"),
     ({"network": "resnet"}, "network = \"resnet\" must be one of \\['cnn', 'linear'\\]"),
     ({"features": "pixels", "network": "linear"},
-     "network = \"linear\" is a classifier on scattering features"),
+     "network = \"linear\" takes features \\['scattering'\\], not \"pixels\""),
     ({"activation": "sigmoid"}, "activation"), ({"optimizer": "rmsprop"}, "optimizer"),
     ({"ema_decay": 1.0}, "ema_decay"), ({"noise_decay": 0}, "noise_decay"),
     ({"clip_quantile": 1.5}, "clip_quantile"), ({"clip_count_stddev": -1.0}, "clip_count_stddev"),
@@ -153,7 +153,7 @@ def test_command_line_assignments_are_json_values_checked_as_a_files():
 @pytest.mark.parametrize("changes, says", [
     ({"optimizer": "adam", "momentum": 0.5}, "momentum has no effect with optimizer \"adam\""),
     ({"network": "linear", "features": "scattering", "activation": "relu"},
-     "activation has no effect with network"),
+     "activation has no effect with a network of one layer"),
     ({"clip_learning_rate": 0.5}, "clip_learning_rate has no effect with clip_quantile null"),
     ({"clip_count_stddev": 3.0}, "clip_count_stddev has no effect with clip_quantile null"),
 ])

@@ -131,7 +131,7 @@ def test_a_search_file_survives_its_json_round_trip(shape):
     ({"dp": False}, "a private search needs dp = true"),
     ({"target_epsilon": None, "noise_multiplier": 1.0}, "a search needs target_epsilon"),
     ({"max_epsilon": 5.0}, "set max_epsilon to null"), ({"features": "pixels"},
-     'the candidate {"network": "linear"}: network = "linear" is a classifier on scattering'),
+     'the candidate {"network": "linear"}: network = "linear" takes features'),
 ])
 def test_a_search_the_algos_hyperparameters_cannot_run_is_refused(base, message):
     search = search_space.parse({"space": {"network": ["cnn", "linear"]}}, "s.json")

@@ -28,13 +28,13 @@ import functools
 import numpy as np
 
 from mnist_dp import hyperparameters
+from mnist_dp.architectures import SCATTERING_CHANNELS, SCATTERING_DIM, SCATTERING_SIZE
 from mnist_dp.learning import blocks
 from mnist_dp.utils import progress
 
 FEATURES = hyperparameters.FEATURES
 SCATTERING_J, ORIENTATIONS = 2, 8
-SCATTERING_CHANNELS, SCATTERING_SIZE, GROUPS = 81, 7, 27
-SCATTERING_DIM = SCATTERING_CHANNELS * SCATTERING_SIZE ** 2  # 3,969 numbers per image
+GROUPS = 27
 # kymatio pads 28 -> 36 by reflection (its compute_padding); 18: resolution 1
 _PAD, _PADDED, _HALF = 4, 36, 18
 _BATCH = 125  # images a block: bounds the transform's memory (about 60 MB a block at its peak)

@@ -15,34 +15,14 @@ import math
 
 import numpy as np
 
-from mnist_dp.learning import features
-
-ZERO = 0  # fan_in of a parameter that starts at zero
+from mnist_dp import architectures
+from mnist_dp.architectures import ZERO
 
 
 def layout(network) -> list[tuple[str, tuple, int]]:
     """(name, shape, fan_in) of every parameter of `network` (an interface.Network), in the common
-    order and layout; fan_in ZERO: starts at zero."""
-    if network.features == "pixels":  # the TF Privacy / Opacus tutorial CNN
-        return [*_conv("conv1", 1, 16, 8), *_conv("conv2", 16, 32, 4),
-                *_dense("fc1", 32 * 4 * 4, 32), *_dense("fc2", 32, 10)]
-    if network.network == "cnn":  # Tramèr & Boneh's ScatterNet CNN with its linear shortcut
-        return [*_conv("conv1", features.SCATTERING_CHANNELS, 16, 3), *_conv("conv2", 16, 32, 3),
-                *_dense("fc1", 32 * 4 * 4, 32), *_dense("fc2", 32, 10),
-                ("shortcut.weight", (10, features.SCATTERING_DIM), ZERO)]
-    # the linear classifier
-    return [("weight", (10, features.SCATTERING_DIM), ZERO), ("bias", (10,), ZERO)]
-
-
-def _conv(name, channels_in, channels_out, kernel):
-    fan_in = channels_in * kernel * kernel
-    return [(f"{name}.weight", (channels_out, channels_in, kernel, kernel), fan_in),
-            (f"{name}.bias", (channels_out,), fan_in)]
-
-
-def _dense(name, width_in, width_out):
-    return [(f"{name}.weight", (width_out, width_in), width_in),
-            (f"{name}.bias", (width_out,), width_in)]
+    order and layout (mnist_dp/architectures.py); fan_in ZERO: starts at zero."""
+    return architectures.of(network).layout()
 
 
 def draw(network, seed: int) -> list[np.ndarray]:
