@@ -8,9 +8,9 @@ How the DP step works, and why not MindArmour's `DPModel` (it refuses device_tar
 microbatch, expects fixed batches): exact per-example gradients from each layer's input and output
 gradient (book-keeping, as the tf algo) in GRAPH mode, clipped and summed; Gaussian noise from
 numpy's PCG64 (MindArmour's `NoiseGaussianRandom` repeats itself on CPU: docs/design.md);
-MindArmour's `RDPMonitor` as a cross-check. The networks, and each one's clipped-sum graph, are in
-`networks.py` beside this file: built from what MindSpore 2.9's CPU kernels run fast (its Conv2D
-does not; timings: docs/benchmarks.md).
+MindArmour's `RDPMonitor` as a cross-check. The networks, built from their declaration, and their
+clipped-sum graphs are in `networks.py` beside this file; the ScatterNet CNN's is made from what
+MindSpore 2.9's CPU kernels run fast (its Conv2D does not; timings: docs/benchmarks.md).
 """
 import io
 import logging

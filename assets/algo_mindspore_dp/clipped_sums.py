@@ -15,33 +15,30 @@ class ClippedSumGraph(nn.Cell):
     not clipped, and each example's squared gradient norm per parameter [B, parameters]: each term
     of the norm is tested on its own (a small one is lost in the total)."""
 
-    def __init__(self, net, grad_position=(1, 2, 3, 4), has_aux=True):
+    def __init__(self, net):
         super().__init__(auto_prefix=False)
         self.net = net
         self.loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="sum")
-        self.output_grads = ms.grad(self.probed_loss, grad_position=grad_position, has_aux=has_aux)
+        self.output_grads = ms.grad(self.probed_loss, grad_position=1, has_aux=True)
         self.batch_matmul_tb = ops.BatchMatMul(transpose_b=True)
         self.matmul_ta = ops.MatMul(transpose_a=True)
         self.batch_matmul_ta = ops.BatchMatMul(transpose_a=True)
         params = net.parameters_dict()
         self.shapes = tuple(tuple(params[name].shape) for name in net.GRADIENT_ORDER)
 
-    def probed_loss(self, x, probe1, probe2, probe3, probe4, y):
+    def probed_loss(self, x, probes, y):
         """The summed loss, with zero probes added to the weighted layers' outputs.
 
         Args:
           x: the examples.
-          probe1: zeros added to the first weighted layer's output.
-          probe2: zeros added to the second's.
-          probe3: zeros added to the third's.
-          probe4: zeros added to the fourth's: the logits.
+          probes: zeros added to each weighted layer's output, the last the logits.
           y: their labels.
 
         Returns:
-          (the summed loss, then what `net.forward` returns beside the logits: what each weighted
-          layer's per-example gradient needs, `output_grads`' auxiliary outputs).
+          (the summed loss, what `net.forward` returns beside the logits: what each weighted
+          layer's per-example gradient needs), `output_grads`' auxiliary output.
         """
-        logits, inputs = self.net.forward(x, (probe1, probe2, probe3, probe4))
+        logits, inputs = self.net.forward(x, probes)
         return (self.loss(logits, y),) + inputs
 
     @staticmethod

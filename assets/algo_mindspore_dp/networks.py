@@ -1,5 +1,8 @@
 """The MindSpore algo's networks, each with the GRAPH-mode body of its clipped per-example gradient
-sum, and its per-example gradients, which clipped_sums.PersonClippedSum sums per person.
+sum, and its per-example gradients, which clipped_sums.PersonClippedSum sums per person. Every
+network is built from its declaration (mnist_dp/architectures.py: `DeclaredNet`, clipped by
+`DeclaredClippedSum` with one rule per layer type), but the ScatterNet CNN, made by hand from the
+kernels that run fast (`ScatterNetCNN`).
 
 Book-keeping, as the tf algo: one backward pass to every weighted layer's output gives each
 example's gradient there (row i of the output gradient is example i's: its loss depends only on its
@@ -19,8 +22,9 @@ import numpy as np
 from clipped_sums import ClippedSumGraph, PersonClippedSum  # beside this file
 from mindspore import nn, ops
 
+from mnist_dp import architectures
 from mnist_dp.learning import conv_grams, features
-from mnist_dp.learning.interface import GROUP_SIZE, MNIST_MEAN, MNIST_STD
+from mnist_dp.learning.interface import GROUP_SIZE, MNIST_MEAN, MNIST_STD, Network
 
 
 def _probed(z, probes, index):
@@ -68,97 +72,164 @@ class PatchConv2d(nn.Conv2d):
             x.shape[0], self.out_channels, height, width)
 
 
-class TutorialCNN(nn.Cell):
-    """The TF Privacy / Opacus tutorial CNN on pixels [B, 1, 28, 28] in [0, 1] (26,010 parameters),
-    as the other algos'."""
+class DeclaredNet(nn.Cell):
+    """A network of mnist_dp/architectures.py from plain layers, each with parameters a cell named
+    as declared: a convolution as PatchConv2d, a dense layer as nn.Dense, a normalisation as
+    layers.GroupNorm of the flattened maps, MindSpore's activation and pool. `forward` adds zero
+    probes to each weighted layer's output and returns what each one's per-example gradient needs;
+    DeclaredClippedSum is its clipped sum."""
 
-    # The parameters, in the order its clipped sum returns their gradients.
-    GRADIENT_ORDER = ("conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias", "fc1.weight",
-                      "fc1.bias", "fc2.weight", "fc2.bias")
-
-    def __init__(self, activation="tanh"):
+    def __init__(self, architecture, activation="tanh"):
         super().__init__()
-        self.conv1 = PatchConv2d(1, 16, 8, stride=2, pad_mode="pad", padding=3)
-        self.conv2 = PatchConv2d(16, 32, 4, stride=2, pad_mode="valid")
-        self.fc1, self.fc2, self.flatten = nn.Dense(32 * 4 * 4, 32), nn.Dense(32, 10), nn.Flatten()
-        self.pool, self.act = nn.MaxPool2d(2, 1), _activation(activation)
-        # Each weighted layer's output [B, ...] (before its activation): the
-        # shapes of `forward`'s probes.
-        self.probe_shapes = ((16, 196), (32, 25), (32,), (10,))
+        self.pixels, self.input_maps = architecture.features == "pixels", architecture.input_maps
+        self.maps = self.pixels or isinstance(architecture.layers[0], architectures.Conv)
+        self.steps, self.probe_shapes = (), ()  # (kind, name, output shape) per declared layer
+        for layer, (shape, out) in zip(architecture.layers, architecture.shapes()):
+            name = getattr(layer, "name", "")
+            if isinstance(layer, architectures.Conv):
+                padding = {"pad_mode": "pad", "padding": layer.padding} if layer.padding else {
+                    "pad_mode": "valid"}
+                setattr(self, name, PatchConv2d(layer.channels_in, layer.channels_out,
+                                                layer.kernel, stride=layer.stride, **padding))
+                self.probe_shapes += ((out[0], out[1] * out[2]),)
+            elif isinstance(layer, architectures.Dense):
+                setattr(self, name, nn.Dense(layer.width_in, layer.width_out,
+                                             has_bias=layer.bias))
+                self.probe_shapes += (out,)
+            elif isinstance(layer, architectures.GroupNorm):  # maps flattened channel-first
+                setattr(self, name, layers.GroupNorm(np.repeat(
+                    np.arange(shape[0]) // GROUP_SIZE, shape[1] * shape[2])))
+            self.steps += ((type(layer).__name__, name, out),)
+        self.flatten, self.pool = nn.Flatten(), nn.MaxPool2d(2, 1)
+        self.act = _activation(activation)
+        self.has_shortcut = architecture.shortcut is not None
+        if self.has_shortcut:
+            setattr(self, architecture.shortcut.name, nn.Dense(
+                architecture.shortcut.width_in, 10, has_bias=False))
+            self.shortcut_name = architecture.shortcut.name
+        # The parameters, in the order its clipped sum returns their gradients.
+        self.GRADIENT_ORDER = tuple(name for name, _, _ in architecture.layout())
+        self.weighted = architecture.weighted
 
     def construct(self, x):
         return self.forward(x)[0]
 
     def forward(self, x, probes=None):
-        """Logits, and the input of each weighted layer (a convolution's patches); `probes` (zeros
-        shaped [B, *probe_shapes[i]]) are added to each layer's output."""
+        """Logits, and the input of each weighted layer (a convolution's patches; the shortcut's
+        last); `probes` (zeros shaped [B, *probe_shapes[i]]) are added to each layer's output, the
+        last's after the shortcut's."""
         batch = x.shape[0]
-        x = (x.astype(ms.float32) - MNIST_MEAN) / MNIST_STD
-        patches1 = self.conv1.patches(x)  # -> [B, 64, 196]
-        z1 = _probed(self.conv1.pre_activation(patches1), probes, 0)  # -> [B, 16, 196]
-        x = self.pool(self.act(z1.reshape(batch, 16, 14, 14)))  # -> [B, 16, 13, 13]
-        patches2 = self.conv2.patches(x)  # -> [B, 256, 25]
-        z2 = _probed(self.conv2.pre_activation(patches2), probes, 1)  # -> [B, 32, 25]
-        # -> [B, 32, 4, 4] -> [B, 512]
-        hidden_in = self.flatten(self.pool(self.act(z2.reshape(batch, 32, 5, 5))))
-        hidden = self.act(_probed(self.fc1(hidden_in), probes, 2))  # -> [B, 32]
-        logits = _probed(self.fc2(hidden), probes, 3)  # -> [B, 10]
-        return logits, (patches1, patches2, hidden_in, hidden)
+        x = x.astype(ms.float32)  # a task's features are float16 (features.py)
+        flat_in, inputs, index = x, (), 0
+        if self.pixels:
+            x = (x - MNIST_MEAN) / MNIST_STD
+        elif self.maps:
+            x = x.reshape((batch,) + self.input_maps)  # -> [B, 81, 7, 7]
+        for kind, name, shape in self.steps:
+            if kind == "Conv":
+                inputs += (getattr(self, name).patches(x),)  # -> [B, C·kh·kw, H'·W']
+                x = _probed(getattr(self, name).pre_activation(inputs[-1]), probes,
+                            index).reshape((batch,) + shape)
+                index += 1
+            elif kind == "Dense":
+                if len(x.shape) == 4:
+                    x = self.flatten(x)  # -> [B, C·H·W]
+                inputs += (x,)
+                x = getattr(self, name)(x)
+                if self.has_shortcut and index == len(self.probe_shapes) - 1:
+                    x = x + getattr(self, self.shortcut_name)(flat_in)
+                x = _probed(x, probes, index)
+                index += 1
+            elif kind == "GroupNorm":
+                x = getattr(self, name)(x.reshape(batch, -1)).reshape((batch,) + shape)
+            elif kind == "Activation":
+                x = self.act(x)
+            else:
+                x = self.pool(x)
+        return x, inputs + ((flat_in,) if self.has_shortcut else ())
 
     def clipped_sum_graph(self, per_person=False):
-        graph = _TutorialClippedSum(self)
+        graph = DeclaredClippedSum(self)
         return PersonClippedSum(graph) if per_person else graph
 
 
-class _TutorialClippedSum(ClippedSumGraph):
-    """The tutorial CNN's clipped sum: each example's kernel gradients from its patches (batched
-    products)."""
+class TutorialCNN(DeclaredNet):
+    """The TF Privacy / Opacus tutorial CNN on pixels [B, 1, 28, 28] in [0, 1]."""
 
-    def construct(self, x, y, mask, max_grad_norm, probe1, probe2, probe3, probe4):
+    def __init__(self, activation="tanh"):
+        super().__init__(architectures.of(Network("pixels", activation, "cnn")), activation)
+
+
+class ScatteringLinear(DeclaredNet):
+    """The linear classifier on scattering features [B, 3969]."""
+
+    def __init__(self):
+        super().__init__(architectures.of(Network("scattering", "tanh", "linear")))
+
+
+class DeclaredClippedSum(ClippedSumGraph):
+    """A DeclaredNet's clipped sum, one rule per weighted layer: a convolution's per-example kernel
+    gradients from its patches (batched products), a dense layer's from its input, the shortcut
+    sharing the last layer's output gradient."""
+
+    def __init__(self, net):
+        super().__init__(net)
+        last = len(net.probe_shapes) - 1  # (kind, its probe, has a bias, its weight's shape)
+        self.rules = tuple((type(layer).__name__, min(index, last), getattr(layer, "bias", True),
+                            layer.parameters()[0][1]) for index, layer in enumerate(net.weighted))
+
+    def construct(self, x, y, mask, max_grad_norm, *probes):
         """The clipped sum over one chunk.
 
         Args:
-          x: the chunk's images [B, 1, 28, 28].
+          x: the chunk's examples, as the network takes them.
           y: their labels.
           mask: [B], 1 for an example, 0 for padding.
           max_grad_norm: C.
-          probe1: zeros [B, 16, 196], added to conv1's output.
-          probe2: zeros [B, 32, 25], added to conv2's output.
-          probe3: zeros [B, 32], added to fc1's output.
-          probe4: zeros [B, 10], added to the logits.
+          *probes: zeros [B, *probe_shapes[i]], added to each weighted layer's output.
 
         Returns:
           The clipped sums in GRADIENT_ORDER, how many had ‖g_i‖ ≤ C, and each example's squared
-          gradient norm per parameter [B, 8].
+          gradient norm per parameter [B, parameters].
         """
-        (g1, g2, g3, g4), (patches1, patches2, hidden_in, hidden) = self.output_grads(
-            x, probe1, probe2, probe3, probe4, y)
-        batch = x.shape[0]
-        kernel1 = self.batch_matmul_tb(g1, patches1)  # per-example kernel gradients -> [B, 16, 64]
-        kernel2 = self.batch_matmul_tb(g2, patches2)  # -> [B, 32, 256]
-        bias1, bias2 = g1.sum(2), g2.sum(2)  # -> [B, 16], [B, 32]
-        squared_norms = ops.stack((  # each example's, per parameter in GRADIENT_ORDER -> [B, 8]
-            ops.square(kernel1).reshape(batch, -1).sum(1), ops.square(bias1).sum(1),
-            ops.square(kernel2).reshape(batch, -1).sum(1), ops.square(bias2).sum(1))
-            + self.dense_norms(g3, hidden_in) + self.dense_norms(g4, hidden), 1)
+        grads, inputs = self.output_grads(x, probes, y)
+        batch, squares, weights, biases = x.shape[0], (), (), ()
+        for (kind, probe, bias, _), a in zip(self.rules, inputs):
+            g = grads[probe]
+            if kind == "Conv":  # per-example kernel gradients [B, out, C·kh·kw] and biases
+                weights += (self.batch_matmul_tb(g, a),)
+                biases += (g.sum(2),)
+                squares += (ops.square(weights[-1]).reshape(batch, -1).sum(1),
+                            ops.square(biases[-1]).sum(1))
+            else:
+                weights += (a,)
+                biases += (g,)
+                squares += self.dense_norms(g, a)[:2 if bias else 1]
+        squared_norms = ops.stack(squares, 1)
         weight, unclipped = self.clip_weights(squared_norms, mask, max_grad_norm)
-        row, column = weight.reshape(1, -1), weight.reshape(-1, 1)
-        return (ops.matmul(row, kernel1.reshape(batch, -1)).reshape(self.net.conv1.weight.shape),
-                ops.matmul(row, bias1).reshape(-1),
-                ops.matmul(row, kernel2.reshape(batch, -1)).reshape(self.net.conv2.weight.shape),
-                ops.matmul(row, bias2).reshape(-1), self.matmul_ta(g3 * column, hidden_in),
-                ops.matmul(row, g3).reshape(-1), self.matmul_ta(g4 * column, hidden),
-                ops.matmul(row, g4).reshape(-1), unclipped, squared_norms)
+        row, column, sums = weight.reshape(1, -1), weight.reshape(-1, 1), ()
+        for (kind, probe, bias, shape), w, b in zip(self.rules, weights, biases):
+            if kind == "Conv":
+                sums += (ops.matmul(row, w.reshape(batch, -1)).reshape(shape),)
+            else:
+                sums += (self.matmul_ta(grads[probe] * column, w),)
+            if bias:
+                sums += (ops.matmul(row, b).reshape(-1),)
+        return sums + (unclipped, squared_norms)
 
     def gradient_factors(self, x, y, probes):
         """See ClippedSumGraph.gradient_factors: a convolution's inputs its patches [B, positions,
         C·kh·kw]."""
-        (g1, g2, g3, g4), (patches1, patches2, hidden_in, hidden) = self.output_grads(
-            x, probes[0], probes[1], probes[2], probes[3], y)
-        g1, g2 = ops.transpose(g1, (0, 2, 1)), ops.transpose(g2, (0, 2, 1))  # -> [B, P, out]
-        return ((g1, ops.transpose(patches1, (0, 2, 1))), (g1, ops.ones_like(g1[:, :, :1])),
-                (g2, ops.transpose(patches2, (0, 2, 1))), (g2, ops.ones_like(g2[:, :, :1]))) \
-            + self.dense(g3, hidden_in) + self.dense(g4, hidden)
+        grads, inputs = self.output_grads(x, probes, y)
+        factors = ()
+        for (kind, probe, bias, _), a in zip(self.rules, inputs):
+            g = grads[probe]
+            if kind == "Conv":
+                g = ops.transpose(g, (0, 2, 1))  # -> [B, P, out]
+                factors += ((g, ops.transpose(a, (0, 2, 1))), (g, ops.ones_like(g[:, :, :1])))
+            else:
+                factors += self.dense(g, a)[:2 if bias else 1]
+        return factors
 
 
 # --- Tramèr & Boneh's ScatterNet CNN, on scattering features
@@ -171,7 +242,8 @@ class ScatterNetCNN(nn.Cell):
     (the module docstring says why). The first is its patches (one gather of the features, channels
     last) times the kernel matrix, the second a Toeplitz product."""
 
-    GRADIENT_ORDER = TutorialCNN.GRADIENT_ORDER + ("shortcut.weight",)
+    GRADIENT_ORDER = tuple(name for name, _, _ in architectures.of(
+        Network("scattering", "tanh", "cnn")).layout())
 
     def __init__(self, activation="tanh"):
         super().__init__()
@@ -277,7 +349,7 @@ class _ScatterNetClippedSum(ClippedSumGraph):
           gradient norm per parameter [B, 9].
         """
         (g1, g2, g3, g4), (patches1, a1, hidden_in, hidden, x) = self.output_grads(
-            x, probe1, probe2, probe3, probe4, y)
+            x, (probe1, probe2, probe3, probe4), y)
         batch, net = x.shape[0], self.net
         patches1 = patches1.reshape(batch, 16, 9 * 81)
         patches2 = net.product2.patches(a1.reshape(batch, 16, 16))  # -> [B, 16, 144]
@@ -308,7 +380,7 @@ class _ScatterNetClippedSum(ClippedSumGraph):
     def gradient_factors(self, x, y, probes):
         """See ClippedSumGraph.gradient_factors: a convolution's inputs its patches [B, 16, K]."""
         (g1, g2, g3, g4), (patches1, a1, hidden_in, hidden, x) = self.output_grads(
-            x, probes[0], probes[1], probes[2], probes[3], y)
+            x, probes, y)
         batch = x.shape[0]
         patches2 = self.net.product2.patches(a1.reshape(batch, 16, 16))  # -> [B, 16, 144]
         g2 = ops.transpose(g2, (0, 2, 1))  # -> [B, 16, 32]: position, channel, as g1
@@ -336,77 +408,10 @@ class _ScatterNetClippedSum(ClippedSumGraph):
                               patches.reshape(-1, patches.shape[2]))
 
 
-# --- A linear classifier on scattering features
-# ---------------------------------------------------------------------
-
-class ScatteringLinear(nn.Cell):
-    """A linear classifier on scattering features [B, 3969]."""
-
-    GRADIENT_ORDER = ("fc.weight", "fc.bias")
-
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Dense(features.SCATTERING_DIM, 10, weight_init="zeros", bias_init="zeros")
-        self.probe_shapes = ((10,),)  # the logits, as the CNNs'
-
-    def construct(self, x):
-        return self.fc(x.astype(ms.float32))  # -> [B, 10] logits
-
-    def clipped_sum_graph(self, per_person=False):
-        graph = _LinearClippedSum(self)
-        return PersonClippedSum(graph) if per_person else graph
-
-
-class _LinearClippedSum(ClippedSumGraph):
-    """The linear classifier's clipped sum: the example's weight gradient is g_i x_iᵀ (g_i the
-    gradient of its loss w.r.t. its logits), of squared norm ‖g_i‖²(‖x_i‖² + 1) with the bias."""
-
-    def __init__(self, net):
-        super().__init__(net, grad_position=1, has_aux=False)
-
-    def probed_loss(self, x, probe, y):
-        """The summed loss, with a zero probe added to the logits.
-
-        Args:
-          x: the examples' scattering features [B, 3969].
-          probe: zeros [B, 10].
-          y: their labels.
-
-        Returns:
-          The summed cross-entropy.
-        """
-        return self.loss(self.net(x) + probe, y)
-
-    def construct(self, x, y, mask, max_grad_norm, probe):
-        """The clipped sum over one chunk.
-
-        Args:
-          x: the chunk's scattering features [B, 3969].
-          y: their labels.
-          mask: [B], 1 for an example, 0 for padding.
-          max_grad_norm: C.
-          probe: zeros [B, 10], added to the logits.
-
-        Returns:
-          The clipped sums of the weight and the bias, how many had ‖g_i‖ ≤ C, and each example's
-          squared gradient norm per parameter [B, 2].
-        """
-        g = self.output_grads(x, probe, y)  # -> [B, 10]
-        x = x.astype(ms.float32)
-        squared_norms = ops.stack(self.dense_norms(g, x), 1)  # weight, bias -> [B, 2]
-        weight, unclipped = self.clip_weights(squared_norms, mask, max_grad_norm)
-        return (self.matmul_ta(g * weight.reshape(-1, 1), x),
-                ops.matmul(weight.reshape(1, -1), g).reshape(-1), unclipped, squared_norms)
-
-    def gradient_factors(self, x, y, probes):
-        """See ClippedSumGraph.gradient_factors."""
-        return self.dense(self.output_grads(x, probes[0], y), x.astype(ms.float32))
-
-
 def build_network(network):
-    """The network `network` (interface.Network) names."""
-    if network.network == "linear":
-        return ScatteringLinear()
-    if network.features == "scattering":
+    """The network `network` (interface.Network) names: the ScatterNet CNN made by hand for
+    MindSpore's CPU kernels, any other from its declaration (DeclaredNet)."""
+    architecture = architectures.of(network)
+    if architecture is architectures.of(Network("scattering", network.activation, "cnn")):
         return ScatterNetCNN(network.activation)
-    return TutorialCNN(network.activation)
+    return DeclaredNet(architecture, network.activation)

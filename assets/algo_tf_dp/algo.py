@@ -38,7 +38,15 @@ if str(Path(__file__).resolve().parent) not in sys.path:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 # not networks.py: MindSpore's algo imports its own, and a process may import all three algos
-from tf_networks import build_network, data_grams, make_layer_registry
+from tf_networks import (
+    build_network,
+    data_grams,
+    flattened_map,
+    from_common,
+    make_layer_registry,
+    on_pixels,  # noqa: F401 - whether a model takes images, for the tests
+    to_common,
+)
 
 from mnist_dp.learning import functions, interface, training
 from mnist_dp.privacy.task_plan import TaskPlan
@@ -250,9 +258,9 @@ def make_dp_step(model, optimizer, expected_batch_size, generator, with_canaries
         clipped_sum, unclipped = (clip if x.shape[0] else nothing_clipped)(
             x, y, max_grad_norm, *given(x, rows, persons))
         # the canaries are coordinates of weight_arrays, in the common layout
-        pixels = on_pixels(model)
-        with_them = from_common(with_canaries(to_common([g.numpy() for g in clipped_sum], pixels)),
-                                pixels)
+        flattened = flattened_map(model)
+        with_them = from_common(with_canaries(to_common([g.numpy() for g in clipped_sum],
+                                                        flattened)), flattened)
         update([tf.constant(g) for g in with_them], max_grad_norm, noise_multiplier)
         return unclipped
 
@@ -310,47 +318,6 @@ def as_input(inputs) -> tf.Tensor:
     """A float32 tensor as the network takes it: images [N, 28, 28] get a channel axis (NHWC),
     features widened."""
     return tf.cast(inputs[..., None] if inputs.ndim == 3 else inputs, tf.float32)
-
-
-# The pixel CNN's fc1 kernel (its 5th array): Keras flattens the [4, 4, 32] map
-# height-width-channel, the common layout channel-height-width.
-PIXEL_FC1, PIXEL_MAP = 4, (4, 4, 32)
-
-
-def on_pixels(model) -> bool:
-    """Whether the model is the pixel CNN (its input images [B, 28, 28, 1]), whose flattening
-    differs."""
-    return len(model.input_shape) == 4
-
-
-def to_common(arrays, pixels):
-    """Keras' get_weights() -> the common layout (initial_weights.py): HWIO kernels to OIHW,
-    [in, out] dense kernels to [out, in]; `pixels`: the arrays are the pixel CNN's."""
-    common = []
-    for index, array in enumerate(arrays):
-        if array.ndim == 4:
-            array = array.transpose(3, 2, 0, 1)
-        elif array.ndim == 2:
-            array = array.T
-            if pixels and index == PIXEL_FC1:  # columns (h, w, c) -> (c, h, w)
-                array = array.reshape(-1, *PIXEL_MAP).transpose(0, 3, 1, 2).reshape(array.shape)
-        common.append(np.ascontiguousarray(array))
-    return common
-
-
-def from_common(arrays, pixels):
-    """The common layout -> Keras' get_weights(): to_common's inverse."""
-    keras = []
-    for index, array in enumerate(arrays):
-        if array.ndim == 4:
-            array = array.transpose(2, 3, 1, 0)
-        elif array.ndim == 2:
-            if pixels and index == PIXEL_FC1:  # columns (c, h, w) -> (h, w, c)
-                array = array.reshape(-1, PIXEL_MAP[2], *PIXEL_MAP[:2]).transpose(0, 2, 3,
-                                      1).reshape(array.shape)
-            array = array.T
-        keras.append(np.ascontiguousarray(array))
-    return keras
 
 
 def model_to_bytes(model) -> bytes:
@@ -433,10 +400,10 @@ class TensorFlowPrivacy(interface.Framework):
     dump_model = staticmethod(model_to_bytes)
 
     def weight_arrays(self, model: tf.keras.Model) -> list[np.ndarray]:
-        return to_common(model.get_weights(), on_pixels(model))
+        return to_common(model.get_weights(), flattened_map(model))
 
     def set_weight_arrays(self, model: tf.keras.Model, arrays: list[np.ndarray]) -> tf.keras.Model:
-        model.set_weights(from_common(arrays, on_pixels(model)))
+        model.set_weights(from_common(arrays, flattened_map(model)))
         return model
 
     def batch_logits(self, model: tf.keras.Model, inputs: np.ndarray) -> np.ndarray:

@@ -1,33 +1,37 @@
 """The TF algo's networks, and each example's squared gradient norm under them.
 
-The Keras networks (the other algos' networks), and what TF Privacy's fast gradient clipping needs
-to take per-example norms through them: its layer registry with a Conv2D entry
-(`conv2d_layer_computation`), norms from patches or from Grams of the input pixels (conv_grams.py),
-and the first convolution's patch Grams, made once per task (`data_grams`).
+The Keras networks, built from their declaration (mnist_dp/architectures.py), and what TF Privacy's
+fast gradient clipping needs to take per-example norms through them: its layer registry with a
+Conv2D entry (`conv2d_layer_computation`), norms from patches or from Grams of the input pixels
+(conv_grams.py), and the first convolution's patch Grams, made once per task (`data_grams`).
 """
 import functools
 
 import numpy as np
 import tensorflow as tf
 
+from mnist_dp import architectures
 from mnist_dp.learning import conv_grams, features
 from mnist_dp.learning.interface import GROUP_SIZE, MNIST_MEAN, MNIST_STD, NORM_EPS
 
 # --- 1. The networks ------------------------------------------------------------------------------
 
 def build_network(network):
-    """The network `network` names (the same as the other algos'): the TF Privacy tutorial CNN
-    (26,010 parameters) on pixels; on scattering features Tramèr & Boneh's ScatterNet CNN with a
-    linear shortcut (72,756) or a linear classifier. Its weights are Keras' draw until new_model or
-    model_from_bytes sets them."""
-    layers = tf.keras.layers
-    if network.features == "pixels":
-        model = pixel_cnn(network.activation)
-    elif network.network == "cnn":
-        model = scatter_cnn(network.activation)
-    else:
-        # [B, 3969] -> logits
-        model = tf.keras.Sequential([layers.Input((features.SCATTERING_DIM,)), layers.Dense(10)])
+    """The network `network` names (mnist_dp/architectures.py), as the other algos': a Keras layer
+    per declared layer, an activation right after a convolution or a dense layer folded into it.
+    Scattering features are laid out as maps channels-last for the convolutions and back
+    channel-first before the first dense layer, so that it reads them in the common order; the
+    maps of pixels are flattened channels-last (weight_arrays reorders that dense layer's kernel).
+    Its weights are Keras' draw until new_model or model_from_bytes sets them."""
+    architecture = architectures.of(network)
+    channels, size, _ = architecture.input_maps
+    inputs = x = tf.keras.Input((size, size, channels) if architecture.features == "pixels"
+                                else (architectures.SCATTERING_DIM,))
+    for layer in keras_layers(architecture, network.activation):
+        x = layer(x)
+    if architecture.shortcut is not None:  # the last layer's bias serves both
+        x = tf.keras.layers.Add()([x, dense(architecture.shortcut)(inputs)])
+    model = tf.keras.Model(inputs, x)  # -> [B, 10] logits
     loss = tf.keras.losses.SparseCategoricalCrossentropy(
         from_logits=True, reduction=tf.keras.losses.Reduction.SUM)
     # summed: the clipped gradients are then the *sum* of the per-example clipped ones
@@ -35,49 +39,110 @@ def build_network(network):
     return model
 
 
-def pixel_cnn(activation):
-    layers = tf.keras.layers
-    return tf.keras.Sequential([
-        layers.Input((28, 28, 1)),  # [B, 28, 28, 1] in [0, 1]
-        layers.Rescaling(1 / MNIST_STD, offset=-MNIST_MEAN / MNIST_STD),
-        # -> [B, 14, 14, 16]
-        layers.Conv2D(16, 8, strides=2, padding="same", activation=activation),
-        layers.MaxPool2D(2, 1),  # -> [B, 13, 13, 16]
-        layers.Conv2D(32, 4, strides=2, padding="valid", activation=activation),  # -> [B, 5, 5, 32]
-        layers.MaxPool2D(2, 1),  # -> [B, 4, 4, 32]
-        layers.Flatten(),  # -> [B, 512]
-        layers.Dense(32, activation=activation),  # -> [B, 32]
-        layers.Dense(10),  # -> [B, 10] logits
-    ])
+def keras_layers(architecture, activation) -> list:
+    """The Keras layers of `architecture`'s `layers`, from its inputs to its last layer's output."""
+    layers, declared = tf.keras.layers, architecture.layers
+    channels, size, _ = architecture.input_maps
+    maps = architecture.features == "pixels" or isinstance(declared[0], architectures.Conv)
+    if architecture.features == "pixels":  # [B, 28, 28, 1] in [0, 1]
+        keras = [layers.Rescaling(1 / MNIST_STD, offset=-MNIST_MEAN / MNIST_STD)]
+    elif maps:  # [B, 3969] -> [B, 81, 7, 7] -> [B, 7, 7, 81]
+        keras = [layers.Reshape((channels, size, size)), layers.Permute((2, 3, 1))]
+    else:
+        keras = []
+    for index, (layer, (shape, _)) in enumerate(zip(declared, architecture.shapes())):
+        folded = activation if declared[index + 1:index + 2] == (architectures.ACT,) else None
+        if isinstance(layer, architectures.Conv):
+            keras.append(layers.Conv2D(layer.channels_out, layer.kernel, strides=layer.stride,
+                                       padding=keras_padding(layer, shape[1]),
+                                       activation=folded))
+        elif isinstance(layer, architectures.GroupNorm):
+            keras.append(layers.GroupNormalization(shape[0] // GROUP_SIZE, epsilon=NORM_EPS,
+                                                   center=False, scale=False))
+        elif layer is architectures.ACT and not isinstance(declared[index - 1], (
+                architectures.Conv, architectures.Dense)):
+            keras.append(layers.Activation(activation))
+        elif layer is architectures.POOL:
+            keras.append(layers.MaxPool2D(2, 1))
+        elif isinstance(layer, architectures.Dense):
+            if maps:  # [B, H, W, C] -> [B, H·W·C]
+                if architecture.features != "pixels":  # -> [B, C, H, W], the other algos' order
+                    keras.append(layers.Permute((3, 1, 2)))
+                keras.append(layers.Flatten())
+                maps = False
+            keras.append(dense(layer, folded))
+    return keras
 
 
-def scatter_cnn(activation):
-    """Each convolution's output group-normalised (no learnt scale) before its activation, and a
-    linear shortcut from the features to the logits, as the other algos'."""
-    layers = tf.keras.layers
-    channels, size = features.SCATTERING_CHANNELS, features.SCATTERING_SIZE
-
-    def normalised(width):  # [B, 4, 4, width], groups of GROUP_SIZE channels, then the activation
-        return [layers.GroupNormalization(width // GROUP_SIZE, epsilon=NORM_EPS, center=False,
-                                          scale=False), layers.Activation(activation)]
-
-    inputs = x = layers.Input((features.SCATTERING_DIM,))  # [B, 3969] scattering features
-    for layer in [
-        layers.Reshape((channels, size, size)),  # -> [B, 81, 7, 7], their order
-        layers.Permute((2, 3, 1)),  # -> [B, 7, 7, 81]
-        layers.Conv2D(16, 3, strides=2, padding="same"), *normalised(16),  # -> [B, 4, 4, 16]
-        layers.Conv2D(32, 3, strides=1, padding="same"), *normalised(32),  # -> [B, 4, 4, 32]
-        layers.Permute((3, 1, 2)),  # -> [B, 32, 4, 4]: flattened in the other algos' order
-        layers.Flatten(),  # -> [B, 512]
-        layers.Dense(32, activation=activation),  # -> [B, 32]
-        layers.Dense(10),  # -> [B, 10]
-    ]:
-        x = layer(x)
-    shortcut = layers.Dense(10, use_bias=False)  # the CNN's last bias serves both
-    return tf.keras.Model(inputs, layers.Add()([x, shortcut(inputs)]))  # -> [B, 10] logits
+def keras_padding(layer, size: int) -> str:
+    """"valid" or "same": Keras' padding that is `layer`'s (ValueError if neither is)."""
+    out = -(-size // layer.stride)  # SAME's output size; its padding is split, any odd one below
+    if layer.padding == 0:
+        return "valid"
+    if layer.output((layer.channels_in, size, size))[1] == out and 2 * layer.padding == max(
+            (out - 1) * layer.stride + layer.kernel - size, 0):
+        return "same"
+    raise ValueError(f"{layer.name}: Keras pads as SAME or VALID, not {layer.padding} on each side")
 
 
-# --- 2. Per-example gradient norms: the layer registry, with a Conv2D entry -----------------------
+def dense(layer, activation=None):
+    return tf.keras.layers.Dense(layer.width_out, activation=activation, use_bias=layer.bias)
+
+
+# --- 2. Their weights in the common layout (initial_weights.py) -----------------------------------
+
+def on_pixels(model) -> bool:
+    """Whether the model takes images [B, 28, 28, 1] (it flattens its maps channels-last)."""
+    return len(model.input_shape) == 4
+
+
+def flattened_map(model) -> tuple[int, tuple] | None:
+    """(the get_weights() index of the kernel of the dense layer after a flattening of channels-last
+    maps, those maps' [H, W, C]), or None: networks on pixels flatten their maps channels-last, the
+    common layout (initial_weights.py) channel-first."""
+    index, shape = 0, None
+    for layer in model.layers if on_pixels(model) else ():
+        if isinstance(layer, tf.keras.layers.Flatten):
+            shape = tuple(layer.input_shape[1:])
+        elif shape is not None and isinstance(layer, tf.keras.layers.Dense):
+            return index, shape
+        index += len(layer.weights)
+    return None
+
+
+def to_common(arrays, flattened):
+    """Keras' get_weights() -> the common layout (initial_weights.py): HWIO kernels to OIHW,
+    [in, out] dense kernels to [out, in]; `flattened`: flattened_map's."""
+    common = []
+    for index, array in enumerate(arrays):
+        if array.ndim == 4:
+            array = array.transpose(3, 2, 0, 1)
+        elif array.ndim == 2:
+            array = array.T
+            if flattened and index == flattened[0]:  # columns (h, w, c) -> (c, h, w)
+                array = array.reshape(-1, *flattened[1]).transpose(0, 3, 1, 2).reshape(
+                    array.shape)
+        common.append(np.ascontiguousarray(array))
+    return common
+
+
+def from_common(arrays, flattened):
+    """The common layout -> Keras' get_weights(): to_common's inverse."""
+    keras = []
+    for index, array in enumerate(arrays):
+        if array.ndim == 4:
+            array = array.transpose(2, 3, 1, 0)
+        elif array.ndim == 2:
+            if flattened and index == flattened[0]:  # columns (c, h, w) -> (h, w, c)
+                height, width, channels = flattened[1]
+                array = array.reshape(-1, channels, height, width).transpose(0, 2, 3, 1).reshape(
+                    array.shape)
+            array = array.T
+        keras.append(np.ascontiguousarray(array))
+    return keras
+
+
+# --- 3. Per-example gradient norms: the layer registry, with a Conv2D entry -----------------------
 
 def conv2d_layer_computation(layer_instance, input_args, input_kwargs, tape, num_microbatches=None,
                              known=None):
@@ -167,9 +232,9 @@ def output_grams(grads):
 
 
 def data_grams(model, images: np.ndarray):
-    """The ScatterNet CNN's first Conv2D and every example's packed patch Grams under it
-    (conv_grams.patch_grams), made once, not at every step: that layer reads the features
-    themselves, moved. None for the other networks."""
+    """A network's first Conv2D, when it reads the scattering features themselves (moved), and every
+    example's packed patch Grams under it (conv_grams.patch_grams), made once, not at every step.
+    None for the other networks."""
     layer = next((layer for layer in model.layers if isinstance(layer, tf.keras.layers.Conv2D)),
                  None)
     size = features.SCATTERING_SIZE

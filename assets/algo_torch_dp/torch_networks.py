@@ -1,8 +1,9 @@
 """The torch algo's networks, and each example's squared convolution-gradient norm under them.
 
-The networks (the other algos' networks), and what the book-keeping clipping in algo.py needs for
-their convolutions: per-example kernel gradients, norms from Grams of the input pixels
-(conv_grams.py), and the first convolution's patch Grams, made once per task (`data_grams`).
+The networks, built from their declaration (mnist_dp/architectures.py), and what the book-keeping
+clipping in algo.py needs for their convolutions: per-example kernel gradients, norms from Grams of
+the input pixels (conv_grams.py), and the first convolution's patch Grams, made once per task
+(`data_grams`).
 """
 import functools
 import warnings
@@ -12,7 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mnist_dp.learning import conv_grams, features, interface
+from mnist_dp import architectures
+from mnist_dp.learning import conv_grams, interface
 from mnist_dp.learning.interface import MNIST_MEAN, MNIST_STD
 
 # --- 1. The networks ------------------------------------------------------------------------------
@@ -20,72 +22,59 @@ from mnist_dp.learning.interface import MNIST_MEAN, MNIST_STD
 ACTIVATIONS = {"tanh": torch.tanh, "relu": F.relu}
 
 
-class SampleConvNet(nn.Module):
-    """The TF Privacy / Opacus tutorial CNN (26,010 parameters): small enough for DP-SGD on a CPU.
-    `activation` "tanh" (tempered sigmoid: bounded activations keep gradient norms small under
-    clipping) or "relu" (the tutorial's)."""
+class DeclaredNetwork(nn.Module):
+    """A network of mnist_dp/architectures.py: a Conv2d, GroupNorm or Linear submodule named as each
+    declared layer, so that the state dict is the common layout; activations and pools are
+    functions. `activation` "tanh" (tempered sigmoid: bounded activations keep gradient norms small
+    under clipping) or "relu"."""
 
-    def __init__(self, activation="tanh"):
+    def __init__(self, architecture, activation="tanh"):
         super().__init__()
-        self.act = ACTIVATIONS[activation]
-        self.conv1 = nn.Conv2d(1, 16, 8, stride=2, padding=3)
-        self.conv2 = nn.Conv2d(16, 32, 4, stride=2)
-        self.fc1 = nn.Linear(32 * 4 * 4, 32)
-        self.fc2 = nn.Linear(32, 10)
+        self.architecture, self.act = architecture, ACTIVATIONS[activation]
+        for layer, (shape, _) in zip(architecture.layers, architecture.shapes()):
+            if isinstance(layer, architectures.Conv):
+                self.add_module(layer.name, nn.Conv2d(layer.channels_in, layer.channels_out,
+                                                      layer.kernel, layer.stride, layer.padding))
+            elif isinstance(layer, architectures.GroupNorm):
+                self.add_module(layer.name, nn.GroupNorm(shape[0] // interface.GROUP_SIZE,
+                                                         shape[0], interface.NORM_EPS,
+                                                         affine=False))
+            elif isinstance(layer, architectures.Dense):
+                self.add_module(layer.name, linear(layer))
+        if architecture.shortcut is not None:
+            self.add_module(architecture.shortcut.name, linear(architecture.shortcut))
 
-    def forward(self, x):
-        # x: [B, 1, 28, 28] in [0, 1]
-        x = (x - MNIST_MEAN) / MNIST_STD
-        x = self.act(self.conv1(x))  # -> [B, 16, 14, 14]
-        x = F.max_pool2d(x, 2, 1)  # -> [B, 16, 13, 13]
-        x = self.act(self.conv2(x))  # -> [B, 32, 5, 5]
-        x = F.max_pool2d(x, 2, 1)  # -> [B, 32, 4, 4]
-        x = x.flatten(1)  # -> [B, 512]
-        x = self.act(self.fc1(x))  # -> [B, 32]
-        return self.fc2(x)  # -> [B, 10] logits
+    def forward(self, inputs):
+        # inputs: images [B, 1, 28, 28] in [0, 1], or scattering features [B, 3969]
+        if self.architecture.features == "pixels":
+            x = (inputs - MNIST_MEAN) / MNIST_STD
+        else:
+            x = inputs.view(-1, *self.architecture.input_maps)  # -> [B, 81, 7, 7]
+        for layer in self.architecture.layers:
+            if layer is architectures.ACT:
+                x = self.act(x)
+            elif layer is architectures.POOL:
+                x = F.max_pool2d(x, 2, 1)
+            else:
+                x = getattr(self, layer.name)(x.flatten(1) if isinstance(
+                    layer, architectures.Dense) else x)
+        if self.architecture.shortcut is not None:
+            x = x + getattr(self, self.architecture.shortcut.name)(inputs)
+        return x  # -> [B, 10] logits
 
 
-class ScatterConvNet(nn.Module):
-    """Tramèr & Boneh's (2021) ScatterNet CNN with a linear shortcut (72,756 parameters): two
-    convolutions and two dense layers on the scattering features, already normalised per example
-    (features.py), plus a linear map of the same features added to the logits. Each convolution's
-    output is group-normalised (groups of 4 channels, no learnt scale: nothing to clip) before its
-    activation. The shortcut starts at zero (initial_weights.py), so training starts from the CNN
-    alone; each change gave about +0.4 points on Fashion-MNIST (docs/benchmarks.md)."""
-
-    def __init__(self, activation="tanh"):
-        super().__init__()
-        self.act = ACTIVATIONS[activation]
-        self.conv1 = nn.Conv2d(features.SCATTERING_CHANNELS, 16, 3, stride=2, padding=1)
-        self.norm1 = nn.GroupNorm(16 // interface.GROUP_SIZE, 16, eps=interface.NORM_EPS,
-                                  affine=False)
-        self.conv2 = nn.Conv2d(16, 32, 3, stride=1, padding=1)
-        self.norm2 = nn.GroupNorm(32 // interface.GROUP_SIZE, 32, eps=interface.NORM_EPS,
-                                  affine=False)
-        self.fc1 = nn.Linear(32 * 4 * 4, 32)
-        self.fc2 = nn.Linear(32, 10)
-        self.shortcut = nn.Linear(features.SCATTERING_DIM, 10, bias=False)  # fc2's bias serves both
-
-    def forward(self, features_in):
-        # features_in: [B, 3969] scattering features
-        size = features.SCATTERING_SIZE
-        x = features_in.view(-1, features.SCATTERING_CHANNELS, size, size)  # -> [B, 81, 7, 7]
-        x = self.act(self.norm1(self.conv1(x)))  # -> [B, 16, 4, 4]
-        x = self.act(self.norm2(self.conv2(x)))  # -> [B, 32, 4, 4]
-        x = x.flatten(1)  # -> [B, 512]
-        x = self.act(self.fc1(x))  # -> [B, 32]
-        return self.fc2(x) + self.shortcut(features_in)  # -> [B, 10] logits
+def linear(layer) -> nn.Linear:
+    return nn.Linear(layer.width_in, layer.width_out, bias=layer.bias)
 
 
 def build_network(network):
-    """The network `network` names: the tutorial CNN on pixels; on scattering features the
-    ScatterNet CNN or a linear classifier. Its weights are torch's draw until new_model or
+    """The network `network` names (mnist_dp/architectures.py); a network of one dense layer is that
+    nn.Linear, its state dict's names unprefixed. Its weights are torch's draw until new_model or
     model_from_bytes sets them."""
-    if network.features == "pixels":
-        return SampleConvNet(network.activation)
-    if network.network == "cnn":
-        return ScatterConvNet(network.activation)
-    return nn.Linear(features.SCATTERING_DIM, 10)  # [B, 3969] -> [B, 10] logits
+    architecture = architectures.of(network)
+    if len(architecture.weighted) == 1 and isinstance(architecture.layers[0], architectures.Dense):
+        return linear(architecture.layers[0])  # [B, 3969] -> [B, 10] logits
+    return DeclaredNetwork(architecture, network.activation)
 
 
 # --- 2. Each example's convolution gradient norms -------------------------------------------------
@@ -226,13 +215,15 @@ def packed_pairs(positions: int) -> torch.Tensor:
 
 
 def data_grams(model: nn.Module, images: np.ndarray) -> tuple[nn.Conv2d, torch.Tensor] | None:
-    """The ScatterNet CNN's first convolution and every example's packed patch Grams under it
-    (conv_grams.patch_grams): its input is the features themselves, so they are made once, not at
-    every step; clip_and_sum takes a batch's rows. None for the other networks (whose first layer is
-    dense, or takes its norms from per-example gradients)."""
-    if not isinstance(model, ScatterConvNet):
+    """A network's first convolution, when it reads the inputs themselves (scattering features, not
+    normalised pixels), and every example's packed patch Grams under it (conv_grams.patch_grams):
+    made once, not at every step; clip_and_sum takes a batch's rows. None for the other networks
+    (whose first layer is dense, or takes its norms from per-example gradients)."""
+    architecture = getattr(model, "architecture", None)
+    if architecture is None or architecture.features == "pixels" or not isinstance(
+            architecture.layers[0], architectures.Conv):
         return None
-    layer, size = model.conv1, features.SCATTERING_SIZE
+    layer, (_, size, _) = getattr(model, architecture.layers[0].name), architecture.input_maps
     (ph, pw), (kh, kw), (sh, sw) = layer.padding, layer.kernel_size, layer.stride
     if not conv_grams.pixel_grams_are_smaller(size, size, layer.weight.numel()):
         return None
