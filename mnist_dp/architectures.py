@@ -166,6 +166,11 @@ ARCHITECTURES = (
          Dense("fc1", 32 * 4 * 4, 32), ACT, Dense("fc2", 32, 10)),
         shortcut=Dense("shortcut", SCATTERING_DIM, 10, bias=False, zero=True)),
     Architecture(
+        "scattering", "small_cnn", "one group-normalised convolution and a dense layer (14,250 "
+        "parameters)",
+        (Conv("conv1", SCATTERING_CHANNELS, 16, 3, 2, 1), GroupNorm("norm1"), ACT,  # [16, 4, 4]
+         Dense("fc", 16 * 4 * 4, 10))),
+    Architecture(
         "scattering", "linear", "a linear classifier (39,700 parameters)",
         (Dense("fc", SCATTERING_DIM, 10, zero=True),)),
 )

@@ -7,9 +7,10 @@ from mnist_dp import hyperparameters
 from mnist_dp.utils.errors import UserError
 
 
-def test_docs_hyperparameters_md_names_every_hyperparameter():
+def test_docs_hyperparameters_md_names_every_hyperparameter_and_network():
     text = (REPO / "docs" / "hyperparameters.md").read_text()
     assert [key for key in hyperparameters.KEYS if f"`{key}`" not in text] == []
+    assert [name for name in hyperparameters.NETWORKS if f'`"{name}"`' not in text] == []
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
@@ -28,7 +29,8 @@ def test_every_asset_ships_valid_hyperparameters_with_the_same_keys(framework):
     ({"max_grad_norm": 0}, "max_grad_norm"), ({"momentum": 1.0}, "momentum"), ({"dp": "yes"}, "dp"),
     ({"lr": 0.1}, "unknown"), ({"features": "wavelets"},
      "features = \"wavelets\" must be one of \\['pixels', 'scattering'\\]"),
-    ({"network": "resnet"}, "network = \"resnet\" must be one of \\['cnn', 'linear'\\]"),
+    ({"network": "resnet"},
+     "network = \"resnet\" must be one of \\['cnn', 'small_cnn', 'linear'\\]"),
     ({"features": "pixels", "network": "linear"},
      "network = \"linear\" takes features \\['scattering'\\], not \"pixels\""),
     ({"activation": "sigmoid"}, "activation"), ({"optimizer": "rmsprop"}, "optimizer"),
