@@ -67,40 +67,35 @@ class Dense:
             [(f"{self.name}.bias", (self.width_out,), fan_in)] if self.bias else [])
 
 
+class Unweighted:
+    """A layer without parameters (nothing to clip), of the same shape out as in."""
+
+    def output(self, shape: tuple) -> tuple:
+        return shape
+
+    def parameters(self) -> list:
+        return []
+
+
 @dataclass(frozen=True)
-class GroupNorm:
-    """Group normalisation of maps over groups of interface.GROUP_SIZE channels, no learnt scale:
-    nothing to clip."""
+class GroupNorm(Unweighted):
+    """Group normalisation of maps over groups of interface.GROUP_SIZE channels, no learnt
+    scale."""
 
     name: str
 
-    def output(self, shape: tuple) -> tuple:
-        return shape
-
-    def parameters(self) -> list:
-        return []
-
 
 @dataclass(frozen=True)
-class Activation:
+class Activation(Unweighted):
     """The network's activation (hyperparameter `activation`)."""
 
-    def output(self, shape: tuple) -> tuple:
-        return shape
-
-    def parameters(self) -> list:
-        return []
-
 
 @dataclass(frozen=True)
-class MaxPool:
+class MaxPool(Unweighted):
     """A 2 × 2 max pool of stride 1."""
 
     def output(self, shape: tuple) -> tuple:
         return shape[0], shape[1] - 1, shape[2] - 1
-
-    def parameters(self) -> list:
-        return []
 
 
 ACT, POOL = Activation(), MaxPool()

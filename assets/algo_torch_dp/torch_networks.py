@@ -68,11 +68,12 @@ def linear(layer) -> nn.Linear:
 
 
 def build_network(network):
-    """The network `network` names (mnist_dp/architectures.py); a network of one dense layer is that
+    """The network `network` names (mnist_dp/architectures.py); one dense layer on features is that
     nn.Linear, its state dict's names unprefixed. Its weights are torch's draw until new_model or
     model_from_bytes sets them."""
     architecture = architectures.of(network)
-    if len(architecture.weighted) == 1 and isinstance(architecture.layers[0], architectures.Dense):
+    if architecture.features != "pixels" and len(architecture.weighted) == 1 and isinstance(
+            architecture.layers[0], architectures.Dense):
         return linear(architecture.layers[0])  # [B, 3969] -> [B, 10] logits
     return DeclaredNetwork(architecture, network.activation)
 
