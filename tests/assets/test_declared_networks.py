@@ -23,7 +23,7 @@ PERSONS = np.array([0, 0, 1, 2, 2, 2, 3, 4, 4, 5, 5, 5])  # 12 images of 6 perso
 
 @pytest.fixture(scope="module")
 def algos():
-    return {f: load_asset_module(ALGO_ASSETS[f] / "algo.py", f"algo_{f}_architectures")
+    return {f: load_asset_module(ALGO_ASSETS[f] / "algo.py", f"algo_{f}_declared_networks")
             for f in FRAMEWORKS}
 
 
