@@ -73,6 +73,13 @@ def assert_no_cycle(graph: dict) -> None:
         reach(node, [])
 
 
+def test_no_two_test_modules_share_a_name():
+    """pytest imports test modules by their basename (no packages under tests/): a second module of
+    the same name stops the whole run at collection."""
+    names = [path.name for path in (REPO / "tests").rglob("test_*.py")]
+    assert sorted({name for name in names if names.count(name) > 1}) == []
+
+
 def test_the_parts_of_the_package_import_each_other_in_one_direction_only():
     """No cycle between subpackages: each can be read, tested and changed knowing only the parts
     below it."""
