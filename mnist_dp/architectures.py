@@ -1,6 +1,7 @@
 """The networks, declared once: each a list of layers with their shapes. Every framework builds its
 network from the declaration (one builder per layer type), clips each layer by its type's rule, and
-initial_weights.py draws the common start from its parameters.
+initial_weights.py draws the common start from its parameters. (MindSpore's ScatterNet CNN alone is
+also made by hand, for its slow convolution kernels: docs/design.md, "Where things go".)
 
 A new network is one `Architecture` in ARCHITECTURES, named by the hyperparameters `features` and
 `network`; docs/hyperparameters.md lists it (a test checks).

@@ -35,8 +35,8 @@ class ClippedSumGraph(nn.Cell):
           y: their labels.
 
         Returns:
-          (the summed loss, what `net.forward` returns beside the logits: what each weighted
-          layer's per-example gradient needs), `output_grads`' auxiliary output.
+          (the summed loss, then what `net.forward` returns beside the logits: what each weighted
+          layer's per-example gradient needs, `output_grads`' auxiliary outputs).
         """
         logits, inputs = self.net.forward(x, probes)
         return (self.loss(logits, y),) + inputs

@@ -193,6 +193,7 @@ class DeclaredClippedSum(ClippedSumGraph):
           gradient norm per parameter [B, parameters].
         """
         grads, inputs = self.output_grads(x, probes, y)
+        # per weighted layer: a convolution's per-example kernels, a dense layer's input; its bias's
         batch, squares, weights, biases = x.shape[0], (), (), ()
         for (kind, probe, bias, _), a in zip(self.rules, inputs):
             g = grads[probe]
