@@ -122,6 +122,12 @@ class Architecture:
         return channels, size, size
 
     @property
+    def reads_maps(self) -> bool:
+        """Whether the first layer reads the inputs as maps [C, H, W]: images always, scattering
+        features before a convolution (before a dense layer they stay flat)."""
+        return self.features == "pixels" or isinstance(self.layers[0], Conv)
+
+    @property
     def has_activation(self) -> bool:
         return ACT in self.layers
 

@@ -82,7 +82,7 @@ class DeclaredNet(nn.Cell):
     def __init__(self, architecture, activation="tanh"):
         super().__init__()
         self.pixels, self.input_maps = architecture.features == "pixels", architecture.input_maps
-        self.maps = self.pixels or isinstance(architecture.layers[0], architectures.Conv)
+        self.maps = architecture.reads_maps
         self.steps, self.probe_shapes = (), ()  # (kind, name, output shape) per declared layer
         for layer, (shape, out) in zip(architecture.layers, architecture.shapes()):
             name = getattr(layer, "name", "")

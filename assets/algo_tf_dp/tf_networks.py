@@ -43,7 +43,11 @@ def keras_layers(architecture, activation) -> list:
     """The Keras layers of `architecture`'s `layers`, from its inputs to its last layer's output."""
     layers, declared = tf.keras.layers, architecture.layers
     channels, size, _ = architecture.input_maps
-    maps = architecture.features == "pixels" or isinstance(declared[0], architectures.Conv)
+    maps = architecture.reads_maps
+    # an activation right after a convolution or a dense layer is folded into that layer
+    folds = [isinstance(layer, (architectures.Conv, architectures.Dense))
+             and declared[index + 1:index + 2] == (architectures.ACT,)
+             for index, layer in enumerate(declared)]
     if architecture.features == "pixels":  # [B, 28, 28, 1] in [0, 1]
         keras = [layers.Rescaling(1 / MNIST_STD, offset=-MNIST_MEAN / MNIST_STD)]
     elif maps:  # [B, 3969] -> [B, 81, 7, 7] -> [B, 7, 7, 81]
@@ -51,7 +55,7 @@ def keras_layers(architecture, activation) -> list:
     else:
         keras = []
     for index, (layer, (shape, _)) in enumerate(zip(declared, architecture.shapes())):
-        folded = activation if declared[index + 1:index + 2] == (architectures.ACT,) else None
+        folded = activation if folds[index] else None
         if isinstance(layer, architectures.Conv):
             keras.append(layers.Conv2D(layer.channels_out, layer.kernel, strides=layer.stride,
                                        padding=keras_padding(layer, shape[1]),
@@ -59,8 +63,7 @@ def keras_layers(architecture, activation) -> list:
         elif isinstance(layer, architectures.GroupNorm):
             keras.append(layers.GroupNormalization(shape[0] // GROUP_SIZE, epsilon=NORM_EPS,
                                                    center=False, scale=False))
-        elif layer is architectures.ACT and not isinstance(declared[index - 1], (
-                architectures.Conv, architectures.Dense)):
+        elif layer is architectures.ACT and not (index and folds[index - 1]):
             keras.append(layers.Activation(activation))
         elif layer is architectures.POOL:
             keras.append(layers.MaxPool2D(2, 1))
