@@ -26,7 +26,7 @@ from mnist_dp import hyperparameters, search_space
 from mnist_dp.learning import features as feature_maps
 from mnist_dp.learning import model_io, skeleton, training
 from mnist_dp.learning.interface import Framework, Network, Ran
-from mnist_dp.privacy import data_ledger, model_file, policy, provenance, statement
+from mnist_dp.privacy import budgets, data_ledger, model_file, policy, provenance, statement
 from mnist_dp.privacy.budgets import check_whole_run
 from mnist_dp.privacy.ledger import Ledger
 from mnist_dp.privacy.policy import plan_size
@@ -293,16 +293,17 @@ def tune(framework: Framework, inputs: dict, outputs: dict, hyperparameters_path
     search_file = Path(hyperparameters_path).with_name(search_space.FILE_NAME)
     search = search_space.load(search_file if search_file.is_file() else None)
     # a run's checks are plan_search's, for each privacy profile on the training split
-    skeleton.refuse_copies(data)
+    budgets.refuse_copies(data)
     # held only to read (a lock held while K candidates train would time them for other tasks), and
     # to refuse a task whose run would be recorded nowhere before it trains
     chain = data_ledger.Chain.of(inputs.get("ledger"), data)
     with data_ledger.held(skeleton.sample_folders(data), chain,
                           passes_on=outputs.get("ledger") is not None) as first:
         earlier = first.ledger
-    persons = skeleton.per_person(framework, data, base, {"this data's own ledger": earlier})
+    persons = budgets.per_person(framework.name, framework.per_person, data, base,
+                                 {"this data's own ledger": earlier})
     owner = policy.of_data(data)
-    owner.check_run(base.dp, base.noise_seed, persons is not None)
+    owner.check_allowed(base.dp, base.noise_seed, persons is not None)
     check_whole_run(owner, data_ledger.histories(earlier, data["samples"]), base.target_epsilon,
                     base.delta, "a search")
     held_out = validation_split(data, search.validation_permille)

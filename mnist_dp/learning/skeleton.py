@@ -1,11 +1,14 @@
-"""The skeleton every algo asset shares: data -> plan -> model -> DP steps -> ledger -> save.
+"""The skeleton every algo asset shares: a train task in four phases, budget -> plan -> run ->
+record, then the model saved.
 
 An asset supplies only a `Framework` (interface.py: the hooks that build the network and its
 optimizer, take one DP or plain step, end the training, give the library's ε and move weights in and
 out); the rest is shared, once: the task functions train, aggregate and predict here (models loaded
-and checked in model_io.py), the run's plan in privacy/task_plan.py (q, steps, σ, the budget, the
-DP event), which `train_in_memory` makes once, and the run itself in training.py (the Poisson
-batches, each step's σ and clipping norm, the loop over the steps), which takes that plan.
+and checked in model_io.py). `train_in_memory` makes each phase once: the budget in
+privacy/budgets.py (the unit, what the data and the input model have spent), the run's plan in
+privacy/task_plan.py (q, steps, σ, the cut to the budgets, the DP event), the run in training.py
+(the Poisson batches, each step's σ and clipping norm, the loop over the steps), which takes that
+plan, and the record: the plan's event in the model's ledger and the data's own.
 """
 from __future__ import annotations
 
@@ -27,10 +30,7 @@ from mnist_dp.privacy import (
     statement,
     task_plan,
 )
-from mnist_dp.privacy.examples import persons_of
 from mnist_dp.privacy.ledger import Ledger, merge, own_runs
-from mnist_dp.privacy.policy import plan_size, plan_units
-from mnist_dp.privacy.randomness import RunRandomness
 from mnist_dp.utils import timing
 from mnist_dp.utils.errors import UserError
 from mnist_dp.utils.words import counted
@@ -67,9 +67,8 @@ def train(framework: Framework, inputs: dict, outputs: dict, hyperparameters_pat
     model, ledger = model_io.load_input_model(framework, inputs, network)
     if model is None:
         model = framework.new_model(hp.seed, network)
-    # 2. The run's plan (what it may spend, over the earlier runs it counts), 3. the DP
-    #    steps, and 4. the ledger: this run as it ran, recorded with the data before the model is
-    #    saved.
+    # 2. The budget, the plan, the run and its record (train_in_memory's four phases), recorded
+    #    with the data before the model is saved.
     chain = data_ledger.Chain.of(inputs.get("ledger"), data)
     with data_ledger.held(sample_folders(data), chain,
                           passes_on=outputs.get("ledger") is not None) as spent:
@@ -87,7 +86,7 @@ def train(framework: Framework, inputs: dict, outputs: dict, hyperparameters_pat
         model_io.save_epsilon(outputs["epsilon"], summary["epsilon"])
         timing.end_task("saving", dp=hp.dp)
         return summary
-    # 5. Save the model with its ledger, and ε.
+    # 3. Save the model with its ledger, and ε.
     model_file.save(outputs["model"], model_file.ModelFile(framework.name,
                                                            framework.dump_model(model), ledger,
                                                            plan.metadata()))
@@ -122,34 +121,6 @@ def sample_folders(data: dict) -> list:
     return [s["folder"] for s in data["samples"] if s.get("folder")]
 
 
-def refuse_copies(data: dict) -> None:
-    """Refuse the opener's data if it holds copies of an example: trained twice, it would be
-    accounted once."""
-    if data.get("copies"):
-        raise UserError(data["copies"])
-
-
-def per_person(framework: Framework, data: dict, hp: Hyperparameters, earlier: dict):
-    """Each image's person (examples.persons_of) when `data` names persons and the run is private,
-    else None. Refused in one line where this run cannot train per person, or where a ledger of
-    `earlier` ({whose: Ledger}) holds private runs of the other unit on this organisation's data: a
-    person's runs and their images' runs would be accounted apart."""
-    persons = persons_of(data) if hp.dp else None
-    if persons is not None and not framework.per_person:
-        raise UserError(f"subjects.npy: {framework.name} does not clip per person; train this "
-                        "data with an algo that does, or without subjects.npy per image")
-    unit, keys = plan_units(persons, len(data["labels"]))[1], {s["key"] for s in data["samples"]}
-    for whose, known in earlier.items():
-        other = sorted({e.clipping for e in known.events if e.is_private and e.clipping != unit
-                        and known.touches_keys(e, keys)}) if known is not None and hp.dp else []
-        if other:
-            raise UserError(f"{whose} records runs clipped {other[0]} on this organisation's "
-                            f"data, and this run would clip {unit}: the two are not composed; "
-                            "train with the privacy unit of the earlier runs (subjects.npy present "
-                            "or absent as it was)")
-    return persons
-
-
 def train_in_memory(framework: Framework, model, ledger: Ledger, data: dict, hp: Hyperparameters,
                     where: str, code: dict, if_diverged: str, through=None, release_images=False,
                     spent: data_ledger.Held | None = None, continuing: bool = False,
@@ -182,52 +153,18 @@ def train_in_memory(framework: Framework, model, ledger: Ledger, data: dict, hp:
       (the run's TaskPlan, what it Ran), or (TaskPlan, None) when the data's budget is spent and
       nothing ran.
     """
-    refuse_copies(data)
-    for known in (ledger, spent.ledger if spent is not None else None):
-        # only with the organisation's other keys
-        if known is not None and known.link(data["samples"]):
-            log.info("this organisation's examples named under another of its keys are counted as "
-                     "the same examples")
-    lacking = data_ledger.absorb(ledger, spent.ledger) if spent is not None and continuing else []
-    if lacking:
-        log.warning("the input model's ledger lacks %s that this organisation's own ledger "
-                    "records on this data (%s): they are composed into this model's ε",
-                    counted(len(lacking), "run"),
-                    ", ".join(f"{e.framework} {e.run_id[:8]}" for e in lacking))
-    persons = per_person(framework, data, hp, {
-        "the input model's ledger": ledger,
-        "this data's own ledger": spent.ledger if spent is not None else None})
-    owner = policy.of_data(data)
-    owner.check_run(hp.dp, hp.noise_seed, persons is not None)
-    identities = ledger.add_samples(data["samples"])
-    histories = ledger.histories(identities)
-    # the budget counts every run of the data: the input model's and the data's own ledger's
-    everything = ledger if spent is None else data_ledger.union(ledger, spent.ledger)
-    n, unit = plan_size(data, persons, len(data["labels"]))
-    plan = task_plan.for_task(
-        framework.name, hp, n, histories, where, identities,
-        histories if everything is ledger else everything.histories(identities), unit, owner,
-        may_stop)
-    # else the input model, as received, is passed on
-    if plan.sampling.steps == 0 and (lacking or not continuing):
-        named = " and ".join(f"{name} = {epsilon}"
-                             for epsilon, _, name in budgets.budgets(hp, owner))
-        raise UserError(f"{named}: this data has spent its budget (its own ledger of the runs "
-                        "released from it: docs/privacy.md, \"The data's own ledger\"); nothing "
-                        "was trained or saved")
+    # 1. The budget: what the data and the input model have spent, and the privacy unit.
+    budget = budgets.of_task(framework.name, framework.per_person, ledger, data, hp, spent,
+                             continuing)
+    # 2. The plan: σ, the steps within the budget (none: the input model is passed on), the noise
+    #    of every step.
+    plan = task_plan.for_task(framework.name, hp, budget, where, may_stop)
     timing.mark("setup")  # input model, σ calibration, budget
     if plan.sampling.steps == 0:
         return plan, None
-    randomness = RunRandomness.for_run(hp.noise_seed, len(ledger.events), plan.identities)
-    inputs = Network.of(hp).inputs(data["images"])
-    if release_images:
-        data["images"] = None
-    # fixed features: the scattering transform of every image (nothing for pixels)
-    timing.mark("features")
-    training.say_notices(framework, hp, randomness)
-    ran = training.fit(framework, model, inputs, data["labels"], plan, randomness,
-                       through=through, persons=persons)
-    timing.mark("training")  # the steps after the first
+    # 3. The run, and 4. its record: the ledger's event, and the data's own ledger.
+    ran = training.run(framework, model, data, plan, budget.persons, len(ledger.events), through,
+                       release_images)
     model_io.check_finite(framework, model, f"training diverged in {ran.steps} steps", if_diverged)
     ledger.add(plan.event(ran, code=code))
     if spent is not None:

@@ -309,6 +309,39 @@ def comparable_library_epsilon(framework_name: str, library_epsilon: dict) -> di
     return kept
 
 
+def run(framework: Framework, model, data: dict, plan: TaskPlan,
+        persons: np.ndarray | None, run_index: int, through=None,
+        release_images: bool = False) -> Ran:
+    """A train task's run: the steps of `plan` on the opener's `data` (`fit`), `model` trained in
+    place, its noise drawn for the `run_index`-th run of its ledger.
+
+    Args:
+      framework: the algo's Framework.
+      model: the framework's model.
+      data: the opener's data.
+      plan: the run's plan.
+      persons: each image's person when the unit is a person (Budget.persons), else None.
+      run_index: the runs of the model's ledger before this one (RunRandomness.for_run).
+      through: as in `fit`.
+      release_images: whether the data's images give way to the network's inputs
+        (skeleton.train_in_memory's).
+
+    Returns:
+      What it Ran.
+    """
+    randomness = RunRandomness.for_run(plan.hp.noise_seed, run_index, plan.identities)
+    inputs = Network.of(plan.hp).inputs(data["images"])
+    if release_images:
+        data["images"] = None
+    # fixed features: the scattering transform of every image (nothing for pixels)
+    timing.mark("features")
+    say_notices(framework, plan.hp, randomness)
+    ran = fit(framework, model, inputs, data["labels"], plan, randomness, through=through,
+              persons=persons)
+    timing.mark("training")  # the steps after the first
+    return ran
+
+
 @dataclass
 class Trained:
     """A model trained from scratch in memory (benchmarks, audits), and what its training did."""

@@ -22,6 +22,7 @@ from mnist_dp.privacy.events import MIN_NOISE_MULTIPLIER, DpEvent, NoiseSchedule
 from mnist_dp.privacy.no_sigma import (
     CountAloneSpends,
     DecayTooSteep,
+    NoSigma,
     NumericsGaveUp,
     PriorNotPrivate,
     PriorSpent,
@@ -233,6 +234,76 @@ def steps_within_budget(prior_events: Sequence[DpEvent], next_run: DpEvent, delt
         middle = (low + high) // 2
         low, high = (middle, high) if fits(middle) else (low, middle)
     return low
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannedRun:
+    """What a plan asks the accountant of the run it plans (account_run).
+
+    Attributes:
+      event: the run's event at σ = 1, all its planned steps: q, the steps, the decay and adaptive
+        clipping's count noise, kept at every σ.
+      delta: δ of target_epsilon.
+      sigma: the run's σ when given (0 without DP); None: calibrated to target_epsilon, at δ,
+        after the worst of `histories` (one sequence of earlier DpEvents per organisation).
+      budgets: ((ε, δ), …), in order, each cutting the steps the one before left, after every one
+        of the histories `counted`.
+    """
+
+    event: DpEvent
+    delta: float
+    sigma: float | None = None
+    target_epsilon: float | None = None
+    histories: tuple = ((),)
+    budgets: tuple = ()
+    counted: tuple = ((),)
+
+
+@dataclasses.dataclass(frozen=True)
+class Limit:
+    """What one budget allows a planned run (account_run)."""
+
+    steps: int  # the run's steps when this budget is asked (the earlier budgets' cut)
+    allowed: int  # the most of them that keep ε within the budget after every counted history
+    one_step: float  # ε of one step on data no run touched; 0 when a history is not empty
+    spent: float  # where no step fits: the most ε a counted history already spends; else 0
+
+
+@dataclasses.dataclass(frozen=True)
+class RunAccount:
+    """The accountant's answer to a PlannedRun: σ, and a Limit per budget, in order."""
+
+    sigma: float
+    limits: tuple
+
+
+def account_run(run: PlannedRun) -> RunAccount:
+    """Everything a plan asks the accountant, in one question: σ as given, or the largest σ the
+    calibration gives over run.histories (one the σ found so far already meets is not calibrated
+    again), and what each budget allows at that σ. Raises the NoSigma that says why when no σ
+    meets the target, its `prior` the history it was calibrated after."""
+    sigma, event = run.sigma, run.event
+    for prior in run.histories if sigma is None else ():
+        if sigma is None or not meets_target(sigma, run.target_epsilon, run.delta,
+                                             event.sample_rate, event.steps, prior,
+                                             event.schedule()):
+            try:
+                found = calibrate_noise_multiplier(run.target_epsilon, run.delta,
+                                                   event.sample_rate, event.steps, prior,
+                                                   schedule=event.schedule())
+            except NoSigma as exc:
+                exc.prior = tuple(prior)
+                raise
+            sigma = found if sigma is None else max(sigma, found)
+    limits, event = [], dataclasses.replace(event, noise_multiplier=sigma)
+    for epsilon, delta in run.budgets:
+        one_step = 0.0 if any(run.counted) else compose_epsilon(
+            [dataclasses.replace(event, steps=1)], delta)
+        allowed = min(steps_within_budget(prior, event, delta, epsilon) for prior in run.counted)
+        spent = 0.0 if allowed else max(compose_epsilon(prior, delta) for prior in run.counted)
+        limits.append(Limit(event.steps, allowed, one_step, spent))
+        event = dataclasses.replace(event, steps=allowed)
+    return RunAccount(sigma, tuple(limits))
 
 
 def calibrate_noise_multiplier(

@@ -10,6 +10,8 @@ class NoSigma(Exception):
     """No σ up to MAX_NOISE_MULTIPLIER meets the target: each subclass says why, with the numbers
     that show it. Words for the user come from refusals.py, which knows which setting to change."""
 
+    prior: tuple = ()  # the earlier runs it was calibrated after (accountant.account_run sets it)
+
     def __str__(self) -> str:
         return repr(self)
 

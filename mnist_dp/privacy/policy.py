@@ -92,7 +92,7 @@ class Policy:
             raise UserError(f"{self.source}: the data's owner does not allow {OPT_INS[opt_in]} on "
                             f"this data; {todo} (nothing was trained or registered)")
 
-    def check_run(self, dp: bool, noise_seed, per_person: bool) -> None:
+    def check_allowed(self, dp: bool, noise_seed, per_person: bool) -> None:
         """Refuse a run the policy does not allow: without DP, with a noise_seed, or per example
         where it asks for persons."""
         if not dp:

@@ -105,7 +105,7 @@ def check_owner(owner: Policy, hp: Hyperparameters, per_person: bool, score_trai
     (--baseline), a noise_seed, a per-image run where it asks for persons, --score-train, and a
     search (`history`: (the data's own ledger, its samples' examples)) that could pass its budget.
     """
-    owner.check_run(hp.dp, hp.noise_seed, per_person)
+    owner.check_allowed(hp.dp, hp.noise_seed, per_person)
     if score_train:
         owner.refuse("score_train", "run without --score-train")
     if history is not None and owner.budgets:

@@ -19,6 +19,7 @@ import numpy as np
 from mnist_dp import search_space
 from mnist_dp.hyperparameters import Hyperparameters
 from mnist_dp.privacy import no_sigma, refusals, search_accountant, task_plan
+from mnist_dp.privacy.budgets import Budget
 from mnist_dp.privacy.events import (
     PER_EXAMPLE,
     PER_PERSON,
@@ -29,6 +30,7 @@ from mnist_dp.privacy.events import (
 )
 from mnist_dp.privacy.examples import unit_ids
 from mnist_dp.privacy.task_plan import SamplingPlan, TaskPlan
+from mnist_dp.privacy.units import UNITS
 from mnist_dp.search_space import SearchSpace
 from mnist_dp.utils.errors import UserError
 from mnist_dp.utils.lazy import lazy_import
@@ -109,10 +111,10 @@ class SearchPlan:
         epochs = hp.epochs if self.search.candidate_epochs is None else self.base.epochs
         hp = dataclasses.replace(hp, epochs=epochs, target_epsilon=self.base.target_epsilon,
                                  noise_multiplier=None)
-        faces = [[search_event], [dataclasses.replace(search_event,
-                                                      search=search_event.search.scored())]]
-        return task_plan.for_task(framework, hp, self.n, faces, where, search_event.data,
-                                  privacy_unit=self.privacy_unit)
+        faces = ((search_event,), (dataclasses.replace(search_event,
+                                                       search=search_event.search.scored()),))
+        return task_plan.for_task(framework, hp, Budget(self.n, UNITS[self.privacy_unit],
+                                                        search_event.data, faces), where)
 
     def event(self, plan: TaskPlan, data: tuple, ran, code: dict | None) -> DpEvent:
         """The ledger event of the released candidate: its run on the training examples, with the

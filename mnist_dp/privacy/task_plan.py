@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from mnist_dp.assets import capabilities
 from mnist_dp.hyperparameters import Hyperparameters
 from mnist_dp.privacy import accountant, events, no_sigma, refusals
-from mnist_dp.privacy.budgets import NO_POLICY, budgets
+from mnist_dp.privacy.budgets import Budget, budgets
 from mnist_dp.privacy.events import (
     NO_CLIPPING,
     NOISE_STAGES,
@@ -30,7 +30,6 @@ from mnist_dp.privacy.events import (
     DpEvent,
     NoiseSchedule,
 )
-from mnist_dp.privacy.policy import Policy
 from mnist_dp.privacy.units import UNITS
 from mnist_dp.utils.errors import UserError
 
@@ -193,61 +192,66 @@ class TaskPlan:
                 "stopped_by_budget": self.sampling.stopped_by_budget}
 
 
-def for_task(framework: str, hp: Hyperparameters, n: int, histories: Sequence, where: str,
-             identities: tuple = (), budget_histories: Sequence | None = None,
-             privacy_unit: str = PER_EXAMPLE, owner: Policy = NO_POLICY,
+def for_task(framework: str, hp: Hyperparameters, budget: Budget, where: str,
              may_stop: bool = True) -> TaskPlan:
     """The plan of a train task, in one pass: every check, then σ, then the budgets.
 
     Args:
       framework: the algo's name.
       hp: the hyperparameters.
-      n: the data's public size (policy.plan_size): training examples, or persons.
-      histories: the earlier runs the task counts in the input model's ledger
-        (Ledger.histories; [[]] for none): σ is calibrated for the worst of them.
+      budget: what the run may spend: its unit and their count, the earlier runs it counts (σ is
+        calibrated for the worst of `budget.histories`; the budgets count `budget.counted`), the
+        data owner's policy (whose budgets hold beside hp.max_epsilon).
       where: what names the hyperparameters in an error.
-      identities: the keyed identities of the task's data samples.
-      budget_histories: the histories the budgets count (the input model's ledger joined with the
-        data's own: data_ledger.union); default `histories`.
-      privacy_unit: the unit clipped, events.PER_EXAMPLE or PER_PERSON.
-      owner: the data owner's policy (policy.of_data), whose budgets hold beside hp.max_epsilon.
       may_stop: whether the run may stop early at a budget; else one that would is refused.
 
     Returns:
-      The TaskPlan, its steps cut to the budgets (0 when the data has spent one: the task passes
-      its input model on). Raises UserError for anything the accountant could not bound
-      (check_run), a target_epsilon no σ meets, or a budget below a single step's ε.
+      The TaskPlan, its steps cut to the budgets (0 when the data has spent one and
+      budget.passes_on: the task passes its input model on). Raises UserError for anything the
+      accountant could not bound (check_run), a target_epsilon no σ meets, a budget below a single
+      step's ε, or a spent budget where the input model is not passed on.
     """
+    n, privacy_unit = budget.n, budget.unit.clipping
     sampling, unit = checked_run(framework, hp, n, where, privacy_unit)
-    sigma = worst_noise_multiplier(hp, sampling, histories, where)
-    schedule = unit.with_sigma(sigma) if hp.dp else unit
-    budget = histories if budget_histories is None else budget_histories
-    for epsilon, delta, named in budgets(hp, owner) if hp.dp else ():
-        first, run = (DpEvent.of_run(framework, identities, n, sampling.sample_rate, schedule,
-                                     steps, privacy_unit, hp.max_grad_norm)
-                      for steps in (1, sampling.steps))
-        one_step = 0.0 if any(budget) else accountant.compose_epsilon([first], delta)
-        allowed = min(accountant.steps_within_budget(prior, run, delta, epsilon)
-                      for prior in budget)
-        spent = 0.0 if allowed else max(accountant.compose_epsilon(prior, delta)
-                                        for prior in budget)
-        if one_step > epsilon:  # not even one step fits on fresh data
-            raise refusals.below_one_step(hp, one_step, named=named, epsilon=epsilon,
+    limits = budgets(hp, budget.owner) if hp.dp else []
+    # σ as given (0 without DP), or None: calibrated to target_epsilon
+    given = 0.0 if not hp.dp else None if hp.noise_multiplier is None else float(
+        hp.noise_multiplier)
+    try:
+        account = accountant.account_run(accountant.PlannedRun(
+            DpEvent.of_run(framework, budget.identities, n, sampling.sample_rate, unit,
+                           sampling.steps, privacy_unit, hp.max_grad_norm),
+            hp.delta, given, hp.target_epsilon, budget.histories,
+            tuple((epsilon, delta) for epsilon, delta, _ in limits), budget.counted))
+    except no_sigma.NoSigma as exc:
+        raise refusals.refused(exc, hp, sampling, where, exc.prior) from None
+    if given is None:
+        log.info("calibrated noise_multiplier = %.4f for target epsilon %.3g at delta %.1e",
+                 account.sigma, hp.target_epsilon, hp.delta)
+    for limit, (epsilon, delta, named) in zip(account.limits, limits):
+        if limit.one_step > epsilon:  # not even one step fits on fresh data
+            raise refusals.below_one_step(hp, limit.one_step, named=named, epsilon=epsilon,
                                           delta=delta)
-        if allowed < sampling.steps and not may_stop:
+        if limit.allowed < limit.steps and not may_stop:
             raise UserError(f"{named} = {epsilon:g} at delta = {delta:g}: this run would pass it "
-                            f"after {allowed} of its {sampling.steps} steps, and it cannot stop "
+                            f"after {limit.allowed} of its {limit.steps} steps, and it cannot stop "
                             "early; train fewer epochs, with more noise, or on other data")
-        if allowed == 0:
+        if limit.allowed == 0:
             log.warning("privacy budget spent: this data's ε is already %.3f at delta = %g (its "
                         "own ledger and the input model's) and one more step would exceed %s = "
-                        "%g: no training", spent, delta, named, epsilon)
-        elif allowed < sampling.steps:
+                        "%g: no training", limit.spent, delta, named, epsilon)
+        elif limit.allowed < limit.steps:
             log.warning("privacy budget: stopping after %d of %d steps (%s = %g at delta = %g)",
-                        allowed, sampling.steps, named, epsilon, delta)
-        sampling = dataclasses.replace(sampling, max_steps=allowed)
-    return TaskPlan(framework, hp, sampling, sigma, schedule, tuple(identities),
-                    tuple(tuple(h) for h in histories), privacy_unit)
+                        limit.allowed, limit.steps, named, epsilon, delta)
+        sampling = dataclasses.replace(sampling, max_steps=limit.allowed)
+    if sampling.steps == 0 and not budget.passes_on:
+        named = " and ".join(f"{name} = {epsilon}" for epsilon, _, name in limits)
+        raise UserError(f"{named}: this data has spent its budget (its own ledger of the runs "
+                        "released from it: docs/privacy.md, \"The data's own ledger\"); nothing "
+                        "was trained or saved")
+    return TaskPlan(framework, hp, sampling, account.sigma, unit.with_sigma(account.sigma),
+                    tuple(budget.identities), tuple(tuple(h) for h in budget.histories),
+                    privacy_unit)
 
 
 def fresh(framework: str, hp: Hyperparameters, n: int, where: str,
@@ -266,7 +270,7 @@ def fresh(framework: str, hp: Hyperparameters, n: int, where: str,
     Returns:
       The TaskPlan, as for_task makes and checks it.
     """
-    return for_task(framework, hp, n, [[]], where, identities, privacy_unit=privacy_unit)
+    return for_task(framework, hp, Budget(n, UNITS[privacy_unit], tuple(identities)), where)
 
 
 def noise_schedule(hp: Hyperparameters, plan: SamplingPlan, sigma: float) -> NoiseSchedule:
@@ -392,19 +396,6 @@ def check_noise(hp: Hyperparameters, plan: SamplingPlan, unit: NoiseSchedule, wh
                         f"an effective noise multiplier of {smallest:.3g}{count_too}, below "
                         f"{floor:g}: such a step spends a huge ε; raise "
                         f"noise_multiplier{' or noise_decay' if decay else ''}")
-
-
-def worst_noise_multiplier(hp: Hyperparameters, plan: SamplingPlan, histories: Sequence,
-                           where: str) -> float:
-    """The largest σ resolve_noise_multiplier gives a run of `plan` over `histories`: a history the
-    σ found so far already keeps within target_epsilon is not calibrated again."""
-    sigma = resolve_noise_multiplier(hp, plan, histories[0], where=where)
-    for prior in histories[1:]:
-        if hp.noise_multiplier is None and hp.dp and not accountant.meets_target(
-                sigma, hp.target_epsilon, hp.delta, plan.sample_rate, plan.steps, prior,
-                noise_schedule(hp, plan, 1.0)):
-            sigma = max(sigma, resolve_noise_multiplier(hp, plan, prior, where=where))
-    return sigma
 
 
 def resolve_noise_multiplier(hp: Hyperparameters, plan: SamplingPlan, prior: list, repeats: int = 1,

@@ -85,25 +85,6 @@ class SeesItsInputs(StepsThatLearnNothing):
         return []
 
 
-def test_a_framework_that_does_not_clip_per_person_refuses_subjects(opener_path):
-    """A framework's dp_step that would ignore step.persons would clip per image under a ledger per
-    person: Framework.per_person (False by default) gates it."""
-    from mnist_dp.assets import load_asset_module
-
-    data = load_asset_module(opener_path, "opener_for_per_person_tests").MnistOpener().fake_data(6)
-    hp = dict_hp(noise_multiplier=1.0, target_epsilon=None)
-    assert skeleton.per_person(StepsThatLearnNothing(), data, hp, {}) is None  # no subjects
-    data["samples"][0]["persons"] = np.array([5, 5, 7, 7, 7, 9], np.uint64)
-    with pytest.raises(UserError, match="subjects.npy: torch does not clip per person; train "
-                                        "this data with an algo that does"):
-        skeleton.per_person(StepsThatLearnNothing(), data, hp, {})
-
-    class PerPerson(StepsThatLearnNothing):
-        per_person = True
-
-    assert skeleton.per_person(PerPerson(), data, hp, {}).tolist() == [0, 0, 1, 1, 1, 2]
-
-
 def test_a_train_task_trains_on_float16_features_and_lets_its_images_go(opener_path):
     """A train task's memory: the features in float16, and no float32 images beside them while
     training (a set of 60,000 takes 188 MB); a caller that keeps its data (substrafl's algos) keeps
@@ -125,9 +106,9 @@ def test_a_train_task_trains_on_float16_features_and_lets_its_images_go(opener_p
 
 def test_a_train_task_makes_its_plan_once_and_only_the_plan_asks_the_accountant(opener_path,
                                                                                monkeypatch):
-    """One plan per task: task_plan.for_task runs once, and every call into the accountant while the
-    task trains (σ's calibration, the budget's cut) comes from the plan: the ε
-    path is plan ↔ accountant."""
+    """One plan per task: task_plan.for_task runs once, and asks the accountant once
+    (accountant.account_run): every other call into the accountant while the task trains (σ's
+    calibration, the budget's cut) comes from that question."""
     import sys
 
     from mnist_dp.assets import load_asset_module
@@ -142,7 +123,7 @@ def test_a_train_task_makes_its_plan_once_and_only_the_plan_asks_the_accountant(
             return real(*args, **kwargs)
         return recorded
 
-    for name in ("calibrate_noise_multiplier", "noise_range", "steps_within_budget",
+    for name in ("account_run", "calibrate_noise_multiplier", "noise_range", "steps_within_budget",
                  "compose_epsilon"):
         monkeypatch.setattr(accountant, name, recording(getattr(accountant, name), callers))
     monkeypatch.setattr(task_plan, "for_task", recording(task_plan.for_task, plans))
@@ -154,6 +135,7 @@ def test_a_train_task_makes_its_plan_once_and_only_the_plan_asks_the_accountant(
     assert plans == [skeleton.__name__] and ran.steps == plan.sampling.steps > 0
     assert plan.sampling.stopped_by_budget  # the budget cut it: the plan asked for that too
     assert set(callers) - {accountant.__name__} == {task_plan.__name__}
+    assert callers.count(task_plan.__name__) == 1  # one question: account_run
 
 
 def test_the_progress_bar_shows_the_epoch_and_no_figure_the_report_would_contradict(

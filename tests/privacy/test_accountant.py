@@ -152,6 +152,26 @@ def test_steps_within_budget_is_the_last_step_that_fits():
     assert steps_within_budget([spent], run, 1e-5, budget) == 0  # the input model spent it
 
 
+def test_a_plans_one_question_gives_its_sigma_and_each_budgets_cut_in_order():
+    """account_run: the σ given, then each budget cutting the steps the one before left; a
+    calibrated σ, and a NoSigma that names the history it was calibrated after."""
+    run = events.DpEvent("torch", ("a",), 200, 0.25, 1.0, 8, events.PER_EXAMPLE, 1.0)
+    loose, tight = (compose_epsilon([dataclasses.replace(run, steps=k)], 1e-5) for k in (6, 3))
+    account = accountant.account_run(accountant.PlannedRun(
+        run, 1e-5, 1.0, budgets=((loose, 1e-5), (tight, 1e-5))))
+    assert account.sigma == 1.0
+    assert [(limit.steps, limit.allowed) for limit in account.limits] == [(8, 6), (6, 3)]
+    assert account.limits[0].one_step == compose_epsilon([dataclasses.replace(run, steps=1)],
+                                                         1e-5)
+    calibrated = accountant.account_run(accountant.PlannedRun(run, 1e-5, target_epsilon=loose))
+    assert calibrated.sigma == calibrate_noise_multiplier(loose, 1e-5, 0.25, 8)
+    history = (dataclasses.replace(run, noise_multiplier=0.0),)
+    with pytest.raises(no_sigma.PriorNotPrivate) as refused:
+        accountant.account_run(accountant.PlannedRun(run, 1e-5, target_epsilon=loose,
+                                                     histories=((), history)))
+    assert refused.value.prior == history
+
+
 def pld_of(segments, q, delta=1e-5):
     """ε of Poisson-subsampled Gaussians [(σ, steps)] composed in order, straight from
     dp_accounting."""

@@ -104,17 +104,17 @@ def test_declaring_a_size_or_writing_a_policy_keeps_the_other(tmp_path):
 def test_an_opt_in_the_owner_does_not_allow_is_refused_in_one_line(tmp_path, run, message):
     owner = policy.of_folders([folder_with(tmp_path, "s", {**OWNER, "allow": []})])
     with pytest.raises(UserError, match=f"the data's owner does not allow {message}") as caught:
-        owner.check_run(**run)
+        owner.check_allowed(**run)
     assert "\n" not in str(caught.value)
     policy.of_folders([folder_with(tmp_path, "t", {
-        **OWNER, "allow": list(policy.OPT_INS)})]).check_run(**run)  # allowed
+        **OWNER, "allow": list(policy.OPT_INS)})]).check_allowed(**run)  # allowed
 
 
 def test_a_person_unit_refuses_a_run_per_image(tmp_path):
     owner = policy.of_folders([folder_with(tmp_path, "s", {**OWNER, "privacy_unit": "person"})])
     with pytest.raises(UserError, match="asks for privacy per person"):
-        owner.check_run(dp=True, noise_seed=None, per_person=False)
-    owner.check_run(dp=True, noise_seed=None, per_person=True)
+        owner.check_allowed(dp=True, noise_seed=None, per_person=False)
+    owner.check_allowed(dp=True, noise_seed=None, per_person=True)
 
 
 def test_a_run_that_cannot_stop_early_is_held_to_the_budget_by_basic_composition(tmp_path):

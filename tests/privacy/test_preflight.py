@@ -9,6 +9,7 @@ from conftest import BASE_HP, dict_hp
 
 from mnist_dp import hyperparameters
 from mnist_dp.privacy import accountant, events, preflight, task_plan
+from mnist_dp.privacy.budgets import Budget
 from mnist_dp.privacy.task_plan import SamplingPlan, TaskPlan
 from mnist_dp.utils.errors import UserError
 
@@ -57,10 +58,10 @@ def test_a_budget_below_one_step_is_refused_before_registering_naming_the_organi
                                         rf"\({one_step[1]:.3f} at δ = 1e-05\)"):
         preflight.check_plan("torch", hp, [200, 100], 1, ["org 1", "org 2"])
     # The task's own check says the same (one message), and lets organisation 1 train.
-    assert task_plan.for_task("torch", hp, 200, [[]], "x").sampling.steps > 0
+    assert task_plan.for_task("torch", hp, Budget(200), "x").sampling.steps > 0
     with pytest.raises(UserError,
                        match=rf"^max_epsilon = {hp.max_epsilon} is below the ε of a single step"):
-        task_plan.for_task("torch", hp, 100, [[]], "x")
+        task_plan.for_task("torch", hp, Budget(100), "x")
 
 
 def test_the_budget_check_calibrates_sigma_as_the_tasks_will_get_it():

@@ -8,6 +8,7 @@ from conftest import BASE_HP, dict_hp
 
 from mnist_dp import hyperparameters
 from mnist_dp.privacy import accountant, events, preflight, task_plan
+from mnist_dp.privacy.budgets import Budget
 from mnist_dp.privacy.task_plan import SamplingPlan, TaskPlan
 from mnist_dp.utils.errors import UserError
 
@@ -87,16 +88,21 @@ def test_secure_mode_is_refused_in_tf_only_where_it_would_draw_noise():
 def test_budget_cuts_the_plan_stops_when_spent_or_refuses():
     hp = hyperparameters.parse({**BASE_HP, "target_epsilon": None, "noise_multiplier": 1.0,
                                 "max_epsilon": 2.0}, "x")
-    plan = task_plan.for_task("torch", hp, 1000, [[]], "x", ("d",))
+    plan = task_plan.for_task("torch", hp, Budget(1000, identities=("d",)), "x")
     cut = plan.sampling
     assert 0 < cut.steps < cut.planned_steps and cut.stopped_by_budget
-    # the task trains nothing
-    assert task_plan.for_task("torch", hp, 1000, [[plan.event_at(cut.steps)]], "x",
-                              ("d",)).sampling.steps == 0
+    # the task trains nothing, and passes its input model on; or, where it has none to pass on
+    # (a new model, or one whose ledger lacked the data's runs), it is refused
+    spent = Budget(1000, identities=("d",), histories=((plan.event_at(cut.steps),),))
+    assert task_plan.for_task("torch", hp, dataclasses.replace(spent, passes_on=True),
+                              "x").sampling.steps == 0
+    with pytest.raises(UserError, match=r"^max_epsilon = 2.0: this data has spent its budget"):
+        task_plan.for_task("torch", hp, spent, "x")
     with pytest.raises(UserError, match="below the ε of a single step"):
-        task_plan.for_task("torch", dataclasses.replace(hp, noise_multiplier=0.4), 1000, [[]], "x")
+        task_plan.for_task("torch", dataclasses.replace(hp, noise_multiplier=0.4), Budget(1000),
+                           "x")
     unbudgeted = task_plan.for_task("torch", hyperparameters.parse(
-        {**BASE_HP, "target_epsilon": None, "noise_multiplier": 1.0}, "x"), 1000, [[]], "x")
+        {**BASE_HP, "target_epsilon": None, "noise_multiplier": 1.0}, "x"), Budget(1000), "x")
     assert unbudgeted.sampling.steps == unbudgeted.sampling.planned_steps == cut.planned_steps
 
 
@@ -106,8 +112,8 @@ def small_hp(**changes):
 
 
 def test_a_task_plan_is_made_once_and_never_changes():
-    plan = task_plan.for_task("torch", small_hp(noise_multiplier=1.0, target_epsilon=None), 200,
-                              [[]], "x", ("d",))
+    plan = task_plan.for_task("torch", small_hp(noise_multiplier=1.0, target_epsilon=None),
+                              Budget(200, identities=("d",)), "x")
     assert (plan.sigma, plan.sampling.steps, plan.identities) == (1.0, 4, ("d",))
     with pytest.raises(dataclasses.FrozenInstanceError):
         plan.sigma = 2.0
@@ -127,7 +133,7 @@ def test_sigma_is_calibrated_for_the_worst_history_of_the_tasks_examples(monkeyp
     calibrated, calibrate = [], accountant.calibrate_noise_multiplier
     monkeypatch.setattr(accountant, "calibrate_noise_multiplier",
                         lambda *args, **kw: calibrated.append(args) or calibrate(*args, **kw))
-    plan = task_plan.for_task("torch", hp, 200, histories, "x")
+    plan = task_plan.for_task("torch", hp, Budget(200, histories=histories), "x")
     assert len(calibrated) == (1 if heavy_first else 2)
     assert plan.sigma == task_plan.resolve_noise_multiplier(hp, plan.sampling, heavy)
     assert plan.sigma > task_plan.resolve_noise_multiplier(hp, plan.sampling, light)
@@ -142,18 +148,18 @@ def test_a_non_private_run_in_a_later_history_is_refused_in_one_line():
     private = [earlier.event_at(1)]
     plain = [dataclasses.replace(earlier.event_at(1), noise_multiplier=0.0)]
     with pytest.raises(UserError, match="x: "):
-        task_plan.for_task("torch", hp, 200, [private, plain], "x")
+        task_plan.for_task("torch", hp, Budget(200, histories=(private, plain)), "x")
 
 
 def test_the_budget_counts_every_run_of_the_data_not_only_the_input_models():
     hp = small_hp(noise_multiplier=1.0, target_epsilon=None)
-    alone = task_plan.for_task("torch", hp, 200, [[]], "x")
+    alone = task_plan.for_task("torch", hp, Budget(200), "x")
     spent = [alone.event_at(4)]
     budget = accountant.compose_epsilon(spent + [alone.event_at(2)], hp.delta)
     hp = dataclasses.replace(hp, max_epsilon=budget)
-    assert task_plan.for_task("torch", hp, 200, [[]], "x").sampling.steps == 4
+    assert task_plan.for_task("torch", hp, Budget(200), "x").sampling.steps == 4
     # the data's own ledger holds a run the input model's does not: two steps are left
-    cut = task_plan.for_task("torch", hp, 200, [[]], "x", budget_histories=[spent])
+    cut = task_plan.for_task("torch", hp, Budget(200, spent=(spent,)), "x")
     assert (cut.sampling.steps, cut.sampling.stopped_by_budget, cut.sigma) == (2, True, 1.0)
 
 
@@ -161,7 +167,7 @@ def test_the_ledgers_event_and_the_model_files_metadata_record_the_run_as_it_ran
     from mnist_dp.learning.interface import Ran
 
     hp = small_hp(noise_multiplier=3.0, target_epsilon=None, noise_decay=0.8)
-    plan = task_plan.for_task("torch", hp, 200, [[]], "x", ("d",))
+    plan = task_plan.for_task("torch", hp, Budget(200, identities=("d",)), "x")
     ran = Ran([3, 5], {"library": 1.25}, noise_multiplier=3.0, clipping=events.PER_EXAMPLE,
               replayable_noise=True)
     event = plan.event(ran, code={"function": "train"})
