@@ -94,7 +94,7 @@ class DpTraining:
 
     The framework is imported when first used: substrafl builds the algo in tasks that never use it
     (the organisations' first task, which only saves the local state, and the aggregator's), and
-    importing tf or MindSpore takes seconds."""
+    importing a framework's library takes seconds."""
 
     def _setup(self, framework: str, hyperparameters: dict, rounds: int) -> None:
         if framework not in ALGO_ASSETS:

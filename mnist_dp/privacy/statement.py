@@ -5,6 +5,7 @@ Needs only the standard library, numpy and dp_accounting (no ML framework): an a
 """
 from __future__ import annotations
 
+from mnist_dp.assets import ALGO_ASSETS, capabilities
 from mnist_dp.privacy import replace_one
 from mnist_dp.privacy.accountant import (
     ACCOUNTANT_NAMES,
@@ -18,12 +19,15 @@ from mnist_dp.privacy.randomness import ENTROPY_BITS, REPLAYABLE_WARNING
 from mnist_dp.privacy.units import IMAGE, PERSON
 from mnist_dp.utils.words import counted, noun_for
 
+# the algos whose library draws no secure noise, and those that do with secure_mode (assets.py)
+_NO_SECURE_NOISE = [name for name in ALGO_ASSETS if capabilities(name).secure_noise]
 NOT_COVERED = [
     "hyperparameter tuning, model selection or training on the same data outside this model's runs "
     "(each try spends privacy that this ledger does not see; the data's figure counts every model "
     "this bundle released from the data)", "the test data (its accuracy is published)",
-    "timing side channels, and floating-point attacks on the noise in tf, and in torch and "
-    "MindSpore without secure_mode",
+    f"timing side channels, and floating-point attacks on the noise in "
+    f"{' and '.join(_NO_SECURE_NOISE)}, and in "
+    f"{' and '.join(n for n in ALGO_ASSETS if n not in _NO_SECURE_NOISE)} without secure_mode",
 ]
 
 THREAT_MODEL = (
