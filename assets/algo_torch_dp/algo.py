@@ -215,10 +215,16 @@ def make_dp_step(model, optimizer, expected_batch_size, generator, secure_mode, 
       a gradient norm ≤ C (adaptive clipping's count, before noise).
     """
     from opacus.optimizers import DPOptimizerFastGradientClipping
+    from opacus.schedulers import LambdaGradClip, LambdaNoise
 
     optimizer = DPOptimizerFastGradientClipping(optimizer, noise_multiplier=1.0, max_grad_norm=1.0,
                                                 expected_batch_size=expected_batch_size,
                                                 generator=generator, secure_mode=secure_mode)
+    # Each step's σ and C reach the optimizer through Opacus' own schedulers, as multiples of the
+    # 1.0 it starts at (exact in floating point).
+    this_step = {"sigma": 1.0, "C": 1.0}
+    schedulers = (LambdaNoise(optimizer, noise_lambda=lambda _: this_step["sigma"]),
+                  LambdaGradClip(optimizer, scheduler_function=lambda _: this_step["C"]))
 
     def step(x: torch.Tensor, y: torch.Tensor, max_grad_norm: float, noise_multiplier: float,
              known_grams=None, persons=None) -> int:
@@ -236,7 +242,9 @@ def make_dp_step(model, optimizer, expected_batch_size, generator, secure_mode, 
           How many examples (persons) had a gradient norm ≤ C.
         """
         optimizer.zero_grad()
-        optimizer.noise_multiplier, optimizer.max_grad_norm = noise_multiplier, max_grad_norm
+        this_step.update(sigma=noise_multiplier, C=max_grad_norm)
+        for scheduler in schedulers:
+            scheduler.step()
         unclipped = 0
         if len(x):  # p.grad holds the clipped sum
             unclipped = int((clip_and_sum(model, x, y, max_grad_norm, known_grams,
