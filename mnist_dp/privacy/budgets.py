@@ -38,28 +38,29 @@ class Budget:
       identities: the keyed identities of the run's data samples (its event's `data`).
       histories: the earlier runs on the data in the input model's ledger, one list per
         organisation (Ledger.histories; ((),) for none): σ is calibrated for the worst of them.
-      spent: the histories the budgets count (the input model's ledger joined with the data's
-        own: data_ledger.union); None: `histories`.
+      budget_histories: the histories the budgets count (the input model's ledger joined with
+        the data's own: data_ledger.union); None: `histories`.
       owner: the data owner's policy, whose budgets hold beside hp.max_epsilon.
       persons: each image's person, an index 0..n-1 (examples.persons_of), when the unit is a
         person; None per image.
+      passes_on: whether a run that the budgets stop before its first step passes its input model
+        on (received from elsewhere, its ledger lacking none of the data's runs); else it is
+        refused.
     """
 
     n: int
     unit: PrivacyUnit = IMAGE
     identities: tuple = ()
     histories: tuple = ((),)
-    spent: tuple | None = None
+    budget_histories: tuple | None = None
     owner: Policy = NO_POLICY
     persons: np.ndarray | None = field(default=None, compare=False, repr=False)
-    # whether a run that the budgets stop before its first step passes its input model on (received
-    # from elsewhere, its ledger lacking none of the data's runs); else it is refused
     passes_on: bool = False
 
     @property
     def counted(self) -> tuple:
         """The histories the budgets count."""
-        return self.histories if self.spent is None else self.spent
+        return self.histories if self.budget_histories is None else self.budget_histories
 
 
 def budgets(hp: Hyperparameters, owner: Policy = NO_POLICY) -> list:

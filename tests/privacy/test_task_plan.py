@@ -159,7 +159,7 @@ def test_the_budget_counts_every_run_of_the_data_not_only_the_input_models():
     hp = dataclasses.replace(hp, max_epsilon=budget)
     assert task_plan.for_task("torch", hp, Budget(200), "x").sampling.steps == 4
     # the data's own ledger holds a run the input model's does not: two steps are left
-    cut = task_plan.for_task("torch", hp, Budget(200, spent=(spent,)), "x")
+    cut = task_plan.for_task("torch", hp, Budget(200, budget_histories=(spent,)), "x")
     assert (cut.sampling.steps, cut.sampling.stopped_by_budget, cut.sigma) == (2, True, 1.0)
 
 
