@@ -23,6 +23,7 @@ from mnist_dp.privacy.events import NO_CLIPPING, PER_PERSON, NoiseSchedule
 from mnist_dp.privacy.policy import plan_units
 from mnist_dp.privacy.randomness import REPLAYABLE_WARNING, RunRandomness, standard_normal
 from mnist_dp.privacy.task_plan import TaskPlan
+from mnist_dp.privacy.units import of as units_of
 from mnist_dp.utils import progress as progress_bars
 from mnist_dp.utils import timing
 
@@ -77,7 +78,7 @@ class DpStep:
 
     def units_in(self, batch: np.ndarray) -> int:
         """The privacy units in an index batch: its examples, or its persons."""
-        return len(batch) if self.persons is None else len(np.unique(self.persons[batch]))
+        return units_of(self.persons).in_batch(batch, self.persons)
 
     def persons_in(self, batch: np.ndarray) -> BatchPersons | None:
         """The persons of an index batch, as a framework's DP step takes them; None per example."""
@@ -183,14 +184,13 @@ def sampled_batches(plan: TaskPlan, randomness: RunRandomness, on_epoch: EpochCa
     (Opacus' own DPDataLoader runs int(1/q) steps an epoch, one fewer than planned for some q).
     """
     rng, sampling, dp = randomness.numpy("batches"), plan.sampling, plan.hp.dp
-    units = sampling.n if units is None else units
+    units, unit = sampling.n if units is None else units, units_of(persons)
     # Steps are counted here, not by the bar: a bar no terminal sees counts nothing.
     with progress_bars.bar(sampling.steps, f"train ({plan.framework})", "step",
                            shown=progress) as bar:
         for step in range(1, sampling.steps + 1):
             if dp:
-                sampled = rng.random(units) < sampling.sample_rate
-                yield np.flatnonzero(sampled if persons is None else sampled[persons])
+                yield unit.batch(rng.random(units) < sampling.sample_rate, persons)
             else:
                 yield rng.choice(units, size=min(plan.hp.batch_size, units), replace=False)
             bar.update()

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mnist_dp.privacy.events import PER_EXAMPLE, PER_PERSON
+from mnist_dp.privacy import units
 from mnist_dp.utils.errors import UserError
 from mnist_dp.utils.words import counted
 
@@ -179,7 +179,8 @@ def of_data(data: dict) -> Policy:
 def plan_units(persons: np.ndarray | None, n: int) -> tuple[int, str]:
     """What a run's plan counts and clips, for `n` images whose persons are `persons`
     (examples.persons_of's, or None): (n, events.PER_EXAMPLE), or (the P persons, PER_PERSON)."""
-    return (n, PER_EXAMPLE) if persons is None else (int(persons.max()) + 1, PER_PERSON)
+    unit = units.of(persons)
+    return unit.count(n, persons), unit.clipping
 
 
 def plan_size(data: dict, persons: np.ndarray | None, images: int) -> tuple[int, str]:

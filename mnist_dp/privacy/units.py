@@ -1,21 +1,42 @@
 """The privacy unit: what two neighbouring datasets differ by, one image or one person with all
-their images, and the words the statement, results.json and the errors use for it."""
+their images; how a run's data is counted and sampled in it; and the words the statement,
+results.json and the errors use for it."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import numpy as np
 
 from mnist_dp.privacy.events import PER_EXAMPLE, PER_PERSON
 
 
 @dataclass(frozen=True)
 class PrivacyUnit:
-    """One privacy unit and its words."""
+    """One privacy unit: how the images are counted and sampled in it, and its words.
+
+    A unit's methods take `groups`, each image's group (a person: an index 0..P-1, from
+    examples.persons_of), which a unit of one image ignores (None there).
+    """
 
     clipping: str  # what the ledger's events call its clipping (events.PER_EXAMPLE, PER_PERSON)
     name: str  # results.json's privacy_unit
     counted: str  # what a plan's n counts, in an error
     sampling: str  # the sampling the accountant assumes
     neighbouring_relation: str  # what two neighbouring datasets differ by
+    grouped: bool = False  # whether a unit is a group of images (a person's)
+
+    def count(self, images: int, groups: np.ndarray | None) -> int:
+        """How many units `images` images hold: the images, or their groups."""
+        return int(groups.max()) + 1 if self.grouped else images
+
+    def batch(self, sampled: np.ndarray, groups: np.ndarray | None) -> np.ndarray:
+        """The index batch of the images of the units that a step's Poisson draw took (`sampled`,
+        [units] bool): a sampled unit's images are all in it."""
+        return np.flatnonzero(sampled[groups] if self.grouped else sampled)
+
+    def in_batch(self, batch: np.ndarray, groups: np.ndarray | None) -> int:
+        """The units of an index batch."""
+        return len(np.unique(groups[batch])) if self.grouped else len(batch)
 
 
 IMAGE = PrivacyUnit(
@@ -27,5 +48,11 @@ PERSON = PrivacyUnit(
     PER_PERSON, "person", "persons",
     "Poisson (each person joins each batch independently with probability q, with all their "
     "images)",
-    "add or remove one person, with all their images")
+    "add or remove one person, with all their images", grouped=True)
 UNITS = {unit.clipping: unit for unit in (IMAGE, PERSON)}
+
+
+def of(persons: np.ndarray | None) -> PrivacyUnit:
+    """The unit of a run whose images' persons are `persons` (examples.persons_of's): PERSON, or
+    IMAGE for None."""
+    return IMAGE if persons is None else PERSON
