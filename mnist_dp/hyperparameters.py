@@ -55,6 +55,17 @@ FILE_NAME = "hyperparameters.json"
 
 
 @dataclass(frozen=True)
+class Training:
+    """What an algo's optimizer is made of (Hyperparameters.training): the settings a framework's
+    optimizer hook reads, none that the privacy plan decides."""
+
+    optimizer: str  # "sgd" (with momentum) or "adam"
+    learning_rate: float
+    momentum: float
+    ema_decay: float  # the moving average of the weights saved in their place; 0: none
+
+
+@dataclass(frozen=True)
 class Hyperparameters:
     epochs: int
     batch_size: int
@@ -81,6 +92,11 @@ class Hyperparameters:
 
     def to_json(self) -> dict:
         return asdict(self)
+
+    @property
+    def training(self) -> Training:
+        """The optimizer's settings."""
+        return Training(self.optimizer, self.learning_rate, self.momentum, self.ema_decay)
 
 
 # Bounds that catch typos and absurd values before any work starts: beyond them a run would

@@ -432,7 +432,7 @@ class StepsThatLearnNothing(interface.Framework):
 
     name = "torch"
 
-    def optimizer(self, model, plan):
+    def optimizer(self, model, training):
         return None
 
     def dp_step(self, model, optimizer, inputs, labels, plan, step):
@@ -441,7 +441,7 @@ class StepsThatLearnNothing(interface.Framework):
     def plain_step(self, model, optimizer, inputs, labels):
         return lambda batch: None
 
-    def end_training(self, model, optimizer, plan):
+    def end_training(self, model, optimizer, training):
         pass
 
     def library_epsilon(self, plan, steps, sigma):

@@ -165,3 +165,14 @@ def test_a_change_that_would_have_no_effect_is_refused_naming_the_users_file(cha
         hyperparameters.load(asset, hyperparameters.Overrides(changes, "mine.json"))
     honoured = {**changes, "optimizer": "sgd", "network": "cnn", "clip_quantile": 0.5}
     assert hyperparameters.load(asset, hyperparameters.Overrides(honoured, "mine.json"))
+
+
+def test_the_optimizers_settings_are_the_training_keys_and_no_privacy_setting():
+    """What a framework's optimizer hook is given (Hyperparameters.training): four keys, none of
+    which the privacy plan decides."""
+    hp = hyperparameters.parse(json.loads((ALGO_ASSETS["torch"] / "hyperparameters.json")
+                                          .read_text()), "x")
+    training = hp.training
+    assert training == hyperparameters.Training(hp.optimizer, hp.learning_rate, hp.momentum,
+                                                hp.ema_decay)
+    assert not {"delta", "max_grad_norm", "noise_multiplier", "secure_mode"} & set(vars(training))

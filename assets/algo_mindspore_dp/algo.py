@@ -40,6 +40,7 @@ if str(Path(__file__).resolve().parent) not in sys.path:
 import networks
 from clipped_sums import ClippedGradientSum
 
+from mnist_dp.hyperparameters import Training
 from mnist_dp.learning import chunks, functions, interface, training
 from mnist_dp.privacy import randomness
 from mnist_dp.privacy.task_plan import TaskPlan
@@ -239,10 +240,11 @@ def make_plain_step(net, optimizer):
     return step
 
 
-def new_optimizer(net, hp):
-    if hp.optimizer == "adam":
-        return nn.Adam(net.trainable_params(), learning_rate=hp.learning_rate)
-    return nn.SGD(net.trainable_params(), learning_rate=hp.learning_rate, momentum=hp.momentum)
+def new_optimizer(net, training: Training):
+    if training.optimizer == "adam":
+        return nn.Adam(net.trainable_params(), learning_rate=training.learning_rate)
+    return nn.SGD(net.trainable_params(), learning_rate=training.learning_rate,
+                  momentum=training.momentum)
 
 
 class MovingAverage(nn.Cell):
@@ -340,11 +342,11 @@ class MindSporeMindArmour(interface.Framework):
     def network(self, network: interface.Network) -> nn.Cell:
         return networks.build_network(network)
 
-    def optimizer(self, model: nn.Cell, plan: TaskPlan) -> nn.Cell:
-        optimizer = new_optimizer(model, plan.hp)
-        if plan.hp.ema_decay:  # every step then updates the average too
+    def optimizer(self, model: nn.Cell, training: Training) -> nn.Cell:
+        optimizer = new_optimizer(model, training)
+        if training.ema_decay:  # every step then updates the average too
             optimizer = AveragingOptimizer(
-                optimizer, MovingAverage(model.trainable_params(), plan.hp.ema_decay))
+                optimizer, MovingAverage(model.trainable_params(), training.ema_decay))
         return optimizer
 
     def dp_step(self, model: nn.Cell, optimizer: nn.Cell, inputs: np.ndarray, labels: np.ndarray,
@@ -368,7 +370,7 @@ class MindSporeMindArmour(interface.Framework):
         plain_step = make_plain_step(model, optimizer)
         return lambda batch: plain_step(inputs, labels, batch)
 
-    def end_training(self, model: nn.Cell, optimizer: nn.Cell, plan: TaskPlan) -> None:
+    def end_training(self, model: nn.Cell, optimizer: nn.Cell, training: Training) -> None:
         """See interface.Framework.end_training."""
         if isinstance(optimizer, AveragingOptimizer):
             optimizer.average.copy_to()

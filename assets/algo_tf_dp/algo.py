@@ -48,6 +48,7 @@ from tf_networks import (
     to_common,
 )
 
+from mnist_dp.hyperparameters import Training
 from mnist_dp.learning import functions, interface, training
 from mnist_dp.privacy.task_plan import TaskPlan
 
@@ -279,14 +280,14 @@ def make_plain_step(model, optimizer):
     return step
 
 
-def new_optimizer(hp):
+def new_optimizer(training: Training):
     """SGD with momentum or Adam; with ema_decay Keras keeps a moving average of the weights (its
     own `use_ema`), copied into the model at the end of training."""
-    ema = {"use_ema": True, "ema_momentum": hp.ema_decay} if hp.ema_decay else {}
-    if hp.optimizer == "adam":
+    ema = {"use_ema": True, "ema_momentum": training.ema_decay} if training.ema_decay else {}
+    if training.optimizer == "adam":
         # torch's and MindSpore's ε
-        return tf.keras.optimizers.Adam(hp.learning_rate, epsilon=1e-8, **ema)
-    return tf.keras.optimizers.SGD(hp.learning_rate, momentum=hp.momentum, **ema)
+        return tf.keras.optimizers.Adam(training.learning_rate, epsilon=1e-8, **ema)
+    return tf.keras.optimizers.SGD(training.learning_rate, momentum=training.momentum, **ema)
 
 
 def tf_privacy_statement_epsilon(n, batch_size, epochs, noise_multiplier, delta):
@@ -344,8 +345,9 @@ class TensorFlowPrivacy(interface.Framework):
     def network(self, network: interface.Network) -> tf.keras.Model:
         return build_network(network)
 
-    def optimizer(self, model: tf.keras.Model, plan: TaskPlan) -> tf.keras.optimizers.Optimizer:
-        return new_optimizer(plan.hp)  # Keras keeps the weight average itself (use_ema)
+    def optimizer(self, model: tf.keras.Model,
+                  training: Training) -> tf.keras.optimizers.Optimizer:
+        return new_optimizer(training)  # Keras keeps the weight average itself (use_ema)
 
     def dp_step(self, model: tf.keras.Model, optimizer: tf.keras.optimizers.Optimizer,
                 inputs: np.ndarray, labels: np.ndarray, plan: TaskPlan, step: training.DpStep):
@@ -383,9 +385,9 @@ class TensorFlowPrivacy(interface.Framework):
         return lambda batch: plain_step(as_input(inputs[batch]), tf.constant(labels[batch]))
 
     def end_training(self, model: tf.keras.Model, optimizer: tf.keras.optimizers.Optimizer,
-                     plan: TaskPlan) -> None:
+                     training: Training) -> None:
         """See interface.Framework.end_training."""
-        if plan.hp.ema_decay:
+        if training.ema_decay:
             # the averaged weights are saved
             optimizer.finalize_variable_values(model.trainable_variables)
 

@@ -43,7 +43,7 @@ from torch_networks import (
     person_squares,
 )
 
-from mnist_dp.hyperparameters import Hyperparameters
+from mnist_dp.hyperparameters import Hyperparameters, Training
 from mnist_dp.learning import functions, interface, training
 from mnist_dp.privacy.task_plan import TaskPlan
 
@@ -272,10 +272,11 @@ def make_plain_step(model, optimizer):
     return step
 
 
-def new_optimizer(model, hp):
-    if hp.optimizer == "adam":
-        return torch.optim.Adam(model.parameters(), lr=hp.learning_rate)
-    return torch.optim.SGD(model.parameters(), lr=hp.learning_rate, momentum=hp.momentum)
+def new_optimizer(model, training: Training):
+    if training.optimizer == "adam":
+        return torch.optim.Adam(model.parameters(), lr=training.learning_rate)
+    return torch.optim.SGD(model.parameters(), lr=training.learning_rate,
+                           momentum=training.momentum)
 
 
 class MovingAverage:
@@ -347,9 +348,9 @@ class TorchOpacus(interface.Framework):
     def network(self, network: interface.Network) -> nn.Module:
         return build_network(network)
 
-    def optimizer(self, model: nn.Module, plan: TaskPlan) -> AveragingOptimizer:
-        return AveragingOptimizer(new_optimizer(model, plan.hp),
-                                  MovingAverage(model, plan.hp.ema_decay))
+    def optimizer(self, model: nn.Module, training: Training) -> AveragingOptimizer:
+        return AveragingOptimizer(new_optimizer(model, training),
+                                  MovingAverage(model, training.ema_decay))
 
     def dp_step(self, model: nn.Module, optimizer: AveragingOptimizer, inputs: np.ndarray,
                 labels: np.ndarray, plan: TaskPlan, step: training.DpStep):
@@ -397,7 +398,7 @@ class TorchOpacus(interface.Framework):
         return one_step
 
     def end_training(self, model: nn.Module, optimizer: AveragingOptimizer,
-                     plan: TaskPlan) -> None:
+                     training: Training) -> None:
         """See interface.Framework.end_training."""
         optimizer.average.copy_to(model)
 

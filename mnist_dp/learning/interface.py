@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mnist_dp.hyperparameters import Hyperparameters
+from mnist_dp.hyperparameters import Hyperparameters, Training
 from mnist_dp.learning import features as feature_maps
 from mnist_dp.learning import initial_weights
 from mnist_dp.privacy.model_file import ModelFile
@@ -103,12 +103,12 @@ class Framework:
             name = "jax"
 
             def network(self, network): return build(network)
-            def optimizer(self, model, plan): return optax_with_average(plan.hp)
+            def optimizer(self, model, training): return optax_with_average(training)
             def dp_step(self, model, optimizer, inputs, labels, plan, step):
                 return lambda batch, clip, sigma: clip_noise_and_apply(
                     model, optimizer, inputs[batch], ...)
             def plain_step(self, model, optimizer, inputs, labels): ...
-            def end_training(self, model, optimizer, plan): ...
+            def end_training(self, model, optimizer, training): ...
             def library_epsilon(self, plan, steps, sigma): return {}
             def load_model(self, weights, network): ...
             def dump_model(self, model): ...
@@ -129,9 +129,10 @@ class Framework:
         raise NotImplementedError
 
     # 2. Training: training.train_steps calls these, in this order.
-    def optimizer(self, model, plan: TaskPlan):
-        """plan.hp's optimizer (SGD with momentum, or Adam, at its learning_rate) over `model`'s
-        weights, keeping after every step its ema_decay's moving average of them (none at 0)."""
+    def optimizer(self, model, training: Training):
+        """The optimizer `training` names (SGD with momentum, or Adam, at its learning_rate) over
+        `model`'s weights, keeping after every step its ema_decay's moving average of them (none
+        at 0)."""
         raise NotImplementedError
 
     def dp_step(self, model, optimizer, inputs: np.ndarray, labels: np.ndarray, plan: TaskPlan,
@@ -173,13 +174,13 @@ class Framework:
         """
         raise NotImplementedError
 
-    def end_training(self, model, optimizer, plan: TaskPlan) -> None:
+    def end_training(self, model, optimizer, training: Training) -> None:
         """After the last step: the weight average takes the weights' place in `model`.
 
         Args:
           model: the framework's model.
           optimizer: what the `optimizer` hook returned.
-          plan: the run's plan: plan.hp.ema_decay is the weight average's.
+          training: the optimizer's settings: ema_decay is the weight average's.
         """
         raise NotImplementedError
 

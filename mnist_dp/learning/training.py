@@ -273,7 +273,7 @@ def train_steps(framework: Framework, model, inputs: np.ndarray, labels: np.ndar
       Ran with the batch sizes and the library's ε only (what fit completes).
     """
     dp = plan.hp.dp
-    optimizer = framework.optimizer(model, plan)
+    optimizer = framework.optimizer(model, plan.hp.training)
     if dp:
         dp_step = framework.dp_step(model, optimizer, inputs, labels, plan, step)
     else:
@@ -287,7 +287,7 @@ def train_steps(framework: Framework, model, inputs: np.ndarray, labels: np.ndar
         else:
             plain_step(batch)
         batch_sizes.append(units)
-    framework.end_training(model, optimizer, plan)
+    framework.end_training(model, optimizer, plan.hp.training)
     library = {}
     if dp and step.library_can_account:
         library = framework.library_epsilon(plan, len(batch_sizes), step.sigma)

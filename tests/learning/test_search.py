@@ -24,9 +24,9 @@ class Remembering(StepsThatLearnNothing):
     def new_model(self, seed, network):
         return {}
 
-    def optimizer(self, model, plan):
-        model["learning_rate"] = plan.hp.learning_rate
-        self.trained.append(plan.hp.learning_rate)
+    def optimizer(self, model, training):
+        model["learning_rate"] = training.learning_rate
+        self.trained.append(training.learning_rate)
 
     def batch_logits(self, model, inputs):
         right = np.arange(len(inputs)) < self.correct[model["learning_rate"]]
