@@ -26,10 +26,8 @@ from mnist_dp import hyperparameters, search_space
 from mnist_dp.learning import features as feature_maps
 from mnist_dp.learning import model_io, skeleton, training
 from mnist_dp.learning.interface import Framework, Network, Ran
-from mnist_dp.privacy import budgets, data_ledger, model_file, policy, provenance, statement
-from mnist_dp.privacy.budgets import check_whole_run
+from mnist_dp.privacy import budgets, data_ledger, model_file, provenance, statement
 from mnist_dp.privacy.ledger import Ledger
-from mnist_dp.privacy.policy import plan_size
 from mnist_dp.privacy.randomness import RunRandomness
 from mnist_dp.privacy.search import (
     SearchPlan,
@@ -292,30 +290,23 @@ def tune(framework: Framework, inputs: dict, outputs: dict, hyperparameters_path
     base = hyperparameters.load(hyperparameters_path)
     search_file = Path(hyperparameters_path).with_name(search_space.FILE_NAME)
     search = search_space.load(search_file if search_file.is_file() else None)
-    # a run's checks are plan_search's, for each privacy profile on the training split
-    budgets.refuse_copies(data)
     # held only to read (a lock held while K candidates train would time them for other tasks), and
     # to refuse a task whose run would be recorded nowhere before it trains
     chain = data_ledger.Chain.of(inputs.get("ledger"), data)
     with data_ledger.held(skeleton.sample_folders(data), chain,
                           passes_on=outputs.get("ledger") is not None) as first:
         earlier = first.ledger
-    persons = budgets.per_person(framework.name, framework.per_person, data, base,
-                                 {"this data's own ledger": earlier})
-    owner = policy.of_data(data)
-    owner.check_allowed(base.dp, base.noise_seed, persons is not None)
-    check_whole_run(owner, data_ledger.histories(earlier, data["samples"]), base.target_epsilon,
-                    base.delta, "a search")
+    # a run's checks are plan_search's, for each privacy profile on the training split
+    budget = budgets.of_search(framework.name, framework.per_person, earlier, data, base)
     held_out = validation_split(data, search.validation_permille)
-    n, unit = plan_size(data, persons, len(held_out))
-    plan = plan_search(framework.name, base, search, n,
-                       public_validation(n, search.validation_permille), where, unit)
-    randomness = RunRandomness.for_run(base.noise_seed, 0,
-                                       tuple(s["identity"] for s in data["samples"]))
+    plan = plan_search(framework.name, base, search, budget.n,
+                       public_validation(budget.n, search.validation_permille), where,
+                       budget.unit.clipping)
+    randomness = RunRandomness.for_run(base.noise_seed, 0, budget.identities)
     # the candidates' too (the space searches no such key)
     training.say_notices(framework, base, randomness)
     searched = run_search(framework, data["images"], data["labels"], held_out, plan, randomness,
-                          where, persons)
+                          where, budget.persons)
     if searched is None:
         raise UserError(f"{where}: the search drew no candidate (the Poisson distribution allows "
                         "it, with probability exp(-mean)); nothing is released: run the task again")
@@ -323,7 +314,8 @@ def tune(framework: Framework, inputs: dict, outputs: dict, hyperparameters_path
                           "nothing was saved; lower learning_rate or max_grad_norm in the search "
                           f"space or {where}")
     code = provenance.running_code(Path(hyperparameters_path).parent, "tune")
-    searched, ledger = released(framework, data, plan, searched, randomness, where, persons, code)
+    searched, ledger = released(framework, data, plan, searched, randomness, where, budget.persons,
+                                code)
     if plan.search.search_epsilon is not None:
         model_io.check_finite(framework, searched.model, "the final run on all the data diverged",
                               "nothing was saved; lower learning_rate or max_grad_norm in the "
@@ -345,5 +337,5 @@ def tune(framework: Framework, inputs: dict, outputs: dict, hyperparameters_path
              else "final run on the best candidate's hyperparameters", statement.describe(summary))
     if spent.ledger.events:
         log.info("%s", statement.data_spent(spent.ledger, ledger.events[-1].data, base.delta,
-                                            owner.budgets))
+                                            budget.owner.budgets))
     return summary

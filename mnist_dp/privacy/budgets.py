@@ -142,6 +142,36 @@ def of_task(framework: str, clips_per_person: bool, ledger: Ledger, data: dict,
                   continuing and not absorbed)
 
 
+def of_search(framework: str, clips_per_person: bool, earlier: Ledger, data: dict,
+              hp: Hyperparameters) -> Budget:
+    """The budget of a tune task's search on the opener's `data`, after the runs its own ledger
+    `earlier` records: its unit, the data's public size in it (validation split included) and the
+    owner's policy, checked against hp. A search cannot stop early: where it could pass a budget
+    of the owner's, it is refused here (check_whole_run).
+
+    Args:
+      framework: the algo's name.
+      clips_per_person: whether the algo can clip per person (Framework.per_person).
+      earlier: the data's own ledger.
+      data: the opener's data, refused if it holds copies of an example.
+      hp: the hyperparameters the search searches around.
+
+    Returns:
+      The Budget (its histories the data's own ledger's). Raises UserError as of_task does, and
+      for a search that could pass the owner's budget.
+    """
+    refuse_copies(data)
+    persons = per_person(framework, clips_per_person, data, hp,
+                         {"this data's own ledger": earlier})
+    owner = policy.of_data(data)
+    owner.check_allowed(hp.dp, hp.noise_seed, persons is not None)
+    histories = data_ledger.histories(earlier, data["samples"])
+    check_whole_run(owner, histories, hp.target_epsilon, hp.delta, "a search")
+    n, unit = plan_size(data, persons, len(data["labels"]))
+    return Budget(n, UNITS[unit], tuple(s["identity"] for s in data["samples"]),
+                  tuple(map(tuple, histories)), owner=owner, persons=persons)
+
+
 def refuse_copies(data: dict) -> None:
     """Refuse the opener's data if it holds copies of an example: trained twice, it would be
     accounted once."""

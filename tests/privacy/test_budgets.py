@@ -41,3 +41,15 @@ def test_a_tasks_budget_counts_its_unit_and_names_its_samples_in_the_input_model
     per_person = budgets.of_task("torch", True, Ledger(), data, hp, None, continuing=False)
     assert (per_person.n, per_person.unit, per_person.persons.tolist()) == (
         3, units.PERSON, [0, 0, 1, 1, 1, 2])
+
+
+def test_a_searchs_budget_is_the_same_phase_on_the_datas_own_ledger(opener_path):
+    hp = dict_hp(noise_multiplier=None, target_epsilon=2.0)
+    data = fake_data(opener_path, 6)
+    budget = budgets.of_search("torch", True, Ledger(), data, hp)
+    assert (budget.n, budget.unit, budget.histories, budget.persons) == (6, units.IMAGE, ((),),
+                                                                         None)
+    assert budget.identities == tuple(s["identity"] for s in data["samples"])
+    data["copies"] = "images.npy: images 2 and 5 are the same example"
+    with pytest.raises(UserError, match="^images.npy: images 2 and 5 are the same example$"):
+        budgets.of_search("torch", True, Ledger(), data, hp)
