@@ -184,13 +184,14 @@ def sampled_batches(plan: TaskPlan, randomness: RunRandomness, on_epoch: EpochCa
     (Opacus' own DPDataLoader runs int(1/q) steps an epoch, one fewer than planned for some q).
     """
     rng, sampling, dp = randomness.numpy("batches"), plan.sampling, plan.hp.dp
-    units, unit = sampling.n if units is None else units, units_of(persons)
+    units = sampling.n if units is None else units
     # Steps are counted here, not by the bar: a bar no terminal sees counts nothing.
     with progress_bars.bar(sampling.steps, f"train ({plan.framework})", "step",
                            shown=progress) as bar:
         for step in range(1, sampling.steps + 1):
             if dp:
-                yield unit.batch(rng.random(units) < sampling.sample_rate, persons)
+                sampled = rng.random(units) < sampling.sample_rate
+                yield np.flatnonzero(sampled if persons is None else sampled[persons])
             else:
                 yield rng.choice(units, size=min(plan.hp.batch_size, units), replace=False)
             bar.update()

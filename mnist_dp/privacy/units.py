@@ -1,6 +1,6 @@
 """The privacy unit: what two neighbouring datasets differ by, one image or one person with all
-their images; how a run's data is counted and sampled in it; and the words the statement,
-results.json and the errors use for it."""
+their images; how a run's images are counted in it; and the words the statement, results.json and
+the errors use for it."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -12,7 +12,7 @@ from mnist_dp.privacy.events import PER_EXAMPLE, PER_PERSON
 
 @dataclass(frozen=True)
 class PrivacyUnit:
-    """One privacy unit: how the images are counted and sampled in it, and its words.
+    """One privacy unit: how images are counted in it, and its words.
 
     A unit's methods take `groups`, each image's group (a person: an index 0..P-1, from
     examples.persons_of), which a unit of one image ignores (None there).
@@ -28,11 +28,6 @@ class PrivacyUnit:
     def count(self, images: int, groups: np.ndarray | None) -> int:
         """How many units `images` images hold: the images, or their groups."""
         return int(groups.max()) + 1 if self.grouped else images
-
-    def batch(self, sampled: np.ndarray, groups: np.ndarray | None) -> np.ndarray:
-        """The index batch of the images of the units that a step's Poisson draw took (`sampled`,
-        [units] bool): a sampled unit's images are all in it."""
-        return np.flatnonzero(sampled[groups] if self.grouped else sampled)
 
     def in_batch(self, batch: np.ndarray, groups: np.ndarray | None) -> int:
         """The units of an index batch."""
