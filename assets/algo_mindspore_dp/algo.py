@@ -17,7 +17,6 @@ import logging
 import math
 import os
 import sys
-import time
 from pathlib import Path
 
 # Before MindSpore is imported: quiet its C++ log; protobuf's pure-Python
@@ -54,18 +53,24 @@ ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
 # --- 1. The DP step: exact per-example clipping in GRAPH mode, the noise, the optimizer
 # -------------------------------
 
+class MindArmourVersionWarning(logging.Filter):
+    """Drops the warning MindArmour 2.0 logs at import, and its countdown: it predates MindSpore
+    2.9, which runs it fine (docs/design.md)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith((
+            "Current version of MindSpore is not compatible with MindArmour",
+            "Please pay attention to the above warning"))
+
+
 def import_mindarmour(name):
-    """`name` from mindarmour.privacy.diff_privacy. MindArmour 2.0 warns at import, predating
-    MindSpore 2.9, which runs it fine, and sleeps for the warning to be read: kept quiet, without
-    the sleep (docs/design.md)."""
-    previous, sleep = logging.root.manager.disable, time.sleep
-    logging.disable(logging.WARNING)
-    time.sleep = lambda seconds: None  # only while its version check runs
+    """`name` from mindarmour.privacy.diff_privacy, imported without its version warning."""
+    root, quiet = logging.getLogger(), MindArmourVersionWarning()
+    root.addFilter(quiet)
     try:
         from mindarmour.privacy import diff_privacy
     finally:
-        logging.disable(previous)
-        time.sleep = sleep
+        root.removeFilter(quiet)
     return getattr(diff_privacy, name)
 
 

@@ -1,6 +1,8 @@
 """The MindSpore algo's networks and DP machinery against MindSpore's own layers and naive
 per-example gradients, the DP step's noise, and why that noise is not MindArmour's."""
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -360,3 +362,19 @@ def test_per_person_clipped_sum_clips_each_persons_summed_naive_gradients(net_an
     for k, ours in enumerate(got):
         want = sum(summed[p][k] * min(1.0, clip / norms[p]) for p in range(6))
         np.testing.assert_allclose(ours.asnumpy(), want, rtol=1e-3, atol=1e-5)
+
+
+def test_mindarmour_imports_without_its_version_warning_and_leaves_time_sleep_alone():
+    """MindArmour 2.0 warns at import that it predates MindSpore 2.9, then sleeps a second: the
+    algo filters the warning out through logging and lets the sleep reach time.sleep (a recorder
+    here), replacing nothing of the standard library."""
+    script = ("import logging, sys, time; logging.basicConfig(stream=sys.stderr); "
+              f"sys.path.insert(0, {str(ALGO_ASSETS['mindspore'])!r}); import algo; "
+              "slept, sleep = [], time.sleep; "
+              "time.sleep = lambda seconds: slept.append(seconds) or sleep(seconds); "
+              "monitor = algo.import_mindarmour('RDPMonitor'); print(monitor.__name__, slept)")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "RDPMonitor [1]"
+    assert "MindArmour" not in proc.stderr and "countdown" not in proc.stderr, proc.stderr
