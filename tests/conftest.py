@@ -41,12 +41,26 @@ SLOW_MODULES = ("test_dockerfile.py",)
 BEFORE_DOCKER = ("test_algos.py",)
 
 
+def is_slow(path: Path) -> bool:
+    """Whether every test of the module (or folder) at `path` is slow."""
+    where = Path(path).relative_to(REPO / "tests").parts
+    return bool(where) and (where[0] in SLOW_FOLDERS or where[-1] in SLOW_MODULES)
+
+
+def pytest_ignore_collect(collection_path, config):
+    """The fast loop does not import the slow modules: importing their frameworks was most of its
+    collection time, for tests it deselects anyway."""
+    if config.getoption("markexpr") == "not slow" and collection_path.is_relative_to(
+            REPO / "tests") and is_slow(collection_path):
+        return True
+    return None
+
+
 # before xdist's, which names each test by the xdist_group marked here
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items):
     for item in items:
-        where = Path(item.fspath).relative_to(REPO / "tests").parts
-        if where[0] in SLOW_FOLDERS or where[-1] in SLOW_MODULES:
+        if is_slow(item.fspath):
             item.add_marker(pytest.mark.slow)
     groups = shared_runs(items)
     for group, members in groups.items():
@@ -435,7 +449,7 @@ class StepsThatLearnNothing(interface.Framework):
     def optimizer(self, model, training):
         return None
 
-    def dp_step(self, model, optimizer, inputs, labels, plan, step):
+    def dp_step(self, model, optimizer, inputs, labels, step):
         return lambda batch, max_grad_norm, noise_multiplier: 0
 
     def plain_step(self, model, optimizer, inputs, labels):
@@ -444,7 +458,7 @@ class StepsThatLearnNothing(interface.Framework):
     def end_training(self, model, optimizer, training):
         pass
 
-    def library_epsilon(self, plan, steps, sigma):
+    def library_epsilon(self, sampling, delta, steps, sigma):
         return {}
 
 
