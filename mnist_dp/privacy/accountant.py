@@ -283,7 +283,9 @@ def account_run(run: PlannedRun) -> RunAccount:
     again), and what each budget allows at that σ. Raises the NoSigma that says why when no σ
     meets the target, its `prior` the history it was calibrated after."""
     sigma, event = run.sigma, run.event
-    for prior in run.histories if sigma is None else ():
+    # a history with a run without noise first: no σ meets it, and no other need be calibrated
+    histories = sorted(run.histories, key=lambda prior: all(e.is_private for e in prior))
+    for prior in histories if sigma is None else ():
         if sigma is None or not meets_target(sigma, run.target_epsilon, run.delta,
                                              event.sample_rate, event.steps, prior,
                                              event.schedule()):
