@@ -126,7 +126,8 @@ def library_figures():
     figures = []
     for framework in ("torch", "tf", "mindspore"):
         algo = load_asset_module(ALGO_ASSETS[framework] / "algo.py", f"algo_{framework}_dp")
-        (figure,) = algo.FRAMEWORK.library_epsilon(plan, plan.sampling.steps, sigma).values()
+        (figure,) = algo.FRAMEWORK.library_epsilon(plan.sampling, plan.hp.delta,
+                                                    plan.sampling.steps, sigma).values()
         figures.append(figure)
     return figures
 

@@ -42,7 +42,7 @@ from clipped_sums import ClippedGradientSum
 from mnist_dp.hyperparameters import Training
 from mnist_dp.learning import chunks, functions, interface, training
 from mnist_dp.privacy import randomness
-from mnist_dp.privacy.task_plan import TaskPlan
+from mnist_dp.privacy.task_plan import SamplingPlan
 
 HYPERPARAMETERS = Path(__file__).with_name("hyperparameters.json")
 # images in a chunk per person, about: its graph forms each row's gradient of every weight
@@ -355,12 +355,12 @@ class MindSporeMindArmour(interface.Framework):
         return optimizer
 
     def dp_step(self, model: nn.Cell, optimizer: nn.Cell, inputs: np.ndarray, labels: np.ndarray,
-                plan: TaskPlan, step: training.DpStep):
+                step: training.DpStep):
         """See interface.Framework.dp_step."""
         model.set_train(True)
         labels = labels.astype(np.int32)
-        dp_step = make_dp_step(model, optimizer, plan.sampling.expected_batch_size,
-                               step.randomness.numpy("gradient noise"), plan.hp.secure_mode,
+        dp_step = make_dp_step(model, optimizer, step.expected_batch_size,
+                               step.randomness.numpy("gradient noise"), step.secure_mode,
                                step.canary_hook, step.persons)
         # kept in memory as the features, never written; per example only
         rows = data_rows(model, inputs) if step.persons is None else None
@@ -381,11 +381,11 @@ class MindSporeMindArmour(interface.Framework):
             optimizer.average.copy_to()
         model.set_train(False)
 
-    def library_epsilon(self, plan: TaskPlan, steps: int, sigma: float) -> dict:
+    def library_epsilon(self, sampling: SamplingPlan, delta: float, steps: int,
+                        sigma: float) -> dict:
         """See interface.Framework.library_epsilon."""
-        sampling = plan.sampling
         return {"MindArmour RDPMonitor (this run only)": mindarmour_epsilon(
-            sampling.n, sampling.sample_rate, sigma, steps, plan.hp.delta)}
+            sampling.n, sampling.sample_rate, sigma, steps, delta)}
 
     load_model = staticmethod(model_from_bytes)
     dump_model = staticmethod(model_to_bytes)

@@ -50,7 +50,7 @@ from tf_networks import (
 
 from mnist_dp.hyperparameters import Training
 from mnist_dp.learning import functions, interface, training
-from mnist_dp.privacy.task_plan import TaskPlan
+from mnist_dp.privacy.task_plan import SamplingPlan
 
 tf.get_logger().setLevel(logging.ERROR)
 HYPERPARAMETERS = Path(__file__).with_name("hyperparameters.json")
@@ -350,12 +350,12 @@ class TensorFlowPrivacy(interface.Framework):
         return new_optimizer(training)  # Keras keeps the weight average itself (use_ema)
 
     def dp_step(self, model: tf.keras.Model, optimizer: tf.keras.optimizers.Optimizer,
-                inputs: np.ndarray, labels: np.ndarray, plan: TaskPlan, step: training.DpStep):
+                inputs: np.ndarray, labels: np.ndarray, step: training.DpStep):
         """See interface.Framework.dp_step."""
         per_person = step.persons is not None
         # the first layer's patch Grams, if it has them: per-example norms only
         known = None if per_person else data_grams(model, inputs)
-        dp_step = make_dp_step(model, optimizer, plan.sampling.expected_batch_size,
+        dp_step = make_dp_step(model, optimizer, step.expected_batch_size,
                                noise_generator(step.randomness), step.canary_hook,
                                None if known is None else known[0], per_person)
 
@@ -391,12 +391,12 @@ class TensorFlowPrivacy(interface.Framework):
             # the averaged weights are saved
             optimizer.finalize_variable_values(model.trainable_variables)
 
-    def library_epsilon(self, plan: TaskPlan, steps: int, sigma: float) -> dict:
+    def library_epsilon(self, sampling: SamplingPlan, delta: float, steps: int,
+                        sigma: float) -> dict:
         """See interface.Framework.library_epsilon."""
-        sampling = plan.sampling
         return {"TF Privacy statement, RDP, Poisson (this run only)": tf_privacy_statement_epsilon(
             sampling.n, sampling.expected_batch_size, steps / sampling.steps_per_epoch, sigma,
-            plan.hp.delta)}
+            delta)}
 
     load_model = staticmethod(model_from_bytes)
     dump_model = staticmethod(model_to_bytes)

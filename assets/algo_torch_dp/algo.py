@@ -45,7 +45,7 @@ from torch_networks import (
 
 from mnist_dp.hyperparameters import Hyperparameters, Training
 from mnist_dp.learning import functions, interface, training
-from mnist_dp.privacy.task_plan import TaskPlan
+from mnist_dp.privacy.task_plan import SamplingPlan
 
 HYPERPARAMETERS = Path(__file__).with_name("hyperparameters.json")
 
@@ -353,12 +353,12 @@ class TorchOpacus(interface.Framework):
                                   MovingAverage(model, training.ema_decay))
 
     def dp_step(self, model: nn.Module, optimizer: AveragingOptimizer, inputs: np.ndarray,
-                labels: np.ndarray, plan: TaskPlan, step: training.DpStep):
+                labels: np.ndarray, step: training.DpStep):
         """See interface.Framework.dp_step."""
         x, y = as_tensor(inputs), torch.from_numpy(labels)  # each batch is widened to float32 alone
         known = data_grams(model, inputs)  # the first layer's patch Grams, if it has them
-        secure = plan.hp.secure_mode
-        dp_step = make_dp_step(model, optimizer.inner, plan.sampling.expected_batch_size,
+        secure = step.secure_mode
+        dp_step = make_dp_step(model, optimizer.inner, step.expected_batch_size,
                                secure_generator(secure, step.randomness), secure, step.canary_hook)
         model.train()
 
@@ -402,17 +402,18 @@ class TorchOpacus(interface.Framework):
         """See interface.Framework.end_training."""
         optimizer.average.copy_to(model)
 
-    def library_epsilon(self, plan: TaskPlan, steps: int, sigma: float) -> dict:
+    def library_epsilon(self, sampling: SamplingPlan, delta: float, steps: int,
+                        sigma: float) -> dict:
         """See interface.Framework.library_epsilon."""
         from opacus.accountants import PRVAccountant
 
         accountant = PRVAccountant()
         for _ in range(steps):  # as its optimizer hook records each step (equal ones as one entry)
-            accountant.step(noise_multiplier=sigma, sample_rate=plan.sampling.sample_rate)
+            accountant.step(noise_multiplier=sigma, sample_rate=sampling.sample_rate)
         # its RDP domain bound warns ("Optimal order is the largest alpha")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return {"Opacus PRV (this run only)": accountant.get_epsilon(plan.hp.delta)}
+            return {"Opacus PRV (this run only)": accountant.get_epsilon(delta)}
 
     load_model = staticmethod(model_from_bytes)
     dump_model = staticmethod(model_to_bytes)

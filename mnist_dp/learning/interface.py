@@ -14,7 +14,7 @@ from mnist_dp.hyperparameters import Hyperparameters, Training
 from mnist_dp.learning import features as feature_maps
 from mnist_dp.learning import initial_weights
 from mnist_dp.privacy.model_file import ModelFile
-from mnist_dp.privacy.task_plan import TaskPlan
+from mnist_dp.privacy.task_plan import SamplingPlan
 
 # The network's input normalisation (MNIST's pixel mean and std), the first layer
 # of every framework's CNN.
@@ -94,8 +94,8 @@ class Framework:
     (training.py) calls the hooks and owns everything else: the batches, σ and the clipping norm of
     each step, the loop over the steps, when the weight average takes the model's place, whether a
     library's ε is asked, and the ledger. `model` is the framework's network object; `optimizer`
-    what its `optimizer` hook returned; `plan` the run's TaskPlan (privacy/task_plan.py), whose
-    `hp` holds the training settings and `sampling` the sampling plan.
+    what its `optimizer` hook returned. No hook is given the hyperparameters or the privacy plan:
+    each gets the settings it applies (Network, Training, training.DpStep, the SamplingPlan).
 
     A fourth framework is one asset whose algo.py fills these hooks, for example::
 
@@ -104,12 +104,12 @@ class Framework:
 
             def network(self, network): return build(network)
             def optimizer(self, model, training): return optax_with_average(training)
-            def dp_step(self, model, optimizer, inputs, labels, plan, step):
+            def dp_step(self, model, optimizer, inputs, labels, step):
                 return lambda batch, clip, sigma: clip_noise_and_apply(
                     model, optimizer, inputs[batch], ...)
             def plain_step(self, model, optimizer, inputs, labels): ...
             def end_training(self, model, optimizer, training): ...
-            def library_epsilon(self, plan, steps, sigma): return {}
+            def library_epsilon(self, sampling, delta, steps, sigma): return {}
             def load_model(self, weights, network): ...
             def dump_model(self, model): ...
             def weight_arrays(self, model): ...
@@ -135,7 +135,7 @@ class Framework:
         at 0)."""
         raise NotImplementedError
 
-    def dp_step(self, model, optimizer, inputs: np.ndarray, labels: np.ndarray, plan: TaskPlan,
+    def dp_step(self, model, optimizer, inputs: np.ndarray, labels: np.ndarray,
                 step) -> Callable[[np.ndarray, float, float], int]:
         """The DP-SGD step.
 
@@ -144,17 +144,16 @@ class Framework:
           optimizer: what the `optimizer` hook returned.
           inputs: the network's inputs [n, ...].
           labels: the labels [n].
-          plan: the run's plan: plan.hp.secure_mode, and plan.sampling's expected batch size,
-            which divides the noisy sum.
           step: the mechanism's settings (training.DpStep): the "gradient noise" stream of
-            step.randomness, step.canaries, passed the clipped sum before the noise when set, and
+            step.randomness, step.secure_mode, step.expected_batch_size, which divides the noisy
+            sum, step.canaries, passed the clipped sum before the noise when set, and
             step.persons, each example's person when the unit is a person (per_person).
 
         Returns:
           A function of (batch, C, σ): `batch` the indices of one Poisson batch (maybe none), C
           the clipping norm, σ the noise multiplier. It clips each unit's gradient to C (an
           example's, or with step.persons the sum of a person's examples'), sums them, adds
-          N(0, σ²C²), divides by plan.sampling.expected_batch_size, applies `optimizer`, and
+          N(0, σ²C²), divides by step.expected_batch_size, applies `optimizer`, and
           returns how many units had a gradient norm ≤ C.
         """
         raise NotImplementedError
@@ -184,17 +183,19 @@ class Framework:
         """
         raise NotImplementedError
 
-    def library_epsilon(self, plan: TaskPlan, steps: int, sigma: float) -> dict:
+    def library_epsilon(self, sampling: SamplingPlan, delta: float, steps: int,
+                        sigma: float) -> dict:
         """The DP library's own ε, shown beside ours for comparison (the skeleton asks only where a
         library can account the run).
 
         Args:
-          plan: the run's plan: its sampling plan (n, q) and plan.hp.delta.
+          sampling: the run's sampling plan (n, q, the batch size and epochs it declares).
+          delta: δ.
           steps: the steps the run took.
           sigma: its constant noise multiplier.
 
         Returns:
-          {name of the library's accountant: ε at plan.hp.delta}.
+          {name of the library's accountant: ε at `delta`}.
         """
         raise NotImplementedError
 

@@ -80,6 +80,18 @@ class DpStep:
         """The privacy units in an index batch: its examples, or its persons."""
         return units_of(self.persons).in_batch(batch, self.persons)
 
+    @property
+    def expected_batch_size(self) -> float:
+        """E[B], which divides each step's noisy sum (the plan's, as adaptive clipping's count
+        reads it)."""
+        return self.clip.expected_batch_size
+
+    @property
+    def secure_mode(self) -> bool:
+        """Whether the noise is drawn as Opacus' secure_mode draws it (hyperparameter
+        secure_mode)."""
+        return self.clip.secure
+
     def persons_in(self, batch: np.ndarray) -> BatchPersons | None:
         """The persons of an index batch, as a framework's DP step takes them; None per example."""
         return None if self.persons is None else BatchPersons.of(self.persons[batch])
@@ -276,7 +288,7 @@ def train_steps(framework: Framework, model, inputs: np.ndarray, labels: np.ndar
     dp = plan.hp.dp
     optimizer = framework.optimizer(model, plan.hp.training)
     if dp:
-        dp_step = framework.dp_step(model, optimizer, inputs, labels, plan, step)
+        dp_step = framework.dp_step(model, optimizer, inputs, labels, step)
     else:
         plain_step = framework.plain_step(model, optimizer, inputs, labels)
     batch_sizes = []
@@ -291,7 +303,8 @@ def train_steps(framework: Framework, model, inputs: np.ndarray, labels: np.ndar
     framework.end_training(model, optimizer, plan.hp.training)
     library = {}
     if dp and step.library_can_account:
-        library = framework.library_epsilon(plan, len(batch_sizes), step.sigma)
+        library = framework.library_epsilon(plan.sampling, plan.hp.delta, len(batch_sizes),
+                                            step.sigma)
     return Ran(batch_sizes, library)
 
 

@@ -77,9 +77,9 @@ class SeesItsInputs(StepsThatLearnNothing):
     def __init__(self, data):
         self.data, self.seen = data, None
 
-    def dp_step(self, model, optimizer, inputs, labels, plan, step):
+    def dp_step(self, model, optimizer, inputs, labels, step):
         self.seen = inputs.dtype, inputs.shape, self.data["images"]
-        return super().dp_step(model, optimizer, inputs, labels, plan, step)
+        return super().dp_step(model, optimizer, inputs, labels, step)
 
     def weight_arrays(self, model):
         return []

@@ -68,7 +68,7 @@ class StepCounter(StepsThatLearnNothing):
     def __init__(self, library=None):
         self.library = library or {}
 
-    def library_epsilon(self, plan, steps, sigma):
+    def library_epsilon(self, sampling, delta, steps, sigma):
         return self.library
 
 
