@@ -16,8 +16,9 @@ from mnist_dp.hyperparameters import Hyperparameters
 from mnist_dp.privacy import accountant, data_ledger, policy
 from mnist_dp.privacy.examples import persons_of
 from mnist_dp.privacy.ledger import Ledger
-from mnist_dp.privacy.policy import Policy, plan_size, plan_units
+from mnist_dp.privacy.policy import Policy, plan_size
 from mnist_dp.privacy.units import IMAGE, UNITS, PrivacyUnit
+from mnist_dp.privacy.units import of as units_of
 from mnist_dp.utils import words
 from mnist_dp.utils.errors import UserError
 
@@ -126,11 +127,9 @@ def of_task(framework: str, clips_per_person: bool, ledger: Ledger, data: dict,
     """
     refuse_copies(data)
     absorbed = take_in_own_runs(ledger, spent, data["samples"], continuing)
-    persons = per_person(framework, clips_per_person, data, hp, {
+    persons, owner = allowed_unit(framework, clips_per_person, data, hp, {
         "the input model's ledger": ledger,
         "this data's own ledger": spent.ledger if spent is not None else None})
-    owner = policy.of_data(data)
-    owner.check_allowed(hp.dp, hp.noise_seed, persons is not None)
     identities = ledger.add_samples(data["samples"])
     histories = ledger.histories(identities)
     n, unit = plan_size(data, persons, len(data["labels"]))
@@ -161,10 +160,8 @@ def of_search(framework: str, clips_per_person: bool, earlier: Ledger, data: dic
       for a search that could pass the owner's budget.
     """
     refuse_copies(data)
-    persons = per_person(framework, clips_per_person, data, hp,
-                         {"this data's own ledger": earlier})
-    owner = policy.of_data(data)
-    owner.check_allowed(hp.dp, hp.noise_seed, persons is not None)
+    persons, owner = allowed_unit(framework, clips_per_person, data, hp,
+                                  {"this data's own ledger": earlier})
     histories = data_ledger.histories(earlier, data["samples"])
     check_whole_run(owner, histories, hp.target_epsilon, hp.delta, "a search")
     n, unit = plan_size(data, persons, len(data["labels"]))
@@ -179,6 +176,16 @@ def refuse_copies(data: dict) -> None:
         raise UserError(data["copies"])
 
 
+def allowed_unit(framework: str, clips_per_person: bool, data: dict, hp: Hyperparameters,
+                 earlier: dict) -> tuple:
+    """(each image's person or None: per_person's, the data owner's Policy), the run checked
+    against that policy (per example where it asks for persons, without DP, with a noise_seed)."""
+    persons = per_person(framework, clips_per_person, data, hp, earlier)
+    owner = policy.of_data(data)
+    owner.check_allowed(hp.dp, hp.noise_seed, persons is not None)
+    return persons, owner
+
+
 def per_person(framework: str, clips_per_person: bool, data: dict, hp: Hyperparameters,
                earlier: dict):
     """Each image's person (examples.persons_of) when `data` names persons and the run is private,
@@ -190,7 +197,7 @@ def per_person(framework: str, clips_per_person: bool, data: dict, hp: Hyperpara
     if persons is not None and not clips_per_person:
         raise UserError(f"subjects.npy: {framework} does not clip per person; train this "
                         "data with an algo that does, or without subjects.npy per image")
-    unit, keys = plan_units(persons, len(data["labels"]))[1], {s["key"] for s in data["samples"]}
+    unit, keys = units_of(persons).clipping, {s["key"] for s in data["samples"]}
     for whose, known in earlier.items():
         other = sorted({e.clipping for e in known.events if e.is_private and e.clipping != unit
                         and known.touches_keys(e, keys)}) if known is not None and hp.dp else []
