@@ -21,10 +21,14 @@ import os
 import sys
 from pathlib import Path
 
-# Before TensorFlow is imported: quiet its C++ start-up log, and protobuf's pure-Python
-# implementation (docs/design.md: else MindSpore crashes when TensorFlow was imported first).
+# Before TensorFlow is imported: quiet its C++ start-up log. Protobuf's pure-Python implementation
+# wherever MindSpore may join TensorFlow in the process (docs/design.md); a task runs TensorFlow
+# alone, on protobuf's compiled one.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-os.environ.setdefault("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "python")
+if __name__ == "__main__":
+    os.environ["PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION"] = "upb"
+else:
+    os.environ.setdefault("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "python")
 
 import numpy as np
 import tensorflow as tf

@@ -1,6 +1,8 @@
 """The TF algo's own DP machinery against naive per-example gradients (exactness, not speed)."""
 import importlib
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -149,3 +151,20 @@ def test_a_huge_gradient_is_clipped_to_the_norm(batch):
     assert norm(naive_per_example_gradients(model, x, wrong_label)[0]) > 1e3
     got, _ = algo.clipped_gradient_sum(model, networks.make_layer_registry(), x, wrong_label, 0.5)
     assert norm(got) == pytest.approx(0.5, rel=1e-4)
+
+
+def test_a_task_process_runs_protobufs_compiled_implementation_an_importer_the_pure_python_one():
+    """algo.py run as a task holds TensorFlow alone: protobuf's upb, whatever the environment says;
+    imported (as here, beside MindSpore) it keeps the pure-Python one that MindSpore needs."""
+    script = ("import runpy, sys; sys.argv = ['algo.py', '--help']\n"
+              f"try: runpy.run_path({str(ALGO_ASSETS['tf'] / 'algo.py')!r}, run_name='__main__')\n"
+              "except SystemExit: pass\n"
+              "from google.protobuf.internal import api_implementation\n"
+              "print(api_implementation.Type(), file=sys.stderr)")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300, env={**os.environ,
+                                            "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION": "python"})
+    assert proc.returncode == 0 and proc.stderr.splitlines()[-1] == "upb", proc.stderr[-2000:]
+    from google.protobuf.internal import api_implementation
+
+    assert api_implementation.Type() == "python"
