@@ -190,20 +190,19 @@ def sampled_batches(plan: TaskPlan, randomness: RunRandomness, on_epoch: EpochCa
     Yields:
       int64 index arrays into the training data, one per step.
 
-    With DP, Poisson sampling as the accountant assumes: each example joins each batch independently
-    with probability q (batch sizes vary; a batch may be empty and is still a step). The non-private
+    With DP, the unit's Poisson batches (PrivacyUnit.sample, as the accountant assumes them: batch
+    sizes vary; a batch may be empty and is still a step). The non-private
     baseline takes shuffled batches of `batch_size`. Every framework trains on these batches
     (Opacus' own DPDataLoader runs int(1/q) steps an epoch, one fewer than planned for some q).
     """
     rng, sampling, dp = randomness.numpy("batches"), plan.sampling, plan.hp.dp
-    units = sampling.n if units is None else units
+    units, unit = sampling.n if units is None else units, units_of(persons)
     # Steps are counted here, not by the bar: a bar no terminal sees counts nothing.
     with progress_bars.bar(sampling.steps, f"train ({plan.framework})", "step",
                            shown=progress) as bar:
         for step in range(1, sampling.steps + 1):
             if dp:
-                sampled = rng.random(units) < sampling.sample_rate
-                yield np.flatnonzero(sampled if persons is None else sampled[persons])
+                yield unit.sample(rng, sampling.sample_rate, units, persons)
             else:
                 yield rng.choice(units, size=min(plan.hp.batch_size, units), replace=False)
             bar.update()

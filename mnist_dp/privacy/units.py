@@ -1,6 +1,6 @@
 """The privacy unit: what two neighbouring datasets differ by, one image or one person with all
-their images; how a run's images are counted in it; and the words the statement, results.json and
-the errors use for it."""
+their images; how a run's images are counted and sampled in it; and the words the statement,
+results.json and the errors use for it."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -12,7 +12,7 @@ from mnist_dp.privacy.events import PER_EXAMPLE, PER_PERSON
 
 @dataclass(frozen=True)
 class PrivacyUnit:
-    """One privacy unit: how images are counted in it, and its words.
+    """One privacy unit: how images are counted and sampled in it, and its words.
 
     A unit's methods take `groups`, each image's group (a person: an index 0..P-1, from
     examples.persons_of), which a unit of one image ignores (None there).
@@ -32,6 +32,23 @@ class PrivacyUnit:
     def in_batch(self, batch: np.ndarray, groups: np.ndarray | None) -> int:
         """The units of an index batch."""
         return len(np.unique(groups[batch])) if self.grouped else len(batch)
+
+    def sample(self, rng: np.random.Generator, sample_rate: float, units: int,
+               groups: np.ndarray | None) -> np.ndarray:
+        """One Poisson batch, as the accountant assumes it: each of `units` units joins it
+        independently with probability `sample_rate`, a group with all its images.
+
+        Args:
+          rng: the run's "batches" generator.
+          sample_rate: q.
+          units: how many units the data holds (`count`).
+          groups: each image's group, or None for a unit of one image.
+
+        Returns:
+          The batch's image indices, int64, ascending (maybe none).
+        """
+        sampled = rng.random(units) < sample_rate
+        return np.flatnonzero(sampled[groups] if self.grouped else sampled)
 
 
 IMAGE = PrivacyUnit(

@@ -24,3 +24,26 @@ def test_a_unit_counts_its_units_in_the_data_and_in_a_batch():
     assert units.IMAGE.count(6, None) == 6 and units.PERSON.count(6, persons) == 3
     batch = np.array([0, 1, 5])
     assert units.PERSON.in_batch(batch, persons) == 2 and units.IMAGE.in_batch(batch, None) == 3
+
+
+def test_a_unit_samples_its_units_each_at_rate_q_and_a_person_with_all_their_images():
+    """Poisson batches of 2,000 steps at q = 0.3: each image, or each person, joins a batch at that
+    rate, independently of the others; a person's images join together, one draw per person."""
+    persons = np.repeat(np.arange(4), [1, 2, 3, 4])
+    for unit, groups, units_count in ((units.IMAGE, None, 10), (units.PERSON, persons, 4)):
+        rng = np.random.default_rng(5)
+        batches = [unit.sample(rng, 0.3, units_count, groups) for _ in range(2000)]
+        member = np.array([np.isin(np.arange(10), b) for b in batches])  # [steps, images]
+        if unit is units.PERSON:
+            for person in range(4):  # a person's images are all in, or all out
+                rows = member[:, persons == person]
+                assert (rows == rows[:, :1]).all()
+            member = np.array([member[:, persons == p][:, 0] for p in range(4)]).T
+        assert member.shape[1] == units_count
+        np.testing.assert_allclose(member.mean(axis=0), 0.3, atol=0.04)
+        # two units join together as often as independence says
+        np.testing.assert_allclose((member[:, 0] & member[:, 1]).mean(), 0.09, atol=0.03)
+        # one draw per unit a step: the next number after a step is the next step's first
+        rng = np.random.default_rng(5)
+        unit.sample(rng, 0.3, units_count, groups)
+        assert rng.random() == np.random.default_rng(5).random(units_count + 1)[-1]
