@@ -31,6 +31,7 @@ from mnist_dp.privacy import (
     task_plan,
 )
 from mnist_dp.privacy.ledger import Ledger, merge, own_runs
+from mnist_dp.privacy.randomness import RunRandomness
 from mnist_dp.utils import timing
 from mnist_dp.utils.errors import UserError
 from mnist_dp.utils.words import counted
@@ -162,8 +163,10 @@ def train_in_memory(framework: Framework, model, ledger: Ledger, data: dict, hp:
     timing.mark("setup")  # input model, σ calibration, budget
     if plan.sampling.steps == 0:
         return plan, None
-    # 3. The run, and 4. its record: the ledger's event, and the data's own ledger.
-    ran = training.run(framework, model, data, plan, budget.persons, len(ledger.events), through,
+    # 3. The run, its batches and noise drawn for its place in the ledger, and 4. its record: the
+    #    ledger's event, and the data's own ledger.
+    randomness = RunRandomness.for_run(plan.hp.noise_seed, len(ledger.events), plan.identities)
+    ran = training.run(framework, model, data, plan, budget.persons, randomness, through,
                        release_images)
     model_io.check_finite(framework, model, f"training diverged in {ran.steps} steps", if_diverged)
     ledger.add(plan.event(ran, code=code))

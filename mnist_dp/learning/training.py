@@ -323,10 +323,10 @@ def comparable_library_epsilon(framework_name: str, library_epsilon: dict) -> di
 
 
 def run(framework: Framework, model, data: dict, plan: TaskPlan,
-        persons: np.ndarray | None, run_index: int, through=None,
+        persons: np.ndarray | None, randomness: RunRandomness, through=None,
         release_images: bool = False) -> Ran:
     """A train task's run: the steps of `plan` on the opener's `data` (`fit`), `model` trained in
-    place, its noise drawn for the `run_index`-th run of its ledger.
+    place, its batches and noise drawn from `randomness`.
 
     Args:
       framework: the algo's Framework.
@@ -334,7 +334,8 @@ def run(framework: Framework, model, data: dict, plan: TaskPlan,
       data: the opener's data.
       plan: the run's plan.
       persons: each image's person when the unit is a person (Budget.persons), else None.
-      run_index: the runs of the model's ledger before this one (RunRandomness.for_run).
+      randomness: the run's randomness (RunRandomness.for_run, for its place in the model's
+        ledger).
       through: as in `fit`.
       release_images: whether the data's images give way to the network's inputs
         (skeleton.train_in_memory's).
@@ -342,7 +343,6 @@ def run(framework: Framework, model, data: dict, plan: TaskPlan,
     Returns:
       What it Ran.
     """
-    randomness = RunRandomness.for_run(plan.hp.noise_seed, run_index, plan.identities)
     inputs = Network.of(plan.hp).inputs(data["images"])
     if release_images:
         data["images"] = None
