@@ -150,7 +150,7 @@ def make_dp_step(model, optimizer, expected_batch_size, generator, with_canaries
       `step(x, y, C, σ, rows=None, persons=None)`: clips each example's (person's) gradient to C,
       sums, adds N(0, σ²C²) drawn from `generator`, divides by E[B], and returns how many examples
       (persons) had a gradient norm ≤ C (adaptive clipping's count, before noise). An empty batch's
-      step adds the noise alone. `persons`: the batch's training.BatchPersons, exactly when
+      step adds the noise alone. `persons`: the batch's units.BatchPersons, exactly when
       per_person.
     """
     def noisy_update(clipped_sum, max_grad_norm, noise_multiplier):
@@ -255,7 +255,7 @@ def make_dp_step(model, optimizer, expected_batch_size, generator, with_canaries
           max_grad_norm: C.
           noise_multiplier: σ.
           rows: the batch's rows of known_layer's patch Grams, exactly when known_layer is given.
-          persons: the batch's training.BatchPersons, exactly when per_person.
+          persons: the batch's units.BatchPersons, exactly when per_person.
 
         Returns:
           How many examples (persons) had a gradient norm ≤ C.

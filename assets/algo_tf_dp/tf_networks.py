@@ -313,7 +313,7 @@ def person_squares(layer, inputs, grads, persons):
       layer: a Dense on [B, in] or a Conv2D (conv2d_layer_computation's).
       inputs: its input [B, ...].
       grads: the gradient of its pre-activation output [B, ...].
-      persons: (groups [B], slots [P, k]), training.BatchPersons' as tensors.
+      persons: (groups [B], slots [P, k]), units.BatchPersons' as tensors.
 
     Returns:
       [P].
@@ -342,7 +342,7 @@ def person_squares(layer, inputs, grads, persons):
 
 
 def padded_rows(tensor, slots):
-    """`tensor` [B, ...] laid out a person a row [P, k, ...]: training.BatchPersons.slots' rows,
+    """`tensor` [B, ...] laid out a person a row [P, k, ...]: units.BatchPersons.slots' rows,
     their padding index B a row of zeros."""
     return tf.gather(tf.concat([tensor, tf.zeros_like(tensor[:1])], 0), slots)
 

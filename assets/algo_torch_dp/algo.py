@@ -78,7 +78,7 @@ def clip_and_sum(model: nn.Module, inputs, targets, max_grad_norm,
       max_grad_norm: C.
       known_grams: (a Conv2d whose input is `inputs` itself, these examples' rows of data_grams),
         for that layer's norms, or None.
-      persons: the batch's persons (training.BatchPersons), or None: per example.
+      persons: the batch's persons (units.BatchPersons), or None: per example.
 
     Returns:
       The gradient norms before clipping: per example [B], or per person [P].

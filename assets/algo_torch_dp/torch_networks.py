@@ -144,7 +144,7 @@ def person_squares(layer: nn.Module, layer_in: torch.Tensor, out_grads: torch.Te
       layer: an nn.Linear on [B, in] or a plain nn.Conv2d (clip_and_sum's).
       layer_in: its input [B, ...].
       out_grads: the gradient of its output [B, ...].
-      slots: training.BatchPersons.slots, each person's examples [P, k] (padded with B).
+      slots: units.BatchPersons.slots, each person's examples [P, k] (padded with B).
 
     Returns:
       [P].

@@ -8,6 +8,8 @@ import math
 
 import numpy as np
 
+from mnist_dp.privacy.units import person_rows
+
 
 def chunk_sizes(expected_batch_size):
     """GRAPH mode compiles once per input shape, and Poisson batches vary in size, so a batch is cut
@@ -68,23 +70,3 @@ def person_grids(indices, persons, rows, slots):
     for members, person_mask in padded_chunks(np.arange(count), rows):
         yield (grid[members].reshape(-1), (filled[members] * person_mask[:, None]).reshape(-1),
                person_mask)
-
-
-def person_rows(persons, pad):
-    """A batch's persons, laid out a person a row.
-
-    Args:
-      persons: each example's person [B], any integers.
-      pad: what fills a row beyond its person's examples.
-
-    Returns:
-      (each example's person, an index 0..P-1 in the order of their ids [B] int64, each person's
-      examples [P, k] int64, k the most one person has, a smaller person's row padded with `pad`).
-    """
-    ids, groups = np.unique(persons, return_inverse=True)
-    groups = groups.reshape(-1).astype(np.int64)
-    sizes = np.bincount(groups, minlength=len(ids))
-    order = np.argsort(groups, kind="stable")
-    layout = np.full((len(ids), sizes.max(initial=0)), pad, np.int64)
-    layout[groups[order], np.arange(len(order)) - (np.cumsum(sizes) - sizes)[groups[order]]] = order
-    return groups, layout

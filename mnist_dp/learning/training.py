@@ -16,42 +16,19 @@ from dataclasses import dataclass
 import numpy as np
 
 from mnist_dp.hyperparameters import Hyperparameters
-from mnist_dp.learning import chunks
 from mnist_dp.learning.interface import EpochCallback, Framework, Network, Ran
 from mnist_dp.privacy import task_plan
 from mnist_dp.privacy.events import NO_CLIPPING, PER_PERSON, NoiseSchedule
 from mnist_dp.privacy.policy import plan_units
 from mnist_dp.privacy.randomness import REPLAYABLE_WARNING, RunRandomness, standard_normal
 from mnist_dp.privacy.task_plan import TaskPlan
+from mnist_dp.privacy.units import BatchPersons
 from mnist_dp.privacy.units import of as units_of
 from mnist_dp.utils import progress as progress_bars
 from mnist_dp.utils import timing
 
 # substratools configures the "substratools" logger (level from --log-level); log under it.
 log = logging.getLogger("substratools.mnist_dp")
-
-
-@dataclass(frozen=True)
-class BatchPersons:
-    """A batch's persons, for a DP step that clips per person: a person's gradient is the sum of
-    their examples'. `slots` lays each person's examples out in a row, so that a layer's per-person
-    sums and Grams are batched products over persons."""
-
-    groups: np.ndarray  # each example's person, an index 0..P-1 into the batch's persons [B]
-    # each person's examples [P, k], k the batch's largest person; a smaller person's row padded
-    # with B, the index of the zero row each framework appends to a layer's tensors
-    slots: np.ndarray
-
-    @classmethod
-    def of(cls, persons: np.ndarray) -> BatchPersons:
-        """The batch's persons from each example's person id [B], any integers."""
-        groups, slots = chunks.person_rows(persons, len(persons))
-        return cls(groups, slots)
-
-    @property
-    def count(self) -> int:
-        """P, the batch's persons."""
-        return len(self.slots)
 
 
 @dataclass
@@ -94,7 +71,7 @@ class DpStep:
 
     def persons_in(self, batch: np.ndarray) -> BatchPersons | None:
         """The persons of an index batch, as a framework's DP step takes them; None per example."""
-        return None if self.persons is None else BatchPersons.of(self.persons[batch])
+        return units_of(self.persons).group(batch, self.persons)
 
     @property
     def noise_scale(self) -> float:

@@ -1,6 +1,6 @@
 """The privacy unit: what two neighbouring datasets differ by, one image or one person with all
-their images; how a run's images are counted and sampled in it; and the words the statement,
-results.json and the errors use for it."""
+their images; how a run's images are counted and sampled in it, and a batch grouped; and the
+words the statement, results.json and the errors use for it."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -12,7 +12,7 @@ from mnist_dp.privacy.events import PER_EXAMPLE, PER_PERSON
 
 @dataclass(frozen=True)
 class PrivacyUnit:
-    """One privacy unit: how images are counted and sampled in it, and its words.
+    """One privacy unit: how images are counted, sampled and grouped in it, and its words.
 
     A unit's methods take `groups`, each image's group (a person: an index 0..P-1, from
     examples.persons_of), which a unit of one image ignores (None there).
@@ -33,6 +33,11 @@ class PrivacyUnit:
         """The units of an index batch."""
         return len(np.unique(groups[batch])) if self.grouped else len(batch)
 
+    def group(self, batch: np.ndarray, groups: np.ndarray | None) -> BatchPersons | None:
+        """An index batch's groups, as a DP step that clips per person takes them; None for a unit
+        of one image."""
+        return BatchPersons.of(groups[batch]) if self.grouped else None
+
     def sample(self, rng: np.random.Generator, sample_rate: float, units: int,
                groups: np.ndarray | None) -> np.ndarray:
         """One Poisson batch, as the accountant assumes it: each of `units` units joins it
@@ -49,6 +54,29 @@ class PrivacyUnit:
         """
         sampled = rng.random(units) < sample_rate
         return np.flatnonzero(sampled[groups] if self.grouped else sampled)
+
+
+@dataclass(frozen=True)
+class BatchPersons:
+    """A batch's persons, for a DP step that clips per person: a person's gradient is the sum of
+    their examples'. `slots` lays each person's examples out in a row, so that a layer's per-person
+    sums and Grams are batched products over persons."""
+
+    groups: np.ndarray  # each example's person, an index 0..P-1 into the batch's persons [B]
+    # each person's examples [P, k], k the batch's largest person; a smaller person's row padded
+    # with B, the index of the zero row each framework appends to a layer's tensors
+    slots: np.ndarray
+
+    @classmethod
+    def of(cls, persons: np.ndarray) -> BatchPersons:
+        """The batch's persons from each example's person id [B], any integers."""
+        groups, slots = person_rows(persons, len(persons))
+        return cls(groups, slots)
+
+    @property
+    def count(self) -> int:
+        """P, the batch's persons."""
+        return len(self.slots)
 
 
 IMAGE = PrivacyUnit(
@@ -68,3 +96,23 @@ def of(persons: np.ndarray | None) -> PrivacyUnit:
     """The unit of a run whose images' persons are `persons` (examples.persons_of's): PERSON, or
     IMAGE for None."""
     return IMAGE if persons is None else PERSON
+
+
+def person_rows(persons, pad):
+    """A batch's persons, laid out a person a row.
+
+    Args:
+      persons: each example's person [B], any integers.
+      pad: what fills a row beyond its person's examples.
+
+    Returns:
+      (each example's person, an index 0..P-1 in the order of their ids [B] int64, each person's
+      examples [P, k] int64, k the most one person has, a smaller person's row padded with `pad`).
+    """
+    ids, groups = np.unique(persons, return_inverse=True)
+    groups = groups.reshape(-1).astype(np.int64)
+    sizes = np.bincount(groups, minlength=len(ids))
+    order = np.argsort(groups, kind="stable")
+    layout = np.full((len(ids), sizes.max(initial=0)), pad, np.int64)
+    layout[groups[order], np.arange(len(order)) - (np.cumsum(sizes) - sizes)[groups[order]]] = order
+    return groups, layout

@@ -48,12 +48,6 @@ def test_person_grids_lay_out_each_person_in_a_row_of_one_chunk(count):
     assert seen == set(persons)
 
 
-def test_a_batchs_persons_lay_out_each_persons_examples_in_a_padded_row():
-    groups, layout = chunks.person_rows(np.array([7, 3, 7, 9, 3, 7]), -1)
-    assert groups.tolist() == [1, 0, 1, 2, 0, 1]
-    assert layout.tolist() == [[1, 4, -1], [0, 2, 5], [3, -1, -1]]
-
-
 def test_a_person_larger_than_a_row_is_refused():
     with pytest.raises(ValueError, match="more examples than a row of 18"):
         list(chunks.person_grids(np.arange(19), np.zeros(19), (16, 18), 18))

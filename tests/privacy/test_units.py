@@ -1,5 +1,5 @@
 """mnist_dp/privacy/units.py: each privacy unit under the ledger's name of its clipping, with the
-words the statement and results.json print, and how it counts a run's images."""
+words the statement and results.json print, and how it counts, samples and groups a run's images."""
 import numpy as np
 
 from mnist_dp.privacy import events, statement, units
@@ -47,3 +47,18 @@ def test_a_unit_samples_its_units_each_at_rate_q_and_a_person_with_all_their_ima
         rng = np.random.default_rng(5)
         unit.sample(rng, 0.3, units_count, groups)
         assert rng.random() == np.random.default_rng(5).random(units_count + 1)[-1]
+
+
+def test_a_batchs_persons_lay_out_each_persons_examples_in_a_padded_row():
+    groups, layout = units.person_rows(np.array([7, 3, 7, 9, 3, 7]), -1)
+    assert groups.tolist() == [1, 0, 1, 2, 0, 1]
+    assert layout.tolist() == [[1, 4, -1], [0, 2, 5], [3, -1, -1]]
+
+
+def test_a_unit_groups_a_batch_a_person_a_row_and_an_image_not_at_all():
+    persons = np.array([4, 4, 1, 1, 1, 0, 7])
+    grouped = units.PERSON.group(np.array([6, 0, 2, 1]), persons)
+    # the batch's persons 7, 4, 1, 4 in order of their ids: 1 -> 0, 4 -> 1, 7 -> 2
+    assert grouped.groups.tolist() == [2, 1, 0, 1] and grouped.count == 3
+    assert grouped.slots.tolist() == [[2, 4], [1, 3], [0, 4]]  # 4: the batch's zero row
+    assert units.IMAGE.group(np.array([6, 0]), None) is None
