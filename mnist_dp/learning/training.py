@@ -168,9 +168,9 @@ def sampled_batches(plan: TaskPlan, randomness: RunRandomness, on_epoch: EpochCa
       int64 index arrays into the training data, one per step.
 
     With DP, the unit's Poisson batches (PrivacyUnit.sample, as the accountant assumes them: batch
-    sizes vary; a batch may be empty and is still a step). The non-private
-    baseline takes shuffled batches of `batch_size`. Every framework trains on these batches
-    (Opacus' own DPDataLoader runs int(1/q) steps an epoch, one fewer than planned for some q).
+    sizes vary; a batch may be empty and is still a step). The non-private baseline takes shuffled
+    batches of `batch_size`. Every framework trains on these batches (Opacus' own DPDataLoader runs
+    int(1/q) steps an epoch, one fewer than planned for some q).
     """
     rng, sampling, dp = randomness.numpy("batches"), plan.sampling, plan.hp.dp
     units, unit = sampling.n if units is None else units, units_of(persons)
