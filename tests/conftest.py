@@ -287,6 +287,13 @@ BASE_HP = {"epochs": 2, "batch_size": 50, "learning_rate": 0.1, "momentum": 0.9,
            "clip_count_stddev": None, "noise_seed": None}
 
 
+def fresh_python(script: str, **env: str) -> subprocess.CompletedProcess:
+    """`script` run by this Python in a new process, with this environment and `env`: for what
+    only a process's start shows (what an import does, which implementation it picks)."""
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, **env})
+
+
 def independent_epsilon(sigma, q, steps, delta):
     """ε of `steps` Poisson-subsampled Gaussian steps at (σ, q), from dp_accounting alone: none of
     our accounting."""

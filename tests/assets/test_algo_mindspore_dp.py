@@ -1,12 +1,10 @@
 """The MindSpore algo's networks and DP machinery against MindSpore's own layers and naive
 per-example gradients, the DP step's noise, and why that noise is not MindArmour's."""
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
-from conftest import ALGO_ASSETS
+from conftest import ALGO_ASSETS, fresh_python
 
 from mnist_dp.assets import load_asset_module
 from mnist_dp.learning import chunks
@@ -373,8 +371,7 @@ def test_mindarmour_imports_without_its_version_warning_and_leaves_time_sleep_al
               "slept, sleep = [], time.sleep; "
               "time.sleep = lambda seconds: slept.append(seconds) or sleep(seconds); "
               "monitor = algo.import_mindarmour('RDPMonitor'); print(monitor.__name__, slept)")
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=300)
+    proc = fresh_python(script)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "RDPMonitor [1]"
     assert "MindArmour" not in proc.stderr and "countdown" not in proc.stderr, proc.stderr

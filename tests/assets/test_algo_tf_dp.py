@@ -1,12 +1,10 @@
 """The TF algo's own DP machinery against naive per-example gradients (exactness, not speed)."""
 import importlib
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
-from conftest import ALGO_ASSETS
+from conftest import ALGO_ASSETS, fresh_python
 
 from mnist_dp.assets import load_asset_module
 from mnist_dp.learning import conv_grams, training
@@ -161,9 +159,7 @@ def test_a_task_process_runs_protobufs_compiled_implementation_an_importer_the_p
               "except SystemExit: pass\n"
               "from google.protobuf.internal import api_implementation\n"
               "print(api_implementation.Type(), file=sys.stderr)")
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=300, env={**os.environ,
-                                            "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION": "python"})
+    proc = fresh_python(script, PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION="python")
     assert proc.returncode == 0 and proc.stderr.splitlines()[-1] == "upb", proc.stderr[-2000:]
     from google.protobuf.internal import api_implementation
 
