@@ -127,6 +127,7 @@ def test_the_recipe_wins_unless_another_scores_more_than_its_margin_above_it(
     assert both_drawn >= 5
 
 
+@pytest.mark.slow  # about 9 s of searching: CI runs it, the fast loop does not
 def test_the_final_run_draws_from_the_task_s_run_streams_which_no_candidate_uses(monkeypatch):
     hp = dict_hp(epochs=1, batch_size=50, target_epsilon=3.0, features="pixels")
     space = search_space.parse({"space": {"learning_rate": [0.1, 0.2]}, "mean_candidates": 5,

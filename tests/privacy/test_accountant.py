@@ -203,6 +203,7 @@ def test_adaptive_clippings_noisy_count_is_part_of_every_step():
     assert Ledger([run]).epsilon(1e-5) > Ledger([dp_event(4000, 500, 4)]).epsilon(1e-5)
 
 
+@pytest.mark.slow  # about 10 s of PLD accounting: CI runs it, the fast loop does not
 def test_calibration_holds_the_target_with_a_schedule_and_a_count():
     schedule = events.NoiseSchedule(1.0, noise_decay=0.8, decay_steps=12,
                                     count_noise_multiplier=40.0)

@@ -254,6 +254,7 @@ def test_delta_is_checked_against_every_example_before_a_search_starts():
         plan_search("torch", hp, space, 1000, 100, "hp.json")
 
 
+@pytest.mark.slow  # 15 s of accounting for the two: CI runs it, the fast loop does not
 @pytest.mark.parametrize("candidate_epochs", [None, 1])  # more than the base's 2: as None
 def test_a_search_with_a_final_run_ends_each_face_at_the_target_as_dp_accounting_composes_it(
         candidate_epochs):
