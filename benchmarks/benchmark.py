@@ -41,8 +41,8 @@ import numpy as np
 from mnist_dp import hyperparameters
 from mnist_dp.assets import ALGO_ASSETS, REPO, load_asset_module
 from mnist_dp.data import sources
-from mnist_dp.learning import chunks, interface, training
-from mnist_dp.privacy import task_plan
+from mnist_dp.learning import chunks, interface
+from mnist_dp.privacy import task_plan, units
 from mnist_dp.privacy.randomness import RunRandomness
 from mnist_dp.utils import json_input, options, timing
 from mnist_dp.utils.errors import UserError, run_cli
@@ -125,10 +125,10 @@ def person_picks(plan, count, seed=0):
 
 def person_batches(images, labels, plan, count, seed=0):
     """person_picks' batches: the images, labels, None (no rows: per-person norms need none) and
-    the batch's training.BatchPersons."""
+    the batch's units.BatchPersons."""
     persons = np.arange(plan.n) // IMAGES_PER_PERSON
     for picked in person_picks(plan, count, seed):
-        yield images[picked], labels[picked], None, training.BatchPersons.of(persons[picked])
+        yield images[picked], labels[picked], None, units.BatchPersons.of(persons[picked])
 
 
 def fixed_batches(images, labels, hp, count, seed=0):
