@@ -12,6 +12,7 @@ MindArmour's `RDPMonitor` as a cross-check. The networks, built from their decla
 clipped-sum graphs are in `networks.py` beside this file; the ScatterNet CNN's is made from what
 MindSpore 2.9's CPU kernels run fast (its Conv2D does not; timings: docs/benchmarks.md).
 """
+import contextlib
 import io
 import logging
 import math
@@ -27,6 +28,7 @@ os.environ.setdefault("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "python")
 import mindspore as ms
 import numpy as np
 from mindspore import nn, ops
+from mindspore.train import RunContext
 
 try:
     import mnist_dp  # noqa: F401 - inside a function archive it sits next to this file
@@ -286,23 +288,36 @@ class AveragingOptimizer(nn.Cell):
         return ops.depend(self.average(), stepped)  # after the step: it averages the new weights
 
 
+class CallbackParams(dict):
+    """A run's state as a MindSpore callback reads it: a dict read by attribute, as `Model` fills
+    the `RunContext` it passes."""
+
+    __getattr__ = dict.__getitem__
+
+
 def mindarmour_epsilon(n, sample_rate, noise_multiplier, steps, delta):
-    """MindArmour's RDPMonitor figure for this run, once for all steps (its step_end miscounts).
+    """MindArmour's RDPMonitor figure for this run, through its documented callback: one
+    `step_end` at the run's end, which composes a print interval's steps and one more, and prints ε.
 
     Args:
       n: the training examples.
       sample_rate: q; the monitor's batch is round(n·q), at least 1.
-      noise_multiplier, steps, delta: σ, the steps taken, δ.
+      noise_multiplier, steps, delta: σ, the steps taken (two at least), δ.
     Returns:
       ε at δ, above our RDP's; NaN when the batch is n or more."""
     RDPMonitor = import_mindarmour("RDPMonitor")
     batch = max(1, round(n * sample_rate))
     if batch >= n:
         return float("nan")
+    interval = steps - 1  # step_end composes the interval's steps and one more: `steps` in all
     monitor = RDPMonitor(num_samples=n, batch_size=batch, initial_noise_multiplier=noise_multiplier,
                          max_eps=1e9, target_delta=delta, noise_decay_mode=None,
-                         per_print_times=max(steps, 1))
-    return float(monitor._compute_privacy_steps(list(range(steps)))[0])
+                         per_print_times=interval)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        monitor.step_end(RunContext(CallbackParams(
+            cur_step_num=interval, batch_num=interval, cur_epoch_num=1)))
+    return float(printed.getvalue().rsplit("eps is ", 1)[1])
 
 
 # --- 2. Model I/O: inputs as the network takes them, weights as bytes
@@ -383,8 +398,8 @@ class MindSporeMindArmour(interface.Framework):
 
     def library_epsilon(self, sampling: SamplingPlan, delta: float, steps: int,
                         sigma: float) -> dict:
-        """See interface.Framework.library_epsilon."""
-        return {"MindArmour RDPMonitor (this run only)": mindarmour_epsilon(
+        """See interface.Framework.library_epsilon; none for one step (the monitor counts two)."""
+        return {} if steps < 2 else {"MindArmour RDPMonitor (this run only)": mindarmour_epsilon(
             sampling.n, sampling.sample_rate, sigma, steps, delta)}
 
     load_model = staticmethod(model_from_bytes)

@@ -9,6 +9,7 @@ from conftest import ALGO_ASSETS, fresh_python
 from mnist_dp.assets import load_asset_module
 from mnist_dp.learning import chunks
 from mnist_dp.privacy.randomness import RunRandomness
+from mnist_dp.privacy.task_plan import SamplingPlan
 
 os.environ.setdefault("GLOG_v", "3")
 ms = pytest.importorskip("mindspore")
@@ -375,3 +376,21 @@ def test_mindarmour_imports_without_its_version_warning_and_leaves_time_sleep_al
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "RDPMonitor [1]"
     assert "MindArmour" not in proc.stderr and "countdown" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("n, sample_rate, sigma, steps",
+                         [(300, 0.2, 1.0, 2), (1000, 0.01, 3.0, 17)])
+def test_mindarmours_figure_is_its_callbacks_for_exactly_the_runs_steps(
+        n, sample_rate, sigma, steps, capsys):
+    """The figure comes from RDPMonitor's documented `step_end`, which counts its print interval
+    and one more step: it is what the monitor's accountant gives for `steps` steps (its private
+    method, an oracle here only), and its printed line does not reach the task's output."""
+    got = algo.mindarmour_epsilon(n, sample_rate, sigma, steps, 1e-5)
+    monitor = algo.import_mindarmour("RDPMonitor")(
+        num_samples=n, batch_size=round(n * sample_rate), initial_noise_multiplier=sigma,
+        max_eps=1e9, target_delta=1e-5, noise_decay_mode=None, per_print_times=steps)
+    assert got == float(monitor._compute_privacy_steps(list(range(steps)))[0])
+    assert capsys.readouterr().out == ""
+    one_step = algo.FRAMEWORK.library_epsilon(SamplingPlan(n, round(1 / sample_rate), 1), 1e-5, 1,
+                                              sigma)
+    assert one_step == {}  # the monitor cannot count a single step
