@@ -51,9 +51,8 @@ from mnist_dp.assets import ALGO_ASSETS, load_asset_module
 from mnist_dp.data import sources
 from mnist_dp.learning import model_io, training
 from mnist_dp.learning.interface import Network, flat_weights
-from mnist_dp.privacy import audit, task_plan
+from mnist_dp.privacy import audit, task_plan, units
 from mnist_dp.privacy.ledger import Ledger
-from mnist_dp.privacy.policy import plan_units
 from mnist_dp.privacy.randomness import RunRandomness
 from mnist_dp.utils import atomic, json_input, options
 from mnist_dp.utils.errors import UserError, run_cli
@@ -97,12 +96,14 @@ def white_box_run(framework, algo, args, epsilon, noise_scale):
     # persons of K consecutive images, or None: per image
     persons = np.arange(len(labels)) // args.images_per_person if args.images_per_person > 1 \
         else None
-    units, unit = plan_units(persons, len(labels))
+    unit = units.of(persons)
+    count = unit.count(len(labels))
     hp = audit_hyperparameters(framework, args, epsilon, {
-        "epochs": args.steps, "batch_size": units, "optimizer": "sgd", "momentum": 0.0,
+        "epochs": args.steps, "batch_size": count, "optimizer": "sgd", "momentum": 0.0,
                                                           "ema_decay": 0.0,
         "clip_quantile": None, "noise_decay": 1.0, "dp": True})  # q = 1: one step an epoch
-    plan = task_plan.fresh(framework, hp, units, "the audit's options", ("audit",), unit)
+    plan = task_plan.fresh(framework, hp, count, "the audit's options", ("audit",),
+                           unit.clipping)
     network = Network.of(hp)
     model = algo.FRAMEWORK.new_model(hp.seed, network)
     shapes = [a.shape for a in algo.FRAMEWORK.weight_arrays(model)]

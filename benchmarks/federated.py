@@ -51,9 +51,8 @@ from mnist_dp.assets import ALGO_ASSETS, load_asset_module
 from mnist_dp.data import samples
 from mnist_dp.learning import features, interface, model_io, skeleton
 from mnist_dp.orchestration import compute_plan
-from mnist_dp.privacy import model_file, preflight
+from mnist_dp.privacy import model_file, preflight, units
 from mnist_dp.privacy.examples import persons_of
-from mnist_dp.privacy.policy import plan_units
 from mnist_dp.utils import atomic, options
 from mnist_dp.utils.errors import UserError, run_cli
 
@@ -125,7 +124,7 @@ def train_rounds(algo, holdings: list, hp, strategy: str, rounds: int, test) -> 
       (test accuracy after each round, each organisation's ε at hp.delta, σ of the last task).
     """
     hp = preflight.noise_for_rounds(
-        hp, [plan_units(persons_of(h), len(h["labels"]))[0] for h in holdings], rounds)
+        hp, [units.of(persons_of(h)).count(len(h["labels"])) for h in holdings], rounds)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         atomic.write_json(tmp / "hyperparameters.json", hp.to_json())

@@ -39,7 +39,7 @@ from mnist_dp.federated.strategy import LedgerSharedState, received_ledger
 from mnist_dp.hyperparameters import Hyperparameters
 from mnist_dp.learning import model_io, skeleton
 from mnist_dp.learning.interface import Framework, Network
-from mnist_dp.privacy import data_ledger, model_file, preflight, provenance
+from mnist_dp.privacy import data_ledger, model_file, preflight, provenance, units
 from mnist_dp.privacy.examples import persons_of
 from mnist_dp.privacy.ledger import Ledger
 from mnist_dp.privacy.policy import plan_size
@@ -126,7 +126,8 @@ class DpTraining:
         """One train task's work on `self.model` (in place) with the opener's `data`: a local
         training, or nothing in FedAvg's last task (its update is never averaged); returns the
         data's public size (policy.plan_size), FedAvg's weight for this organisation."""
-        n = plan_size(data, persons_of(data) if self.hp.dp else None, len(data["labels"]))[0]
+        unit = units.of(persons_of(data) if self.hp.dp else None)
+        n = plan_size(data, unit, len(data["labels"]))
         if self.train_tasks > self.rounds:
             raise UserError(f"this {self.framework_name} algo's σ was calibrated for rounds = "
                             f"{self.rounds} (substrafl's FedAvg runs {self.rounds + 1} train tasks "

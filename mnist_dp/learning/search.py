@@ -37,6 +37,7 @@ from mnist_dp.privacy.search import (
     validation_split,
 )
 from mnist_dp.privacy.task_plan import TaskPlan
+from mnist_dp.privacy.units import IMAGE, PrivacyUnit
 from mnist_dp.utils.errors import UserError
 
 log = logging.getLogger("substratools.mnist_dp")
@@ -56,7 +57,7 @@ class Searched:
 
 def run_search(framework: Framework, images: np.ndarray, labels: np.ndarray, held_out: np.ndarray,
                search: SearchPlan, randomness: RunRandomness, where: str,
-               persons: np.ndarray | None = None) -> Searched | None:
+               unit: PrivacyUnit = IMAGE) -> Searched | None:
     """The search of `search` by `framework`.
 
     Args:
@@ -67,8 +68,8 @@ def run_search(framework: Framework, images: np.ndarray, labels: np.ndarray, hel
       search: the search's privacy plan (its space, σ by profile, the score's noise).
       randomness: draws K, the candidates, their runs and the scores' noise.
       where: what names the hyperparameters in errors.
-      persons: each image's person (examples.persons_of) when search.privacy_unit is per person,
-        else None.
+      unit: the privacy unit, bound to the images (units.of): a person's images are all held out
+        or none.
 
     Returns:
       What the search released (Searched); None when K = 0 (possible with the Poisson distribution
@@ -79,9 +80,7 @@ def run_search(framework: Framework, images: np.ndarray, labels: np.ndarray, hel
     count = draw_count(rng, search.search.mean, search.search.shape)
     train_y, validation_y = labels[~held_out], labels[held_out]
     # each side's persons, indices 0..P-1 of its own
-    train_persons, validation_persons = (None, None) if persons is None else (
-        np.unique(persons[~held_out], return_inverse=True)[1],
-        np.unique(persons[held_out], return_inverse=True)[1])
+    train_unit, validation_unit = unit.within(~held_out), unit.within(held_out)
     recipe = search.recipe  # what a candidate does not draw
     # Every features value the space may draw, made before the first candidate: which ones the
     # candidates drew would otherwise show in the work done (and its progress bars).
@@ -102,9 +101,9 @@ def run_search(framework: Framework, images: np.ndarray, labels: np.ndarray, hel
             model = framework.new_model(hp.seed, Network.of(hp))
             ran = training.fit(framework, model, inputs[hp.features][0], train_y, plan,
                                randomness.candidate(index), progress=False,
-                               persons=train_persons)
+                               persons=train_unit.groups)
             score = noisy_count(correct(framework, model, inputs[hp.features][1], validation_y,
-                                        validation_persons),
+                                        validation_unit.groups),
                                 search.score_noise_multiplier, score_noise)
             # a diverged candidate never wins; the recipe starts ahead (both functions of the
             # candidate's output)
@@ -174,27 +173,27 @@ def released_ledger(framework: Framework, data: dict, plan: SearchPlan, searched
 
 
 def released(framework: Framework, data: dict, plan: SearchPlan, searched: Searched,
-             randomness: RunRandomness, where: str, persons: np.ndarray | None = None,
+             randomness: RunRandomness, where: str, unit: PrivacyUnit = IMAGE,
              code: dict | None = None) -> tuple:
     """What a search's task releases: the best candidate, or with a search_epsilon the final run on
     its hyperparameters (`final_run`), and that model's ledger.
 
     Args:
-      framework, data, plan, searched, randomness, where, persons, code: as `final_run` takes them.
+      framework, data, plan, searched, randomness, where, unit, code: as `final_run` takes them.
 
     Returns:
       (the released Searched, its Ledger).
     """
     ledger = released_ledger(framework, data, plan, searched, code)
     if plan.search.search_epsilon is not None:
-        searched = final_run(framework, data, plan, searched, ledger, randomness, where, persons,
+        searched = final_run(framework, data, plan, searched, ledger, randomness, where, unit,
                              code)
     return searched, ledger
 
 
 def final_run(framework: Framework, data: dict, plan: SearchPlan, searched: Searched,
               ledger: Ledger, randomness: RunRandomness, where: str,
-              persons: np.ndarray | None = None, code: dict | None = None) -> Searched:
+              unit: PrivacyUnit = IMAGE, code: dict | None = None) -> Searched:
     """The best candidate's hyperparameters trained once more, from scratch, on all the examples
     (the validation split too) at what the search left of target_epsilon (SearchPlan.final); the
     run's event is added to `ledger`, whose last event is the search's.
@@ -208,7 +207,7 @@ def final_run(framework: Framework, data: dict, plan: SearchPlan, searched: Sear
       randomness: the search's: the run draws from its run streams ("batches", "gradient noise"),
         which neither the search's own draws nor its candidates' (RunRandomness.candidate) use.
       where: what names the hyperparameters in errors.
-      persons: each image's person when the search is per person, else None.
+      unit: the privacy unit, bound to the data (Budget.unit).
       code: the running function's provenance, None in memory.
 
     Returns:
@@ -221,7 +220,7 @@ def final_run(framework: Framework, data: dict, plan: SearchPlan, searched: Sear
         ran = training.fit(framework, model, feature_maps.transform(data["images"],
                                                                     final.hp.features),
                            data["labels"], final, randomness, progress=False,
-                           persons=persons)
+                           persons=unit.groups)
     ledger.add(final.event(ran, code))
     return Searched(model, final, ran, searched.candidates,
                     searched.seconds + time.perf_counter() - start)
@@ -306,7 +305,7 @@ def tune(framework: Framework, inputs: dict, outputs: dict, hyperparameters_path
     # the candidates' too (the space searches no such key)
     training.say_notices(framework, base, randomness)
     searched = run_search(framework, data["images"], data["labels"], held_out, plan, randomness,
-                          where, budget.persons)
+                          where, budget.unit)
     if searched is None:
         raise UserError(f"{where}: the search drew no candidate (the Poisson distribution allows "
                         "it, with probability exp(-mean)); nothing is released: run the task again")
@@ -314,7 +313,7 @@ def tune(framework: Framework, inputs: dict, outputs: dict, hyperparameters_path
                           "nothing was saved; lower learning_rate or max_grad_norm in the search "
                           f"space or {where}")
     code = provenance.running_code(Path(hyperparameters_path).parent, "tune")
-    searched, ledger = released(framework, data, plan, searched, randomness, where, budget.persons,
+    searched, ledger = released(framework, data, plan, searched, randomness, where, budget.unit,
                                 code)
     if plan.search.search_epsilon is not None:
         model_io.check_finite(framework, searched.model, "the final run on all the data diverged",

@@ -166,7 +166,7 @@ def train_in_memory(framework: Framework, model, ledger: Ledger, data: dict, hp:
     # 3. The run, its batches and noise drawn for its place in the ledger, and 4. its record: the
     #    ledger's event, and the data's own ledger.
     randomness = RunRandomness.for_run(plan.hp.noise_seed, len(ledger.events), plan.identities)
-    ran = training.run(framework, model, data, plan, budget.persons, randomness, through,
+    ran = training.run(framework, model, data, plan, budget.unit, randomness, through,
                        release_images)
     model_io.check_finite(framework, model, f"training diverged in {ran.steps} steps", if_diverged)
     ledger.add(plan.event(ran, code=code))

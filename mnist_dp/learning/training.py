@@ -18,11 +18,10 @@ import numpy as np
 from mnist_dp.hyperparameters import Hyperparameters
 from mnist_dp.learning.interface import EpochCallback, Framework, Network, Ran
 from mnist_dp.privacy import task_plan
-from mnist_dp.privacy.events import NO_CLIPPING, PER_PERSON, NoiseSchedule
-from mnist_dp.privacy.policy import plan_units
+from mnist_dp.privacy.events import NO_CLIPPING, NoiseSchedule
 from mnist_dp.privacy.randomness import REPLAYABLE_WARNING, RunRandomness, standard_normal
 from mnist_dp.privacy.task_plan import TaskPlan
-from mnist_dp.privacy.units import BatchPersons
+from mnist_dp.privacy.units import IMAGE, BatchPersons, PrivacyUnit
 from mnist_dp.privacy.units import of as units_of
 from mnist_dp.utils import progress as progress_bars
 from mnist_dp.utils import timing
@@ -50,12 +49,17 @@ class DpStep:
     clip: ClipNorm
     randomness: RunRandomness
     canaries: object | None = None  # an audit.DiracCanaries
-    # each example's person, an index 0..n-1 (examples.persons_of), when the unit is a person
-    persons: np.ndarray | None = None
+    unit: PrivacyUnit = IMAGE  # bound to the run's data (units.of)
 
     def units_in(self, batch: np.ndarray) -> int:
         """The privacy units in an index batch: its examples, or its persons."""
-        return units_of(self.persons).in_batch(batch, self.persons)
+        return self.unit.in_batch(batch)
+
+    @property
+    def persons(self) -> np.ndarray | None:
+        """Each example's person, an index 0..P-1 (examples.persons_of), when the unit is a
+        person; else None."""
+        return self.unit.groups
 
     @property
     def expected_batch_size(self) -> float:
@@ -71,7 +75,7 @@ class DpStep:
 
     def persons_in(self, batch: np.ndarray) -> BatchPersons | None:
         """The persons of an index batch, as a framework's DP step takes them; None per example."""
-        return units_of(self.persons).group(batch, self.persons)
+        return self.unit.group(batch)
 
     @property
     def noise_scale(self) -> float:
@@ -179,7 +183,7 @@ def sampled_batches(plan: TaskPlan, randomness: RunRandomness, on_epoch: EpochCa
                            shown=progress) as bar:
         for step in range(1, sampling.steps + 1):
             if dp:
-                yield unit.sample(rng, sampling.sample_rate, units, persons)
+                yield unit.sample(rng, sampling.sample_rate, units)
             else:
                 yield rng.choice(units, size=min(plan.hp.batch_size, units), replace=False)
             bar.update()
@@ -219,16 +223,15 @@ def fit(framework: Framework, model, inputs: np.ndarray, labels: np.ndarray, pla
     """
     if plan.framework != framework.name:  # the ledger's event names the plan's
         raise ValueError(f"a plan of {plan.framework} given to {framework.name}")
-    if (persons is not None) != (plan.privacy_unit == PER_PERSON) or (
-            persons is not None and not framework.per_person):
-        raise ValueError(f"a plan per {plan.privacy_unit} given persons={persons is not None} and "
+    dp, unit = plan.hp.dp, units_of(persons)
+    if unit.clipping != plan.privacy_unit or (unit.grouped and not framework.per_person):
+        raise ValueError(f"a plan per {plan.privacy_unit} given data per {unit.name} and "
                          f"{framework.name}")
-    dp = plan.hp.dp
-    units = plan_units(persons, len(labels))[0]  # the data's own count, which each step samples
+    units = unit.count(len(labels))  # the data's own count, which each step samples
     batches = sampled_batches(plan, randomness, on_epoch, progress, persons, units)
     if through is not None:
         batches = through(batches, plan.sampling)
-    step = DpStep(plan.schedule, ClipNorm(plan, randomness), randomness, canaries, persons)
+    step = DpStep(plan.schedule, ClipNorm(plan, randomness), randomness, canaries, unit)
     ran = train_steps(framework, model, inputs, labels, plan, step, batches)
     # the ledger records what ran; the frameworks must all run the plan
     if len(ran.batch_sizes) != plan.sampling.steps:
@@ -300,7 +303,7 @@ def comparable_library_epsilon(framework_name: str, library_epsilon: dict) -> di
 
 
 def run(framework: Framework, model, data: dict, plan: TaskPlan,
-        persons: np.ndarray | None, randomness: RunRandomness, through=None,
+        unit: PrivacyUnit, randomness: RunRandomness, through=None,
         release_images: bool = False) -> Ran:
     """A train task's run: the steps of `plan` on the opener's `data` (`fit`), `model` trained in
     place, its batches and noise drawn from `randomness`.
@@ -310,7 +313,7 @@ def run(framework: Framework, model, data: dict, plan: TaskPlan,
       model: the framework's model.
       data: the opener's data.
       plan: the run's plan.
-      persons: each image's person when the unit is a person (Budget.persons), else None.
+      unit: the privacy unit, bound to the data (Budget.unit).
       randomness: the run's randomness (RunRandomness.for_run, for its place in the model's
         ledger).
       through: as in `fit`.
@@ -327,7 +330,7 @@ def run(framework: Framework, model, data: dict, plan: TaskPlan,
     timing.mark("features")
     say_notices(framework, plan.hp, randomness)
     ran = fit(framework, model, inputs, data["labels"], plan, randomness, through=through,
-              persons=persons)
+              persons=unit.groups)
     timing.mark("training")  # the steps after the first
     return ran
 
@@ -365,9 +368,10 @@ def fit_from_scratch(framework: Framework, images: np.ndarray, labels: np.ndarra
     Returns:
       The Trained model, with its network, its plan, what it ran and the training's seconds.
     """
-    n, unit = plan_units(persons, len(labels))
-    plan = task_plan.fresh(framework.name, hp, n if public_size is None else public_size, where,
-                           identities, unit)
+    unit = units_of(persons)
+    plan = task_plan.fresh(framework.name, hp,
+                           unit.count(len(labels)) if public_size is None else public_size, where,
+                           identities, unit.clipping)
     network = Network.of(hp)
     model = framework.new_model(hp.seed, network)
     start = time.perf_counter()

@@ -8,16 +8,14 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, field
-
-import numpy as np
+from dataclasses import dataclass
 
 from mnist_dp.hyperparameters import Hyperparameters
 from mnist_dp.privacy import accountant, data_ledger, policy
 from mnist_dp.privacy.examples import persons_of
 from mnist_dp.privacy.ledger import Ledger
 from mnist_dp.privacy.policy import Policy, plan_size
-from mnist_dp.privacy.units import IMAGE, UNITS, PrivacyUnit
+from mnist_dp.privacy.units import IMAGE, PrivacyUnit
 from mnist_dp.privacy.units import of as units_of
 from mnist_dp.utils import words
 from mnist_dp.utils.errors import UserError
@@ -35,15 +33,14 @@ class Budget:
 
     Attributes:
       n: the data's public size (policy.plan_size), in units: training examples, or persons.
-      unit: the privacy unit clipped and counted (units.IMAGE or PERSON).
+      unit: the privacy unit clipped and counted (units.IMAGE, or PERSON bound to the data's
+        persons: units.of).
       identities: the keyed identities of the run's data samples (its event's `data`).
       histories: the earlier runs on the data in the input model's ledger, one list per
         organisation (Ledger.histories; ((),) for none): σ is calibrated for the worst of them.
       budget_histories: the histories the budgets count (the input model's ledger joined with
         the data's own: data_ledger.union); None: `histories`.
       owner: the data owner's policy, whose budgets hold beside hp.max_epsilon.
-      persons: each image's person, an index 0..n-1 (examples.persons_of), when the unit is a
-        person; None per image.
       passes_on: whether a run that the budgets stop before its first step passes its input model
         on (received from elsewhere, its ledger lacking none of the data's runs); else it is
         refused.
@@ -55,7 +52,6 @@ class Budget:
     histories: tuple = ((),)
     budget_histories: tuple | None = None
     owner: Policy = NO_POLICY
-    persons: np.ndarray | None = field(default=None, compare=False, repr=False)
     passes_on: bool = False
 
     @property
@@ -127,17 +123,17 @@ def of_task(framework: str, clips_per_person: bool, ledger: Ledger, data: dict,
     """
     refuse_copies(data)
     absorbed = take_in_own_runs(ledger, spent, data["samples"], continuing)
-    persons, owner = allowed_unit(framework, clips_per_person, data, hp, {
+    unit, owner = allowed_unit(framework, clips_per_person, data, hp, {
         "the input model's ledger": ledger,
         "this data's own ledger": spent.ledger if spent is not None else None})
     identities = ledger.add_samples(data["samples"])
     histories = ledger.histories(identities)
-    n, unit = plan_size(data, persons, len(data["labels"]))
+    n = plan_size(data, unit, len(data["labels"]))
     # the budgets count every run of the data: the input model's and the data's own ledger's
     everything = None if spent is None else data_ledger.union(ledger, spent.ledger).histories(
         identities)
-    return Budget(n, UNITS[unit], tuple(identities), tuple(map(tuple, histories)),
-                  None if everything is None else tuple(map(tuple, everything)), owner, persons,
+    return Budget(n, unit, tuple(identities), tuple(map(tuple, histories)),
+                  None if everything is None else tuple(map(tuple, everything)), owner,
                   continuing and not absorbed)
 
 
@@ -160,13 +156,13 @@ def of_search(framework: str, clips_per_person: bool, earlier: Ledger, data: dic
       for a search that could pass the owner's budget.
     """
     refuse_copies(data)
-    persons, owner = allowed_unit(framework, clips_per_person, data, hp,
-                                  {"this data's own ledger": earlier})
+    unit, owner = allowed_unit(framework, clips_per_person, data, hp,
+                               {"this data's own ledger": earlier})
     histories = data_ledger.histories(earlier, data["samples"])
     check_whole_run(owner, histories, hp.target_epsilon, hp.delta, "a search")
-    n, unit = plan_size(data, persons, len(data["labels"]))
-    return Budget(n, UNITS[unit], tuple(s["identity"] for s in data["samples"]),
-                  tuple(map(tuple, histories)), owner=owner, persons=persons)
+    return Budget(plan_size(data, unit, len(data["labels"])), unit,
+                  tuple(s["identity"] for s in data["samples"]), tuple(map(tuple, histories)),
+                  owner=owner)
 
 
 def refuse_copies(data: dict) -> None:
@@ -178,35 +174,36 @@ def refuse_copies(data: dict) -> None:
 
 def allowed_unit(framework: str, clips_per_person: bool, data: dict, hp: Hyperparameters,
                  earlier: dict) -> tuple:
-    """(each image's person or None: per_person's, the data owner's Policy), the run checked
-    against that policy (per example where it asks for persons, without DP, with a noise_seed)."""
-    persons = per_person(framework, clips_per_person, data, hp, earlier)
+    """(the run's PrivacyUnit: per_person's, the data owner's Policy), the run checked against
+    that policy (per example where it asks for persons, without DP, with a noise_seed)."""
+    unit = per_person(framework, clips_per_person, data, hp, earlier)
     owner = policy.of_data(data)
-    owner.check_allowed(hp.dp, hp.noise_seed, persons is not None)
-    return persons, owner
+    owner.check_allowed(hp.dp, hp.noise_seed, unit.grouped)
+    return unit, owner
 
 
 def per_person(framework: str, clips_per_person: bool, data: dict, hp: Hyperparameters,
-               earlier: dict):
-    """Each image's person (examples.persons_of) when `data` names persons and the run is private,
-    else None. Refused in one line where the algo `framework` cannot train per person
-    (`clips_per_person` False), or where a ledger of `earlier` ({whose: Ledger}) holds private runs
-    of the other unit on this organisation's data: a person's runs and their images' runs would be
-    accounted apart."""
-    persons = persons_of(data) if hp.dp else None
-    if persons is not None and not clips_per_person:
+               earlier: dict) -> PrivacyUnit:
+    """The run's unit: PERSON bound to each image's person (examples.persons_of) when `data`
+    names persons and the run is private, else IMAGE. Refused in one line where the algo
+    `framework` cannot train per person (`clips_per_person` False), or where a ledger of `earlier`
+    ({whose: Ledger}) holds private runs of the other unit on this organisation's data: a person's
+    runs and their images' runs would be accounted apart."""
+    unit = units_of(persons_of(data) if hp.dp else None)
+    if unit.grouped and not clips_per_person:
         raise UserError(f"subjects.npy: {framework} does not clip per person; train this "
                         "data with an algo that does, or without subjects.npy per image")
-    unit, keys = units_of(persons).clipping, {s["key"] for s in data["samples"]}
+    keys = {s["key"] for s in data["samples"]}
     for whose, known in earlier.items():
-        other = sorted({e.clipping for e in known.events if e.is_private and e.clipping != unit
+        clipping = unit.clipping
+        other = sorted({e.clipping for e in known.events if e.is_private and e.clipping != clipping
                         and known.touches_keys(e, keys)}) if known is not None and hp.dp else []
         if other:
             raise UserError(f"{whose} records runs clipped {other[0]} on this organisation's "
-                            f"data, and this run would clip {unit}: the two are not composed; "
+                            f"data, and this run would clip {clipping}: the two are not composed; "
                             "train with the privacy unit of the earlier runs (subjects.npy present "
                             "or absent as it was)")
-    return persons
+    return unit
 
 
 def take_in_own_runs(ledger: Ledger, spent: data_ledger.Held | None, samples: list,

@@ -38,8 +38,6 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from mnist_dp.privacy import units
 from mnist_dp.utils.errors import UserError
 from mnist_dp.utils.words import counted
@@ -176,22 +174,14 @@ def of_data(data: dict) -> Policy:
     return of_folders([s["folder"] for s in data.get("samples", ()) if s.get("folder")])
 
 
-def plan_units(persons: np.ndarray | None, n: int) -> tuple[int, str]:
-    """What a run's plan counts and clips, for `n` images whose persons are `persons`
-    (examples.persons_of's, or None): (n, events.PER_EXAMPLE), or (the P persons, PER_PERSON)."""
-    unit = units.of(persons)
-    return unit.count(n, persons), unit.clipping
-
-
-def plan_size(data: dict, persons: np.ndarray | None, images: int) -> tuple[int, str]:
-    """What a run's plan counts on the opener's `data` of `images` images whose persons are
-    `persons` (examples.persons_of's, or None): (its samples' declared public size and the unit,
-    events.PER_EXAMPLE or PER_PERSON). Data made in memory (no sample folder on disk: tests,
-    benchmarks) declares its own count. UserError where a sample folder declares no size."""
-    real, unit = plan_units(persons, images)
+def plan_size(data: dict, unit: units.PrivacyUnit, images: int) -> int:
+    """What a run's plan counts on the opener's `data` of `images` images in `unit` (bound to
+    them, units.of): its samples' declared public size. Data made in memory (no sample folder on
+    disk: tests, benchmarks) declares its own count in the unit. UserError where a sample folder
+    declares no size."""
     folders = [s["folder"] for s in data.get("samples", ())
                if s.get("folder") and Path(s["folder"]).is_dir()]
-    return (public_size(folders) if folders else real), unit
+    return public_size(folders) if folders else unit.count(images)
 
 
 def public_size(folders) -> int:

@@ -3,7 +3,7 @@ their images; how a run's images are counted and sampled in it, and a batch grou
 words the statement, results.json and the errors use for it."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -14,8 +14,9 @@ from mnist_dp.privacy.events import PER_EXAMPLE, PER_PERSON
 class PrivacyUnit:
     """One privacy unit: how images are counted, sampled and grouped in it, and its words.
 
-    A unit's methods take `groups`, each image's group (a person: an index 0..P-1, from
-    examples.persons_of), which a unit of one image ignores (None there).
+    A unit of persons counts, samples and groups the images of the data it is bound to (`on`):
+    `groups`, each image's person, an index 0..P-1 (examples.persons_of). A unit of one image needs
+    no data.
     """
 
     clipping: str  # what the ledger's events call its clipping (events.PER_EXAMPLE, PER_PERSON)
@@ -24,22 +25,32 @@ class PrivacyUnit:
     sampling: str  # the sampling the accountant assumes
     neighbouring_relation: str  # what two neighbouring datasets differ by
     grouped: bool = False  # whether a unit is a group of images (a person's)
+    groups: np.ndarray | None = field(default=None, compare=False, repr=False)
 
-    def count(self, images: int, groups: np.ndarray | None) -> int:
+    def on(self, groups: np.ndarray | None) -> PrivacyUnit:
+        """This unit on data whose images' groups are `groups` (a unit of one image ignores
+        them)."""
+        return replace(self, groups=groups) if self.grouped else self
+
+    def within(self, mask: np.ndarray) -> PrivacyUnit:
+        """This unit on the images `mask` selects, their groups numbered 0..P'-1 again."""
+        return self.on(np.unique(self.groups[mask], return_inverse=True)[1]) if self.grouped \
+            else self
+
+    def count(self, images: int) -> int:
         """How many units `images` images hold: the images, or their groups."""
-        return int(groups.max()) + 1 if self.grouped else images
+        return int(self.groups.max()) + 1 if self.grouped else images
 
-    def in_batch(self, batch: np.ndarray, groups: np.ndarray | None) -> int:
+    def in_batch(self, batch: np.ndarray) -> int:
         """The units of an index batch."""
-        return len(np.unique(groups[batch])) if self.grouped else len(batch)
+        return len(np.unique(self.groups[batch])) if self.grouped else len(batch)
 
-    def group(self, batch: np.ndarray, groups: np.ndarray | None) -> BatchPersons | None:
+    def group(self, batch: np.ndarray) -> BatchPersons | None:
         """An index batch's groups, as a DP step that clips per person takes them; None for a unit
         of one image."""
-        return BatchPersons.of(groups[batch]) if self.grouped else None
+        return BatchPersons.of(self.groups[batch]) if self.grouped else None
 
-    def sample(self, rng: np.random.Generator, sample_rate: float, units: int,
-               groups: np.ndarray | None) -> np.ndarray:
+    def sample(self, rng: np.random.Generator, sample_rate: float, units: int) -> np.ndarray:
         """One Poisson batch, as the accountant assumes it: each of `units` units joins it
         independently with probability `sample_rate`, a group with all its images.
 
@@ -47,13 +58,12 @@ class PrivacyUnit:
           rng: the run's "batches" generator.
           sample_rate: q.
           units: how many units the data holds (`count`).
-          groups: each image's group, or None for a unit of one image.
 
         Returns:
           The batch's image indices, int64, ascending (maybe none).
         """
         sampled = rng.random(units) < sample_rate
-        return np.flatnonzero(sampled[groups] if self.grouped else sampled)
+        return np.flatnonzero(sampled[self.groups] if self.grouped else sampled)
 
 
 @dataclass(frozen=True)
@@ -93,9 +103,9 @@ UNITS = {unit.clipping: unit for unit in (IMAGE, PERSON)}
 
 
 def of(persons: np.ndarray | None) -> PrivacyUnit:
-    """The unit of a run whose images' persons are `persons` (examples.persons_of's): PERSON, or
-    IMAGE for None."""
-    return IMAGE if persons is None else PERSON
+    """The unit of a run whose images' persons are `persons` (examples.persons_of's): PERSON on
+    them, or IMAGE for None."""
+    return IMAGE if persons is None else PERSON.on(persons)
 
 
 def person_rows(persons, pad):

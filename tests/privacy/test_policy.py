@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from conftest import REPO, dp_event
 
-from mnist_dp.privacy import accountant, events, policy
+from mnist_dp.privacy import accountant, policy, units
 from mnist_dp.privacy.budgets import check_whole_run
 from mnist_dp.utils.errors import UserError
 
@@ -58,12 +58,11 @@ def test_a_tasks_public_size_is_its_samples_declarations_summed_and_never_its_co
     first = folder_with(tmp_path, "a", {"public_size": 200})
     second = folder_with(tmp_path, "b", {**OWNER, "public_size": 300})
     data = {"samples": [{"folder": str(first)}, {"folder": str(second)}]}
-    assert policy.plan_size(data, None, 1234) == (500, events.PER_EXAMPLE)
-    persons = np.arange(1234) // 2  # 617 persons, whatever the samples declare
-    assert policy.plan_size(data, persons, 1234) == (500, events.PER_PERSON)
-    # data made in memory (no folder) declares its own count
-    assert policy.plan_size({"samples": [{"identity": "x"}]}, persons, 1234) == (
-        617, events.PER_PERSON)
+    assert policy.plan_size(data, units.IMAGE, 1234) == 500
+    persons = units.of(np.arange(1234) // 2)  # 617 persons, whatever the samples declare
+    assert policy.plan_size(data, persons, 1234) == 500
+    # data made in memory (no folder) declares its own count, in its unit
+    assert policy.plan_size({"samples": [{"identity": "x"}]}, persons, 1234) == 617
 
 
 def test_a_sample_that_declares_no_size_is_refused_naming_it(tmp_path):
@@ -71,7 +70,8 @@ def test_a_sample_that_declares_no_size_is_refused_naming_it(tmp_path):
     undeclared.mkdir()
     for folders in ([declared, undeclared], [undeclared]):
         with pytest.raises(UserError, match="no public size declared for this data") as caught:
-            policy.plan_size({"samples": [{"folder": str(f)} for f in folders]}, None, 300)
+            policy.plan_size({"samples": [{"folder": str(f)} for f in folders]}, units.IMAGE,
+                             300)
         assert str(undeclared) in str(caught.value) and "--public-size" in str(caught.value)
 
 

@@ -20,21 +20,31 @@ def test_a_unit_counts_its_units_in_the_data_and_in_a_batch():
     """Six images of three persons: an image is its own unit; a person's images are counted
     together."""
     persons = np.array([0, 0, 1, 1, 1, 2])
-    assert (units.of(None), units.of(persons)) == (units.IMAGE, units.PERSON)
-    assert units.IMAGE.count(6, None) == 6 and units.PERSON.count(6, persons) == 3
+    image, person = units.of(None), units.of(persons)
+    assert (image, person) == (units.IMAGE, units.PERSON) and person.groups is persons
+    assert image.count(6) == 6 and person.count(6) == 3
     batch = np.array([0, 1, 5])
-    assert units.PERSON.in_batch(batch, persons) == 2 and units.IMAGE.in_batch(batch, None) == 3
+    assert person.in_batch(batch) == 2 and image.in_batch(batch) == 3
+
+
+def test_a_unit_within_some_images_numbers_their_groups_again():
+    """A search's split: each side's persons numbered 0..P'-1 among its own images."""
+    person = units.of(np.array([3, 3, 0, 1, 1, 2]))
+    held_out = np.array([False, False, True, True, True, False])
+    assert person.within(~held_out).groups.tolist() == [1, 1, 0]
+    assert person.within(held_out).groups.tolist() == [0, 1, 1]
+    assert units.IMAGE.within(held_out) is units.IMAGE
 
 
 def test_a_unit_samples_its_units_each_at_rate_q_and_a_person_with_all_their_images():
     """Poisson batches of 2,000 steps at q = 0.3: each image, or each person, joins a batch at that
     rate, independently of the others; a person's images join together, one draw per person."""
     persons = np.repeat(np.arange(4), [1, 2, 3, 4])
-    for unit, groups, units_count in ((units.IMAGE, None, 10), (units.PERSON, persons, 4)):
+    for unit, units_count in ((units.IMAGE, 10), (units.of(persons), 4)):
         rng = np.random.default_rng(5)
-        batches = [unit.sample(rng, 0.3, units_count, groups) for _ in range(2000)]
+        batches = [unit.sample(rng, 0.3, units_count) for _ in range(2000)]
         member = np.array([np.isin(np.arange(10), b) for b in batches])  # [steps, images]
-        if unit is units.PERSON:
+        if unit.grouped:
             for person in range(4):  # a person's images are all in, or all out
                 rows = member[:, persons == person]
                 assert (rows == rows[:, :1]).all()
@@ -45,7 +55,7 @@ def test_a_unit_samples_its_units_each_at_rate_q_and_a_person_with_all_their_ima
         np.testing.assert_allclose((member[:, 0] & member[:, 1]).mean(), 0.09, atol=0.03)
         # one draw per unit a step: the next number after a step is the next step's first
         rng = np.random.default_rng(5)
-        unit.sample(rng, 0.3, units_count, groups)
+        unit.sample(rng, 0.3, units_count)
         assert rng.random() == np.random.default_rng(5).random(units_count + 1)[-1]
 
 
@@ -57,8 +67,8 @@ def test_a_batchs_persons_lay_out_each_persons_examples_in_a_padded_row():
 
 def test_a_unit_groups_a_batch_a_person_a_row_and_an_image_not_at_all():
     persons = np.array([4, 4, 1, 1, 1, 0, 7])
-    grouped = units.PERSON.group(np.array([6, 0, 2, 1]), persons)
+    grouped = units.of(persons).group(np.array([6, 0, 2, 1]))
     # the batch's persons 7, 4, 1, 4 in order of their ids: 1 -> 0, 4 -> 1, 7 -> 2
     assert grouped.groups.tolist() == [2, 1, 0, 1] and grouped.count == 3
     assert grouped.slots.tolist() == [[2, 4], [1, 3], [0, 4]]  # 4: the batch's zero row
-    assert units.IMAGE.group(np.array([6, 0]), None) is None
+    assert units.IMAGE.group(np.array([6, 0])) is None
