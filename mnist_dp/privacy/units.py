@@ -16,7 +16,7 @@ class PrivacyUnit:
 
     A unit of persons counts, samples and groups the images of the data it is bound to (`on`):
     `groups`, each image's person, an index 0..P-1 (examples.persons_of). A unit of one image needs
-    no data.
+    no data. Two units are equal when they are the same kind (PERSON on any data is PERSON).
     """
 
     clipping: str  # what the ledger's events call its clipping (events.PER_EXAMPLE, PER_PERSON)
