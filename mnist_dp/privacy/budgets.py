@@ -193,9 +193,8 @@ def per_person(framework: str, clips_per_person: bool, data: dict, hp: Hyperpara
     if unit.grouped and not clips_per_person:
         raise UserError(f"subjects.npy: {framework} does not clip per person; train this "
                         "data with an algo that does, or without subjects.npy per image")
-    keys = {s["key"] for s in data["samples"]}
+    clipping, keys = unit.clipping, {s["key"] for s in data["samples"]}
     for whose, known in earlier.items():
-        clipping = unit.clipping
         other = sorted({e.clipping for e in known.events if e.is_private and e.clipping != clipping
                         and known.touches_keys(e, keys)}) if known is not None and hp.dp else []
         if other:
