@@ -120,7 +120,7 @@ def white_box_run(framework, algo, args, epsilon, noise_scale):
                              plan.sampling.expected_batch_size)
     guesses, correct = audit.guess(scores, canaries.included, args.guesses, args.guesses)
     return {"mode": "white-box", "mechanism": "as-built" if noise_scale == 1 else "broken",
-            "noise_added": noise_scale, "privacy_unit": "image" if persons is None else "person",
+            "noise_added": noise_scale, "privacy_unit": unit.name,
             "claimed_epsilon": claimed_epsilon(plan, ran),
             "lower_bound": audit.gaussian_epsilon_lower_bound(m, guesses, correct, hp.delta, BETA),
             "estimator": FDP,
