@@ -9,7 +9,6 @@ The networks, and each example's convolution gradient norms under them, are in `
 beside this file.
 """
 import io
-import logging
 import os
 import struct
 import sys
@@ -51,8 +50,6 @@ HYPERPARAMETERS = Path(__file__).with_name("hyperparameters.json")
 
 # Known, harmless Opacus noise: the secure-RNG reminder (secure_mode is an explicit choice).
 warnings.filterwarnings("ignore", message="Secure RNG turned off")
-# Importing opacus calls logging.basicConfig(), which would print every substratools log line twice.
-logging.getLogger("substratools").propagate = False
 
 
 # --- 1. The DP step: book-keeping per-example clipping, then Opacus' noise and the optimizer ------

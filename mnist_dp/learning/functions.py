@@ -4,6 +4,7 @@ and refusing an input it does not use. Registering only here keeps several algo 
 in one process (substratools' registry is global)."""
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from mnist_dp.learning import search, skeleton
@@ -22,6 +23,9 @@ def run(framework: Framework, hyperparameters_path: Path) -> None:
     `hyperparameters_path`, and run the one substratools' command line asks for."""
     import substratools as tools
 
+    # substratools logs through a handler of its own: a library that calls logging.basicConfig()
+    # (importing Opacus or MindArmour does) would print every line again
+    logging.getLogger("substratools").propagate = False
     bodies = {"train": lambda inputs,
               outputs: skeleton.train(framework, inputs, outputs, hyperparameters_path),
               "predict": lambda inputs, outputs: skeleton.predict(framework, inputs, outputs),

@@ -51,6 +51,8 @@ def run(tmp_path, framework, function, data_dir, **changes):
                          "datasamples": samples(data_dir, "train")}, outputs, log_level="info")
     log = masked(proc.stderr.replace(str(tmp_path), "<tmp>"))
     assert "trained" in log or "search" in log, log
+    # each line once, by substratools' handler: none again through a library's logging.basicConfig()
+    assert ":substratools." not in log, log
     return ({**released(outputs["model"]), "epsilon": outputs["epsilon"].read_text(), "log": log},
             model_file.load(outputs["model"]).ledger.events[0])
 
