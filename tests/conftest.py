@@ -1,4 +1,5 @@
 """Shared fixtures: tiny data, tiny hyperparameters, and running a function the way Substra does."""
+import hashlib
 import json
 import os
 import re
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from warm_python import WarmScript
 
 from mnist_dp.assets import ALGO_ASSETS, DATASET_ASSET, OBJECTIVE_ASSET
 from mnist_dp.data import dataset
@@ -347,6 +349,28 @@ def extract_function(asset_dir, function, dest, hyperparameters=None):
     return folder
 
 
+WARM_SCRIPTS: dict[tuple, WarmScript] = {}
+
+
+def run_python(args, cwd=None) -> subprocess.CompletedProcess:
+    """`subprocess.run([python, *args], capture_output=True, text=True, cwd=cwd)`, forked from a
+    process that has imported the libraries a script of `args[0]`'s code imports (warm_python.py),
+    in this environment."""
+    args, script = [str(arg) for arg in args], Path(cwd or ".", args[0])
+    # pytest names the running test in the environment: not a difference for the script
+    environment = {name: value for name, value in os.environ.items()
+                   if name != "PYTEST_CURRENT_TEST"}
+    key = (hashlib.sha256(script.read_bytes()).hexdigest(), tuple(sorted(environment.items())))
+    if key not in WARM_SCRIPTS:
+        WARM_SCRIPTS[key] = WarmScript(environment)
+    return WARM_SCRIPTS[key].run(args, cwd or os.getcwd())
+
+
+def pytest_sessionfinish(session):
+    for warm in WARM_SCRIPTS.values():
+        warm.close()
+
+
 def run_function(script, function, inputs, outputs, check=True, cwd=None, log_level="warning"):
     """Run a substratools function through its command line, as Substra's subprocess mode does (from
     the script's folder, or `cwd`), logging at `log_level`."""
@@ -361,7 +385,7 @@ def run_function(script, function, inputs, outputs, check=True, cwd=None, log_le
     cmd = [sys.executable, str(script), "--function-name", function, "--inputs",
            resources(inputs, ("datasamples", "models", "ledger")), "--outputs",
            resources(outputs, ()), "--log-level", log_level]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd or Path(script).parent)
+    proc = run_python(cmd[1:], cwd or Path(script).parent)
     if check and proc.returncode != 0:
         raise AssertionError(f"{function} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     return proc

@@ -9,7 +9,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import REPO, follow_advice
+from conftest import REPO, follow_advice, run_python
 
 from mnist_dp.data import dataset, dataset_folder, samples, sources
 from mnist_dp.data import keys as identity_keys
@@ -17,9 +17,8 @@ from mnist_dp.utils.errors import UserError
 
 SCRIPT = REPO / "scripts" / "generate_data.py"
 
-def generate_data(*args, **kwargs):
-    return subprocess.run([sys.executable, SCRIPT, *map(str, args)], capture_output=True, text=True,
-                          **kwargs)
+def generate_data(*args):
+    return run_python([SCRIPT, *args])
 
 
 def one_error_line(proc) -> str:

@@ -4,7 +4,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO
+from conftest import REPO, run_python
 
 from mnist_dp.assets import load_asset_module
 from mnist_dp.utils.errors import UserError
@@ -42,8 +42,7 @@ def test_writes_the_keys_file_and_a_rerun_reuses_every_key(
 
 def test_help_and_bad_input(tmp_path, tiny_data):
     def run(*args):
-        return subprocess.run([sys.executable, SCRIPT, *map(str, args)], capture_output=True,
-                              text=True, cwd=tmp_path)
+        return run_python([SCRIPT, *args], tmp_path)
 
     assert "--keys-file" in run("--help").stdout
     proc = run("--data", tiny_data, "--folds", 5)
@@ -107,8 +106,7 @@ def test_a_declared_size_far_from_the_data_is_refused_in_one_line_before_anythin
     before = {f: f.read_text() for f in data.glob(f"train/*/{policy.POLICY_FILE}")}
 
     def run(*args):
-        return subprocess.run([sys.executable, SCRIPT, "--data", data, *map(str, args)],
-                              capture_output=True, text=True, cwd=tmp_path)
+        return run_python([SCRIPT, "--data", data, *args], tmp_path)
 
     proc = run("--public-size", 200)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr

@@ -1,11 +1,9 @@
 """scripts/add_train_algo_cnn_dp.py against a local client (subprocess backend), after
 add_dataset_objective."""
 import json
-import subprocess
-import sys
 
 import pytest
-from conftest import REPO, TINY_HYPERPARAMETERS
+from conftest import REPO, TINY_HYPERPARAMETERS, run_python
 
 from mnist_dp.privacy import model_file
 from mnist_dp.privacy.accountant import compose_epsilon
@@ -15,8 +13,7 @@ FRAMEWORK = "torch"  # the fastest; every framework runs through run_local's tes
 
 
 def run(script, *args, cwd):
-    return subprocess.run([sys.executable, SCRIPTS / script, *map(str, args)], capture_output=True,
-                          text=True, cwd=cwd)
+    return run_python([SCRIPTS / script, *args], cwd)
 
 
 @pytest.fixture

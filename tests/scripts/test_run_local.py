@@ -20,6 +20,7 @@ from conftest import (
     follow_advice,
     independent_epsilon,
     report_files,
+    run_python,
 )
 from documented import fresh_clone, run_documented
 
@@ -39,8 +40,7 @@ REPLAYED = {**TINY_HYPERPARAMETERS, "noise_seed": 0}
 
 
 def run_local(*args, cwd):
-    return subprocess.run([sys.executable, SCRIPT, *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd)
+    return run_python([SCRIPT, *args], cwd)
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,14 @@ import zipfile
 
 import numpy as np
 import pytest
-from conftest import REPO, TINY_HYPERPARAMETERS, extract_function, samples, tiny_hyperparameters
+from conftest import (
+    REPO,
+    TINY_HYPERPARAMETERS,
+    extract_function,
+    run_python,
+    samples,
+    tiny_hyperparameters,
+)
 
 from mnist_dp.assets import ALGO_ASSETS, DATASET_ASSET
 from mnist_dp.data import dataset
@@ -32,10 +39,9 @@ def run_local(tmp_path, data, search, hp=HYPERPARAMETERS, *args):
     if isinstance(search, dict):
         (tmp_path / "search.json").write_text(json.dumps(search))
         search = tmp_path / "search.json"
-    return subprocess.run([sys.executable, SCRIPT, "--data", data, "--output", tmp_path / "out",
-                           "--hyperparameters", tmp_path / "hp.json", "--frameworks", "torch",
-                           "--search", search, *map(str, args)], capture_output=True, text=True,
-                          cwd=tmp_path)
+    return run_python([SCRIPT, "--data", data, "--output", tmp_path / "out", "--hyperparameters",
+                       tmp_path / "hp.json", "--frameworks", "torch", "--search", search, *args],
+                      tmp_path)
 
 
 @pytest.fixture(scope="module")
