@@ -111,6 +111,7 @@ def installed_modules() -> set[str]:
 
 
 def import_what_the_child_did(learned: dict) -> None:
+    """Set the environment the child ended with, then import the installed modules it imported."""
     os.environ.update(learned["environment"])
     for name in learned["modules"]:
         try:
