@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from warm_python import WarmScript
+from warm_python import WarmServer
 
 from mnist_dp.assets import ALGO_ASSETS, DATASET_ASSET, OBJECTIVE_ASSET
 from mnist_dp.data import dataset
@@ -349,7 +349,7 @@ def extract_function(asset_dir, function, dest, hyperparameters=None):
     return folder
 
 
-WARM_SCRIPTS: dict[tuple, WarmScript] = {}
+WARM_SERVERS: dict[tuple, WarmServer] = {}
 
 
 def run_python(args, cwd=None) -> subprocess.CompletedProcess:
@@ -361,13 +361,13 @@ def run_python(args, cwd=None) -> subprocess.CompletedProcess:
     environment = {name: value for name, value in os.environ.items()
                    if name != "PYTEST_CURRENT_TEST"}
     key = (hashlib.sha256(script.read_bytes()).hexdigest(), tuple(sorted(environment.items())))
-    if key not in WARM_SCRIPTS:
-        WARM_SCRIPTS[key] = WarmScript(environment)
-    return WARM_SCRIPTS[key].run(args, cwd or os.getcwd())
+    if key not in WARM_SERVERS:
+        WARM_SERVERS[key] = WarmServer(environment)
+    return WARM_SERVERS[key].run(args, cwd or os.getcwd())
 
 
 def pytest_sessionfinish(session):
-    for warm in WARM_SCRIPTS.values():
+    for warm in WARM_SERVERS.values():
         warm.close()
 
 
@@ -382,10 +382,10 @@ def run_function(script, function, inputs, outputs, check=True, cwd=None, log_le
             out += [{"id": identifier, "value": str(v), "multiple": multiple} for v in values]
         return json.dumps(out)
 
-    cmd = [sys.executable, str(script), "--function-name", function, "--inputs",
-           resources(inputs, ("datasamples", "models", "ledger")), "--outputs",
-           resources(outputs, ()), "--log-level", log_level]
-    proc = run_python(cmd[1:], cwd or Path(script).parent)
+    args = [script, "--function-name", function, "--inputs",
+            resources(inputs, ("datasamples", "models", "ledger")), "--outputs",
+            resources(outputs, ()), "--log-level", log_level]
+    proc = run_python(args, cwd or Path(script).parent)
     if check and proc.returncode != 0:
         raise AssertionError(f"{function} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     return proc

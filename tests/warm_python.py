@@ -2,13 +2,12 @@
 libraries.
 
 A test that runs an algo's command line pays the frameworks' import in every new process (seconds
-each, most of a tiny task). A `WarmScript` starts a server, which forks a child per run. The child
-starts from the server's environment, runs the script as `__main__` with the run's arguments and
-working directory, writes its output to files and exits with the script's code: the code,
-arguments and environment of a new process. Then the server imports the installed packages'
-modules the child imported, after the environment variables the child set (a script sets some
-before its imports), so the next child finds them imported. The server never runs a script
-itself, and imports no module of the repository.
+each, most of a tiny task). A `WarmServer` forks a child per run. The child starts from the server's
+environment, runs the script as `__main__` with the run's arguments and working directory, writes
+its output to files and exits with the script's code: the code, arguments and environment of a new
+process. Then the server imports the installed packages' modules the child imported, after the
+environment variables the child set (a script sets some before its imports), so the next child finds
+them imported. The server never runs a script itself, and imports no module of the repository.
 
 What differs from a new process is when a library is imported, so what a library does at import
 shows only in the first run of a server: a test of that runs `fresh_python` (conftest.py).
@@ -27,7 +26,7 @@ import traceback
 from pathlib import Path
 
 
-class WarmScript:
+class WarmServer:
     """A server in environment `env`; `run` is `subprocess.run(capture_output=True, text=True)` of
     `python *argv` in `cwd`. Give one server scripts of the same code: it keeps what they import."""
 
@@ -39,8 +38,7 @@ class WarmScript:
     def run(self, argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
         with tempfile.TemporaryDirectory() as folder:
             out, err = Path(folder, "stdout"), Path(folder, "stderr")
-            request = {"argv": [str(arg) for arg in argv], "cwd": str(cwd), "stdout": str(out),
-                       "stderr": str(err)}
+            request = {"argv": argv, "cwd": str(cwd), "stdout": str(out), "stderr": str(err)}
             self.server.stdin.write(json.dumps(request) + "\n")
             self.server.stdin.flush()
             reply = self.server.stdout.readline()
