@@ -66,8 +66,9 @@ def serve() -> None:
             child(json.loads(line), start_environment, silent, learned)
         replies.write(f"{os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])}\n")
         replies.flush()
-        if learned.exists():
+        if learned.exists():  # not when the child was killed before writing it
             import_what_the_child_did(json.loads(learned.read_text()))
+            learned.unlink()
 
 
 def child(request: dict, environment: dict, stdin: int, learned: Path) -> None:
