@@ -73,8 +73,7 @@ def test_examples_shared_between_an_organisations_samples_are_refused_at_registr
     from test_run_local import shuffled_copy
 
     data = shuffled_copy(tiny_data, tmp_path / "data")
-    proc = subprocess.run([sys.executable, SCRIPT, "--data", data], capture_output=True, text=True,
-                          cwd=tmp_path)
+    proc = run_python([SCRIPT, "--data", data], tmp_path)
     assert (proc.returncode == 2 and "share 150 examples" in proc.stderr
             and "Traceback" not in proc.stderr)
     assert not (tmp_path / "assets_keys.json").exists()  # nothing registered
