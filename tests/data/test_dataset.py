@@ -5,7 +5,6 @@ import gzip
 import shutil
 import struct
 import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -395,12 +394,9 @@ def test_key_from_puts_a_second_dataset_under_the_first_ones_key(tmp_path):
 
 
 def test_cli_help_and_one_line_error(tmp_path):
-    script = REPO / "scripts" / "generate_data.py"
-    help_text = subprocess.run([sys.executable, script, "--help"], capture_output=True,
-                               text=True).stdout
+    help_text = generate_data("--help").stdout
     assert "--train-samples" in help_text
-    proc = subprocess.run([sys.executable, script, "--output", tmp_path / "d", "--source",
-                           tmp_path / "nothing.bin"], capture_output=True, text=True)
+    proc = generate_data("--output", tmp_path / "d", "--source", tmp_path / "nothing.bin")
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "nothing.bin" in proc.stderr
 

@@ -17,6 +17,7 @@ from conftest import (
     REPO,
     TINY_HYPERPARAMETERS,
     extract_function,
+    run_function,
     run_python,
     samples,
     tiny_hyperparameters,
@@ -212,14 +213,10 @@ def test_a_tune_task_with_search_epsilon_releases_a_final_run_on_all_its_data(tm
     (folder / "search.json").write_text(json.dumps({**SEARCH, "search_epsilon": 1.0, **short}))
     data = shutil.copytree(tiny_data, tmp_path / "data")
     folders = samples(data, "train")
-    resources = [{"id": "opener", "value": str(DATASET_ASSET / "opener.py"), "multiple": False}] + [
-        {"id": "datasamples", "value": f, "multiple": True} for f in folders]
-    outs = [{"id": "model", "value": str(tmp_path / "model"), "multiple": False},
-            {"id": "epsilon", "value": str(tmp_path / "epsilon"), "multiple": False}]
-    proc = subprocess.run([sys.executable, "algo.py", "--function-name", "tune", "--inputs",
-                           json.dumps(resources), "--outputs", json.dumps(outs)], cwd=folder,
-                          capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_function(folder / "algo.py", "tune",
+                        {"opener": DATASET_ASSET / "opener.py", "datasamples": folders},
+                        {"model": tmp_path / "model", "epsilon": tmp_path / "epsilon"},
+                        log_level="info")
     assert "released the final run on the best candidate's hyperparameters" in proc.stderr
     saved = model_file.load(tmp_path / "model", "torch")
     searched, final = saved.ledger.events
